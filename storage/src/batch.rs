@@ -1,0 +1,432 @@
+//! Kafka v2 record batches: header layout, validation and offset assignment.
+//!
+//! Pure code: bytes in, values or a [`BatchError`] out. No I/O, no clock.
+//!
+//! ## Byte layout of a v2 batch header (big-endian, 61 bytes)
+//!
+//! | offset | size | field                  | covered by CRC |
+//! |-------:|-----:|------------------------|----------------|
+//! | 0      | 8    | base offset            | no             |
+//! | 8      | 4    | batch length (bytes after this field) | no |
+//! | 12     | 4    | partition leader epoch | no             |
+//! | 16     | 1    | magic (= 2)            | no             |
+//! | 17     | 4    | CRC-32C of bytes 21..  | —              |
+//! | 21     | 2    | attributes             | yes            |
+//! | 23     | 4    | last offset delta      | yes            |
+//! | 27     | 8    | base timestamp         | yes            |
+//! | 35     | 8    | max timestamp          | yes            |
+//! | 43     | 8    | producer id            | yes            |
+//! | 51     | 2    | producer epoch         | yes            |
+//! | 53     | 4    | base sequence          | yes            |
+//! | 57     | 4    | record count           | yes            |
+//! | 61     | …    | records                | yes            |
+//!
+//! The base offset and the leader epoch sit outside the CRC, which is what lets the
+//! broker assign offsets without recomputing it. Switching a batch to LogAppendTime
+//! rewrites the attributes and max timestamp, which are covered, so that path
+//! recomputes the CRC.
+
+use bytes::{Buf, BufMut};
+
+/// Size of the fixed v2 batch header.
+pub const HEADER_BYTES: usize = 61;
+/// Bytes before the batch length field ends: base offset + length.
+pub const LOG_OVERHEAD: usize = 12;
+
+const OFF_BASE_OFFSET: usize = 0;
+const OFF_LENGTH: usize = 8;
+const OFF_LEADER_EPOCH: usize = 12;
+const OFF_MAGIC: usize = 16;
+const OFF_CRC: usize = 17;
+pub const OFF_ATTRIBUTES: usize = 21;
+pub const OFF_LAST_OFFSET_DELTA: usize = 23;
+pub const OFF_BASE_TIMESTAMP: usize = 27;
+pub const OFF_MAX_TIMESTAMP: usize = 35;
+pub const OFF_PRODUCER_ID: usize = 43;
+pub const OFF_PRODUCER_EPOCH: usize = 51;
+pub const OFF_BASE_SEQUENCE: usize = 53;
+pub const OFF_RECORD_COUNT: usize = 57;
+
+// Pin the layout: the table above and the constants must agree.
+const _: () = assert!(OFF_RECORD_COUNT + 4 == HEADER_BYTES);
+const _: () = assert!(OFF_LENGTH + 4 == LOG_OVERHEAD);
+const _: () = assert!(OFF_CRC + 4 == OFF_ATTRIBUTES);
+
+/// Attribute bit: timestamps are LogAppendTime (set by the broker).
+pub const ATTR_TIMESTAMP_LOG_APPEND: i16 = 1 << 3;
+/// Attribute bit: the batch belongs to a transaction.
+pub const ATTR_TRANSACTIONAL: i16 = 1 << 4;
+/// Attribute bit: a control batch (transaction marker).
+pub const ATTR_CONTROL: i16 = 1 << 5;
+/// Attribute bits 0..2: compression codec.
+pub const ATTR_COMPRESSION_MASK: i16 = 0x07;
+
+/// Why a batch was refused. Nothing is written when any of these is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("batch is {actual} bytes, shorter than the {HEADER_BYTES}-byte v2 header")]
+    TooShort { actual: usize },
+    #[error("batch length field says {declared} bytes follow it, but {actual} do")]
+    LengthMismatch { declared: i64, actual: usize },
+    #[error("batch magic is {0}; only magic 2 (Kafka v2 record batches) is stored")]
+    BadMagic(i8),
+    #[error("batch CRC-32C mismatch: header has {stored:#010x}, contents give {computed:#010x}")]
+    CrcMismatch { stored: u32, computed: u32 },
+    #[error("record count {count} is inconsistent with last offset delta {last_offset_delta}")]
+    BadRecordCount { count: i32, last_offset_delta: i32 },
+    #[error("batch of {size} bytes is larger than the limit of {max} bytes")]
+    TooLarge { size: usize, max: usize },
+}
+
+/// The parsed header of one v2 batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub base_offset: i64,
+    /// Bytes after the length field; the whole batch is `LOG_OVERHEAD + batch_length`.
+    pub batch_length: i32,
+    pub leader_epoch: i32,
+    pub magic: i8,
+    pub crc: u32,
+    pub attributes: i16,
+    pub last_offset_delta: i32,
+    pub base_timestamp: i64,
+    pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub record_count: i32,
+}
+
+impl BatchHeader {
+    /// Parses the fixed header without checking anything but its size.
+    pub fn parse(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+        if buf.len() < HEADER_BYTES {
+            return Err(BatchError::TooShort { actual: buf.len() });
+        }
+        let mut b = &buf[..HEADER_BYTES];
+        Ok(BatchHeader {
+            base_offset: b.get_i64(),
+            batch_length: b.get_i32(),
+            leader_epoch: b.get_i32(),
+            magic: b.get_i8(),
+            crc: b.get_u32(),
+            attributes: b.get_i16(),
+            last_offset_delta: b.get_i32(),
+            base_timestamp: b.get_i64(),
+            max_timestamp: b.get_i64(),
+            producer_id: b.get_i64(),
+            producer_epoch: b.get_i16(),
+            base_sequence: b.get_i32(),
+            record_count: b.get_i32(),
+        })
+    }
+
+    /// Total bytes of the batch including base offset and length fields.
+    pub fn total_bytes(&self) -> usize {
+        LOG_OVERHEAD + self.batch_length.max(0) as usize
+    }
+
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset + i64::from(self.last_offset_delta)
+    }
+
+    pub fn is_control(&self) -> bool {
+        self.attributes & ATTR_CONTROL != 0
+    }
+
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & ATTR_TRANSACTIONAL != 0
+    }
+
+    pub fn compression(&self) -> i16 {
+        self.attributes & ATTR_COMPRESSION_MASK
+    }
+}
+
+/// Reads the total size of the batch starting at `buf[0]` from its length field, if the
+/// length field is there. Used to walk a buffer of concatenated batches.
+pub fn peek_total_bytes(buf: &[u8]) -> Option<usize> {
+    if buf.len() < LOG_OVERHEAD {
+        return None;
+    }
+    let len = i32::from_be_bytes(buf[OFF_LENGTH..LOG_OVERHEAD].try_into().ok()?);
+    if len < (HEADER_BYTES - LOG_OVERHEAD) as i32 {
+        return None;
+    }
+    Some(LOG_OVERHEAD + len as usize)
+}
+
+fn computed_crc(batch: &[u8]) -> u32 {
+    crc32c::crc32c(&batch[OFF_ATTRIBUTES..])
+}
+
+/// Validates one complete batch that must fill `batch` exactly: magic 2, length field
+/// matching the buffer, CRC-32C, and a record count consistent with the last offset
+/// delta. `strict_count` demands `count == last_offset_delta + 1` (what producers send);
+/// without it, fewer records than the delta span are allowed (compacted batches).
+pub fn validate(batch: &[u8], strict_count: bool) -> Result<BatchHeader, BatchError> {
+    let h = BatchHeader::parse(batch)?;
+    let declared = i64::from(h.batch_length);
+    if declared + LOG_OVERHEAD as i64 != batch.len() as i64 {
+        return Err(BatchError::LengthMismatch {
+            declared,
+            actual: batch.len() - LOG_OVERHEAD,
+        });
+    }
+    if h.magic != 2 {
+        return Err(BatchError::BadMagic(h.magic));
+    }
+    let computed = computed_crc(batch);
+    if computed != h.crc {
+        return Err(BatchError::CrcMismatch {
+            stored: h.crc,
+            computed,
+        });
+    }
+    let count_ok = if strict_count {
+        h.record_count > 0 && i64::from(h.last_offset_delta) == i64::from(h.record_count) - 1
+    } else {
+        // A compacted batch may hold fewer records than its offset span, and may even
+        // be empty (Kafka keeps empty batches to preserve producer state).
+        h.record_count >= 0
+            && h.last_offset_delta >= 0
+            && i64::from(h.record_count) <= i64::from(h.last_offset_delta) + 1
+    };
+    if !count_ok {
+        return Err(BatchError::BadRecordCount {
+            count: h.record_count,
+            last_offset_delta: h.last_offset_delta,
+        });
+    }
+    Ok(h)
+}
+
+/// Splits a buffer of concatenated batches, validating each (strict record counts, as
+/// a producer sends them). Returns the header and byte range of each.
+pub fn split_batches(
+    buf: &[u8],
+) -> Result<Vec<(BatchHeader, std::ops::Range<usize>)>, BatchError> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < buf.len() {
+        let rest = &buf[pos..];
+        let total = match peek_total_bytes(rest) {
+            Some(t) => t,
+            None if rest.len() < HEADER_BYTES => {
+                return Err(BatchError::TooShort { actual: rest.len() })
+            }
+            None => {
+                let h = BatchHeader::parse(rest)?;
+                return Err(BatchError::LengthMismatch {
+                    declared: i64::from(h.batch_length),
+                    actual: rest.len() - LOG_OVERHEAD,
+                });
+            }
+        };
+        if total > rest.len() {
+            return Err(BatchError::LengthMismatch {
+                declared: (total - LOG_OVERHEAD) as i64,
+                actual: rest.len() - LOG_OVERHEAD,
+            });
+        }
+        let h = validate(&rest[..total], true)?;
+        out.push((h, pos..pos + total));
+        pos += total;
+    }
+    Ok(out)
+}
+
+/// Rewrites the fields the broker owns: base offset and leader epoch (outside the
+/// CRC), and, for LogAppendTime topics, the timestamp type and max timestamp (inside
+/// it, so the CRC is recomputed).
+pub fn assign(batch: &mut [u8], base_offset: i64, leader_epoch: i32, log_append_time: Option<i64>) {
+    debug_assert!(batch.len() >= HEADER_BYTES);
+    (&mut batch[OFF_BASE_OFFSET..OFF_LENGTH]).put_i64(base_offset);
+    (&mut batch[OFF_LEADER_EPOCH..OFF_MAGIC]).put_i32(leader_epoch);
+    if let Some(ts) = log_append_time {
+        let attrs = i16::from_be_bytes([batch[OFF_ATTRIBUTES], batch[OFF_ATTRIBUTES + 1]]);
+        (&mut batch[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA]).put_i16(attrs | ATTR_TIMESTAMP_LOG_APPEND);
+        (&mut batch[OFF_MAX_TIMESTAMP..OFF_PRODUCER_ID]).put_i64(ts);
+        let crc = computed_crc(batch);
+        (&mut batch[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
+    }
+}
+
+/// Reads a zig-zag varint (Kafka record fields), advancing `buf`.
+fn get_varint(buf: &mut &[u8]) -> Option<i64> {
+    let mut value: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let (&byte, rest) = buf.split_first()?;
+        *buf = rest;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+    Some(((value >> 1) as i64) ^ -((value & 1) as i64))
+}
+
+/// For an uncompressed batch, the (offset, timestamp) of each record, for timestamp
+/// lookups. Returns `None` for compressed batches or records that do not parse.
+pub fn record_timestamps(batch: &[u8]) -> Option<Vec<(i64, i64)>> {
+    let h = BatchHeader::parse(batch).ok()?;
+    if h.compression() != 0 {
+        return None;
+    }
+    let log_append = h.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0;
+    let mut buf = &batch[HEADER_BYTES..];
+    let mut out = Vec::with_capacity(h.record_count.max(0) as usize);
+    for _ in 0..h.record_count {
+        let len = get_varint(&mut buf)?;
+        let len = usize::try_from(len).ok()?;
+        if len > buf.len() {
+            return None;
+        }
+        let mut rec = &buf[..len];
+        buf = &buf[len..];
+        let _attributes = rec.first()?;
+        rec = &rec[1..];
+        let ts_delta = get_varint(&mut rec)?;
+        let off_delta = get_varint(&mut rec)?;
+        let ts = if log_append {
+            h.max_timestamp
+        } else {
+            h.base_timestamp + ts_delta
+        };
+        out.push((h.base_offset + off_delta, ts));
+    }
+    Some(out)
+}
+
+/// Builders for tests and benchmarks: a valid uncompressed v2 batch.
+pub mod build {
+    use bytes::BufMut;
+
+    fn put_varint(out: &mut Vec<u8>, v: i64) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        loop {
+            if z < 0x80 {
+                out.push(z as u8);
+                return;
+            }
+            out.push((z as u8 & 0x7f) | 0x80);
+            z >>= 7;
+        }
+    }
+
+    /// A batch of records `(key, value)` with `timestamp` as base timestamp; each record
+    /// gets timestamp delta = its index. Base offset 0, leader epoch 0.
+    pub fn batch(timestamp: i64, records: &[(Option<&[u8]>, &[u8])]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (i, (key, value)) in records.iter().enumerate() {
+            let mut rec = Vec::new();
+            rec.push(0u8); // attributes
+            put_varint(&mut rec, i as i64); // timestamp delta
+            put_varint(&mut rec, i as i64); // offset delta
+            match key {
+                Some(k) => {
+                    put_varint(&mut rec, k.len() as i64);
+                    rec.extend_from_slice(k);
+                }
+                None => put_varint(&mut rec, -1),
+            }
+            put_varint(&mut rec, value.len() as i64);
+            rec.extend_from_slice(value);
+            put_varint(&mut rec, 0); // headers
+            put_varint(&mut body, rec.len() as i64);
+            body.extend_from_slice(&rec);
+        }
+        let n = records.len() as i32;
+        let mut out = Vec::with_capacity(super::HEADER_BYTES + body.len());
+        out.put_i64(0);
+        out.put_i32((super::HEADER_BYTES - super::LOG_OVERHEAD + body.len()) as i32);
+        out.put_i32(0);
+        out.put_i8(2);
+        out.put_u32(0); // CRC, filled below
+        out.put_i16(0);
+        out.put_i32(n - 1);
+        out.put_i64(timestamp);
+        out.put_i64(timestamp + i64::from(n.max(1) - 1));
+        out.put_i64(-1);
+        out.put_i16(-1);
+        out.put_i32(-1);
+        out.put_i32(n);
+        out.extend_from_slice(&body);
+        let crc = crc32c::crc32c(&out[super::OFF_ATTRIBUTES..]);
+        out[super::OFF_CRC..super::OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
+        out
+    }
+
+    /// A batch of `count` records of `value_bytes` bytes each, without keys.
+    pub fn simple(timestamp: i64, count: usize, value_bytes: usize) -> Vec<u8> {
+        let value = vec![b'x'; value_bytes];
+        let recs: Vec<(Option<&[u8]>, &[u8])> = (0..count).map(|_| (None, &value[..])).collect();
+        batch(timestamp, &recs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_batch_round_trips() {
+        let b = build::simple(1_000, 3, 10);
+        let h = validate(&b, true).unwrap();
+        assert_eq!(h.record_count, 3);
+        assert_eq!(h.last_offset_delta, 2);
+        assert_eq!(h.max_timestamp, 1_002);
+        assert_eq!(h.total_bytes(), b.len());
+    }
+
+    #[test]
+    fn assign_keeps_crc_valid_and_sets_fields() {
+        let mut b = build::simple(1_000, 2, 10);
+        assign(&mut b, 42, 7, None);
+        let h = validate(&b, true).unwrap();
+        assert_eq!((h.base_offset, h.leader_epoch), (42, 7));
+        assign(&mut b, 43, 7, Some(99_999));
+        let h = validate(&b, true).unwrap();
+        assert_eq!(h.max_timestamp, 99_999);
+        assert_ne!(h.attributes & ATTR_TIMESTAMP_LOG_APPEND, 0);
+        let ts = record_timestamps(&b).unwrap();
+        assert_eq!(ts, vec![(43, 99_999), (44, 99_999)]);
+    }
+
+    #[test]
+    fn rejects_each_kind_of_bad_batch() {
+        let good = build::simple(1, 2, 5);
+        assert!(matches!(validate(&good[..30], true), Err(BatchError::TooShort { .. })));
+        let mut bad_magic = good.clone();
+        bad_magic[OFF_MAGIC] = 1;
+        assert_eq!(validate(&bad_magic, true), Err(BatchError::BadMagic(1)));
+        let mut bad_crc = good.clone();
+        *bad_crc.last_mut().unwrap() ^= 0xff;
+        assert!(matches!(validate(&bad_crc, true), Err(BatchError::CrcMismatch { .. })));
+        let mut lie = good.clone();
+        lie.push(0);
+        assert!(matches!(validate(&lie, true), Err(BatchError::LengthMismatch { .. })));
+        let mut count = good.clone();
+        count[OFF_RECORD_COUNT..HEADER_BYTES].copy_from_slice(&5i32.to_be_bytes());
+        let crc = computed_crc(&count);
+        count[OFF_CRC..OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(validate(&count, true), Err(BatchError::BadRecordCount { .. })));
+    }
+
+    #[test]
+    fn split_finds_each_batch_and_rejects_trailing_garbage() {
+        let mut buf = build::simple(1, 1, 3);
+        let first = buf.len();
+        buf.extend(build::simple(2, 4, 3));
+        let parts = split_batches(&buf).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[1].1, first..buf.len());
+        buf.extend_from_slice(&[1, 2, 3]);
+        assert!(split_batches(&buf).is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! An append-only O_DIRECT file: bytes are accepted synchronously into a pending
+//! buffer, written in whole aligned pages (the partially filled tail page is rewritten
+//! as it fills) and made durable by group-committed `fdatasync`.
+//!
+//! One write is in flight per file at a time, so writes that rewrite the same tail page
+//! can never land out of order; every write carries everything that was pending when
+//! it started (up to `write_bytes_max`). Likewise one `fdatasync` is in flight at a
+//! time, and it covers every byte written before it started: callers that arrive while
+//! it runs are covered by the next one. All of this lives on one shard; nothing here
+//! is `Send`.
+//!
+//! After an I/O error the file is failed: every later call returns the error, because
+//! what is on disk is no longer known.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use event_listener::Event;
+use glommio::io::{DmaFile, OpenOptions};
+
+use crate::Error;
+
+/// Direct-I/O alignment used for every write position and size.
+pub const ALIGN: u64 = 4096;
+
+fn align_down(v: u64) -> u64 {
+    v & !(ALIGN - 1)
+}
+
+fn align_up(v: u64) -> u64 {
+    (v + ALIGN - 1) & !(ALIGN - 1)
+}
+
+struct State {
+    /// Logical length: every byte accepted so far.
+    len: u64,
+    /// Accepted bytes not yet handed to a write, starting at `submitted`.
+    pending: BytesMut,
+    /// Bytes `[align_down(submitted), submitted)`: the tail page as last written.
+    tail: Vec<u8>,
+    submitted: u64,
+    written: u64,
+    durable: u64,
+    writing: bool,
+    syncing: bool,
+    failed: Option<String>,
+}
+
+pub struct AppendFile {
+    file: Rc<DmaFile>,
+    path: PathBuf,
+    write_bytes_max: usize,
+    state: RefCell<State>,
+    written_event: Event,
+    synced_event: Event,
+}
+
+impl AppendFile {
+    /// Opens (creating if needed) `path` for appending after its first `valid_len`
+    /// bytes; anything beyond is cut off, so bytes recovery did not validate are gone.
+    pub async fn open(path: &Path, valid_len: u64, write_bytes_max: usize) -> Result<AppendFile, Error> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .dma_open(path)
+            .await
+            .map_err(|e| Error::io(path, e))?;
+        let size = file.file_size().await.map_err(|e| Error::io(path, e))?;
+        if size != valid_len {
+            file.truncate(valid_len).await.map_err(|e| Error::io(path, e))?;
+        }
+        let tail_start = align_down(valid_len);
+        let tail = if valid_len > tail_start {
+            let r = file
+                .read_at_aligned(tail_start, ALIGN as usize)
+                .await
+                .map_err(|e| Error::io(path, e))?;
+            r[..(valid_len - tail_start) as usize].to_vec()
+        } else {
+            Vec::new()
+        };
+        Ok(AppendFile {
+            file: Rc::new(file),
+            path: path.to_path_buf(),
+            write_bytes_max: write_bytes_max.max(ALIGN as usize),
+            state: RefCell::new(State {
+                len: valid_len,
+                pending: BytesMut::new(),
+                tail,
+                submitted: valid_len,
+                written: valid_len,
+                durable: valid_len,
+                writing: false,
+                syncing: false,
+                failed: None,
+            }),
+            written_event: Event::new(),
+            synced_event: Event::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn dma_file(&self) -> &Rc<DmaFile> {
+        &self.file
+    }
+
+    /// Logical length including bytes not yet written.
+    pub fn len(&self) -> u64 {
+        self.state.borrow().len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn written_len(&self) -> u64 {
+        self.state.borrow().written
+    }
+
+    pub fn durable_len(&self) -> u64 {
+        self.state.borrow().durable
+    }
+
+    fn check_failed(&self) -> Result<(), Error> {
+        match &self.state.borrow().failed {
+            Some(msg) => Err(Error::Failed(format!("{}: {msg}", self.path.display()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Accepts bytes; returns the logical length after them. Never blocks.
+    pub fn push(&self, data: &[u8]) -> Result<u64, Error> {
+        self.check_failed()?;
+        let mut st = self.state.borrow_mut();
+        st.pending.extend_from_slice(data);
+        st.len += data.len() as u64;
+        Ok(st.len)
+    }
+
+    /// Waits until every byte below `target` has been written to the device.
+    pub async fn wait_written(&self, target: u64) -> Result<(), Error> {
+        loop {
+            self.check_failed()?;
+            let listener = {
+                let st = self.state.borrow();
+                if st.written >= target {
+                    return Ok(());
+                }
+                if st.writing {
+                    Some(self.written_event.listen())
+                } else {
+                    None
+                }
+            };
+            match listener {
+                Some(l) => {
+                    // Re-check after registering: the write may have finished between.
+                    if self.state.borrow().written >= target {
+                        return Ok(());
+                    }
+                    l.await;
+                }
+                None => self.write_some().await?,
+            }
+        }
+    }
+
+    /// Writes what is pending (up to `write_bytes_max`) as one aligned write.
+    async fn write_some(&self) -> Result<(), Error> {
+        let (buf, pos, new_end, new_tail) = {
+            let mut st = self.state.borrow_mut();
+            debug_assert!(!st.writing);
+            let take = st.pending.len().min(self.write_bytes_max);
+            if take == 0 {
+                return Ok(());
+            }
+            st.writing = true;
+            let pos = align_down(st.submitted);
+            let data_len = st.tail.len() + take;
+            let mut buf = self.file.alloc_dma_buffer(align_up(data_len as u64) as usize);
+            let bytes = buf.as_bytes_mut();
+            bytes[..st.tail.len()].copy_from_slice(&st.tail);
+            let chunk = st.pending.split_to(take);
+            bytes[st.tail.len()..data_len].copy_from_slice(&chunk);
+            bytes[data_len..].fill(0);
+            let new_end = st.submitted + take as u64;
+            let tail_start = (align_down(new_end) - pos) as usize;
+            let new_tail = bytes[tail_start..data_len].to_vec();
+            (buf, pos, new_end, new_tail)
+        };
+        let res = self.file.write_at(buf, pos).await;
+        let mut st = self.state.borrow_mut();
+        st.writing = false;
+        let out = match res {
+            Ok(_) => {
+                st.submitted = new_end;
+                st.written = new_end;
+                st.tail = new_tail;
+                Ok(())
+            }
+            Err(e) => {
+                let err = Error::io(&self.path, e);
+                st.failed = Some(err.to_string());
+                Err(err)
+            }
+        };
+        drop(st);
+        self.written_event.notify(usize::MAX);
+        out
+    }
+
+    /// Waits until every byte below `target` is durable (written and fdatasync'ed).
+    /// Concurrent callers share syncs: one sync covers every byte written before it.
+    pub async fn wait_durable(&self, target: u64) -> Result<(), Error> {
+        loop {
+            self.check_failed()?;
+            if self.state.borrow().durable >= target {
+                return Ok(());
+            }
+            self.wait_written(target).await?;
+            let listener = {
+                let mut st = self.state.borrow_mut();
+                if st.durable >= target {
+                    return Ok(());
+                }
+                if st.syncing {
+                    Some(self.synced_event.listen())
+                } else {
+                    st.syncing = true;
+                    None
+                }
+            };
+            if let Some(l) = listener {
+                if self.state.borrow().durable >= target {
+                    return Ok(());
+                }
+                l.await;
+                continue;
+            }
+            let covered = self.state.borrow().written;
+            let res = self.file.fdatasync().await;
+            let mut st = self.state.borrow_mut();
+            st.syncing = false;
+            let out = match res {
+                Ok(()) => {
+                    st.durable = st.durable.max(covered);
+                    Ok(())
+                }
+                Err(e) => {
+                    let err = Error::io(&self.path, e);
+                    st.failed = Some(err.to_string());
+                    Err(err)
+                }
+            };
+            drop(st);
+            self.synced_event.notify(usize::MAX);
+            out?;
+        }
+    }
+
+    /// Writes and syncs everything accepted so far.
+    pub async fn sync_all(&self) -> Result<(), Error> {
+        let len = self.len();
+        self.wait_durable(len).await
+    }
+
+    /// Cuts the file to `new_len` bytes (≤ len). Waits for in-flight writes first.
+    pub async fn truncate(&self, new_len: u64) -> Result<(), Error> {
+        let len = self.len();
+        assert!(new_len <= len, "truncate beyond end: {new_len} > {len}");
+        self.wait_written(len).await?;
+        // Wait for any sync in flight so its completion cannot claim truncated bytes.
+        while self.state.borrow().syncing {
+            let l = self.synced_event.listen();
+            if !self.state.borrow().syncing {
+                break;
+            }
+            l.await;
+        }
+        let tail_start = align_down(new_len);
+        let tail = if new_len > tail_start {
+            let r = self
+                .file
+                .read_at_aligned(tail_start, ALIGN as usize)
+                .await
+                .map_err(|e| Error::io(&self.path, e))?;
+            r[..(new_len - tail_start) as usize].to_vec()
+        } else {
+            Vec::new()
+        };
+        self.file
+            .truncate(new_len)
+            .await
+            .map_err(|e| Error::io(&self.path, e))?;
+        let mut st = self.state.borrow_mut();
+        st.len = new_len;
+        st.pending.clear();
+        st.submitted = new_len;
+        st.written = new_len;
+        st.durable = st.durable.min(new_len);
+        st.tail = tail;
+        Ok(())
+    }
+
+    /// Writes, syncs, and trims the file to its logical length (drops page padding).
+    pub async fn seal(&self) -> Result<(), Error> {
+        self.sync_all().await?;
+        let len = self.len();
+        self.file
+            .truncate(len)
+            .await
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// Writes `data` to `path` durably and atomically (temp file, fdatasync, rename).
+pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    let _ = glommio::io::remove(&tmp).await;
+    {
+        let f = AppendFile::open(&tmp, 0, data.len().max(1)).await?;
+        f.push(data)?;
+        f.seal().await?;
+    }
+    glommio::io::rename(&tmp, path)
+        .await
+        .map_err(|e| Error::io(path, e))?;
+    sync_dir(path.parent().unwrap_or(Path::new("."))).await
+}
+
+/// fsyncs a directory so that creations, renames and removals in it are durable.
+pub async fn sync_dir(dir: &Path) -> Result<(), Error> {
+    let d = glommio::io::Directory::open(dir)
+        .await
+        .map_err(|e| Error::io(dir, e))?;
+    d.sync().await.map_err(|e| Error::io(dir, e))?;
+    let _ = d.close().await;
+    Ok(())
+}

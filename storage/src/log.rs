@@ -1,0 +1,984 @@
+//! A partition log ([`PartitionLog`]) and the per-shard [`Storage`] that opens logs and
+//! owns what they share: the tail cache, the read-handle cache of closed segments, the
+//! clock, and the background retention and interval-flush tasks.
+//!
+//! `partition.meta` holds `log_start_offset=N` (one `key=value` a line, written
+//! atomically) so that `delete_records_before` and retention survive restarts.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use event_listener::{Event, EventListener};
+use glommio::io::DmaFile;
+
+use crate::batch::{self, BatchError};
+use crate::cache::{CachedBatch, LogId, TailCache};
+use crate::file;
+use crate::segment::{self, RecoveryReport, Segment};
+use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
+
+const META_FILE: &str = "partition.meta";
+
+/// The result of an append: the offsets the batch was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    /// The broker's timestamp for LogAppendTime topics, -1 for CreateTime.
+    pub log_append_time_ms: i64,
+    pub record_count: i32,
+}
+
+/// Whole batches read from a log.
+#[derive(Debug, Clone, Default)]
+pub struct ReadResult {
+    /// Concatenated batches, verbatim as stored.
+    pub records: Bytes,
+    /// Offset after the last batch returned (= the requested offset if none).
+    pub next_offset: i64,
+    pub log_start_offset: i64,
+    pub log_end_offset: i64,
+}
+
+/// Read handles of closed segments, least recently used closed first.
+struct ReadHandles {
+    max: usize,
+    tick: u64,
+    files: HashMap<PathBuf, (Rc<DmaFile>, u64)>,
+}
+
+impl ReadHandles {
+    async fn get(cell: &RefCell<ReadHandles>, path: &Path) -> Result<Rc<DmaFile>, Error> {
+        {
+            let mut h = cell.borrow_mut();
+            h.tick += 1;
+            let tick = h.tick;
+            if let Some((f, t)) = h.files.get_mut(path) {
+                *t = tick;
+                return Ok(f.clone());
+            }
+        }
+        let f = Rc::new(
+            glommio::io::OpenOptions::new()
+                .read(true)
+                .dma_open(path)
+                .await
+                .map_err(|e| Error::io(path, e))?,
+        );
+        let mut h = cell.borrow_mut();
+        while h.files.len() >= h.max {
+            let oldest = h.files.iter().min_by_key(|(_, (_, t))| *t).map(|(p, _)| p.clone());
+            match oldest {
+                Some(p) => h.files.remove(&p),
+                None => break,
+            };
+        }
+        let tick = h.tick;
+        h.files.insert(path.to_path_buf(), (f.clone(), tick));
+        Ok(f)
+    }
+
+    fn forget(&mut self, path: &Path) {
+        self.files.remove(path);
+    }
+}
+
+/// The storage of one shard.
+pub struct Storage {
+    dir: PathBuf,
+    limits: StorageLimits,
+    cache: RefCell<TailCache>,
+    handles: RefCell<ReadHandles>,
+    clock: Rc<dyn Clock>,
+    next_id: Cell<LogId>,
+    logs: RefCell<Vec<Weak<PartitionLog>>>,
+}
+
+impl Storage {
+    /// Opens the storage of this shard rooted at `dir`. Must run on the shard's executor
+    /// before any other DMA file is opened on it (see [`crate::probe`]).
+    pub async fn open(dir: &Path, limits: StorageLimits, clock: Rc<dyn Clock>) -> Result<Rc<Storage>, Error> {
+        limits.validate()?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        crate::probe::prime_device(dir).await?;
+        Ok(Rc::new(Storage {
+            dir: dir.to_path_buf(),
+            cache: RefCell::new(TailCache::new(limits.tail_cache_bytes)),
+            handles: RefCell::new(ReadHandles {
+                max: limits.open_segment_files_max,
+                tick: 0,
+                files: HashMap::new(),
+            }),
+            limits,
+            clock,
+            next_id: Cell::new(1),
+            logs: RefCell::new(Vec::new()),
+        }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn limits(&self) -> &StorageLimits {
+        &self.limits
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    pub fn cache_used_bytes(&self) -> usize {
+        self.cache.borrow().used_bytes()
+    }
+
+    /// Opens (recovering) or creates the log in directory `name` under the data dir.
+    pub async fn open_log(self: &Rc<Self>, name: &str, config: LogConfig) -> Result<Rc<PartitionLog>, Error> {
+        let (log, _) = self.open_log_with_report(name, config).await?;
+        Ok(log)
+    }
+
+    pub async fn open_log_with_report(
+        self: &Rc<Self>,
+        name: &str,
+        config: LogConfig,
+    ) -> Result<(Rc<PartitionLog>, RecoveryReport), Error> {
+        config.validate()?;
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut report = RecoveryReport::default();
+        let (segments, log_start) = recover_dir(&dir, self, &config, &mut report).await?;
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let log = Rc::new(PartitionLog {
+            id,
+            name: name.to_string(),
+            dir,
+            storage: self.clone(),
+            config: RefCell::new(config),
+            state: RefCell::new(LogState { segments, log_start }),
+            busy: Cell::new(false),
+            idle_event: Event::new(),
+            append_event: Event::new(),
+            last_flush_ms: Cell::new(self.now_ms()),
+            closed: Cell::new(false),
+        });
+        let mut logs = self.logs.borrow_mut();
+        logs.retain(|w| w.strong_count() > 0);
+        logs.push(Rc::downgrade(&log));
+        Ok((log, report))
+    }
+
+    /// Closes `log` and deletes its directory.
+    pub async fn delete_log(&self, log: &Rc<PartitionLog>) -> Result<(), Error> {
+        log.close().await?;
+        self.cache.borrow_mut().invalidate(log.id);
+        let bases: Vec<i64> = log.state.borrow().segments.iter().map(|s| s.base_offset).collect();
+        for b in bases {
+            self.handles.borrow_mut().forget(&log.dir.join(segment::file_name(b, "log")));
+        }
+        std::fs::remove_dir_all(&log.dir).map_err(|e| Error::io(&log.dir, e))?;
+        file::sync_dir(&self.dir).await
+    }
+
+    fn live_logs(&self) -> Vec<Rc<PartitionLog>> {
+        self.logs.borrow().iter().filter_map(|w| w.upgrade()).collect()
+    }
+
+    /// One retention pass over every open log of this shard.
+    pub async fn enforce_retention(&self) -> Result<u32, Error> {
+        let mut deleted = 0;
+        for log in self.live_logs() {
+            if !log.closed.get() {
+                deleted += log.enforce_retention().await?;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Syncs every log whose `flush.ms` interval has elapsed.
+    pub async fn flush_due(&self) -> Result<(), Error> {
+        let now = self.now_ms();
+        for log in self.live_logs() {
+            if let FlushPolicy::IntervalMs(ms) = log.config().flush {
+                if !log.closed.get() && now - log.last_flush_ms.get() >= ms as i64 {
+                    log.flush().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Spawns the background retention and interval-flush loops on a low-share task
+    /// queue of the current executor, so they yield to appends and fetches.
+    pub fn spawn_background(self: &Rc<Self>, retention_check_ms: u64, flush_check_ms: u64) -> Result<(), Error> {
+        let tq = glommio::executor().create_task_queue(
+            glommio::Shares::Static(25),
+            glommio::Latency::NotImportant,
+            "storage-background",
+        );
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    glommio::timer::sleep(Duration::from_millis(retention_check_ms)).await;
+                    let Some(s) = weak.upgrade() else { break };
+                    if let Err(e) = s.enforce_retention().await {
+                        tracing::error!(error = %e, "retention pass failed");
+                    }
+                }
+            },
+            tq,
+        )
+        .map_err(|e| Error::Config(format!("spawning retention task: {e}")))?
+        .detach();
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    glommio::timer::sleep(Duration::from_millis(flush_check_ms)).await;
+                    let Some(s) = weak.upgrade() else { break };
+                    if let Err(e) = s.flush_due().await {
+                        tracing::error!(error = %e, "interval flush failed");
+                    }
+                }
+            },
+            tq,
+        )
+        .map_err(|e| Error::Config(format!("spawning flush task: {e}")))?
+        .detach();
+        Ok(())
+    }
+}
+
+struct LogState {
+    /// Ordered by base offset; the last one is active.
+    segments: Vec<Segment>,
+    log_start: i64,
+}
+
+impl LogState {
+    fn active(&self) -> &Segment {
+        self.segments.last().expect("a log always has an active segment")
+    }
+
+    fn active_mut(&mut self) -> &mut Segment {
+        self.segments.last_mut().expect("a log always has an active segment")
+    }
+
+    fn log_end(&self) -> i64 {
+        self.active().next_offset
+    }
+
+    fn segment_index_for(&self, offset: i64) -> usize {
+        self.segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1)
+    }
+
+    fn check_invariants(&self) {
+        let end = self.log_end();
+        assert!(self.log_start <= end, "log start {} beyond log end {end}", self.log_start);
+        for w in self.segments.windows(2) {
+            assert!(w[0].base_offset < w[1].base_offset, "segment bases must increase");
+            assert!(w[0].next_offset <= w[1].base_offset, "segments must not overlap");
+        }
+    }
+}
+
+/// One partition's log. Lives on one shard; share it with `Rc`.
+pub struct PartitionLog {
+    id: LogId,
+    name: String,
+    dir: PathBuf,
+    storage: Rc<Storage>,
+    config: RefCell<LogConfig>,
+    state: RefCell<LogState>,
+    /// Set while a roll, truncation or close runs; appends wait for it to clear.
+    busy: Cell<bool>,
+    idle_event: Event,
+    append_event: Event,
+    last_flush_ms: Cell<i64>,
+    closed: Cell<bool>,
+}
+
+/// Clears `busy` when dropped, even if the holder's future is cancelled.
+struct BusyGuard<'a>(&'a PartitionLog);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.busy.set(false);
+        self.0.idle_event.notify(usize::MAX);
+    }
+}
+
+impl PartitionLog {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> LogConfig {
+        self.config.borrow().clone()
+    }
+
+    /// Changes the topic settings; they apply to the next append, roll and retention pass.
+    pub fn set_config(&self, config: LogConfig) -> Result<(), Error> {
+        config.validate()?;
+        *self.config.borrow_mut() = config;
+        Ok(())
+    }
+
+    pub fn log_start_offset(&self) -> i64 {
+        self.state.borrow().log_start
+    }
+
+    pub fn log_end_offset(&self) -> i64 {
+        self.state.borrow().log_end()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.state.borrow().segments.iter().map(|s| s.size).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.state.borrow().segments.len()
+    }
+
+    /// Base offsets of the segments, oldest first.
+    pub fn segment_bases(&self) -> Vec<i64> {
+        self.state.borrow().segments.iter().map(|s| s.base_offset).collect()
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.closed.get() {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn wait_idle(&self) {
+        while self.busy.get() {
+            let l = self.idle_event.listen();
+            if !self.busy.get() {
+                break;
+            }
+            l.await;
+        }
+    }
+
+    async fn lock(&self) -> BusyGuard<'_> {
+        self.wait_idle().await;
+        self.busy.set(true);
+        BusyGuard(self)
+    }
+
+    /// A listener that fires on the next append; check the log end after creating it.
+    pub fn listen_appends(&self) -> EventListener {
+        self.append_event.listen()
+    }
+
+    /// Waits until the log end passes `offset` or `timeout` elapses; returns whether it did.
+    pub async fn wait_for_append(&self, offset: i64, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.log_end_offset() > offset {
+                return true;
+            }
+            let listener = self.listen_appends();
+            if self.log_end_offset() > offset {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let fired = futures_lite::future::or(async { listener.await; true }, async {
+                glommio::timer::sleep(left).await;
+                false
+            })
+            .await;
+            if !fired {
+                return self.log_end_offset() > offset;
+            }
+        }
+    }
+
+    /// Validates `batch` (one complete v2 batch), assigns it the next offsets and
+    /// `leader_epoch`, and appends it. Returns once the bytes are written to the device
+    /// (not yet fdatasync'ed: see [`PartitionLog::flush`]). On error nothing is written.
+    pub async fn append(&self, batch: &[u8], leader_epoch: i32) -> Result<AppendInfo, Error> {
+        let max = self.config.borrow().max_message_bytes;
+        if batch.len() > max {
+            return Err(BatchError::TooLarge { size: batch.len(), max }.into());
+        }
+        let header = batch::validate(batch, true)?;
+        self.append_validated(batch, header, leader_epoch, true).await
+    }
+
+    /// Appends a batch that already carries its offsets (a follower copying its leader,
+    /// or a compacted batch): validated, but offsets are kept, only required to follow
+    /// the log end.
+    pub async fn append_with_offsets(&self, batch: &[u8]) -> Result<AppendInfo, Error> {
+        let header = batch::validate(batch, false)?;
+        self.append_validated(batch, header, header.leader_epoch, false).await
+    }
+
+    async fn append_validated(
+        &self,
+        batch: &[u8],
+        header: batch::BatchHeader,
+        leader_epoch: i32,
+        assign_offsets: bool,
+    ) -> Result<AppendInfo, Error> {
+        self.check_open()?;
+        self.maybe_roll(batch.len() as u64).await?;
+        self.check_open()?;
+        let config = self.config.borrow().clone();
+        let now = self.storage.now_ms();
+        let (info, log_file, target, index_files) = {
+            let mut st = self.state.borrow_mut();
+            let base = if assign_offsets {
+                st.log_end()
+            } else {
+                if header.base_offset < st.log_end() {
+                    return Err(Error::OffsetOutOfRange {
+                        offset: header.base_offset,
+                        log_start: st.log_start,
+                        log_end: st.log_end(),
+                    });
+                }
+                header.base_offset
+            };
+            let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
+            let mut owned = BytesMut::from(batch);
+            if assign_offsets {
+                batch::assign(&mut owned, base, leader_epoch, append_time);
+            }
+            let data = owned.freeze();
+            let h = batch::BatchHeader::parse(&data)?;
+            let seg = st.active_mut();
+            let position = seg.size;
+            seg.track_batch(&h, position, data.len() as u64, config.index_interval_bytes);
+            let files = seg.active.as_ref().expect("active segment has files");
+            let log_file = files.log.clone();
+            let target = log_file.push(&data)?;
+            debug_assert_eq!(target, seg.size);
+            let index_files = seg.persist_indexes()?;
+            self.storage.cache.borrow_mut().insert(
+                self.id,
+                CachedBatch {
+                    base_offset: h.base_offset,
+                    last_offset: h.last_offset(),
+                    data,
+                },
+            );
+            let info = AppendInfo {
+                base_offset: h.base_offset,
+                last_offset: h.last_offset(),
+                log_append_time_ms: append_time.unwrap_or(-1),
+                record_count: h.record_count,
+            };
+            (info, log_file, target, index_files)
+        };
+        self.append_event.notify(usize::MAX);
+        log_file.wait_written(target).await?;
+        for f in index_files {
+            // Index bytes ride along: written, not synced (recovery rebuilds them).
+            let len = f.len();
+            if f.written_len() < len {
+                f.wait_written(len).await?;
+            }
+        }
+        Ok(info)
+    }
+
+    /// Rolls to a new segment first if the next `incoming` bytes would overflow
+    /// `segment.bytes` or the active segment is older than `segment.ms`.
+    async fn maybe_roll(&self, incoming: u64) -> Result<(), Error> {
+        self.wait_idle().await;
+        if !self.needs_roll(incoming) {
+            return Ok(());
+        }
+        let _guard = self.lock().await;
+        if self.needs_roll(incoming) {
+            self.roll_locked().await?;
+        }
+        Ok(())
+    }
+
+    fn needs_roll(&self, incoming: u64) -> bool {
+        let cfg = self.config.borrow();
+        let st = self.state.borrow();
+        let seg = st.active();
+        !seg.is_empty()
+            && (seg.size + incoming > cfg.segment_bytes
+                || self.storage.now_ms() - seg.created_ms >= cfg.segment_ms)
+    }
+
+    /// Forces a roll now (if the active segment is not empty).
+    pub async fn roll(&self) -> Result<(), Error> {
+        let _guard = self.lock().await;
+        if !self.state.borrow().active().is_empty() {
+            self.roll_locked().await?;
+        }
+        Ok(())
+    }
+
+    async fn roll_locked(&self) -> Result<(), Error> {
+        let (files, new_base) = {
+            let mut st = self.state.borrow_mut();
+            let seg = st.active_mut();
+            (seg.begin_close()?, seg.next_offset)
+        };
+        for f in &files {
+            f.seal().await?;
+        }
+        let now = self.storage.now_ms();
+        let seg = Segment::create(&self.dir, new_base, now, self.storage.limits.write_bytes_max).await?;
+        file::sync_dir(&self.dir).await?;
+        let mut st = self.state.borrow_mut();
+        st.active_mut().finish_close();
+        st.segments.push(seg);
+        st.check_invariants();
+        tracing::debug!(log = %self.name, base = new_base, "rolled segment");
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable (group-committed fdatasync).
+    pub async fn flush(&self) -> Result<(), Error> {
+        let file = {
+            let st = self.state.borrow();
+            st.active().active.as_ref().map(|a| a.log.clone())
+        };
+        if let Some(f) = file {
+            f.sync_all().await?;
+        }
+        self.last_flush_ms.set(self.storage.now_ms());
+        Ok(())
+    }
+
+    /// Waits until appends so far are as durable as the topic's flush policy asks
+    /// before acknowledging: synced for `always`, nothing more for an interval.
+    pub async fn flush_for_ack(&self) -> Result<(), Error> {
+        match self.config.borrow().flush {
+            FlushPolicy::Always => {}
+            FlushPolicy::IntervalMs(_) => return Ok(()),
+        }
+        self.flush().await
+    }
+
+    /// Whole batches from the batch containing `offset`, up to `max_bytes` but at least
+    /// one batch when one exists, and none at or beyond `max_offset` (exclusive; pass
+    /// the high watermark, or `None` for the log end).
+    pub async fn read(&self, offset: i64, max_bytes: usize, max_offset: Option<i64>) -> Result<ReadResult, Error> {
+        self.check_open()?;
+        let (log_start, log_end) = {
+            let st = self.state.borrow();
+            (st.log_start, st.log_end())
+        };
+        if offset < log_start || offset > log_end {
+            return Err(Error::OffsetOutOfRange { offset, log_start, log_end });
+        }
+        let upper = max_offset.unwrap_or(log_end).min(log_end);
+        let mut result = ReadResult {
+            records: Bytes::new(),
+            next_offset: offset,
+            log_start_offset: log_start,
+            log_end_offset: log_end,
+        };
+        if offset >= upper {
+            return Ok(result);
+        }
+        let cached = self.storage.cache.borrow().read(self.id, offset, max_bytes, upper);
+        let chunks = match cached {
+            Some(c) if !c.is_empty() => c,
+            _ => self.read_from_disk(offset, max_bytes, upper).await?,
+        };
+        if let Some(last) = chunks.last() {
+            let h = batch::BatchHeader::parse(last)?;
+            result.next_offset = h.last_offset() + 1;
+        }
+        result.records = concat(chunks);
+        Ok(result)
+    }
+
+    async fn read_from_disk(&self, offset: i64, max_bytes: usize, upper: i64) -> Result<Vec<Bytes>, Error> {
+        let mut offset = offset;
+        loop {
+            let (file_src, path, pos, end, next_base) = {
+                let st = self.state.borrow();
+                let i = st.segment_index_for(offset);
+                let seg = &st.segments[i];
+                let pos = u64::from(seg.index.lookup((offset - seg.base_offset).max(0) as u32));
+                let next_base = st.segments.get(i + 1).map(|s| s.base_offset);
+                let src = seg.active.as_ref().map(|a| a.log.clone());
+                (src, seg.path("log"), pos, seg.size, next_base)
+            };
+            let file = match &file_src {
+                Some(active) => {
+                    // Bytes still pending in memory are not on disk yet.
+                    active.wait_written(end).await?;
+                    active.dma_file().clone()
+                }
+                None => ReadHandles::get(&self.storage.handles, &path).await?,
+            };
+            let out = segment::read_batches(
+                &file,
+                &path,
+                pos,
+                end,
+                offset,
+                max_bytes,
+                upper,
+                self.storage.limits.read_bytes_max,
+            )
+            .await?;
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            // Nothing at or after `offset` in this segment: go on to the next one.
+            match next_base {
+                Some(b) if b < upper => offset = b,
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The first offset whose record timestamp is at or after `timestamp`, with that
+    /// timestamp; `None` if every record is older. (For compressed batches the batch's
+    /// first offset and max timestamp stand in for the record's.)
+    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, Error> {
+        let start = {
+            let st = self.state.borrow();
+            let seg = st.segments.iter().find(|s| s.max_timestamp >= timestamp);
+            match seg {
+                None => return Ok(None),
+                Some(s) => (s.base_offset + i64::from(s.time_index.lookup(timestamp))).max(st.log_start),
+            }
+        };
+        let mut offset = start;
+        loop {
+            let r = self.read(offset, 1 << 20, None).await?;
+            if r.records.is_empty() {
+                return Ok(None);
+            }
+            let mut buf = &r.records[..];
+            while let Some(total) = batch::peek_total_bytes(buf) {
+                let b = &buf[..total];
+                let h = batch::BatchHeader::parse(b)?;
+                if h.max_timestamp >= timestamp {
+                    let hit = batch::record_timestamps(b)
+                        .and_then(|recs| recs.into_iter().find(|(o, ts)| *ts >= timestamp && *o >= offset))
+                        .unwrap_or((h.base_offset.max(offset), h.max_timestamp));
+                    return Ok(Some(hit));
+                }
+                buf = &buf[total..];
+            }
+            offset = r.next_offset;
+        }
+    }
+
+    /// Removes every offset at or after `offset` (rounded down to the start of the batch
+    /// containing it). For followers whose log diverged from their leader's.
+    pub async fn truncate_to(&self, offset: i64) -> Result<(), Error> {
+        self.check_open()?;
+        let _guard = self.lock().await;
+        let (log_start, log_end) = (self.log_start_offset(), self.log_end_offset());
+        if offset >= log_end {
+            return Ok(());
+        }
+        if offset < log_start {
+            return Err(Error::OffsetOutOfRange { offset, log_start, log_end });
+        }
+        self.storage.cache.borrow_mut().invalidate(self.id);
+        // Drop whole segments above the one holding `offset`.
+        let removed: Vec<Segment> = {
+            let mut st = self.state.borrow_mut();
+            let i = st.segment_index_for(offset);
+            st.segments.split_off(i + 1)
+        };
+        for s in &removed {
+            if let Some(a) = &s.active {
+                a.log.wait_written(a.log.len()).await?;
+            }
+            self.storage.handles.borrow_mut().forget(&s.path("log"));
+            Segment::remove_files(&self.dir, s.base_offset).await;
+        }
+        // Re-open the now-last segment for appends if it was closed.
+        let needs_activate = self.state.borrow().active().active.is_none();
+        if needs_activate {
+            let path = self.state.borrow().active().path("log");
+            self.storage.handles.borrow_mut().forget(&path);
+            let mut seg = self.state.borrow_mut().segments.pop().expect("segment");
+            let r = seg.activate(self.storage.limits.write_bytes_max).await;
+            self.state.borrow_mut().segments.push(seg);
+            r?;
+        }
+        // Find the batch boundary at or below `offset` in the active segment.
+        let (pos, next) = self.locate_batch_start(offset).await?;
+        let log_file = {
+            let mut st = self.state.borrow_mut();
+            st.active_mut().truncate_prepare(pos, next).await?
+        };
+        log_file.truncate(pos).await?;
+        {
+            let mut seg = self.state.borrow_mut().segments.pop().expect("segment");
+            let r = seg.truncate_indexes().await;
+            self.state.borrow_mut().segments.push(seg);
+            r?;
+        }
+        file::sync_dir(&self.dir).await?;
+        let st = self.state.borrow();
+        st.check_invariants();
+        tracing::info!(log = %self.name, offset, new_end = st.log_end(), "truncated log");
+        Ok(())
+    }
+
+    /// Position and base offset of the first batch of the active segment whose last
+    /// offset is at or beyond `offset` (the segment end if none).
+    async fn locate_batch_start(&self, offset: i64) -> Result<(u64, i64), Error> {
+        let (file, mut pos, end, base) = {
+            let st = self.state.borrow();
+            let seg = st.active();
+            let a = seg.active.as_ref().expect("active");
+            let pos = u64::from(seg.index.lookup((offset - seg.base_offset).max(0) as u32));
+            (a.log.clone(), pos, seg.size, seg.base_offset)
+        };
+        file.wait_written(end).await?;
+        let mut next = base;
+        while pos < end {
+            let head = file
+                .dma_file()
+                .read_at(pos, batch::HEADER_BYTES)
+                .await
+                .map_err(|e| Error::io(file.path(), e))?;
+            let h = batch::BatchHeader::parse(&head)?;
+            if h.last_offset() >= offset {
+                return Ok((pos, h.base_offset));
+            }
+            next = h.last_offset() + 1;
+            pos += h.total_bytes() as u64;
+        }
+        Ok((end, next.max(self.state.borrow().active().next_offset.min(offset))))
+    }
+
+    /// Advances the log start offset to `offset` (Kafka DeleteRecords) and deletes the
+    /// segments wholly below it. `offset` must not pass the log end.
+    pub async fn delete_records_before(&self, offset: i64) -> Result<i64, Error> {
+        self.check_open()?;
+        let log_end = self.log_end_offset();
+        if offset > log_end || offset < 0 {
+            return Err(Error::OffsetOutOfRange {
+                offset,
+                log_start: self.log_start_offset(),
+                log_end,
+            });
+        }
+        if offset <= self.log_start_offset() {
+            return Ok(self.log_start_offset());
+        }
+        self.state.borrow_mut().log_start = offset;
+        self.write_meta().await?;
+        self.delete_segments_below_start().await?;
+        Ok(offset)
+    }
+
+    async fn write_meta(&self) -> Result<(), Error> {
+        let start = self.log_start_offset();
+        file::write_atomic(&self.dir.join(META_FILE), format!("log_start_offset={start}\n").as_bytes()).await
+    }
+
+    /// Deletes closed segments that end at or below the log start.
+    async fn delete_segments_below_start(&self) -> Result<u32, Error> {
+        let mut deleted = 0;
+        loop {
+            let base = {
+                let mut st = self.state.borrow_mut();
+                if st.segments.len() < 2 || st.segments[1].base_offset > st.log_start {
+                    break;
+                }
+                st.segments.remove(0).base_offset
+            };
+            self.remove_segment_files(base).await;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    async fn remove_segment_files(&self, base: i64) {
+        self.storage
+            .handles
+            .borrow_mut()
+            .forget(&self.dir.join(segment::file_name(base, "log")));
+        Segment::remove_files(&self.dir, base).await;
+    }
+
+    /// Deletes closed segments past `retention.ms` (by their newest timestamp) or
+    /// beyond `retention.bytes`, oldest first; never the active segment.
+    pub async fn enforce_retention(&self) -> Result<u32, Error> {
+        let cfg = self.config();
+        let now = self.storage.now_ms();
+        let mut deleted = 0;
+        loop {
+            let victim = {
+                let st = self.state.borrow();
+                if st.segments.len() < 2 {
+                    None
+                } else {
+                    let first = &st.segments[0];
+                    let newest = if first.max_timestamp >= 0 { first.max_timestamp } else { first.created_ms };
+                    let by_time = cfg.retention_ms >= 0 && now - newest > cfg.retention_ms;
+                    let total: u64 = st.segments.iter().map(|s| s.size).sum();
+                    let by_size = cfg.retention_bytes >= 0 && total - first.size >= cfg.retention_bytes as u64;
+                    (by_time || by_size).then_some(first.base_offset)
+                }
+            };
+            let Some(base) = victim else { break };
+            {
+                let mut st = self.state.borrow_mut();
+                st.segments.remove(0);
+                st.log_start = st.log_start.max(st.segments[0].base_offset);
+            }
+            self.remove_segment_files(base).await;
+            deleted += 1;
+        }
+        if deleted > 0 {
+            self.write_meta().await?;
+            tracing::info!(log = %self.name, deleted, log_start = self.log_start_offset(), "retention deleted segments");
+        }
+        Ok(deleted)
+    }
+
+    /// Flushes, writes the indexes in full and stops accepting work.
+    pub async fn close(&self) -> Result<(), Error> {
+        if self.closed.get() {
+            return Ok(());
+        }
+        let _guard = self.lock().await;
+        self.closed.set(true);
+        let files = {
+            let mut st = self.state.borrow_mut();
+            st.active_mut().persist_indexes()?;
+            st.active().active.as_ref().map(|a| a.log.clone())
+        };
+        if let Some(f) = files {
+            f.seal().await?;
+        }
+        let st = self.state.borrow();
+        st.active().write_indexes().await?;
+        self.storage.cache.borrow_mut().invalidate(self.id);
+        Ok(())
+    }
+}
+
+fn concat(chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.into_iter().next().expect("one chunk"),
+        _ => {
+            let mut out = BytesMut::with_capacity(chunks.iter().map(|c| c.len()).sum());
+            for c in chunks {
+                out.extend_from_slice(&c);
+            }
+            out.freeze()
+        }
+    }
+}
+
+/// Opens every segment in `dir` (recovering each) and returns them with the log start.
+async fn recover_dir(
+    dir: &Path,
+    storage: &Storage,
+    config: &LogConfig,
+    report: &mut RecoveryReport,
+) -> Result<(Vec<Segment>, i64), Error> {
+    let mut bases = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut others = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Some(base) = segment::parse_log_name(&name) {
+            bases.push(base);
+        } else {
+            others.push(name);
+        }
+    }
+    bases.sort_unstable();
+    // R12: temp files and indexes whose log is gone.
+    for name in others {
+        let stem = name.split('.').next().unwrap_or("");
+        let orphan_index = (name.ends_with(".index") || name.ends_with(".timeindex"))
+            && !stem.parse::<i64>().is_ok_and(|b| bases.contains(&b));
+        if name.ends_with(".tmp") || orphan_index {
+            let _ = std::fs::remove_file(dir.join(&name));
+            report.removed_files += 1;
+        }
+    }
+    let now = storage.now_ms();
+    let mut segments: Vec<Segment> = Vec::new();
+    let mut iter = bases.into_iter();
+    while let Some(base) = iter.next() {
+        if let Some(prev) = segments.last() {
+            if base < prev.next_offset {
+                return Err(Error::Corrupt {
+                    path: dir.display().to_string(),
+                    position: 0,
+                    reason: format!("segment {base} overlaps the previous one ending at {}", prev.next_offset),
+                });
+            }
+        }
+        let (seg, truncated) = Segment::recover(dir, base, now, config.index_interval_bytes, report).await?;
+        segments.push(seg);
+        if truncated {
+            // R11: nothing after a torn segment can be trusted to be contiguous.
+            for later in iter.by_ref() {
+                Segment::remove_files(dir, later).await;
+                report.deleted_segments += 1;
+            }
+        }
+    }
+    // An empty closed segment in the middle carries nothing: drop it (keep the last).
+    let last = segments.len().saturating_sub(1);
+    let mut kept = Vec::with_capacity(segments.len());
+    for (i, s) in segments.into_iter().enumerate() {
+        if i != last && s.is_empty() {
+            Segment::remove_files(dir, s.base_offset).await;
+            report.deleted_segments += 1;
+        } else {
+            kept.push(s);
+        }
+    }
+    let mut segments = kept;
+    let checkpoint = read_meta(dir);
+    if segments.is_empty() {
+        // R14: a new log starts at its checkpointed start (0 for a new partition).
+        let base = checkpoint.unwrap_or(0).max(0);
+        segments.push(Segment::create(dir, base, now, storage.limits.write_bytes_max).await?);
+        file::sync_dir(dir).await?;
+    } else {
+        let last = segments.last_mut().expect("non-empty");
+        last.activate(storage.limits.write_bytes_max).await?;
+    }
+    // R13: the start is the checkpoint, clamped into [first base, log end].
+    let first = segments[0].base_offset;
+    let end = segments.last().expect("non-empty").next_offset;
+    let log_start = checkpoint.unwrap_or(first).clamp(first, end);
+    let st = LogState { segments, log_start };
+    st.check_invariants();
+    Ok((st.segments, st.log_start))
+}
+
+fn read_meta(dir: &Path) -> Option<i64> {
+    let text = std::fs::read_to_string(dir.join(META_FILE)).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("log_start_offset="))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -1,0 +1,503 @@
+//! One segment of a partition log: the `.log` file of batches, its sparse `.index` and
+//! its `.timeindex`, plus in-memory bookkeeping. The last segment of a log is *active*
+//! (open for appends, through [`AppendFile`]s); the others are closed, trimmed to their
+//! logical length, and read through the shard's read-handle cache.
+//!
+//! ## Recovery (run for every segment when a log is opened)
+//!
+//! Batches are validated from the last trustworthy index entry to the end of the file;
+//! everything before that entry was validated when it was indexed (closed segments are
+//! sealed — synced and trimmed — before the next segment is created). The cases:
+//!
+//! | case | what is found | how it is detected | what recovery does |
+//! |------|---------------|--------------------|--------------------|
+//! | R1 | clean: log ends at the last batch, index complete | scan reaches end of file | nothing |
+//! | R2 | zero page padding after the last batch (unclean stop of the active segment) | header with length 0 | truncate at the first padding byte |
+//! | R3 | torn batch: its length runs past end of file | length > bytes left | truncate at the batch start |
+//! | R4 | corrupt batch: bad CRC, magic or record count | [`batch::validate`] | truncate at the batch start; nothing after it is served |
+//! | R5 | batch offsets going backwards, below the segment base or beyond u32 range | offset check | truncate at that batch |
+//! | R6 | `.index` missing | no file | rebuild by scanning the whole segment |
+//! | R7 | index entries past the validated end, or not at a batch of the right offset | check of the last entry, repeated | drop them; scan from the last good entry |
+//! | R8 | index garbage (non-increasing entries) | decode stops early | keep the increasing prefix, then R7 |
+//! | R9 | `.timeindex` missing, or entries beyond the scan start | entry check | drop them; re-add from the scan |
+//! | R10 | empty segment file | size 0 | kept: an empty active segment |
+//! | R11 | a closed segment found torn (R2–R5 in a non-last segment) | valid end < file size | truncate it and delete every later segment (offsets must stay contiguous) |
+//! | R12 | leftover `*.tmp` files, index files without a `.log` | names | removed |
+//!
+//! R13 (log start checkpoint missing or beyond the log end) and R14 (no segments at all)
+//! are handled by [`crate::log`].
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use glommio::io::DmaFile;
+
+use crate::batch::{self, BatchHeader, HEADER_BYTES};
+use crate::file::{self, AppendFile};
+use crate::index::{OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES};
+use crate::Error;
+
+pub fn file_name(base_offset: i64, ext: &str) -> String {
+    format!("{base_offset:020}.{ext}")
+}
+
+/// Parses `<20 digits>.log` into its base offset.
+pub fn parse_log_name(name: &str) -> Option<i64> {
+    let stem = name.strip_suffix(".log")?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// The files of the active segment, open for appending.
+pub struct ActiveFiles {
+    pub log: Rc<AppendFile>,
+    index: Rc<AppendFile>,
+    time: Rc<AppendFile>,
+    index_persisted: usize,
+    time_persisted: usize,
+}
+
+pub struct Segment {
+    pub base_offset: i64,
+    /// Offset after the last batch (= base offset when empty).
+    pub next_offset: i64,
+    /// Logical bytes in the `.log`.
+    pub size: u64,
+    /// Largest batch max-timestamp, -1 when there is none.
+    pub max_timestamp: i64,
+    /// Wall time when the segment was created or opened (for `segment.ms`).
+    pub created_ms: i64,
+    pub index: OffsetIndex,
+    pub time_index: TimeIndex,
+    bytes_since_index: u64,
+    pub active: Option<ActiveFiles>,
+    dir: PathBuf,
+}
+
+/// What recovery found and did, for logs and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub truncated_bytes: u64,
+    pub rebuilt_indexes: u32,
+    pub dropped_index_entries: u32,
+    pub deleted_segments: u32,
+    pub removed_files: u32,
+}
+
+impl Segment {
+    pub fn path(&self, ext: &str) -> PathBuf {
+        self.dir.join(file_name(self.base_offset, ext))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    fn empty(dir: &Path, base_offset: i64, now_ms: i64) -> Segment {
+        Segment {
+            base_offset,
+            next_offset: base_offset,
+            size: 0,
+            max_timestamp: -1,
+            created_ms: now_ms,
+            index: OffsetIndex::default(),
+            time_index: TimeIndex::default(),
+            bytes_since_index: 0,
+            active: None,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Creates a new, empty active segment on disk.
+    pub async fn create(dir: &Path, base_offset: i64, now_ms: i64, write_bytes_max: usize) -> Result<Segment, Error> {
+        let mut s = Segment::empty(dir, base_offset, now_ms);
+        s.activate(write_bytes_max).await?;
+        Ok(s)
+    }
+
+    /// Opens the files for appending and writes out the in-memory indexes in full.
+    pub async fn activate(&mut self, write_bytes_max: usize) -> Result<(), Error> {
+        let log = AppendFile::open(&self.path("log"), self.size, write_bytes_max).await?;
+        let index = AppendFile::open(&self.path("index"), 0, write_bytes_max).await?;
+        let time = AppendFile::open(&self.path("timeindex"), 0, write_bytes_max).await?;
+        index.push(&self.index.encode())?;
+        time.push(&self.time_index.encode())?;
+        index.sync_all().await?;
+        time.sync_all().await?;
+        self.active = Some(ActiveFiles {
+            log: Rc::new(log),
+            index: Rc::new(index),
+            time: Rc::new(time),
+            index_persisted: self.index.len(),
+            time_persisted: self.time_index.entries().len(),
+        });
+        Ok(())
+    }
+
+    /// Accounts for a batch written at `position`: index entries every
+    /// `interval` bytes, time index when the max timestamp grew, offsets, size.
+    pub fn track_batch(&mut self, h: &BatchHeader, position: u64, len: u64, interval: u32) {
+        assert!(h.base_offset >= self.next_offset, "offsets must increase");
+        assert_eq!(position, self.size, "batches are appended at the end");
+        if self.bytes_since_index >= u64::from(interval) && position > 0 {
+            let rel = (h.base_offset - self.base_offset) as u32;
+            self.index.push(OffsetEntry {
+                relative_offset: rel,
+                position: position as u32,
+            });
+            if self.max_timestamp >= 0 {
+                self.time_index.maybe_push(TimeEntry {
+                    timestamp: self.max_timestamp,
+                    relative_offset: rel,
+                });
+            }
+            self.bytes_since_index = 0;
+        }
+        self.bytes_since_index += len;
+        self.size += len;
+        self.next_offset = h.last_offset() + 1;
+        self.max_timestamp = self.max_timestamp.max(h.max_timestamp);
+    }
+
+    /// Hands index entries added since the last call to the index files (written with
+    /// the next write; index files are rebuilt by recovery, so they need no fsync).
+    pub fn persist_indexes(&mut self) -> Result<Vec<Rc<AppendFile>>, Error> {
+        let Some(a) = self.active.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let mut buf = Vec::new();
+        for e in &self.index.entries()[a.index_persisted..] {
+            OffsetIndex::encode_entry(e, &mut buf);
+        }
+        a.index.push(&buf)?;
+        a.index_persisted = self.index.len();
+        buf.clear();
+        for e in &self.time_index.entries()[a.time_persisted..] {
+            TimeIndex::encode_entry(e, &mut buf);
+        }
+        a.time.push(&buf)?;
+        a.time_persisted = self.time_index.entries().len();
+        Ok(vec![a.index.clone(), a.time.clone()])
+    }
+
+    /// First half of closing the active segment (synchronous): records the final time
+    /// index entry and returns the files to seal. The caller seals them, then calls
+    /// [`Segment::finish_close`].
+    pub fn begin_close(&mut self) -> Result<Vec<Rc<AppendFile>>, Error> {
+        if self.max_timestamp >= 0 && self.size > 0 {
+            self.time_index.maybe_push(TimeEntry {
+                timestamp: self.max_timestamp,
+                relative_offset: (self.next_offset - self.base_offset) as u32,
+            });
+        }
+        self.persist_indexes()?;
+        Ok(match &self.active {
+            Some(a) => vec![a.log.clone(), a.index.clone(), a.time.clone()],
+            None => Vec::new(),
+        })
+    }
+
+    pub fn finish_close(&mut self) {
+        self.active = None;
+    }
+
+    pub async fn remove_files(dir: &Path, base_offset: i64) {
+        for ext in ["log", "index", "timeindex"] {
+            let _ = glommio::io::remove(dir.join(file_name(base_offset, ext))).await;
+        }
+    }
+
+    /// Recovers the segment `base_offset` in `dir` (see the table in the module docs).
+    /// Returns the segment (closed) and whether the log file had to be truncated.
+    pub async fn recover(
+        dir: &Path,
+        base_offset: i64,
+        now_ms: i64,
+        interval: u32,
+        report: &mut RecoveryReport,
+    ) -> Result<(Segment, bool), Error> {
+        let mut seg = Segment::empty(dir, base_offset, now_ms);
+        let log_path = seg.path("log");
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .dma_open(&log_path)
+            .await
+            .map_err(|e| Error::io(&log_path, e))?;
+        let file_len = file.file_size().await.map_err(|e| Error::io(&log_path, e))?;
+
+        let index_bytes = read_whole(&seg.path("index")).await?;
+        let time_bytes = read_whole(&seg.path("timeindex")).await?;
+        let mut index = match &index_bytes {
+            Some(b) => OffsetIndex::decode(b),
+            None => {
+                report.rebuilt_indexes += 1;
+                OffsetIndex::default()
+            }
+        };
+        if let Some(b) = &index_bytes {
+            if b.len() % OFFSET_ENTRY_BYTES != 0 || index.len() * OFFSET_ENTRY_BYTES < b.len() {
+                // Padding, a torn write or garbage: R8 — the prefix is kept.
+                report.dropped_index_entries += ((b.len() / OFFSET_ENTRY_BYTES) - index.len()) as u32;
+            }
+        }
+
+        // R7: trust the last entry only if it points at a valid batch of its offset.
+        let mut start: Option<(OffsetEntry, BatchHeader)> = None;
+        while let Some(e) = index.last() {
+            if let Some(h) = batch_at(&file, u64::from(e.position), file_len).await? {
+                if h.base_offset == base_offset + i64::from(e.relative_offset) {
+                    start = Some((e, h));
+                    break;
+                }
+            }
+            index.pop();
+            report.dropped_index_entries += 1;
+        }
+        let (scan_pos, min_offset) = match start {
+            Some((e, _)) => (u64::from(e.position), base_offset + i64::from(e.relative_offset)),
+            None => (0, base_offset),
+        };
+        let scan_rel = (min_offset - base_offset) as u32;
+
+        let mut time_index = time_bytes.as_deref().map(TimeIndex::decode).unwrap_or_default();
+        if time_bytes.is_none() {
+            report.rebuilt_indexes += 1;
+        }
+        // R9: entries at or below the scan start were made from validated batches.
+        time_index.truncate_to_offset(scan_rel + 1);
+
+        seg.index = index;
+        seg.time_index = time_index;
+        seg.max_timestamp = seg.time_index.last().map(|e| e.timestamp).unwrap_or(-1);
+        seg.size = scan_pos;
+        seg.next_offset = min_offset;
+        // The batch at the scan start is already indexed: start counting after it.
+        seg.bytes_since_index = 0;
+
+        let valid_end = seg.scan(&file, scan_pos, file_len, min_offset, interval).await?;
+        let _ = file.close().await;
+        let truncated = valid_end < file_len;
+        if truncated {
+            report.truncated_bytes += file_len - valid_end;
+            let f = glommio::io::OpenOptions::new()
+                .write(true)
+                .dma_open(&log_path)
+                .await
+                .map_err(|e| Error::io(&log_path, e))?;
+            f.truncate(valid_end).await.map_err(|e| Error::io(&log_path, e))?;
+            f.fdatasync().await.map_err(|e| Error::io(&log_path, e))?;
+            let _ = f.close().await;
+        }
+        let index_len_ok = index_bytes.as_ref().map(|b| b.len()) == Some(seg.index.len() * OFFSET_ENTRY_BYTES);
+        let time_len_ok = time_bytes.as_ref().map(|b| b.len()) == Some(seg.time_index.entries().len() * TIME_ENTRY_BYTES);
+        if !index_len_ok || !time_len_ok {
+            seg.write_indexes().await?;
+        }
+        Ok((seg, truncated))
+    }
+
+    /// Validates batches from `pos`, tracking each; returns the end of the last valid
+    /// batch.
+    async fn scan(
+        &mut self,
+        file: &DmaFile,
+        mut pos: u64,
+        file_len: u64,
+        mut min_offset: i64,
+        interval: u32,
+    ) -> Result<u64, Error> {
+        const WINDOW: u64 = 1 << 20;
+        while pos < file_len {
+            let want = (file_len - pos).min(WINDOW);
+            let buf = file.read_at(pos, want as usize).await.map_err(|e| Error::io(&self.path("log"), e))?;
+            let mut at = 0usize;
+            let mut progressed = false;
+            while at < buf.len() {
+                let rest = &buf[at..];
+                let Some(total) = batch::peek_total_bytes(rest) else {
+                    if rest.len() >= batch::LOG_OVERHEAD || pos + (at as u64) + (rest.len() as u64) >= file_len {
+                        return Ok(pos + at as u64); // R2/R3: padding, garbage or torn header
+                    }
+                    break; // header crosses the window: read on
+                };
+                let batch_pos = pos + at as u64;
+                if batch_pos + total as u64 > file_len {
+                    return Ok(batch_pos); // R3: torn batch
+                }
+                let owned;
+                let bytes: &[u8] = if total <= rest.len() {
+                    &rest[..total]
+                } else if !progressed && at == 0 {
+                    owned = file.read_at(batch_pos, total).await.map_err(|e| Error::io(&self.path("log"), e))?;
+                    &owned[..]
+                } else {
+                    break; // the batch crosses the window: next window starts at it
+                };
+                let Ok(h) = batch::validate(bytes, false) else {
+                    return Ok(batch_pos); // R4
+                };
+                let rel = h.base_offset - self.base_offset;
+                if h.base_offset < min_offset || rel > i64::from(u32::MAX) || h.last_offset() < h.base_offset {
+                    return Ok(batch_pos); // R5
+                }
+                self.track_batch(&h, batch_pos, total as u64, interval);
+                min_offset = h.last_offset() + 1;
+                at += total;
+                progressed = true;
+            }
+            if at == 0 && !progressed {
+                return Ok(pos);
+            }
+            pos += at as u64;
+        }
+        Ok(pos)
+    }
+
+    /// Rewrites both index files in full, durably.
+    pub async fn write_indexes(&self) -> Result<(), Error> {
+        file::write_atomic(&self.path("index"), &self.index.encode()).await?;
+        file::write_atomic(&self.path("timeindex"), &self.time_index.encode()).await
+    }
+
+    /// Cuts the segment back to `position` (a batch boundary) whose first offset is
+    /// `next_offset`. The segment must be active.
+    pub async fn truncate_prepare(&mut self, position: u64, next_offset: i64) -> Result<Rc<AppendFile>, Error> {
+        let a = self.active.as_mut().expect("truncate needs an active segment");
+        self.index.truncate_to_position(position as u32);
+        let rel = (next_offset - self.base_offset) as u32;
+        self.time_index.truncate_to_offset(rel);
+        self.size = position;
+        self.next_offset = next_offset;
+        self.max_timestamp = self.time_index.last().map(|e| e.timestamp).unwrap_or(-1);
+        self.bytes_since_index = 0;
+        a.index_persisted = a.index_persisted.min(self.index.len());
+        a.time_persisted = a.time_persisted.min(self.time_index.entries().len());
+        Ok(a.log.clone())
+    }
+
+    /// After a truncation, cuts the index files to the entries that remain.
+    pub async fn truncate_indexes(&mut self) -> Result<(), Error> {
+        let Some(a) = self.active.as_ref() else { return Ok(()) };
+        let (idx, time) = (a.index.clone(), a.time.clone());
+        let (ni, nt) = (a.index_persisted, a.time_persisted);
+        idx.truncate((ni * OFFSET_ENTRY_BYTES) as u64).await?;
+        time.truncate((nt * TIME_ENTRY_BYTES) as u64).await?;
+        Ok(())
+    }
+}
+
+/// Reads a whole small file (an index), or `None` if it does not exist.
+async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+    let f = match glommio::io::OpenOptions::new().read(true).dma_open(path).await {
+        Ok(f) => f,
+        Err(e) => {
+            let io: std::io::Error = e.into();
+            if io.kind() == std::io::ErrorKind::NotFound {
+                return Ok(None);
+            }
+            return Err(Error::io(path, io));
+        }
+    };
+    let len = f.file_size().await.map_err(|e| Error::io(path, e))?;
+    let out = if len == 0 {
+        Vec::new()
+    } else {
+        f.read_at(0, len as usize).await.map_err(|e| Error::io(path, e))?.to_vec()
+    };
+    let _ = f.close().await;
+    Ok(Some(out))
+}
+
+/// The header of the valid batch at `pos`, if there is one.
+async fn batch_at(file: &DmaFile, pos: u64, file_len: u64) -> Result<Option<BatchHeader>, Error> {
+    if pos + HEADER_BYTES as u64 > file_len {
+        return Ok(None);
+    }
+    let head = file.read_at(pos, HEADER_BYTES).await.map_err(|e| Error::io(Path::new("segment"), e))?;
+    let Some(total) = batch::peek_total_bytes(&head) else {
+        return Ok(None);
+    };
+    if pos + total as u64 > file_len {
+        return Ok(None);
+    }
+    let bytes = file.read_at(pos, total).await.map_err(|e| Error::io(Path::new("segment"), e))?;
+    Ok(batch::validate(&bytes, false).ok())
+}
+
+/// Reads whole batches from `file` between `pos` and `end`, skipping batches before
+/// `offset`, up to `max_bytes` (at least one batch), stopping at `upper` (exclusive
+/// offset) or `read_bytes_max` of I/O. Every batch is CRC-checked after the read.
+pub async fn read_batches(
+    file: &DmaFile,
+    path: &Path,
+    mut pos: u64,
+    end: u64,
+    offset: i64,
+    max_bytes: usize,
+    upper: i64,
+    read_bytes_max: usize,
+) -> Result<Vec<Bytes>, Error> {
+    let mut out: Vec<Bytes> = Vec::new();
+    let mut bytes_out = 0usize;
+    let mut io_bytes = 0usize;
+    while pos < end && io_bytes < read_bytes_max {
+        let want = ((max_bytes.saturating_sub(bytes_out)).max(64 << 10) as u64 + 8192).min(end - pos);
+        let buf = file.read_at(pos, want as usize).await.map_err(|e| Error::io(path, e))?;
+        io_bytes += buf.len();
+        let mut at = 0usize;
+        while at < buf.len() {
+            let rest = &buf[at..];
+            let corrupt = |reason: String| Error::Corrupt {
+                path: path.display().to_string(),
+                position: pos + at as u64,
+                reason,
+            };
+            let Some(total) = batch::peek_total_bytes(rest) else {
+                if rest.len() >= batch::LOG_OVERHEAD {
+                    return Err(corrupt("bad batch length".into()));
+                }
+                break;
+            };
+            if total > rest.len() {
+                if at == 0 {
+                    // One batch larger than the window: read exactly it.
+                    let whole = file.read_at(pos, total).await.map_err(|e| Error::io(path, e))?;
+                    if whole.len() < total {
+                        return Err(corrupt("batch runs past the end of the segment".into()));
+                    }
+                    let h = batch::validate(&whole, false).map_err(|e| corrupt(e.to_string()))?;
+                    if h.last_offset() >= offset && h.base_offset < upper {
+                        out.push(Bytes::copy_from_slice(&whole));
+                        return Ok(out);
+                    }
+                    at = total;
+                }
+                break;
+            }
+            let b = &rest[..total];
+            let h = batch::validate(b, false).map_err(|e| corrupt(e.to_string()))?;
+            if h.base_offset >= upper {
+                return Ok(out);
+            }
+            if h.last_offset() >= offset {
+                if !out.is_empty() && bytes_out + total > max_bytes {
+                    return Ok(out);
+                }
+                bytes_out += total;
+                out.push(Bytes::copy_from_slice(b));
+                if bytes_out >= max_bytes {
+                    return Ok(out);
+                }
+            }
+            at += total;
+        }
+        if at == 0 {
+            break;
+        }
+        pos += at as u64;
+    }
+    Ok(out)
+}

@@ -244,6 +244,14 @@ impl Segment {
             }
         }
 
+        let time_decoded = time_bytes.as_deref().map(TimeIndex::decode).unwrap_or_default();
+        if time_decoded.entries().is_empty() && !index.is_empty() {
+            // R9: the time index is gone but the offset index is not; only a full scan
+            // brings the time entries back.
+            report.dropped_index_entries += index.len() as u32;
+            index = OffsetIndex::default();
+        }
+
         // R7: trust the last entry only if it points at a valid batch of its offset.
         let mut start: Option<(OffsetEntry, BatchHeader)> = None;
         while let Some(e) = index.last() {
@@ -262,7 +270,7 @@ impl Segment {
         };
         let scan_rel = (min_offset - base_offset) as u32;
 
-        let mut time_index = time_bytes.as_deref().map(TimeIndex::decode).unwrap_or_default();
+        let mut time_index = time_decoded;
         if time_bytes.is_none() {
             report.rebuilt_indexes += 1;
         }

@@ -1,0 +1,331 @@
+//! Unit-tier tests of the partition log through its public API: append, read, roll,
+//! retention, truncation, timestamps, bad input, durability and the glommio trap.
+
+mod common;
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use common::*;
+use sluice_storage::batch::{self, BatchError};
+use sluice_storage::{Error, FlushPolicy, LogConfig, ManualClock, StorageLimits, TimestampType};
+
+#[test]
+fn append_assigns_offsets_and_reads_back_from_cache_and_disk() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        for limits in [StorageLimits::default(), no_cache()] {
+            let s = storage(&path, limits.clone()).await;
+            let name = format!("t-{}", limits.tail_cache_bytes);
+            let log = s.open_log(&name, LogConfig::default()).await.unwrap();
+            let a = log.append(&batch(1000, 3, 0), 5).await.unwrap();
+            let b = log.append(&batch(1001, 2, 1), 5).await.unwrap();
+            assert_eq!((a.base_offset, a.last_offset), (0, 2));
+            assert_eq!((b.base_offset, b.last_offset), (3, 4));
+            assert_eq!(log.log_end_offset(), 5);
+            // Reading from the middle of the first batch returns that whole batch.
+            let r = log.read(1, 1 << 20, None).await.unwrap();
+            let got = batches_of(&r.records);
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].0, 0);
+            assert_eq!(r.next_offset, 5);
+            let h = sluice_storage::BatchHeader::parse(&r.records).unwrap();
+            assert_eq!(h.leader_epoch, 5);
+            // max_bytes smaller than one batch still returns one batch.
+            let r = log.read(3, 10, None).await.unwrap();
+            assert_eq!(batches_of(&r.records).len(), 1);
+            // A bound below the log end hides what is above it.
+            let r = log.read(0, 1 << 20, Some(3)).await.unwrap();
+            assert_eq!(r.next_offset, 3);
+            // At the end: empty; beyond: out of range.
+            assert!(log.read(5, 100, None).await.unwrap().records.is_empty());
+            assert!(matches!(log.read(6, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+        }
+    });
+}
+
+#[test]
+fn bad_batches_are_rejected_and_leave_the_log_unchanged() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let cfg = LogConfig { max_message_bytes: 4096, ..LogConfig::default() };
+        let log = s.open_log("bad", cfg).await.unwrap();
+        log.append(&batch(1, 2, 0), 0).await.unwrap();
+        let before = (log.log_end_offset(), log.size_bytes());
+        let good = batch(2, 2, 1);
+
+        let mut bad_crc = good.clone();
+        *bad_crc.last_mut().unwrap() ^= 1;
+        let mut bad_magic = good.clone();
+        bad_magic[16] = 1;
+        let mut lie = good.clone();
+        lie[8..12].copy_from_slice(&9999i32.to_be_bytes());
+        let short = good[..40].to_vec();
+        let big = batch::build::simple(1, 1, 5000);
+
+        let cases: Vec<(Vec<u8>, fn(&Error) -> bool)> = vec![
+            (bad_crc, |e| matches!(e, Error::Batch(BatchError::CrcMismatch { .. }))),
+            (bad_magic, |e| matches!(e, Error::Batch(BatchError::BadMagic(1)))),
+            (lie, |e| matches!(e, Error::Batch(BatchError::LengthMismatch { .. }))),
+            (short, |e| matches!(e, Error::Batch(BatchError::TooShort { .. }))),
+            (big, |e| matches!(e, Error::Batch(BatchError::TooLarge { .. }))),
+        ];
+        for (bytes, is_expected) in cases {
+            let err = log.append(&bytes, 0).await.unwrap_err();
+            assert!(is_expected(&err), "unexpected error {err}");
+            assert_eq!((log.log_end_offset(), log.size_bytes()), before);
+        }
+        log.flush().await.unwrap();
+        let on_disk = std::fs::metadata(path.join("bad").join(format!("{:020}.log", 0))).unwrap().len();
+        assert!(on_disk >= before.1);
+        assert_eq!(read_all(&log).await.len(), 1);
+    });
+}
+
+#[test]
+fn rolls_on_segment_bytes_and_segment_ms() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let clock = Rc::new(ManualClock::default());
+        clock.0.set(1_000_000);
+        let s = storage_with_clock(&path, no_cache(), clock.clone()).await;
+        let cfg = LogConfig { segment_ms: 60_000, ..small_segments(2048) };
+        let log = s.open_log("roll", cfg).await.unwrap();
+        for i in 0..100 {
+            log.append(&batch(1_000_000, 4, i), 0).await.unwrap();
+        }
+        let bases = log.segment_bases();
+        assert!(bases.len() > 3, "expected several segments, got {bases:?}");
+        assert!(bases.windows(2).all(|w| w[0] < w[1]));
+        for b in &bases[..bases.len() - 1] {
+            let len = std::fs::metadata(path.join("roll").join(format!("{b:020}.log"))).unwrap().len();
+            assert!(len <= 2048, "closed segment {b} is {len} bytes");
+            assert_eq!(len % 4096 == 0 && len > 0, false, "closed segments are trimmed, not page padded");
+        }
+        assert_eq!(read_all(&log).await.len(), 100);
+
+        // Time-based roll: a big segment limit, then the clock passes segment.ms.
+        let log2 = s.open_log("roll-ms", LogConfig { segment_ms: 60_000, ..LogConfig::default() }).await.unwrap();
+        log2.append(&batch(1, 1, 0), 0).await.unwrap();
+        log2.append(&batch(1, 1, 1), 0).await.unwrap();
+        assert_eq!(log2.segment_count(), 1);
+        clock.0.set(1_000_000 + 60_000);
+        log2.append(&batch(1, 1, 2), 0).await.unwrap();
+        assert_eq!(log2.segment_bases(), vec![0, 2]);
+    });
+}
+
+#[test]
+fn retention_by_size_and_time_deletes_whole_closed_segments() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let clock = Rc::new(ManualClock::default());
+        clock.0.set(10_000_000);
+        let s = storage_with_clock(&path, no_cache(), clock.clone()).await;
+        let cfg = LogConfig { retention_bytes: 4096, ..small_segments(1024) };
+        let log = s.open_log("ret", cfg).await.unwrap();
+        for i in 0..200 {
+            log.append(&batch(10_000_000, 4, i), 0).await.unwrap();
+        }
+        let before = log.segment_count();
+        let deleted = s.enforce_retention().await.unwrap();
+        assert!(deleted > 0);
+        assert_eq!(log.segment_count(), before - deleted as usize);
+        assert!(log.size_bytes() <= 4096 + 1024, "size {} after retention", log.size_bytes());
+        let start = log.log_start_offset();
+        assert_eq!(start, log.segment_bases()[0]);
+        assert!(matches!(log.read(0, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+        assert!(!log.read(start, 100, None).await.unwrap().records.is_empty());
+        // Deleted files are gone from disk.
+        let logs = std::fs::read_dir(path.join("ret")).unwrap().filter(|e| {
+            e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")
+        });
+        assert_eq!(logs.count(), log.segment_count());
+
+        // Time: records stamped long ago, retention.ms of one hour.
+        let cfg = LogConfig { retention_ms: 3_600_000, ..small_segments(1024) };
+        let old = s.open_log("ret-time", cfg).await.unwrap();
+        for i in 0..50 {
+            old.append(&batch(10_000_000, 4, i), 0).await.unwrap();
+        }
+        assert_eq!(old.enforce_retention().await.unwrap(), 0, "nothing expired yet");
+        clock.0.set(10_000_000 + 3_600_001 + 100);
+        let n = old.segment_count();
+        assert_eq!(old.enforce_retention().await.unwrap() as usize, n - 1, "all but the active segment");
+        assert_eq!(old.log_start_offset(), old.segment_bases()[0]);
+        // The start survives a reopen.
+        let start = old.log_start_offset();
+        old.close().await.unwrap();
+        drop(old);
+        let again = s.open_log("ret-time", small_segments(1024)).await.unwrap();
+        assert_eq!(again.log_start_offset(), start);
+    });
+}
+
+#[test]
+fn truncate_and_delete_records() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let log = s.open_log("trunc", small_segments(1024)).await.unwrap();
+        for i in 0..30 {
+            log.append(&batch(5, 2, i), 0).await.unwrap();
+        }
+        assert_eq!(log.log_end_offset(), 60);
+        // Truncate into an earlier segment, in the middle of a batch.
+        log.truncate_to(21).await.unwrap();
+        assert_eq!(log.log_end_offset(), 20);
+        let all = read_all(&log).await;
+        assert_eq!(all.len(), 10);
+        assert_eq!(all.last().unwrap().0, 18);
+        // Appends continue from the truncation point.
+        let a = log.append(&batch(5, 2, 99), 1).await.unwrap();
+        assert_eq!(a.base_offset, 20);
+        assert_eq!(read_all(&log).await.len(), 11);
+
+        let start = log.delete_records_before(7).await.unwrap();
+        assert_eq!(start, 7);
+        assert_eq!(log.log_start_offset(), 7);
+        assert!(matches!(log.read(6, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+        let r = log.read(7, 100, None).await.unwrap();
+        assert_eq!(batches_of(&r.records)[0].0, 6, "the batch holding offset 7 is served whole");
+        assert!(log.delete_records_before(1000).await.is_err());
+        log.close().await.unwrap();
+        drop(log);
+        let log = s.open_log("trunc", small_segments(1024)).await.unwrap();
+        assert_eq!(log.log_start_offset(), 7);
+        assert_eq!(log.log_end_offset(), 22);
+    });
+}
+
+#[test]
+fn offset_for_timestamp_and_log_append_time() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, no_cache()).await;
+        let log = s.open_log("ts", small_segments(1024)).await.unwrap();
+        // Batch i has records at 1000*i + 0..4.
+        for i in 0..20i64 {
+            log.append(&batch(1000 * i, 4, i as u64), 0).await.unwrap();
+        }
+        assert_eq!(log.offset_for_timestamp(0).await.unwrap(), Some((0, 0)));
+        assert_eq!(log.offset_for_timestamp(5002).await.unwrap(), Some((22, 5002)));
+        assert_eq!(log.offset_for_timestamp(5004).await.unwrap(), Some((24, 6000)));
+        assert_eq!(log.offset_for_timestamp(19_003).await.unwrap(), Some((79, 19_003)));
+        assert_eq!(log.offset_for_timestamp(19_004).await.unwrap(), None);
+
+        let cfg = LogConfig { timestamp_type: TimestampType::LogAppendTime, ..LogConfig::default() };
+        let lat = s.open_log("lat", cfg).await.unwrap();
+        let info = lat.append(&batch(1, 2, 0), 0).await.unwrap();
+        assert!(info.log_append_time_ms > 1_600_000_000_000);
+        let r = lat.read(0, 1000, None).await.unwrap();
+        let h = batch::validate(&r.records, true).unwrap();
+        assert_eq!(h.max_timestamp, info.log_append_time_ms);
+        assert_ne!(h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND, 0);
+    });
+}
+
+#[test]
+fn concurrent_appends_share_group_committed_flushes() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let log = s.open_log("gc", LogConfig::default()).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let log = log.clone();
+            tasks.push(glommio::spawn_local(async move {
+                let info = log.append(&batch(1, 1, i), 0).await.unwrap();
+                log.flush_for_ack().await.unwrap();
+                info.base_offset
+            }));
+        }
+        let mut offsets = Vec::new();
+        for t in tasks {
+            offsets.push(t.await);
+        }
+        offsets.sort_unstable();
+        assert_eq!(offsets, (0..64).collect::<Vec<_>>());
+        // Every acknowledged byte is on disk: the file holds at least the log's size.
+        let len = std::fs::metadata(path.join("gc").join(format!("{:020}.log", 0))).unwrap().len();
+        assert!(len >= log.size_bytes());
+    });
+}
+
+#[test]
+fn long_poll_wakes_on_append_and_times_out() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let log = s.open_log("lp", LogConfig::default()).await.unwrap();
+        assert!(!log.wait_for_append(0, Duration::from_millis(20)).await);
+        let l2 = log.clone();
+        let waiter = glommio::spawn_local(async move { l2.wait_for_append(0, Duration::from_secs(30)).await });
+        log.append(&batch(1, 1, 0), 0).await.unwrap();
+        assert!(waiter.await);
+    });
+}
+
+#[test]
+fn interval_flush_policy_does_not_sync_per_ack_but_background_does() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let cfg = LogConfig { flush: FlushPolicy::IntervalMs(10), ..LogConfig::default() };
+        let log = s.open_log("iv", cfg).await.unwrap();
+        log.append(&batch(1, 1, 0), 0).await.unwrap();
+        log.flush_for_ack().await.unwrap();
+        s.spawn_background(3_600_000, 5).unwrap();
+        // The background flusher runs; bounded wait for it to record a flush.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+            s.flush_due().await.unwrap();
+            if std::time::Instant::now() > deadline {
+                break;
+            }
+            if log.read(0, 100, None).await.is_ok() {
+                break;
+            }
+        }
+        assert_eq!(read_all(&log).await.len(), 1);
+    });
+}
+
+/// glommio 0.9 decides per thread and device whether polled I/O works from the first
+/// DMA file it opens; an empty read-write first file makes it wrongly say yes, and later
+/// reads fail with EOPNOTSUPP. `Storage::open` primes the device first. A fresh
+/// executor whose first log file is new and empty must read back from disk.
+#[test]
+fn first_dma_file_empty_and_read_write_still_reads() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, no_cache()).await;
+        let log = s.open_log("trap", LogConfig::default()).await.unwrap();
+        log.append(&batch(1, 3, 0), 0).await.unwrap();
+        let r = log.read(0, 4096, None).await.expect("read after first empty rw open");
+        assert_eq!(batches_of(&r.records).len(), 1);
+        assert!(path.join(sluice_storage::probe::PROBE_FILE).exists());
+    });
+}
+
+#[test]
+fn config_and_limits_are_validated() {
+    assert!(LogConfig { segment_bytes: 10, ..LogConfig::default() }.validate().is_err());
+    assert!(LogConfig { retention_ms: -5, ..LogConfig::default() }.validate().is_err());
+    assert!(LogConfig { flush: FlushPolicy::IntervalMs(0), ..LogConfig::default() }.validate().is_err());
+    assert!(StorageLimits { write_bytes_max: 100, ..StorageLimits::default() }.validate().is_err());
+    assert!(StorageLimits { open_segment_files_max: 0, ..StorageLimits::default() }.validate().is_err());
+    assert!(LogConfig::default().validate().is_ok());
+}

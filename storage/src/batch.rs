@@ -203,9 +203,7 @@ pub fn validate(batch: &[u8], strict_count: bool) -> Result<BatchHeader, BatchEr
 
 /// Splits a buffer of concatenated batches, validating each (strict record counts, as
 /// a producer sends them). Returns the header and byte range of each.
-pub fn split_batches(
-    buf: &[u8],
-) -> Result<Vec<(BatchHeader, std::ops::Range<usize>)>, BatchError> {
+pub fn split_batches(buf: &[u8]) -> Result<Vec<(BatchHeader, std::ops::Range<usize>)>, BatchError> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < buf.len() {
@@ -245,7 +243,8 @@ pub fn assign(batch: &mut [u8], base_offset: i64, leader_epoch: i32, log_append_
     (&mut batch[OFF_LEADER_EPOCH..OFF_MAGIC]).put_i32(leader_epoch);
     if let Some(ts) = log_append_time {
         let attrs = i16::from_be_bytes([batch[OFF_ATTRIBUTES], batch[OFF_ATTRIBUTES + 1]]);
-        (&mut batch[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA]).put_i16(attrs | ATTR_TIMESTAMP_LOG_APPEND);
+        (&mut batch[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA])
+            .put_i16(attrs | ATTR_TIMESTAMP_LOG_APPEND);
         (&mut batch[OFF_MAX_TIMESTAMP..OFF_PRODUCER_ID]).put_i64(ts);
         let crc = computed_crc(batch);
         (&mut batch[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
@@ -401,21 +400,33 @@ mod tests {
     #[test]
     fn rejects_each_kind_of_bad_batch() {
         let good = build::simple(1, 2, 5);
-        assert!(matches!(validate(&good[..30], true), Err(BatchError::TooShort { .. })));
+        assert!(matches!(
+            validate(&good[..30], true),
+            Err(BatchError::TooShort { .. })
+        ));
         let mut bad_magic = good.clone();
         bad_magic[OFF_MAGIC] = 1;
         assert_eq!(validate(&bad_magic, true), Err(BatchError::BadMagic(1)));
         let mut bad_crc = good.clone();
         *bad_crc.last_mut().unwrap() ^= 0xff;
-        assert!(matches!(validate(&bad_crc, true), Err(BatchError::CrcMismatch { .. })));
+        assert!(matches!(
+            validate(&bad_crc, true),
+            Err(BatchError::CrcMismatch { .. })
+        ));
         let mut lie = good.clone();
         lie.push(0);
-        assert!(matches!(validate(&lie, true), Err(BatchError::LengthMismatch { .. })));
+        assert!(matches!(
+            validate(&lie, true),
+            Err(BatchError::LengthMismatch { .. })
+        ));
         let mut count = good.clone();
         count[OFF_RECORD_COUNT..HEADER_BYTES].copy_from_slice(&5i32.to_be_bytes());
         let crc = computed_crc(&count);
         count[OFF_CRC..OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
-        assert!(matches!(validate(&count, true), Err(BatchError::BadRecordCount { .. })));
+        assert!(matches!(
+            validate(&count, true),
+            Err(BatchError::BadRecordCount { .. })
+        ));
     }
 
     #[test]

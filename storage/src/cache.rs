@@ -80,16 +80,27 @@ impl TailCache {
             self.used_bytes -= run.iter().map(|b| b.data.len()).sum::<usize>();
         }
         // Compact `order` lazily: only when it is mostly stale.
-        if self.order.len() > 1024 && self.order.len() > 4 * self.logs.values().map(|r| r.len()).sum::<usize>() {
+        if self.order.len() > 1024
+            && self.order.len() > 4 * self.logs.values().map(|r| r.len()).sum::<usize>()
+        {
             let logs = &self.logs;
-            self.order.retain(|(l, b)| logs.get(l).is_some_and(|r| r.iter().any(|x| x.base_offset == *b)));
+            self.order.retain(|(l, b)| {
+                logs.get(l)
+                    .is_some_and(|r| r.iter().any(|x| x.base_offset == *b))
+            });
         }
     }
 
     /// Whole batches from the one containing `offset`, up to `max_bytes` (at least one),
     /// stopping before `max_offset_exclusive`. `None` when the run does not reach back
     /// to `offset`.
-    pub fn read(&self, log: LogId, offset: i64, max_bytes: usize, max_offset_exclusive: i64) -> Option<Vec<Bytes>> {
+    pub fn read(
+        &self,
+        log: LogId,
+        offset: i64,
+        max_bytes: usize,
+        max_offset_exclusive: i64,
+    ) -> Option<Vec<Bytes>> {
         let run = self.logs.get(&log)?;
         if run.front()?.base_offset > offset {
             return None;
@@ -116,7 +127,11 @@ mod tests {
     use super::*;
 
     fn b(base: i64, last: i64, size: usize) -> CachedBatch {
-        CachedBatch { base_offset: base, last_offset: last, data: Bytes::from(vec![0u8; size]) }
+        CachedBatch {
+            base_offset: base,
+            last_offset: last,
+            data: Bytes::from(vec![0u8; size]),
+        }
     }
 
     #[test]
@@ -127,7 +142,10 @@ mod tests {
         c.insert(1, b(10, 19, 100));
         c.insert(2, b(1, 1, 100));
         assert_eq!(c.used_bytes(), 300);
-        assert!(c.read(1, 0, 1000, i64::MAX).is_none(), "oldest of log 1 evicted");
+        assert!(
+            c.read(1, 0, 1000, i64::MAX).is_none(),
+            "oldest of log 1 evicted"
+        );
         assert_eq!(c.read(1, 15, 1000, i64::MAX).unwrap().len(), 1);
         assert_eq!(c.read(2, 0, 1000, i64::MAX).unwrap().len(), 2);
     }

@@ -60,7 +60,11 @@ pub struct AppendFile {
 impl AppendFile {
     /// Opens (creating if needed) `path` for appending after its first `valid_len`
     /// bytes; anything beyond is cut off, so bytes recovery did not validate are gone.
-    pub async fn open(path: &Path, valid_len: u64, write_bytes_max: usize) -> Result<AppendFile, Error> {
+    pub async fn open(
+        path: &Path,
+        valid_len: u64,
+        write_bytes_max: usize,
+    ) -> Result<AppendFile, Error> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -70,7 +74,9 @@ impl AppendFile {
             .map_err(|e| Error::io(path, e))?;
         let size = file.file_size().await.map_err(|e| Error::io(path, e))?;
         if size != valid_len {
-            file.truncate(valid_len).await.map_err(|e| Error::io(path, e))?;
+            file.truncate(valid_len)
+                .await
+                .map_err(|e| Error::io(path, e))?;
         }
         let tail_start = align_down(valid_len);
         let tail = if valid_len > tail_start {
@@ -183,7 +189,9 @@ impl AppendFile {
             st.writing = true;
             let pos = align_down(st.submitted);
             let data_len = st.tail.len() + take;
-            let mut buf = self.file.alloc_dma_buffer(align_up(data_len as u64) as usize);
+            let mut buf = self
+                .file
+                .alloc_dma_buffer(align_up(data_len as u64) as usize);
             let bytes = buf.as_bytes_mut();
             bytes[..st.tail.len()].copy_from_slice(&st.tail);
             let chunk = st.pending.split_to(take);

@@ -97,7 +97,9 @@ impl OffsetIndex {
     /// The position to start scanning from for `relative_offset`: the last entry at or
     /// below it, or the segment start.
     pub fn lookup(&self, relative_offset: u32) -> u32 {
-        let i = self.entries.partition_point(|e| e.relative_offset <= relative_offset);
+        let i = self
+            .entries
+            .partition_point(|e| e.relative_offset <= relative_offset);
         if i == 0 {
             0
         } else {
@@ -190,7 +192,9 @@ impl TimeIndex {
 
     /// Keeps only entries for relative offsets below `relative_offset`.
     pub fn truncate_to_offset(&mut self, relative_offset: u32) {
-        let keep = self.entries.partition_point(|e| e.relative_offset < relative_offset);
+        let keep = self
+            .entries
+            .partition_point(|e| e.relative_offset < relative_offset);
         self.entries.truncate(keep);
     }
 }
@@ -202,8 +206,14 @@ mod tests {
     #[test]
     fn offset_index_round_trips_and_stops_at_padding() {
         let mut idx = OffsetIndex::default();
-        idx.push(OffsetEntry { relative_offset: 10, position: 4100 });
-        idx.push(OffsetEntry { relative_offset: 20, position: 8300 });
+        idx.push(OffsetEntry {
+            relative_offset: 10,
+            position: 4100,
+        });
+        idx.push(OffsetEntry {
+            relative_offset: 20,
+            position: 8300,
+        });
         let mut bytes = idx.encode();
         bytes.extend_from_slice(&[0u8; 4096 - 16]);
         let back = OffsetIndex::decode(&bytes);
@@ -217,8 +227,20 @@ mod tests {
     #[test]
     fn offset_index_stops_at_non_increasing_entry() {
         let mut bytes = Vec::new();
-        OffsetIndex::encode_entry(&OffsetEntry { relative_offset: 5, position: 100 }, &mut bytes);
-        OffsetIndex::encode_entry(&OffsetEntry { relative_offset: 4, position: 200 }, &mut bytes);
+        OffsetIndex::encode_entry(
+            &OffsetEntry {
+                relative_offset: 5,
+                position: 100,
+            },
+            &mut bytes,
+        );
+        OffsetIndex::encode_entry(
+            &OffsetEntry {
+                relative_offset: 4,
+                position: 200,
+            },
+            &mut bytes,
+        );
         assert_eq!(OffsetIndex::decode(&bytes).len(), 1);
         assert_eq!(OffsetIndex::decode(&bytes[..7]).len(), 0);
     }
@@ -226,9 +248,18 @@ mod tests {
     #[test]
     fn time_index_lookup_and_truncate() {
         let mut t = TimeIndex::default();
-        assert!(t.maybe_push(TimeEntry { timestamp: 100, relative_offset: 3 }));
-        assert!(!t.maybe_push(TimeEntry { timestamp: 100, relative_offset: 5 }));
-        assert!(t.maybe_push(TimeEntry { timestamp: 200, relative_offset: 9 }));
+        assert!(t.maybe_push(TimeEntry {
+            timestamp: 100,
+            relative_offset: 3
+        }));
+        assert!(!t.maybe_push(TimeEntry {
+            timestamp: 100,
+            relative_offset: 5
+        }));
+        assert!(t.maybe_push(TimeEntry {
+            timestamp: 200,
+            relative_offset: 9
+        }));
         assert_eq!(t.lookup(50), 0);
         assert_eq!(t.lookup(150), 3);
         let back = TimeIndex::decode(&t.encode());

@@ -130,22 +130,35 @@ impl LogConfig {
         let bad = |m: String| Err(Error::Config(m));
         // Offsets and positions in the index are u32 relative to the segment.
         if self.segment_bytes < 1024 || self.segment_bytes > u32::MAX as u64 {
-            return bad(format!("segment.bytes {} must be in [1024, {}]", self.segment_bytes, u32::MAX));
+            return bad(format!(
+                "segment.bytes {} must be in [1024, {}]",
+                self.segment_bytes,
+                u32::MAX
+            ));
         }
         if self.segment_ms < 1 {
             return bad(format!("segment.ms {} must be positive", self.segment_ms));
         }
         if self.retention_ms < -1 {
-            return bad(format!("retention.ms {} must be -1 or non-negative", self.retention_ms));
+            return bad(format!(
+                "retention.ms {} must be -1 or non-negative",
+                self.retention_ms
+            ));
         }
         if self.retention_bytes < -1 {
-            return bad(format!("retention.bytes {} must be -1 or non-negative", self.retention_bytes));
+            return bad(format!(
+                "retention.bytes {} must be -1 or non-negative",
+                self.retention_bytes
+            ));
         }
         if self.index_interval_bytes == 0 {
             return bad("index.interval.bytes must be positive".into());
         }
         if self.max_message_bytes < batch::HEADER_BYTES {
-            return bad(format!("max.message.bytes {} is below a batch header", self.max_message_bytes));
+            return bad(format!(
+                "max.message.bytes {} is below a batch header",
+                self.max_message_bytes
+            ));
         }
         if let FlushPolicy::IntervalMs(0) = self.flush {
             return bad("flush.ms must be positive".into());
@@ -181,7 +194,9 @@ impl Default for StorageLimits {
 impl StorageLimits {
     pub fn validate(&self) -> Result<(), Error> {
         if self.open_segment_files_max == 0 {
-            return Err(Error::Config("open_segment_files_max must be at least 1".into()));
+            return Err(Error::Config(
+                "open_segment_files_max must be at least 1".into(),
+            ));
         }
         if self.write_bytes_max < file::ALIGN as usize {
             return Err(Error::Config(format!(

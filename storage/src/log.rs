@@ -71,7 +71,11 @@ impl ReadHandles {
         );
         let mut h = cell.borrow_mut();
         while h.files.len() >= h.max {
-            let oldest = h.files.iter().min_by_key(|(_, (_, t))| *t).map(|(p, _)| p.clone());
+            let oldest = h
+                .files
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(p, _)| p.clone());
             match oldest {
                 Some(p) => h.files.remove(&p),
                 None => break,
@@ -101,7 +105,11 @@ pub struct Storage {
 impl Storage {
     /// Opens the storage of this shard rooted at `dir`. Must run on the shard's executor
     /// before any other DMA file is opened on it (see [`crate::probe`]).
-    pub async fn open(dir: &Path, limits: StorageLimits, clock: Rc<dyn Clock>) -> Result<Rc<Storage>, Error> {
+    pub async fn open(
+        dir: &Path,
+        limits: StorageLimits,
+        clock: Rc<dyn Clock>,
+    ) -> Result<Rc<Storage>, Error> {
         limits.validate()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         crate::probe::prime_device(dir).await?;
@@ -137,7 +145,11 @@ impl Storage {
     }
 
     /// Opens (recovering) or creates the log in directory `name` under the data dir.
-    pub async fn open_log(self: &Rc<Self>, name: &str, config: LogConfig) -> Result<Rc<PartitionLog>, Error> {
+    pub async fn open_log(
+        self: &Rc<Self>,
+        name: &str,
+        config: LogConfig,
+    ) -> Result<Rc<PartitionLog>, Error> {
         let (log, _) = self.open_log_with_report(name, config).await?;
         Ok(log)
     }
@@ -160,7 +172,10 @@ impl Storage {
             dir,
             storage: self.clone(),
             config: RefCell::new(config),
-            state: RefCell::new(LogState { segments, log_start }),
+            state: RefCell::new(LogState {
+                segments,
+                log_start,
+            }),
             busy: Cell::new(false),
             idle_event: Event::new(),
             append_event: Event::new(),
@@ -177,16 +192,28 @@ impl Storage {
     pub async fn delete_log(&self, log: &Rc<PartitionLog>) -> Result<(), Error> {
         log.close().await?;
         self.cache.borrow_mut().invalidate(log.id);
-        let bases: Vec<i64> = log.state.borrow().segments.iter().map(|s| s.base_offset).collect();
+        let bases: Vec<i64> = log
+            .state
+            .borrow()
+            .segments
+            .iter()
+            .map(|s| s.base_offset)
+            .collect();
         for b in bases {
-            self.handles.borrow_mut().forget(&log.dir.join(segment::file_name(b, "log")));
+            self.handles
+                .borrow_mut()
+                .forget(&log.dir.join(segment::file_name(b, "log")));
         }
         std::fs::remove_dir_all(&log.dir).map_err(|e| Error::io(&log.dir, e))?;
         file::sync_dir(&self.dir).await
     }
 
     fn live_logs(&self) -> Vec<Rc<PartitionLog>> {
-        self.logs.borrow().iter().filter_map(|w| w.upgrade()).collect()
+        self.logs
+            .borrow()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect()
     }
 
     /// One retention pass over every open log of this shard.
@@ -215,7 +242,11 @@ impl Storage {
 
     /// Spawns the background retention and interval-flush loops on a low-share task
     /// queue of the current executor, so they yield to appends and fetches.
-    pub fn spawn_background(self: &Rc<Self>, retention_check_ms: u64, flush_check_ms: u64) -> Result<(), Error> {
+    pub fn spawn_background(
+        self: &Rc<Self>,
+        retention_check_ms: u64,
+        flush_check_ms: u64,
+    ) -> Result<(), Error> {
         let tq = glommio::executor().create_task_queue(
             glommio::Shares::Static(25),
             glommio::Latency::NotImportant,
@@ -263,11 +294,15 @@ struct LogState {
 
 impl LogState {
     fn active(&self) -> &Segment {
-        self.segments.last().expect("a log always has an active segment")
+        self.segments
+            .last()
+            .expect("a log always has an active segment")
     }
 
     fn active_mut(&mut self) -> &mut Segment {
-        self.segments.last_mut().expect("a log always has an active segment")
+        self.segments
+            .last_mut()
+            .expect("a log always has an active segment")
     }
 
     fn log_end(&self) -> i64 {
@@ -275,15 +310,27 @@ impl LogState {
     }
 
     fn segment_index_for(&self, offset: i64) -> usize {
-        self.segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1)
+        self.segments
+            .partition_point(|s| s.base_offset <= offset)
+            .saturating_sub(1)
     }
 
     fn check_invariants(&self) {
         let end = self.log_end();
-        assert!(self.log_start <= end, "log start {} beyond log end {end}", self.log_start);
+        assert!(
+            self.log_start <= end,
+            "log start {} beyond log end {end}",
+            self.log_start
+        );
         for w in self.segments.windows(2) {
-            assert!(w[0].base_offset < w[1].base_offset, "segment bases must increase");
-            assert!(w[0].next_offset <= w[1].base_offset, "segments must not overlap");
+            assert!(
+                w[0].base_offset < w[1].base_offset,
+                "segment bases must increase"
+            );
+            assert!(
+                w[0].next_offset <= w[1].base_offset,
+                "segments must not overlap"
+            );
         }
     }
 }
@@ -350,9 +397,20 @@ impl PartitionLog {
         self.state.borrow().segments.len()
     }
 
+    /// Base offset and logical size of the active segment.
+    pub fn active_segment(&self) -> (i64, u64) {
+        let st = self.state.borrow();
+        (st.active().base_offset, st.active().size)
+    }
+
     /// Base offsets of the segments, oldest first.
     pub fn segment_bases(&self) -> Vec<i64> {
-        self.state.borrow().segments.iter().map(|s| s.base_offset).collect()
+        self.state
+            .borrow()
+            .segments
+            .iter()
+            .map(|s| s.base_offset)
+            .collect()
     }
 
     fn check_open(&self) -> Result<(), Error> {
@@ -399,10 +457,16 @@ impl PartitionLog {
             if left.is_zero() {
                 return false;
             }
-            let fired = futures_lite::future::or(async { listener.await; true }, async {
-                glommio::timer::sleep(left).await;
-                false
-            })
+            let fired = futures_lite::future::or(
+                async {
+                    listener.await;
+                    true
+                },
+                async {
+                    glommio::timer::sleep(left).await;
+                    false
+                },
+            )
             .await;
             if !fired {
                 return self.log_end_offset() > offset;
@@ -416,10 +480,15 @@ impl PartitionLog {
     pub async fn append(&self, batch: &[u8], leader_epoch: i32) -> Result<AppendInfo, Error> {
         let max = self.config.borrow().max_message_bytes;
         if batch.len() > max {
-            return Err(BatchError::TooLarge { size: batch.len(), max }.into());
+            return Err(BatchError::TooLarge {
+                size: batch.len(),
+                max,
+            }
+            .into());
         }
         let header = batch::validate(batch, true)?;
-        self.append_validated(batch, header, leader_epoch, true).await
+        self.append_validated(batch, header, leader_epoch, true)
+            .await
     }
 
     /// Appends a batch that already carries its offsets (a follower copying its leader,
@@ -427,7 +496,8 @@ impl PartitionLog {
     /// the log end.
     pub async fn append_with_offsets(&self, batch: &[u8]) -> Result<AppendInfo, Error> {
         let header = batch::validate(batch, false)?;
-        self.append_validated(batch, header, header.leader_epoch, false).await
+        self.append_validated(batch, header, header.leader_epoch, false)
+            .await
     }
 
     async fn append_validated(
@@ -442,7 +512,7 @@ impl PartitionLog {
         self.check_open()?;
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
-        let (info, log_file, target, index_files) = {
+        let (info, log_file, target) = {
             let mut st = self.state.borrow_mut();
             let base = if assign_offsets {
                 st.log_end()
@@ -456,7 +526,8 @@ impl PartitionLog {
                 }
                 header.base_offset
             };
-            let append_time = (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
+            let append_time =
+                (config.timestamp_type == TimestampType::LogAppendTime).then_some(now);
             let mut owned = BytesMut::from(batch);
             if assign_offsets {
                 batch::assign(&mut owned, base, leader_epoch, append_time);
@@ -470,7 +541,6 @@ impl PartitionLog {
             let log_file = files.log.clone();
             let target = log_file.push(&data)?;
             debug_assert_eq!(target, seg.size);
-            let index_files = seg.persist_indexes()?;
             self.storage.cache.borrow_mut().insert(
                 self.id,
                 CachedBatch {
@@ -485,17 +555,10 @@ impl PartitionLog {
                 log_append_time_ms: append_time.unwrap_or(-1),
                 record_count: h.record_count,
             };
-            (info, log_file, target, index_files)
+            (info, log_file, target)
         };
         self.append_event.notify(usize::MAX);
         log_file.wait_written(target).await?;
-        for f in index_files {
-            // Index bytes ride along: written, not synced (recovery rebuilds them).
-            let len = f.len();
-            if f.written_len() < len {
-                f.wait_written(len).await?;
-            }
-        }
         Ok(info)
     }
 
@@ -541,7 +604,13 @@ impl PartitionLog {
             f.seal().await?;
         }
         let now = self.storage.now_ms();
-        let seg = Segment::create(&self.dir, new_base, now, self.storage.limits.write_bytes_max).await?;
+        let seg = Segment::create(
+            &self.dir,
+            new_base,
+            now,
+            self.storage.limits.write_bytes_max,
+        )
+        .await?;
         file::sync_dir(&self.dir).await?;
         let mut st = self.state.borrow_mut();
         st.active_mut().finish_close();
@@ -551,16 +620,28 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Makes everything appended so far durable (group-committed fdatasync).
+    /// Makes everything appended so far durable (group-committed fdatasync), then
+    /// writes the index entries that now point into durable bytes.
     pub async fn flush(&self) -> Result<(), Error> {
         let file = {
             let st = self.state.borrow();
             st.active().active.as_ref().map(|a| a.log.clone())
         };
-        if let Some(f) = file {
-            f.sync_all().await?;
-        }
+        let Some(f) = file else { return Ok(()) };
+        f.sync_all().await?;
         self.last_flush_ms.set(self.storage.now_ms());
+        let index_files = {
+            let mut st = self.state.borrow_mut();
+            let seg = st.active_mut();
+            // A roll may have replaced the segment meanwhile; it sealed its indexes.
+            match &seg.active {
+                Some(a) if Rc::ptr_eq(&a.log, &f) => seg.persist_indexes(f.durable_len())?,
+                _ => Vec::new(),
+            }
+        };
+        for idx in index_files {
+            idx.wait_written(idx.len()).await?;
+        }
         Ok(())
     }
 
@@ -577,14 +658,23 @@ impl PartitionLog {
     /// Whole batches from the batch containing `offset`, up to `max_bytes` but at least
     /// one batch when one exists, and none at or beyond `max_offset` (exclusive; pass
     /// the high watermark, or `None` for the log end).
-    pub async fn read(&self, offset: i64, max_bytes: usize, max_offset: Option<i64>) -> Result<ReadResult, Error> {
+    pub async fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: Option<i64>,
+    ) -> Result<ReadResult, Error> {
         self.check_open()?;
         let (log_start, log_end) = {
             let st = self.state.borrow();
             (st.log_start, st.log_end())
         };
         if offset < log_start || offset > log_end {
-            return Err(Error::OffsetOutOfRange { offset, log_start, log_end });
+            return Err(Error::OffsetOutOfRange {
+                offset,
+                log_start,
+                log_end,
+            });
         }
         let upper = max_offset.unwrap_or(log_end).min(log_end);
         let mut result = ReadResult {
@@ -596,7 +686,11 @@ impl PartitionLog {
         if offset >= upper {
             return Ok(result);
         }
-        let cached = self.storage.cache.borrow().read(self.id, offset, max_bytes, upper);
+        let cached = self
+            .storage
+            .cache
+            .borrow()
+            .read(self.id, offset, max_bytes, upper);
         let chunks = match cached {
             Some(c) if !c.is_empty() => c,
             _ => self.read_from_disk(offset, max_bytes, upper).await?,
@@ -609,7 +703,12 @@ impl PartitionLog {
         Ok(result)
     }
 
-    async fn read_from_disk(&self, offset: i64, max_bytes: usize, upper: i64) -> Result<Vec<Bytes>, Error> {
+    async fn read_from_disk(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        upper: i64,
+    ) -> Result<Vec<Bytes>, Error> {
         let mut offset = offset;
         loop {
             let (file_src, path, pos, end, next_base) = {
@@ -629,17 +728,15 @@ impl PartitionLog {
                 }
                 None => ReadHandles::get(&self.storage.handles, &path).await?,
             };
-            let out = segment::read_batches(
-                &file,
-                &path,
+            let span = segment::ReadSpan {
                 pos,
                 end,
                 offset,
                 max_bytes,
                 upper,
-                self.storage.limits.read_bytes_max,
-            )
-            .await?;
+                io_bytes_max: self.storage.limits.read_bytes_max,
+            };
+            let out = segment::read_batches(&file, &path, span).await?;
             if !out.is_empty() {
                 return Ok(out);
             }
@@ -660,7 +757,9 @@ impl PartitionLog {
             let seg = st.segments.iter().find(|s| s.max_timestamp >= timestamp);
             match seg {
                 None => return Ok(None),
-                Some(s) => (s.base_offset + i64::from(s.time_index.lookup(timestamp))).max(st.log_start),
+                Some(s) => {
+                    (s.base_offset + i64::from(s.time_index.lookup(timestamp))).max(st.log_start)
+                }
             }
         };
         let mut offset = start;
@@ -675,7 +774,10 @@ impl PartitionLog {
                 let h = batch::BatchHeader::parse(b)?;
                 if h.max_timestamp >= timestamp {
                     let hit = batch::record_timestamps(b)
-                        .and_then(|recs| recs.into_iter().find(|(o, ts)| *ts >= timestamp && *o >= offset))
+                        .and_then(|recs| {
+                            recs.into_iter()
+                                .find(|(o, ts)| *ts >= timestamp && *o >= offset)
+                        })
                         .unwrap_or((h.base_offset.max(offset), h.max_timestamp));
                     return Ok(Some(hit));
                 }
@@ -695,7 +797,11 @@ impl PartitionLog {
             return Ok(());
         }
         if offset < log_start {
-            return Err(Error::OffsetOutOfRange { offset, log_start, log_end });
+            return Err(Error::OffsetOutOfRange {
+                offset,
+                log_start,
+                log_end,
+            });
         }
         self.storage.cache.borrow_mut().invalidate(self.id);
         // Drop whole segments above the one holding `offset`.
@@ -725,7 +831,7 @@ impl PartitionLog {
         let (pos, next) = self.locate_batch_start(offset).await?;
         let log_file = {
             let mut st = self.state.borrow_mut();
-            st.active_mut().truncate_prepare(pos, next).await?
+            st.active_mut().truncate_prepare(pos, next)
         };
         log_file.truncate(pos).await?;
         {
@@ -766,7 +872,10 @@ impl PartitionLog {
             next = h.last_offset() + 1;
             pos += h.total_bytes() as u64;
         }
-        Ok((end, next.max(self.state.borrow().active().next_offset.min(offset))))
+        Ok((
+            end,
+            next.max(self.state.borrow().active().next_offset.min(offset)),
+        ))
     }
 
     /// Advances the log start offset to `offset` (Kafka DeleteRecords) and deletes the
@@ -792,7 +901,11 @@ impl PartitionLog {
 
     async fn write_meta(&self) -> Result<(), Error> {
         let start = self.log_start_offset();
-        file::write_atomic(&self.dir.join(META_FILE), format!("log_start_offset={start}\n").as_bytes()).await
+        file::write_atomic(
+            &self.dir.join(META_FILE),
+            format!("log_start_offset={start}\n").as_bytes(),
+        )
+        .await
     }
 
     /// Deletes closed segments that end at or below the log start.
@@ -833,10 +946,15 @@ impl PartitionLog {
                     None
                 } else {
                     let first = &st.segments[0];
-                    let newest = if first.max_timestamp >= 0 { first.max_timestamp } else { first.created_ms };
+                    let newest = if first.max_timestamp >= 0 {
+                        first.max_timestamp
+                    } else {
+                        first.created_ms
+                    };
                     let by_time = cfg.retention_ms >= 0 && now - newest > cfg.retention_ms;
                     let total: u64 = st.segments.iter().map(|s| s.size).sum();
-                    let by_size = cfg.retention_bytes >= 0 && total - first.size >= cfg.retention_bytes as u64;
+                    let by_size = cfg.retention_bytes >= 0
+                        && total - first.size >= cfg.retention_bytes as u64;
                     (by_time || by_size).then_some(first.base_offset)
                 }
             };
@@ -865,14 +983,14 @@ impl PartitionLog {
         self.closed.set(true);
         let files = {
             let mut st = self.state.borrow_mut();
-            st.active_mut().persist_indexes()?;
+            st.active_mut().persist_indexes(u64::MAX)?;
             st.active().active.as_ref().map(|a| a.log.clone())
         };
         if let Some(f) = files {
             f.seal().await?;
         }
-        let st = self.state.borrow();
-        st.active().write_indexes().await?;
+        let indexes = self.state.borrow().active().index_files();
+        indexes.write().await?;
         self.storage.cache.borrow_mut().invalidate(self.id);
         Ok(())
     }
@@ -931,11 +1049,15 @@ async fn recover_dir(
                 return Err(Error::Corrupt {
                     path: dir.display().to_string(),
                     position: 0,
-                    reason: format!("segment {base} overlaps the previous one ending at {}", prev.next_offset),
+                    reason: format!(
+                        "segment {base} overlaps the previous one ending at {}",
+                        prev.next_offset
+                    ),
                 });
             }
         }
-        let (seg, truncated) = Segment::recover(dir, base, now, config.index_interval_bytes, report).await?;
+        let (seg, truncated) =
+            Segment::recover(dir, base, now, config.index_interval_bytes, report).await?;
         segments.push(seg);
         if truncated {
             // R11: nothing after a torn segment can be trusted to be contiguous.
@@ -971,7 +1093,10 @@ async fn recover_dir(
     let first = segments[0].base_offset;
     let end = segments.last().expect("non-empty").next_offset;
     let log_start = checkpoint.unwrap_or(first).clamp(first, end);
-    let st = LogState { segments, log_start };
+    let st = LogState {
+        segments,
+        log_start,
+    };
     st.check_invariants();
     Ok((st.segments, st.log_start))
 }

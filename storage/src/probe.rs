@@ -24,13 +24,22 @@ pub const PROBE_FILE: &str = ".sluice-io-probe";
 pub async fn prime_device(dir: &Path) -> Result<(), Error> {
     let path = dir.join(PROBE_FILE);
     let wanted = crate::file::ALIGN as usize;
-    let ok = std::fs::metadata(&path).map(|m| m.len() as usize == wanted).unwrap_or(false);
+    let ok = std::fs::metadata(&path)
+        .map(|m| m.len() as usize == wanted)
+        .unwrap_or(false);
     if !ok {
         // Written with ordinary buffered I/O so that no DMA open precedes the probe.
         std::fs::write(&path, vec![0x5au8; wanted]).map_err(|e| Error::io(&path, e))?;
     }
-    let f = OpenOptions::new().read(true).dma_open(&path).await.map_err(|e| Error::io(&path, e))?;
-    let r = f.read_at_aligned(0, wanted).await.map_err(|e| Error::io(&path, e))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .dma_open(&path)
+        .await
+        .map_err(|e| Error::io(&path, e))?;
+    let r = f
+        .read_at_aligned(0, wanted)
+        .await
+        .map_err(|e| Error::io(&path, e))?;
     if r.len() != wanted {
         return Err(Error::Corrupt {
             path: path.display().to_string(),

@@ -35,7 +35,9 @@ use glommio::io::DmaFile;
 
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::file::{self, AppendFile};
-use crate::index::{OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES};
+use crate::index::{
+    OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES,
+};
 use crate::Error;
 
 pub fn file_name(base_offset: i64, ext: &str) -> String {
@@ -112,7 +114,12 @@ impl Segment {
     }
 
     /// Creates a new, empty active segment on disk.
-    pub async fn create(dir: &Path, base_offset: i64, now_ms: i64, write_bytes_max: usize) -> Result<Segment, Error> {
+    pub async fn create(
+        dir: &Path,
+        base_offset: i64,
+        now_ms: i64,
+        write_bytes_max: usize,
+    ) -> Result<Segment, Error> {
         let mut s = Segment::empty(dir, base_offset, now_ms);
         s.activate(write_bytes_max).await?;
         Ok(s)
@@ -162,24 +169,45 @@ impl Segment {
         self.max_timestamp = self.max_timestamp.max(h.max_timestamp);
     }
 
-    /// Hands index entries added since the last call to the index files (written with
-    /// the next write; index files are rebuilt by recovery, so they need no fsync).
-    pub fn persist_indexes(&mut self) -> Result<Vec<Rc<AppendFile>>, Error> {
+    /// Hands index entries that point below `durable_len` (and were not handed over
+    /// before) to the index files, to be written with their next write.
+    ///
+    /// Only entries into durable log bytes are persisted: recovery trusts the last
+    /// index entry and validates from there, so an entry must never point past bytes
+    /// that a crash could still tear. Index files themselves need no fsync: a lost or
+    /// torn index tail only makes recovery scan from an earlier entry.
+    pub fn persist_indexes(&mut self, durable_len: u64) -> Result<Vec<Rc<AppendFile>>, Error> {
         let Some(a) = self.active.as_mut() else {
             return Ok(Vec::new());
         };
+        let entries = self.index.entries();
+        let upto = a.index_persisted
+            + entries[a.index_persisted..].partition_point(|e| u64::from(e.position) < durable_len);
         let mut buf = Vec::new();
-        for e in &self.index.entries()[a.index_persisted..] {
+        for e in &entries[a.index_persisted..upto] {
             OffsetIndex::encode_entry(e, &mut buf);
         }
         a.index.push(&buf)?;
-        a.index_persisted = self.index.len();
+        a.index_persisted = upto;
+        // Time entries are made with offset entries (same relative offset), plus the
+        // closing one: keep them no further than the offset entries persisted.
+        let rel_limit = if durable_len >= self.size {
+            u32::MAX
+        } else {
+            entries[..upto]
+                .last()
+                .map(|e| e.relative_offset)
+                .unwrap_or(0)
+        };
+        let times = self.time_index.entries();
+        let tupto = a.time_persisted
+            + times[a.time_persisted..].partition_point(|e| e.relative_offset <= rel_limit);
         buf.clear();
-        for e in &self.time_index.entries()[a.time_persisted..] {
+        for e in &times[a.time_persisted..tupto] {
             TimeIndex::encode_entry(e, &mut buf);
         }
         a.time.push(&buf)?;
-        a.time_persisted = self.time_index.entries().len();
+        a.time_persisted = tupto;
         Ok(vec![a.index.clone(), a.time.clone()])
     }
 
@@ -193,7 +221,7 @@ impl Segment {
                 relative_offset: (self.next_offset - self.base_offset) as u32,
             });
         }
-        self.persist_indexes()?;
+        self.persist_indexes(u64::MAX)?;
         Ok(match &self.active {
             Some(a) => vec![a.log.clone(), a.index.clone(), a.time.clone()],
             None => Vec::new(),
@@ -226,7 +254,10 @@ impl Segment {
             .dma_open(&log_path)
             .await
             .map_err(|e| Error::io(&log_path, e))?;
-        let file_len = file.file_size().await.map_err(|e| Error::io(&log_path, e))?;
+        let file_len = file
+            .file_size()
+            .await
+            .map_err(|e| Error::io(&log_path, e))?;
 
         let index_bytes = read_whole(&seg.path("index")).await?;
         let time_bytes = read_whole(&seg.path("timeindex")).await?;
@@ -240,11 +271,15 @@ impl Segment {
         if let Some(b) = &index_bytes {
             if b.len() % OFFSET_ENTRY_BYTES != 0 || index.len() * OFFSET_ENTRY_BYTES < b.len() {
                 // Padding, a torn write or garbage: R8 — the prefix is kept.
-                report.dropped_index_entries += ((b.len() / OFFSET_ENTRY_BYTES) - index.len()) as u32;
+                report.dropped_index_entries +=
+                    ((b.len() / OFFSET_ENTRY_BYTES) - index.len()) as u32;
             }
         }
 
-        let time_decoded = time_bytes.as_deref().map(TimeIndex::decode).unwrap_or_default();
+        let time_decoded = time_bytes
+            .as_deref()
+            .map(TimeIndex::decode)
+            .unwrap_or_default();
         if time_decoded.entries().is_empty() && !index.is_empty() {
             // R9: the time index is gone but the offset index is not; only a full scan
             // brings the time entries back.
@@ -265,7 +300,10 @@ impl Segment {
             report.dropped_index_entries += 1;
         }
         let (scan_pos, min_offset) = match start {
-            Some((e, _)) => (u64::from(e.position), base_offset + i64::from(e.relative_offset)),
+            Some((e, _)) => (
+                u64::from(e.position),
+                base_offset + i64::from(e.relative_offset),
+            ),
             None => (0, base_offset),
         };
         let scan_rel = (min_offset - base_offset) as u32;
@@ -285,7 +323,9 @@ impl Segment {
         // The batch at the scan start is already indexed: start counting after it.
         seg.bytes_since_index = 0;
 
-        let valid_end = seg.scan(&file, scan_pos, file_len, min_offset, interval).await?;
+        let valid_end = seg
+            .scan(&file, scan_pos, file_len, min_offset, interval)
+            .await?;
         let _ = file.close().await;
         let truncated = valid_end < file_len;
         if truncated {
@@ -295,12 +335,16 @@ impl Segment {
                 .dma_open(&log_path)
                 .await
                 .map_err(|e| Error::io(&log_path, e))?;
-            f.truncate(valid_end).await.map_err(|e| Error::io(&log_path, e))?;
+            f.truncate(valid_end)
+                .await
+                .map_err(|e| Error::io(&log_path, e))?;
             f.fdatasync().await.map_err(|e| Error::io(&log_path, e))?;
             let _ = f.close().await;
         }
-        let index_len_ok = index_bytes.as_ref().map(|b| b.len()) == Some(seg.index.len() * OFFSET_ENTRY_BYTES);
-        let time_len_ok = time_bytes.as_ref().map(|b| b.len()) == Some(seg.time_index.entries().len() * TIME_ENTRY_BYTES);
+        let index_len_ok =
+            index_bytes.as_ref().map(|b| b.len()) == Some(seg.index.len() * OFFSET_ENTRY_BYTES);
+        let time_len_ok = time_bytes.as_ref().map(|b| b.len())
+            == Some(seg.time_index.entries().len() * TIME_ENTRY_BYTES);
         if !index_len_ok || !time_len_ok {
             seg.write_indexes().await?;
         }
@@ -320,13 +364,18 @@ impl Segment {
         const WINDOW: u64 = 1 << 20;
         while pos < file_len {
             let want = (file_len - pos).min(WINDOW);
-            let buf = file.read_at(pos, want as usize).await.map_err(|e| Error::io(&self.path("log"), e))?;
+            let buf = file
+                .read_at(pos, want as usize)
+                .await
+                .map_err(|e| Error::io(&self.path("log"), e))?;
             let mut at = 0usize;
             let mut progressed = false;
             while at < buf.len() {
                 let rest = &buf[at..];
                 let Some(total) = batch::peek_total_bytes(rest) else {
-                    if rest.len() >= batch::LOG_OVERHEAD || pos + (at as u64) + (rest.len() as u64) >= file_len {
+                    if rest.len() >= batch::LOG_OVERHEAD
+                        || pos + (at as u64) + (rest.len() as u64) >= file_len
+                    {
                         return Ok(pos + at as u64); // R2/R3: padding, garbage or torn header
                     }
                     break; // header crosses the window: read on
@@ -339,7 +388,10 @@ impl Segment {
                 let bytes: &[u8] = if total <= rest.len() {
                     &rest[..total]
                 } else if !progressed && at == 0 {
-                    owned = file.read_at(batch_pos, total).await.map_err(|e| Error::io(&self.path("log"), e))?;
+                    owned = file
+                        .read_at(batch_pos, total)
+                        .await
+                        .map_err(|e| Error::io(&self.path("log"), e))?;
                     &owned[..]
                 } else {
                     break; // the batch crosses the window: next window starts at it
@@ -348,7 +400,10 @@ impl Segment {
                     return Ok(batch_pos); // R4
                 };
                 let rel = h.base_offset - self.base_offset;
-                if h.base_offset < min_offset || rel > i64::from(u32::MAX) || h.last_offset() < h.base_offset {
+                if h.base_offset < min_offset
+                    || rel > i64::from(u32::MAX)
+                    || h.last_offset() < h.base_offset
+                {
                     return Ok(batch_pos); // R5
                 }
                 self.track_batch(&h, batch_pos, total as u64, interval);
@@ -366,14 +421,24 @@ impl Segment {
 
     /// Rewrites both index files in full, durably.
     pub async fn write_indexes(&self) -> Result<(), Error> {
-        file::write_atomic(&self.path("index"), &self.index.encode()).await?;
-        file::write_atomic(&self.path("timeindex"), &self.time_index.encode()).await
+        self.index_files().write().await
+    }
+
+    /// The full contents of both index files, to write without holding the segment.
+    pub fn index_files(&self) -> IndexFiles {
+        IndexFiles {
+            index: (self.path("index"), self.index.encode()),
+            time: (self.path("timeindex"), self.time_index.encode()),
+        }
     }
 
     /// Cuts the segment back to `position` (a batch boundary) whose first offset is
     /// `next_offset`. The segment must be active.
-    pub async fn truncate_prepare(&mut self, position: u64, next_offset: i64) -> Result<Rc<AppendFile>, Error> {
-        let a = self.active.as_mut().expect("truncate needs an active segment");
+    pub fn truncate_prepare(&mut self, position: u64, next_offset: i64) -> Rc<AppendFile> {
+        let a = self
+            .active
+            .as_mut()
+            .expect("truncate needs an active segment");
         self.index.truncate_to_position(position as u32);
         let rel = (next_offset - self.base_offset) as u32;
         self.time_index.truncate_to_offset(rel);
@@ -383,12 +448,14 @@ impl Segment {
         self.bytes_since_index = 0;
         a.index_persisted = a.index_persisted.min(self.index.len());
         a.time_persisted = a.time_persisted.min(self.time_index.entries().len());
-        Ok(a.log.clone())
+        a.log.clone()
     }
 
     /// After a truncation, cuts the index files to the entries that remain.
     pub async fn truncate_indexes(&mut self) -> Result<(), Error> {
-        let Some(a) = self.active.as_ref() else { return Ok(()) };
+        let Some(a) = self.active.as_ref() else {
+            return Ok(());
+        };
         let (idx, time) = (a.index.clone(), a.time.clone());
         let (ni, nt) = (a.index_persisted, a.time_persisted);
         idx.truncate((ni * OFFSET_ENTRY_BYTES) as u64).await?;
@@ -397,9 +464,26 @@ impl Segment {
     }
 }
 
+/// Encoded index files of one segment, detached from it.
+pub struct IndexFiles {
+    index: (PathBuf, Vec<u8>),
+    time: (PathBuf, Vec<u8>),
+}
+
+impl IndexFiles {
+    pub async fn write(&self) -> Result<(), Error> {
+        file::write_atomic(&self.index.0, &self.index.1).await?;
+        file::write_atomic(&self.time.0, &self.time.1).await
+    }
+}
+
 /// Reads a whole small file (an index), or `None` if it does not exist.
 async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
-    let f = match glommio::io::OpenOptions::new().read(true).dma_open(path).await {
+    let f = match glommio::io::OpenOptions::new()
+        .read(true)
+        .dma_open(path)
+        .await
+    {
         Ok(f) => f,
         Err(e) => {
             let io: std::io::Error = e.into();
@@ -413,7 +497,10 @@ async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
     let out = if len == 0 {
         Vec::new()
     } else {
-        f.read_at(0, len as usize).await.map_err(|e| Error::io(path, e))?.to_vec()
+        f.read_at(0, len as usize)
+            .await
+            .map_err(|e| Error::io(path, e))?
+            .to_vec()
     };
     let _ = f.close().await;
     Ok(Some(out))
@@ -424,36 +511,60 @@ async fn batch_at(file: &DmaFile, pos: u64, file_len: u64) -> Result<Option<Batc
     if pos + HEADER_BYTES as u64 > file_len {
         return Ok(None);
     }
-    let head = file.read_at(pos, HEADER_BYTES).await.map_err(|e| Error::io(Path::new("segment"), e))?;
+    let head = file
+        .read_at(pos, HEADER_BYTES)
+        .await
+        .map_err(|e| Error::io(Path::new("segment"), e))?;
     let Some(total) = batch::peek_total_bytes(&head) else {
         return Ok(None);
     };
     if pos + total as u64 > file_len {
         return Ok(None);
     }
-    let bytes = file.read_at(pos, total).await.map_err(|e| Error::io(Path::new("segment"), e))?;
+    let bytes = file
+        .read_at(pos, total)
+        .await
+        .map_err(|e| Error::io(Path::new("segment"), e))?;
     Ok(batch::validate(&bytes, false).ok())
 }
 
-/// Reads whole batches from `file` between `pos` and `end`, skipping batches before
-/// `offset`, up to `max_bytes` (at least one batch), stopping at `upper` (exclusive
-/// offset) or `read_bytes_max` of I/O. Every batch is CRC-checked after the read.
+/// What to read from one segment: whole batches between byte `pos` and `end`, skipping
+/// batches before `offset`, up to `max_bytes` (but at least one batch), none at or
+/// beyond offset `upper`, and no more than `io_bytes_max` of I/O.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadSpan {
+    pub pos: u64,
+    pub end: u64,
+    pub offset: i64,
+    pub max_bytes: usize,
+    pub upper: i64,
+    pub io_bytes_max: usize,
+}
+
+/// Reads the batches `span` describes. Every batch is CRC-checked after the read.
 pub async fn read_batches(
     file: &DmaFile,
     path: &Path,
-    mut pos: u64,
-    end: u64,
-    offset: i64,
-    max_bytes: usize,
-    upper: i64,
-    read_bytes_max: usize,
+    span: ReadSpan,
 ) -> Result<Vec<Bytes>, Error> {
+    let ReadSpan {
+        mut pos,
+        end,
+        offset,
+        max_bytes,
+        upper,
+        io_bytes_max: read_bytes_max,
+    } = span;
     let mut out: Vec<Bytes> = Vec::new();
     let mut bytes_out = 0usize;
     let mut io_bytes = 0usize;
     while pos < end && io_bytes < read_bytes_max {
-        let want = ((max_bytes.saturating_sub(bytes_out)).max(64 << 10) as u64 + 8192).min(end - pos);
-        let buf = file.read_at(pos, want as usize).await.map_err(|e| Error::io(path, e))?;
+        let want =
+            ((max_bytes.saturating_sub(bytes_out)).max(64 << 10) as u64 + 8192).min(end - pos);
+        let buf = file
+            .read_at(pos, want as usize)
+            .await
+            .map_err(|e| Error::io(path, e))?;
         io_bytes += buf.len();
         let mut at = 0usize;
         while at < buf.len() {
@@ -472,7 +583,10 @@ pub async fn read_batches(
             if total > rest.len() {
                 if at == 0 {
                     // One batch larger than the window: read exactly it.
-                    let whole = file.read_at(pos, total).await.map_err(|e| Error::io(path, e))?;
+                    let whole = file
+                        .read_at(pos, total)
+                        .await
+                        .map_err(|e| Error::io(path, e))?;
                     if whole.len() < total {
                         return Err(corrupt("batch runs past the end of the segment".into()));
                     }

@@ -40,7 +40,10 @@ fn append_assigns_offsets_and_reads_back_from_cache_and_disk() {
             assert_eq!(r.next_offset, 3);
             // At the end: empty; beyond: out of range.
             assert!(log.read(5, 100, None).await.unwrap().records.is_empty());
-            assert!(matches!(log.read(6, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+            assert!(matches!(
+                log.read(6, 100, None).await,
+                Err(Error::OffsetOutOfRange { .. })
+            ));
         }
     });
 }
@@ -51,7 +54,10 @@ fn bad_batches_are_rejected_and_leave_the_log_unchanged() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         let s = storage(&path, StorageLimits::default()).await;
-        let cfg = LogConfig { max_message_bytes: 4096, ..LogConfig::default() };
+        let cfg = LogConfig {
+            max_message_bytes: 4096,
+            ..LogConfig::default()
+        };
         let log = s.open_log("bad", cfg).await.unwrap();
         log.append(&batch(1, 2, 0), 0).await.unwrap();
         let before = (log.log_end_offset(), log.size_bytes());
@@ -66,12 +72,23 @@ fn bad_batches_are_rejected_and_leave_the_log_unchanged() {
         let short = good[..40].to_vec();
         let big = batch::build::simple(1, 1, 5000);
 
-        let cases: Vec<(Vec<u8>, fn(&Error) -> bool)> = vec![
-            (bad_crc, |e| matches!(e, Error::Batch(BatchError::CrcMismatch { .. }))),
-            (bad_magic, |e| matches!(e, Error::Batch(BatchError::BadMagic(1)))),
-            (lie, |e| matches!(e, Error::Batch(BatchError::LengthMismatch { .. }))),
-            (short, |e| matches!(e, Error::Batch(BatchError::TooShort { .. }))),
-            (big, |e| matches!(e, Error::Batch(BatchError::TooLarge { .. }))),
+        type Check = fn(&Error) -> bool;
+        let cases: Vec<(Vec<u8>, Check)> = vec![
+            (bad_crc, |e| {
+                matches!(e, Error::Batch(BatchError::CrcMismatch { .. }))
+            }),
+            (bad_magic, |e| {
+                matches!(e, Error::Batch(BatchError::BadMagic(1)))
+            }),
+            (lie, |e| {
+                matches!(e, Error::Batch(BatchError::LengthMismatch { .. }))
+            }),
+            (short, |e| {
+                matches!(e, Error::Batch(BatchError::TooShort { .. }))
+            }),
+            (big, |e| {
+                matches!(e, Error::Batch(BatchError::TooLarge { .. }))
+            }),
         ];
         for (bytes, is_expected) in cases {
             let err = log.append(&bytes, 0).await.unwrap_err();
@@ -79,7 +96,9 @@ fn bad_batches_are_rejected_and_leave_the_log_unchanged() {
             assert_eq!((log.log_end_offset(), log.size_bytes()), before);
         }
         log.flush().await.unwrap();
-        let on_disk = std::fs::metadata(path.join("bad").join(format!("{:020}.log", 0))).unwrap().len();
+        let on_disk = std::fs::metadata(path.join("bad").join(format!("{:020}.log", 0)))
+            .unwrap()
+            .len();
         assert!(on_disk >= before.1);
         assert_eq!(read_all(&log).await.len(), 1);
     });
@@ -93,7 +112,10 @@ fn rolls_on_segment_bytes_and_segment_ms() {
         let clock = Rc::new(ManualClock::default());
         clock.0.set(1_000_000);
         let s = storage_with_clock(&path, no_cache(), clock.clone()).await;
-        let cfg = LogConfig { segment_ms: 60_000, ..small_segments(2048) };
+        let cfg = LogConfig {
+            segment_ms: 60_000,
+            ..small_segments(2048)
+        };
         let log = s.open_log("roll", cfg).await.unwrap();
         for i in 0..100 {
             log.append(&batch(1_000_000, 4, i), 0).await.unwrap();
@@ -102,14 +124,28 @@ fn rolls_on_segment_bytes_and_segment_ms() {
         assert!(bases.len() > 3, "expected several segments, got {bases:?}");
         assert!(bases.windows(2).all(|w| w[0] < w[1]));
         for b in &bases[..bases.len() - 1] {
-            let len = std::fs::metadata(path.join("roll").join(format!("{b:020}.log"))).unwrap().len();
+            let len = std::fs::metadata(path.join("roll").join(format!("{b:020}.log")))
+                .unwrap()
+                .len();
             assert!(len <= 2048, "closed segment {b} is {len} bytes");
-            assert_eq!(len % 4096 == 0 && len > 0, false, "closed segments are trimmed, not page padded");
+            assert!(
+                !len.is_multiple_of(4096),
+                "closed segments are trimmed, not page padded"
+            );
         }
         assert_eq!(read_all(&log).await.len(), 100);
 
         // Time-based roll: a big segment limit, then the clock passes segment.ms.
-        let log2 = s.open_log("roll-ms", LogConfig { segment_ms: 60_000, ..LogConfig::default() }).await.unwrap();
+        let log2 = s
+            .open_log(
+                "roll-ms",
+                LogConfig {
+                    segment_ms: 60_000,
+                    ..LogConfig::default()
+                },
+            )
+            .await
+            .unwrap();
         log2.append(&batch(1, 1, 0), 0).await.unwrap();
         log2.append(&batch(1, 1, 1), 0).await.unwrap();
         assert_eq!(log2.segment_count(), 1);
@@ -127,7 +163,10 @@ fn retention_by_size_and_time_deletes_whole_closed_segments() {
         let clock = Rc::new(ManualClock::default());
         clock.0.set(10_000_000);
         let s = storage_with_clock(&path, no_cache(), clock.clone()).await;
-        let cfg = LogConfig { retention_bytes: 4096, ..small_segments(1024) };
+        let cfg = LogConfig {
+            retention_bytes: 4096,
+            ..small_segments(1024)
+        };
         let log = s.open_log("ret", cfg).await.unwrap();
         for i in 0..200 {
             log.append(&batch(10_000_000, 4, i), 0).await.unwrap();
@@ -136,27 +175,49 @@ fn retention_by_size_and_time_deletes_whole_closed_segments() {
         let deleted = s.enforce_retention().await.unwrap();
         assert!(deleted > 0);
         assert_eq!(log.segment_count(), before - deleted as usize);
-        assert!(log.size_bytes() <= 4096 + 1024, "size {} after retention", log.size_bytes());
+        assert!(
+            log.size_bytes() <= 4096 + 1024,
+            "size {} after retention",
+            log.size_bytes()
+        );
         let start = log.log_start_offset();
         assert_eq!(start, log.segment_bases()[0]);
-        assert!(matches!(log.read(0, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+        assert!(matches!(
+            log.read(0, 100, None).await,
+            Err(Error::OffsetOutOfRange { .. })
+        ));
         assert!(!log.read(start, 100, None).await.unwrap().records.is_empty());
         // Deleted files are gone from disk.
         let logs = std::fs::read_dir(path.join("ret")).unwrap().filter(|e| {
-            e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".log")
         });
         assert_eq!(logs.count(), log.segment_count());
 
         // Time: records stamped long ago, retention.ms of one hour.
-        let cfg = LogConfig { retention_ms: 3_600_000, ..small_segments(1024) };
+        let cfg = LogConfig {
+            retention_ms: 3_600_000,
+            ..small_segments(1024)
+        };
         let old = s.open_log("ret-time", cfg).await.unwrap();
         for i in 0..50 {
             old.append(&batch(10_000_000, 4, i), 0).await.unwrap();
         }
-        assert_eq!(old.enforce_retention().await.unwrap(), 0, "nothing expired yet");
+        assert_eq!(
+            old.enforce_retention().await.unwrap(),
+            0,
+            "nothing expired yet"
+        );
         clock.0.set(10_000_000 + 3_600_001 + 100);
         let n = old.segment_count();
-        assert_eq!(old.enforce_retention().await.unwrap() as usize, n - 1, "all but the active segment");
+        assert_eq!(
+            old.enforce_retention().await.unwrap() as usize,
+            n - 1,
+            "all but the active segment"
+        );
         assert_eq!(old.log_start_offset(), old.segment_bases()[0]);
         // The start survives a reopen.
         let start = old.log_start_offset();
@@ -192,9 +253,16 @@ fn truncate_and_delete_records() {
         let start = log.delete_records_before(7).await.unwrap();
         assert_eq!(start, 7);
         assert_eq!(log.log_start_offset(), 7);
-        assert!(matches!(log.read(6, 100, None).await, Err(Error::OffsetOutOfRange { .. })));
+        assert!(matches!(
+            log.read(6, 100, None).await,
+            Err(Error::OffsetOutOfRange { .. })
+        ));
         let r = log.read(7, 100, None).await.unwrap();
-        assert_eq!(batches_of(&r.records)[0].0, 6, "the batch holding offset 7 is served whole");
+        assert_eq!(
+            batches_of(&r.records)[0].0,
+            6,
+            "the batch holding offset 7 is served whole"
+        );
         assert!(log.delete_records_before(1000).await.is_err());
         log.close().await.unwrap();
         drop(log);
@@ -216,12 +284,24 @@ fn offset_for_timestamp_and_log_append_time() {
             log.append(&batch(1000 * i, 4, i as u64), 0).await.unwrap();
         }
         assert_eq!(log.offset_for_timestamp(0).await.unwrap(), Some((0, 0)));
-        assert_eq!(log.offset_for_timestamp(5002).await.unwrap(), Some((22, 5002)));
-        assert_eq!(log.offset_for_timestamp(5004).await.unwrap(), Some((24, 6000)));
-        assert_eq!(log.offset_for_timestamp(19_003).await.unwrap(), Some((79, 19_003)));
+        assert_eq!(
+            log.offset_for_timestamp(5002).await.unwrap(),
+            Some((22, 5002))
+        );
+        assert_eq!(
+            log.offset_for_timestamp(5004).await.unwrap(),
+            Some((24, 6000))
+        );
+        assert_eq!(
+            log.offset_for_timestamp(19_003).await.unwrap(),
+            Some((79, 19_003))
+        );
         assert_eq!(log.offset_for_timestamp(19_004).await.unwrap(), None);
 
-        let cfg = LogConfig { timestamp_type: TimestampType::LogAppendTime, ..LogConfig::default() };
+        let cfg = LogConfig {
+            timestamp_type: TimestampType::LogAppendTime,
+            ..LogConfig::default()
+        };
         let lat = s.open_log("lat", cfg).await.unwrap();
         let info = lat.append(&batch(1, 2, 0), 0).await.unwrap();
         assert!(info.log_append_time_ms > 1_600_000_000_000);
@@ -255,7 +335,9 @@ fn concurrent_appends_share_group_committed_flushes() {
         offsets.sort_unstable();
         assert_eq!(offsets, (0..64).collect::<Vec<_>>());
         // Every acknowledged byte is on disk: the file holds at least the log's size.
-        let len = std::fs::metadata(path.join("gc").join(format!("{:020}.log", 0))).unwrap().len();
+        let len = std::fs::metadata(path.join("gc").join(format!("{:020}.log", 0)))
+            .unwrap()
+            .len();
         assert!(len >= log.size_bytes());
     });
 }
@@ -269,7 +351,10 @@ fn long_poll_wakes_on_append_and_times_out() {
         let log = s.open_log("lp", LogConfig::default()).await.unwrap();
         assert!(!log.wait_for_append(0, Duration::from_millis(20)).await);
         let l2 = log.clone();
-        let waiter = glommio::spawn_local(async move { l2.wait_for_append(0, Duration::from_secs(30)).await });
+        let waiter =
+            glommio::spawn_local(
+                async move { l2.wait_for_append(0, Duration::from_secs(30)).await },
+            );
         log.append(&batch(1, 1, 0), 0).await.unwrap();
         assert!(waiter.await);
     });
@@ -281,7 +366,10 @@ fn interval_flush_policy_does_not_sync_per_ack_but_background_does() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         let s = storage(&path, StorageLimits::default()).await;
-        let cfg = LogConfig { flush: FlushPolicy::IntervalMs(10), ..LogConfig::default() };
+        let cfg = LogConfig {
+            flush: FlushPolicy::IntervalMs(10),
+            ..LogConfig::default()
+        };
         let log = s.open_log("iv", cfg).await.unwrap();
         log.append(&batch(1, 1, 0), 0).await.unwrap();
         log.flush_for_ack().await.unwrap();
@@ -314,7 +402,10 @@ fn first_dma_file_empty_and_read_write_still_reads() {
         let s = storage(&path, no_cache()).await;
         let log = s.open_log("trap", LogConfig::default()).await.unwrap();
         log.append(&batch(1, 3, 0), 0).await.unwrap();
-        let r = log.read(0, 4096, None).await.expect("read after first empty rw open");
+        let r = log
+            .read(0, 4096, None)
+            .await
+            .expect("read after first empty rw open");
         assert_eq!(batches_of(&r.records).len(), 1);
         assert!(path.join(sluice_storage::probe::PROBE_FILE).exists());
     });
@@ -322,10 +413,35 @@ fn first_dma_file_empty_and_read_write_still_reads() {
 
 #[test]
 fn config_and_limits_are_validated() {
-    assert!(LogConfig { segment_bytes: 10, ..LogConfig::default() }.validate().is_err());
-    assert!(LogConfig { retention_ms: -5, ..LogConfig::default() }.validate().is_err());
-    assert!(LogConfig { flush: FlushPolicy::IntervalMs(0), ..LogConfig::default() }.validate().is_err());
-    assert!(StorageLimits { write_bytes_max: 100, ..StorageLimits::default() }.validate().is_err());
-    assert!(StorageLimits { open_segment_files_max: 0, ..StorageLimits::default() }.validate().is_err());
+    assert!(LogConfig {
+        segment_bytes: 10,
+        ..LogConfig::default()
+    }
+    .validate()
+    .is_err());
+    assert!(LogConfig {
+        retention_ms: -5,
+        ..LogConfig::default()
+    }
+    .validate()
+    .is_err());
+    assert!(LogConfig {
+        flush: FlushPolicy::IntervalMs(0),
+        ..LogConfig::default()
+    }
+    .validate()
+    .is_err());
+    assert!(StorageLimits {
+        write_bytes_max: 100,
+        ..StorageLimits::default()
+    }
+    .validate()
+    .is_err());
+    assert!(StorageLimits {
+        open_segment_files_max: 0,
+        ..StorageLimits::default()
+    }
+    .validate()
+    .is_err());
     assert!(LogConfig::default().validate().is_ok());
 }

@@ -16,7 +16,10 @@ fn seg(dir: &Path, log: &str, base: i64, ext: &str) -> PathBuf {
 }
 
 fn cfg() -> LogConfig {
-    LogConfig { index_interval_bytes: 256, ..LogConfig::default() }
+    LogConfig {
+        index_interval_bytes: 256,
+        ..LogConfig::default()
+    }
 }
 
 /// Appends `n` batches of 3 records to a new log and drops it without closing.
@@ -30,7 +33,11 @@ async fn crashed_log(dir: &Path, name: &str, n: u64, config: LogConfig) -> Vec<(
     read_all(&log).await
 }
 
-async fn reopen(dir: &Path, name: &str, config: LogConfig) -> (Vec<(i64, Vec<u8>)>, RecoveryReport, i64) {
+async fn reopen(
+    dir: &Path,
+    name: &str,
+    config: LogConfig,
+) -> (Vec<(i64, Vec<u8>)>, RecoveryReport, i64) {
     let s = storage(dir, no_cache()).await;
     let (log, report) = s.open_log_with_report(name, config).await.unwrap();
     let all = read_all(&log).await;
@@ -86,7 +93,11 @@ fn r2_page_padding_after_crash_is_cut() {
         let before = crashed_log(&dir, "r2", 7, cfg()).await;
         let path = seg(&dir, "r2", 0, "log");
         let padded = file_len(&path);
-        assert_eq!(padded % 4096, 0, "an active O_DIRECT segment is page padded");
+        assert_eq!(
+            padded % 4096,
+            0,
+            "an active O_DIRECT segment is page padded"
+        );
         let (after, report, end) = reopen(&dir, "r2", cfg()).await;
         assert_eq!(after, before);
         assert_eq!(end, 21);
@@ -121,8 +132,13 @@ fn r4_corrupt_batch_and_everything_after_it_are_dropped() {
         let positions = batch_positions(&path);
         // Corrupt the batch just after the last index entry: in the tail recovery checks.
         let idx = std::fs::read(seg(&dir, "r4", 0, "index")).unwrap();
-        let last_entry = sluice_storage::index::OffsetIndex::decode(&idx).last().unwrap();
-        let victim = positions.iter().position(|(p, _)| *p >= u64::from(last_entry.position)).unwrap();
+        let last_entry = sluice_storage::index::OffsetIndex::decode(&idx)
+            .last()
+            .unwrap();
+        let victim = positions
+            .iter()
+            .position(|(p, _)| *p >= u64::from(last_entry.position))
+            .unwrap();
         let (pos, len) = positions[victim];
         let mut data = std::fs::read(&path).unwrap();
         data[(pos + len - 3) as usize] ^= 0xff; // inside the CRC-covered records
@@ -149,8 +165,14 @@ fn corrupt_bytes_before_the_recovery_point_are_never_served() {
         let s = storage(&dir, no_cache()).await;
         let log = s.open_log("rot", cfg()).await.unwrap();
         let err = log.read(15, 1 << 20, None).await.unwrap_err();
-        assert!(matches!(err, sluice_storage::Error::Corrupt { .. }), "{err}");
-        assert_eq!(batches_of(&log.read(0, 1, None).await.unwrap().records).len(), 1);
+        assert!(
+            matches!(err, sluice_storage::Error::Corrupt { .. }),
+            "{err}"
+        );
+        assert_eq!(
+            batches_of(&log.read(0, 1, None).await.unwrap().records).len(),
+            1
+        );
     });
 }
 
@@ -255,7 +277,10 @@ fn r9_missing_time_index_is_rebuilt() {
         let (log, report) = s.open_log_with_report("r9", cfg()).await.unwrap();
         assert!(report.rebuilt_indexes >= 1);
         // Batch i holds offsets 3i..3i+2 at timestamps 1000+i+0..2: 1040 is first at 3*38+2.
-        assert_eq!(log.offset_for_timestamp(1040).await.unwrap(), Some((116, 1040)));
+        assert_eq!(
+            log.offset_for_timestamp(1040).await.unwrap(),
+            Some((116, 1040))
+        );
         assert!(file_len(&seg(&dir, "r9", 0, "timeindex")) > 0);
     });
 }
@@ -278,7 +303,10 @@ fn r11_torn_closed_segment_drops_later_segments() {
     let d = tempdir();
     let dir = d.path().to_path_buf();
     run(move || async move {
-        let config = LogConfig { segment_bytes: 2048, ..cfg() };
+        let config = LogConfig {
+            segment_bytes: 2048,
+            ..cfg()
+        };
         let before = crashed_log(&dir, "r11", 80, config.clone()).await;
         let first = seg(&dir, "r11", 0, "log");
         let positions = batch_positions(&first);
@@ -289,7 +317,13 @@ fn r11_torn_closed_segment_drops_later_segments() {
         std::fs::write(&first, &data).unwrap();
         let segments_before = std::fs::read_dir(dir.join("r11"))
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".log")
+            })
             .count();
         assert!(segments_before > 2);
         let (after, report, _) = reopen(&dir, "r11", config).await;
@@ -304,7 +338,11 @@ fn r12_leftover_temp_and_orphan_index_files_are_removed() {
     let dir = d.path().to_path_buf();
     run(move || async move {
         let before = crashed_log(&dir, "r12", 5, cfg()).await;
-        std::fs::write(dir.join("r12").join("00000000000000000000.index.tmp"), b"junk").unwrap();
+        std::fs::write(
+            dir.join("r12").join("00000000000000000000.index.tmp"),
+            b"junk",
+        )
+        .unwrap();
         std::fs::write(seg(&dir, "r12", 777, "index"), b"junk").unwrap();
         let (after, report, _) = reopen(&dir, "r12", cfg()).await;
         assert_eq!(after, before);
@@ -319,7 +357,11 @@ fn r13_log_start_checkpoint_is_clamped_into_the_log() {
     let dir = d.path().to_path_buf();
     run(move || async move {
         crashed_log(&dir, "r13", 5, cfg()).await;
-        std::fs::write(dir.join("r13").join("partition.meta"), "log_start_offset=500\n").unwrap();
+        std::fs::write(
+            dir.join("r13").join("partition.meta"),
+            "log_start_offset=500\n",
+        )
+        .unwrap();
         let s = storage(&dir, StorageLimits::default()).await;
         let log = s.open_log("r13", cfg()).await.unwrap();
         assert_eq!(log.log_start_offset(), 15);
@@ -333,11 +375,18 @@ fn r14_no_segments_start_at_the_checkpoint() {
     let dir = d.path().to_path_buf();
     run(move || async move {
         std::fs::create_dir_all(dir.join("r14")).unwrap();
-        std::fs::write(dir.join("r14").join("partition.meta"), "log_start_offset=50\n").unwrap();
+        std::fs::write(
+            dir.join("r14").join("partition.meta"),
+            "log_start_offset=50\n",
+        )
+        .unwrap();
         let s = storage(&dir, StorageLimits::default()).await;
         let log = s.open_log("r14", cfg()).await.unwrap();
         assert_eq!((log.log_start_offset(), log.log_end_offset()), (50, 50));
-        assert_eq!(log.append(&batch(1, 2, 0), 0).await.unwrap().base_offset, 50);
+        assert_eq!(
+            log.append(&batch(1, 2, 0), 0).await.unwrap().base_offset,
+            50
+        );
         assert!(seg(&dir, "r14", 50, "log").exists());
     });
 }

@@ -26,26 +26,45 @@ where
 
 /// A temp dir on the real disk (not tmpfs), so O_DIRECT paths are exercised.
 pub fn tempdir() -> tempfile::TempDir {
-    let base = std::env::var("SLUICE_TEST_TMP").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
-    tempfile::Builder::new().prefix("sluice-storage-").tempdir_in(base).expect("tempdir")
+    let base = std::env::var("SLUICE_TEST_TMP")
+        .unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    tempfile::Builder::new()
+        .prefix("sluice-storage-")
+        .tempdir_in(base)
+        .expect("tempdir")
 }
 
 pub async fn storage(dir: &Path, limits: StorageLimits) -> Rc<Storage> {
-    Storage::open(dir, limits, Rc::new(SystemClock)).await.expect("open storage")
+    Storage::open(dir, limits, Rc::new(SystemClock))
+        .await
+        .expect("open storage")
 }
 
-pub async fn storage_with_clock(dir: &Path, limits: StorageLimits, clock: Rc<ManualClock>) -> Rc<Storage> {
+pub async fn storage_with_clock(
+    dir: &Path,
+    limits: StorageLimits,
+    clock: Rc<ManualClock>,
+) -> Rc<Storage> {
     let clock: Rc<dyn Clock> = clock;
-    Storage::open(dir, limits, clock).await.expect("open storage")
+    Storage::open(dir, limits, clock)
+        .await
+        .expect("open storage")
 }
 
 /// Limits with no tail cache, so every read goes to disk.
 pub fn no_cache() -> StorageLimits {
-    StorageLimits { tail_cache_bytes: 0, ..StorageLimits::default() }
+    StorageLimits {
+        tail_cache_bytes: 0,
+        ..StorageLimits::default()
+    }
 }
 
 pub fn small_segments(segment_bytes: u64) -> LogConfig {
-    LogConfig { segment_bytes, index_interval_bytes: 256, ..LogConfig::default() }
+    LogConfig {
+        segment_bytes,
+        index_interval_bytes: 256,
+        ..LogConfig::default()
+    }
 }
 
 /// A batch of `n` records whose values name their index `i`, timestamp `ts`.
@@ -62,7 +81,10 @@ pub fn batches_of(buf: &[u8]) -> Vec<(i64, Vec<u8>)> {
     let mut rest = buf;
     while let Some(total) = sluice_storage::batch::peek_total_bytes(rest) {
         let h = sluice_storage::BatchHeader::parse(rest).expect("header");
-        out.push((h.base_offset, rest[sluice_storage::batch::OFF_ATTRIBUTES..total].to_vec()));
+        out.push((
+            h.base_offset,
+            rest[sluice_storage::batch::OFF_ATTRIBUTES..total].to_vec(),
+        ));
         rest = &rest[total..];
     }
     assert!(rest.is_empty(), "trailing bytes after batches");

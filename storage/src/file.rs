@@ -16,7 +16,9 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
+
+use bytes::Bytes;
 use event_listener::Event;
 use glommio::io::{DmaFile, OpenOptions};
 
@@ -36,8 +38,10 @@ fn align_up(v: u64) -> u64 {
 struct State {
     /// Logical length: every byte accepted so far.
     len: u64,
-    /// Accepted bytes not yet handed to a write, starting at `submitted`.
-    pending: BytesMut,
+    /// Accepted bytes not yet handed to a write, starting at `submitted`: the callers'
+    /// own buffers, copied once, into the aligned write buffer.
+    pending: VecDeque<Bytes>,
+    pending_len: usize,
     /// Bytes `[align_down(submitted), submitted)`: the tail page as last written.
     tail: Vec<u8>,
     submitted: u64,
@@ -94,7 +98,8 @@ impl AppendFile {
             write_bytes_max: write_bytes_max.max(ALIGN as usize),
             state: RefCell::new(State {
                 len: valid_len,
-                pending: BytesMut::new(),
+                pending: VecDeque::new(),
+                pending_len: 0,
                 tail,
                 submitted: valid_len,
                 written: valid_len,
@@ -142,10 +147,18 @@ impl AppendFile {
 
     /// Accepts bytes; returns the logical length after them. Never blocks.
     pub fn push(&self, data: &[u8]) -> Result<u64, Error> {
+        self.push_bytes(Bytes::copy_from_slice(data))
+    }
+
+    /// Accepts bytes without copying them; returns the logical length after them.
+    pub fn push_bytes(&self, data: Bytes) -> Result<u64, Error> {
         self.check_failed()?;
         let mut st = self.state.borrow_mut();
-        st.pending.extend_from_slice(data);
         st.len += data.len() as u64;
+        if !data.is_empty() {
+            st.pending_len += data.len();
+            st.pending.push_back(data);
+        }
         Ok(st.len)
     }
 
@@ -182,20 +195,32 @@ impl AppendFile {
         let (buf, pos, new_end, new_tail) = {
             let mut st = self.state.borrow_mut();
             debug_assert!(!st.writing);
-            let take = st.pending.len().min(self.write_bytes_max);
+            let take = st.pending_len.min(self.write_bytes_max);
             if take == 0 {
                 return Ok(());
             }
             st.writing = true;
             let pos = align_down(st.submitted);
-            let data_len = st.tail.len() + take;
+            let tail_len = st.tail.len();
+            let data_len = tail_len + take;
             let mut buf = self
                 .file
                 .alloc_dma_buffer(align_up(data_len as u64) as usize);
             let bytes = buf.as_bytes_mut();
-            bytes[..st.tail.len()].copy_from_slice(&st.tail);
-            let chunk = st.pending.split_to(take);
-            bytes[st.tail.len()..data_len].copy_from_slice(&chunk);
+            bytes[..tail_len].copy_from_slice(&st.tail);
+            let mut at = tail_len;
+            while at < data_len {
+                let front = st.pending.front_mut().expect("pending covers take");
+                let n = front.len().min(data_len - at);
+                bytes[at..at + n].copy_from_slice(&front[..n]);
+                if n == front.len() {
+                    st.pending.pop_front();
+                } else {
+                    let _ = front.split_to(n);
+                }
+                at += n;
+            }
+            st.pending_len -= take;
             bytes[data_len..].fill(0);
             let new_end = st.submitted + take as u64;
             let tail_start = (align_down(new_end) - pos) as usize;
@@ -309,6 +334,7 @@ impl AppendFile {
         let mut st = self.state.borrow_mut();
         st.len = new_len;
         st.pending.clear();
+        st.pending_len = 0;
         st.submitted = new_len;
         st.written = new_len;
         st.durable = st.durable.min(new_len);

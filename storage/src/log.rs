@@ -112,9 +112,11 @@ impl Storage {
     ) -> Result<Rc<Storage>, Error> {
         limits.validate()?;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        crate::probe::prime_device(dir).await?;
+        // glommio opens directories by absolute path only (relative ones fail with EBADF).
+        let dir = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
+        crate::probe::prime_device(&dir).await?;
         Ok(Rc::new(Storage {
-            dir: dir.to_path_buf(),
+            dir,
             cache: RefCell::new(TailCache::new(limits.tail_cache_bytes)),
             handles: RefCell::new(ReadHandles {
                 max: limits.open_segment_files_max,
@@ -539,7 +541,7 @@ impl PartitionLog {
             seg.track_batch(&h, position, data.len() as u64, config.index_interval_bytes);
             let files = seg.active.as_ref().expect("active segment has files");
             let log_file = files.log.clone();
-            let target = log_file.push(&data)?;
+            let target = log_file.push_bytes(data.clone())?;
             debug_assert_eq!(target, seg.size);
             self.storage.cache.borrow_mut().insert(
                 self.id,

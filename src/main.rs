@@ -1,8 +1,17 @@
-//! `sluice`: the broker binary and admin CLI.
+//! `sluice`: the broker binary. `sluice serve --help` lists the flags.
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use sluice::config::{BrokerConfig, FileConfig};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Kafka-compatible thread-per-core log broker")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Kafka-compatible thread-per-core log broker"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -10,16 +19,82 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a broker.
-    Serve,
+    /// Run a broker. Flags override the config file.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file (keys: the flag names with `_` for `-`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<i32>,
+    /// Kafka listener address [default: 127.0.0.1:9092].
+    #[arg(long)]
+    listen: Option<String>,
+    /// HOST:PORT clients are told to use [default: the listen address].
+    #[arg(long)]
+    advertised: Option<String>,
+    /// [default: ./data]
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Shards (executor threads, one per core) [default: every online CPU].
+    #[arg(long)]
+    cores: Option<usize>,
+    /// Partitions of auto-created topics [default: 1].
+    #[arg(long)]
+    default_partitions: Option<i32>,
+    /// Create unknown topics on Metadata/Produce [default: true].
+    #[arg(long)]
+    auto_create_topics: Option<bool>,
 }
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_thread_names(true)
+        .init();
+    // A broken invariant stops the whole process (panic = "abort"); say where first.
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        tracing::error!(thread = thread.name().unwrap_or("?"), "fatal: {info}");
+        eprintln!(
+            "sluice: fatal in thread {}: {info}",
+            thread.name().unwrap_or("?")
+        );
+    }));
     let cli = Cli::parse();
-    match cli.command {
-        Command::Serve => {
-            eprintln!("sluice serve: the Kafka API layer is not built yet (issue 3)");
-            std::process::exit(2);
-        }
+    let Command::Serve(args) = cli.command;
+    if let Err(e) = serve(args) {
+        eprintln!("sluice serve: {e}");
+        std::process::exit(1);
     }
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let flags = FileConfig {
+        node_id: args.node_id,
+        listen: args.listen,
+        advertised: args.advertised,
+        data_dir: args.data_dir,
+        cores: args.cores,
+        default_partitions: args.default_partitions,
+        auto_create_topics: args.auto_create_topics,
+        socket_request_max_bytes: None,
+    };
+    let config = BrokerConfig::resolve(file, flags, sluice_shard::runtime::online_cpus().len())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| format!("installing signal handler: {e}"))?;
+    }
+    sluice::node::run(config, stop)
 }

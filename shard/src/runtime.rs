@@ -1,0 +1,83 @@
+//! Starting the shards: one pinned glommio executor per core.
+
+use std::future::Future;
+use std::time::Duration;
+
+use glommio::{CpuSet, LocalExecutorBuilder, Placement};
+
+/// How the executors are built.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Number of shards (executor threads).
+    pub shard_count: usize,
+    /// Memory glommio registers for its io_uring buffers, per executor. glommio needs
+    /// at least 512 KiB of lockable memory; set explicitly rather than relying on its
+    /// default.
+    pub io_memory_bytes: usize,
+    /// How long a task may run before the executor yields to other task queues.
+    pub preempt_timer: Duration,
+    /// Pin each executor to one CPU (off in tests that run many brokers at once).
+    pub pin: bool,
+}
+
+impl RuntimeConfig {
+    pub fn new(shard_count: usize) -> RuntimeConfig {
+        RuntimeConfig {
+            shard_count,
+            io_memory_bytes: 2 << 20,
+            preempt_timer: Duration::from_millis(10),
+            pin: true,
+        }
+    }
+}
+
+/// The CPUs this process may run on, in id order.
+pub fn online_cpus() -> Vec<usize> {
+    let mut cpus: Vec<usize> = CpuSet::online()
+        .map(|s| s.iter().map(|l| l.cpu).collect())
+        .unwrap_or_default();
+    cpus.sort_unstable();
+    cpus.dedup();
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        cpus = (0..n).collect();
+    }
+    cpus
+}
+
+/// Spawns one executor per element of `shards` (shard `i` runs `shards[i]()`), in shard
+/// order (the channel mesh numbers its peers in that order). Returns once every shard
+/// has finished; the result is each shard's outcome in shard order.
+pub fn spawn_shards<G, Fut, T>(config: &RuntimeConfig, shards: Vec<G>) -> Vec<std::io::Result<T>>
+where
+    G: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    assert_eq!(
+        config.shard_count,
+        shards.len(),
+        "one start function per shard"
+    );
+    let cpus = online_cpus();
+    let mut handles = Vec::with_capacity(config.shard_count);
+    for (i, make) in shards.into_iter().enumerate() {
+        let placement = if config.pin {
+            Placement::Fixed(cpus[i % cpus.len()])
+        } else {
+            Placement::Unbound
+        };
+        let builder = LocalExecutorBuilder::new(placement)
+            .name(&format!("shard-{i}"))
+            .io_memory(config.io_memory_bytes)
+            .preempt_timer(config.preempt_timer);
+        let handle = builder.spawn(make);
+        handles.push(handle.map_err(|e| std::io::Error::other(e.to_string())));
+    }
+    handles
+        .into_iter()
+        .map(|h| h.and_then(|h| h.join().map_err(|e| std::io::Error::other(e.to_string()))))
+        .collect()
+}

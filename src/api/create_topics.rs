@@ -1,0 +1,68 @@
+//! CreateTopics (key 19): validated and persisted by the controller.
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicResult, CreateTopicsResponse,
+};
+
+use super::sb;
+use crate::broker::Broker;
+use crate::controller::{ControlOp, ControlResult, NewTopic};
+
+pub async fn handle(
+    broker: &Rc<Broker>,
+    _version: i16,
+    req: CreateTopicsRequest,
+) -> CreateTopicsResponse {
+    let names: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| NewTopic {
+            name: t.name.0.to_string(),
+            num_partitions: t.num_partitions,
+            replication_factor: if t.assignments.is_empty() {
+                t.replication_factor
+            } else {
+                1
+            },
+            configs: t
+                .configs
+                .into_iter()
+                .map(|c| (c.name.to_string(), c.value.map(|v| v.to_string())))
+                .collect(),
+        })
+        .collect();
+    let results = match broker
+        .control(ControlOp::CreateTopics {
+            topics,
+            validate_only: req.validate_only,
+        })
+        .await
+    {
+        Ok(ControlResult::Created(r)) => r,
+        Ok(_) => unreachable!("CreateTopics answers Created"),
+        Err(e) => names.iter().map(|_| Err(e.clone())).collect(),
+    };
+    let topics = names
+        .into_iter()
+        .zip(results)
+        .map(|(name, r)| {
+            let base = CreatableTopicResult::default().with_name(name);
+            match r {
+                Ok((_, meta)) => base
+                    .with_topic_id(meta.id)
+                    .with_num_partitions(meta.partitions)
+                    .with_replication_factor(1),
+                Err(e) => base
+                    .with_error_code(e.code())
+                    .with_error_message(e.message.map(sb))
+                    .with_num_partitions(-1)
+                    .with_replication_factor(-1),
+            }
+        })
+        .collect();
+    CreateTopicsResponse::default().with_topics(topics)
+}

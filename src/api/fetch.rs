@@ -1,0 +1,208 @@
+//! Fetch (key 1): reads on each partition's home shard, long-poll, byte limits.
+//!
+//! 1. Every partition is read at once on its home shard (one message per shard).
+//! 2. The replies are merged in request order and trimmed to `max_bytes`: the first
+//!    partition with data always keeps at least one whole batch (as Kafka), later ones
+//!    are dropped if they would overflow the budget.
+//! 3. If fewer than `min_bytes` came back and `max_wait_ms` has not passed, the shards
+//!    are asked to wait for an append to any of the partitions (bounded by the
+//!    deadline); then the read is repeated.
+//!
+//! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
+//! tells clients to keep sending full (sessionless) fetch requests.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_request::FetchRequest;
+use kafka_protocol::messages::fetch_response::{
+    FetchResponse, FetchableTopicResponse, PartitionData,
+};
+use sluice_shard::ShardId;
+
+use crate::broker::{Broker, ReadItem, ReadOut, ShardReq, ShardResp};
+use crate::error::{self, ApiError};
+
+/// Upper bound on how long one fetch may wait, whatever the client asks.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+
+struct Slot {
+    topic: kafka_protocol::messages::TopicName,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    owner: Option<ShardId>,
+}
+
+pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> FetchResponse {
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT_CAP);
+    let max_bytes = if req.max_bytes <= 0 {
+        usize::MAX
+    } else {
+        req.max_bytes as usize
+    };
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let image = broker.image();
+    let mut slots = Vec::new();
+    for t in &req.topics {
+        let meta = image.topics.get(t.topic.0.as_str());
+        for p in &t.partitions {
+            let owner = meta
+                .filter(|m| (0..m.partitions).contains(&p.partition))
+                .map(|m| broker.owner(m, p.partition));
+            slots.push(Slot {
+                topic: t.topic.clone(),
+                partition: p.partition,
+                offset: p.fetch_offset,
+                max_bytes: p.partition_max_bytes.max(0) as usize,
+                owner,
+            });
+        }
+    }
+    let mut outs = read_all(broker, &slots, max_bytes).await;
+    loop {
+        let total: usize = outs.iter().map(|o| o.records.len()).sum();
+        let any_error = outs.iter().any(|o| o.error.is_some());
+        if total >= min_bytes.max(1) || any_error || Instant::now() >= deadline {
+            break;
+        }
+        // Wait for appends past what is there now (not past the fetch offset), so a
+        // partition holding less than min_bytes does not wake the wait at once.
+        let waits = slots
+            .iter()
+            .zip(&outs)
+            .filter_map(|(s, o)| {
+                s.owner.map(|owner| {
+                    (
+                        owner,
+                        (
+                            s.topic.0.to_string(),
+                            s.partition,
+                            s.offset.max(o.high_watermark),
+                        ),
+                    )
+                })
+            })
+            .collect();
+        broker.wait_for_data(waits, deadline).await;
+        outs = read_all(broker, &slots, max_bytes).await;
+    }
+    build_response(slots, outs)
+}
+
+async fn read_all(broker: &Rc<Broker>, slots: &[Slot], max_bytes: usize) -> Vec<ReadOut> {
+    let jobs: Vec<(ShardId, ReadItem)> = slots
+        .iter()
+        .filter_map(|s| {
+            s.owner.map(|o| {
+                (
+                    o,
+                    ReadItem {
+                        topic: s.topic.0.to_string(),
+                        partition: s.partition,
+                        offset: s.offset,
+                        max_bytes: s.max_bytes.min(max_bytes),
+                    },
+                )
+            })
+        })
+        .collect();
+    let mut results = broker
+        .fan_out(
+            jobs,
+            |items| ShardReq::Read { items },
+            |r| match r {
+                ShardResp::Read(v) => v,
+                _ => unreachable!("Read answers Read"),
+            },
+            |e| ReadOut {
+                error: Some(error::from_mesh(e)),
+                high_watermark: -1,
+                log_start_offset: -1,
+                records: Bytes::new(),
+            },
+        )
+        .await
+        .into_iter();
+    let mut outs: Vec<ReadOut> = slots
+        .iter()
+        .map(|s| match s.owner {
+            Some(_) => results.next().expect("one result per job"),
+            None => ReadOut {
+                error: Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+                high_watermark: -1,
+                log_start_offset: -1,
+                records: Bytes::new(),
+            },
+        })
+        .collect();
+    trim(&mut outs, max_bytes);
+    outs
+}
+
+/// Enforces the response-wide byte budget in request order.
+fn trim(outs: &mut [ReadOut], max_bytes: usize) {
+    let mut used = 0usize;
+    for o in outs.iter_mut() {
+        let len = o.records.len();
+        if len == 0 {
+            continue;
+        }
+        if used == 0 || used + len <= max_bytes {
+            used += len;
+        } else {
+            o.records = Bytes::new();
+        }
+    }
+}
+
+fn build_response(slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    for (s, o) in slots.into_iter().zip(outs) {
+        let pd = PartitionData::default()
+            .with_partition_index(s.partition)
+            .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
+            .with_high_watermark(o.high_watermark)
+            .with_last_stable_offset(o.high_watermark)
+            .with_log_start_offset(o.log_start_offset)
+            .with_records(Some(o.records));
+        match topics.last_mut() {
+            Some(t) if t.topic == s.topic => t.partitions.push(pd),
+            _ => topics.push(
+                FetchableTopicResponse::default()
+                    .with_topic(s.topic)
+                    .with_partitions(vec![pd]),
+            ),
+        }
+    }
+    FetchResponse::default()
+        .with_session_id(0)
+        .with_responses(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(n: usize) -> ReadOut {
+        ReadOut {
+            records: Bytes::from(vec![0u8; n]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn trim_keeps_the_first_batch_and_respects_the_budget() {
+        let mut v = vec![out(0), out(100), out(50), out(10)];
+        trim(&mut v, 60);
+        let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
+        assert_eq!(lens, vec![0, 100, 0, 0]);
+        let mut v = vec![out(10), out(20), out(40)];
+        trim(&mut v, 35);
+        let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
+        assert_eq!(lens, vec![10, 20, 0]);
+    }
+}

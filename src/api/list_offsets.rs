@@ -1,0 +1,89 @@
+//! ListOffsets (key 2): earliest (-2), latest (-1), or the first offset at or after a
+//! timestamp, answered by each partition's home shard.
+
+use std::rc::Rc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
+};
+
+use crate::broker::{Broker, ShardReq, ShardResp, LEADER_EPOCH};
+use crate::error::{self, ApiError};
+
+pub async fn handle(
+    broker: &Rc<Broker>,
+    version: i16,
+    req: ListOffsetsRequest,
+) -> ListOffsetsResponse {
+    let image = broker.image();
+    let mut jobs = Vec::new();
+    let mut shape = Vec::new();
+    for t in &req.topics {
+        let meta = image.topics.get(t.name.0.as_str());
+        let mut parts = Vec::new();
+        for p in &t.partitions {
+            match meta.filter(|m| (0..m.partitions).contains(&p.partition_index)) {
+                Some(m) => {
+                    jobs.push((
+                        broker.owner(m, p.partition_index),
+                        (t.name.0.to_string(), p.partition_index, p.timestamp),
+                    ));
+                    parts.push((p.partition_index, None));
+                }
+                None => parts.push((
+                    p.partition_index,
+                    Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+                )),
+            }
+        }
+        shape.push((t.name.clone(), parts));
+    }
+    let mut results = broker
+        .fan_out(
+            jobs,
+            |items| ShardReq::ListOffsets { items },
+            |r| match r {
+                ShardResp::ListOffsets(v) => v,
+                _ => unreachable!("ListOffsets answers ListOffsets"),
+            },
+            |e| Err(error::from_mesh(e)),
+        )
+        .await
+        .into_iter();
+    let topics = shape
+        .into_iter()
+        .map(|(name, parts)| {
+            let partitions = parts
+                .into_iter()
+                .map(|(index, err)| {
+                    let r = match err {
+                        Some(e) => Err(e),
+                        None => results.next().expect("one result per job"),
+                    };
+                    let base = ListOffsetsPartitionResponse::default().with_partition_index(index);
+                    match r {
+                        Ok((offset, ts)) => {
+                            let b = base.with_offset(offset).with_timestamp(ts);
+                            // The field exists from v4; the codec refuses it before.
+                            if version >= 4 {
+                                b.with_leader_epoch(LEADER_EPOCH)
+                            } else {
+                                b
+                            }
+                        }
+                        Err(e) => base
+                            .with_error_code(e.code())
+                            .with_offset(-1)
+                            .with_timestamp(-1),
+                    }
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}

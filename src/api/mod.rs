@@ -1,0 +1,335 @@
+//! The Kafka API layer: frame decoding, the registry of supported versions, dispatch to
+//! one module per API, and response encoding. All codecs are the `kafka-protocol`
+//! crate's.
+//!
+//! [`parse`] is pure (bytes in, a request or an error out) so it is unit-tested and
+//! fuzzed (`fuzz/`). Handlers are async and may finish in any order; the connection
+//! ([`crate::server`]) writes responses in request order.
+//!
+//! Unsupported requests: an ApiVersions request of a version newer than this broker's
+//! gets a v0 ApiVersionsResponse with UNSUPPORTED_VERSION and the supported ranges (what
+//! clients expect, to retry at a version both know). Any other unknown API key or
+//! unsupported version gets a response frame holding the correlation id and the
+//! UNSUPPORTED_VERSION error code (the first field of nearly every Kafka response);
+//! the connection stays open.
+
+pub mod api_versions;
+pub mod create_partitions;
+pub mod create_topics;
+pub mod delete_records;
+pub mod delete_topics;
+pub mod describe_cluster;
+pub mod describe_configs;
+pub mod fetch;
+pub mod incremental_alter_configs;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use std::rc::Rc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+
+use crate::broker::Broker;
+
+/// One API this broker serves, with the versions it accepts.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiSpec {
+    pub key: ApiKey,
+    pub min: i16,
+    pub max: i16,
+}
+
+const fn spec(key: ApiKey, min: i16, max: i16) -> ApiSpec {
+    ApiSpec { key, min, max }
+}
+
+/// The one registry of supported APIs and versions. ApiVersions is generated from it
+/// and [`parse`] refuses anything outside it. Ranges start where `kafka-protocol`
+/// starts and stop before versions whose semantics Sluice lacks (Fetch and Produce
+/// v13+ address topics by id only; Metadata v13 is untested with old clients).
+pub const REGISTRY: &[ApiSpec] = &[
+    spec(ApiKey::Produce, 3, 12),
+    spec(ApiKey::Fetch, 4, 12),
+    spec(ApiKey::ListOffsets, 1, 8),
+    spec(ApiKey::Metadata, 0, 12),
+    spec(ApiKey::ApiVersions, 0, 3),
+    spec(ApiKey::CreateTopics, 2, 7),
+    spec(ApiKey::DeleteTopics, 1, 6),
+    spec(ApiKey::DeleteRecords, 0, 2),
+    spec(ApiKey::DescribeConfigs, 1, 4),
+    spec(ApiKey::CreatePartitions, 0, 3),
+    spec(ApiKey::IncrementalAlterConfigs, 0, 1),
+    spec(ApiKey::DescribeCluster, 0, 1),
+];
+
+pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
+    REGISTRY.iter().find(|s| s.key as i16 == api_key)
+}
+
+/// A decoded request.
+#[derive(Debug)]
+pub struct Request {
+    pub api_key: ApiKey,
+    pub version: i16,
+    pub header: RequestHeader,
+    pub body: RequestKind,
+}
+
+/// What [`parse`] makes of a frame.
+#[derive(Debug)]
+pub enum Parsed {
+    Request(Box<Request>),
+    /// Unknown API key or a version outside the registry: answered, not decoded.
+    Unsupported {
+        api_key: i16,
+        version: i16,
+        correlation_id: i32,
+    },
+}
+
+/// A frame that cannot be answered: the connection is closed.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame of {0} bytes is shorter than a request header")]
+    TooShort(usize),
+    #[error("malformed {api:?} v{version} request: {reason}")]
+    Malformed {
+        api: ApiKey,
+        version: i16,
+        reason: String,
+    },
+}
+
+/// Decodes one request frame (the bytes after the 4-byte size). Pure.
+pub fn parse(frame: Bytes) -> Result<Parsed, DecodeError> {
+    if frame.len() < 8 {
+        return Err(DecodeError::TooShort(frame.len()));
+    }
+    // The first fields of every request header version: api key, version, correlation id.
+    let api_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let Some(spec) = lookup(api_key).filter(|s| (s.min..=s.max).contains(&version)) else {
+        return Ok(Parsed::Unsupported {
+            api_key,
+            version,
+            correlation_id,
+        });
+    };
+    let key = spec.key;
+    let malformed = |e: anyhow::Error| DecodeError::Malformed {
+        api: key,
+        version,
+        reason: e.to_string(),
+    };
+    let mut buf = frame;
+    let header =
+        RequestHeader::decode(&mut buf, key.request_header_version(version)).map_err(malformed)?;
+    let body = RequestKind::decode(key, &mut buf, version).map_err(malformed)?;
+    Ok(Parsed::Request(Box::new(Request {
+        api_key: key,
+        version,
+        header,
+        body,
+    })))
+}
+
+/// What the connection does after a request.
+pub enum Outcome {
+    /// Write this frame (size prefix included).
+    Respond(Bytes),
+    /// Nothing to send (Produce with acks=0).
+    Silent,
+    /// Close the connection (a response could not be encoded).
+    Close,
+}
+
+/// Handles one parsed request.
+pub async fn handle(broker: &Rc<Broker>, parsed: Parsed) -> Outcome {
+    let req = match parsed {
+        Parsed::Unsupported {
+            api_key,
+            version,
+            correlation_id,
+        } => return unsupported(api_key, version, correlation_id),
+        Parsed::Request(r) => *r,
+    };
+    let Request {
+        api_key,
+        version,
+        header,
+        body,
+    } = req;
+    let client = header
+        .client_id
+        .as_ref()
+        .map(StrBytes::as_str)
+        .unwrap_or("");
+    tracing::trace!(
+        ?api_key,
+        version,
+        correlation_id = header.correlation_id,
+        client,
+        "request"
+    );
+    let response = match body {
+        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
+        RequestKind::Metadata(r) => {
+            ResponseKind::Metadata(metadata::handle(broker, version, r).await)
+        }
+        RequestKind::Produce(r) => match produce::handle(broker, version, r).await {
+            Some(resp) => ResponseKind::Produce(resp),
+            None => return Outcome::Silent,
+        },
+        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(broker, version, r).await),
+        RequestKind::ListOffsets(r) => {
+            ResponseKind::ListOffsets(list_offsets::handle(broker, version, r).await)
+        }
+        RequestKind::CreateTopics(r) => {
+            ResponseKind::CreateTopics(create_topics::handle(broker, version, r).await)
+        }
+        RequestKind::DeleteTopics(r) => {
+            ResponseKind::DeleteTopics(delete_topics::handle(broker, version, r).await)
+        }
+        RequestKind::CreatePartitions(r) => {
+            ResponseKind::CreatePartitions(create_partitions::handle(broker, version, r).await)
+        }
+        RequestKind::DescribeConfigs(r) => {
+            ResponseKind::DescribeConfigs(describe_configs::handle(broker, version, r))
+        }
+        RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(
+            incremental_alter_configs::handle(broker, version, r).await,
+        ),
+        RequestKind::DeleteRecords(r) => {
+            ResponseKind::DeleteRecords(delete_records::handle(broker, version, r).await)
+        }
+        RequestKind::DescribeCluster(r) => {
+            ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
+        }
+        other => {
+            // The registry and this match disagree: a bug, caught by a unit test.
+            tracing::error!(?api_key, "no handler for a registered API: {other:?}");
+            return Outcome::Close;
+        }
+    };
+    match encode_response(api_key, version, header.correlation_id, &response) {
+        Ok(b) => Outcome::Respond(b),
+        Err(e) => {
+            tracing::error!(?api_key, version, error = %e, "cannot encode response; closing connection");
+            Outcome::Close
+        }
+    }
+}
+
+/// Encodes a response frame: size, header (the version the API's version implies), body.
+pub fn encode_response(
+    api_key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    resp: &ResponseKind,
+) -> Result<Bytes, String> {
+    let mut buf = BytesMut::with_capacity(64);
+    buf.put_i32(0);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    header
+        .encode(&mut buf, api_key.response_header_version(version))
+        .map_err(|e| e.to_string())?;
+    resp.encode(&mut buf, version).map_err(|e| e.to_string())?;
+    let size = (buf.len() - 4) as i32;
+    buf[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(buf.freeze())
+}
+
+fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
+    tracing::debug!(api_key, version, "unsupported API key or version");
+    if api_key == ApiKey::ApiVersions as i16 {
+        let resp = ResponseKind::ApiVersions(api_versions::unsupported());
+        return match encode_response(ApiKey::ApiVersions, 0, correlation_id, &resp) {
+            Ok(b) => Outcome::Respond(b),
+            Err(_) => Outcome::Close,
+        };
+    }
+    let mut buf = BytesMut::with_capacity(10);
+    buf.put_i32(6);
+    buf.put_i32(correlation_id);
+    buf.put_i16(kafka_protocol::error::ResponseError::UnsupportedVersion.code());
+    Outcome::Respond(buf.freeze())
+}
+
+/// `StrBytes` from an owned string.
+pub fn sb(s: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(s.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::ApiVersionsRequest;
+
+    fn frame(key: ApiKey, version: i16, body: &impl Encodable) -> Bytes {
+        let mut buf = BytesMut::new();
+        let header = RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(42)
+            .with_client_id(Some(sb("test")));
+        header
+            .encode(&mut buf, key.request_header_version(version))
+            .unwrap();
+        body.encode(&mut buf, version).unwrap();
+        buf.freeze()
+    }
+
+    #[test]
+    fn registry_is_within_what_the_codec_supports() {
+        for s in REGISTRY {
+            let v = s.key.valid_versions();
+            assert!(v.min <= s.min && s.max <= v.max, "{:?}", s.key);
+        }
+    }
+
+    #[test]
+    fn parses_every_registered_version() {
+        for v in 0..=3 {
+            let f = frame(ApiKey::ApiVersions, v, &ApiVersionsRequest::default());
+            match parse(f).unwrap() {
+                Parsed::Request(r) => {
+                    assert_eq!(r.version, v);
+                    assert_eq!(r.header.correlation_id, 42);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_versions_and_keys_are_answered_not_decoded() {
+        let f = frame(ApiKey::ApiVersions, 4, &ApiVersionsRequest::default());
+        assert!(matches!(
+            parse(f).unwrap(),
+            Parsed::Unsupported { version: 4, .. }
+        ));
+        let raw = Bytes::from_static(&[0x7f, 0x00, 0, 0, 0, 0, 0, 9, 1, 2]);
+        assert!(matches!(
+            parse(raw).unwrap(),
+            Parsed::Unsupported {
+                api_key: 0x7f00,
+                correlation_id: 9,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(parse(Bytes::from_static(&[0, 3])).is_err());
+        // Metadata v1 with a truncated body.
+        assert!(parse(Bytes::from_static(&[
+            0, 3, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 5
+        ]))
+        .is_err());
+    }
+}

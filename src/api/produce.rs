@@ -1,0 +1,150 @@
+//! Produce (key 0): batches validated and appended on each partition's home shard.
+//!
+//! The records of each partition are a zero-copy `Bytes` slice of the request frame;
+//! they travel to the owner shard as that slice. acks=0 gets no response; acks=1 and
+//! acks=-1 are answered after the topic's flush policy is met (one replica, so -1 adds
+//! only the min.insync.replicas check). Transactional produce is not supported yet.
+
+use std::rc::Rc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_request::ProduceRequest;
+use kafka_protocol::messages::produce_response::{
+    PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
+};
+
+use super::metadata::auto_create;
+use super::sb;
+use crate::broker::{Appended, Broker, ProduceItem, ShardReq, ShardResp};
+use crate::error::{self, ApiError};
+use crate::topic_config::validate_topic_name;
+
+fn partition_response(index: i32, r: &Result<Appended, ApiError>) -> PartitionProduceResponse {
+    let base = PartitionProduceResponse::default().with_index(index);
+    match r {
+        Ok(a) => base
+            .with_base_offset(a.base_offset)
+            .with_log_append_time_ms(a.log_append_time_ms)
+            .with_log_start_offset(a.log_start_offset),
+        Err(e) => base
+            .with_error_code(e.code())
+            .with_base_offset(-1)
+            .with_log_append_time_ms(-1)
+            .with_log_start_offset(-1)
+            .with_error_message(e.message.clone().map(sb)),
+    }
+}
+
+/// Returns `None` for acks=0 (no response is sent).
+pub async fn handle(
+    broker: &Rc<Broker>,
+    _version: i16,
+    req: ProduceRequest,
+) -> Option<ProduceResponse> {
+    let acks = req.acks;
+    if req.transactional_id.is_some() {
+        // Sluice has no transaction coordinator yet.
+        let resp = reject_all(
+            &req,
+            ApiError::new(ResponseError::TransactionalIdAuthorizationFailed),
+        );
+        return (acks != 0).then_some(resp);
+    }
+    if !matches!(acks, -1..=1) {
+        let resp = reject_all(&req, ApiError::new(ResponseError::InvalidRequiredAcks));
+        return (acks != 0).then_some(resp);
+    }
+    let names: Vec<String> = req
+        .topic_data
+        .iter()
+        .map(|t| t.name.0.to_string())
+        .filter(|n| validate_topic_name(n).is_ok())
+        .collect();
+    auto_create(broker, &names).await;
+    let image = broker.image();
+    // Resolve every partition: an immediate error, or a job for its home shard.
+    let mut shape: Vec<(String, Vec<(i32, Option<ApiError>)>)> = Vec::new();
+    let mut jobs = Vec::new();
+    for topic in req.topic_data {
+        let name = topic.name.0.to_string();
+        let meta = image.topics.get(&name);
+        let mut parts = Vec::new();
+        for p in topic.partition_data {
+            let err = if let Err(m) = validate_topic_name(&name) {
+                Some(ApiError::with(ResponseError::InvalidTopicException, m))
+            } else {
+                match meta {
+                    Some(m) if (0..m.partitions).contains(&p.index) => match p.records {
+                        Some(records) => {
+                            jobs.push((
+                                broker.owner(m, p.index),
+                                ProduceItem {
+                                    topic: name.clone(),
+                                    partition: p.index,
+                                    records,
+                                },
+                            ));
+                            None
+                        }
+                        None => Some(ApiError::with(
+                            ResponseError::CorruptMessage,
+                            "null records",
+                        )),
+                    },
+                    _ => Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+                }
+            };
+            parts.push((p.index, err));
+        }
+        shape.push((name, parts));
+    }
+    let results = broker
+        .fan_out(
+            jobs,
+            |items| ShardReq::Produce { acks, items },
+            |resp| match resp {
+                ShardResp::Produce(r) => r,
+                _ => unreachable!("Produce answers Produce"),
+            },
+            |e| Err(error::from_mesh(e)),
+        )
+        .await;
+    if acks == 0 {
+        return None;
+    }
+    let mut results = results.into_iter();
+    let responses = shape
+        .into_iter()
+        .map(|(name, parts)| {
+            let partition_responses = parts
+                .into_iter()
+                .map(|(index, err)| match err {
+                    Some(e) => partition_response(index, &Err(e)),
+                    None => partition_response(index, &results.next().expect("one result per job")),
+                })
+                .collect();
+            TopicProduceResponse::default()
+                .with_name(kafka_protocol::messages::TopicName(sb(name)))
+                .with_partition_responses(partition_responses)
+        })
+        .collect();
+    Some(ProduceResponse::default().with_responses(responses))
+}
+
+fn reject_all(req: &ProduceRequest, e: ApiError) -> ProduceResponse {
+    let responses = req
+        .topic_data
+        .iter()
+        .map(|t| {
+            TopicProduceResponse::default()
+                .with_name(t.name.clone())
+                .with_partition_responses(
+                    t.partition_data
+                        .iter()
+                        .map(|p| partition_response(p.index, &Err(e.clone())))
+                        .collect(),
+                )
+        })
+        .collect();
+    ProduceResponse::default().with_responses(responses)
+}

@@ -1,0 +1,92 @@
+//! Errors of the API layer, and the one place where they become Kafka error codes.
+
+use kafka_protocol::error::ResponseError;
+use sluice_storage::BatchError;
+
+/// A per-partition or per-resource failure: a Kafka error code and, where the response
+/// has room for one, a message for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub code: ResponseError,
+    pub message: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(code: ResponseError) -> ApiError {
+        ApiError {
+            code,
+            message: None,
+        }
+    }
+
+    pub fn with(code: ResponseError, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: Some(message.into()),
+        }
+    }
+
+    pub fn code(&self) -> i16 {
+        self.code.code()
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.message {
+            Some(m) => write!(f, "{:?}: {m}", self.code),
+            None => write!(f, "{:?}", self.code),
+        }
+    }
+}
+
+/// Maps a storage error to the Kafka error a client should see.
+pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
+    use sluice_storage::Error as E;
+    let code = match e {
+        E::Batch(BatchError::TooLarge { .. }) => ResponseError::MessageTooLarge,
+        // Kafka answers CORRUPT_MESSAGE for a bad CRC and for framing it cannot parse
+        // (short batch, length mismatch, wrong magic); it keeps INVALID_RECORD for
+        // records that parse but break a rule, which storage does not check.
+        E::Batch(_) => ResponseError::CorruptMessage,
+        E::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        // The log failed or is unreadable: the client may retry elsewhere later.
+        E::Io { .. } | E::Failed(_) | E::Corrupt { .. } => ResponseError::KafkaStorageError,
+        // A log closed under us (topic being deleted): as if it no longer existed.
+        E::Closed => ResponseError::UnknownTopicOrPartition,
+        E::Config(_) => ResponseError::InvalidConfig,
+    };
+    ApiError::with(code, e.to_string())
+}
+
+/// Maps a cross-shard failure (the other shard is shutting down).
+pub fn from_mesh(e: &sluice_shard::MeshError) -> ApiError {
+    // Retriable: the client will retry, and find the broker back or gone.
+    ApiError::with(ResponseError::KafkaStorageError, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_errors_map_to_kafka_codes() {
+        let crc = sluice_storage::Error::Batch(BatchError::CrcMismatch {
+            stored: 1,
+            computed: 2,
+        });
+        assert_eq!(from_storage(&crc).code(), 2);
+        let big = sluice_storage::Error::Batch(BatchError::TooLarge { size: 10, max: 5 });
+        assert_eq!(from_storage(&big).code(), 10);
+        let oor = sluice_storage::Error::OffsetOutOfRange {
+            offset: 9,
+            log_start: 0,
+            log_end: 3,
+        };
+        assert_eq!(from_storage(&oor).code(), 1);
+        assert_eq!(
+            from_storage(&sluice_storage::Error::Failed("x".into())).code(),
+            56
+        );
+    }
+}

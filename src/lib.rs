@@ -1,0 +1,19 @@
+//! `sluice`: the broker binary's library — CLI configuration, the Kafka API layer (one
+//! module per API in [`api`]), the per-shard broker state ([`broker`]), the metadata
+//! controller ([`controller`]) and the listener ([`server`]).
+//!
+//! Everything here runs on shards (glommio executor threads) and sits on top of
+//! `sluice-shard` (runtime, shard table, mesh) and `sluice-storage` (partition logs).
+//! Nothing here may block a shard's reactor on the produce/fetch path; metadata
+//! changes (rare, small) write their file synchronously on shard 0.
+
+pub mod api;
+pub mod broker;
+pub mod config;
+pub mod controller;
+pub mod error;
+pub mod metadata;
+pub mod node;
+pub mod server;
+pub mod topic_config;
+pub mod util;

@@ -1,0 +1,137 @@
+//! Cluster metadata: the topics, their ids, partition counts and configs.
+//!
+//! Every shard holds the current [`MetadataImage`] behind an `Arc` and reads it without
+//! asking anyone. Changes are made only by the controller (on shard 0), which persists
+//! them through a [`MetadataStore`] and then hands the new image to every shard. For
+//! now the store is a per-broker file; the cluster issue replaces it with the raft
+//! metadata quorum behind the same trait.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicMeta {
+    /// Kafka's topic id (a UUID), fixed at creation.
+    pub id: Uuid,
+    pub partitions: i32,
+    /// Configs set explicitly; everything else is the default.
+    #[serde(default)]
+    pub configs: BTreeMap<String, String>,
+}
+
+/// The whole metadata state, immutable once built; a change makes a new image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataImage {
+    /// Bumped by every change, so shards can tell newer images from older ones.
+    pub epoch: u64,
+    pub cluster_id: String,
+    #[serde(default)]
+    pub topics: BTreeMap<String, TopicMeta>,
+}
+
+impl MetadataImage {
+    pub fn new_cluster() -> MetadataImage {
+        MetadataImage {
+            epoch: 0,
+            cluster_id: new_cluster_id(),
+            topics: BTreeMap::new(),
+        }
+    }
+
+    pub fn topic_by_id(&self, id: Uuid) -> Option<(&String, &TopicMeta)> {
+        self.topics.iter().find(|(_, t)| t.id == id)
+    }
+}
+
+/// A 22-character cluster id like Kafka's (URL-safe base64 of a UUID).
+fn new_cluster_id() -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let v = Uuid::new_v4().as_u128();
+    (0..22)
+        .map(|i| ALPHABET[((v >> (i * 6)) & 63) as usize] as char)
+        .collect()
+}
+
+/// Where metadata lives between restarts.
+pub trait MetadataStore {
+    /// The last stored image, or a fresh cluster if there is none.
+    fn load(&self) -> Result<MetadataImage, String>;
+    /// Makes `image` durable before returning.
+    fn store(&self, image: &MetadataImage) -> Result<(), String>;
+}
+
+/// `<data>/sluice-metadata.toml`, replaced atomically (write, fsync, rename, fsync dir).
+pub struct FileMetadataStore {
+    path: PathBuf,
+}
+
+pub const METADATA_FILE: &str = "sluice-metadata.toml";
+
+impl FileMetadataStore {
+    pub fn new(data_dir: &Path) -> FileMetadataStore {
+        FileMetadataStore {
+            path: data_dir.join(METADATA_FILE),
+        }
+    }
+}
+
+impl MetadataStore for FileMetadataStore {
+    fn load(&self) -> Result<MetadataImage, String> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", self.path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let image = MetadataImage::new_cluster();
+                self.store(&image)?;
+                Ok(image)
+            }
+            Err(e) => Err(format!("{}: {e}", self.path.display())),
+        }
+    }
+
+    // Blocking file I/O: this runs only on metadata changes (admin requests and topic
+    // auto-creation), a few small writes, never on the produce/fetch path.
+    fn store(&self, image: &MetadataImage) -> Result<(), String> {
+        use std::io::Write;
+        let text = toml::to_string(image).map_err(|e| e.to_string())?;
+        let tmp = self.path.with_extension("toml.tmp");
+        let err = |e: std::io::Error| format!("{}: {e}", tmp.display());
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(text.as_bytes()).map_err(err)?;
+        f.sync_data().map_err(err)?;
+        std::fs::rename(&tmp, &self.path).map_err(err)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetadataStore::new(dir.path());
+        let mut image = store.load().unwrap();
+        assert_eq!(image.cluster_id.len(), 22);
+        image.epoch = 3;
+        image.topics.insert(
+            "orders".into(),
+            TopicMeta {
+                id: Uuid::new_v4(),
+                partitions: 8,
+                configs: [("retention.ms".to_string(), "1000".to_string())].into(),
+            },
+        );
+        store.store(&image).unwrap();
+        assert_eq!(FileMetadataStore::new(dir.path()).load().unwrap(), image);
+    }
+}

@@ -1,0 +1,107 @@
+"""Tier: black-box with confluent-kafka (librdkafka 2.16)."""
+import collections
+
+from confluent_kafka import Consumer, Producer, TopicPartition, KafkaError
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import wait_until
+
+
+def create_topic(addr, name, partitions, config=None):
+    admin = AdminClient({"bootstrap.servers": addr})
+    fs = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})])
+    fs[name].result(timeout=30)
+    return admin
+
+
+def produce_keyed(addr, topic, n, keys=50, acks="all"):
+    """Produces n keyed records; returns the delivery reports [(key, value, partition, offset)]."""
+    p = Producer({"bootstrap.servers": addr, "acks": acks, "linger.ms": 5, "enable.idempotence": False})
+    reports, errors = [], []
+
+    def cb(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            reports.append((msg.key().decode(), msg.value().decode(), msg.partition(), msg.offset()))
+
+    for i in range(n):
+        p.produce(topic, key=f"key-{i % keys}", value=f"value-{i}", on_delivery=cb)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    assert not errors, errors
+    return reports
+
+
+def consume_assigned(addr, topic, partitions, expected, timeout=60):
+    c = Consumer({"bootstrap.servers": addr, "group.id": "unused", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got = []
+
+    def more():
+        for m in c.consume(num_messages=1000, timeout=0.5):
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                continue
+            got.append((m.key().decode(), m.value().decode(), m.partition(), m.offset()))
+        return len(got) >= expected
+
+    wait_until(more, timeout=timeout, interval=0, what=f"{expected} records")
+    # Nothing beyond what was produced.
+    extra = c.consume(num_messages=1000, timeout=1.0)
+    assert not [m for m in extra if not m.error()]
+    c.close()
+    return got
+
+
+def check_round_trip(reports, got):
+    assert len(got) == len(reports)
+    assert sorted(got, key=lambda r: (r[2], r[3])) == sorted(reports, key=lambda r: (r[2], r[3])), \
+        "every record at the partition and offset its delivery report gave"
+    by_key = collections.defaultdict(list)
+    for k, v, _, _ in sorted(got, key=lambda r: (r[2], r[3])):
+        by_key[k].append(int(v.split("-")[1]))
+    for k, vs in by_key.items():
+        assert vs == sorted(vs), f"order of {k}"
+
+
+def test_keyed_acks_all_round_trip_over_8_partitions(broker):
+    create_topic(broker.addr, "orders", 8)
+    reports = produce_keyed(broker.addr, "orders", 20000)
+    assert {r[2] for r in reports} == set(range(8))
+    got = consume_assigned(broker.addr, "orders", 8, len(reports))
+    check_round_trip(reports, got)
+
+
+def test_admin_configs_partitions_and_delete(broker):
+    from confluent_kafka.admin import ConfigResource, ConfigEntry, AlterConfigOpType
+    admin = create_topic(broker.addr, "adm", 2, {"retention.ms": "3600000"})
+    res = ConfigResource(ConfigResource.Type.TOPIC, "adm")
+    cfg = admin.describe_configs([res])[res].result(timeout=30)
+    assert cfg["retention.ms"].value == "3600000"
+    assert cfg["segment.bytes"].value == "1073741824"
+    res2 = ConfigResource(ConfigResource.Type.TOPIC, "adm", incremental_configs=[
+        ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res2])[res2].result(timeout=30)
+    cfg = admin.describe_configs([res])[res].result(timeout=30)
+    assert cfg["retention.ms"].value == "7200000"
+    from confluent_kafka.admin import NewPartitions
+    admin.create_partitions([NewPartitions("adm", 5)])["adm"].result(timeout=30)
+    md = admin.list_topics(timeout=10)
+    assert len(md.topics["adm"].partitions) == 5
+    admin.delete_topics(["adm"])["adm"].result(timeout=30)
+    assert "adm" not in admin.list_topics(timeout=10).topics
+
+
+def test_delete_records_and_list_offsets(broker):
+    create_topic(broker.addr, "dr", 1)
+    produce_keyed(broker.addr, "dr", 100)
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    fut = admin.delete_records([TopicPartition("dr", 0, 40)])
+    low = fut[TopicPartition("dr", 0, 40)].result(timeout=30) if isinstance(fut, dict) else fut
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": "x"})
+    lo, hi = c.get_watermark_offsets(TopicPartition("dr", 0), timeout=10)
+    assert (lo, hi) == (40, 100), low
+    c.close()

@@ -7,6 +7,7 @@
 //! Nothing here may block a shard's reactor on the produce/fetch path; metadata
 //! changes (rare, small) write their file synchronously on shard 0.
 
+pub mod alloc;
 pub mod api;
 pub mod broker;
 pub mod config;

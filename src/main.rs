@@ -6,6 +6,9 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use sluice::config::{BrokerConfig, FileConfig};
 
+#[global_allocator]
+static ALLOCATOR: sluice::alloc::Allocator = sluice::alloc::Allocator;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",

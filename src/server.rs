@@ -33,6 +33,7 @@ pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
                 let b = broker.clone();
                 glommio::spawn_local(async move {
                     let peer = stream.peer_addr().ok();
+                    tracing::debug!(shard = b.shard.0, ?peer, "connection accepted");
                     if let Err(e) = connection(b, stream).await {
                         tracing::debug!(?peer, error = %e, "connection closed");
                     }

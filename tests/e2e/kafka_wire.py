@@ -1,0 +1,130 @@
+"""Just enough of the Kafka wire format to send hand-made (and broken) requests."""
+import socket
+import struct
+import time
+
+_CRC32C_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0x82F63B78 if _c & 1 else _c >> 1
+    _CRC32C_TABLE.append(_c)
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    t = _CRC32C_TABLE
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def varint(n):
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def record_batch(values, good_crc=True):
+    """An uncompressed v2 batch of records with null keys."""
+    ts = int(time.time() * 1000)
+    recs = b""
+    for i, v in enumerate(values):
+        body = b"\x00" + varint(0) + varint(i) + varint(-1) + varint(len(v)) + v + varint(0)
+        recs += varint(len(body)) + body
+    after_crc = struct.pack(">hiqqqhii", 0, len(values) - 1, ts, ts, -1, -1, -1, len(values)) + recs
+    crc = crc32c(after_crc)
+    if not good_crc:
+        crc ^= 0xDEAD
+    after_len = struct.pack(">ibI", 0, 2, crc) + after_crc
+    return struct.pack(">qi", 0, len(after_len)) + after_len
+
+
+def string(s):
+    if s is None:
+        return struct.pack(">h", -1)
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def header(api_key, version, corr, client="e2e"):
+    return struct.pack(">hhi", api_key, version, corr) + string(client)
+
+
+def frame(body):
+    return struct.pack(">i", len(body)) + body
+
+
+def produce_v3(topic, partition, records, acks=-1, corr=1):
+    body = header(0, 3, corr) + string(None) + struct.pack(">hi", acks, 10000)
+    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", 1)
+    body += struct.pack(">ii", partition, len(records)) + records
+    return frame(body)
+
+
+def parse_produce_v3(resp):
+    """-> [(topic, partition, error_code, base_offset)]"""
+    pos = 0
+    (n_topics,) = struct.unpack_from(">i", resp, pos); pos += 4
+    out = []
+    for _ in range(n_topics):
+        (ln,) = struct.unpack_from(">h", resp, pos); pos += 2
+        name = resp[pos:pos + ln].decode(); pos += ln
+        (n_parts,) = struct.unpack_from(">i", resp, pos); pos += 4
+        for _ in range(n_parts):
+            p, err, base, _ts = struct.unpack_from(">ihqq", resp, pos); pos += 22
+            out.append((name, p, err, base))
+    return out
+
+
+class Conn:
+    def __init__(self, addr, timeout=10):
+        host, port = addr.rsplit(":", 1)
+        self.s = socket.create_connection((host, int(port)), timeout=timeout)
+
+    def send(self, data):
+        self.s.sendall(data)
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.s.recv(n - len(buf))
+            if not chunk:
+                raise EOFError("connection closed")
+            buf += chunk
+        return buf
+
+    def recv(self):
+        """-> (correlation id, body after the v0 response header)"""
+        (size,) = struct.unpack(">i", self._read(4))
+        data = self._read(size)
+        return struct.unpack(">i", data[:4])[0], data[4:]
+
+    def closed_by_peer(self):
+        """True once the broker has closed the connection (EOF or reset)."""
+        try:
+            return self.s.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self):
+        self.s.close()
+
+
+def api_versions_v0(conn, corr=99):
+    conn.send(frame(header(18, 0, corr)))
+    c, body = conn.recv()
+    assert c == corr
+    (err, n) = struct.unpack_from(">hi", body, 0)
+    keys = {}
+    for i in range(n):
+        k, lo, hi = struct.unpack_from(">hhh", body, 6 + 6 * i)
+        keys[k] = (lo, hi)
+    return err, keys

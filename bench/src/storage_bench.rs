@@ -146,13 +146,15 @@ pub async fn run(opts: Options) -> (Vec<Row>, serde_json::Value) {
     let storage = Storage::open(&opts.dir, StorageLimits::default(), Rc::new(SystemClock))
         .await
         .expect("open storage");
-    let raw_mb = raw_write_mb_per_sec(&opts.dir, opts.seconds).await;
+    // The disk is shared and noisy: the ceiling is the best of a measurement before and
+    // one after the scenarios (patched into the rows at the end).
+    let raw_before = raw_write_mb_per_sec(&opts.dir, opts.seconds).await;
     let raw_sync = raw_fsync(&opts.dir, opts.seconds.min(2.0)).await;
     let mut rows = vec![
         Row {
             name: "raw O_DIRECT 1 MiB writes (ceiling)".into(),
-            mb_per_sec: raw_mb,
-            batches_per_sec: raw_mb * 1e6 / (1 << 20) as f64,
+            mb_per_sec: raw_before,
+            batches_per_sec: 0.0,
             p50_us: 0,
             p99_us: 0,
             p999_us: 0,
@@ -190,16 +192,23 @@ pub async fn run(opts: Options) -> (Vec<Row>, serde_json::Value) {
                 p50_us: h.value_at_quantile(0.5),
                 p99_us: h.value_at_quantile(0.99),
                 p999_us: h.value_at_quantile(0.999),
-                ratio: mb / raw_mb,
+                ratio: 0.0,
             };
             results.push(json!({
                 "scenario": row.name, "batch_bytes": size, "flush": flush_name,
                 "mb_per_sec": row.mb_per_sec, "batches_per_sec": row.batches_per_sec,
                 "latency_us": {"p50": row.p50_us, "p99": row.p99_us, "p999": row.p999_us, "max": h.max()},
-                "ratio_of_raw_write": row.ratio,
             }));
             rows.push(row);
         }
+    }
+    let raw_after = raw_write_mb_per_sec(&opts.dir, opts.seconds).await;
+    let raw_mb = raw_before.max(raw_after);
+    rows[0].mb_per_sec = raw_mb;
+    rows[0].batches_per_sec = raw_mb * 1e6 / (1 << 20) as f64;
+    for (row, result) in rows[2..].iter_mut().zip(results.iter_mut()) {
+        row.ratio = row.mb_per_sec / raw_mb;
+        result["ratio_of_raw_write"] = json!(row.ratio);
     }
     let report = json!({
         "benchmark": "storage",
@@ -208,6 +217,7 @@ pub async fn run(opts: Options) -> (Vec<Row>, serde_json::Value) {
         "dir": opts.dir.display().to_string(),
         "ceilings": {
             "raw_odirect_write_mb_per_sec": raw_mb,
+            "raw_odirect_write_mb_per_sec_before_after": [raw_before, raw_after],
             "raw_fdatasync_us": {"p50": raw_sync.value_at_quantile(0.5), "p99": raw_sync.value_at_quantile(0.99), "p999": raw_sync.value_at_quantile(0.999)},
         },
         "results": results,

@@ -4,7 +4,10 @@
 //!
 //! One write is in flight per file at a time, so writes that rewrite the same tail page
 //! can never land out of order; every write carries everything that was pending when
-//! it started (up to `write_bytes_max`). Likewise one `fdatasync` is in flight at a
+//! it was prepared (up to `write_bytes_max`). While a write is in flight the next one
+//! is already prepared (copied into its aligned buffer, starting with the tail page as
+//! the in-flight write leaves it), so the copy overlaps the device's work and the next
+//! write is submitted the moment the previous one completes. Likewise one `fdatasync` is in flight at a
 //! time, and it covers every byte written before it started: callers that arrive while
 //! it runs are covered by the next one. All of this lives on one shard; nothing here
 //! is `Send`.
@@ -38,19 +41,37 @@ fn align_up(v: u64) -> u64 {
 struct State {
     /// Logical length: every byte accepted so far.
     len: u64,
-    /// Accepted bytes not yet handed to a write, starting at `submitted`: the callers'
-    /// own buffers, copied once, into the aligned write buffer.
+    /// Accepted bytes not yet copied into a write buffer, starting at `staged`: the
+    /// callers' own buffers, copied once, into the aligned write buffer.
     pending: VecDeque<Bytes>,
     pending_len: usize,
-    /// Bytes `[align_down(submitted), submitted)`: the tail page as last written.
+    /// Bytes `[align_down(staged), staged)`: the tail page as the last prepared write
+    /// leaves it.
     tail: Vec<u8>,
-    submitted: u64,
+    /// End of the bytes copied into prepared or submitted writes.
+    staged: u64,
+    /// The next write, ready to submit (at most one, bounding memory).
+    prepared: Option<Prepared>,
     written: u64,
     durable: u64,
     writing: bool,
     syncing: bool,
     failed: Option<String>,
+    /// File size reserved with fallocate (zero-filled beyond `len`).
+    allocated: u64,
 }
+
+/// A write ready to submit: an aligned buffer for position `pos` ending the file's
+/// data at `end`.
+struct Prepared {
+    buf: glommio::io::DmaBuffer,
+    pos: u64,
+    end: u64,
+}
+
+/// Files grow by this much at a time, so that O_DIRECT writes overwrite allocated
+/// blocks instead of extending the file (ext4 serialises extending writes).
+pub const PREALLOCATE_BYTES: u64 = 32 << 20;
 
 pub struct AppendFile {
     file: Rc<DmaFile>,
@@ -101,12 +122,14 @@ impl AppendFile {
                 pending: VecDeque::new(),
                 pending_len: 0,
                 tail,
-                submitted: valid_len,
+                staged: valid_len,
+                prepared: None,
                 written: valid_len,
                 durable: valid_len,
                 writing: false,
                 syncing: false,
                 failed: None,
+                allocated: valid_len,
             }),
             written_event: Event::new(),
             synced_event: Event::new(),
@@ -167,11 +190,15 @@ impl AppendFile {
         loop {
             self.check_failed()?;
             let listener = {
-                let st = self.state.borrow();
+                let mut st = self.state.borrow_mut();
                 if st.written >= target {
                     return Ok(());
                 }
                 if st.writing {
+                    // Use the wait: copy the next write's bytes now.
+                    if st.prepared.is_none() {
+                        st.prepared = self.prepare(&mut st);
+                    }
                     Some(self.written_event.listen())
                 } else {
                     None
@@ -185,56 +212,78 @@ impl AppendFile {
                     }
                     l.await;
                 }
-                None => self.write_some().await?,
+                None => self.write_next().await?,
             }
         }
     }
 
-    /// Writes what is pending (up to `write_bytes_max`) as one aligned write.
-    async fn write_some(&self) -> Result<(), Error> {
-        let (buf, pos, new_end, new_tail) = {
+    /// Copies pending bytes (up to `write_bytes_max`) into an aligned buffer that
+    /// starts with the current tail page.
+    fn prepare(&self, st: &mut State) -> Option<Prepared> {
+        let take = st.pending_len.min(self.write_bytes_max);
+        if take == 0 {
+            return None;
+        }
+        let pos = align_down(st.staged);
+        let tail_len = st.tail.len();
+        let data_len = tail_len + take;
+        let mut buf = self
+            .file
+            .alloc_dma_buffer(align_up(data_len as u64) as usize);
+        let bytes = buf.as_bytes_mut();
+        bytes[..tail_len].copy_from_slice(&st.tail);
+        let mut at = tail_len;
+        while at < data_len {
+            let front = st.pending.front_mut().expect("pending covers take");
+            let n = front.len().min(data_len - at);
+            bytes[at..at + n].copy_from_slice(&front[..n]);
+            if n == front.len() {
+                st.pending.pop_front();
+            } else {
+                let _ = front.split_to(n);
+            }
+            at += n;
+        }
+        st.pending_len -= take;
+        bytes[data_len..].fill(0);
+        let end = st.staged + take as u64;
+        let tail_start = (align_down(end) - pos) as usize;
+        st.tail = bytes[tail_start..data_len].to_vec();
+        st.staged = end;
+        Some(Prepared { buf, pos, end })
+    }
+
+    /// Submits the prepared write (preparing one if needed) and waits for it.
+    async fn write_next(&self) -> Result<(), Error> {
+        let (next, grow_to) = {
             let mut st = self.state.borrow_mut();
             debug_assert!(!st.writing);
-            let take = st.pending_len.min(self.write_bytes_max);
-            if take == 0 {
-                return Ok(());
-            }
+            let next = match st.prepared.take() {
+                Some(p) => p,
+                None => match self.prepare(&mut st) {
+                    Some(p) => p,
+                    None => return Ok(()),
+                },
+            };
             st.writing = true;
-            let pos = align_down(st.submitted);
-            let tail_len = st.tail.len();
-            let data_len = tail_len + take;
-            let mut buf = self
-                .file
-                .alloc_dma_buffer(align_up(data_len as u64) as usize);
-            let bytes = buf.as_bytes_mut();
-            bytes[..tail_len].copy_from_slice(&st.tail);
-            let mut at = tail_len;
-            while at < data_len {
-                let front = st.pending.front_mut().expect("pending covers take");
-                let n = front.len().min(data_len - at);
-                bytes[at..at + n].copy_from_slice(&front[..n]);
-                if n == front.len() {
-                    st.pending.pop_front();
-                } else {
-                    let _ = front.split_to(n);
-                }
-                at += n;
-            }
-            st.pending_len -= take;
-            bytes[data_len..].fill(0);
-            let new_end = st.submitted + take as u64;
-            let tail_start = (align_down(new_end) - pos) as usize;
-            let new_tail = bytes[tail_start..data_len].to_vec();
-            (buf, pos, new_end, new_tail)
+            let write_end = next.pos + next.buf.len() as u64;
+            let grow_to =
+                (write_end > st.allocated).then(|| write_end.max(st.allocated + PREALLOCATE_BYTES));
+            (next, grow_to)
         };
+        if let Some(size) = grow_to {
+            // Best effort: a file system without fallocate just extends on write.
+            if self.file.pre_allocate(size, false).await.is_ok() {
+                self.state.borrow_mut().allocated = size;
+            }
+        }
+        let Prepared { buf, pos, end } = next;
         let res = self.file.write_at(buf, pos).await;
         let mut st = self.state.borrow_mut();
         st.writing = false;
         let out = match res {
             Ok(_) => {
-                st.submitted = new_end;
-                st.written = new_end;
-                st.tail = new_tail;
+                st.written = end;
                 Ok(())
             }
             Err(e) => {
@@ -335,9 +384,11 @@ impl AppendFile {
         st.len = new_len;
         st.pending.clear();
         st.pending_len = 0;
-        st.submitted = new_len;
+        st.prepared = None;
+        st.staged = new_len;
         st.written = new_len;
         st.durable = st.durable.min(new_len);
+        st.allocated = new_len;
         st.tail = tail;
         Ok(())
     }
@@ -350,6 +401,7 @@ impl AppendFile {
             .truncate(len)
             .await
             .map_err(|e| Error::io(&self.path, e))?;
+        self.state.borrow_mut().allocated = len;
         self.file
             .fdatasync()
             .await

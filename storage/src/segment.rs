@@ -12,7 +12,7 @@
 //! | case | what is found | how it is detected | what recovery does |
 //! |------|---------------|--------------------|--------------------|
 //! | R1 | clean: log ends at the last batch, index complete | scan reaches end of file | nothing |
-//! | R2 | zero page padding after the last batch (unclean stop of the active segment) | header with length 0 | truncate at the first padding byte |
+//! | R2 | zeros after the last batch: page padding and preallocated space (unclean stop of the active segment) | header with length 0 | truncate at the first zero byte |
 //! | R3 | torn batch: its length runs past end of file | length > bytes left | truncate at the batch start |
 //! | R4 | corrupt batch: bad CRC, magic or record count | [`batch::validate`] | truncate at the batch start; nothing after it is served |
 //! | R5 | batch offsets going backwards, below the segment base or beyond u32 range | offset check | truncate at that batch |

@@ -453,7 +453,10 @@ fn background_retention_task_deletes_expired_segments() {
     run(move || async move {
         let s = storage(&path, StorageLimits::default()).await;
         // Records stamped at time 1: long expired under a one-minute retention.
-        let cfg = LogConfig { retention_ms: 60_000, ..small_segments(1024) };
+        let cfg = LogConfig {
+            retention_ms: 60_000,
+            ..small_segments(1024)
+        };
         let log = s.open_log("bg", cfg).await.unwrap();
         for i in 0..60 {
             log.append(&batch(1, 4, i), 0).await.unwrap();
@@ -464,7 +467,11 @@ fn background_retention_task_deletes_expired_segments() {
         while log.segment_count() > 1 && std::time::Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(log.segment_count(), 1, "background retention left closed segments");
+        assert_eq!(
+            log.segment_count(),
+            1,
+            "background retention left closed segments"
+        );
         assert_eq!(log.log_start_offset(), log.segment_bases()[0]);
         // Appends kept working meanwhile and still do.
         log.append(&batch(1, 1, 99), 0).await.unwrap();
@@ -476,7 +483,10 @@ fn reads_across_many_segments_with_few_open_file_handles() {
     let dir = tempdir();
     let path = dir.path().to_path_buf();
     run(move || async move {
-        let limits = StorageLimits { open_segment_files_max: 2, ..no_cache() };
+        let limits = StorageLimits {
+            open_segment_files_max: 2,
+            ..no_cache()
+        };
         let s = storage(&path, limits).await;
         let log = s.open_log("lru", small_segments(1024)).await.unwrap();
         for i in 0..80 {

@@ -482,6 +482,7 @@ impl Broker {
                         .await
                     {
                         Ok(log) => {
+                            tracing::debug!(shard = self.shard.0, topic = %name, partition = p, "opened log");
                             self.logs.borrow_mut().insert(key, log);
                         }
                         Err(e) => {

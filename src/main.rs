@@ -60,6 +60,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_thread_names(true)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     // A broken invariant stops the whole process (panic = "abort"); say where first.
     std::panic::set_hook(Box::new(|info| {

@@ -14,7 +14,7 @@ def create_topic(addr, name, partitions, config=None):
     return admin
 
 
-def produce_keyed(addr, topic, n, keys=50, acks="all"):
+def produce_keyed(addr, topic, n, keys=50, acks="all", start=0):
     """Produces n keyed records; returns the delivery reports [(key, value, partition, offset)]."""
     p = Producer({"bootstrap.servers": addr, "acks": acks, "linger.ms": 5, "enable.idempotence": False})
     reports, errors = [], []
@@ -25,7 +25,7 @@ def produce_keyed(addr, topic, n, keys=50, acks="all"):
         else:
             reports.append((msg.key().decode(), msg.value().decode(), msg.partition(), msg.offset()))
 
-    for i in range(n):
+    for i in range(start, start + n):
         p.produce(topic, key=f"key-{i % keys}", value=f"value-{i}", on_delivery=cb)
         if i % 1000 == 0:
             p.poll(0)

@@ -1,15 +1,24 @@
 //! `sluice-bench`: Sluice's load generator and benchmarks.
 //!
-//! `sluice-bench storage` measures the partition log against the machine's own disk
-//! ceilings. (The Kafka-protocol load generator — produce, consume, e2e — comes with
-//! the benchmark issue.)
+//! `produce`, `consume` and `e2e` speak the Kafka protocol (kafka-protocol crate) to any
+//! broker given by `--bootstrap`; `storage` measures the partition log directly;
+//! `ceiling` measures the machine (raw O_DIRECT write and loopback TCP bandwidth).
+//! Every run prints a table and writes `report.json`, an `.hgrm` percentile file and a
+//! latency plot (SVG) into `--report-dir`.
 
+mod ceiling;
+mod kafka;
+mod load;
+mod report;
 mod storage_bench;
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use glommio::{LocalExecutorBuilder, Placement};
+use serde_json::json;
 
 #[derive(Parser)]
 #[command(
@@ -22,8 +31,85 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Args, Clone)]
+struct Common {
+    /// Any broker of the cluster (host:port).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap: SocketAddr,
+    #[arg(long, default_value = "sluice-bench")]
+    topic: String,
+    /// Where report.json, the .hgrm file and the plot go.
+    #[arg(long, default_value = "./bench/results")]
+    report_dir: PathBuf,
+    /// Name for this run's files in the report dir.
+    #[arg(long)]
+    name: Option<String>,
+}
+
+#[derive(Args, Clone)]
+struct ProduceArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    #[arg(long, default_value_t = 1)]
+    replication: i16,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 100)]
+    record_size: usize,
+    /// Records to send in all (or use --duration).
+    #[arg(long, conflicts_with = "duration")]
+    records: Option<u64>,
+    /// Seconds to run.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Target records/s over all producers (open loop); omit for maximum throughput.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Target batch size in bytes (per partition).
+    #[arg(long, default_value_t = 65536)]
+    batch_bytes: usize,
+    #[arg(long, default_value_t = 5.0)]
+    linger_ms: f64,
+    /// 0, 1 or -1 (all).
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true)]
+    acks: i16,
+    #[arg(long, value_enum, default_value_t = load::Keys::None)]
+    keys: load::Keys,
+    /// Distinct keys for uniform and zipf.
+    #[arg(long, default_value_t = 100_000)]
+    key_space: u64,
+    /// Producer tasks, each with its own connection per broker.
+    #[arg(long, default_value_t = 2)]
+    producers: usize,
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 8)]
+    max_in_flight: usize,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Produce to a topic and report throughput and produce-ack latency.
+    Produce(ProduceArgs),
+    /// Read a topic from earliest to its end offsets as fast as possible.
+    Consume {
+        #[command(flatten)]
+        common: Common,
+        /// Record value size the topic was written with (for MB/s).
+        #[arg(long, default_value_t = 100)]
+        record_size: usize,
+    },
+    /// Produce and consume at once; report end-to-end latency too.
+    E2e(ProduceArgs),
+    /// Measure the machine: raw O_DIRECT write and loopback TCP bandwidth.
+    Ceiling {
+        #[arg(long, default_value = "./bench/results/ceiling-data")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long, default_value = "./bench/results")]
+        report_dir: PathBuf,
+    },
     /// Benchmark the storage engine's append path beside raw O_DIRECT write and
     /// fdatasync ceilings measured in the same directory.
     Storage {
@@ -42,11 +128,208 @@ enum Command {
     },
 }
 
+fn on_executor<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
+    name: &str,
+    f: impl FnOnce() -> F + Send + 'static,
+) -> T {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(64 << 20)
+        .name(name)
+        .spawn(f)
+        .expect("executor")
+        .join()
+        .expect("benchmark thread")
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("sluice-bench: {msg}");
+    std::process::exit(1)
+}
+
+fn progress_bar(len: Option<u64>, show: bool) -> Option<indicatif::ProgressBar> {
+    if !show {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new(len.unwrap_or(0));
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{wide_bar}] {pos}/{len} records ({per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    Some(pb)
+}
+
+fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
+    if a.records.is_none() && a.duration.is_none() {
+        fail("give --records or --duration");
+    }
+    if a.producers == 0 || a.max_in_flight == 0 || a.partitions <= 0 || a.record_size == 0 {
+        fail("--producers, --max-in-flight, --partitions and --record-size must be positive");
+    }
+    if ![0, 1, -1].contains(&a.acks) {
+        fail("--acks must be 0, 1 or -1");
+    }
+    load::ProduceOpts {
+        bootstrap: a.common.bootstrap,
+        topic: a.common.topic.clone(),
+        partitions: a.partitions,
+        replication: a.replication,
+        record_size: a.record_size,
+        records: a.records,
+        duration_s: a.duration,
+        rate: a.rate,
+        batch_bytes: a.batch_bytes,
+        linger_ms: a.linger_ms,
+        acks: a.acks,
+        keys: a.keys,
+        key_space: a.key_space,
+        producers: a.producers,
+        max_in_flight: a.max_in_flight,
+    }
+}
+
+fn write_reports(common: &Common, kind: &str, config: serde_json::Value, out: &load::Outcome) {
+    let name = common.name.clone().unwrap_or_else(|| kind.to_string());
+    let dir = &common.report_dir;
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("report dir: {e}")));
+    let records_per_sec = out.records as f64 / out.seconds.max(1e-9);
+    let mb_per_sec = out.bytes as f64 / out.seconds.max(1e-9) / 1e6;
+    let mut hists: Vec<(&str, &hdrhistogram::Histogram<u64>)> = Vec::new();
+    if !out.produce_latency_us.is_empty() {
+        hists.push(("produce-ack", &out.produce_latency_us));
+    }
+    if let Some(h) = &out.e2e_latency_us {
+        hists.push(("end-to-end", h));
+    }
+    report::print_summary(&name, records_per_sec, mb_per_sec, &hists);
+    if out.errors > 0 {
+        println!("errors: {}", out.errors);
+    }
+    let main_hist = hists.first().map(|(_, h)| *h);
+    let mut report = json!({
+        "kind": kind,
+        "name": name,
+        "records_per_sec": records_per_sec,
+        "mb_per_sec": mb_per_sec,
+        "records": out.records,
+        "consumed": out.consumed,
+        "errors": out.errors,
+        "seconds": out.seconds,
+        "latency_ms": main_hist.map(report::latency_ms),
+        "config": config,
+        "environment": report::environment(),
+    });
+    if let Some(h) = &out.e2e_latency_us {
+        report["e2e_latency_ms"] = report::latency_ms(h);
+    }
+    for (label, h) in &hists {
+        let p = dir.join(format!("{name}-{label}.hgrm"));
+        report::write_hgrm(&p, h).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
+    }
+    if !hists.is_empty() {
+        let p = dir.join(format!("{name}-latency.svg"));
+        if let Err(e) = report::write_plot(&p, &format!("{name}: latency by percentile"), &hists) {
+            eprintln!("plot {}: {e}", p.display());
+        }
+    }
+    let p = dir.join(format!("{name}-report.json"));
+    std::fs::write(&p, serde_json::to_string_pretty(&report).expect("json"))
+        .unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
+    println!("report: {}", p.display());
+}
+
+fn write_json(dir: &Path, file: &str, value: &serde_json::Value) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("report dir: {e}")));
+    let path = dir.join(file);
+    std::fs::write(&path, serde_json::to_string_pretty(value).expect("json"))
+        .unwrap_or_else(|e| fail(format!("{}: {e}", path.display())));
+    println!("report: {}", path.display());
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
     match Cli::parse().command {
+        Command::Produce(a) => {
+            let opts = produce_opts(&a);
+            let show =
+                a.duration.is_some_and(|d| d > 3.0) || a.records.is_some_and(|r| r > 2_000_000);
+            let pb = progress_bar(a.records, show);
+            let o = opts.clone();
+            let out = on_executor("bench-produce", move || load::produce(o, pb.clone()))
+                .unwrap_or_else(|e| fail(e));
+            write_reports(
+                &a.common,
+                "produce",
+                serde_json::to_value(&opts).expect("config"),
+                &out,
+            );
+            if out.errors > 0 {
+                std::process::exit(1);
+            }
+        }
+        Command::E2e(a) => {
+            let opts = produce_opts(&a);
+            let show = a.duration.is_some_and(|d| d > 3.0);
+            let pb = progress_bar(a.records, show);
+            let o = opts.clone();
+            let out = on_executor("bench-e2e", move || load::e2e(o, pb.clone()))
+                .unwrap_or_else(|e| fail(e));
+            write_reports(
+                &a.common,
+                "e2e",
+                serde_json::to_value(&opts).expect("config"),
+                &out,
+            );
+            if out.errors > 0 {
+                std::process::exit(1);
+            }
+        }
+        Command::Consume {
+            common,
+            record_size,
+        } => {
+            let opts = load::ConsumeOpts {
+                bootstrap: common.bootstrap,
+                topic: common.topic.clone(),
+                record_size,
+            };
+            let o = opts.clone();
+            let pb = progress_bar(None, true);
+            let out = on_executor("bench-consume", move || load::consume(o, pb.clone()))
+                .unwrap_or_else(|e| fail(e));
+            write_reports(
+                &common,
+                "consume",
+                serde_json::to_value(&opts).expect("config"),
+                &out,
+            );
+        }
+        Command::Ceiling {
+            dir,
+            seconds,
+            report_dir,
+        } => {
+            let d = dir.clone();
+            let c = on_executor("bench-ceiling", move || ceiling::measure(d, seconds));
+            let _ = std::fs::remove_dir_all(&dir);
+            println!(
+                "machine ceilings: O_DIRECT sequential write {:.0} MB/s, loopback TCP {:.0} MB/s",
+                c.odirect_write_mb_per_sec, c.loopback_mb_per_sec
+            );
+            write_json(
+                &report_dir,
+                "ceiling-report.json",
+                &json!({
+                    "odirect_write_mb_per_sec": c.odirect_write_mb_per_sec,
+                    "loopback_tcp_mb_per_sec": c.loopback_mb_per_sec,
+                    "environment": report::environment(),
+                }),
+            );
+        }
         Command::Storage {
             dir,
             seconds,
@@ -54,28 +337,18 @@ fn main() {
             report_dir,
         } => {
             if appenders == 0 || seconds <= 0.0 {
-                eprintln!("sluice-bench storage: --appenders and --seconds must be positive");
-                std::process::exit(2);
+                fail("--appenders and --seconds must be positive");
             }
             let opts = storage_bench::Options {
                 dir: dir.clone(),
                 seconds,
                 appenders,
             };
-            let (rows, report) = LocalExecutorBuilder::new(Placement::Unbound)
-                .io_memory(64 << 20)
-                .name("bench-storage")
-                .spawn(move || storage_bench::run(opts))
-                .expect("executor")
-                .join()
-                .expect("benchmark thread");
+            let (rows, mut report) = on_executor("bench-storage", move || storage_bench::run(opts));
             storage_bench::print_table(&rows);
-            std::fs::create_dir_all(&report_dir).expect("report dir");
-            let path = report_dir.join("storage-report.json");
-            std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
-                .expect("write report");
+            report["environment"] = report::environment();
             let _ = std::fs::remove_dir_all(&dir);
-            println!("report: {}", path.display());
+            write_json(&report_dir, "storage-report.json", &report);
         }
     }
 }

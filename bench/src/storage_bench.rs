@@ -35,7 +35,7 @@ fn hist() -> Histogram<u64> {
 }
 
 /// Raw sequential O_DIRECT write bandwidth, 1 MiB aligned writes, queue depth 1.
-async fn raw_write_mb_per_sec(dir: &Path, seconds: f64) -> f64 {
+pub async fn raw_write_mb_per_sec(dir: &Path, seconds: f64) -> f64 {
     let path = dir.join("raw-write.bin");
     let f = OpenOptions::new()
         .read(true)

@@ -1,0 +1,502 @@
+//! A small Kafka client for the load generator: framing, version negotiation and the
+//! few requests the benchmarks need, encoded and decoded by the kafka-protocol crate.
+//! Works against any Kafka-protocol broker.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
+    CreateTopicsResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+
+pub const CLIENT_ID: &str = "sluice-bench";
+/// Largest response frame accepted.
+pub const FRAME_BYTES_MAX: usize = 256 << 20;
+
+pub fn err(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+pub fn topic_name(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_string()))
+}
+
+/// Encodes a size-prefixed request frame.
+pub fn encode_request<R: Request>(
+    correlation_id: i32,
+    version: i16,
+    req: &R,
+) -> io::Result<BytesMut> {
+    let mut header = RequestHeader::default();
+    header.request_api_key = R::KEY;
+    header.request_api_version = version;
+    header.correlation_id = correlation_id;
+    header.client_id = Some(StrBytes::from_static_str(CLIENT_ID));
+    let hv = R::header_version(version);
+    let size = header.compute_size(hv).map_err(|e| err(e.to_string()))?
+        + req.compute_size(version).map_err(|e| err(e.to_string()))?;
+    let mut buf = BytesMut::with_capacity(4 + size);
+    buf.put_i32(size as i32);
+    header
+        .encode(&mut buf, hv)
+        .map_err(|e| err(e.to_string()))?;
+    req.encode(&mut buf, version)
+        .map_err(|e| err(e.to_string()))?;
+    Ok(buf)
+}
+
+/// Decodes a response frame (without its size prefix): correlation id and body.
+pub fn decode_response<R: Request>(
+    version: i16,
+    mut frame: Bytes,
+) -> io::Result<(i32, R::Response)> {
+    let hv = <R::Response as HeaderVersion>::header_version(version);
+    let header =
+        ResponseHeader::decode(&mut frame, hv).map_err(|e| err(format!("response header: {e}")))?;
+    let body =
+        R::Response::decode(&mut frame, version).map_err(|e| err(format!("response body: {e}")))?;
+    Ok((header.correlation_id, body))
+}
+
+/// Reads one size-prefixed frame.
+pub async fn read_frame<S: futures_lite::AsyncRead + Unpin>(s: &mut S) -> io::Result<Bytes> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = i32::from_be_bytes(len);
+    if len < 0 || len as usize > FRAME_BYTES_MAX {
+        return Err(err(format!("bad response frame length {len}")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    s.read_exact(&mut buf).await?;
+    Ok(Bytes::from(buf))
+}
+
+/// The versions this client speaks for each API it uses: (min, max we encode).
+pub fn our_range(key: ApiKey) -> (i16, i16) {
+    match key {
+        // v3 is the first with v2 record batches; v8 is the last before flexible.
+        ApiKey::Produce => (3, 8),
+        ApiKey::Fetch => (4, 11),
+        ApiKey::Metadata => (1, 8),
+        ApiKey::ListOffsets => (1, 5),
+        ApiKey::CreateTopics => (2, 4),
+        _ => (0, 0),
+    }
+}
+
+/// A connection for setup requests, one at a time.
+pub struct Client {
+    pub stream: TcpStream,
+    next_correlation: i32,
+    versions: HashMap<i16, (i16, i16)>,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> io::Result<Client> {
+        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
+        stream.set_nodelay(true).map_err(io::Error::from)?;
+        let mut c = Client {
+            stream,
+            next_correlation: 1,
+            versions: HashMap::new(),
+        };
+        let resp: ApiVersionsResponse = c.request(&ApiVersionsRequest::default(), 0).await?;
+        if resp.error_code != 0 {
+            return Err(err(format!("ApiVersions error {}", resp.error_code)));
+        }
+        for k in resp.api_keys {
+            c.versions.insert(k.api_key, (k.min_version, k.max_version));
+        }
+        Ok(c)
+    }
+
+    /// The highest version both sides speak.
+    pub fn version(&self, key: ApiKey) -> io::Result<i16> {
+        let (lo, hi) = our_range(key);
+        let (blo, bhi) = *self
+            .versions
+            .get(&(key as i16))
+            .ok_or_else(|| err(format!("broker does not support {key:?}")))?;
+        let v = hi.min(bhi);
+        if v < lo.max(blo) {
+            return Err(err(format!(
+                "no common version for {key:?}: ours {lo}-{hi}, broker {blo}-{bhi}"
+            )));
+        }
+        Ok(v)
+    }
+
+    pub async fn request<R: Request>(&mut self, req: &R, version: i16) -> io::Result<R::Response> {
+        let corr = self.next_correlation;
+        self.next_correlation += 1;
+        let frame = encode_request(corr, version, req)?;
+        self.stream.write_all(&frame).await?;
+        let resp = read_frame(&mut self.stream).await?;
+        let (got, body) = decode_response::<R>(version, resp)?;
+        if got != corr {
+            return Err(err(format!("correlation id {got}, expected {corr}")));
+        }
+        Ok(body)
+    }
+
+    pub async fn metadata(&mut self, topic: Option<&str>) -> io::Result<MetadataResponse> {
+        let v = self.version(ApiKey::Metadata)?;
+        let mut req = MetadataRequest::default();
+        req.topics = topic.map(|t| {
+            let mut mt =
+                kafka_protocol::messages::metadata_request::MetadataRequestTopic::default();
+            mt.name = Some(topic_name(t));
+            vec![mt]
+        });
+        req.allow_auto_topic_creation = false;
+        self.request(&req, v).await
+    }
+
+    /// Creates `topic` with `partitions` (replication factor 1 unless given); an
+    /// existing topic is fine.
+    pub async fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        replication: i16,
+    ) -> io::Result<()> {
+        let v = self.version(ApiKey::CreateTopics)?;
+        let mut t = kafka_protocol::messages::create_topics_request::CreatableTopic::default();
+        t.name = topic_name(topic);
+        t.num_partitions = partitions;
+        t.replication_factor = replication;
+        let mut req = CreateTopicsRequest::default();
+        req.topics = vec![t];
+        req.timeout_ms = 30_000;
+        let resp: CreateTopicsResponse = self.request(&req, v).await?;
+        for t in resp.topics {
+            // 36 = TOPIC_ALREADY_EXISTS
+            if t.error_code != 0 && t.error_code != 36 {
+                return Err(err(format!(
+                    "CreateTopics {topic}: error code {}",
+                    t.error_code
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Leader broker address of every partition of `topic`, waiting (bounded) for the
+    /// topic to have leaders.
+    pub async fn leaders(&mut self, topic: &str) -> io::Result<Vec<(i32, SocketAddr)>> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let md = self.metadata(Some(topic)).await?;
+            let brokers: HashMap<BrokerId, SocketAddr> = md
+                .brokers
+                .iter()
+                .filter_map(|b| {
+                    let host = if b.host.as_str() == "localhost" {
+                        "127.0.0.1"
+                    } else {
+                        b.host.as_str()
+                    };
+                    format!("{host}:{}", b.port)
+                        .parse()
+                        .ok()
+                        .map(|a| (b.node_id, a))
+                })
+                .collect();
+            let mut out = Vec::new();
+            let mut ok = !md.topics.is_empty();
+            for t in &md.topics {
+                if t.error_code != 0 || t.partitions.is_empty() {
+                    ok = false;
+                }
+                for p in &t.partitions {
+                    match brokers.get(&p.leader_id) {
+                        Some(a) if p.error_code == 0 => out.push((p.partition_index, *a)),
+                        _ => ok = false,
+                    }
+                }
+            }
+            if ok {
+                out.sort_by_key(|(p, _)| *p);
+                return Ok(out);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(err(format!("topic {topic} has no leaders after 30 s")));
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The offset of every partition at `timestamp` (-1 latest, -2 earliest).
+    pub async fn list_offsets(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+        timestamp: i64,
+    ) -> io::Result<HashMap<i32, i64>> {
+        let v = self.version(ApiKey::ListOffsets)?;
+        let mut t = kafka_protocol::messages::list_offsets_request::ListOffsetsTopic::default();
+        t.name = topic_name(topic);
+        t.partitions = partitions
+            .iter()
+            .map(|p| {
+                let mut lp =
+                    kafka_protocol::messages::list_offsets_request::ListOffsetsPartition::default();
+                lp.partition_index = *p;
+                lp.timestamp = timestamp;
+                lp.current_leader_epoch = -1;
+                lp
+            })
+            .collect();
+        let mut req = ListOffsetsRequest::default();
+        req.replica_id = BrokerId(-1);
+        req.topics = vec![t];
+        let resp: ListOffsetsResponse = self.request(&req, v).await?;
+        let mut out = HashMap::new();
+        for t in resp.topics {
+            for p in t.partitions {
+                if p.error_code != 0 {
+                    return Err(err(format!(
+                        "ListOffsets partition {}: error {}",
+                        p.partition_index, p.error_code
+                    )));
+                }
+                out.insert(p.partition_index, p.offset);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Appends a zig-zag varint.
+pub fn put_varint(out: &mut BytesMut, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.put_u8((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    out.put_u8(z as u8);
+}
+
+pub fn get_varint(buf: &mut &[u8]) -> Option<i64> {
+    let mut value: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let (&b, rest) = buf.split_first()?;
+        *buf = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
+/// Builds uncompressed v2 record batches quickly: records of a fixed value size whose
+/// first 8 bytes carry the record's intended send time in microseconds (for
+/// end-to-end latency), with optional keys.
+pub struct BatchBuilder {
+    value_bytes: usize,
+    filler: Vec<u8>,
+}
+
+impl BatchBuilder {
+    pub fn new(value_bytes: usize) -> BatchBuilder {
+        BatchBuilder {
+            value_bytes,
+            filler: vec![b'x'; value_bytes],
+        }
+    }
+
+    /// One batch of records with send times `send_us` and keys `keys` (if any).
+    pub fn build(&self, send_us: &[u64], keys: Option<&[u64]>) -> Bytes {
+        let n = send_us.len();
+        let per_record = self.value_bytes + 24;
+        let mut out = BytesMut::with_capacity(61 + n * per_record);
+        let base_ts = (send_us[0] / 1000) as i64;
+        let max_ts = (send_us[n - 1] / 1000) as i64;
+        out.put_i64(0); // base offset
+        out.put_i32(0); // length, patched
+        out.put_i32(-1); // leader epoch
+        out.put_i8(2);
+        out.put_u32(0); // crc, patched
+        out.put_i16(0); // attributes
+        out.put_i32(n as i32 - 1);
+        out.put_i64(base_ts);
+        out.put_i64(max_ts);
+        out.put_i64(-1); // producer id
+        out.put_i16(-1);
+        out.put_i32(-1);
+        out.put_i32(n as i32);
+        let mut rec = BytesMut::with_capacity(per_record);
+        for i in 0..n {
+            rec.clear();
+            rec.put_u8(0);
+            put_varint(&mut rec, (send_us[i] / 1000) as i64 - base_ts);
+            put_varint(&mut rec, i as i64);
+            match keys {
+                Some(k) => {
+                    put_varint(&mut rec, 8);
+                    rec.put_u64(k[i]);
+                }
+                None => put_varint(&mut rec, -1),
+            }
+            put_varint(&mut rec, self.value_bytes as i64);
+            if self.value_bytes >= 8 {
+                rec.put_u64(send_us[i]);
+                rec.put_slice(&self.filler[8..]);
+            } else {
+                rec.put_slice(&self.filler);
+            }
+            put_varint(&mut rec, 0); // headers
+            put_varint(&mut out, rec.len() as i64);
+            out.put_slice(&rec);
+        }
+        let len = out.len() as i32 - 12;
+        out[8..12].copy_from_slice(&len.to_be_bytes());
+        let crc = crc32c::crc32c(&out[21..]);
+        out[17..21].copy_from_slice(&crc.to_be_bytes());
+        out.freeze()
+    }
+}
+
+/// Walks the batches of a fetched record set: (records, bytes, send times of records
+/// when `want_times`). Stops at a partial trailing batch (brokers may cut one).
+pub fn walk_batches(mut buf: &[u8], want_times: bool, times: &mut Vec<u64>) -> (u64, u64, i64) {
+    let mut records = 0u64;
+    let mut bytes = 0u64;
+    let mut next_offset = -1i64;
+    while buf.len() >= 61 {
+        let total = 12 + i32::from_be_bytes(buf[8..12].try_into().expect("4 bytes")) as usize;
+        if total < 61 || total > buf.len() {
+            break;
+        }
+        let batch = &buf[..total];
+        let base = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
+        let last_delta = i32::from_be_bytes(batch[23..27].try_into().expect("4 bytes"));
+        let count = i32::from_be_bytes(batch[57..61].try_into().expect("4 bytes"));
+        let attributes = i16::from_be_bytes(batch[21..23].try_into().expect("2 bytes"));
+        let control = attributes & 0x20 != 0;
+        if !control {
+            records += count.max(0) as u64;
+            if want_times && attributes & 0x07 == 0 {
+                collect_times(&batch[61..], count, times);
+            }
+        }
+        bytes += total as u64;
+        next_offset = base + i64::from(last_delta) + 1;
+        buf = &buf[total..];
+    }
+    (records, bytes, next_offset)
+}
+
+fn collect_times(mut recs: &[u8], count: i32, times: &mut Vec<u64>) {
+    for _ in 0..count {
+        let Some(len) = get_varint(&mut recs) else {
+            return;
+        };
+        let len = len as usize;
+        if len > recs.len() {
+            return;
+        }
+        let mut r = &recs[..len];
+        recs = &recs[len..];
+        r = &r[1..];
+        let (Some(_), Some(_)) = (get_varint(&mut r), get_varint(&mut r)) else {
+            return;
+        };
+        let Some(klen) = get_varint(&mut r) else {
+            return;
+        };
+        if klen > 0 {
+            r = &r[klen as usize..];
+        }
+        let Some(vlen) = get_varint(&mut r) else {
+            return;
+        };
+        if vlen >= 8 && r.len() >= 8 {
+            times.push(r.get_u64());
+        }
+    }
+}
+
+/// Kafka's default partitioner: murmur2 of the key, positive, modulo partitions.
+pub fn murmur2_partition(key: &[u8], partitions: i32) -> i32 {
+    let seed: u32 = 0x9747_b28c;
+    let m: u32 = 0x5bd1_e995;
+    let r = 24;
+    let len = key.len();
+    let mut h: u32 = seed ^ len as u32;
+    let mut chunks = key.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(m);
+        k ^= k >> r;
+        k = k.wrapping_mul(m);
+        h = h.wrapping_mul(m);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    match rest.len() {
+        3 => {
+            h ^= u32::from(rest[2]) << 16;
+            h ^= u32::from(rest[1]) << 8;
+            h ^= u32::from(rest[0]);
+            h = h.wrapping_mul(m);
+        }
+        2 => {
+            h ^= u32::from(rest[1]) << 8;
+            h ^= u32::from(rest[0]);
+            h = h.wrapping_mul(m);
+        }
+        1 => {
+            h ^= u32::from(rest[0]);
+            h = h.wrapping_mul(m);
+        }
+        _ => {}
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(m);
+    h ^= h >> 15;
+    ((h & 0x7fff_ffff) % partitions as u32) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_batches_are_valid_and_carry_send_times() {
+        let b = BatchBuilder::new(100);
+        let batch = b.build(&[1_000_000, 1_000_500, 1_002_000], Some(&[1, 2, 3]));
+        let h = sluice_storage::batch::validate(&batch, true).expect("valid batch");
+        assert_eq!(h.record_count, 3);
+        assert_eq!((h.base_timestamp, h.max_timestamp), (1000, 1002));
+        let mut times = Vec::new();
+        let (n, bytes, next) = walk_batches(&batch, true, &mut times);
+        assert_eq!((n, bytes as usize, next), (3, batch.len(), 3));
+        assert_eq!(times, vec![1_000_000, 1_000_500, 1_002_000]);
+    }
+
+    #[test]
+    fn murmur2_matches_kafka_reference_values() {
+        // Values from Kafka's Utils.murmur2 tests, as partition = toPositive(h) % 1e9.
+        assert_eq!(
+            murmur2_partition(b"21", i32::MAX),
+            (-973932308i32 as u32 & 0x7fff_ffff) as i32
+        );
+        assert_eq!(
+            murmur2_partition(b"foobar", i32::MAX),
+            (-790332482i32 as u32 & 0x7fff_ffff) as i32
+        );
+    }
+}

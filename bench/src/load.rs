@@ -1,0 +1,719 @@
+//! The load generator: open-loop producers, a consumer and an end-to-end run, against
+//! any Kafka-protocol broker.
+//!
+//! Open loop: with `--rate`, record *i* of a producer is due at `start + i / rate`; its
+//! latency runs from that due time, not from when it was actually sent, so a stalled
+//! broker shows up as latency instead of silently slowing the generator (coordinated
+//! omission corrected). Without `--rate` the producers run closed-loop as fast as their
+//! in-flight window allows, and latency runs from the moment a record was generated.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use event_listener::Event;
+use futures_lite::io::{split, ReadHalf, WriteHalf};
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use hdrhistogram::Histogram;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, ProduceRequest};
+
+use crate::kafka::{self, err, BatchBuilder, Client};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Keys {
+    None,
+    Uniform,
+    Zipf,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProduceOpts {
+    pub bootstrap: SocketAddr,
+    pub topic: String,
+    pub partitions: i32,
+    pub replication: i16,
+    pub record_size: usize,
+    pub records: Option<u64>,
+    pub duration_s: Option<f64>,
+    pub rate: Option<f64>,
+    pub batch_bytes: usize,
+    pub linger_ms: f64,
+    pub acks: i16,
+    pub keys: Keys,
+    pub key_space: u64,
+    pub producers: usize,
+    pub max_in_flight: usize,
+}
+
+/// What a run measured.
+pub struct Outcome {
+    pub records: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub produce_latency_us: Histogram<u64>,
+    pub e2e_latency_us: Option<Histogram<u64>>,
+    pub consumed: u64,
+}
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Shared counters of a run, updated by every task on the executor.
+pub struct Stats {
+    pub acked: Cell<u64>,
+    pub errors: Cell<u64>,
+    pub latency: RefCell<Histogram<u64>>,
+    pub first_error: RefCell<Option<String>>,
+    pub progress: Option<indicatif::ProgressBar>,
+}
+
+impl Stats {
+    pub fn new(progress: Option<indicatif::ProgressBar>) -> Rc<Stats> {
+        Rc::new(Stats {
+            acked: Cell::new(0),
+            errors: Cell::new(0),
+            latency: RefCell::new(histogram()),
+            first_error: RefCell::new(None),
+            progress,
+        })
+    }
+
+    fn error(&self, msg: String) {
+        self.errors.set(self.errors.get() + 1);
+        let mut first = self.first_error.borrow_mut();
+        if first.is_none() {
+            *first = Some(msg);
+        }
+    }
+}
+
+/// A request in flight: per batch (partition, due times of its records).
+struct InFlight {
+    batches: Vec<Vec<u64>>,
+}
+
+/// One producer connection: a writer, and a reader task that matches responses (which
+/// Kafka returns in request order) to the requests in flight.
+struct ProducerConn {
+    writer: RefCell<Option<WriteHalf<TcpStream>>>,
+    inflight: RefCell<VecDeque<InFlight>>,
+    window: Event,
+    max_in_flight: usize,
+    next_correlation: Cell<i32>,
+    version: i16,
+    closed: Cell<bool>,
+}
+
+impl ProducerConn {
+    async fn open(
+        addr: SocketAddr,
+        version: i16,
+        max_in_flight: usize,
+        stats: Rc<Stats>,
+        acks: i16,
+    ) -> io::Result<Rc<ProducerConn>> {
+        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
+        stream.set_nodelay(true).map_err(io::Error::from)?;
+        let (reader, writer) = split(stream);
+        let conn = Rc::new(ProducerConn {
+            writer: RefCell::new(Some(writer)),
+            inflight: RefCell::new(VecDeque::new()),
+            window: Event::new(),
+            max_in_flight,
+            next_correlation: Cell::new(1),
+            version,
+            closed: Cell::new(false),
+        });
+        if acks != 0 {
+            glommio::spawn_local(read_produce_responses(conn.clone(), reader, stats)).detach();
+        }
+        Ok(conn)
+    }
+
+    async fn wait_window(&self) {
+        while self.inflight.borrow().len() >= self.max_in_flight && !self.closed.get() {
+            let l = self.window.listen();
+            if self.inflight.borrow().len() < self.max_in_flight || self.closed.get() {
+                break;
+            }
+            l.await;
+        }
+    }
+
+    async fn wait_drained(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.inflight.borrow().is_empty() && !self.closed.get() && Instant::now() < deadline
+        {
+            let l = self.window.listen();
+            if self.inflight.borrow().is_empty() {
+                break;
+            }
+            futures_lite::future::or(l, glommio::timer::sleep(Duration::from_millis(50))).await;
+        }
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        acks: i16,
+        batches: Vec<(i32, Bytes, Vec<u64>)>,
+    ) -> io::Result<()> {
+        let mut data = TopicProduceData::default();
+        data.name = kafka::topic_name(topic);
+        let mut due = Vec::with_capacity(batches.len());
+        for (partition, records, times) in batches {
+            let mut p = PartitionProduceData::default();
+            p.index = partition;
+            p.records = Some(records);
+            data.partition_data.push(p);
+            due.push(times);
+        }
+        let mut req = ProduceRequest::default();
+        req.acks = acks;
+        req.timeout_ms = 30_000;
+        req.topic_data = vec![data];
+        let corr = self.next_correlation.get();
+        self.next_correlation.set(corr + 1);
+        let frame = kafka::encode_request(corr, self.version, &req)?;
+        if acks != 0 {
+            self.inflight
+                .borrow_mut()
+                .push_back(InFlight { batches: due });
+        }
+        let mut w = self
+            .writer
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| err("connection closed"))?;
+        let res = w.write_all(&frame).await;
+        *self.writer.borrow_mut() = Some(w);
+        res
+    }
+}
+
+async fn read_produce_responses(
+    conn: Rc<ProducerConn>,
+    mut reader: ReadHalf<TcpStream>,
+    stats: Rc<Stats>,
+) {
+    loop {
+        let frame = match kafka::read_frame(&mut reader).await {
+            Ok(f) => f,
+            Err(e) => {
+                if !conn.inflight.borrow().is_empty() {
+                    stats.error(format!("produce connection: {e}"));
+                }
+                break;
+            }
+        };
+        let ack = now_us();
+        let Some(entry) = conn.inflight.borrow_mut().pop_front() else {
+            stats.error("response without a request".into());
+            break;
+        };
+        let resp = match kafka::decode_response::<ProduceRequest>(conn.version, frame) {
+            Ok((_, r)) => r,
+            Err(e) => {
+                stats.error(format!("produce response: {e}"));
+                break;
+            }
+        };
+        let mut failed_partitions = Vec::new();
+        for t in &resp.responses {
+            for p in &t.partition_responses {
+                if p.error_code != 0 {
+                    failed_partitions.push((p.index, p.error_code));
+                }
+            }
+        }
+        let mut acked = 0u64;
+        {
+            let mut h = stats.latency.borrow_mut();
+            for times in &entry.batches {
+                for &t in times {
+                    h.record(ack.saturating_sub(t).max(1)).ok();
+                }
+                acked += times.len() as u64;
+            }
+        }
+        if failed_partitions.is_empty() {
+            stats.acked.set(stats.acked.get() + acked);
+            if let Some(p) = &stats.progress {
+                p.inc(acked);
+            }
+        } else {
+            stats.error(format!(
+                "produce errors (partition, code): {failed_partitions:?}"
+            ));
+        }
+        conn.window.notify(usize::MAX);
+    }
+    conn.closed.set(true);
+    conn.window.notify(usize::MAX);
+}
+
+/// Zipf(1.0)-distributed keys over `n`, by inverse-CDF sampling on a precomputed table.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: u64) -> Zipf {
+        let n = n.clamp(1, 1_000_000) as usize;
+        let mut cdf = Vec::with_capacity(n);
+        let mut sum = 0.0;
+        for k in 1..=n {
+            sum += 1.0 / k as f64;
+            cdf.push(sum);
+        }
+        for c in &mut cdf {
+            *c /= sum;
+        }
+        Zipf { cdf }
+    }
+
+    fn sample(&self, u: f64) -> u64 {
+        self.cdf.partition_point(|c| *c < u) as u64
+    }
+}
+
+/// xorshift64*: a fast, seedable generator for keys.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One producer: its own connection to each leader, accumulators per partition.
+async fn producer(
+    id: usize,
+    opts: Rc<ProduceOpts>,
+    leaders: Rc<Vec<(i32, SocketAddr)>>,
+    version: i16,
+    stats: Rc<Stats>,
+    start: Instant,
+) -> io::Result<u64> {
+    let mut conns: HashMap<SocketAddr, Rc<ProducerConn>> = HashMap::new();
+    for (_, addr) in leaders.iter() {
+        if !conns.contains_key(addr) {
+            let c =
+                ProducerConn::open(*addr, version, opts.max_in_flight, stats.clone(), opts.acks)
+                    .await?;
+            conns.insert(*addr, c);
+        }
+    }
+    let n_parts = leaders.len();
+    let builder = BatchBuilder::new(opts.record_size);
+    let per_record = opts.record_size + 24;
+    let records_per_batch = (opts.batch_bytes / per_record).max(1);
+    let total = opts
+        .records
+        .map(|r| r / opts.producers as u64 + u64::from((id as u64) < r % opts.producers as u64));
+    let rate = opts.rate.map(|r| r / opts.producers as f64);
+    let deadline = opts.duration_s.map(|d| start + Duration::from_secs_f64(d));
+    let start_us = now_us();
+    let zipf = (opts.keys == Keys::Zipf).then(|| Zipf::new(opts.key_space));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
+    let mut acc: Vec<(Vec<u64>, Vec<u64>)> =
+        (0..n_parts).map(|_| (Vec::new(), Vec::new())).collect();
+    let mut generated = 0u64;
+    let mut round_robin = id % n_parts;
+    let linger_us = (opts.linger_ms * 1000.0) as u64;
+    loop {
+        let now = Instant::now();
+        let finished = total.is_some_and(|t| generated >= t) || deadline.is_some_and(|d| now >= d);
+        // How many records are due by now.
+        let due = match rate {
+            Some(r) => ((now - start).as_secs_f64() * r) as u64,
+            None => generated + (records_per_batch * n_parts) as u64,
+        };
+        let due = total.map_or(due, |t| due.min(t));
+        let mut ready: Vec<usize> = Vec::new();
+        if !finished {
+            let gen_time = now_us();
+            while generated < due {
+                let key = match opts.keys {
+                    Keys::None => None,
+                    Keys::Uniform => Some(rng.next() % opts.key_space.max(1)),
+                    Keys::Zipf => Some(zipf.as_ref().expect("zipf").sample(rng.unit())),
+                };
+                let p = match key {
+                    Some(k) => kafka::murmur2_partition(&k.to_be_bytes(), n_parts as i32) as usize,
+                    None => {
+                        // Sticky per batch, like the Java and librdkafka partitioners.
+                        if acc[round_robin].0.len() >= records_per_batch {
+                            round_robin = (round_robin + 1) % n_parts;
+                        }
+                        round_robin
+                    }
+                };
+                let t = match rate {
+                    Some(r) => start_us + (generated as f64 * 1e6 / r) as u64,
+                    None => gen_time,
+                };
+                acc[p].0.push(t);
+                if let Some(k) = key {
+                    acc[p].1.push(k);
+                }
+                if acc[p].0.len() >= records_per_batch {
+                    ready.push(p);
+                }
+                generated += 1;
+            }
+        }
+        // Linger: send partial batches whose oldest record waited long enough, and
+        // everything at the end.
+        let now_u = now_us();
+        for (p, (times, _)) in acc.iter().enumerate() {
+            if !times.is_empty()
+                && (finished || now_u.saturating_sub(times[0]) >= linger_us)
+                && !ready.contains(&p)
+            {
+                ready.push(p);
+            }
+        }
+        if !ready.is_empty() {
+            let mut by_conn: HashMap<SocketAddr, Vec<(i32, Bytes, Vec<u64>)>> = HashMap::new();
+            for p in ready {
+                let (times, keys) = std::mem::take(&mut acc[p]);
+                if times.is_empty() {
+                    continue;
+                }
+                for chunk_start in (0..times.len()).step_by(records_per_batch) {
+                    let end = (chunk_start + records_per_batch).min(times.len());
+                    let k = (!keys.is_empty()).then(|| &keys[chunk_start..end]);
+                    let batch = builder.build(&times[chunk_start..end], k);
+                    let (partition, addr) = leaders[p];
+                    by_conn.entry(addr).or_default().push((
+                        partition,
+                        batch,
+                        times[chunk_start..end].to_vec(),
+                    ));
+                }
+            }
+            for (addr, batches) in by_conn {
+                let conn = &conns[&addr];
+                conn.wait_window().await;
+                if conn.closed.get() {
+                    return Err(err("producer connection closed by the broker"));
+                }
+                conn.send(&opts.topic, opts.acks, batches).await?;
+            }
+        }
+        if finished {
+            break;
+        }
+        match rate {
+            // Sleep until about a batch is due (bounded by the linger time).
+            Some(r) => {
+                let until_batch =
+                    (records_per_batch as f64 / r).min(opts.linger_ms.max(0.2) / 1000.0);
+                glommio::timer::sleep(Duration::from_secs_f64(until_batch.clamp(0.0002, 0.005)))
+                    .await;
+            }
+            None => glommio::yield_if_needed().await,
+        }
+    }
+    if opts.acks == 0 {
+        stats.acked.set(stats.acked.get() + generated);
+    }
+    for c in conns.values() {
+        c.wait_drained(Duration::from_secs(60)).await;
+    }
+    Ok(generated)
+}
+
+/// Sets up the topic and returns a client, the partition leaders and the Produce version.
+async fn setup(opts: &ProduceOpts) -> io::Result<(Client, Rc<Vec<(i32, SocketAddr)>>, i16)> {
+    let mut client = Client::connect(opts.bootstrap).await?;
+    client
+        .create_topic(&opts.topic, opts.partitions, opts.replication)
+        .await?;
+    let leaders = client.leaders(&opts.topic).await?;
+    if leaders.is_empty() {
+        return Err(err("topic has no partitions"));
+    }
+    let version = client.version(ApiKey::Produce)?;
+    Ok((client, Rc::new(leaders), version))
+}
+
+async fn run_producers(
+    opts: Rc<ProduceOpts>,
+    leaders: Rc<Vec<(i32, SocketAddr)>>,
+    version: i16,
+    stats: Rc<Stats>,
+) -> io::Result<f64> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for id in 0..opts.producers {
+        tasks.push(glommio::spawn_local(producer(
+            id,
+            opts.clone(),
+            leaders.clone(),
+            version,
+            stats.clone(),
+            start,
+        )));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+pub async fn produce(
+    opts: ProduceOpts,
+    progress: Option<indicatif::ProgressBar>,
+) -> io::Result<Outcome> {
+    let (_client, leaders, version) = setup(&opts).await?;
+    let stats = Stats::new(progress);
+    let opts = Rc::new(opts);
+    let seconds = run_producers(opts.clone(), leaders, version, stats.clone()).await?;
+    if let Some(e) = stats.first_error.borrow().as_ref() {
+        eprintln!("first error: {e}");
+    }
+    let records = stats.acked.get();
+    let latency = stats.latency.borrow().clone();
+    Ok(Outcome {
+        records,
+        bytes: records * opts.record_size as u64,
+        errors: stats.errors.get(),
+        seconds,
+        produce_latency_us: latency,
+        e2e_latency_us: None,
+        consumed: 0,
+    })
+}
+
+/// Fetches `partitions` of `topic` from `addr` from `offsets` until every partition
+/// reaches `end` (or, without ends, until `stop` is set). Returns records and bytes.
+async fn fetch_loop(
+    addr: SocketAddr,
+    topic: String,
+    mut offsets: HashMap<i32, i64>,
+    ends: Option<HashMap<i32, i64>>,
+    stop: Rc<Cell<bool>>,
+    e2e: Option<Rc<RefCell<Histogram<u64>>>>,
+    progress: Option<indicatif::ProgressBar>,
+) -> io::Result<(u64, u64)> {
+    let mut client = Client::connect(addr).await?;
+    let version = client.version(ApiKey::Fetch)?;
+    let mut records = 0u64;
+    let mut bytes = 0u64;
+    let mut times = Vec::new();
+    loop {
+        if let Some(ends) = &ends {
+            if offsets.iter().all(|(p, o)| *o >= ends[p]) {
+                break;
+            }
+        }
+        if stop.get() {
+            break;
+        }
+        let mut t = FetchTopic::default();
+        t.topic = kafka::topic_name(&topic);
+        t.partitions = offsets
+            .iter()
+            .filter(|(p, o)| ends.as_ref().is_none_or(|e| **o < e[p]))
+            .map(|(p, o)| {
+                let mut fp = FetchPartition::default();
+                fp.partition = *p;
+                fp.fetch_offset = *o;
+                fp.current_leader_epoch = -1;
+                fp.log_start_offset = -1;
+                fp.last_fetched_epoch = -1;
+                fp.partition_max_bytes = 8 << 20;
+                fp
+            })
+            .collect();
+        let mut req = FetchRequest::default();
+        req.replica_id = BrokerId(-1);
+        req.max_wait_ms = 100;
+        req.min_bytes = 1;
+        req.max_bytes = 64 << 20;
+        req.session_epoch = -1;
+        req.topics = vec![t];
+        let resp = client.request(&req, version).await?;
+        if resp.error_code != 0 {
+            return Err(err(format!("fetch error {}", resp.error_code)));
+        }
+        let arrived = now_us();
+        for t in resp.responses {
+            for p in t.partitions {
+                if p.error_code != 0 {
+                    return Err(err(format!(
+                        "fetch partition {}: error {}",
+                        p.partition_index, p.error_code
+                    )));
+                }
+                let Some(recs) = p.records else { continue };
+                times.clear();
+                let (n, b, next) = kafka::walk_batches(&recs, e2e.is_some(), &mut times);
+                records += n;
+                bytes += b;
+                if let Some(pb) = &progress {
+                    pb.inc(n);
+                }
+                if next > 0 {
+                    offsets.insert(p.partition_index, next);
+                }
+                if let Some(h) = &e2e {
+                    let mut h = h.borrow_mut();
+                    for &t in &times {
+                        h.record(arrived.saturating_sub(t).max(1)).ok();
+                    }
+                }
+            }
+        }
+    }
+    Ok((records, bytes))
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConsumeOpts {
+    pub bootstrap: SocketAddr,
+    pub topic: String,
+    pub record_size: usize,
+}
+
+/// Reads the whole topic from its earliest offsets to the end offsets it had at start.
+pub async fn consume(
+    opts: ConsumeOpts,
+    progress: Option<indicatif::ProgressBar>,
+) -> io::Result<Outcome> {
+    let mut client = Client::connect(opts.bootstrap).await?;
+    let leaders = client.leaders(&opts.topic).await?;
+    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
+    let starts = client.list_offsets(&opts.topic, &parts, -2).await?;
+    let ends = client.list_offsets(&opts.topic, &parts, -1).await?;
+    if let Some(pb) = &progress {
+        pb.set_length(
+            parts
+                .iter()
+                .map(|p| (ends[p] - starts[p]).max(0) as u64)
+                .sum(),
+        );
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    let mut by_addr: HashMap<SocketAddr, Vec<i32>> = HashMap::new();
+    for (p, a) in &leaders {
+        by_addr.entry(*a).or_default().push(*p);
+    }
+    let stop = Rc::new(Cell::new(false));
+    for (addr, ps) in by_addr {
+        let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
+        let e: HashMap<i32, i64> = ps.iter().map(|p| (*p, ends[p])).collect();
+        tasks.push(glommio::spawn_local(fetch_loop(
+            addr,
+            opts.topic.clone(),
+            offs,
+            Some(e),
+            stop.clone(),
+            None,
+            progress.clone(),
+        )));
+    }
+    let (mut records, mut bytes) = (0, 0);
+    for t in tasks {
+        let (r, b) = t.await?;
+        records += r;
+        bytes += b;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let _ = bytes;
+    Ok(Outcome {
+        records,
+        bytes: records * opts.record_size as u64,
+        errors: 0,
+        seconds,
+        produce_latency_us: histogram(),
+        e2e_latency_us: None,
+        consumed: records,
+    })
+}
+
+/// Produces (open loop if `--rate`) while a consumer reads from the end; end-to-end
+/// latency is consume time minus each record's due time (carried in its value).
+pub async fn e2e(
+    opts: ProduceOpts,
+    progress: Option<indicatif::ProgressBar>,
+) -> io::Result<Outcome> {
+    if opts.record_size < 8 {
+        return Err(err(
+            "e2e needs --record-size of at least 8 bytes (the send time)",
+        ));
+    }
+    let (mut client, leaders, version) = setup(&opts).await?;
+    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
+    let starts = client.list_offsets(&opts.topic, &parts, -1).await?;
+    let stats = Stats::new(progress);
+    let e2e_hist = Rc::new(RefCell::new(histogram()));
+    let stop = Rc::new(Cell::new(false));
+    let mut consumers = Vec::new();
+    let mut by_addr: HashMap<SocketAddr, Vec<i32>> = HashMap::new();
+    for (p, a) in leaders.iter() {
+        by_addr.entry(*a).or_default().push(*p);
+    }
+    for (addr, ps) in by_addr {
+        let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
+        consumers.push(glommio::spawn_local(fetch_loop(
+            addr,
+            opts.topic.clone(),
+            offs,
+            None,
+            stop.clone(),
+            Some(e2e_hist.clone()),
+            None,
+        )));
+    }
+    let opts = Rc::new(opts);
+    let seconds = run_producers(opts.clone(), leaders, version, stats.clone()).await?;
+    // Let the consumer catch up with what was acknowledged (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (e2e_hist.borrow().len()) < stats.acked.get() && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+    }
+    stop.set(true);
+    let mut consumed = 0;
+    for c in consumers {
+        consumed += c.await?.0;
+    }
+    let records = stats.acked.get();
+    let e2e_latency = e2e_hist.borrow().clone();
+    let latency = stats.latency.borrow().clone();
+    Ok(Outcome {
+        records,
+        bytes: records * opts.record_size as u64,
+        errors: stats.errors.get(),
+        seconds,
+        produce_latency_us: latency,
+        e2e_latency_us: Some(e2e_latency),
+        consumed,
+    })
+}

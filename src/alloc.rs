@@ -74,6 +74,17 @@ unsafe impl GlobalAlloc for Allocator {
         if !is_huge(layout.size(), layout.align()) && !is_huge(new_size, layout.align()) {
             return unsafe { System.realloc(ptr, layout, new_size) };
         }
+        if is_huge(layout.size(), layout.align()) && is_huge(new_size, layout.align()) {
+            // Move the mapping rather than copy (and so touch) gigabytes.
+            let p =
+                unsafe { libc::mremap(ptr.cast(), layout.size(), new_size, libc::MREMAP_MAYMOVE) };
+            return if p == libc::MAP_FAILED {
+                std::ptr::null_mut()
+            } else {
+                p.cast()
+            };
+        }
+        // One side is small, so the copy is small.
         // SAFETY: the caller guarantees `new_size` is valid for `layout.align()`.
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         let new = unsafe { self.alloc(new_layout) };

@@ -43,6 +43,9 @@ pub enum TopicRef {
     Id(Uuid),
 }
 
+/// One IncrementalAlterConfigs operation: (config name, operation, value).
+pub type ConfigOp = (String, i8, Option<String>);
+
 pub enum ControlOp {
     CreateTopics {
         topics: Vec<NewTopic>,
@@ -56,7 +59,7 @@ pub enum ControlOp {
         validate_only: bool,
     },
     AlterConfigs {
-        items: Vec<(String, Vec<(String, i8, Option<String>)>)>,
+        items: Vec<(String, Vec<ConfigOp>)>,
         validate_only: bool,
     },
 }
@@ -285,7 +288,7 @@ fn add_partitions(
 fn alter(
     image: &mut MetadataImage,
     topic: &str,
-    ops: Vec<(String, i8, Option<String>)>,
+    ops: Vec<ConfigOp>,
     validate_only: bool,
 ) -> Result<(), ApiError> {
     let meta = image

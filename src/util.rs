@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn join_all_keeps_order_and_any_true_short_circuits() {
         let out =
-            futures_lite::future::block_on(join_all(vec![async { 1 }, async { 2 }, async { 3 }]));
+            futures_lite::future::block_on(join_all((1..=3).map(|i| async move { i }).collect()));
         assert_eq!(out, vec![1, 2, 3]);
         let f: Vec<Pin<Box<dyn Future<Output = bool>>>> = vec![
             Box::pin(async { false }),

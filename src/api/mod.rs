@@ -306,6 +306,59 @@ mod tests {
     }
 
     #[test]
+    fn every_registered_api_and_version_decodes_a_default_request() {
+        for s in REGISTRY {
+            for v in s.min..=s.max {
+                let mut body = BytesMut::new();
+                // Encode the default request of this API at this version, then parse it back.
+                let default = default_request(s.key);
+                default
+                    .encode(&mut body, v)
+                    .unwrap_or_else(|e| panic!("{:?} v{v}: {e}", s.key));
+                let mut f = BytesMut::new();
+                RequestHeader::default()
+                    .with_request_api_key(s.key as i16)
+                    .with_request_api_version(v)
+                    .encode(&mut f, s.key.request_header_version(v))
+                    .unwrap();
+                f.extend_from_slice(&body);
+                assert!(
+                    matches!(parse(f.freeze()), Ok(Parsed::Request(_))),
+                    "{:?} v{v}",
+                    s.key
+                );
+            }
+        }
+    }
+
+    fn default_request(key: ApiKey) -> RequestKind {
+        use kafka_protocol::messages::*;
+        match key {
+            ApiKey::Produce => RequestKind::Produce(ProduceRequest::default()),
+            ApiKey::Fetch => RequestKind::Fetch(FetchRequest::default()),
+            ApiKey::ListOffsets => RequestKind::ListOffsets(ListOffsetsRequest::default()),
+            ApiKey::Metadata => RequestKind::Metadata(MetadataRequest::default()),
+            ApiKey::ApiVersions => RequestKind::ApiVersions(ApiVersionsRequest::default()),
+            ApiKey::CreateTopics => RequestKind::CreateTopics(CreateTopicsRequest::default()),
+            ApiKey::DeleteTopics => RequestKind::DeleteTopics(DeleteTopicsRequest::default()),
+            ApiKey::DeleteRecords => RequestKind::DeleteRecords(DeleteRecordsRequest::default()),
+            ApiKey::DescribeConfigs => {
+                RequestKind::DescribeConfigs(DescribeConfigsRequest::default())
+            }
+            ApiKey::CreatePartitions => {
+                RequestKind::CreatePartitions(CreatePartitionsRequest::default())
+            }
+            ApiKey::IncrementalAlterConfigs => {
+                RequestKind::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::default())
+            }
+            ApiKey::DescribeCluster => {
+                RequestKind::DescribeCluster(DescribeClusterRequest::default())
+            }
+            other => panic!("registry entry {other:?} has no default request here"),
+        }
+    }
+
+    #[test]
     fn unknown_versions_and_keys_are_answered_not_decoded() {
         let f = frame(ApiKey::ApiVersions, 4, &ApiVersionsRequest::default());
         assert!(matches!(

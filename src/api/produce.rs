@@ -63,7 +63,9 @@ pub async fn handle(
     auto_create(broker, &names).await;
     let image = broker.image();
     // Resolve every partition: an immediate error, or a job for its home shard.
-    let mut shape: Vec<(String, Vec<(i32, Option<ApiError>)>)> = Vec::new();
+    // Per topic: each partition's index and its error if it never reached a shard.
+    type Shape = Vec<(String, Vec<(i32, Option<ApiError>)>)>;
+    let mut shape: Shape = Vec::new();
     let mut jobs = Vec::new();
     for topic in req.topic_data {
         let name = topic.name.0.to_string();

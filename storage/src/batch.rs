@@ -306,6 +306,9 @@ pub fn record_timestamps(batch: &[u8]) -> Option<Vec<(i64, i64)>> {
 pub mod build {
     use bytes::BufMut;
 
+    /// A record for the builders: key and value, either of which may be null.
+    pub type NullableRecord<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
     fn put_varint(out: &mut Vec<u8>, v: i64) {
         let mut z = ((v << 1) ^ (v >> 63)) as u64;
         loop {
@@ -321,6 +324,12 @@ pub mod build {
     /// A batch of records `(key, value)` with `timestamp` as base timestamp; each record
     /// gets timestamp delta = its index. Base offset 0, leader epoch 0.
     pub fn batch(timestamp: i64, records: &[(Option<&[u8]>, &[u8])]) -> Vec<u8> {
+        let recs: Vec<NullableRecord<'_>> = records.iter().map(|(k, v)| (*k, Some(*v))).collect();
+        batch_nullable(timestamp, &recs)
+    }
+
+    /// Like [`batch`], but a `None` value is a null value (a tombstone).
+    pub fn batch_nullable(timestamp: i64, records: &[NullableRecord<'_>]) -> Vec<u8> {
         let mut body = Vec::new();
         for (i, (key, value)) in records.iter().enumerate() {
             let mut rec = Vec::new();
@@ -334,8 +343,13 @@ pub mod build {
                 }
                 None => put_varint(&mut rec, -1),
             }
-            put_varint(&mut rec, value.len() as i64);
-            rec.extend_from_slice(value);
+            match value {
+                Some(v) => {
+                    put_varint(&mut rec, v.len() as i64);
+                    rec.extend_from_slice(v);
+                }
+                None => put_varint(&mut rec, -1),
+            }
             put_varint(&mut rec, 0); // headers
             put_varint(&mut body, rec.len() as i64);
             body.extend_from_slice(&rec);

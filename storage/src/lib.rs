@@ -19,6 +19,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod compact;
 pub mod file;
 pub mod index;
 pub mod log;
@@ -105,6 +106,17 @@ pub struct LogConfig {
     pub max_message_bytes: usize,
     pub timestamp_type: TimestampType,
     pub flush: FlushPolicy,
+    /// `cleanup.policy` contains `delete`: retention deletes old segments.
+    pub cleanup_delete: bool,
+    /// `cleanup.policy` contains `compact`: the cleaner keeps the last record per key.
+    pub cleanup_compact: bool,
+    /// `delete.retention.ms`: how long tombstones survive compaction.
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio` in basis points (5000 = 0.5): clean when this share of
+    /// the cleanable bytes is dirty. (An integer so configs stay `Eq`.)
+    pub min_cleanable_dirty_ratio_bp: u16,
+    /// `min.compaction.lag.ms`: records younger than this are never compacted.
+    pub min_compaction_lag_ms: i64,
 }
 
 pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -121,6 +133,11 @@ impl Default for LogConfig {
             max_message_bytes: 1_048_588,
             timestamp_type: TimestampType::CreateTime,
             flush: FlushPolicy::Always,
+            cleanup_delete: true,
+            cleanup_compact: false,
+            delete_retention_ms: DAY_MS,
+            min_cleanable_dirty_ratio_bp: 5000,
+            min_compaction_lag_ms: 0,
         }
     }
 }
@@ -160,6 +177,20 @@ impl LogConfig {
                 self.max_message_bytes
             ));
         }
+        if self.min_cleanable_dirty_ratio_bp > 10_000 {
+            return bad(format!(
+                "min.cleanable.dirty.ratio {} must be in [0, 1]",
+                f64::from(self.min_cleanable_dirty_ratio_bp) / 10_000.0
+            ));
+        }
+        if self.delete_retention_ms < 0 || self.min_compaction_lag_ms < 0 {
+            return bad(
+                "delete.retention.ms and min.compaction.lag.ms must not be negative".into(),
+            );
+        }
+        if !self.cleanup_delete && !self.cleanup_compact {
+            return bad("cleanup.policy must contain delete, compact or both".into());
+        }
         if let FlushPolicy::IntervalMs(0) = self.flush {
             return bad("flush.ms must be positive".into());
         }
@@ -178,6 +209,8 @@ pub struct StorageLimits {
     pub write_bytes_max: usize,
     /// Largest read a single `read` call issues (bounds memory per fetch).
     pub read_bytes_max: usize,
+    /// Memory the cleaner's key map may use per compaction pass.
+    pub cleaner_map_bytes_max: usize,
 }
 
 impl Default for StorageLimits {
@@ -187,6 +220,7 @@ impl Default for StorageLimits {
             open_segment_files_max: 1024,
             write_bytes_max: 8 << 20,
             read_bytes_max: 64 << 20,
+            cleaner_map_bytes_max: 64 << 20,
         }
     }
 }
@@ -204,6 +238,11 @@ impl StorageLimits {
                 self.write_bytes_max,
                 file::ALIGN
             )));
+        }
+        if self.cleaner_map_bytes_max < 4096 {
+            return Err(Error::Config(
+                "cleaner_map_bytes_max must be at least 4096".into(),
+            ));
         }
         if self.read_bytes_max < 4096 {
             return Err(Error::Config("read_bytes_max must be at least 4096".into()));

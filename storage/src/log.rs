@@ -17,6 +17,7 @@ use glommio::io::DmaFile;
 
 use crate::batch::{self, BatchError};
 use crate::cache::{CachedBatch, LogId, TailCache};
+use crate::compact::{self, Filtered, KeyMap};
 use crate::file;
 use crate::segment::{self, RecoveryReport, Segment};
 use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
@@ -31,6 +32,27 @@ pub struct AppendInfo {
     /// The broker's timestamp for LogAppendTime topics, -1 for CreateTime.
     pub log_append_time_ms: i64,
     pub record_count: i32,
+}
+
+/// What one compaction pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactStats {
+    pub segments_rewritten: u32,
+    pub segments_removed: u32,
+    pub records_removed: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Everything below this offset is now clean.
+    pub clean_offset: i64,
+}
+
+/// A closed segment as the cleaner saw it when it started.
+#[derive(Debug, Clone, Copy)]
+struct CleanCandidate {
+    base: i64,
+    size: u64,
+    next_offset: i64,
+    generation: u64,
 }
 
 /// Whole batches read from a log.
@@ -166,6 +188,9 @@ impl Storage {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut report = RecoveryReport::default();
         let (segments, log_start) = recover_dir(&dir, self, &config, &mut report).await?;
+        let clean_offset = read_meta_key(&dir, "clean_offset")
+            .unwrap_or(0)
+            .max(log_start);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let log = Rc::new(PartitionLog {
@@ -177,6 +202,7 @@ impl Storage {
             state: RefCell::new(LogState {
                 segments,
                 log_start,
+                clean_offset,
             }),
             busy: Cell::new(false),
             idle_event: Event::new(),
@@ -229,6 +255,17 @@ impl Storage {
         Ok(deleted)
     }
 
+    /// One compaction pass over every open log with `cleanup.policy` compact.
+    pub async fn compact_all(&self) -> Result<u32, Error> {
+        let mut cleaned = 0;
+        for log in self.live_logs() {
+            if !log.closed.get() && log.compact().await?.is_some() {
+                cleaned += 1;
+            }
+        }
+        Ok(cleaned)
+    }
+
     /// Syncs every log whose `flush.ms` interval has elapsed.
     pub async fn flush_due(&self) -> Result<(), Error> {
         let now = self.now_ms();
@@ -242,7 +279,7 @@ impl Storage {
         Ok(())
     }
 
-    /// Spawns the background retention and interval-flush loops on a low-share task
+    /// Spawns the background retention-and-compaction and interval-flush loops on a low-share task
     /// queue of the current executor, so they yield to appends and fetches.
     pub fn spawn_background(
         self: &Rc<Self>,
@@ -262,6 +299,9 @@ impl Storage {
                     let Some(s) = weak.upgrade() else { break };
                     if let Err(e) = s.enforce_retention().await {
                         tracing::error!(error = %e, "retention pass failed");
+                    }
+                    if let Err(e) = s.compact_all().await {
+                        tracing::error!(error = %e, "compaction pass failed");
                     }
                 }
             },
@@ -292,6 +332,8 @@ struct LogState {
     /// Ordered by base offset; the last one is active.
     segments: Vec<Segment>,
     log_start: i64,
+    /// Compaction has cleaned everything below this offset (the first dirty offset).
+    clean_offset: i64,
 }
 
 impl LogState {
@@ -713,14 +755,22 @@ impl PartitionLog {
     ) -> Result<Vec<Bytes>, Error> {
         let mut offset = offset;
         loop {
-            let (file_src, path, pos, end, next_base) = {
+            let (file_src, path, pos, end, next_base, base, generation) = {
                 let st = self.state.borrow();
                 let i = st.segment_index_for(offset);
                 let seg = &st.segments[i];
                 let pos = u64::from(seg.index.lookup((offset - seg.base_offset).max(0) as u32));
                 let next_base = st.segments.get(i + 1).map(|s| s.base_offset);
                 let src = seg.active.as_ref().map(|a| a.log.clone());
-                (src, seg.path("log"), pos, seg.size, next_base)
+                (
+                    src,
+                    seg.path("log"),
+                    pos,
+                    seg.size,
+                    next_base,
+                    seg.base_offset,
+                    seg.generation,
+                )
             };
             let file = match &file_src {
                 Some(active) => {
@@ -730,6 +780,10 @@ impl PartitionLog {
                 }
                 None => ReadHandles::get(&self.storage.handles, &path).await?,
             };
+            if file_src.is_none() && !self.segment_unchanged(base, generation) {
+                // Compaction or retention replaced the segment while the file opened.
+                continue;
+            }
             let span = segment::ReadSpan {
                 pos,
                 end,
@@ -748,6 +802,13 @@ impl PartitionLog {
                 _ => return Ok(out),
             }
         }
+    }
+
+    fn segment_unchanged(&self, base: i64, generation: u64) -> bool {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .any(|s| s.base_offset == base && s.generation == generation)
     }
 
     /// The first offset whose record timestamp is at or after `timestamp`, with that
@@ -902,10 +963,13 @@ impl PartitionLog {
     }
 
     async fn write_meta(&self) -> Result<(), Error> {
-        let start = self.log_start_offset();
+        let (start, clean) = {
+            let st = self.state.borrow();
+            (st.log_start, st.clean_offset)
+        };
         file::write_atomic(
             &self.dir.join(META_FILE),
-            format!("log_start_offset={start}\n").as_bytes(),
+            format!("log_start_offset={start}\nclean_offset={clean}\n").as_bytes(),
         )
         .await
     }
@@ -939,6 +1003,9 @@ impl PartitionLog {
     /// beyond `retention.bytes`, oldest first; never the active segment.
     pub async fn enforce_retention(&self) -> Result<u32, Error> {
         let cfg = self.config();
+        if !cfg.cleanup_delete {
+            return Ok(0);
+        }
         let now = self.storage.now_ms();
         let mut deleted = 0;
         loop {
@@ -974,6 +1041,242 @@ impl PartitionLog {
             tracing::info!(log = %self.name, deleted, log_start = self.log_start_offset(), "retention deleted segments");
         }
         Ok(deleted)
+    }
+
+    /// One compaction pass (`cleanup.policy` with `compact`): if enough of the closed
+    /// segments old enough to clean (`min.compaction.lag.ms`) is dirty
+    /// (`min.cleanable.dirty.ratio`), builds the latest offset of every key over the
+    /// dirty segments (whole segments, within `cleaner_map_bytes_max`) and rewrites the
+    /// cleanable segments up to there keeping the latest record per key, dropping
+    /// tombstones older than `delete.retention.ms`. Offsets never change. Each segment
+    /// is swapped in atomically (see `swap_cleaned`); appends are never blocked.
+    /// Returns `None` when there was nothing to do.
+    pub async fn compact(&self) -> Result<Option<CompactStats>, Error> {
+        let cfg = self.config();
+        if !cfg.cleanup_compact || self.closed.get() {
+            return Ok(None);
+        }
+        let now = self.storage.now_ms();
+        let (cands, clean_offset) = {
+            let st = self.state.borrow();
+            let closed = &st.segments[..st.segments.len() - 1];
+            let cands: Vec<CleanCandidate> = closed
+                .iter()
+                .take_while(|s| s.max_timestamp <= now - cfg.min_compaction_lag_ms)
+                .map(|s| CleanCandidate {
+                    base: s.base_offset,
+                    size: s.size,
+                    next_offset: s.next_offset,
+                    generation: s.generation,
+                })
+                .collect();
+            (cands, st.clean_offset)
+        };
+        let total: u64 = cands.iter().map(|c| c.size).sum();
+        let dirty: u64 = cands
+            .iter()
+            .filter(|c| c.next_offset > clean_offset)
+            .map(|c| c.size)
+            .sum();
+        if dirty == 0 || dirty * 10_000 < total * u64::from(cfg.min_cleanable_dirty_ratio_bp) {
+            return Ok(None);
+        }
+        let budget = self.storage.limits.cleaner_map_bytes_max;
+        let mut map = KeyMap::default();
+        let mut last = None;
+        for (i, c) in cands.iter().enumerate() {
+            if c.next_offset <= clean_offset {
+                continue;
+            }
+            let mut seg_map = KeyMap::default();
+            let mut pos = 0;
+            while let Some((batches, next)) = self.segment_batches(c, pos).await? {
+                for b in &batches {
+                    seg_map.add_batch(b);
+                }
+                pos = next;
+                if map.bytes() + seg_map.bytes() > budget {
+                    break;
+                }
+            }
+            if map.bytes() + seg_map.bytes() > budget {
+                if last.is_none() {
+                    tracing::warn!(log = %self.name, segment = c.base, budget, "segment has more keys than the cleaner map holds; not compacting");
+                    return Ok(None);
+                }
+                break;
+            }
+            map.merge(seg_map);
+            last = Some(i);
+        }
+        let Some(last) = last else { return Ok(None) };
+        let horizon = now - cfg.delete_retention_ms;
+        let mut stats = CompactStats::default();
+        for c in &cands[..=last] {
+            self.clean_segment(c, &map, horizon, &mut stats).await?;
+        }
+        stats.clean_offset = cands[last].next_offset;
+        self.state.borrow_mut().clean_offset = stats.clean_offset;
+        self.write_meta().await?;
+        tracing::info!(log = %self.name, ?stats, "compacted");
+        Ok(Some(stats))
+    }
+
+    /// The batches of a closed segment from byte `pos`, a window at a time, with the
+    /// position after them; `None` at the end.
+    async fn segment_batches(
+        &self,
+        c: &CleanCandidate,
+        pos: u64,
+    ) -> Result<Option<(Vec<Bytes>, u64)>, Error> {
+        if pos >= c.size {
+            return Ok(None);
+        }
+        let path = self.dir.join(segment::file_name(c.base, "log"));
+        let file = ReadHandles::get(&self.storage.handles, &path).await?;
+        let span = segment::ReadSpan {
+            pos,
+            end: c.size,
+            offset: i64::MIN,
+            max_bytes: 4 << 20,
+            upper: i64::MAX,
+            io_bytes_max: self.storage.limits.read_bytes_max,
+        };
+        let batches = segment::read_batches(&file, &path, span).await?;
+        if batches.is_empty() {
+            return Ok(None);
+        }
+        let next = pos + batches.iter().map(|b| b.len() as u64).sum::<u64>();
+        Ok(Some((batches, next)))
+    }
+
+    /// Rewrites one segment against `map` into `<base>.*.cleaned` files and swaps them in.
+    async fn clean_segment(
+        &self,
+        c: &CleanCandidate,
+        map: &KeyMap,
+        horizon: i64,
+        stats: &mut CompactStats,
+    ) -> Result<(), Error> {
+        let cleaned = |ext: &str| {
+            self.dir
+                .join(format!("{}.cleaned", segment::file_name(c.base, ext)))
+        };
+        let out =
+            file::AppendFile::open(&cleaned("log"), 0, self.storage.limits.write_bytes_max).await?;
+        let mut seg = Segment::empty(&self.dir, c.base, self.storage.now_ms());
+        let interval = self.config.borrow().index_interval_bytes;
+        let mut changed = false;
+        let mut pos = 0;
+        while let Some((batches, next)) = self.segment_batches(c, pos).await? {
+            for b in batches {
+                let before = batch::BatchHeader::parse(&b)?.record_count;
+                let kept =
+                    match compact::filter_batch(&b, |r| compact::keep_record(map, r, horizon)) {
+                        Filtered::Unchanged => Some(b),
+                        Filtered::Rewritten(v) => {
+                            changed = true;
+                            Some(Bytes::from(v))
+                        }
+                        Filtered::Dropped => {
+                            changed = true;
+                            None
+                        }
+                    };
+                let after = match &kept {
+                    Some(k) => batch::BatchHeader::parse(k)?.record_count,
+                    None => 0,
+                };
+                stats.records_removed += (before - after).max(0) as u64;
+                if let Some(k) = kept {
+                    let h = batch::BatchHeader::parse(&k)?;
+                    seg.track_batch(&h, seg.size, k.len() as u64, interval);
+                    out.push_bytes(k)?;
+                }
+            }
+            // Bound memory: write out what this window kept before reading on.
+            out.wait_written(out.len()).await?;
+            pos = next;
+        }
+        if !changed {
+            drop(out);
+            let _ = glommio::io::remove(cleaned("log")).await;
+            return Ok(());
+        }
+        out.seal().await?;
+        drop(out);
+        seg.next_offset = c.next_offset;
+        seg.close_time_index();
+        let idx = seg.index_files_at(&cleaned("index"), &cleaned("timeindex"));
+        idx.write().await?;
+        stats.bytes_before += c.size;
+        stats.bytes_after += seg.size;
+        self.swap_cleaned(c, seg, stats).await
+    }
+
+    /// Puts a cleaned segment in place of the original. Crash-safe order: the cleaned
+    /// files are complete and synced; the old index files go first (a crash after this
+    /// leaves the old or the new `.log` with no index, which recovery rebuilds); then
+    /// the `.log` is replaced by rename (atomic), then the new indexes move in, then
+    /// the directory is synced. Leftover `*.cleaned` files are removed by recovery.
+    async fn swap_cleaned(
+        &self,
+        c: &CleanCandidate,
+        seg: Segment,
+        stats: &mut CompactStats,
+    ) -> Result<(), Error> {
+        let _guard = self.lock().await;
+        let name = |ext: &str| self.dir.join(segment::file_name(c.base, ext));
+        let cleaned = |ext: &str| {
+            self.dir
+                .join(format!("{}.cleaned", segment::file_name(c.base, ext)))
+        };
+        if !self.segment_unchanged(c.base, c.generation) {
+            // Retention or truncation removed it meanwhile.
+            for ext in ["log", "index", "timeindex"] {
+                let _ = glommio::io::remove(cleaned(ext)).await;
+            }
+            return Ok(());
+        }
+        let io = |p: PathBuf| move |e| Error::io(&p, e);
+        for ext in ["index", "timeindex"] {
+            let _ = glommio::io::remove(name(ext)).await;
+        }
+        if seg.size == 0 {
+            // Nothing left in it: the segment goes away entirely.
+            let _ = glommio::io::remove(cleaned("log")).await;
+            let _ = glommio::io::remove(name("log")).await;
+            for ext in ["index", "timeindex"] {
+                let _ = glommio::io::remove(cleaned(ext)).await;
+            }
+            file::sync_dir(&self.dir).await?;
+            self.storage.handles.borrow_mut().forget(&name("log"));
+            self.storage.cache.borrow_mut().invalidate(self.id);
+            self.state
+                .borrow_mut()
+                .segments
+                .retain(|s| s.base_offset != c.base);
+            stats.segments_removed += 1;
+            return Ok(());
+        }
+        for ext in ["log", "index", "timeindex"] {
+            glommio::io::rename(cleaned(ext), name(ext))
+                .await
+                .map_err(io(name(ext)))?;
+        }
+        file::sync_dir(&self.dir).await?;
+        self.storage.handles.borrow_mut().forget(&name("log"));
+        // The tail cache may hold batches of the segment as they were before.
+        self.storage.cache.borrow_mut().invalidate(self.id);
+        let mut st = self.state.borrow_mut();
+        if let Some(old) = st.segments.iter_mut().find(|s| s.base_offset == c.base) {
+            old.size = seg.size;
+            old.index = seg.index;
+            old.time_index = seg.time_index;
+            old.generation += 1;
+        }
+        stats.segments_rewritten += 1;
+        Ok(())
     }
 
     /// Flushes, writes the indexes in full and stops accepting work.
@@ -1037,7 +1340,7 @@ async fn recover_dir(
         let stem = name.split('.').next().unwrap_or("");
         let orphan_index = (name.ends_with(".index") || name.ends_with(".timeindex"))
             && !stem.parse::<i64>().is_ok_and(|b| bases.contains(&b));
-        if name.ends_with(".tmp") || orphan_index {
+        if name.ends_with(".tmp") || name.ends_with(".cleaned") || orphan_index {
             let _ = std::fs::remove_file(dir.join(&name));
             report.removed_files += 1;
         }
@@ -1098,14 +1401,19 @@ async fn recover_dir(
     let st = LogState {
         segments,
         log_start,
+        clean_offset: 0,
     };
     st.check_invariants();
     Ok((st.segments, st.log_start))
 }
 
-fn read_meta(dir: &Path) -> Option<i64> {
+fn read_meta_key(dir: &Path, key: &str) -> Option<i64> {
     let text = std::fs::read_to_string(dir.join(META_FILE)).ok()?;
     text.lines()
-        .find_map(|l| l.strip_prefix("log_start_offset="))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
         .and_then(|v| v.trim().parse().ok())
+}
+
+fn read_meta(dir: &Path) -> Option<i64> {
+    read_meta_key(dir, "log_start_offset")
 }

@@ -22,7 +22,7 @@
 //! | R9 | `.timeindex` missing, or entries beyond the scan start | entry check | drop them; re-add from the scan |
 //! | R10 | empty segment file | size 0 | kept: an empty active segment |
 //! | R11 | a closed segment found torn (R2–R5 in a non-last segment) | valid end < file size | truncate it and delete every later segment (offsets must stay contiguous) |
-//! | R12 | leftover `*.tmp` files, index files without a `.log` | names | removed |
+//! | R12 | leftover `*.tmp` and `*.cleaned` files (a crash while writing a file or compacting), index files without a `.log` | names | removed |
 //!
 //! R13 (log start checkpoint missing or beyond the log end) and R14 (no segments at all)
 //! are handled by [`crate::log`].
@@ -76,6 +76,9 @@ pub struct Segment {
     pub time_index: TimeIndex,
     bytes_since_index: u64,
     pub active: Option<ActiveFiles>,
+    /// Bumped when compaction replaces the segment's files, so that a reader that
+    /// looked up a position before the swap knows to look again.
+    pub generation: u64,
     dir: PathBuf,
 }
 
@@ -98,7 +101,7 @@ impl Segment {
         self.size == 0
     }
 
-    fn empty(dir: &Path, base_offset: i64, now_ms: i64) -> Segment {
+    pub fn empty(dir: &Path, base_offset: i64, now_ms: i64) -> Segment {
         Segment {
             base_offset,
             next_offset: base_offset,
@@ -109,6 +112,7 @@ impl Segment {
             time_index: TimeIndex::default(),
             bytes_since_index: 0,
             active: None,
+            generation: 0,
             dir: dir.to_path_buf(),
         }
     }
@@ -215,17 +219,22 @@ impl Segment {
     /// index entry and returns the files to seal. The caller seals them, then calls
     /// [`Segment::finish_close`].
     pub fn begin_close(&mut self) -> Result<Vec<Rc<AppendFile>>, Error> {
+        self.close_time_index();
+        self.persist_indexes(u64::MAX)?;
+        Ok(match &self.active {
+            Some(a) => vec![a.log.clone(), a.index.clone(), a.time.clone()],
+            None => Vec::new(),
+        })
+    }
+
+    /// Adds the closing time-index entry: the segment's max timestamp at its end.
+    pub fn close_time_index(&mut self) {
         if self.max_timestamp >= 0 && self.size > 0 {
             self.time_index.maybe_push(TimeEntry {
                 timestamp: self.max_timestamp,
                 relative_offset: (self.next_offset - self.base_offset) as u32,
             });
         }
-        self.persist_indexes(u64::MAX)?;
-        Ok(match &self.active {
-            Some(a) => vec![a.log.clone(), a.index.clone(), a.time.clone()],
-            None => Vec::new(),
-        })
     }
 
     pub fn finish_close(&mut self) {
@@ -426,9 +435,14 @@ impl Segment {
 
     /// The full contents of both index files, to write without holding the segment.
     pub fn index_files(&self) -> IndexFiles {
+        self.index_files_at(&self.path("index"), &self.path("timeindex"))
+    }
+
+    /// The same, to be written at other paths.
+    pub fn index_files_at(&self, index: &Path, time: &Path) -> IndexFiles {
         IndexFiles {
-            index: (self.path("index"), self.index.encode()),
-            time: (self.path("timeindex"), self.time_index.encode()),
+            index: (index.to_path_buf(), self.index.encode()),
+            time: (time.to_path_buf(), self.time_index.encode()),
         }
     }
 

@@ -1,0 +1,272 @@
+//! Log compaction, the pure part: walking the records of a batch, the bounded key map,
+//! and rewriting a batch without the records compaction drops.
+//!
+//! A rewritten batch keeps its base offset, its last offset delta (so the offset span,
+//! and with it producer-sequence bookkeeping, is unchanged), its base timestamp and
+//! each kept record's bytes verbatim (offset and timestamp deltas included); only the
+//! record count, the length and the CRC change. Offsets therefore never move: a
+//! compacted log simply has gaps.
+//!
+//! Not compacted (kept verbatim, and their keys not counted): compressed batches and
+//! control batches. Records without a key are kept.
+
+use std::collections::HashMap;
+
+use bytes::BufMut;
+
+use crate::batch::{self, BatchHeader, HEADER_BYTES};
+
+/// One record inside an uncompressed batch.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordRef<'a> {
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<&'a [u8]>,
+    /// A null value: a delete marker for the key.
+    pub is_tombstone: bool,
+    /// The record's bytes including its length prefix, to copy verbatim.
+    pub raw: &'a [u8],
+}
+
+fn get_varint(buf: &mut &[u8]) -> Option<i64> {
+    let mut value: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let (&b, rest) = buf.split_first()?;
+        *buf = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+}
+
+/// The records of an uncompressed, non-control batch; `None` if the batch is
+/// compressed, a control batch, or its records do not parse.
+pub fn records(batch_bytes: &[u8]) -> Option<(BatchHeader, Vec<RecordRef<'_>>)> {
+    let h = BatchHeader::parse(batch_bytes).ok()?;
+    if h.compression() != 0 || h.is_control() {
+        return None;
+    }
+    let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
+    let mut buf = &batch_bytes[HEADER_BYTES..];
+    let mut out = Vec::with_capacity(h.record_count.max(0) as usize);
+    for _ in 0..h.record_count {
+        let start = buf;
+        let len = usize::try_from(get_varint(&mut buf)?).ok()?;
+        let prefix = start.len() - buf.len();
+        if len > buf.len() {
+            return None;
+        }
+        let mut r = &buf[..len];
+        buf = &buf[len..];
+        r = r.get(1..)?; // attributes
+        let ts_delta = get_varint(&mut r)?;
+        let off_delta = get_varint(&mut r)?;
+        let klen = get_varint(&mut r)?;
+        let key = if klen < 0 {
+            None
+        } else {
+            let k = r.get(..klen as usize)?;
+            r = &r[klen as usize..];
+            Some(k)
+        };
+        let vlen = get_varint(&mut r)?;
+        out.push(RecordRef {
+            offset: h.base_offset + off_delta,
+            timestamp: if log_append {
+                h.max_timestamp
+            } else {
+                h.base_timestamp + ts_delta
+            },
+            key,
+            is_tombstone: vlen < 0,
+            raw: &start[..prefix + len],
+        });
+    }
+    if !buf.is_empty() {
+        return None;
+    }
+    Some((h, out))
+}
+
+/// The latest offset of every key seen, within a memory budget.
+#[derive(Debug, Default)]
+pub struct KeyMap {
+    latest: HashMap<Vec<u8>, i64>,
+    bytes: usize,
+}
+
+/// Bytes a map entry is charged: the key plus the map's own per-entry overhead.
+fn entry_cost(key: &[u8]) -> usize {
+    key.len() + 64
+}
+
+impl KeyMap {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.latest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.latest.is_empty()
+    }
+
+    /// Records `key` at `offset` (offsets arrive in increasing order).
+    pub fn insert(&mut self, key: &[u8], offset: i64) {
+        match self.latest.get_mut(key) {
+            Some(o) => *o = (*o).max(offset),
+            None => {
+                self.bytes += entry_cost(key);
+                self.latest.insert(key.to_vec(), offset);
+            }
+        }
+    }
+
+    pub fn latest(&self, key: &[u8]) -> Option<i64> {
+        self.latest.get(key).copied()
+    }
+
+    /// Adds every keyed record of `batch` (a no-op for batches compaction skips).
+    pub fn add_batch(&mut self, batch_bytes: &[u8]) {
+        if let Some((_, recs)) = records(batch_bytes) {
+            for r in recs {
+                if let Some(k) = r.key {
+                    self.insert(k, r.offset);
+                }
+            }
+        }
+    }
+
+    /// Folds `other` (built from later offsets) into this map.
+    pub fn merge(&mut self, other: KeyMap) {
+        for (k, o) in other.latest {
+            self.insert(&k, o);
+        }
+    }
+}
+
+/// What compaction does to one batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Filtered {
+    Unchanged,
+    Rewritten(Vec<u8>),
+    /// Every record went: the batch disappears.
+    Dropped,
+}
+
+/// Rewrites `batch` keeping the records for which `keep` says yes.
+pub fn filter_batch(batch_bytes: &[u8], mut keep: impl FnMut(&RecordRef<'_>) -> bool) -> Filtered {
+    let Some((h, recs)) = records(batch_bytes) else {
+        return Filtered::Unchanged;
+    };
+    let kept: Vec<&RecordRef<'_>> = recs.iter().filter(|r| keep(r)).collect();
+    if kept.len() == recs.len() {
+        return Filtered::Unchanged;
+    }
+    if kept.is_empty() {
+        return Filtered::Dropped;
+    }
+    let body: usize = kept.iter().map(|r| r.raw.len()).sum();
+    let mut out = Vec::with_capacity(HEADER_BYTES + body);
+    out.extend_from_slice(&batch_bytes[..HEADER_BYTES]);
+    for r in &kept {
+        out.extend_from_slice(r.raw);
+    }
+    let length = (out.len() - batch::LOG_OVERHEAD) as i32;
+    (&mut out[8..12]).put_i32(length);
+    (&mut out[batch::OFF_RECORD_COUNT..HEADER_BYTES]).put_i32(kept.len() as i32);
+    let crc = crc32c::crc32c(&out[batch::OFF_ATTRIBUTES..]);
+    (&mut out[17..batch::OFF_ATTRIBUTES]).put_u32(crc);
+    let _ = h;
+    Filtered::Rewritten(out)
+}
+
+/// The keep rule of one compaction pass: a keyed record survives if it is the latest
+/// for its key (or its key is newer than the map knows); a tombstone additionally only
+/// until it is older than `tombstone_horizon_ms`.
+pub fn keep_record(map: &KeyMap, r: &RecordRef<'_>, tombstone_horizon_ms: i64) -> bool {
+    let Some(key) = r.key else { return true };
+    let latest = map.latest(key).unwrap_or(r.offset);
+    if r.offset < latest {
+        return false;
+    }
+    !(r.is_tombstone && r.timestamp < tombstone_horizon_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::build;
+
+    fn keyed(ts: i64, recs: &[(&[u8], Option<&[u8]>)]) -> Vec<u8> {
+        let r: Vec<build::NullableRecord<'_>> = recs.iter().map(|(k, v)| (Some(*k), *v)).collect();
+        build::batch_nullable(ts, &r)
+    }
+
+    #[test]
+    fn records_parse_and_filter_keeps_offsets_and_crc() {
+        let mut b = keyed(
+            100,
+            &[(b"a", Some(b"1")), (b"b", Some(b"2")), (b"a", Some(b"3"))],
+        );
+        batch::assign(&mut b, 10, 0, None);
+        let (_, recs) = records(&b).unwrap();
+        assert_eq!(
+            recs.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            vec![10, 11, 12]
+        );
+        let mut map = KeyMap::default();
+        map.add_batch(&b);
+        assert_eq!(map.latest(b"a"), Some(12));
+        let Filtered::Rewritten(out) = filter_batch(&b, |r| keep_record(&map, r, 0)) else {
+            panic!("expected a rewrite");
+        };
+        let h = batch::validate(&out, false).unwrap();
+        assert_eq!(
+            (h.base_offset, h.last_offset_delta, h.record_count),
+            (10, 2, 2)
+        );
+        let (_, kept) = records(&out).unwrap();
+        assert_eq!(
+            kept.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            vec![11, 12]
+        );
+    }
+
+    #[test]
+    fn tombstones_survive_until_the_horizon() {
+        let b = keyed(1_000, &[(b"k", None)]);
+        let map = KeyMap::default();
+        let (_, recs) = records(&b).unwrap();
+        assert!(recs[0].is_tombstone);
+        assert!(
+            keep_record(&map, &recs[0], 1_000),
+            "not older than the horizon"
+        );
+        assert!(!keep_record(&map, &recs[0], 1_001));
+    }
+
+    #[test]
+    fn batch_with_nothing_left_is_dropped_and_untouched_batch_unchanged() {
+        let b = keyed(1, &[(b"x", Some(b"1"))]);
+        let mut map = KeyMap::default();
+        map.insert(b"x", 5);
+        assert_eq!(
+            filter_batch(&b, |r| keep_record(&map, r, 0)),
+            Filtered::Dropped
+        );
+        let map = KeyMap::default();
+        assert_eq!(
+            filter_batch(&b, |r| keep_record(&map, r, 0)),
+            Filtered::Unchanged
+        );
+    }
+}

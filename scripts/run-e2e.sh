@@ -6,4 +6,4 @@ if ! ls tests/e2e/test_*.py >/dev/null 2>&1; then
   echo "e2e: no end-to-end tests yet"
   exit 0
 fi
-SLUICE_BIN="$PWD/target/release/sluice" python3 -m pytest -q tests/e2e "$@"
+SLUICE_BIN="${SLUICE_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/release/sluice}" python3 -m pytest -q tests/e2e "$@"

@@ -1,0 +1,19 @@
+//! Fuzz target: request decoding (`sluice::api::parse`) on arbitrary frames.
+//!
+//! Any input must give a request, an "unsupported" answer or a decode error — never a
+//! panic, an abort or an unbounded allocation. The broker's allocator is used so that
+//! huge array-length prefixes behave as in production (see `sluice::alloc`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+#[global_allocator]
+static ALLOCATOR: sluice::alloc::Allocator = sluice::alloc::Allocator;
+
+fuzz_target!(|data: &[u8]| {
+    let frame = bytes::Bytes::copy_from_slice(data);
+    if let Ok(sluice::api::Parsed::Request(req)) = sluice::api::parse(frame) {
+        // Touch the decoded request so the optimiser keeps the decode.
+        std::hint::black_box(&req);
+    }
+});

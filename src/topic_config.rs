@@ -13,9 +13,12 @@ use sluice_storage::{FlushPolicy, LogConfig, TimestampType};
 /// Every topic config Sluice knows, with its default as Kafka prints it.
 pub const KNOWN: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
+    ("delete.retention.ms", "86400000"),
     ("flush.ms", "0"),
     ("max.message.bytes", "1048588"),
     ("message.timestamp.type", "CreateTime"),
+    ("min.cleanable.dirty.ratio", "0.5"),
+    ("min.compaction.lag.ms", "0"),
     ("min.insync.replicas", "1"),
     ("retention.bytes", "1099511627776"),
     ("retention.ms", "604800000"),
@@ -85,7 +88,22 @@ impl TopicConfig {
                             "Invalid value {v} for configuration cleanup.policy: must be delete, compact or both"
                         ));
                     }
+                    log.cleanup_delete = parts.contains(&"delete");
+                    log.cleanup_compact = parts.contains(&"compact");
                     cleanup_policy = v.clone();
+                }
+                "delete.retention.ms" => log.delete_retention_ms = parse_i64(name, v)?,
+                "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
+                "min.cleanable.dirty.ratio" => {
+                    let r: f64 = v.trim().parse().map_err(|_| {
+                        format!("Invalid value {v} for configuration min.cleanable.dirty.ratio: not a number")
+                    })?;
+                    if !(0.0..=1.0).contains(&r) {
+                        return Err(format!(
+                            "Invalid value {v} for configuration min.cleanable.dirty.ratio: must be in [0, 1]"
+                        ));
+                    }
+                    log.min_cleanable_dirty_ratio_bp = (r * 10_000.0).round() as u16;
                 }
                 "flush.ms" => {
                     // 0 means "before every acknowledgement", Sluice's default; Kafka's
@@ -177,8 +195,11 @@ mod tests {
             ("flush.ms", "50"),
             ("min.insync.replicas", "2"),
             ("cleanup.policy", "compact,delete"),
+            ("min.cleanable.dirty.ratio", "0.25"),
         ]))
         .unwrap();
+        assert!(c.log.cleanup_compact && c.log.cleanup_delete);
+        assert_eq!(c.log.min_cleanable_dirty_ratio_bp, 2500);
         assert_eq!(c.log.retention_ms, 1000);
         assert_eq!(c.log.segment_bytes, 4096);
         assert_eq!(c.log.timestamp_type, TimestampType::LogAppendTime);
@@ -195,6 +216,7 @@ mod tests {
             ("min.insync.replicas", "0"),
             ("cleanup.policy", "shred"),
             ("flush.ms", "-5"),
+            ("min.cleanable.dirty.ratio", "2"),
             ("no.such.config", "1"),
         ] {
             let e = TopicConfig::parse(&set(&[(k, v)])).unwrap_err();

@@ -128,3 +128,39 @@ def api_versions_v0(conn, corr=99):
         k, lo, hi = struct.unpack_from(">hhh", body, 6 + 6 * i)
         keys[k] = (lo, hi)
     return err, keys
+
+
+def fetch_v4(topic, partition, offset, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,
+             partition_max_bytes=1 << 20, corr=1):
+    body = header(1, 4, corr) + struct.pack(">iiiib", -1, max_wait_ms, min_bytes, max_bytes, 0)
+    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", 1)
+    body += struct.pack(">iqi", partition, offset, partition_max_bytes)
+    return frame(body)
+
+
+def parse_fetch_v4(resp):
+    """-> [(topic, partition, error_code, high_watermark, records bytes)]"""
+    pos = 4  # throttle time
+    (n_topics,) = struct.unpack_from(">i", resp, pos); pos += 4
+    out = []
+    for _ in range(n_topics):
+        (ln,) = struct.unpack_from(">h", resp, pos); pos += 2
+        name = resp[pos:pos + ln].decode(); pos += ln
+        (n_parts,) = struct.unpack_from(">i", resp, pos); pos += 4
+        for _ in range(n_parts):
+            p, err, hw, _lso = struct.unpack_from(">ihqq", resp, pos); pos += 22
+            (n_aborted,) = struct.unpack_from(">i", resp, pos); pos += 4
+            pos += max(n_aborted, 0) * 16
+            (rl,) = struct.unpack_from(">i", resp, pos); pos += 4
+            recs = resp[pos:pos + max(rl, 0)]; pos += max(rl, 0)
+            out.append((name, p, err, hw, recs))
+    return out
+
+
+def batch_count(records):
+    n, pos = 0, 0
+    while pos + 12 <= len(records):
+        (ln,) = struct.unpack_from(">i", records, pos + 8)
+        pos += 12 + ln
+        n += 1
+    return n

@@ -107,6 +107,9 @@ pub enum ShardResp {
 pub struct ShardLimits {
     /// Bytes of request frames a shard holds at once (all connections).
     pub request_bytes_max: u64,
+    /// Bytes of request frames one connection holds at once (from reading a frame until
+    /// its response is written).
+    pub connection_request_bytes_max: u64,
     /// Requests one connection may have in flight (pipelined) before the broker stops
     /// reading from it.
     pub connection_inflight_max: usize,

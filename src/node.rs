@@ -126,6 +126,8 @@ async fn run_shard(
         });
     let limits = ShardLimits {
         request_bytes_max: (config.socket_request_max_bytes as u64).max(256 << 20),
+        // One largest frame always fits, so no single request can wait forever.
+        connection_request_bytes_max: (config.socket_request_max_bytes as u64).max(64 << 20),
         connection_inflight_max: 128,
     };
     let listen = config.listen;

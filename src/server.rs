@@ -20,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::{TcpListener, TcpStream};
+use glommio::sync::{Semaphore, StaticPermit};
 use glommio::Task;
 
 use crate::api::{self, Outcome};
@@ -49,6 +50,12 @@ pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
     }
 }
 
+/// A request's share of the connection and shard byte budgets.
+struct Permits(
+    #[allow(dead_code)] StaticPermit,
+    #[allow(dead_code)] StaticPermit,
+);
+
 #[derive(Debug, thiserror::Error)]
 enum ConnError {
     #[error("i/o: {0}")]
@@ -71,8 +78,9 @@ async fn connection(broker: Rc<Broker>, mut reader: TcpStream) -> Result<(), Con
     }
     // SAFETY: `fd` is a fresh descriptor we own, referring to a connected TCP socket.
     let writer = unsafe { TcpStream::from_raw_fd(fd) };
-    let (tx, rx) =
-        local_channel::new_bounded::<Task<Outcome>>(broker.limits.connection_inflight_max);
+    let (tx, rx) = local_channel::new_bounded::<Task<(Outcome, Permits)>>(
+        broker.limits.connection_inflight_max,
+    );
     let writer_task = glommio::spawn_local(write_responses(writer, rx));
     let result = read_requests(&broker, &mut reader, &tx).await;
     drop(tx);
@@ -89,9 +97,10 @@ async fn connection(broker: Rc<Broker>, mut reader: TcpStream) -> Result<(), Con
 async fn read_requests(
     broker: &Rc<Broker>,
     reader: &mut TcpStream,
-    tx: &local_channel::LocalSender<Task<Outcome>>,
+    tx: &local_channel::LocalSender<Task<(Outcome, Permits)>>,
 ) -> Result<(), ConnError> {
     let max = broker.config.socket_request_max_bytes;
+    let conn_bytes = Rc::new(Semaphore::new(broker.limits.connection_request_bytes_max));
     loop {
         let mut size_buf = [0u8; 4];
         match reader.read_exact(&mut size_buf).await {
@@ -104,21 +113,28 @@ async fn read_requests(
             return Err(ConnError::FrameSize(i64::from(size), max));
         }
         let size = size as usize;
-        // Backpressure: wait for the shard's budget before reading the frame body.
-        let permit = broker
+        // Backpressure: wait for the connection's and then the shard's byte budget
+        // before reading the frame body. Both are held until the response is written.
+        let to_io = |e: glommio::GlommioError<()>| std::io::Error::other(e.to_string());
+        let conn_permit = conn_bytes
+            .clone()
+            .acquire_static_permit(size as u64)
+            .await
+            .map_err(to_io)?;
+        let shard_permit = broker
             .request_bytes
             .clone()
             .acquire_static_permit(size as u64)
             .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+            .map_err(to_io)?;
+        let permits = Permits(conn_permit, shard_permit);
         let mut frame = BytesMut::zeroed(size);
         reader.read_exact(&mut frame).await?;
         let parsed = api::parse(frame.freeze())?;
         let b = broker.clone();
         let task = glommio::spawn_local(async move {
             let out = api::handle(&b, parsed).await;
-            drop(permit);
-            out
+            (out, permits)
         });
         if tx.send(task).await.is_err() {
             // The writer is gone (socket error): stop reading.
@@ -127,9 +143,13 @@ async fn read_requests(
     }
 }
 
-async fn write_responses(mut writer: TcpStream, rx: local_channel::LocalReceiver<Task<Outcome>>) {
+async fn write_responses(
+    mut writer: TcpStream,
+    rx: local_channel::LocalReceiver<Task<(Outcome, Permits)>>,
+) {
     while let Some(task) = rx.recv().await {
-        let bytes: Bytes = match task.await {
+        let (outcome, _permits) = task.await;
+        let bytes: Bytes = match outcome {
             Outcome::Respond(b) => b,
             Outcome::Silent => continue,
             Outcome::Close => break,

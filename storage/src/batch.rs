@@ -192,7 +192,12 @@ pub fn validate(batch: &[u8], strict_count: bool) -> Result<BatchHeader, BatchEr
             && h.last_offset_delta >= 0
             && i64::from(h.record_count) <= i64::from(h.last_offset_delta) + 1
     };
-    if !count_ok {
+    // An uncompressed record takes at least 7 bytes (length, attributes, timestamp
+    // delta, offset delta, key length, value length, header count): a count the bytes
+    // cannot hold is a lie, whatever the offset delta says.
+    let plausible = h.compression() != 0
+        || i64::from(h.record_count) * 7 <= (batch.len() - HEADER_BYTES) as i64;
+    if !count_ok || !plausible {
         return Err(BatchError::BadRecordCount {
             count: h.record_count,
             last_offset_delta: h.last_offset_delta,
@@ -279,7 +284,7 @@ pub fn record_timestamps(batch: &[u8]) -> Option<Vec<(i64, i64)>> {
     }
     let log_append = h.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0;
     let mut buf = &batch[HEADER_BYTES..];
-    let mut out = Vec::with_capacity(h.record_count.max(0) as usize);
+    let mut out = Vec::with_capacity((h.record_count.max(0) as usize).min(buf.len() / 7));
     for _ in 0..h.record_count {
         let len = get_varint(&mut buf)?;
         let len = usize::try_from(len).ok()?;

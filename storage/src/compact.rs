@@ -7,8 +7,10 @@
 //! record count, the length and the CRC change. Offsets therefore never move: a
 //! compacted log simply has gaps.
 //!
-//! Not compacted (kept verbatim, and their keys not counted): compressed batches and
-//! control batches. Records without a key are kept.
+//! Not compacted (kept verbatim, and their keys not counted): compressed batches,
+//! transactional batches and control batches. Records without a key are kept.
+//! Tombstones are dropped once their timestamp is older than `delete.retention.ms`
+//! (Kafka counts from when the tombstone's segment was first cleaned instead).
 
 use std::collections::HashMap;
 
@@ -49,12 +51,14 @@ fn get_varint(buf: &mut &[u8]) -> Option<i64> {
 /// compressed, a control batch, or its records do not parse.
 pub fn records(batch_bytes: &[u8]) -> Option<(BatchHeader, Vec<RecordRef<'_>>)> {
     let h = BatchHeader::parse(batch_bytes).ok()?;
-    if h.compression() != 0 || h.is_control() {
+    // Transactional batches may belong to aborted or open transactions: until the
+    // transaction index exists they are kept verbatim and their keys are not counted.
+    if h.compression() != 0 || h.is_control() || h.is_transactional() {
         return None;
     }
     let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
     let mut buf = &batch_bytes[HEADER_BYTES..];
-    let mut out = Vec::with_capacity(h.record_count.max(0) as usize);
+    let mut out = Vec::with_capacity((h.record_count.max(0) as usize).min(buf.len() / 7));
     for _ in 0..h.record_count {
         let start = buf;
         let len = usize::try_from(get_varint(&mut buf)?).ok()?;

@@ -59,6 +59,8 @@ struct State {
     failed: Option<String>,
     /// File size reserved with fallocate (zero-filled beyond `len`).
     allocated: u64,
+    /// Bumped by truncation: a write or sync that started before it claims nothing.
+    epoch: u64,
 }
 
 /// A write ready to submit: an aligned buffer for position `pos` ending the file's
@@ -69,14 +71,17 @@ struct Prepared {
     end: u64,
 }
 
-/// Files grow by this much at a time, so that O_DIRECT writes overwrite allocated
-/// blocks instead of extending the file (ext4 serialises extending writes).
+/// Segment `.log` files grow by this much at a time, so that O_DIRECT writes overwrite
+/// allocated blocks instead of extending the file (ext4 serialises extending writes).
+/// Small files (indexes, metadata) pass 0.
 pub const PREALLOCATE_BYTES: u64 = 32 << 20;
 
 pub struct AppendFile {
     file: Rc<DmaFile>,
     path: PathBuf,
     write_bytes_max: usize,
+    /// Grow the file by this much at a time (0: never preallocate).
+    preallocate_bytes: u64,
     state: RefCell<State>,
     written_event: Event,
     synced_event: Event,
@@ -84,12 +89,14 @@ pub struct AppendFile {
 
 impl AppendFile {
     /// Opens (creating if needed) `path` for appending after its first `valid_len`
-    /// bytes; anything beyond is cut off, so bytes recovery did not validate are gone.
+    /// bytes; anything beyond is cut off (durably), so bytes recovery did not validate
+    /// are gone. `preallocate_bytes`: grow the file in steps of this size (0: don't).
     pub async fn open(
         path: &Path,
         valid_len: u64,
         write_bytes_max: usize,
-    ) -> Result<AppendFile, Error> {
+        preallocate_bytes: u64,
+    ) -> Result<Rc<AppendFile>, Error> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -102,6 +109,7 @@ impl AppendFile {
             file.truncate(valid_len)
                 .await
                 .map_err(|e| Error::io(path, e))?;
+            file.fdatasync().await.map_err(|e| Error::io(path, e))?;
         }
         let tail_start = align_down(valid_len);
         let tail = if valid_len > tail_start {
@@ -113,10 +121,11 @@ impl AppendFile {
         } else {
             Vec::new()
         };
-        Ok(AppendFile {
+        Ok(Rc::new(AppendFile {
             file: Rc::new(file),
             path: path.to_path_buf(),
             write_bytes_max: write_bytes_max.max(ALIGN as usize),
+            preallocate_bytes,
             state: RefCell::new(State {
                 len: valid_len,
                 pending: VecDeque::new(),
@@ -130,10 +139,11 @@ impl AppendFile {
                 syncing: false,
                 failed: None,
                 allocated: valid_len,
+                epoch: 0,
             }),
             written_event: Event::new(),
             synced_event: Event::new(),
-        })
+        }))
     }
 
     pub fn path(&self) -> &Path {
@@ -185,12 +195,17 @@ impl AppendFile {
         Ok(st.len)
     }
 
-    /// Waits until every byte below `target` has been written to the device.
-    pub async fn wait_written(&self, target: u64) -> Result<(), Error> {
+    /// Waits until every byte below `target` (clamped to the length) has been written
+    /// to the device.
+    ///
+    /// Cancel-safe: the writes themselves run in detached tasks that own their state
+    /// updates, so dropping this future never leaves a write half-accounted.
+    pub async fn wait_written(self: &Rc<Self>, target: u64) -> Result<(), Error> {
         loop {
             self.check_failed()?;
             let listener = {
                 let mut st = self.state.borrow_mut();
+                let target = target.min(st.len);
                 if st.written >= target {
                     return Ok(());
                 }
@@ -199,21 +214,18 @@ impl AppendFile {
                     if st.prepared.is_none() {
                         st.prepared = self.prepare(&mut st);
                     }
-                    Some(self.written_event.listen())
                 } else {
-                    None
+                    self.start_write(&mut st);
                 }
+                self.written_event.listen()
             };
-            match listener {
-                Some(l) => {
-                    // Re-check after registering: the write may have finished between.
-                    if self.state.borrow().written >= target {
-                        return Ok(());
-                    }
-                    l.await;
+            {
+                let st = self.state.borrow();
+                if st.written >= target.min(st.len) || st.failed.is_some() {
+                    continue;
                 }
-                None => self.write_next().await?,
             }
+            listener.await;
         }
     }
 
@@ -253,111 +265,120 @@ impl AppendFile {
         Some(Prepared { buf, pos, end })
     }
 
-    /// Submits the prepared write (preparing one if needed) and waits for it.
-    async fn write_next(&self) -> Result<(), Error> {
-        let (next, grow_to) = {
-            let mut st = self.state.borrow_mut();
-            debug_assert!(!st.writing);
-            let next = match st.prepared.take() {
+    /// Starts the next write (the prepared one, or one prepared now) in a detached
+    /// task, if there is anything to write and no write is in flight.
+    fn start_write(self: &Rc<Self>, st: &mut State) {
+        if st.writing || st.failed.is_some() {
+            return;
+        }
+        let next = match st.prepared.take() {
+            Some(p) => p,
+            None => match self.prepare(st) {
                 Some(p) => p,
-                None => match self.prepare(&mut st) {
-                    Some(p) => p,
-                    None => return Ok(()),
-                },
-            };
-            st.writing = true;
-            let write_end = next.pos + next.buf.len() as u64;
-            let grow_to =
-                (write_end > st.allocated).then(|| write_end.max(st.allocated + PREALLOCATE_BYTES));
-            (next, grow_to)
+                None => return,
+            },
         };
+        st.writing = true;
+        let write_end = next.pos + next.buf.len() as u64;
+        let grow_to = (self.preallocate_bytes > 0 && write_end > st.allocated)
+            .then(|| write_end.max(st.allocated + self.preallocate_bytes));
+        let epoch = st.epoch;
+        let this = self.clone();
+        glommio::spawn_local(async move { this.run_write(next, grow_to, epoch).await }).detach();
+    }
+
+    async fn run_write(self: Rc<Self>, next: Prepared, grow_to: Option<u64>, epoch: u64) {
         if let Some(size) = grow_to {
             // Best effort: a file system without fallocate just extends on write.
             if self.file.pre_allocate(size, false).await.is_ok() {
-                self.state.borrow_mut().allocated = size;
+                let mut st = self.state.borrow_mut();
+                st.allocated = st.allocated.max(size);
             }
         }
         let Prepared { buf, pos, end } = next;
+        let expected = buf.len();
         let res = self.file.write_at(buf, pos).await;
         let mut st = self.state.borrow_mut();
         st.writing = false;
-        let out = match res {
-            Ok(_) => {
-                st.written = end;
-                Ok(())
+        match res {
+            Ok(n) if n == expected => {
+                if st.epoch == epoch {
+                    st.written = st.written.max(end);
+                }
+                // Keep the pipeline going even if every waiter went away.
+                if st.prepared.is_some() || st.pending_len > 0 {
+                    self.start_write(&mut st);
+                }
             }
-            Err(e) => {
-                let err = Error::io(&self.path, e);
-                st.failed = Some(err.to_string());
-                Err(err)
+            Ok(n) => {
+                st.failed = Some(format!("short write: {n} of {expected} bytes at {pos}"));
             }
-        };
+            Err(e) => st.failed = Some(Error::io(&self.path, e).to_string()),
+        }
         drop(st);
         self.written_event.notify(usize::MAX);
-        out
     }
 
-    /// Waits until every byte below `target` is durable (written and fdatasync'ed).
-    /// Concurrent callers share syncs: one sync covers every byte written before it.
-    pub async fn wait_durable(&self, target: u64) -> Result<(), Error> {
+    /// Waits until every byte below `target` (clamped to the length) is durable
+    /// (written and fdatasync'ed). Concurrent callers share syncs: one sync covers
+    /// every byte written before it started. Cancel-safe like [`Self::wait_written`].
+    pub async fn wait_durable(self: &Rc<Self>, target: u64) -> Result<(), Error> {
         loop {
             self.check_failed()?;
-            if self.state.borrow().durable >= target {
-                return Ok(());
+            {
+                let st = self.state.borrow();
+                if st.durable >= target.min(st.len) {
+                    return Ok(());
+                }
             }
             self.wait_written(target).await?;
             let listener = {
                 let mut st = self.state.borrow_mut();
+                let target = target.min(st.len);
                 if st.durable >= target {
                     return Ok(());
                 }
-                if st.syncing {
-                    Some(self.synced_event.listen())
-                } else {
+                if !st.syncing {
                     st.syncing = true;
-                    None
+                    let covered = st.written;
+                    let epoch = st.epoch;
+                    let this = self.clone();
+                    glommio::spawn_local(async move { this.run_sync(covered, epoch).await })
+                        .detach();
                 }
+                self.synced_event.listen()
             };
-            if let Some(l) = listener {
-                if self.state.borrow().durable >= target {
-                    return Ok(());
+            {
+                let st = self.state.borrow();
+                if st.durable >= target.min(st.len) || st.failed.is_some() || !st.syncing {
+                    continue;
                 }
-                l.await;
-                continue;
             }
-            let covered = self.state.borrow().written;
-            let res = self.file.fdatasync().await;
-            let mut st = self.state.borrow_mut();
-            st.syncing = false;
-            let out = match res {
-                Ok(()) => {
-                    st.durable = st.durable.max(covered);
-                    Ok(())
-                }
-                Err(e) => {
-                    let err = Error::io(&self.path, e);
-                    st.failed = Some(err.to_string());
-                    Err(err)
-                }
-            };
-            drop(st);
-            self.synced_event.notify(usize::MAX);
-            out?;
+            listener.await;
         }
     }
 
+    async fn run_sync(self: Rc<Self>, covered: u64, epoch: u64) {
+        let res = self.file.fdatasync().await;
+        let mut st = self.state.borrow_mut();
+        st.syncing = false;
+        match res {
+            // A truncation meanwhile (new epoch) voids what this sync covered.
+            Ok(()) if st.epoch == epoch => st.durable = st.durable.max(covered.min(st.len)),
+            Ok(()) => {}
+            Err(e) => st.failed = Some(Error::io(&self.path, e).to_string()),
+        }
+        drop(st);
+        self.synced_event.notify(usize::MAX);
+    }
+
     /// Writes and syncs everything accepted so far.
-    pub async fn sync_all(&self) -> Result<(), Error> {
+    pub async fn sync_all(self: &Rc<Self>) -> Result<(), Error> {
         let len = self.len();
         self.wait_durable(len).await
     }
 
-    /// Cuts the file to `new_len` bytes (≤ len). Waits for in-flight writes first.
-    pub async fn truncate(&self, new_len: u64) -> Result<(), Error> {
-        let len = self.len();
-        assert!(new_len <= len, "truncate beyond end: {new_len} > {len}");
-        self.wait_written(len).await?;
-        // Wait for any sync in flight so its completion cannot claim truncated bytes.
+    async fn wait_no_sync(&self) {
         while self.state.borrow().syncing {
             let l = self.synced_event.listen();
             if !self.state.borrow().syncing {
@@ -365,6 +386,46 @@ impl AppendFile {
             }
             l.await;
         }
+    }
+
+    /// Cuts the file to `new_len` bytes (≤ len), durably. Waits for in-flight writes
+    /// and syncs first. If this future is dropped midway the file is left failed
+    /// (refusing work) rather than inconsistent.
+    pub async fn truncate(self: &Rc<Self>, new_len: u64) -> Result<(), Error> {
+        let len = self.len();
+        assert!(new_len <= len, "truncate beyond end: {new_len} > {len}");
+        self.wait_written(len).await?;
+        self.wait_no_sync().await;
+        {
+            let mut st = self.state.borrow_mut();
+            st.epoch += 1;
+            st.failed = Some("truncation interrupted".into());
+        }
+        let res = self.truncate_file(new_len).await;
+        let mut st = self.state.borrow_mut();
+        match res {
+            Ok(tail) => {
+                st.failed = None;
+                st.len = new_len;
+                st.pending.clear();
+                st.pending_len = 0;
+                st.prepared = None;
+                st.staged = new_len;
+                st.written = new_len;
+                st.durable = new_len;
+                st.allocated = new_len;
+                st.tail = tail;
+                Ok(())
+            }
+            Err(e) => {
+                st.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads the new tail page, cuts the file and syncs the cut.
+    async fn truncate_file(&self, new_len: u64) -> Result<Vec<u8>, Error> {
         let tail_start = align_down(new_len);
         let tail = if new_len > tail_start {
             let r = self
@@ -380,32 +441,41 @@ impl AppendFile {
             .truncate(new_len)
             .await
             .map_err(|e| Error::io(&self.path, e))?;
-        let mut st = self.state.borrow_mut();
-        st.len = new_len;
-        st.pending.clear();
-        st.pending_len = 0;
-        st.prepared = None;
-        st.staged = new_len;
-        st.written = new_len;
-        st.durable = st.durable.min(new_len);
-        st.allocated = new_len;
-        st.tail = tail;
-        Ok(())
-    }
-
-    /// Writes, syncs, and trims the file to its logical length (drops page padding).
-    pub async fn seal(&self) -> Result<(), Error> {
-        self.sync_all().await?;
-        let len = self.len();
-        self.file
-            .truncate(len)
-            .await
-            .map_err(|e| Error::io(&self.path, e))?;
-        self.state.borrow_mut().allocated = len;
         self.file
             .fdatasync()
             .await
-            .map_err(|e| Error::io(&self.path, e))
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok(tail)
+    }
+
+    /// Writes, syncs, and trims the file to its logical length (drops page padding
+    /// and preallocated space).
+    pub async fn seal(self: &Rc<Self>) -> Result<(), Error> {
+        self.sync_all().await?;
+        self.wait_no_sync().await;
+        let len = self.len();
+        let res = async {
+            self.file
+                .truncate(len)
+                .await
+                .map_err(|e| Error::io(&self.path, e))?;
+            self.file
+                .fdatasync()
+                .await
+                .map_err(|e| Error::io(&self.path, e))
+        }
+        .await;
+        let mut st = self.state.borrow_mut();
+        match res {
+            Ok(()) => {
+                st.allocated = len;
+                Ok(())
+            }
+            Err(e) => {
+                st.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
     }
 }
 
@@ -414,7 +484,7 @@ pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
     let tmp = path.with_extension("tmp");
     let _ = glommio::io::remove(&tmp).await;
     {
-        let f = AppendFile::open(&tmp, 0, data.len().max(1)).await?;
+        let f = AppendFile::open(&tmp, 0, data.len().max(1), 0).await?;
         f.push(data)?;
         f.seal().await?;
     }

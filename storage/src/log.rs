@@ -66,51 +66,54 @@ pub struct ReadResult {
     pub log_end_offset: i64,
 }
 
-/// Read handles of closed segments, least recently used closed first.
+/// Read handles of closed segments, least recently used closed first. Keyed by path
+/// and segment generation, so a handle never outlives the file version it was opened
+/// for: compaction swaps files under the same path with a new generation.
 struct ReadHandles {
     max: usize,
     tick: u64,
-    files: HashMap<PathBuf, (Rc<DmaFile>, u64)>,
+    files: HashMap<(PathBuf, u64), (Rc<DmaFile>, u64)>,
 }
 
 impl ReadHandles {
-    async fn get(cell: &RefCell<ReadHandles>, path: &Path) -> Result<Rc<DmaFile>, Error> {
-        {
-            let mut h = cell.borrow_mut();
-            h.tick += 1;
-            let tick = h.tick;
-            if let Some((f, t)) = h.files.get_mut(path) {
-                *t = tick;
-                return Ok(f.clone());
-            }
-        }
-        let f = Rc::new(
-            glommio::io::OpenOptions::new()
-                .read(true)
-                .dma_open(path)
-                .await
-                .map_err(|e| Error::io(path, e))?,
-        );
-        let mut h = cell.borrow_mut();
-        while h.files.len() >= h.max {
-            let oldest = h
+    fn lookup(&mut self, path: &Path, generation: u64) -> Option<Rc<DmaFile>> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (f, t) = self.files.get_mut(&(path.to_path_buf(), generation))?;
+        *t = tick;
+        Some(f.clone())
+    }
+
+    fn insert(&mut self, path: &Path, generation: u64, file: Rc<DmaFile>) {
+        while self.files.len() >= self.max {
+            let oldest = self
                 .files
                 .iter()
                 .min_by_key(|(_, (_, t))| *t)
-                .map(|(p, _)| p.clone());
+                .map(|(k, _)| k.clone());
             match oldest {
-                Some(p) => h.files.remove(&p),
+                Some(k) => self.files.remove(&k),
                 None => break,
             };
         }
-        let tick = h.tick;
-        h.files.insert(path.to_path_buf(), (f.clone(), tick));
-        Ok(f)
+        let tick = self.tick;
+        self.files
+            .insert((path.to_path_buf(), generation), (file, tick));
     }
 
     fn forget(&mut self, path: &Path) {
-        self.files.remove(path);
+        self.files.retain(|(p, _), _| p != path);
     }
+}
+
+async fn open_read(path: &Path) -> Result<Rc<DmaFile>, Error> {
+    Ok(Rc::new(
+        glommio::io::OpenOptions::new()
+            .read(true)
+            .dma_open(path)
+            .await
+            .map_err(|e| Error::io(path, e))?,
+    ))
 }
 
 /// The storage of one shard.
@@ -209,6 +212,10 @@ impl Storage {
             append_event: Event::new(),
             last_flush_ms: Cell::new(self.now_ms()),
             closed: Cell::new(false),
+            swapping: Cell::new(None),
+            compacting: Cell::new(false),
+            meta_writing: Cell::new(false),
+            meta_dirty: Cell::new(false),
         });
         let mut logs = self.logs.borrow_mut();
         logs.retain(|w| w.strong_count() > 0);
@@ -393,6 +400,31 @@ pub struct PartitionLog {
     append_event: Event,
     last_flush_ms: Cell<i64>,
     closed: Cell<bool>,
+    /// The closed segment whose files compaction is swapping right now.
+    swapping: Cell<Option<i64>>,
+    /// A compaction pass is running (one at a time per log).
+    compacting: Cell<bool>,
+    /// `partition.meta` is being written (one writer at a time; see `write_meta`).
+    meta_writing: Cell<bool>,
+    meta_dirty: Cell<bool>,
+}
+
+/// Clears a flag when dropped, even if the holder's future is cancelled.
+struct FlagGuard<'a>(&'a Cell<bool>);
+
+impl Drop for FlagGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+/// Clears the swap marker when dropped.
+struct SwapGuard<'a>(&'a PartitionLog);
+
+impl Drop for SwapGuard<'_> {
+    fn drop(&mut self) {
+        self.0.swapping.set(None);
+    }
 }
 
 /// Clears `busy` when dropped, even if the holder's future is cancelled.
@@ -552,7 +584,12 @@ impl PartitionLog {
         assign_offsets: bool,
     ) -> Result<AppendInfo, Error> {
         self.check_open()?;
-        self.maybe_roll(batch.len() as u64).await?;
+        let span = if assign_offsets {
+            i64::from(header.last_offset_delta)
+        } else {
+            header.last_offset() - self.log_end_offset()
+        };
+        self.maybe_roll(batch.len() as u64, span).await?;
         self.check_open()?;
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
@@ -561,7 +598,8 @@ impl PartitionLog {
             let base = if assign_offsets {
                 st.log_end()
             } else {
-                if header.base_offset < st.log_end() {
+                let too_far = header.last_offset() - st.active().base_offset > i64::from(i32::MAX);
+                if header.base_offset < st.log_end() || too_far {
                     return Err(Error::OffsetOutOfRange {
                         offset: header.base_offset,
                         log_start: st.log_start,
@@ -608,25 +646,30 @@ impl PartitionLog {
 
     /// Rolls to a new segment first if the next `incoming` bytes would overflow
     /// `segment.bytes` or the active segment is older than `segment.ms`.
-    async fn maybe_roll(&self, incoming: u64) -> Result<(), Error> {
+    /// `span`: how far past the log end the incoming batch's last offset reaches.
+    async fn maybe_roll(&self, incoming: u64, span: i64) -> Result<(), Error> {
         self.wait_idle().await;
-        if !self.needs_roll(incoming) {
+        if !self.needs_roll(incoming, span) {
             return Ok(());
         }
         let _guard = self.lock().await;
-        if self.needs_roll(incoming) {
+        if self.needs_roll(incoming, span) {
             self.roll_locked().await?;
         }
         Ok(())
     }
 
-    fn needs_roll(&self, incoming: u64) -> bool {
+    fn needs_roll(&self, incoming: u64, span: i64) -> bool {
         let cfg = self.config.borrow();
         let st = self.state.borrow();
         let seg = st.active();
+        // Index entries hold offsets relative to the segment base in 32 bits; like
+        // Kafka, keep every segment's offset span within i32.
+        let offsets_overflow = st.log_end() + span - seg.base_offset > i64::from(i32::MAX);
         !seg.is_empty()
             && (seg.size + incoming > cfg.segment_bytes
-                || self.storage.now_ms() - seg.created_ms >= cfg.segment_ms)
+                || self.storage.now_ms() - seg.created_ms >= cfg.segment_ms
+                || offsets_overflow)
     }
 
     /// Forces a roll now (if the active segment is not empty).
@@ -778,12 +821,12 @@ impl PartitionLog {
                     active.wait_written(end).await?;
                     active.dma_file().clone()
                 }
-                None => ReadHandles::get(&self.storage.handles, &path).await?,
+                None => match self.segment_file(base, &path, generation).await? {
+                    Some(f) => f,
+                    // Compaction or retention replaced the segment meanwhile: look again.
+                    None => continue,
+                },
             };
-            if file_src.is_none() && !self.segment_unchanged(base, generation) {
-                // Compaction or retention replaced the segment while the file opened.
-                continue;
-            }
             let span = segment::ReadSpan {
                 pos,
                 end,
@@ -802,6 +845,33 @@ impl PartitionLog {
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// A read handle for closed segment `base` at `generation`, or `None` if the
+    /// segment changed (swap, removal) before the handle could be trusted.
+    async fn segment_file(
+        &self,
+        base: i64,
+        path: &Path,
+        generation: u64,
+    ) -> Result<Option<Rc<DmaFile>>, Error> {
+        if self.swapping.get() == Some(base) {
+            self.wait_idle().await;
+            return Ok(None);
+        }
+        if let Some(f) = self.storage.handles.borrow_mut().lookup(path, generation) {
+            return Ok(Some(f));
+        }
+        let f = open_read(path).await?;
+        // The open may have raced a swap of this path: only trust it if nothing moved.
+        if self.swapping.get() == Some(base) || !self.segment_unchanged(base, generation) {
+            return Ok(None);
+        }
+        self.storage
+            .handles
+            .borrow_mut()
+            .insert(path, generation, f.clone());
+        Ok(Some(f))
     }
 
     fn segment_unchanged(&self, base: i64, generation: u64) -> bool {
@@ -880,28 +950,32 @@ impl PartitionLog {
             self.storage.handles.borrow_mut().forget(&s.path("log"));
             Segment::remove_files(&self.dir, s.base_offset).await;
         }
-        // Re-open the now-last segment for appends if it was closed.
-        let needs_activate = self.state.borrow().active().active.is_none();
-        if needs_activate {
+        // Re-open the now-last segment for appends if it was closed. The segment stays
+        // in the log meanwhile, so readers always find a last segment.
+        let activation = {
+            let st = self.state.borrow();
+            st.active()
+                .active
+                .is_none()
+                .then(|| st.active().activation())
+        };
+        if let Some(a) = activation {
             let path = self.state.borrow().active().path("log");
             self.storage.handles.borrow_mut().forget(&path);
-            let mut seg = self.state.borrow_mut().segments.pop().expect("segment");
-            let r = seg.activate(self.storage.limits.write_bytes_max).await;
-            self.state.borrow_mut().segments.push(seg);
-            r?;
+            let files = a.open(self.storage.limits.write_bytes_max).await?;
+            self.state.borrow_mut().active_mut().attach(files);
         }
         // Find the batch boundary at or below `offset` in the active segment.
         let (pos, next) = self.locate_batch_start(offset).await?;
         let log_file = {
             let mut st = self.state.borrow_mut();
+            st.clean_offset = st.clean_offset.min(next);
             st.active_mut().truncate_prepare(pos, next)
         };
         log_file.truncate(pos).await?;
-        {
-            let mut seg = self.state.borrow_mut().segments.pop().expect("segment");
-            let r = seg.truncate_indexes().await;
-            self.state.borrow_mut().segments.push(seg);
-            r?;
+        let cuts = self.state.borrow().active().index_truncation();
+        for (f, len) in cuts {
+            f.truncate(len).await?;
         }
         file::sync_dir(&self.dir).await?;
         let st = self.state.borrow();
@@ -956,22 +1030,58 @@ impl PartitionLog {
         if offset <= self.log_start_offset() {
             return Ok(self.log_start_offset());
         }
+        // Excludes truncation, which must not cut below a start being set.
+        let _guard = self.lock().await;
+        if offset > self.log_end_offset() {
+            return Err(Error::OffsetOutOfRange {
+                offset,
+                log_start: self.log_start_offset(),
+                log_end: self.log_end_offset(),
+            });
+        }
+        if offset <= self.log_start_offset() {
+            return Ok(self.log_start_offset());
+        }
         self.state.borrow_mut().log_start = offset;
         self.write_meta().await?;
         self.delete_segments_below_start().await?;
         Ok(offset)
     }
 
+    /// Writes `partition.meta` with the current log start and clean offset. Writers are
+    /// serialized (they share the temp file) and a caller only returns once a write
+    /// that started after its own state change has finished, so a checkpoint never goes
+    /// backwards.
     async fn write_meta(&self) -> Result<(), Error> {
-        let (start, clean) = {
-            let st = self.state.borrow();
-            (st.log_start, st.clean_offset)
-        };
-        file::write_atomic(
-            &self.dir.join(META_FILE),
-            format!("log_start_offset={start}\nclean_offset={clean}\n").as_bytes(),
-        )
-        .await
+        self.meta_dirty.set(true);
+        loop {
+            if self.meta_writing.get() {
+                let l = self.idle_event.listen();
+                if self.meta_writing.get() {
+                    l.await;
+                }
+                continue;
+            }
+            if !self.meta_dirty.get() {
+                return Ok(());
+            }
+            self.meta_writing.set(true);
+            self.meta_dirty.set(false);
+            let res = {
+                let _writing = FlagGuard(&self.meta_writing);
+                let (start, clean) = {
+                    let st = self.state.borrow();
+                    (st.log_start, st.clean_offset)
+                };
+                let text = format!("log_start_offset={start}\nclean_offset={clean}\n");
+                file::write_atomic(&self.dir.join(META_FILE), text.as_bytes()).await
+            };
+            self.idle_event.notify(usize::MAX);
+            if let Err(e) = res {
+                self.meta_dirty.set(true);
+                return Err(e);
+            }
+        }
     }
 
     /// Deletes closed segments that end at or below the log start.
@@ -1006,6 +1116,7 @@ impl PartitionLog {
         if !cfg.cleanup_delete {
             return Ok(0);
         }
+        let _guard = self.lock().await;
         let now = self.storage.now_ms();
         let mut deleted = 0;
         loop {
@@ -1053,9 +1164,11 @@ impl PartitionLog {
     /// Returns `None` when there was nothing to do.
     pub async fn compact(&self) -> Result<Option<CompactStats>, Error> {
         let cfg = self.config();
-        if !cfg.cleanup_compact || self.closed.get() {
+        if !cfg.cleanup_compact || self.closed.get() || self.compacting.get() {
             return Ok(None);
         }
+        self.compacting.set(true);
+        let _compacting = FlagGuard(&self.compacting);
         let now = self.storage.now_ms();
         let (cands, clean_offset) = {
             let st = self.state.borrow();
@@ -1133,7 +1246,11 @@ impl PartitionLog {
             return Ok(None);
         }
         let path = self.dir.join(segment::file_name(c.base, "log"));
-        let file = ReadHandles::get(&self.storage.handles, &path).await?;
+        // A segment that changed under the cleaner reads as ended: its key map is then
+        // partial (which only keeps more records) and its swap is refused.
+        let Some(file) = self.segment_file(c.base, &path, c.generation).await? else {
+            return Ok(None);
+        };
         let span = segment::ReadSpan {
             pos,
             end: c.size,
@@ -1163,7 +1280,8 @@ impl PartitionLog {
                 .join(format!("{}.cleaned", segment::file_name(c.base, ext)))
         };
         let out =
-            file::AppendFile::open(&cleaned("log"), 0, self.storage.limits.write_bytes_max).await?;
+            file::AppendFile::open(&cleaned("log"), 0, self.storage.limits.write_bytes_max, 0)
+                .await?;
         let mut seg = Segment::empty(&self.dir, c.base, self.storage.now_ms());
         let interval = self.config.borrow().index_interval_bytes;
         let mut changed = false;
@@ -1239,6 +1357,8 @@ impl PartitionLog {
             return Ok(());
         }
         let io = |p: PathBuf| move |e| Error::io(&p, e);
+        self.swapping.set(Some(c.base));
+        let _swapping = SwapGuard(self);
         for ext in ["index", "timeindex"] {
             let _ = glommio::io::remove(name(ext)).await;
         }
@@ -1273,7 +1393,7 @@ impl PartitionLog {
             old.size = seg.size;
             old.index = seg.index;
             old.time_index = seg.time_index;
-            old.generation += 1;
+            old.generation = segment::next_generation();
         }
         stats.segments_rewritten += 1;
         Ok(())
@@ -1350,6 +1470,17 @@ async fn recover_dir(
     let mut iter = bases.into_iter();
     while let Some(base) = iter.next() {
         if let Some(prev) = segments.last() {
+            let path = dir.join(segment::file_name(base, "log"));
+            let empty = std::fs::metadata(&path)
+                .map(|m| m.len() == 0)
+                .unwrap_or(false);
+            if base < prev.next_offset && empty {
+                // R10: an empty segment left by a roll that failed half-way (the old
+                // segment then kept growing past its base): drop it.
+                Segment::remove_files(dir, base).await;
+                report.deleted_segments += 1;
+                continue;
+            }
             if base < prev.next_offset {
                 return Err(Error::Corrupt {
                     path: dir.display().to_string(),

@@ -20,7 +20,7 @@
 //! | R7 | index entries past the validated end, or not at a batch of the right offset | check of the last entry, repeated | drop them; scan from the last good entry |
 //! | R8 | index garbage (non-increasing entries) | decode stops early | keep the increasing prefix, then R7 |
 //! | R9 | `.timeindex` missing, or entries beyond the scan start | entry check | drop them; re-add from the scan |
-//! | R10 | empty segment file | size 0 | kept: an empty active segment |
+//! | R10 | empty segment file | size 0 | kept as the active segment if last; removed if not last (an empty segment overlapping its predecessor is what a roll that failed half-way leaves) |
 //! | R11 | a closed segment found torn (R2–R5 in a non-last segment) | valid end < file size | truncate it and delete every later segment (offsets must stay contiguous) |
 //! | R12 | leftover `*.tmp` and `*.cleaned` files (a crash while writing a file or compacting), index files without a `.log` | names | removed |
 //!
@@ -51,6 +51,57 @@ pub fn parse_log_name(name: &str) -> Option<i64> {
         return None;
     }
     stem.parse().ok()
+}
+
+thread_local! {
+    static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+}
+
+/// A fresh segment generation, unique on this shard: any change of a segment's files
+/// (creation, activation, truncation, compaction swap) takes a new one.
+pub fn next_generation() -> u64 {
+    GENERATION.with(|g| {
+        let v = g.get();
+        g.set(v + 1);
+        v
+    })
+}
+
+/// Inputs for opening a segment's files for appending (see [`Segment::activation`]).
+pub struct Activation {
+    log: PathBuf,
+    index: PathBuf,
+    time: PathBuf,
+    size: u64,
+    index_bytes: Vec<u8>,
+    time_bytes: Vec<u8>,
+    index_entries: usize,
+    time_entries: usize,
+}
+
+impl Activation {
+    pub async fn open(self, write_bytes_max: usize) -> Result<ActiveFiles, Error> {
+        let log = AppendFile::open(
+            &self.log,
+            self.size,
+            write_bytes_max,
+            file::PREALLOCATE_BYTES,
+        )
+        .await?;
+        let index = AppendFile::open(&self.index, 0, write_bytes_max, 0).await?;
+        let time = AppendFile::open(&self.time, 0, write_bytes_max, 0).await?;
+        index.push(&self.index_bytes)?;
+        time.push(&self.time_bytes)?;
+        index.sync_all().await?;
+        time.sync_all().await?;
+        Ok(ActiveFiles {
+            log,
+            index,
+            time,
+            index_persisted: self.index_entries,
+            time_persisted: self.time_entries,
+        })
+    }
 }
 
 /// The files of the active segment, open for appending.
@@ -112,7 +163,7 @@ impl Segment {
             time_index: TimeIndex::default(),
             bytes_since_index: 0,
             active: None,
-            generation: 0,
+            generation: next_generation(),
             dir: dir.to_path_buf(),
         }
     }
@@ -131,21 +182,30 @@ impl Segment {
 
     /// Opens the files for appending and writes out the in-memory indexes in full.
     pub async fn activate(&mut self, write_bytes_max: usize) -> Result<(), Error> {
-        let log = AppendFile::open(&self.path("log"), self.size, write_bytes_max).await?;
-        let index = AppendFile::open(&self.path("index"), 0, write_bytes_max).await?;
-        let time = AppendFile::open(&self.path("timeindex"), 0, write_bytes_max).await?;
-        index.push(&self.index.encode())?;
-        time.push(&self.time_index.encode())?;
-        index.sync_all().await?;
-        time.sync_all().await?;
-        self.active = Some(ActiveFiles {
-            log: Rc::new(log),
-            index: Rc::new(index),
-            time: Rc::new(time),
-            index_persisted: self.index.len(),
-            time_persisted: self.time_index.entries().len(),
-        });
+        let files = self.activation().open(write_bytes_max).await?;
+        self.attach(files);
         Ok(())
+    }
+
+    /// What opening this segment's files for appending needs, detached from the
+    /// segment so the segment can stay in its log while the files open.
+    pub fn activation(&self) -> Activation {
+        Activation {
+            log: self.path("log"),
+            index: self.path("index"),
+            time: self.path("timeindex"),
+            size: self.size,
+            index_bytes: self.index.encode(),
+            time_bytes: self.time_index.encode(),
+            index_entries: self.index.len(),
+            time_entries: self.time_index.entries().len(),
+        }
+    }
+
+    /// Makes the segment active with `files` (from [`Activation::open`]).
+    pub fn attach(&mut self, files: ActiveFiles) {
+        self.active = Some(files);
+        self.generation = next_generation();
     }
 
     /// Accounts for a batch written at `position`: index entries every
@@ -316,13 +376,14 @@ impl Segment {
             None => (0, base_offset),
         };
         let scan_rel = (min_offset - base_offset) as u32;
+        let scan_rel_next = scan_rel.saturating_add(1);
 
         let mut time_index = time_decoded;
         if time_bytes.is_none() {
             report.rebuilt_indexes += 1;
         }
         // R9: entries at or below the scan start were made from validated batches.
-        time_index.truncate_to_offset(scan_rel + 1);
+        time_index.truncate_to_offset(scan_rel_next);
 
         seg.index = index;
         seg.time_index = time_index;
@@ -460,21 +521,25 @@ impl Segment {
         self.next_offset = next_offset;
         self.max_timestamp = self.time_index.last().map(|e| e.timestamp).unwrap_or(-1);
         self.bytes_since_index = 0;
+        self.generation = next_generation();
         a.index_persisted = a.index_persisted.min(self.index.len());
         a.time_persisted = a.time_persisted.min(self.time_index.entries().len());
         a.log.clone()
     }
 
-    /// After a truncation, cuts the index files to the entries that remain.
-    pub async fn truncate_indexes(&mut self) -> Result<(), Error> {
-        let Some(a) = self.active.as_ref() else {
-            return Ok(());
-        };
-        let (idx, time) = (a.index.clone(), a.time.clone());
-        let (ni, nt) = (a.index_persisted, a.time_persisted);
-        idx.truncate((ni * OFFSET_ENTRY_BYTES) as u64).await?;
-        time.truncate((nt * TIME_ENTRY_BYTES) as u64).await?;
-        Ok(())
+    /// After a truncation: the index files and the lengths to cut them to. The caller
+    /// awaits the cuts without holding the segment.
+    pub fn index_truncation(&self) -> Vec<(Rc<AppendFile>, u64)> {
+        match self.active.as_ref() {
+            Some(a) => vec![
+                (
+                    a.index.clone(),
+                    (a.index_persisted * OFFSET_ENTRY_BYTES) as u64,
+                ),
+                (a.time.clone(), (a.time_persisted * TIME_ENTRY_BYTES) as u64),
+            ],
+            None => Vec::new(),
+        }
     }
 }
 
@@ -573,8 +638,9 @@ pub async fn read_batches(
     let mut bytes_out = 0usize;
     let mut io_bytes = 0usize;
     while pos < end && io_bytes < read_bytes_max {
-        let want =
-            ((max_bytes.saturating_sub(bytes_out)).max(64 << 10) as u64 + 8192).min(end - pos);
+        let want = ((max_bytes.saturating_sub(bytes_out)).max(64 << 10) as u64 + 8192)
+            .min(end - pos)
+            .min((read_bytes_max - io_bytes) as u64);
         let buf = file
             .read_at(pos, want as usize)
             .await
@@ -595,7 +661,7 @@ pub async fn read_batches(
                 break;
             };
             if total > rest.len() {
-                if at == 0 {
+                if at == 0 && out.is_empty() {
                     // One batch larger than the window: read exactly it.
                     let whole = file
                         .read_at(pos, total)

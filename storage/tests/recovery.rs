@@ -390,3 +390,18 @@ fn r14_no_segments_start_at_the_checkpoint() {
         assert!(seg(&dir, "r14", 50, "log").exists());
     });
 }
+
+#[test]
+fn r10_empty_segment_left_by_a_failed_roll_is_dropped() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let before = crashed_log(&dir, "r10b", 10, cfg()).await;
+        // A roll created `<base 12>.log` and failed; the old segment kept growing.
+        std::fs::write(seg(&dir, "r10b", 12, "log"), b"").unwrap();
+        let (after, report, end) = reopen(&dir, "r10b", cfg()).await;
+        assert_eq!(after, before);
+        assert_eq!(end, 30);
+        assert_eq!(report.deleted_segments, 1);
+    });
+}

@@ -113,6 +113,8 @@ pub struct ShardLimits {
     /// Requests one connection may have in flight (pipelined) before the broker stops
     /// reading from it.
     pub connection_inflight_max: usize,
+    /// Open connections per shard.
+    pub connections_max: u64,
 }
 
 pub struct Broker {
@@ -449,14 +451,17 @@ impl Broker {
         if image.epoch < old.epoch || (image.epoch == old.epoch && !old.cluster_id.is_empty()) {
             return;
         }
-        // Topics whose id changed were deleted and re-created: their old logs go.
-        let removed: Vec<String> = old
+        // A topic whose id changed was deleted and re-created: its old logs must go
+        // before the new ones open in the same directories. Topics simply removed keep
+        // their logs until the new image is published (so no request finds a topic
+        // whose log is already gone), and lose them right after.
+        let (recreated, removed): (Vec<String>, Vec<String>) = old
             .topics
             .iter()
             .filter(|(name, t)| image.topics.get(*name).is_none_or(|n| n.id != t.id))
             .map(|(name, _)| name.clone())
-            .collect();
-        self.delete_logs_of(&removed).await;
+            .partition(|name| image.topics.contains_key(name));
+        self.delete_logs_of(&recreated).await;
         for (name, meta) in &image.topics {
             let tc = match TopicConfig::parse(&meta.configs) {
                 Ok(tc) => tc,
@@ -496,6 +501,7 @@ impl Broker {
             }
         }
         *self.image.borrow_mut() = image;
+        self.delete_logs_of(&removed).await;
     }
 
     async fn delete_logs_of(&self, topics: &[String]) {

@@ -129,6 +129,7 @@ async fn run_shard(
         // One largest frame always fits, so no single request can wait forever.
         connection_request_bytes_max: (config.socket_request_max_bytes as u64).max(64 << 20),
         connection_inflight_max: 128,
+        connections_max: 10_000,
     };
     let listen = config.listen;
     let broker = Rc::new(Broker::new(

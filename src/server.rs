@@ -28,11 +28,17 @@ use crate::broker::Broker;
 
 /// Accepts connections until the listener fails (or the shard stops).
 pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
+    let slots = Rc::new(Semaphore::new(broker.limits.connections_max));
     loop {
+        // At the limit, stop accepting: new clients wait in the listen backlog.
+        let Ok(slot) = slots.clone().acquire_static_permit(1).await else {
+            return;
+        };
         match listener.accept().await {
             Ok(stream) => {
                 let b = broker.clone();
                 glommio::spawn_local(async move {
+                    let _slot = slot;
                     let peer = stream.peer_addr().ok();
                     tracing::debug!(shard = b.shard.0, ?peer, "connection accepted");
                     if let Err(e) = connection(b, stream).await {

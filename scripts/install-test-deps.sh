@@ -13,4 +13,4 @@ python3 -c 'import confluent_kafka, kafka, pytest' >/dev/null 2>&1 || py_missing
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi
-echo "test dependencies present: kcat $(kcat -V 2>&1 | head -1 | awk '{print $2}'), python $(python3 -c 'import confluent_kafka;print("confluent-kafka", confluent_kafka.version()[0])')"
+echo "test dependencies present: kcat $(kcat -V 2>&1 | grep -o 'Version [^ ]*' | head -1 | cut -d' ' -f2), confluent-kafka $(python3 -c 'import confluent_kafka;print(confluent_kafka.__version__)'), kafka-python $(python3 -c 'import kafka;print(kafka.__version__)')"

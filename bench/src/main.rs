@@ -85,6 +85,10 @@ struct ProduceArgs {
     /// Requests in flight per connection.
     #[arg(long, default_value_t = 8)]
     max_in_flight: usize,
+    /// Executors (one thread per core) to spread the producers over (produce only);
+    /// each has its own connections to every broker.
+    #[arg(long, default_value_t = 1)]
+    cores: usize,
 }
 
 #[derive(Subcommand)]
@@ -240,6 +244,50 @@ fn write_reports(common: &Common, kind: &str, config: serde_json::Value, out: &l
     println!("report: {}", p.display());
 }
 
+/// Runs the producers on `cores` executors, each with its share of the producers,
+/// records and rate, and merges what they measured.
+fn produce_on_cores(
+    opts: &load::ProduceOpts,
+    cores: usize,
+    pb: Option<indicatif::ProgressBar>,
+) -> load::Outcome {
+    let cores = cores.min(opts.producers);
+    let mut threads = Vec::new();
+    for i in 0..cores {
+        let mut o = opts.clone();
+        let share = |n: u64| n / cores as u64 + u64::from((i as u64) < n % cores as u64);
+        o.producers = share(opts.producers as u64) as usize;
+        o.records = opts.records.map(share);
+        o.rate = opts.rate.map(|r| r / cores as f64);
+        let pb = pb.clone();
+        let handle = LocalExecutorBuilder::new(Placement::Unbound)
+            .io_memory(64 << 20)
+            .name(&format!("bench-produce-{i}"))
+            .spawn(move || load::produce(o, pb))
+            .unwrap_or_else(|e| fail(format!("executor: {e}")));
+        threads.push(handle);
+    }
+    let mut merged: Option<load::Outcome> = None;
+    for t in threads {
+        let out = t
+            .join()
+            .unwrap_or_else(|_| fail("producer thread panicked"))
+            .unwrap_or_else(|e| fail(e));
+        merged = Some(match merged {
+            None => out,
+            Some(mut m) => {
+                m.records += out.records;
+                m.bytes += out.bytes;
+                m.errors += out.errors;
+                m.seconds = m.seconds.max(out.seconds);
+                m.produce_latency_us.add(&out.produce_latency_us).ok();
+                m
+            }
+        });
+    }
+    merged.unwrap_or_else(|| fail("no producers"))
+}
+
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) {
     std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("report dir: {e}")));
     let path = dir.join(file);
@@ -258,15 +306,10 @@ fn main() {
             let show =
                 a.duration.is_some_and(|d| d > 3.0) || a.records.is_some_and(|r| r > 2_000_000);
             let pb = progress_bar(a.records, show);
-            let o = opts.clone();
-            let out = on_executor("bench-produce", move || load::produce(o, pb.clone()))
-                .unwrap_or_else(|e| fail(e));
-            write_reports(
-                &a.common,
-                "produce",
-                serde_json::to_value(&opts).expect("config"),
-                &out,
-            );
+            let out = produce_on_cores(&opts, a.cores.max(1), pb);
+            let mut config = serde_json::to_value(&opts).expect("config");
+            config["cores"] = json!(a.cores.max(1));
+            write_reports(&a.common, "produce", config, &out);
             if out.errors > 0 {
                 std::process::exit(1);
             }

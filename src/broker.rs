@@ -128,6 +128,8 @@ pub struct Broker {
     pub request_bytes: Rc<Semaphore>,
     image: RefCell<Arc<MetadataImage>>,
     logs: RefCell<HashMap<(String, i32), Rc<PartitionLog>>>,
+    /// Parsed configs of every topic in `image`, swapped together with it.
+    topic_configs: RefCell<HashMap<String, Rc<TopicConfig>>>,
     /// Serialises image changes on this shard.
     apply_lock: Semaphore,
     /// Present on shard 0 only.
@@ -156,6 +158,7 @@ impl Broker {
                 topics: BTreeMap::new(),
             })),
             logs: RefCell::new(HashMap::new()),
+            topic_configs: RefCell::new(HashMap::new()),
             apply_lock: Semaphore::new(1),
             controller,
             config,
@@ -266,7 +269,7 @@ impl Broker {
         &self,
         topic: &str,
         partition: i32,
-    ) -> Result<(Rc<PartitionLog>, TopicConfig), ApiError> {
+    ) -> Result<(Rc<PartitionLog>, Rc<TopicConfig>), ApiError> {
         let image = self.image();
         let meta = image
             .topics
@@ -289,10 +292,13 @@ impl Broker {
                 format!("log of {topic}-{partition} is not open on {}", self.shard),
             )
         })?;
-        // Configs were validated when set; a stored config that no longer parses falls
-        // back to the defaults rather than making the partition unusable.
-        let tc = TopicConfig::parse(&meta.configs)
-            .unwrap_or_else(|_| TopicConfig::parse(&BTreeMap::new()).unwrap());
+        let tc = self.topic_configs.borrow().get(topic).cloned();
+        let tc = tc.ok_or_else(|| {
+            ApiError::with(
+                ResponseError::KafkaStorageError,
+                format!("config of {topic} is not loaded on {}", self.shard),
+            )
+        })?;
         Ok((log, tc))
     }
 
@@ -462,6 +468,7 @@ impl Broker {
             .map(|(name, _)| name.clone())
             .partition(|name| image.topics.contains_key(name));
         self.delete_logs_of(&recreated).await;
+        let mut configs = HashMap::with_capacity(image.topics.len());
         for (name, meta) in &image.topics {
             let tc = match TopicConfig::parse(&meta.configs) {
                 Ok(tc) => tc,
@@ -470,6 +477,8 @@ impl Broker {
                     TopicConfig::parse(&BTreeMap::new()).expect("defaults parse")
                 }
             };
+            let tc = Rc::new(tc);
+            configs.insert(name.clone(), tc.clone());
             for p in 0..meta.partitions {
                 if self.owner(meta, p) != self.shard {
                     continue;
@@ -501,6 +510,7 @@ impl Broker {
             }
         }
         *self.image.borrow_mut() = image;
+        *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;
     }
 

@@ -105,3 +105,24 @@ def test_delete_records_and_list_offsets(broker):
     lo, hi = c.get_watermark_offsets(TopicPartition("dr", 0), timeout=10)
     assert (lo, hi) == (40, 100), low
     c.close()
+
+
+def test_offsets_for_times_and_describe_cluster(broker):
+    create_topic(broker.addr, "times", 1)
+    p = Producer({"bootstrap.servers": broker.addr, "acks": "all", "linger.ms": 0})
+    base = 1_700_000_000_000
+    for i in range(10):
+        p.produce("times", value=b"v%d" % i, timestamp=base + i * 1000)
+        p.flush(30)  # one batch per record, so every record has its own timestamp entry
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": "t"})
+    [r] = c.offsets_for_times([TopicPartition("times", 0, base + 4500)], timeout=10)
+    assert r.offset == 5
+    [r] = c.offsets_for_times([TopicPartition("times", 0, base + 99_000)], timeout=10)
+    assert r.offset in (-1, 10), "past the newest record: none (the end)"
+    [r] = c.offsets_for_times([TopicPartition("times", 0, 0)], timeout=10)
+    assert r.offset == 0
+    c.close()
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    desc = admin.describe_cluster().result(timeout=30)
+    assert [n.id for n in desc.nodes] == [1] and desc.controller.id == 1
+    assert desc.cluster_id and len(desc.cluster_id) == 22

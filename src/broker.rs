@@ -89,6 +89,9 @@ pub enum ShardReq {
     Apply(Arc<MetadataImage>),
     /// A metadata change, for the controller on shard 0.
     Control(ControlOp),
+    /// A consumer-group request for the home shard of this `__consumer_offsets`
+    /// partition (see [`crate::group`]).
+    Group(Box<(i32, crate::group::GroupReq)>),
 }
 
 /// The reply to a [`ShardReq`], variant for variant.
@@ -100,6 +103,7 @@ pub enum ShardResp {
     DeleteRecords(Vec<Result<i64, ApiError>>),
     Applied,
     Control(ControlResult),
+    Group(Result<crate::group::GroupResp, ApiError>),
 }
 
 /// Per-shard limits, fixed at start-up.
@@ -209,6 +213,10 @@ impl Broker {
                 self.apply(image).await;
                 ShardResp::Applied
             }
+            ShardReq::Group(req) => {
+                let (partition, req) = *req;
+                ShardResp::Group(crate::group::shard::serve(self, partition, req).await)
+            }
             ShardReq::Control(op) => match &self.controller {
                 Some(c) => ShardResp::Control(c.execute(&self, op).await),
                 None => panic!(
@@ -265,7 +273,7 @@ impl Broker {
     }
 
     /// The open log of a partition this shard owns.
-    fn log(
+    pub(crate) fn log(
         &self,
         topic: &str,
         partition: i32,

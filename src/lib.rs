@@ -13,6 +13,8 @@ pub mod broker;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod group;
+pub mod group_cli;
 pub mod metadata;
 pub mod node;
 pub mod server;

@@ -24,6 +24,40 @@ struct Cli {
 enum Command {
     /// Run a broker. Flags override the config file.
     Serve(ServeArgs),
+    /// Consumer groups: list, describe (offsets and lag), reset offsets, delete.
+    Group(GroupArgs),
+}
+
+#[derive(clap::Args)]
+struct GroupArgs {
+    /// Any broker of the cluster.
+    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    #[command(subcommand)]
+    command: GroupCommand,
+}
+
+#[derive(Subcommand)]
+enum GroupCommand {
+    /// Every group, with its state.
+    List,
+    /// Per partition: committed offset, log end offset, lag, owning member.
+    Describe { group: String },
+    /// Moves a group's committed offsets (the group must have no members).
+    ResetOffsets {
+        #[arg(long)]
+        group: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, conflicts_with_all = ["to_latest", "to_offset"])]
+        to_earliest: bool,
+        #[arg(long, conflicts_with = "to_offset")]
+        to_latest: bool,
+        #[arg(long)]
+        to_offset: Option<i64>,
+    },
+    /// Deletes a group with no members and its committed offsets.
+    Delete { group: String },
 }
 
 #[derive(clap::Args)]
@@ -72,7 +106,16 @@ fn main() {
         );
     }));
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::Group(g) => {
+            if let Err(e) = group(g) {
+                eprintln!("sluice group: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+    };
     if let Err(e) = serve(args) {
         eprintln!("sluice serve: {e}");
         std::process::exit(1);
@@ -101,4 +144,29 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("installing signal handler: {e}"))?;
     }
     sluice::node::run(config, stop)
+}
+
+fn group(g: GroupArgs) -> Result<(), String> {
+    use sluice::group_cli::{self, ResetTo};
+    let b = &g.bootstrap;
+    match g.command {
+        GroupCommand::List => group_cli::list(b),
+        GroupCommand::Describe { group } => group_cli::describe(b, &group),
+        GroupCommand::Delete { group } => group_cli::delete(b, &group),
+        GroupCommand::ResetOffsets {
+            group,
+            topic,
+            to_earliest,
+            to_latest,
+            to_offset,
+        } => {
+            let to = match (to_earliest, to_latest, to_offset) {
+                (true, _, _) => ResetTo::Earliest,
+                (_, true, _) => ResetTo::Latest,
+                (_, _, Some(n)) => ResetTo::Offset(n),
+                _ => return Err("one of --to-earliest, --to-latest, --to-offset N".into()),
+            };
+            group_cli::reset_offsets(b, &group, &topic, to)
+        }
+    }
 }

@@ -16,15 +16,26 @@
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
+pub mod describe_groups;
 pub mod fetch;
+pub mod find_coordinator;
+pub mod heartbeat;
 pub mod incremental_alter_configs;
+pub mod join_group;
+pub mod leave_group;
+pub mod list_groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_commit;
+pub mod offset_delete;
+pub mod offset_fetch;
 pub mod produce;
+pub mod sync_group;
 
 use std::rc::Rc;
 
@@ -63,6 +74,19 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::CreatePartitions, 0, 3),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
+    // Consumer groups (crate::group). OffsetCommit v9 and OffsetFetch v9 carry the
+    // KIP-848 member epoch; FindCoordinator v5+ adds share groups: not served.
+    spec(ApiKey::FindCoordinator, 0, 4),
+    spec(ApiKey::JoinGroup, 0, 9),
+    spec(ApiKey::SyncGroup, 0, 5),
+    spec(ApiKey::Heartbeat, 0, 4),
+    spec(ApiKey::LeaveGroup, 0, 5),
+    spec(ApiKey::OffsetCommit, 2, 8),
+    spec(ApiKey::OffsetFetch, 1, 8),
+    spec(ApiKey::OffsetDelete, 0, 0),
+    spec(ApiKey::DescribeGroups, 0, 5),
+    spec(ApiKey::ListGroups, 0, 4),
+    spec(ApiKey::DeleteGroups, 0, 2),
 ];
 
 pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
@@ -209,6 +233,39 @@ pub async fn handle(broker: &Rc<Broker>, parsed: Parsed) -> Outcome {
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
         }
+        RequestKind::FindCoordinator(r) => {
+            ResponseKind::FindCoordinator(find_coordinator::handle(broker, version, r))
+        }
+        RequestKind::JoinGroup(r) => {
+            ResponseKind::JoinGroup(join_group::handle(broker, version, client, r).await)
+        }
+        RequestKind::SyncGroup(r) => {
+            ResponseKind::SyncGroup(sync_group::handle(broker, version, r).await)
+        }
+        RequestKind::Heartbeat(r) => {
+            ResponseKind::Heartbeat(heartbeat::handle(broker, version, r).await)
+        }
+        RequestKind::LeaveGroup(r) => {
+            ResponseKind::LeaveGroup(leave_group::handle(broker, version, r).await)
+        }
+        RequestKind::OffsetCommit(r) => {
+            ResponseKind::OffsetCommit(offset_commit::handle(broker, version, r).await)
+        }
+        RequestKind::OffsetFetch(r) => {
+            ResponseKind::OffsetFetch(offset_fetch::handle(broker, version, r).await)
+        }
+        RequestKind::OffsetDelete(r) => {
+            ResponseKind::OffsetDelete(offset_delete::handle(broker, version, r).await)
+        }
+        RequestKind::DescribeGroups(r) => {
+            ResponseKind::DescribeGroups(describe_groups::handle(broker, version, r).await)
+        }
+        RequestKind::ListGroups(r) => {
+            ResponseKind::ListGroups(list_groups::handle(broker, version, r).await)
+        }
+        RequestKind::DeleteGroups(r) => {
+            ResponseKind::DeleteGroups(delete_groups::handle(broker, version, r).await)
+        }
         other => {
             // The registry and this match disagree: a bug, caught by a unit test.
             tracing::error!(?api_key, "no handler for a registered API: {other:?}");
@@ -354,6 +411,19 @@ mod tests {
             ApiKey::DescribeCluster => {
                 RequestKind::DescribeCluster(DescribeClusterRequest::default())
             }
+            ApiKey::FindCoordinator => {
+                RequestKind::FindCoordinator(FindCoordinatorRequest::default())
+            }
+            ApiKey::JoinGroup => RequestKind::JoinGroup(JoinGroupRequest::default()),
+            ApiKey::SyncGroup => RequestKind::SyncGroup(SyncGroupRequest::default()),
+            ApiKey::Heartbeat => RequestKind::Heartbeat(HeartbeatRequest::default()),
+            ApiKey::LeaveGroup => RequestKind::LeaveGroup(LeaveGroupRequest::default()),
+            ApiKey::OffsetCommit => RequestKind::OffsetCommit(OffsetCommitRequest::default()),
+            ApiKey::OffsetFetch => RequestKind::OffsetFetch(OffsetFetchRequest::default()),
+            ApiKey::OffsetDelete => RequestKind::OffsetDelete(OffsetDeleteRequest::default()),
+            ApiKey::DescribeGroups => RequestKind::DescribeGroups(DescribeGroupsRequest::default()),
+            ApiKey::ListGroups => RequestKind::ListGroups(ListGroupsRequest::default()),
+            ApiKey::DeleteGroups => RequestKind::DeleteGroups(DeleteGroupsRequest::default()),
             other => panic!("registry entry {other:?} has no default request here"),
         }
     }

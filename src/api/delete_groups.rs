@@ -1,0 +1,31 @@
+//! DeleteGroups (v0–v2): only empty groups; their offsets and metadata are tombstoned.
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse};
+
+use crate::broker::Broker;
+use crate::group::{route, GroupReq, GroupResp};
+
+pub async fn handle(
+    broker: &Rc<Broker>,
+    _version: i16,
+    req: DeleteGroupsRequest,
+) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(req.groups_names.len());
+    for g in req.groups_names {
+        let id = g.to_string();
+        let code = match route(broker, &id, GroupReq::DeleteGroup { group: id.clone() }).await {
+            Ok(GroupResp::Code(c)) => c.err().map_or(0, |e| e.code()),
+            Ok(other) => panic!("DeleteGroups answered with {other:?}"),
+            Err(e) => e.code(),
+        };
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(g)
+                .with_error_code(code),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
+}

@@ -1,0 +1,37 @@
+//! SyncGroup (v0–v5): routed to the group's coordinator shard; followers wait there for
+//! the leader's assignment.
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::{SyncGroupRequest, SyncGroupResponse};
+
+use crate::broker::Broker;
+use crate::group::coordinator::SyncArgs;
+use crate::group::{route, GroupReq, GroupResp};
+
+pub async fn handle(broker: &Rc<Broker>, version: i16, req: SyncGroupRequest) -> SyncGroupResponse {
+    let group = req.group_id.to_string();
+    let args = SyncArgs {
+        group_id: group.clone(),
+        generation: req.generation_id,
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.map(|s| s.to_string()),
+        protocol_type: req.protocol_type.map(|s| s.to_string()),
+        protocol_name: req.protocol_name.map(|s| s.to_string()),
+        assignments: req
+            .assignments
+            .into_iter()
+            .map(|a| (a.member_id.to_string(), a.assignment))
+            .collect(),
+    };
+    let mut resp = match route(broker, &group, GroupReq::Sync(args)).await {
+        Ok(GroupResp::Sync(r)) => r,
+        Ok(other) => panic!("SyncGroup answered with {other:?}"),
+        Err(e) => SyncGroupResponse::default().with_error_code(e.code()),
+    };
+    if version < 5 {
+        resp.protocol_type = None;
+        resp.protocol_name = None;
+    }
+    resp
+}

@@ -1,0 +1,1477 @@
+//! The classic consumer-group coordinator as a sans-I/O state machine: requests and the
+//! time go in, responses, records for `__consumer_offsets` and deferred replies come
+//! out. No sockets, no disk, no clock: [`super::shard`] is the I/O shell around it.
+//!
+//! It follows Apache Kafka's `GroupCoordinator`/`GroupMetadata` (the classic protocol):
+//!
+//! ```text
+//!            join (first member)             all members joined / rebalance timeout
+//!   Empty ───────────────────────► Preparing ─────────────────────────────────────► Completing
+//!     ▲                            Rebalance ◄──── join, leave, expiry ───────────── Rebalance
+//!     │  last member leaves          ▲   │                                              │ leader's
+//!     └──────────────────────────────┘   └◄─── join (new/changed), leave, expiry ◄──┐   │ SyncGroup
+//!                                                                                Stable ◄┘
+//!   Dead: the group was deleted (DeleteGroups, or expired offsets of an empty group).
+//! ```
+//!
+//! Timers are deadlines inside the state (session expiry per member, the join phase's
+//! deadline, the sync phase's deadline, pending member ids); [`Coordinator::tick`] fires
+//! the ones that are due. JoinGroup and SyncGroup answers are deferred: the caller
+//! passes a [`Token`] and gets the answer in [`Effects::replies`] of whichever call
+//! completes the phase.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+
+use super::records::{GroupValue, Key, MemberValue, OffsetValue};
+use crate::api::sb;
+
+/// Identifies a waiting JoinGroup or SyncGroup request in the shell.
+pub type Token = u64;
+
+/// Kafka's broker settings for groups, with Kafka's defaults.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// group.min.session.timeout.ms
+    pub session_timeout_min_ms: i32,
+    /// group.max.session.timeout.ms
+    pub session_timeout_max_ms: i32,
+    /// group.initial.rebalance.delay.ms: how long a group that was empty waits for more
+    /// members before its first generation.
+    pub initial_rebalance_delay_ms: i64,
+    /// offsets.retention.minutes, in ms: offsets of an empty group expire this long
+    /// after the later of the group becoming empty and the commit.
+    pub offsets_retention_ms: i64,
+    /// offsets.retention.check.interval.ms
+    pub offsets_retention_check_interval_ms: i64,
+    /// offset.metadata.max.bytes
+    pub offset_metadata_max_bytes: usize,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            session_timeout_min_ms: 6_000,
+            session_timeout_max_ms: 1_800_000,
+            initial_rebalance_delay_ms: 3_000,
+            offsets_retention_ms: 7 * 24 * 60 * 60 * 1000,
+            offsets_retention_check_interval_ms: 600_000,
+            offset_metadata_max_bytes: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupState {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+    Dead,
+}
+
+impl GroupState {
+    /// The names Kafka uses in DescribeGroups and ListGroups.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+            GroupState::Dead => "Dead",
+        }
+    }
+}
+
+/// A deferred answer.
+#[derive(Debug)]
+pub enum Deferred {
+    Join(JoinGroupResponse),
+    Sync(SyncGroupResponse),
+}
+
+/// A record to append to `__consumer_offsets` (the shell picks the partition from the
+/// group id). `value: None` is a tombstone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub group: String,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+/// What a call produced besides its direct answer.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Appended (and flushed) before any reply is sent.
+    pub records: Vec<Record>,
+    pub replies: Vec<(Token, Deferred)>,
+}
+
+/// A JoinGroup request, decoupled from the wire version.
+#[derive(Debug, Clone)]
+pub struct JoinArgs {
+    pub group_id: String,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocol_type: String,
+    pub protocols: Vec<(String, Bytes)>,
+    /// JoinGroup v4+ clients take the MEMBER_ID_REQUIRED round trip.
+    pub require_known_member_id: bool,
+    /// JoinGroup v9+: a static leader rejoining a stable group need not reassign.
+    pub supports_skip_assignment: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncArgs {
+    pub group_id: String,
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignments: Vec<(String, Bytes)>,
+}
+
+/// One partition's committed offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+    pub commit_timestamp_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocol_type: String,
+    pub protocols: Vec<(String, Bytes)>,
+    pub assignment: Bytes,
+    awaiting_join: Option<Token>,
+    awaiting_sync: Option<Token>,
+    /// Joined the current join phase (rejoined, or new).
+    joined: bool,
+    session_deadline_ms: i64,
+}
+
+impl Member {
+    pub fn metadata(&self, protocol: &str) -> Bytes {
+        self.protocols
+            .iter()
+            .find(|(n, _)| n == protocol)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub id: String,
+    pub state: GroupState,
+    pub generation: i32,
+    pub protocol_type: Option<String>,
+    pub protocol: Option<String>,
+    pub leader: Option<String>,
+    /// Members in join order (BTreeMap by a join sequence would be fairer; ids are
+    /// unique and sorting by id keeps responses deterministic).
+    pub members: BTreeMap<String, Member>,
+    /// group.instance.id → member id.
+    pub static_members: HashMap<String, String>,
+    /// Member ids handed out with MEMBER_ID_REQUIRED, with their expiry.
+    pending_members: HashMap<String, i64>,
+    /// Join phase: when it completes regardless of stragglers.
+    join_deadline_ms: Option<i64>,
+    /// Initial delay phase (group was empty): the latest the delay may extend to.
+    initial_delay_limit_ms: Option<i64>,
+    /// Sync phase: when members that have not synced are dropped.
+    sync_deadline_ms: Option<i64>,
+    pub state_timestamp_ms: i64,
+    pub offsets: BTreeMap<(String, i32), Committed>,
+}
+
+impl Group {
+    fn new(id: &str, now_ms: i64) -> Group {
+        Group {
+            id: id.to_string(),
+            state: GroupState::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: BTreeMap::new(),
+            static_members: HashMap::new(),
+            pending_members: HashMap::new(),
+            join_deadline_ms: None,
+            initial_delay_limit_ms: None,
+            sync_deadline_ms: None,
+            state_timestamp_ms: now_ms,
+            offsets: BTreeMap::new(),
+        }
+    }
+
+    fn transition(&mut self, to: GroupState, now_ms: i64) {
+        use GroupState::*;
+        let ok = matches!(
+            (self.state, to),
+            (Empty, PreparingRebalance)
+                | (Stable, PreparingRebalance)
+                | (CompletingRebalance, PreparingRebalance)
+                | (PreparingRebalance, CompletingRebalance)
+                | (PreparingRebalance, Empty)
+                | (CompletingRebalance, Stable)
+                | (_, Dead)
+        );
+        assert!(
+            ok,
+            "group {}: illegal transition {:?} -> {:?}",
+            self.id, self.state, to
+        );
+        self.state = to;
+        self.state_timestamp_ms = now_ms;
+    }
+
+    /// A static member whose instance id now belongs to another member id.
+    fn is_fenced(&self, instance_id: Option<&str>, member_id: &str) -> bool {
+        instance_id
+            .and_then(|i| self.static_members.get(i))
+            .is_some_and(|m| m != member_id)
+    }
+
+    /// Protocols every member supports.
+    fn candidate_protocols(&self) -> Vec<String> {
+        let mut it = self.members.values();
+        let Some(first) = it.next() else {
+            return Vec::new();
+        };
+        let mut c: Vec<String> = first.protocols.iter().map(|(n, _)| n.clone()).collect();
+        for m in it {
+            c.retain(|p| m.protocols.iter().any(|(n, _)| n == p));
+        }
+        c
+    }
+
+    fn supports(&self, protocol_type: &str, protocols: &[(String, Bytes)]) -> bool {
+        if self.members.is_empty() {
+            return !protocol_type.is_empty() && !protocols.is_empty();
+        }
+        let candidates = self.candidate_protocols();
+        self.protocol_type.as_deref() == Some(protocol_type)
+            && protocols.iter().any(|(n, _)| candidates.contains(n))
+    }
+
+    /// Kafka's vote: each member votes for its most preferred candidate; most votes win
+    /// (ties go to the protocol listed first by the first member).
+    fn select_protocol(&self) -> Option<String> {
+        let candidates = self.candidate_protocols();
+        let mut votes: Vec<(String, usize)> = candidates.iter().map(|c| (c.clone(), 0)).collect();
+        for m in self.members.values() {
+            if let Some((n, _)) = m.protocols.iter().find(|(n, _)| candidates.contains(n)) {
+                if let Some(v) = votes.iter_mut().find(|(c, _)| c == n) {
+                    v.1 += 1;
+                }
+            }
+        }
+        let best = votes.iter().map(|(_, n)| *n).max()?;
+        votes.into_iter().find(|(_, n)| *n == best).map(|(c, _)| c)
+    }
+
+    fn all_joined(&self) -> bool {
+        self.pending_members.is_empty() && self.members.values().all(|m| m.joined)
+    }
+
+    fn max_rebalance_timeout_ms(&self) -> i64 {
+        self.members
+            .values()
+            .map(|m| i64::from(m.rebalance_timeout_ms))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The member list a leader gets in its JoinGroup response.
+    fn member_list(&self) -> Vec<JoinGroupResponseMember> {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        self.members
+            .values()
+            .map(|m| {
+                JoinGroupResponseMember::default()
+                    .with_member_id(sb(m.id.clone()))
+                    .with_group_instance_id(m.instance_id.clone().map(sb))
+                    .with_metadata(m.metadata(&protocol))
+            })
+            .collect()
+    }
+
+    fn join_response(&self, member_id: &str, with_members: bool) -> JoinGroupResponse {
+        JoinGroupResponse::default()
+            .with_generation_id(self.generation)
+            .with_protocol_type(self.protocol_type.clone().map(sb))
+            .with_protocol_name(self.protocol.clone().map(sb))
+            .with_leader(sb(self.leader.clone().unwrap_or_default()))
+            .with_member_id(sb(member_id))
+            .with_members(if with_members {
+                self.member_list()
+            } else {
+                Vec::new()
+            })
+    }
+
+    /// The GroupMetadata record of the group as it is now.
+    fn metadata_record(&self) -> Record {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        let value = GroupValue {
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            generation: self.generation,
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            state_timestamp_ms: self.state_timestamp_ms,
+            members: self
+                .members
+                .values()
+                .map(|m| MemberValue {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    session_timeout_ms: m.session_timeout_ms,
+                    subscription: m.metadata(&protocol),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        };
+        Record {
+            group: self.id.clone(),
+            key: Key::Group {
+                group: self.id.clone(),
+            }
+            .encode(),
+            value: Some(value.encode()),
+        }
+    }
+
+    /// Topics the members subscribe to (consumer protocol only), for OffsetDelete.
+    fn subscribed_topics(&self) -> Option<Vec<String>> {
+        use kafka_protocol::messages::ConsumerProtocolSubscription;
+        use kafka_protocol::protocol::Decodable;
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return None;
+        }
+        let protocol = self.protocol.clone()?;
+        let mut topics = Vec::new();
+        for m in self.members.values() {
+            let mut meta = m.metadata(&protocol);
+            if meta.len() < 6 {
+                return None;
+            }
+            let version = i16::from_be_bytes([meta[0], meta[1]]);
+            // The codec reserves what an array count claims: refuse counts the bytes
+            // cannot hold (each topic takes at least 2 bytes) before decoding.
+            let count = i32::from_be_bytes([meta[2], meta[3], meta[4], meta[5]]);
+            if count < 0 || count as usize * 2 > meta.len() - 6 {
+                return None;
+            }
+            let _ = bytes::Buf::get_i16(&mut meta);
+            let sub = ConsumerProtocolSubscription::decode(&mut meta, version.clamp(0, 3)).ok()?;
+            topics.extend(sub.topics.into_iter().map(|t| t.to_string()));
+        }
+        Some(topics)
+    }
+}
+
+fn err_join(code: ResponseError, member_id: &str) -> JoinGroupResponse {
+    JoinGroupResponse::default()
+        .with_error_code(code.code())
+        .with_generation_id(-1)
+        .with_member_id(sb(member_id))
+}
+
+fn err_sync(code: ResponseError) -> SyncGroupResponse {
+    SyncGroupResponse::default().with_error_code(code.code())
+}
+
+/// The result of a direct (non-deferred) call: a Kafka error code or success.
+pub type Code = Result<(), ResponseError>;
+
+/// One LeaveGroup member.
+#[derive(Debug, Clone)]
+pub struct Leaving {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+}
+
+/// One commit of OffsetCommit.
+#[derive(Debug, Clone)]
+pub struct CommitArgs {
+    pub group_id: String,
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub offsets: Vec<((String, i32), Committed)>,
+}
+
+/// A validated commit: append `records`, then [`Coordinator::apply_commit`].
+#[derive(Debug)]
+pub struct CommitPlan {
+    pub group_id: String,
+    /// Per partition, in request order: the error, if this partition is refused.
+    pub results: Vec<((String, i32), Code)>,
+    pub records: Vec<Record>,
+    accepted: Vec<((String, i32), Committed)>,
+}
+
+/// A group as DescribeGroups shows it.
+#[derive(Debug, Clone)]
+pub struct GroupSummary {
+    pub state: GroupState,
+    pub protocol_type: String,
+    pub protocol: String,
+    /// (member id, instance id, client id, host, metadata, assignment)
+    pub members: Vec<(String, Option<String>, String, String, Bytes, Bytes)>,
+}
+
+/// Every group of the `__consumer_offsets` partitions one shard coordinates.
+#[derive(Debug, Default)]
+pub struct Coordinator {
+    pub config: CoordinatorConfig,
+    groups: HashMap<String, Group>,
+    member_seq: u64,
+    next_expiry_check_ms: i64,
+}
+
+impl Coordinator {
+    pub fn new(config: CoordinatorConfig) -> Coordinator {
+        Coordinator {
+            config,
+            groups: HashMap::new(),
+            member_seq: 0,
+            // The first check runs at the first tick (offsets loaded from the log may
+            // have expired while the broker was down).
+            next_expiry_check_ms: 0,
+        }
+    }
+
+    pub fn group(&self, id: &str) -> Option<&Group> {
+        self.groups.get(id)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups.values()
+    }
+
+    fn new_member_id(&mut self, client_id: &str) -> String {
+        self.member_seq += 1;
+        // Kafka: client id, a dash and a UUID; unique per coordinator is what matters.
+        format!(
+            "{}-{}",
+            if client_id.is_empty() {
+                "member"
+            } else {
+                client_id
+            },
+            uuid::Uuid::new_v4()
+        )
+    }
+
+    // ---------------------------------------------------------------- JoinGroup
+
+    /// JoinGroup. The answer comes in `fx.replies` under `token`, now or later.
+    pub fn join(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+        let reply = |fx: &mut Effects, r: JoinGroupResponse| {
+            fx.replies.push((token, Deferred::Join(r)));
+        };
+        if a.group_id.is_empty() {
+            return reply(fx, err_join(ResponseError::InvalidGroupId, &a.member_id));
+        }
+        let c = &self.config;
+        if a.session_timeout_ms < c.session_timeout_min_ms
+            || a.session_timeout_ms > c.session_timeout_max_ms
+        {
+            return reply(
+                fx,
+                err_join(ResponseError::InvalidSessionTimeout, &a.member_id),
+            );
+        }
+        if !self.groups.contains_key(&a.group_id) {
+            if !a.member_id.is_empty() {
+                // Kafka: a member id for a group that does not exist is unknown.
+                return reply(fx, err_join(ResponseError::UnknownMemberId, &a.member_id));
+            }
+            if a.protocol_type.is_empty() || a.protocols.is_empty() {
+                return reply(
+                    fx,
+                    err_join(ResponseError::InconsistentGroupProtocol, &a.member_id),
+                );
+            }
+            self.groups
+                .insert(a.group_id.clone(), Group::new(&a.group_id, now_ms));
+        }
+        let group = &self.groups[&a.group_id];
+        if group.state == GroupState::Dead {
+            // Deleted meanwhile: the client looks the coordinator up again.
+            return reply(
+                fx,
+                err_join(ResponseError::CoordinatorNotAvailable, &a.member_id),
+            );
+        }
+        if !group.supports(&a.protocol_type, &a.protocols) {
+            return reply(
+                fx,
+                err_join(ResponseError::InconsistentGroupProtocol, &a.member_id),
+            );
+        }
+        let group_id = a.group_id.clone();
+        if a.member_id.is_empty() {
+            self.join_unknown_member(token, now_ms, a, fx);
+        } else {
+            self.join_known_member(token, now_ms, a, fx);
+        }
+        self.drop_if_unused(&group_id);
+    }
+
+    /// A group created by a join that was refused holds nothing: drop it.
+    fn drop_if_unused(&mut self, group_id: &str) {
+        let unused = self.groups.get(group_id).is_some_and(|g| {
+            g.state == GroupState::Empty
+                && g.generation == 0
+                && g.members.is_empty()
+                && g.pending_members.is_empty()
+                && g.offsets.is_empty()
+        });
+        if unused {
+            self.groups.remove(group_id);
+        }
+    }
+
+    fn join_unknown_member(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+        let new_id = self.new_member_id(&a.client_id);
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        if let Some(instance) = a.instance_id.clone() {
+            if let Some(old_id) = group.static_members.get(&instance).cloned() {
+                return self.replace_static_member(token, now_ms, old_id, new_id, a, fx);
+            }
+            // A new static member: no member-id round trip (KIP-345).
+            return self.add_member_and_rebalance(token, now_ms, new_id, a, fx);
+        }
+        if a.require_known_member_id {
+            let deadline = now_ms + i64::from(a.session_timeout_ms);
+            group.pending_members.insert(new_id.clone(), deadline);
+            fx.replies.push((
+                token,
+                Deferred::Join(err_join(ResponseError::MemberIdRequired, &new_id)),
+            ));
+            return;
+        }
+        self.add_member_and_rebalance(token, now_ms, new_id, a, fx);
+    }
+
+    fn join_known_member(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        let reply = |fx: &mut Effects, r: JoinGroupResponse| {
+            fx.replies.push((token, Deferred::Join(r)));
+        };
+        if group.pending_members.remove(&a.member_id).is_some() {
+            let id = a.member_id.clone();
+            return self.add_member_and_rebalance(token, now_ms, id, a, fx);
+        }
+        if group.is_fenced(a.instance_id.as_deref(), &a.member_id) {
+            return reply(fx, err_join(ResponseError::FencedInstanceId, &a.member_id));
+        }
+        let Some(member) = group.members.get(&a.member_id) else {
+            return reply(fx, err_join(ResponseError::UnknownMemberId, &a.member_id));
+        };
+        let same_protocols = member.protocols == a.protocols;
+        let is_leader = group.leader.as_deref() == Some(a.member_id.as_str());
+        match group.state {
+            GroupState::Empty | GroupState::Dead => {
+                reply(fx, err_join(ResponseError::UnknownMemberId, &a.member_id))
+            }
+            GroupState::PreparingRebalance => {
+                self.update_member_and_rebalance(token, now_ms, a, fx)
+            }
+            GroupState::CompletingRebalance if same_protocols => {
+                // The member lost our JoinGroup answer: give it again.
+                let r = group.join_response(&a.member_id, is_leader);
+                reply(fx, r)
+            }
+            GroupState::Stable if same_protocols && !is_leader => {
+                // A follower rejoining with nothing new: no rebalance.
+                let r = group.join_response(&a.member_id, false);
+                reply(fx, r)
+            }
+            GroupState::CompletingRebalance | GroupState::Stable => {
+                self.update_member_and_rebalance(token, now_ms, a, fx)
+            }
+        }
+    }
+
+    fn new_member(&self, id: String, a: &JoinArgs, token: Token, now_ms: i64) -> Member {
+        Member {
+            id,
+            instance_id: a.instance_id.clone(),
+            client_id: a.client_id.clone(),
+            client_host: a.client_host.clone(),
+            session_timeout_ms: a.session_timeout_ms,
+            rebalance_timeout_ms: a.rebalance_timeout_ms,
+            protocol_type: a.protocol_type.clone(),
+            protocols: a.protocols.clone(),
+            assignment: Bytes::new(),
+            awaiting_join: Some(token),
+            awaiting_sync: None,
+            joined: true,
+            session_deadline_ms: now_ms + i64::from(a.session_timeout_ms),
+        }
+    }
+
+    fn add_member_and_rebalance(
+        &mut self,
+        token: Token,
+        now_ms: i64,
+        id: String,
+        a: JoinArgs,
+        fx: &mut Effects,
+    ) {
+        let member = self.new_member(id.clone(), &a, token, now_ms);
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        if group.members.is_empty() {
+            group.protocol_type = Some(a.protocol_type.clone());
+        }
+        if let Some(i) = &a.instance_id {
+            group.static_members.insert(i.clone(), id.clone());
+        }
+        if group.leader.is_none() {
+            group.leader = Some(id.clone());
+        }
+        group.members.insert(id, member);
+        if group.state == GroupState::PreparingRebalance {
+            // A new member extends the initial delay, within the rebalance timeout.
+            if let (Some(limit), Some(d)) = (group.initial_delay_limit_ms, group.join_deadline_ms) {
+                group.join_deadline_ms = Some((d.max(now_ms + initial_delay)).min(limit));
+            }
+        }
+        Self::prepare_rebalance(group, now_ms, initial_delay, fx);
+        Self::maybe_complete_join(group, now_ms, fx);
+    }
+
+    fn update_member_and_rebalance(
+        &mut self,
+        token: Token,
+        now_ms: i64,
+        a: JoinArgs,
+        fx: &mut Effects,
+    ) {
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        let m = group.members.get_mut(&a.member_id).expect("member exists");
+        if let Some(old) = m.awaiting_join.replace(token) {
+            // A duplicate join: the older request gets the newer one's fate, as in Kafka
+            // (the callback is replaced); answer the old one so it does not hang.
+            fx.replies.push((
+                old,
+                Deferred::Join(err_join(ResponseError::UnknownMemberId, &a.member_id)),
+            ));
+        }
+        m.protocols = a.protocols;
+        m.session_timeout_ms = a.session_timeout_ms;
+        m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        m.joined = true;
+        Self::prepare_rebalance(group, now_ms, initial_delay, fx);
+        Self::maybe_complete_join(group, now_ms, fx);
+    }
+
+    /// A static member rejoined with a new member id (a restarted process).
+    fn replace_static_member(
+        &mut self,
+        token: Token,
+        now_ms: i64,
+        old_id: String,
+        new_id: String,
+        a: JoinArgs,
+        fx: &mut Effects,
+    ) {
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        let mut m = group.members.remove(&old_id).expect("static member exists");
+        // The old instance's pending requests are fenced.
+        if let Some(t) = m.awaiting_join.take() {
+            fx.replies.push((
+                t,
+                Deferred::Join(err_join(ResponseError::FencedInstanceId, &old_id)),
+            ));
+        }
+        if let Some(t) = m.awaiting_sync.take() {
+            fx.replies
+                .push((t, Deferred::Sync(err_sync(ResponseError::FencedInstanceId))));
+        }
+        m.id = new_id.clone();
+        m.client_id = a.client_id.clone();
+        m.client_host = a.client_host.clone();
+        m.session_timeout_ms = a.session_timeout_ms;
+        m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        m.protocols = a.protocols.clone();
+        m.session_deadline_ms = now_ms + i64::from(a.session_timeout_ms);
+        let instance = a.instance_id.clone().expect("static member");
+        group.static_members.insert(instance, new_id.clone());
+        let was_leader = group.leader.as_deref() == Some(old_id.as_str());
+        if was_leader {
+            group.leader = Some(new_id.clone());
+        }
+        // Kafka rebalances only if the group's protocol would change; the metadata
+        // bytes may differ (a restarted consumer owns nothing yet).
+        group.members.insert(new_id.clone(), m);
+        let protocols_changed = group.select_protocol() != group.protocol;
+        let mut m = group.members.remove(&new_id).expect("just inserted");
+        match group.state {
+            GroupState::Stable if !protocols_changed => {
+                // KIP-345: no rebalance. The member gets its old assignment at SyncGroup.
+                // KIP-814: a v9+ leader is told to skip the assignment; older leaders
+                // get the member list, compute an assignment and SyncGroup in a stable
+                // group returns the stored one.
+                m.joined = true;
+                group.members.insert(new_id.clone(), m);
+                let mut r = group.join_response(&new_id, was_leader);
+                r.skip_assignment = was_leader && a.supports_skip_assignment;
+                fx.replies.push((token, Deferred::Join(r)));
+                // The id changed: persist it so a fenced old instance stays fenced.
+                fx.records.push(group.metadata_record());
+            }
+            GroupState::CompletingRebalance if !protocols_changed => {
+                m.joined = true;
+                group.members.insert(new_id.clone(), m);
+                let r = group.join_response(&new_id, was_leader);
+                fx.replies.push((token, Deferred::Join(r)));
+            }
+            _ => {
+                m.awaiting_join = Some(token);
+                m.joined = true;
+                group.members.insert(new_id, m);
+                Self::prepare_rebalance(group, now_ms, initial_delay, fx);
+                Self::maybe_complete_join(group, now_ms, fx);
+            }
+        }
+    }
+
+    /// Starts (or continues) a join phase.
+    fn prepare_rebalance(group: &mut Group, now_ms: i64, initial_delay_ms: i64, fx: &mut Effects) {
+        match group.state {
+            GroupState::PreparingRebalance => return,
+            GroupState::CompletingRebalance => {
+                // Members waiting for their assignment must rejoin.
+                for m in group.members.values_mut() {
+                    if let Some(t) = m.awaiting_sync.take() {
+                        fx.replies.push((
+                            t,
+                            Deferred::Sync(err_sync(ResponseError::RebalanceInProgress)),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let was_empty = group.state == GroupState::Empty;
+        for m in group.members.values_mut() {
+            // Members that were told about this rebalance in their own join count as
+            // joined; the others must come back.
+            m.joined = m.awaiting_join.is_some();
+        }
+        let rebalance_ms = group.max_rebalance_timeout_ms();
+        if was_empty {
+            // Kafka's initial delay: wait a little for more members before the first
+            // generation, so N consumers starting together take one rebalance.
+            group.join_deadline_ms = Some(now_ms + initial_delay_ms.min(rebalance_ms));
+            group.initial_delay_limit_ms = Some(now_ms + rebalance_ms);
+        } else {
+            group.join_deadline_ms = Some(now_ms + rebalance_ms);
+            group.initial_delay_limit_ms = None;
+        }
+        group.sync_deadline_ms = None;
+        group.transition(GroupState::PreparingRebalance, now_ms);
+    }
+
+    fn maybe_complete_join(group: &mut Group, now_ms: i64, fx: &mut Effects) {
+        if group.state != GroupState::PreparingRebalance {
+            return;
+        }
+        let in_initial_delay = group.initial_delay_limit_ms.is_some();
+        let due = group.join_deadline_ms.is_some_and(|d| now_ms >= d);
+        if due || (!in_initial_delay && group.all_joined()) {
+            Self::complete_join(group, now_ms, fx);
+        }
+    }
+
+    /// Ends a join phase: drop the members that did not rejoin, start the next
+    /// generation and answer every waiting JoinGroup.
+    fn complete_join(group: &mut Group, now_ms: i64, fx: &mut Effects) {
+        let gone: Vec<String> = group
+            .members
+            .values()
+            .filter(|m| !m.joined || m.awaiting_join.is_none())
+            .map(|m| m.id.clone())
+            .collect();
+        for id in gone {
+            Self::remove_member(group, &id);
+        }
+        group.pending_members.clear();
+        group.join_deadline_ms = None;
+        group.initial_delay_limit_ms = None;
+        group.generation += 1;
+        if group.members.is_empty() {
+            group.protocol = None;
+            group.leader = None;
+            group.transition(GroupState::Empty, now_ms);
+            fx.records.push(group.metadata_record());
+            return;
+        }
+        group.protocol = group.select_protocol();
+        if group
+            .leader
+            .as_ref()
+            .is_none_or(|l| !group.members.contains_key(l))
+        {
+            group.leader = group.members.keys().next().cloned();
+        }
+        group.transition(GroupState::CompletingRebalance, now_ms);
+        group.sync_deadline_ms = Some(now_ms + group.max_rebalance_timeout_ms());
+        let leader = group.leader.clone().expect("a leader");
+        let ids: Vec<String> = group.members.keys().cloned().collect();
+        for id in ids {
+            let resp = group.join_response(&id, id == leader);
+            let m = group.members.get_mut(&id).expect("member");
+            m.joined = false;
+            m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+            if let Some(t) = m.awaiting_join.take() {
+                fx.replies.push((t, Deferred::Join(resp)));
+            }
+        }
+    }
+
+    fn remove_member(group: &mut Group, id: &str) -> Option<Member> {
+        let m = group.members.remove(id)?;
+        if let Some(i) = &m.instance_id {
+            if group.static_members.get(i).map(String::as_str) == Some(id) {
+                group.static_members.remove(i);
+            }
+        }
+        if group.leader.as_deref() == Some(id) {
+            group.leader = group.members.keys().next().cloned();
+        }
+        Some(m)
+    }
+
+    /// A member left or expired: the group rebalances, or its join phase may now end.
+    fn member_gone(
+        group: &mut Group,
+        id: &str,
+        now_ms: i64,
+        initial_delay_ms: i64,
+        fx: &mut Effects,
+    ) {
+        let Some(mut m) = Self::remove_member(group, id) else {
+            return;
+        };
+        if let Some(t) = m.awaiting_join.take() {
+            fx.replies.push((
+                t,
+                Deferred::Join(err_join(ResponseError::UnknownMemberId, id)),
+            ));
+        }
+        if let Some(t) = m.awaiting_sync.take() {
+            fx.replies
+                .push((t, Deferred::Sync(err_sync(ResponseError::UnknownMemberId))));
+        }
+        match group.state {
+            GroupState::Stable | GroupState::CompletingRebalance => {
+                Self::prepare_rebalance(group, now_ms, initial_delay_ms, fx);
+                // Nobody is waiting in a join yet; the remaining members learn of the
+                // rebalance from their heartbeats.
+                Self::maybe_complete_join(group, now_ms, fx);
+            }
+            GroupState::PreparingRebalance => Self::maybe_complete_join(group, now_ms, fx),
+            GroupState::Empty | GroupState::Dead => {}
+        }
+    }
+
+    // ---------------------------------------------------------------- SyncGroup
+
+    pub fn sync(&mut self, token: Token, now_ms: i64, a: SyncArgs, fx: &mut Effects) {
+        let reply = |fx: &mut Effects, r: SyncGroupResponse| {
+            fx.replies.push((token, Deferred::Sync(r)));
+        };
+        let Some(group) = self.groups.get_mut(&a.group_id) else {
+            return reply(fx, err_sync(ResponseError::UnknownMemberId));
+        };
+        if group.state == GroupState::Dead {
+            return reply(fx, err_sync(ResponseError::CoordinatorNotAvailable));
+        }
+        if group.is_fenced(a.instance_id.as_deref(), &a.member_id) {
+            return reply(fx, err_sync(ResponseError::FencedInstanceId));
+        }
+        if !group.members.contains_key(&a.member_id) {
+            return reply(fx, err_sync(ResponseError::UnknownMemberId));
+        }
+        if a.generation != group.generation {
+            return reply(fx, err_sync(ResponseError::IllegalGeneration));
+        }
+        let type_ok = a.protocol_type.is_none() || a.protocol_type == group.protocol_type;
+        let name_ok = a.protocol_name.is_none() || a.protocol_name == group.protocol;
+        if !type_ok || !name_ok {
+            return reply(fx, err_sync(ResponseError::InconsistentGroupProtocol));
+        }
+        let protocol_type = group.protocol_type.clone().map(sb);
+        let protocol_name = group.protocol.clone().map(sb);
+        match group.state {
+            GroupState::Empty => reply(fx, err_sync(ResponseError::UnknownMemberId)),
+            GroupState::PreparingRebalance => {
+                reply(fx, err_sync(ResponseError::RebalanceInProgress))
+            }
+            GroupState::Stable => {
+                let m = group.members.get_mut(&a.member_id).expect("member");
+                m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                let r = SyncGroupResponse::default()
+                    .with_protocol_type(protocol_type)
+                    .with_protocol_name(protocol_name)
+                    .with_assignment(m.assignment.clone());
+                reply(fx, r)
+            }
+            GroupState::CompletingRebalance => {
+                let m = group.members.get_mut(&a.member_id).expect("member");
+                m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                if let Some(old) = m.awaiting_sync.replace(token) {
+                    fx.replies.push((
+                        old,
+                        Deferred::Sync(err_sync(ResponseError::UnknownMemberId)),
+                    ));
+                }
+                if group.leader.as_deref() == Some(a.member_id.as_str()) {
+                    let mut given: HashMap<String, Bytes> = a.assignments.into_iter().collect();
+                    for m in group.members.values_mut() {
+                        m.assignment = given.remove(&m.id).unwrap_or_default();
+                    }
+                    group.transition(GroupState::Stable, now_ms);
+                    group.sync_deadline_ms = None;
+                    fx.records.push(group.metadata_record());
+                    for m in group.members.values_mut() {
+                        if let Some(t) = m.awaiting_sync.take() {
+                            let r = SyncGroupResponse::default()
+                                .with_protocol_type(protocol_type.clone())
+                                .with_protocol_name(protocol_name.clone())
+                                .with_assignment(m.assignment.clone());
+                            fx.replies.push((t, Deferred::Sync(r)));
+                        }
+                    }
+                }
+            }
+            GroupState::Dead => unreachable!("checked above"),
+        }
+    }
+
+    // ---------------------------------------------------------------- Heartbeat
+
+    pub fn heartbeat(
+        &mut self,
+        now_ms: i64,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Code {
+        let Some(group) = self.groups.get_mut(group_id) else {
+            return Err(ResponseError::UnknownMemberId);
+        };
+        if group.state == GroupState::Dead {
+            return Err(ResponseError::CoordinatorNotAvailable);
+        }
+        if group.is_fenced(instance_id, member_id) {
+            return Err(ResponseError::FencedInstanceId);
+        }
+        let state = group.state;
+        let gen = group.generation;
+        let Some(m) = group.members.get_mut(member_id) else {
+            return Err(ResponseError::UnknownMemberId);
+        };
+        if generation != gen {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        match state {
+            GroupState::Empty | GroupState::Dead => Err(ResponseError::UnknownMemberId),
+            GroupState::CompletingRebalance | GroupState::Stable => {
+                m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                Ok(())
+            }
+            GroupState::PreparingRebalance => {
+                m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                Err(ResponseError::RebalanceInProgress)
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- LeaveGroup
+
+    /// LeaveGroup: the group-level error, and one result per member.
+    pub fn leave(
+        &mut self,
+        now_ms: i64,
+        group_id: &str,
+        members: &[Leaving],
+        fx: &mut Effects,
+    ) -> (Code, Vec<Code>) {
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        let Some(group) = self.groups.get_mut(group_id) else {
+            return (
+                Ok(()),
+                vec![Err(ResponseError::UnknownMemberId); members.len()],
+            );
+        };
+        if group.state == GroupState::Dead {
+            return (Err(ResponseError::CoordinatorNotAvailable), Vec::new());
+        }
+        let mut results = Vec::with_capacity(members.len());
+        for l in members {
+            let id = if l.member_id.is_empty() {
+                // Admin removal of a static member by instance id (KIP-345).
+                match l
+                    .instance_id
+                    .as_ref()
+                    .and_then(|i| group.static_members.get(i))
+                {
+                    Some(id) => id.clone(),
+                    None => {
+                        results.push(Err(ResponseError::UnknownMemberId));
+                        continue;
+                    }
+                }
+            } else {
+                if group.is_fenced(l.instance_id.as_deref(), &l.member_id) {
+                    results.push(Err(ResponseError::FencedInstanceId));
+                    continue;
+                }
+                l.member_id.clone()
+            };
+            if group.pending_members.remove(&id).is_some() {
+                results.push(Ok(()));
+                Self::maybe_complete_join(group, now_ms, fx);
+                continue;
+            }
+            if !group.members.contains_key(&id) {
+                results.push(Err(ResponseError::UnknownMemberId));
+                continue;
+            }
+            Self::member_gone(group, &id, now_ms, initial_delay, fx);
+            results.push(Ok(()));
+        }
+        (Ok(()), results)
+    }
+
+    // ---------------------------------------------------------------- timers
+
+    /// Fires due timers: expired sessions and pending member ids, the end of a join or
+    /// sync phase, and offset expiry of empty groups.
+    pub fn tick(&mut self, now_ms: i64, fx: &mut Effects) {
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        for group in self.groups.values_mut() {
+            group.pending_members.retain(|_, d| *d > now_ms);
+            let expired: Vec<String> = group
+                .members
+                .values()
+                .filter(|m| {
+                    // Members waiting in a join or sync are alive by definition.
+                    m.awaiting_join.is_none()
+                        && m.awaiting_sync.is_none()
+                        && m.session_deadline_ms <= now_ms
+                })
+                .map(|m| m.id.clone())
+                .collect();
+            for id in expired {
+                tracing::debug!(group = %group.id, member = %id, "session expired");
+                Self::member_gone(group, &id, now_ms, initial_delay, fx);
+            }
+            if group.state == GroupState::PreparingRebalance {
+                Self::maybe_complete_join(group, now_ms, fx);
+            }
+            if group.state == GroupState::CompletingRebalance
+                && group.sync_deadline_ms.is_some_and(|d| now_ms >= d)
+            {
+                // The leader never sent the assignment: drop whoever has not synced.
+                let laggards: Vec<String> = group
+                    .members
+                    .values()
+                    .filter(|m| m.awaiting_sync.is_none())
+                    .map(|m| m.id.clone())
+                    .collect();
+                for id in laggards {
+                    Self::member_gone(group, &id, now_ms, initial_delay, fx);
+                }
+                if group.state == GroupState::CompletingRebalance {
+                    Self::prepare_rebalance(group, now_ms, initial_delay, fx);
+                }
+            }
+        }
+        if now_ms >= self.next_expiry_check_ms {
+            self.next_expiry_check_ms = now_ms + self.config.offsets_retention_check_interval_ms;
+            self.expire_offsets(now_ms, fx);
+        }
+    }
+
+    fn expire_offsets(&mut self, now_ms: i64, fx: &mut Effects) {
+        let retention = self.config.offsets_retention_ms;
+        let mut dead = Vec::new();
+        for group in self.groups.values_mut() {
+            if group.state != GroupState::Empty {
+                continue;
+            }
+            let since = group.state_timestamp_ms;
+            let expired: Vec<(String, i32)> = group
+                .offsets
+                .iter()
+                .filter(|(_, c)| c.commit_timestamp_ms.max(since) + retention <= now_ms)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for (topic, partition) in expired {
+                group.offsets.remove(&(topic.clone(), partition));
+                fx.records
+                    .push(offset_tombstone(&group.id, &topic, partition));
+            }
+            if group.offsets.is_empty() && group.pending_members.is_empty() {
+                // An empty group with nothing committed holds nothing: it goes.
+                dead.push(group.id.clone());
+            }
+        }
+        for id in dead {
+            if let Some(mut g) = self.groups.remove(&id) {
+                g.transition(GroupState::Dead, now_ms);
+                fx.records.push(group_tombstone(&id));
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- offsets
+
+    /// Validates an OffsetCommit (Kafka's `validateOffsetCommit`). The shell appends
+    /// the plan's records, then calls [`Coordinator::apply_commit`].
+    pub fn plan_commit(&mut self, now_ms: i64, a: CommitArgs) -> CommitPlan {
+        let group_error = self.commit_error(now_ms, &a);
+        let mut plan = CommitPlan {
+            group_id: a.group_id.clone(),
+            results: Vec::with_capacity(a.offsets.len()),
+            records: Vec::new(),
+            accepted: Vec::new(),
+        };
+        for ((topic, partition), c) in a.offsets {
+            let tp = (topic.clone(), partition);
+            if let Some(e) = group_error {
+                plan.results.push((tp, Err(e)));
+                continue;
+            }
+            if c.metadata.len() > self.config.offset_metadata_max_bytes {
+                plan.results
+                    .push((tp, Err(ResponseError::OffsetMetadataTooLarge)));
+                continue;
+            }
+            plan.records
+                .push(offset_record(&a.group_id, &topic, partition, &c));
+            plan.results.push((tp.clone(), Ok(())));
+            plan.accepted.push((tp, c));
+        }
+        plan
+    }
+
+    fn commit_error(&mut self, now_ms: i64, a: &CommitArgs) -> Option<ResponseError> {
+        let Some(group) = self.groups.get(&a.group_id) else {
+            if a.generation < 0 {
+                // A client managing its own partitions (or an admin tool): the group
+                // exists from now on, empty.
+                self.groups
+                    .insert(a.group_id.clone(), Group::new(&a.group_id, now_ms));
+                return None;
+            }
+            // Not managed here, or a commit from an older incarnation.
+            return Some(ResponseError::IllegalGeneration);
+        };
+        if group.state == GroupState::Dead {
+            return Some(ResponseError::CoordinatorNotAvailable);
+        }
+        if a.generation >= 0 || !a.member_id.is_empty() || a.instance_id.is_some() {
+            if group.is_fenced(a.instance_id.as_deref(), &a.member_id) {
+                return Some(ResponseError::FencedInstanceId);
+            }
+            if !group.members.contains_key(&a.member_id) {
+                return Some(ResponseError::UnknownMemberId);
+            }
+            if a.generation != group.generation {
+                return Some(ResponseError::IllegalGeneration);
+            }
+            if group.state == GroupState::CompletingRebalance {
+                // The member has its new generation but not yet its assignment.
+                return Some(ResponseError::RebalanceInProgress);
+            }
+            return None;
+        }
+        if group.state != GroupState::Empty {
+            // Only members commit to a group that has them.
+            return Some(ResponseError::UnknownMemberId);
+        }
+        None
+    }
+
+    /// Makes a plan's offsets visible (after its records are durable).
+    pub fn apply_commit(&mut self, now_ms: i64, plan: CommitPlan) {
+        let group = self
+            .groups
+            .entry(plan.group_id.clone())
+            .or_insert_with(|| Group::new(&plan.group_id, now_ms));
+        for (tp, c) in plan.accepted {
+            group.offsets.insert(tp, c);
+        }
+    }
+
+    /// Committed offsets of a group: all of them, or those of the given partitions
+    /// (`None` where nothing is committed).
+    pub fn fetch_offsets(
+        &self,
+        group_id: &str,
+        partitions: Option<&[(String, i32)]>,
+    ) -> Vec<((String, i32), Option<Committed>)> {
+        let offsets = self.groups.get(group_id).map(|g| &g.offsets);
+        match partitions {
+            Some(ps) => ps
+                .iter()
+                .map(|tp| (tp.clone(), offsets.and_then(|o| o.get(tp)).cloned()))
+                .collect(),
+            None => offsets
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| (k.clone(), Some(v.clone())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// OffsetDelete: the group error, or per-partition results.
+    pub fn delete_offsets(
+        &mut self,
+        group_id: &str,
+        partitions: &[(String, i32)],
+        fx: &mut Effects,
+    ) -> Result<Vec<Code>, ResponseError> {
+        let Some(group) = self.groups.get_mut(group_id) else {
+            return Err(ResponseError::GroupIdNotFound);
+        };
+        let subscribed = match group.state {
+            GroupState::Dead => return Err(ResponseError::GroupIdNotFound),
+            GroupState::Empty => Vec::new(),
+            _ => match group.subscribed_topics() {
+                Some(t) => t,
+                None => return Err(ResponseError::NonEmptyGroup),
+            },
+        };
+        let mut out = Vec::with_capacity(partitions.len());
+        for (topic, partition) in partitions {
+            if subscribed.contains(topic) {
+                out.push(Err(ResponseError::GroupSubscribedToTopic));
+                continue;
+            }
+            if group.offsets.remove(&(topic.clone(), *partition)).is_some() {
+                fx.records
+                    .push(offset_tombstone(group_id, topic, *partition));
+            }
+            out.push(Ok(()));
+        }
+        Ok(out)
+    }
+
+    /// DeleteGroups for one group.
+    pub fn delete_group(&mut self, now_ms: i64, group_id: &str, fx: &mut Effects) -> Code {
+        let Some(group) = self.groups.get(group_id) else {
+            return Err(ResponseError::GroupIdNotFound);
+        };
+        match group.state {
+            GroupState::Dead => return Err(ResponseError::GroupIdNotFound),
+            GroupState::Empty => {}
+            _ => return Err(ResponseError::NonEmptyGroup),
+        }
+        let mut group = self.groups.remove(group_id).expect("present");
+        group.transition(GroupState::Dead, now_ms);
+        for (topic, partition) in group.offsets.keys() {
+            fx.records
+                .push(offset_tombstone(group_id, topic, *partition));
+        }
+        fx.records.push(group_tombstone(group_id));
+        Ok(())
+    }
+
+    pub fn describe(&self, group_id: &str) -> GroupSummary {
+        let Some(g) = self.groups.get(group_id) else {
+            // Kafka describes an unknown group as Dead, without an error.
+            return GroupSummary {
+                state: GroupState::Dead,
+                protocol_type: String::new(),
+                protocol: String::new(),
+                members: Vec::new(),
+            };
+        };
+        let stable = g.state == GroupState::Stable;
+        let protocol = if stable {
+            g.protocol.clone().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let members = g
+            .members
+            .values()
+            .map(|m| {
+                let (meta, asg) = if stable {
+                    (m.metadata(&protocol), m.assignment.clone())
+                } else {
+                    (Bytes::new(), Bytes::new())
+                };
+                (
+                    m.id.clone(),
+                    m.instance_id.clone(),
+                    m.client_id.clone(),
+                    m.client_host.clone(),
+                    meta,
+                    asg,
+                )
+            })
+            .collect();
+        GroupSummary {
+            state: g.state,
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            protocol,
+            members,
+        }
+    }
+
+    /// (group id, protocol type, state) of every group.
+    pub fn list(&self) -> Vec<(String, String, GroupState)> {
+        let mut v: Vec<_> = self
+            .groups
+            .values()
+            .map(|g| {
+                (
+                    g.id.clone(),
+                    g.protocol_type.clone().unwrap_or_default(),
+                    g.state,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    // ---------------------------------------------------------------- loading
+
+    /// Replays one `__consumer_offsets` record (in log order) into memory.
+    pub fn load_record(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), super::records::RecordError> {
+        match Key::decode(key)? {
+            Key::Offset {
+                group,
+                topic,
+                partition,
+            } => match value {
+                Some(v) => {
+                    let v = OffsetValue::decode(v)?;
+                    let g = self
+                        .groups
+                        .entry(group.clone())
+                        .or_insert_with(|| Group::new(&group, v.commit_timestamp_ms));
+                    g.offsets.insert(
+                        (topic, partition),
+                        Committed {
+                            offset: v.offset,
+                            leader_epoch: v.leader_epoch,
+                            metadata: v.metadata,
+                            commit_timestamp_ms: v.commit_timestamp_ms,
+                        },
+                    );
+                }
+                None => {
+                    if let Some(g) = self.groups.get_mut(&group) {
+                        g.offsets.remove(&(topic, partition));
+                    }
+                }
+            },
+            Key::Group { group } => match value {
+                Some(v) => {
+                    let v = GroupValue::decode(v)?;
+                    let g = self
+                        .groups
+                        .entry(group.clone())
+                        .or_insert_with(|| Group::new(&group, v.state_timestamp_ms));
+                    // Members are not restored: they rejoin (their heartbeats get
+                    // UNKNOWN_MEMBER_ID). The generation continues where it was.
+                    g.generation = v.generation;
+                    g.protocol_type = (!v.protocol_type.is_empty()).then_some(v.protocol_type);
+                    g.state_timestamp_ms = v.state_timestamp_ms.max(0);
+                }
+                None => {
+                    self.groups.remove(&group);
+                }
+            },
+        }
+        Ok(())
+    }
+}
+
+pub fn offset_record(group: &str, topic: &str, partition: i32, c: &Committed) -> Record {
+    Record {
+        group: group.to_string(),
+        key: Key::Offset {
+            group: group.to_string(),
+            topic: topic.to_string(),
+            partition,
+        }
+        .encode(),
+        value: Some(
+            OffsetValue {
+                offset: c.offset,
+                leader_epoch: c.leader_epoch,
+                metadata: c.metadata.clone(),
+                commit_timestamp_ms: c.commit_timestamp_ms,
+            }
+            .encode(),
+        ),
+    }
+}
+
+fn offset_tombstone(group: &str, topic: &str, partition: i32) -> Record {
+    Record {
+        group: group.to_string(),
+        key: Key::Offset {
+            group: group.to_string(),
+            topic: topic.to_string(),
+            partition,
+        }
+        .encode(),
+        value: None,
+    }
+}
+
+fn group_tombstone(group: &str) -> Record {
+    Record {
+        group: group.to_string(),
+        key: Key::Group {
+            group: group.to_string(),
+        }
+        .encode(),
+        value: None,
+    }
+}

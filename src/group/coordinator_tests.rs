@@ -1,0 +1,844 @@
+//! Unit tests of the group coordinator state machine: every transition and every error
+//! code, driven by hand-picked times (no clock, no I/O).
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError as E;
+
+use super::coordinator::*;
+use super::records::Key;
+
+const SESSION: i32 = 6_000;
+const REBALANCE: i32 = 10_000;
+
+fn coord(initial_delay_ms: i64) -> Coordinator {
+    Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: initial_delay_ms,
+        ..CoordinatorConfig::default()
+    })
+}
+
+fn args(member: &str, instance: Option<&str>, protocols: &[&str]) -> JoinArgs {
+    JoinArgs {
+        group_id: "g".into(),
+        member_id: member.into(),
+        instance_id: instance.map(String::from),
+        client_id: "client".into(),
+        client_host: "/127.0.0.1".into(),
+        session_timeout_ms: SESSION,
+        rebalance_timeout_ms: REBALANCE,
+        protocol_type: "consumer".into(),
+        protocols: protocols
+            .iter()
+            .map(|p| (p.to_string(), Bytes::from(format!("meta-{p}"))))
+            .collect(),
+        require_known_member_id: true,
+        supports_skip_assignment: false,
+    }
+}
+
+fn join_reply(fx: &Effects, token: Token) -> Option<kafka_protocol::messages::JoinGroupResponse> {
+    fx.replies.iter().find_map(|(t, r)| match r {
+        Deferred::Join(j) if *t == token => Some(j.clone()),
+        _ => None,
+    })
+}
+
+fn sync_reply(fx: &Effects, token: Token) -> Option<kafka_protocol::messages::SyncGroupResponse> {
+    fx.replies.iter().find_map(|(t, r)| match r {
+        Deferred::Sync(s) if *t == token => Some(s.clone()),
+        _ => None,
+    })
+}
+
+/// Joins with the MEMBER_ID_REQUIRED round trip; returns the member id and the effects
+/// of the second join.
+fn join_new(c: &mut Coordinator, token: Token, now: i64, protocols: &[&str]) -> (String, Effects) {
+    let mut fx = Effects::default();
+    c.join(token, now, args("", None, protocols), &mut fx);
+    let r = join_reply(&fx, token).expect("immediate answer");
+    assert_eq!(r.error_code, E::MemberIdRequired.code());
+    let id = r.member_id.to_string();
+    assert!(!id.is_empty());
+    let mut fx = Effects::default();
+    c.join(token + 1000, now, args(&id, None, protocols), &mut fx);
+    (id, fx)
+}
+
+fn sync(
+    c: &mut Coordinator,
+    token: Token,
+    now: i64,
+    member: &str,
+    gen: i32,
+    asg: &[(&str, &str)],
+) -> Effects {
+    let mut fx = Effects::default();
+    c.sync(
+        token,
+        now,
+        SyncArgs {
+            group_id: "g".into(),
+            generation: gen,
+            member_id: member.into(),
+            instance_id: None,
+            protocol_type: Some("consumer".into()),
+            protocol_name: None,
+            assignments: asg
+                .iter()
+                .map(|(m, a)| (m.to_string(), Bytes::from(a.to_string())))
+                .collect(),
+        },
+        &mut fx,
+    );
+    fx
+}
+
+/// One member, Stable at generation 1.
+fn stable_one(c: &mut Coordinator) -> String {
+    let (id, fx) = join_new(c, 1, 0, &["range"]);
+    let r = join_reply(&fx, 1001).expect("join completes (no initial delay)");
+    assert_eq!(r.error_code, 0);
+    assert_eq!(r.generation_id, 1);
+    let fx = sync(c, 2, 0, &id, 1, &[(&id, "A")]);
+    assert_eq!(sync_reply(&fx, 2).unwrap().assignment, Bytes::from("A"));
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    id
+}
+
+#[test]
+fn member_id_required_then_join_then_sync_makes_the_group_stable() {
+    let mut c = coord(0);
+    let mut fx = Effects::default();
+    c.join(1, 0, args("", None, &["range"]), &mut fx);
+    let r = join_reply(&fx, 1).unwrap();
+    assert_eq!(r.error_code, E::MemberIdRequired.code());
+    assert_eq!(c.group("g").unwrap().state, GroupState::Empty);
+    let id = r.member_id.to_string();
+    let mut fx = Effects::default();
+    c.join(2, 10, args(&id, None, &["range"]), &mut fx);
+    let r = join_reply(&fx, 2).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 1));
+    assert_eq!(r.leader.as_str(), id);
+    assert_eq!(r.protocol_name.as_ref().unwrap().as_str(), "range");
+    assert_eq!(r.members.len(), 1, "the leader gets the member list");
+    assert_eq!(r.members[0].metadata, Bytes::from("meta-range"));
+    assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
+    let fx = sync(&mut c, 3, 20, &id, 1, &[(&id, "A")]);
+    assert_eq!(sync_reply(&fx, 3).unwrap().assignment, Bytes::from("A"));
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    // The group metadata record is written when the group becomes stable.
+    assert_eq!(fx.records.len(), 1);
+    assert_eq!(
+        Key::decode(&fx.records[0].key).unwrap(),
+        Key::Group { group: "g".into() }
+    );
+}
+
+#[test]
+fn old_clients_join_without_the_member_id_round_trip() {
+    let mut c = coord(0);
+    let mut a = args("", None, &["range"]);
+    a.require_known_member_id = false;
+    let mut fx = Effects::default();
+    c.join(1, 0, a, &mut fx);
+    let r = join_reply(&fx, 1).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 1));
+}
+
+#[test]
+fn initial_delay_waits_for_more_members_then_one_generation() {
+    let mut c = coord(3_000);
+    let (a, fx) = join_new(&mut c, 1, 0, &["range"]);
+    assert!(
+        join_reply(&fx, 1001).is_none(),
+        "waits for the initial delay"
+    );
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+    let (b, fx) = join_new(&mut c, 2, 1_000, &["range"]);
+    assert!(join_reply(&fx, 1002).is_none());
+    let mut fx = Effects::default();
+    c.tick(3_500, &mut fx);
+    assert!(
+        fx.replies.is_empty(),
+        "the second member extended the delay"
+    );
+    c.tick(4_000, &mut fx);
+    let ra = join_reply(&fx, 1001).unwrap();
+    let rb = join_reply(&fx, 1002).unwrap();
+    assert_eq!((ra.generation_id, rb.generation_id), (1, 1));
+    assert_eq!(ra.leader, rb.leader);
+    let leader_members = if ra.leader.as_str() == a { &ra } else { &rb };
+    assert_eq!(leader_members.members.len(), 2);
+    assert!(a != b);
+}
+
+#[test]
+fn new_member_triggers_rebalance_and_everyone_rejoins() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let (b, fx) = join_new(&mut c, 10, 100, &["range"]);
+    assert!(join_reply(&fx, 1010).is_none(), "waits for the old member");
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+    // The old member learns of it from its heartbeat.
+    assert_eq!(
+        c.heartbeat(200, "g", 1, &a, None),
+        Err(E::RebalanceInProgress)
+    );
+    // Syncing the old generation now fails.
+    let fx = sync(&mut c, 11, 200, &a, 1, &[]);
+    assert_eq!(
+        sync_reply(&fx, 11).unwrap().error_code,
+        E::RebalanceInProgress.code()
+    );
+    let mut fx = Effects::default();
+    c.join(12, 300, args(&a, None, &["range"]), &mut fx);
+    let ra = join_reply(&fx, 12).unwrap();
+    let rb = join_reply(&fx, 1010).unwrap();
+    assert_eq!((ra.generation_id, rb.generation_id), (2, 2));
+    assert_eq!(ra.leader.as_str(), a, "the leader stays");
+    assert_eq!(ra.members.len(), 2);
+    assert!(rb.members.is_empty(), "followers get no member list");
+    // The follower's sync waits for the leader's.
+    let fx = sync(&mut c, 13, 400, &b, 2, &[]);
+    assert!(sync_reply(&fx, 13).is_none());
+    assert_eq!(
+        c.heartbeat(400, "g", 2, &b, None),
+        Ok(()),
+        "heartbeats are fine while completing"
+    );
+    let fx = sync(&mut c, 14, 500, &a, 2, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(sync_reply(&fx, 13).unwrap().assignment, Bytes::from("B"));
+    assert_eq!(sync_reply(&fx, 14).unwrap().assignment, Bytes::from("A"));
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+}
+
+#[test]
+fn heartbeat_error_codes() {
+    let mut c = coord(0);
+    assert_eq!(
+        c.heartbeat(0, "nope", 1, "m", None),
+        Err(E::UnknownMemberId)
+    );
+    let a = stable_one(&mut c);
+    assert_eq!(c.heartbeat(0, "g", 1, &a, None), Ok(()));
+    assert_eq!(c.heartbeat(0, "g", 0, &a, None), Err(E::IllegalGeneration));
+    assert_eq!(
+        c.heartbeat(0, "g", 1, "stranger", None),
+        Err(E::UnknownMemberId)
+    );
+}
+
+#[test]
+fn sync_error_codes() {
+    let mut c = coord(0);
+    let fx = sync(&mut c, 1, 0, "m", 1, &[]);
+    assert_eq!(
+        sync_reply(&fx, 1).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+    let a = stable_one(&mut c);
+    let fx = sync(&mut c, 2, 0, "stranger", 1, &[]);
+    assert_eq!(
+        sync_reply(&fx, 2).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+    let fx = sync(&mut c, 3, 0, &a, 7, &[]);
+    assert_eq!(
+        sync_reply(&fx, 3).unwrap().error_code,
+        E::IllegalGeneration.code()
+    );
+    let mut fx = Effects::default();
+    c.sync(
+        4,
+        0,
+        SyncArgs {
+            group_id: "g".into(),
+            generation: 1,
+            member_id: a.clone(),
+            instance_id: None,
+            protocol_type: Some("connect".into()),
+            protocol_name: None,
+            assignments: vec![],
+        },
+        &mut fx,
+    );
+    assert_eq!(
+        sync_reply(&fx, 4).unwrap().error_code,
+        E::InconsistentGroupProtocol.code()
+    );
+    // Stable: a sync returns the stored assignment at once.
+    let fx = sync(&mut c, 5, 0, &a, 1, &[]);
+    assert_eq!(sync_reply(&fx, 5).unwrap().assignment, Bytes::from("A"));
+}
+
+#[test]
+fn join_error_codes() {
+    let mut c = coord(0);
+    let mut fx = Effects::default();
+    let mut a = args("", None, &["range"]);
+    a.group_id = String::new();
+    c.join(1, 0, a, &mut fx);
+    assert_eq!(
+        join_reply(&fx, 1).unwrap().error_code,
+        E::InvalidGroupId.code()
+    );
+    let mut a = args("", None, &["range"]);
+    a.session_timeout_ms = 10;
+    c.join(2, 0, a, &mut fx);
+    assert_eq!(
+        join_reply(&fx, 2).unwrap().error_code,
+        E::InvalidSessionTimeout.code()
+    );
+    c.join(3, 0, args("ghost", None, &["range"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 3).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+    assert!(
+        c.group("g").is_none(),
+        "refused joins leave no group behind"
+    );
+    let _ = stable_one(&mut c);
+    c.join(4, 0, args("", None, &["roundrobin"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 4).unwrap().error_code,
+        E::InconsistentGroupProtocol.code()
+    );
+    let mut a = args("", None, &["range"]);
+    a.protocol_type = "connect".into();
+    c.join(5, 0, a, &mut fx);
+    assert_eq!(
+        join_reply(&fx, 5).unwrap().error_code,
+        E::InconsistentGroupProtocol.code()
+    );
+    c.join(6, 0, args("stranger", None, &["range"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 6).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+}
+
+#[test]
+fn protocol_selection_is_a_vote_among_common_protocols() {
+    let mut c = coord(10);
+    let (_, _) = join_new(&mut c, 1, 0, &["range", "roundrobin"]);
+    let (_, _) = join_new(&mut c, 2, 0, &["roundrobin", "range"]);
+    let (_, _) = join_new(&mut c, 3, 0, &["roundrobin", "cooperative-sticky"]);
+    let mut fx = Effects::default();
+    c.tick(100, &mut fx);
+    let r = join_reply(&fx, 1001).unwrap();
+    assert_eq!(r.protocol_name.unwrap().as_str(), "roundrobin");
+}
+
+#[test]
+fn session_expiry_removes_the_member_and_rebalances() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let (b, fx) = join_new(&mut c, 10, 0, &["range"]);
+    assert!(join_reply(&fx, 1010).is_none());
+    // `a` heartbeats (so its session lives) but never rejoins: at the rebalance
+    // timeout the join completes without it.
+    assert_eq!(
+        c.heartbeat(5_000, "g", 1, &a, None),
+        Err(E::RebalanceInProgress)
+    );
+    let mut fx = Effects::default();
+    c.tick(i64::from(REBALANCE) - 1, &mut fx);
+    assert!(join_reply(&fx, 1010).is_none());
+    c.tick(i64::from(REBALANCE), &mut fx);
+    let r = join_reply(&fx, 1010).unwrap();
+    assert_eq!((r.generation_id, r.leader.as_str()), (2, b.as_str()));
+    assert!(!c.group("g").unwrap().members.contains_key(&a));
+    let fx = sync(&mut c, 11, 10_000, &b, 2, &[(&b, "B")]);
+    assert_eq!(sync_reply(&fx, 11).unwrap().error_code, 0);
+    // `b` stops heartbeating: after the session timeout the group is empty.
+    let mut fx = Effects::default();
+    c.tick(10_000 + i64::from(SESSION) - 1, &mut fx);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    c.tick(10_000 + i64::from(SESSION), &mut fx);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::Empty, 3));
+    assert_eq!(
+        c.heartbeat(20_000, "g", 2, &b, None),
+        Err(E::UnknownMemberId)
+    );
+}
+
+#[test]
+fn heartbeats_keep_a_member_alive() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let mut fx = Effects::default();
+    for t in (1_000..30_000).step_by(2_000) {
+        assert_eq!(c.heartbeat(t, "g", 1, &a, None), Ok(()));
+        c.tick(t + 1, &mut fx);
+    }
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+}
+
+#[test]
+fn leader_that_never_syncs_is_dropped_after_the_rebalance_timeout() {
+    let mut c = coord(0);
+    let (a, _) = join_new(&mut c, 1, 0, &["range"]);
+    assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
+    let mut fx = Effects::default();
+    // It heartbeats (the session lives) but never sends SyncGroup.
+    assert_eq!(c.heartbeat(5_000, "g", 1, &a, None), Ok(()));
+    c.tick(i64::from(REBALANCE) - 1, &mut fx);
+    assert!(c.group("g").unwrap().members.contains_key(&a));
+    c.tick(i64::from(REBALANCE), &mut fx);
+    // Empty, and with nothing committed, removed by the expiry pass.
+    assert!(c
+        .group("g")
+        .is_none_or(|g| g.state == GroupState::Empty && g.members.is_empty()));
+}
+
+#[test]
+fn session_expiry_during_a_join_phase_drops_the_silent_member() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let (b, _) = join_new(&mut c, 10, 0, &["range"]);
+    let mut fx = Effects::default();
+    c.tick(i64::from(SESSION), &mut fx);
+    let r = join_reply(&fx, 1010).expect("the join ends when the silent member expires");
+    assert_eq!((r.generation_id, r.leader.as_str()), (2, b.as_str()));
+    assert!(!c.group("g").unwrap().members.contains_key(&a));
+}
+
+#[test]
+fn leave_rebalances_and_the_last_leave_empties_the_group() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let mut fx = Effects::default();
+    let (g, m) = c.leave(
+        0,
+        "g",
+        &[Leaving {
+            member_id: "stranger".into(),
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    assert_eq!((g, m), (Ok(()), vec![Err(E::UnknownMemberId)]));
+    let (g, m) = c.leave(
+        0,
+        "g",
+        &[Leaving {
+            member_id: a.clone(),
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    assert_eq!((g, m), (Ok(()), vec![Ok(())]));
+    let grp = c.group("g").unwrap();
+    assert_eq!((grp.state, grp.generation), (GroupState::Empty, 2));
+    let (_, m) = c.leave(
+        0,
+        "nope",
+        &[Leaving {
+            member_id: a,
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    assert_eq!(m, vec![Err(E::UnknownMemberId)]);
+}
+
+#[test]
+fn leave_during_rebalance_completes_the_join() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let (_b, fx) = join_new(&mut c, 10, 0, &["range"]);
+    assert!(join_reply(&fx, 1010).is_none());
+    let mut fx = Effects::default();
+    let _ = c.leave(
+        5,
+        "g",
+        &[Leaving {
+            member_id: a,
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    let r = join_reply(&fx, 1010).expect("nobody else to wait for");
+    assert_eq!(r.generation_id, 2);
+    assert_eq!(r.members.len(), 1, "the new leader gets the member list");
+}
+
+#[test]
+fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
+    let mut c = coord(0);
+    // Static members skip the member-id round trip.
+    let mut fx = Effects::default();
+    c.join(1, 0, args("", Some("i1"), &["range"]), &mut fx);
+    let r1 = join_reply(&fx, 1).unwrap();
+    assert_eq!((r1.error_code, r1.generation_id), (0, 1));
+    let old = r1.member_id.to_string();
+    let fx = sync(&mut c, 2, 0, &old, 1, &[(&old, "A")]);
+    assert_eq!(sync_reply(&fx, 2).unwrap().error_code, 0);
+    // A second static member joins and the group settles at generation 2.
+    let mut fx = Effects::default();
+    c.join(3, 0, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(4, 0, args(&old, Some("i1"), &["range"]), &mut fx);
+    let r2 = join_reply(&fx, 3).unwrap();
+    assert_eq!(r2.generation_id, 2);
+    let other = r2.member_id.to_string();
+    let fx = sync(&mut c, 5, 0, &old, 2, &[(&old, "A"), (&other, "B")]);
+    assert_eq!(sync_reply(&fx, 5).unwrap().error_code, 0);
+    // The follower i2 restarts: a new member id, no rebalance, same generation.
+    let mut fx = Effects::default();
+    c.join(6, 100, args("", Some("i2"), &["range"]), &mut fx);
+    let r = join_reply(&fx, 6).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 2));
+    assert_ne!(r.member_id.to_string(), other);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    let new_id = r.member_id.to_string();
+    let mut fx = Effects::default();
+    c.sync(
+        7,
+        100,
+        SyncArgs {
+            group_id: "g".into(),
+            generation: 2,
+            member_id: new_id.clone(),
+            instance_id: Some("i2".into()),
+            protocol_type: None,
+            protocol_name: None,
+            assignments: vec![],
+        },
+        &mut fx,
+    );
+    assert_eq!(sync_reply(&fx, 7).unwrap().assignment, Bytes::from("B"));
+    // The old incarnation is fenced.
+    assert_eq!(
+        c.heartbeat(100, "g", 2, &other, Some("i2")),
+        Err(E::FencedInstanceId)
+    );
+    let mut fx = Effects::default();
+    c.join(8, 100, args(&other, Some("i2"), &["range"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 8).unwrap().error_code,
+        E::FencedInstanceId.code()
+    );
+    let plan = c.plan_commit(
+        100,
+        CommitArgs {
+            group_id: "g".into(),
+            generation: 2,
+            member_id: other.clone(),
+            instance_id: Some("i2".into()),
+            offsets: vec![(("t".into(), 0), committed(1))],
+        },
+    );
+    assert_eq!(plan.results[0].1, Err(E::FencedInstanceId));
+    // Admin removal by instance id.
+    let (_, m) = c.leave(
+        200,
+        "g",
+        &[Leaving {
+            member_id: String::new(),
+            instance_id: Some("i2".into()),
+        }],
+        &mut fx,
+    );
+    assert_eq!(m, vec![Ok(())]);
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+}
+
+fn committed(offset: i64) -> Committed {
+    Committed {
+        offset,
+        leader_epoch: -1,
+        metadata: String::new(),
+        commit_timestamp_ms: 0,
+    }
+}
+
+fn commit(c: &mut Coordinator, now: i64, gen: i32, member: &str, offset: i64) -> CommitPlan {
+    c.plan_commit(
+        now,
+        CommitArgs {
+            group_id: "g".into(),
+            generation: gen,
+            member_id: member.into(),
+            instance_id: None,
+            offsets: vec![(
+                ("t".into(), 0),
+                Committed {
+                    commit_timestamp_ms: now,
+                    ..committed(offset)
+                },
+            )],
+        },
+    )
+}
+
+#[test]
+fn commit_validation_and_fetch() {
+    let mut c = coord(0);
+    // No group, a member generation: refused.
+    let p = commit(&mut c, 0, 3, "m", 5);
+    assert_eq!(p.results[0].1, Err(E::IllegalGeneration));
+    // No group, generation -1 (a simple consumer or an admin tool): accepted.
+    let p = commit(&mut c, 0, -1, "", 5);
+    assert_eq!(p.results[0].1, Ok(()));
+    assert_eq!(p.records.len(), 1);
+    c.apply_commit(0, p);
+    let f = c.fetch_offsets("g", Some(&[("t".into(), 0), ("t".into(), 1)]));
+    assert_eq!(f[0].1.as_ref().unwrap().offset, 5);
+    assert!(f[1].1.is_none());
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+    assert!(c.fetch_offsets("other", None).is_empty());
+    let a = stable_one(&mut c);
+    let p = commit(&mut c, 0, 1, &a, 9);
+    assert_eq!(p.results[0].1, Ok(()));
+    c.apply_commit(0, p);
+    assert_eq!(c.fetch_offsets("g", None)[0].1.as_ref().unwrap().offset, 9);
+    assert_eq!(
+        commit(&mut c, 0, 0, &a, 1).results[0].1,
+        Err(E::IllegalGeneration)
+    );
+    assert_eq!(
+        commit(&mut c, 0, 1, "x", 1).results[0].1,
+        Err(E::UnknownMemberId)
+    );
+    // Non-members may not commit to a group that has members.
+    assert_eq!(
+        commit(&mut c, 0, -1, "", 1).results[0].1,
+        Err(E::UnknownMemberId)
+    );
+    // The member's generation is current but the assignment is not out yet.
+    let (_b, _) = join_new(&mut c, 10, 0, &["range"]);
+    let mut fx = Effects::default();
+    c.join(11, 0, args(&a, None, &["range"]), &mut fx);
+    assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
+    assert_eq!(
+        commit(&mut c, 0, 2, &a, 1).results[0].1,
+        Err(E::RebalanceInProgress)
+    );
+    let mut big = commit(&mut c, 0, 1, &a, 1);
+    big.results.clear();
+    let p = c.plan_commit(
+        0,
+        CommitArgs {
+            group_id: "g".into(),
+            generation: -1,
+            member_id: String::new(),
+            instance_id: None,
+            offsets: vec![],
+        },
+    );
+    assert!(p.results.is_empty());
+}
+
+#[test]
+fn commit_in_preparing_rebalance_with_current_generation_is_accepted() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let _ = join_new(&mut c, 10, 0, &["range"]);
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+    assert_eq!(commit(&mut c, 0, 1, &a, 3).results[0].1, Ok(()));
+}
+
+#[test]
+fn oversized_metadata_is_refused() {
+    let mut c = coord(0);
+    let mut meta = committed(1);
+    meta.metadata = "x".repeat(5000);
+    let p = c.plan_commit(
+        0,
+        CommitArgs {
+            group_id: "g".into(),
+            generation: -1,
+            member_id: String::new(),
+            instance_id: None,
+            offsets: vec![(("t".into(), 0), meta)],
+        },
+    );
+    assert_eq!(p.results[0].1, Err(E::OffsetMetadataTooLarge));
+    assert!(p.records.is_empty());
+}
+
+#[test]
+fn delete_groups_and_offsets() {
+    let mut c = coord(0);
+    let mut fx = Effects::default();
+    assert_eq!(c.delete_group(0, "g", &mut fx), Err(E::GroupIdNotFound));
+    assert_eq!(
+        c.delete_offsets("g", &[("t".into(), 0)], &mut fx),
+        Err(E::GroupIdNotFound)
+    );
+    let a = stable_one(&mut c);
+    let p = commit(&mut c, 0, 1, &a, 4);
+    c.apply_commit(0, p);
+    assert_eq!(c.delete_group(0, "g", &mut fx), Err(E::NonEmptyGroup));
+    // Stable, but the members subscribe to nothing decodable: Kafka's NON_EMPTY_GROUP.
+    assert_eq!(
+        c.delete_offsets("g", &[("t".into(), 0)], &mut fx),
+        Err(E::NonEmptyGroup)
+    );
+    let _ = c.leave(
+        0,
+        "g",
+        &[Leaving {
+            member_id: a,
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    let mut fx = Effects::default();
+    assert_eq!(
+        c.delete_offsets("g", &[("t".into(), 0)], &mut fx),
+        Ok(vec![Ok(())])
+    );
+    assert_eq!(fx.records.len(), 1);
+    assert!(fx.records[0].value.is_none(), "a tombstone");
+    let p = commit(&mut c, 0, -1, "", 4);
+    c.apply_commit(0, p);
+    let mut fx = Effects::default();
+    assert_eq!(c.delete_group(0, "g", &mut fx), Ok(()));
+    assert!(c.group("g").is_none());
+    // One tombstone per offset and one for the group.
+    assert_eq!(fx.records.len(), 2);
+    assert!(fx.records.iter().all(|r| r.value.is_none()));
+    assert_eq!(c.describe("g").state, GroupState::Dead);
+}
+
+#[test]
+fn offset_delete_refuses_subscribed_topics() {
+    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Encodable;
+    let mut c = coord(0);
+    let sub = ConsumerProtocolSubscription::default().with_topics(vec![crate::api::sb("t")]);
+    let mut meta = bytes::BytesMut::new();
+    meta.extend_from_slice(&1i16.to_be_bytes());
+    sub.encode(&mut meta, 1).unwrap();
+    let mut a = args("", None, &["range"]);
+    a.require_known_member_id = false;
+    a.protocols = vec![("range".into(), meta.freeze())];
+    let mut fx = Effects::default();
+    c.join(1, 0, a, &mut fx);
+    let id = join_reply(&fx, 1).unwrap().member_id.to_string();
+    sync(&mut c, 2, 0, &id, 1, &[]);
+    let mut fx = Effects::default();
+    let r = c.delete_offsets("g", &[("t".into(), 0), ("u".into(), 0)], &mut fx);
+    assert_eq!(r, Ok(vec![Err(E::GroupSubscribedToTopic), Ok(())]));
+}
+
+#[test]
+fn offsets_of_empty_groups_expire() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        offsets_retention_ms: 1_000,
+        offsets_retention_check_interval_ms: 100,
+        ..CoordinatorConfig::default()
+    });
+    let p = commit(&mut c, 0, -1, "", 4);
+    c.apply_commit(0, p);
+    let mut fx = Effects::default();
+    c.tick(500, &mut fx);
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+    c.tick(1_000, &mut fx);
+    assert!(c.group("g").is_none());
+    assert_eq!(fx.records.len(), 2, "offset and group tombstones");
+}
+
+#[test]
+fn offsets_of_active_groups_do_not_expire() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        offsets_retention_ms: 1_000,
+        offsets_retention_check_interval_ms: 100,
+        ..CoordinatorConfig::default()
+    });
+    let a = stable_one(&mut c);
+    let p = commit(&mut c, 0, 1, &a, 4);
+    c.apply_commit(0, p);
+    let mut fx = Effects::default();
+    for t in (500..5_000).step_by(500) {
+        c.heartbeat(t, "g", 1, &a, None).unwrap();
+        c.tick(t, &mut fx);
+    }
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+}
+
+#[test]
+fn load_replays_offsets_groups_and_tombstones() {
+    let mut src = coord(0);
+    let a = stable_one(&mut src);
+    let mut p = commit(&mut src, 0, 1, &a, 7);
+    let mut records = std::mem::take(&mut p.records);
+    let mut c = coord(0);
+    // Group metadata as written at the sync, then the commit.
+    let mut fx = Effects::default();
+    let _ = src.leave(
+        0,
+        "g",
+        &[Leaving {
+            member_id: a,
+            instance_id: None,
+        }],
+        &mut fx,
+    );
+    records.extend(fx.records);
+    for r in &records {
+        c.load_record(&r.key, r.value.as_deref()).unwrap();
+    }
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::Empty, 2));
+    assert_eq!(c.fetch_offsets("g", None)[0].1.as_ref().unwrap().offset, 7);
+    // A tombstone removes the offset.
+    let t = &records[0];
+    c.load_record(&t.key, None).unwrap();
+    assert!(c.fetch_offsets("g", None).is_empty());
+    assert!(c.load_record(&[0, 9], None).is_err());
+}
+
+#[test]
+fn describe_and_list() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let d = c.describe("g");
+    assert_eq!(
+        (d.state, d.protocol.as_str(), d.protocol_type.as_str()),
+        (GroupState::Stable, "range", "consumer")
+    );
+    assert_eq!(d.members.len(), 1);
+    assert_eq!(d.members[0].0, a);
+    assert_eq!(d.members[0].5, Bytes::from("A"));
+    assert_eq!(
+        c.list(),
+        vec![("g".to_string(), "consumer".to_string(), GroupState::Stable)]
+    );
+}
+
+#[test]
+fn pending_member_ids_expire() {
+    let mut c = coord(0);
+    let mut fx = Effects::default();
+    c.join(1, 0, args("", None, &["range"]), &mut fx);
+    let id = join_reply(&fx, 1).unwrap().member_id.to_string();
+    c.tick(i64::from(SESSION), &mut fx);
+    let mut fx = Effects::default();
+    c.join(2, i64::from(SESSION), args(&id, None, &["range"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 2).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+}
+
+#[test]
+fn leader_rejoin_in_stable_group_rebalances_follower_rejoin_does_not() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let mut fx = Effects::default();
+    // A follower-less group: the leader rejoining starts a new generation.
+    c.join(5, 0, args(&a, None, &["range"]), &mut fx);
+    let r = join_reply(&fx, 5).unwrap();
+    assert_eq!(r.generation_id, 2);
+    assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
+    // Rejoining with the same protocols while completing returns the same answer.
+    let mut fx = Effects::default();
+    c.join(6, 0, args(&a, None, &["range"]), &mut fx);
+    assert_eq!(join_reply(&fx, 6).unwrap().generation_id, 2);
+}

@@ -1,0 +1,210 @@
+//! Consumer groups: the classic group coordinator ([`coordinator`], sans-I/O), the
+//! `__consumer_offsets` record formats ([`records`]) and the per-shard I/O shell
+//! ([`shard`]) that feeds the coordinator requests and time and makes its records
+//! durable.
+//!
+//! Placement: group G belongs to `__consumer_offsets` partition
+//! `abs(javaHashCode(G)) % 50` (Kafka's rule), and its state lives on the home shard of
+//! that partition. API handlers on any shard route group requests there over the
+//! shard mesh ([`route`]); the owner loads the partition on first use.
+
+pub mod coordinator;
+#[cfg(test)]
+mod coordinator_tests;
+pub mod records;
+pub mod shard;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+
+use crate::broker::{Broker, ShardReq, ShardResp};
+use crate::controller::{ControlOp, ControlResult, NewTopic};
+use crate::error::{self, ApiError};
+use coordinator::{
+    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
+};
+
+/// The internal topic of offsets and group metadata.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// offsets.topic.num.partitions
+pub const OFFSETS_PARTITIONS: i32 = 50;
+
+/// Java's `String.hashCode` (over UTF-16 code units, wrapping).
+pub fn java_hash(s: &str) -> i32 {
+    s.encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)))
+}
+
+/// The `__consumer_offsets` partition of a group: Kafka's `Utils.abs(hash) % 50`
+/// (`Utils.abs` maps i32::MIN to 0).
+pub fn partition_for(group: &str) -> i32 {
+    let h = java_hash(group);
+    let abs = if h == i32::MIN { 0 } else { h.abs() };
+    abs % OFFSETS_PARTITIONS
+}
+
+/// A group request, sent to the shard that coordinates the group.
+#[derive(Debug)]
+pub enum GroupReq {
+    Join(JoinArgs),
+    Sync(SyncArgs),
+    Heartbeat {
+        group: String,
+        generation: i32,
+        member: String,
+        instance: Option<String>,
+    },
+    Leave {
+        group: String,
+        members: Vec<Leaving>,
+    },
+    Commit(CommitArgs),
+    Fetch {
+        group: String,
+        partitions: Option<Vec<(String, i32)>>,
+    },
+    DeleteOffsets {
+        group: String,
+        partitions: Vec<(String, i32)>,
+    },
+    Describe {
+        group: String,
+    },
+    /// Every group this shard coordinates.
+    List,
+    DeleteGroup {
+        group: String,
+    },
+}
+
+#[derive(Debug)]
+pub enum GroupResp {
+    Join(JoinGroupResponse),
+    Sync(SyncGroupResponse),
+    Code(Code),
+    Leave(Code, Vec<Code>),
+    Commit(Vec<((String, i32), Code)>),
+    Fetch(Vec<((String, i32), Option<Committed>)>),
+    DeleteOffsets(Result<Vec<Code>, ResponseError>),
+    Describe(GroupSummary),
+    List(Vec<(String, String, GroupState)>),
+}
+
+/// Creates `__consumer_offsets` if it does not exist yet.
+async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
+    if broker.image().topics.contains_key(OFFSETS_TOPIC) {
+        return Ok(());
+    }
+    let topic = NewTopic {
+        name: OFFSETS_TOPIC.to_string(),
+        num_partitions: OFFSETS_PARTITIONS,
+        replication_factor: -1,
+        configs: vec![
+            ("cleanup.policy".into(), Some("compact".into())),
+            // Kafka's offsets.topic.segment.bytes.
+            ("segment.bytes".into(), Some("104857600".into())),
+        ],
+    };
+    match broker
+        .control(ControlOp::CreateTopics {
+            topics: vec![topic],
+            validate_only: false,
+        })
+        .await?
+    {
+        ControlResult::Created(mut r) => match r.pop() {
+            Some(Ok(_)) => {
+                tracing::info!("created {OFFSETS_TOPIC}");
+                Ok(())
+            }
+            Some(Err(e)) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
+        },
+        _ => unreachable!("CreateTopics answers Created"),
+    }
+}
+
+/// Sends a group request to the shard coordinating `group` and returns its answer.
+/// Errors are the coordinator-level ones clients retry on.
+pub async fn route(broker: &Broker, group: &str, req: GroupReq) -> Result<GroupResp, ApiError> {
+    ensure_offsets_topic(broker).await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot create {OFFSETS_TOPIC}");
+        ApiError::with(ResponseError::CoordinatorNotAvailable, e.to_string())
+    })?;
+    let partition = partition_for(group);
+    let image = broker.image();
+    let meta = image
+        .topics
+        .get(OFFSETS_TOPIC)
+        .ok_or_else(|| ApiError::new(ResponseError::CoordinatorNotAvailable))?;
+    let owner = broker.owner(meta, partition);
+    route_to(broker, owner, partition, req).await
+}
+
+/// Sends a group request for `partition` to `owner`.
+pub async fn route_to(
+    broker: &Broker,
+    owner: sluice_shard::ShardId,
+    partition: i32,
+    req: GroupReq,
+) -> Result<GroupResp, ApiError> {
+    match broker
+        .mesh
+        .call(owner, ShardReq::Group(Box::new((partition, req))))
+        .await
+    {
+        Ok(ShardResp::Group(r)) => r,
+        Ok(_) => panic!("a group request answered with another reply"),
+        Err(e) => Err(error::from_mesh(&e)),
+    }
+}
+
+/// Every group of every shard (ListGroups).
+pub async fn list_all(broker: &Broker) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+    let image = broker.image();
+    let Some(meta) = image.topics.get(OFFSETS_TOPIC) else {
+        return Ok(Vec::new());
+    };
+    // One call per partition's owner shard (each loads its partitions first).
+    let mut owners: std::collections::BTreeMap<sluice_shard::ShardId, i32> = Default::default();
+    for p in 0..meta.partitions {
+        owners.entry(broker.owner(meta, p)).or_insert(p);
+    }
+    let calls = owners
+        .into_iter()
+        .map(|(shard, p)| route_to(broker, shard, p, GroupReq::List))
+        .collect();
+    let mut out = Vec::new();
+    for r in crate::util::join_all(calls).await {
+        match r? {
+            GroupResp::List(v) => out.extend(v),
+            other => panic!("List answered with {other:?}"),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_partition_matches_kafka() {
+        // Java: "".hashCode() == 0; "a".hashCode() == 97; "hello".hashCode() == 99162322.
+        assert_eq!(java_hash(""), 0);
+        assert_eq!(java_hash("a"), 97);
+        assert_eq!(java_hash("hello"), 99_162_322);
+        assert_eq!(partition_for("hello"), 99_162_322 % 50);
+        // "polygenelubricants".hashCode() == Integer.MIN_VALUE: Utils.abs gives 0.
+        assert_eq!(java_hash("polygenelubricants"), i32::MIN);
+        assert_eq!(partition_for("polygenelubricants"), 0);
+        // Negative hashes use the absolute value.
+        let h = java_hash("my-group-negative-hash-zzzz");
+        assert_eq!(
+            partition_for("my-group-negative-hash-zzzz"),
+            h.unsigned_abs() as i32 % 50
+        );
+    }
+}

@@ -1,0 +1,265 @@
+"""Tier: black-box consumer groups with confluent-kafka (librdkafka 2.16) against a real
+`sluice serve`: partition ownership, rebalances on close and on SIGKILL, committed
+offsets across consumer and broker restarts, cooperative-sticky, several groups,
+static membership. Every wait is bounded; session timeouts are small (6 s)."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition, KafkaError
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import wait_until
+
+SESSION_MS = 6000
+
+
+def create_topic(addr, name, partitions, config=None):
+    admin = AdminClient({"bootstrap.servers": addr})
+    fs = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                       config=config or {})])
+    fs[name].result(timeout=30)
+
+
+def produce(addr, topic, n, start=0, keys=None):
+    p = Producer({"bootstrap.servers": addr, "acks": "all", "linger.ms": 5})
+    errors = []
+
+    def cb(err, _msg):
+        if err is not None:
+            errors.append(err)
+
+    for i in range(start, start + n):
+        key = f"k{i % keys}" if keys else f"k{i}"
+        p.produce(topic, key=key, value=f"v{i}", on_delivery=cb)
+        if i % 500 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    assert not errors, errors
+
+
+class Member:
+    """A group consumer driven from the test thread (poll() serves its callbacks)."""
+
+    def __init__(self, addr, group, topic, **conf):
+        self.revoked, self.assigned_events = [], []
+        cfg = {"bootstrap.servers": addr, "group.id": group, "enable.auto.commit": False,
+               "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_MS,
+               "heartbeat.interval.ms": 500, "enable.partition.eof": False}
+        cfg.update(conf)
+        self.c = Consumer(cfg)
+        self.records = []
+        self.c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, _c, parts):
+        self.assigned_events.append(sorted(p.partition for p in parts))
+
+    def _on_revoke(self, _c, parts):
+        self.revoked.append(sorted(p.partition for p in parts))
+
+    def poll(self, timeout=0.1):
+        for m in self.c.consume(num_messages=500, timeout=timeout):
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                continue
+            self.records.append((m.partition(), m.offset(), m.value().decode()))
+
+    def assignment(self):
+        return sorted(p.partition for p in self.c.assignment())
+
+    def close(self):
+        self.c.close()
+
+
+def poll_until(members, pred, timeout=40, what="condition"):
+    def step():
+        for m in members:
+            m.poll(0.05)
+        return pred()
+    return wait_until(step, timeout=timeout, interval=0, what=what)
+
+
+def balanced(members, partitions):
+    """Every partition owned by exactly one member, every member owning some."""
+    owned = [p for m in members for p in m.assignment()]
+    return sorted(owned) == list(range(partitions)) and all(m.assignment() for m in members)
+
+
+def test_three_members_share_partitions_then_close_moves_them(broker):
+    topic, group = "g3", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic, 6)
+    members = [Member(broker.addr, group, topic) for _ in range(3)]
+    poll_until(members, lambda: balanced(members, 6), what="3 members own 6 partitions")
+    assert [len(m.assignment()) for m in members] == [2, 2, 2]
+    revoked_before = [len(m.revoked) for m in members]
+    produce(broker.addr, topic, 600)
+    poll_until(members, lambda: sum(len(m.records) for m in members) >= 600, what="600 records")
+    got = [(p, o) for m in members for (p, o, _) in m.records]
+    assert len(got) == len(set(got)) == 600, "no record twice while stable"
+    for m in members:
+        assert {p for (p, _, _) in m.records} <= set(m.assignment())
+    assert [len(m.revoked) for m in members] == revoked_before, "membership stayed stable"
+    # One member closes (LeaveGroup): its partitions move to the other two.
+    members[2].close()
+    rest = members[:2]
+    poll_until(rest, lambda: balanced(rest, 6), timeout=SESSION_MS / 1000 + 20,
+               what="partitions moved after close")
+    for m in rest:
+        m.close()
+
+
+KILLED_MEMBER = textwrap.dedent("""
+    import sys, time
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                  "session.timeout.ms": %d, "heartbeat.interval.ms": 500,
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([sys.argv[3]])
+    while True:
+        c.poll(0.1)
+        a = sorted(p.partition for p in c.assignment())
+        print("ASSIGNED", ",".join(map(str, a)), flush=True)
+""" % SESSION_MS)
+
+
+def test_sigkilled_member_partitions_move_after_session_timeout(broker, tmp_path):
+    topic, group = "gk", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic, 6)
+    script = tmp_path / "member.py"
+    script.write_text(KILLED_MEMBER)
+    proc = subprocess.Popen([sys.executable, str(script), broker.addr, group, topic],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        me = Member(broker.addr, group, topic)
+        other = {"a": []}
+
+        def both_own():
+            line = proc.stdout.readline().strip()
+            if line.startswith("ASSIGNED"):
+                parts = line.split(" ", 1)[1] if " " in line else ""
+                other["a"] = [int(x) for x in parts.split(",") if x]
+            return other["a"] and me.assignment() and \
+                sorted(other["a"] + me.assignment()) == list(range(6))
+
+        poll_until([me], both_own, what="two members own 6 partitions")
+        proc.kill()
+        proc.wait(timeout=10)
+        killed_at = time.monotonic()
+        poll_until([me], lambda: me.assignment() == list(range(6)),
+                   timeout=SESSION_MS / 1000 + 30, what="partitions moved after SIGKILL")
+        # Not before the session timeout (minus scheduling slack).
+        assert time.monotonic() - killed_at >= SESSION_MS / 1000 - 1.5
+        me.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def committed(addr, group, topic, partitions):
+    c = Consumer({"bootstrap.servers": addr, "group.id": group})
+    try:
+        return {tp.partition: tp.offset for tp in
+                c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=20)}
+    finally:
+        c.close()
+
+
+def test_committed_offsets_survive_consumer_and_broker_restarts(make_broker, tmp_path):
+    data = tmp_path / "data"
+    b = make_broker(data_dir=data)
+    topic, group = "gc", "grp-commit"
+    create_topic(b.addr, topic, 2)
+    produce(b.addr, topic, 100)
+    m = Member(b.addr, group, topic)
+    poll_until([m], lambda: len(m.records) >= 100, what="100 records")
+    m.c.commit(asynchronous=False)
+    ends = {}
+    for (p, o, _) in m.records:
+        ends[p] = max(ends.get(p, -1), o + 1)
+    m.close()
+    assert committed(b.addr, group, topic, 2) == ends
+    # New consumers resume where the group committed.
+    produce(b.addr, topic, 50, start=100)
+    m = Member(b.addr, group, topic)
+    poll_until([m], lambda: len(m.records) >= 50, what="50 new records")
+    assert sorted(v for (_, _, v) in m.records) == sorted(f"v{i}" for i in range(100, 150))
+    m.c.commit(asynchronous=False)
+    m.close()
+    ends2 = committed(b.addr, group, topic, 2)
+    assert sum(ends2.values()) == 150
+    # The broker restarts: the offsets come back from __consumer_offsets.
+    port = b.port
+    assert b.stop() == 0
+    b = make_broker(data_dir=data, port=port)
+    assert committed(b.addr, group, topic, 2) == ends2
+    produce(b.addr, topic, 20, start=150)
+    m = Member(b.addr, group, topic)
+    poll_until([m], lambda: len(m.records) >= 20, what="20 records after restart")
+    m.poll(1.0)
+    assert sorted(v for (_, _, v) in m.records) == sorted(f"v{i}" for i in range(150, 170))
+    m.close()
+
+
+def test_cooperative_sticky_rebalances_incrementally(broker):
+    topic, group = "gs", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic, 6)
+    conf = {"partition.assignment.strategy": "cooperative-sticky"}
+    a = Member(broker.addr, group, topic, **conf)
+    poll_until([a], lambda: a.assignment() == list(range(6)), what="first member owns all")
+    produce(broker.addr, topic, 300)
+    poll_until([a], lambda: len(a.records) >= 300, what="first 300")
+    b = Member(broker.addr, group, topic, **conf)
+    poll_until([a, b], lambda: balanced([a, b], 6), what="incremental rebalance")
+    # Incremental: the first member gave up only what moved, never everything.
+    assert a.revoked and all(len(r) < 6 for r in a.revoked), a.revoked
+    kept = set(a.assignment())
+    assert kept and kept <= set(range(6))
+    # The partitions that stayed keep being consumed by the same member.
+    before = len(a.records)
+    produce(broker.addr, topic, 300, start=300)
+    poll_until([a, b], lambda: len(a.records) + len(b.records) >= 600, what="next 300")
+    assert {p for (p, _, _) in a.records[before:]} <= kept
+    a.close()
+    b.close()
+
+
+def test_two_groups_each_see_all_data(broker):
+    topic = "g2"
+    create_topic(broker.addr, topic, 4)
+    produce(broker.addr, topic, 400)
+    x = Member(broker.addr, "grp-x", topic)
+    y = Member(broker.addr, "grp-y", topic)
+    poll_until([x, y], lambda: len(x.records) >= 400 and len(y.records) >= 400, what="both groups")
+    for m in (x, y):
+        assert sorted(v for (_, _, v) in m.records) == sorted(f"v{i}" for i in range(400))
+        m.close()
+
+
+def test_static_member_restart_keeps_its_partitions_without_rebalance(broker):
+    topic, group = "gst", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic, 4)
+
+    def static(i):
+        return Member(broker.addr, group, topic, **{"group.instance.id": f"inst-{i}",
+                                                    "session.timeout.ms": 10000})
+    a, b = static(1), static(2)
+    poll_until([a, b], lambda: balanced([a, b], 4), what="two static members")
+    b_parts, a_parts = b.assignment(), a.assignment()
+    a_events = (len(a.revoked), len(a.assigned_events))
+    # Static members do not leave on close; the restart comes back within the session.
+    b.close()
+    b2 = static(2)
+    poll_until([a, b2], lambda: b2.assignment() == b_parts, timeout=20, what="static rejoin")
+    # Give a rebalance, if one were coming, time to show: the other member keeps
+    # heartbeating through it and must see no revoke/assign.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        a.poll(0.1)
+        b2.poll(0.1)
+    assert a.assignment() == a_parts
+    assert (len(a.revoked), len(a.assigned_events)) == a_events, "no rebalance"
+    a.close()
+    b2.close()

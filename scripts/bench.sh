@@ -54,6 +54,9 @@ bench consume $B --name d-consume --topic bench-a --record-size 100
 echo "== e2e: 100-byte records at 100,000 records/s, produce and consume at once =="
 bench e2e $B --name e2e --topic bench-e2e --partitions 8 --record-size 100 --acks -1 --rate 100000 --linger-ms 1 --duration "$SECS"
 
+echo "== consumer groups: 1,000 lightweight members join one group over 1,000 partitions =="
+bench group --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --members 1000 --partitions 1000
+
 if [ "${CROSS_CHECK:-1}" = 1 ] && python3 -c 'import confluent_kafka' 2>/dev/null; then
   echo "== cross-check: scenario (a) driven by librdkafka (confluent-kafka) =="
   python3 scripts/bench_librdkafka.py --bootstrap "127.0.0.1:$PORT" --topic bench-a-rdkafka --seconds "$SECS" --out "$OUT/librdkafka-report.json"

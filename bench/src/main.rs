@@ -7,6 +7,7 @@
 //! latency plot (SVG) into `--report-dir`.
 
 mod ceiling;
+mod group;
 mod kafka;
 mod load;
 mod report;
@@ -105,6 +106,29 @@ enum Command {
     },
     /// Produce and consume at once; report end-to-end latency too.
     E2e(ProduceArgs),
+    /// Consumer-group scale: many lightweight members join one group; time to a
+    /// stable group with every assignment handed out, and to rebalance after a leave.
+    Group {
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap: SocketAddr,
+        #[arg(long, default_value = "sluice-bench-group")]
+        topic: String,
+        #[arg(long, default_value = "sluice-bench-group")]
+        group: String,
+        #[arg(long, default_value_t = 1000)]
+        members: usize,
+        #[arg(long, default_value_t = 1000)]
+        partitions: i32,
+        #[arg(long, default_value_t = 30_000)]
+        session_timeout_ms: i32,
+        #[arg(long, default_value_t = 200)]
+        heartbeat_ms: u64,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 120.0)]
+        timeout: f64,
+        #[arg(long, default_value = "./bench/results")]
+        report_dir: PathBuf,
+    },
     /// Measure the machine: raw O_DIRECT write and loopback TCP bandwidth.
     Ceiling {
         #[arg(long, default_value = "./bench/results/ceiling-data")]
@@ -349,6 +373,43 @@ fn main() {
                 "consume",
                 serde_json::to_value(&opts).expect("config"),
                 &out,
+            );
+        }
+        Command::Group {
+            bootstrap,
+            topic,
+            group,
+            members,
+            partitions,
+            session_timeout_ms,
+            heartbeat_ms,
+            timeout,
+            report_dir,
+        } => {
+            let opts = group::GroupOpts {
+                bootstrap,
+                topic,
+                group,
+                members,
+                partitions,
+                session_timeout_ms,
+                heartbeat_ms,
+                timeout_s: timeout,
+            };
+            let o = opts.clone();
+            let r = on_executor("bench-group", move || group::run(o)).unwrap_or_else(|e| fail(e));
+            println!(
+                "group: {} members, {} partitions: all stable with assignments {:.0} ms after the first JoinGroup (generation {}); rebalance after one LeaveGroup {:.0} ms (generation {})",
+                opts.members, opts.partitions, r.join_ms, r.join_generation, r.rebalance_after_leave_ms, r.rebalance_generation
+            );
+            write_json(
+                &report_dir,
+                "group-report.json",
+                &json!({
+                    "config": opts,
+                    "result": r,
+                    "environment": report::environment(),
+                }),
             );
         }
         Command::Ceiling {

@@ -1,0 +1,289 @@
+//! `sluice-bench group`: many lightweight consumer-group members (one connection and
+//! one task each, classic protocol: JoinGroup with the member-id round trip, SyncGroup,
+//! Heartbeat, LeaveGroup) join one group over a topic of many partitions. Reports the
+//! time from the first JoinGroup until every member has its assignment in one stable
+//! generation, and the time from one member's LeaveGroup until every remaining member
+//! has its assignment in the next generation. The leader assigns round-robin.
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{
+    ConsumerProtocolAssignment, ConsumerProtocolSubscription, FindCoordinatorRequest, GroupId,
+    HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest,
+};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+
+use crate::kafka::{err, topic_name, Client};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GroupOpts {
+    pub bootstrap: SocketAddr,
+    pub topic: String,
+    pub group: String,
+    pub members: usize,
+    pub partitions: i32,
+    pub session_timeout_ms: i32,
+    pub heartbeat_ms: u64,
+    pub timeout_s: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GroupResult {
+    pub join_ms: f64,
+    pub join_generation: i32,
+    pub rebalance_after_leave_ms: f64,
+    pub rebalance_generation: i32,
+}
+
+const JOIN_V: i16 = 5;
+const SYNC_V: i16 = 3;
+const HEARTBEAT_V: i16 = 3;
+const LEAVE_V: i16 = 3;
+
+fn s(x: &str) -> StrBytes {
+    StrBytes::from_string(x.to_string())
+}
+
+/// Consumer-protocol bytes: a version prefix (i16) then the struct.
+fn versioned(v: i16, m: &impl Encodable) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_i16(v);
+    m.encode(&mut b, v).expect("encodable");
+    b.freeze()
+}
+
+/// What the members report to the driver.
+#[derive(Default)]
+struct Shared {
+    /// Per member: the generation in which it last received a non-empty assignment.
+    synced_generation: RefCell<Vec<i32>>,
+    /// Members told to stop.
+    stop: Cell<bool>,
+    /// The member told to leave.
+    leaver: Cell<Option<usize>>,
+    left: Cell<bool>,
+}
+
+struct Member {
+    idx: usize,
+    client: Client,
+    id: String,
+    opts: Rc<GroupOpts>,
+    shared: Rc<Shared>,
+}
+
+impl Member {
+    async fn join(&mut self) -> std::io::Result<(i32, bool, Vec<String>)> {
+        let sub = ConsumerProtocolSubscription::default().with_topics(vec![s(&self.opts.topic)]);
+        loop {
+            let req = JoinGroupRequest::default()
+                .with_group_id(GroupId(s(&self.opts.group)))
+                .with_session_timeout_ms(self.opts.session_timeout_ms)
+                .with_rebalance_timeout_ms(60_000)
+                .with_member_id(s(&self.id))
+                .with_protocol_type(s("consumer"))
+                .with_protocols(vec![JoinGroupRequestProtocol::default()
+                    .with_name(s("roundrobin"))
+                    .with_metadata(versioned(0, &sub))]);
+            let r = self.client.request(&req, JOIN_V).await?;
+            match r.error_code {
+                0 => {
+                    self.id = r.member_id.to_string();
+                    let leader = r.leader.as_str() == self.id;
+                    let members = r.members.iter().map(|m| m.member_id.to_string()).collect();
+                    return Ok((r.generation_id, leader, members));
+                }
+                // MEMBER_ID_REQUIRED: join again with the id we were given.
+                79 => self.id = r.member_id.to_string(),
+                // UNKNOWN_MEMBER_ID: start over.
+                25 => self.id.clear(),
+                // REBALANCE_IN_PROGRESS and friends: retry.
+                27 | 14 | 15 => {}
+                e => return Err(err(format!("JoinGroup error {e}"))),
+            }
+        }
+    }
+
+    fn assignments(&self, members: &[String]) -> Vec<SyncGroupRequestAssignment> {
+        let mut sorted = members.to_vec();
+        sorted.sort();
+        let n = sorted.len().max(1);
+        let mut per: Vec<Vec<i32>> = vec![Vec::new(); n];
+        for p in 0..self.opts.partitions {
+            per[p as usize % n].push(p);
+        }
+        sorted
+            .into_iter()
+            .zip(per)
+            .map(|(m, ps)| {
+                let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
+                    TopicPartition::default()
+                        .with_topic(topic_name(&self.opts.topic))
+                        .with_partitions(ps),
+                ]);
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(s(&m))
+                    .with_assignment(versioned(0, &a))
+            })
+            .collect()
+    }
+
+    /// Joins, syncs and heartbeats until told to stop; rejoins on rebalance.
+    async fn run(mut self) -> std::io::Result<()> {
+        'generation: loop {
+            let (generation, leader, members) = self.join().await?;
+            let assignments = if leader {
+                self.assignments(&members)
+            } else {
+                Vec::new()
+            };
+            let req = SyncGroupRequest::default()
+                .with_group_id(GroupId(s(&self.opts.group)))
+                .with_generation_id(generation)
+                .with_member_id(s(&self.id))
+                .with_assignments(assignments);
+            let r = self.client.request(&req, SYNC_V).await?;
+            match r.error_code {
+                0 => {}
+                27 | 22 => continue 'generation,
+                25 => {
+                    self.id.clear();
+                    continue 'generation;
+                }
+                e => return Err(err(format!("SyncGroup error {e}"))),
+            }
+            // (Empty when there are more members than partitions.)
+            self.shared.synced_generation.borrow_mut()[self.idx] = generation;
+            loop {
+                glommio::timer::sleep(Duration::from_millis(self.opts.heartbeat_ms)).await;
+                if self.shared.stop.get() {
+                    return Ok(());
+                }
+                if self.shared.leaver.get() == Some(self.idx) {
+                    let req = LeaveGroupRequest::default()
+                        .with_group_id(GroupId(s(&self.opts.group)))
+                        .with_members(vec![MemberIdentity::default().with_member_id(s(&self.id))]);
+                    self.client.request(&req, LEAVE_V).await?;
+                    self.shared.left.set(true);
+                    return Ok(());
+                }
+                let req = HeartbeatRequest::default()
+                    .with_group_id(GroupId(s(&self.opts.group)))
+                    .with_generation_id(generation)
+                    .with_member_id(s(&self.id));
+                match self.client.request(&req, HEARTBEAT_V).await?.error_code {
+                    0 => {}
+                    27 | 22 => continue 'generation,
+                    25 => {
+                        self.id.clear();
+                        continue 'generation;
+                    }
+                    e => return Err(err(format!("Heartbeat error {e}"))),
+                }
+            }
+        }
+    }
+}
+
+/// Waits until every member still in the group has an assignment from a generation
+/// above `after`; returns that generation.
+async fn all_synced(
+    shared: &Shared,
+    after: i32,
+    skip: Option<usize>,
+    deadline: Instant,
+) -> std::io::Result<i32> {
+    loop {
+        let gens = shared.synced_generation.borrow().clone();
+        let live: Vec<i32> = gens
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != skip)
+            .map(|(_, g)| *g)
+            .collect();
+        let g = live.iter().copied().min().unwrap_or(0);
+        if g > after && live.iter().all(|x| *x == g) {
+            return Ok(g);
+        }
+        if Instant::now() > deadline {
+            let done = live.iter().filter(|x| **x > after).count();
+            return Err(err(format!(
+                "timed out: {done} of {} members have an assignment",
+                live.len()
+            )));
+        }
+        glommio::timer::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
+    let opts = Rc::new(opts);
+    let mut admin = Client::connect(opts.bootstrap).await?;
+    admin
+        .create_topic(&opts.topic, opts.partitions, 1)
+        .await
+        .map_err(|e| err(format!("creating {}: {e}", opts.topic)))?;
+    // All members talk to the group's coordinator.
+    let fc = admin
+        .request(
+            &FindCoordinatorRequest::default().with_key(s(&opts.group)),
+            1,
+        )
+        .await?;
+    if fc.error_code != 0 {
+        return Err(err(format!("FindCoordinator error {}", fc.error_code)));
+    }
+    let coordinator: SocketAddr = format!("{}:{}", fc.host, fc.port)
+        .parse()
+        .unwrap_or(opts.bootstrap);
+    let shared = Rc::new(Shared::default());
+    *shared.synced_generation.borrow_mut() = vec![0; opts.members];
+    let mut clients = Vec::with_capacity(opts.members);
+    for _ in 0..opts.members {
+        clients.push(Client::connect(coordinator).await?);
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.timeout_s);
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(opts.members);
+    for (idx, client) in clients.into_iter().enumerate() {
+        let m = Member {
+            idx,
+            client,
+            id: String::new(),
+            opts: opts.clone(),
+            shared: shared.clone(),
+        };
+        tasks.push(glommio::spawn_local(m.run()));
+    }
+    let join_generation = all_synced(&shared, 0, None, deadline).await?;
+    let join_ms = start.elapsed().as_secs_f64() * 1e3;
+    // One member leaves; the rest rebalance.
+    let leaver = opts.members / 2;
+    shared.leaver.set(Some(leaver));
+    while !shared.left.get() {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+    let left_at = Instant::now();
+    let rebalance_generation = all_synced(&shared, join_generation, Some(leaver), deadline).await?;
+    let rebalance_after_leave_ms = left_at.elapsed().as_secs_f64() * 1e3;
+    shared.stop.set(true);
+    for t in tasks {
+        if let Err(e) = t.await {
+            return Err(err(format!("member failed: {e}")));
+        }
+    }
+    Ok(GroupResult {
+        join_ms,
+        join_generation,
+        rebalance_after_leave_ms,
+        rebalance_generation,
+    })
+}

@@ -66,7 +66,7 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
     loop {
         let total: usize = outs.iter().map(|o| o.records.len()).sum();
         let any_error = outs.iter().any(|o| o.error.is_some());
-        if total >= min_bytes.max(1) || any_error || Instant::now() >= deadline {
+        if total >= min_bytes || any_error || Instant::now() >= deadline {
             break;
         }
         // Wait for appends past what is there now (not past the fetch offset), so a

@@ -21,6 +21,11 @@ def test_long_poll_waits_for_data_then_returns_early(broker):
     waited = time.monotonic() - t0
     [(_, _, err, hw, recs)] = parse_fetch_v4(body)
     assert (err, hw, recs) == (0, 1, b"") and waited >= 0.25
+    # min_bytes=0: answer at once, whatever max_wait_ms says.
+    t0 = time.monotonic()
+    c.send(fetch_v4("lp", 0, 1, max_wait_ms=20000, min_bytes=0, corr=5))
+    _, body = c.recv()
+    assert parse_fetch_v4(body)[0][2] == 0 and time.monotonic() - t0 < 10
     # A long wait is cut short by an append.
     t0 = time.monotonic()
     c.send(fetch_v4("lp", 0, 1, max_wait_ms=20000, corr=2))

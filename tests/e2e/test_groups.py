@@ -316,3 +316,113 @@ def test_cli_shows_lag_on_two_cores_and_resets_and_deletes(make_broker):
     sluice_group(b.addr, "delete", groups[0])
     assert groups[0] not in sluice_group(b.addr, "list")
     assert all(v < 0 for v in committed(b.addr, groups[0], topic, 4).values())
+
+
+def test_kafka_python_group_consumer_commits_and_resumes(broker):
+    from kafka import KafkaConsumer
+    topic = "gkp"
+    create_topic(broker.addr, topic, 3)
+    produce(broker.addr, topic, 90)
+
+    def consume(expected):
+        c = KafkaConsumer(topic, bootstrap_servers=broker.addr, group_id="grp-kp",
+                          auto_offset_reset="earliest", enable_auto_commit=False,
+                          session_timeout_ms=SESSION_MS, heartbeat_interval_ms=500)
+        got = []
+
+        def more():
+            for recs in c.poll(timeout_ms=200).values():
+                got.extend(r.value.decode() for r in recs)
+            return len(got) >= expected
+        wait_until(more, timeout=40, interval=0, what=f"{expected} records via kafka-python")
+        c.commit()
+        c.close()
+        return got
+
+    assert sorted(consume(90)) == sorted(f"v{i}" for i in range(90))
+    produce(broker.addr, topic, 30, start=90)
+    assert sorted(consume(30)) == sorted(f"v{i}" for i in range(90, 120))
+
+
+def test_kcat_balanced_consumer_librdkafka_2_0_2(broker):
+    topic = "gkc"
+    create_topic(broker.addr, topic, 2)
+    produce(broker.addr, topic, 40)
+    r = subprocess.run(["kcat", "-b", broker.addr, "-G", "grp-kcat", "-c", "40", "-q",
+                        "-X", "auto.offset.reset=earliest", "-f", "%s\n", topic],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert sorted(r.stdout.decode().split()) == sorted(f"v{i}" for i in range(40))
+    # kcat commits on close: the group's offsets cover everything.
+    assert sum(committed(broker.addr, "grp-kcat", topic, 2).values()) == 40
+
+
+def read_all(addr, topic):
+    """Every record of partition 0 up to its end: [(offset, key, value or None)]."""
+    c = Consumer({"bootstrap.servers": addr, "group.id": "reader", "enable.auto.commit": False})
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, lo)])
+        out = []
+        deadline = time.monotonic() + 30
+        while (not out or out[-1][0] < hi - 1) and time.monotonic() < deadline:
+            for m in c.consume(num_messages=1000, timeout=0.5):
+                if m.error():
+                    continue
+                v = m.value()
+                out.append((m.offset(), m.key().decode(), v.decode() if v is not None else None))
+        return out
+    finally:
+        c.close()
+
+
+def test_compaction_keeps_latest_value_per_key_with_offsets(make_broker, tmp_path):
+    """cleanup.policy=compact with small segments: after the background cleaner runs
+    (every 60 s), each key keeps only its latest value at its original offset, and
+    tombstoned keys have no values left. The broker then restarts with the same log."""
+    data = tmp_path / "data"
+    b = make_broker(data_dir=data)
+    topic = "gcompact"
+    create_topic(b.addr, topic, 1, config={
+        "cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0", "delete.retention.ms": "0"})
+    p = Producer({"bootstrap.servers": b.addr, "acks": "all", "linger.ms": 0})
+    latest = {}
+
+    def send(key, value):
+        def cb(err, msg):
+            assert err is None, err
+            latest[key] = (msg.offset(), value)
+        p.produce(topic, key=key, value=value, partition=0, on_delivery=cb)
+        p.flush(10)
+
+    for round_ in range(15):
+        for k in range(20):
+            send(f"k{k}", f"value-{k}-{round_}".encode())
+    for k in range(5):
+        send(f"k{k}", None)
+    for i in range(60):  # fills and rolls past the segment holding the updates
+        send("filler", f"f{i}".encode())
+    produced = len(read_all(b.addr, topic))
+
+    def compacted():
+        recs = read_all(b.addr, topic)
+        keyed = [r for r in recs if r[1] != "filler"]
+        counts = {}
+        for _, k, _ in keyed:
+            counts[k] = counts.get(k, 0) + 1
+        return len(recs) < produced and all(n == 1 for n in counts.values()) and recs
+
+    recs = wait_until(compacted, timeout=150, interval=2, what="the cleaner to compact the log")
+    by_key = {k: (o, v) for (o, k, v) in recs if k != "filler"}
+    for k in range(5, 20):
+        off, val = latest[f"k{k}"]
+        assert by_key[f"k{k}"] == (off, val.decode()), "latest value at its original offset"
+    for k in range(5):
+        assert by_key.get(f"k{k}", (None, None))[1] is None, "tombstoned keys have no value"
+    offsets = [o for (o, _, _) in recs]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    del p  # its reconnect attempts must not race the restart for the port
+    assert b.stop() == 0
+    b = make_broker(data_dir=data)
+    assert read_all(b.addr, topic)[:len(recs)] == recs

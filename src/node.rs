@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use glommio::net::TcpListener;
 use sluice_shard::{Mesh, MeshBuilders, MeshLimits, RuntimeConfig, ShardId};
 use sluice_storage::{Storage, StorageLimits, SystemClock};
 
@@ -145,7 +144,7 @@ async fn run_shard(
         Rc::new(move |_from, req| Box::pin(b.clone().handle_shard_request(req))),
     );
     broker.apply(image).await;
-    let listener = TcpListener::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
+    let listener = crate::server::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
     let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
         tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");

@@ -3,6 +3,8 @@ on the same data directory, and read back everything that was acknowledged with
 acks=all. Then the same through SIGTERM (clean shutdown)."""
 import threading
 
+import pytest
+
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from conftest import wait_until
@@ -51,7 +53,8 @@ def produce_until_stopped(addr, topic, acked, stop):
     p.flush(10)
 
 
-def test_sigkill_mid_stream_loses_nothing_acknowledged(make_broker, tmp_path):
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_stop_mid_stream_loses_nothing_acknowledged(make_broker, tmp_path, how):
     b = make_broker(data_dir=tmp_path / "d")
     create_topic(b.addr, "dur", 4)
     acked, stop = [], threading.Event()
@@ -59,7 +62,10 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(make_broker, tmp_path):
     t.start()
     try:
         wait_until(lambda: len(acked) >= 5000, timeout=60, what="5000 acknowledged records")
-        b.kill()
+        if how == "sigkill":
+            b.kill()
+        else:
+            assert b.stop() == 0, "clean exit on SIGTERM with a producer connected"
         n_acked = len(acked)
     finally:
         stop.set()

@@ -35,3 +35,14 @@ def test_many_pipelined_produces(broker):
         bases.append(base)
     assert bases == list(range(n)), "appended in request order"
     c.close()
+
+
+def test_acks_zero_gets_no_response(broker):
+    c = Conn(broker.addr, timeout=30)
+    c.send(produce_v3("quiet", 0, record_batch([b"a"]), acks=0, corr=1) + frame(header(18, 0, 2)))
+    corr, _ = c.recv()
+    assert corr == 2, "the acks=0 produce is skipped in the response stream"
+    c.send(produce_v3("quiet", 0, record_batch([b"b"]), acks=1, corr=3))
+    corr, body = c.recv()
+    assert corr == 3 and parse_produce_v3(body)[0][2:] == (0, 1), "the acks=0 record was stored at offset 0"
+    c.close()

@@ -93,7 +93,11 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
     let topics = names
         .into_iter()
         .map(|name| {
-            let t = MetadataResponseTopic::default().with_name(Some(TopicName(sb(name.clone()))));
+            let t = MetadataResponseTopic::default()
+                .with_name(Some(TopicName(sb(name.clone()))))
+                // Kafka flags its offsets topic internal (v1+), so regex subscriptions
+                // and tools leave it alone.
+                .with_is_internal(version >= 1 && name == crate::group::OFFSETS_TOPIC);
             if let Err(m) = validate_topic_name(&name) {
                 tracing::debug!(topic = %name, "metadata for invalid topic name: {m}");
                 return t.with_error_code(ResponseError::InvalidTopicException.code());

@@ -9,6 +9,8 @@ import textwrap
 import time
 import uuid
 
+import pytest
+
 from confluent_kafka import Consumer, Producer, TopicPartition, KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -88,7 +90,11 @@ def balanced(members, partitions):
     return sorted(owned) == list(range(partitions)) and all(m.assignment() for m in members)
 
 
-def test_three_members_share_partitions_then_close_moves_them(broker):
+@pytest.mark.parametrize("cores", [1, 2])
+def test_three_members_share_partitions_then_close_moves_them(make_broker, cores):
+    # With 2 cores, members' connections land on both shards while the group lives on
+    # one: JoinGroup/SyncGroup wait across the mesh.
+    broker = make_broker(cores=cores)
     topic, group = "g3", f"grp-{uuid.uuid4().hex[:6]}"
     create_topic(broker.addr, topic, 6)
     members = [Member(broker.addr, group, topic) for _ in range(3)]

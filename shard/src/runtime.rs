@@ -12,7 +12,9 @@ pub struct RuntimeConfig {
     pub shard_count: usize,
     /// Memory glommio registers for its io_uring buffers, per executor. glommio needs
     /// at least 512 KiB of lockable memory; set explicitly rather than relying on its
-    /// default.
+    /// default. Storage's aligned write buffers (up to `write_bytes_max`, 8 MiB, and
+    /// one prepared while another is in flight) come from it; larger or excess ones
+    /// fall back to the system allocator (page faults on every write).
     pub io_memory_bytes: usize,
     /// How long a task may run before the executor yields to other task queues.
     pub preempt_timer: Duration,
@@ -24,7 +26,7 @@ impl RuntimeConfig {
     pub fn new(shard_count: usize) -> RuntimeConfig {
         RuntimeConfig {
             shard_count,
-            io_memory_bytes: 2 << 20,
+            io_memory_bytes: 16 << 20,
             preempt_timer: Duration::from_millis(10),
             pin: true,
         }

@@ -122,6 +122,8 @@ async fn read_requests(
 ) -> Result<(), ConnError> {
     let max = broker.config.socket_request_max_bytes;
     let conn_bytes = Rc::new(Semaphore::new(broker.limits.connection_request_bytes_max));
+    // The client's address, as group members report it (DescribeGroups' client host).
+    let peer = reader.peer_addr().ok().map(|a| a.ip());
     loop {
         let mut size_buf = [0u8; 4];
         match reader.read_exact(&mut size_buf).await {
@@ -154,7 +156,7 @@ async fn read_requests(
         let parsed = api::parse(frame.freeze())?;
         let b = broker.clone();
         let task = glommio::spawn_local(async move {
-            let out = api::handle(&b, parsed).await;
+            let out = api::handle(&b, parsed, peer).await;
             (out, permits)
         });
         if tx.send(task).await.is_err() {

@@ -14,6 +14,7 @@ pub async fn handle(
     broker: &Rc<Broker>,
     version: i16,
     client_id: &str,
+    peer: Option<std::net::IpAddr>,
     req: JoinGroupRequest,
 ) -> JoinGroupResponse {
     let group = req.group_id.to_string();
@@ -22,8 +23,8 @@ pub async fn handle(
         member_id: req.member_id.to_string(),
         instance_id: req.group_instance_id.map(|s| s.to_string()),
         client_id: client_id.to_string(),
-        // The API layer does not see the peer address; Kafka shows "/<ip>" here.
-        client_host: String::new(),
+        // Kafka's form: "/<ip>".
+        client_host: peer.map(|ip| format!("/{ip}")).unwrap_or_default(),
         session_timeout_ms: req.session_timeout_ms,
         // v0 has no rebalance timeout: Kafka uses the session timeout.
         rebalance_timeout_ms: if version >= 1 {

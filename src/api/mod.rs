@@ -171,8 +171,12 @@ pub enum Outcome {
     Close,
 }
 
-/// Handles one parsed request.
-pub async fn handle(broker: &Rc<Broker>, parsed: Parsed) -> Outcome {
+/// Handles one parsed request from a client at `peer` (when known).
+pub async fn handle(
+    broker: &Rc<Broker>,
+    parsed: Parsed,
+    peer: Option<std::net::IpAddr>,
+) -> Outcome {
     let req = match parsed {
         Parsed::Unsupported {
             api_key,
@@ -237,7 +241,7 @@ pub async fn handle(broker: &Rc<Broker>, parsed: Parsed) -> Outcome {
             ResponseKind::FindCoordinator(find_coordinator::handle(broker, version, r))
         }
         RequestKind::JoinGroup(r) => {
-            ResponseKind::JoinGroup(join_group::handle(broker, version, client, r).await)
+            ResponseKind::JoinGroup(join_group::handle(broker, version, client, peer, r).await)
         }
         RequestKind::SyncGroup(r) => {
             ResponseKind::SyncGroup(sync_group::handle(broker, version, r).await)

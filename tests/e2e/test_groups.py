@@ -279,11 +279,11 @@ def sluice_group(addr, *args):
 
 
 def lag_rows(text):
-    """(topic, partition) -> (current, end, lag, member) from `sluice group describe`."""
+    """(topic, partition) -> (current, end, lag, member, host) from `sluice group describe`."""
     rows = {}
     for line in text.splitlines()[2:]:
         f = line.split()
-        rows[(f[1], int(f[2]))] = (f[3], f[4], f[5], f[6])
+        rows[(f[1], int(f[2]))] = (f[3], f[4], f[5], f[6], f[7])
     return rows
 
 
@@ -307,7 +307,7 @@ def test_cli_shows_lag_on_two_cores_and_resets_and_deletes(make_broker):
         total_lag = sum(int(r[2]) for r in rows.values() if r[2] != "-")
         uncommitted = sum(int(r[1]) for r in rows.values() if r[0] == "-")
         assert total_lag + uncommitted == 400 - sum(consumed.values())
-        assert all(r[3].startswith("rdkafka") for r in rows.values()), rows
+        assert all(r[3].startswith("rdkafka") and r[4] == "/127.0.0.1" for r in rows.values()), rows
         m.close()
     listed = sluice_group(b.addr, "list")
     for g in groups:

@@ -44,6 +44,7 @@ add("e2e 100 B at 100k/s, acks=all: produce-ack", e2e, "disk write", disk)
 if e2e and e2e.get("e2e_latency_ms"):
     add("e2e 100 B at 100k/s: end-to-end", dict(e2e, latency_ms=e2e["e2e_latency_ms"]), "disk write", disk)
 add("cross-check: (a) driven by librdkafka (confluent-kafka)", load("librdkafka-report.json"), "disk write", disk)
+g = load("group-report.json")
 b = load("b-fixed-rate-report.json")
 lines = [
     f"`make bench` on {time.strftime('%Y-%m-%d')}, commit {commit}, broker `--cores {cores}`, load generator on the same 2-core machine.",
@@ -52,6 +53,17 @@ lines = [
     "| scenario | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | ratio |",
     "|---|---:|---:|---:|---:|---:|---:|---:|",
 ] + rows
+if g:
+    r = g["result"]
+    lines += ["", f"Consumer groups: {g['config']['members']:,} lightweight members, {g['config']['partitions']:,} partitions: every member stable with its assignment {r['join_ms'] / 1000:.2f} s after the first JoinGroup (3 s of it is the initial rebalance delay); rebalance after one member leaves {r['rebalance_after_leave_ms']:.0f} ms (target: well under 30 s)."]
+st = load("storage-report.json")
+if st:
+    c = st["ceilings"]
+    lines += ["", f"Storage (`sluice-bench storage`, one partition, {st['appenders']} concurrent appenders, {st['seconds_per_scenario']:.0f} s each; ceiling: raw O_DIRECT 1 MiB writes {c['raw_odirect_write_mb_per_sec']:.0f} MB/s, raw 4 KiB write + fdatasync p50 {c['raw_fdatasync_us']['p50']} µs / p99 {c['raw_fdatasync_us']['p99']} µs; latency is append to acknowledgement — durable for `always`):", "",
+              "| scenario | MB/s | batches/s | p50 µs | p99 µs | p99.9 µs | ratio to raw write |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for x in st["results"]:
+        l = x["latency_us"]
+        lines.append(f"| {x['scenario']} | {x['mb_per_sec']:.0f} | {x['batches_per_sec']:.0f} | {l['p50']} | {l['p99']} | {l['p999']} | {x['ratio_of_raw_write'] * 100:.0f}% |")
 if b:
     target = b["config"].get("rate")
     lines += ["", f"(b) asked for {target:,.0f} records/s and achieved {b['records_per_sec']:,.0f}; produce p99 {ms(b, 'p99')} ms (target < 10 ms)."]

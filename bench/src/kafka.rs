@@ -274,32 +274,7 @@ impl Client {
     }
 }
 
-/// Appends a zig-zag varint.
-pub fn put_varint(out: &mut BytesMut, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        out.put_u8((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
-    }
-    out.put_u8(z as u8);
-}
-
-pub fn get_varint(buf: &mut &[u8]) -> Option<i64> {
-    let mut value: u64 = 0;
-    let mut shift = 0;
-    loop {
-        let (&b, rest) = buf.split_first()?;
-        *buf = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
-        }
-        shift += 7;
-        if shift > 63 {
-            return None;
-        }
-    }
-}
+pub use sluice_storage::batch::{get_varint, put_varint};
 
 /// Builds uncompressed v2 record batches quickly: records of a fixed value size whose
 /// first 8 bytes carry the record's intended send time in microseconds (for

@@ -34,17 +34,22 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
 }
 
-/// Raw sequential O_DIRECT write bandwidth, 1 MiB aligned writes, queue depth 1.
-pub async fn raw_write_mb_per_sec(dir: &Path, seconds: f64) -> f64 {
-    let path = dir.join("raw-write.bin");
-    let f = OpenOptions::new()
+/// A new, empty DMA file for raw measurements.
+async fn open_scratch(path: &Path) -> glommio::io::DmaFile {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .dma_open(&path)
+        .dma_open(path)
         .await
-        .expect("open raw file");
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
+/// Raw sequential O_DIRECT write bandwidth, 1 MiB aligned writes, queue depth 1.
+pub async fn raw_write_mb_per_sec(dir: &Path, seconds: f64) -> f64 {
+    let path = dir.join("raw-write.bin");
+    let f = open_scratch(&path).await;
     const CHUNK: usize = 1 << 20;
     let start = Instant::now();
     let mut pos = 0u64;
@@ -64,14 +69,7 @@ pub async fn raw_write_mb_per_sec(dir: &Path, seconds: f64) -> f64 {
 /// Raw fdatasync latency after a 4 KiB O_DIRECT write.
 async fn raw_fsync(dir: &Path, seconds: f64) -> Histogram<u64> {
     let path = dir.join("raw-sync.bin");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .dma_open(&path)
-        .await
-        .expect("open sync file");
+    let f = open_scratch(&path).await;
     let mut h = hist();
     let start = Instant::now();
     let mut pos = 0u64;

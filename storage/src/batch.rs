@@ -257,7 +257,7 @@ pub fn assign(batch: &mut [u8], base_offset: i64, leader_epoch: i32, log_append_
 }
 
 /// Reads a zig-zag varint (Kafka record fields), advancing `buf`.
-fn get_varint(buf: &mut &[u8]) -> Option<i64> {
+pub fn get_varint(buf: &mut &[u8]) -> Option<i64> {
     let mut value: u64 = 0;
     let mut shift = 0;
     loop {
@@ -273,6 +273,16 @@ fn get_varint(buf: &mut &[u8]) -> Option<i64> {
         }
     }
     Some(((value >> 1) as i64) ^ -((value & 1) as i64))
+}
+
+/// Appends a zig-zag varint.
+pub fn put_varint(out: &mut impl BufMut, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.put_u8((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    out.put_u8(z as u8);
 }
 
 /// For an uncompressed batch, the (offset, timestamp) of each record, for timestamp
@@ -314,17 +324,7 @@ pub mod build {
     /// A record for the builders: key and value, either of which may be null.
     pub type NullableRecord<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
 
-    fn put_varint(out: &mut Vec<u8>, v: i64) {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        loop {
-            if z < 0x80 {
-                out.push(z as u8);
-                return;
-            }
-            out.push((z as u8 & 0x7f) | 0x80);
-            z >>= 7;
-        }
-    }
+    use super::put_varint;
 
     /// A batch of records `(key, value)` with `timestamp` as base timestamp; each record
     /// gets timestamp delta = its index. Base offset 0, leader epoch 0.

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use bytes::BufMut;
 
-use crate::batch::{self, BatchHeader, HEADER_BYTES};
+use crate::batch::{self, get_varint, BatchHeader, HEADER_BYTES};
 
 /// One record inside an uncompressed batch.
 #[derive(Debug, Clone, Copy)]
@@ -28,23 +28,6 @@ pub struct RecordRef<'a> {
     pub is_tombstone: bool,
     /// The record's bytes including its length prefix, to copy verbatim.
     pub raw: &'a [u8],
-}
-
-fn get_varint(buf: &mut &[u8]) -> Option<i64> {
-    let mut value: u64 = 0;
-    let mut shift = 0;
-    loop {
-        let (&b, rest) = buf.split_first()?;
-        *buf = rest;
-        value |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
-        }
-        shift += 7;
-        if shift > 63 {
-            return None;
-        }
-    }
 }
 
 /// The records of an uncompressed, non-control batch; `None` if the batch is

@@ -94,6 +94,26 @@ impl Stats {
         })
     }
 
+    /// What the producers measured, as a run's outcome.
+    fn outcome(
+        &self,
+        record_size: usize,
+        seconds: f64,
+        e2e: Option<Histogram<u64>>,
+        consumed: u64,
+    ) -> Outcome {
+        let records = self.acked.get();
+        Outcome {
+            records,
+            bytes: records * record_size as u64,
+            errors: self.errors.get(),
+            seconds,
+            produce_latency_us: self.latency.borrow().clone(),
+            e2e_latency_us: e2e,
+            consumed,
+        }
+    }
+
     fn error(&self, msg: String) {
         self.errors.set(self.errors.get() + 1);
         let mut first = self.first_error.borrow_mut();
@@ -497,17 +517,7 @@ pub async fn produce(
     if let Some(e) = stats.first_error.borrow().as_ref() {
         eprintln!("first error: {e}");
     }
-    let records = stats.acked.get();
-    let latency = stats.latency.borrow().clone();
-    Ok(Outcome {
-        records,
-        bytes: records * opts.record_size as u64,
-        errors: stats.errors.get(),
-        seconds,
-        produce_latency_us: latency,
-        e2e_latency_us: None,
-        consumed: 0,
-    })
+    Ok(stats.outcome(opts.record_size, seconds, None, 0))
 }
 
 /// Fetches `partitions` of `topic` from `addr` from `offsets` until every partition
@@ -704,16 +714,6 @@ pub async fn e2e(
     for c in consumers {
         consumed += c.await?.0;
     }
-    let records = stats.acked.get();
     let e2e_latency = e2e_hist.borrow().clone();
-    let latency = stats.latency.borrow().clone();
-    Ok(Outcome {
-        records,
-        bytes: records * opts.record_size as u64,
-        errors: stats.errors.get(),
-        seconds,
-        produce_latency_us: latency,
-        e2e_latency_us: Some(e2e_latency),
-        consumed,
-    })
+    Ok(stats.outcome(opts.record_size, seconds, Some(e2e_latency), consumed))
 }

@@ -1,1 +1,670 @@
-//! TODO
+//! The metadata quorum: a raft-rs group ordering [`Command`]s among the controller
+//! voters, applying committed ones to the [`ClusterState`].
+//!
+//! Sans-I/O: the caller feeds ticks, incoming messages and proposals, and drives the
+//! Ready loop as raft-rs documents it, in two halves:
+//!
+//! 1. [`Quorum::ready`] returns a [`Persist`]: messages that may leave at once (a
+//!    leader's appends go out while it persists), then the snapshot, entries and hard
+//!    state the caller must make durable.
+//! 2. After they are durable, [`Quorum::advance`] returns the messages that had to wait
+//!    for persistence (votes, append acknowledgements) and the commands that committed,
+//!    already applied to the state, with their results.
+//!
+//! Every [`Quorum::snapshot_every`] applied entries the state is snapshotted (rkyv) and
+//! the in-memory log compacted; [`Applied::snapshot`] hands the snapshot to the caller
+//! so it can compact its durable log too. Voters are fixed at bootstrap (no membership
+//! changes yet).
+
+use protobuf::Message as _;
+use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, Snapshot};
+use raft::storage::MemStorage;
+use raft::{GetEntriesContext, RaftState, RawNode, StateRole, Storage, StorageError};
+
+use crate::cluster::{self, ClusterState, Command};
+
+/// Raft ticks between heartbeats and (at least) before an election.
+pub const HEARTBEAT_TICKS: usize = 2;
+pub const ELECTION_TICKS: usize = 10;
+
+/// What a node restored from its durable log at start.
+#[derive(Debug, Default, Clone)]
+pub struct Restored {
+    pub snapshot: Option<Snapshot>,
+    /// Entries after the snapshot, in index order, conflicts already resolved.
+    pub entries: Vec<Entry>,
+    pub hard_state: Option<HardState>,
+}
+
+/// The first half of a Ready: send `send_now`, make the rest durable, then call
+/// [`Quorum::advance`].
+#[derive(Debug, Default)]
+pub struct Persist {
+    pub send_now: Vec<Message>,
+    /// A snapshot received from the leader, replacing the state and the log.
+    pub snapshot: Option<Snapshot>,
+    pub entries: Vec<Entry>,
+    pub hard_state: Option<HardState>,
+}
+
+/// One committed command, applied.
+#[derive(Debug)]
+pub struct AppliedCommand {
+    pub index: u64,
+    /// The token given to [`Quorum::propose`] if this node proposed it.
+    pub token: Option<u64>,
+    pub result: Result<cluster::Applied, cluster::ApplyError>,
+}
+
+/// The second half of a Ready.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub send: Vec<Message>,
+    pub commands: Vec<AppliedCommand>,
+    /// The state changed (a command applied, or a snapshot installed).
+    pub state_changed: bool,
+    /// A snapshot taken of the state: persist it, then drop log entries up to its index.
+    pub snapshot: Option<Snapshot>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuorumError {
+    #[error("no controller leader is known; retry")]
+    NoLeader,
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+}
+
+/// raft-rs' in-memory storage plus the snapshot *with its data* (MemStorage's own
+/// snapshots carry only metadata).
+struct Store {
+    mem: MemStorage,
+    snapshot: Snapshot,
+}
+
+impl Storage for Store {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.mem.initial_state()
+    }
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot.get_metadata().index >= request_index
+            && self.snapshot.get_metadata().index > 0
+        {
+            Ok(self.snapshot.clone())
+        } else {
+            Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            ))
+        }
+    }
+}
+
+pub struct Quorum {
+    id: u64,
+    node: RawNode<Store>,
+    state: ClusterState,
+    applied: u64,
+    snapshot_index: u64,
+    pub snapshot_every: u64,
+    pending: Option<(raft::Ready, Vec<Entry>)>,
+}
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+impl Quorum {
+    /// A voter `id` among `voters` (all ids ≥ 1), resuming from `restored`.
+    pub fn new(id: u64, voters: &[u64], restored: Restored) -> Result<Quorum, String> {
+        if id == 0 || !voters.contains(&id) {
+            return Err(format!("node {id} is not among the voters {voters:?}"));
+        }
+        let mem = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        let mut state = ClusterState::default();
+        let mut snapshot = Snapshot::default();
+        let mut applied = 0;
+        if let Some(s) = restored.snapshot {
+            state = ClusterState::decode(s.get_data())
+                .map_err(|e| format!("metadata snapshot: {e}"))?;
+            applied = s.get_metadata().index;
+            mem.wl()
+                .apply_snapshot(s.clone())
+                .map_err(|e| format!("metadata snapshot: {e}"))?;
+            snapshot = s;
+        }
+        let entries: Vec<Entry> = restored
+            .entries
+            .into_iter()
+            .filter(|e| e.index > applied)
+            .collect();
+        mem.wl()
+            .append(&entries)
+            .map_err(|e| format!("metadata log: {e}"))?;
+        if let Some(mut hs) = restored.hard_state {
+            let last = mem.last_index().unwrap_or(0);
+            hs.commit = hs.commit.clamp(applied, last);
+            mem.wl().set_hardstate(hs);
+        }
+        let config = raft::Config {
+            id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            applied,
+            check_quorum: true,
+            pre_vote: true,
+            max_inflight_msgs: 256,
+            max_size_per_msg: 1 << 20,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        let store = Store { mem, snapshot };
+        let node = RawNode::new(&config, store, &logger()).map_err(|e| e.to_string())?;
+        Ok(Quorum {
+            id,
+            node,
+            state,
+            applied,
+            snapshot_index: applied,
+            snapshot_every: 1000,
+            pending: None,
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.node.raft.state == StateRole::Leader
+    }
+
+    /// The leader's id as this node knows it; 0 when unknown.
+    pub fn leader_id(&self) -> u64 {
+        self.node.raft.leader_id
+    }
+
+    pub fn term(&self) -> u64 {
+        self.node.raft.term
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
+    /// Advances raft's logical clock by one tick.
+    pub fn tick(&mut self) {
+        self.node.tick();
+    }
+
+    /// A message from a peer. Messages from unknown nodes or stale terms are dropped by
+    /// raft itself; a malformed one is an error for the caller to log.
+    pub fn step(&mut self, msg: Message) -> Result<(), QuorumError> {
+        Ok(self.node.step(msg)?)
+    }
+
+    /// Proposes `cmd`; on a follower raft forwards it to the leader. The result comes
+    /// back from [`Quorum::advance`] with `token`, if it commits. A proposal can be lost
+    /// (leader change), so callers wait with a deadline.
+    pub fn propose(&mut self, cmd: &Command, token: u64) -> Result<(), QuorumError> {
+        if self.leader_id() == 0 {
+            return Err(QuorumError::NoLeader);
+        }
+        let mut context = Vec::with_capacity(16);
+        context.extend_from_slice(&self.id.to_le_bytes());
+        context.extend_from_slice(&token.to_le_bytes());
+        self.node
+            .propose(context, cmd.encode())
+            .map_err(|e| match e {
+                raft::Error::ProposalDropped => QuorumError::NoLeader,
+                e => QuorumError::Raft(e),
+            })
+    }
+
+    /// A peer could not be reached: raft stops pipelining to it.
+    pub fn report_unreachable(&mut self, peer: u64) {
+        self.node.report_unreachable(peer);
+    }
+
+    /// The first half of the Ready loop, or `None` when raft has nothing to do.
+    /// Must be followed by [`Quorum::advance`] before the next call.
+    pub fn ready(&mut self) -> Option<Persist> {
+        assert!(self.pending.is_none(), "advance() the previous ready first");
+        if !self.node.has_ready() {
+            return None;
+        }
+        let mut rd = self.node.ready();
+        let mut out = Persist {
+            send_now: rd.take_messages(),
+            ..Default::default()
+        };
+        if !rd.snapshot().is_empty() {
+            let s = rd.snapshot().clone();
+            let store = self.node.mut_store();
+            store
+                .mem
+                .wl()
+                .apply_snapshot(s.clone())
+                .expect("raft hands out snapshots newer than the log");
+            store.snapshot = s.clone();
+            out.snapshot = Some(s);
+        }
+        let committed = rd.take_committed_entries();
+        if !rd.entries().is_empty() {
+            out.entries = rd.entries().clone();
+            self.node
+                .mut_store()
+                .mem
+                .wl()
+                .append(&out.entries)
+                .expect("raft appends after its own log");
+        }
+        if let Some(hs) = rd.hs() {
+            out.hard_state = Some(hs.clone());
+            self.node.mut_store().mem.wl().set_hardstate(hs.clone());
+        }
+        self.pending = Some((rd, committed));
+        Some(out)
+    }
+
+    /// The second half, once the [`Persist`] is durable.
+    pub fn advance(&mut self) -> Applied {
+        let (mut rd, committed) = self.pending.take().expect("advance() follows a ready()");
+        let mut out = Applied {
+            send: rd.take_persisted_messages(),
+            ..Default::default()
+        };
+        if let Some(s) = &self.installed_snapshot(&rd) {
+            match ClusterState::decode(s.get_data()) {
+                Ok(state) => {
+                    self.state = state;
+                    self.applied = s.get_metadata().index;
+                    self.snapshot_index = self.applied;
+                    out.state_changed = true;
+                }
+                Err(e) => panic!("the leader sent a corrupt metadata snapshot: {e}"),
+            }
+        }
+        self.apply_entries(committed, &mut out);
+        let mut light = self.node.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.node.mut_store().mem.wl().mut_hard_state().commit = commit;
+        }
+        out.send.extend(light.take_messages());
+        self.apply_entries(light.take_committed_entries(), &mut out);
+        self.node.advance_apply();
+        if self.applied >= self.snapshot_index + self.snapshot_every {
+            out.snapshot = Some(self.take_snapshot());
+        }
+        out
+    }
+
+    fn installed_snapshot(&self, rd: &raft::Ready) -> Option<Snapshot> {
+        (!rd.snapshot().is_empty()).then(|| rd.snapshot().clone())
+    }
+
+    fn apply_entries(&mut self, entries: Vec<Entry>, out: &mut Applied) {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            self.applied = e.index;
+            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+                // The leader's empty entry of a new term; no conf changes are proposed.
+                continue;
+            }
+            let token = (e.context.len() == 16
+                && u64::from_le_bytes(e.context[..8].try_into().unwrap()) == self.id)
+                .then(|| u64::from_le_bytes(e.context[8..].try_into().unwrap()));
+            let result = match Command::decode(&e.data) {
+                Ok(cmd) => self.state.apply(&cmd),
+                Err(err) => Err(cluster::ApplyError::InvalidRequest(format!(
+                    "undecodable command at index {}: {err}",
+                    e.index
+                ))),
+            };
+            out.state_changed |= result.is_ok();
+            out.commands.push(AppliedCommand {
+                index: e.index,
+                token,
+                result,
+            });
+        }
+    }
+
+    /// Snapshots the state at the applied index and compacts the in-memory log.
+    fn take_snapshot(&mut self) -> Snapshot {
+        let store = self.node.mut_store();
+        let term = store.mem.term(self.applied).unwrap_or(0);
+        let mut s = Snapshot::default();
+        s.set_data(self.state.encode().into());
+        let meta = s.mut_metadata();
+        meta.index = self.applied;
+        meta.term = term;
+        meta.set_conf_state(store.mem.initial_state().unwrap().conf_state);
+        store.snapshot = s.clone();
+        store
+            .mem
+            .wl()
+            .compact(self.applied)
+            .expect("compacting to the applied index");
+        self.snapshot_index = self.applied;
+        s
+    }
+}
+
+/// Wire and disk encodings of raft's protobuf types.
+pub fn encode_message(m: &Message) -> Vec<u8> {
+    m.write_to_bytes().expect("raft messages encode")
+}
+pub fn decode_message(b: &[u8]) -> Result<Message, String> {
+    Message::parse_from_bytes(b).map_err(|e| e.to_string())
+}
+pub fn encode_entry(e: &Entry) -> Vec<u8> {
+    e.write_to_bytes().expect("raft entries encode")
+}
+pub fn decode_entry(b: &[u8]) -> Result<Entry, String> {
+    Entry::parse_from_bytes(b).map_err(|e| e.to_string())
+}
+pub fn encode_hard_state(h: &HardState) -> Vec<u8> {
+    h.write_to_bytes().expect("hard states encode")
+}
+pub fn decode_hard_state(b: &[u8]) -> Result<HardState, String> {
+    HardState::parse_from_bytes(b).map_err(|e| e.to_string())
+}
+pub fn encode_snapshot(s: &Snapshot) -> Vec<u8> {
+    s.write_to_bytes().expect("snapshots encode")
+}
+pub fn decode_snapshot(b: &[u8]) -> Result<Snapshot, String> {
+    Snapshot::parse_from_bytes(b).map_err(|e| e.to_string())
+}
+
+/// Rebuilds a node's durable state from its journal records in write order: a
+/// snapshot resets the log, an entry replaces any entries from its index on (raft
+/// overwrites a conflicting suffix by appending), the last hard state wins.
+#[derive(Default)]
+pub struct Replay {
+    restored: Restored,
+}
+
+impl Replay {
+    pub fn snapshot(&mut self, s: Snapshot) {
+        let idx = s.get_metadata().index;
+        self.restored.entries.retain(|e| e.index > idx);
+        self.restored.snapshot = Some(s);
+    }
+    pub fn entry(&mut self, e: Entry) {
+        let entries = &mut self.restored.entries;
+        while entries.last().is_some_and(|l| l.index >= e.index) {
+            entries.pop();
+        }
+        entries.push(e);
+    }
+    pub fn hard_state(&mut self, h: HardState) {
+        self.restored.hard_state = Some(h);
+    }
+    pub fn finish(self) -> Restored {
+        self.restored
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, VecDeque};
+
+    /// Nodes exchanging messages in memory, with a durable journal per node kept as
+    /// the records `Persist` asked to write.
+    struct Net {
+        nodes: BTreeMap<u64, Quorum>,
+        disks: BTreeMap<u64, Vec<Record>>,
+        inflight: VecDeque<Message>,
+        down: Vec<u64>,
+        results: Vec<(u64, AppliedCommand)>,
+    }
+
+    #[derive(Clone)]
+    enum Record {
+        Snap(Snapshot),
+        Entry(Entry),
+        Hs(HardState),
+    }
+
+    impl Net {
+        fn new(n: u64) -> Net {
+            let voters: Vec<u64> = (1..=n).collect();
+            let nodes = voters
+                .iter()
+                .map(|&id| (id, Quorum::new(id, &voters, Restored::default()).unwrap()))
+                .collect();
+            Net {
+                nodes,
+                disks: voters.iter().map(|&id| (id, Vec::new())).collect(),
+                inflight: VecDeque::new(),
+                down: Vec::new(),
+                results: Vec::new(),
+            }
+        }
+
+        fn drive(&mut self) {
+            for _ in 0..1000 {
+                let mut busy = false;
+                let ids: Vec<u64> = self.nodes.keys().copied().collect();
+                for id in ids {
+                    if self.down.contains(&id) {
+                        continue;
+                    }
+                    let q = self.nodes.get_mut(&id).unwrap();
+                    while let Some(p) = q.ready() {
+                        busy = true;
+                        self.inflight.extend(p.send_now);
+                        let disk = self.disks.get_mut(&id).unwrap();
+                        if let Some(s) = p.snapshot {
+                            disk.push(Record::Snap(s));
+                        }
+                        disk.extend(p.entries.into_iter().map(Record::Entry));
+                        if let Some(h) = p.hard_state {
+                            disk.push(Record::Hs(h));
+                        }
+                        let a = q.advance();
+                        self.inflight.extend(a.send);
+                        if let Some(s) = a.snapshot {
+                            disk.push(Record::Snap(s));
+                        }
+                        self.results.extend(a.commands.into_iter().map(|c| (id, c)));
+                    }
+                }
+                while let Some(m) = self.inflight.pop_front() {
+                    busy = true;
+                    if self.down.contains(&m.to) || self.down.contains(&m.from) {
+                        continue;
+                    }
+                    let _ = self.nodes.get_mut(&m.to).unwrap().step(m);
+                }
+                if !busy {
+                    return;
+                }
+            }
+            panic!("no quiescence");
+        }
+
+        fn tick_until_leader(&mut self) -> u64 {
+            for _ in 0..500 {
+                for (id, q) in self.nodes.iter_mut() {
+                    if !self.down.contains(id) {
+                        q.tick();
+                    }
+                }
+                self.drive();
+                if let Some((id, _)) = self
+                    .nodes
+                    .iter()
+                    .find(|(id, q)| !self.down.contains(id) && q.is_leader())
+                {
+                    return *id;
+                }
+            }
+            panic!("no leader elected");
+        }
+
+        fn restart(&mut self, id: u64) {
+            let mut replay = Replay::default();
+            for r in self.disks[&id].clone() {
+                match r {
+                    Record::Snap(s) => replay.snapshot(s),
+                    Record::Entry(e) => replay.entry(e),
+                    Record::Hs(h) => replay.hard_state(h),
+                }
+            }
+            let voters: Vec<u64> = self.nodes.keys().copied().collect();
+            self.nodes
+                .insert(id, Quorum::new(id, &voters, replay.finish()).unwrap());
+            self.down.retain(|d| *d != id);
+        }
+    }
+
+    fn register(id: i32) -> Command {
+        Command::RegisterBroker {
+            id,
+            host: "127.0.0.1".into(),
+            port: 9092,
+            incarnation: 1,
+        }
+    }
+
+    #[test]
+    fn a_single_voter_commits_alone() {
+        let mut net = Net::new(1);
+        net.tick_until_leader();
+        net.nodes
+            .get_mut(&1)
+            .unwrap()
+            .propose(&register(1), 7)
+            .unwrap();
+        net.drive();
+        assert_eq!(net.results.len(), 1);
+        assert_eq!(net.results[0].1.token, Some(7));
+        assert!(net.nodes[&1].state().brokers.contains_key(&1));
+    }
+
+    #[test]
+    fn three_voters_agree_and_followers_forward_proposals() {
+        let mut net = Net::new(3);
+        let leader = net.tick_until_leader();
+        let follower = (1..=3).find(|i| *i != leader).unwrap();
+        net.nodes
+            .get_mut(&follower)
+            .unwrap()
+            .propose(&register(5), 1)
+            .unwrap();
+        net.drive();
+        // Heartbeats carry the commit index to followers.
+        for _ in 0..HEARTBEAT_TICKS * 2 {
+            net.nodes.get_mut(&leader).unwrap().tick();
+            net.drive();
+        }
+        for q in net.nodes.values() {
+            assert!(q.state().brokers.contains_key(&5), "node {}", q.id());
+        }
+        let mine: Vec<_> = net.results.iter().filter(|(n, _)| *n == follower).collect();
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].1.token, Some(1), "the proposer learns its result");
+    }
+
+    #[test]
+    fn a_new_leader_is_elected_and_a_restarted_node_catches_up_from_a_snapshot() {
+        let mut net = Net::new(3);
+        for q in net.nodes.values_mut() {
+            q.snapshot_every = 5;
+        }
+        let leader = net.tick_until_leader();
+        net.down.push(leader);
+        let next = net.tick_until_leader();
+        assert_ne!(next, leader);
+        for i in 0..20 {
+            net.nodes
+                .get_mut(&next)
+                .unwrap()
+                .propose(&register(10 + i), 0)
+                .unwrap();
+            net.drive();
+        }
+        // The old leader restarts from its journal, far behind a compacted log.
+        net.restart(leader);
+        for _ in 0..50 {
+            for q in net.nodes.values_mut() {
+                q.tick();
+            }
+            net.drive();
+        }
+        let expect = net.nodes[&next].state().clone();
+        assert_eq!(expect.brokers.len(), 20);
+        for q in net.nodes.values() {
+            assert_eq!(q.state().brokers, expect.brokers, "node {}", q.id());
+        }
+        // And the restarted node's journal now replays to the same state.
+        for q in net.nodes.values_mut() {
+            q.snapshot_every = 1000;
+        }
+        net.restart(leader);
+        for _ in 0..30 {
+            for q in net.nodes.values_mut() {
+                q.tick();
+            }
+            net.drive();
+        }
+        assert_eq!(net.nodes[&leader].state().brokers, expect.brokers);
+    }
+
+    #[test]
+    fn replay_resolves_overwritten_suffixes() {
+        let e = |index, term| {
+            let mut e = Entry::default();
+            e.index = index;
+            e.term = term;
+            e
+        };
+        let mut r = Replay::default();
+        for x in [e(1, 1), e(2, 1), e(3, 1), e(2, 2), e(3, 2), e(4, 2)] {
+            r.entry(x);
+        }
+        let got: Vec<(u64, u64)> = r
+            .finish()
+            .entries
+            .iter()
+            .map(|e| (e.index, e.term))
+            .collect();
+        assert_eq!(got, vec![(1, 1), (2, 2), (3, 2), (4, 2)]);
+    }
+
+    #[test]
+    fn proposing_without_a_leader_is_an_error_not_a_hang() {
+        let mut q = Quorum::new(1, &[1, 2, 3], Restored::default()).unwrap();
+        assert!(matches!(
+            q.propose(&register(1), 1),
+            Err(QuorumError::NoLeader)
+        ));
+        assert!(Quorum::new(4, &[1, 2, 3], Restored::default()).is_err());
+    }
+}

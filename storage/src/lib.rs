@@ -22,6 +22,7 @@ pub mod cache;
 pub mod compact;
 pub mod file;
 pub mod index;
+pub mod journal;
 pub mod log;
 pub mod probe;
 pub mod segment;

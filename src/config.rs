@@ -11,6 +11,11 @@
 //! default_partitions = 1
 //! auto_create_topics = true
 //! socket_request_max_bytes = 104857600
+//! group_initial_rebalance_delay_ms = 3000
+//! group_min_session_timeout_ms = 6000
+//! group_max_session_timeout_ms = 1800000
+//! offsets_retention_minutes = 10080
+//! log_retention_check_interval_ms = 60000
 //! ```
 
 use std::net::SocketAddr;
@@ -20,6 +25,17 @@ use serde::Deserialize;
 
 /// Kafka's `socket.request.max.bytes` default: 100 MiB.
 pub const SOCKET_REQUEST_MAX_BYTES: usize = 100 * 1024 * 1024;
+/// Kafka's `group.initial.rebalance.delay.ms` default.
+pub const GROUP_INITIAL_REBALANCE_DELAY_MS: i64 = 3_000;
+/// Kafka's `group.min.session.timeout.ms` default.
+pub const GROUP_MIN_SESSION_TIMEOUT_MS: i32 = 6_000;
+/// Kafka's `group.max.session.timeout.ms` default (30 minutes).
+pub const GROUP_MAX_SESSION_TIMEOUT_MS: i32 = 1_800_000;
+/// Kafka's `offsets.retention.minutes` default (7 days).
+pub const OFFSETS_RETENTION_MINUTES: i64 = 7 * 24 * 60;
+/// How often the retention and compaction pass runs (Kafka's
+/// `log.retention.check.interval.ms` is 300000; Sluice checks every minute).
+pub const LOG_RETENTION_CHECK_INTERVAL_MS: u64 = 60_000;
 
 /// The file form: every field optional, so flags and defaults fill the gaps.
 #[derive(Debug, Default, Deserialize)]
@@ -33,6 +49,11 @@ pub struct FileConfig {
     pub default_partitions: Option<i32>,
     pub auto_create_topics: Option<bool>,
     pub socket_request_max_bytes: Option<usize>,
+    pub group_initial_rebalance_delay_ms: Option<i64>,
+    pub group_min_session_timeout_ms: Option<i32>,
+    pub group_max_session_timeout_ms: Option<i32>,
+    pub offsets_retention_minutes: Option<i64>,
+    pub log_retention_check_interval_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -56,6 +77,16 @@ pub struct BrokerConfig {
     pub default_partitions: i32,
     pub auto_create_topics: bool,
     pub socket_request_max_bytes: usize,
+    /// group.initial.rebalance.delay.ms
+    pub group_initial_rebalance_delay_ms: i64,
+    /// group.min.session.timeout.ms
+    pub group_min_session_timeout_ms: i32,
+    /// group.max.session.timeout.ms
+    pub group_max_session_timeout_ms: i32,
+    /// offsets.retention.minutes
+    pub offsets_retention_minutes: i64,
+    /// log.retention.check.interval.ms: the storage retention and compaction pass.
+    pub log_retention_check_interval_ms: u64,
 }
 
 impl BrokerConfig {
@@ -65,6 +96,7 @@ impl BrokerConfig {
         flags: FileConfig,
         online_cpus: usize,
     ) -> Result<BrokerConfig, String> {
+        let groups = GroupSettings::resolve(&file, &flags)?;
         let pick = |f: Option<String>, c: Option<String>| f.or(c);
         let listen_s = pick(flags.listen, file.listen).unwrap_or_else(|| "127.0.0.1:9092".into());
         let listen: SocketAddr = listen_s
@@ -100,6 +132,17 @@ impl BrokerConfig {
         if socket_request_max_bytes < 1024 {
             return Err("socket_request_max_bytes must be at least 1024".into());
         }
+        let log_retention_check_interval_ms = flags
+            .log_retention_check_interval_ms
+            .or(file.log_retention_check_interval_ms)
+            .unwrap_or(LOG_RETENTION_CHECK_INTERVAL_MS);
+        // Kafka's lower bound is 1; an upper bound keeps the timer arithmetic finite.
+        if !(1..=i64::MAX as u64 / 2).contains(&log_retention_check_interval_ms) {
+            return Err(format!(
+                "--log-retention-check-interval-ms {log_retention_check_interval_ms}: must be between 1 and {}",
+                i64::MAX as u64 / 2
+            ));
+        }
         Ok(BrokerConfig {
             node_id: flags.node_id.or(file.node_id).unwrap_or(1),
             listen,
@@ -116,7 +159,71 @@ impl BrokerConfig {
                 .or(file.auto_create_topics)
                 .unwrap_or(true),
             socket_request_max_bytes,
+            group_initial_rebalance_delay_ms: groups.initial_rebalance_delay_ms,
+            group_min_session_timeout_ms: groups.min_session_timeout_ms,
+            group_max_session_timeout_ms: groups.max_session_timeout_ms,
+            offsets_retention_minutes: groups.offsets_retention_minutes,
+            log_retention_check_interval_ms,
         })
+    }
+}
+
+/// The group coordinator's settings, validated together (min <= max).
+struct GroupSettings {
+    initial_rebalance_delay_ms: i64,
+    min_session_timeout_ms: i32,
+    max_session_timeout_ms: i32,
+    offsets_retention_minutes: i64,
+}
+
+impl GroupSettings {
+    fn resolve(file: &FileConfig, flags: &FileConfig) -> Result<GroupSettings, String> {
+        let s = GroupSettings {
+            initial_rebalance_delay_ms: flags
+                .group_initial_rebalance_delay_ms
+                .or(file.group_initial_rebalance_delay_ms)
+                .unwrap_or(GROUP_INITIAL_REBALANCE_DELAY_MS),
+            min_session_timeout_ms: flags
+                .group_min_session_timeout_ms
+                .or(file.group_min_session_timeout_ms)
+                .unwrap_or(GROUP_MIN_SESSION_TIMEOUT_MS),
+            max_session_timeout_ms: flags
+                .group_max_session_timeout_ms
+                .or(file.group_max_session_timeout_ms)
+                .unwrap_or(GROUP_MAX_SESSION_TIMEOUT_MS),
+            offsets_retention_minutes: flags
+                .offsets_retention_minutes
+                .or(file.offsets_retention_minutes)
+                .unwrap_or(OFFSETS_RETENTION_MINUTES),
+        };
+        // Kafka types these as int: the same ranges here.
+        if !(0..=i64::from(i32::MAX)).contains(&s.initial_rebalance_delay_ms) {
+            return Err(format!(
+                "--group-initial-rebalance-delay-ms {}: must be between 0 and {}",
+                s.initial_rebalance_delay_ms,
+                i32::MAX
+            ));
+        }
+        if s.min_session_timeout_ms < 1 {
+            return Err(format!(
+                "--group-min-session-timeout-ms {}: must be at least 1",
+                s.min_session_timeout_ms
+            ));
+        }
+        if s.max_session_timeout_ms < s.min_session_timeout_ms {
+            return Err(format!(
+                "--group-max-session-timeout-ms {} is below --group-min-session-timeout-ms {}",
+                s.max_session_timeout_ms, s.min_session_timeout_ms
+            ));
+        }
+        if !(1..=i64::from(i32::MAX)).contains(&s.offsets_retention_minutes) {
+            return Err(format!(
+                "--offsets-retention-minutes {}: must be between 1 and {}",
+                s.offsets_retention_minutes,
+                i32::MAX
+            ));
+        }
+        Ok(s)
     }
 }
 
@@ -138,6 +245,80 @@ mod tests {
         assert_eq!(c.node_id, 7);
         assert_eq!(c.advertised_port, 2000);
         assert!(c.auto_create_topics);
+    }
+
+    #[test]
+    fn group_and_retention_settings_default_to_kafkas_and_come_from_file_or_flags() {
+        let c = BrokerConfig::resolve(FileConfig::default(), FileConfig::default(), 1).unwrap();
+        assert_eq!(c.group_initial_rebalance_delay_ms, 3_000);
+        assert_eq!(c.group_min_session_timeout_ms, 6_000);
+        assert_eq!(c.group_max_session_timeout_ms, 1_800_000);
+        assert_eq!(c.offsets_retention_minutes, 10_080);
+        assert_eq!(c.log_retention_check_interval_ms, 60_000);
+        let file: FileConfig = toml::from_str(
+            "group_initial_rebalance_delay_ms = 0\n\
+             group_min_session_timeout_ms = 1000\n\
+             group_max_session_timeout_ms = 20000\n\
+             offsets_retention_minutes = 60\n\
+             log_retention_check_interval_ms = 500",
+        )
+        .unwrap();
+        let flags = FileConfig {
+            group_max_session_timeout_ms: Some(30_000),
+            ..Default::default()
+        };
+        let c = BrokerConfig::resolve(file, flags, 1).unwrap();
+        assert_eq!(c.group_initial_rebalance_delay_ms, 0);
+        assert_eq!(c.group_min_session_timeout_ms, 1_000);
+        assert_eq!(c.group_max_session_timeout_ms, 30_000);
+        assert_eq!(c.offsets_retention_minutes, 60);
+        assert_eq!(c.log_retention_check_interval_ms, 500);
+    }
+
+    #[test]
+    fn bad_group_and_retention_settings_are_refused_with_the_flag_named() {
+        let bad = [
+            (
+                FileConfig {
+                    group_initial_rebalance_delay_ms: Some(-1),
+                    ..Default::default()
+                },
+                "--group-initial-rebalance-delay-ms",
+            ),
+            (
+                FileConfig {
+                    group_min_session_timeout_ms: Some(0),
+                    ..Default::default()
+                },
+                "--group-min-session-timeout-ms",
+            ),
+            (
+                FileConfig {
+                    group_min_session_timeout_ms: Some(10_000),
+                    group_max_session_timeout_ms: Some(9_000),
+                    ..Default::default()
+                },
+                "--group-max-session-timeout-ms",
+            ),
+            (
+                FileConfig {
+                    offsets_retention_minutes: Some(0),
+                    ..Default::default()
+                },
+                "--offsets-retention-minutes",
+            ),
+            (
+                FileConfig {
+                    log_retention_check_interval_ms: Some(0),
+                    ..Default::default()
+                },
+                "--log-retention-check-interval-ms",
+            ),
+        ];
+        for (flags, flag) in bad {
+            let e = BrokerConfig::resolve(FileConfig::default(), flags, 1).unwrap_err();
+            assert!(e.starts_with(flag), "{e}");
+        }
     }
 
     #[test]

@@ -85,6 +85,22 @@ struct ServeArgs {
     /// Create unknown topics on Metadata/Produce [default: true].
     #[arg(long)]
     auto_create_topics: Option<bool>,
+    /// How long a new group waits for more members before its first generation
+    /// [default: 3000].
+    #[arg(long)]
+    group_initial_rebalance_delay_ms: Option<i64>,
+    /// Smallest session timeout a member may ask for [default: 6000].
+    #[arg(long)]
+    group_min_session_timeout_ms: Option<i32>,
+    /// Largest session timeout a member may ask for [default: 1800000].
+    #[arg(long)]
+    group_max_session_timeout_ms: Option<i32>,
+    /// Committed offsets of an empty group expire after this long [default: 10080].
+    #[arg(long)]
+    offsets_retention_minutes: Option<i64>,
+    /// How often storage runs its retention and compaction pass [default: 60000].
+    #[arg(long)]
+    log_retention_check_interval_ms: Option<u64>,
 }
 
 fn main() {
@@ -136,6 +152,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         default_partitions: args.default_partitions,
         auto_create_topics: args.auto_create_topics,
         socket_request_max_bytes: None,
+        group_initial_rebalance_delay_ms: args.group_initial_rebalance_delay_ms,
+        group_min_session_timeout_ms: args.group_min_session_timeout_ms,
+        group_max_session_timeout_ms: args.group_max_session_timeout_ms,
+        offsets_retention_minutes: args.offsets_retention_minutes,
+        log_retention_check_interval_ms: args.log_retention_check_interval_ms,
     };
     let config = BrokerConfig::resolve(file, flags, sluice_shard::runtime::online_cpus().len())?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -17,8 +17,8 @@ use crate::metadata::{FileMetadataStore, MetadataImage, MetadataStore};
 
 /// How often each shard checks the stop flag set by the signal handler.
 const STOP_POLL: Duration = Duration::from_millis(50);
-/// Storage background passes.
-const RETENTION_CHECK_MS: u64 = 60_000;
+/// Storage background pass: interval flushes (retention and compaction run every
+/// `log_retention_check_interval_ms`).
 const FLUSH_CHECK_MS: u64 = 100;
 
 /// Refuses to start when another process holds the port. glommio's listener sets
@@ -112,7 +112,7 @@ async fn run_shard(
     .await
     .map_err(|e| format!("opening storage: {e}"))?;
     storage
-        .spawn_background(RETENTION_CHECK_MS, FLUSH_CHECK_MS)
+        .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
         .map_err(|e| e.to_string())?;
     let (mesh, receivers) = Mesh::join(shard, config.cores, builders, MeshLimits::default())
         .await

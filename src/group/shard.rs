@@ -54,7 +54,7 @@ fn state(broker: &Rc<Broker>) -> Rc<GroupShard> {
         return s;
     }
     let s = Rc::new(GroupShard {
-        coord: RefCell::new(Coordinator::new(CoordinatorConfig::default())),
+        coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
         loaded: RefCell::new(HashSet::new()),
         load_lock: Semaphore::new(1),
         append_lock: Semaphore::new(1),
@@ -75,6 +75,17 @@ fn state(broker: &Rc<Broker>) -> Rc<GroupShard> {
     })
     .detach();
     s
+}
+
+/// The coordinator's settings from the broker's (the rest keep Kafka's defaults).
+pub fn coordinator_config(c: &crate::config::BrokerConfig) -> CoordinatorConfig {
+    CoordinatorConfig {
+        session_timeout_min_ms: c.group_min_session_timeout_ms,
+        session_timeout_max_ms: c.group_max_session_timeout_ms,
+        initial_rebalance_delay_ms: c.group_initial_rebalance_delay_ms,
+        offsets_retention_ms: c.offsets_retention_minutes * 60_000,
+        ..CoordinatorConfig::default()
+    }
 }
 
 /// Serves one group request on the shard owning its `__consumer_offsets` partition.

@@ -362,6 +362,71 @@ impl Group {
         }
     }
 
+    /// Rebuilds the group from its last GroupMetadata value, as Kafka's
+    /// `GroupMetadata.loadGroup` does: with members it is Stable at the stored
+    /// generation (the value is written when a generation's assignment is complete, or
+    /// when the group empties), without them Empty. Each member's session timer starts
+    /// at `now_ms`, so members that never come back expire after their session timeout
+    /// and the group rebalances then, while live members just keep heartbeating.
+    fn restore(&mut self, v: GroupValue, now_ms: i64) {
+        let protocol_type = (!v.protocol_type.is_empty()).then_some(v.protocol_type);
+        self.generation = v.generation;
+        self.protocol = v.protocol;
+        self.leader = v.leader;
+        self.state_timestamp_ms = v.state_timestamp_ms.max(0);
+        self.members.clear();
+        self.static_members.clear();
+        self.pending_members.clear();
+        self.join_deadline_ms = None;
+        self.initial_delay_limit_ms = None;
+        self.sync_deadline_ms = None;
+        for m in v.members {
+            if let Some(i) = &m.instance_id {
+                self.static_members.insert(i.clone(), m.member_id.clone());
+            }
+            let protocols = match &self.protocol {
+                Some(p) => vec![(p.clone(), m.subscription)],
+                None => Vec::new(),
+            };
+            let member = Member {
+                id: m.member_id.clone(),
+                instance_id: m.instance_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+                session_timeout_ms: m.session_timeout_ms,
+                // Version 0 values have no rebalance timeout: Kafka uses the session's.
+                rebalance_timeout_ms: if m.rebalance_timeout_ms < 0 {
+                    m.session_timeout_ms
+                } else {
+                    m.rebalance_timeout_ms
+                },
+                protocol_type: protocol_type.clone().unwrap_or_default(),
+                protocols,
+                assignment: m.assignment,
+                awaiting_join: None,
+                awaiting_sync: None,
+                joined: false,
+                session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
+            };
+            self.members.insert(m.member_id, member);
+        }
+        self.protocol_type = protocol_type;
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.protocol = None;
+            self.leader = None;
+        } else {
+            self.state = GroupState::Stable;
+            if self
+                .leader
+                .as_ref()
+                .is_none_or(|l| !self.members.contains_key(l))
+            {
+                self.leader = self.members.keys().next().cloned();
+            }
+        }
+    }
+
     /// Topics the members subscribe to (consumer protocol only), for OffsetDelete.
     fn subscribed_topics(&self) -> Option<Vec<String>> {
         use kafka_protocol::messages::ConsumerProtocolSubscription;
@@ -1375,9 +1440,11 @@ impl Coordinator {
 
     // ---------------------------------------------------------------- loading
 
-    /// Replays one `__consumer_offsets` record (in log order) into memory.
+    /// Replays one `__consumer_offsets` record (in log order) into memory. `now_ms` is
+    /// the load time: restored members' session timers start from it.
     pub fn load_record(
         &mut self,
+        now_ms: i64,
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), super::records::RecordError> {
@@ -1416,11 +1483,7 @@ impl Coordinator {
                         .groups
                         .entry(group.clone())
                         .or_insert_with(|| Group::new(&group, v.state_timestamp_ms));
-                    // Members are not restored: they rejoin (their heartbeats get
-                    // UNKNOWN_MEMBER_ID). The generation continues where it was.
-                    g.generation = v.generation;
-                    g.protocol_type = (!v.protocol_type.is_empty()).then_some(v.protocol_type);
-                    g.state_timestamp_ms = v.state_timestamp_ms.max(0);
+                    g.restore(v, now_ms);
                 }
                 None => {
                     self.groups.remove(&group);

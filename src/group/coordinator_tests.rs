@@ -782,16 +782,164 @@ fn load_replays_offsets_groups_and_tombstones() {
     );
     records.extend(fx.records);
     for r in &records {
-        c.load_record(&r.key, r.value.as_deref()).unwrap();
+        c.load_record(0, &r.key, r.value.as_deref()).unwrap();
     }
     let g = c.group("g").unwrap();
     assert_eq!((g.state, g.generation), (GroupState::Empty, 2));
     assert_eq!(c.fetch_offsets("g", None)[0].1.as_ref().unwrap().offset, 7);
     // A tombstone removes the offset.
     let t = &records[0];
-    c.load_record(&t.key, None).unwrap();
+    c.load_record(0, &t.key, None).unwrap();
     assert!(c.fetch_offsets("g", None).is_empty());
-    assert!(c.load_record(&[0, 9], None).is_err());
+    assert!(c.load_record(0, &[0, 9], None).is_err());
+}
+
+/// Two static members, Stable at generation 2; returns the coordinator, the member ids
+/// (i1's, i2's) and every record it wrote, in order.
+fn stable_two_static() -> (Coordinator, String, String, Vec<Record>) {
+    let mut c = coord(0);
+    let mut records = Vec::new();
+    let mut fx = Effects::default();
+    c.join(1, 0, args("", Some("i1"), &["range"]), &mut fx);
+    let a = join_reply(&fx, 1).unwrap().member_id.to_string();
+    records.extend(sync(&mut c, 2, 0, &a, 1, &[(&a, "A")]).records);
+    let mut fx = Effects::default();
+    c.join(3, 0, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(4, 0, args(&a, Some("i1"), &["range"]), &mut fx);
+    let b = join_reply(&fx, 3).unwrap().member_id.to_string();
+    records.extend(fx.records);
+    let fx = sync(&mut c, 5, 0, &a, 2, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(sync_reply(&fx, 5).unwrap().error_code, 0);
+    records.extend(fx.records);
+    let fx = sync(&mut c, 6, 0, &b, 2, &[]);
+    assert_eq!(sync_reply(&fx, 6).unwrap().assignment, Bytes::from("B"));
+    records.extend(fx.records);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    (c, a, b, records)
+}
+
+fn load(records: &[Record], now: i64) -> Coordinator {
+    let mut c = coord(0);
+    for r in records {
+        c.load_record(now, &r.key, r.value.as_deref()).unwrap();
+    }
+    c
+}
+
+#[test]
+fn load_restores_a_stable_group_with_its_members_and_generation() {
+    let (src, a, b, records) = stable_two_static();
+    let before = src.group("g").unwrap();
+    let t0 = 1_000_000;
+    let mut c = load(&records, t0);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::Stable, 2));
+    assert_eq!(g.protocol_type.as_deref(), Some("consumer"));
+    assert_eq!(g.protocol.as_deref(), Some("range"));
+    assert_eq!(g.leader, before.leader);
+    assert_eq!(
+        g.members.keys().collect::<Vec<_>>(),
+        before.members.keys().collect::<Vec<_>>()
+    );
+    for (id, m) in &g.members {
+        let old = &before.members[id];
+        assert_eq!(m.instance_id, old.instance_id);
+        assert_eq!(
+            (&m.client_id, &m.client_host),
+            (&old.client_id, &old.client_host)
+        );
+        assert_eq!(
+            (m.session_timeout_ms, m.rebalance_timeout_ms),
+            (SESSION, REBALANCE)
+        );
+        assert_eq!(m.assignment, old.assignment);
+        assert_eq!(m.metadata("range"), Bytes::from("meta-range"));
+    }
+    assert_eq!(g.static_members.get("i1"), Some(&a));
+    assert_eq!(g.static_members.get("i2"), Some(&b));
+    // The members carry on at their generation: no rejoin needed.
+    assert_eq!(c.heartbeat(t0, "g", 2, &a, Some("i1")), Ok(()));
+    assert_eq!(
+        c.heartbeat(t0, "g", 1, &b, Some("i2")),
+        Err(E::IllegalGeneration)
+    );
+    let fx = sync(&mut c, 9, t0, &b, 2, &[]);
+    assert_eq!(sync_reply(&fx, 9).unwrap().assignment, Bytes::from("B"));
+    let d = c.describe("g");
+    assert_eq!(
+        (d.state, d.protocol.as_str()),
+        (GroupState::Stable, "range")
+    );
+    assert_eq!(d.members.len(), 2);
+    // A commit at the restored generation is accepted.
+    let plan = commit(&mut c, t0, 2, &a, 5);
+    assert_eq!(plan.results[0].1, Ok(()));
+}
+
+#[test]
+fn restored_sessions_start_at_load_time_and_silent_members_expire() {
+    let (_, a, b, records) = stable_two_static();
+    // Loaded long after the records were written: nobody has expired yet.
+    let t0 = 5_000_000;
+    let mut c = load(&records, t0);
+    let mut fx = Effects::default();
+    c.tick(t0 + i64::from(SESSION) - 1, &mut fx);
+    assert_eq!(c.group("g").unwrap().members.len(), 2);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    // a heartbeats, b never comes back: b expires one session after the load.
+    assert_eq!(c.heartbeat(t0 + 3_000, "g", 2, &a, Some("i1")), Ok(()));
+    c.tick(t0 + i64::from(SESSION), &mut fx);
+    let g = c.group("g").unwrap();
+    assert!(!g.members.contains_key(&b));
+    assert!(g.members.contains_key(&a));
+    assert_eq!(g.state, GroupState::PreparingRebalance);
+    assert_eq!(
+        c.heartbeat(t0 + 3_100, "g", 2, &a, Some("i1")),
+        Err(E::RebalanceInProgress)
+    );
+}
+
+#[test]
+fn restored_static_member_restarts_without_a_rebalance() {
+    let (_, _, b, records) = stable_two_static();
+    let mut c = load(&records, 0);
+    let mut fx = Effects::default();
+    c.join(1, 10, args("", Some("i2"), &["range"]), &mut fx);
+    let r = join_reply(&fx, 1).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 2));
+    assert_ne!(r.member_id.to_string(), b);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    assert_eq!(
+        c.heartbeat(10, "g", 2, &b, Some("i2")),
+        Err(E::FencedInstanceId)
+    );
+}
+
+#[test]
+fn load_keeps_only_the_last_group_value_and_an_empty_one_restores_empty() {
+    let (mut src, a, b, mut records) = stable_two_static();
+    let mut fx = Effects::default();
+    let _ = src.leave(
+        10,
+        "g",
+        &[
+            Leaving {
+                member_id: a,
+                instance_id: Some("i1".into()),
+            },
+            Leaving {
+                member_id: b,
+                instance_id: Some("i2".into()),
+            },
+        ],
+        &mut fx,
+    );
+    records.extend(fx.records);
+    let c = load(&records, 20);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::Empty, 3));
+    assert!(g.members.is_empty() && g.static_members.is_empty());
+    assert_eq!((g.leader.as_deref(), g.protocol.as_deref()), (None, None));
 }
 
 #[test]

@@ -276,6 +276,8 @@ impl GroupShard {
         let (log, _) = broker.log(OFFSETS_TOPIC, partition)?;
         let mut offset = log.log_start_offset();
         let mut loaded = 0usize;
+        // Restored members' sessions start now (Kafka: onGroupLoaded).
+        let now = now_ms();
         loop {
             let r = log.read(offset, LOAD_READ_BYTES, None).await.map_err(|e| {
                 ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string())
@@ -295,7 +297,7 @@ impl GroupShard {
                 let mut coord = self.coord.borrow_mut();
                 for rec in set.records {
                     let Some(key) = rec.key else { continue };
-                    if let Err(e) = coord.load_record(&key, rec.value.as_deref()) {
+                    if let Err(e) = coord.load_record(now, &key, rec.value.as_deref()) {
                         tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
                     }
                     loaded += 1;

@@ -439,53 +439,136 @@ def read_all(addr, topic):
         c.close()
 
 
+DELETE_RETENTION_MS = 4000
+
+
+def key_counts(recs):
+    counts = {}
+    for _, k, _ in recs:
+        if k != "filler":
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def port_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        return True
+
+
+def cleaned_files(part_dir):
+    return [f for f in os.listdir(part_dir) if f.endswith(".cleaned")]
+
+
 def test_compaction_keeps_latest_value_per_key_with_offsets(make_broker, tmp_path):
-    """cleanup.policy=compact with small segments: after the background cleaner runs
-    (every 60 s), each key keeps only its latest value at its original offset, and
-    tombstoned keys have no values left. The broker then restarts with the same log."""
+    """cleanup.policy=compact with small segments and a 500 ms cleaner interval:
+    (1) after cleaning each key keeps only its latest value at its original offset and
+    tombstones are still there; (2) once delete.retention.ms has passed, the next
+    cleaning drops the tombstones and no surviving record moves; (3) a broker SIGKILLed
+    while the cleaner is rewriting a segment restarts with a readable log holding the
+    latest value of every key, and cleaning then completes."""
     data = tmp_path / "data"
-    b = make_broker(data_dir=data)
+    extra = ["--log-retention-check-interval-ms", "500"]
+    b = make_broker(data_dir=data, extra=extra)
     topic = "gcompact"
+    part_dir = os.path.join(str(data), f"{topic}-0")
     create_topic(b.addr, topic, 1, config={
         "cleanup.policy": "compact", "segment.bytes": "4096", "min.cleanable.dirty.ratio": "0.01",
-        "min.compaction.lag.ms": "0", "delete.retention.ms": "0"})
+        "min.compaction.lag.ms": "0", "delete.retention.ms": str(DELETE_RETENTION_MS)})
     p = Producer({"bootstrap.servers": b.addr, "acks": "all", "linger.ms": 0})
-    latest = {}
+    latest, produced = {}, {}
 
     def send(key, value):
         def cb(err, msg):
             assert err is None, err
-            latest[key] = (msg.offset(), value)
+            v = value.decode() if value is not None else None
+            latest[key] = (msg.offset(), v)
+            produced[msg.offset()] = (key, v)
         p.produce(topic, key=key, value=value, partition=0, on_delivery=cb)
         p.flush(10)
+
+    def fill(n, tag):  # rolls past the segment holding the updates: it becomes cleanable
+        for i in range(n):
+            send("filler", f"{tag}{i}".encode())
 
     for round_ in range(15):
         for k in range(20):
             send(f"k{k}", f"value-{k}-{round_}".encode())
     for k in range(5):
         send(f"k{k}", None)
-    for i in range(60):  # fills and rolls past the segment holding the updates
-        send("filler", f"f{i}".encode())
-    produced = len(read_all(b.addr, topic))
+    tombstoned_at = time.monotonic()
+    fill(60, "f")
+    total = len(produced)
 
     def compacted():
         recs = read_all(b.addr, topic)
-        keyed = [r for r in recs if r[1] != "filler"]
-        counts = {}
-        for _, k, _ in keyed:
-            counts[k] = counts.get(k, 0) + 1
-        return len(recs) < produced and all(n == 1 for n in counts.values()) and recs
+        counts = key_counts(recs)
+        return len(recs) < total and len(counts) == 20 and set(counts.values()) == {1} and recs
 
-    recs = wait_until(compacted, timeout=150, interval=2, what="the cleaner to compact the log")
+    recs = wait_until(compacted, timeout=60, interval=0.2, what="the cleaner to compact the log")
+    seen_at = time.monotonic()
     by_key = {k: (o, v) for (o, k, v) in recs if k != "filler"}
-    for k in range(5, 20):
-        off, val = latest[f"k{k}"]
-        assert by_key[f"k{k}"] == (off, val.decode()), "latest value at its original offset"
-    for k in range(5):
-        assert by_key.get(f"k{k}", (None, None))[1] is None, "tombstoned keys have no value"
+    for k in range(20):
+        assert by_key[f"k{k}"] == latest[f"k{k}"], "latest value at its original offset"
+    if seen_at - tombstoned_at < DELETE_RETENTION_MS / 1000:
+        # Cleaned before the tombstones were old enough to go: they are kept.
+        assert all(by_key[f"k{k}"][1] is None for k in range(5))
+        print(f"tombstones kept at the first cleaning ({seen_at - tombstoned_at:.1f} s)")
+    assert all(produced[o] == (k, v) for (o, k, v) in recs), "records are what was written there"
     offsets = [o for (o, _, _) in recs]
     assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+    # (2) Tombstones go once delete.retention.ms has passed. A cleaning pass runs when
+    # new dirty data has rolled into a closed segment, so keep writing fillers until
+    # a pass has dropped them (bounded).
+    def tombstones_gone():
+        fill(20, "g")
+        now = read_all(b.addr, topic)
+        keys = key_counts(now)
+        return all(f"k{k}" not in keys for k in range(5)) and now
+    after = wait_until(tombstones_gone, timeout=60, interval=0.5, what="tombstones to be dropped")
+    assert time.monotonic() - tombstoned_at >= DELETE_RETENTION_MS / 1000 - 0.5
+    survivors = [(o, k, v) for (o, k, v) in recs if k != "filler" and v is not None]
+    assert [(o, k, v) for (o, k, v) in after if k != "filler"] == survivors, \
+        "surviving records keep their offsets"
+    assert all(produced[o] == (k, v) for (o, k, v) in after)
+
+    # (3) SIGKILL while the cleaner is rewriting a segment (a `.cleaned` file exists).
+    caught = False
+    for round_ in range(15, 40):
+        for k in range(5, 20):
+            send(f"k{k}", f"value-{k}-{round_}".encode())
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and not caught:
+            caught = bool(cleaned_files(part_dir))
+        if caught:
+            break
     del p  # its reconnect attempts must not race the restart for the port
+    b.kill()
+    # The kernel tears a killed process's io_uring down asynchronously (in-flight
+    # cleaner writes finish first), and the listening socket goes with it.
+    wait_until(lambda: port_free(b.port), timeout=30, what="the killed broker's port to free")
+    b = make_broker(data_dir=data, port=b.port, extra=extra)
+    assert not cleaned_files(part_dir), "recovery removes half-written cleaned segments"
+    recs = read_all(b.addr, topic)
+    offsets = [o for (o, _, _) in recs]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert all(produced[o] == (k, v) for (o, k, v) in recs), "records are what was written there"
+    last = {k: (o, v) for (o, k, v) in recs}
+    for k in range(5, 20):
+        assert last[f"k{k}"] == latest[f"k{k}"], "latest value per key after the crash"
+    assert all(f"k{k}" not in last for k in range(5)), "dropped tombstones stay dropped"
+    # Cleaning resumes and completes after the restart (fillers roll the last updates
+    # out of the active segment, which is never cleaned).
+    p = Producer({"bootstrap.servers": b.addr, "acks": "all", "linger.ms": 0})
+
+    def clean_again():
+        fill(20, "h")
+        return set(key_counts(read_all(b.addr, topic)).values()) == {1}
+    wait_until(clean_again, timeout=60, interval=0.5, what="cleaning to complete after the crash")
+    final = {k: (o, v) for (o, k, v) in read_all(b.addr, topic)}
+    assert all(final[f"k{k}"] == latest[f"k{k}"] for k in range(5, 20))
+    print(f"killed mid-clean: {caught}")
+    assert caught, "the broker was killed while a segment was being cleaned"
     assert b.stop() == 0
-    b = make_broker(data_dir=data)
-    assert read_all(b.addr, topic)[:len(recs)] == recs

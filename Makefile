@@ -4,11 +4,22 @@ CARGO ?= cargo
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 
-.PHONY: run build release test lint unit e2e deps bench fuzz clean
+.PHONY: run build release test lint unit e2e deps bench fuzz sim clean cluster cluster-stop cluster-status
 
 run: release
 	@echo "Sluice: Kafka API on $(LISTEN), data under $(DATA_DIR). Try: kcat -b $(LISTEN) -L"
 	./target/release/sluice serve --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+# A local 3-broker cluster: Kafka on 127.0.0.1:9092-9094, controllers on 9192-9194,
+# data and logs under $(DATA_DIR)/cluster (scripts/cluster.sh).
+cluster: release
+	CLUSTER_DIR=$(DATA_DIR)/cluster bash scripts/cluster.sh start
+
+cluster-stop:
+	CLUSTER_DIR=$(DATA_DIR)/cluster bash scripts/cluster.sh stop
+
+cluster-status:
+	CLUSTER_DIR=$(DATA_DIR)/cluster bash scripts/cluster.sh status
 
 build:
 	$(CARGO) build --workspace
@@ -38,6 +49,14 @@ bench: release
 
 fuzz:
 	bash scripts/fuzz.sh
+
+# Deterministic replication simulation (replication/src/sim.rs): thousands of seeds of
+# crashes, isolations, lossy networks and stale metadata; a failure prints its seed and
+# the command that replays it with a trace.
+SIM_SEEDS ?= 5000
+sim:
+	$(CARGO) run --release -p sluice-replication --bin sluice-sim -- --seeds $(SIM_SEEDS)
+	$(CARGO) run --release -p sluice-replication --bin sluice-sim -- --seeds $$(( $(SIM_SEEDS) / 5 )) --start 1000001 --brokers 5 --partitions 4
 
 clean:
 	$(CARGO) clean

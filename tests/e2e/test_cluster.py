@@ -1,0 +1,384 @@
+"""Tier: a 3-broker cluster of real processes on loopback (issue 6, "Tests with real
+processes"), driven with confluent-kafka. Harness: cluster.py.
+
+Every wait is a bounded retry with a deadline. The brokers run with a 3 s session
+timeout, 300 ms heartbeats and a 5 s replica lag limit (cluster.FAST_FLAGS), so fencing
+takes a few seconds and the whole file a couple of minutes.
+"""
+import os
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from cluster import Cluster, disk_batches, metadata_from, wait_until
+
+pytestmark = pytest.mark.skipif(os.environ.get("SLUICE_CLUSTER_TESTS") != "1",
+                                reason="cluster mode lands with issue 6")
+
+DURABLE = {"min.insync.replicas": "2"}
+
+
+def _dump_logs(c):
+    for i in c.ids:
+        try:
+            tail = c.log(i)[-3000:]
+        except OSError:
+            continue
+        print(f"--- broker {i} ({c.brokers[i].log_path}) ---\n{tail}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path / "cluster", n=3).start()
+    yield c
+    _dump_logs(c)  # shown only when the test failed
+    c.stop()
+
+
+@pytest.fixture
+def proxied_cluster(tmp_path):
+    c = Cluster(tmp_path / "cluster", n=3, proxied=True).start()
+    yield c
+    _dump_logs(c)
+    c.stop()
+
+
+class Acks:
+    """Delivery reports: per partition the acknowledged values in ack order, and the
+    failed ones with their error codes."""
+
+    def __init__(self):
+        self.acked = {}
+        self.failed = []
+
+    def __call__(self, err, msg):
+        if err is None:
+            self.acked.setdefault(msg.partition(), []).append(msg.value())
+        else:
+            self.failed.append((msg.partition(), msg.value(), err.code()))
+
+    def count(self):
+        return sum(len(v) for v in self.acked.values())
+
+
+def leader_or_none(c, topic, partition):
+    """The leader per the cluster's metadata, or None while nobody answers."""
+    try:
+        return c.leader_of(topic, partition)
+    except Exception:  # noqa: BLE001 - metadata unavailable mid-failover
+        return None
+
+
+def producer(bootstrap, **conf):
+    # No idempotence (Sluice has no InitProducerId yet): one request in flight per
+    # connection keeps retries from reordering a partition.
+    base = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+            "max.in.flight.requests.per.connection": 1, "linger.ms": 5,
+            "message.timeout.ms": 30000, "retry.backoff.ms": 100,
+            "socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 500,
+            "topic.metadata.refresh.interval.ms": 1000}
+    base.update(conf)
+    return Producer(base)
+
+
+def produce_n(p, topic, partitions, n, acks, prefix, deadline=30):
+    """Produces n records round-robin over `partitions` and waits (bounded) for every
+    delivery report."""
+    for i in range(n):
+        part = partitions[i % len(partitions)]
+        while True:
+            try:
+                p.produce(topic, value=f"{prefix}-{part}-{i}".encode(), partition=part,
+                          on_delivery=acks)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    left = p.flush(deadline)
+    assert left == 0, f"{left} records without a delivery report after {deadline}s"
+
+
+def check_log(c, topic, partitions, acked, absent=()):
+    """Reads every partition from earliest: each acknowledged value is there, in ack
+    order (first occurrences: retries may duplicate), and no value of `absent` is."""
+    absent = set(absent)
+    logs = {}
+    for p in partitions:
+        values = [v for (_, _, v) in c.read_all(topic, p)]
+        logs[p] = values
+        first = {}
+        for i, v in enumerate(values):
+            first.setdefault(v, i)
+        want = acked.get(p, [])
+        missing = [v for v in want if v not in first]
+        assert not missing, f"{topic}-{p}: {len(missing)} acknowledged records missing, e.g. {missing[:5]}"
+        order = [first[v] for v in want]
+        assert order == sorted(order), f"{topic}-{p}: acknowledged records out of order"
+        leaked = absent.intersection(values)
+        assert not leaked, f"{topic}-{p}: records that must not be there: {sorted(leaked)[:5]}"
+    return logs
+
+
+# (a) ---------------------------------------------------------------------------------
+
+def test_acks_all_stream_survives_leader_sigkill(cluster):
+    topic, parts = "durable", [0, 1]
+    cluster.create_topic(topic, partitions=2, rf=3, configs=DURABLE)
+    victim = cluster.leader_of(topic, 0)
+    acks = Acks()
+    p = producer(cluster.bootstrap)
+    killed_at = None
+    seq = 0
+    next_check = 0.0
+    end = time.monotonic() + 60
+    while True:
+        for part in parts:
+            try:
+                p.produce(topic, value=f"{part}:{seq:06d}".encode(), partition=part, on_delivery=acks)
+            except BufferError:
+                pass
+        seq += 1
+        p.poll(0.005)
+        assert time.monotonic() < end, f"stream stuck: {acks.count()} acked, killed at {killed_at}"
+        if killed_at is None and acks.count() >= 300:
+            cluster.kill(victim)  # SIGKILL mid-stream
+            killed_at = acks.count()
+            continue
+        if killed_at is not None and acks.count() >= killed_at + 300 and time.monotonic() >= next_check:
+            next_check = time.monotonic() + 0.5
+            if leader_or_none(cluster, topic, 0) not in (None, -1, victim):
+                break
+    assert p.flush(40) == 0
+    assert acks.count() >= killed_at + 300
+    assert cluster.leader_of(topic, 0) != victim
+    check_log(cluster, topic, parts, acks.acked)
+
+
+# (b) ---------------------------------------------------------------------------------
+
+def test_isr_shrinks_not_enough_replicas_then_recovers(cluster):
+    topic = "isr"
+    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    leader = cluster.leader_of(topic, 0)
+    f1, f2 = [i for i in cluster.replicas_of(topic, 0) if i != leader]
+    acks = Acks()
+    p = producer(cluster.bootstrap)
+
+    cluster.kill(f1)
+    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == sorted([leader, f2]), 20,
+                       f"ISR without broker {f1}")
+    produce_n(p, topic, [0], 50, acks, "isr2")
+    assert not acks.failed, acks.failed[:3]
+    assert len(acks.acked[0]) == 50
+
+    cluster.kill(f2)
+    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == [leader], 20, f"ISR of {leader} alone")
+    assert cluster.leader_of(topic, 0) == leader
+    refused = Acks()
+    # No retries: the delivery report carries the broker's error itself.
+    p1 = producer(cluster.bootstrap, retries=0, **{"message.timeout.ms": 10000})
+    produce_n(p1, topic, [0], 20, refused, "isr1")
+    assert not refused.acked, f"acknowledged with ISR 1 < min.insync.replicas 2: {refused.acked}"
+    codes = {code for (_, _, code) in refused.failed}
+    assert codes == {KafkaError.NOT_ENOUGH_REPLICAS}, codes
+
+    cluster.restart(f1)
+    cluster.restart(f2)
+    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == sorted([leader, f1, f2]), 40,
+                       "ISR back to three")
+    produce_n(p, topic, [0], 50, acks, "isr3")
+    assert not acks.failed, acks.failed[:3]
+    assert len(acks.acked[0]) == 100
+    check_log(cluster, topic, [0], acks.acked, absent=[v for (_, v, _) in refused.failed])
+
+
+# (c) ---------------------------------------------------------------------------------
+
+def test_controller_failover_and_topic_creation(cluster):
+    def controller_other_than(old):
+        cid = cluster.controller_id()
+        return cid if cid not in (-1, old) else None
+    old = cluster.wait_until(lambda: controller_other_than(-1), 20, "a controller")
+    cluster.kill(old)
+    survivors = [i for i in cluster.ids if i != old]
+    new = cluster.wait_until(lambda: controller_other_than(old), 20, "a new controller")
+    assert new in survivors
+    # Every surviving broker names the new controller.
+    cluster.wait_until(lambda: all(metadata_from(cluster.addr(i), topics=[])["controller"] == new
+                                   for i in survivors), 20, "survivors agree on the controller")
+    # Topic creation goes through the new controller (RF 2: two brokers are left).
+    cluster.create_topic("after-failover", partitions=2, rf=2, configs={"min.insync.replicas": "1"})
+    acks = Acks()
+    produce_n(producer(cluster.bootstrap), "after-failover", [0, 1], 20, acks, "cf")
+    assert acks.count() == 20 and not acks.failed
+    check_log(cluster, "after-failover", [0, 1], acks.acked)
+    # The old controller comes back as a voter and a broker.
+    cluster.restart(old)
+    cluster.wait_until(lambda: cluster.registered() == set(cluster.ids), 30, "old controller rejoined")
+    cluster.create_topic("after-rejoin", partitions=1, rf=3, configs=DURABLE)
+
+
+# (d) ---------------------------------------------------------------------------------
+
+def majority_meta(c, victim, topic):
+    """The topic's partitions as a broker other than `victim` sees them."""
+    for i in c.ids:
+        if i != victim and c.alive(i):
+            try:
+                return metadata_from(c.addr(i), topics=[topic])["topics"][topic]["partitions"]
+            except (OSError, KeyError):
+                continue
+    raise AssertionError("no majority broker answers")
+
+
+def test_isolated_broker_is_fenced_truncates_and_rejoins(proxied_cluster):
+    c = proxied_cluster
+    topic, parts = "iso", [0, 1]
+    c.create_topic(topic, partitions=2, rf=3, configs=DURABLE)
+    victim = c.leader_of(topic, 0)
+    others = [i for i in c.ids if i != victim]
+    acks = Acks()
+    produce_n(producer(c.bootstrap), topic, parts, 200, acks, "pre")
+    assert acks.count() == 200
+    before = check_log(c, topic, parts, acks.acked)
+
+    c.isolate(victim)  # cut from both other brokers; clients still reach it
+    # Writes the isolated (still self-believed) leader takes alone: acks=1 may be
+    # acknowledged and must then be truncated away; acks=all must not be acknowledged
+    # unless it truly reached every ISR member (checked at the end).
+    diverged, stale_all = Acks(), Acks()
+    solo = {"retries": 0, "message.timeout.ms": 4000, "topic.metadata.refresh.interval.ms": 60000}
+    produce_n(producer(c.addr(victim), acks="1", **solo), topic, [0], 20, diverged, "div", deadline=15)
+    produce_n(producer(c.addr(victim), **solo), topic, [0], 5, stale_all, "stale", deadline=15)
+
+    # Fenced: the majority moves leadership and drops the victim from every ISR.
+    def moved():
+        m = majority_meta(c, victim, topic)
+        return all(m[p]["leader"] not in (-1, victim) and victim not in m[p]["isr"] for p in parts)
+    wait_until(moved, 20, f"leadership off isolated broker {victim}")
+    majority_boot = ",".join(c.addr(i) for i in others)
+    produce_n(producer(majority_boot), topic, parts, 200, acks, "during")
+    assert acks.count() == 400, acks.failed[:3]
+
+    c.heal()
+    wait_until(lambda: all(sorted(v["isr"]) == c.ids for v in majority_meta(c, victim, topic).values()),
+               40, f"broker {victim} back in every ISR")
+    produce_n(producer(c.bootstrap), topic, parts, 50, acks, "post")
+    assert acks.count() == 450, acks.failed[:3]
+
+    # Every acks=all acknowledgement survives; the isolated leader's acks=1 records
+    # that never replicated are gone; the old log is a prefix of the new one.
+    after = check_log(c, topic, parts, acks.acked,
+                      absent=[v for vs in diverged.acked.values() for v in vs])
+    for p in parts:
+        assert after[p][:len(before[p])] == before[p], f"{topic}-{p}: history rewritten"
+    lost = [v for v in stale_all.acked.get(0, []) if v not in after[0]]
+    assert not lost, f"acks=all acknowledged by the isolated broker, then lost: {lost}"
+    # All three replicas hold the same batches (same offsets, epochs, CRCs) on disk.
+    for p in parts:
+        wait_until(lambda: len({tuple(disk_batches(c.data_dir(i), topic, p)) for i in c.ids}) == 1,
+                   30, f"{topic}-{p} identical on every broker")
+
+
+# (e) ---------------------------------------------------------------------------------
+
+def test_group_consumes_across_coordinator_failover(cluster):
+    topic, group, parts = "gfo", f"gfo-{uuid.uuid4().hex[:6]}", [0, 1, 2]
+    cluster.create_topic(topic, partitions=3, rf=3, configs=DURABLE)
+    acks = Acks()
+    p = producer(cluster.bootstrap)
+    produce_n(p, topic, parts, 300, acks, "a")
+    commits = {q: [] for q in parts}  # every committed offset, in commit order
+
+    def consumer():
+        cons = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+                         "socket.connection.setup.timeout.ms": 3000,
+                         "reconnect.backoff.max.ms": 500, "topic.metadata.refresh.interval.ms": 1000})
+        cons.subscribe([topic])
+        return cons
+
+    def commit(cons, deadline=30):
+        # Retried until the (possibly new) coordinator takes it.
+        def once():
+            try:
+                res = cons.commit(asynchronous=False)
+            except KafkaException as e:
+                if e.args[0].code() == KafkaError._NO_OFFSET:
+                    return []  # nothing consumed since the last commit
+                raise
+            for tp in res or []:
+                if tp.error is not None:
+                    raise RuntimeError(tp.error)
+            return res or []
+        res = wait_until(lambda: (once(),), deadline, "commit accepted")[0]
+        for tp in res:
+            if tp.offset >= 0:
+                commits[tp.partition].append(tp.offset)
+
+    seen = []  # (partition, offset, value)
+    seen_at = set()
+
+    def consume_until(cons, pred, deadline, every=25):
+        end = time.monotonic() + deadline
+        since = 0
+        while not pred():
+            assert time.monotonic() < end, f"consumed {len(seen)} records, wanted more"
+            m = cons.poll(0.2)
+            if m is None or m.error() is not None:
+                continue
+            q, off = m.partition(), m.offset()
+            if (q, off) in seen_at:
+                # At-least-once allows a redelivery only of what was not committed.
+                assert not commits[q] or off >= commits[q][-1], \
+                    f"{q}@{off} consumed again though offset {commits[q][-1]} was committed"
+            seen_at.add((q, off))
+            seen.append((q, off, m.value()))
+            since += 1
+            if since >= every:
+                commit(cons)
+                since = 0
+        commit(cons)
+
+    a = consumer()
+    consume_until(a, lambda: len(seen) >= 150, 40)
+    desc = cluster.admin().describe_consumer_groups([group])[group].result(timeout=10)
+    coordinator = desc.coordinator.id
+    cluster.kill(coordinator)
+    produce_n(p, topic, parts, 150, acks, "b", deadline=40)
+    assert acks.count() == 450, acks.failed[:3]
+    # Same member keeps consuming (and committing) through the failover.
+    consume_until(a, lambda: {v for (_, _, v) in seen} >= {v for vs in acks.acked.values() for v in vs}, 60)
+    new_coord = cluster.admin().describe_consumer_groups([group])[group].result(timeout=10).coordinator.id
+    assert new_coord != coordinator
+    last = {q: commits[q][-1] for q in parts if commits[q]}
+    a.close()
+
+    # A new member resumes exactly from the committed offsets the new coordinator holds.
+    produce_n(p, topic, parts, 60, acks, "c")
+    b = consumer()
+    got_b = []
+    end = time.monotonic() + 40
+    while len(got_b) < 60:
+        assert time.monotonic() < end, f"second member got {len(got_b)} of 60"
+        m = b.poll(0.2)
+        if m is not None and m.error() is None:
+            got_b.append((m.partition(), m.offset(), m.value()))
+    firsts = {}
+    for (q, off, _) in got_b:
+        firsts.setdefault(q, off)
+    assert firsts == {q: last.get(q, 0) for q in firsts}, (firsts, last)
+    commit(b)
+    b.close()
+
+    for q in parts:
+        assert commits[q] == sorted(commits[q]), f"partition {q}: commits went backwards {commits[q]}"
+    everything = {v for vs in acks.acked.values() for v in vs}
+    consumed = {v for (_, _, v) in seen} | {v for (_, _, v) in got_b}
+    assert everything <= consumed, f"{len(everything - consumed)} records never consumed"
+    # Nothing committed was consumed again by the second member.
+    committed_values = {v for (q, off, v) in seen if off < last.get(q, 0)}
+    assert not committed_values.intersection(v for (_, _, v) in got_b)

@@ -564,10 +564,18 @@ impl Leader {
         self.maybe_advance_high_watermark();
     }
 
-    /// The controller refused the pending AlterPartition (stale epochs, or an ineligible
-    /// replica): forget it so that a fresh proposal can be computed.
-    pub fn on_alter_rejected(&mut self) {
-        self.pending = None;
+    /// The controller refused `rejected` (stale epochs, or an ineligible replica): if it is
+    /// the pending change, forget it so that a fresh proposal can be computed.
+    ///
+    /// Only for the answer to the one copy of the request in flight (Kafka sends one
+    /// AlterPartition per partition at a time). If other copies may still reach the
+    /// controller (resends over a lossy network), one of them may yet be accepted, and
+    /// forgetting it would drop a member of the maximal ISR that the controller holds —
+    /// the KIP-497 hole. Then wait for metadata instead, as the simulation does.
+    pub fn on_alter_rejected(&mut self, rejected: &AlterIsr) {
+        if self.pending.as_ref() == Some(rejected) {
+            self.pending = None;
+        }
     }
 
     /// `acks=all` gate before appending: the committed ISR must have `min_insync` members.

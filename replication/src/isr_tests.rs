@@ -468,12 +468,19 @@ fn rejected_or_superseded_proposals_are_cleared() {
         isr: vec![1, 2],
         ..leader3(100).init_for_test()
     });
-    assert!(l
+    let first = l
         .on_follower_fetch(3, 5, 100, 1)
         .unwrap()
         .alter_isr
-        .is_some());
-    l.on_alter_rejected();
+        .unwrap();
+    // A rejection of some other proposal does not clear this one.
+    let other = AlterIsr {
+        new_isr: vec![1],
+        ..first.clone()
+    };
+    l.on_alter_rejected(&other);
+    assert_eq!(l.pending_alter(), Some(&first));
+    l.on_alter_rejected(&first);
     assert!(l.pending_alter().is_none());
     assert!(l
         .on_follower_fetch(3, 5, 100, 2)

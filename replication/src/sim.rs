@@ -57,6 +57,8 @@ pub struct Knobs {
     pub ignore_pending_isr: bool,
     /// Followers fetch without truncating first (breaks KIP-101).
     pub skip_truncation: bool,
+    /// Followers fetch (and so report as theirs) records they have not fsynced yet.
+    pub fetch_unsynced: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +104,8 @@ pub struct Stats {
     pub fenced: u64,
     pub isr_changes: u64,
     pub truncated_records: u64,
+    /// Truncations that needed another OffsetForLeaderEpoch round (KIP-279).
+    pub truncation_extra_rounds: u64,
 }
 
 impl Stats {
@@ -116,6 +120,7 @@ impl Stats {
         self.fenced += o.fenced;
         self.isr_changes += o.isr_changes;
         self.truncated_records += o.truncated_records;
+        self.truncation_extra_rounds += o.truncation_extra_rounds;
     }
 }
 
@@ -698,6 +703,7 @@ impl Sim {
     fn replica_step(&mut self, id: BrokerId, part: usize) {
         let now = self.now_ms;
         let tick = self.rng.chance(200);
+        let fetch_unsynced = self.cfg.knobs.fetch_unsynced;
         let r = &mut self.brokers[b_ix(id)].parts[part];
         let out = match &mut r.role {
             Role::None => None,
@@ -738,7 +744,7 @@ impl Sim {
                     }
                     // Fetch only once what was fetched is durable: the fetch offset tells
                     // the leader what this replica holds on disk.
-                    FollowerPhase::Fetching if r.durable != r.log.len() => None,
+                    FollowerPhase::Fetching if r.durable != r.log.len() && !fetch_unsynced => None,
                     FollowerPhase::Fetching => {
                         let offset = r.log.len() as Offset;
                         r.in_flight = InFlight::Fetch {
@@ -900,6 +906,7 @@ impl Sim {
         let t = f.on_epoch_response(&r.cache, r.log.len() as Offset, resp_epoch, resp_end);
         let cut = r.truncate(t.offset);
         self.stats.truncated_records += cut;
+        self.stats.truncation_extra_rounds += u64::from(!t.complete);
         self.log(|| {
             format!(
                 "b{id} p{part}: epoch answer ({resp_epoch}, {resp_end}) -> truncate to {} ({cut} cut, complete {})",

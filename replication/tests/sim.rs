@@ -91,3 +91,18 @@ fn skipping_truncation_is_caught() {
         "only {unsafe_seeds} of 20 seeds broke safety"
     );
 }
+
+/// And with followers reporting records they have not fsynced, a crash loses an
+/// acknowledged record from an ISR member.
+#[test]
+fn fetching_unsynced_records_is_caught() {
+    let cfg = Config {
+        knobs: Knobs {
+            fetch_unsynced: true,
+            ..Knobs::default()
+        },
+        ..Config::default()
+    };
+    let v = run_seeds(&cfg, 1..51).expect_err("unsynced fetch offsets must break an invariant");
+    assert!(v.what.contains("acked"), "{v}");
+}

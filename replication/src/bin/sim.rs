@@ -3,7 +3,8 @@
 //! ```text
 //! sluice-sim --seeds N [--start S] [--steps K] [--brokers B] [--partitions P]
 //! sluice-sim --seed S [-v] [--steps K] ...          replay one seed (with a trace)
-//!            [--break-kip497] [--break-truncation]  deliberate bugs, to see them caught
+//!            [--break-kip497] [--break-truncation] [--break-fsync]
+//!                                      deliberate bugs, to see the invariants catch them
 //! ```
 //! Prints a summary; on a violation prints the failing seed and exits 1.
 
@@ -15,7 +16,7 @@ use sluice_replication::sim::{self, Config, Stats};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: sluice-sim (--seeds N [--start S] | --seed S [-v]) [--steps K] [--brokers 3..5] \
-         [--partitions P] [--break-kip497] [--break-truncation]"
+         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync]"
     );
     ExitCode::from(2)
 }
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             },
             "--break-kip497" => cfg.knobs.ignore_pending_isr = true,
             "--break-truncation" => cfg.knobs.skip_truncation = true,
+            "--break-fsync" => cfg.knobs.fetch_unsynced = true,
             "-v" | "--verbose" => verbose = true,
             _ => return usage(),
         }
@@ -116,13 +118,16 @@ fn flags(cfg: &Config) -> String {
     if cfg.knobs.skip_truncation {
         f.push_str(" --break-truncation");
     }
+    if cfg.knobs.fetch_unsynced {
+        f.push_str(" --break-fsync");
+    }
     f
 }
 
 fn summary(seeds: u64, s: &Stats, secs: f64) {
     println!(
         "seeds {seeds}  steps {}  produced {}  acked {}  refused {}  leader changes {}  crashes {}  \
-         isolations {}  fenced {}  isr changes {}  truncated records {}",
+         isolations {}  fenced {}  isr changes {}  truncated records {} (extra KIP-279 rounds {})",
         s.steps,
         s.produced,
         s.acked,
@@ -132,7 +137,8 @@ fn summary(seeds: u64, s: &Stats, secs: f64) {
         s.isolations,
         s.fenced,
         s.isr_changes,
-        s.truncated_records
+        s.truncated_records,
+        s.truncation_extra_rounds
     );
     if secs > 0.0 {
         println!("{secs:.1} s, {:.0} seeds/s", seeds as f64 / secs);

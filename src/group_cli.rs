@@ -1,17 +1,14 @@
 //! `sluice group list|describe|reset-offsets|delete`: the consumer-group admin CLI.
-//! It speaks the Kafka protocol (blocking sockets, `kafka-protocol` codecs) to any
-//! Kafka-protocol broker: FindCoordinator, then the group APIs on the coordinator;
+//! It speaks the Kafka protocol ([`crate::kafka_client`]: blocking sockets,
+//! `kafka-protocol` codecs) to any Kafka-protocol broker: FindCoordinator, then the group APIs on the coordinator;
 //! Metadata and ListOffsets for log end offsets (sent to each partition's leader).
 //!
 //! `describe` prints what `kafka-consumer-groups.sh --describe` prints: per partition
 //! the committed offset, the log end offset, the lag and the owning member.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
@@ -20,9 +17,11 @@ use kafka_protocol::messages::offset_commit_request::{
 use kafka_protocol::messages::{
     BrokerId, ConsumerProtocolAssignment, DeleteGroupsRequest, DescribeGroupsRequest,
     FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetCommitRequest, OffsetFetchRequest, RequestHeader, ResponseHeader, TopicName,
+    OffsetCommitRequest, OffsetFetchRequest, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use kafka_protocol::protocol::Decodable;
+
+use crate::kafka_client::{code_err, sbs, Conn, Res};
 
 /// Where `reset-offsets` moves the group.
 #[derive(Debug, Clone, Copy)]
@@ -30,66 +29,6 @@ pub enum ResetTo {
     Earliest,
     Latest,
     Offset(i64),
-}
-
-type Res<T> = Result<T, String>;
-
-fn sbs(s: &str) -> StrBytes {
-    StrBytes::from_string(s.to_string())
-}
-
-fn code_err(what: &str, code: i16) -> Res<()> {
-    if code == 0 {
-        return Ok(());
-    }
-    let e = kafka_protocol::error::ResponseError::try_from_code(code)
-        .map(|e| format!("{e:?}"))
-        .unwrap_or_else(|| format!("error {code}"));
-    Err(format!("{what}: {e}"))
-}
-
-/// One blocking connection.
-struct Conn {
-    s: TcpStream,
-    correlation: i32,
-}
-
-impl Conn {
-    fn open(addr: &str) -> Res<Conn> {
-        let s = TcpStream::connect(addr).map_err(|e| format!("connecting to {addr}: {e}"))?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-        Ok(Conn { s, correlation: 0 })
-    }
-
-    fn call<R: Request>(&mut self, version: i16, req: &R) -> Res<R::Response> {
-        self.correlation += 1;
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(sbs("sluice-cli")));
-        let mut buf = BytesMut::new();
-        buf.put_i32(0);
-        header
-            .encode(&mut buf, R::header_version(version))
-            .map_err(|e| e.to_string())?;
-        req.encode(&mut buf, version).map_err(|e| e.to_string())?;
-        let size = (buf.len() - 4) as i32;
-        buf[..4].copy_from_slice(&size.to_be_bytes());
-        self.s.write_all(&buf).map_err(|e| e.to_string())?;
-        let mut len = [0u8; 4];
-        self.s.read_exact(&mut len).map_err(|e| e.to_string())?;
-        let len = i32::from_be_bytes(len);
-        if !(4..=(256 << 20)).contains(&len) {
-            return Err(format!("bad response frame length {len}"));
-        }
-        let mut body = vec![0u8; len as usize];
-        self.s.read_exact(&mut body).map_err(|e| e.to_string())?;
-        let mut body = Bytes::from(body);
-        let hv = <R::Response as HeaderVersion>::header_version(version);
-        ResponseHeader::decode(&mut body, hv).map_err(|e| e.to_string())?;
-        R::Response::decode(&mut body, version).map_err(|e| e.to_string())
-    }
 }
 
 /// Connects to the coordinator of `group` (found through `bootstrap`).

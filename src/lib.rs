@@ -10,11 +10,13 @@
 pub mod alloc;
 pub mod api;
 pub mod broker;
+pub mod cluster_cli;
 pub mod config;
 pub mod controller;
 pub mod error;
 pub mod group;
 pub mod group_cli;
+pub mod kafka_client;
 pub mod metadata;
 pub mod node;
 pub mod server;

@@ -26,6 +26,8 @@ enum Command {
     Serve(ServeArgs),
     /// Consumer groups: list, describe (offsets and lag), reset offsets, delete.
     Group(GroupArgs),
+    /// Cluster: brokers, controller, partition leaders and ISRs (`describe`).
+    Cluster(sluice::cluster_cli::ClusterArgs),
 }
 
 #[derive(clap::Args)]
@@ -127,6 +129,13 @@ fn main() {
         Command::Group(g) => {
             if let Err(e) = group(g) {
                 eprintln!("sluice group: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Cluster(c) => {
+            if let Err(e) = sluice::cluster_cli::run(c) {
+                eprintln!("sluice cluster: {e}");
                 std::process::exit(1);
             }
             return;

@@ -36,3 +36,38 @@ def test_bad_config_is_refused(tmp_path):
     cfg.write_text("colour = 'blue'\n")
     r = subprocess.run([SLUICE_BIN, "serve", "--config", str(cfg)], capture_output=True, timeout=30)
     assert r.returncode != 0 and b"colour" in r.stderr
+
+
+def sluice_cluster_describe(addr, *extra):
+    return subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", addr, *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cluster_describe_single_broker(broker):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    admin.create_topics([NewTopic("described", 2, 1)])["described"].result(timeout=30)
+    r = sluice_cluster_describe(broker.addr)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    controller = int(next(ln for ln in lines if ln.startswith("Controller: ")).split()[1])
+    brokers = lines[lines.index("Brokers (1):") + 2].split()
+    assert brokers[:3] == [str(controller), broker.addr, "-"] and "controller" in brokers[3], r.stdout
+    rows = [ln.split() for ln in lines if ln.startswith("  described ")]
+    # TOPIC PARTITION LEADER EPOCH REPLICAS ISR OFFLINE-REPLICAS ERROR, listed once.
+    assert [(r_[1], r_[2], r_[4], r_[5], r_[6], r_[7]) for r_ in rows] == \
+        [(str(p), str(controller), str(controller), str(controller), "-", "-") for p in (0, 1)], r.stdout
+    assert all(int(r_[3]) >= 0 for r_ in rows)
+    assert "Under-replicated partitions (0):\n  (none)" in r.stdout
+    assert "Offline partitions (0):\n  (none)" in r.stdout
+    # --exclude-internal leaves internal topics (__consumer_offsets, once it exists) out.
+    assert "__consumer_offsets" not in sluice_cluster_describe(broker.addr, "--exclude-internal").stdout
+
+
+def test_cluster_describe_unreachable_broker_fails_clearly():
+    from conftest import free_port
+    addr = f"127.0.0.1:{free_port()}"  # nothing listens there
+    r = sluice_cluster_describe(addr)
+    assert r.returncode != 0
+    assert r.stdout == ""
+    assert f"sluice cluster: cannot reach broker at {addr}" in r.stderr, r.stderr

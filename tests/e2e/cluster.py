@@ -376,25 +376,32 @@ class Cluster:
                 if b.proc is not None and b.proc.poll() is None}
 
     def start(self, deadline=60):
-        """Starts every broker (each returns once its Kafka port accepts), then waits
-        until a controller is known and every broker is registered."""
+        """Starts every broker process, then waits until each answers Kafka requests
+        and the cluster metadata names a controller and lists every broker. (All are
+        spawned before any wait: a broker opens its Kafka port only once a quorum of
+        controllers runs.)"""
         for i in self.ids:
-            self._start_one(i)
+            self._spawn(i)
+        for i in self.ids:
+            self._wait_answering(i, deadline)
         self.wait_until(lambda: self.registered() == set(self.ids), deadline,
                         f"all {self.n} brokers registered with a controller")
         return self
 
-    def _start_one(self, i, deadline=30):
-        b = self.brokers[i]
+    def _spawn(self, i, deadline=30):
         # A SIGKILLed broker's listening sockets can outlive the process for a moment
         # (glommio's io_uring is torn down asynchronously by the kernel): wait until its
         # ports are really free, or the new process fails its port check.
         self.wait_until(lambda: port_free(self.kafka_port[i]) and port_free(self.controller_port[i]),
                         deadline, f"ports of broker {i} free")
-        b.start()
+        self.brokers[i].spawn()
 
-        # Broker.start returns once the port accepts; make sure it is this process
-        # answering Kafka requests, not a lingering socket.
+    def _wait_answering(self, i, deadline=30):
+        b = self.brokers[i]
+        b.wait_ready(timeout=deadline)
+
+        # The port accepting is not enough: make sure it is this process answering
+        # Kafka requests, not a lingering socket.
         def answers():
             if not b.alive():
                 raise AssertionError(f"broker {i} exited: {b.read_log()[-2000:]}")
@@ -427,7 +434,8 @@ class Cluster:
     def restart(self, i, deadline=30):
         """Starts broker i again and waits until the cluster metadata lists it."""
         assert not self.alive(i), f"broker {i} is still running"
-        self._start_one(i, deadline)
+        self._spawn(i, deadline)
+        self._wait_answering(i, deadline)
         self.wait_until(lambda: i in self.registered(), deadline, f"broker {i} registered again")
 
     def stop(self):
@@ -473,9 +481,13 @@ class Cluster:
     def admin(self):
         from confluent_kafka.admin import AdminClient
         if self._admin is None:
+            # librdkafka sends admin requests (CreateTopics, DescribeCluster) to the
+            # controller it last saw in Metadata: refresh that every second so a
+            # controller failover is noticed.
             self._admin = AdminClient({"bootstrap.servers": self.bootstrap,
                                        "socket.connection.setup.timeout.ms": 3000,
-                                       "reconnect.backoff.max.ms": 500})
+                                       "reconnect.backoff.max.ms": 500,
+                                       "topic.metadata.refresh.interval.ms": 1000})
         return self._admin
 
     def partition_meta(self, topic, partition, timeout=5):

@@ -52,6 +52,13 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     def start(self):
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self):
+        """Starts the process without waiting (a cluster's brokers open their Kafka
+        port only once a quorum of them runs)."""
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
@@ -61,12 +68,16 @@ class Broker:
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
              "--cores", str(self.cores), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_ready(self, timeout=30):
+        """Returns once the Kafka port accepts connections; fails if the process exits."""
         def up():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}: {self.read_log()[-2000:]}")
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                 return True
-        wait_until(up, timeout=30, what=f"broker on {self.addr}")
+        wait_until(up, timeout=timeout, what=f"broker on {self.addr}")
         return self
 
     def read_log(self):

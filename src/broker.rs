@@ -8,7 +8,7 @@
 //! run on shard 0 (the controller, see [`crate::controller`]) and reach every shard as
 //! a new image ([`ShardReq::Apply`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -24,11 +24,9 @@ use crate::config::BrokerConfig;
 use crate::controller::{ControlOp, ControlResult, Controller};
 use crate::error::{self, ApiError};
 use crate::metadata::{MetadataImage, TopicMeta};
+use crate::replica::{Fetchers, Replica};
 use crate::topic_config::TopicConfig;
 use crate::util::{any_true, join_all};
-
-/// Leader epoch of every partition until replication assigns real ones.
-pub const LEADER_EPOCH: i32 = 0;
 
 /// Produce work for one partition on its home shard.
 #[derive(Debug)]
@@ -52,6 +50,10 @@ pub struct ReadItem {
     pub partition: i32,
     pub offset: i64,
     pub max_bytes: usize,
+    /// The fetching follower's broker id, or -1 for a consumer.
+    pub replica_id: i32,
+    /// The requester's view of the leader epoch (KIP-320), -1 if none.
+    pub current_leader_epoch: i32,
 }
 
 #[derive(Debug, Default)]
@@ -66,25 +68,23 @@ pub struct ReadOut {
 pub enum ShardReq {
     Produce {
         acks: i16,
+        /// How long acks=all may wait for the in-sync replicas.
+        timeout: Duration,
         items: Vec<ProduceItem>,
     },
+    /// OffsetForLeaderEpoch: (topic, partition, current leader epoch, epoch asked).
+    EpochEnd { items: Vec<(String, i32, i32, i32)> },
     /// Read without waiting.
-    Read {
-        items: Vec<ReadItem>,
-    },
+    Read { items: Vec<ReadItem> },
     /// Wait until any partition's log end passes its offset, or the timeout.
     Wait {
         items: Vec<(String, i32, i64)>,
         timeout: Duration,
     },
     /// (topic, partition, timestamp): -2 earliest, -1 latest, else first at or after.
-    ListOffsets {
-        items: Vec<(String, i32, i64)>,
-    },
+    ListOffsets { items: Vec<(String, i32, i64)> },
     /// (topic, partition, delete before this offset; -1 = high watermark).
-    DeleteRecords {
-        items: Vec<(String, i32, i64)>,
-    },
+    DeleteRecords { items: Vec<(String, i32, i64)> },
     /// A new metadata image to adopt (from the controller).
     Apply(Arc<MetadataImage>),
     /// A metadata change, for the controller on shard 0.
@@ -97,6 +97,7 @@ pub enum ShardReq {
 /// The reply to a [`ShardReq`], variant for variant.
 pub enum ShardResp {
     Produce(Vec<Result<Appended, ApiError>>),
+    EpochEnd(Vec<Result<(i32, i64), ApiError>>),
     Read(Vec<ReadOut>),
     Wait(bool),
     ListOffsets(Vec<Result<(i64, i64), ApiError>>),
@@ -132,6 +133,12 @@ pub struct Broker {
     pub request_bytes: Rc<Semaphore>,
     image: RefCell<Arc<MetadataImage>>,
     logs: RefCell<HashMap<(String, i32), Rc<PartitionLog>>>,
+    /// The replica state of every log above.
+    replicas: RefCell<HashMap<(String, i32), Rc<Replica>>>,
+    fetchers: Fetchers,
+    /// Shard 0: the quorum state version whose image every shard has adopted.
+    published_version: Cell<u64>,
+    published: event_listener::Event,
     /// Parsed configs of every topic in `image`, swapped together with it.
     topic_configs: RefCell<HashMap<String, Rc<TopicConfig>>>,
     /// Serialises image changes on this shard.
@@ -160,8 +167,15 @@ impl Broker {
                 epoch: 0,
                 cluster_id: String::new(),
                 topics: BTreeMap::new(),
+                brokers: BTreeMap::new(),
+                controller_id: -1,
+                registered: false,
             })),
             logs: RefCell::new(HashMap::new()),
+            replicas: RefCell::new(HashMap::new()),
+            fetchers: Fetchers::default(),
+            published_version: Cell::new(0),
+            published: event_listener::Event::new(),
             topic_configs: RefCell::new(HashMap::new()),
             apply_lock: Semaphore::new(1),
             controller,
@@ -181,13 +195,26 @@ impl Broker {
     /// Handles a request from another shard (or this one, via `Mesh::call`).
     pub async fn handle_shard_request(self: Rc<Self>, req: ShardReq) -> ShardResp {
         match req {
-            ShardReq::Produce { acks, items } => {
+            ShardReq::Produce {
+                acks,
+                timeout,
+                items,
+            } => {
                 let futs = items
                     .into_iter()
-                    .map(|it| self.produce_local(acks, it))
+                    .map(|it| self.produce_local(acks, timeout, it))
                     .collect();
                 ShardResp::Produce(join_all(futs).await)
             }
+            ShardReq::EpochEnd { items } => ShardResp::EpochEnd(
+                items
+                    .into_iter()
+                    .map(|(t, p, current, epoch)| {
+                        self.replica(&t, p)
+                            .and_then(|r| r.epoch_end(current, epoch))
+                    })
+                    .collect(),
+            ),
             ShardReq::Read { items } => {
                 let futs = items.into_iter().map(|it| self.read_local(it)).collect();
                 ShardResp::Read(join_all(futs).await)
@@ -310,18 +337,82 @@ impl Broker {
         Ok((log, tc))
     }
 
-    async fn produce_local(&self, acks: i16, item: ProduceItem) -> Result<Appended, ApiError> {
-        let (log, tc) = self.log(&item.topic, item.partition)?;
-        if acks == -1 && tc.min_insync_replicas > 1 {
-            // One replica can never satisfy min.insync.replicas > 1.
-            return Err(ApiError::with(
-                ResponseError::NotEnoughReplicas,
-                format!(
-                    "min.insync.replicas={} but this topic has 1 replica",
-                    tc.min_insync_replicas
-                ),
-            ));
+    /// The replica state of a partition this shard owns.
+    pub fn replica(&self, topic: &str, partition: i32) -> Result<Rc<Replica>, ApiError> {
+        self.replicas
+            .borrow()
+            .get(&(topic.to_string(), partition))
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::with(
+                    ResponseError::NotLeaderOrFollower,
+                    format!(
+                        "broker {} holds no replica of {topic}-{partition}",
+                        self.config.node_id
+                    ),
+                )
+            })
+    }
+
+    /// Every replica on this shard.
+    pub fn replicas(&self) -> Vec<Rc<Replica>> {
+        self.replicas.borrow().values().cloned().collect()
+    }
+
+    /// A follower fetcher found nothing left to fetch from `leader` and stopped.
+    pub fn fetcher_stopped(&self, leader: i32) {
+        self.fetchers.release(leader);
+    }
+
+    /// min.insync.replicas of a partition: the topic's setting, else min(2, replicas).
+    fn min_insync(&self, topic: &str, partition: i32, tc: &TopicConfig) -> usize {
+        let image = self.image();
+        let Some(meta) = image.topics.get(topic) else {
+            return 1;
+        };
+        if meta.configs.contains_key("min.insync.replicas") {
+            return tc.min_insync_replicas.max(1) as usize;
         }
+        meta.assignment(partition)
+            .map_or(1, |a| a.replicas.len().min(2))
+    }
+
+    /// Appends `records` to a partition this shard leads as acks=all would.
+    pub async fn append_replicated(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: Bytes,
+    ) -> Result<(), ApiError> {
+        let item = ProduceItem {
+            topic: topic.to_string(),
+            partition,
+            records,
+        };
+        self.produce_local(-1, Duration::from_secs(5), item)
+            .await
+            .map(|_| ())
+    }
+
+    async fn produce_local(
+        &self,
+        acks: i16,
+        timeout: Duration,
+        item: ProduceItem,
+    ) -> Result<Appended, ApiError> {
+        let (log, tc) = self.log(&item.topic, item.partition)?;
+        let replica = self.replica(&item.topic, item.partition)?;
+        let min_insync = self.min_insync(&item.topic, item.partition, &tc);
+        let epoch = if acks == -1 {
+            replica.check_min_isr(min_insync)?
+        } else {
+            replica.leader_epoch().ok_or_else(|| {
+                ApiError::with(
+                    ResponseError::NotLeaderOrFollower,
+                    "this broker is not the leader of the partition",
+                )
+            })?
+        };
         let batches = batch::split_batches(&item.records)
             .map_err(|e| error::from_storage(&sluice_storage::Error::Batch(e)))?;
         if batches.is_empty() {
@@ -341,19 +432,24 @@ impl Broker {
             ));
         }
         let mut first: Option<sluice_storage::AppendInfo> = None;
+        let mut last_offset = 0;
         for (_, range) in batches {
             let info = log
-                .append(&item.records[range], LEADER_EPOCH)
+                .append(&item.records[range], epoch)
                 .await
                 .map_err(|e| error::from_storage(&e))?;
+            last_offset = info.last_offset;
             first.get_or_insert(info);
         }
         if acks != 0 {
-            // "Acknowledged means on disk": with one replica, acks=1 and acks=-1 both
-            // wait for the topic's flush policy (fdatasync by default).
-            log.flush_for_ack()
-                .await
-                .map_err(|e| error::from_storage(&e))?;
+            // "Acknowledged means on disk": wait for the topic's flush policy
+            // (fdatasync by default) before answering or counting it replicated.
+            replica.flush().await?;
+        }
+        if acks == -1 {
+            replica
+                .wait_acked(last_offset + 1, epoch, min_insync, timeout)
+                .await?;
         }
         let first = first.expect("at least one batch");
         Ok(Appended {
@@ -363,47 +459,77 @@ impl Broker {
         })
     }
 
-    async fn read_local(&self, item: ReadItem) -> ReadOut {
+    async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
+        let failed = |e: ApiError| ReadOut {
+            error: Some(e),
+            high_watermark: -1,
+            log_start_offset: -1,
+            records: Bytes::new(),
+        };
         let (log, _) = match self.log(&item.topic, item.partition) {
             Ok(l) => l,
-            Err(e) => {
-                return ReadOut {
-                    error: Some(e),
-                    high_watermark: -1,
-                    log_start_offset: -1,
-                    records: Bytes::new(),
-                }
-            }
+            Err(e) => return failed(e),
         };
-        // One replica: the high watermark is the log end.
-        match log.read(item.offset, item.max_bytes.max(1), None).await {
+        let replica = match self.replica(&item.topic, item.partition) {
+            Ok(r) => r,
+            Err(e) => return failed(e),
+        };
+        let (bound, hw, alter) =
+            match replica.fetch_bound(item.replica_id, item.current_leader_epoch, item.offset) {
+                Ok(x) => x,
+                Err(e) => return failed(e),
+            };
+        if let Some(alter) = alter {
+            crate::replica::propose_alter(self, &replica, alter);
+        }
+        match log
+            .read(item.offset, item.max_bytes.max(1), Some(bound))
+            .await
+        {
             Ok(r) => ReadOut {
                 error: None,
-                high_watermark: r.log_end_offset,
+                high_watermark: hw,
                 log_start_offset: r.log_start_offset,
                 records: r.records,
             },
             Err(e) => ReadOut {
                 error: Some(error::from_storage(&e)),
-                high_watermark: log.log_end_offset(),
+                high_watermark: hw,
                 log_start_offset: log.log_start_offset(),
                 records: Bytes::new(),
             },
         }
     }
 
+    /// Waits until any of the partitions makes progress (durable data, high watermark,
+    /// role), or the timeout. Fetch re-reads afterwards and decides.
     async fn wait_local(&self, items: Vec<(String, i32, i64)>, timeout: Duration) -> bool {
-        let logs: Vec<(Rc<PartitionLog>, i64)> = items
+        let replicas: Vec<Rc<Replica>> = items
             .iter()
-            .filter_map(|(t, p, o)| self.log(t, *p).ok().map(|(l, _)| (l, *o)))
+            .filter_map(|(t, p, _)| self.replica(t, *p).ok())
             .collect();
-        if logs.is_empty() {
+        if replicas.is_empty() {
             glommio::timer::sleep(timeout).await;
             return false;
         }
-        let futs = logs
+        let futs = replicas
             .iter()
-            .map(|(l, o)| l.wait_for_append(*o, timeout))
+            .map(|r| {
+                let listener = r.progress.listen();
+                async move {
+                    futures_lite::future::or(
+                        async {
+                            listener.await;
+                            true
+                        },
+                        async {
+                            glommio::timer::sleep(timeout).await;
+                            false
+                        },
+                    )
+                    .await
+                }
+            })
             .collect();
         any_true(futs).await
     }
@@ -415,11 +541,13 @@ impl Broker {
         ts: i64,
     ) -> Result<(i64, i64), ApiError> {
         let (log, _) = self.log(&topic, partition)?;
+        let replica = self.replica(&topic, partition)?;
+        let (_, hw, _) = replica.fetch_bound(-1, -1, 0)?;
         match ts {
             -2 => Ok((log.log_start_offset(), -1)),
-            // Latest, and (KIP-734) max-timestamp, which this broker answers with the
-            // log end rather than searching for the record: a documented gap.
-            -1 | -3 => Ok((log.log_end_offset(), -1)),
+            // Latest is the high watermark. (KIP-734) max-timestamp is answered with it
+            // too rather than by searching for the record: a documented gap.
+            -1 | -3 => Ok((hw, -1)),
             ts if ts < 0 => Err(ApiError::with(
                 ResponseError::InvalidRequest,
                 format!("bad timestamp {ts}"),
@@ -439,7 +567,7 @@ impl Broker {
         offset: i64,
     ) -> Result<i64, ApiError> {
         let (log, _) = self.log(&topic, partition)?;
-        let end = log.log_end_offset();
+        let (_, end, _) = self.replica(&topic, partition)?.fetch_bound(-1, -1, 0)?;
         let offset = if offset == -1 { end } else { offset };
         if offset < 0 || offset > end {
             return Err(ApiError::with(
@@ -455,7 +583,7 @@ impl Broker {
     /// Adopts a new metadata image: opens logs of partitions this shard now owns, applies
     /// config changes, and deletes the logs of topics that are gone. New logs open
     /// before the image is published, so a client that sees a topic can use it.
-    pub async fn apply(&self, image: Arc<MetadataImage>) {
+    pub async fn apply(self: &Rc<Self>, image: Arc<MetadataImage>) {
         let _guard = self
             .apply_lock
             .acquire_permit(1)
@@ -491,6 +619,13 @@ impl Broker {
                 if self.owner(meta, p) != self.shard {
                     continue;
                 }
+                let me = self.config.node_id;
+                let Some(assignment) = meta.assignment(p) else {
+                    continue;
+                };
+                if !assignment.replicas.contains(&me) {
+                    continue;
+                }
                 let key = (name.clone(), p);
                 let existing = self.logs.borrow().get(&key).cloned();
                 match existing {
@@ -508,7 +643,9 @@ impl Broker {
                     {
                         Ok(log) => {
                             tracing::debug!(shard = self.shard.0, topic = %name, partition = p, "opened log");
-                            self.logs.borrow_mut().insert(key, log);
+                            let replica = Replica::open(name, p, log.clone());
+                            self.replicas.borrow_mut().insert(key.clone(), replica);
+                            self.logs.borrow_mut().insert(key.clone(), log);
                         }
                         Err(e) => {
                             tracing::error!(topic = %name, partition = p, error = %e, "cannot open log")
@@ -517,9 +654,45 @@ impl Broker {
                 }
             }
         }
+        // Roles follow the committed assignments (leader epochs, ISR).
+        let me = self.config.node_id;
+        let lag_max = self.config.replica_lag_time_max_ms;
+        for ((name, p), replica) in self.replicas.borrow().iter() {
+            if !image.registered {
+                break;
+            }
+            let Some(a) = image.topics.get(name).and_then(|m| m.assignment(*p)) else {
+                continue;
+            };
+            if let Some(leader) = replica.reconcile(me, a, lag_max) {
+                if self.fetchers.claim(leader) {
+                    glommio::spawn_local(crate::replica::fetcher(Rc::downgrade(self), leader))
+                        .detach();
+                }
+            }
+        }
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;
+    }
+
+    /// Shard 0: every shard runs an image of state `version` or newer.
+    pub fn set_published(&self, version: u64) {
+        if version > self.published_version.get() {
+            self.published_version.set(version);
+        }
+        self.published.notify(usize::MAX);
+    }
+
+    /// Shard 0: waits until the image of quorum state `version` is on every shard.
+    pub async fn wait_published(&self, version: u64) {
+        loop {
+            let listener = self.published.listen();
+            if self.published_version.get() >= version {
+                return;
+            }
+            listener.await;
+        }
     }
 
     async fn delete_logs_of(&self, topics: &[String]) {
@@ -533,6 +706,10 @@ impl Broker {
                 .filter(|(t, _)| topics.contains(t))
                 .cloned()
                 .collect();
+            let mut replicas = self.replicas.borrow_mut();
+            for k in &keys {
+                replicas.remove(k);
+            }
             keys.into_iter().filter_map(|k| logs.remove(&k)).collect()
         };
         for log in doomed {
@@ -544,6 +721,7 @@ impl Broker {
 
     /// Closes every log of this shard (clean shutdown).
     pub async fn close_all(&self) {
+        self.replicas.borrow_mut().clear();
         let logs: Vec<Rc<PartitionLog>> = self.logs.borrow_mut().drain().map(|(_, l)| l).collect();
         for log in logs {
             if let Err(e) = log.close().await {

@@ -54,6 +54,11 @@ pub struct FileConfig {
     pub group_max_session_timeout_ms: Option<i32>,
     pub offsets_retention_minutes: Option<i64>,
     pub log_retention_check_interval_ms: Option<u64>,
+    pub controller_listen: Option<String>,
+    pub controller_quorum: Option<String>,
+    pub broker_session_timeout_ms: Option<u64>,
+    pub broker_heartbeat_interval_ms: Option<u64>,
+    pub replica_lag_time_max_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -87,6 +92,16 @@ pub struct BrokerConfig {
     pub offsets_retention_minutes: i64,
     /// log.retention.check.interval.ms: the storage retention and compaction pass.
     pub log_retention_check_interval_ms: u64,
+    /// The metadata quorum's listener (absent: a quorum of this node alone).
+    pub controller_listen: Option<SocketAddr>,
+    /// The controller voters and their addresses (this node included).
+    pub controller_quorum: Vec<(i32, SocketAddr)>,
+    /// broker.session.timeout.ms
+    pub broker_session_timeout_ms: u64,
+    /// broker.heartbeat.interval.ms
+    pub broker_heartbeat_interval_ms: u64,
+    /// replica.lag.time.max.ms
+    pub replica_lag_time_max_ms: u64,
 }
 
 impl BrokerConfig {
@@ -97,6 +112,8 @@ impl BrokerConfig {
         online_cpus: usize,
     ) -> Result<BrokerConfig, String> {
         let groups = GroupSettings::resolve(&file, &flags)?;
+        let node_id = flags.node_id.or(file.node_id).unwrap_or(1);
+        let cluster = ClusterSettings::resolve(&file, &flags, node_id)?;
         let pick = |f: Option<String>, c: Option<String>| f.or(c);
         let listen_s = pick(flags.listen, file.listen).unwrap_or_else(|| "127.0.0.1:9092".into());
         let listen: SocketAddr = listen_s
@@ -144,7 +161,7 @@ impl BrokerConfig {
             ));
         }
         Ok(BrokerConfig {
-            node_id: flags.node_id.or(file.node_id).unwrap_or(1),
+            node_id,
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
@@ -164,7 +181,96 @@ impl BrokerConfig {
             group_max_session_timeout_ms: groups.max_session_timeout_ms,
             offsets_retention_minutes: groups.offsets_retention_minutes,
             log_retention_check_interval_ms,
+            controller_listen: cluster.listen,
+            controller_quorum: cluster.quorum,
+            broker_session_timeout_ms: cluster.session_timeout_ms,
+            broker_heartbeat_interval_ms: cluster.heartbeat_interval_ms,
+            replica_lag_time_max_ms: cluster.replica_lag_time_max_ms,
         })
+    }
+}
+
+/// The metadata quorum and replication settings, validated together.
+struct ClusterSettings {
+    listen: Option<SocketAddr>,
+    quorum: Vec<(i32, SocketAddr)>,
+    session_timeout_ms: u64,
+    heartbeat_interval_ms: u64,
+    replica_lag_time_max_ms: u64,
+}
+
+impl ClusterSettings {
+    fn resolve(
+        file: &FileConfig,
+        flags: &FileConfig,
+        node_id: i32,
+    ) -> Result<ClusterSettings, String> {
+        if node_id < 1 {
+            return Err(format!("--node-id {node_id}: must be at least 1"));
+        }
+        let listen = match flags
+            .controller_listen
+            .clone()
+            .or(file.controller_listen.clone())
+        {
+            Some(s) => Some(
+                s.parse::<SocketAddr>()
+                    .map_err(|e| format!("--controller-listen {s}: expected IP:PORT ({e})"))?,
+            ),
+            None => None,
+        };
+        let quorum = match flags
+            .controller_quorum
+            .clone()
+            .or(file.controller_quorum.clone())
+        {
+            Some(q) => crate::quorum_io::parse_quorum(&q)?,
+            None => {
+                // A quorum of this node alone; the address is never dialled.
+                let addr = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("address"));
+                vec![(node_id, addr)]
+            }
+        };
+        if !quorum.iter().any(|(id, _)| *id == node_id) {
+            return Err(format!(
+                "--controller-quorum does not list this node (--node-id {node_id})"
+            ));
+        }
+        if quorum.len() > 1 && listen.is_none() {
+            return Err(
+                "--controller-listen is required with more than one controller voter".into(),
+            );
+        }
+        let pick = |f: Option<u64>, c: Option<u64>, d: u64| f.or(c).unwrap_or(d);
+        let s = ClusterSettings {
+            listen,
+            quorum,
+            session_timeout_ms: pick(
+                flags.broker_session_timeout_ms,
+                file.broker_session_timeout_ms,
+                9_000,
+            ),
+            heartbeat_interval_ms: pick(
+                flags.broker_heartbeat_interval_ms,
+                file.broker_heartbeat_interval_ms,
+                500,
+            ),
+            replica_lag_time_max_ms: pick(
+                flags.replica_lag_time_max_ms,
+                file.replica_lag_time_max_ms,
+                30_000,
+            ),
+        };
+        if s.heartbeat_interval_ms == 0 || s.heartbeat_interval_ms * 2 > s.session_timeout_ms {
+            return Err(format!(
+                "--broker-heartbeat-interval-ms {} must be positive and at most half of --broker-session-timeout-ms {}",
+                s.heartbeat_interval_ms, s.session_timeout_ms
+            ));
+        }
+        if s.replica_lag_time_max_ms == 0 {
+            return Err("--replica-lag-time-max-ms must be positive".into());
+        }
+        Ok(s)
     }
 }
 

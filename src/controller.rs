@@ -1,32 +1,41 @@
-//! The metadata controller: the only writer of topic metadata. Runs on shard 0.
+//! The metadata controller's front end, on shard 0 of every broker.
 //!
-//! A change is computed against the current image, validated per item, persisted
-//! through the [`MetadataStore`], and then adopted by every shard (a
-//! [`ShardReq::Apply`] to each) before the request is answered: when a client hears
-//! "created", every shard can serve the topic. Changes run one at a time.
+//! Admin requests (CreateTopics, DeleteTopics, CreatePartitions,
+//! IncrementalAlterConfigs) and ISR changes from partition leaders become [`Command`]s
+//! for the metadata quorum ([`crate::quorum_io`]): each is validated here against the
+//! applied state, proposed, and answered once it is applied on this broker *and* the
+//! resulting image has been adopted by every shard here, so a client that hears
+//! "created" can use the topic on this broker at once. Changes from one broker run one
+//! at a time (so "already exists" checks see each other).
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
+use sluice_replication::cluster::{Applied, ClusterState, Command};
 use sluice_shard::ShardId;
 use uuid::Uuid;
 
 use crate::broker::{Broker, ShardReq};
 use crate::error::ApiError;
-use crate::metadata::{MetadataImage, MetadataStore, TopicMeta};
+use crate::metadata::{MetadataImage, TopicMeta};
+use crate::quorum_io::{to_api_error, QuorumNode};
 use crate::topic_config::{validate_topic_name, TopicConfig};
 
 /// Largest partition count a topic may have (a bound on per-topic work).
 pub const PARTITIONS_MAX: i32 = 10_000;
+/// How long a metadata change may take to commit.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Clone)]
 pub struct NewTopic {
     pub name: String,
     /// -1: the broker default.
     pub num_partitions: i32,
-    /// -1: the broker default (1).
+    /// -1: the default, min(3, live brokers).
     pub replication_factor: i16,
     pub configs: Vec<(String, Option<String>)>,
 }
@@ -62,100 +71,116 @@ pub enum ControlOp {
         items: Vec<(String, Vec<ConfigOp>)>,
         validate_only: bool,
     },
+    /// A command from inside the broker (an ISR change from a partition leader).
+    Command(Command),
 }
 
 pub enum ControlResult {
     Created(Vec<Result<(String, TopicMeta), ApiError>>),
     Deleted(Vec<Result<(String, Uuid), ApiError>>),
     Done(Vec<Result<(), ApiError>>),
+    Command(Result<Applied, ApiError>),
 }
 
 pub struct Controller {
-    store: Box<dyn MetadataStore>,
+    pub quorum: Rc<QuorumNode>,
     lock: Semaphore,
 }
 
 impl Controller {
-    pub fn new(store: Box<dyn MetadataStore>) -> Controller {
+    pub fn new(quorum: Rc<QuorumNode>) -> Controller {
         Controller {
-            store,
+            quorum,
             lock: Semaphore::new(1),
         }
     }
 
+    /// Proposes `cmd`, then waits until every shard here runs an image that includes it.
+    async fn commit(&self, broker: &Broker, cmd: Command) -> Result<Applied, ApiError> {
+        let (applied, version) = self.quorum.propose(cmd, COMMIT_TIMEOUT).await?;
+        broker.wait_published(version).await;
+        Ok(applied)
+    }
+
     pub async fn execute(&self, broker: &Broker, op: ControlOp) -> ControlResult {
+        if let ControlOp::Command(cmd) = op {
+            return ControlResult::Command(self.commit(broker, cmd).await);
+        }
         let _guard = self
             .lock
             .acquire_permit(1)
             .await
             .expect("controller lock never closes");
-        let mut image: MetadataImage = (*broker.image()).clone();
-        let (result, changed) = match op {
+        match op {
             ControlOp::CreateTopics {
                 topics,
                 validate_only,
             } => {
-                let r: Vec<_> = topics
-                    .into_iter()
-                    .map(|t| create(&mut image, broker, t, validate_only))
-                    .collect();
-                let changed = !validate_only && r.iter().any(|x| x.is_ok());
-                (ControlResult::Created(r), changed)
+                let mut out = Vec::with_capacity(topics.len());
+                for t in topics {
+                    let state = self.quorum.state();
+                    let r = match create(&state, broker, t) {
+                        Ok((name, cmd, meta)) if validate_only => {
+                            drop(cmd);
+                            Ok((name, meta))
+                        }
+                        Ok((name, cmd, meta)) => {
+                            self.commit(broker, cmd).await.map(|_| (name, meta))
+                        }
+                        Err(e) => Err(e),
+                    };
+                    out.push(r);
+                }
+                ControlResult::Created(out)
             }
             ControlOp::DeleteTopics { topics } => {
-                let r: Vec<_> = topics.into_iter().map(|t| delete(&mut image, t)).collect();
-                let changed = r.iter().any(|x| x.is_ok());
-                (ControlResult::Deleted(r), changed)
+                let mut out = Vec::with_capacity(topics.len());
+                for t in topics {
+                    let r = match resolve(&broker.image(), t) {
+                        Ok((name, id)) => self
+                            .commit(broker, Command::DeleteTopic { name: name.clone() })
+                            .await
+                            .map(|_| (name, id)),
+                        Err(e) => Err(e),
+                    };
+                    out.push(r);
+                }
+                ControlResult::Deleted(out)
             }
             ControlOp::CreatePartitions {
                 items,
                 validate_only,
             } => {
-                let r: Vec<_> = items
-                    .into_iter()
-                    .map(|(t, n)| add_partitions(&mut image, &t, n, validate_only))
-                    .collect();
-                let changed = !validate_only && r.iter().any(|x| x.is_ok());
-                (ControlResult::Done(r), changed)
+                let mut out = Vec::with_capacity(items.len());
+                for (topic, count) in items {
+                    let state = self.quorum.state();
+                    let r = match add_partitions(&state, &topic, count) {
+                        Ok(_) if validate_only => Ok(()),
+                        Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    out.push(r);
+                }
+                ControlResult::Done(out)
             }
             ControlOp::AlterConfigs {
                 items,
                 validate_only,
             } => {
-                let r: Vec<_> = items
-                    .into_iter()
-                    .map(|(t, ops)| alter(&mut image, &t, ops, validate_only))
-                    .collect();
-                let changed = !validate_only && r.iter().any(|x| x.is_ok());
-                (ControlResult::Done(r), changed)
+                let mut out = Vec::with_capacity(items.len());
+                for (topic, ops) in items {
+                    let state = self.quorum.state();
+                    let r = match alter(&state, &topic, ops) {
+                        Ok(_) if validate_only => Ok(()),
+                        Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    out.push(r);
+                }
+                ControlResult::Done(out)
             }
-        };
-        if !changed {
-            return result;
+            ControlOp::Command(_) => unreachable!("handled above"),
         }
-        image.epoch += 1;
-        if let Err(e) = self.store.store(&image) {
-            tracing::error!(error = %e, "persisting metadata failed");
-            let fail = || {
-                ApiError::with(
-                    ResponseError::KafkaStorageError,
-                    format!("metadata not persisted: {e}"),
-                )
-            };
-            return match result {
-                ControlResult::Created(r) => {
-                    ControlResult::Created(r.into_iter().map(|x| x.and(Err(fail()))).collect())
-                }
-                ControlResult::Deleted(r) => {
-                    ControlResult::Deleted(r.into_iter().map(|x| x.and(Err(fail()))).collect())
-                }
-                ControlResult::Done(r) => {
-                    ControlResult::Done(r.into_iter().map(|x| x.and(Err(fail()))).collect())
-                }
-            };
-        }
-        publish(broker, Arc::new(image)).await;
-        result
     }
 }
 
@@ -198,14 +223,13 @@ fn configs_map(
 }
 
 fn create(
-    image: &mut MetadataImage,
+    state: &ClusterState,
     broker: &Broker,
     t: NewTopic,
-    validate_only: bool,
-) -> Result<(String, TopicMeta), ApiError> {
+) -> Result<(String, Command, TopicMeta), ApiError> {
     validate_topic_name(&t.name)
         .map_err(|m| ApiError::with(ResponseError::InvalidTopicException, m))?;
-    if image.topics.contains_key(&t.name) {
+    if state.topics.contains_key(&t.name) {
         return Err(ApiError::with(
             ResponseError::TopicAlreadyExists,
             format!("Topic '{}' already exists.", t.name),
@@ -222,55 +246,49 @@ fn create(
             format!("Number of partitions must be in [1, {PARTITIONS_MAX}], got {partitions}"),
         ));
     }
-    if t.replication_factor != -1 && t.replication_factor != 1 {
-        return Err(ApiError::with(
-            ResponseError::InvalidReplicationFactor,
-            format!(
-                "Replication factor {} is larger than the 1 available broker",
-                t.replication_factor
-            ),
-        ));
-    }
     let configs = configs_map(t.configs)?;
+    let assignments = state
+        .place(0, partitions, t.replication_factor)
+        .map_err(|e| to_api_error(&e))?;
+    let id = Uuid::new_v4();
     let meta = TopicMeta {
-        id: Uuid::new_v4(),
+        id,
         partitions,
+        configs: configs.clone(),
+        assignments: Vec::new(),
+    };
+    let cmd = Command::CreateTopic {
+        name: t.name.clone(),
+        id: *id.as_bytes(),
         configs,
+        assignments,
     };
-    if !validate_only {
-        image.topics.insert(t.name.clone(), meta.clone());
+    Ok((t.name, cmd, meta))
+}
+
+fn resolve(image: &MetadataImage, t: TopicRef) -> Result<(String, Uuid), ApiError> {
+    match t {
+        TopicRef::Name(n) => match image.topics.get(&n) {
+            Some(m) => Ok((n, m.id)),
+            None => Err(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+        },
+        TopicRef::Id(id) => image
+            .topic_by_id(id)
+            .map(|(n, _)| (n.clone(), id))
+            .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicId)),
     }
-    Ok((t.name, meta))
 }
 
-fn delete(image: &mut MetadataImage, t: TopicRef) -> Result<(String, Uuid), ApiError> {
-    let name = match &t {
-        TopicRef::Name(n) => Some(n.clone()),
-        TopicRef::Id(id) => image.topic_by_id(*id).map(|(n, _)| n.clone()),
-    };
-    let unknown = || match &t {
-        TopicRef::Name(_) => ApiError::new(ResponseError::UnknownTopicOrPartition),
-        TopicRef::Id(_) => ApiError::new(ResponseError::UnknownTopicId),
-    };
-    let name = name.ok_or_else(unknown)?;
-    let meta = image.topics.remove(&name).ok_or_else(unknown)?;
-    Ok((name, meta.id))
-}
-
-fn add_partitions(
-    image: &mut MetadataImage,
-    topic: &str,
-    count: i32,
-    validate_only: bool,
-) -> Result<(), ApiError> {
-    let meta = image
+fn add_partitions(state: &ClusterState, topic: &str, count: i32) -> Result<Command, ApiError> {
+    let t = state
         .topics
-        .get_mut(topic)
+        .get(topic)
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
-    if count <= meta.partitions {
+    let existing = t.partitions.len() as i32;
+    if count <= existing {
         return Err(ApiError::with(
             ResponseError::InvalidPartitions,
-            format!("Topic currently has {} partitions, which is higher than or equal to the requested {count}.", meta.partitions),
+            format!("Topic currently has {existing} partitions, which is higher than or equal to the requested {count}."),
         ));
     }
     if count > PARTITIONS_MAX {
@@ -279,21 +297,20 @@ fn add_partitions(
             format!("at most {PARTITIONS_MAX} partitions"),
         ));
     }
-    if !validate_only {
-        meta.partitions = count;
-    }
-    Ok(())
+    let rf = t.partitions.first().map_or(-1, |p| p.replicas.len() as i16);
+    let assignments = state
+        .place(existing, count - existing, rf)
+        .map_err(|e| to_api_error(&e))?;
+    Ok(Command::CreatePartitions {
+        name: topic.to_string(),
+        assignments,
+    })
 }
 
-fn alter(
-    image: &mut MetadataImage,
-    topic: &str,
-    ops: Vec<ConfigOp>,
-    validate_only: bool,
-) -> Result<(), ApiError> {
-    let meta = image
+fn alter(state: &ClusterState, topic: &str, ops: Vec<ConfigOp>) -> Result<Command, ApiError> {
+    let meta = state
         .topics
-        .get_mut(topic)
+        .get(topic)
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
     let mut configs = meta.configs.clone();
     for (name, op, value) in ops {
@@ -335,8 +352,8 @@ fn alter(
         }
     }
     TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
-    if !validate_only {
-        meta.configs = configs;
-    }
-    Ok(())
+    Ok(Command::AlterConfigs {
+        name: topic.to_string(),
+        configs,
+    })
 }

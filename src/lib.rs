@@ -19,6 +19,8 @@ pub mod group_cli;
 pub mod kafka_client;
 pub mod metadata;
 pub mod node;
+pub mod quorum_io;
+pub mod replica;
 pub mod server;
 pub mod topic_config;
 pub mod util;

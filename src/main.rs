@@ -103,6 +103,21 @@ struct ServeArgs {
     /// How often storage runs its retention and compaction pass [default: 60000].
     #[arg(long)]
     log_retention_check_interval_ms: Option<u64>,
+    /// Metadata quorum listener, HOST:PORT (needed with more than one voter).
+    #[arg(long)]
+    controller_listen: Option<String>,
+    /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...` [default: this node alone].
+    #[arg(long)]
+    controller_quorum: Option<String>,
+    /// A broker whose heartbeats lapse this long is fenced [default: 9000].
+    #[arg(long)]
+    broker_session_timeout_ms: Option<u64>,
+    /// How often a broker heartbeats to the controller [default: 500].
+    #[arg(long)]
+    broker_heartbeat_interval_ms: Option<u64>,
+    /// A follower behind the leader this long leaves the ISR [default: 30000].
+    #[arg(long)]
+    replica_lag_time_max_ms: Option<u64>,
 }
 
 fn main() {
@@ -166,6 +181,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         group_max_session_timeout_ms: args.group_max_session_timeout_ms,
         offsets_retention_minutes: args.offsets_retention_minutes,
         log_retention_check_interval_ms: args.log_retention_check_interval_ms,
+        controller_listen: args.controller_listen,
+        controller_quorum: args.controller_quorum,
+        broker_session_timeout_ms: args.broker_session_timeout_ms,
+        broker_heartbeat_interval_ms: args.broker_heartbeat_interval_ms,
+        replica_lag_time_max_ms: args.replica_lag_time_max_ms,
     };
     let config = BrokerConfig::resolve(file, flags, sluice_shard::runtime::online_cpus().len())?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,16 +1,26 @@
-//! Cluster metadata: the topics, their ids, partition counts and configs.
+//! Cluster metadata as every shard sees it: brokers, topics, their ids, partition
+//! assignments (replicas, leader, epochs, ISR) and configs.
 //!
 //! Every shard holds the current [`MetadataImage`] behind an `Arc` and reads it without
-//! asking anyone. Changes are made only by the controller (on shard 0), which persists
-//! them through a [`MetadataStore`] and then hands the new image to every shard. For
-//! now the store is a per-broker file; the cluster issue replaces it with the raft
-//! metadata quorum behind the same trait.
+//! asking anyone. The image is built on shard 0 from the metadata quorum's applied
+//! state ([`crate::quorum_io::image_of`]) whenever it changes, and handed to every
+//! shard. The per-broker file of earlier versions ([`FileMetadataStore`]) is read once
+//! to import its topics into a new quorum.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sluice_replication::cluster::PartitionState;
 use uuid::Uuid;
+
+/// A registered broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerMeta {
+    pub host: String,
+    pub port: i32,
+    pub fenced: bool,
+}
 
 /// One topic.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +31,15 @@ pub struct TopicMeta {
     /// Configs set explicitly; everything else is the default.
     #[serde(default)]
     pub configs: BTreeMap<String, String>,
+    /// Per partition: replicas, leader, leader epoch, ISR, partition epoch.
+    #[serde(skip)]
+    pub assignments: Vec<PartitionState>,
+}
+
+impl TopicMeta {
+    pub fn assignment(&self, partition: i32) -> Option<&PartitionState> {
+        self.assignments.get(usize::try_from(partition).ok()?)
+    }
 }
 
 /// The whole metadata state, immutable once built; a change makes a new image.
@@ -31,6 +50,15 @@ pub struct MetadataImage {
     pub cluster_id: String,
     #[serde(default)]
     pub topics: BTreeMap<String, TopicMeta>,
+    #[serde(skip)]
+    pub brokers: BTreeMap<i32, BrokerMeta>,
+    /// The metadata quorum's leader, -1 when unknown.
+    #[serde(skip)]
+    pub controller_id: i32,
+    /// This broker's registration (this process) is in the state: only then may it act
+    /// on the assignments (before, they may be a stale replay from its own journal).
+    #[serde(skip)]
+    pub registered: bool,
 }
 
 impl MetadataImage {
@@ -39,6 +67,9 @@ impl MetadataImage {
             epoch: 0,
             cluster_id: new_cluster_id(),
             topics: BTreeMap::new(),
+            brokers: BTreeMap::new(),
+            controller_id: -1,
+            registered: false,
         }
     }
 
@@ -48,7 +79,7 @@ impl MetadataImage {
 }
 
 /// A 22-character cluster id like Kafka's (URL-safe base64 of a UUID).
-fn new_cluster_id() -> String {
+pub fn new_cluster_id() -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let v = Uuid::new_v4().as_u128();
     (0..22)
@@ -129,9 +160,12 @@ mod tests {
                 id: Uuid::new_v4(),
                 partitions: 8,
                 configs: [("retention.ms".to_string(), "1000".to_string())].into(),
+                assignments: Vec::new(),
             },
         );
         store.store(&image).unwrap();
-        assert_eq!(FileMetadataStore::new(dir.path()).load().unwrap(), image);
+        let back = FileMetadataStore::new(dir.path()).load().unwrap();
+        assert_eq!(back.topics, image.topics);
+        assert_eq!(back.cluster_id, image.cluster_id);
     }
 }

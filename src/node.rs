@@ -13,7 +13,8 @@ use sluice_storage::{Storage, StorageLimits, SystemClock};
 use crate::broker::{Broker, ShardLimits, ShardReq, ShardResp};
 use crate::config::BrokerConfig;
 use crate::controller::Controller;
-use crate::metadata::{FileMetadataStore, MetadataImage, MetadataStore};
+use crate::metadata::{FileMetadataStore, MetadataStore};
+use crate::quorum_io::{QuorumConfig, QuorumNode};
 
 /// How often each shard checks the stop flag set by the signal handler.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -55,10 +56,13 @@ fn prepare_data_dir(dir: &Path) -> Result<(), String> {
 pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     check_port_free(&config)?;
     prepare_data_dir(&config.data_dir)?;
-    let image = Arc::new(FileMetadataStore::new(&config.data_dir).load()?);
+    if let Some(c) = config.controller_listen {
+        std::net::TcpListener::bind(c)
+            .map_err(|e| format!("cannot listen on {c}: {e} (is another broker running?)"))?;
+    }
     tracing::info!(
-        topics = image.topics.len(),
-        cluster_id = %image.cluster_id,
+        node = config.node_id,
+        voters = config.controller_quorum.len(),
         shards = config.cores,
         "starting"
     );
@@ -68,14 +72,13 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, image, stop, ready) = (
+            let (cfg, builders, stop, ready) = (
                 config.clone(),
                 builders.clone(),
-                image.clone(),
                 stop.clone(),
                 ready.clone(),
             );
-            move || async move { run_shard(ShardId(i), cfg, builders, image, stop, ready).await }
+            move || async move { run_shard(ShardId(i), cfg, builders, stop, ready).await }
         })
         .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
@@ -99,7 +102,6 @@ async fn run_shard(
     shard: ShardId,
     config: BrokerConfig,
     builders: MeshBuilders<ShardReq, ShardResp>,
-    image: Arc<MetadataImage>,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
 ) -> Result<(), String> {
@@ -117,12 +119,24 @@ async fn run_shard(
     let (mesh, receivers) = Mesh::join(shard, config.cores, builders, MeshLimits::default())
         .await
         .map_err(|e| e.to_string())?;
-    let controller =
-        (shard.0 == 0).then(|| {
-            Controller::new(
-                Box::new(FileMetadataStore::new(&config.data_dir)) as Box<dyn MetadataStore>
-            )
-        });
+    // Shard 0 runs this broker's voter of the metadata quorum.
+    let quorum = if shard.0 == 0 {
+        let advertised = (config.advertised_host.clone(), config.advertised_port);
+        Some(QuorumNode::start(QuorumConfig {
+            node_id: config.node_id,
+            voters: config.controller_quorum.clone(),
+            listen: config.controller_listen,
+            dir: config.data_dir.join(METADATA_DIR),
+            tick: RAFT_TICK,
+            heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
+            session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
+            host: advertised.0,
+            port: advertised.1,
+        })?)
+    } else {
+        None
+    };
+    let controller = quorum.clone().map(Controller::new);
     let limits = ShardLimits {
         request_bytes_max: (config.socket_request_max_bytes as u64).max(256 << 20),
         // One largest frame always fits, so no single request can wait forever.
@@ -143,7 +157,26 @@ async fn run_shard(
         receivers,
         Rc::new(move |_from, req| Box::pin(b.clone().handle_shard_request(req))),
     );
-    broker.apply(image).await;
+    glommio::spawn_local(crate::replica::isr_checker(Rc::downgrade(&broker))).detach();
+    if let Some(q) = &quorum {
+        glommio::spawn_local(publisher(Rc::downgrade(&broker), q.clone())).detach();
+        // Serve once this broker is registered (a single node: at once; a cluster: once
+        // a quorum has formed).
+        while !q.registered() {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            glommio::timer::sleep(STOP_POLL).await;
+        }
+        import_legacy_metadata(&broker, q).await;
+    }
+    // Every shard adopts a first image before it listens.
+    while broker.image().epoch == 0 {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        glommio::timer::sleep(STOP_POLL).await;
+    }
     let listener = crate::server::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
     let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
@@ -156,4 +189,88 @@ async fn run_shard(
     broker.close_all().await;
     tracing::info!(%shard, "shard stopped");
     Ok(())
+}
+
+/// The quorum's journal directory under the data directory.
+pub const METADATA_DIR: &str = "__cluster_metadata";
+/// One raft tick: heartbeats every 2, elections after 10-20.
+const RAFT_TICK: Duration = Duration::from_millis(100);
+
+/// Shard 0: turns every change of the quorum state (or of its leader) into a new image
+/// and hands it to every shard.
+async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
+    let mut seen = u64::MAX;
+    let mut epoch = 0u64;
+    loop {
+        let listener = quorum.changed.listen();
+        let count = quorum.change_count();
+        if count == seen {
+            listener.await;
+            continue;
+        }
+        seen = count;
+        let Some(b) = broker.upgrade() else { return };
+        epoch += 1;
+        let (image, version) = quorum.with_state(|s| {
+            (
+                crate::quorum_io::image_of(
+                    s,
+                    quorum.leader_id(),
+                    epoch,
+                    quorum.incarnation_known(),
+                ),
+                s.version,
+            )
+        });
+        crate::controller::publish(&b, Arc::new(image)).await;
+        b.set_published(version);
+    }
+}
+
+/// A data directory of an earlier single-node version keeps its topics in
+/// `sluice-metadata.toml`: a new single-voter quorum imports them once (same ids,
+/// same cluster id) and renames the file.
+async fn import_legacy_metadata(broker: &Rc<Broker>, quorum: &Rc<QuorumNode>) {
+    use sluice_replication::cluster::Command;
+    let path = broker.config.data_dir.join(crate::metadata::METADATA_FILE);
+    if !path.exists() || broker.config.controller_quorum.len() != 1 {
+        return;
+    }
+    let old = match FileMetadataStore::new(&broker.config.data_dir).load() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the old metadata file; not importing it");
+            return;
+        }
+    };
+    let me = broker.config.node_id;
+    let mut cmds = vec![Command::Init {
+        cluster_id: old.cluster_id.clone(),
+    }];
+    for (name, t) in &old.topics {
+        if quorum.with_state(|s| s.topics.contains_key(name)) {
+            continue;
+        }
+        cmds.push(Command::CreateTopic {
+            name: name.clone(),
+            id: *t.id.as_bytes(),
+            configs: t.configs.clone(),
+            assignments: (0..t.partitions).map(|_| vec![me]).collect(),
+        });
+    }
+    for cmd in cmds {
+        if let Err(e) = quorum.propose(cmd, Duration::from_secs(10)).await {
+            tracing::error!(error = %e, "importing the old metadata file failed; will retry at next start");
+            return;
+        }
+    }
+    let done = path.with_extension("toml.imported");
+    match std::fs::rename(&path, &done) {
+        Ok(()) => tracing::info!(
+            topics = old.topics.len(),
+            "imported topics from {}",
+            path.display()
+        ),
+        Err(e) => tracing::error!(error = %e, "renaming {}", path.display()),
+    }
 }

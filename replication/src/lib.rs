@@ -17,6 +17,9 @@ pub mod isr;
 pub mod quorum;
 pub mod sim;
 
+/// raft-rs, for the I/O shell's message and journal types.
+pub use raft;
+
 /// A broker's id (`node.id`).
 pub type BrokerId = i32;
 /// Kafka's "no broker" (`-1`), e.g. a partition without a leader.

@@ -213,6 +213,11 @@ impl Quorum {
         self.applied
     }
 
+    /// Starts an election now (a single voter uses it to lead at once).
+    pub fn campaign(&mut self) {
+        let _ = self.node.campaign();
+    }
+
     /// Advances raft's logical clock by one tick.
     pub fn tick(&mut self) {
         self.node.tick();
@@ -639,11 +644,10 @@ mod tests {
 
     #[test]
     fn replay_resolves_overwritten_suffixes() {
-        let e = |index, term| {
-            let mut e = Entry::default();
-            e.index = index;
-            e.term = term;
-            e
+        let e = |index, term| Entry {
+            index,
+            term,
+            ..Default::default()
         };
         let mut r = Replay::default();
         for x in [e(1, 1), e(2, 1), e(3, 1), e(2, 2), e(3, 2), e(4, 2)] {

@@ -1,4 +1,4 @@
-//! DescribeCluster (key 60): this broker is the whole cluster and its controller.
+//! DescribeCluster (key 60): the registered live brokers and the controller leader.
 
 use std::rc::Rc;
 
@@ -16,12 +16,21 @@ pub fn handle(
     _version: i16,
     _req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
-    let c = &broker.config;
+    let image = broker.image();
     DescribeClusterResponse::default()
-        .with_cluster_id(sb(broker.image().cluster_id.clone()))
-        .with_controller_id(BrokerId(c.node_id))
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(BrokerId(c.node_id))
-            .with_host(sb(c.advertised_host.clone()))
-            .with_port(c.advertised_port)])
+        .with_cluster_id(sb(image.cluster_id.clone()))
+        .with_controller_id(BrokerId(image.controller_id))
+        .with_brokers(
+            image
+                .brokers
+                .iter()
+                .filter(|(_, b)| !b.fenced)
+                .map(|(id, b)| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(*id))
+                        .with_host(sb(b.host.clone()))
+                        .with_port(b.port)
+                })
+                .collect(),
+        )
 }

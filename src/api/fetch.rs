@@ -33,6 +33,7 @@ struct Slot {
     partition: i32,
     offset: i64,
     max_bytes: usize,
+    current_leader_epoch: i32,
     owner: Option<ShardId>,
 }
 
@@ -58,11 +59,14 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
                 partition: p.partition,
                 offset: p.fetch_offset,
                 max_bytes: p.partition_max_bytes.max(0) as usize,
+                current_leader_epoch: p.current_leader_epoch,
                 owner,
             });
         }
     }
-    let mut outs = read_all(broker, &slots, max_bytes).await;
+    // A follower broker fetching for replication (v14 and below carry its id here).
+    let replica_id = req.replica_id.0;
+    let mut outs = read_all(broker, &slots, max_bytes, replica_id).await;
     loop {
         let total: usize = outs.iter().map(|o| o.records.len()).sum();
         let any_error = outs.iter().any(|o| o.error.is_some());
@@ -88,12 +92,17 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
             })
             .collect();
         broker.wait_for_data(waits, deadline).await;
-        outs = read_all(broker, &slots, max_bytes).await;
+        outs = read_all(broker, &slots, max_bytes, replica_id).await;
     }
     build_response(slots, outs)
 }
 
-async fn read_all(broker: &Rc<Broker>, slots: &[Slot], max_bytes: usize) -> Vec<ReadOut> {
+async fn read_all(
+    broker: &Rc<Broker>,
+    slots: &[Slot],
+    max_bytes: usize,
+    replica_id: i32,
+) -> Vec<ReadOut> {
     let jobs: Vec<(ShardId, ReadItem)> = slots
         .iter()
         .filter_map(|s| {
@@ -105,6 +114,8 @@ async fn read_all(broker: &Rc<Broker>, slots: &[Slot], max_bytes: usize) -> Vec<
                         partition: s.partition,
                         offset: s.offset,
                         max_bytes: s.max_bytes.min(max_bytes),
+                        replica_id,
+                        current_leader_epoch: s.current_leader_epoch,
                     },
                 )
             })

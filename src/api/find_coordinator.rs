@@ -1,5 +1,6 @@
-//! FindCoordinator (v0–v4, v4 with batched keys): this single broker coordinates every
-//! group (key type 0) and every transactional id (key type 1).
+//! FindCoordinator (v0–v4, v4 with batched keys). A group's coordinator is the leader
+//! of its `__consumer_offsets` partition (`hash(group) % 50`); transactional ids map the
+//! same way until a transaction-state topic exists.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
@@ -11,31 +12,50 @@ use crate::broker::Broker;
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
-pub fn handle(
+pub async fn handle(
     broker: &Broker,
     version: i16,
     req: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
-    let c = &broker.config;
+    let ready = crate::group::ensure_offsets_topic(broker).await;
+    let image = broker.image();
     let answer = |key: String| {
-        let error = match req.key_type {
-            KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION => None,
-            _ => Some(ResponseError::InvalidRequest),
+        let located = match (req.key_type, &ready) {
+            (KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION, Ok(())) => {
+                let leader = image
+                    .topics
+                    .get(crate::group::OFFSETS_TOPIC)
+                    .and_then(|m| m.assignment(crate::group::partition_for(&key)))
+                    .map_or(-1, |a| a.leader);
+                match image.brokers.get(&leader) {
+                    Some(b) if !b.fenced => Ok((leader, b.host.clone(), b.port)),
+                    _ => Err((
+                        ResponseError::CoordinatorNotAvailable,
+                        "the coordinator's partition has no leader".to_string(),
+                    )),
+                }
+            }
+            (KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION, Err(e)) => {
+                Err((ResponseError::CoordinatorNotAvailable, e.to_string()))
+            }
+            _ => Err((
+                ResponseError::InvalidRequest,
+                format!("unknown key type {}", req.key_type),
+            )),
         };
-        let mut co = Coordinator::default()
-            .with_key(sb(key))
-            .with_node_id(BrokerId(c.node_id))
-            .with_host(sb(c.advertised_host.clone()))
-            .with_port(c.advertised_port);
-        if let Some(e) = error {
-            co = co
+        let co = Coordinator::default().with_key(sb(key));
+        match located {
+            Ok((id, host, port)) => co
+                .with_node_id(BrokerId(id))
+                .with_host(sb(host))
+                .with_port(port),
+            Err((e, m)) => co
                 .with_error_code(e.code())
                 .with_node_id(BrokerId(-1))
                 .with_host(sb(""))
                 .with_port(-1)
-                .with_error_message(Some(sb(format!("unknown key type {}", req.key_type))));
+                .with_error_message(Some(sb(m))),
         }
-        co
     };
     if version >= 4 {
         let coordinators = req

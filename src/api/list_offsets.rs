@@ -9,7 +9,7 @@ use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
 
-use crate::broker::{Broker, ShardReq, ShardResp, LEADER_EPOCH};
+use crate::broker::{Broker, ShardReq, ShardResp};
 use crate::error::{self, ApiError};
 
 pub async fn handle(
@@ -68,7 +68,12 @@ pub async fn handle(
                             let b = base.with_offset(offset).with_timestamp(ts);
                             // The field exists from v4; the codec refuses it before.
                             if version >= 4 {
-                                b.with_leader_epoch(LEADER_EPOCH)
+                                let epoch = image
+                                    .topics
+                                    .get(name.0.as_str())
+                                    .and_then(|m| m.assignment(index))
+                                    .map_or(-1, |a| a.leader_epoch);
+                                b.with_leader_epoch(epoch)
                             } else {
                                 b
                             }

@@ -1,6 +1,7 @@
-//! Metadata (key 3): brokers, and topics with their partitions. This broker leads
-//! every partition (one replica). Unknown topics are auto-created when the client asks
-//! for it and the broker allows it (`--auto-create-topics`, default on, as Kafka).
+//! Metadata (key 3): the live brokers, and topics with each partition's leader, leader
+//! epoch, replicas, ISR and offline replicas, from the committed cluster metadata.
+//! Unknown topics are auto-created when the client asks for it and the broker allows
+//! it (`--auto-create-topics`, default on, as Kafka).
 
 use std::rc::Rc;
 
@@ -12,7 +13,7 @@ use kafka_protocol::messages::metadata_response::{
 use kafka_protocol::messages::{BrokerId, TopicName};
 
 use super::sb;
-use crate::broker::{Broker, LEADER_EPOCH};
+use crate::broker::Broker;
 use crate::controller::{ControlOp, ControlResult, NewTopic};
 use crate::error::ApiError;
 use crate::topic_config::validate_topic_name;
@@ -63,7 +64,6 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
 }
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> MetadataResponse {
-    let c = &broker.config;
     // v0 has no flag: an empty list means all topics and auto-creation is implied.
     let requested: Option<Vec<String>> = req.topics.map(|ts| {
         ts.into_iter()
@@ -89,7 +89,6 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         Some(n) => n,
         None => image.topics.keys().cloned().collect(),
     };
-    let node = BrokerId(c.node_id);
     let topics = names
         .into_iter()
         .map(|name| {
@@ -108,25 +107,50 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
             let Some(meta) = image.topics.get(&name) else {
                 return t.with_error_code(ResponseError::UnknownTopicOrPartition.code());
             };
-            let partitions = (0..meta.partitions)
-                .map(|p| {
-                    MetadataResponsePartition::default()
-                        .with_partition_index(p)
-                        .with_leader_id(node)
-                        .with_leader_epoch(LEADER_EPOCH)
-                        .with_replica_nodes(vec![node])
-                        .with_isr_nodes(vec![node])
+            let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
+            let partitions = meta
+                .assignments
+                .iter()
+                .enumerate()
+                .map(|(p, a)| {
+                    let offline: Vec<i32> = a
+                        .replicas
+                        .iter()
+                        .copied()
+                        .filter(|r| image.brokers.get(r).is_none_or(|b| b.fenced))
+                        .collect();
+                    let mut mp = MetadataResponsePartition::default()
+                        .with_partition_index(p as i32)
+                        .with_leader_id(BrokerId(a.leader))
+                        .with_leader_epoch(a.leader_epoch)
+                        .with_replica_nodes(ids(&a.replicas))
+                        .with_isr_nodes(ids(&a.isr));
+                    if version >= 5 {
+                        mp = mp.with_offline_replicas(ids(&offline));
+                    }
+                    if a.leader < 0 {
+                        mp = mp.with_error_code(ResponseError::LeaderNotAvailable.code());
+                    }
+                    mp
                 })
                 .collect();
             t.with_topic_id(meta.id).with_partitions(partitions)
         })
         .collect();
+    let brokers = image
+        .brokers
+        .iter()
+        .filter(|(_, b)| !b.fenced)
+        .map(|(id, b)| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(*id))
+                .with_host(sb(b.host.clone()))
+                .with_port(b.port)
+        })
+        .collect();
     MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(node)
-            .with_host(sb(c.advertised_host.clone()))
-            .with_port(c.advertised_port)])
+        .with_brokers(brokers)
         .with_cluster_id(Some(sb(image.cluster_id.clone())))
-        .with_controller_id(node)
+        .with_controller_id(BrokerId(image.controller_id))
         .with_topics(topics)
 }

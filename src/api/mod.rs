@@ -34,6 +34,7 @@ pub mod metadata;
 pub mod offset_commit;
 pub mod offset_delete;
 pub mod offset_fetch;
+pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod sync_group;
 
@@ -74,6 +75,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::CreatePartitions, 0, 3),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
+    // Replication: followers truncate with it; KIP-320 clients validate positions.
+    spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
     // Consumer groups (crate::group). OffsetCommit v9 and OffsetFetch v9 carry the
     // KIP-848 member epoch; FindCoordinator v5+ adds share groups: not served.
     spec(ApiKey::FindCoordinator, 0, 4),
@@ -234,11 +237,14 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(delete_records::handle(broker, version, r).await)
         }
+        RequestKind::OffsetForLeaderEpoch(r) => ResponseKind::OffsetForLeaderEpoch(
+            offset_for_leader_epoch::handle(broker, version, r).await,
+        ),
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
         }
         RequestKind::FindCoordinator(r) => {
-            ResponseKind::FindCoordinator(find_coordinator::handle(broker, version, r))
+            ResponseKind::FindCoordinator(find_coordinator::handle(broker, version, r).await)
         }
         RequestKind::JoinGroup(r) => {
             ResponseKind::JoinGroup(join_group::handle(broker, version, client, peer, r).await)
@@ -428,6 +434,9 @@ mod tests {
             ApiKey::DescribeGroups => RequestKind::DescribeGroups(DescribeGroupsRequest::default()),
             ApiKey::ListGroups => RequestKind::ListGroups(ListGroupsRequest::default()),
             ApiKey::DeleteGroups => RequestKind::DeleteGroups(DeleteGroupsRequest::default()),
+            ApiKey::OffsetForLeaderEpoch => {
+                RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
+            }
             other => panic!("registry entry {other:?} has no default request here"),
         }
     }

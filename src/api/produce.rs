@@ -42,6 +42,7 @@ pub async fn handle(
     req: ProduceRequest,
 ) -> Option<ProduceResponse> {
     let acks = req.acks;
+    let timeout = std::time::Duration::from_millis(req.timeout_ms.clamp(0, 300_000) as u64);
     if req.transactional_id.is_some() {
         // Sluice has no transaction coordinator yet.
         let resp = reject_all(
@@ -103,7 +104,11 @@ pub async fn handle(
     let results = broker
         .fan_out(
             jobs,
-            |items| ShardReq::Produce { acks, items },
+            |items| ShardReq::Produce {
+                acks,
+                timeout,
+                items,
+            },
             |resp| match resp {
                 ShardResp::Produce(r) => r,
                 _ => unreachable!("Produce answers Produce"),

@@ -91,7 +91,7 @@ pub enum GroupResp {
 }
 
 /// Creates `__consumer_offsets` if it does not exist yet.
-async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
+pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
     if broker.image().topics.contains_key(OFFSETS_TOPIC) {
         return Ok(());
     }
@@ -138,6 +138,15 @@ pub async fn route(broker: &Broker, group: &str, req: GroupReq) -> Result<GroupR
         .topics
         .get(OFFSETS_TOPIC)
         .ok_or_else(|| ApiError::new(ResponseError::CoordinatorNotAvailable))?;
+    if meta.assignment(partition).map(|a| a.leader) != Some(broker.config.node_id) {
+        return Err(ApiError::with(
+            ResponseError::NotCoordinator,
+            format!(
+                "broker {} does not lead {OFFSETS_TOPIC}-{partition}",
+                broker.config.node_id
+            ),
+        ));
+    }
     let owner = broker.owner(meta, partition);
     route_to(broker, owner, partition, req).await
 }

@@ -20,7 +20,7 @@ use kafka_protocol::records::RecordBatchDecoder;
 
 use super::coordinator::{Coordinator, CoordinatorConfig, Deferred, Effects, Record, Token};
 use super::{partition_for, GroupReq, GroupResp, OFFSETS_TOPIC};
-use crate::broker::{Broker, LEADER_EPOCH};
+use crate::broker::Broker;
 use crate::error::ApiError;
 
 /// How often timers (session expiry, join/sync deadlines, offset expiry) are checked.
@@ -231,18 +231,15 @@ impl GroupShard {
                 .push(r);
         }
         for (p, recs) in by_partition {
-            let (log, _) = broker.log(OFFSETS_TOPIC, p)?;
             let refs: Vec<sluice_storage::batch::build::NullableRecord<'_>> = recs
                 .iter()
                 .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
                 .collect();
             let batch = sluice_storage::batch::build::batch_nullable(now_ms(), &refs);
-            log.append(&batch, LEADER_EPOCH)
-                .await
-                .map_err(|e| crate::error::from_storage(&e))?;
-            log.flush_for_ack()
-                .await
-                .map_err(|e| crate::error::from_storage(&e))?;
+            // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
+            broker
+                .append_replicated(OFFSETS_TOPIC, p, bytes::Bytes::from(batch))
+                .await?;
         }
         Ok(())
     }

@@ -23,6 +23,9 @@ const HEADER: usize = 9;
 /// Largest record accepted (a metadata snapshot of a very large cluster).
 pub const RECORD_MAX: usize = 256 << 20;
 
+/// A record as read back: its kind and payload.
+pub type JournalRecord = (u8, Vec<u8>);
+
 pub struct Journal {
     dir: PathBuf,
     file: File,
@@ -43,7 +46,7 @@ fn frame(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
 
 impl Journal {
     /// Opens (creating) the journal in `dir` and returns its intact records in order.
-    pub fn open(dir: &Path) -> Result<(Journal, Vec<(u8, Vec<u8>)>), Error> {
+    pub fn open(dir: &Path) -> Result<(Journal, Vec<JournalRecord>), Error> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let path = dir.join(FILE);
         let mut file = OpenOptions::new()
@@ -167,7 +170,11 @@ mod tests {
         bytes[n - 1] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let (_, recs) = Journal::open(dir.path()).unwrap();
-        assert_eq!(recs.len(), 3, "the corrupt record and anything after is gone");
+        assert_eq!(
+            recs.len(),
+            3,
+            "the corrupt record and anything after is gone"
+        );
     }
 
     #[test]

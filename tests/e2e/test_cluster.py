@@ -174,11 +174,25 @@ def test_isr_shrinks_not_enough_replicas_then_recovers(cluster):
     assert len(acks.acked[0]) == 50
 
     cluster.kill(f2)
-    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == [leader], 20, f"ISR of {leader} alone")
+    # Two of three voters are gone, so the controller quorum is too: the metadata (and
+    # the ISR in it) is frozen, and it is the leader that must refuse acks=all. Probe
+    # until it does. No retries: a delivery report carries the broker's own error.
+    p1 = producer(cluster.bootstrap, retries=0, **{"message.timeout.ms": 3000})
+    refused = Acks()
+
+    def refuses():
+        probe = Acks()
+        produce_n(p1, topic, [0], 1, probe, f"probe{len(refused.failed)}", deadline=10)
+        assert not probe.acked, f"acknowledged with one live replica: {probe.acked}"
+        refused.failed.extend(probe.failed)
+        return probe.failed[0][2] == KafkaError.NOT_ENOUGH_REPLICAS
+    try:
+        cluster.wait_until(refuses, 30, "acks=all refused with NOT_ENOUGH_REPLICAS")
+    except AssertionError as e:
+        seen = sorted({KafkaError(code).name() for (_, _, code) in refused.failed})
+        raise AssertionError(f"{e}; probes failed with {seen} instead") from None
     assert cluster.leader_of(topic, 0) == leader
     refused = Acks()
-    # No retries: the delivery report carries the broker's error itself.
-    p1 = producer(cluster.bootstrap, retries=0, **{"message.timeout.ms": 10000})
     produce_n(p1, topic, [0], 20, refused, "isr1")
     assert not refused.acked, f"acknowledged with ISR 1 < min.insync.replicas 2: {refused.acked}"
     codes = {code for (_, _, code) in refused.failed}
@@ -358,15 +372,17 @@ def test_group_consumes_across_coordinator_failover(cluster):
 
     a = consumer()
     consume_until(a, lambda: len(seen) >= 150, 40)
-    desc = cluster.admin().describe_consumer_groups([group])[group].result(timeout=10)
-    coordinator = desc.coordinator.id
+    def coordinator_of(group):
+        d = cluster.admin().describe_consumer_groups([group], request_timeout=5)[group]
+        return d.result(timeout=6).coordinator.id
+
+    coordinator = cluster.wait_until(lambda: coordinator_of(group), 20, "the group's coordinator")
     cluster.kill(coordinator)
     produce_n(p, topic, parts, 150, acks, "b", deadline=40)
     assert acks.count() == 450, acks.failed[:3]
     # Same member keeps consuming (and committing) through the failover.
     consume_until(a, lambda: {v for (_, _, v) in seen} >= {v for vs in acks.acked.values() for v in vs}, 60)
-    new_coord = cluster.admin().describe_consumer_groups([group])[group].result(timeout=10).coordinator.id
-    assert new_coord != coordinator
+    cluster.wait_until(lambda: coordinator_of(group) not in (coordinator, -1), 30, "a new coordinator")
     last = {q: commits[q][-1] for q in parts if commits[q]}
     a.close()
 

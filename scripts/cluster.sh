@@ -81,9 +81,14 @@ start() {
       fi
       port_open "$(kafka_port "$n")" || pending+=("$n")
     done
-    [[ ${#pending[@]} -eq 0 ]] && break
+    # Every Kafka port answers: wait for the cluster metadata to list all three.
+    if [[ ${#pending[@]} -eq 0 ]]; then
+      "$BIN" cluster describe --bootstrap-server "$HOST:$(kafka_port 1)" 2>/dev/null |
+        grep -q "^Brokers (${#NODES[@]})" && break
+      pending=("registration")
+    fi
     if ((SECONDS >= deadline)); then
-      echo "cluster: broker(s) ${pending[*]} not answering after ${START_TIMEOUT}s; see $DIR/node-N.log" >&2
+      echo "cluster: still waiting for ${pending[*]} after ${START_TIMEOUT}s; see $DIR/node-N.log" >&2
       stop_all >&2
       exit 1
     fi

@@ -252,7 +252,10 @@ pub fn render(v: &ClusterView) -> String {
     let _ = writeln!(
         out,
         "Cluster id: {}",
-        v.cluster_id.as_deref().unwrap_or("(unknown)")
+        v.cluster_id
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .unwrap_or("(unknown)")
     );
     if v.controller_id < 0 {
         out.push_str("Controller: none\n");
@@ -465,10 +468,14 @@ Topic errors (1):
     #[test]
     fn no_controller_no_partitions() {
         let out = render(&ClusterView {
+            cluster_id: Some(String::new()),
             controller_id: -1,
             ..ClusterView::default()
         });
-        assert!(out.contains("Controller: none\n"), "{out}");
+        assert!(
+            out.starts_with("Cluster id: (unknown)\nController: none\n"),
+            "{out}"
+        );
         assert!(
             out.contains("Brokers (0):\n  ID  ADDRESS  RACK  STATUS\n"),
             "{out}"

@@ -380,12 +380,19 @@ class Cluster:
         and the cluster metadata names a controller and lists every broker. (All are
         spawned before any wait: a broker opens its Kafka port only once a quorum of
         controllers runs.)"""
-        for i in self.ids:
-            self._spawn(i)
-        for i in self.ids:
-            self._wait_answering(i, deadline)
-        self.wait_until(lambda: self.registered() == set(self.ids), deadline,
-                        f"all {self.n} brokers registered with a controller")
+        try:
+            for i in self.ids:
+                self._spawn(i)
+            for i in self.ids:
+                self._wait_answering(i, deadline)
+            self.wait_until(lambda: self.registered() == set(self.ids), deadline,
+                            f"all {self.n} brokers registered with a controller")
+        except BaseException:
+            for i in self.ids:
+                if self.alive(i):
+                    print(f"--- broker {i} ---\n{self.log(i)[-2000:]}")
+            self.stop()  # no fixture teardown runs when set-up fails
+            raise
         return self
 
     def _spawn(self, i, deadline=30):

@@ -664,7 +664,12 @@ impl Broker {
             let Some(a) = image.topics.get(name).and_then(|m| m.assignment(*p)) else {
                 continue;
             };
-            if let Some(leader) = replica.reconcile(me, a, lag_max) {
+            let epoch_before = replica.leader_epoch();
+            let follow = replica.reconcile(me, a, lag_max);
+            if name == crate::group::OFFSETS_TOPIC && replica.leader_epoch() != epoch_before {
+                crate::group::shard::unload(*p);
+            }
+            if let Some(leader) = follow {
                 if self.fetchers.claim(leader) {
                     glommio::spawn_local(crate::replica::fetcher(Rc::downgrade(self), leader))
                         .detach();

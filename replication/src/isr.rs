@@ -578,15 +578,21 @@ impl Leader {
         }
     }
 
-    /// `acks=all` gate before appending: the committed ISR must have `min_insync` members.
+    /// `acks=all` gate before appending: the ISR must have `min_insync` members. The
+    /// smaller of the committed ISR and a pending shrink counts: a follower this leader
+    /// already proposed to drop (it stopped fetching) cannot confirm the write, and the
+    /// shrink may not commit soon — e.g. when the controller quorum lost its majority
+    /// with the same brokers — so refusing now beats timing out later. Refusing is
+    /// always safe.
     pub fn check_min_isr(&self, min_insync: usize) -> Result<(), NotEnoughReplicas> {
-        if self.isr.len() >= min_insync {
+        let isr = match &self.pending {
+            Some(p) if p.new_isr.len() < self.isr.len() => p.new_isr.len(),
+            _ => self.isr.len(),
+        };
+        if isr >= min_insync {
             Ok(())
         } else {
-            Err(NotEnoughReplicas {
-                isr: self.isr.len(),
-                min_insync,
-            })
+            Err(NotEnoughReplicas { isr, min_insync })
         }
     }
 

@@ -514,6 +514,29 @@ fn min_isr_checks() {
     assert_eq!(l.acked(111, 2), AckState::Pending);
 }
 
+/// A follower the leader already proposed to drop cannot confirm writes: refuse acks=all
+/// before appending even while the shrink waits for the controller (which may have lost
+/// its majority with the same brokers).
+#[test]
+fn a_pending_shrink_below_min_isr_refuses_before_append() {
+    let mut l = leader3(100);
+    l.on_local_durable(110);
+    let shrink = l.tick(LAG_MS + 1).expect("both followers lag");
+    assert_eq!(shrink.new_isr, vec![1]);
+    assert_eq!(l.isr(), &[1, 2, 3], "not committed yet");
+    assert_eq!(
+        l.check_min_isr(2),
+        Err(NotEnoughReplicas {
+            isr: 1,
+            min_insync: 2
+        })
+    );
+    assert_eq!(l.check_min_isr(1), Ok(()));
+    // Rejected (say the controller refused it): the committed ISR counts again.
+    l.on_alter_rejected(&shrink);
+    assert_eq!(l.check_min_isr(2), Ok(()));
+}
+
 /// Leader change with followers at different offsets: old leader 1 had 0..120 in epoch
 /// 5 (hw 100); follower 2 has 0..115, follower 3 0..105. 2 becomes leader in epoch 6
 /// starting at 115; 3 truncates nothing and fetches; 1 comes back and truncates to 115.

@@ -528,6 +528,14 @@ impl Coordinator {
         }
     }
 
+    /// Forgets every group `keep` refuses (its `__consumer_offsets` partition moved to
+    /// another coordinator, or must be reloaded). Returns how many went.
+    pub fn unload(&mut self, keep: impl Fn(&str) -> bool) -> usize {
+        let before = self.groups.len();
+        self.groups.retain(|id, _| keep(id));
+        before - self.groups.len()
+    }
+
     pub fn group(&self, id: &str) -> Option<&Group> {
         self.groups.get(id)
     }

@@ -88,6 +88,22 @@ pub fn coordinator_config(c: &crate::config::BrokerConfig) -> CoordinatorConfig 
     }
 }
 
+/// The leadership of `__consumer_offsets` partition `partition` changed on this shard:
+/// forget its groups, so that they are loaded afresh from the (replicated) log if this
+/// broker leads the partition again.
+pub fn unload(partition: i32) {
+    let Some(s) = SHARD.with(|s| s.borrow().clone()) else {
+        return;
+    };
+    if s.loaded.borrow_mut().remove(&partition) {
+        let n = s
+            .coord
+            .borrow_mut()
+            .unload(|g| partition_for(g) != partition);
+        tracing::info!(partition, groups = n, "unloaded {OFFSETS_TOPIC} partition");
+    }
+}
+
 /// Serves one group request on the shard owning its `__consumer_offsets` partition.
 pub async fn serve(
     broker: Rc<Broker>,
@@ -95,7 +111,11 @@ pub async fn serve(
     req: GroupReq,
 ) -> Result<GroupResp, ApiError> {
     let st = state(&broker);
-    st.ensure_loaded(&broker, partition).await?;
+    // List covers every partition this shard leads (loaded below); the rest are for
+    // the one partition the router checked this broker leads.
+    if !matches!(req, GroupReq::List) {
+        st.ensure_loaded(&broker, partition).await?;
+    }
     let now = now_ms();
     let mut fx = Effects::default();
     let resp = match req {
@@ -250,7 +270,8 @@ impl GroupShard {
             return Ok(());
         };
         for p in 0..meta.partitions {
-            if broker.owner(meta, p) == broker.shard {
+            let leads = meta.assignment(p).map(|a| a.leader) == Some(broker.config.node_id);
+            if leads && broker.owner(meta, p) == broker.shard {
                 self.ensure_loaded(broker, p).await?;
             }
         }

@@ -14,9 +14,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from cluster import Cluster, disk_batches, metadata_from, wait_until
 
-pytestmark = pytest.mark.skipif(os.environ.get("SLUICE_CLUSTER_TESTS") != "1",
-                                reason="cluster mode lands with issue 6")
-
 DURABLE = {"min.insync.replicas": "2"}
 
 

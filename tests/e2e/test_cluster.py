@@ -5,7 +5,6 @@ Every wait is a bounded retry with a deadline. The brokers run with a 3 s sessio
 timeout, 300 ms heartbeats and a 5 s replica lag limit (cluster.FAST_FLAGS), so fencing
 takes a few seconds and the whole file a couple of minutes.
 """
-import os
 import time
 import uuid
 

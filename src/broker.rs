@@ -82,7 +82,8 @@ pub enum ShardReq {
         timeout: Duration,
     },
     /// (topic, partition, timestamp): -2 earliest, -1 latest, else first at or after.
-    ListOffsets { items: Vec<(String, i32, i64)> },
+    /// (topic, partition, timestamp, current leader epoch or -1 (KIP-320)).
+    ListOffsets { items: Vec<(String, i32, i64, i32)> },
     /// (topic, partition, delete before this offset; -1 = high watermark).
     DeleteRecords { items: Vec<(String, i32, i64)> },
     /// A new metadata image to adopt (from the controller).
@@ -225,7 +226,7 @@ impl Broker {
             ShardReq::ListOffsets { items } => {
                 let futs = items
                     .into_iter()
-                    .map(|(t, p, ts)| self.list_offset_local(t, p, ts))
+                    .map(|(t, p, ts, epoch)| self.list_offset_local(t, p, ts, epoch))
                     .collect();
                 ShardResp::ListOffsets(join_all(futs).await)
             }
@@ -539,10 +540,11 @@ impl Broker {
         topic: String,
         partition: i32,
         ts: i64,
+        current_leader_epoch: i32,
     ) -> Result<(i64, i64), ApiError> {
         let (log, _) = self.log(&topic, partition)?;
         let replica = self.replica(&topic, partition)?;
-        let (_, hw, _) = replica.fetch_bound(-1, -1, 0)?;
+        let (_, hw, _) = replica.fetch_bound(-1, current_leader_epoch, 0)?;
         match ts {
             -2 => Ok((log.log_start_offset(), -1)),
             // Latest is the high watermark. (KIP-734) max-timestamp is answered with it

@@ -19,11 +19,14 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("message.timestamp.type", "CreateTime"),
     ("min.cleanable.dirty.ratio", "0.5"),
     ("min.compaction.lag.ms", "0"),
-    ("min.insync.replicas", "1"),
+    // Unset, the effective value is min(2, replication factor): an acks=all write is on
+    // at least two replicas whenever the topic has two (Kafka's default is 1).
+    ("min.insync.replicas", "2"),
     ("retention.bytes", "1099511627776"),
     ("retention.ms", "604800000"),
     ("segment.bytes", "1073741824"),
     ("segment.ms", "604800000"),
+    ("unclean.leader.election.enable", "false"),
 ];
 
 /// A parsed topic configuration.
@@ -93,6 +96,14 @@ impl TopicConfig {
                     cleanup_policy = v.clone();
                 }
                 "delete.retention.ms" => log.delete_retention_ms = parse_i64(name, v)?,
+                // Read by the controller's election (sluice_replication::cluster).
+                "unclean.leader.election.enable" => {
+                    if v != "true" && v != "false" {
+                        return Err(format!(
+                            "Invalid value {v} for configuration unclean.leader.election.enable: must be true or false"
+                        ));
+                    }
+                }
                 "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
                 "min.cleanable.dirty.ratio" => {
                     let r: f64 = v.trim().parse().map_err(|_| {

@@ -1,5 +1,7 @@
-//! ListOffsets (key 2): earliest (-2), latest (-1), or the first offset at or after a
-//! timestamp, answered by each partition's home shard.
+//! ListOffsets (key 2): earliest (-2), latest (-1: the high watermark), or the first
+//! offset at or after a timestamp, answered by the leader's home shard; a current leader
+//! epoch in the request (v4+, KIP-320) is checked (FENCED_LEADER_EPOCH /
+//! UNKNOWN_LEADER_EPOCH).
 
 use std::rc::Rc;
 
@@ -28,7 +30,12 @@ pub async fn handle(
                 Some(m) => {
                     jobs.push((
                         broker.owner(m, p.partition_index),
-                        (t.name.0.to_string(), p.partition_index, p.timestamp),
+                        (
+                            t.name.0.to_string(),
+                            p.partition_index,
+                            p.timestamp,
+                            p.current_leader_epoch,
+                        ),
                     ));
                     parts.push((p.partition_index, None));
                 }

@@ -3,6 +3,8 @@
 # machine's own ceiling measured in the same run. Results land in bench/results/
 # (git-ignored); the summary table is bench/results/summary.md, and with
 # UPDATE_DOCS=1 it also replaces the figures in docs/architecture.md.
+# BENCH_PART=replication runs only the RF=3 part (its single-broker baselines and the
+# 3-broker cluster), e.g. to check it alone; the summary then has only those rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
@@ -12,6 +14,18 @@ SECS=${BENCH_SECONDS:-10}
 PORT=${BENCH_PORT:-19392}
 CORES=${BROKER_CORES:-1}
 RATE=${BENCH_RATE:-1000000}
+PART=${BENCH_PART:-all}
+# RF=3 scenarios: Kafka ports CLUSTER_PORT+1..3, controllers CLUSTER_PORT+11..13.
+CLUSTER_PORT=${BENCH_CLUSTER_PORT:-19400}
+# Fixed rate of the RF=3 open-loop runs and their single-broker baselines: 100,000
+# records/s of 100 B (10 MB/s). The three brokers and the load generator share the
+# machine's 2 cores, and every record is written three times and shipped twice over
+# loopback by follower fetches, so the cluster does ~3x the work of scenario (b) on
+# half the CPU it had there (one broker core + one generator core): 1/10 of (b)'s
+# rate keeps the CPUs from saturating, so the latency measured is the replication
+# round trip (follower fetch, high-watermark advance) rather than run-queue waits.
+# The max-throughput runs show where the saturated cluster ends up.
+RF_RATE=${BENCH_RF_RATE:-100000}
 # The machine is shared: run the broker and the load generator at a raised CPU
 # priority when allowed, so that unrelated jobs disturb the latency tail less.
 NICE=()
@@ -19,11 +33,13 @@ if [ "$(id -u)" = 0 ] && [ "${BENCH_NICE:-1}" = 1 ]; then NICE=(nice -n -10); fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.hgrm "$OUT"/*.svg
 
+if [ "$PART" = all ]; then
 echo "== machine ceilings =="
 "$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT"
 
 echo "== storage: partition log append path vs raw O_DIRECT write and fdatasync =="
 "$BENCH_BIN" storage --seconds "${STORAGE_SECONDS:-3}" --dir "$OUT/storage-data" --report-dir "$OUT"
+fi
 
 bench() { "${NICE[@]}" "$BENCH_BIN" "$@"; }
 
@@ -39,6 +55,7 @@ until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
 done
 B="--bootstrap 127.0.0.1:$PORT --report-dir $OUT"
 
+if [ "$PART" = all ]; then
 echo "== (a) 100-byte records, acks=1, 8 partitions, maximum throughput =="
 bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
 
@@ -61,6 +78,51 @@ if [ "${CROSS_CHECK:-1}" = 1 ] && python3 -c 'import confluent_kafka' 2>/dev/nul
   echo "== cross-check: scenario (a) driven by librdkafka (confluent-kafka) =="
   python3 scripts/bench_librdkafka.py --bootstrap "127.0.0.1:$PORT" --topic bench-a-rdkafka --seconds "$SECS" --out "$OUT/librdkafka-report.json"
 fi
+fi
+
+# Single-broker baselines of the RF=3 scenarios below that (a)-(c) do not match
+# exactly (same record size, acks, partitions, rate and batching); the RF=3 max
+# throughput acks=1 run compares with (a).
+echo "== (r1) single broker: 100-byte records, acks=all, 8 partitions, fixed $RF_RATE records/s (open loop) =="
+bench produce $B --name r1-single-acks-all-fixed --topic bench-r1 --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+echo "== (r2) single broker: 100-byte records, acks=1, 8 partitions, fixed $RF_RATE records/s (open loop) =="
+bench produce $B --name r2-single-acks-1-fixed --topic bench-r2 --partitions 8 --record-size 100 --acks 1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+echo "== (r3) single broker: 100-byte records, acks=all, 8 partitions, maximum throughput =="
+bench produce $B --name r3-single-acks-all-max --topic bench-r3 --partitions 8 --record-size 100 --acks -1 --duration "$SECS"
+if [ "$PART" != all ]; then
+  echo "== (r4) single broker: 100-byte records, acks=1, 8 partitions, maximum throughput (= scenario a) =="
+  bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
+fi
 
 kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT
+
+# RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
+# ports and data dir), each broker with --cores $CORES. sluice-bench creates each
+# topic with replication factor 3 and refuses to measure until the Metadata shows
+# every partition with 3 replicas, all 3 in the ISR (and reports the ISR after the
+# run; an ISR that shrank mid-run fails the run).
+CDIR="$OUT/cluster"
+rm -rf "$CDIR"
+cluster() {
+  CLUSTER_DIR="$CDIR" SLUICE_BIN="$SLUICE" KAFKA_PORT_BASE="$CLUSTER_PORT" \
+    CONTROLLER_PORT_BASE=$((CLUSTER_PORT + 10)) SLUICE_EXTRA_FLAGS="--cores $CORES" \
+    bash scripts/cluster.sh "$@"
+}
+trap 'cluster stop >/dev/null 2>&1 || true' EXIT
+cluster start >/dev/null
+if [ ${#NICE[@]} -gt 0 ]; then
+  for f in "$CDIR"/node-*.pid; do renice -n -10 -p "$(cat "$f")" >/dev/null || true; done
+fi
+C="--bootstrap 127.0.0.1:$((CLUSTER_PORT + 1)) --report-dir $OUT --replication-factor 3"
+
+echo "== (r1) RF=3, 3 brokers: 100-byte records, acks=all, 8 partitions, fixed $RF_RATE records/s (open loop) =="
+bench produce $C --name r1-rf3-acks-all-fixed --topic bench-r1 --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+echo "== (r2) RF=3, 3 brokers: 100-byte records, acks=1, 8 partitions, fixed $RF_RATE records/s (open loop) =="
+bench produce $C --name r2-rf3-acks-1-fixed --topic bench-r2 --partitions 8 --record-size 100 --acks 1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+echo "== (r3) RF=3, 3 brokers: 100-byte records, acks=all, 8 partitions, maximum throughput =="
+bench produce $C --name r3-rf3-acks-all-max --topic bench-r3 --partitions 8 --record-size 100 --acks -1 --duration "$SECS"
+echo "== (r4) RF=3, 3 brokers: 100-byte records, acks=1, 8 partitions, maximum throughput (vs scenario a) =="
+bench produce $C --name r4-rf3-acks-1-max --topic bench-r4 --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
+"$SLUICE" cluster describe --bootstrap-server "127.0.0.1:$((CLUSTER_PORT + 1))" >"$OUT/cluster-describe.txt" 2>&1 || true
+cluster stop >/dev/null; trap - EXIT
 UPDATE_DOCS=${UPDATE_DOCS:-1} python3 scripts/bench_summary.py "$OUT" "$CORES"

@@ -48,7 +48,7 @@ g = load("group-report.json")
 b = load("b-fixed-rate-report.json")
 lines = [
     f"`make bench` on {time.strftime('%Y-%m-%d')}, commit {commit}, broker `--cores {cores}`, load generator on the same 2-core machine.",
-    f"Ceilings measured in the same run: O_DIRECT sequential write {disk:.0f} MB/s, loopback TCP {net:.0f} MB/s.",
+    f"Ceilings measured in the same run: O_DIRECT sequential write {disk:.0f} MB/s, loopback TCP {net:.0f} MB/s." if ceil else "No ceilings in this run (BENCH_PART=replication).",
     "",
     "| scenario | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | ratio |",
     "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -67,6 +67,59 @@ if st:
 if b:
     target = b["config"].get("rate")
     lines += ["", f"(b) asked for {target:,.0f} records/s and achieved {b['records_per_sec']:,.0f}; produce p99 {ms(b, 'p99')} ms (target < 10 ms)."]
+
+# RF=3 on a 3-broker cluster beside the single-broker run of the same scenario.
+def lat(r, k):
+    v = (r.get("latency_ms") or {}).get(k)
+    return v if isinstance(v, (int, float)) else None
+
+
+def times(a, b):
+    return f"{a / b:.2f}×" if a is not None and b else "–"
+
+
+def isr_note(r):
+    c = r.get("config") or {}
+    before = c.get("replicas_before") or []
+    if not before:
+        return "ISR not checked"
+    ok = all(len(p["isr"]) == 3 == len(p["replicas"]) for p in before)
+    after = c.get("all_in_sync_after")
+    return f"{len(before)} partitions, ISR 3/3 before" + (" and after" if after else "; ISR shrank during the run" if after is False else "") if ok else "ISR < 3"
+
+
+REPL = [
+    ("r1", "produce 100 B, acks=all, fixed rate (open loop)", "r1-single-acks-all-fixed", "r1-rf3-acks-all-fixed"),
+    ("r2", "produce 100 B, acks=1, fixed rate (open loop)", "r2-single-acks-1-fixed", "r2-rf3-acks-1-fixed"),
+    ("r3", "produce 100 B, acks=all, max throughput", "r3-single-acks-all-max", "r3-rf3-acks-all-max"),
+    ("r4", "produce 100 B, acks=1, max throughput (single broker: scenario a)", "a-max-throughput", "r4-rf3-acks-1-max"),
+]
+rrows = []
+for tag, label, single_name, rf3_name in REPL:
+    one, rf3 = load(single_name + "-report.json"), load(rf3_name + "-report.json")
+    rate = ((rf3 or one or {}).get("config") or {}).get("rate")
+    label = label.replace("fixed rate", f"fixed {rate:,.0f}/s") if rate else label
+    for who, r in (("1 broker", one), ("3 brokers, RF=3", rf3)):
+        if not r:
+            continue
+        if r is rf3 and one:
+            ratio = (f"records/s {times(rf3['records_per_sec'], one['records_per_sec'])}, "
+                     f"p50 {times(lat(rf3, 'p50'), lat(one, 'p50'))}, p99 {times(lat(rf3, 'p99'), lat(one, 'p99'))}, "
+                     f"p99.9 {times(lat(rf3, 'p999'), lat(one, 'p999'))}; {isr_note(rf3)}")
+        elif r is rf3:
+            ratio = f"no single-broker run; {isr_note(rf3)}"
+        else:
+            ratio = "baseline"
+        rrows.append(f"| ({tag}) {label} | {who} | {r['records_per_sec']:,.0f} | {r['mb_per_sec']:.1f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'p999')} | {ms(r, 'max')} | {ratio} |")
+if rrows:
+    lines += ["", "Replication (RF=3, 3 brokers on one 2-core VM): the same `make bench` run starts a 3-broker cluster on "
+              "this machine, each broker `--cores 1`, creates every topic with replication factor 3 (min.insync.replicas 2) and "
+              "measures only after the Metadata shows all 3 replicas of every partition in the ISR. The three brokers and the "
+              "load generator share 2 cores, so every follower fetch competes with the leaders and the generator for CPU: a "
+              "pessimistic setup, not what separate machines would show. Ratios are RF=3 over the single broker of the same "
+              "scenario in this run (×; above 1 for latency means slower).", "",
+              "| scenario | brokers | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | RF=3 / single broker |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"] + rrows
 text = "\n".join(lines)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 print(text)

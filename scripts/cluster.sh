@@ -8,7 +8,9 @@
 # Broker N: data in ./data/cluster/node-N, log in ./data/cluster/node-N.log, pid in
 # ./data/cluster/node-N.pid. Environment: SLUICE_BIN (default target/release/sluice),
 # CLUSTER_DIR (default ./data/cluster), START_TIMEOUT and STOP_TIMEOUT in seconds
-# (default 30 and 30), SLUICE_EXTRA_FLAGS (added to every `sluice serve`).
+# (default 30 and 30), SLUICE_EXTRA_FLAGS (added to every `sluice serve`),
+# KAFKA_PORT_BASE and CONTROLLER_PORT_BASE (broker N listens on BASE+N; default 9091
+# and 9191, so 9092-9094 and 9192-9194; `make bench` uses its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,10 +20,12 @@ START_TIMEOUT="${START_TIMEOUT:-30}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-30}"
 NODES=(1 2 3)
 HOST=127.0.0.1
-QUORUM="1@$HOST:9192,2@$HOST:9193,3@$HOST:9194"
+KAFKA_PORT_BASE="${KAFKA_PORT_BASE:-9091}"
+CONTROLLER_PORT_BASE="${CONTROLLER_PORT_BASE:-9191}"
 
-kafka_port() { echo $((9091 + $1)); }
-controller_port() { echo $((9191 + $1)); }
+kafka_port() { echo $((KAFKA_PORT_BASE + $1)); }
+controller_port() { echo $((CONTROLLER_PORT_BASE + $1)); }
+QUORUM="1@$HOST:$(controller_port 1),2@$HOST:$(controller_port 2),3@$HOST:$(controller_port 3)"
 
 # The pid of broker N if it is running (and is the process we started), else nothing.
 running_pid() {
@@ -96,13 +100,13 @@ start() {
   done
   cat <<EOF
 Sluice cluster up: 3 brokers on $HOST.
-  broker 1  kafka $HOST:9092  controller $HOST:9192  data $DIR/node-1  log $DIR/node-1.log
-  broker 2  kafka $HOST:9093  controller $HOST:9193  data $DIR/node-2  log $DIR/node-2.log
-  broker 3  kafka $HOST:9094  controller $HOST:9194  data $DIR/node-3  log $DIR/node-3.log
+  broker 1  kafka $HOST:$(kafka_port 1)  controller $HOST:$(controller_port 1)  data $DIR/node-1  log $DIR/node-1.log
+  broker 2  kafka $HOST:$(kafka_port 2)  controller $HOST:$(controller_port 2)  data $DIR/node-2  log $DIR/node-2.log
+  broker 3  kafka $HOST:$(kafka_port 3)  controller $HOST:$(controller_port 3)  data $DIR/node-3  log $DIR/node-3.log
 Try:
-  $BIN cluster describe --bootstrap-server $HOST:9092
-  kcat -b $HOST:9092,$HOST:9093,$HOST:9094 -L
-  kcat -b $HOST:9092 -P -t demo   (then kcat -b $HOST:9092 -C -t demo -e)
+  $BIN cluster describe --bootstrap-server $HOST:$(kafka_port 1)
+  kcat -b $HOST:$(kafka_port 1),$HOST:$(kafka_port 2),$HOST:$(kafka_port 3) -L
+  kcat -b $HOST:$(kafka_port 1) -P -t demo   (then kcat -b $HOST:$(kafka_port 1) -C -t demo -e)
 Stop: make cluster-stop (scripts/cluster.sh stop); status: scripts/cluster.sh status
 EOF
 }

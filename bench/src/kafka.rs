@@ -233,6 +233,65 @@ impl Client {
         }
     }
 
+    /// Replicas and in-sync replicas of every partition of `topic` as the broker's
+    /// Metadata reports them: `(partition, replicas, isr)`, sorted by partition.
+    pub async fn replica_sets(
+        &mut self,
+        topic: &str,
+    ) -> io::Result<Vec<(i32, Vec<i32>, Vec<i32>)>> {
+        let md = self.metadata(Some(topic)).await?;
+        let mut out = Vec::new();
+        for t in &md.topics {
+            if t.error_code != 0 {
+                return Err(err(format!(
+                    "Metadata {topic}: error code {}",
+                    t.error_code
+                )));
+            }
+            for p in &t.partitions {
+                let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<i32>>();
+                out.push((p.partition_index, ids(&p.replica_nodes), ids(&p.isr_nodes)));
+            }
+        }
+        out.sort_by_key(|(p, _, _)| *p);
+        Ok(out)
+    }
+
+    /// Waits (bounded by `timeout`) until every partition of `topic` has `want`
+    /// replicas, all of them in sync, and returns the replica sets it saw then.
+    pub async fn wait_in_sync(
+        &mut self,
+        topic: &str,
+        want: usize,
+        timeout: std::time::Duration,
+    ) -> io::Result<Vec<(i32, Vec<i32>, Vec<i32>)>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            // A topic just created may not be in this broker's metadata yet.
+            let sets = match self.replica_sets(topic).await {
+                Ok(sets) => sets,
+                Err(e) if std::time::Instant::now() > deadline => return Err(e),
+                Err(_) => Vec::new(),
+            };
+            let short: Vec<String> = sets
+                .iter()
+                .filter(|(_, r, isr)| r.len() != want || isr.len() != want)
+                .map(|(p, r, isr)| format!("partition {p}: replicas {r:?}, isr {isr:?}"))
+                .collect();
+            if !sets.is_empty() && short.is_empty() {
+                return Ok(sets);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(err(format!(
+                    "topic {topic}: not every partition has {want} in-sync replicas after {:.0} s: {}",
+                    timeout.as_secs_f64(),
+                    if sets.is_empty() { "no partitions".to_string() } else { short.join("; ") }
+                )));
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// The offset of every partition at `timestamp` (-1 latest, -2 earliest).
     pub async fn list_offsets(
         &mut self,

@@ -53,7 +53,10 @@ struct ProduceArgs {
     common: Common,
     #[arg(long, default_value_t = 8)]
     partitions: i32,
-    #[arg(long, default_value_t = 1)]
+    /// Replication factor of the topic if the run creates it. Above 1, the run first
+    /// waits (bounded) until every partition has that many in-sync replicas, fails
+    /// if it never does, and reports the replica sets before and after the run.
+    #[arg(long, visible_alias = "replication-factor", default_value_t = 1)]
     replication: i16,
     /// Bytes of each record's value.
     #[arg(long, default_value_t = 100)]
@@ -312,6 +315,86 @@ fn produce_on_cores(
     merged.unwrap_or_else(|| fail("no producers"))
 }
 
+/// The replica sets of every partition as JSON, and whether each has `want` replicas
+/// all in sync.
+fn replica_json(sets: &[(i32, Vec<i32>, Vec<i32>)], want: usize) -> (serde_json::Value, bool) {
+    let all = !sets.is_empty()
+        && sets
+            .iter()
+            .all(|(_, r, isr)| r.len() == want && isr.len() == want);
+    let list = sets
+        .iter()
+        .map(|(p, r, isr)| json!({"partition": p, "replicas": r, "isr": isr}))
+        .collect::<Vec<_>>();
+    (json!(list), all)
+}
+
+/// Before a replicated run (replication factor above 1): creates the topic and waits
+/// up to 30 s until every partition reports that many in-sync replicas in the
+/// Metadata, so that the run never measures a topic that is still under-replicated.
+fn replicas_before(opts: &load::ProduceOpts) -> Option<serde_json::Value> {
+    if opts.replication <= 1 {
+        return None;
+    }
+    let o = opts.clone();
+    let sets = on_executor("bench-isr", move || async move {
+        let mut c = kafka::Client::connect(o.bootstrap).await?;
+        c.create_topic(&o.topic, o.partitions, o.replication)
+            .await?;
+        c.wait_in_sync(&o.topic, o.replication as usize, Duration::from_secs(30))
+            .await
+    })
+    .unwrap_or_else(|e| fail(e));
+    let want = opts.replication as usize;
+    if sets.iter().any(|(_, r, _)| r.len() != want) || sets.len() != opts.partitions as usize {
+        fail(format!("topic {}: replica sets {sets:?} do not match --partitions {} --replication {want} (an older topic of that name?)", opts.topic, opts.partitions));
+    }
+    println!(
+        "topic {}: {} partitions, each with {want} replicas all in sync (ISR {}) before the run",
+        opts.topic,
+        sets.len(),
+        sets.iter()
+            .map(|(p, _, isr)| format!("{p}:{isr:?}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Some(replica_json(&sets, want).0)
+}
+
+/// After a replicated run: the replica sets again, and whether every partition still
+/// had all its replicas in sync (an ISR that shrank mid-run measured something else).
+fn replicas_after(opts: &load::ProduceOpts) -> Option<(serde_json::Value, bool)> {
+    if opts.replication <= 1 {
+        return None;
+    }
+    let o = opts.clone();
+    let sets = on_executor("bench-isr", move || async move {
+        let mut c = kafka::Client::connect(o.bootstrap).await?;
+        c.replica_sets(&o.topic).await
+    })
+    .unwrap_or_else(|e| fail(e));
+    let (j, all) = replica_json(&sets, opts.replication as usize);
+    if !all {
+        eprintln!("sluice-bench: an ISR shrank during the run: {sets:?}");
+    }
+    Some((j, all))
+}
+
+/// Adds the replica checks to a report's config.
+fn add_replicas(
+    config: &mut serde_json::Value,
+    before: Option<serde_json::Value>,
+    after: &Option<(serde_json::Value, bool)>,
+) {
+    if let Some(b) = before {
+        config["replicas_before"] = b;
+    }
+    if let Some((a, all)) = after {
+        config["replicas_after"] = a.clone();
+        config["all_in_sync_after"] = json!(all);
+    }
+}
+
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) {
     std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("report dir: {e}")));
     let path = dir.join(file);
@@ -327,31 +410,33 @@ fn main() {
     match Cli::parse().command {
         Command::Produce(a) => {
             let opts = produce_opts(&a);
+            let before = replicas_before(&opts);
             let show =
                 a.duration.is_some_and(|d| d > 3.0) || a.records.is_some_and(|r| r > 2_000_000);
             let pb = progress_bar(a.records, show);
             let out = produce_on_cores(&opts, a.cores.max(1), pb);
+            let after = replicas_after(&opts);
             let mut config = serde_json::to_value(&opts).expect("config");
             config["cores"] = json!(a.cores.max(1));
+            add_replicas(&mut config, before, &after);
             write_reports(&a.common, "produce", config, &out);
-            if out.errors > 0 {
+            if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
                 std::process::exit(1);
             }
         }
         Command::E2e(a) => {
             let opts = produce_opts(&a);
+            let before = replicas_before(&opts);
             let show = a.duration.is_some_and(|d| d > 3.0);
             let pb = progress_bar(a.records, show);
             let o = opts.clone();
             let out = on_executor("bench-e2e", move || load::e2e(o, pb.clone()))
                 .unwrap_or_else(|e| fail(e));
-            write_reports(
-                &a.common,
-                "e2e",
-                serde_json::to_value(&opts).expect("config"),
-                &out,
-            );
-            if out.errors > 0 {
+            let after = replicas_after(&opts);
+            let mut config = serde_json::to_value(&opts).expect("config");
+            add_replicas(&mut config, before, &after);
+            write_reports(&a.common, "e2e", config, &out);
+            if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
                 std::process::exit(1);
             }
         }

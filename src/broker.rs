@@ -442,11 +442,11 @@ impl Broker {
             last_offset = info.last_offset;
             first.get_or_insert(info);
         }
-        if acks != 0 {
-            // "Acknowledged means on disk": wait for the topic's flush policy
-            // (fdatasync by default) before answering or counting it replicated.
-            replica.flush().await?;
-        }
+        // "Acknowledged means on disk": wait for the topic's flush policy (fdatasync by
+        // default) before answering or counting it replicated. acks=0 flushes too: only
+        // durable data is replicated and becomes visible below the high watermark.
+        // Refused if leadership moved meanwhile (the append will be truncated away).
+        replica.flush(epoch).await?;
         if acks == -1 {
             replica
                 .wait_acked(last_offset + 1, epoch, min_insync, timeout)
@@ -555,7 +555,8 @@ impl Broker {
                 format!("bad timestamp {ts}"),
             )),
             ts => match log.offset_for_timestamp(ts).await {
-                Ok(Some((o, t))) => Ok((o, t)),
+                Ok(Some((o, t))) if o < hw => Ok((o, t)),
+                Ok(Some(_)) => Ok((-1, -1)),
                 Ok(None) => Ok((-1, -1)),
                 Err(e) => Err(error::from_storage(&e)),
             },

@@ -97,9 +97,19 @@ impl Controller {
 
     /// Proposes `cmd`, then waits until every shard here runs an image that includes it.
     async fn commit(&self, broker: &Broker, cmd: Command) -> Result<Applied, ApiError> {
-        let (applied, version) = self.quorum.propose(cmd, COMMIT_TIMEOUT).await?;
-        broker.wait_published(version).await;
-        Ok(applied)
+        match self.quorum.propose(cmd, COMMIT_TIMEOUT).await {
+            Ok((applied, version)) => {
+                broker.wait_published(version).await;
+                Ok(applied)
+            }
+            Err(e) => {
+                // A refusal is judged on the state applied so far: let every shard see
+                // that state before the requester acts on the refusal.
+                let version = self.quorum.with_state(|s| s.version);
+                broker.wait_published(version).await;
+                Err(e)
+            }
+        }
     }
 
     pub async fn execute(&self, broker: &Broker, op: ControlOp) -> ControlResult {
@@ -303,6 +313,7 @@ fn add_partitions(state: &ClusterState, topic: &str, count: i32) -> Result<Comma
         .map_err(|e| to_api_error(&e))?;
     Ok(Command::CreatePartitions {
         name: topic.to_string(),
+        existing: existing as u32,
         assignments,
     })
 }

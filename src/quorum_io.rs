@@ -77,8 +77,8 @@ pub struct QuorumNode {
     waiters: RefCell<HashMap<u64, Waiter>>,
     next_token: Cell<u64>,
     drive_lock: Semaphore,
-    /// Last heartbeat heard from each broker (the leader's view).
-    last_seen: RefCell<HashMap<i32, Instant>>,
+    /// Last heartbeat heard from each broker, with the incarnation it named.
+    last_seen: RefCell<HashMap<i32, (Instant, u64)>>,
     /// Fence/unfence proposals in flight, so one lapse makes one proposal.
     proposing: RefCell<HashSet<(i32, bool)>>,
     was_leader: Cell<bool>,
@@ -147,7 +147,9 @@ impl QuorumNode {
             hard_state: RefCell::new(hard_state),
             peers: RefCell::new(HashMap::new()),
             waiters: RefCell::new(HashMap::new()),
-            next_token: Cell::new(1),
+            // Tokens of an earlier process may be replayed from the log: start this
+            // process's tokens somewhere else.
+            next_token: Cell::new(incarnation),
             drive_lock: Semaphore::new(1),
             last_seen: RefCell::new(HashMap::new()),
             proposing: RefCell::new(HashSet::new()),
@@ -233,9 +235,11 @@ impl QuorumNode {
         timeout: Duration,
     ) -> Result<(Applied, u64), ApiError> {
         let deadline = Instant::now() + timeout;
+        // One token for every copy: if an earlier copy commits after all, its result is
+        // the one this call returns (a later copy's refusal must not hide it).
+        let token = self.next_token.get();
+        self.next_token.set(token.wrapping_add(1));
         loop {
-            let token = self.next_token.get();
-            self.next_token.set(token + 1);
             let (tx, rx) = local_channel::new_bounded(1);
             self.waiters.borrow_mut().insert(token, tx);
             let proposed = self.quorum.borrow_mut().propose(&cmd, token);
@@ -293,13 +297,17 @@ impl QuorumNode {
     }
 
     fn persist(&self, p: &Persist) -> Result<(), String> {
+        if let Some(s) = &p.snapshot {
+            // A snapshot from the leader replaces the whole log (raft's storage drops
+            // every entry): rewrite the journal as just that, plus what follows it.
+            if let Some(h) = &p.hard_state {
+                *self.hard_state.borrow_mut() = h.clone();
+            }
+            *self.tail.borrow_mut() = p.entries.clone();
+            return self.compact(s);
+        }
         let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
         let mut tail = self.tail.borrow_mut();
-        if let Some(s) = &p.snapshot {
-            records.push((JOURNAL_SNAPSHOT, quorum::encode_snapshot(s)));
-            let idx = s.get_metadata().index;
-            tail.retain(|e| e.index > idx);
-        }
         for e in &p.entries {
             records.push((JOURNAL_ENTRY, quorum::encode_entry(e)));
             while tail.last().is_some_and(|l| l.index >= e.index) {
@@ -399,26 +407,39 @@ impl QuorumNode {
         if !self.was_leader.get() {
             // A new leader grants everyone a full session before judging liveness.
             self.was_leader.set(true);
-            let ids: Vec<i32> = self.with_state(|s| s.brokers.keys().copied().collect());
+            // Only live brokers: a fenced one must prove itself with a heartbeat.
+            let live: Vec<(i32, u64)> = self.with_state(|s| {
+                s.brokers
+                    .values()
+                    .filter(|b| !b.fenced)
+                    .map(|b| (b.id, b.incarnation))
+                    .collect()
+            });
             let mut seen = self.last_seen.borrow_mut();
-            for id in ids {
-                seen.insert(id, now);
+            for (id, inc) in live {
+                seen.insert(id, (now, inc));
             }
             if self.with_state(|s| s.cluster_id.is_empty()) {
                 let id = crate::metadata::new_cluster_id();
                 self.spawn_propose(Command::Init { cluster_id: id }, None);
             }
         }
-        self.last_seen.borrow_mut().insert(self.cfg.node_id, now);
-        let brokers: Vec<(i32, bool)> =
-            self.with_state(|s| s.brokers.values().map(|b| (b.id, b.fenced)).collect());
-        for (id, fenced) in brokers {
-            let seen = self.last_seen.borrow().get(&id).copied().unwrap_or(now);
-            let lapsed = now.duration_since(seen) > self.cfg.session_timeout;
-            if !fenced && lapsed {
+        self.last_seen
+            .borrow_mut()
+            .insert(self.cfg.node_id, (now, self.incarnation));
+        let brokers: Vec<(i32, bool, u64)> = self.with_state(|s| {
+            s.brokers
+                .values()
+                .map(|b| (b.id, b.fenced, b.incarnation))
+                .collect()
+        });
+        for (id, fenced, incarnation) in brokers {
+            let seen = self.last_seen.borrow().get(&id).copied();
+            let lapsed = |t: Instant| now.duration_since(t) > self.cfg.session_timeout;
+            if !fenced && seen.is_none_or(|(t, _)| lapsed(t)) {
                 tracing::warn!(broker = id, "broker heartbeats lapsed; fencing it");
                 self.spawn_propose(Command::FenceBroker { id }, Some((id, true)));
-            } else if fenced && !lapsed {
+            } else if fenced && seen.is_some_and(|(t, inc)| !lapsed(t) && inc == incarnation) {
                 tracing::info!(broker = id, "fenced broker heartbeats again; unfencing it");
                 self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
             }
@@ -460,7 +481,10 @@ impl QuorumNode {
             }
             KIND_HEARTBEAT if payload.len() == 12 => {
                 let id = i32::from_le_bytes(payload[..4].try_into().unwrap());
-                self.last_seen.borrow_mut().insert(id, Instant::now());
+                let incarnation = u64::from_le_bytes(payload[4..].try_into().unwrap());
+                self.last_seen
+                    .borrow_mut()
+                    .insert(id, (Instant::now(), incarnation));
                 Ok(())
             }
             k => Err(format!("unknown controller frame kind {k}")),
@@ -495,7 +519,7 @@ async fn heartbeater(node: std::rc::Weak<QuorumNode>) {
         }
         n.last_seen
             .borrow_mut()
-            .insert(n.cfg.node_id, Instant::now());
+            .insert(n.cfg.node_id, (Instant::now(), n.incarnation));
         drop(n);
         glommio::timer::sleep(interval).await;
     }

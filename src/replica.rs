@@ -68,6 +68,9 @@ pub struct Replica {
     durable: Cell<i64>,
     /// The high watermark this replica last knew in any role.
     last_hw: Cell<i64>,
+    /// The partition's leader epoch in the latest adopted metadata (whatever our role):
+    /// requests naming another epoch are fenced or unknown (KIP-320).
+    known_epoch: Cell<i32>,
     /// Fires on durable progress, high-watermark moves and role changes.
     pub progress: Event,
     checkpoint: PathBuf,
@@ -117,6 +120,7 @@ impl Replica {
             epochs: RefCell::new(epochs),
             durable: Cell::new(end),
             last_hw: Cell::new(0),
+            known_epoch: Cell::new(-1),
             progress: Event::new(),
             checkpoint,
         })
@@ -168,27 +172,55 @@ impl Replica {
         }
     }
 
-    /// Makes appends so far durable (as the topic's flush policy asks) and tells the
-    /// leader state.
-    pub async fn flush(&self) -> Result<(), ApiError> {
+    /// Makes a leader's appends so far durable (as the topic's flush policy asks) and
+    /// counts them, if this replica still leads in `epoch`: a deposed leader's late
+    /// appends must never count as held (the fetcher truncates them away).
+    pub async fn flush(&self, epoch: i32) -> Result<(), ApiError> {
         let end = self.log.log_end_offset();
         self.log
             .flush_for_ack()
             .await
             .map_err(|e| error::from_storage(&e))?;
+        let mut role = self.role.borrow_mut();
+        let Role::Leader(l) = &mut *role else {
+            return Err(not_leader());
+        };
+        if l.leader_epoch() != epoch {
+            return Err(not_leader());
+        }
+        // A truncation cannot have happened under the same leader epoch, but clamp anyway.
+        let end = end.min(self.log.log_end_offset());
         if end > self.durable.get() {
             self.durable.set(end);
-            if let Role::Leader(l) = &mut *self.role.borrow_mut() {
-                l.on_local_durable(end);
-            }
+            l.on_local_durable(end);
+            drop(role);
             self.notify();
         }
         Ok(())
     }
 
+    /// KIP-320: the requester's view of the leader epoch against the latest metadata.
+    fn check_known_epoch(&self, requester: i32) -> Result<(), ApiError> {
+        let known = self.known_epoch.get();
+        if requester < 0 || requester == known {
+            Ok(())
+        } else if requester < known {
+            Err(ApiError::with(
+                ResponseError::FencedLeaderEpoch,
+                format!("leader epoch {requester} is older than {known}"),
+            ))
+        } else {
+            Err(ApiError::with(
+                ResponseError::UnknownLeaderEpoch,
+                format!("leader epoch {requester} is newer than {known}"),
+            ))
+        }
+    }
+
     /// Adopts the committed assignment. Returns the leader to follow if this replica
     /// just became (or stays) a follower.
     pub fn reconcile(&self, me: i32, a: &PartitionState, lag_max_ms: u64) -> Option<i32> {
+        self.known_epoch.set(a.leader_epoch);
         let mut role = self.role.borrow_mut();
         let hw = match &*role {
             Role::Leader(l) => l.high_watermark(),
@@ -303,11 +335,24 @@ impl Replica {
         current_leader_epoch: i32,
         fetch_offset: i64,
     ) -> Result<(i64, i64, Option<isr::AlterIsr>), ApiError> {
+        self.check_known_epoch(current_leader_epoch)?;
         let mut role = self.role.borrow_mut();
         let Role::Leader(l) = &mut *role else {
             return Err(not_leader());
         };
         if replica_id >= 0 {
+            // Never record progress the follower cannot have: past our durable end (a
+            // divergent log) it must truncate first.
+            if fetch_offset > l.durable_log_end() || fetch_offset < self.log.log_start_offset() {
+                return Err(ApiError::with(
+                    ResponseError::OffsetOutOfRange,
+                    format!(
+                        "fetch offset {fetch_offset} outside [{}, {}]",
+                        self.log.log_start_offset(),
+                        l.durable_log_end()
+                    ),
+                ));
+            }
             let before = l.high_watermark();
             let ok = l
                 .on_follower_fetch(replica_id, current_leader_epoch, fetch_offset, now_ms())
@@ -328,6 +373,7 @@ impl Replica {
 
     /// OffsetForLeaderEpoch on the leader: the end offset of `epoch` in this log.
     pub fn epoch_end(&self, current_leader_epoch: i32, epoch: i32) -> Result<(i32, i64), ApiError> {
+        self.check_known_epoch(current_leader_epoch)?;
         let role = self.role.borrow();
         let Role::Leader(l) = &*role else {
             return Err(not_leader());
@@ -347,6 +393,20 @@ impl Replica {
         match &mut *self.role.borrow_mut() {
             Role::Leader(l) => l.tick(now_ms()),
             _ => None,
+        }
+    }
+
+    /// True while this replica follows in leader epoch `epoch`.
+    fn follows_in(&self, epoch: i32) -> bool {
+        matches!(&*self.role.borrow(), Role::Follower(f) if f.leader_epoch() == epoch)
+    }
+
+    /// Back to OffsetForLeaderEpoch before any further fetch (same leader and epoch).
+    fn restart_truncation(&self, epoch: i32) {
+        if let Role::Follower(f) = &mut *self.role.borrow_mut() {
+            if f.leader_epoch() == epoch {
+                *f = isr::Follower::new(f.me(), f.leader(), f.leader_epoch(), f.high_watermark());
+            }
         }
     }
 
@@ -372,12 +432,29 @@ pub fn propose_alter(broker: &Rc<Broker>, replica: &Rc<Replica>, alter: isr::Alt
             new_isr: alter.new_isr.clone(),
         };
         tracing::info!(topic = %r.topic, partition = r.partition, isr = ?alter.new_isr, "proposing ISR change");
-        let ok = matches!(
-            b.control(ControlOp::Command(cmd)).await,
-            Ok(ControlResult::Command(Ok(_)))
-        );
-        if !ok {
-            r.alter_rejected(&alter);
+        loop {
+            let refused = match b.control(ControlOp::Command(cmd.clone())).await {
+                Ok(ControlResult::Command(Ok(_))) => return,
+                // The controller applied and refused it (stale epochs, ineligible
+                // replica): the image it answers after already holds the state it was
+                // judged on, so a fresh proposal can be computed.
+                Ok(ControlResult::Command(Err(e))) => e.code != ResponseError::RequestTimedOut,
+                _ => false,
+            };
+            if refused {
+                r.alter_rejected(&alter);
+                return;
+            }
+            // Not committed in time (no controller?): keep it pending — the high
+            // watermark keeps counting the maximal ISR — and ask again while it is ours.
+            glommio::timer::sleep(Duration::from_millis(500)).await;
+            let still = match &*r.role.borrow() {
+                Role::Leader(l) => l.pending_alter() == Some(&alter),
+                _ => false,
+            };
+            if !still {
+                return;
+            }
         }
     })
     .detach();
@@ -424,6 +501,24 @@ impl Conn {
     }
 
     async fn call<R: Request + Encodable>(
+        &mut self,
+        version: i16,
+        req: &R,
+    ) -> Result<R::Response, String>
+    where
+        R::Response: Decodable + HeaderVersion,
+    {
+        // A half-open connection (the leader died or is cut off) must not hold the
+        // fetcher forever: bounded by the longest fetch wait plus a margin.
+        let limit = Duration::from_millis(FETCH_MAX_WAIT_MS as u64) + Duration::from_secs(10);
+        futures_lite::future::or(self.call_inner(version, req), async {
+            glommio::timer::sleep(limit).await;
+            Err(format!("no answer within {limit:?}"))
+        })
+        .await
+    }
+
+    async fn call_inner<R: Request + Encodable>(
         &mut self,
         version: i16,
         req: &R,
@@ -592,10 +687,11 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
             };
             if truncation.offset < local_end {
                 tracing::warn!(topic = %r.topic, partition = r.partition, from = local_end, to = truncation.offset, "truncating to the leader's log");
-                r.log
-                    .truncate_to(truncation.offset)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                if let Err(e) = r.log.truncate_to(truncation.offset).await {
+                    // Not truncated: it must not fetch from a divergent end.
+                    r.restart_truncation(*epoch);
+                    return Err(format!("truncating {}-{}: {e}", r.topic, r.partition));
+                }
                 r.epochs.borrow_mut().truncate_from_end(truncation.offset);
                 r.persist_epochs();
                 r.durable.set(r.durable.get().min(truncation.offset));
@@ -661,22 +757,16 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
                 tracing::debug!(topic = %r.topic, partition = r.partition, ?code, "replica fetch refused");
                 if code == Some(ResponseError::OffsetOutOfRange) {
                     // Our log is ahead of the leader's: truncate again.
-                    if let Role::Follower(f) = &mut *r.role.borrow_mut() {
-                        if f.leader_epoch() == *epoch {
-                            *f = isr::Follower::new(
-                                f.me(),
-                                f.leader(),
-                                f.leader_epoch(),
-                                f.high_watermark(),
-                            );
-                        }
-                    }
+                    r.restart_truncation(*epoch);
                 }
                 continue;
             }
             let records = p.records.unwrap_or_default();
             if !records.is_empty() {
-                append_fetched(r, &records).await?;
+                if !append_fetched(r, *epoch, &records).await? {
+                    r.restart_truncation(*epoch);
+                    continue;
+                }
                 got_data = true;
             }
             if let Role::Follower(f) = &mut *r.role.borrow_mut() {
@@ -690,15 +780,22 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
     Ok(got_data || !had_error)
 }
 
-/// Appends fetched batches with their offsets, keeping the epoch history, then syncs.
-async fn append_fetched(r: &Replica, records: &Bytes) -> Result<(), String> {
+/// Appends fetched batches with their offsets, keeping the epoch history, then syncs
+/// and counts them as held. False if the log is not where this fetch assumed (the role
+/// changed meanwhile, or a deposed leader's late append landed): the caller truncates
+/// again rather than report anything.
+async fn append_fetched(r: &Replica, epoch: i32, records: &Bytes) -> Result<bool, String> {
     let batches = match batch::split_batches(records) {
         Ok(b) => b,
         Err(e) => return Err(format!("fetched records do not parse: {e}")),
     };
+    let mut expected_end = r.durable_end();
     for (h, range) in batches {
-        if h.base_offset < r.log.log_end_offset() {
-            continue; // already held (a retried fetch)
+        if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
+            return Ok(false);
+        }
+        if h.base_offset < expected_end {
+            return Ok(false);
         }
         if h.leader_epoch > r.epochs.borrow().latest_epoch() {
             r.assign_epoch(h.leader_epoch, h.base_offset);
@@ -707,10 +804,14 @@ async fn append_fetched(r: &Replica, records: &Bytes) -> Result<(), String> {
             .append_with_offsets(&records[range])
             .await
             .map_err(|e| e.to_string())?;
+        expected_end = h.last_offset() + 1;
     }
     r.log.flush().await.map_err(|e| e.to_string())?;
-    r.durable.set(r.log.log_end_offset());
-    Ok(())
+    if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
+        return Ok(false);
+    }
+    r.durable.set(expected_end);
+    Ok(true)
 }
 
 /// Per-shard registry of running fetchers.

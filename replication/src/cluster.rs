@@ -103,9 +103,11 @@ pub enum Command {
     DeleteTopic {
         name: String,
     },
-    /// Adds partitions `existing..existing + assignments.len()`.
+    /// Adds partitions `existing..existing + assignments.len()`; refused unless the
+    /// topic still has `existing` partitions (a retried copy must not add them twice).
     CreatePartitions {
         name: String,
+        existing: u32,
         assignments: Vec<Vec<BrokerId>>,
     },
     /// Replaces the topic's explicit configs.
@@ -359,9 +361,19 @@ impl ClusterState {
                     .remove(name)
                     .ok_or(ApplyError::UnknownTopicOrPartition)?;
             }
-            Command::CreatePartitions { name, assignments } => {
-                if !self.topics.contains_key(name) {
+            Command::CreatePartitions {
+                name,
+                existing,
+                assignments,
+            } => {
+                let Some(t) = self.topics.get(name) else {
                     return Err(ApplyError::UnknownTopicOrPartition);
+                };
+                if t.partitions.len() != *existing as usize {
+                    return Err(ApplyError::InvalidRequest(format!(
+                        "topic has {} partitions, not {existing}",
+                        t.partitions.len()
+                    )));
                 }
                 let new = assignments
                     .iter()
@@ -807,6 +819,21 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.partition("t", 0).unwrap().leader, p.leader);
+    }
+
+    #[test]
+    fn a_retried_create_partitions_does_not_add_them_twice() {
+        let mut s = cluster(3);
+        create(&mut s, "t", 2, 3);
+        let add = Command::CreatePartitions {
+            name: "t".into(),
+            existing: 2,
+            assignments: s.place(2, 2, 3).unwrap(),
+        };
+        s.apply(&add).unwrap();
+        assert_eq!(s.topics["t"].partitions.len(), 4);
+        assert!(matches!(s.apply(&add), Err(ApplyError::InvalidRequest(_))));
+        assert_eq!(s.topics["t"].partitions.len(), 4);
     }
 
     #[test]

@@ -20,8 +20,8 @@ CLUSTER_PORT=${BENCH_CLUSTER_PORT:-19400}
 # Fixed rate of the RF=3 open-loop runs and their single-broker baselines: 100,000
 # records/s of 100 B (10 MB/s). The three brokers and the load generator share the
 # machine's 2 cores, and every record is written three times and shipped twice over
-# loopback by follower fetches, so the cluster does ~3x the work of scenario (b) on
-# half the CPU it had there (one broker core + one generator core): 1/10 of (b)'s
+# loopback by follower fetches, so the brokers do ~3x the work of scenario (b) while
+# sharing both cores with the generator (in (b) the broker had one to itself): 1/10 of (b)'s
 # rate keeps the CPUs from saturating, so the latency measured is the replication
 # round trip (follower fetch, high-watermark advance) rather than run-queue waits.
 # The max-throughput runs show where the saturated cluster ends up.
@@ -83,10 +83,11 @@ fi
 # The RF=3 scenarios (r1-r4) below, first on this single broker as their baselines:
 # same record size, acks, partitions, rate and batching, and the same warm-up.
 # Warm-up: 2 s of acks=all at $RF_RATE records/s into the topic before it is measured.
-# On a freshly created RF=3 topic the first second or so of acks=all waits for the
-# followers' fetchers to start (a first 5 s run showed p99 41 ms against 9 ms for the
-# next runs on the same topic), which is not the steady state these scenarios are
-# about; an acks=all warm-up also proves that all three replicas acknowledge.
+# On a freshly created RF=3 topic the first seconds of acks=all stall for up to ~0.5 s
+# (cause not investigated here; 6-10 s runs on fresh topics: p99 17-425 ms, later runs
+# on the same topic 6-21 ms, on a busy machine), which is not the steady state these
+# scenarios are about; an acks=all warm-up also proves that all three replicas
+# acknowledge.
 warm_and_run() { # bootstrap-args topic name rest...
   local args=$1 topic=$2 name=$3; shift 3
   bench produce $args --name "warmup-$name" --topic "$topic" --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration 2 >/dev/null

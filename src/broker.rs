@@ -77,9 +77,12 @@ pub enum ShardReq {
     /// Read without waiting.
     Read { items: Vec<ReadItem> },
     /// Wait until any partition's log end passes its offset, or the timeout.
+    /// Wait until any partition's visible end passes its offset (durable end for a
+    /// follower fetch, high watermark for a consumer), or the timeout.
     Wait {
         items: Vec<(String, i32, i64)>,
         timeout: Duration,
+        follower: bool,
     },
     /// (topic, partition, timestamp): -2 earliest, -1 latest, else first at or after.
     /// (topic, partition, timestamp, current leader epoch or -1 (KIP-320)).
@@ -220,9 +223,11 @@ impl Broker {
                 let futs = items.into_iter().map(|it| self.read_local(it)).collect();
                 ShardResp::Read(join_all(futs).await)
             }
-            ShardReq::Wait { items, timeout } => {
-                ShardResp::Wait(self.wait_local(items, timeout).await)
-            }
+            ShardReq::Wait {
+                items,
+                timeout,
+                follower,
+            } => ShardResp::Wait(self.wait_local(items, timeout, follower).await),
             ShardReq::ListOffsets { items } => {
                 let futs = items
                     .into_iter()
@@ -502,34 +507,47 @@ impl Broker {
         }
     }
 
-    /// Waits until any of the partitions makes progress (durable data, high watermark,
-    /// role), or the timeout. Fetch re-reads afterwards and decides.
-    async fn wait_local(&self, items: Vec<(String, i32, i64)>, timeout: Duration) -> bool {
-        let replicas: Vec<Rc<Replica>> = items
-            .iter()
-            .filter_map(|(t, p, _)| self.replica(t, *p).ok())
-            .collect();
-        if replicas.is_empty() {
+    /// Waits until any partition's visible end (durable end for a follower, high
+    /// watermark for a consumer) passes its offset, or the timeout. Each listener is
+    /// registered before its condition is checked, so no progress is missed.
+    async fn wait_local(
+        &self,
+        items: Vec<(String, i32, i64)>,
+        timeout: Duration,
+        follower: bool,
+    ) -> bool {
+        let mut listeners = Vec::with_capacity(items.len());
+        for (t, p, offset) in &items {
+            let Ok(r) = self.replica(t, *p) else { continue };
+            let listener = r.progress.listen();
+            let visible = if follower {
+                r.durable_end()
+            } else {
+                r.high_watermark()
+            };
+            if visible > *offset {
+                return true;
+            }
+            listeners.push(listener);
+        }
+        if listeners.is_empty() {
             glommio::timer::sleep(timeout).await;
             return false;
         }
-        let futs = replicas
-            .iter()
-            .map(|r| {
-                let listener = r.progress.listen();
-                async move {
-                    futures_lite::future::or(
-                        async {
-                            listener.await;
-                            true
-                        },
-                        async {
-                            glommio::timer::sleep(timeout).await;
-                            false
-                        },
-                    )
-                    .await
-                }
+        let futs = listeners
+            .into_iter()
+            .map(|listener| async move {
+                futures_lite::future::or(
+                    async {
+                        listener.await;
+                        true
+                    },
+                    async {
+                        glommio::timer::sleep(timeout).await;
+                        false
+                    },
+                )
+                .await
             })
             .collect();
         any_true(futs).await
@@ -753,6 +771,7 @@ impl Broker {
         &self,
         items: Vec<(ShardId, (String, i32, i64))>,
         deadline: Instant,
+        follower: bool,
     ) -> bool {
         let timeout = deadline.saturating_duration_since(Instant::now());
         if timeout.is_zero() || items.is_empty() {
@@ -766,7 +785,16 @@ impl Broker {
             .into_iter()
             .map(|(s, items)| async move {
                 matches!(
-                    self.mesh.call(s, ShardReq::Wait { items, timeout }).await,
+                    self.mesh
+                        .call(
+                            s,
+                            ShardReq::Wait {
+                                items,
+                                timeout,
+                                follower
+                            }
+                        )
+                        .await,
                     Ok(ShardResp::Wait(true))
                 )
             })

@@ -43,7 +43,7 @@ use crate::error::{self, ApiError};
 
 const CHECKPOINT: &str = "leader-epoch-checkpoint";
 /// Follower fetch parameters.
-const FETCH_MAX_WAIT_MS: i32 = 500;
+const FETCH_MAX_WAIT_MS: i32 = 200;
 const FETCH_PARTITION_BYTES: i32 = 4 << 20;
 const FETCH_BYTES: i32 = 32 << 20;
 /// Back-off after a failed fetch or connection.
@@ -773,6 +773,15 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
                 if f.leader_epoch() == *epoch {
                     f.on_fetch_response(p.high_watermark, r.durable_end());
                 }
+            }
+            // The leader's log start moved (DeleteRecords, retention): follow it as far
+            // as this log reaches, so deleted records do not come back after a failover.
+            let start = p.log_start_offset.min(r.durable_end());
+            if start > r.log.log_start_offset() && r.follows_in(*epoch) {
+                if let Err(e) = r.log.delete_records_before(start).await {
+                    tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
+                }
+                r.epochs.borrow_mut().truncate_from_start(start);
             }
             r.notify();
         }

@@ -91,7 +91,7 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
                 })
             })
             .collect();
-        broker.wait_for_data(waits, deadline).await;
+        broker.wait_for_data(waits, deadline, replica_id >= 0).await;
         outs = read_all(broker, &slots, max_bytes, replica_id).await;
     }
     build_response(slots, outs)

@@ -1,6 +1,8 @@
 """Tier: the CLI contract — config file and flags, port already taken, clean SIGTERM."""
 import subprocess
 
+import pytest
+
 from conftest import SLUICE_BIN, Broker
 from kafka_wire import Conn, api_versions_v0
 
@@ -36,6 +38,25 @@ def test_bad_config_is_refused(tmp_path):
     cfg.write_text("colour = 'blue'\n")
     r = subprocess.run([SLUICE_BIN, "serve", "--config", str(cfg)], capture_output=True, timeout=30)
     assert r.returncode != 0 and b"colour" in r.stderr
+
+
+@pytest.mark.parametrize("flags,expect", [
+    (["--controller-quorum", "1@127.0.0.1:1,1@127.0.0.1:2"], "listed twice"),
+    (["--controller-quorum", "2@127.0.0.1:1,3@127.0.0.1:2", "--controller-listen", "127.0.0.1:3"],
+     "does not list this node"),
+    (["--controller-quorum", "1@127.0.0.1:1,2@127.0.0.1:2"], "--controller-listen is required"),
+    (["--controller-quorum", "one@127.0.0.1:1"], "bad node id"),
+    (["--broker-session-timeout-ms", "1000", "--broker-heartbeat-interval-ms", "800"],
+     "at most half"),
+    (["--node-id", "0"], "at least 1"),
+])
+def test_bad_cluster_flags_are_refused_clearly(tmp_path, flags, expect):
+    r = subprocess.run([SLUICE_BIN, "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0",
+                        *flags], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0, r.stdout
+    assert expect in r.stderr, r.stderr
+    # Nothing was created: a refused start touches no data.
+    assert not (tmp_path / "__cluster_metadata").exists()
 
 
 def sluice_cluster_describe(addr, *extra):

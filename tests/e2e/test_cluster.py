@@ -407,3 +407,33 @@ def test_group_consumes_across_coordinator_failover(cluster):
     # Nothing committed was consumed again by the second member.
     committed_values = {v for (q, off, v) in seen if off < last.get(q, 0)}
     assert not committed_values.intersection(v for (_, _, v) in got_b)
+
+
+# DeleteRecords reaches the followers ------------------------------------------------
+
+def test_deleted_records_stay_deleted_after_failover(cluster):
+    from confluent_kafka import Consumer, TopicPartition
+    topic = "trimmed"
+    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    acks = Acks()
+    produce_n(producer(cluster.bootstrap), topic, [0], 40, acks, "t")
+    assert acks.count() == 40 and not acks.failed
+    futures = cluster.admin().delete_records([TopicPartition(topic, 0, 25)])
+    for f in futures.values():
+        assert f.result(30).low_watermark == 25
+    # Followers learn the new log start from their next fetches; one more acknowledged
+    # write (acks=all) proves both fetched after the deletion.
+    produce_n(producer(cluster.bootstrap), topic, [0], 1, acks, "after")
+    assert not acks.failed
+    old = cluster.leader_of(topic, 0)
+    cluster.kill(old)
+    cluster.wait_until(lambda: leader_or_none(cluster, topic, 0) not in (None, -1, old), 30,
+                       "a new leader")
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "wm"})
+    try:
+        low, high = cluster.wait_until(
+            lambda: c.get_watermark_offsets(TopicPartition(topic, 0), timeout=2), 20,
+            "watermarks from the new leader")
+    finally:
+        c.close()
+    assert (low, high) == (25, 41), (low, high)

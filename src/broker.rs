@@ -483,7 +483,13 @@ impl Broker {
         let (bound, hw, alter) =
             match replica.fetch_bound(item.replica_id, item.current_leader_epoch, item.offset) {
                 Ok(x) => x,
-                Err(e) => return failed(e),
+                // The log start tells a follower below it where to resume.
+                Err(e) => {
+                    return ReadOut {
+                        log_start_offset: log.log_start_offset(),
+                        ..failed(e)
+                    }
+                }
             };
         if let Some(alter) = alter {
             crate::replica::propose_alter(self, &replica, alter);

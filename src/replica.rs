@@ -756,8 +756,28 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
                 let code = ResponseError::try_from_code(p.error_code);
                 tracing::debug!(topic = %r.topic, partition = r.partition, ?code, "replica fetch refused");
                 if code == Some(ResponseError::OffsetOutOfRange) {
-                    // Our log is ahead of the leader's: truncate again.
-                    r.restart_truncation(*epoch);
+                    if p.log_start_offset > r.durable_end()
+                        && r.log.log_end_offset() == r.durable_end()
+                        && r.follows_in(*epoch)
+                    {
+                        // Behind the leader's log start (it deleted what we lack, by
+                        // retention or DeleteRecords): drop our log and resume at its
+                        // log start, as Kafka's truncate-fully-and-start-at does.
+                        let start = p.log_start_offset;
+                        tracing::warn!(topic = %r.topic, partition = r.partition, from = r.durable_end(), to = start, "behind the leader's log start; starting over there");
+                        if let Err(e) = r.log.reset_to(start).await {
+                            tracing::error!(topic = %r.topic, partition = r.partition, error = %e, "cannot move the log to the leader's start");
+                            continue;
+                        }
+                        r.epochs.borrow_mut().truncate_from_start(start);
+                        r.persist_epochs();
+                        if r.follows_in(*epoch) {
+                            r.durable.set(start);
+                        }
+                    } else {
+                        // Our log is ahead of the leader's: truncate again.
+                        r.restart_truncation(*epoch);
+                    }
                 }
                 continue;
             }
@@ -800,6 +820,7 @@ async fn append_fetched(r: &Replica, epoch: i32, records: &Bytes) -> Result<bool
     };
     let mut expected_end = r.durable_end();
     for (h, range) in batches {
+        // Anything else appended (a deposed leader's late write): truncate again.
         if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
             return Ok(false);
         }

@@ -682,10 +682,17 @@ impl PartitionLog {
     }
 
     async fn roll_locked(&self) -> Result<(), Error> {
+        self.roll_locked_at(None).await
+    }
+
+    /// Rolls to a new active segment based at `base` (default: the log end; a larger
+    /// base leaves a gap of offsets no record will ever have).
+    async fn roll_locked_at(&self, base: Option<i64>) -> Result<(), Error> {
         let (files, new_base) = {
             let mut st = self.state.borrow_mut();
             let seg = st.active_mut();
-            (seg.begin_close()?, seg.next_offset)
+            let end = seg.next_offset;
+            (seg.begin_close()?, base.unwrap_or(end).max(end))
         };
         for f in &files {
             f.seal().await?;
@@ -704,6 +711,28 @@ impl PartitionLog {
         st.segments.push(seg);
         st.check_invariants();
         tracing::debug!(log = %self.name, base = new_base, "rolled segment");
+        Ok(())
+    }
+
+    /// Moves the log forward to `offset`, past its end: a new empty active segment
+    /// based there, then the log start too, so every record below is dropped and the
+    /// next append lands at `offset`. For a follower whose leader has deleted what it
+    /// lacks (Kafka's truncate-fully-and-start-at); crash-safe like a roll followed by
+    /// `delete_records_before` (recovery keeps an empty last segment, R10).
+    pub async fn reset_to(&self, offset: i64) -> Result<(), Error> {
+        self.check_open()?;
+        if offset <= self.log_end_offset() {
+            return Err(Error::Config(format!(
+                "reset_to({offset}) must move past the log end {}",
+                self.log_end_offset()
+            )));
+        }
+        {
+            let _guard = self.lock().await;
+            self.flush().await?;
+            self.roll_locked_at(Some(offset)).await?;
+        }
+        self.delete_records_before(offset).await?;
         Ok(())
     }
 

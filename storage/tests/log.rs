@@ -273,6 +273,54 @@ fn truncate_and_delete_records() {
 }
 
 #[test]
+fn reset_to_moves_start_and_end_forward_and_survives_reopen() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let log = s.open_log("reset", small_segments(1024)).await.unwrap();
+        for i in 0..10 {
+            log.append(&batch(5, 2, i), 0).await.unwrap();
+        }
+        assert_eq!(log.log_end_offset(), 20);
+        assert!(log.reset_to(20).await.is_err(), "must move past the end");
+        log.reset_to(500).await.unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (500, 500));
+        assert!(read_all(&log).await.is_empty());
+        assert!(matches!(
+            log.read(10, 100, None).await,
+            Err(Error::OffsetOutOfRange { .. })
+        ));
+        // A follower copies the leader's batch at 500 with its offsets.
+        let mut b = batch(5, 2, 7);
+        batch::assign(&mut b, 500, 3, None);
+        log.append_with_offsets(&b).await.unwrap();
+        log.flush().await.unwrap();
+        assert_eq!(log.log_end_offset(), 502);
+        log.close().await.unwrap();
+        drop(log);
+        let log = s.open_log("reset", small_segments(1024)).await.unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (500, 502));
+        assert_eq!(read_all(&log).await[0].0, 500);
+        // And an empty log moves too (reopened empty at the new offset).
+        let empty = s
+            .open_log("reset-empty", small_segments(1024))
+            .await
+            .unwrap();
+        empty.reset_to(42).await.unwrap();
+        empty.close().await.unwrap();
+        drop(empty);
+        let empty = s
+            .open_log("reset-empty", small_segments(1024))
+            .await
+            .unwrap();
+        assert_eq!((empty.log_start_offset(), empty.log_end_offset()), (42, 42));
+        let a = empty.append(&batch(5, 2, 1), 0).await.unwrap();
+        assert_eq!(a.base_offset, 42);
+    });
+}
+
+#[test]
 fn offset_for_timestamp_and_log_append_time() {
     let dir = tempdir();
     let path = dir.path().to_path_buf();

@@ -437,3 +437,34 @@ def test_deleted_records_stay_deleted_after_failover(cluster):
     finally:
         c.close()
     assert (low, high) == (25, 41), (low, high)
+
+
+def test_follower_behind_the_leaders_log_start_starts_over_there(cluster):
+    from confluent_kafka import TopicPartition
+    topic = "behind"
+    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    leader = cluster.leader_of(topic, 0)
+    lagger = next(i for i in cluster.replicas_of(topic, 0) if i != leader)
+    acks = Acks()
+    p = producer(cluster.bootstrap)
+    produce_n(p, topic, [0], 10, acks, "early")
+    cluster.kill(lagger)
+    cluster.wait_until(lambda: lagger not in cluster.isr_of(topic, 0), 20, "ISR without the lagger")
+    produce_n(p, topic, [0], 30, acks, "missed")
+    assert acks.count() == 40 and not acks.failed
+    # The leader deletes everything the lagger lacks (as retention would).
+    for f in cluster.admin().delete_records([TopicPartition(topic, 0, 40)]).values():
+        assert f.result(30).low_watermark == 40
+    produce_n(p, topic, [0], 5, acks, "late")
+    assert acks.count() == 45 and not acks.failed
+    cluster.restart(lagger)
+    cluster.wait_until(lambda: lagger in cluster.isr_of(topic, 0), 40,
+                       "the lagger back in the ISR")
+
+    def above_start(i):
+        return [b for b in disk_batches(cluster.data_dir(i), topic, 0) if b[0] >= 40]
+    # The lagger's log now holds exactly the leader's records from its log start on,
+    # and nothing from before (its old records were dropped, not kept below a gap).
+    wait_until(lambda: above_start(lagger) == above_start(leader) != [],
+               20, "the lagger holds the leader's records from offset 40")
+    assert all(b[0] >= 40 for b in disk_batches(cluster.data_dir(lagger), topic, 0))

@@ -33,7 +33,8 @@ struct GroupShard {
     loaded: RefCell<HashSet<i32>>,
     load_lock: Semaphore,
     append_lock: Semaphore,
-    pending: RefCell<HashMap<Token, LocalSender<Deferred>>>,
+    /// Deferred JoinGroup/SyncGroup answers: the group and where to send it.
+    pending: RefCell<HashMap<Token, (String, LocalSender<Deferred>)>>,
     next_token: Cell<Token>,
 }
 
@@ -96,6 +97,10 @@ pub fn unload(partition: i32) {
         return;
     };
     if s.loaded.borrow_mut().remove(&partition) {
+        // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
+        s.pending
+            .borrow_mut()
+            .retain(|_, (group, _)| partition_for(group) != partition);
         let n = s
             .coord
             .borrow_mut()
@@ -120,13 +125,13 @@ pub async fn serve(
     let mut fx = Effects::default();
     let resp = match req {
         GroupReq::Join(args) => {
-            let (token, rx) = st.waiter();
+            let (token, rx) = st.waiter(&args.group_id);
             st.coord.borrow_mut().join(token, now, args, &mut fx);
             st.run_effects(&broker, fx).await;
             return wait(rx).await;
         }
         GroupReq::Sync(args) => {
-            let (token, rx) = st.waiter();
+            let (token, rx) = st.waiter(&args.group_id);
             st.coord.borrow_mut().sync(token, now, args, &mut fx);
             st.run_effects(&broker, fx).await;
             return wait(rx).await;
@@ -202,17 +207,20 @@ async fn wait(rx: local_channel::LocalReceiver<Deferred>) -> Result<GroupResp, A
     match rx.recv().await {
         Some(Deferred::Join(r)) => Ok(GroupResp::Join(r)),
         Some(Deferred::Sync(r)) => Ok(GroupResp::Sync(r)),
-        // The coordinator dropped the request (never expected): the client retries.
-        None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
+        // The group's partition moved to another coordinator while the request waited:
+        // the client finds the new one and retries.
+        None => Err(ApiError::new(ResponseError::NotCoordinator)),
     }
 }
 
 impl GroupShard {
-    fn waiter(&self) -> (Token, local_channel::LocalReceiver<Deferred>) {
+    fn waiter(&self, group: &str) -> (Token, local_channel::LocalReceiver<Deferred>) {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
         let (tx, rx) = local_channel::new_bounded(1);
-        self.pending.borrow_mut().insert(token, tx);
+        self.pending
+            .borrow_mut()
+            .insert(token, (group.to_string(), tx));
         (token, rx)
     }
 
@@ -226,7 +234,7 @@ impl GroupShard {
             }
         }
         for (token, reply) in fx.replies {
-            if let Some(tx) = self.pending.borrow_mut().remove(&token) {
+            if let Some((_, tx)) = self.pending.borrow_mut().remove(&token) {
                 // The requester may have gone (connection closed): nothing to do.
                 let _ = tx.try_send(reply);
             }

@@ -621,6 +621,18 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
     }
 }
 
+/// Per-partition request parts grouped by topic, topics in first-seen order.
+fn by_topic<P>(parts: impl Iterator<Item = (String, P)>) -> impl Iterator<Item = (String, Vec<P>)> {
+    let mut out: Vec<(String, Vec<P>)> = Vec::new();
+    for (topic, p) in parts {
+        match out.iter_mut().find(|(t, _)| *t == topic) {
+            Some((_, v)) => v.push(p),
+            None => out.push((topic, vec![p])),
+        }
+    }
+    out.into_iter()
+}
+
 fn follower_state(r: &Replica) -> Option<(FollowerPhase, i32)> {
     match &*r.role.borrow() {
         Role::Follower(f) => Some((f.phase(), f.leader_epoch())),
@@ -643,21 +655,19 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
     if todo.is_empty() {
         return Ok(());
     }
-    let mut topics: Vec<OffsetForLeaderTopic> = Vec::new();
-    for (r, epoch, latest) in &todo {
+    let topics = by_topic(todo.iter().map(|(r, epoch, latest)| {
         let p = OffsetForLeaderPartition::default()
             .with_partition(r.partition)
             .with_current_leader_epoch(*epoch)
             .with_leader_epoch(*latest);
-        match topics.iter_mut().find(|t| t.topic.0.as_str() == r.topic) {
-            Some(t) => t.partitions.push(p),
-            None => topics.push(
-                OffsetForLeaderTopic::default()
-                    .with_topic(TopicName(sb(r.topic.clone())))
-                    .with_partitions(vec![p]),
-            ),
-        }
-    }
+        (r.topic.clone(), p)
+    }))
+    .map(|(topic, partitions)| {
+        OffsetForLeaderTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(partitions)
+    })
+    .collect();
     let req = OffsetForLeaderEpochRequest::default()
         .with_replica_id(BrokerId(me))
         .with_topics(topics);
@@ -716,23 +726,21 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
     if fetching.is_empty() {
         return Ok(false);
     }
-    let mut topics: Vec<FetchTopic> = Vec::new();
-    for (r, epoch) in &fetching {
+    let topics = by_topic(fetching.iter().map(|(r, epoch)| {
         let p = FetchPartition::default()
             .with_partition(r.partition)
             .with_current_leader_epoch(*epoch)
             .with_fetch_offset(r.durable_end())
             .with_log_start_offset(r.log.log_start_offset())
             .with_partition_max_bytes(FETCH_PARTITION_BYTES);
-        match topics.iter_mut().find(|t| t.topic.0.as_str() == r.topic) {
-            Some(t) => t.partitions.push(p),
-            None => topics.push(
-                FetchTopic::default()
-                    .with_topic(TopicName(sb(r.topic.clone())))
-                    .with_partitions(vec![p]),
-            ),
-        }
-    }
+        (r.topic.clone(), p)
+    }))
+    .map(|(topic, partitions)| {
+        FetchTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(partitions)
+    })
+    .collect();
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(me))
         .with_max_wait_ms(FETCH_MAX_WAIT_MS)

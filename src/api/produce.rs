@@ -1,9 +1,11 @@
 //! Produce (key 0): batches validated and appended on each partition's home shard.
 //!
 //! The records of each partition are a zero-copy `Bytes` slice of the request frame;
-//! they travel to the owner shard as that slice. acks=0 gets no response; acks=1 and
-//! acks=-1 are answered after the topic's flush policy is met (one replica, so -1 adds
-//! only the min.insync.replicas check). Transactional produce is not supported yet.
+//! they travel to the owner shard as that slice, where only the partition's leader
+//! accepts them. acks=0 gets no response; acks=1 is answered once the leader's flush
+//! policy is met; acks=-1 also waits until the high watermark covers the batch with at
+//! least min.insync.replicas in the ISR (`crate::replica`), bounded by the request's
+//! timeout. Transactional produce is not supported yet.
 
 use std::rc::Rc;
 

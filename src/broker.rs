@@ -305,6 +305,57 @@ impl Broker {
             .collect()
     }
 
+    /// The shape every per-partition request shares (ListOffsets, DeleteRecords,
+    /// OffsetForLeaderEpoch): each requested partition of a known topic goes to its
+    /// home shard as one item (all shards at once); unknown ones are answered
+    /// UNKNOWN_TOPIC_OR_PARTITION without reaching a shard. Results come back per
+    /// topic, in request order.
+    pub async fn per_partition<K, T, R>(
+        &self,
+        request: Vec<(K, Vec<(i32, T)>)>,
+        topic: impl Fn(&K) -> &str,
+        make: impl Fn(Vec<T>) -> ShardReq,
+        unpack: impl Fn(ShardResp) -> Vec<Result<R, ApiError>>,
+    ) -> Vec<(K, Vec<(i32, Result<R, ApiError>)>)> {
+        let image = self.image();
+        let mut jobs = Vec::new();
+        let mut shape = Vec::with_capacity(request.len());
+        for (key, parts) in request {
+            let meta = image.topics.get(topic(&key));
+            let mut slots = Vec::with_capacity(parts.len());
+            for (p, item) in parts {
+                match meta.filter(|m| (0..m.partitions).contains(&p)) {
+                    Some(m) => {
+                        jobs.push((self.owner(m, p), item));
+                        slots.push((p, None));
+                    }
+                    None => slots.push((
+                        p,
+                        Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+                    )),
+                }
+            }
+            shape.push((key, slots));
+        }
+        let mut results = self
+            .fan_out(jobs, make, unpack, |e| Err(error::from_mesh(e)))
+            .await
+            .into_iter();
+        shape
+            .into_iter()
+            .map(|(key, slots)| {
+                let answered = slots
+                    .into_iter()
+                    .map(|(p, err)| match err {
+                        Some(e) => (p, Err(e)),
+                        None => (p, results.next().expect("one result per job")),
+                    })
+                    .collect();
+                (key, answered)
+            })
+            .collect()
+    }
+
     /// The open log of a partition this shard owns.
     pub(crate) fn log(
         &self,

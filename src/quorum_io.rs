@@ -117,12 +117,14 @@ impl QuorumNode {
         let mut hard_state = raft::prelude::HardState::default();
         for (kind, payload) in records {
             match kind {
-                JOURNAL_ENTRY => replay.entry(quorum::decode_entry(&payload)?),
+                JOURNAL_ENTRY => replay.entry(quorum::decode::<raft::prelude::Entry>(&payload)?),
                 JOURNAL_HARD_STATE => {
-                    hard_state = quorum::decode_hard_state(&payload)?;
+                    hard_state = quorum::decode::<raft::prelude::HardState>(&payload)?;
                     replay.hard_state(hard_state.clone());
                 }
-                JOURNAL_SNAPSHOT => replay.snapshot(quorum::decode_snapshot(&payload)?),
+                JOURNAL_SNAPSHOT => {
+                    replay.snapshot(quorum::decode::<raft::prelude::Snapshot>(&payload)?)
+                }
                 k => return Err(format!("metadata journal: unknown record kind {k}")),
             }
         }
@@ -286,7 +288,7 @@ impl QuorumNode {
         for m in msgs {
             let to = m.to;
             let mut frame = Vec::new();
-            let payload = quorum::encode_message(&m);
+            let payload = quorum::encode(&m);
             frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
             frame.push(KIND_RAFT);
             frame.extend_from_slice(&payload);
@@ -309,14 +311,14 @@ impl QuorumNode {
         let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
         let mut tail = self.tail.borrow_mut();
         for e in &p.entries {
-            records.push((JOURNAL_ENTRY, quorum::encode_entry(e)));
+            records.push((JOURNAL_ENTRY, quorum::encode(e)));
             while tail.last().is_some_and(|l| l.index >= e.index) {
                 tail.pop();
             }
             tail.push(e.clone());
         }
         if let Some(h) = &p.hard_state {
-            records.push((JOURNAL_HARD_STATE, quorum::encode_hard_state(h)));
+            records.push((JOURNAL_HARD_STATE, quorum::encode(h)));
             *self.hard_state.borrow_mut() = h.clone();
         }
         let refs: Vec<(u8, &[u8])> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
@@ -331,15 +333,12 @@ impl QuorumNode {
         let idx = s.get_metadata().index;
         let mut tail = self.tail.borrow_mut();
         tail.retain(|e| e.index > idx);
-        let mut records = vec![(JOURNAL_SNAPSHOT, quorum::encode_snapshot(s))];
+        let mut records = vec![(JOURNAL_SNAPSHOT, quorum::encode(s))];
         records.push((
             JOURNAL_HARD_STATE,
-            quorum::encode_hard_state(&self.hard_state.borrow()),
+            quorum::encode(&*self.hard_state.borrow()),
         ));
-        records.extend(
-            tail.iter()
-                .map(|e| (JOURNAL_ENTRY, quorum::encode_entry(e))),
-        );
+        records.extend(tail.iter().map(|e| (JOURNAL_ENTRY, quorum::encode(e))));
         let refs: Vec<(u8, &[u8])> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
         self.journal
             .borrow_mut()
@@ -473,7 +472,7 @@ impl QuorumNode {
     fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), String> {
         match kind {
             KIND_RAFT => {
-                let m = quorum::decode_message(payload)?;
+                let m = quorum::decode::<raft::prelude::Message>(payload)?;
                 if let Err(e) = self.quorum.borrow_mut().step(m) {
                     tracing::debug!(error = %e, "raft refused a message");
                 }

@@ -76,11 +76,9 @@ pub struct Replica {
     checkpoint: PathBuf,
 }
 
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// Wall-clock milliseconds, as the ISR state machines take them.
+fn now_ms() -> u64 {
+    crate::util::now_ms().max(0) as u64
 }
 
 fn fetch_error(e: &isr::FetchError) -> ApiError {

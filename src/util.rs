@@ -1,8 +1,18 @@
-//! Small future combinators used to fan requests out over shards and partitions.
+//! Small future combinators used to fan requests out over shards and partitions, and
+//! the wall clock.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+/// Wall-clock milliseconds since the epoch (0 if the clock is before it): what Kafka
+/// stores in commit timestamps and what the replication timers count in.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
 
 /// Runs every future concurrently on the current task; results in input order.
 pub async fn join_all<T, F: Future<Output = T>>(futures: Vec<F>) -> Vec<T> {

@@ -16,7 +16,6 @@
 //! so it can compact its durable log too. Voters are fixed at bootstrap (no membership
 //! changes yet).
 
-use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
 use raft::{
@@ -400,30 +399,14 @@ impl Quorum {
     }
 }
 
-/// Wire and disk encodings of raft's protobuf types.
-pub fn encode_message(m: &Message) -> Vec<u8> {
-    m.write_to_bytes().expect("raft messages encode")
+/// Wire and disk encoding of raft's protobuf types (messages, entries, hard states,
+/// snapshots).
+pub fn encode<M: protobuf::Message>(m: &M) -> Vec<u8> {
+    m.write_to_bytes().expect("raft's protobuf types encode")
 }
-pub fn decode_message(b: &[u8]) -> Result<Message, String> {
-    Message::parse_from_bytes(b).map_err(|e| e.to_string())
-}
-pub fn encode_entry(e: &Entry) -> Vec<u8> {
-    e.write_to_bytes().expect("raft entries encode")
-}
-pub fn decode_entry(b: &[u8]) -> Result<Entry, String> {
-    Entry::parse_from_bytes(b).map_err(|e| e.to_string())
-}
-pub fn encode_hard_state(h: &HardState) -> Vec<u8> {
-    h.write_to_bytes().expect("hard states encode")
-}
-pub fn decode_hard_state(b: &[u8]) -> Result<HardState, String> {
-    HardState::parse_from_bytes(b).map_err(|e| e.to_string())
-}
-pub fn encode_snapshot(s: &Snapshot) -> Vec<u8> {
-    s.write_to_bytes().expect("snapshots encode")
-}
-pub fn decode_snapshot(b: &[u8]) -> Result<Snapshot, String> {
-    Snapshot::parse_from_bytes(b).map_err(|e| e.to_string())
+
+pub fn decode<M: protobuf::Message>(b: &[u8]) -> Result<M, String> {
+    M::parse_from_bytes(b).map_err(|e| e.to_string())
 }
 
 /// Rebuilds a node's durable state from its journal records in write order: a

@@ -5,70 +5,57 @@
 
 use std::rc::Rc;
 
-use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
 
 use crate::broker::{Broker, ShardReq, ShardResp};
-use crate::error::{self, ApiError};
 
 pub async fn handle(
     broker: &Rc<Broker>,
     version: i16,
     req: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
-    let image = broker.image();
-    let mut jobs = Vec::new();
-    let mut shape = Vec::new();
-    for t in &req.topics {
-        let meta = image.topics.get(t.name.0.as_str());
-        let mut parts = Vec::new();
-        for p in &t.partitions {
-            match meta.filter(|m| (0..m.partitions).contains(&p.partition_index)) {
-                Some(m) => {
-                    jobs.push((
-                        broker.owner(m, p.partition_index),
-                        (
-                            t.name.0.to_string(),
-                            p.partition_index,
-                            p.timestamp,
-                            p.current_leader_epoch,
-                        ),
-                    ));
-                    parts.push((p.partition_index, None));
-                }
-                None => parts.push((
-                    p.partition_index,
-                    Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
-                )),
-            }
-        }
-        shape.push((t.name.clone(), parts));
-    }
-    let mut results = broker
-        .fan_out(
-            jobs,
+    let request = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let item = (
+                        name.clone(),
+                        p.partition_index,
+                        p.timestamp,
+                        p.current_leader_epoch,
+                    );
+                    (p.partition_index, item)
+                })
+                .collect();
+            (t.name, parts)
+        })
+        .collect();
+    let answered = broker
+        .per_partition(
+            request,
+            |t| t.0.as_str(),
             |items| ShardReq::ListOffsets { items },
             |r| match r {
                 ShardResp::ListOffsets(v) => v,
                 _ => unreachable!("ListOffsets answers ListOffsets"),
             },
-            |e| Err(error::from_mesh(e)),
         )
-        .await
-        .into_iter();
-    let topics = shape
+        .await;
+    let image = broker.image();
+    let topics = answered
         .into_iter()
         .map(|(name, parts)| {
             let partitions = parts
                 .into_iter()
-                .map(|(index, err)| {
-                    let r = match err {
-                        Some(e) => Err(e),
-                        None => results.next().expect("one result per job"),
-                    };
+                .map(|(index, r)| {
                     let base = ListOffsetsPartitionResponse::default().with_partition_index(index);
                     match r {
                         Ok((offset, ts)) => {

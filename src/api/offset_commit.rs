@@ -12,8 +12,8 @@ use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use crate::broker::Broker;
 use crate::group::coordinator::{CommitArgs, Committed};
-use crate::group::shard::now_ms;
 use crate::group::{route, GroupReq, GroupResp};
+use crate::util::now_ms;
 
 /// (topic, partition)
 type TopicPartition = (String, i32);

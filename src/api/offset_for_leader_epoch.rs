@@ -5,70 +5,56 @@
 
 use std::rc::Rc;
 
-use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_for_leader_epoch_request::OffsetForLeaderEpochRequest;
 use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
 
 use crate::broker::{Broker, ShardReq, ShardResp};
-use crate::error::{self, ApiError};
 
 pub async fn handle(
     broker: &Rc<Broker>,
     _version: i16,
     req: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
-    let image = broker.image();
-    let mut jobs = Vec::new();
-    let mut shape = Vec::new();
-    for t in &req.topics {
-        let meta = image.topics.get(t.topic.0.as_str());
-        let mut parts = Vec::new();
-        for p in &t.partitions {
-            match meta.filter(|m| (0..m.partitions).contains(&p.partition)) {
-                Some(m) => {
-                    jobs.push((
-                        broker.owner(m, p.partition),
-                        (
-                            t.topic.0.to_string(),
-                            p.partition,
-                            p.current_leader_epoch,
-                            p.leader_epoch,
-                        ),
-                    ));
-                    parts.push((p.partition, None));
-                }
-                None => parts.push((
-                    p.partition,
-                    Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
-                )),
-            }
-        }
-        shape.push((t.topic.clone(), parts));
-    }
-    let mut results = broker
-        .fan_out(
-            jobs,
+    let request = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.topic.0.to_string();
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let item = (
+                        name.clone(),
+                        p.partition,
+                        p.current_leader_epoch,
+                        p.leader_epoch,
+                    );
+                    (p.partition, item)
+                })
+                .collect();
+            (t.topic, parts)
+        })
+        .collect();
+    let answered = broker
+        .per_partition(
+            request,
+            |t| t.0.as_str(),
             |items| ShardReq::EpochEnd { items },
             |r| match r {
                 ShardResp::EpochEnd(v) => v,
                 _ => unreachable!("EpochEnd answers EpochEnd"),
             },
-            |e| Err(error::from_mesh(e)),
         )
-        .await
-        .into_iter();
-    let topics = shape
+        .await;
+    let topics = answered
         .into_iter()
         .map(|(topic, parts)| {
             let partitions = parts
                 .into_iter()
-                .map(|(index, err)| {
-                    let r = match err {
-                        Some(e) => Err(e),
-                        None => results.next().expect("one result per job"),
-                    };
+                .map(|(index, r)| {
                     let base = EpochEndOffset::default().with_partition(index);
                     match r {
                         Ok((epoch, end)) => base.with_leader_epoch(epoch).with_end_offset(end),

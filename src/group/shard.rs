@@ -22,6 +22,8 @@ use super::coordinator::{Coordinator, CoordinatorConfig, Deferred, Effects, Reco
 use super::{partition_for, GroupReq, GroupResp, OFFSETS_TOPIC};
 use crate::broker::Broker;
 use crate::error::ApiError;
+// Wall-clock time: commit timestamps are stored and compared across restarts.
+use crate::util::now_ms;
 
 /// How often timers (session expiry, join/sync deadlines, offset expiry) are checked.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -40,14 +42,6 @@ struct GroupShard {
 
 thread_local! {
     static SHARD: RefCell<Option<Rc<GroupShard>>> = const { RefCell::new(None) };
-}
-
-/// Wall-clock milliseconds: commit timestamps are stored and compared across restarts.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn state(broker: &Rc<Broker>) -> Rc<GroupShard> {

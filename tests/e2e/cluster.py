@@ -42,6 +42,7 @@ clients=True)` also from clients. Traffic to a broker from itself is never cut.
 """
 import asyncio
 import os
+import re
 import signal
 import socket
 import struct
@@ -49,7 +50,8 @@ import threading
 import time
 import uuid
 
-from conftest import Broker
+from conftest import Broker, check_brokers, check_consumer_error
+from conftest import wait_until as _wait_until
 
 FAST_FLAGS = ["--broker-session-timeout-ms", "3000", "--broker-heartbeat-interval-ms", "300",
               "--replica-lag-time-max-ms", "5000"]
@@ -81,22 +83,13 @@ def port_free(port):
             return False
 
 
-def wait_until(pred, deadline, what="condition", interval=0.1):
-    """Retries `pred` until it returns a truthy value (returned) or `deadline` seconds
-    pass (AssertionError naming `what` and the last exception or value)."""
-    end = time.monotonic() + deadline
-    last = None
-    while True:
-        try:
-            v = pred()
-            if v:
-                return v
-            last = v
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last = e
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out after {deadline}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+def wait_until(pred, deadline, what="condition", interval=0.1, retry=()):
+    """Calls `pred` until it returns a truthy value (returned) or `deadline` seconds
+    pass (AssertionError naming `what` and the last value or transient error). Only
+    expected transient errors are retried (conftest.is_transient; `retry` adds
+    exception classes or KafkaError codes): an AssertionError or any other exception
+    from `pred` fails at once."""
+    return _wait_until(pred, timeout=deadline, interval=interval, what=what, retry=retry)
 
 
 # --- fault-injecting proxy ------------------------------------------------------------
@@ -328,7 +321,7 @@ def disk_batches(data_dir, topic, partition):
 # --- the cluster ------------------------------------------------------------------------
 
 class Cluster:
-    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True):
+    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None):
         self.root = str(root)
         self.n = n
         self.ids = list(range(1, n + 1))
@@ -353,7 +346,7 @@ class Cluster:
                 flags += ["--advertised", f"127.0.0.1:{self.kafka_front[i]}"]
             flags += (FAST_FLAGS if fast else []) + list(extra)
             self.brokers[i] = Broker(os.path.join(self.root, f"node-{i}"), port=self.kafka_port[i],
-                                     cores=cores, extra=flags)
+                                     cores=cores, extra=flags, env=env)
         self._admin = None
 
     # -- processes --
@@ -391,7 +384,10 @@ class Cluster:
             for i in self.ids:
                 if self.alive(i):
                     print(f"--- broker {i} ---\n{self.log(i)[-2000:]}")
-            self.stop()  # no fixture teardown runs when set-up fails
+            try:
+                self.stop()  # no fixture teardown runs when set-up fails
+            except AssertionError as e:
+                print(e)
             raise
         return self
 
@@ -434,9 +430,8 @@ class Cluster:
         return self.brokers[i].alive()
 
     def kill(self, i, sig=signal.SIGKILL):
-        b = self.brokers[i]
-        b.proc.send_signal(sig)
-        b.proc.wait(timeout=30)
+        """SIGKILL (or `sig`) broker i; the health check at the end accepts its exit."""
+        self.brokers[i].kill(sig)
 
     def restart(self, i, deadline=30):
         """Starts broker i again and waits until the cluster metadata lists it."""
@@ -445,25 +440,28 @@ class Cluster:
         self._wait_answering(i, deadline)
         self.wait_until(lambda: i in self.registered(), deadline, f"broker {i} registered again")
 
-    def stop(self):
-        """SIGTERM every live broker (SIGKILL after 30 s), close the proxies."""
-        errors = []
-        for i in self.ids:
-            b = self.brokers[i]
-            if b.alive():
-                try:
-                    b.stop()
-                except AssertionError as e:
-                    errors.append(str(e))
-        if self._admin is not None:
+    def stop(self, expected_errors=()):
+        """Ends the cluster and checks its health: each broker the test did not end
+        must still be running, stops on SIGTERM with exit code 0 (SIGKILL after 30 s),
+        and its log has no ERROR or panic line outside `expected_errors` (regexes) and
+        its own Broker.expected_errors. Closes the proxies. Raises AssertionError with
+        the problems and log tails."""
+        try:
+            check_brokers([self.brokers[i] for i in self.ids], expected_errors, names=self.ids)
+        finally:
             self._admin = None
-        if self.faults is not None:
-            self.faults.close()
-            self.faults = None
-        return errors
+            if self.faults is not None:
+                self.faults.close()
+                self.faults = None
 
     def log(self, i):
         return self.brokers[i].read_log()
+
+    def shards_of(self, i):
+        """{(topic, partition): shard} of the logs broker i opened, from its
+        `opened log` debug lines (needs RUST_LOG with sluice::broker=debug)."""
+        return {(t, int(p)): int(s) for s, t, p in
+                re.findall(r"opened log shard=(\d+) topic=(\S+) partition=(\d+)", self.log(i))}
 
     # -- faults --
 
@@ -480,8 +478,8 @@ class Cluster:
     # -- waiting --
 
     @staticmethod
-    def wait_until(pred, deadline, what="condition", interval=0.1):
-        return wait_until(pred, deadline, what, interval)
+    def wait_until(pred, deadline, what="condition", interval=0.1, retry=()):
+        return wait_until(pred, deadline, what, interval, retry)
 
     # -- clients and metadata --
 
@@ -501,7 +499,8 @@ class Cluster:
         md = self.admin().list_topics(topic=topic, timeout=timeout)
         t = md.topics[topic]
         if t.error is not None:
-            raise RuntimeError(f"metadata for {topic}: {t.error}")
+            from confluent_kafka import KafkaException
+            raise KafkaException(t.error)  # transient (LEADER_NOT_AVAILABLE, ...) or not
         return t.partitions[partition]
 
     def leader_of(self, topic, partition):
@@ -552,7 +551,7 @@ class Cluster:
                     raise AssertionError(f"read {len(out)} records of {topic}-{partition}, "
                                          f"wanted up to offset {high}")
                 m = c.poll(0.5)
-                if m is None or m.error() is not None:
+                if m is None or (m.error() is not None and check_consumer_error(m.error())):
                     continue
                 out.append((m.offset(), m.key(), m.value()))
             return out

@@ -3,7 +3,9 @@
 No sleeps as synchronisation: every wait is a bounded retry loop with a deadline.
 """
 import os
+import re
 import signal
+from signal import SIGTERM
 import socket
 import subprocess
 import time
@@ -21,30 +23,104 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_until(pred, timeout=20.0, interval=0.05, what="condition"):
+# Errors a wait may retry: the network being down or slow while a broker starts,
+# stops or fails over. Anything else (an AssertionError above all) fails at once.
+TRANSIENT_ERRORS = (ConnectionError, TimeoutError, EOFError)
+
+
+def _kafka_codes():
+    from confluent_kafka import KafkaError as E
+    return frozenset({
+        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E._WAIT_COORD, E._WAIT_CACHE,
+        E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.LEADER_NOT_AVAILABLE, E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT,
+        E.NOT_CONTROLLER, E.NETWORK_EXCEPTION, E.FENCED_LEADER_EPOCH, E.UNKNOWN_LEADER_EPOCH,
+    })
+
+
+# librdkafka error codes of KafkaExceptions and consumer errors that mean "not yet"
+# (a broker unreachable, a leader or coordinator moving), so a wait retries them.
+TRANSIENT_KAFKA_CODES = _kafka_codes()
+
+
+def kafka_code(e):
+    """The KafkaError code of a KafkaException (or of a KafkaError), else None."""
+    from confluent_kafka import KafkaError, KafkaException
+    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+        return e.args[0].code()
+    if isinstance(e, KafkaError):
+        return e.code()
+    return None
+
+
+def is_transient(e, retry=()):
+    """True if `e` is an expected transient error: one of TRANSIENT_ERRORS, a
+    KafkaException with a code in TRANSIENT_KAFKA_CODES, or named in `retry` (exception
+    classes, or KafkaError codes as ints)."""
+    if isinstance(e, TRANSIENT_ERRORS):
+        return True
+    classes = tuple(r for r in retry if isinstance(r, type))
+    if classes and isinstance(e, classes):
+        return True
+    code = kafka_code(e)
+    return code is not None and (code in TRANSIENT_KAFKA_CODES or code in retry)
+
+
+def check_consumer_error(err, allow=()):
+    """For a consumer message's error(): True (skip it) for end-of-partition and
+    transient errors (and codes in `allow`); any other error fails the test."""
+    from confluent_kafka import KafkaError
+    code = err.code()
+    if code == KafkaError._PARTITION_EOF or code in TRANSIENT_KAFKA_CODES or code in allow:
+        return True
+    raise AssertionError(f"consumer error: {err}")
+
+
+def wait_until(pred, timeout=20.0, interval=0.05, what="condition", retry=()):
+    """Calls `pred` until it returns a truthy value (returned) or `timeout` seconds
+    pass (AssertionError naming `what` and the last value or transient error).
+
+    Only expected transient errors are retried (see is_transient; `retry` adds
+    exception classes or KafkaError codes); an AssertionError or any other exception
+    from `pred` fails at once."""
     deadline = time.monotonic() + timeout
     last = None
-    while time.monotonic() < deadline:
+    while True:
         try:
             v = pred()
             if v:
                 return v
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last = v
+        except Exception as e:  # noqa: BLE001 - re-raised below unless transient
+            if not is_transient(e, retry):
+                raise
             last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+# A broker log line that fails the test unless the test declared it expected: an
+# ERROR-level tracing line or a panic (the panic hook logs "fatal: panicked at ...").
+LOG_PROBLEM = re.compile(r"^\S+\s+ERROR\s|panicked|sluice: fatal")
 
 
 class Broker:
-    """One `sluice serve` process. `start()` returns once the port accepts connections."""
+    """One `sluice serve` process. `start()` returns once the port accepts connections.
 
-    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None):
+    The same Broker may be started again after `kill()` or `stop()` (same data
+    directory, port and log file); every process it started is remembered with how the
+    test ended it, so `problems()` can tell an expected exit from a death."""
+
+    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=()):
         self.data_dir = str(data_dir)
         self.port = port or free_port()
         self.cores = cores
         self.extra = list(extra)
         self.env = env or {}
         self.proc = None
+        self.runs = []  # [process, how the test ended it: None, "stop" or "kill"]
+        self.expected_errors = list(expected_errors)
         self.log_path = os.path.join(self.data_dir + ".logs", f"broker-{uuid.uuid4().hex[:8]}.log")
 
     @property
@@ -59,6 +135,7 @@ class Broker:
     def spawn(self):
         """Starts the process without waiting (a cluster's brokers open their Kafka
         port only once a quorum of them runs)."""
+        assert not self.alive(), "broker is still running"
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
@@ -68,6 +145,7 @@ class Broker:
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
              "--cores", str(self.cores), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.runs.append([self.proc, None])
         return self
 
     def wait_ready(self, timeout=30):
@@ -84,15 +162,21 @@ class Broker:
         with open(self.log_path, "r", errors="replace") as f:
             return f.read()
 
-    def kill(self):
-        """SIGKILL: no flush, no goodbye."""
-        self.proc.send_signal(signal.SIGKILL)
+    def expect_errors(self, *patterns):
+        """Declares ERROR log lines (regexes, re.search) this test expects."""
+        self.expected_errors.extend(patterns)
+
+    def kill(self, sig=signal.SIGKILL):
+        """SIGKILL (or `sig`): no flush, no goodbye. Any exit is fine afterwards."""
+        self.runs[-1][1] = "kill"
+        self.proc.send_signal(sig)
         self.proc.wait(timeout=30)
 
     def stop(self, timeout=30):
         """SIGTERM and wait for a clean exit; returns the exit code."""
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.runs[-1][1] = "stop"
+            self.proc.send_signal(SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -104,9 +188,73 @@ class Broker:
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
+    def exit_problems(self):
+        """Processes that exited without the test asking: [description]."""
+        out = []
+        for n, (proc, how) in enumerate(self.runs):
+            code = proc.poll()
+            if how == "kill" or code is None:
+                continue
+            if how == "stop" and code != 0:
+                out.append(f"run {n} exited with code {code} after SIGTERM (pid {proc.pid})")
+            elif how is None:
+                out.append(f"run {n} died with code {code} on its own (pid {proc.pid})")
+        return out
+
+    def log_problems(self, expected=()):
+        """ERROR or panic lines of the log not matching an expected pattern."""
+        pats = [re.compile(p) for p in list(expected) + self.expected_errors]
+        try:
+            text = self.read_log()
+        except OSError:
+            return []
+        return [ln for ln in text.splitlines()
+                if LOG_PROBLEM.search(ln) and not any(p.search(ln) for p in pats)]
+
+    def finish(self, expected=()):
+        """End of a test: every process the test did not end must still be running
+        (checked first), then is stopped with SIGTERM and must exit 0; then the log
+        must hold no unexpected ERROR or panic line. Returns [problem]; empty if fine."""
+        problems = self.exit_problems()
+        if self.alive():
+            try:
+                code = self.stop()
+                if code != 0:
+                    problems.append(f"exited with code {code} on SIGTERM at teardown")
+            except AssertionError as e:
+                problems.append(str(e))
+        bad = self.log_problems(expected)
+        if bad:
+            problems.append(f"{len(bad)} unexpected ERROR/panic log lines, e.g.:\n  " +
+                            "\n  ".join(bad[:10]))
+        return problems
+
+
+def expected_log_errors(request):
+    """Patterns from the test's @pytest.mark.broker_log_errors(...) markers."""
+    return [p for m in request.node.iter_markers("broker_log_errors") for p in m.args]
+
+
+def check_brokers(brokers, expected=(), names=None):
+    """Finishes every broker (see Broker.finish) and fails with each one's problems and
+    log tail. `names` labels them in the report (default: their log paths)."""
+    report = []
+    for n, b in enumerate(brokers):
+        problems = b.finish(expected)
+        if problems:
+            name = names[n] if names else b.log_path
+            tail = b.read_log()[-3000:] if os.path.exists(b.log_path) else ""
+            report.append(f"broker {name} ({b.log_path}):\n  " + "\n  ".join(problems) +
+                          f"\n--- log tail ---\n{tail}")
+    if report:
+        raise AssertionError("broker health check failed:\n" + "\n".join(report))
+
 
 @pytest.fixture
-def make_broker(tmp_path):
+def make_broker(tmp_path, request):
+    """make_broker(...) starts a broker; at teardown each must be alive (or ended by
+    the test: killed, or stopped with exit code 0), stop cleanly, and have no ERROR
+    or panic line in its log beyond the test's broker_log_errors patterns."""
     brokers = []
 
     def make(cores=1, extra=(), data_dir=None, port=None, env=None):
@@ -115,9 +263,7 @@ def make_broker(tmp_path):
         return b.start()
 
     yield make
-    for b in brokers:
-        if b.alive():
-            b.stop()
+    check_brokers(brokers, expected_log_errors(request))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """Just enough of the Kafka wire format to send hand-made (and broken) requests."""
+import select
 import socket
 import struct
 import time
@@ -106,6 +107,11 @@ class Conn:
         (size,) = struct.unpack(">i", self._read(4))
         data = self._read(size)
         return struct.unpack(">i", data[:4])[0], data[4:]
+
+    def pending(self):
+        """True if a response (or EOF) is readable right now, without waiting."""
+        r, _, _ = select.select([self.s], [], [], 0)
+        return bool(r)
 
     def closed_by_peer(self):
         """True once the broker has closed the connection (EOF or reset)."""

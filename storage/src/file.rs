@@ -25,6 +25,7 @@ use bytes::Bytes;
 use event_listener::Event;
 use glommio::io::{DmaFile, OpenOptions};
 
+use crate::simdisk;
 use crate::Error;
 
 /// Direct-I/O alignment used for every write position and size.
@@ -85,6 +86,8 @@ pub struct AppendFile {
     state: RefCell<State>,
     written_event: Event,
     synced_event: Event,
+    /// The crash simulation's record of this file, in tests that enable it.
+    sim: Option<simdisk::Handle>,
 }
 
 impl AppendFile {
@@ -97,6 +100,7 @@ impl AppendFile {
         write_bytes_max: usize,
         preallocate_bytes: u64,
     ) -> Result<Rc<AppendFile>, Error> {
+        simdisk::alive().map_err(|e| Error::io(path, e))?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -143,6 +147,7 @@ impl AppendFile {
             }),
             written_event: Event::new(),
             synced_event: Event::new(),
+            sim: simdisk::register(path),
         }))
     }
 
@@ -288,6 +293,15 @@ impl AppendFile {
     }
 
     async fn run_write(self: Rc<Self>, next: Prepared, grow_to: Option<u64>, epoch: u64) {
+        if let Err(e) = self.sim_gate().await {
+            {
+                let mut st = self.state.borrow_mut();
+                st.writing = false;
+                st.failed = Some(e.to_string());
+            }
+            self.written_event.notify(usize::MAX);
+            return;
+        }
         if let Some(size) = grow_to {
             // Best effort: a file system without fallocate just extends on write.
             if self.file.pre_allocate(size, false).await.is_ok() {
@@ -297,7 +311,14 @@ impl AppendFile {
         }
         let Prepared { buf, pos, end } = next;
         let expected = buf.len();
+        let sim_copy = self.sim.as_ref().map(|_| buf.as_bytes().to_vec());
         let res = self.file.write_at(buf, pos).await;
+        if let Some(h) = &self.sim {
+            match (&res, &sim_copy) {
+                (Ok(n), Some(data)) if *n == expected => simdisk::wrote(h, pos, data),
+                _ => simdisk::failed(h),
+            }
+        }
         let mut st = self.state.borrow_mut();
         st.writing = false;
         match res {
@@ -359,7 +380,15 @@ impl AppendFile {
     }
 
     async fn run_sync(self: Rc<Self>, covered: u64, epoch: u64) {
-        let res = self.file.fdatasync().await;
+        let res = match self.sim_gate().await {
+            Ok(()) => {
+                let mark = self.sim.as_ref().map(simdisk::sync_mark);
+                let res = self.file.fdatasync().await;
+                self.sim_end(&res, |h| simdisk::synced(h, mark.unwrap_or(0)));
+                res
+            }
+            Err(e) => Err(e.into()),
+        };
         let mut st = self.state.borrow_mut();
         st.syncing = false;
         match res {
@@ -437,15 +466,49 @@ impl AppendFile {
         } else {
             Vec::new()
         };
-        self.file
-            .truncate(new_len)
-            .await
-            .map_err(|e| Error::io(&self.path, e))?;
-        self.file
-            .fdatasync()
-            .await
-            .map_err(|e| Error::io(&self.path, e))?;
+        self.cut_durably(new_len).await?;
         Ok(tail)
+    }
+
+    /// Cuts the file to `len` bytes and syncs the cut (and everything written before).
+    async fn cut_durably(&self, len: u64) -> Result<(), Error> {
+        self.sim_begin().map_err(|e| Error::io(&self.path, e))?;
+        let res = async {
+            self.file.truncate(len).await?;
+            self.file.fdatasync().await
+        }
+        .await;
+        self.sim_end(&res, |h| simdisk::truncated(h, len));
+        res.map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// [`Self::sim_begin`] for the detached write and sync tasks. glommio may poll a
+    /// task inline when it is spawned, while the spawner still holds the state borrow;
+    /// on failure the task yields once so that borrow is gone before it records the
+    /// failure.
+    async fn sim_gate(&self) -> std::io::Result<()> {
+        let res = self.sim_begin();
+        if res.is_err() {
+            futures_lite::future::yield_now().await;
+        }
+        res
+    }
+
+    fn sim_begin(&self) -> std::io::Result<()> {
+        match &self.sim {
+            Some(h) => simdisk::begin(h),
+            None => Ok(()),
+        }
+    }
+
+    /// Reports an I/O's outcome to the crash simulation: `done` on success.
+    fn sim_end<T, E>(&self, res: &Result<T, E>, done: impl FnOnce(&simdisk::Handle)) {
+        if let Some(h) = &self.sim {
+            match res {
+                Ok(_) => done(h),
+                Err(_) => simdisk::failed(h),
+            }
+        }
     }
 
     /// Writes, syncs, and trims the file to its logical length (drops page padding
@@ -454,17 +517,7 @@ impl AppendFile {
         self.sync_all().await?;
         self.wait_no_sync().await;
         let len = self.len();
-        let res = async {
-            self.file
-                .truncate(len)
-                .await
-                .map_err(|e| Error::io(&self.path, e))?;
-            self.file
-                .fdatasync()
-                .await
-                .map_err(|e| Error::io(&self.path, e))
-        }
-        .await;
+        let res = self.cut_durably(len).await;
         let mut st = self.state.borrow_mut();
         match res {
             Ok(()) => {
@@ -482,24 +535,36 @@ impl AppendFile {
 /// Writes `data` to `path` durably and atomically (temp file, fdatasync, rename).
 pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
     let tmp = path.with_extension("tmp");
-    let _ = glommio::io::remove(&tmp).await;
+    let _ = remove(&tmp).await;
     {
         let f = AppendFile::open(&tmp, 0, data.len().max(1), 0).await?;
         f.push(data)?;
         f.seal().await?;
     }
-    glommio::io::rename(&tmp, path)
-        .await
-        .map_err(|e| Error::io(path, e))?;
+    rename(&tmp, path).await.map_err(|e| Error::io(path, e))?;
     sync_dir(path.parent().unwrap_or(Path::new("."))).await
 }
 
 /// fsyncs a directory so that creations, renames and removals in it are durable.
 pub async fn sync_dir(dir: &Path) -> Result<(), Error> {
+    simdisk::alive().map_err(|e| Error::io(dir, e))?;
     let d = glommio::io::Directory::open(dir)
         .await
         .map_err(|e| Error::io(dir, e))?;
     d.sync().await.map_err(|e| Error::io(dir, e))?;
     let _ = d.close().await;
     Ok(())
+}
+
+/// Removes a file (every removal in this crate goes through here, so the crash
+/// simulation can stop a crashed process's tasks from changing the disk).
+pub async fn remove(path: impl AsRef<Path>) -> std::io::Result<()> {
+    simdisk::alive()?;
+    glommio::io::remove(path).await.map_err(Into::into)
+}
+
+/// Renames a file (see [`remove`]).
+pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Result<()> {
+    simdisk::alive()?;
+    glommio::io::rename(from, to).await.map_err(Into::into)
 }

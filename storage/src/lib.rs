@@ -26,6 +26,7 @@ pub mod journal;
 pub mod log;
 pub mod probe;
 pub mod segment;
+pub mod simdisk;
 
 use std::path::Path;
 

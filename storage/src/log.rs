@@ -1007,14 +1007,24 @@ impl PartitionLog {
             f.truncate(len).await?;
         }
         file::sync_dir(&self.dir).await?;
+        if self.log_end_offset() < log_start {
+            // The batch holding `offset` began below the log start (DeleteRecords
+            // inside a batch), so nothing at or above the start is left: start over,
+            // empty, at the log start (Kafka's truncate-fully-and-start-at). A crash
+            // before this completes recovers a start clamped to the end (R13), which
+            // holds no record below the old start either.
+            self.roll_locked_at(Some(log_start)).await?;
+            self.delete_segments_below_start().await?;
+        }
         let st = self.state.borrow();
         st.check_invariants();
         tracing::info!(log = %self.name, offset, new_end = st.log_end(), "truncated log");
         Ok(())
     }
 
-    /// Position and base offset of the first batch of the active segment whose last
-    /// offset is at or beyond `offset` (the segment end if none).
+    /// Position of the first batch of the active segment whose last offset is at or
+    /// beyond `offset` (the segment end if none), and the log end a cut there leaves:
+    /// that batch's base, or `offset` when the batch starts above it.
     async fn locate_batch_start(&self, offset: i64) -> Result<(u64, i64), Error> {
         let (file, mut pos, end, base) = {
             let st = self.state.borrow();
@@ -1033,7 +1043,11 @@ impl PartitionLog {
                 .map_err(|e| Error::io(file.path(), e))?;
             let h = batch::BatchHeader::parse(&head)?;
             if h.last_offset() >= offset {
-                return Ok((pos, h.base_offset));
+                // A batch past a compaction gap may start above `offset`: the cut
+                // leaves the log ending at `offset` itself, not at that batch, but
+                // never below the segment's base (a gap at the front of the segment
+                // stays a gap).
+                return Ok((pos, h.base_offset.min(offset).max(base)));
             }
             next = h.last_offset() + 1;
             pos += h.total_bytes() as u64;
@@ -1347,7 +1361,7 @@ impl PartitionLog {
         }
         if !changed {
             drop(out);
-            let _ = glommio::io::remove(cleaned("log")).await;
+            let _ = file::remove(cleaned("log")).await;
             return Ok(());
         }
         out.seal().await?;
@@ -1381,7 +1395,7 @@ impl PartitionLog {
         if !self.segment_unchanged(c.base, c.generation) {
             // Retention or truncation removed it meanwhile.
             for ext in ["log", "index", "timeindex"] {
-                let _ = glommio::io::remove(cleaned(ext)).await;
+                let _ = file::remove(cleaned(ext)).await;
             }
             return Ok(());
         }
@@ -1389,14 +1403,14 @@ impl PartitionLog {
         self.swapping.set(Some(c.base));
         let _swapping = SwapGuard(self);
         for ext in ["index", "timeindex"] {
-            let _ = glommio::io::remove(name(ext)).await;
+            let _ = file::remove(name(ext)).await;
         }
         if seg.size == 0 {
             // Nothing left in it: the segment goes away entirely.
-            let _ = glommio::io::remove(cleaned("log")).await;
-            let _ = glommio::io::remove(name("log")).await;
+            let _ = file::remove(cleaned("log")).await;
+            let _ = file::remove(name("log")).await;
             for ext in ["index", "timeindex"] {
-                let _ = glommio::io::remove(cleaned(ext)).await;
+                let _ = file::remove(cleaned(ext)).await;
             }
             file::sync_dir(&self.dir).await?;
             self.storage.handles.borrow_mut().forget(&name("log"));
@@ -1409,7 +1423,7 @@ impl PartitionLog {
             return Ok(());
         }
         for ext in ["log", "index", "timeindex"] {
-            glommio::io::rename(cleaned(ext), name(ext))
+            file::rename(cleaned(ext), name(ext))
                 .await
                 .map_err(io(name(ext)))?;
         }

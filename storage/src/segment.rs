@@ -303,7 +303,7 @@ impl Segment {
 
     pub async fn remove_files(dir: &Path, base_offset: i64) {
         for ext in ["log", "index", "timeindex"] {
-            let _ = glommio::io::remove(dir.join(file_name(base_offset, ext))).await;
+            let _ = file::remove(dir.join(file_name(base_offset, ext))).await;
         }
     }
 

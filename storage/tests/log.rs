@@ -361,36 +361,6 @@ fn offset_for_timestamp_and_log_append_time() {
 }
 
 #[test]
-fn concurrent_appends_share_group_committed_flushes() {
-    let dir = tempdir();
-    let path = dir.path().to_path_buf();
-    run(move || async move {
-        let s = storage(&path, StorageLimits::default()).await;
-        let log = s.open_log("gc", LogConfig::default()).await.unwrap();
-        let mut tasks = Vec::new();
-        for i in 0..64u64 {
-            let log = log.clone();
-            tasks.push(glommio::spawn_local(async move {
-                let info = log.append(&batch(1, 1, i), 0).await.unwrap();
-                log.flush_for_ack().await.unwrap();
-                info.base_offset
-            }));
-        }
-        let mut offsets = Vec::new();
-        for t in tasks {
-            offsets.push(t.await);
-        }
-        offsets.sort_unstable();
-        assert_eq!(offsets, (0..64).collect::<Vec<_>>());
-        // Every acknowledged byte is on disk: the file holds at least the log's size.
-        let len = std::fs::metadata(path.join("gc").join(format!("{:020}.log", 0)))
-            .unwrap()
-            .len();
-        assert!(len >= log.size_bytes());
-    });
-}
-
-#[test]
 fn long_poll_wakes_on_append_and_times_out() {
     let dir = tempdir();
     let path = dir.path().to_path_buf();
@@ -408,40 +378,6 @@ fn long_poll_wakes_on_append_and_times_out() {
     });
 }
 
-#[test]
-fn interval_flush_policy_does_not_sync_per_ack_but_background_does() {
-    let dir = tempdir();
-    let path = dir.path().to_path_buf();
-    run(move || async move {
-        let s = storage(&path, StorageLimits::default()).await;
-        let cfg = LogConfig {
-            flush: FlushPolicy::IntervalMs(10),
-            ..LogConfig::default()
-        };
-        let log = s.open_log("iv", cfg).await.unwrap();
-        log.append(&batch(1, 1, 0), 0).await.unwrap();
-        log.flush_for_ack().await.unwrap();
-        s.spawn_background(3_600_000, 5).unwrap();
-        // The background flusher runs; bounded wait for it to record a flush.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            glommio::timer::sleep(Duration::from_millis(5)).await;
-            s.flush_due().await.unwrap();
-            if std::time::Instant::now() > deadline {
-                break;
-            }
-            if log.read(0, 100, None).await.is_ok() {
-                break;
-            }
-        }
-        assert_eq!(read_all(&log).await.len(), 1);
-    });
-}
-
-/// glommio 0.9 decides per thread and device whether polled I/O works from the first
-/// DMA file it opens; an empty read-write first file makes it wrongly say yes, and later
-/// reads fail with EOPNOTSUPP. `Storage::open` primes the device first. A fresh
-/// executor whose first log file is new and empty must read back from disk.
 #[test]
 fn first_dma_file_empty_and_read_write_still_reads() {
     let dir = tempdir();
@@ -673,5 +609,60 @@ fn reads_during_truncation_do_not_panic() {
         stop.set(true);
         assert!(reader.await > 0);
         assert_eq!(read_all(&log).await.len(), 4);
+    });
+}
+
+/// Found by the crash proptest: DeleteRecords inside a batch, then a truncation to the
+/// log start, rounded down to that batch's start below the log start (log end < log
+/// start: an invariant abort). The log now starts over, empty, at the log start.
+#[test]
+fn truncating_a_batch_that_straddles_the_log_start_leaves_an_empty_log_at_the_start() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let log = s.open_log("ts", LogConfig::default()).await.unwrap();
+        log.append(&batch(1, 2, 0), 0).await.unwrap();
+        assert_eq!(log.delete_records_before(1).await.unwrap(), 1);
+        log.truncate_to(1).await.unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (1, 1));
+        let info = log.append(&batch(1, 1, 1), 0).await.unwrap();
+        assert_eq!(info.base_offset, 1);
+        log.flush().await.unwrap();
+        drop(log);
+        let log = s.open_log("ts", LogConfig::default()).await.unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (1, 2));
+    });
+}
+
+/// Found by the crash proptest: truncating to an offset inside a compaction gap cut at
+/// the next batch but left the log end at that batch's base, above the offset asked.
+#[test]
+fn truncating_into_a_compaction_gap_ends_the_log_at_the_offset() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        let cfg = LogConfig {
+            cleanup_compact: true,
+            min_cleanable_dirty_ratio_bp: 0,
+            min_compaction_lag_ms: 0,
+            ..LogConfig::default()
+        };
+        let log = s.open_log("tg", cfg).await.unwrap();
+        let keyed = |k: &[u8], v: &[u8]| batch::build::batch(1, &[(Some(k), v)]);
+        log.append(&keyed(b"a", b"1"), 0).await.unwrap(); // 0: superseded by 2
+        log.append(&keyed(b"b", b"1"), 0).await.unwrap(); // 1: superseded by 3
+        log.append(&keyed(b"a", b"2"), 0).await.unwrap(); // 2
+        log.append(&keyed(b"b", b"2"), 0).await.unwrap(); // 3
+        log.append(&keyed(b"c", b"1"), 0).await.unwrap(); // 4
+        log.roll().await.unwrap();
+        log.append(&keyed(b"c", b"2"), 0).await.unwrap(); // 5
+        log.compact().await.unwrap();
+        // Segment 0 now holds offsets 2, 3, 4 (0 and 1 compacted away): a gap at 1.
+        log.truncate_to(1).await.unwrap();
+        assert_eq!(log.log_end_offset(), 1);
+        let info = log.append(&keyed(b"d", b"1"), 0).await.unwrap();
+        assert_eq!(info.base_offset, 1);
     });
 }

@@ -532,7 +532,9 @@ def test_group_consumes_across_coordinator_failover(cluster):
 def test_deleted_records_stay_deleted_after_failover(cluster):
     from confluent_kafka import Consumer, TopicPartition
     topic = "trimmed"
-    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    # Two partitions (only 0 is used) so that, with --cores 2, each broker has a log on
+    # each shard (a topic's partitions go round-robin over the shards).
+    cluster.create_topic(topic, partitions=2, rf=3, configs=DURABLE)
     acks = Acks()
     produce_n(producer(cluster.bootstrap), topic, [0], 40, acks, "t")
     assert acks.count() == 40 and not acks.failed

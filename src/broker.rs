@@ -368,7 +368,7 @@ impl Broker {
             .get(topic)
             .filter(|t| (0..t.partitions).contains(&partition))
             .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
-        debug_assert_eq!(
+        assert_eq!(
             self.owner(meta, partition),
             self.shard,
             "partition routed to its home shard"
@@ -565,49 +565,33 @@ impl Broker {
     }
 
     /// Waits until any partition's visible end (durable end for a follower, high
-    /// watermark for a consumer) passes its offset, or the timeout. Each listener is
-    /// registered before its condition is checked, so no progress is missed.
+    /// watermark for a consumer) passes its offset, or the timeout (see
+    /// [`crate::util::wait_any`]: no progress between the check and the wait is missed).
     async fn wait_local(
         &self,
         items: Vec<(String, i32, i64)>,
         timeout: Duration,
         follower: bool,
     ) -> bool {
-        let mut listeners = Vec::with_capacity(items.len());
-        for (t, p, offset) in &items {
-            let Ok(r) = self.replica(t, *p) else { continue };
-            let listener = r.progress.listen();
-            let visible = if follower {
-                r.durable_end()
-            } else {
-                r.high_watermark()
-            };
-            if visible > *offset {
-                return true;
-            }
-            listeners.push(listener);
-        }
-        if listeners.is_empty() {
-            glommio::timer::sleep(timeout).await;
-            return false;
-        }
-        let futs = listeners
-            .into_iter()
-            .map(|listener| async move {
-                futures_lite::future::or(
-                    async {
-                        listener.await;
-                        true
-                    },
-                    async {
-                        glommio::timer::sleep(timeout).await;
-                        false
-                    },
-                )
-                .await
+        let replicas: Vec<_> = items
+            .iter()
+            .filter_map(|(t, p, offset)| Some((self.replica(t, *p).ok()?, *offset)))
+            .collect();
+        let conditions = replicas
+            .iter()
+            .map(|(r, offset)| {
+                let holds: Box<dyn Fn() -> bool> = Box::new(move || {
+                    let visible = if follower {
+                        r.durable_end()
+                    } else {
+                        r.high_watermark()
+                    };
+                    visible > *offset
+                });
+                (&r.progress, holds)
             })
             .collect();
-        any_true(futs).await
+        crate::util::wait_any(conditions, timeout).await
     }
 
     async fn list_offset_local(

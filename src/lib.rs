@@ -24,3 +24,10 @@ pub mod replica;
 pub mod server;
 pub mod topic_config;
 pub mod util;
+
+/// Unit tests run on the broker's own allocator (as `main.rs` does), so request decoding
+/// behaves as in production: a huge client-supplied array length reserves address
+/// space instead of aborting the test process (see [`alloc`]).
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: alloc::Allocator = alloc::Allocator;

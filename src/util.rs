@@ -66,6 +66,45 @@ pub async fn any_true<F: Future<Output = bool>>(futures: Vec<F>) -> bool {
     .await
 }
 
+/// A condition to wait for: the event that signals progress, and the check.
+pub type Condition<'a> = (&'a event_listener::Event, Box<dyn Fn() -> bool + 'a>);
+
+/// Waits until one of `conditions` holds, each signalled by its event, or `timeout`
+/// (then `false`). Each event's listener is registered *before* its condition is
+/// read, so progress that lands between the read and the wait (a flush completing
+/// right then) still wakes the waiter: no lost wake-up. The fetch long-poll uses it.
+pub async fn wait_any(conditions: Vec<Condition<'_>>, timeout: std::time::Duration) -> bool {
+    let mut listeners = Vec::with_capacity(conditions.len());
+    for (event, holds) in &conditions {
+        let listener = event.listen();
+        if holds() {
+            return true;
+        }
+        listeners.push(listener);
+    }
+    if listeners.is_empty() {
+        glommio::timer::sleep(timeout).await;
+        return false;
+    }
+    let futs = listeners
+        .into_iter()
+        .map(|listener| async move {
+            futures_lite::future::or(
+                async {
+                    listener.await;
+                    true
+                },
+                async {
+                    glommio::timer::sleep(timeout).await;
+                    false
+                },
+            )
+            .await
+        })
+        .collect();
+    any_true(futs).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +122,66 @@ mod tests {
         assert!(futures_lite::future::block_on(any_true(f)));
         let g: Vec<Pin<Box<dyn Future<Output = bool>>>> = vec![Box::pin(async { false })];
         assert!(!futures_lite::future::block_on(any_true(g)));
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    fn on_executor<T: Send + 'static>(
+        f: impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = T>>> + Send + 'static,
+    ) -> T {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// The lost wake-up fixed in f0e4fe4, made deterministic: the progress (a flush)
+    /// lands exactly between reading the condition and waiting. The condition is read
+    /// once before the wait and reports "not yet" while the event fires; a waiter that
+    /// registered its listener after the read would sleep the whole timeout and
+    /// answer false.
+    #[test]
+    fn progress_between_the_read_and_the_wait_wakes_the_waiter() {
+        let woke = on_executor(|| {
+            Box::pin(async {
+                let event = event_listener::Event::new();
+                let flushed = Cell::new(false);
+                let cond = || {
+                    // The read sees the state before the flush...
+                    let before = flushed.get();
+                    // ...and the flush completes right after it, notifying.
+                    flushed.set(true);
+                    event.notify(usize::MAX);
+                    before
+                };
+                wait_any(vec![(&event, Box::new(cond))], Duration::from_secs(30)).await
+            })
+        });
+        assert!(
+            woke,
+            "the notification between the read and the wait was lost"
+        );
+    }
+
+    #[test]
+    fn wait_any_times_out_false_and_sees_a_condition_already_true() {
+        let (timed_out, already) = on_executor(|| {
+            Box::pin(async {
+                let event = event_listener::Event::new();
+                let no =
+                    wait_any(vec![(&event, Box::new(|| false))], Duration::from_millis(1)).await;
+                let yes =
+                    wait_any(vec![(&event, Box::new(|| true))], Duration::from_secs(30)).await;
+                (no, yes)
+            })
+        });
+        assert!(!timed_out);
+        assert!(already);
     }
 }

@@ -645,7 +645,10 @@ impl Leader {
     }
 
     fn propose(&mut self, new_isr: Vec<BrokerId>) -> Option<AlterIsr> {
-        debug_assert!(new_isr.contains(&self.me));
+        assert!(
+            new_isr.contains(&self.me),
+            "a leader proposed an ISR without itself"
+        );
         let alter = AlterIsr {
             leader_epoch: self.leader_epoch,
             partition_epoch: self.partition_epoch,

@@ -321,10 +321,13 @@ mod tests {
         );
         let mut config = RuntimeConfig::new(n);
         config.pin = false;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let shards = (0..n)
             .map(|i| {
                 let b = builders.clone();
+                let done = done.clone();
                 move || async move {
+                    use std::sync::atomic::Ordering;
                     let limits = MeshLimits {
                         channel_capacity: 4,
                         inflight_max: 8,
@@ -343,8 +346,14 @@ mod tests {
                     for c in calls {
                         out.push(c.await.unwrap());
                     }
-                    // Keep serving until the peer is surely done with us.
-                    glommio::timer::sleep(std::time::Duration::from_millis(200)).await;
+                    // Keep serving until every shard has its answers (a counter the
+                    // shards share; bounded wait, no sleep as synchronisation).
+                    done.fetch_add(1, Ordering::SeqCst);
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                    while done.load(Ordering::SeqCst) < n {
+                        assert!(std::time::Instant::now() < deadline, "peers never finished");
+                        glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                    }
                     out
                 }
             })

@@ -243,7 +243,10 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(BatchHeader, std::ops::Range<usi
 /// CRC), and, for LogAppendTime topics, the timestamp type and max timestamp (inside
 /// it, so the CRC is recomputed).
 pub fn assign(batch: &mut [u8], base_offset: i64, leader_epoch: i32, log_append_time: Option<i64>) {
-    debug_assert!(batch.len() >= HEADER_BYTES);
+    assert!(
+        batch.len() >= HEADER_BYTES,
+        "assign on a partial batch header"
+    );
     (&mut batch[OFF_BASE_OFFSET..OFF_LENGTH]).put_i64(base_offset);
     (&mut batch[OFF_LEADER_EPOCH..OFF_MAGIC]).put_i32(leader_epoch);
     if let Some(ts) = log_append_time {

@@ -1,6 +1,8 @@
 """Tier: black-box with kafka-python 3 (pure Python, its own protocol code)."""
+import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import IncompatibleBrokerVersion
 
 from conftest import wait_until
 
@@ -49,3 +51,36 @@ def test_auto_created_topic_and_end_offsets(broker):
     assert c.end_offsets([tp])[tp] == 10
     assert c.beginning_offsets([tp])[tp] == 0
     c.close()
+
+
+@pytest.mark.xfail(strict=True, raises=IncompatibleBrokerVersion,
+                   reason="InitProducerId not implemented: exactly-once, issue 11")
+def test_default_idempotent_producer_round_trip(broker):
+    """A KafkaProducer with kafka-python 3's defaults (enable_idempotence=True, acks=all):
+    today every send fails with IncompatibleBrokerVersion ("broker does not support the
+    'InitProducerIdRequest'"); any other failure is a real one. Strict: once issue 11
+    lands this passes, which fails the run until the marker is removed."""
+    admin = KafkaAdminClient(bootstrap_servers=broker.addr)
+    admin.create_topics([NewTopic("kp-idem", num_partitions=1, replication_factor=1)])
+    admin.close()
+    p = KafkaProducer(bootstrap_servers=broker.addr)
+    assert p.config["enable_idempotence"] and p.config["acks"] == -1, "not the defaults this test is about"
+    try:
+        meta = [p.send("kp-idem", key=b"k", value=b"v%d" % i).get(timeout=30) for i in range(10)]
+    finally:
+        p.close(timeout=10)
+    assert [m.offset for m in meta] == list(range(10))
+    c = KafkaConsumer(bootstrap_servers=broker.addr, enable_auto_commit=False, auto_offset_reset="earliest")
+    tp = TopicPartition("kp-idem", 0)
+    c.assign([tp])
+    c.seek_to_beginning()
+    got = []
+
+    def more():
+        for recs in c.poll(timeout_ms=500).values():
+            got.extend(recs)
+        return len(got) >= 10
+
+    wait_until(more, timeout=30, interval=0, what="10 records")
+    c.close()
+    assert [(r.offset, r.value) for r in got] == [(i, b"v%d" % i) for i in range(10)]

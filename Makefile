@@ -4,7 +4,7 @@ CARGO ?= cargo
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 
-.PHONY: run build release test lint unit e2e deps bench fuzz sim clean cluster cluster-stop cluster-status
+.PHONY: run build release test lint unit e2e deps bench bench-ab fuzz sim clean cluster cluster-stop cluster-status
 
 run: release
 	@echo "Sluice: Kafka API on $(LISTEN), data under $(DATA_DIR). Try: kcat -b $(LISTEN) -L"
@@ -31,6 +31,7 @@ deps:
 	bash scripts/install-test-deps.sh
 
 # Tests run in release, where debug_assert! never fires: invariants use assert!.
+# src/ imports only downward through the layers listed in src/lib.rs.
 # The fuzz target lives outside the workspace (it needs nightly to run); check that it
 # still builds against the broker (its corpus is replayed by a unit test).
 lint:
@@ -39,6 +40,7 @@ lint:
 	@if grep -rn --include='*.rs' 'debug_assert' src shard storage replication bench; then \
 		echo "lint: use assert! (make unit runs in release, where debug_assert! is off)"; exit 1; fi
 	$(CARGO) check --quiet --manifest-path fuzz/Cargo.toml
+	python3 scripts/check-layers.py
 
 # Tiers: unit + property + crash-recovery tests (cargo), then end-to-end tests
 # against real broker processes with real Kafka clients (tests/).
@@ -52,6 +54,10 @@ test: deps lint unit e2e
 
 bench: release
 	bash scripts/bench.sh
+
+# Two builds side by side in one run: make bench-ab BASE_BIN=/path/to/old/sluice
+bench-ab: release
+	bash scripts/bench-ab.sh $(BASE_BIN) ./target/release/sluice
 
 fuzz:
 	bash scripts/fuzz.sh

@@ -1,12 +1,17 @@
-//! The broker as one shard sees it: its partition logs, its copy of the metadata image,
-//! and the messages shards exchange.
+//! The shard context and partition host: what one shard knows and owns — its
+//! partition logs and their replica state, its copy of the metadata image, its end of
+//! the cross-shard mesh — and the partition work that runs on a partition's home shard
+//! (produce, read, wait, ListOffsets, DeleteRecords, OffsetForLeaderEpoch).
 //!
 //! A [`Broker`] lives on one shard (one executor thread) and is `Rc`-shared by that
-//! shard's connections. Partition work ([`ShardReq::Produce`], `Read`, `Wait`, ...) runs
-//! on the partition's home shard; the shard that received the client request fans the
-//! work out by owner with [`Broker::fan_out`] and merges the replies. Metadata changes
-//! run on shard 0 (the controller, see [`crate::controller`]) and reach every shard as
-//! a new image ([`ShardReq::Apply`]).
+//! shard's connections and tasks. A request that reaches another shard's partitions
+//! fans out by owner over typed calls ([`crate::rpc`]) with [`Broker::fan_out`]; the
+//! serving side is `crate::dispatch`. Metadata changes run on shard 0 (the controller)
+//! and reach every shard as a new image ([`Broker::apply`]).
+//!
+//! Layering: this module knows nothing of the controller, the group shell or the
+//! replica fetchers above it. It tells them what happens to its partitions through
+//! [`PartitionEvents`] subscribers installed at start-up (`crate::node`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -17,98 +22,29 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
+use sluice_replication::isr;
 use sluice_shard::{Mesh, ShardId, ShardTable};
 use sluice_storage::{batch, PartitionLog, Storage};
 
 use crate::config::BrokerConfig;
-use crate::controller::{ControlOp, ControlResult, Controller};
 use crate::error::{self, ApiError};
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::replica::{Fetchers, Replica};
+use crate::rpc::{Appended, ProduceItem, ReadItem, ReadOut, ShardCall, ShardReq, ShardResp, Wait};
 use crate::topic_config::TopicConfig;
 use crate::util::{any_true, join_all};
 
-/// Produce work for one partition on its home shard.
-#[derive(Debug)]
-pub struct ProduceItem {
-    pub topic: String,
-    pub partition: i32,
-    /// One or more v2 batches, a zero-copy slice of the request frame.
-    pub records: Bytes,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Appended {
-    pub base_offset: i64,
-    pub log_append_time_ms: i64,
-    pub log_start_offset: i64,
-}
-
-#[derive(Debug)]
-pub struct ReadItem {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub max_bytes: usize,
-    /// The fetching follower's broker id, or -1 for a consumer.
-    pub replica_id: i32,
-    /// The requester's view of the leader epoch (KIP-320), -1 if none.
-    pub current_leader_epoch: i32,
-}
-
-#[derive(Debug, Default)]
-pub struct ReadOut {
-    pub error: Option<ApiError>,
-    pub high_watermark: i64,
-    pub log_start_offset: i64,
-    pub records: Bytes,
-}
-
-/// A request from one shard to another.
-pub enum ShardReq {
-    Produce {
-        acks: i16,
-        /// How long acks=all may wait for the in-sync replicas.
-        timeout: Duration,
-        items: Vec<ProduceItem>,
-    },
-    /// OffsetForLeaderEpoch: (topic, partition, current leader epoch, epoch asked).
-    EpochEnd { items: Vec<(String, i32, i32, i32)> },
-    /// Read without waiting.
-    Read { items: Vec<ReadItem> },
-    /// Wait until any partition's log end passes its offset, or the timeout.
-    /// Wait until any partition's visible end passes its offset (durable end for a
-    /// follower fetch, high watermark for a consumer), or the timeout.
-    Wait {
-        items: Vec<(String, i32, i64)>,
-        timeout: Duration,
-        follower: bool,
-    },
-    /// (topic, partition, timestamp): -2 earliest, -1 latest, else first at or after.
-    /// (topic, partition, timestamp, current leader epoch or -1 (KIP-320)).
-    ListOffsets { items: Vec<(String, i32, i64, i32)> },
-    /// (topic, partition, delete before this offset; -1 = high watermark).
-    DeleteRecords { items: Vec<(String, i32, i64)> },
-    /// A new metadata image to adopt (from the controller).
-    Apply(Arc<MetadataImage>),
-    /// A metadata change, for the controller on shard 0.
-    Control(ControlOp),
-    /// A consumer-group request for the home shard of this `__consumer_offsets`
-    /// partition (see [`crate::group`]).
-    Group(Box<(i32, crate::group::GroupReq)>),
-}
-
-/// The reply to a [`ShardReq`], variant for variant.
-pub enum ShardResp {
-    Produce(Vec<Result<Appended, ApiError>>),
-    EpochEnd(Vec<Result<(i32, i64), ApiError>>),
-    Read(Vec<ReadOut>),
-    Wait(bool),
-    ListOffsets(Vec<Result<(i64, i64), ApiError>>),
-    DeleteRecords(Vec<Result<i64, ApiError>>),
-    Applied,
-    Control(ControlResult),
-    Group(Result<crate::group::GroupResp, ApiError>),
+/// What the partition host tells the layers above it. Subscribers are installed at
+/// start-up (`crate::node`); every method has a do-nothing default.
+pub trait PartitionEvents {
+    /// This shard now follows `leader` for some partition and no fetcher of this shard
+    /// fetches from it yet (the replica fetchers start one).
+    fn follow(&self, _broker: &Rc<Broker>, _leader: i32) {}
+    /// A leader here wants its ISR changed (the fetchers' layer proposes it).
+    fn propose_isr(&self, _broker: &Rc<Broker>, _replica: &Rc<Replica>, _alter: isr::AlterIsr) {}
+    /// The leader epoch of a partition on this shard changed (the group shell forgets
+    /// the groups of a `__consumer_offsets` partition).
+    fn leadership_changed(&self, _topic: &str, _partition: i32) {}
 }
 
 /// Per-shard limits, fixed at start-up.
@@ -147,8 +83,8 @@ pub struct Broker {
     topic_configs: RefCell<HashMap<String, Rc<TopicConfig>>>,
     /// Serialises image changes on this shard.
     apply_lock: Semaphore,
-    /// Present on shard 0 only.
-    pub controller: Option<Controller>,
+    /// The layers above, told about partition events.
+    subscribers: RefCell<Vec<Rc<dyn PartitionEvents>>>,
 }
 
 impl Broker {
@@ -157,7 +93,6 @@ impl Broker {
         mesh: Rc<Mesh<ShardReq, ShardResp>>,
         storage: Rc<Storage>,
         limits: ShardLimits,
-        controller: Option<Controller>,
     ) -> Broker {
         let shard = mesh.id();
         Broker {
@@ -182,7 +117,7 @@ impl Broker {
             published: event_listener::Event::new(),
             topic_configs: RefCell::new(HashMap::new()),
             apply_lock: Semaphore::new(1),
-            controller,
+            subscribers: RefCell::new(Vec::new()),
             config,
         }
     }
@@ -196,77 +131,50 @@ impl Broker {
         self.table.owner(topic.id.as_u128(), partition)
     }
 
-    /// Handles a request from another shard (or this one, via `Mesh::call`).
-    pub async fn handle_shard_request(self: Rc<Self>, req: ShardReq) -> ShardResp {
-        match req {
-            ShardReq::Produce {
-                acks,
-                timeout,
-                items,
-            } => {
-                let futs = items
-                    .into_iter()
-                    .map(|it| self.produce_local(acks, timeout, it))
-                    .collect();
-                ShardResp::Produce(join_all(futs).await)
-            }
-            ShardReq::EpochEnd { items } => ShardResp::EpochEnd(
-                items
-                    .into_iter()
-                    .map(|(t, p, current, epoch)| {
-                        self.replica(&t, p)
-                            .and_then(|r| r.epoch_end(current, epoch))
-                    })
-                    .collect(),
-            ),
-            ShardReq::Read { items } => {
-                let futs = items.into_iter().map(|it| self.read_local(it)).collect();
-                ShardResp::Read(join_all(futs).await)
-            }
-            ShardReq::Wait {
-                items,
-                timeout,
-                follower,
-            } => ShardResp::Wait(self.wait_local(items, timeout, follower).await),
-            ShardReq::ListOffsets { items } => {
-                let futs = items
-                    .into_iter()
-                    .map(|(t, p, ts, epoch)| self.list_offset_local(t, p, ts, epoch))
-                    .collect();
-                ShardResp::ListOffsets(join_all(futs).await)
-            }
-            ShardReq::DeleteRecords { items } => {
-                let futs = items
-                    .into_iter()
-                    .map(|(t, p, o)| self.delete_records_local(t, p, o))
-                    .collect();
-                ShardResp::DeleteRecords(join_all(futs).await)
-            }
-            ShardReq::Apply(image) => {
-                self.apply(image).await;
-                ShardResp::Applied
-            }
-            ShardReq::Group(req) => {
-                let (partition, req) = *req;
-                ShardResp::Group(crate::group::shard::serve(self, partition, req).await)
-            }
-            ShardReq::Control(op) => match &self.controller {
-                Some(c) => ShardResp::Control(c.execute(&self, op).await),
-                None => panic!(
-                    "control request sent to {} which is not the controller",
-                    self.shard
-                ),
-            },
+    /// Installs a subscriber to partition events (start-up only).
+    pub fn subscribe(&self, subscriber: Rc<dyn PartitionEvents>) {
+        self.subscribers.borrow_mut().push(subscriber);
+    }
+
+    fn each_subscriber(&self, f: impl Fn(&dyn PartitionEvents)) {
+        let subs: Vec<_> = self.subscribers.borrow().clone();
+        for s in subs {
+            f(&*s);
         }
+    }
+
+    /// Makes a typed call to `shard` (this one included).
+    pub async fn call<C: ShardCall>(
+        &self,
+        shard: ShardId,
+        call: C,
+    ) -> Result<C::Reply, sluice_shard::MeshError> {
+        self.mesh
+            .call(shard, call.into_request())
+            .await
+            .map(C::from_response)
+    }
+
+    /// OffsetForLeaderEpoch on this shard's partitions.
+    pub fn epoch_end_local(
+        &self,
+        items: Vec<(String, i32, i32, i32)>,
+    ) -> Vec<Result<(i32, i64), ApiError>> {
+        items
+            .into_iter()
+            .map(|(t, p, current, epoch)| {
+                self.replica(&t, p)
+                    .and_then(|r| r.epoch_end(current, epoch))
+            })
+            .collect()
     }
 
     /// Sends `items` to their home shards (grouped, one message per shard, all shards
     /// concurrently) and returns the replies in the order of `items`.
-    pub async fn fan_out<T, R>(
+    pub async fn fan_out<T, R, C: ShardCall<Reply = Vec<R>>>(
         &self,
         items: Vec<(ShardId, T)>,
-        make: impl Fn(Vec<T>) -> ShardReq,
-        unpack: impl Fn(ShardResp) -> Vec<R>,
+        make: impl Fn(Vec<T>) -> C,
         on_error: impl Fn(&sluice_shard::MeshError) -> R,
     ) -> Vec<R> {
         let n = items.len();
@@ -280,14 +188,13 @@ impl Broker {
         let mut calls = Vec::with_capacity(groups.len());
         for (shard, (idx, its)) in groups {
             order.push(idx);
-            calls.push(self.mesh.call(shard, make(its)));
+            calls.push(self.call(shard, make(its)));
         }
         let replies = join_all(calls).await;
         let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
         for (idx, reply) in order.into_iter().zip(replies) {
             match reply {
-                Ok(resp) => {
-                    let rs = unpack(resp);
+                Ok(rs) => {
                     assert_eq!(rs.len(), idx.len(), "a shard answers every item");
                     for (i, r) in idx.into_iter().zip(rs) {
                         out[i] = Some(r);
@@ -310,12 +217,11 @@ impl Broker {
     /// home shard as one item (all shards at once); unknown ones are answered
     /// UNKNOWN_TOPIC_OR_PARTITION without reaching a shard. Results come back per
     /// topic, in request order.
-    pub async fn per_partition<K, T, R>(
+    pub async fn per_partition<K, T, R, C: ShardCall<Reply = Vec<Result<R, ApiError>>>>(
         &self,
         request: Vec<(K, Vec<(i32, T)>)>,
         topic: impl Fn(&K) -> &str,
-        make: impl Fn(Vec<T>) -> ShardReq,
-        unpack: impl Fn(ShardResp) -> Vec<Result<R, ApiError>>,
+        make: impl Fn(Vec<T>) -> C,
     ) -> Vec<(K, Vec<(i32, Result<R, ApiError>)>)> {
         let image = self.image();
         let mut jobs = Vec::new();
@@ -338,7 +244,7 @@ impl Broker {
             shape.push((key, slots));
         }
         let mut results = self
-            .fan_out(jobs, make, unpack, |e| Err(error::from_mesh(e)))
+            .fan_out(jobs, make, |e| Err(error::from_mesh(e)))
             .await
             .into_iter();
         shape
@@ -451,7 +357,7 @@ impl Broker {
             .map(|_| ())
     }
 
-    async fn produce_local(
+    pub async fn produce_local(
         &self,
         acks: i16,
         timeout: Duration,
@@ -516,7 +422,7 @@ impl Broker {
         })
     }
 
-    async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
+    pub async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
         let failed = |e: ApiError| ReadOut {
             error: Some(e),
             high_watermark: -1,
@@ -543,7 +449,7 @@ impl Broker {
                 }
             };
         if let Some(alter) = alter {
-            crate::replica::propose_alter(self, &replica, alter);
+            self.each_subscriber(|s| s.propose_isr(self, &replica, alter.clone()));
         }
         match log
             .read(item.offset, item.max_bytes.max(1), Some(bound))
@@ -567,7 +473,7 @@ impl Broker {
     /// Waits until any partition's visible end (durable end for a follower, high
     /// watermark for a consumer) passes its offset, or the timeout (see
     /// [`crate::util::wait_any`]: no progress between the check and the wait is missed).
-    async fn wait_local(
+    pub async fn wait_local(
         &self,
         items: Vec<(String, i32, i64)>,
         timeout: Duration,
@@ -594,7 +500,7 @@ impl Broker {
         crate::util::wait_any(conditions, timeout).await
     }
 
-    async fn list_offset_local(
+    pub async fn list_offset_local(
         &self,
         topic: String,
         partition: i32,
@@ -622,7 +528,7 @@ impl Broker {
         }
     }
 
-    async fn delete_records_local(
+    pub async fn delete_records_local(
         &self,
         topic: String,
         partition: i32,
@@ -728,13 +634,12 @@ impl Broker {
             };
             let epoch_before = replica.leader_epoch();
             let follow = replica.reconcile(me, a, lag_max);
-            if name == crate::group::OFFSETS_TOPIC && replica.leader_epoch() != epoch_before {
-                crate::group::shard::unload(*p);
+            if replica.leader_epoch() != epoch_before {
+                self.each_subscriber(|s| s.leadership_changed(name, *p));
             }
             if let Some(leader) = follow {
                 if self.fetchers.claim(leader) {
-                    glommio::spawn_local(crate::replica::fetcher(Rc::downgrade(self), leader))
-                        .detach();
+                    self.each_subscriber(|s| s.follow(self, leader));
                 }
             }
         }
@@ -798,12 +703,10 @@ impl Broker {
     }
 
     /// Asks the controller (shard 0) to make a metadata change.
-    pub async fn control(&self, op: ControlOp) -> Result<ControlResult, ApiError> {
-        match self.mesh.call(ShardId(0), ShardReq::Control(op)).await {
-            Ok(ShardResp::Control(r)) => Ok(r),
-            Ok(_) => panic!("controller answered a control request with another reply"),
-            Err(e) => Err(error::from_mesh(&e)),
-        }
+    pub async fn control<C: ShardCall>(&self, call: C) -> Result<C::Reply, ApiError> {
+        self.call(ShardId(0), call)
+            .await
+            .map_err(|e| error::from_mesh(&e))
     }
 
     /// Waits (bounded by `deadline`) for a partition of any item to have data past the
@@ -825,19 +728,12 @@ impl Broker {
         let calls = groups
             .into_iter()
             .map(|(s, items)| async move {
-                matches!(
-                    self.mesh
-                        .call(
-                            s,
-                            ShardReq::Wait {
-                                items,
-                                timeout,
-                                follower
-                            }
-                        )
-                        .await,
-                    Ok(ShardResp::Wait(true))
-                )
+                let wait = Wait {
+                    items,
+                    timeout,
+                    follower,
+                };
+                matches!(self.call(s, wait).await, Ok(true))
             })
             .collect();
         any_true(calls).await

@@ -224,7 +224,7 @@ impl ClusterSettings {
             .clone()
             .or(file.controller_quorum.clone())
         {
-            Some(q) => crate::quorum_io::parse_quorum(&q)?,
+            Some(q) => parse_quorum(&q)?,
             None => {
                 // A quorum of this node alone; the address is never dialled.
                 let addr = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("address"));
@@ -331,6 +331,36 @@ impl GroupSettings {
         }
         Ok(s)
     }
+}
+
+/// Parses `1@host:port,2@host:port,...`.
+pub fn parse_quorum(s: &str) -> Result<Vec<(i32, std::net::SocketAddr)>, String> {
+    let mut out: Vec<(i32, std::net::SocketAddr)> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('@')
+            .ok_or_else(|| format!("--controller-quorum: '{part}' is not ID@HOST:PORT"))?;
+        let id: i32 = id
+            .parse()
+            .map_err(|_| format!("--controller-quorum: bad node id '{id}'"))?;
+        if id < 1 {
+            return Err(format!(
+                "--controller-quorum: node id {id} must be at least 1"
+            ));
+        }
+        let addr: std::net::SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
+            .map_err(|e| format!("--controller-quorum: '{addr}': {e}"))?
+            .next()
+            .ok_or_else(|| format!("--controller-quorum: '{addr}' resolves to nothing"))?;
+        if out.iter().any(|(i, _)| *i == id) {
+            return Err(format!("--controller-quorum: node {id} listed twice"));
+        }
+        out.push((id, addr));
+    }
+    if out.is_empty() {
+        return Err("--controller-quorum is empty".into());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -19,68 +19,20 @@ use sluice_replication::cluster::{Applied, ClusterState, Command};
 use sluice_shard::ShardId;
 use uuid::Uuid;
 
-use crate::broker::{Broker, ShardReq};
+use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::quorum_io::{to_api_error, QuorumNode};
+use crate::rpc::{
+    AlterConfigs, Apply, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics, NewTopic,
+    TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
+};
 use crate::topic_config::{validate_topic_name, TopicConfig};
 
 /// Largest partition count a topic may have (a bound on per-topic work).
 pub const PARTITIONS_MAX: i32 = 10_000;
 /// How long a metadata change may take to commit.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(15);
-
-#[derive(Debug, Clone)]
-pub struct NewTopic {
-    pub name: String,
-    /// -1: the broker default.
-    pub num_partitions: i32,
-    /// -1: the default, min(3, live brokers).
-    pub replication_factor: i16,
-    pub configs: Vec<(String, Option<String>)>,
-}
-
-/// IncrementalAlterConfigs operations (Kafka's numbering).
-pub const OP_SET: i8 = 0;
-pub const OP_DELETE: i8 = 1;
-pub const OP_APPEND: i8 = 2;
-pub const OP_SUBTRACT: i8 = 3;
-
-#[derive(Debug, Clone)]
-pub enum TopicRef {
-    Name(String),
-    Id(Uuid),
-}
-
-/// One IncrementalAlterConfigs operation: (config name, operation, value).
-pub type ConfigOp = (String, i8, Option<String>);
-
-pub enum ControlOp {
-    CreateTopics {
-        topics: Vec<NewTopic>,
-        validate_only: bool,
-    },
-    DeleteTopics {
-        topics: Vec<TopicRef>,
-    },
-    CreatePartitions {
-        items: Vec<(String, i32)>,
-        validate_only: bool,
-    },
-    AlterConfigs {
-        items: Vec<(String, Vec<ConfigOp>)>,
-        validate_only: bool,
-    },
-    /// A command from inside the broker (an ISR change from a partition leader).
-    Command(Command),
-}
-
-pub enum ControlResult {
-    Created(Vec<Result<(String, TopicMeta), ApiError>>),
-    Deleted(Vec<Result<(String, Uuid), ApiError>>),
-    Done(Vec<Result<(), ApiError>>),
-    Command(Result<Applied, ApiError>),
-}
 
 pub struct Controller {
     pub quorum: Rc<QuorumNode>,
@@ -112,85 +64,94 @@ impl Controller {
         }
     }
 
-    pub async fn execute(&self, broker: &Broker, op: ControlOp) -> ControlResult {
-        if let ControlOp::Command(cmd) = op {
-            return ControlResult::Command(self.commit(broker, cmd).await);
-        }
-        let _guard = self
-            .lock
+    /// An internal command (an ISR change from a partition leader).
+    pub async fn propose(&self, broker: &Broker, cmd: Command) -> Result<Applied, ApiError> {
+        self.commit(broker, cmd).await
+    }
+
+    /// Admin changes run one at a time, so "already exists" checks see each other.
+    async fn admin_lock(&self) -> glommio::sync::Permit<'_> {
+        self.lock
             .acquire_permit(1)
             .await
-            .expect("controller lock never closes");
-        match op {
-            ControlOp::CreateTopics {
-                topics,
-                validate_only,
-            } => {
-                let mut out = Vec::with_capacity(topics.len());
-                for t in topics {
-                    let state = self.quorum.state();
-                    let r = match create(&state, broker, t) {
-                        Ok((name, cmd, meta)) if validate_only => {
-                            drop(cmd);
-                            Ok((name, meta))
-                        }
-                        Ok((name, cmd, meta)) => {
-                            self.commit(broker, cmd).await.map(|_| (name, meta))
-                        }
-                        Err(e) => Err(e),
-                    };
-                    out.push(r);
-                }
-                ControlResult::Created(out)
-            }
-            ControlOp::DeleteTopics { topics } => {
-                let mut out = Vec::with_capacity(topics.len());
-                for t in topics {
-                    let r = match resolve(&broker.image(), t) {
-                        Ok((name, id)) => self
-                            .commit(broker, Command::DeleteTopic { name: name.clone() })
-                            .await
-                            .map(|_| (name, id)),
-                        Err(e) => Err(e),
-                    };
-                    out.push(r);
-                }
-                ControlResult::Deleted(out)
-            }
-            ControlOp::CreatePartitions {
-                items,
-                validate_only,
-            } => {
-                let mut out = Vec::with_capacity(items.len());
-                for (topic, count) in items {
-                    let state = self.quorum.state();
-                    let r = match add_partitions(&state, &topic, count) {
-                        Ok(_) if validate_only => Ok(()),
-                        Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    };
-                    out.push(r);
-                }
-                ControlResult::Done(out)
-            }
-            ControlOp::AlterConfigs {
-                items,
-                validate_only,
-            } => {
-                let mut out = Vec::with_capacity(items.len());
-                for (topic, ops) in items {
-                    let state = self.quorum.state();
-                    let r = match alter(&state, &topic, ops) {
-                        Ok(_) if validate_only => Ok(()),
-                        Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    };
-                    out.push(r);
-                }
-                ControlResult::Done(out)
-            }
-            ControlOp::Command(_) => unreachable!("handled above"),
+            .expect("controller lock never closes")
+    }
+
+    pub async fn create_topics(
+        &self,
+        broker: &Broker,
+        call: CreateTopics,
+    ) -> Vec<Result<(String, TopicMeta), ApiError>> {
+        let _guard = self.admin_lock().await;
+        let mut out = Vec::with_capacity(call.topics.len());
+        for t in call.topics {
+            let state = self.quorum.state();
+            let r = match create(&state, broker, t) {
+                Ok((name, _, meta)) if call.validate_only => Ok((name, meta)),
+                Ok((name, cmd, meta)) => self.commit(broker, cmd).await.map(|_| (name, meta)),
+                Err(e) => Err(e),
+            };
+            out.push(r);
         }
+        out
+    }
+
+    pub async fn delete_topics(
+        &self,
+        broker: &Broker,
+        call: DeleteTopics,
+    ) -> Vec<Result<(String, Uuid), ApiError>> {
+        let _guard = self.admin_lock().await;
+        let mut out = Vec::with_capacity(call.topics.len());
+        for t in call.topics {
+            let r = match resolve(&broker.image(), t) {
+                Ok((name, id)) => self
+                    .commit(broker, Command::DeleteTopic { name: name.clone() })
+                    .await
+                    .map(|_| (name, id)),
+                Err(e) => Err(e),
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    pub async fn create_partitions(
+        &self,
+        broker: &Broker,
+        call: CreatePartitions,
+    ) -> Vec<Result<(), ApiError>> {
+        let _guard = self.admin_lock().await;
+        let mut out = Vec::with_capacity(call.items.len());
+        for (topic, count) in call.items {
+            let state = self.quorum.state();
+            let r = match add_partitions(&state, &topic, count) {
+                Ok(_) if call.validate_only => Ok(()),
+                Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    pub async fn alter_configs(
+        &self,
+        broker: &Broker,
+        call: AlterConfigs,
+    ) -> Vec<Result<(), ApiError>> {
+        let _guard = self.admin_lock().await;
+        let mut out = Vec::with_capacity(call.items.len());
+        for (topic, ops) in call.items {
+            let state = self.quorum.state();
+            let r = match alter(&state, &topic, ops) {
+                Ok(_) if call.validate_only => Ok(()),
+                Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            out.push(r);
+        }
+        out
     }
 }
 
@@ -202,7 +163,7 @@ pub async fn publish(broker: &Broker, image: Arc<MetadataImage>) {
         .map(|s: ShardId| {
             let image = image.clone();
             async move {
-                if let Err(e) = broker.mesh.call(s, ShardReq::Apply(image)).await {
+                if let Err(e) = broker.call(s, Apply(image)).await {
                     tracing::error!(shard = %s, error = %e, "shard did not adopt the metadata image");
                 }
             }

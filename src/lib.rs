@@ -1,11 +1,35 @@
-//! `sluice`: the broker binary's library — CLI configuration, the Kafka API layer (one
-//! module per API in [`api`]), the per-shard broker state ([`broker`]), the metadata
-//! controller ([`controller`]) and the listener ([`server`]).
+//! `sluice`: the broker binary's library: configuration, the shard context and
+//! partition host, the controller, the group shell, the Kafka API handlers (one module
+//! per API in [`api`]), the listener, and the admin CLIs.
 //!
-//! Everything here runs on shards (glommio executor threads) and sits on top of
-//! `sluice-shard` (runtime, shard table, mesh) and `sluice-storage` (partition logs).
-//! Nothing here may block a shard's reactor on the produce/fetch path; metadata
-//! changes (rare, small) write their file synchronously on shard 0.
+//! Everything here runs on shards (glommio executor threads) and sits on top of the
+//! workspace crates: `sluice-shard` (runtime, shard table, mesh), `sluice-storage`
+//! (partition logs), `sluice-replication` (cluster state machine, raft quorum, ISR state
+//! machines) and `sluice-coordinator` (the pure group coordinator). Nothing here may
+//! block a shard's reactor on the produce/fetch path.
+//!
+//! ## Layers
+//!
+//! Bottom to top. A module may import only from layers below its own; a layer below
+//! learns about one above only through what it is handed at start-up (the partition
+//! host's [`broker::PartitionEvents`] subscribers, the mesh's serving closure).
+//! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
+//! from here).
+//!
+//! 1. `alloc`, `util`, `error`, `topic_config`, `kafka_client`, `config`, `metadata` —
+//!    base: helpers, errors and their Kafka codes, topic configs, the admin clients'
+//!    Kafka client, the one broker config, the metadata image.
+//! 2. `rpc`, `replica`, `quorum_io` — the typed cross-shard calls and their messages; a
+//!    partition's replica state; the raft quorum's I/O shell.
+//! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
+//!    partition work on a partition's home shard.
+//! 4. `fetcher`, `controller`, `group` — replica fetchers and ISR proposals; the
+//!    metadata controller (shard 0); the consumer-group shell.
+//! 5. `dispatch` — the shard's server: owns the subsystems and answers every call.
+//! 6. `api` — one handler per Kafka API, and the API-version registry.
+//! 7. `server` — listener, connections, response ordering.
+//! 8. `node` — start-up: shards, quorum, subsystems, listeners.
+//! 9. `cluster_cli`, `group_cli` — the admin CLIs (they use only the base layer).
 
 pub mod alloc;
 pub mod api;
@@ -13,7 +37,9 @@ pub mod broker;
 pub mod cluster_cli;
 pub mod config;
 pub mod controller;
+pub mod dispatch;
 pub mod error;
+pub mod fetcher;
 pub mod group;
 pub mod group_cli;
 pub mod kafka_client;
@@ -21,6 +47,7 @@ pub mod metadata;
 pub mod node;
 pub mod quorum_io;
 pub mod replica;
+pub mod rpc;
 pub mod server;
 pub mod topic_config;
 pub mod util;

@@ -3,7 +3,7 @@
 //!
 //! Every shard holds the current [`MetadataImage`] behind an `Arc` and reads it without
 //! asking anyone. The image is built on shard 0 from the metadata quorum's applied
-//! state ([`crate::quorum_io::image_of`]) whenever it changes, and handed to every
+//! state (`quorum_io::image_of`) whenever it changes, and handed to every
 //! shard. The per-broker file of earlier versions ([`FileMetadataStore`]) is read once
 //! to import its topics into a new quorum.
 

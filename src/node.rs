@@ -10,11 +10,14 @@ use std::time::Duration;
 use sluice_shard::{Mesh, MeshBuilders, MeshLimits, RuntimeConfig, ShardId};
 use sluice_storage::{Storage, StorageLimits, SystemClock};
 
-use crate::broker::{Broker, ShardLimits, ShardReq, ShardResp};
+use crate::broker::{Broker, ShardLimits};
 use crate::config::BrokerConfig;
 use crate::controller::Controller;
+use crate::dispatch::ShardServer;
+use crate::group::shard::GroupShell;
 use crate::metadata::{FileMetadataStore, MetadataStore};
 use crate::quorum_io::{QuorumConfig, QuorumNode};
+use crate::rpc::{ShardReq, ShardResp};
 
 /// How often each shard checks the stop flag set by the signal handler.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -145,19 +148,23 @@ async fn run_shard(
         connections_max: 10_000,
     };
     let listen = config.listen;
-    let broker = Rc::new(Broker::new(
-        config,
-        mesh.clone(),
-        storage,
-        limits,
+    let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits));
+    // The layers above the partition host subscribe to its events; the shard's server
+    // owns them and answers every cross-shard call.
+    broker.subscribe(Rc::new(crate::fetcher::Replication));
+    let server = Rc::new(ShardServer {
+        broker: broker.clone(),
         controller,
-    ));
-    let b = broker.clone();
+        groups: GroupShell::start(&broker),
+    });
     mesh.serve(
         receivers,
-        Rc::new(move |_from, req| Box::pin(b.clone().handle_shard_request(req))),
+        Rc::new(move |_from, req| {
+            let server = server.clone();
+            Box::pin(async move { crate::rpc::serve(&*server, req).await })
+        }),
     );
-    glommio::spawn_local(crate::replica::isr_checker(Rc::downgrade(&broker))).detach();
+    glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker))).detach();
     if let Some(q) = &quorum {
         glommio::spawn_local(publisher(Rc::downgrade(&broker), q.clone())).detach();
         // Serve once this broker is registered (a single node: at once; a cluster: once

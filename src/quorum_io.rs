@@ -170,7 +170,7 @@ impl QuorumNode {
             }
         }
         if let Some(listen) = node.cfg.listen {
-            let listener = crate::server::bind(listen)
+            let listener = crate::util::bind(listen)
                 .map_err(|e| format!("binding the controller listener {listen}: {e}"))?;
             glommio::spawn_local(accept_loop(Rc::downgrade(&node), listener)).detach();
         }
@@ -676,35 +676,7 @@ async fn receive(node: std::rc::Weak<QuorumNode>, mut s: TcpStream) -> Result<()
     }
 }
 
-/// Parses `1@host:port,2@host:port,...`.
-pub fn parse_quorum(s: &str) -> Result<Vec<(i32, SocketAddr)>, String> {
-    let mut out: Vec<(i32, SocketAddr)> = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('@')
-            .ok_or_else(|| format!("--controller-quorum: '{part}' is not ID@HOST:PORT"))?;
-        let id: i32 = id
-            .parse()
-            .map_err(|_| format!("--controller-quorum: bad node id '{id}'"))?;
-        if id < 1 {
-            return Err(format!(
-                "--controller-quorum: node id {id} must be at least 1"
-            ));
-        }
-        let addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
-            .map_err(|e| format!("--controller-quorum: '{addr}': {e}"))?
-            .next()
-            .ok_or_else(|| format!("--controller-quorum: '{addr}' resolves to nothing"))?;
-        if out.iter().any(|(i, _)| *i == id) {
-            return Err(format!("--controller-quorum: node {id} listed twice"));
-        }
-        out.push((id, addr));
-    }
-    if out.is_empty() {
-        return Err("--controller-quorum is empty".into());
-    }
-    Ok(out)
-}
+pub use crate::config::parse_quorum;
 
 /// The quorum's state as the broker's metadata image.
 pub fn image_of(

@@ -26,20 +26,7 @@ use glommio::Task;
 use crate::api::{self, Outcome};
 use crate::broker::Broker;
 
-/// Binds this shard's listener: SO_REUSEPORT (every shard binds the same address) as
-/// glommio's own `bind` does, plus SO_REUSEADDR, so that connections a previous run
-/// left in TIME_WAIT do not block a restart (accepted sockets inherit the option).
-pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    sock.set_reuse_address(true)?;
-    sock.set_reuse_port(true)?;
-    sock.set_cloexec(true)?;
-    sock.bind(&addr.into())?;
-    sock.listen(1024)?;
-    // SAFETY: a bound, listening socket whose descriptor we hand over.
-    Ok(unsafe { TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(sock)) })
-}
+pub use crate::util::bind;
 
 /// Accepts connections until the listener fails (or the shard stops).
 pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {

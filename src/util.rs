@@ -1,9 +1,35 @@
-//! Small future combinators used to fan requests out over shards and partitions, and
-//! the wall clock.
+//! Small helpers every layer may use: future combinators that fan requests out over
+//! shards and partitions, the lost-wake-up-free wait, the wall clock, Kafka strings and
+//! the listener bind.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+/// A Kafka string (kafka-protocol's `StrBytes`) from a Rust one.
+pub fn sb(s: impl Into<String>) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(s.into())
+}
+
+/// Binds a listener: SO_REUSEPORT (every shard binds the same address) as glommio's own
+/// `bind` does, plus SO_REUSEADDR, so that connections a previous run left in
+/// TIME_WAIT do not block a restart (accepted sockets inherit the option).
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::FromRawFd;
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    sock.set_cloexec(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    // SAFETY: a bound, listening socket whose descriptor we hand over.
+    Ok(
+        unsafe {
+            glommio::net::TcpListener::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(sock))
+        },
+    )
+}
 
 /// Wall-clock milliseconds since the epoch (0 if the clock is before it): what Kafka
 /// stores in commit timestamps and what the replication timers count in.

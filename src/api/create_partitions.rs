@@ -9,7 +9,7 @@ use kafka_protocol::messages::create_partitions_response::{
 
 use super::sb;
 use crate::broker::Broker;
-use crate::controller::{ControlOp, ControlResult};
+use crate::rpc::CreatePartitions;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -23,14 +23,13 @@ pub async fn handle(
         .map(|t| (t.name.0.to_string(), t.count))
         .collect();
     let results = match broker
-        .control(ControlOp::CreatePartitions {
+        .control(CreatePartitions {
             items,
             validate_only: req.validate_only,
         })
         .await
     {
-        Ok(ControlResult::Done(r)) => r,
-        Ok(_) => unreachable!("CreatePartitions answers Done"),
+        Ok(r) => r,
         Err(e) => names.iter().map(|_| Err(e.clone())).collect(),
     };
     let results = names

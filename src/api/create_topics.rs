@@ -9,7 +9,7 @@ use kafka_protocol::messages::create_topics_response::{
 
 use super::sb;
 use crate::broker::Broker;
-use crate::controller::{ControlOp, ControlResult, NewTopic};
+use crate::rpc::{CreateTopics, NewTopic};
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -36,14 +36,13 @@ pub async fn handle(
         })
         .collect();
     let results = match broker
-        .control(ControlOp::CreateTopics {
+        .control(CreateTopics {
             topics,
             validate_only: req.validate_only,
         })
         .await
     {
-        Ok(ControlResult::Created(r)) => r,
-        Ok(_) => unreachable!("CreateTopics answers Created"),
+        Ok(r) => r,
         Err(e) => names.iter().map(|_| Err(e.clone())).collect(),
     };
     let topics = names

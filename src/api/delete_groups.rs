@@ -6,7 +6,8 @@ use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse};
 
 use crate::broker::Broker;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::DeleteGroup;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -16,9 +17,12 @@ pub async fn handle(
     let mut results = Vec::with_capacity(req.groups_names.len());
     for g in req.groups_names {
         let id = g.to_string();
-        let code = match route(broker, &id, GroupReq::DeleteGroup { group: id.clone() }).await {
-            Ok(GroupResp::Code(c)) => c.err().map_or(0, |e| e.code()),
-            Ok(other) => panic!("DeleteGroups answered with {other:?}"),
+        let call = DeleteGroup {
+            partition: partition_for(&id),
+            group: id.clone(),
+        };
+        let code = match route(broker, call).await {
+            Ok(c) => c.err().map_or(0, |e| e.code()),
             Err(e) => e.code(),
         };
         results.push(

@@ -7,7 +7,8 @@ use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
 
-use crate::broker::{Broker, ShardReq, ShardResp};
+use crate::broker::Broker;
+use crate::rpc::DeleteRecords;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -33,15 +34,7 @@ pub async fn handle(
         })
         .collect();
     let answered = broker
-        .per_partition(
-            request,
-            |t| t.0.as_str(),
-            |items| ShardReq::DeleteRecords { items },
-            |r| match r {
-                ShardResp::DeleteRecords(v) => v,
-                _ => unreachable!("DeleteRecords answers DeleteRecords"),
-            },
-        )
+        .per_partition(request, |t| t.0.as_str(), |items| DeleteRecords { items })
         .await;
     let topics = answered
         .into_iter()

@@ -10,7 +10,7 @@ use kafka_protocol::messages::TopicName;
 
 use super::sb;
 use crate::broker::Broker;
-use crate::controller::{ControlOp, ControlResult, TopicRef};
+use crate::rpc::{DeleteTopics, TopicRef};
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -32,13 +32,12 @@ pub async fn handle(
             .collect()
     };
     let results = match broker
-        .control(ControlOp::DeleteTopics {
+        .control(DeleteTopics {
             topics: refs.clone(),
         })
         .await
     {
-        Ok(ControlResult::Deleted(r)) => r,
-        Ok(_) => unreachable!("DeleteTopics answers Deleted"),
+        Ok(r) => r,
         Err(e) => refs.iter().map(|_| Err(e.clone())).collect(),
     };
     let responses = refs

@@ -8,7 +8,8 @@ use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse};
 
 use crate::api::sb;
 use crate::broker::Broker;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::DescribeGroup;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -18,8 +19,12 @@ pub async fn handle(
     let mut groups = Vec::with_capacity(req.groups.len());
     for g in req.groups {
         let id = g.to_string();
-        let described = match route(broker, &id, GroupReq::Describe { group: id.clone() }).await {
-            Ok(GroupResp::Describe(s)) => DescribedGroup::default()
+        let call = DescribeGroup {
+            partition: partition_for(&id),
+            group: id.clone(),
+        };
+        let described = match route(broker, call).await {
+            Ok(s) => DescribedGroup::default()
                 .with_group_id(g)
                 .with_group_state(sb(s.state.name()))
                 .with_protocol_type(sb(s.protocol_type))
@@ -42,7 +47,6 @@ pub async fn handle(
                         })
                         .collect(),
                 ),
-            Ok(other) => panic!("DescribeGroups answered with {other:?}"),
             Err(e) => DescribedGroup::default()
                 .with_group_id(g)
                 .with_error_code(e.code()),

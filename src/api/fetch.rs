@@ -22,8 +22,9 @@ use kafka_protocol::messages::fetch_response::{
 };
 use sluice_shard::ShardId;
 
-use crate::broker::{Broker, ReadItem, ReadOut, ShardReq, ShardResp};
+use crate::broker::Broker;
 use crate::error::{self, ApiError};
+use crate::rpc::{Read, ReadItem, ReadOut};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
@@ -124,11 +125,7 @@ async fn read_all(
     let mut results = broker
         .fan_out(
             jobs,
-            |items| ShardReq::Read { items },
-            |r| match r {
-                ShardResp::Read(v) => v,
-                _ => unreachable!("Read answers Read"),
-            },
+            |items| Read { items },
             |e| ReadOut {
                 error: Some(error::from_mesh(e)),
                 high_watermark: -1,

@@ -5,14 +5,15 @@ use std::rc::Rc;
 use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse};
 
 use crate::broker::Broker;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::Heartbeat;
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: HeartbeatRequest) -> HeartbeatResponse {
     let group = req.group_id.to_string();
     let r = route(
         broker,
-        &group,
-        GroupReq::Heartbeat {
+        Heartbeat {
+            partition: partition_for(&group),
             group: group.clone(),
             generation: req.generation_id,
             member: req.member_id.to_string(),
@@ -25,9 +26,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: HeartbeatRequest) ->
     )
     .await;
     let code = match r {
-        Ok(GroupResp::Code(Ok(()))) => 0,
-        Ok(GroupResp::Code(Err(e))) => e.code(),
-        Ok(other) => panic!("Heartbeat answered with {other:?}"),
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => e.code(),
         Err(e) => e.code(),
     };
     HeartbeatResponse::default().with_error_code(code)

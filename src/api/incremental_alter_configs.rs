@@ -12,8 +12,8 @@ use kafka_protocol::messages::incremental_alter_configs_response::{
 use super::describe_configs::RESOURCE_TOPIC;
 use super::sb;
 use crate::broker::Broker;
-use crate::controller::{ControlOp, ControlResult};
 use crate::error::ApiError;
+use crate::rpc::AlterConfigs;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -50,14 +50,13 @@ pub async fn handle(
     }
     let n = items.len();
     let mut results = match broker
-        .control(ControlOp::AlterConfigs {
+        .control(AlterConfigs {
             items,
             validate_only: req.validate_only,
         })
         .await
     {
-        Ok(ControlResult::Done(r)) => r,
-        Ok(_) => unreachable!("AlterConfigs answers Done"),
+        Ok(r) => r,
         Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
     }
     .into_iter();

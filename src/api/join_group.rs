@@ -7,8 +7,9 @@ use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse};
 
 use crate::api::sb;
 use crate::broker::Broker;
-use crate::group::coordinator::JoinArgs;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::JoinGroup;
+use sluice_coordinator::group::JoinArgs;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -41,9 +42,12 @@ pub async fn handle(
         require_known_member_id: version >= 4,
         supports_skip_assignment: version >= 9,
     };
-    let mut resp = match route(broker, &group, GroupReq::Join(args)).await {
-        Ok(GroupResp::Join(r)) => r,
-        Ok(other) => panic!("JoinGroup answered with {other:?}"),
+    let call = JoinGroup {
+        partition: partition_for(&group),
+        args,
+    };
+    let mut resp = match route(broker, call).await {
+        Ok(r) => r,
         Err(e) => JoinGroupResponse::default()
             .with_error_code(e.code())
             .with_generation_id(-1)

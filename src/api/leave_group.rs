@@ -6,8 +6,9 @@ use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse};
 
 use crate::broker::Broker;
-use crate::group::coordinator::Leaving;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::LeaveGroup;
+use sluice_coordinator::group::Leaving;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -29,18 +30,13 @@ pub async fn handle(
             instance_id: None,
         }]
     };
-    let (group_code, codes) = match route(
-        broker,
-        &group,
-        GroupReq::Leave {
-            group: group.clone(),
-            members: members.clone(),
-        },
-    )
-    .await
-    {
-        Ok(GroupResp::Leave(g, m)) => (g.err().map_or(0, |e| e.code()), m),
-        Ok(other) => panic!("LeaveGroup answered with {other:?}"),
+    let call = LeaveGroup {
+        partition: partition_for(&group),
+        group: group.clone(),
+        members: members.clone(),
+    };
+    let (group_code, codes) = match route(broker, call).await {
+        Ok((g, m)) => (g.err().map_or(0, |e| e.code()), m),
         Err(e) => (e.code(), Vec::new()),
     };
     let code_of =

@@ -10,7 +10,8 @@ use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
 
-use crate::broker::{Broker, ShardReq, ShardResp};
+use crate::broker::Broker;
+use crate::rpc::ListOffsets;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -39,15 +40,7 @@ pub async fn handle(
         })
         .collect();
     let answered = broker
-        .per_partition(
-            request,
-            |t| t.0.as_str(),
-            |items| ShardReq::ListOffsets { items },
-            |r| match r {
-                ShardResp::ListOffsets(v) => v,
-                _ => unreachable!("ListOffsets answers ListOffsets"),
-            },
-        )
+        .per_partition(request, |t| t.0.as_str(), |items| ListOffsets { items })
         .await;
     let image = broker.image();
     let topics = answered

@@ -14,8 +14,8 @@ use kafka_protocol::messages::{BrokerId, TopicName};
 
 use super::sb;
 use crate::broker::Broker;
-use crate::controller::{ControlOp, ControlResult, NewTopic};
 use crate::error::ApiError;
+use crate::rpc::{CreateTopics, NewTopic};
 use crate::topic_config::validate_topic_name;
 
 /// Auto-creates the `names` that do not exist (default partitions and configs).
@@ -41,13 +41,13 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
         .collect();
     let mut errors = Vec::new();
     match broker
-        .control(ControlOp::CreateTopics {
+        .control(CreateTopics {
             topics,
             validate_only: false,
         })
         .await
     {
-        Ok(ControlResult::Created(results)) => {
+        Ok(results) => {
             for (name, r) in missing.into_iter().zip(results) {
                 match r {
                     Ok((_, _)) => tracing::info!(topic = %name, "auto-created topic"),
@@ -57,7 +57,6 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
                 }
             }
         }
-        Ok(_) => unreachable!("CreateTopics answers Created"),
         Err(e) => errors.extend(missing.into_iter().map(|n| (n, e.clone()))),
     }
     errors

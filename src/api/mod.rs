@@ -336,10 +336,7 @@ fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
     Outcome::Respond(buf.freeze())
 }
 
-/// `StrBytes` from an owned string.
-pub fn sb(s: impl Into<String>) -> StrBytes {
-    StrBytes::from_string(s.into())
-}
+pub use crate::util::sb;
 
 #[cfg(test)]
 mod tests {

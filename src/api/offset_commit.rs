@@ -11,9 +11,10 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use crate::broker::Broker;
-use crate::group::coordinator::{CommitArgs, Committed};
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::CommitOffsets;
 use crate::util::now_ms;
+use sluice_coordinator::group::{CommitArgs, Committed};
 
 /// (topic, partition)
 type TopicPartition = (String, i32);
@@ -76,12 +77,15 @@ pub async fn handle(
     let results: Result<Vec<(TopicPartition, i16)>, i16> = if args.offsets.is_empty() {
         Ok(Vec::new())
     } else {
-        match route(broker, &group, GroupReq::Commit(args)).await {
-            Ok(GroupResp::Commit(r)) => Ok(r
+        let call = CommitOffsets {
+            partition: partition_for(&group),
+            args,
+        };
+        match route(broker, call).await {
+            Ok(r) => Ok(r
                 .into_iter()
                 .map(|(tp, c)| (tp, c.err().map_or(0, |e| e.code())))
                 .collect()),
-            Ok(other) => panic!("OffsetCommit answered with {other:?}"),
             Err(e) => Err(e.code()),
         }
     };

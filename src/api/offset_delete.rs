@@ -9,7 +9,8 @@ use kafka_protocol::messages::offset_delete_response::{
 use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 
 use crate::broker::Broker;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::DeleteOffsets;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -27,21 +28,14 @@ pub async fn handle(
                 .map(move |p| (name.clone(), p.partition_index))
         })
         .collect();
-    let result = route(
-        broker,
-        &group,
-        GroupReq::DeleteOffsets {
-            group: group.clone(),
-            partitions: partitions.clone(),
-        },
-    )
-    .await;
-    let codes = match result {
-        Ok(GroupResp::DeleteOffsets(Ok(codes))) => codes,
-        Ok(GroupResp::DeleteOffsets(Err(e))) => {
-            return OffsetDeleteResponse::default().with_error_code(e.code())
-        }
-        Ok(other) => panic!("OffsetDelete answered with {other:?}"),
+    let call = DeleteOffsets {
+        partition: partition_for(&group),
+        group: group.clone(),
+        partitions: partitions.clone(),
+    };
+    let codes = match route(broker, call).await {
+        Ok(Ok(codes)) => codes,
+        Ok(Err(e)) => return OffsetDeleteResponse::default().with_error_code(e.code()),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(e.code()),
     };
     let mut topics: Vec<OffsetDeleteResponseTopic> = Vec::new();

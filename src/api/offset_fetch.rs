@@ -11,26 +11,19 @@ use kafka_protocol::messages::{OffsetFetchRequest, OffsetFetchResponse};
 
 use crate::api::sb;
 use crate::broker::Broker;
-use crate::group::coordinator::Committed;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::FetchOffsets;
+use sluice_coordinator::group::Committed;
 
 type Fetched = Result<Vec<((String, i32), Option<Committed>)>, i16>;
 
 async fn fetch(broker: &Broker, group: String, partitions: Option<Vec<(String, i32)>>) -> Fetched {
-    match route(
-        broker,
-        &group,
-        GroupReq::Fetch {
-            group: group.clone(),
-            partitions,
-        },
-    )
-    .await
-    {
-        Ok(GroupResp::Fetch(r)) => Ok(r),
-        Ok(other) => panic!("OffsetFetch answered with {other:?}"),
-        Err(e) => Err(e.code()),
-    }
+    let call = FetchOffsets {
+        partition: partition_for(&group),
+        group,
+        partitions,
+    };
+    route(broker, call).await.map_err(|e| e.code())
 }
 
 fn value(c: &Option<Committed>) -> (i64, i32, String) {

@@ -10,7 +10,8 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
 
-use crate::broker::{Broker, ShardReq, ShardResp};
+use crate::broker::Broker;
+use crate::rpc::EpochEnd;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -39,15 +40,7 @@ pub async fn handle(
         })
         .collect();
     let answered = broker
-        .per_partition(
-            request,
-            |t| t.0.as_str(),
-            |items| ShardReq::EpochEnd { items },
-            |r| match r {
-                ShardResp::EpochEnd(v) => v,
-                _ => unreachable!("EpochEnd answers EpochEnd"),
-            },
-        )
+        .per_partition(request, |t| t.0.as_str(), |items| EpochEnd { items })
         .await;
     let topics = answered
         .into_iter()

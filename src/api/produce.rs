@@ -17,8 +17,9 @@ use kafka_protocol::messages::produce_response::{
 
 use super::metadata::auto_create;
 use super::sb;
-use crate::broker::{Appended, Broker, ProduceItem, ShardReq, ShardResp};
+use crate::broker::Broker;
 use crate::error::{self, ApiError};
+use crate::rpc::{Appended, Produce, ProduceItem};
 use crate::topic_config::validate_topic_name;
 
 fn partition_response(index: i32, r: &Result<Appended, ApiError>) -> PartitionProduceResponse {
@@ -106,14 +107,10 @@ pub async fn handle(
     let results = broker
         .fan_out(
             jobs,
-            |items| ShardReq::Produce {
+            |items| Produce {
                 acks,
                 timeout,
                 items,
-            },
-            |resp| match resp {
-                ShardResp::Produce(r) => r,
-                _ => unreachable!("Produce answers Produce"),
             },
             |e| Err(error::from_mesh(e)),
         )

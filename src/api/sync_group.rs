@@ -6,8 +6,9 @@ use std::rc::Rc;
 use kafka_protocol::messages::{SyncGroupRequest, SyncGroupResponse};
 
 use crate::broker::Broker;
-use crate::group::coordinator::SyncArgs;
-use crate::group::{route, GroupReq, GroupResp};
+use crate::group::{partition_for, route};
+use crate::rpc::SyncGroup;
+use sluice_coordinator::group::SyncArgs;
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: SyncGroupRequest) -> SyncGroupResponse {
     let group = req.group_id.to_string();
@@ -24,9 +25,12 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: SyncGroupRequest) ->
             .map(|a| (a.member_id.to_string(), a.assignment))
             .collect(),
     };
-    let mut resp = match route(broker, &group, GroupReq::Sync(args)).await {
-        Ok(GroupResp::Sync(r)) => r,
-        Ok(other) => panic!("SyncGroup answered with {other:?}"),
+    let call = SyncGroup {
+        partition: partition_for(&group),
+        args,
+    };
+    let mut resp = match route(broker, call).await {
+        Ok(r) => r,
         Err(e) => SyncGroupResponse::default().with_error_code(e.code()),
     };
     if version < 5 {

@@ -1,28 +1,21 @@
-//! Consumer groups: the classic group coordinator ([`coordinator`], sans-I/O), the
-//! `__consumer_offsets` record formats ([`records`]) and the per-shard I/O shell
-//! ([`shard`]) that feeds the coordinator requests and time and makes its records
-//! durable.
+//! Consumer groups in the broker: the per-shard I/O shell ([`shard`]) around the pure
+//! group coordinator of `sluice-coordinator` (which also holds the
+//! `__consumer_offsets` record formats), and the router that sends group calls to the
+//! shard coordinating a group.
 //!
 //! Placement: group G belongs to `__consumer_offsets` partition
 //! `abs(javaHashCode(G)) % 50` (Kafka's rule), and its state lives on the home shard of
 //! that partition. API handlers on any shard route group requests there over the
 //! shard mesh ([`route`]); the owner loads the partition on first use.
 
-pub mod coordinator;
-#[cfg(test)]
-mod coordinator_tests;
-pub mod records;
 pub mod shard;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::GroupState;
 
-use crate::broker::{Broker, ShardReq, ShardResp};
-use crate::controller::{ControlOp, ControlResult, NewTopic};
+use crate::broker::Broker;
 use crate::error::{self, ApiError};
-use coordinator::{
-    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
-};
+use crate::rpc::{CreateTopics, GroupCall, ListGroups, NewTopic};
 
 /// The internal topic of offsets and group metadata.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -43,53 +36,6 @@ pub fn partition_for(group: &str) -> i32 {
     abs % OFFSETS_PARTITIONS
 }
 
-/// A group request, sent to the shard that coordinates the group.
-#[derive(Debug)]
-pub enum GroupReq {
-    Join(JoinArgs),
-    Sync(SyncArgs),
-    Heartbeat {
-        group: String,
-        generation: i32,
-        member: String,
-        instance: Option<String>,
-    },
-    Leave {
-        group: String,
-        members: Vec<Leaving>,
-    },
-    Commit(CommitArgs),
-    Fetch {
-        group: String,
-        partitions: Option<Vec<(String, i32)>>,
-    },
-    DeleteOffsets {
-        group: String,
-        partitions: Vec<(String, i32)>,
-    },
-    Describe {
-        group: String,
-    },
-    /// Every group this shard coordinates.
-    List,
-    DeleteGroup {
-        group: String,
-    },
-}
-
-#[derive(Debug)]
-pub enum GroupResp {
-    Join(JoinGroupResponse),
-    Sync(SyncGroupResponse),
-    Code(Code),
-    Leave(Code, Vec<Code>),
-    Commit(Vec<((String, i32), Code)>),
-    Fetch(Vec<((String, i32), Option<Committed>)>),
-    DeleteOffsets(Result<Vec<Code>, ResponseError>),
-    Describe(GroupSummary),
-    List(Vec<(String, String, GroupState)>),
-}
-
 /// Creates `__consumer_offsets` if it does not exist yet.
 pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
     if broker.image().topics.contains_key(OFFSETS_TOPIC) {
@@ -105,34 +51,33 @@ pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
             ("segment.bytes".into(), Some("104857600".into())),
         ],
     };
-    match broker
-        .control(ControlOp::CreateTopics {
-            topics: vec![topic],
-            validate_only: false,
-        })
-        .await?
-    {
-        ControlResult::Created(mut r) => match r.pop() {
-            Some(Ok(_)) => {
-                tracing::info!("created {OFFSETS_TOPIC}");
-                Ok(())
-            }
-            Some(Err(e)) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
-            Some(Err(e)) => Err(e),
-            None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
-        },
-        _ => unreachable!("CreateTopics answers Created"),
+    let create = CreateTopics {
+        topics: vec![topic],
+        validate_only: false,
+    };
+    match broker.control(create).await?.pop() {
+        Some(Ok(_)) => {
+            tracing::info!("created {OFFSETS_TOPIC}");
+            Ok(())
+        }
+        Some(Err(e)) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
+        Some(Err(e)) => Err(e),
+        None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
     }
 }
 
-/// Sends a group request to the shard coordinating `group` and returns its answer.
-/// Errors are the coordinator-level ones clients retry on.
-pub async fn route(broker: &Broker, group: &str, req: GroupReq) -> Result<GroupResp, ApiError> {
+/// Sends a group call to the shard coordinating its group (the home shard of the
+/// group's `__consumer_offsets` partition, which this broker must lead) and returns its
+/// answer. Errors are the coordinator-level ones clients retry on.
+pub async fn route<R, C>(broker: &Broker, call: C) -> Result<R, ApiError>
+where
+    C: GroupCall<Reply = Result<R, ApiError>>,
+{
     ensure_offsets_topic(broker).await.map_err(|e| {
         tracing::warn!(error = %e, "cannot create {OFFSETS_TOPIC}");
         ApiError::with(ResponseError::CoordinatorNotAvailable, e.to_string())
     })?;
-    let partition = partition_for(group);
+    let partition = call.partition();
     let image = broker.image();
     let meta = image
         .topics
@@ -148,23 +93,8 @@ pub async fn route(broker: &Broker, group: &str, req: GroupReq) -> Result<GroupR
         ));
     }
     let owner = broker.owner(meta, partition);
-    route_to(broker, owner, partition, req).await
-}
-
-/// Sends a group request for `partition` to `owner`.
-pub async fn route_to(
-    broker: &Broker,
-    owner: sluice_shard::ShardId,
-    partition: i32,
-    req: GroupReq,
-) -> Result<GroupResp, ApiError> {
-    match broker
-        .mesh
-        .call(owner, ShardReq::Group(Box::new((partition, req))))
-        .await
-    {
-        Ok(ShardResp::Group(r)) => r,
-        Ok(_) => panic!("a group request answered with another reply"),
+    match broker.call(owner, call).await {
+        Ok(r) => r,
         Err(e) => Err(error::from_mesh(&e)),
     }
 }
@@ -182,14 +112,16 @@ pub async fn list_all(broker: &Broker) -> Result<Vec<(String, String, GroupState
     }
     let calls = owners
         .into_iter()
-        .map(|(shard, p)| route_to(broker, shard, p, GroupReq::List))
+        .map(|(shard, partition)| async move {
+            match broker.call(shard, ListGroups { partition }).await {
+                Ok(r) => r,
+                Err(e) => Err(error::from_mesh(&e)),
+            }
+        })
         .collect();
     let mut out = Vec::new();
     for r in crate::util::join_all(calls).await {
-        match r? {
-            GroupResp::List(v) => out.extend(v),
-            other => panic!("List answered with {other:?}"),
-        }
+        out.extend(r?);
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)

@@ -4,9 +4,11 @@
 //! leaves, and delivers deferred JoinGroup/SyncGroup answers to the waiting requests.
 //! A ticker fires the coordinator's timers every [`TICK`].
 //!
-//! The state is per shard (one executor thread), so it sits in a thread-local and is
-//! never shared across cores. Appends go through one permit so records reach the log in
-//! the order the coordinator produced them.
+//! One [`GroupShell`] per shard, built at start-up (`crate::node`) and owned by the
+//! shard's server (`crate::dispatch`); never shared across cores. It subscribes to the
+//! partition host's leadership changes to forget groups whose `__consumer_offsets`
+//! partition moved. Appends go through one permit so records reach the log in the
+//! order the coordinator produced them.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -18,10 +20,16 @@ use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::records::RecordBatchDecoder;
 
-use super::coordinator::{Coordinator, CoordinatorConfig, Deferred, Effects, Record, Token};
-use super::{partition_for, GroupReq, GroupResp, OFFSETS_TOPIC};
-use crate::broker::Broker;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{
+    Code, Committed, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary,
+    Record, Token,
+};
+
+use super::{partition_for, OFFSETS_TOPIC};
+use crate::broker::{Broker, PartitionEvents};
 use crate::error::ApiError;
+use crate::rpc;
 // Wall-clock time: commit timestamps are stored and compared across restarts.
 use crate::util::now_ms;
 
@@ -30,7 +38,7 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// Bytes read per step while loading a partition.
 const LOAD_READ_BYTES: usize = 1 << 20;
 
-struct GroupShard {
+pub struct GroupShell {
     coord: RefCell<Coordinator>,
     loaded: RefCell<HashSet<i32>>,
     load_lock: Semaphore,
@@ -40,36 +48,35 @@ struct GroupShard {
     next_token: Cell<Token>,
 }
 
-thread_local! {
-    static SHARD: RefCell<Option<Rc<GroupShard>>> = const { RefCell::new(None) };
-}
-
-fn state(broker: &Rc<Broker>) -> Rc<GroupShard> {
-    if let Some(s) = SHARD.with(|s| s.borrow().clone()) {
-        return s;
+impl GroupShell {
+    /// The shard's group shell: starts its timer ticker (it ends with the broker) and
+    /// subscribes to the partition host's leadership changes.
+    pub fn start(broker: &Rc<Broker>) -> Rc<GroupShell> {
+        let s = Rc::new(GroupShell {
+            coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
+            loaded: RefCell::new(HashSet::new()),
+            load_lock: Semaphore::new(1),
+            append_lock: Semaphore::new(1),
+            pending: RefCell::new(HashMap::new()),
+            next_token: Cell::new(1),
+        });
+        broker.subscribe(s.clone());
+        let (b, st) = (Rc::downgrade(broker), Rc::downgrade(&s));
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(TICK).await;
+                // The broker or the shell is gone: the shard is stopping.
+                let (Some(b), Some(st)) = (b.upgrade(), st.upgrade()) else {
+                    return;
+                };
+                let mut fx = Effects::default();
+                st.coord.borrow_mut().tick(now_ms(), &mut fx);
+                st.run_effects(&b, fx).await;
+            }
+        })
+        .detach();
+        s
     }
-    let s = Rc::new(GroupShard {
-        coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
-        loaded: RefCell::new(HashSet::new()),
-        load_lock: Semaphore::new(1),
-        append_lock: Semaphore::new(1),
-        pending: RefCell::new(HashMap::new()),
-        next_token: Cell::new(1),
-    });
-    SHARD.with(|cell| *cell.borrow_mut() = Some(s.clone()));
-    let (b, st) = (Rc::downgrade(broker), s.clone());
-    glommio::spawn_local(async move {
-        loop {
-            glommio::timer::sleep(TICK).await;
-            // The broker is gone: the shard is stopping.
-            let Some(b) = b.upgrade() else { return };
-            let mut fx = Effects::default();
-            st.coord.borrow_mut().tick(now_ms(), &mut fx);
-            st.run_effects(&b, fx).await;
-        }
-    })
-    .detach();
-    s
 }
 
 /// The coordinator's settings from the broker's (the rest keep Kafka's defaults).
@@ -83,19 +90,19 @@ pub fn coordinator_config(c: &crate::config::BrokerConfig) -> CoordinatorConfig 
     }
 }
 
-/// The leadership of `__consumer_offsets` partition `partition` changed on this shard:
-/// forget its groups, so that they are loaded afresh from the (replicated) log if this
-/// broker leads the partition again.
-pub fn unload(partition: i32) {
-    let Some(s) = SHARD.with(|s| s.borrow().clone()) else {
-        return;
-    };
-    if s.loaded.borrow_mut().remove(&partition) {
+impl PartitionEvents for GroupShell {
+    /// The leadership of a `__consumer_offsets` partition changed on this shard: forget
+    /// its groups, so that they are loaded afresh from the (replicated) log if this
+    /// broker leads the partition again.
+    fn leadership_changed(&self, topic: &str, partition: i32) {
+        if topic != OFFSETS_TOPIC || !self.loaded.borrow_mut().remove(&partition) {
+            return;
+        }
         // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
-        s.pending
+        self.pending
             .borrow_mut()
             .retain(|_, (group, _)| partition_for(group) != partition);
-        let n = s
+        let n = self
             .coord
             .borrow_mut()
             .unload(|g| partition_for(g) != partition);
@@ -103,111 +110,156 @@ pub fn unload(partition: i32) {
     }
 }
 
-/// Serves one group request on the shard owning its `__consumer_offsets` partition.
-pub async fn serve(
-    broker: Rc<Broker>,
-    partition: i32,
-    req: GroupReq,
-) -> Result<GroupResp, ApiError> {
-    let st = state(&broker);
-    // List covers every partition this shard leads (loaded below); the rest are for
-    // the one partition the router checked this broker leads.
-    if !matches!(req, GroupReq::List) {
-        st.ensure_loaded(&broker, partition).await?;
+/// The group calls, served on the shard owning the group's `__consumer_offsets`
+/// partition (loaded first). Records the coordinator produces are durable before the
+/// answer leaves.
+impl GroupShell {
+    pub async fn join(&self, b: &Broker, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let (token, rx) = self.waiter(&c.args.group_id);
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .join(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            Deferred::Join(r) => Ok(r),
+            Deferred::Sync(_) => unreachable!("a join token is answered by a join"),
+        }
     }
-    let now = now_ms();
-    let mut fx = Effects::default();
-    let resp = match req {
-        GroupReq::Join(args) => {
-            let (token, rx) = st.waiter(&args.group_id);
-            st.coord.borrow_mut().join(token, now, args, &mut fx);
-            st.run_effects(&broker, fx).await;
-            return wait(rx).await;
+
+    pub async fn sync(&self, b: &Broker, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let (token, rx) = self.waiter(&c.args.group_id);
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .sync(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            Deferred::Sync(r) => Ok(r),
+            Deferred::Join(_) => unreachable!("a sync token is answered by a sync"),
         }
-        GroupReq::Sync(args) => {
-            let (token, rx) = st.waiter(&args.group_id);
-            st.coord.borrow_mut().sync(token, now, args, &mut fx);
-            st.run_effects(&broker, fx).await;
-            return wait(rx).await;
-        }
-        GroupReq::Heartbeat {
-            group,
-            generation,
-            member,
-            instance,
-        } => GroupResp::Code(st.coord.borrow_mut().heartbeat(
-            now,
-            &group,
-            generation,
-            &member,
-            instance.as_deref(),
-        )),
-        GroupReq::Leave { group, members } => {
-            let (g, m) = st.coord.borrow_mut().leave(now, &group, &members, &mut fx);
-            GroupResp::Leave(g, m)
-        }
-        GroupReq::Commit(args) => {
-            let plan = st.coord.borrow_mut().plan_commit(now, args);
-            let records = std::mem::take(&mut fx.records);
-            let mut commit_fx = Effects {
-                records: plan.records.clone(),
-                replies: Vec::new(),
+    }
+
+    pub async fn heartbeat(&self, b: &Broker, c: rpc::Heartbeat) -> Result<Code, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow_mut().heartbeat(
+            now_ms(),
+            &c.group,
+            c.generation,
+            &c.member,
+            c.instance.as_deref(),
+        ))
+    }
+
+    pub async fn leave(
+        &self,
+        b: &Broker,
+        c: rpc::LeaveGroup,
+    ) -> Result<(Code, Vec<Code>), ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .leave(now_ms(), &c.group, &c.members, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
+
+    pub async fn commit(
+        &self,
+        b: &Broker,
+        c: rpc::CommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let now = now_ms();
+        let plan = self.coord.borrow_mut().plan_commit(now, c.args);
+        if let Err(e) = self.append(b, plan.records.clone()).await {
+            // Not durable: refuse every partition, as Kafka does when the append to the
+            // offsets topic fails (the client retries).
+            let code = if e.code == ResponseError::KafkaStorageError {
+                ResponseError::CoordinatorNotAvailable
+            } else {
+                e.code
             };
-            commit_fx.records.extend(records);
-            if let Err(e) = st.append(&broker, commit_fx.records).await {
-                // Not durable: refuse every partition, as Kafka does when the append
-                // to the offsets topic fails (the client retries).
-                let code = if e.code == ResponseError::KafkaStorageError {
-                    ResponseError::CoordinatorNotAvailable
-                } else {
-                    e.code
-                };
-                let results = plan
-                    .results
-                    .into_iter()
-                    .map(|(tp, r)| (tp, r.and(Err(code))))
-                    .collect();
-                return Ok(GroupResp::Commit(results));
-            }
-            let results = plan.results.clone();
-            st.coord.borrow_mut().apply_commit(now, plan);
-            GroupResp::Commit(results)
+            let results = plan
+                .results
+                .into_iter()
+                .map(|(tp, r)| (tp, r.and(Err(code))))
+                .collect();
+            return Ok(results);
         }
-        GroupReq::Fetch { group, partitions } => GroupResp::Fetch(
-            st.coord
-                .borrow()
-                .fetch_offsets(&group, partitions.as_deref()),
-        ),
-        GroupReq::DeleteOffsets { group, partitions } => GroupResp::DeleteOffsets(
-            st.coord
-                .borrow_mut()
-                .delete_offsets(&group, &partitions, &mut fx),
-        ),
-        GroupReq::Describe { group } => GroupResp::Describe(st.coord.borrow().describe(&group)),
-        GroupReq::List => {
-            // Every partition this shard owns must be loaded before it can list.
-            st.load_all_owned(&broker).await?;
-            GroupResp::List(st.coord.borrow().list())
-        }
-        GroupReq::DeleteGroup { group } => {
-            GroupResp::Code(st.coord.borrow_mut().delete_group(now, &group, &mut fx))
-        }
-    };
-    st.run_effects(&broker, fx).await;
-    Ok(resp)
+        let results = plan.results.clone();
+        self.coord.borrow_mut().apply_commit(now, plan);
+        Ok(results)
+    }
+
+    pub async fn fetch(
+        &self,
+        b: &Broker,
+        c: rpc::FetchOffsets,
+    ) -> Result<Vec<((String, i32), Option<Committed>)>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self
+            .coord
+            .borrow()
+            .fetch_offsets(&c.group, c.partitions.as_deref()))
+    }
+
+    pub async fn delete_offsets(
+        &self,
+        b: &Broker,
+        c: rpc::DeleteOffsets,
+    ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .delete_offsets(&c.group, &c.partitions, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
+
+    pub async fn describe(
+        &self,
+        b: &Broker,
+        c: rpc::DescribeGroup,
+    ) -> Result<GroupSummary, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow().describe(&c.group))
+    }
+
+    /// Every group of every `__consumer_offsets` partition this shard leads.
+    pub async fn list(&self, b: &Broker) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+        self.load_all_owned(b).await?;
+        Ok(self.coord.borrow().list())
+    }
+
+    pub async fn delete_group(&self, b: &Broker, c: rpc::DeleteGroup) -> Result<Code, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .delete_group(now_ms(), &c.group, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
 }
 
-async fn wait(rx: local_channel::LocalReceiver<Deferred>) -> Result<GroupResp, ApiError> {
+async fn wait(rx: local_channel::LocalReceiver<Deferred>) -> Result<Deferred, ApiError> {
     match rx.recv().await {
-        Some(Deferred::Join(r)) => Ok(GroupResp::Join(r)),
-        Some(Deferred::Sync(r)) => Ok(GroupResp::Sync(r)),
+        Some(d) => Ok(d),
         // The group's partition moved to another coordinator while the request waited:
         // the client finds the new one and retries.
         None => Err(ApiError::new(ResponseError::NotCoordinator)),
     }
 }
 
-impl GroupShard {
+impl GroupShell {
     fn waiter(&self, group: &str) -> (Token, local_channel::LocalReceiver<Deferred>) {
         let token = self.next_token.get();
         self.next_token.set(token + 1);

@@ -622,7 +622,7 @@ impl PartitionLog {
             let files = seg.active.as_ref().expect("active segment has files");
             let log_file = files.log.clone();
             let target = log_file.push_bytes(data.clone())?;
-            debug_assert_eq!(target, seg.size);
+            assert_eq!(target, seg.size, "appended position is the segment size");
             self.storage.cache.borrow_mut().insert(
                 self.id,
                 CachedBatch {

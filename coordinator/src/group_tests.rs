@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError as E;
 
-use super::coordinator::*;
-use super::records::Key;
+use crate::group::*;
+use crate::records::Key;
 
 const SESSION: i32 = 6_000;
 const REBALANCE: i32 = 10_000;
@@ -709,7 +709,7 @@ fn offset_delete_refuses_subscribed_topics() {
     use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
     use kafka_protocol::protocol::Encodable;
     let mut c = coord(0);
-    let sub = ConsumerProtocolSubscription::default().with_topics(vec![crate::api::sb("t")]);
+    let sub = ConsumerProtocolSubscription::default().with_topics(vec![crate::sb("t")]);
     let mut meta = bytes::BytesMut::new();
     meta.extend_from_slice(&1i16.to_be_bytes());
     sub.encode(&mut meta, 1).unwrap();

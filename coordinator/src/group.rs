@@ -1,6 +1,7 @@
 //! The classic consumer-group coordinator as a sans-I/O state machine: requests and the
 //! time go in, responses, records for `__consumer_offsets` and deferred replies come
-//! out. No sockets, no disk, no clock: [`super::shard`] is the I/O shell around it.
+//! out. No sockets, no disk, no clock: the broker's group shell (`src/group/shard.rs`)
+//! is the I/O shell around it.
 //!
 //! It follows Apache Kafka's `GroupCoordinator`/`GroupMetadata` (the classic protocol):
 //!
@@ -27,8 +28,8 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 
-use super::records::{GroupValue, Key, MemberValue, OffsetValue};
-use crate::api::sb;
+use crate::records::{GroupValue, Key, MemberValue, OffsetValue};
+use crate::sb;
 
 /// Identifies a waiting JoinGroup or SyncGroup request in the shell.
 pub type Token = u64;
@@ -1455,7 +1456,7 @@ impl Coordinator {
         now_ms: i64,
         key: &[u8],
         value: Option<&[u8]>,
-    ) -> Result<(), super::records::RecordError> {
+    ) -> Result<(), crate::records::RecordError> {
         match Key::decode(key)? {
             Key::Offset {
                 group,

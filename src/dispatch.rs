@@ -1,0 +1,163 @@
+//! The serving side of cross-shard calls: one [`ShardServer`] per shard owns the
+//! shard's subsystems — the partition host ([`Broker`]), the controller (shard 0 only)
+//! and the group shell — and answers each typed call ([`crate::rpc`]) with the
+//! subsystem that owns it. Built at start-up by `crate::node`, which hands it to the
+//! mesh.
+
+use std::rc::Rc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{Code, Committed, GroupState, GroupSummary};
+use sluice_replication::cluster::Applied;
+use uuid::Uuid;
+
+use crate::broker::Broker;
+use crate::controller::Controller;
+use crate::error::ApiError;
+use crate::group::shard::GroupShell;
+use crate::metadata::TopicMeta;
+use crate::rpc::{self, Appended, ReadOut, ShardService};
+use crate::util::join_all;
+
+pub struct ShardServer {
+    pub broker: Rc<Broker>,
+    /// Present on shard 0 only: control calls are always sent there.
+    pub controller: Option<Controller>,
+    pub groups: Rc<GroupShell>,
+}
+
+impl ShardServer {
+    fn controller(&self) -> &Controller {
+        self.controller.as_ref().unwrap_or_else(|| {
+            panic!(
+                "control call routed to {}, which is not shard 0",
+                self.broker.shard
+            )
+        })
+    }
+}
+
+impl ShardService for ShardServer {
+    async fn produce(&self, c: rpc::Produce) -> Vec<Result<Appended, ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|it| b.produce_local(c.acks, c.timeout, it))
+            .collect();
+        join_all(futs).await
+    }
+
+    async fn epoch_end(&self, c: rpc::EpochEnd) -> Vec<Result<(i32, i64), ApiError>> {
+        self.broker.epoch_end_local(c.items)
+    }
+
+    async fn read(&self, c: rpc::Read) -> Vec<ReadOut> {
+        let b = &self.broker;
+        join_all(c.items.into_iter().map(|it| b.read_local(it)).collect()).await
+    }
+
+    async fn wait(&self, c: rpc::Wait) -> bool {
+        self.broker.wait_local(c.items, c.timeout, c.follower).await
+    }
+
+    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64), ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch))
+            .collect();
+        join_all(futs).await
+    }
+
+    async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<i64, ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|(t, p, o)| b.delete_records_local(t, p, o))
+            .collect();
+        join_all(futs).await
+    }
+
+    async fn apply(&self, c: rpc::Apply) {
+        self.broker.apply(c.0).await
+    }
+
+    async fn create_topics(
+        &self,
+        c: rpc::CreateTopics,
+    ) -> Vec<Result<(String, TopicMeta), ApiError>> {
+        self.controller().create_topics(&self.broker, c).await
+    }
+
+    async fn delete_topics(&self, c: rpc::DeleteTopics) -> Vec<Result<(String, Uuid), ApiError>> {
+        self.controller().delete_topics(&self.broker, c).await
+    }
+
+    async fn create_partitions(&self, c: rpc::CreatePartitions) -> Vec<Result<(), ApiError>> {
+        self.controller().create_partitions(&self.broker, c).await
+    }
+
+    async fn alter_configs(&self, c: rpc::AlterConfigs) -> Vec<Result<(), ApiError>> {
+        self.controller().alter_configs(&self.broker, c).await
+    }
+
+    async fn propose(&self, c: rpc::Propose) -> Result<Applied, ApiError> {
+        self.controller().propose(&self.broker, c.0).await
+    }
+
+    async fn join_group(&self, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
+        self.groups.join(&self.broker, c).await
+    }
+
+    async fn sync_group(&self, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
+        self.groups.sync(&self.broker, c).await
+    }
+
+    async fn heartbeat(&self, c: rpc::Heartbeat) -> Result<Code, ApiError> {
+        self.groups.heartbeat(&self.broker, c).await
+    }
+
+    async fn leave_group(&self, c: rpc::LeaveGroup) -> Result<(Code, Vec<Code>), ApiError> {
+        self.groups.leave(&self.broker, c).await
+    }
+
+    async fn commit_offsets(
+        &self,
+        c: rpc::CommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.groups.commit(&self.broker, c).await
+    }
+
+    async fn fetch_offsets(
+        &self,
+        c: rpc::FetchOffsets,
+    ) -> Result<Vec<((String, i32), Option<Committed>)>, ApiError> {
+        self.groups.fetch(&self.broker, c).await
+    }
+
+    async fn delete_offsets(
+        &self,
+        c: rpc::DeleteOffsets,
+    ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
+        self.groups.delete_offsets(&self.broker, c).await
+    }
+
+    async fn describe_group(&self, c: rpc::DescribeGroup) -> Result<GroupSummary, ApiError> {
+        self.groups.describe(&self.broker, c).await
+    }
+
+    async fn list_groups(
+        &self,
+        _c: rpc::ListGroups,
+    ) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+        self.groups.list(&self.broker).await
+    }
+
+    async fn delete_group(&self, c: rpc::DeleteGroup) -> Result<Code, ApiError> {
+        self.groups.delete_group(&self.broker, c).await
+    }
+}

@@ -1,0 +1,331 @@
+//! Cross-shard calls: every message one shard sends another, each a type of its own
+//! tied to its reply type at compile time.
+//!
+//! A call is a struct implementing [`ShardCall`], whose `Reply` names what the serving
+//! shard answers. [`shard_calls!`] generates, from one table, the envelope enums the
+//! mesh carries ([`ShardReq`], [`ShardResp`]), each call's wrapping and unwrapping, the
+//! [`ShardService`] trait with one method per call (implemented by the shard's server,
+//! `crate::dispatch`) and [`serve`], which answers a call only with its own reply's
+//! variant. Adding a call is one line in the table; a handler that returned the wrong
+//! reply, or a caller that expected one, does not compile. (The mesh itself is generic
+//! over one request and one response type, hence the envelopes.)
+//!
+//! The message types live here, below every module that sends or serves them, so the
+//! shard context (`crate::broker`) can carry them without knowing the controller or the
+//! group shell.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{
+    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
+};
+use sluice_replication::cluster::{Applied, Command};
+use uuid::Uuid;
+
+use crate::error::ApiError;
+use crate::metadata::{MetadataImage, TopicMeta};
+
+/// A call one shard makes to another over the mesh.
+pub trait ShardCall: Sized {
+    /// What the serving shard answers.
+    type Reply;
+    fn into_request(self) -> ShardReq;
+    /// The reply inside the envelope [`serve`] made for this call.
+    fn from_response(resp: ShardResp) -> Self::Reply;
+}
+
+macro_rules! shard_calls {
+    ($( $(#[$doc:meta])* $call:ident => $method:ident -> $reply:ty; )*) => {
+        /// The mesh's request envelope: one variant per call.
+        pub enum ShardReq {
+            $( $(#[$doc])* $call($call), )*
+        }
+
+        /// The mesh's reply envelope: one variant per call, made only by [`serve`].
+        pub enum ShardResp {
+            $( $call($reply), )*
+        }
+
+        $(
+            impl ShardCall for $call {
+                type Reply = $reply;
+                fn into_request(self) -> ShardReq {
+                    ShardReq::$call(self)
+                }
+                fn from_response(resp: ShardResp) -> $reply {
+                    match resp {
+                        ShardResp::$call(r) => r,
+                        // `serve` wraps each call's reply in the call's own variant,
+                        // and the mesh returns a call's reply to that call only.
+                        #[allow(unreachable_patterns)]
+                        _ => unreachable!(concat!("serve answers ", stringify!($call), " in kind")),
+                    }
+                }
+            }
+        )*
+
+        /// What a shard serves: one method per call.
+        #[allow(async_fn_in_trait)]
+        pub trait ShardService {
+            $( async fn $method(&self, call: $call) -> $reply; )*
+        }
+
+        /// Answers one call with its own reply.
+        pub async fn serve<S: ShardService>(service: &S, req: ShardReq) -> ShardResp {
+            match req {
+                $( ShardReq::$call(c) => ShardResp::$call(service.$method(c).await), )*
+            }
+        }
+    };
+}
+
+shard_calls! {
+    /// Produce to partitions of the serving shard.
+    Produce => produce -> Vec<Result<Appended, ApiError>>;
+    /// OffsetForLeaderEpoch for partitions of the serving shard.
+    EpochEnd => epoch_end -> Vec<Result<(i32, i64), ApiError>>;
+    /// Read partitions without waiting.
+    Read => read -> Vec<ReadOut>;
+    /// Wait until any partition's visible end passes its offset (durable end for a
+    /// follower fetch, high watermark for a consumer), or the timeout.
+    Wait => wait -> bool;
+    ListOffsets => list_offsets -> Vec<Result<(i64, i64), ApiError>>;
+    DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
+    /// Adopt a new metadata image (from the controller).
+    Apply => apply -> ();
+    // Metadata changes, for the controller on shard 0.
+    CreateTopics => create_topics -> Vec<Result<(String, TopicMeta), ApiError>>;
+    DeleteTopics => delete_topics -> Vec<Result<(String, Uuid), ApiError>>;
+    CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
+    AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
+    /// A command from inside the broker (an ISR change from a partition leader).
+    Propose => propose -> Result<Applied, ApiError>;
+    // Consumer-group requests, for the home shard of the group's `__consumer_offsets`
+    // partition (see `crate::group`).
+    JoinGroup => join_group -> Result<JoinGroupResponse, ApiError>;
+    SyncGroup => sync_group -> Result<SyncGroupResponse, ApiError>;
+    Heartbeat => heartbeat -> Result<Code, ApiError>;
+    LeaveGroup => leave_group -> Result<(Code, Vec<Code>), ApiError>;
+    CommitOffsets => commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
+    FetchOffsets => fetch_offsets -> Result<Vec<((String, i32), Option<Committed>)>, ApiError>;
+    DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
+    DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
+    /// Every group the serving shard coordinates.
+    ListGroups => list_groups -> Result<Vec<(String, String, GroupState)>, ApiError>;
+    DeleteGroup => delete_group -> Result<Code, ApiError>;
+}
+
+// ---- partition calls ----
+
+/// Produce work for one partition on its home shard.
+#[derive(Debug)]
+pub struct ProduceItem {
+    pub topic: String,
+    pub partition: i32,
+    /// One or more v2 batches, a zero-copy slice of the request frame.
+    pub records: Bytes,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub base_offset: i64,
+    pub log_append_time_ms: i64,
+    pub log_start_offset: i64,
+}
+
+pub struct Produce {
+    pub acks: i16,
+    /// How long acks=all may wait for the in-sync replicas.
+    pub timeout: Duration,
+    pub items: Vec<ProduceItem>,
+}
+
+/// (topic, partition, current leader epoch, epoch asked).
+pub struct EpochEnd {
+    pub items: Vec<(String, i32, i32, i32)>,
+}
+
+#[derive(Debug)]
+pub struct ReadItem {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub max_bytes: usize,
+    /// The fetching follower's broker id, or -1 for a consumer.
+    pub replica_id: i32,
+    /// The requester's view of the leader epoch (KIP-320), -1 if none.
+    pub current_leader_epoch: i32,
+}
+
+#[derive(Debug, Default)]
+pub struct ReadOut {
+    pub error: Option<ApiError>,
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+    pub records: Bytes,
+}
+
+pub struct Read {
+    pub items: Vec<ReadItem>,
+}
+
+pub struct Wait {
+    /// (topic, partition, offset to pass).
+    pub items: Vec<(String, i32, i64)>,
+    pub timeout: Duration,
+    pub follower: bool,
+}
+
+/// (topic, partition, timestamp: -2 earliest, -1 latest, else first at or after,
+/// current leader epoch or -1 (KIP-320)).
+pub struct ListOffsets {
+    pub items: Vec<(String, i32, i64, i32)>,
+}
+
+/// (topic, partition, delete before this offset; -1 = high watermark).
+pub struct DeleteRecords {
+    pub items: Vec<(String, i32, i64)>,
+}
+
+pub struct Apply(pub Arc<MetadataImage>);
+
+// ---- controller calls ----
+
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    pub name: String,
+    /// -1: the broker default.
+    pub num_partitions: i32,
+    /// -1: the default, min(3, live brokers).
+    pub replication_factor: i16,
+    pub configs: Vec<(String, Option<String>)>,
+}
+
+#[derive(Debug, Clone)]
+pub enum TopicRef {
+    Name(String),
+    Id(Uuid),
+}
+
+/// IncrementalAlterConfigs operations (Kafka's numbering).
+pub const OP_SET: i8 = 0;
+pub const OP_DELETE: i8 = 1;
+pub const OP_APPEND: i8 = 2;
+pub const OP_SUBTRACT: i8 = 3;
+
+/// One IncrementalAlterConfigs operation: (config name, operation, value).
+pub type ConfigOp = (String, i8, Option<String>);
+
+pub struct CreateTopics {
+    pub topics: Vec<NewTopic>,
+    pub validate_only: bool,
+}
+
+pub struct DeleteTopics {
+    pub topics: Vec<TopicRef>,
+}
+
+/// (topic, new partition count).
+pub struct CreatePartitions {
+    pub items: Vec<(String, i32)>,
+    pub validate_only: bool,
+}
+
+pub struct AlterConfigs {
+    pub items: Vec<(String, Vec<ConfigOp>)>,
+    pub validate_only: bool,
+}
+
+pub struct Propose(pub Command);
+
+// ---- group calls: `partition` is the group's `__consumer_offsets` partition ----
+
+pub struct JoinGroup {
+    pub partition: i32,
+    pub args: JoinArgs,
+}
+
+pub struct SyncGroup {
+    pub partition: i32,
+    pub args: SyncArgs,
+}
+
+pub struct Heartbeat {
+    pub partition: i32,
+    pub group: String,
+    pub generation: i32,
+    pub member: String,
+    pub instance: Option<String>,
+}
+
+pub struct LeaveGroup {
+    pub partition: i32,
+    pub group: String,
+    pub members: Vec<Leaving>,
+}
+
+pub struct CommitOffsets {
+    pub partition: i32,
+    pub args: CommitArgs,
+}
+
+pub struct FetchOffsets {
+    pub partition: i32,
+    pub group: String,
+    /// None: every partition the group has committed.
+    pub partitions: Option<Vec<(String, i32)>>,
+}
+
+pub struct DeleteOffsets {
+    pub partition: i32,
+    pub group: String,
+    pub partitions: Vec<(String, i32)>,
+}
+
+pub struct DescribeGroup {
+    pub partition: i32,
+    pub group: String,
+}
+
+/// `partition`: any partition the serving shard owns (it lists all it leads).
+pub struct ListGroups {
+    pub partition: i32,
+}
+
+pub struct DeleteGroup {
+    pub partition: i32,
+    pub group: String,
+}
+
+/// A group call knows its `__consumer_offsets` partition (so the router can check
+/// leadership and find the owner shard).
+pub trait GroupCall: ShardCall {
+    fn partition(&self) -> i32;
+}
+
+macro_rules! group_calls {
+    ($($call:ident),*) => {
+        $( impl GroupCall for $call {
+            fn partition(&self) -> i32 {
+                self.partition
+            }
+        } )*
+    };
+}
+
+group_calls!(
+    JoinGroup,
+    SyncGroup,
+    Heartbeat,
+    LeaveGroup,
+    CommitOffsets,
+    FetchOffsets,
+    DeleteOffsets,
+    DescribeGroup,
+    ListGroups,
+    DeleteGroup
+);

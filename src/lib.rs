@@ -5,7 +5,8 @@
 //! Everything here runs on shards (glommio executor threads) and sits on top of the
 //! workspace crates: `sluice-shard` (runtime, shard table, mesh), `sluice-storage`
 //! (partition logs), `sluice-replication` (cluster state machine, raft quorum, ISR state
-//! machines) and `sluice-coordinator` (the pure group coordinator). Nothing here may
+//! machines), `sluice-coordinator` (the pure group coordinator) and `sluice-protocol`
+//! (frames, the API-version registry, the API error type). Nothing here may
 //! block a shard's reactor on the produce/fetch path.
 //!
 //! ## Layers
@@ -16,7 +17,7 @@
 //! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
 //! from here).
 //!
-//! 1. `alloc`, `util`, `error`, `topic_config`, `kafka_client`, `config`, `metadata` —
+//! 1. `util`, `error`, `topic_config`, `kafka_client`, `config`, `metadata` —
 //!    base: helpers, errors and their Kafka codes, topic configs, the admin clients'
 //!    Kafka client, the one broker config, the metadata image.
 //! 2. `rpc`, `replica`, `quorum_io` — the typed cross-shard calls and their messages; a
@@ -31,7 +32,6 @@
 //! 8. `node` — start-up: shards, quorum, subsystems, listeners.
 //! 9. `cluster_cli`, `group_cli` — the admin CLIs (they use only the base layer).
 
-pub mod alloc;
 pub mod api;
 pub mod broker;
 pub mod cluster_cli;
@@ -53,8 +53,7 @@ pub mod topic_config;
 pub mod util;
 
 /// Unit tests run on the broker's own allocator (as `main.rs` does), so request decoding
-/// behaves as in production: a huge client-supplied array length reserves address
-/// space instead of aborting the test process (see [`alloc`]).
+/// behaves as in production (see `sluice_protocol::alloc`).
 #[cfg(test)]
 #[global_allocator]
-static TEST_ALLOCATOR: alloc::Allocator = alloc::Allocator;
+static TEST_ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Allocator;

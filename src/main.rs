@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use sluice::config::{BrokerConfig, FileConfig};
 
 #[global_allocator]
-static ALLOCATOR: sluice::alloc::Allocator = sluice::alloc::Allocator;
+static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Allocator;
 
 #[derive(Parser)]
 #[command(

@@ -6,10 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// A Kafka string (kafka-protocol's `StrBytes`) from a Rust one.
-pub fn sb(s: impl Into<String>) -> kafka_protocol::protocol::StrBytes {
-    kafka_protocol::protocol::StrBytes::from_string(s.into())
-}
+pub use sluice_protocol::sb;
 
 /// Binds a listener: SO_REUSEPORT (every shard binds the same address) as glommio's own
 /// `bind` does, plus SO_REUSEADDR, so that connections a previous run left in

@@ -12,9 +12,4 @@ pub mod group;
 mod group_tests;
 pub mod records;
 
-use kafka_protocol::protocol::StrBytes;
-
-/// A Kafka string from a Rust one.
-pub(crate) fn sb(s: impl Into<String>) -> StrBytes {
-    StrBytes::from_string(s.into())
-}
+use sluice_protocol::sb;

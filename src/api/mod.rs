@@ -2,9 +2,12 @@
 //! one module per API, and response encoding. All codecs are the `kafka-protocol`
 //! crate's.
 //!
-//! [`parse`] is pure (bytes in, a request or an error out) so it is unit-tested and
-//! fuzzed (`fuzz/`). Handlers are async and may finish in any order; the connection
-//! ([`crate::server`]) writes responses in request order.
+//! Frames are decoded and encoded by the pure `sluice-protocol` crate (which also holds
+//! the one registry of supported API versions and answers ApiVersions from it).
+//! Handlers are async and may finish in any order; the connection (`crate::server`)
+//! writes responses in request order. Adding an API: a registry entry in
+//! `sluice-protocol`, a module here and its arm in [`handle`] (a unit test fails while
+//! the two disagree).
 //!
 //! Unsupported requests: an ApiVersions request of a version newer than this broker's
 //! gets a v0 ApiVersionsResponse with UNSUPPORTED_VERSION and the supported ranges (what
@@ -13,7 +16,6 @@
 //! UNSUPPORTED_VERSION error code (the first field of nearly every Kafka response);
 //! the connection stays open.
 
-pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_groups;
@@ -40,139 +42,12 @@ pub mod sync_group;
 
 use std::rc::Rc;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use bytes::Bytes;
+use kafka_protocol::messages::{RequestKind, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+use sluice_protocol::api_versions;
 
 use crate::broker::Broker;
-
-/// One API this broker serves, with the versions it accepts.
-#[derive(Debug, Clone, Copy)]
-pub struct ApiSpec {
-    pub key: ApiKey,
-    pub min: i16,
-    pub max: i16,
-}
-
-const fn spec(key: ApiKey, min: i16, max: i16) -> ApiSpec {
-    ApiSpec { key, min, max }
-}
-
-/// The one registry of supported APIs and versions. ApiVersions is generated from it
-/// and [`parse`] refuses anything outside it. Ranges start where `kafka-protocol`
-/// starts and stop before versions whose semantics Sluice lacks (Fetch and Produce
-/// v13+ address topics by id only; Metadata v13 is untested with old clients).
-pub const REGISTRY: &[ApiSpec] = &[
-    spec(ApiKey::Produce, 3, 12),
-    spec(ApiKey::Fetch, 4, 12),
-    spec(ApiKey::ListOffsets, 1, 8),
-    spec(ApiKey::Metadata, 0, 12),
-    spec(ApiKey::ApiVersions, 0, 3),
-    spec(ApiKey::CreateTopics, 2, 7),
-    spec(ApiKey::DeleteTopics, 1, 6),
-    spec(ApiKey::DeleteRecords, 0, 2),
-    spec(ApiKey::DescribeConfigs, 1, 4),
-    spec(ApiKey::CreatePartitions, 0, 3),
-    spec(ApiKey::IncrementalAlterConfigs, 0, 1),
-    spec(ApiKey::DescribeCluster, 0, 1),
-    // Replication: followers truncate with it; KIP-320 clients validate positions.
-    spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
-    // Consumer groups (crate::group). OffsetCommit v9 and OffsetFetch v9 carry the
-    // KIP-848 member epoch; FindCoordinator v5+ adds share groups: not served.
-    spec(ApiKey::FindCoordinator, 0, 4),
-    spec(ApiKey::JoinGroup, 0, 9),
-    spec(ApiKey::SyncGroup, 0, 5),
-    spec(ApiKey::Heartbeat, 0, 4),
-    spec(ApiKey::LeaveGroup, 0, 5),
-    spec(ApiKey::OffsetCommit, 2, 8),
-    spec(ApiKey::OffsetFetch, 1, 8),
-    spec(ApiKey::OffsetDelete, 0, 0),
-    spec(ApiKey::DescribeGroups, 0, 5),
-    spec(ApiKey::ListGroups, 0, 4),
-    spec(ApiKey::DeleteGroups, 0, 2),
-];
-
-pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
-    REGISTRY.iter().find(|s| s.key as i16 == api_key)
-}
-
-/// A decoded request.
-#[derive(Debug)]
-pub struct Request {
-    pub api_key: ApiKey,
-    pub version: i16,
-    pub header: RequestHeader,
-    pub body: RequestKind,
-}
-
-/// What [`parse`] makes of a frame.
-#[derive(Debug)]
-pub enum Parsed {
-    Request(Box<Request>),
-    /// Unknown API key or a version outside the registry: answered, not decoded.
-    Unsupported {
-        api_key: i16,
-        version: i16,
-        correlation_id: i32,
-    },
-}
-
-/// A frame that cannot be answered: the connection is closed.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("frame of {0} bytes is shorter than a request header")]
-    TooShort(usize),
-    #[error("malformed {api:?} v{version} request: {reason}")]
-    Malformed {
-        api: ApiKey,
-        version: i16,
-        reason: String,
-    },
-}
-
-/// The fuzz target's body (fuzz/fuzz_targets/decode_request.rs), shared with the
-/// corpus-replay unit test so that `make test` runs exactly what the fuzzer runs: any
-/// input gives a request, an "unsupported" answer or a decode error, never a panic.
-pub fn fuzz_decode(data: &[u8]) {
-    if let Ok(Parsed::Request(req)) = parse(Bytes::copy_from_slice(data)) {
-        // Touch the decoded request so the optimiser keeps the decode.
-        std::hint::black_box(&req);
-    }
-}
-
-/// Decodes one request frame (the bytes after the 4-byte size). Pure.
-pub fn parse(frame: Bytes) -> Result<Parsed, DecodeError> {
-    if frame.len() < 8 {
-        return Err(DecodeError::TooShort(frame.len()));
-    }
-    // The first fields of every request header version: api key, version, correlation id.
-    let api_key = i16::from_be_bytes([frame[0], frame[1]]);
-    let version = i16::from_be_bytes([frame[2], frame[3]]);
-    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-    let Some(spec) = lookup(api_key).filter(|s| (s.min..=s.max).contains(&version)) else {
-        return Ok(Parsed::Unsupported {
-            api_key,
-            version,
-            correlation_id,
-        });
-    };
-    let key = spec.key;
-    let malformed = |e: anyhow::Error| DecodeError::Malformed {
-        api: key,
-        version,
-        reason: e.to_string(),
-    };
-    let mut buf = frame;
-    let header =
-        RequestHeader::decode(&mut buf, key.request_header_version(version)).map_err(malformed)?;
-    let body = RequestKind::decode(key, &mut buf, version).map_err(malformed)?;
-    Ok(Parsed::Request(Box::new(Request {
-        api_key: key,
-        version,
-        header,
-        body,
-    })))
-}
 
 /// What the connection does after a request.
 pub enum Outcome {
@@ -301,224 +176,35 @@ pub async fn handle(
     }
 }
 
-/// Encodes a response frame: size, header (the version the API's version implies), body.
-pub fn encode_response(
-    api_key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    resp: &ResponseKind,
-) -> Result<Bytes, String> {
-    let mut buf = BytesMut::with_capacity(64);
-    buf.put_i32(0);
-    let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    header
-        .encode(&mut buf, api_key.response_header_version(version))
-        .map_err(|e| e.to_string())?;
-    resp.encode(&mut buf, version).map_err(|e| e.to_string())?;
-    let size = (buf.len() - 4) as i32;
-    buf[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(buf.freeze())
-}
+pub use crate::util::sb;
+pub use sluice_protocol::{
+    encode_response, fuzz_decode, lookup, parse, ApiSpec, DecodeError, Parsed, Request, REGISTRY,
+};
 
 fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
     tracing::debug!(api_key, version, "unsupported API key or version");
-    if api_key == ApiKey::ApiVersions as i16 {
-        let resp = ResponseKind::ApiVersions(api_versions::unsupported());
-        return match encode_response(ApiKey::ApiVersions, 0, correlation_id, &resp) {
-            Ok(b) => Outcome::Respond(b),
-            Err(_) => Outcome::Close,
-        };
+    match sluice_protocol::unsupported_response(api_key, correlation_id) {
+        Ok(frame) => Outcome::Respond(frame),
+        Err(_) => Outcome::Close,
     }
-    let mut buf = BytesMut::with_capacity(10);
-    buf.put_i32(6);
-    buf.put_i32(correlation_id);
-    buf.put_i16(kafka_protocol::error::ResponseError::UnsupportedVersion.code());
-    Outcome::Respond(buf.freeze())
 }
-
-pub use crate::util::sb;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kafka_protocol::messages::ApiVersionsRequest;
 
-    fn frame(key: ApiKey, version: i16, body: &impl Encodable) -> Bytes {
-        let mut buf = BytesMut::new();
-        let header = RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(42)
-            .with_client_id(Some(sb("test")));
-        header
-            .encode(&mut buf, key.request_header_version(version))
-            .unwrap();
-        body.encode(&mut buf, version).unwrap();
-        buf.freeze()
-    }
-
+    /// Every registered API has a handler arm: a default request of each reaches one
+    /// (an unhandled one closes the connection).
     #[test]
-    fn registry_is_within_what_the_codec_supports() {
+    fn every_registered_api_has_a_handler() {
+        let src = include_str!("mod.rs");
         for s in REGISTRY {
-            let v = s.key.valid_versions();
-            assert!(v.min <= s.min && s.max <= v.max, "{:?}", s.key);
+            let arm = format!("RequestKind::{:?}(", s.key);
+            assert!(
+                src.contains(&arm),
+                "{:?} is registered but has no handler arm",
+                s.key
+            );
         }
-    }
-
-    #[test]
-    fn parses_every_registered_version() {
-        for v in 0..=3 {
-            let f = frame(ApiKey::ApiVersions, v, &ApiVersionsRequest::default());
-            match parse(f).unwrap() {
-                Parsed::Request(r) => {
-                    assert_eq!(r.version, v);
-                    assert_eq!(r.header.correlation_id, 42);
-                }
-                other => panic!("{other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn every_registered_api_and_version_decodes_a_default_request() {
-        for s in REGISTRY {
-            for v in s.min..=s.max {
-                let mut body = BytesMut::new();
-                // Encode the default request of this API at this version, then parse it back.
-                let default = default_request(s.key);
-                default
-                    .encode(&mut body, v)
-                    .unwrap_or_else(|e| panic!("{:?} v{v}: {e}", s.key));
-                let mut f = BytesMut::new();
-                RequestHeader::default()
-                    .with_request_api_key(s.key as i16)
-                    .with_request_api_version(v)
-                    .encode(&mut f, s.key.request_header_version(v))
-                    .unwrap();
-                f.extend_from_slice(&body);
-                assert!(
-                    matches!(parse(f.freeze()), Ok(Parsed::Request(_))),
-                    "{:?} v{v}",
-                    s.key
-                );
-            }
-        }
-    }
-
-    fn default_request(key: ApiKey) -> RequestKind {
-        use kafka_protocol::messages::*;
-        match key {
-            ApiKey::Produce => RequestKind::Produce(ProduceRequest::default()),
-            ApiKey::Fetch => RequestKind::Fetch(FetchRequest::default()),
-            ApiKey::ListOffsets => RequestKind::ListOffsets(ListOffsetsRequest::default()),
-            ApiKey::Metadata => RequestKind::Metadata(MetadataRequest::default()),
-            ApiKey::ApiVersions => RequestKind::ApiVersions(ApiVersionsRequest::default()),
-            ApiKey::CreateTopics => RequestKind::CreateTopics(CreateTopicsRequest::default()),
-            ApiKey::DeleteTopics => RequestKind::DeleteTopics(DeleteTopicsRequest::default()),
-            ApiKey::DeleteRecords => RequestKind::DeleteRecords(DeleteRecordsRequest::default()),
-            ApiKey::DescribeConfigs => {
-                RequestKind::DescribeConfigs(DescribeConfigsRequest::default())
-            }
-            ApiKey::CreatePartitions => {
-                RequestKind::CreatePartitions(CreatePartitionsRequest::default())
-            }
-            ApiKey::IncrementalAlterConfigs => {
-                RequestKind::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::default())
-            }
-            ApiKey::DescribeCluster => {
-                RequestKind::DescribeCluster(DescribeClusterRequest::default())
-            }
-            ApiKey::FindCoordinator => {
-                RequestKind::FindCoordinator(FindCoordinatorRequest::default())
-            }
-            ApiKey::JoinGroup => RequestKind::JoinGroup(JoinGroupRequest::default()),
-            ApiKey::SyncGroup => RequestKind::SyncGroup(SyncGroupRequest::default()),
-            ApiKey::Heartbeat => RequestKind::Heartbeat(HeartbeatRequest::default()),
-            ApiKey::LeaveGroup => RequestKind::LeaveGroup(LeaveGroupRequest::default()),
-            ApiKey::OffsetCommit => RequestKind::OffsetCommit(OffsetCommitRequest::default()),
-            ApiKey::OffsetFetch => RequestKind::OffsetFetch(OffsetFetchRequest::default()),
-            ApiKey::OffsetDelete => RequestKind::OffsetDelete(OffsetDeleteRequest::default()),
-            ApiKey::DescribeGroups => RequestKind::DescribeGroups(DescribeGroupsRequest::default()),
-            ApiKey::ListGroups => RequestKind::ListGroups(ListGroupsRequest::default()),
-            ApiKey::DeleteGroups => RequestKind::DeleteGroups(DeleteGroupsRequest::default()),
-            ApiKey::OffsetForLeaderEpoch => {
-                RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
-            }
-            other => panic!("registry entry {other:?} has no default request here"),
-        }
-    }
-
-    /// Replays the fuzz corpus through the fuzz target's body: the committed seeds
-    /// (fuzz/seeds), a local `make fuzz` corpus when there is one (fuzz/corpus), and
-    /// the default request of every registered API and version; each also cut at
-    /// every length and with bytes flipped, so truncated frames and bad lengths are
-    /// covered without the fuzzer.
-    #[test]
-    fn fuzz_corpus_replays_without_panics() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
-        let mut inputs: Vec<Vec<u8>> = Vec::new();
-        for dir in ["seeds/decode_request", "corpus/decode_request"] {
-            if let Ok(entries) = std::fs::read_dir(root.join(dir)) {
-                for e in entries.flatten() {
-                    inputs.push(std::fs::read(e.path()).expect("corpus file"));
-                }
-            }
-        }
-        let seeds = inputs.len();
-        assert!(seeds >= 7, "fuzz/seeds/decode_request is missing");
-        for s in REGISTRY {
-            for v in s.min..=s.max {
-                let mut f = BytesMut::new();
-                RequestHeader::default()
-                    .with_request_api_key(s.key as i16)
-                    .with_request_api_version(v)
-                    .with_client_id(Some(sb("c")))
-                    .encode(&mut f, s.key.request_header_version(v))
-                    .unwrap();
-                default_request(s.key).encode(&mut f, v).unwrap();
-                inputs.push(f.to_vec());
-            }
-        }
-        for input in &inputs {
-            fuzz_decode(input);
-            for cut in 0..input.len() {
-                fuzz_decode(&input[..cut]);
-            }
-            for at in 0..input.len() {
-                for flip in [0xffu8, 0x80, 0x01] {
-                    let mut m = input.clone();
-                    m[at] ^= flip;
-                    fuzz_decode(&m);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn unknown_versions_and_keys_are_answered_not_decoded() {
-        let f = frame(ApiKey::ApiVersions, 4, &ApiVersionsRequest::default());
-        assert!(matches!(
-            parse(f).unwrap(),
-            Parsed::Unsupported { version: 4, .. }
-        ));
-        let raw = Bytes::from_static(&[0x7f, 0x00, 0, 0, 0, 0, 0, 9, 1, 2]);
-        assert!(matches!(
-            parse(raw).unwrap(),
-            Parsed::Unsupported {
-                api_key: 0x7f00,
-                correlation_id: 9,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn garbage_is_an_error_not_a_panic() {
-        assert!(parse(Bytes::from_static(&[0, 3])).is_err());
-        // Metadata v1 with a truncated body.
-        assert!(parse(Bytes::from_static(&[
-            0, 3, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 5
-        ]))
-        .is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! ApiVersions (key 18): generated from [`super::REGISTRY`].
+//! ApiVersions (key 18): generated from [`crate::REGISTRY`].
 //!
 //! No tagged fields are ever sent (no SupportedFeatures, FinalizedFeatures or
 //! ZkMigrationReady): librdkafka before 2.2 (Debian's kcat 1.7.1 has 2.0.2) mis-skips
@@ -8,7 +8,7 @@
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
-use super::REGISTRY;
+use crate::REGISTRY;
 
 fn api_keys() -> Vec<ApiVersion> {
     REGISTRY
@@ -42,7 +42,7 @@ mod tests {
     #[test]
     fn v3_response_carries_no_tagged_fields() {
         let resp = ResponseKind::ApiVersions(handle(3));
-        let frame = super::super::encode_response(ApiKey::ApiVersions, 3, 7, &resp).unwrap();
+        let frame = crate::encode_response(ApiKey::ApiVersions, 3, 7, &resp).unwrap();
         // size, correlation id (header v0), error code, compact array of keys..., then
         // throttle time and the tagged-field count, which must be 0.
         assert_eq!(*frame.last().unwrap(), 0, "empty tagged field section");

@@ -376,6 +376,9 @@ impl Broker {
                 )
             })?
         };
+        // The epoch's checkpoint entry is durable before its first batch (immediate
+        // unless the epoch just began); a failed checkpoint fails the partition.
+        replica.epochs_durable().await?;
         let batches = batch::split_batches(&item.records)
             .map_err(|e| error::from_storage(&sluice_storage::Error::Batch(e)))?;
         if batches.is_empty() {

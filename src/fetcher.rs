@@ -453,7 +453,7 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
 /// and counts them as held. False if the log is not where this fetch assumed (the role
 /// changed meanwhile, or a deposed leader's late append landed): the caller truncates
 /// again rather than report anything.
-async fn append_fetched(r: &Replica, epoch: i32, records: &Bytes) -> Result<bool, String> {
+async fn append_fetched(r: &Rc<Replica>, epoch: i32, records: &Bytes) -> Result<bool, String> {
     let batches = match batch::split_batches(records) {
         Ok(b) => b,
         Err(e) => return Err(format!("fetched records do not parse: {e}")),
@@ -469,6 +469,11 @@ async fn append_fetched(r: &Replica, epoch: i32, records: &Bytes) -> Result<bool
         }
         if h.leader_epoch > r.epochs.borrow().latest_epoch() {
             r.assign_epoch(h.leader_epoch, h.base_offset);
+            // The new epoch's entry is durable before any batch of that epoch.
+            r.epochs_durable().await.map_err(|e| e.to_string())?;
+            if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
+                return Ok(false);
+            }
         }
         r.log
             .append_with_offsets(&records[range])

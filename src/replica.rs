@@ -12,7 +12,13 @@
 //!   its next fetch — so the leader counts nothing that is not on disk.
 //!
 //! Each replica keeps its leader-epoch history in `leader-epoch-checkpoint` in the
-//! partition directory (written atomically before the first batch of a new epoch).
+//! partition directory, written atomically with the storage crate's non-blocking I/O by
+//! one writer task per replica (latest state wins). A new epoch's entry is durable
+//! before the first batch of that epoch is appended ([`Replica::epochs_durable`]);
+//! truncations are written lazily (opening a replica clamps the history to the log
+//! end). Policy on a failed checkpoint write: the replica is failed for good — its
+//! produces and replicated appends answer KAFKA_STORAGE_ERROR until the broker
+//! restarts, as Kafka takes the log directory offline.
 //! Consumers read only up to the high watermark.
 
 use std::cell::{Cell, RefCell};
@@ -57,6 +63,21 @@ pub struct Replica {
     /// Fires on durable progress, high-watermark moves and role changes.
     pub progress: Event,
     checkpoint: PathBuf,
+    checkpoint_state: CheckpointState,
+}
+
+/// The leader-epoch checkpoint's writer state (see the module docs).
+#[derive(Default)]
+struct CheckpointState {
+    /// Bumped by every change of the history.
+    version: Cell<u64>,
+    /// The version last written durably.
+    persisted: Cell<u64>,
+    writing: Cell<bool>,
+    /// Set by a failed write: the replica refuses work from then on.
+    failed: RefCell<Option<String>>,
+    /// Fires after every write attempt.
+    done: Event,
 }
 
 /// Wall-clock milliseconds, as the ISR state machines take them.
@@ -104,6 +125,7 @@ impl Replica {
             known_epoch: Cell::new(-1),
             progress: Event::new(),
             checkpoint,
+            checkpoint_state: CheckpointState::default(),
         })
     }
 
@@ -131,23 +153,63 @@ impl Replica {
         }
     }
 
-    pub(crate) fn persist_epochs(&self) {
-        let text = self.epochs.borrow().encode();
-        let tmp = self.checkpoint.with_extension("tmp");
-        let r = (|| -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.checkpoint)?;
-            std::fs::File::open(self.log.dir())?.sync_all()
-        })();
-        if let Err(e) = r {
-            tracing::error!(path = %self.checkpoint.display(), error = %e, "writing leader-epoch checkpoint failed");
+    /// Schedules a write of the leader-epoch history (never blocks; see the module docs).
+    pub(crate) fn persist_epochs(self: &Rc<Self>) {
+        let st = &self.checkpoint_state;
+        st.version.set(st.version.get() + 1);
+        if st.writing.get() || st.failed.borrow().is_some() {
+            return;
+        }
+        st.writing.set(true);
+        let this = self.clone();
+        glommio::spawn_local(async move { this.write_checkpoints().await }).detach();
+    }
+
+    /// Writes the latest history until the file holds the latest version.
+    async fn write_checkpoints(self: Rc<Self>) {
+        let st = &self.checkpoint_state;
+        loop {
+            let version = st.version.get();
+            let text = self.epochs.borrow().encode();
+            match sluice_storage::file::write_atomic(&self.checkpoint, text.as_bytes()).await {
+                Ok(()) => st.persisted.set(version),
+                Err(e) => {
+                    tracing::error!(topic = %self.topic, partition = self.partition, error = %e, "writing the leader-epoch checkpoint failed; the replica refuses work until restart");
+                    *st.failed.borrow_mut() = Some(e.to_string());
+                }
+            }
+            if st.failed.borrow().is_some() || st.persisted.get() == st.version.get() {
+                break;
+            }
+        }
+        st.writing.set(false);
+        st.done.notify(usize::MAX);
+    }
+
+    /// Waits until the leader-epoch history as it is now is durable; fails once a
+    /// checkpoint write failed. Immediate when nothing changed.
+    pub(crate) async fn epochs_durable(&self) -> Result<(), ApiError> {
+        let st = &self.checkpoint_state;
+        let target = st.version.get();
+        loop {
+            let listener = st.done.listen();
+            if let Some(e) = st.failed.borrow().as_ref() {
+                return Err(ApiError::with(
+                    ResponseError::KafkaStorageError,
+                    format!(
+                        "leader-epoch checkpoint of {}-{} failed: {e}",
+                        self.topic, self.partition
+                    ),
+                ));
+            }
+            if st.persisted.get() >= target {
+                return Ok(());
+            }
+            listener.await;
         }
     }
 
-    pub(crate) fn assign_epoch(&self, epoch: i32, start: i64) {
+    pub(crate) fn assign_epoch(self: &Rc<Self>, epoch: i32, start: i64) {
         if self.epochs.borrow_mut().assign(epoch, start) {
             self.persist_epochs();
         }
@@ -200,7 +262,7 @@ impl Replica {
 
     /// Adopts the committed assignment. Returns the leader to follow if this replica
     /// just became (or stays) a follower.
-    pub fn reconcile(&self, me: i32, a: &PartitionState, lag_max_ms: u64) -> Option<i32> {
+    pub fn reconcile(self: &Rc<Self>, me: i32, a: &PartitionState, lag_max_ms: u64) -> Option<i32> {
         self.known_epoch.set(a.leader_epoch);
         let mut role = self.role.borrow_mut();
         let hw = match &*role {
@@ -413,5 +475,75 @@ impl Fetchers {
     }
     pub fn release(&self, leader: i32) {
         self.running.borrow_mut().remove(&leader);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_storage::{LogConfig, Storage, StorageLimits, SystemClock};
+
+    fn on_executor<T: Send + 'static>(
+        f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
+    ) -> T {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .io_memory(8 << 20)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// A new epoch's entry is on disk once `epochs_durable` returns, without a blocking
+    /// write; a replica reopened on the same log reads it back.
+    #[test]
+    fn leader_epoch_checkpoint_is_written_without_blocking_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let epochs = on_executor(move || {
+            Box::pin(async move {
+                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
+                    .await
+                    .unwrap();
+                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                let r = Replica::open("t", 0, log.clone());
+                let batch = sluice_storage::batch::build::simple(1, 1, 10);
+                log.append(&batch, 3).await.unwrap();
+                r.assign_epoch(3, 0);
+                log.append(&batch, 5).await.unwrap();
+                r.assign_epoch(5, 1);
+                r.epochs_durable().await.unwrap();
+                log.flush().await.unwrap();
+                let again = Replica::open("t", 0, log);
+                let latest = again.epochs.borrow().latest_epoch();
+                latest
+            })
+        });
+        assert_eq!(epochs, 5);
+    }
+
+    /// The stated policy: a failed checkpoint write fails the replica for good.
+    #[test]
+    fn a_failed_checkpoint_write_fails_the_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (first, later) = on_executor(move || {
+            Box::pin(async move {
+                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
+                    .await
+                    .unwrap();
+                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                // A directory where the checkpoint's temp file must go: the write fails.
+                std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
+                let r = Replica::open("t", 0, log);
+                r.assign_epoch(1, 0);
+                let first = r.epochs_durable().await;
+                // Nothing changed since, and still refused.
+                let later = r.epochs_durable().await;
+                (first, later)
+            })
+        });
+        assert_eq!(first.unwrap_err().code, ResponseError::KafkaStorageError);
+        assert_eq!(later.unwrap_err().code, ResponseError::KafkaStorageError);
     }
 }

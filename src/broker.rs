@@ -649,6 +649,35 @@ impl Broker {
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;
+        self.check_invariants();
+    }
+
+    /// Every open log has its replica and every replica its log, and each partition
+    /// here is one this shard owns in the current image.
+    fn check_invariants(&self) {
+        let logs = self.logs.borrow();
+        let replicas = self.replicas.borrow();
+        assert_eq!(
+            logs.len(),
+            replicas.len(),
+            "logs and replicas differ on {}",
+            self.shard
+        );
+        let image = self.image();
+        for key in logs.keys() {
+            assert!(
+                replicas.contains_key(key),
+                "log {key:?} has no replica on {}",
+                self.shard
+            );
+            if let Some(meta) = image.topics.get(&key.0) {
+                assert_eq!(
+                    self.owner(meta, key.1),
+                    self.shard,
+                    "{key:?} open on a shard that does not own it"
+                );
+            }
+        }
     }
 
     /// Shard 0: every shard runs an image of state `version` or newer.

@@ -25,6 +25,7 @@ pub mod index;
 pub mod journal;
 pub mod log;
 pub mod probe;
+pub mod producer;
 pub mod segment;
 pub mod simdisk;
 

@@ -1,68 +1,220 @@
-//! Broker configuration: a TOML file, overridden by command-line flags.
+//! Broker configuration: every setting of `sluice serve` is declared once, in
+//! `settings!` below, with its doc (the flag's help and the example's comment), its
+//! name (the TOML key; the flag is the name with `-` for `_`), its type and its default.
+//! [`Settings`] is that declaration as one struct that both clap (the flags) and serde
+//! (the TOML file, unknown keys refused) fill in; flags override the file, the file
+//! overrides the defaults ([`Settings::or`], [`Settings::with_defaults`]), and
+//! [`BrokerConfig::resolve`] validates the result into what the broker reads.
 //!
-//! Every key of the file has the name of its flag with `_` for `-`:
-//!
-//! ```toml
-//! node_id = 1
-//! listen = "127.0.0.1:9092"
-//! advertised = "127.0.0.1:9092"   # default: the listen address
-//! data_dir = "./data"
-//! cores = 2                       # default: every online CPU
-//! default_partitions = 1
-//! auto_create_topics = true
-//! socket_request_max_bytes = 104857600
-//! group_initial_rebalance_delay_ms = 3000
-//! group_min_session_timeout_ms = 6000
-//! group_max_session_timeout_ms = 1800000
-//! offsets_retention_minutes = 10080
-//! log_retention_check_interval_ms = 60000
-//! ```
+//! The complete TOML example is `docs/sluice.toml`, generated from the same declaration
+//! ([`Settings::example_toml`]; a unit test keeps the file equal to it).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Kafka's `socket.request.max.bytes` default: 100 MiB.
-pub const SOCKET_REQUEST_MAX_BYTES: usize = 100 * 1024 * 1024;
-/// Kafka's `group.initial.rebalance.delay.ms` default.
-pub const GROUP_INITIAL_REBALANCE_DELAY_MS: i64 = 3_000;
-/// Kafka's `group.min.session.timeout.ms` default.
-pub const GROUP_MIN_SESSION_TIMEOUT_MS: i32 = 6_000;
-/// Kafka's `group.max.session.timeout.ms` default (30 minutes).
-pub const GROUP_MAX_SESSION_TIMEOUT_MS: i32 = 1_800_000;
-/// Kafka's `offsets.retention.minutes` default (7 days).
-pub const OFFSETS_RETENTION_MINUTES: i64 = 7 * 24 * 60;
-/// How often the retention and compaction pass runs (Kafka's
-/// `log.retention.check.interval.ms` is 300000; Sluice checks every minute).
-pub const LOG_RETENTION_CHECK_INTERVAL_MS: u64 = 60_000;
+/// Declares the settings. Each entry is `/// doc`, then `name: Type = default;` for a
+/// setting with a fixed default, or `name: Type, example = value;` for one whose default
+/// depends on the machine or on other settings (its doc says which); exactly one of the
+/// two, or it does not compile.
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])+
+        $name:ident: $ty:ty $(= $default:expr)? $(, example = $example:expr)?;
+    )+) => {
+        /// The settings one source gives: the flags or the file. `None`: not given there.
+        #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Settings {
+            $(
+                $(#[doc = $doc])+
+                #[arg(long, help = help_text(&[$($doc),+], default_of!($ty $(, $default)?)))]
+                pub $name: Option<$ty>,
+            )+
+        }
 
-/// The file form: every field optional, so flags and defaults fill the gaps.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub node_id: Option<i32>,
-    pub listen: Option<String>,
-    pub advertised: Option<String>,
-    pub data_dir: Option<PathBuf>,
-    pub cores: Option<usize>,
-    pub default_partitions: Option<i32>,
-    pub auto_create_topics: Option<bool>,
-    pub socket_request_max_bytes: Option<usize>,
-    pub group_initial_rebalance_delay_ms: Option<i64>,
-    pub group_min_session_timeout_ms: Option<i32>,
-    pub group_max_session_timeout_ms: Option<i32>,
-    pub offsets_retention_minutes: Option<i64>,
-    pub log_retention_check_interval_ms: Option<u64>,
-    pub controller_listen: Option<String>,
-    pub controller_quorum: Option<String>,
-    pub broker_session_timeout_ms: Option<u64>,
-    pub broker_heartbeat_interval_ms: Option<u64>,
-    pub replica_lag_time_max_ms: Option<u64>,
+        /// Every setting after the defaults are applied: a setting with a fixed default
+        /// is a plain value, one without stays an `Option` for [`BrokerConfig::resolve`].
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Resolved {
+            $(
+                $(#[doc = $doc])+
+                pub $name: resolved_type!($ty $(, $default)?),
+            )+
+        }
+
+        impl Settings {
+            /// Every TOML key (and flag, with `-` for `_`), in declaration order.
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($name)),+];
+
+            /// The keys this source gives (`Some`), in declaration order.
+            pub fn given(&self) -> Vec<&'static str> {
+                let mut keys = Vec::new();
+                $(
+                    if self.$name.is_some() {
+                        keys.push(stringify!($name));
+                    }
+                )+
+                keys
+            }
+
+            /// `self`'s settings, and `under`'s where `self` gives none.
+            pub fn or(self, under: Settings) -> Settings {
+                Settings {
+                    $($name: self.$name.or(under.$name),)+
+                }
+            }
+
+            /// Fills in every fixed default.
+            pub fn with_defaults(self) -> Resolved {
+                Resolved {
+                    $($name: with_default!(self.$name, $ty $(, $default)?),)+
+                }
+            }
+
+            /// The fixed defaults (`None` for settings without one).
+            pub fn defaults() -> Settings {
+                Settings {
+                    $($name: default_value!($ty $(, $default)?),)+
+                }
+            }
+
+            /// The complete TOML example (`docs/sluice.toml`): every key with its doc;
+            /// a key with a fixed default is set to it, any other is commented out with
+            /// an example value.
+            pub fn example_toml() -> String {
+                let mut out = String::from(EXAMPLE_HEADER);
+                $(
+                    out.push('\n');
+                    for line in [$($doc),+] {
+                        out.push_str(&format!("#{}\n", line.trim_end()));
+                    }
+                    example_line!(out, stringify!($name), $ty $(, default = $default)? $(, example = $example)?);
+                )+
+                out
+            }
+        }
+    };
 }
 
-impl FileConfig {
-    pub fn load(path: &std::path::Path) -> Result<FileConfig, String> {
+macro_rules! default_of {
+    ($ty:ty, $default:expr) => {
+        Some(toml_value::<$ty>($default))
+    };
+    ($ty:ty) => {
+        None
+    };
+}
+
+macro_rules! resolved_type {
+    ($ty:ty, $default:expr) => { $ty };
+    ($ty:ty) => { Option<$ty> };
+}
+
+macro_rules! with_default {
+    ($value:expr, $ty:ty, $default:expr) => {
+        $value.unwrap_or_else(|| typed::<$ty>($default))
+    };
+    ($value:expr, $ty:ty) => {
+        $value
+    };
+}
+
+macro_rules! default_value {
+    ($ty:ty, $default:expr) => {
+        Some(typed::<$ty>($default))
+    };
+    ($ty:ty) => {
+        None
+    };
+}
+
+macro_rules! example_line {
+    ($out:ident, $key:expr, $ty:ty, default = $default:expr) => {
+        $out.push_str(&format!("{} = {}\n", $key, toml_value::<$ty>($default)))
+    };
+    ($out:ident, $key:expr, $ty:ty, example = $example:expr) => {
+        $out.push_str(&format!("# {} = {}\n", $key, toml_value::<$ty>($example)))
+    };
+}
+
+settings! {
+    /// This broker's id, unique in the cluster (at least 1).
+    node_id: i32 = 1;
+    /// Kafka listener address, IP:PORT.
+    listen: String = "127.0.0.1:9092".into();
+    /// HOST:PORT clients are told to use [default: the listen address].
+    advertised: String, example = "127.0.0.1:9092".into();
+    /// Directory of the partition logs and the metadata.
+    data_dir: PathBuf = "./data".into();
+    /// Shards (executor threads, one per core) [default: every online CPU].
+    cores: usize, example = 2;
+    /// Partitions of auto-created topics.
+    default_partitions: i32 = 1;
+    /// Create unknown topics on Metadata/Produce.
+    auto_create_topics: bool = true;
+    /// Largest request a client may send, in bytes (Kafka's socket.request.max.bytes; at
+    /// least 1024).
+    socket_request_max_bytes: usize = 100 * 1024 * 1024;
+    /// How long a new group waits for more members before its first generation (Kafka's
+    /// group.initial.rebalance.delay.ms).
+    group_initial_rebalance_delay_ms: i64 = 3_000;
+    /// Smallest session timeout a member may ask for (group.min.session.timeout.ms).
+    group_min_session_timeout_ms: i32 = 6_000;
+    /// Largest session timeout a member may ask for (group.max.session.timeout.ms).
+    group_max_session_timeout_ms: i32 = 1_800_000;
+    /// Committed offsets of an empty group expire after this long (Kafka's
+    /// offsets.retention.minutes, 7 days).
+    offsets_retention_minutes: i64 = 7 * 24 * 60;
+    /// How often storage runs its retention and compaction pass (Kafka's
+    /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
+    log_retention_check_interval_ms: u64 = 60_000;
+    /// Metadata quorum listener, HOST:PORT [default: none; needed with more than one voter].
+    controller_listen: String, example = "127.0.0.1:9192".into();
+    /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...` [default: this node alone].
+    controller_quorum: String, example = "1@127.0.0.1:9192".into();
+    /// A broker whose heartbeats lapse this long is fenced (broker.session.timeout.ms).
+    broker_session_timeout_ms: u64 = 9_000;
+    /// How often a broker heartbeats to the controller (broker.heartbeat.interval.ms; at
+    /// most half the session timeout).
+    broker_heartbeat_interval_ms: u64 = 500;
+    /// A follower behind the leader this long leaves the ISR (replica.lag.time.max.ms).
+    replica_lag_time_max_ms: u64 = 30_000;
+}
+
+const EXAMPLE_HEADER: &str = "\
+# Sluice broker config: every key of `sluice serve --config FILE`, generated from
+# src/config.rs (`cargo test -p sluice --lib config` checks this file; run it with
+# SLUICE_WRITE_EXAMPLE=1 to rewrite it). Each key is its flag with `_` for `-`; flags
+# override the file. The keys set below hold their defaults; the commented-out ones
+# have no fixed default and show an example value.
+";
+
+/// Its argument, typed: lets a default's literal take the setting's type.
+fn typed<T>(value: T) -> T {
+    value
+}
+
+/// A default or example as a TOML value (it renders the example file and the help).
+fn toml_value<T: serde::Serialize>(value: T) -> toml::Value {
+    toml::Value::try_from(value).expect("a setting's value is a TOML value")
+}
+
+/// A flag's help: its doc on one line, then its default if it has a fixed one.
+fn help_text(doc: &[&str], default: Option<toml::Value>) -> String {
+    let doc = doc.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+    let doc = doc.strip_suffix('.').unwrap_or(&doc);
+    match default {
+        Some(toml::Value::String(s)) => format!("{doc} [default: {s}]"),
+        Some(v) => format!("{doc} [default: {v}]"),
+        None => doc.to_string(),
+    }
+}
+
+impl Settings {
+    /// Reads a TOML config file; absent keys are `None`, unknown keys are refused.
+    pub fn load(path: &Path) -> Result<Settings, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
         toml::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
@@ -105,22 +257,17 @@ pub struct BrokerConfig {
 }
 
 impl BrokerConfig {
-    /// Resolves flags (`flags`, the same shape as the file) over the file over defaults.
-    pub fn resolve(
-        file: FileConfig,
-        flags: FileConfig,
-        online_cpus: usize,
-    ) -> Result<BrokerConfig, String> {
-        let groups = GroupSettings::resolve(&file, &flags)?;
-        let node_id = flags.node_id.or(file.node_id).unwrap_or(1);
-        let cluster = ClusterSettings::resolve(&file, &flags, node_id)?;
-        let pick = |f: Option<String>, c: Option<String>| f.or(c);
-        let listen_s = pick(flags.listen, file.listen).unwrap_or_else(|| "127.0.0.1:9092".into());
-        let listen: SocketAddr = listen_s
+    /// Applies the defaults to `settings` (the flags `.or(` the file `)`) and validates
+    /// the result; errors name the flag.
+    pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, String> {
+        let s = settings.with_defaults();
+        check_group_settings(&s)?;
+        let (controller_listen, controller_quorum) = check_cluster_settings(&s)?;
+        let listen: SocketAddr = s
+            .listen
             .parse()
-            .map_err(|e| format!("--listen {listen_s}: expected IP:PORT ({e})"))?;
-        let advertised =
-            pick(flags.advertised, file.advertised).unwrap_or_else(|| listen.to_string());
+            .map_err(|e| format!("--listen {}: expected IP:PORT ({e})", s.listen))?;
+        let advertised = s.advertised.clone().unwrap_or_else(|| listen.to_string());
         let (host, port) = advertised
             .rsplit_once(':')
             .ok_or_else(|| format!("--advertised {advertised}: expected HOST:PORT"))?;
@@ -131,206 +278,123 @@ impl BrokerConfig {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let cores = flags.cores.or(file.cores).unwrap_or(online_cpus.max(1));
+        let cores = s.cores.unwrap_or(online_cpus.max(1));
         if cores == 0 {
             return Err("--cores must be at least 1".into());
         }
-        let default_partitions = flags
-            .default_partitions
-            .or(file.default_partitions)
-            .unwrap_or(1);
-        if default_partitions < 1 {
+        if s.default_partitions < 1 {
             return Err("--default-partitions must be at least 1".into());
         }
-        let socket_request_max_bytes = flags
-            .socket_request_max_bytes
-            .or(file.socket_request_max_bytes)
-            .unwrap_or(SOCKET_REQUEST_MAX_BYTES);
-        if socket_request_max_bytes < 1024 {
-            return Err("socket_request_max_bytes must be at least 1024".into());
+        if s.socket_request_max_bytes < 1024 {
+            return Err("--socket-request-max-bytes must be at least 1024".into());
         }
-        let log_retention_check_interval_ms = flags
-            .log_retention_check_interval_ms
-            .or(file.log_retention_check_interval_ms)
-            .unwrap_or(LOG_RETENTION_CHECK_INTERVAL_MS);
         // Kafka's lower bound is 1; an upper bound keeps the timer arithmetic finite.
-        if !(1..=i64::MAX as u64 / 2).contains(&log_retention_check_interval_ms) {
+        if !(1..=i64::MAX as u64 / 2).contains(&s.log_retention_check_interval_ms) {
             return Err(format!(
-                "--log-retention-check-interval-ms {log_retention_check_interval_ms}: must be between 1 and {}",
+                "--log-retention-check-interval-ms {}: must be between 1 and {}",
+                s.log_retention_check_interval_ms,
                 i64::MAX as u64 / 2
             ));
         }
         Ok(BrokerConfig {
-            node_id,
+            node_id: s.node_id,
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
-            data_dir: flags
-                .data_dir
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from("./data")),
+            data_dir: s.data_dir,
             cores,
-            default_partitions,
-            auto_create_topics: flags
-                .auto_create_topics
-                .or(file.auto_create_topics)
-                .unwrap_or(true),
-            socket_request_max_bytes,
-            group_initial_rebalance_delay_ms: groups.initial_rebalance_delay_ms,
-            group_min_session_timeout_ms: groups.min_session_timeout_ms,
-            group_max_session_timeout_ms: groups.max_session_timeout_ms,
-            offsets_retention_minutes: groups.offsets_retention_minutes,
-            log_retention_check_interval_ms,
-            controller_listen: cluster.listen,
-            controller_quorum: cluster.quorum,
-            broker_session_timeout_ms: cluster.session_timeout_ms,
-            broker_heartbeat_interval_ms: cluster.heartbeat_interval_ms,
-            replica_lag_time_max_ms: cluster.replica_lag_time_max_ms,
+            default_partitions: s.default_partitions,
+            auto_create_topics: s.auto_create_topics,
+            socket_request_max_bytes: s.socket_request_max_bytes,
+            group_initial_rebalance_delay_ms: s.group_initial_rebalance_delay_ms,
+            group_min_session_timeout_ms: s.group_min_session_timeout_ms,
+            group_max_session_timeout_ms: s.group_max_session_timeout_ms,
+            offsets_retention_minutes: s.offsets_retention_minutes,
+            log_retention_check_interval_ms: s.log_retention_check_interval_ms,
+            controller_listen,
+            controller_quorum,
+            broker_session_timeout_ms: s.broker_session_timeout_ms,
+            broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
+            replica_lag_time_max_ms: s.replica_lag_time_max_ms,
         })
     }
 }
 
-/// The metadata quorum and replication settings, validated together.
-struct ClusterSettings {
-    listen: Option<SocketAddr>,
-    quorum: Vec<(i32, SocketAddr)>,
-    session_timeout_ms: u64,
-    heartbeat_interval_ms: u64,
-    replica_lag_time_max_ms: u64,
-}
+/// The controller voters: node id and quorum address.
+type Voters = Vec<(i32, SocketAddr)>;
 
-impl ClusterSettings {
-    fn resolve(
-        file: &FileConfig,
-        flags: &FileConfig,
-        node_id: i32,
-    ) -> Result<ClusterSettings, String> {
-        if node_id < 1 {
-            return Err(format!("--node-id {node_id}: must be at least 1"));
-        }
-        let listen = match flags
-            .controller_listen
-            .clone()
-            .or(file.controller_listen.clone())
-        {
-            Some(s) => Some(
-                s.parse::<SocketAddr>()
-                    .map_err(|e| format!("--controller-listen {s}: expected IP:PORT ({e})"))?,
-            ),
-            None => None,
-        };
-        let quorum = match flags
-            .controller_quorum
-            .clone()
-            .or(file.controller_quorum.clone())
-        {
-            Some(q) => parse_quorum(&q)?,
-            None => {
-                // A quorum of this node alone; the address is never dialled.
-                let addr = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("address"));
-                vec![(node_id, addr)]
-            }
-        };
-        if !quorum.iter().any(|(id, _)| *id == node_id) {
-            return Err(format!(
-                "--controller-quorum does not list this node (--node-id {node_id})"
-            ));
-        }
-        if quorum.len() > 1 && listen.is_none() {
-            return Err(
-                "--controller-listen is required with more than one controller voter".into(),
-            );
-        }
-        let pick = |f: Option<u64>, c: Option<u64>, d: u64| f.or(c).unwrap_or(d);
-        let s = ClusterSettings {
-            listen,
-            quorum,
-            session_timeout_ms: pick(
-                flags.broker_session_timeout_ms,
-                file.broker_session_timeout_ms,
-                9_000,
-            ),
-            heartbeat_interval_ms: pick(
-                flags.broker_heartbeat_interval_ms,
-                file.broker_heartbeat_interval_ms,
-                500,
-            ),
-            replica_lag_time_max_ms: pick(
-                flags.replica_lag_time_max_ms,
-                file.replica_lag_time_max_ms,
-                30_000,
-            ),
-        };
-        if s.heartbeat_interval_ms == 0 || s.heartbeat_interval_ms * 2 > s.session_timeout_ms {
-            return Err(format!(
-                "--broker-heartbeat-interval-ms {} must be positive and at most half of --broker-session-timeout-ms {}",
-                s.heartbeat_interval_ms, s.session_timeout_ms
-            ));
-        }
-        if s.replica_lag_time_max_ms == 0 {
-            return Err("--replica-lag-time-max-ms must be positive".into());
-        }
-        Ok(s)
+/// The metadata quorum and replication settings, validated together: the controller
+/// listener and the voters.
+fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), String> {
+    let node_id = s.node_id;
+    if node_id < 1 {
+        return Err(format!("--node-id {node_id}: must be at least 1"));
     }
+    let listen = match &s.controller_listen {
+        Some(l) => Some(
+            l.parse::<SocketAddr>()
+                .map_err(|e| format!("--controller-listen {l}: expected IP:PORT ({e})"))?,
+        ),
+        None => None,
+    };
+    let quorum = match &s.controller_quorum {
+        Some(q) => parse_quorum(q)?,
+        None => {
+            // A quorum of this node alone; the address is never dialled.
+            let addr = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("address"));
+            vec![(node_id, addr)]
+        }
+    };
+    if !quorum.iter().any(|(id, _)| *id == node_id) {
+        return Err(format!(
+            "--controller-quorum does not list this node (--node-id {node_id})"
+        ));
+    }
+    if quorum.len() > 1 && listen.is_none() {
+        return Err("--controller-listen is required with more than one controller voter".into());
+    }
+    let (heartbeat, session) = (s.broker_heartbeat_interval_ms, s.broker_session_timeout_ms);
+    if heartbeat == 0 || heartbeat.saturating_mul(2) > session {
+        return Err(format!(
+            "--broker-heartbeat-interval-ms {heartbeat} must be positive and at most half of --broker-session-timeout-ms {session}"
+        ));
+    }
+    if s.replica_lag_time_max_ms == 0 {
+        return Err("--replica-lag-time-max-ms must be positive".into());
+    }
+    Ok((listen, quorum))
 }
 
 /// The group coordinator's settings, validated together (min <= max).
-struct GroupSettings {
-    initial_rebalance_delay_ms: i64,
-    min_session_timeout_ms: i32,
-    max_session_timeout_ms: i32,
-    offsets_retention_minutes: i64,
-}
-
-impl GroupSettings {
-    fn resolve(file: &FileConfig, flags: &FileConfig) -> Result<GroupSettings, String> {
-        let s = GroupSettings {
-            initial_rebalance_delay_ms: flags
-                .group_initial_rebalance_delay_ms
-                .or(file.group_initial_rebalance_delay_ms)
-                .unwrap_or(GROUP_INITIAL_REBALANCE_DELAY_MS),
-            min_session_timeout_ms: flags
-                .group_min_session_timeout_ms
-                .or(file.group_min_session_timeout_ms)
-                .unwrap_or(GROUP_MIN_SESSION_TIMEOUT_MS),
-            max_session_timeout_ms: flags
-                .group_max_session_timeout_ms
-                .or(file.group_max_session_timeout_ms)
-                .unwrap_or(GROUP_MAX_SESSION_TIMEOUT_MS),
-            offsets_retention_minutes: flags
-                .offsets_retention_minutes
-                .or(file.offsets_retention_minutes)
-                .unwrap_or(OFFSETS_RETENTION_MINUTES),
-        };
-        // Kafka types these as int: the same ranges here.
-        if !(0..=i64::from(i32::MAX)).contains(&s.initial_rebalance_delay_ms) {
-            return Err(format!(
-                "--group-initial-rebalance-delay-ms {}: must be between 0 and {}",
-                s.initial_rebalance_delay_ms,
-                i32::MAX
-            ));
-        }
-        if s.min_session_timeout_ms < 1 {
-            return Err(format!(
-                "--group-min-session-timeout-ms {}: must be at least 1",
-                s.min_session_timeout_ms
-            ));
-        }
-        if s.max_session_timeout_ms < s.min_session_timeout_ms {
-            return Err(format!(
-                "--group-max-session-timeout-ms {} is below --group-min-session-timeout-ms {}",
-                s.max_session_timeout_ms, s.min_session_timeout_ms
-            ));
-        }
-        if !(1..=i64::from(i32::MAX)).contains(&s.offsets_retention_minutes) {
-            return Err(format!(
-                "--offsets-retention-minutes {}: must be between 1 and {}",
-                s.offsets_retention_minutes,
-                i32::MAX
-            ));
-        }
-        Ok(s)
+fn check_group_settings(s: &Resolved) -> Result<(), String> {
+    // Kafka types these as int: the same ranges here.
+    if !(0..=i64::from(i32::MAX)).contains(&s.group_initial_rebalance_delay_ms) {
+        return Err(format!(
+            "--group-initial-rebalance-delay-ms {}: must be between 0 and {}",
+            s.group_initial_rebalance_delay_ms,
+            i32::MAX
+        ));
     }
+    if s.group_min_session_timeout_ms < 1 {
+        return Err(format!(
+            "--group-min-session-timeout-ms {}: must be at least 1",
+            s.group_min_session_timeout_ms
+        ));
+    }
+    if s.group_max_session_timeout_ms < s.group_min_session_timeout_ms {
+        return Err(format!(
+            "--group-max-session-timeout-ms {} is below --group-min-session-timeout-ms {}",
+            s.group_max_session_timeout_ms, s.group_min_session_timeout_ms
+        ));
+    }
+    if !(1..=i64::from(i32::MAX)).contains(&s.offsets_retention_minutes) {
+        return Err(format!(
+            "--offsets-retention-minutes {}: must be between 1 and {}",
+            s.offsets_retention_minutes,
+            i32::MAX
+        ));
+    }
+    Ok(())
 }
 
 /// Parses `1@host:port,2@host:port,...`.
@@ -366,44 +430,113 @@ pub fn parse_quorum(s: &str) -> Result<Vec<(i32, std::net::SocketAddr)>, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, Parser};
+
+    /// The settings as `sluice serve` takes them.
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn flags(args: &[&str]) -> Settings {
+        let argv = std::iter::once("sluice").chain(args.iter().copied());
+        Flags::try_parse_from(argv).unwrap().settings
+    }
+
+    fn file(text: &str) -> Settings {
+        toml::from_str(text).unwrap()
+    }
+
+    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sluice.toml");
 
     #[test]
     fn flags_override_the_file() {
-        let file: FileConfig =
-            toml::from_str("listen = \"127.0.0.1:1000\"\ncores = 3\nnode_id = 7").unwrap();
-        let flags = FileConfig {
-            listen: Some("127.0.0.1:2000".into()),
-            ..Default::default()
-        };
-        let c = BrokerConfig::resolve(file, flags, 2).unwrap();
+        let file = file("listen = \"127.0.0.1:1000\"\ncores = 3\nnode_id = 7");
+        let flags = flags(&["--listen", "127.0.0.1:2000"]);
+        let c = BrokerConfig::resolve(flags.or(file), 2).unwrap();
         assert_eq!(c.listen.port(), 2000);
         assert_eq!(c.cores, 3);
         assert_eq!(c.node_id, 7);
         assert_eq!(c.advertised_port, 2000);
         assert!(c.auto_create_topics);
+        let c = BrokerConfig::resolve(Settings::default(), 2).unwrap();
+        assert_eq!((c.listen.port(), c.cores, c.node_id), (9092, 2, 1));
+        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert_eq!(
+            c.controller_quorum,
+            vec![(1, "127.0.0.1:0".parse().unwrap())]
+        );
+    }
+
+    #[test]
+    fn every_setting_is_one_flag_and_one_key_with_its_help() {
+        let cmd = Flags::command();
+        let args: Vec<_> = cmd
+            .get_arguments()
+            .filter(|a| a.get_id() != "help")
+            .collect();
+        let ids: Vec<&str> = args.iter().map(|a| a.get_id().as_str()).collect();
+        assert_eq!(ids, Settings::KEYS);
+        for a in args {
+            let key = a.get_id().as_str();
+            assert_eq!(a.get_long(), Some(key.replace('_', "-").as_str()));
+            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            assert!(
+                help.len() > 20 && help.contains("[default: "),
+                "--{key}: {help}"
+            );
+        }
+        assert!(flags(&["--auto-create-topics", "false"]).auto_create_topics == Some(false));
+        let every = [
+            "--node-id=2",
+            "--listen=127.0.0.1:1",
+            "--advertised=h:1",
+            "--data-dir=d",
+            "--cores=1",
+            "--default-partitions=2",
+            "--auto-create-topics=false",
+            "--socket-request-max-bytes=2048",
+            "--group-initial-rebalance-delay-ms=1",
+            "--group-min-session-timeout-ms=2",
+            "--group-max-session-timeout-ms=3",
+            "--offsets-retention-minutes=4",
+            "--log-retention-check-interval-ms=5",
+            "--controller-listen=127.0.0.1:2",
+            "--controller-quorum=2@127.0.0.1:2",
+            "--broker-session-timeout-ms=1000",
+            "--broker-heartbeat-interval-ms=100",
+            "--replica-lag-time-max-ms=6",
+        ];
+        let s = flags(&every);
+        let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
+        assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
+        assert_eq!(c.socket_request_max_bytes, 2048);
+        assert_eq!(c.replica_lag_time_max_ms, 6);
+        assert_eq!(s.given(), Settings::KEYS);
     }
 
     #[test]
     fn group_and_retention_settings_default_to_kafkas_and_come_from_file_or_flags() {
-        let c = BrokerConfig::resolve(FileConfig::default(), FileConfig::default(), 1).unwrap();
+        let c = BrokerConfig::resolve(Settings::default(), 1).unwrap();
         assert_eq!(c.group_initial_rebalance_delay_ms, 3_000);
         assert_eq!(c.group_min_session_timeout_ms, 6_000);
         assert_eq!(c.group_max_session_timeout_ms, 1_800_000);
         assert_eq!(c.offsets_retention_minutes, 10_080);
         assert_eq!(c.log_retention_check_interval_ms, 60_000);
-        let file: FileConfig = toml::from_str(
+        assert_eq!(c.socket_request_max_bytes, 104_857_600);
+        assert_eq!(c.broker_session_timeout_ms, 9_000);
+        assert_eq!(c.broker_heartbeat_interval_ms, 500);
+        assert_eq!(c.replica_lag_time_max_ms, 30_000);
+        let file = file(
             "group_initial_rebalance_delay_ms = 0\n\
              group_min_session_timeout_ms = 1000\n\
              group_max_session_timeout_ms = 20000\n\
              offsets_retention_minutes = 60\n\
              log_retention_check_interval_ms = 500",
-        )
-        .unwrap();
-        let flags = FileConfig {
-            group_max_session_timeout_ms: Some(30_000),
-            ..Default::default()
-        };
-        let c = BrokerConfig::resolve(file, flags, 1).unwrap();
+        );
+        let flags = flags(&["--group-max-session-timeout-ms", "30000"]);
+        let c = BrokerConfig::resolve(flags.or(file), 1).unwrap();
         assert_eq!(c.group_initial_rebalance_delay_ms, 0);
         assert_eq!(c.group_min_session_timeout_ms, 1_000);
         assert_eq!(c.group_max_session_timeout_ms, 30_000);
@@ -412,53 +545,105 @@ mod tests {
     }
 
     #[test]
-    fn bad_group_and_retention_settings_are_refused_with_the_flag_named() {
-        let bad = [
+    fn bad_settings_are_refused_with_the_flag_named() {
+        let bad: &[(&[&str], &str)] = &[
             (
-                FileConfig {
-                    group_initial_rebalance_delay_ms: Some(-1),
-                    ..Default::default()
-                },
+                &["--group-initial-rebalance-delay-ms=-1"],
                 "--group-initial-rebalance-delay-ms",
             ),
             (
-                FileConfig {
-                    group_min_session_timeout_ms: Some(0),
-                    ..Default::default()
-                },
+                &["--group-min-session-timeout-ms", "0"],
                 "--group-min-session-timeout-ms",
             ),
             (
-                FileConfig {
-                    group_min_session_timeout_ms: Some(10_000),
-                    group_max_session_timeout_ms: Some(9_000),
-                    ..Default::default()
-                },
+                &[
+                    "--group-min-session-timeout-ms",
+                    "10000",
+                    "--group-max-session-timeout-ms",
+                    "9000",
+                ],
                 "--group-max-session-timeout-ms",
             ),
             (
-                FileConfig {
-                    offsets_retention_minutes: Some(0),
-                    ..Default::default()
-                },
+                &["--offsets-retention-minutes", "0"],
                 "--offsets-retention-minutes",
             ),
             (
-                FileConfig {
-                    log_retention_check_interval_ms: Some(0),
-                    ..Default::default()
-                },
+                &["--log-retention-check-interval-ms", "0"],
                 "--log-retention-check-interval-ms",
             ),
+            (&["--node-id", "0"], "--node-id"),
+            (&["--listen", "nowhere"], "--listen"),
+            (&["--advertised", "nowhere"], "--advertised"),
+            (&["--cores", "0"], "--cores"),
+            (&["--default-partitions", "0"], "--default-partitions"),
+            (
+                &["--socket-request-max-bytes", "1023"],
+                "--socket-request-max-bytes",
+            ),
+            (&["--controller-listen", "x"], "--controller-listen"),
+            (
+                &["--controller-quorum", "2@127.0.0.1:1"],
+                "--controller-quorum",
+            ),
+            (
+                &["--broker-heartbeat-interval-ms", "5000"],
+                "--broker-heartbeat-interval-ms",
+            ),
+            (
+                &["--replica-lag-time-max-ms", "0"],
+                "--replica-lag-time-max-ms",
+            ),
         ];
-        for (flags, flag) in bad {
-            let e = BrokerConfig::resolve(FileConfig::default(), flags, 1).unwrap_err();
-            assert!(e.starts_with(flag), "{e}");
+        for (args, flag) in bad {
+            let e = BrokerConfig::resolve(flags(args), 1).unwrap_err();
+            assert!(e.starts_with(flag), "{args:?}: {e}");
         }
     }
 
     #[test]
     fn unknown_file_keys_are_refused() {
-        assert!(toml::from_str::<FileConfig>("colour = 1").is_err());
+        let e = toml::from_str::<Settings>("colour = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `colour`"), "{e}");
+        assert!(toml::from_str::<Settings>("cores = \"two\"").is_err());
+        let path = std::env::temp_dir().join(format!("sluice-config-{}.toml", std::process::id()));
+        std::fs::write(&path, "node_id = 3\ncolour = 'blue'\n").unwrap();
+        let e = Settings::load(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.starts_with("parsing ") && e.contains("colour"), "{e}");
+    }
+
+    /// `docs/sluice.toml` is the generated example, it holds the defaults, and with its
+    /// commented-out examples switched on it sets every key and resolves.
+    #[test]
+    fn the_example_file_is_complete_and_current() {
+        let want = Settings::example_toml();
+        if std::env::var_os("SLUICE_WRITE_EXAMPLE").is_some() {
+            std::fs::write(EXAMPLE_PATH, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(EXAMPLE_PATH).unwrap_or_default();
+        assert!(
+            have == want,
+            "{EXAMPLE_PATH} is stale: run `SLUICE_WRITE_EXAMPLE=1 cargo test -p sluice --lib config`"
+        );
+        assert_eq!(file(&have), Settings::defaults());
+        let on: String = have
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(kv)
+                    if kv.contains(" = ")
+                        && Settings::KEYS.contains(&kv.split(' ').next().unwrap()) =>
+                {
+                    kv
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let every = file(&on);
+        assert_eq!(every.given(), Settings::KEYS);
+        BrokerConfig::resolve(every, 1).unwrap();
     }
 }

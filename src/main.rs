@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use sluice::config::{BrokerConfig, FileConfig};
+use sluice::config::{BrokerConfig, Settings};
 
 #[global_allocator]
 static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Allocator;
@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a broker. Flags override the config file.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Consumer groups: list, describe (offsets and lag), reset offsets, delete.
     Group(GroupArgs),
     /// Cluster: brokers, controller, partition leaders and ISRs (`describe`).
@@ -64,60 +64,11 @@ enum GroupCommand {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// TOML config file (keys: the flag names with `_` for `-`).
+    /// TOML config file (keys: the flag names with `_` for `-`; every key: docs/sluice.toml).
     #[arg(long)]
     config: Option<PathBuf>,
-    #[arg(long)]
-    node_id: Option<i32>,
-    /// Kafka listener address [default: 127.0.0.1:9092].
-    #[arg(long)]
-    listen: Option<String>,
-    /// HOST:PORT clients are told to use [default: the listen address].
-    #[arg(long)]
-    advertised: Option<String>,
-    /// [default: ./data]
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// Shards (executor threads, one per core) [default: every online CPU].
-    #[arg(long)]
-    cores: Option<usize>,
-    /// Partitions of auto-created topics [default: 1].
-    #[arg(long)]
-    default_partitions: Option<i32>,
-    /// Create unknown topics on Metadata/Produce [default: true].
-    #[arg(long)]
-    auto_create_topics: Option<bool>,
-    /// How long a new group waits for more members before its first generation
-    /// [default: 3000].
-    #[arg(long)]
-    group_initial_rebalance_delay_ms: Option<i64>,
-    /// Smallest session timeout a member may ask for [default: 6000].
-    #[arg(long)]
-    group_min_session_timeout_ms: Option<i32>,
-    /// Largest session timeout a member may ask for [default: 1800000].
-    #[arg(long)]
-    group_max_session_timeout_ms: Option<i32>,
-    /// Committed offsets of an empty group expire after this long [default: 10080].
-    #[arg(long)]
-    offsets_retention_minutes: Option<i64>,
-    /// How often storage runs its retention and compaction pass [default: 60000].
-    #[arg(long)]
-    log_retention_check_interval_ms: Option<u64>,
-    /// Metadata quorum listener, HOST:PORT (needed with more than one voter).
-    #[arg(long)]
-    controller_listen: Option<String>,
-    /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...` [default: this node alone].
-    #[arg(long)]
-    controller_quorum: Option<String>,
-    /// A broker whose heartbeats lapse this long is fenced [default: 9000].
-    #[arg(long)]
-    broker_session_timeout_ms: Option<u64>,
-    /// How often a broker heartbeats to the controller [default: 500].
-    #[arg(long)]
-    broker_heartbeat_interval_ms: Option<u64>,
-    /// A follower behind the leader this long leaves the ISR [default: 30000].
-    #[arg(long)]
-    replica_lag_time_max_ms: Option<u64>,
+    #[command(flatten)]
+    settings: Settings,
 }
 
 fn main() {
@@ -140,7 +91,7 @@ fn main() {
     }));
     let cli = Cli::parse();
     let args = match cli.command {
-        Command::Serve(args) => args,
+        Command::Serve(args) => *args,
         Command::Group(g) => {
             if let Err(e) = group(g) {
                 eprintln!("sluice group: {e}");
@@ -164,30 +115,11 @@ fn main() {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     let file = match &args.config {
-        Some(p) => FileConfig::load(p)?,
-        None => FileConfig::default(),
+        Some(p) => Settings::load(p)?,
+        None => Settings::default(),
     };
-    let flags = FileConfig {
-        node_id: args.node_id,
-        listen: args.listen,
-        advertised: args.advertised,
-        data_dir: args.data_dir,
-        cores: args.cores,
-        default_partitions: args.default_partitions,
-        auto_create_topics: args.auto_create_topics,
-        socket_request_max_bytes: None,
-        group_initial_rebalance_delay_ms: args.group_initial_rebalance_delay_ms,
-        group_min_session_timeout_ms: args.group_min_session_timeout_ms,
-        group_max_session_timeout_ms: args.group_max_session_timeout_ms,
-        offsets_retention_minutes: args.offsets_retention_minutes,
-        log_retention_check_interval_ms: args.log_retention_check_interval_ms,
-        controller_listen: args.controller_listen,
-        controller_quorum: args.controller_quorum,
-        broker_session_timeout_ms: args.broker_session_timeout_ms,
-        broker_heartbeat_interval_ms: args.broker_heartbeat_interval_ms,
-        replica_lag_time_max_ms: args.replica_lag_time_max_ms,
-    };
-    let config = BrokerConfig::resolve(file, flags, sluice_shard::runtime::online_cpus().len())?;
+    let settings = args.settings.or(file);
+    let config = BrokerConfig::resolve(settings, sluice_shard::runtime::online_cpus().len())?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())

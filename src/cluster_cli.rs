@@ -1,7 +1,7 @@
 //! `sluice cluster describe`: brokers, the controller, and every partition's leader,
 //! leader epoch, replicas and ISR, then the under-replicated partitions (ISR smaller
 //! than the replica set) and the offline ones (no leader). It asks one broker (the
-//! bootstrap) through [`crate::kafka_client`]: ApiVersions, Metadata (v1+, which also
+//! bootstrap) through [`sluice_client`]: ApiVersions, Metadata (v1+, which also
 //! names the controller) and DescribeCluster when the broker serves it (its controller
 //! id wins, and from v2 it lists fenced brokers too).
 //!
@@ -12,7 +12,14 @@ use std::fmt::Write as _;
 
 use kafka_protocol::messages::{ApiKey, DescribeClusterRequest, MetadataRequest};
 
-use crate::kafka_client::{code_err, error_name, Conn, Res};
+use sluice_client::blocking::Conn;
+use sluice_client::{code_err, error_name};
+
+/// A CLI result: the error is the message printed.
+pub type Res<T> = Result<T, String>;
+
+/// The client id the admin CLIs send.
+const CLIENT_ID: &str = "sluice-cli";
 
 #[derive(clap::Args)]
 pub struct ClusterArgs {
@@ -102,7 +109,7 @@ pub struct ClusterView {
 
 /// Asks the broker at `bootstrap`.
 pub fn fetch(bootstrap: &str) -> Res<ClusterView> {
-    let mut c = Conn::open(bootstrap)?;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let versions = c.api_versions()?;
     let mv = versions
         .pick(ApiKey::Metadata, (1, 12))

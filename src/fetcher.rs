@@ -10,16 +10,14 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
+use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
 use kafka_protocol::messages::offset_for_leader_epoch_request::{
     OffsetForLeaderEpochRequest, OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
-use kafka_protocol::messages::{BrokerId, RequestHeader, ResponseHeader, TopicName};
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request};
+use kafka_protocol::messages::{BrokerId, TopicName};
+use sluice_client::aio::{self, Conn};
 use sluice_replication::cluster::Command;
 use sluice_replication::isr::{self, FollowerPhase};
 use sluice_storage::batch;
@@ -109,97 +107,17 @@ pub async fn isr_checker(broker: std::rc::Weak<Broker>) {
 // The follower fetcher: one task per (shard, leader broker).
 // ---------------------------------------------------------------------------------------
 
-/// A Kafka-protocol connection to another broker, one request at a time.
-struct Conn {
-    stream: TcpStream,
-    correlation: i32,
-}
+/// The client id the fetchers send.
+const CLIENT_ID: &str = "sluice-replica-fetcher";
 
-impl Conn {
-    async fn connect(host: &str, port: i32) -> Result<Conn, String> {
-        let addr = format!("{host}:{port}");
-        let addr: std::net::SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-            .map_err(|e| format!("{addr}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("{addr} resolves to nothing"))?;
-        let stream = TcpStream::connect_timeout(addr, Duration::from_secs(1))
-            .await
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        Ok(Conn {
-            stream,
-            correlation: 0,
-        })
-    }
-
-    async fn call<R: Request + Encodable>(
-        &mut self,
-        version: i16,
-        req: &R,
-    ) -> Result<R::Response, String>
-    where
-        R::Response: Decodable + HeaderVersion,
-    {
-        // A half-open connection (the leader died or is cut off) must not hold the
-        // fetcher forever: bounded by the longest fetch wait plus a margin.
-        let limit = Duration::from_millis(FETCH_MAX_WAIT_MS as u64) + Duration::from_secs(10);
-        futures_lite::future::or(self.call_inner(version, req), async {
-            glommio::timer::sleep(limit).await;
-            Err(format!("no answer within {limit:?}"))
-        })
-        .await
-    }
-
-    async fn call_inner<R: Request + Encodable>(
-        &mut self,
-        version: i16,
-        req: &R,
-    ) -> Result<R::Response, String>
-    where
-        R::Response: Decodable + HeaderVersion,
-    {
-        self.correlation = self.correlation.wrapping_add(1);
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(sb("sluice-replica-fetcher")));
-        let hv = R::header_version(version);
-        let mut buf = BytesMut::new();
-        buf.extend_from_slice(&[0u8; 4]);
-        header.encode(&mut buf, hv).map_err(|e| e.to_string())?;
-        req.encode(&mut buf, version).map_err(|e| e.to_string())?;
-        let len = (buf.len() - 4) as u32;
-        buf[..4].copy_from_slice(&len.to_be_bytes());
-        self.stream
-            .write_all(&buf)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut len = [0u8; 4];
-        self.stream
-            .read_exact(&mut len)
-            .await
-            .map_err(|e| e.to_string())?;
-        let len = u32::from_be_bytes(len) as usize;
-        if len > 256 << 20 {
-            return Err(format!("response frame of {len} bytes"));
-        }
-        let mut body = vec![0u8; len];
-        self.stream
-            .read_exact(&mut body)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut body = Bytes::from(body);
-        let rh = ResponseHeader::decode(
-            &mut body,
-            <R::Response as HeaderVersion>::header_version(version),
-        )
-        .map_err(|e| e.to_string())?;
-        if rh.correlation_id != self.correlation {
-            return Err("response correlation id mismatch".into());
-        }
-        R::Response::decode(&mut body, version).map_err(|e| e.to_string())
-    }
+/// A Kafka-protocol connection to the leader broker `host:port`, one request at a time.
+/// A half-open connection (the leader died or is cut off) must not hold the fetcher
+/// forever: each call is bounded by the longest fetch wait plus a margin.
+async fn connect(host: &str, port: i32) -> Result<Conn, String> {
+    let addr = aio::resolve(host, port).await?;
+    let conn = Conn::connect(addr, CLIENT_ID, Some(Duration::from_secs(1))).await?;
+    let limit = Duration::from_millis(FETCH_MAX_WAIT_MS as u64) + Duration::from_secs(10);
+    Ok(conn.with_call_timeout(limit))
 }
 
 /// Fetches for every partition this shard follows from `leader`, until there are none.
@@ -223,7 +141,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
                 glommio::timer::sleep(RETRY).await;
                 continue;
             };
-            match Conn::connect(&addr.host, addr.port).await {
+            match connect(&addr.host, addr.port).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::debug!(leader, error = %e, "replica fetcher cannot reach the leader");

@@ -1,5 +1,5 @@
 //! `sluice group list|describe|reset-offsets|delete`: the consumer-group admin CLI.
-//! It speaks the Kafka protocol ([`crate::kafka_client`]: blocking sockets,
+//! It speaks the Kafka protocol ([`sluice_client`]: blocking sockets,
 //! `kafka-protocol` codecs) to any Kafka-protocol broker: FindCoordinator, then the group APIs on the coordinator;
 //! Metadata and ListOffsets for log end offsets (sent to each partition's leader).
 //!
@@ -21,7 +21,14 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::Decodable;
 
-use crate::kafka_client::{code_err, sbs, Conn, Res};
+use sluice_client::blocking::Conn;
+use sluice_client::{code_err, sbs};
+
+/// A CLI result: the error is the message printed.
+pub type Res<T> = Result<T, String>;
+
+/// The client id the admin CLIs send.
+const CLIENT_ID: &str = "sluice-cli";
 
 /// Where `reset-offsets` moves the group.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +40,7 @@ pub enum ResetTo {
 
 /// Connects to the coordinator of `group` (found through `bootstrap`).
 fn coordinator(bootstrap: &str, group: &str) -> Res<Conn> {
-    let mut c = Conn::open(bootstrap)?;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let r = c.call(
         3,
         &FindCoordinatorRequest::default()
@@ -41,11 +48,11 @@ fn coordinator(bootstrap: &str, group: &str) -> Res<Conn> {
             .with_key_type(0),
     )?;
     code_err("FindCoordinator", r.error_code)?;
-    Conn::open(&format!("{}:{}", r.host, r.port))
+    Ok(Conn::open(&format!("{}:{}", r.host, r.port), CLIENT_ID)?)
 }
 
 pub fn list(bootstrap: &str) -> Res<()> {
-    let mut c = Conn::open(bootstrap)?;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let r = c.call(4, &ListGroupsRequest::default())?;
     code_err("ListGroups", r.error_code)?;
     println!("{:<40} {:<20} PROTOCOL-TYPE", "GROUP", "STATE");
@@ -62,7 +69,7 @@ pub fn list(bootstrap: &str) -> Res<()> {
 
 /// Partition leaders and log end offsets of topics.
 fn log_ends(bootstrap: &str, topics: &[String]) -> Res<BTreeMap<(String, i32), i64>> {
-    let mut c = Conn::open(bootstrap)?;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let meta = c.call(
         4,
         &MetadataRequest::default().with_topics(Some(
@@ -98,7 +105,7 @@ fn log_ends(bootstrap: &str, topics: &[String]) -> Res<BTreeMap<(String, i32), i
     }
     let mut out = BTreeMap::new();
     for (addr, topics) in by_leader {
-        let mut c = Conn::open(&addr)?;
+        let mut c = Conn::open(&addr, CLIENT_ID)?;
         let req = ListOffsetsRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_topics(
@@ -132,7 +139,7 @@ fn log_ends(bootstrap: &str, topics: &[String]) -> Res<BTreeMap<(String, i32), i
 }
 
 fn earliest(bootstrap: &str, topic: &str, partitions: &[i32]) -> Res<BTreeMap<i32, i64>> {
-    let mut c = Conn::open(bootstrap)?;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let req = ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_topics(vec![ListOffsetsTopic::default()

@@ -17,9 +17,9 @@
 //! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
 //! from here).
 //!
-//! 1. `util`, `error`, `topic_config`, `kafka_client`, `config`, `metadata` —
-//!    base: helpers, errors and their Kafka codes, topic configs, the admin clients'
-//!    Kafka client, the one broker config, the metadata image.
+//! 1. `util`, `error`, `topic_config`, `config`, `metadata` —
+//!    base: helpers, errors and their Kafka codes, topic configs, the one broker config,
+//!    the metadata image.
 //! 2. `rpc`, `replica`, `quorum_io` — the typed cross-shard calls and their messages; a
 //!    partition's replica state; the raft quorum's I/O shell.
 //! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
@@ -42,7 +42,6 @@ pub mod error;
 pub mod fetcher;
 pub mod group;
 pub mod group_cli;
-pub mod kafka_client;
 pub mod metadata;
 pub mod node;
 pub mod quorum_io;

@@ -1,81 +1,27 @@
-//! A small Kafka client for the load generator: framing, version negotiation and the
-//! few requests the benchmarks need, encoded and decoded by the kafka-protocol crate.
-//! Works against any Kafka-protocol broker.
+//! The load generator's Kafka setup client: the few requests the benchmarks need
+//! (metadata, topic creation, leaders, replica sets, offsets) over `sluice-client`'s
+//! glommio connection and version negotiation, plus the bench's own record batches.
+//! Works against any Kafka-protocol broker. The pipelined produce/consume loops use
+//! `sluice-client`'s frame functions directly.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::TcpStream;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
-    CreateTopicsResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
-    MetadataResponse, RequestHeader, ResponseHeader, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use kafka_protocol::protocol::Request;
+use sluice_client::{aio, Versions};
+
+pub use sluice_client::topic_name;
 
 pub const CLIENT_ID: &str = "sluice-bench";
-/// Largest response frame accepted.
-pub const FRAME_BYTES_MAX: usize = 256 << 20;
 
 pub fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
-}
-
-pub fn topic_name(s: &str) -> TopicName {
-    TopicName(StrBytes::from_string(s.to_string()))
-}
-
-/// Encodes a size-prefixed request frame.
-pub fn encode_request<R: Request>(
-    correlation_id: i32,
-    version: i16,
-    req: &R,
-) -> io::Result<BytesMut> {
-    let mut header = RequestHeader::default();
-    header.request_api_key = R::KEY;
-    header.request_api_version = version;
-    header.correlation_id = correlation_id;
-    header.client_id = Some(StrBytes::from_static_str(CLIENT_ID));
-    let hv = R::header_version(version);
-    let size = header.compute_size(hv).map_err(|e| err(e.to_string()))?
-        + req.compute_size(version).map_err(|e| err(e.to_string()))?;
-    let mut buf = BytesMut::with_capacity(4 + size);
-    buf.put_i32(size as i32);
-    header
-        .encode(&mut buf, hv)
-        .map_err(|e| err(e.to_string()))?;
-    req.encode(&mut buf, version)
-        .map_err(|e| err(e.to_string()))?;
-    Ok(buf)
-}
-
-/// Decodes a response frame (without its size prefix): correlation id and body.
-pub fn decode_response<R: Request>(
-    version: i16,
-    mut frame: Bytes,
-) -> io::Result<(i32, R::Response)> {
-    let hv = <R::Response as HeaderVersion>::header_version(version);
-    let header =
-        ResponseHeader::decode(&mut frame, hv).map_err(|e| err(format!("response header: {e}")))?;
-    let body =
-        R::Response::decode(&mut frame, version).map_err(|e| err(format!("response body: {e}")))?;
-    Ok((header.correlation_id, body))
-}
-
-/// Reads one size-prefixed frame.
-pub async fn read_frame<S: futures_lite::AsyncRead + Unpin>(s: &mut S) -> io::Result<Bytes> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).await?;
-    let len = i32::from_be_bytes(len);
-    if len < 0 || len as usize > FRAME_BYTES_MAX {
-        return Err(err(format!("bad response frame length {len}")));
-    }
-    let mut buf = vec![0u8; len as usize];
-    s.read_exact(&mut buf).await?;
-    Ok(Bytes::from(buf))
 }
 
 /// The versions this client speaks for each API it uses: (min, max we encode).
@@ -93,57 +39,24 @@ pub fn our_range(key: ApiKey) -> (i16, i16) {
 
 /// A connection for setup requests, one at a time.
 pub struct Client {
-    pub stream: TcpStream,
-    next_correlation: i32,
-    versions: HashMap<i16, (i16, i16)>,
+    conn: aio::Conn,
+    versions: Versions,
 }
 
 impl Client {
     pub async fn connect(addr: SocketAddr) -> io::Result<Client> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        stream.set_nodelay(true).map_err(io::Error::from)?;
-        let mut c = Client {
-            stream,
-            next_correlation: 1,
-            versions: HashMap::new(),
-        };
-        let resp: ApiVersionsResponse = c.request(&ApiVersionsRequest::default(), 0).await?;
-        if resp.error_code != 0 {
-            return Err(err(format!("ApiVersions error {}", resp.error_code)));
-        }
-        for k in resp.api_keys {
-            c.versions.insert(k.api_key, (k.min_version, k.max_version));
-        }
-        Ok(c)
+        let mut conn = aio::Conn::connect(addr, CLIENT_ID, None).await?;
+        let versions = conn.api_versions().await?;
+        Ok(Client { conn, versions })
     }
 
     /// The highest version both sides speak.
     pub fn version(&self, key: ApiKey) -> io::Result<i16> {
-        let (lo, hi) = our_range(key);
-        let (blo, bhi) = *self
-            .versions
-            .get(&(key as i16))
-            .ok_or_else(|| err(format!("broker does not support {key:?}")))?;
-        let v = hi.min(bhi);
-        if v < lo.max(blo) {
-            return Err(err(format!(
-                "no common version for {key:?}: ours {lo}-{hi}, broker {blo}-{bhi}"
-            )));
-        }
-        Ok(v)
+        Ok(self.versions.require(key, our_range(key))?)
     }
 
     pub async fn request<R: Request>(&mut self, req: &R, version: i16) -> io::Result<R::Response> {
-        let corr = self.next_correlation;
-        self.next_correlation += 1;
-        let frame = encode_request(corr, version, req)?;
-        self.stream.write_all(&frame).await?;
-        let resp = read_frame(&mut self.stream).await?;
-        let (got, body) = decode_response::<R>(version, resp)?;
-        if got != corr {
-            return Err(err(format!("correlation id {got}, expected {corr}")));
-        }
-        Ok(body)
+        Ok(self.conn.call(version, req).await?)
     }
 
     pub async fn metadata(&mut self, topic: Option<&str>) -> io::Result<MetadataResponse> {

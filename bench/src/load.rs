@@ -210,7 +210,7 @@ impl ProducerConn {
         req.topic_data = vec![data];
         let corr = self.next_correlation.get();
         self.next_correlation.set(corr + 1);
-        let frame = kafka::encode_request(corr, self.version, &req)?;
+        let frame = sluice_client::encode_request(kafka::CLIENT_ID, corr, self.version, &req)?;
         if acks != 0 {
             self.inflight
                 .borrow_mut()
@@ -233,7 +233,7 @@ async fn read_produce_responses(
     stats: Rc<Stats>,
 ) {
     loop {
-        let frame = match kafka::read_frame(&mut reader).await {
+        let frame = match sluice_client::frame::read_frame(&mut reader).await {
             Ok(f) => f,
             Err(e) => {
                 if !conn.inflight.borrow().is_empty() {
@@ -247,7 +247,7 @@ async fn read_produce_responses(
             stats.error("response without a request".into());
             break;
         };
-        let resp = match kafka::decode_response::<ProduceRequest>(conn.version, frame) {
+        let resp = match sluice_client::decode_response::<ProduceRequest>(conn.version, frame) {
             Ok((_, r)) => r,
             Err(e) => {
                 stats.error(format!("produce response: {e}"));

@@ -1,0 +1,136 @@
+//! The glommio transport, for the broker's replica fetcher and the load generator: one
+//! connection, one request at a time, each call optionally bounded by a timeout (a
+//! half-open connection must not hold a fetcher forever). Nothing here blocks the
+//! reactor: the socket is glommio's, and [`resolve`] sends a host name that is not an
+//! IP literal to glommio's blocking-thread pool.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use kafka_protocol::messages::ApiVersionsRequest;
+use kafka_protocol::protocol::Request;
+
+use crate::error::{Error, Result};
+use crate::frame::{decode_answer, encode_request, read_frame};
+use crate::versions::Versions;
+
+/// The first address of `host:port`. An IP literal is parsed in place; a name is
+/// resolved off the reactor.
+pub async fn resolve(host: &str, port: i32) -> Result<SocketAddr> {
+    let addr = format!("{host}:{port}");
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let name = addr.clone();
+    let found = glommio::executor()
+        .spawn_blocking(move || name.to_socket_addrs().map(|mut a| a.next()))
+        .await;
+    match found {
+        Ok(Some(a)) => Ok(a),
+        Ok(None) => Err(Error::Unreachable {
+            addr,
+            reason: "resolves to nothing".into(),
+        }),
+        Err(e) => Err(Error::Unreachable {
+            addr,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// One glommio connection to a broker.
+pub struct Conn {
+    stream: TcpStream,
+    client_id: &'static str,
+    correlation: i32,
+    call_timeout: Option<Duration>,
+}
+
+impl Conn {
+    /// Connects to `addr` (bounded by `connect_timeout` if given), with no delay.
+    pub async fn connect(
+        addr: SocketAddr,
+        client_id: &'static str,
+        connect_timeout: Option<Duration>,
+    ) -> Result<Conn> {
+        let stream = match connect_timeout {
+            Some(t) => TcpStream::connect_timeout(addr, t).await,
+            None => TcpStream::connect(addr).await,
+        }
+        .map_err(|e| Error::Unreachable {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+        stream.set_nodelay(true).map_err(|e| Error::Io(e.into()))?;
+        Ok(Conn {
+            stream,
+            client_id,
+            correlation: 0,
+            call_timeout: None,
+        })
+    }
+
+    /// Bounds every later [`Conn::call`] by `limit`.
+    pub fn with_call_timeout(mut self, limit: Duration) -> Conn {
+        self.call_timeout = Some(limit);
+        self
+    }
+
+    /// Sends `req` at `version` and decodes the response that answers it, within the
+    /// call timeout if one is set.
+    pub async fn call<R: Request>(&mut self, version: i16, req: &R) -> Result<R::Response> {
+        match self.call_timeout {
+            None => self.call_inner(version, req).await,
+            Some(limit) => {
+                futures_lite::future::or(self.call_inner(version, req), async move {
+                    glommio::timer::sleep(limit).await;
+                    Err(Error::Timeout(limit))
+                })
+                .await
+            }
+        }
+    }
+
+    async fn call_inner<R: Request>(&mut self, version: i16, req: &R) -> Result<R::Response> {
+        self.correlation = self.correlation.wrapping_add(1);
+        let frame = encode_request(self.client_id, self.correlation, version, req)?;
+        self.stream.write_all(&frame).await?;
+        let resp = read_frame(&mut self.stream).await?;
+        decode_answer::<R>(self.correlation, version, resp)
+    }
+
+    /// The broker's supported version range per API key (ApiVersions v0).
+    pub async fn api_versions(&mut self) -> Result<Versions> {
+        let r = self.call(0, &ApiVersionsRequest::default()).await?;
+        Versions::from_response(&r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_literals_and_names_off_the_reactor() {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(|| async {
+                assert_eq!(
+                    resolve("127.0.0.1", 9092).await.unwrap(),
+                    "127.0.0.1:9092".parse().unwrap()
+                );
+                let a = resolve("localhost", 9092).await.unwrap();
+                assert_eq!(a.port(), 9092);
+                let e = Conn::connect("127.0.0.1:1".parse().unwrap(), "t", None)
+                    .await
+                    .err()
+                    .unwrap()
+                    .to_string();
+                assert!(e.starts_with("cannot reach broker at 127.0.0.1:1: "), "{e}");
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+}

@@ -1,0 +1,90 @@
+//! The blocking transport, for the admin CLIs: one `std::net::TcpStream` per broker,
+//! one request at a time, connect and read bounded by timeouts. Never use it on a
+//! glommio shard.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use std::io::Write;
+
+use kafka_protocol::messages::ApiVersionsRequest;
+use kafka_protocol::protocol::Request;
+
+use crate::error::{Error, Result};
+use crate::frame::{decode_answer, encode_request, read_frame_blocking};
+use crate::versions::Versions;
+
+/// How long connecting (per resolved address) and each response may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One blocking connection.
+pub struct Conn {
+    s: TcpStream,
+    client_id: &'static str,
+    correlation: i32,
+}
+
+impl Conn {
+    /// Connects to `addr` (`host:port`, bounded by a timeout per resolved address) or
+    /// says why it could not.
+    pub fn open(addr: &str, client_id: &'static str) -> Result<Conn> {
+        let unreachable = |reason: String| Error::Unreachable {
+            addr: addr.to_string(),
+            reason,
+        };
+        let addrs: Vec<_> = addr
+            .to_socket_addrs()
+            .map_err(|e| unreachable(e.to_string()))?
+            .collect();
+        let mut last = String::from("no address");
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+                Ok(s) => {
+                    s.set_read_timeout(Some(READ_TIMEOUT)).ok();
+                    s.set_nodelay(true).ok();
+                    return Ok(Conn {
+                        s,
+                        client_id,
+                        correlation: 0,
+                    });
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(unreachable(last))
+    }
+
+    /// Sends `req` at `version` and decodes the response.
+    pub fn call<R: Request>(&mut self, version: i16, req: &R) -> Result<R::Response> {
+        self.correlation = self.correlation.wrapping_add(1);
+        let frame = encode_request(self.client_id, self.correlation, version, req)?;
+        self.s.write_all(&frame)?;
+        let resp = read_frame_blocking(&mut self.s)?;
+        decode_answer::<R>(self.correlation, version, resp)
+    }
+
+    /// The broker's supported version range per API key (ApiVersions v0, which every
+    /// broker answers).
+    pub fn api_versions(&mut self) -> Result<Versions> {
+        let r = self.call(0, &ApiVersionsRequest::default())?;
+        Versions::from_response(&r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_broker_is_named() {
+        // Port 1 on loopback: nothing listens there.
+        let e = Conn::open("127.0.0.1:1", "t").err().unwrap().to_string();
+        assert!(e.starts_with("cannot reach broker at 127.0.0.1:1: "), "{e}");
+        let e = Conn::open("not an address", "t").err().unwrap().to_string();
+        assert!(
+            e.starts_with("cannot reach broker at not an address: "),
+            "{e}"
+        );
+    }
+}

@@ -21,6 +21,13 @@ pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
         // A log closed under us (topic being deleted): as if it no longer existed.
         E::Closed => ResponseError::UnknownTopicOrPartition,
         E::Config(_) => ResponseError::InvalidConfig,
+        // Kafka's codes for an idempotent producer's refused batch.
+        E::Sequence(sluice_storage::producer::SequenceError::StaleEpoch { .. }) => {
+            ResponseError::InvalidProducerEpoch
+        }
+        E::Sequence(sluice_storage::producer::SequenceError::OutOfOrder { .. }) => {
+            ResponseError::OutOfOrderSequenceNumber
+        }
     };
     ApiError::with(code, e.to_string())
 }

@@ -33,7 +33,7 @@ use std::path::Path;
 
 pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
-pub use log::{AppendInfo, PartitionLog, ReadResult, Storage};
+pub use log::{AppendInfo, Checked, PartitionLog, ReadResult, Storage};
 
 /// Errors of the storage layer. Mapped to Kafka error codes at the API edge.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +65,9 @@ pub enum Error {
     },
     #[error("log is closed")]
     Closed,
+    /// An idempotent producer's batch is out of sequence or from a fenced epoch.
+    #[error(transparent)]
+    Sequence(#[from] producer::SequenceError),
 }
 
 impl Error {

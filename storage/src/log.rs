@@ -19,6 +19,7 @@ use crate::batch::{self, BatchError};
 use crate::cache::{CachedBatch, LogId, TailCache};
 use crate::compact::{self, Filtered, KeyMap};
 use crate::file;
+use crate::producer::{BatchMeta, ProducerStateTable, Verdict};
 use crate::segment::{self, RecoveryReport, Segment};
 use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
 
@@ -216,6 +217,7 @@ impl Storage {
             compacting: Cell::new(false),
             meta_writing: Cell::new(false),
             meta_dirty: Cell::new(false),
+            producers: RefCell::new(None),
         });
         let mut logs = self.logs.borrow_mut();
         logs.retain(|w| w.strong_count() > 0);
@@ -407,6 +409,18 @@ pub struct PartitionLog {
     /// `partition.meta` is being written (one writer at a time; see `write_meta`).
     meta_writing: Cell<bool>,
     meta_dirty: Cell<bool>,
+    /// Idempotent-producer state, built from the log on first use
+    /// ([`PartitionLog::append_checked`]) and kept up to date by every append after
+    /// that; `None` until then, and again after a truncation (rebuilt lazily).
+    producers: RefCell<Option<ProducerStateTable>>,
+}
+
+/// The outcome of [`PartitionLog::append_checked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    Appended(AppendInfo),
+    /// A retry of a batch already in the log (appended again: nothing).
+    Duplicate(BatchMeta),
 }
 
 /// Clears a flag when dropped, even if the holder's future is cancelled.
@@ -567,6 +581,57 @@ impl PartitionLog {
             .await
     }
 
+    /// Like [`Self::append`], for a leader taking a batch from a client: a batch of an
+    /// idempotent producer is first judged against the producer state
+    /// ([`crate::producer`]) in the same step that assigns its offsets, so concurrent
+    /// batches of one producer are judged in the order they are appended. A retry of a
+    /// batch already in the log appends nothing and answers with that batch's offsets
+    /// (durable only as far as the log is: the caller flushes before acknowledging);
+    /// an out-of-order or stale-epoch batch is refused with [`Error::Sequence`].
+    pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
+        let max = self.config.borrow().max_message_bytes;
+        if batch.len() > max {
+            return Err(BatchError::TooLarge {
+                size: batch.len(),
+                max,
+            }
+            .into());
+        }
+        let header = batch::validate(batch, true)?;
+        if header.producer_id >= 0 {
+            self.ensure_producer_state().await?;
+        }
+        self.append_inner(batch, header, leader_epoch, true, true)
+            .await
+    }
+
+    /// Builds the producer state from the log if it is not built (a scan of the batch
+    /// headers from the log start; snapshots to bound it are the exactly-once issue's).
+    async fn ensure_producer_state(&self) -> Result<(), Error> {
+        while self.producers.borrow().is_none() {
+            let _guard = self.lock().await;
+            if self.producers.borrow().is_some() {
+                break;
+            }
+            let mut table = ProducerStateTable::default();
+            let end = self.log_end_offset();
+            let mut offset = self.log_start_offset();
+            while offset < end {
+                let r = self.read(offset, 1 << 20, Some(end)).await?;
+                if r.records.is_empty() || r.next_offset <= offset {
+                    break;
+                }
+                for (h, _) in batch::split_batches(&r.records)? {
+                    table.record(&h, h.base_offset);
+                }
+                offset = r.next_offset;
+            }
+            // Appends wait for the lock's holder (busy): nothing was appended meanwhile.
+            *self.producers.borrow_mut() = Some(table);
+        }
+        Ok(())
+    }
+
     /// Appends a batch that already carries its offsets (a follower copying its leader,
     /// or a compacted batch): validated, but offsets are kept, only required to follow
     /// the log end.
@@ -583,6 +648,25 @@ impl PartitionLog {
         leader_epoch: i32,
         assign_offsets: bool,
     ) -> Result<AppendInfo, Error> {
+        match self
+            .append_inner(batch, header, leader_epoch, assign_offsets, false)
+            .await?
+        {
+            Checked::Appended(info) => Ok(info),
+            Checked::Duplicate(_) => unreachable!("only a checked append finds duplicates"),
+        }
+    }
+
+    /// Appends one validated batch; with `check`, judges it against the producer state
+    /// first (in the same synchronous step that assigns its offsets).
+    async fn append_inner(
+        &self,
+        batch: &[u8],
+        header: batch::BatchHeader,
+        leader_epoch: i32,
+        assign_offsets: bool,
+        check: bool,
+    ) -> Result<Checked, Error> {
         self.check_open()?;
         let span = if assign_offsets {
             i64::from(header.last_offset_delta)
@@ -594,6 +678,15 @@ impl PartitionLog {
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
         let (info, log_file, target) = {
+            if check {
+                let producers = self.producers.borrow();
+                let table = producers
+                    .as_ref()
+                    .expect("producer state built before a checked append");
+                if let Verdict::Duplicate(meta) = table.check(&header)? {
+                    return Ok(Checked::Duplicate(meta));
+                }
+            }
             let mut st = self.state.borrow_mut();
             let base = if assign_offsets {
                 st.log_end()
@@ -631,6 +724,9 @@ impl PartitionLog {
                     data,
                 },
             );
+            if let Some(table) = self.producers.borrow_mut().as_mut() {
+                table.record(&h, h.base_offset);
+            }
             let info = AppendInfo {
                 base_offset: h.base_offset,
                 last_offset: h.last_offset(),
@@ -641,7 +737,7 @@ impl PartitionLog {
         };
         self.append_event.notify(usize::MAX);
         log_file.wait_written(target).await?;
-        Ok(info)
+        Ok(Checked::Appended(info))
     }
 
     /// Rolls to a new segment first if the next `incoming` bytes would overflow
@@ -731,6 +827,9 @@ impl PartitionLog {
             let _guard = self.lock().await;
             self.flush().await?;
             self.roll_locked_at(Some(offset)).await?;
+            // Nothing below the new start stays: forget the producers (Kafka too
+            // forgets them when it truncates fully).
+            *self.producers.borrow_mut() = None;
         }
         self.delete_records_before(offset).await?;
         Ok(())
@@ -966,6 +1065,8 @@ impl PartitionLog {
             });
         }
         self.storage.cache.borrow_mut().invalidate(self.id);
+        // The producer state may hold batches about to go: rebuilt on next use.
+        *self.producers.borrow_mut() = None;
         // Drop whole segments above the one holding `offset`.
         let removed: Vec<Segment> = {
             let mut st = self.state.borrow_mut();

@@ -18,8 +18,9 @@
 //!
 //! Replicas copying a leader's log call [`ProducerStateTable::record`] without checking
 //! (the leader checked), so every replica holds the same state and dedupe survives a
-//! leader change. Nothing is wired to the log yet: this is the exactly-once issue's
-//! foundation (snapshots at segment roll and rebuilding from the log tail come with it).
+//! leader change. [`crate::PartitionLog::append_checked`] uses it; the broker's Produce
+//! path and InitProducerId are the exactly-once issue's, as are snapshots at segment
+//! roll (today the table is rebuilt by scanning the log on first use).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -85,6 +85,8 @@ pub struct Broker {
     apply_lock: Semaphore,
     /// The layers above, told about partition events.
     subscribers: RefCell<Vec<Rc<dyn PartitionEvents>>>,
+    /// Set by `close_all`: the shard is stopping and opens no more logs.
+    closing: Cell<bool>,
 }
 
 impl Broker {
@@ -118,6 +120,7 @@ impl Broker {
             topic_configs: RefCell::new(HashMap::new()),
             apply_lock: Semaphore::new(1),
             subscribers: RefCell::new(Vec::new()),
+            closing: Cell::new(false),
             config,
         }
     }
@@ -560,6 +563,9 @@ impl Broker {
             .acquire_permit(1)
             .await
             .expect("apply lock never closes");
+        if self.closing.get() {
+            return;
+        }
         let old = self.image();
         if image.epoch < old.epoch || (image.epoch == old.epoch && !old.cluster_id.is_empty()) {
             return;
@@ -725,6 +731,15 @@ impl Broker {
 
     /// Closes every log of this shard (clean shutdown).
     pub async fn close_all(&self) {
+        // No image change may (re)open a log while or after they close: a second
+        // instance of a partition's log would recover its directory under the closing
+        // one (found by the e2e health check: "closing log failed ... No such file").
+        let _guard = self
+            .apply_lock
+            .acquire_permit(1)
+            .await
+            .expect("apply lock never closes");
+        self.closing.set(true);
         self.replicas.borrow_mut().clear();
         let logs: Vec<Rc<PartitionLog>> = self.logs.borrow_mut().drain().map(|(_, l)| l).collect();
         for log in logs {

@@ -568,6 +568,14 @@ impl PartitionLog {
     /// `leader_epoch`, and appends it. Returns once the bytes are written to the device
     /// (not yet fdatasync'ed: see [`PartitionLog::flush`]). On error nothing is written.
     pub async fn append(&self, batch: &[u8], leader_epoch: i32) -> Result<AppendInfo, Error> {
+        self.check_size(batch)?;
+        let header = batch::validate(batch, true)?;
+        self.append_validated(batch, header, leader_epoch, true)
+            .await
+    }
+
+    /// `max.message.bytes`: refuses a batch larger than the topic allows.
+    fn check_size(&self, batch: &[u8]) -> Result<(), Error> {
         let max = self.config.borrow().max_message_bytes;
         if batch.len() > max {
             return Err(BatchError::TooLarge {
@@ -576,9 +584,7 @@ impl PartitionLog {
             }
             .into());
         }
-        let header = batch::validate(batch, true)?;
-        self.append_validated(batch, header, leader_epoch, true)
-            .await
+        Ok(())
     }
 
     /// Like [`Self::append`], for a leader taking a batch from a client: a batch of an
@@ -589,14 +595,7 @@ impl PartitionLog {
     /// (durable only as far as the log is: the caller flushes before acknowledging);
     /// an out-of-order or stale-epoch batch is refused with [`Error::Sequence`].
     pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
-        let max = self.config.borrow().max_message_bytes;
-        if batch.len() > max {
-            return Err(BatchError::TooLarge {
-                size: batch.len(),
-                max,
-            }
-            .into());
-        }
+        self.check_size(batch)?;
         let header = batch::validate(batch, true)?;
         if header.producer_id >= 0 {
             self.ensure_producer_state().await?;

@@ -191,19 +191,27 @@ impl Replica {
     pub(crate) async fn epochs_durable(&self) -> Result<(), ApiError> {
         let st = &self.checkpoint_state;
         let target = st.version.get();
-        loop {
-            let listener = st.done.listen();
+        let settled = || -> Option<Result<(), ApiError>> {
             if let Some(e) = st.failed.borrow().as_ref() {
-                return Err(ApiError::with(
+                return Some(Err(ApiError::with(
                     ResponseError::KafkaStorageError,
                     format!(
                         "leader-epoch checkpoint of {}-{} failed: {e}",
                         self.topic, self.partition
                     ),
-                ));
+                )));
             }
-            if st.persisted.get() >= target {
-                return Ok(());
+            (st.persisted.get() >= target).then_some(Ok(()))
+        };
+        // The produce path's usual case: nothing to wait for, no listener allocated.
+        loop {
+            if let Some(r) = settled() {
+                return r;
+            }
+            let listener = st.done.listen();
+            // Checked again with the listener registered: no write finishes unseen.
+            if let Some(r) = settled() {
+                return r;
             }
             listener.await;
         }

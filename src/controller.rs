@@ -122,17 +122,11 @@ impl Controller {
         call: CreatePartitions,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let mut out = Vec::with_capacity(call.items.len());
-        for (topic, count) in call.items {
-            let state = self.quorum.state();
-            let r = match add_partitions(&state, &topic, count) {
-                Ok(_) if call.validate_only => Ok(()),
-                Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
-                Err(e) => Err(e),
-            };
-            out.push(r);
-        }
-        out
+        let plan = |state: &ClusterState, (topic, count): (String, i32)| {
+            add_partitions(state, &topic, count)
+        };
+        self.commit_each(broker, call.items, call.validate_only, plan)
+            .await
     }
 
     pub async fn alter_configs(
@@ -141,11 +135,26 @@ impl Controller {
         call: AlterConfigs,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let mut out = Vec::with_capacity(call.items.len());
-        for (topic, ops) in call.items {
+        let plan =
+            |state: &ClusterState, (topic, ops): (String, Vec<ConfigOp>)| alter(state, &topic, ops);
+        self.commit_each(broker, call.items, call.validate_only, plan)
+            .await
+    }
+
+    /// Plans each item's command against the latest state (each sees the ones before
+    /// it committed) and commits it, unless only validating.
+    async fn commit_each<T>(
+        &self,
+        broker: &Broker,
+        items: Vec<T>,
+        validate_only: bool,
+        plan: impl Fn(&ClusterState, T) -> Result<Command, ApiError>,
+    ) -> Vec<Result<(), ApiError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
             let state = self.quorum.state();
-            let r = match alter(&state, &topic, ops) {
-                Ok(_) if call.validate_only => Ok(()),
+            let r = match plan(&state, item) {
+                Ok(_) if validate_only => Ok(()),
                 Ok(cmd) => self.commit(broker, cmd).await.map(|_| ()),
                 Err(e) => Err(e),
             };

@@ -48,23 +48,13 @@ fn records_at(batch: &[u8], base: i64) -> Vec<Rec> {
 }
 
 async fn read_records(log: &PartitionLog) -> Vec<Rec> {
-    let mut out = Vec::new();
-    let mut offset = log.log_start_offset();
-    loop {
-        let r = log.read(offset, 1 << 20, None).await.expect("read");
-        if r.records.is_empty() {
-            break;
-        }
-        // Reads return whole batches: records below the offset asked for (below the
-        // log start, after DeleteRecords inside a batch) are not the log's any more.
-        out.extend(
-            records_of(&r.records)
-                .into_iter()
-                .filter(|(o, _)| *o >= offset),
-        );
-        offset = r.next_offset;
-    }
-    out
+    // Reads return whole batches: records below the offset asked for (below the log
+    // start, after DeleteRecords inside a batch) are not the log's any more.
+    let chunks = read_chunks(log).await;
+    chunks
+        .iter()
+        .flat_map(|(asked, b)| records_of(b).into_iter().filter(move |(o, _)| o >= asked))
+        .collect()
 }
 
 fn keyed_batch(tag: u64, records: usize, value_bytes: usize) -> Vec<u8> {

@@ -7,6 +7,26 @@ from kafka.errors import IncompatibleBrokerVersion
 from conftest import wait_until
 
 
+def read_from_start(addr, partitions, n, timeout):
+    """Reads `partitions` from their beginning with kafka-python until `n` records came
+    (bounded wait); returns them in arrival order."""
+    c = KafkaConsumer(bootstrap_servers=addr, enable_auto_commit=False, auto_offset_reset="earliest")
+    c.assign(partitions)
+    c.seek_to_beginning()
+    got = []
+
+    def more():
+        for recs in c.poll(timeout_ms=500).values():
+            got.extend(recs)
+        return len(got) >= n
+
+    try:
+        wait_until(more, timeout=timeout, interval=0, what=f"{n} records")
+    finally:
+        c.close()
+    return got
+
+
 def test_round_trip(broker):
     admin = KafkaAdminClient(bootstrap_servers=broker.addr)
     admin.create_topics([NewTopic("kp", num_partitions=3, replication_factor=1)])
@@ -18,18 +38,7 @@ def test_round_trip(broker):
     p.flush()
     meta = [f.get(timeout=30) for f in futs]
     p.close()
-    c = KafkaConsumer(bootstrap_servers=broker.addr, enable_auto_commit=False, auto_offset_reset="earliest")
-    c.assign([TopicPartition("kp", i) for i in range(3)])
-    c.seek_to_beginning()
-    got = []
-
-    def more():
-        for recs in c.poll(timeout_ms=500).values():
-            got.extend(recs)
-        return len(got) >= 3000
-
-    wait_until(more, timeout=60, interval=0, what="3000 records")
-    c.close()
+    got = read_from_start(broker.addr, [TopicPartition("kp", i) for i in range(3)], 3000, timeout=60)
     assert len(got) == 3000
     sent = {(m.partition, m.offset) for m in meta}
     assert {(r.partition, r.offset) for r in got} == sent
@@ -70,17 +79,5 @@ def test_default_idempotent_producer_round_trip(broker):
     finally:
         p.close(timeout=10)
     assert [m.offset for m in meta] == list(range(10))
-    c = KafkaConsumer(bootstrap_servers=broker.addr, enable_auto_commit=False, auto_offset_reset="earliest")
-    tp = TopicPartition("kp-idem", 0)
-    c.assign([tp])
-    c.seek_to_beginning()
-    got = []
-
-    def more():
-        for recs in c.poll(timeout_ms=500).values():
-            got.extend(recs)
-        return len(got) >= 10
-
-    wait_until(more, timeout=30, interval=0, what="10 records")
-    c.close()
+    got = read_from_start(broker.addr, [TopicPartition("kp-idem", 0)], 10, timeout=30)
     assert [(r.offset, r.value) for r in got] == [(i, b"v%d" % i) for i in range(10)]

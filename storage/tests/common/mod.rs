@@ -91,8 +91,9 @@ pub fn batches_of(buf: &[u8]) -> Vec<(i64, Vec<u8>)> {
     out
 }
 
-/// Everything in the log from its start, as batches.
-pub async fn read_all(log: &sluice_storage::PartitionLog) -> Vec<(i64, Vec<u8>)> {
+/// Everything in the log from its start, as the chunks reads return: (the offset the
+/// read asked for, whole batches from the one holding it).
+pub async fn read_chunks(log: &sluice_storage::PartitionLog) -> Vec<(i64, bytes::Bytes)> {
     let mut out = Vec::new();
     let mut offset = log.log_start_offset();
     loop {
@@ -100,8 +101,14 @@ pub async fn read_all(log: &sluice_storage::PartitionLog) -> Vec<(i64, Vec<u8>)>
         if r.records.is_empty() {
             break;
         }
-        out.extend(batches_of(&r.records));
+        out.push((offset, r.records));
         offset = r.next_offset;
     }
     out
+}
+
+/// Everything in the log from its start, as batches.
+pub async fn read_all(log: &sluice_storage::PartitionLog) -> Vec<(i64, Vec<u8>)> {
+    let chunks = read_chunks(log).await;
+    chunks.iter().flat_map(|(_, b)| batches_of(b)).collect()
 }

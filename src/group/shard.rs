@@ -345,7 +345,16 @@ impl GroupShell {
         if self.loaded.borrow().contains(&partition) {
             return Ok(());
         }
-        let (log, _) = broker.log(OFFSETS_TOPIC, partition)?;
+        // The requesting shard saw the partition in its metadata image; this shard's
+        // image or open logs may lag it by a moment (the topic was just created, or
+        // leadership just moved here). Kafka answers a coordinator that is not ready
+        // yet with COORDINATOR_LOAD_IN_PROGRESS, which every client retries.
+        let (log, _) = broker.log(OFFSETS_TOPIC, partition).map_err(|e| {
+            ApiError::with(
+                ResponseError::CoordinatorLoadInProgress,
+                format!("{OFFSETS_TOPIC}-{partition} is not ready on this shard: {e}"),
+            )
+        })?;
         let mut offset = log.log_start_offset();
         let mut loaded = 0usize;
         // Restored members' sessions start now (Kafka: onGroupLoaded).

@@ -25,6 +25,22 @@
 //! broker assign offsets without recomputing it. Switching a batch to LogAppendTime
 //! rewrites the attributes and max timestamp, which are covered, so that path
 //! recomputes the CRC.
+//!
+//! ## End-transaction markers (Kafka's control batches)
+//!
+//! A transaction ends with a control batch (attributes: transactional | control)
+//! holding one record, written by the broker for the transaction coordinator. The batch
+//! carries the producer id and epoch, base sequence -1 (markers have no sequence), and
+//! its one record (timestamp and offset delta 0, no headers) has
+//!
+//! | part  | bytes | field |
+//! |-------|------:|-------|
+//! | key   | 2 | control record version i16 (0) |
+//! |       | 2 | control type i16: ABORT = 0, COMMIT = 1 |
+//! | value | 2 | end-transaction marker version i16 (0) |
+//! |       | 4 | coordinator epoch i32 |
+//!
+//! [`end_txn_marker_batch`] builds one, [`parse_end_txn_marker`] reads one back.
 
 use bytes::{Buf, BufMut};
 
@@ -76,6 +92,10 @@ pub enum BatchError {
     BadRecordCount { count: i32, last_offset_delta: i32 },
     #[error("batch of {size} bytes is larger than the limit of {max} bytes")]
     TooLarge { size: usize, max: usize },
+    /// Only the broker writes control batches (transaction markers); Kafka refuses them
+    /// from clients (INVALID_RECORD).
+    #[error("clients may not write control batches")]
+    ControlBatchFromClient,
 }
 
 /// The parsed header of one v2 batch.
@@ -141,6 +161,123 @@ impl BatchHeader {
     pub fn compression(&self) -> i16 {
         self.attributes & ATTR_COMPRESSION_MASK
     }
+}
+
+/// Kafka's control record type of a transaction's end (the control key's `type`).
+pub const CONTROL_TYPE_ABORT: i16 = 0;
+pub const CONTROL_TYPE_COMMIT: i16 = 1;
+
+/// The contents of an end-transaction marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndTxnMarker {
+    /// COMMIT (true) or ABORT (false).
+    pub commit: bool,
+    /// The epoch of the transaction coordinator that wrote it (fences zombie coordinators).
+    pub coordinator_epoch: i32,
+}
+
+/// Bytes of the control key (version, type) and of the marker value (version, epoch).
+const CONTROL_KEY_BYTES: usize = 4;
+const MARKER_VALUE_BYTES: usize = 6;
+
+/// A control batch holding one end-transaction marker for `producer_id` at
+/// `producer_epoch`, with base offset 0 and leader epoch 0 (the append assigns both)
+/// and `timestamp` as its record's timestamp.
+pub fn end_txn_marker_batch(
+    producer_id: i64,
+    producer_epoch: i16,
+    marker: EndTxnMarker,
+    timestamp: i64,
+) -> Vec<u8> {
+    let mut rec = Vec::with_capacity(24);
+    rec.push(0u8); // record attributes
+    put_varint(&mut rec, 0); // timestamp delta
+    put_varint(&mut rec, 0); // offset delta
+    put_varint(&mut rec, CONTROL_KEY_BYTES as i64);
+    rec.put_i16(0); // control key version
+    rec.put_i16(if marker.commit {
+        CONTROL_TYPE_COMMIT
+    } else {
+        CONTROL_TYPE_ABORT
+    });
+    put_varint(&mut rec, MARKER_VALUE_BYTES as i64);
+    rec.put_i16(0); // marker value version
+    rec.put_i32(marker.coordinator_epoch);
+    put_varint(&mut rec, 0); // headers
+    let mut body = Vec::with_capacity(rec.len() + 2);
+    put_varint(&mut body, rec.len() as i64);
+    body.extend_from_slice(&rec);
+    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+    out.put_i64(0);
+    out.put_i32((HEADER_BYTES - LOG_OVERHEAD + body.len()) as i32);
+    out.put_i32(0);
+    out.put_i8(2);
+    out.put_u32(0); // CRC, filled below
+    out.put_i16(ATTR_TRANSACTIONAL | ATTR_CONTROL);
+    out.put_i32(0); // last offset delta: one record
+    out.put_i64(timestamp);
+    out.put_i64(timestamp);
+    out.put_i64(producer_id);
+    out.put_i16(producer_epoch);
+    out.put_i32(-1); // markers carry no sequence
+    out.put_i32(1);
+    out.extend_from_slice(&body);
+    let crc = computed_crc(&out);
+    (&mut out[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
+    out
+}
+
+/// The end-transaction marker in a control batch: `None` if the batch is not a control
+/// batch, is empty (compaction emptied it), is compressed, or its first record is some
+/// other control record or does not parse. Like Kafka, a newer marker value version is
+/// read as version 0; a negative version is garbage.
+pub fn parse_end_txn_marker(batch: &[u8]) -> Option<EndTxnMarker> {
+    let h = BatchHeader::parse(batch).ok()?;
+    if !h.is_control() || h.record_count < 1 || h.compression() != 0 {
+        return None;
+    }
+    let mut buf = batch.get(HEADER_BYTES..)?;
+    let len = usize::try_from(get_varint(&mut buf)?).ok()?;
+    let mut rec = buf.get(..len)?;
+    rec = rec.get(1..)?; // record attributes
+    get_varint(&mut rec)?; // timestamp delta
+    get_varint(&mut rec)?; // offset delta
+    let klen = usize::try_from(get_varint(&mut rec)?).ok()?;
+    let mut key = rec.get(..klen)?;
+    rec = &rec[klen..];
+    if key.len() < CONTROL_KEY_BYTES || key.get_i16() < 0 {
+        return None;
+    }
+    let commit = match key.get_i16() {
+        CONTROL_TYPE_ABORT => false,
+        CONTROL_TYPE_COMMIT => true,
+        _ => return None,
+    };
+    let vlen = usize::try_from(get_varint(&mut rec)?).ok()?;
+    let mut value = rec.get(..vlen)?;
+    if value.len() < MARKER_VALUE_BYTES || value.get_i16() < 0 {
+        return None;
+    }
+    Some(EndTxnMarker {
+        commit,
+        coordinator_epoch: value.get_i32(),
+    })
+}
+
+/// `batch` with every record removed: the header only, its producer id, epoch,
+/// sequence, offsets and timestamps kept, record count 0, no compression, CRC
+/// recomputed. What compaction leaves of a batch it must keep for the producer state
+/// (Kafka's "retain empty").
+pub fn emptied(batch: &[u8]) -> Vec<u8> {
+    assert!(batch.len() >= HEADER_BYTES, "emptied on a partial batch");
+    let mut out = batch[..HEADER_BYTES].to_vec();
+    (&mut out[OFF_LENGTH..OFF_LEADER_EPOCH]).put_i32((HEADER_BYTES - LOG_OVERHEAD) as i32);
+    let attrs = i16::from_be_bytes([out[OFF_ATTRIBUTES], out[OFF_ATTRIBUTES + 1]]);
+    (&mut out[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA]).put_i16(attrs & !ATTR_COMPRESSION_MASK);
+    (&mut out[OFF_RECORD_COUNT..HEADER_BYTES]).put_i32(0);
+    let crc = computed_crc(&out);
+    (&mut out[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
+    out
 }
 
 /// Reads the total size of the batch starting at `buf[0]` from its length field, if the
@@ -449,6 +586,75 @@ mod tests {
             validate(&count, true),
             Err(BatchError::BadRecordCount { .. })
         ));
+    }
+
+    #[test]
+    fn end_txn_markers_round_trip_in_kafkas_layout() {
+        for (commit, epoch) in [(true, 7), (false, 0), (true, i32::MAX)] {
+            let m = EndTxnMarker {
+                commit,
+                coordinator_epoch: epoch,
+            };
+            let b = end_txn_marker_batch(42, 3, m, 1_234);
+            let h = validate(&b, true).unwrap();
+            assert!(h.is_control() && h.is_transactional());
+            assert_eq!((h.producer_id, h.producer_epoch), (42, 3));
+            assert_eq!(
+                (h.base_sequence, h.record_count, h.max_timestamp),
+                (-1, 1, 1_234)
+            );
+            assert_eq!(parse_end_txn_marker(&b), Some(m));
+        }
+        // Kafka's bytes for the record: length 16, attributes 0, deltas 0, key length 4,
+        // key (version 0, type COMMIT), value length 6, value (version 0, epoch 5), no
+        // headers (varints are zig-zag).
+        let b = end_txn_marker_batch(
+            1,
+            0,
+            EndTxnMarker {
+                commit: true,
+                coordinator_epoch: 5,
+            },
+            0,
+        );
+        assert_eq!(
+            &b[HEADER_BYTES..],
+            &[32, 0, 0, 0, 8, 0, 0, 0, 1, 12, 0, 0, 0, 0, 0, 5, 0][..]
+        );
+        // A data batch, or a control batch of another type, is no marker.
+        assert_eq!(parse_end_txn_marker(&build::simple(1, 1, 3)), None);
+        let mut other = b.clone();
+        other[HEADER_BYTES + 8] = 2; // LEADER_CHANGE
+        assert_eq!(parse_end_txn_marker(&other), None);
+    }
+
+    #[test]
+    fn emptied_batches_keep_their_header_and_validate() {
+        let mut b = build::simple(1_000, 4, 10);
+        assign(&mut b, 40, 2, None);
+        let e = emptied(&b);
+        assert_eq!(e.len(), HEADER_BYTES);
+        let h = validate(&e, false).unwrap();
+        let orig = BatchHeader::parse(&b).unwrap();
+        assert_eq!(h.record_count, 0);
+        assert_eq!(
+            (
+                h.base_offset,
+                h.last_offset(),
+                h.max_timestamp,
+                h.base_sequence
+            ),
+            (
+                orig.base_offset,
+                orig.last_offset(),
+                orig.max_timestamp,
+                orig.base_sequence
+            )
+        );
+        assert!(
+            validate(&e, true).is_err(),
+            "producers never send empty batches"
+        );
     }
 
     #[test]

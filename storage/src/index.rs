@@ -15,6 +15,19 @@
 //! Both files may end in zero padding (they are written with O_DIRECT in whole pages).
 //! Decoding stops at the first entry that does not strictly increase, which is where
 //! padding or a torn write begins; the entries before it are kept.
+//!
+//! ## `.txnindex` (34 bytes an entry, Kafka's `AbortedTxn` layout)
+//! `version: i16 (0) | producer id: i64 | first offset: i64 | last offset: i64 |
+//! last stable offset: i64` — one entry per aborted transaction, in the segment that
+//! holds its ABORT marker: the transaction's first offset, the marker's offset (last
+//! offset), and the partition's last stable offset when the marker was written (the
+//! first offset of the oldest transaction of another producer then still open, or the
+//! marker's offset + 1). Entries are in increasing last offset. A transaction with no
+//! data before its marker is not recorded (nothing to filter). The file is absent when
+//! the segment has no aborted transaction, and is always written whole and atomically
+//! (see [`crate::segment`] for when); decoding stops at the first entry that is not a
+//! valid successor (wrong version, first offset not below the last, last offsets not
+//! increasing), so a damaged tail is told apart from a clean file.
 
 use bytes::{Buf, BufMut};
 
@@ -199,9 +212,185 @@ impl TimeIndex {
     }
 }
 
+pub const ABORTED_TXN_BYTES: usize = 34;
+/// The only `.txnindex` entry version (Kafka's `AbortedTxn.CURRENT_VERSION`).
+pub const ABORTED_TXN_VERSION: i16 = 0;
+
+const _: () = assert!(ABORTED_TXN_BYTES == 2 + 8 + 8 + 8 + 8);
+
+/// One aborted transaction (an entry of a `.txnindex`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: i64,
+    /// The offset of the ABORT marker.
+    pub last_offset: i64,
+    pub last_stable_offset: i64,
+}
+
+/// The aborted transactions whose markers lie in one segment, in marker order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TxnIndex {
+    entries: Vec<AbortedTxn>,
+}
+
+impl TxnIndex {
+    /// Decodes the entries of the segment based at `base_offset` up to the first that is
+    /// not a valid successor. Returns them and whether every byte was a valid entry.
+    pub fn decode(mut buf: &[u8], base_offset: i64) -> (TxnIndex, bool) {
+        let mut idx = TxnIndex::default();
+        while buf.len() >= ABORTED_TXN_BYTES {
+            let mut b = &buf[..ABORTED_TXN_BYTES];
+            let version = b.get_i16();
+            let e = AbortedTxn {
+                producer_id: b.get_i64(),
+                first_offset: b.get_i64(),
+                last_offset: b.get_i64(),
+                last_stable_offset: b.get_i64(),
+            };
+            let valid = version == ABORTED_TXN_VERSION
+                && e.producer_id >= 0
+                && 0 <= e.first_offset
+                && e.first_offset < e.last_offset
+                && e.last_offset >= base_offset
+                && (0..=e.last_offset.saturating_add(1)).contains(&e.last_stable_offset)
+                && idx
+                    .entries
+                    .last()
+                    .is_none_or(|p| e.last_offset > p.last_offset);
+            if !valid {
+                return (idx, false);
+            }
+            idx.entries.push(e);
+            buf = &buf[ABORTED_TXN_BYTES..];
+        }
+        (idx, buf.is_empty())
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.entries.len() * ABORTED_TXN_BYTES);
+        for e in &self.entries {
+            out.put_i16(ABORTED_TXN_VERSION);
+            out.put_i64(e.producer_id);
+            out.put_i64(e.first_offset);
+            out.put_i64(e.last_offset);
+            out.put_i64(e.last_stable_offset);
+        }
+        out
+    }
+
+    /// Adds the entry of a marker after every marker already indexed.
+    pub fn push(&mut self, e: AbortedTxn) {
+        assert!(
+            e.first_offset < e.last_offset,
+            "an aborted transaction ends after it begins: {e:?}"
+        );
+        if let Some(p) = self.entries.last() {
+            assert!(
+                e.last_offset > p.last_offset,
+                "aborted transactions are indexed in marker order: {p:?} then {e:?}"
+            );
+        }
+        self.entries.push(e);
+    }
+
+    pub fn entries(&self) -> &[AbortedTxn] {
+        &self.entries
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Keeps only entries whose marker lies below `offset`; returns whether any went.
+    pub fn truncate_to_offset(&mut self, offset: i64) -> bool {
+        let keep = self.entries.partition_point(|e| e.last_offset < offset);
+        let changed = keep < self.entries.len();
+        self.entries.truncate(keep);
+        changed
+    }
+
+    /// Keeps only the entries `keep` says yes to; returns whether any went.
+    pub fn retain(&mut self, keep: impl FnMut(&AbortedTxn) -> bool) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(keep);
+        before != self.entries.len()
+    }
+
+    /// Kafka's search for a fetch: adds to `out` every transaction that overlaps
+    /// `[fetch_offset, upper_bound)` (marker at or after the fetch offset, first offset
+    /// below the bound). Returns true once an entry's last stable offset reaches the
+    /// bound: no later segment can hold a transaction that overlaps the range.
+    pub fn collect(&self, fetch_offset: i64, upper_bound: i64, out: &mut Vec<AbortedTxn>) -> bool {
+        for e in &self.entries {
+            if e.last_offset >= fetch_offset && e.first_offset < upper_bound {
+                out.push(*e);
+            }
+            if e.last_stable_offset >= upper_bound {
+                return true;
+            }
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn txn(pid: i64, first: i64, last: i64, lso: i64) -> AbortedTxn {
+        AbortedTxn {
+            producer_id: pid,
+            first_offset: first,
+            last_offset: last,
+            last_stable_offset: lso,
+        }
+    }
+
+    #[test]
+    fn txn_index_round_trips_in_kafkas_layout_and_stops_at_damage() {
+        let mut t = TxnIndex::default();
+        t.push(txn(7, 100, 105, 106));
+        t.push(txn(8, 101, 110, 111));
+        let bytes = t.encode();
+        assert_eq!(bytes.len(), 2 * ABORTED_TXN_BYTES);
+        // version 0, producer id 7, first 100: big-endian as Kafka writes them.
+        assert_eq!(&bytes[..10], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        assert_eq!(TxnIndex::decode(&bytes, 100), (t.clone(), true));
+        // Zero padding, a torn entry, or entries out of order end the decode.
+        let mut padded = bytes.clone();
+        padded.extend_from_slice(&[0u8; ABORTED_TXN_BYTES]);
+        assert_eq!(TxnIndex::decode(&padded, 100), (t.clone(), false));
+        assert_eq!(TxnIndex::decode(&bytes[..50], 100).0.len(), 1);
+        assert!(!TxnIndex::decode(&bytes[..50], 100).1);
+        let mut backwards = TxnIndex::default();
+        backwards.push(txn(8, 101, 110, 111));
+        let mut b = backwards.encode();
+        b.extend_from_slice(&bytes[..ABORTED_TXN_BYTES]);
+        assert_eq!(TxnIndex::decode(&b, 100).0.len(), 1);
+        // An entry whose marker lies below the segment base is not this segment's.
+        assert_eq!(TxnIndex::decode(&bytes, 106).0.len(), 0);
+    }
+
+    #[test]
+    fn txn_index_collects_overlapping_transactions_until_the_lso_passes_the_bound() {
+        let mut t = TxnIndex::default();
+        t.push(txn(1, 0, 10, 5)); // another transaction still open from 5
+        t.push(txn(2, 5, 20, 21));
+        t.push(txn(3, 30, 40, 41));
+        let mut out = Vec::new();
+        assert!(t.collect(11, 15, &mut out), "lso 21 passes 15: complete");
+        assert_eq!(out, vec![txn(2, 5, 20, 21)]);
+        out.clear();
+        assert!(!t.collect(0, 100, &mut out), "later segments may hold more");
+        assert_eq!(out.len(), 3);
+        t.truncate_to_offset(20);
+        assert_eq!(t.len(), 1);
+    }
 
     #[test]
     fn offset_index_round_trips_and_stops_at_padding() {

@@ -15,6 +15,14 @@
 //!   Dead: the group was deleted (DeleteGroups, or expired offsets of an empty group).
 //! ```
 //!
+//! Transactions (KIP-98, KIP-447): a TxnOffsetCommit is validated like a commit of a
+//! member ([`Coordinator::plan_txn_commit`]), its offsets are written by the shell as
+//! offset-commit records in a transactional batch of the producer, and they stay pending
+//! per producer id until the transaction's marker is written on the group's partition
+//! ([`Coordinator::complete_txn`]): COMMIT makes them visible, ABORT drops them. Loading
+//! replays transactional batches and markers the same way
+//! ([`Coordinator::load_txn_record`], [`Coordinator::load_marker`]).
+//!
 //! Timers are deadlines inside the state (session expiry per member, the join phase's
 //! deadline, the sync phase's deadline, pending member ids); [`Coordinator::tick`] fires
 //! the ones that are due. JoinGroup and SyncGroup answers are deferred: the caller
@@ -201,6 +209,20 @@ pub struct Group {
     sync_deadline_ms: Option<i64>,
     pub state_timestamp_ms: i64,
     pub offsets: BTreeMap<(String, i32), Committed>,
+    /// Where each offset in `offsets` stands in the log (the order records became
+    /// durable): a transactional commit completed by a marker replaces an offset only
+    /// if it was written after it (Kafka's `olderThan`).
+    offset_seq: HashMap<(String, i32), u64>,
+    /// TxnOffsetCommits waiting for their transaction's marker, per producer id.
+    pending_txn: BTreeMap<i64, BTreeMap<(String, i32), PendingTxnOffset>>,
+}
+
+/// A transactional offset commit of a group, until its transaction ends.
+#[derive(Debug, Clone)]
+struct PendingTxnOffset {
+    committed: Committed,
+    /// Log order once its record is durable; `None` while the append is in flight.
+    seq: Option<u64>,
 }
 
 impl Group {
@@ -220,6 +242,8 @@ impl Group {
             sync_deadline_ms: None,
             state_timestamp_ms: now_ms,
             offsets: BTreeMap::new(),
+            offset_seq: HashMap::new(),
+            pending_txn: BTreeMap::new(),
         }
     }
 
@@ -242,6 +266,38 @@ impl Group {
         );
         self.state = to;
         self.state_timestamp_ms = now_ms;
+    }
+
+    fn remove_offset(&mut self, tp: &(String, i32)) -> Option<Committed> {
+        self.offset_seq.remove(tp);
+        self.offsets.remove(tp)
+    }
+
+    /// Whether a TxnOffsetCommit for the partition waits for its transaction's end.
+    pub fn has_pending_txn_offset(&self, tp: &(String, i32)) -> bool {
+        self.pending_txn.values().any(|p| p.contains_key(tp))
+    }
+
+    /// Producer ids with pending transactional commits in this group.
+    pub fn txn_producers(&self) -> impl Iterator<Item = i64> + '_ {
+        self.pending_txn.keys().copied()
+    }
+
+    /// Kafka's `validateCurrentMember`: a static member must be the one its instance id
+    /// names, and the member must exist.
+    fn current_member_error(
+        &self,
+        member_id: &str,
+        instance_id: Option<&str>,
+    ) -> Option<ResponseError> {
+        if let Some(i) = instance_id {
+            match self.static_members.get(i) {
+                Some(m) if m != member_id => return Some(ResponseError::FencedInstanceId),
+                Some(_) => {}
+                None => return Some(ResponseError::UnknownMemberId),
+            }
+        }
+        (!self.members.contains_key(member_id)).then_some(ResponseError::UnknownMemberId)
     }
 
     /// A static member whose instance id now belongs to another member id.
@@ -488,6 +544,55 @@ pub struct CommitArgs {
     pub offsets: Vec<((String, i32), Committed)>,
 }
 
+/// OffsetFetch with require_stable: per partition, the committed offset (if any) or
+/// UNSTABLE_OFFSET_COMMIT.
+pub type StableFetch = Vec<((String, i32), Result<Option<Committed>, ResponseError>)>;
+
+/// One TxnOffsetCommit.
+#[derive(Debug, Clone)]
+pub struct TxnCommitArgs {
+    pub group_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    /// KIP-447 (TxnOffsetCommit v3+); -1, "" and `None` from older clients.
+    pub generation: i32,
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub offsets: Vec<((String, i32), Committed)>,
+}
+
+/// A validated TxnOffsetCommit: append `records` as one transactional batch of
+/// `producer_id`/`producer_epoch`, then [`Coordinator::apply_txn_commit`] (or
+/// [`Coordinator::fail_txn_commit`]).
+#[derive(Debug)]
+pub struct TxnCommitPlan {
+    pub group_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    /// Per partition, in request order: the error, if this partition is refused.
+    pub results: Vec<((String, i32), Code)>,
+    pub records: Vec<Record>,
+    accepted: Vec<((String, i32), Committed)>,
+}
+
+/// Kafka's `validateOffsetCommit` with `isTransactional = true`: unlike a plain commit, a
+/// transactional one without member information is accepted from a non-empty group
+/// (older clients send none), and a rebalance in progress does not refuse it.
+fn txn_commit_error(group: &Group, a: &TxnCommitArgs) -> Option<ResponseError> {
+    if group.state == GroupState::Dead {
+        return Some(ResponseError::CoordinatorNotAvailable);
+    }
+    if a.generation < 0 && group.state == GroupState::Empty {
+        return None;
+    }
+    if a.generation >= 0 || !a.member_id.is_empty() || a.instance_id.is_some() {
+        return group
+            .current_member_error(&a.member_id, a.instance_id.as_deref())
+            .or((a.generation != group.generation).then_some(ResponseError::IllegalGeneration));
+    }
+    None
+}
+
 /// A validated commit: append `records`, then [`Coordinator::apply_commit`].
 #[derive(Debug)]
 pub struct CommitPlan {
@@ -515,6 +620,8 @@ pub struct Coordinator {
     groups: HashMap<String, Group>,
     member_seq: u64,
     next_expiry_check_ms: i64,
+    /// Counts offset records in the order they became durable (or were loaded).
+    log_seq: u64,
 }
 
 impl Coordinator {
@@ -523,6 +630,7 @@ impl Coordinator {
             config,
             groups: HashMap::new(),
             member_seq: 0,
+            log_seq: 0,
             // The first check runs at the first tick (offsets loaded from the log may
             // have expired while the broker was down).
             next_expiry_check_ms: 0,
@@ -623,6 +731,7 @@ impl Coordinator {
                 && g.members.is_empty()
                 && g.pending_members.is_empty()
                 && g.offsets.is_empty()
+                && g.pending_txn.is_empty()
         });
         if unused {
             self.groups.remove(group_id);
@@ -1214,11 +1323,14 @@ impl Coordinator {
                 .map(|(k, _)| k.clone())
                 .collect();
             for (topic, partition) in expired {
-                group.offsets.remove(&(topic.clone(), partition));
+                group.remove_offset(&(topic.clone(), partition));
                 fx.records
                     .push(offset_tombstone(&group.id, &topic, partition));
             }
-            if group.offsets.is_empty() && group.pending_members.is_empty() {
+            if group.offsets.is_empty()
+                && group.pending_members.is_empty()
+                && group.pending_txn.is_empty()
+            {
                 // An empty group with nothing committed holds nothing: it goes.
                 dead.push(group.id.clone());
             }
@@ -1307,6 +1419,8 @@ impl Coordinator {
             .entry(plan.group_id.clone())
             .or_insert_with(|| Group::new(&plan.group_id, now_ms));
         for (tp, c) in plan.accepted {
+            self.log_seq += 1;
+            group.offset_seq.insert(tp.clone(), self.log_seq);
             group.offsets.insert(tp, c);
         }
     }
@@ -1358,7 +1472,13 @@ impl Coordinator {
                 out.push(Err(ResponseError::GroupSubscribedToTopic));
                 continue;
             }
-            if group.offsets.remove(&(topic.clone(), *partition)).is_some() {
+            let tp = (topic.clone(), *partition);
+            // Kafka's `removeOffsets`: pending transactional commits go too.
+            for pending in group.pending_txn.values_mut() {
+                pending.remove(&tp);
+            }
+            group.pending_txn.retain(|_, p| !p.is_empty());
+            if group.remove_offset(&tp).is_some() {
                 fx.records
                     .push(offset_tombstone(group_id, topic, *partition));
             }
@@ -1447,6 +1567,222 @@ impl Coordinator {
         v
     }
 
+    // ---------------------------------------------------------------- transactions
+
+    /// Validates a TxnOffsetCommit (Kafka's `handleTxnCommitOffsets`: KIP-447 fencing by
+    /// generation, member id and group instance id) and registers the accepted offsets as
+    /// pending for the producer at once, so that OffsetFetch with require_stable reports
+    /// them. The shell appends the plan's records as one transactional batch of
+    /// `producer_id`/`producer_epoch` to the group's `__consumer_offsets` partition, then
+    /// calls [`Coordinator::apply_txn_commit`], or [`Coordinator::fail_txn_commit`] if
+    /// the append failed. The offsets become visible when the transaction's COMMIT marker
+    /// is written on that partition ([`Coordinator::complete_txn`]).
+    pub fn plan_txn_commit(&mut self, now_ms: i64, a: TxnCommitArgs) -> TxnCommitPlan {
+        // Kafka creates the group for a transactional commit whatever the generation.
+        let group = self
+            .groups
+            .entry(a.group_id.clone())
+            .or_insert_with(|| Group::new(&a.group_id, now_ms));
+        let group_error = txn_commit_error(group, &a);
+        let mut plan = TxnCommitPlan {
+            group_id: a.group_id.clone(),
+            producer_id: a.producer_id,
+            producer_epoch: a.producer_epoch,
+            results: Vec::with_capacity(a.offsets.len()),
+            records: Vec::new(),
+            accepted: Vec::new(),
+        };
+        for (tp, c) in a.offsets {
+            if let Some(e) = group_error {
+                plan.results.push((tp, Err(e)));
+                continue;
+            }
+            if c.metadata.len() > self.config.offset_metadata_max_bytes {
+                plan.results
+                    .push((tp, Err(ResponseError::OffsetMetadataTooLarge)));
+                continue;
+            }
+            plan.records
+                .push(offset_record(&a.group_id, &tp.0, tp.1, &c));
+            group.pending_txn.entry(a.producer_id).or_default().insert(
+                tp.clone(),
+                PendingTxnOffset {
+                    committed: c.clone(),
+                    seq: None,
+                },
+            );
+            plan.results.push((tp.clone(), Ok(())));
+            plan.accepted.push((tp, c));
+        }
+        self.drop_if_unused(&a.group_id);
+        plan
+    }
+
+    /// A TxnOffsetCommit's records are durable: its offsets wait for the marker (Kafka's
+    /// `onTxnOffsetCommitAppend`). Offsets whose transaction ended meanwhile stay gone.
+    pub fn apply_txn_commit(&mut self, plan: TxnCommitPlan) {
+        let Some(group) = self.groups.get_mut(&plan.group_id) else {
+            return;
+        };
+        let Some(pending) = group.pending_txn.get_mut(&plan.producer_id) else {
+            return;
+        };
+        for (tp, c) in plan.accepted {
+            if let Some(p) = pending.get_mut(&tp) {
+                if p.seq.is_none() && p.committed == c {
+                    self.log_seq += 1;
+                    p.seq = Some(self.log_seq);
+                }
+            }
+        }
+    }
+
+    /// A TxnOffsetCommit's append failed: its pending offsets go (Kafka's
+    /// `failPendingTxnOffsetCommit`; a newer commit of the same partition in flight is
+    /// kept).
+    pub fn fail_txn_commit(&mut self, plan: &TxnCommitPlan) {
+        let Some(group) = self.groups.get_mut(&plan.group_id) else {
+            return;
+        };
+        if let Some(pending) = group.pending_txn.get_mut(&plan.producer_id) {
+            for (tp, c) in &plan.accepted {
+                if pending
+                    .get(tp)
+                    .is_some_and(|p| p.seq.is_none() && p.committed == *c)
+                {
+                    pending.remove(tp);
+                }
+            }
+            if pending.is_empty() {
+                group.pending_txn.remove(&plan.producer_id);
+            }
+        }
+        self.drop_if_unused(&plan.group_id);
+    }
+
+    /// A transaction marker of `producer_id` was written on a `__consumer_offsets`
+    /// partition (`in_partition` says which groups live there): a COMMIT makes the
+    /// producer's pending offsets of those groups visible, unless a commit written later
+    /// already replaced them; an ABORT drops them (Kafka's `handleTxnCompletion`).
+    pub fn complete_txn(
+        &mut self,
+        producer_id: i64,
+        commit: bool,
+        in_partition: impl Fn(&str) -> bool,
+    ) {
+        for group in self.groups.values_mut() {
+            if group.state == GroupState::Dead || !in_partition(&group.id) {
+                continue;
+            }
+            let Some(pending) = group.pending_txn.remove(&producer_id) else {
+                continue;
+            };
+            if !commit {
+                continue;
+            }
+            for (tp, p) in pending {
+                let Some(seq) = p.seq else {
+                    // The marker came before the commit's own record was durable: that
+                    // record is not part of the transaction Kafka completes.
+                    tracing::warn!(group = %group.id, producer_id, ?tp, "commit marker before its offset record; dropped");
+                    continue;
+                };
+                if group.offset_seq.get(&tp).is_none_or(|cur| *cur < seq) {
+                    group.offset_seq.insert(tp.clone(), seq);
+                    group.offsets.insert(tp, p.committed);
+                }
+            }
+        }
+    }
+
+    /// OffsetFetch: as [`Coordinator::fetch_offsets`], and with `require_stable` (v7+)
+    /// UNSTABLE_OFFSET_COMMIT for a partition with a transactional commit pending.
+    pub fn fetch_offsets_stable(
+        &self,
+        group_id: &str,
+        partitions: Option<&[(String, i32)]>,
+        require_stable: bool,
+    ) -> StableFetch {
+        let group = self.groups.get(group_id);
+        self.fetch_offsets(group_id, partitions)
+            .into_iter()
+            .map(|(tp, c)| {
+                let unstable =
+                    require_stable && group.is_some_and(|g| g.has_pending_txn_offset(&tp));
+                if unstable {
+                    (tp, Err(ResponseError::UnstableOffsetCommit))
+                } else {
+                    (tp, Ok(c))
+                }
+            })
+            .collect()
+    }
+
+    /// Replays one record of a transactional batch of `producer_id` (in log order): an
+    /// offset commit waits for the batch's marker ([`Coordinator::load_marker`]).
+    pub fn load_txn_record(
+        &mut self,
+        now_ms: i64,
+        producer_id: i64,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), crate::records::RecordError> {
+        let Key::Offset {
+            group,
+            topic,
+            partition,
+        } = Key::decode(key)?
+        else {
+            // Group metadata is never transactional; load it as Kafka does, regardless.
+            return self.load_record(now_ms, key, value);
+        };
+        let tp = (topic, partition);
+        match value {
+            Some(v) => {
+                let v = OffsetValue::decode(v)?;
+                self.log_seq += 1;
+                let g = self
+                    .groups
+                    .entry(group.clone())
+                    .or_insert_with(|| Group::new(&group, v.commit_timestamp_ms));
+                let committed = Committed {
+                    offset: v.offset,
+                    leader_epoch: v.leader_epoch,
+                    metadata: v.metadata,
+                    commit_timestamp_ms: v.commit_timestamp_ms,
+                };
+                g.pending_txn.entry(producer_id).or_default().insert(
+                    tp,
+                    PendingTxnOffset {
+                        committed,
+                        seq: Some(self.log_seq),
+                    },
+                );
+            }
+            None => {
+                if let Some(pending) = self
+                    .groups
+                    .get_mut(&group)
+                    .and_then(|g| g.pending_txn.get_mut(&producer_id))
+                {
+                    pending.remove(&tp);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays a control batch (COMMIT or ABORT marker) of `producer_id` found while
+    /// loading the `__consumer_offsets` partition whose groups `in_partition` names.
+    pub fn load_marker(
+        &mut self,
+        producer_id: i64,
+        commit: bool,
+        in_partition: impl Fn(&str) -> bool,
+    ) {
+        self.complete_txn(producer_id, commit, in_partition);
+    }
+
     // ---------------------------------------------------------------- loading
 
     /// Replays one `__consumer_offsets` record (in log order) into memory. `now_ms` is
@@ -1469,6 +1805,9 @@ impl Coordinator {
                         .groups
                         .entry(group.clone())
                         .or_insert_with(|| Group::new(&group, v.commit_timestamp_ms));
+                    self.log_seq += 1;
+                    g.offset_seq
+                        .insert((topic.clone(), partition), self.log_seq);
                     g.offsets.insert(
                         (topic, partition),
                         Committed {
@@ -1481,7 +1820,7 @@ impl Coordinator {
                 }
                 None => {
                     if let Some(g) = self.groups.get_mut(&group) {
-                        g.offsets.remove(&(topic, partition));
+                        g.remove_offset(&(topic, partition));
                     }
                 }
             },

@@ -677,7 +677,8 @@ impl PartitionLog {
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
         let (info, log_file, target) = {
-            if check {
+            // Batches without a producer id are not sequenced: nothing to judge.
+            if check && header.producer_id >= 0 {
                 let producers = self.producers.borrow();
                 let table = producers
                     .as_ref()

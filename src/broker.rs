@@ -402,9 +402,9 @@ impl Broker {
         }
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;
+        let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
         for (_, range) in batches {
-            let info = log
-                .append(&item.records[range], epoch)
+            let info = append_in_sequence(&log, &replica, &item.records[range], epoch, gap_deadline)
                 .await
                 .map_err(|e| error::from_storage(&e))?;
             last_offset = info.last_offset;
@@ -784,5 +784,61 @@ impl Broker {
             })
             .collect();
         any_true(calls).await
+    }
+}
+
+/// How long a batch whose producer sequence is ahead of the partition's waits for the
+/// batches before it. Requests of one connection run concurrently here (Kafka handles
+/// them one at a time), so a producer's next batch can reach the partition just before
+/// the one it follows: it waits for it rather than failing the producer.
+const SEQUENCE_GAP_WAIT: Duration = Duration::from_secs(5);
+
+/// Appends one batch of a produce request through the partition's producer state: a
+/// retry of a batch already in the log answers with that batch's offsets; a batch that
+/// is ahead of its producer's sequence waits (until `deadline`) for the ones before it.
+async fn append_in_sequence(
+    log: &PartitionLog,
+    replica: &Replica,
+    batch: &[u8],
+    epoch: i32,
+    deadline: Instant,
+) -> Result<sluice_storage::AppendInfo, sluice_storage::Error> {
+    use sluice_storage::producer::SequenceError;
+    loop {
+        // Listen before trying, so an append between the try and the wait is seen.
+        let appended = replica.appended.listen();
+        let err = match log.append_checked(batch, epoch).await {
+            Ok(sluice_storage::Checked::Appended(info)) => {
+                replica.appended.notify(usize::MAX);
+                return Ok(info);
+            }
+            Ok(sluice_storage::Checked::Duplicate(meta)) => {
+                return Ok(sluice_storage::AppendInfo {
+                    base_offset: meta.first_offset,
+                    last_offset: meta.last_offset,
+                    // Kafka answers a duplicate without a log-append time.
+                    log_append_time_ms: -1,
+                    record_count: (meta.last_offset - meta.first_offset + 1) as i32,
+                });
+            }
+            Err(e) => e,
+        };
+        let ahead = matches!(
+            &err,
+            sluice_storage::Error::Sequence(SequenceError::OutOfOrder { first_seq, last_seq, .. })
+                if *last_seq >= 0 && *first_seq > *last_seq
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !ahead || left.is_zero() {
+            return Err(err);
+        }
+        let woke = futures_lite::future::or(async { appended.await; true }, async {
+            glommio::timer::sleep(left).await;
+            false
+        })
+        .await;
+        if !woke {
+            return Err(err);
+        }
     }
 }

@@ -34,9 +34,17 @@ pub const PARTITIONS_MAX: i32 = 10_000;
 /// How long a metadata change may take to commit.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Producer ids asked of the quorum at a time (Kafka's block size).
+const PRODUCER_ID_BLOCK: i64 = 1000;
+
 pub struct Controller {
     pub quorum: Rc<QuorumNode>,
     lock: Semaphore,
+    /// This broker's block of producer ids: the next one and the end (exclusive).
+    /// Ids are unique across brokers and restarts: each block is a committed command,
+    /// and a restarted broker asks for a new one.
+    producer_ids: std::cell::Cell<(i64, i64)>,
+    producer_ids_lock: Semaphore,
 }
 
 impl Controller {
@@ -44,6 +52,8 @@ impl Controller {
         Controller {
             quorum,
             lock: Semaphore::new(1),
+            producer_ids: std::cell::Cell::new((0, 0)),
+            producer_ids_lock: Semaphore::new(1),
         }
     }
 
@@ -67,6 +77,34 @@ impl Controller {
     /// An internal command (an ISR change from a partition leader).
     pub async fn propose(&self, broker: &Broker, cmd: Command) -> Result<Applied, ApiError> {
         self.commit(broker, cmd).await
+    }
+
+    /// The next producer id of this broker's block, asking the quorum for a new block
+    /// when it is used up.
+    pub async fn next_producer_id(&self, broker: &Broker) -> Result<i64, ApiError> {
+        let _guard = self
+            .producer_ids_lock
+            .acquire_permit(1)
+            .await
+            .expect("producer id lock never closes");
+        let (mut next, mut end) = self.producer_ids.get();
+        if next >= end {
+            let cmd = Command::AllocateProducerIds {
+                broker: broker.config.node_id,
+                count: PRODUCER_ID_BLOCK,
+            };
+            match self.quorum.propose(cmd, COMMIT_TIMEOUT).await? {
+                (Applied::ProducerIds { first, count }, _) => (next, end) = (first, first + count),
+                (other, _) => {
+                    return Err(ApiError::with(
+                        ResponseError::UnknownServerError,
+                        format!("the quorum answered a producer id block with {other:?}"),
+                    ))
+                }
+            }
+        }
+        self.producer_ids.set((next + 1, end));
+        Ok(next)
     }
 
     /// Admin changes run one at a time, so "already exists" checks see each other.

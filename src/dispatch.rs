@@ -109,6 +109,10 @@ impl ShardService for ShardServer {
         self.controller().propose(&self.broker, c.0).await
     }
 
+    async fn allocate_producer_id(&self, _: rpc::AllocateProducerId) -> Result<i64, ApiError> {
+        self.controller().next_producer_id(&self.broker).await
+    }
+
     async fn join_group(&self, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
         self.groups.join(&self.broker, c).await
     }

@@ -62,6 +62,9 @@ pub struct Replica {
     known_epoch: Cell<i32>,
     /// Fires on durable progress, high-watermark moves and role changes.
     pub progress: Event,
+    /// Fires after every batch a produce request appends (a producer's next batch may
+    /// be waiting for it: `crate::broker`'s sequence-gap wait).
+    pub appended: Event,
     checkpoint: PathBuf,
     checkpoint_state: CheckpointState,
 }
@@ -124,6 +127,7 @@ impl Replica {
             last_hw: Cell::new(0),
             known_epoch: Cell::new(-1),
             progress: Event::new(),
+            appended: Event::new(),
             checkpoint,
             checkpoint_state: CheckpointState::default(),
         })

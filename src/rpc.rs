@@ -104,6 +104,8 @@ shard_calls! {
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
+    /// One producer id from this broker's controller-allocated block (InitProducerId).
+    AllocateProducerId => allocate_producer_id -> Result<i64, ApiError>;
     // Consumer-group requests, for the home shard of the group's `__consumer_offsets`
     // partition (see `crate::group`).
     JoinGroup => join_group -> Result<JoinGroupResponse, ApiError>;
@@ -241,6 +243,8 @@ pub struct AlterConfigs {
 }
 
 pub struct Propose(pub Command);
+
+pub struct AllocateProducerId;
 
 // ---- group calls: `partition` is the group's `__consumer_offsets` partition ----
 

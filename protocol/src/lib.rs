@@ -58,6 +58,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::CreatePartitions, 0, 3),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
+    // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.
+    spec(ApiKey::InitProducerId, 0, 5),
     // Replication: followers truncate with it; KIP-320 clients validate positions.
     spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
     // Consumer groups (the broker's group shell). OffsetCommit v9 and OffsetFetch v9 carry the

@@ -28,6 +28,7 @@ pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
 pub mod incremental_alter_configs;
+pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
@@ -125,6 +126,9 @@ pub async fn handle(
         RequestKind::OffsetForLeaderEpoch(r) => ResponseKind::OffsetForLeaderEpoch(
             offset_for_leader_epoch::handle(broker, version, r).await,
         ),
+        RequestKind::InitProducerId(r) => {
+            ResponseKind::InitProducerId(init_producer_id::handle(broker, version, r).await)
+        }
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
         }

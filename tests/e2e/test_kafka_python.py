@@ -2,7 +2,6 @@
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import IncompatibleBrokerVersion
 
 from conftest import wait_until
 
@@ -62,13 +61,9 @@ def test_auto_created_topic_and_end_offsets(broker):
     c.close()
 
 
-@pytest.mark.xfail(strict=True, raises=IncompatibleBrokerVersion,
-                   reason="InitProducerId not implemented: exactly-once, issue 11")
 def test_default_idempotent_producer_round_trip(broker):
     """A KafkaProducer with kafka-python 3's defaults (enable_idempotence=True, acks=all):
-    today every send fails with IncompatibleBrokerVersion ("broker does not support the
-    'InitProducerIdRequest'"); any other failure is a real one. Strict: once issue 11
-    lands this passes, which fails the run until the marker is removed."""
+    it asks for a producer id (InitProducerId) and sends sequenced batches."""
     admin = KafkaAdminClient(bootstrap_servers=broker.addr)
     admin.create_topics([NewTopic("kp-idem", num_partitions=1, replication_factor=1)])
     admin.close()

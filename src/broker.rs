@@ -404,9 +404,10 @@ impl Broker {
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
         for (_, range) in batches {
-            let info = append_in_sequence(&log, &replica, &item.records[range], epoch, gap_deadline)
-                .await
-                .map_err(|e| error::from_storage(&e))?;
+            let info =
+                append_in_sequence(&log, &replica, &item.records[range], epoch, gap_deadline)
+                    .await
+                    .map_err(|e| error::from_storage(&e))?;
             last_offset = info.last_offset;
             first.get_or_insert(info);
         }
@@ -832,10 +833,16 @@ async fn append_in_sequence(
         if !ahead || left.is_zero() {
             return Err(err);
         }
-        let woke = futures_lite::future::or(async { appended.await; true }, async {
-            glommio::timer::sleep(left).await;
-            false
-        })
+        let woke = futures_lite::future::or(
+            async {
+                appended.await;
+                true
+            },
+            async {
+                glommio::timer::sleep(left).await;
+                false
+            },
+        )
         .await;
         if !woke {
             return Err(err);

@@ -301,6 +301,26 @@ mod tests {
             ApiKey::OffsetForLeaderEpoch => {
                 RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
             }
+            ApiKey::InitProducerId => RequestKind::InitProducerId(InitProducerIdRequest::default()),
+            ApiKey::AddPartitionsToTxn => {
+                RequestKind::AddPartitionsToTxn(AddPartitionsToTxnRequest::default())
+            }
+            ApiKey::AddOffsetsToTxn => {
+                RequestKind::AddOffsetsToTxn(AddOffsetsToTxnRequest::default())
+            }
+            ApiKey::EndTxn => RequestKind::EndTxn(EndTxnRequest::default()),
+            ApiKey::WriteTxnMarkers => {
+                RequestKind::WriteTxnMarkers(WriteTxnMarkersRequest::default())
+            }
+            ApiKey::TxnOffsetCommit => {
+                RequestKind::TxnOffsetCommit(TxnOffsetCommitRequest::default())
+            }
+            ApiKey::DescribeTransactions => {
+                RequestKind::DescribeTransactions(DescribeTransactionsRequest::default())
+            }
+            ApiKey::ListTransactions => {
+                RequestKind::ListTransactions(ListTransactionsRequest::default())
+            }
             other => panic!("registry entry {other:?} has no default request here"),
         }
     }

@@ -22,7 +22,10 @@ pub async fn handle(
     _version: i16,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    let transactional = req.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty());
+    let transactional = req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty());
     let result = if transactional {
         Err(ApiError::with(
             ResponseError::TransactionalIdAuthorizationFailed,

@@ -53,6 +53,11 @@ class DroppingProxy:
     def addr(self):
         return f"127.0.0.1:{self.port}"
 
+    def reset(self):
+        """Starts counting (and dropping) afresh."""
+        with self.lock:
+            self.produces = self.dropped = 0
+
     def close(self):
         self.closed = True
         self.listener.close()

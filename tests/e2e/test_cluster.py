@@ -91,7 +91,7 @@ def leader_or_none(c, topic, partition):
 
 
 def producer(bootstrap, **conf):
-    # No idempotence (Sluice has no InitProducerId yet): one request in flight per
+    # Without idempotence (librdkafka's default), one request in flight per
     # connection keeps retries from reordering a partition.
     base = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
             "max.in.flight.requests.per.connection": 1, "linger.ms": 5,
@@ -203,6 +203,41 @@ def test_acks_all_stream_survives_leader_sigkill(cluster):
     assert acks.count() >= killed_at + 300
     assert cluster.leader_of(topic, 0) != victim
     check_log(cluster, topic, parts, acks.acked)
+
+
+def test_idempotent_stream_is_exactly_once_across_leader_sigkill(cluster):
+    """librdkafka's idempotent producer (5 requests in flight) through a leader
+    SIGKILL: its in-flight batches are retried on the new leader, which knows their
+    sequences from the replicated log, so every acknowledged record is stored exactly
+    once, in order."""
+    topic = "idem-failover"
+    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    victim = cluster.leader_of(topic, 0)
+    acks = Acks()
+    p = producer(cluster.bootstrap, **{"enable.idempotence": True,
+                                       "max.in.flight.requests.per.connection": 5,
+                                       "linger.ms": 1})
+    seq, killed_at = 0, None
+    end = time.monotonic() + 60
+    while True:
+        try:
+            p.produce(topic, value=f"{seq:06d}".encode(), partition=0, on_delivery=acks)
+            seq += 1
+        except BufferError:
+            pass
+        p.poll(0.001)
+        assert time.monotonic() < end, f"stream stuck: {acks.count()} acked, killed at {killed_at}"
+        if killed_at is None and acks.count() >= 500:
+            cluster.kill(victim)
+            killed_at = acks.count()
+        elif killed_at is not None and acks.count() >= killed_at + 500:
+            break
+    assert p.flush(40) == 0
+    assert not acks.failed, f"failed deliveries: {acks.failed[:3]}"
+    values = [v for (_, _, v) in cluster.read_all(topic, 0)]
+    dups = [v for v in set(values) if values.count(v) > 1]
+    assert not dups, f"stored twice: {sorted(dups)[:5]}"
+    assert values == [f"{i:06d}".encode() for i in range(seq)], "every record once, in order"
 
 
 # (b) ---------------------------------------------------------------------------------

@@ -376,6 +376,22 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(BatchHeader, std::ops::Range<usi
     Ok(out)
 }
 
+/// Walks a buffer of whole batches that were validated when they were stored (a
+/// read's result): each batch's header and bytes, without checking them again (so
+/// compacted and emptied batches pass). Stops at the first incomplete batch.
+pub fn stored_batches(buf: &[u8]) -> impl Iterator<Item = (BatchHeader, &[u8])> {
+    let mut rest = buf;
+    std::iter::from_fn(move || {
+        let total = peek_total_bytes(rest)?;
+        if total > rest.len() {
+            return None;
+        }
+        let (b, tail) = rest.split_at(total);
+        rest = tail;
+        Some((BatchHeader::parse(b).ok()?, b))
+    })
+}
+
 /// Rewrites the fields the broker owns: base offset and leader epoch (outside the
 /// CRC), and, for LogAppendTime topics, the timestamp type and max timestamp (inside
 /// it, so the CRC is recomputed).

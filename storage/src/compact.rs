@@ -7,16 +7,33 @@
 //! record count, the length and the CRC change. Offsets therefore never move: a
 //! compacted log simply has gaps.
 //!
-//! Not compacted (kept verbatim, and their keys not counted): compressed batches,
-//! transactional batches and control batches. Records without a key are kept.
-//! Tombstones are dropped once their timestamp is older than `delete.retention.ms`
-//! (Kafka counts from when the tombstone's segment was first cleaned instead).
+//! Not compacted (kept verbatim, and their keys not counted): compressed batches and
+//! control batches. Records without a key are kept. Tombstones are dropped once their
+//! timestamp is older than `delete.retention.ms` (Kafka counts from when the
+//! tombstone's segment was first cleaned instead).
+//!
+//! ## Transactions (Kafka's cleaner rules)
+//!
+//! - The cleaner never reaches the first unstable offset: only segments wholly below
+//!   it are cleaned, so records of open transactions stay as they are.
+//! - Batches of aborted transactions ([`AbortedSet`], from the `.txnindex` files) lose
+//!   all their records (compressed ones too) and add no keys to the map; committed
+//!   transactional records are compacted like any others.
+//! - A marker goes once the data it covers is gone and it is older than
+//!   `delete.retention.ms` ([`MarkerTracker`]): an ABORT marker when no batch of its
+//!   transaction was met in this pass, a COMMIT marker when no transactional batch of
+//!   its producer was met since the producer's previous marker. Until then it stays,
+//!   with its `.txnindex` entry.
+//! - A batch the producer state still remembers ([`crate::producer::CleanerKeeps`])
+//!   is never removed: if its records go, an empty batch (header only) stays, so that
+//!   sequence numbers and epochs survive a rebuild of the state from the log.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use bytes::BufMut;
 
-use crate::batch::{self, get_varint, BatchHeader, HEADER_BYTES};
+use crate::batch::{self, get_varint, BatchHeader, EndTxnMarker, HEADER_BYTES};
+use crate::index::AbortedTxn;
 
 /// One record inside an uncompressed batch.
 #[derive(Debug, Clone, Copy)]
@@ -31,12 +48,12 @@ pub struct RecordRef<'a> {
 }
 
 /// The records of an uncompressed, non-control batch; `None` if the batch is
-/// compressed, a control batch, or its records do not parse.
+/// compressed, a control batch, or its records do not parse. (A transactional batch
+/// is read like any other: whether its transaction was aborted is the caller's to
+/// know, from [`AbortedSet`].)
 pub fn records(batch_bytes: &[u8]) -> Option<(BatchHeader, Vec<RecordRef<'_>>)> {
     let h = BatchHeader::parse(batch_bytes).ok()?;
-    // Transactional batches may belong to aborted or open transactions: until the
-    // transaction index exists they are kept verbatim and their keys are not counted.
-    if h.compression() != 0 || h.is_control() || h.is_transactional() {
+    if h.compression() != 0 || h.is_control() {
         return None;
     }
     let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
@@ -188,6 +205,81 @@ pub fn keep_record(map: &KeyMap, r: &RecordRef<'_>, tombstone_horizon_ms: i64) -
     !(r.is_tombstone && r.timestamp < tombstone_horizon_ms)
 }
 
+/// The aborted transactions of a log, by producer: which transactional batches were
+/// aborted.
+#[derive(Debug, Default)]
+pub struct AbortedSet {
+    /// Per producer, (first offset, marker offset), in marker order.
+    by_producer: HashMap<i64, Vec<(i64, i64)>>,
+}
+
+impl AbortedSet {
+    /// From `.txnindex` entries in marker order.
+    pub fn new(entries: impl IntoIterator<Item = AbortedTxn>) -> AbortedSet {
+        let mut by_producer: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
+        for e in entries {
+            by_producer
+                .entry(e.producer_id)
+                .or_default()
+                .push((e.first_offset, e.last_offset));
+        }
+        AbortedSet { by_producer }
+    }
+
+    /// The marker offset of the aborted transaction a data batch belongs to, if any.
+    pub fn covering(&self, h: &BatchHeader) -> Option<i64> {
+        if !h.is_transactional() || h.is_control() {
+            return None;
+        }
+        let txns = self.by_producer.get(&h.producer_id)?;
+        // A producer's transactions do not overlap: the first ending at or after the
+        // batch is the only candidate.
+        let i = txns.partition_point(|(_, last)| *last < h.base_offset);
+        txns.get(i)
+            .filter(|(first, _)| *first <= h.base_offset)
+            .map(|(_, last)| *last)
+    }
+}
+
+/// What one cleaning pass has met of each transaction, to decide when a marker may go
+/// (Kafka's `CleanedTransactionMetadata`). Feed it every batch in offset order.
+#[derive(Debug, Default)]
+pub struct MarkerTracker {
+    /// Producers with a committed (not aborted) transactional batch met since their
+    /// last marker.
+    committed_open: HashSet<i64>,
+    /// Aborted transactions (producer, marker offset) with a batch met.
+    aborted_met: HashSet<(i64, i64)>,
+}
+
+impl MarkerTracker {
+    /// A data batch; `aborted`: the marker offset of its aborted transaction.
+    pub fn on_data(&mut self, h: &BatchHeader, aborted: Option<i64>) {
+        if !h.is_transactional() {
+            return;
+        }
+        match aborted {
+            Some(marker) => {
+                self.aborted_met.insert((h.producer_id, marker));
+            }
+            None => {
+                self.committed_open.insert(h.producer_id);
+            }
+        }
+    }
+
+    /// A control batch holding `marker` (`None`: empty or another control record);
+    /// returns whether the data it covers is gone, so that it may go (once old enough).
+    pub fn on_marker(&mut self, h: &BatchHeader, marker: Option<EndTxnMarker>) -> bool {
+        match marker {
+            Some(m) if m.commit => !self.committed_open.remove(&h.producer_id),
+            Some(_) => !self.aborted_met.remove(&(h.producer_id, h.base_offset)),
+            // An emptied control batch covers nothing; other control records stay.
+            None => h.record_count == 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +347,90 @@ mod tests {
             filter_batch(&b, |r| keep_record(&map, r, 0)),
             Filtered::Unchanged
         );
+    }
+
+    fn txn_batch(pid: i64, base: i64, n: usize) -> Vec<u8> {
+        let recs: Vec<(&[u8], Option<&[u8]>)> = vec![(&b"k"[..], Some(&b"v"[..])); n];
+        let mut b = keyed(1, &recs);
+        b[batch::OFF_PRODUCER_ID..batch::OFF_PRODUCER_EPOCH].copy_from_slice(&pid.to_be_bytes());
+        let attrs = batch::ATTR_TRANSACTIONAL;
+        b[batch::OFF_ATTRIBUTES..batch::OFF_LAST_OFFSET_DELTA]
+            .copy_from_slice(&attrs.to_be_bytes());
+        let crc = crc32c::crc32c(&b[batch::OFF_ATTRIBUTES..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        batch::assign(&mut b, base, 0, None);
+        b
+    }
+
+    #[test]
+    fn aborted_set_finds_the_transaction_of_a_batch() {
+        let set = AbortedSet::new([
+            AbortedTxn {
+                producer_id: 1,
+                first_offset: 10,
+                last_offset: 20,
+                last_stable_offset: 21,
+            },
+            AbortedTxn {
+                producer_id: 1,
+                first_offset: 30,
+                last_offset: 35,
+                last_stable_offset: 36,
+            },
+        ]);
+        let h = |pid, base| BatchHeader::parse(&txn_batch(pid, base, 1)).unwrap();
+        assert_eq!(set.covering(&h(1, 10)), Some(20));
+        assert_eq!(set.covering(&h(1, 19)), Some(20));
+        assert_eq!(set.covering(&h(1, 25)), None, "committed between the two");
+        assert_eq!(set.covering(&h(1, 31)), Some(35));
+        assert_eq!(set.covering(&h(2, 12)), None, "another producer");
+        let plain = BatchHeader {
+            attributes: 0,
+            ..h(1, 12)
+        };
+        assert_eq!(set.covering(&plain), None, "not transactional");
+        // Records of transactional batches are readable for compaction.
+        assert_eq!(records(&txn_batch(1, 0, 3)).unwrap().1.len(), 3);
+    }
+
+    #[test]
+    fn markers_may_go_only_once_their_data_is_gone() {
+        let data = |pid, base| BatchHeader::parse(&txn_batch(pid, base, 1)).unwrap();
+        let ctl = |pid, base| BatchHeader {
+            attributes: batch::ATTR_CONTROL | batch::ATTR_TRANSACTIONAL,
+            base_offset: base,
+            ..data(pid, base)
+        };
+        let commit = Some(EndTxnMarker {
+            commit: true,
+            coordinator_epoch: 0,
+        });
+        let abort = Some(EndTxnMarker {
+            commit: false,
+            coordinator_epoch: 0,
+        });
+        let mut t = MarkerTracker::default();
+        t.on_data(&data(1, 0), None);
+        t.on_data(&data(2, 1), Some(3));
+        assert!(
+            !t.on_marker(&ctl(1, 2), commit),
+            "its committed data is still here"
+        );
+        assert!(
+            !t.on_marker(&ctl(2, 3), abort),
+            "its aborted data is still here"
+        );
+        // The next pass: the aborted batch is gone, the committed one still there.
+        let mut t = MarkerTracker::default();
+        t.on_data(&data(1, 0), None);
+        assert!(!t.on_marker(&ctl(1, 2), commit));
+        assert!(t.on_marker(&ctl(2, 3), abort));
+        // A marker with nothing before it may go; so may an emptied control batch.
+        assert!(t.on_marker(&ctl(3, 4), commit));
+        let emptied = BatchHeader {
+            record_count: 0,
+            ..ctl(3, 5)
+        };
+        assert!(t.on_marker(&emptied, None));
     }
 }

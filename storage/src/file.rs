@@ -532,9 +532,12 @@ impl AppendFile {
     }
 }
 
-/// Writes `data` to `path` durably and atomically (temp file, fdatasync, rename).
+/// Writes `data` to `path` durably and atomically (temp file `<name>.tmp`, fdatasync,
+/// rename, directory fsync).
 pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
-    let tmp = path.with_extension("tmp");
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
     let _ = remove(&tmp).await;
     {
         let f = AppendFile::open(&tmp, 0, data.len().max(1), 0).await?;

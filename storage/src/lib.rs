@@ -1,9 +1,11 @@
 //! `sluice-storage`: the partition log.
 //!
 //! Owns the on-disk log of every partition: segments of Kafka v2 record batches stored
-//! verbatim, their sparse offset and time indexes, crash recovery, roll, retention, and
-//! a per-shard tail cache of recent batches. Knows nothing of the Kafka protocol beyond
-//! the record-batch header, nothing of raft, nothing of sockets.
+//! verbatim, their sparse offset and time indexes, crash recovery, roll, retention,
+//! compaction, the producer state (idempotence and transactions: sequence checks,
+//! markers, the aborted-transaction index, producer snapshots) and a per-shard tail
+//! cache of recent batches. Knows nothing of the Kafka protocol beyond the record-batch
+//! header and the end-transaction marker record, nothing of raft, nothing of sockets.
 //!
 //! Every object here lives on exactly one shard (one glommio executor thread): a
 //! [`PartitionLog`] is `Rc`-shared and never crosses threads. Nothing here blocks the
@@ -12,7 +14,9 @@
 //! On-disk layout of a partition directory `<data>/<topic>-<partition>/`:
 //! - `<base offset, 20 digits>.log` — concatenated v2 batches ([`batch`] documents the
 //!   header); may end in zero padding up to a 4 KiB page while it is the active segment.
-//! - `<base>.index`, `<base>.timeindex` — see [`index`].
+//! - `<base>.index`, `<base>.timeindex`, `<base>.txnindex` — see [`index`].
+//! - `<offset, 20 digits>.snapshot` — producer state valid below `offset`; format in
+//!   [`producer`], when they are written in [`log`].
 //! - `partition.meta` — `log_start_offset=N` lines, written atomically; see [`log`].
 //!
 //! Recovery is described as a table of cases in [`segment`].
@@ -33,7 +37,9 @@ use std::path::Path;
 
 pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
-pub use log::{AppendInfo, Checked, PartitionLog, ReadResult, Storage};
+pub use index::AbortedTxn;
+pub use log::{AppendInfo, Checked, Judged, PartitionLog, ReadResult, Storage};
+pub use producer::TxnError;
 
 /// Errors of the storage layer. Mapped to Kafka error codes at the API edge.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +129,9 @@ pub struct LogConfig {
     pub min_cleanable_dirty_ratio_bp: u16,
     /// `min.compaction.lag.ms`: records younger than this are never compacted.
     pub min_compaction_lag_ms: i64,
+    /// `producer.id.expiration.ms` (a broker setting in Kafka): a producer with no open
+    /// transaction whose last write is this old is forgotten.
+    pub producer_id_expiration_ms: i64,
 }
 
 pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -144,6 +153,7 @@ impl Default for LogConfig {
             delete_retention_ms: DAY_MS,
             min_cleanable_dirty_ratio_bp: 5000,
             min_compaction_lag_ms: 0,
+            producer_id_expiration_ms: producer::PRODUCER_ID_EXPIRATION_MS_DEFAULT,
         }
     }
 }
@@ -196,6 +206,12 @@ impl LogConfig {
         }
         if !self.cleanup_delete && !self.cleanup_compact {
             return bad("cleanup.policy must contain delete, compact or both".into());
+        }
+        if self.producer_id_expiration_ms < 1 {
+            return bad(format!(
+                "producer.id.expiration.ms {} must be positive",
+                self.producer_id_expiration_ms
+            ));
         }
         if let FlushPolicy::IntervalMs(0) = self.flush {
             return bad("flush.ms must be positive".into());

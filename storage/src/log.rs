@@ -1,9 +1,30 @@
 //! A partition log ([`PartitionLog`]) and the per-shard [`Storage`] that opens logs and
 //! owns what they share: the tail cache, the read-handle cache of closed segments, the
-//! clock, and the background retention and interval-flush tasks.
+//! clock, and the background retention, compaction, producer-expiry and interval-flush
+//! tasks.
 //!
 //! `partition.meta` holds `log_start_offset=N` (one `key=value` a line, written
 //! atomically) so that `delete_records_before` and retention survive restarts.
+//!
+//! ## Producer state and snapshots
+//!
+//! Every log keeps its producer state ([`crate::producer`]) up to date with every
+//! append, built when the log is opened. `<offset, 20 digits>.snapshot` files hold the
+//! state as it was below `offset` (format in [`crate::producer`]), written atomically
+//! (temp file, fdatasync, rename, directory fsync):
+//!
+//! - when a segment rolls, at the new segment's base (after the old segment, its
+//!   `.txnindex` included, is sealed);
+//! - when the log is closed, at the log end;
+//! - after a recovery that had to replay more than the active segment, at the active
+//!   segment's base.
+//!
+//! Opening loads the newest snapshot at or below the recovered log end and replays
+//! only the batches after it (recovery rows R16–R19 in [`crate::segment`]). A
+//! truncation deletes the snapshots above the new end and rebuilds the same way;
+//! `reset_to` deletes them all; retention and DeleteRecords delete the snapshots below
+//! the newest one at or below the new log start (which keeps the state of producers
+//! whose batches are gone, as Kafka does).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -17,13 +38,31 @@ use glommio::io::DmaFile;
 
 use crate::batch::{self, BatchError};
 use crate::cache::{CachedBatch, LogId, TailCache};
-use crate::compact::{self, Filtered, KeyMap};
+use crate::compact::{self, AbortedSet, Filtered, KeyMap, MarkerTracker};
 use crate::file;
-use crate::producer::{BatchMeta, ProducerStateTable, Verdict};
+use crate::index::AbortedTxn;
+use crate::producer::{
+    BatchMeta, CompletedTxn, ProducerStateTable, TxnError, Verdict,
+    PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
+};
 use crate::segment::{self, RecoveryReport, Segment};
 use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
 
 const META_FILE: &str = "partition.meta";
+
+/// `<offset, 20 digits>.snapshot`: a producer-state snapshot valid below `offset`.
+pub fn snapshot_file_name(offset: i64) -> String {
+    segment::file_name(offset, "snapshot")
+}
+
+/// Parses a snapshot file name into its offset.
+pub fn parse_snapshot_name(name: &str) -> Option<i64> {
+    let stem = name.strip_suffix(".snapshot")?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
 
 /// The result of an append: the offsets the batch was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +93,62 @@ struct CleanCandidate {
     size: u64,
     next_offset: i64,
     generation: u64,
+}
+
+/// The state of one compaction pass over the cleanable segments, oldest first.
+struct CleanPass {
+    /// The latest offset of every key in the dirty segments.
+    map: KeyMap,
+    /// Tombstones and markers older than this may go (`delete.retention.ms`).
+    horizon: i64,
+    aborted: AbortedSet,
+    /// Batches the producer state remembers.
+    keeps: crate::producer::CleanerKeeps,
+    markers: MarkerTracker,
+}
+
+impl CleanPass {
+    /// What stays of batch `b` (header `h`), and whether that differs from `b`. Notes
+    /// the offsets of the ABORT markers that stay in `kept_aborts`.
+    fn clean_batch(
+        &mut self,
+        h: &batch::BatchHeader,
+        b: Bytes,
+        kept_aborts: &mut std::collections::HashSet<i64>,
+    ) -> (Option<Bytes>, bool) {
+        if h.is_control() {
+            let marker = batch::parse_end_txn_marker(&b);
+            let data_gone = self.markers.on_marker(h, marker);
+            if data_gone && h.max_timestamp < self.horizon && !self.keeps.keeps(h) {
+                return (None, true);
+            }
+            if marker.is_some_and(|m| !m.commit) {
+                kept_aborts.insert(h.base_offset);
+            }
+            return (Some(b), false);
+        }
+        let aborted = self.aborted.covering(h);
+        self.markers.on_data(h, aborted);
+        let filtered = if aborted.is_some() || h.record_count == 0 {
+            // An aborted transaction's records all go; an emptied batch has none.
+            Filtered::Dropped
+        } else {
+            compact::filter_batch(&b, |r| compact::keep_record(&self.map, r, self.horizon))
+        };
+        match filtered {
+            Filtered::Unchanged => (Some(b), false),
+            Filtered::Rewritten(v) => (Some(Bytes::from(v)), true),
+            // A batch the producer state remembers stays, empty.
+            Filtered::Dropped if self.keeps.keeps(h) => {
+                if h.record_count == 0 {
+                    (Some(b), false)
+                } else {
+                    (Some(Bytes::from(batch::emptied(&b))), true)
+                }
+            }
+            Filtered::Dropped => (None, true),
+        }
+    }
 }
 
 /// Whole batches read from a log.
@@ -126,6 +221,9 @@ pub struct Storage {
     clock: Rc<dyn Clock>,
     next_id: Cell<LogId>,
     logs: RefCell<Vec<Weak<PartitionLog>>>,
+    /// `producer.id.expiration.check.interval.ms` and when the last check ran.
+    expiry_check_interval_ms: Cell<u64>,
+    last_expiry_check_ms: Cell<i64>,
 }
 
 impl Storage {
@@ -150,9 +248,11 @@ impl Storage {
                 files: HashMap::new(),
             }),
             limits,
-            clock,
             next_id: Cell::new(1),
             logs: RefCell::new(Vec::new()),
+            expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
+            last_expiry_check_ms: Cell::new(clock.now_ms()),
+            clock,
         }))
     }
 
@@ -191,7 +291,9 @@ impl Storage {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut report = RecoveryReport::default();
-        let (segments, log_start) = recover_dir(&dir, self, &config, &mut report).await?;
+        let found = recover_dir(&dir, self, &config, &mut report).await?;
+        let log_start = found.log_start;
+        let segments = found.segments;
         let clean_offset = read_meta_key(&dir, "clean_offset")
             .unwrap_or(0)
             .max(log_start);
@@ -217,8 +319,12 @@ impl Storage {
             compacting: Cell::new(false),
             meta_writing: Cell::new(false),
             meta_dirty: Cell::new(false),
-            producers: RefCell::new(None),
+            producers: RefCell::new(ProducerStateTable::default()),
+            snapshots: RefCell::new(found.snapshots),
         });
+        // R15–R19: the producer state and the `.txnindex` entries it derives.
+        let limit = found.txn_damaged_from.unwrap_or(i64::MAX);
+        log.rebuild_producer_state(limit, &mut report).await?;
         let mut logs = self.logs.borrow_mut();
         logs.retain(|w| w.strong_count() > 0);
         logs.push(Rc::downgrade(&log));
@@ -275,6 +381,38 @@ impl Storage {
         Ok(cleaned)
     }
 
+    /// Forgets, in every open log, the producers idle for longer than the log's
+    /// `producer.id.expiration.ms`; returns how many. The background loop runs this
+    /// every `producer.id.expiration.check.interval.ms` (see
+    /// [`Storage::set_producer_expiration_check_interval_ms`]).
+    pub fn expire_producers(&self) -> usize {
+        let now = self.now_ms();
+        self.last_expiry_check_ms.set(now);
+        self.live_logs()
+            .iter()
+            .filter(|l| !l.closed.get())
+            .map(|l| l.expire_producers(now))
+            .sum()
+    }
+
+    /// Kafka's `producer.id.expiration.check.interval.ms` (default 600000): how often
+    /// the background loop expires producers. Checked on each retention pass, so it is
+    /// effectively at least `retention_check_ms`.
+    pub fn set_producer_expiration_check_interval_ms(&self, ms: u64) {
+        self.expiry_check_interval_ms.set(ms);
+    }
+
+    /// Expires producers if the check interval has passed since the last check.
+    fn expire_producers_if_due(&self) -> usize {
+        let due = self.now_ms() - self.last_expiry_check_ms.get()
+            >= self.expiry_check_interval_ms.get() as i64;
+        if due {
+            self.expire_producers()
+        } else {
+            0
+        }
+    }
+
     /// Syncs every log whose `flush.ms` interval has elapsed.
     pub async fn flush_due(&self) -> Result<(), Error> {
         let now = self.now_ms();
@@ -288,7 +426,7 @@ impl Storage {
         Ok(())
     }
 
-    /// Spawns the background retention-and-compaction and interval-flush loops on a low-share task
+    /// Spawns the background retention-compaction-and-producer-expiry and interval-flush loops on a low-share task
     /// queue of the current executor, so they yield to appends and fetches.
     pub fn spawn_background(
         self: &Rc<Self>,
@@ -311,6 +449,10 @@ impl Storage {
                     }
                     if let Err(e) = s.compact_all().await {
                         tracing::error!(error = %e, "compaction pass failed");
+                    }
+                    let expired = s.expire_producers_if_due();
+                    if expired > 0 {
+                        tracing::info!(expired, "expired idle producer ids");
                     }
                 }
             },
@@ -409,10 +551,12 @@ pub struct PartitionLog {
     /// `partition.meta` is being written (one writer at a time; see `write_meta`).
     meta_writing: Cell<bool>,
     meta_dirty: Cell<bool>,
-    /// Idempotent-producer state, built from the log on first use
-    /// ([`PartitionLog::append_checked`]) and kept up to date by every append after
-    /// that; `None` until then, and again after a truncation (rebuilt lazily).
-    producers: RefCell<Option<ProducerStateTable>>,
+    /// Producer state (idempotence and transactions), built when the log is opened
+    /// (from a snapshot and the log after it) and kept up to date by every append;
+    /// rebuilt the same way by a truncation.
+    producers: RefCell<ProducerStateTable>,
+    /// Offsets of the producer snapshots on disk.
+    snapshots: RefCell<std::collections::BTreeSet<i64>>,
 }
 
 /// The outcome of [`PartitionLog::append_checked`].
@@ -421,6 +565,36 @@ pub enum Checked {
     Appended(AppendInfo),
     /// A retry of a batch already in the log (appended again: nothing).
     Duplicate(BatchMeta),
+}
+
+/// The outcome of [`PartitionLog::append_judged`] and [`PartitionLog::append_marker`]:
+/// [`Checked`] plus refusals by the transaction rules. (A separate type so that
+/// callers matching [`Checked`] or [`Error`] exhaustively keep compiling; the broker
+/// maps [`TxnError`] to Kafka's codes: `NotTransactional` → INVALID_TXN_STATE,
+/// `CoordinatorFenced` → TRANSACTION_COORDINATOR_FENCED.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judged {
+    Appended(AppendInfo),
+    /// A retry of a batch already in the log (appended again: nothing).
+    Duplicate(BatchMeta),
+    /// Refused by the transaction rules; nothing appended.
+    Refused(TxnError),
+}
+
+/// How an append is judged against the producer state before it gets offsets.
+#[derive(Debug, Clone, Copy)]
+enum Judge {
+    /// Replicated or replayed data: recorded, not checked (the leader checked).
+    Trusted,
+    /// A client's batch on the leader: the sequence rules, and with `txn` the
+    /// transaction rule too.
+    Client { txn: bool },
+    /// An end-transaction marker written by this leader: the epoch rules.
+    Marker {
+        producer_id: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+    },
 }
 
 /// Clears a flag when dropped, even if the holder's future is cancelled.
@@ -593,47 +767,77 @@ impl PartitionLog {
     /// batches of one producer are judged in the order they are appended. A retry of a
     /// batch already in the log appends nothing and answers with that batch's offsets
     /// (durable only as far as the log is: the caller flushes before acknowledging);
-    /// an out-of-order or stale-epoch batch is refused with [`Error::Sequence`].
+    /// an out-of-order or stale-epoch batch is refused with [`Error::Sequence`], a
+    /// control batch with [`BatchError::ControlBatchFromClient`].
+    ///
+    /// The transaction rule (no plain batch while the producer's transaction is open)
+    /// is [`Self::append_judged`]'s; this one, which predates it, lets such a batch in.
     pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
+        match self.append_client(batch, leader_epoch, false).await? {
+            Judged::Appended(info) => Ok(Checked::Appended(info)),
+            Judged::Duplicate(meta) => Ok(Checked::Duplicate(meta)),
+            Judged::Refused(e) => unreachable!("the transaction rule is off: {e}"),
+        }
+    }
+
+    /// [`Self::append_checked`] with Kafka's transaction rule as well: a producer with an
+    /// open transaction may only write transactional batches
+    /// ([`Judged::Refused`] with [`TxnError::NotTransactional`] otherwise).
+    pub async fn append_judged(&self, batch: &[u8], leader_epoch: i32) -> Result<Judged, Error> {
+        self.append_client(batch, leader_epoch, true).await
+    }
+
+    async fn append_client(
+        &self,
+        batch: &[u8],
+        leader_epoch: i32,
+        txn: bool,
+    ) -> Result<Judged, Error> {
         self.check_size(batch)?;
         let header = batch::validate(batch, true)?;
-        if header.producer_id >= 0 {
-            self.ensure_producer_state().await?;
+        if header.is_control() {
+            return Err(BatchError::ControlBatchFromClient.into());
         }
-        self.append_inner(batch, header, leader_epoch, true, true)
+        self.append_inner(batch, header, leader_epoch, true, Judge::Client { txn })
             .await
     }
 
-    /// Builds the producer state from the log if it is not built (a scan of the batch
-    /// headers from the log start; snapshots to bound it are the exactly-once issue's).
-    async fn ensure_producer_state(&self) -> Result<(), Error> {
-        while self.producers.borrow().is_none() {
-            let _guard = self.lock().await;
-            if self.producers.borrow().is_some() {
-                break;
-            }
-            let mut table = ProducerStateTable::default();
-            let end = self.log_end_offset();
-            let mut offset = self.log_start_offset();
-            while offset < end {
-                let r = self.read(offset, 1 << 20, Some(end)).await?;
-                if r.records.is_empty() || r.next_offset <= offset {
-                    break;
-                }
-                for (h, _) in batch::split_batches(&r.records)? {
-                    table.record(&h, h.base_offset);
-                }
-                offset = r.next_offset;
-            }
-            // Appends wait for the lock's holder (busy): nothing was appended meanwhile.
-            *self.producers.borrow_mut() = Some(table);
-        }
-        Ok(())
+    /// Writes an end-transaction marker for `producer_id` at `producer_epoch` (a
+    /// leader, for the transaction coordinator's WriteTxnMarkers): COMMIT or ABORT,
+    /// stamped with `coordinator_epoch`. Kafka's checks, in the step that assigns the
+    /// offset: a producer epoch below the producer's current one is refused with
+    /// [`Error::Sequence`] (INVALID_PRODUCER_EPOCH), a coordinator epoch below the last
+    /// marker's with [`Judged::Refused`] ([`TxnError::CoordinatorFenced`]). A marker for
+    /// a producer with no open transaction (a retry) is written, and closes nothing.
+    /// Closing an aborted transaction adds it to the segment's `.txnindex`. Followers
+    /// copy markers with [`Self::append_with_offsets`], which updates the same state.
+    pub async fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        leader_epoch: i32,
+    ) -> Result<Judged, Error> {
+        let marker = batch::EndTxnMarker {
+            commit,
+            coordinator_epoch,
+        };
+        let bytes =
+            batch::end_txn_marker_batch(producer_id, producer_epoch, marker, self.storage.now_ms());
+        let header = batch::validate(&bytes, true)?;
+        let judge = Judge::Marker {
+            producer_id,
+            epoch: producer_epoch,
+            coordinator_epoch,
+        };
+        self.append_inner(&bytes, header, leader_epoch, true, judge)
+            .await
     }
 
     /// Appends a batch that already carries its offsets (a follower copying its leader,
     /// or a compacted batch): validated, but offsets are kept, only required to follow
-    /// the log end.
+    /// the log end. Its producer state (markers included) is recorded unchecked.
     pub async fn append_with_offsets(&self, batch: &[u8]) -> Result<AppendInfo, Error> {
         let header = batch::validate(batch, false)?;
         self.append_validated(batch, header, header.leader_epoch, false)
@@ -648,24 +852,54 @@ impl PartitionLog {
         assign_offsets: bool,
     ) -> Result<AppendInfo, Error> {
         match self
-            .append_inner(batch, header, leader_epoch, assign_offsets, false)
+            .append_inner(batch, header, leader_epoch, assign_offsets, Judge::Trusted)
             .await?
         {
-            Checked::Appended(info) => Ok(info),
-            Checked::Duplicate(_) => unreachable!("only a checked append finds duplicates"),
+            Judged::Appended(info) => Ok(info),
+            other => unreachable!("an unjudged append was judged: {other:?}"),
         }
     }
 
-    /// Appends one validated batch; with `check`, judges it against the producer state
-    /// first (in the same synchronous step that assigns its offsets).
+    /// Judges a batch against the producer state before it is appended: `Some` is the
+    /// answer instead of appending.
+    fn judge(&self, header: &batch::BatchHeader, judge: Judge) -> Result<Option<Judged>, Error> {
+        let table = self.producers.borrow();
+        match judge {
+            Judge::Trusted => {}
+            Judge::Client { txn } => {
+                if let Verdict::Duplicate(meta) = table.check(header)? {
+                    return Ok(Some(Judged::Duplicate(meta)));
+                }
+                if txn {
+                    if let Err(e) = table.check_txn(header) {
+                        return Ok(Some(Judged::Refused(e)));
+                    }
+                }
+            }
+            Judge::Marker {
+                producer_id,
+                epoch,
+                coordinator_epoch,
+            } => {
+                table.check_marker_epoch(producer_id, epoch)?;
+                if let Err(e) = table.check_marker_coordinator(producer_id, coordinator_epoch) {
+                    return Ok(Some(Judged::Refused(e)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Appends one validated batch; judges it against the producer state first (in the
+    /// same synchronous step that assigns its offsets).
     async fn append_inner(
         &self,
         batch: &[u8],
         header: batch::BatchHeader,
         leader_epoch: i32,
         assign_offsets: bool,
-        check: bool,
-    ) -> Result<Checked, Error> {
+        judge: Judge,
+    ) -> Result<Judged, Error> {
         self.check_open()?;
         let span = if assign_offsets {
             i64::from(header.last_offset_delta)
@@ -677,15 +911,8 @@ impl PartitionLog {
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
         let (info, log_file, target) = {
-            // Batches without a producer id are not sequenced: nothing to judge.
-            if check && header.producer_id >= 0 {
-                let producers = self.producers.borrow();
-                let table = producers
-                    .as_ref()
-                    .expect("producer state built before a checked append");
-                if let Verdict::Duplicate(meta) = table.check(&header)? {
-                    return Ok(Checked::Duplicate(meta));
-                }
+            if let Some(answer) = self.judge(&header, judge)? {
+                return Ok(answer);
             }
             let mut st = self.state.borrow_mut();
             let base = if assign_offsets {
@@ -716,6 +943,9 @@ impl PartitionLog {
             let log_file = files.log.clone();
             let target = log_file.push_bytes(data.clone())?;
             assert_eq!(target, seg.size, "appended position is the segment size");
+            if let Some(done) = self.producers.borrow_mut().apply(&h, &data) {
+                index_completed(seg, &done);
+            }
             self.storage.cache.borrow_mut().insert(
                 self.id,
                 CachedBatch {
@@ -724,9 +954,6 @@ impl PartitionLog {
                     data,
                 },
             );
-            if let Some(table) = self.producers.borrow_mut().as_mut() {
-                table.record(&h, h.base_offset);
-            }
             let info = AppendInfo {
                 base_offset: h.base_offset,
                 last_offset: h.last_offset(),
@@ -737,7 +964,7 @@ impl PartitionLog {
         };
         self.append_event.notify(usize::MAX);
         log_file.wait_written(target).await?;
-        Ok(Checked::Appended(info))
+        Ok(Judged::Appended(info))
     }
 
     /// Rolls to a new segment first if the next `incoming` bytes would overflow
@@ -782,17 +1009,28 @@ impl PartitionLog {
     }
 
     /// Rolls to a new active segment based at `base` (default: the log end; a larger
-    /// base leaves a gap of offsets no record will ever have).
+    /// base leaves a gap of offsets no record will ever have). The old segment is
+    /// sealed (its `.txnindex` too), then the producer state is snapshotted at the new
+    /// base, then the new segment is created.
     async fn roll_locked_at(&self, base: Option<i64>) -> Result<(), Error> {
-        let (files, new_base) = {
+        let (files, new_base, txn_file) = {
             let mut st = self.state.borrow_mut();
             let seg = st.active_mut();
             let end = seg.next_offset;
-            (seg.begin_close()?, base.unwrap_or(end).max(end))
+            let txn_file = seg.txn_dirty.then(|| seg.txn_index_file());
+            (seg.begin_close()?, base.unwrap_or(end).max(end), txn_file)
         };
+        // Appends wait for the lock's holder: the state is the one at the log end,
+        // which (no records lie between) is the one at the new base.
+        let snapshot = self.producers.borrow().encode_snapshot(new_base);
         for f in &files {
             f.seal().await?;
         }
+        if let Some(t) = txn_file {
+            t.write().await?;
+            self.state.borrow_mut().active_mut().txn_dirty = false;
+        }
+        self.write_snapshot(new_base, &snapshot).await?;
         let now = self.storage.now_ms();
         let seg = Segment::create(
             &self.dir,
@@ -827,12 +1065,236 @@ impl PartitionLog {
             let _guard = self.lock().await;
             self.flush().await?;
             self.roll_locked_at(Some(offset)).await?;
-            // Nothing below the new start stays: forget the producers (Kafka too
-            // forgets them when it truncates fully).
-            *self.producers.borrow_mut() = None;
+            // Nothing below the new start stays: forget the producers and their
+            // snapshots (Kafka's truncateFullyAndStartAt). A crash before this leaves
+            // the snapshot the roll wrote, which holds what the old log held.
+            *self.producers.borrow_mut() = ProducerStateTable::default();
+            let all: Vec<i64> = self.snapshots.borrow().iter().copied().collect();
+            self.remove_snapshots(&all).await;
         }
         self.delete_records_before(offset).await?;
         Ok(())
+    }
+
+    /// Writes the producer snapshot `bytes` (encoded at `offset`) atomically.
+    async fn write_snapshot(&self, offset: i64, bytes: &[u8]) -> Result<(), Error> {
+        file::write_atomic(&self.dir.join(snapshot_file_name(offset)), bytes).await?;
+        self.snapshots.borrow_mut().insert(offset);
+        Ok(())
+    }
+
+    /// Deletes the snapshots at `offsets` (best effort: a snapshot left behind above
+    /// the log end is deleted by the next recovery, R18; one below is only older).
+    async fn remove_snapshots(&self, offsets: &[i64]) {
+        for o in offsets {
+            self.snapshots.borrow_mut().remove(o);
+            let _ = file::remove(self.dir.join(snapshot_file_name(*o))).await;
+        }
+    }
+
+    /// Rebuilds the producer state for the log as it stands (recovery rows R16–R19 in
+    /// [`crate::segment`]): loads the newest readable snapshot at or below both the log
+    /// end and `limit` (deleting those above the end and those that do not read back),
+    /// then replays the batches from there (from the log start if that is later),
+    /// recomputing the `.txnindex` entries of every marker replayed. Repaired indexes
+    /// of closed segments are written, and if the replay began below the active
+    /// segment, a snapshot at its base is written after them.
+    ///
+    /// Runs when the log is opened (before anyone else can use it) and under the log's
+    /// lock (truncation), so no append interleaves.
+    async fn rebuild_producer_state(
+        &self,
+        limit: i64,
+        report: &mut RecoveryReport,
+    ) -> Result<(), Error> {
+        let (start, end, active_base) = {
+            let st = self.state.borrow();
+            (st.log_start, st.log_end(), st.active().base_offset)
+        };
+        let above: Vec<i64> = self.snapshots.borrow().range(end + 1..).copied().collect();
+        report.deleted_snapshots += above.len() as u32;
+        self.remove_snapshots(&above).await; // R18
+        let (loaded, mut table) = self.load_newest_snapshot(limit.min(end), report).await?;
+        let expiration_ms = self.config.borrow().producer_id_expiration_ms;
+        table.expire(self.storage.now_ms(), expiration_ms);
+        report.producer_snapshot = loaded;
+        let from = loaded.unwrap_or(start).max(start);
+        {
+            let mut st = self.state.borrow_mut();
+            for seg in st.segments.iter_mut().filter(|s| s.next_offset > from) {
+                if seg.txn_index.truncate_to_offset(from) {
+                    seg.txn_dirty = true;
+                }
+            }
+        }
+        let mut at_active = None;
+        let mut offset = from;
+        while offset < end {
+            let (records, next) = self.replay_chunk(offset, end).await?;
+            if next <= offset {
+                break;
+            }
+            for (h, bytes) in batch::stored_batches(&records) {
+                if from < active_base && at_active.is_none() && h.base_offset >= active_base {
+                    at_active = Some(table.encode_snapshot(active_base));
+                }
+                report.replayed_batches += 1;
+                if let Some(done) = table.apply(&h, bytes) {
+                    let mut st = self.state.borrow_mut();
+                    let i = st.segment_index_for(done.last_offset);
+                    index_completed(&mut st.segments[i], &done);
+                }
+            }
+            offset = next;
+        }
+        if from < active_base && at_active.is_none() {
+            at_active = Some(table.encode_snapshot(active_base));
+        }
+        *self.producers.borrow_mut() = table;
+        self.write_closed_txn_indexes().await?;
+        if let Some(bytes) = at_active {
+            if !self.snapshots.borrow().contains(&active_base) {
+                self.write_snapshot(active_base, &bytes).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The batches from `offset` for a replay, and the offset after them. Recovery
+    /// validated every byte a crash could have torn, so a batch failing its CRC here is
+    /// bit rot: reads refuse to serve it, and the replay steps over it (with an error
+    /// logged) rather than leaving the log unopenable, as Kafka's replay, which does not
+    /// check CRCs, would.
+    async fn replay_chunk(&self, offset: i64, end: i64) -> Result<(Bytes, i64), Error> {
+        match self.read(offset, 1 << 20, Some(end)).await {
+            Err(Error::Corrupt { .. }) => {}
+            res => {
+                let r = res?;
+                return Ok((r.records, r.next_offset));
+            }
+        }
+        // Up to the damaged batch one batch at a time, then over it.
+        match self.read(offset, 1, Some(end)).await {
+            Err(Error::Corrupt {
+                path,
+                position,
+                reason,
+            }) => {
+                let next = self.offset_after_damage(&path, position, offset).await?;
+                tracing::error!(log = %self.name, path, position, reason, offset, next, "producer-state replay skips a damaged batch");
+                Ok((Bytes::new(), next))
+            }
+            res => {
+                let r = res?;
+                Ok((r.records, r.next_offset))
+            }
+        }
+    }
+
+    /// The offset after the damaged batch at byte `position` of the segment file
+    /// `path`, read from its header if that is plausible, else the end of that segment.
+    async fn offset_after_damage(
+        &self,
+        path: &str,
+        position: u64,
+        offset: i64,
+    ) -> Result<i64, Error> {
+        let (base, next_offset, generation, active) = {
+            let st = self.state.borrow();
+            let seg = st
+                .segments
+                .iter()
+                .find(|s| s.path("log").display().to_string() == path)
+                .ok_or_else(|| Error::Corrupt {
+                    path: path.to_string(),
+                    position,
+                    reason: "damaged batch in no segment of the log".into(),
+                })?;
+            let active = seg.active.as_ref().map(|a| a.log.dma_file().clone());
+            (seg.base_offset, seg.next_offset, seg.generation, active)
+        };
+        let seg_path = self.dir.join(segment::file_name(base, "log"));
+        let file = match active {
+            Some(f) => Some(f),
+            None => self.segment_file(base, &seg_path, generation).await?,
+        };
+        let head = match file {
+            Some(f) => f.read_at(position, batch::HEADER_BYTES).await.ok(),
+            None => None,
+        };
+        let plausible = head
+            .and_then(|h| batch::BatchHeader::parse(&h).ok())
+            .map(|h| h.last_offset())
+            .filter(|last| *last >= offset && *last < next_offset);
+        Ok(plausible
+            .map_or(next_offset, |last| last + 1)
+            .max(offset + 1))
+    }
+
+    /// The newest snapshot at or below `limit` that reads back (R16), deleting those that
+    /// do not (R17); `None` and an empty table if there is none (R19).
+    async fn load_newest_snapshot(
+        &self,
+        limit: i64,
+        report: &mut RecoveryReport,
+    ) -> Result<(Option<i64>, ProducerStateTable), Error> {
+        loop {
+            let newest = self.snapshots.borrow().range(..=limit).next_back().copied();
+            let Some(offset) = newest else {
+                return Ok((None, ProducerStateTable::default()));
+            };
+            let path = self.dir.join(snapshot_file_name(offset));
+            let decoded = segment::read_whole(&path)
+                .await?
+                .ok_or_else(|| crate::producer::SnapshotError("missing".into()))
+                .and_then(|b| ProducerStateTable::decode_snapshot(&b));
+            match decoded {
+                Ok((o, table)) if o == offset => return Ok((Some(offset), table)),
+                res => {
+                    let why = res
+                        .err()
+                        .map_or("offset differs from its name".into(), |e| e.0);
+                    tracing::warn!(log = %self.name, offset, why, "deleting unreadable producer snapshot");
+                    report.deleted_snapshots += 1;
+                    self.remove_snapshots(&[offset]).await;
+                }
+            }
+        }
+    }
+
+    /// Writes the `.txnindex` of every closed segment whose entries changed.
+    async fn write_closed_txn_indexes(&self) -> Result<(), Error> {
+        let files: Vec<(i64, segment::TxnIndexFile)> = {
+            let st = self.state.borrow();
+            let closed = &st.segments[..st.segments.len() - 1];
+            closed
+                .iter()
+                .filter(|s| s.txn_dirty)
+                .map(|s| (s.base_offset, s.txn_index_file()))
+                .collect()
+        };
+        for (base, f) in files {
+            f.write().await?;
+            let mut st = self.state.borrow_mut();
+            if let Some(s) = st.segments.iter_mut().find(|s| s.base_offset == base) {
+                s.txn_dirty = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshots below the newest one at or below the log start carry nothing the
+    /// newest does not: delete them (retention, DeleteRecords).
+    async fn delete_snapshots_below_start(&self) {
+        let start = self.log_start_offset();
+        let old: Vec<i64> = {
+            let snaps = self.snapshots.borrow();
+            match snaps.range(..=start).next_back() {
+                Some(&keep) => snaps.range(..keep).copied().collect(),
+                None => Vec::new(),
+            }
+        };
+        self.remove_snapshots(&old).await;
     }
 
     /// Makes everything appended so far durable (group-committed fdatasync), then
@@ -1065,8 +1527,6 @@ impl PartitionLog {
             });
         }
         self.storage.cache.borrow_mut().invalidate(self.id);
-        // The producer state may hold batches about to go: rebuilt on next use.
-        *self.producers.borrow_mut() = None;
         // Drop whole segments above the one holding `offset`.
         let removed: Vec<Segment> = {
             let mut st = self.state.borrow_mut();
@@ -1107,7 +1567,34 @@ impl PartitionLog {
         for (f, len) in cuts {
             f.truncate(len).await?;
         }
+        // Aborted transactions whose markers went, and snapshots of states that
+        // included cut batches, go with them (before the log can grow back).
+        let new_end = self.log_end_offset();
+        {
+            let mut st = self.state.borrow_mut();
+            let seg = st.active_mut();
+            if seg.txn_index.truncate_to_offset(new_end) {
+                seg.txn_dirty = true;
+            }
+        }
+        let above: Vec<i64> = self
+            .snapshots
+            .borrow()
+            .range(new_end + 1..)
+            .copied()
+            .collect();
+        self.remove_snapshots(&above).await;
         file::sync_dir(&self.dir).await?;
+        self.rebuild_producer_state(i64::MAX, &mut RecoveryReport::default())
+            .await?;
+        let txn_file = {
+            let st = self.state.borrow();
+            st.active().txn_dirty.then(|| st.active().txn_index_file())
+        };
+        if let Some(t) = txn_file {
+            t.write().await?;
+            self.state.borrow_mut().active_mut().txn_dirty = false;
+        }
         if self.log_end_offset() < log_start {
             // The batch holding `offset` began below the log start (DeleteRecords
             // inside a batch), so nothing at or above the start is left: start over,
@@ -1242,6 +1729,7 @@ impl PartitionLog {
             self.remove_segment_files(base).await;
             deleted += 1;
         }
+        self.delete_snapshots_below_start().await;
         Ok(deleted)
     }
 
@@ -1293,6 +1781,7 @@ impl PartitionLog {
         }
         if deleted > 0 {
             self.write_meta().await?;
+            self.delete_snapshots_below_start().await;
             tracing::info!(log = %self.name, deleted, log_start = self.log_start_offset(), "retention deleted segments");
         }
         Ok(deleted)
@@ -1314,12 +1803,16 @@ impl PartitionLog {
         self.compacting.set(true);
         let _compacting = FlagGuard(&self.compacting);
         let now = self.storage.now_ms();
+        // Records of open transactions are never cleaned: stop below the first of them.
+        let unstable = self.first_unstable_offset().unwrap_or(i64::MAX);
         let (cands, clean_offset) = {
             let st = self.state.borrow();
             let closed = &st.segments[..st.segments.len() - 1];
             let cands: Vec<CleanCandidate> = closed
                 .iter()
-                .take_while(|s| s.max_timestamp <= now - cfg.min_compaction_lag_ms)
+                .take_while(|s| {
+                    s.max_timestamp <= now - cfg.min_compaction_lag_ms && s.next_offset <= unstable
+                })
                 .map(|s| CleanCandidate {
                     base: s.base_offset,
                     size: s.size,
@@ -1339,6 +1832,7 @@ impl PartitionLog {
             return Ok(None);
         }
         let budget = self.storage.limits.cleaner_map_bytes_max;
+        let aborted = AbortedSet::new(self.aborted_index());
         let mut map = KeyMap::default();
         let mut last = None;
         for (i, c) in cands.iter().enumerate() {
@@ -1349,7 +1843,11 @@ impl PartitionLog {
             let mut pos = 0;
             while let Some((batches, next)) = self.segment_batches(c, pos).await? {
                 for b in &batches {
-                    seg_map.add_batch(b);
+                    // Aborted records must not hide committed ones of the same key.
+                    let h = batch::BatchHeader::parse(b)?;
+                    if aborted.covering(&h).is_none() {
+                        seg_map.add_batch(b);
+                    }
                 }
                 pos = next;
                 if map.bytes() + seg_map.bytes() > budget {
@@ -1367,10 +1865,16 @@ impl PartitionLog {
             last = Some(i);
         }
         let Some(last) = last else { return Ok(None) };
-        let horizon = now - cfg.delete_retention_ms;
+        let mut pass = CleanPass {
+            map,
+            horizon: now - cfg.delete_retention_ms,
+            aborted,
+            keeps: self.producers.borrow().cleaner_keeps(),
+            markers: MarkerTracker::default(),
+        };
         let mut stats = CompactStats::default();
         for c in &cands[..=last] {
-            self.clean_segment(c, &map, horizon, &mut stats).await?;
+            self.clean_segment(c, &mut pass, &mut stats).await?;
         }
         stats.clean_offset = cands[last].next_offset;
         self.state.borrow_mut().clean_offset = stats.clean_offset;
@@ -1411,12 +1915,11 @@ impl PartitionLog {
         Ok(Some((batches, next)))
     }
 
-    /// Rewrites one segment against `map` into `<base>.*.cleaned` files and swaps them in.
+    /// Rewrites one segment for `pass` into `<base>.*.cleaned` files and swaps them in.
     async fn clean_segment(
         &self,
         c: &CleanCandidate,
-        map: &KeyMap,
-        horizon: i64,
+        pass: &mut CleanPass,
         stats: &mut CompactStats,
     ) -> Result<(), Error> {
         let cleaned = |ext: &str| {
@@ -1429,22 +1932,15 @@ impl PartitionLog {
         let mut seg = Segment::empty(&self.dir, c.base, self.storage.now_ms());
         let interval = self.config.borrow().index_interval_bytes;
         let mut changed = false;
+        // ABORT markers kept in this segment: their `.txnindex` entries stay.
+        let mut kept_aborts = std::collections::HashSet::new();
         let mut pos = 0;
         while let Some((batches, next)) = self.segment_batches(c, pos).await? {
             for b in batches {
-                let before = batch::BatchHeader::parse(&b)?.record_count;
-                let kept =
-                    match compact::filter_batch(&b, |r| compact::keep_record(map, r, horizon)) {
-                        Filtered::Unchanged => Some(b),
-                        Filtered::Rewritten(v) => {
-                            changed = true;
-                            Some(Bytes::from(v))
-                        }
-                        Filtered::Dropped => {
-                            changed = true;
-                            None
-                        }
-                    };
+                let h = batch::BatchHeader::parse(&b)?;
+                let before = h.record_count;
+                let (kept, batch_changed) = pass.clean_batch(&h, b, &mut kept_aborts);
+                changed |= batch_changed;
                 let after = match &kept {
                     Some(k) => batch::BatchHeader::parse(k)?.record_count,
                     None => 0,
@@ -1471,6 +1967,19 @@ impl PartitionLog {
         seg.close_time_index();
         let idx = seg.index_files_at(&cleaned("index"), &cleaned("timeindex"));
         idx.write().await?;
+        let mut txn_index = self
+            .state
+            .borrow()
+            .segments
+            .iter()
+            .find(|s| s.base_offset == c.base)
+            .map(|s| s.txn_index.clone())
+            .unwrap_or_default();
+        txn_index.retain(|e| kept_aborts.contains(&e.last_offset));
+        seg.txn_index = txn_index;
+        if !seg.txn_index.is_empty() {
+            seg.txn_index_file_at(&cleaned("txnindex")).write().await?;
+        }
         stats.bytes_before += c.size;
         stats.bytes_after += seg.size;
         self.swap_cleaned(c, seg, stats).await
@@ -1495,7 +2004,7 @@ impl PartitionLog {
         };
         if !self.segment_unchanged(c.base, c.generation) {
             // Retention or truncation removed it meanwhile.
-            for ext in ["log", "index", "timeindex"] {
+            for ext in ["log", "index", "timeindex", "txnindex"] {
                 let _ = file::remove(cleaned(ext)).await;
             }
             return Ok(());
@@ -1507,12 +2016,14 @@ impl PartitionLog {
             let _ = file::remove(name(ext)).await;
         }
         if seg.size == 0 {
-            // Nothing left in it: the segment goes away entirely.
+            // Nothing left in it: the segment goes away entirely (its markers went, so
+            // its `.txnindex` lists nothing left to filter).
             let _ = file::remove(cleaned("log")).await;
             let _ = file::remove(name("log")).await;
-            for ext in ["index", "timeindex"] {
+            for ext in ["index", "timeindex", "txnindex"] {
                 let _ = file::remove(cleaned(ext)).await;
             }
+            let _ = file::remove(name("txnindex")).await;
             file::sync_dir(&self.dir).await?;
             self.storage.handles.borrow_mut().forget(&name("log"));
             self.storage.cache.borrow_mut().invalidate(self.id);
@@ -1528,6 +2039,17 @@ impl PartitionLog {
                 .await
                 .map_err(io(name(ext)))?;
         }
+        // The `.txnindex` is replaced by rename, never removed first: with the old
+        // `.log` it must list every aborted transaction there. An entry only goes when
+        // its marker went, which needs its data gone already, so the old index with
+        // the new log, or the new index with the old log, both filter correctly.
+        if seg.txn_index.is_empty() {
+            let _ = file::remove(name("txnindex")).await;
+        } else {
+            file::rename(cleaned("txnindex"), name("txnindex"))
+                .await
+                .map_err(io(name("txnindex")))?;
+        }
         file::sync_dir(&self.dir).await?;
         self.storage.handles.borrow_mut().forget(&name("log"));
         // The tail cache may hold batches of the segment as they were before.
@@ -1537,6 +2059,8 @@ impl PartitionLog {
             old.size = seg.size;
             old.index = seg.index;
             old.time_index = seg.time_index;
+            old.txn_index = seg.txn_index;
+            old.txn_dirty = false;
             old.generation = segment::next_generation();
         }
         stats.segments_rewritten += 1;
@@ -1558,10 +2082,95 @@ impl PartitionLog {
         if let Some(f) = files {
             f.seal().await?;
         }
-        let indexes = self.state.borrow().active().index_files();
+        let (indexes, txn_file, end) = {
+            let st = self.state.borrow();
+            let a = st.active();
+            (
+                a.index_files(),
+                a.txn_dirty.then(|| a.txn_index_file()),
+                st.log_end(),
+            )
+        };
         indexes.write().await?;
+        if let Some(t) = txn_file {
+            t.write().await?;
+            self.state.borrow_mut().active_mut().txn_dirty = false;
+        }
+        // The next open then loads this and replays nothing.
+        if !self.snapshots.borrow().contains(&end) {
+            let snapshot = self.producers.borrow().encode_snapshot(end);
+            self.write_snapshot(end, &snapshot).await?;
+        }
         self.storage.cache.borrow_mut().invalidate(self.id);
         Ok(())
+    }
+
+    /// Kafka's first unstable offset: the lowest first offset of the transactions still
+    /// open (no marker yet); `None` when none is. The broker's last stable offset is
+    /// `min(this, high watermark)`; `read_committed` fetches stop there.
+    pub fn first_unstable_offset(&self) -> Option<i64> {
+        self.producers.borrow().first_unstable_offset()
+    }
+
+    /// The aborted transactions a `read_committed` fetch of `[fetch_offset,
+    /// upper_bound)` must report, as (producer id, first offset): Kafka's
+    /// `collectAbortedTransactions` — every aborted transaction whose marker is at or
+    /// after `fetch_offset` and whose first offset is below `upper_bound`, searching the
+    /// `.txnindex` of the segment holding `fetch_offset` and the later ones until an
+    /// entry's last stable offset reaches `upper_bound`. Pass the offset after the last
+    /// batch returned as the bound.
+    pub fn aborted_transactions(&self, fetch_offset: i64, upper_bound: i64) -> Vec<(i64, i64)> {
+        let st = self.state.borrow();
+        let mut found = Vec::new();
+        for seg in &st.segments[st.segment_index_for(fetch_offset)..] {
+            if seg.txn_index.collect(fetch_offset, upper_bound, &mut found) {
+                break;
+            }
+        }
+        found
+            .into_iter()
+            .map(|t| (t.producer_id, t.first_offset))
+            .collect()
+    }
+
+    /// Every `.txnindex` entry of the log, oldest marker first (diagnostics, tests).
+    pub fn aborted_index(&self) -> Vec<AbortedTxn> {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .flat_map(|s| s.txn_index.entries().iter().copied())
+            .collect()
+    }
+
+    /// A copy of the producer state (diagnostics, tests).
+    pub fn producer_state(&self) -> ProducerStateTable {
+        self.producers.borrow().clone()
+    }
+
+    /// Offsets of the producer snapshots on disk, oldest first.
+    pub fn snapshot_offsets(&self) -> Vec<i64> {
+        self.snapshots.borrow().iter().copied().collect()
+    }
+
+    /// Forgets the producers idle for `producer.id.expiration.ms` or longer as of
+    /// `now_ms` (Kafka's rule: those with an open transaction stay); returns how many.
+    pub fn expire_producers(&self, now_ms: i64) -> usize {
+        let expiration_ms = self.config.borrow().producer_id_expiration_ms;
+        self.producers.borrow_mut().expire(now_ms, expiration_ms)
+    }
+}
+
+/// Adds a transaction a marker just closed to the `.txnindex` of `seg` (the segment
+/// holding the marker) if it was aborted.
+fn index_completed(seg: &mut Segment, done: &CompletedTxn) {
+    if done.aborted {
+        seg.txn_index.push(AbortedTxn {
+            producer_id: done.producer_id,
+            first_offset: done.first_offset,
+            last_offset: done.last_offset,
+            last_stable_offset: done.last_stable_offset,
+        });
+        seg.txn_dirty = true;
     }
 }
 
@@ -1579,14 +2188,26 @@ fn concat(chunks: Vec<Bytes>) -> Bytes {
     }
 }
 
-/// Opens every segment in `dir` (recovering each) and returns them with the log start.
+/// What [`recover_dir`] found.
+struct Found {
+    segments: Vec<Segment>,
+    log_start: i64,
+    /// Offsets of the producer snapshots in the directory.
+    snapshots: std::collections::BTreeSet<i64>,
+    /// The base of the first segment whose `.txnindex` was damaged (R15).
+    txn_damaged_from: Option<i64>,
+}
+
+/// Opens every segment in `dir` (recovering each) and returns them with the log start
+/// and the snapshots found.
 async fn recover_dir(
     dir: &Path,
     storage: &Storage,
     config: &LogConfig,
     report: &mut RecoveryReport,
-) -> Result<(Vec<Segment>, i64), Error> {
+) -> Result<Found, Error> {
     let mut bases = Vec::new();
+    let mut snapshots = std::collections::BTreeSet::new();
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     let mut others = Vec::new();
     for entry in entries {
@@ -1594,6 +2215,8 @@ async fn recover_dir(
         let name = entry.file_name().to_string_lossy().to_string();
         if let Some(base) = segment::parse_log_name(&name) {
             bases.push(base);
+        } else if let Some(offset) = parse_snapshot_name(&name) {
+            snapshots.insert(offset);
         } else {
             others.push(name);
         }
@@ -1602,7 +2225,9 @@ async fn recover_dir(
     // R12: temp files and indexes whose log is gone.
     for name in others {
         let stem = name.split('.').next().unwrap_or("");
-        let orphan_index = (name.ends_with(".index") || name.ends_with(".timeindex"))
+        let orphan_index = [".index", ".timeindex", ".txnindex"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
             && !stem.parse::<i64>().is_ok_and(|b| bases.contains(&b));
         if name.ends_with(".tmp") || name.ends_with(".cleaned") || orphan_index {
             let _ = std::fs::remove_file(dir.join(&name));
@@ -1611,6 +2236,7 @@ async fn recover_dir(
     }
     let now = storage.now_ms();
     let mut segments: Vec<Segment> = Vec::new();
+    let mut txn_damaged_from = None;
     let mut iter = bases.into_iter();
     while let Some(base) = iter.next() {
         if let Some(prev) = segments.last() {
@@ -1636,10 +2262,13 @@ async fn recover_dir(
                 });
             }
         }
-        let (seg, truncated) =
+        let (seg, found) =
             Segment::recover(dir, base, now, config.index_interval_bytes, report).await?;
+        if found.txn_index_damaged && txn_damaged_from.is_none() {
+            txn_damaged_from = Some(base);
+        }
         segments.push(seg);
-        if truncated {
+        if found.truncated {
             // R11: nothing after a torn segment can be trusted to be contiguous.
             for later in iter.by_ref() {
                 Segment::remove_files(dir, later).await;
@@ -1679,7 +2308,12 @@ async fn recover_dir(
         clean_offset: 0,
     };
     st.check_invariants();
-    Ok((st.segments, st.log_start))
+    Ok(Found {
+        segments: st.segments,
+        log_start: st.log_start,
+        snapshots,
+        txn_damaged_from,
+    })
 }
 
 fn read_meta_key(dir: &Path, key: &str) -> Option<i64> {

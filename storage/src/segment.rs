@@ -1,5 +1,5 @@
-//! One segment of a partition log: the `.log` file of batches, its sparse `.index` and
-//! its `.timeindex`, plus in-memory bookkeeping. The last segment of a log is *active*
+//! One segment of a partition log: the `.log` file of batches, its sparse `.index`, its
+//! `.timeindex` and its `.txnindex` (aborted transactions), plus in-memory bookkeeping. The last segment of a log is *active*
 //! (open for appends, through [`AppendFile`]s); the others are closed, trimmed to their
 //! logical length, and read through the shard's read-handle cache.
 //!
@@ -23,9 +23,28 @@
 //! | R10 | empty segment file | size 0 | kept as the active segment if last; removed if not last (an empty segment overlapping its predecessor is what a roll that failed half-way leaves) |
 //! | R11 | a closed segment found torn (R2–R5 in a non-last segment) | valid end < file size | truncate it and delete every later segment (offsets must stay contiguous) |
 //! | R12 | leftover `*.tmp` and `*.cleaned` files (a crash while writing a file or compacting), index files without a `.log` | names | removed |
+//! | R15 | `.txnindex` damaged: a torn or garbage tail, or entries whose marker lies past the validated end | [`TxnIndex::decode`] stops early; entry check | keep the valid prefix and rebuild the segment's entries from the log (see R16) |
 //!
 //! R13 (log start checkpoint missing or beyond the log end) and R14 (no segments at all)
-//! are handled by [`crate::log`].
+//! are handled by [`crate::log`], and so is the producer state (the producer table and
+//! the `.txnindex` entries it derives), rebuilt after the segments are recovered:
+//!
+//! | case | what is found | what recovery does |
+//! |------|---------------|--------------------|
+//! | R16 | producer snapshots at or below the log end | load the newest (at or below the first R15 segment's base, if any); replay the log from it (from the log start if it is older); recompute every `.txnindex` entry whose marker lies in the replayed range |
+//! | R17 | a corrupt snapshot (version, CRC, length, offsets) | delete it and try the next older one |
+//! | R18 | snapshots above the recovered log end (a torn tail, a crash during truncation) | delete them |
+//! | R19 | no usable snapshot | replay from the log start with an empty table |
+//!
+//! After a replay that started below the active segment, a snapshot at the active
+//! segment's base is written (after the repaired indexes), so the next recovery only
+//! replays the active segment.
+//!
+//! The `.txnindex` of the active segment is written whole (atomically) when the segment
+//! is sealed by a roll, when the log is closed, and after a truncation; in between it
+//! may lag the in-memory list. That is safe because every snapshot is written after the
+//! `.txnindex` files below its offset (roll, close, R16), so the entries at or above
+//! the snapshot a recovery starts from are exactly the ones it recomputes.
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -36,7 +55,8 @@ use glommio::io::DmaFile;
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::file::{self, AppendFile};
 use crate::index::{
-    OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES,
+    OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, TxnIndex, ABORTED_TXN_BYTES,
+    OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES,
 };
 use crate::Error;
 
@@ -125,6 +145,10 @@ pub struct Segment {
     pub created_ms: i64,
     pub index: OffsetIndex,
     pub time_index: TimeIndex,
+    /// Aborted transactions whose markers lie in this segment.
+    pub txn_index: TxnIndex,
+    /// `txn_index` differs from the `.txnindex` file.
+    pub txn_dirty: bool,
     bytes_since_index: u64,
     pub active: Option<ActiveFiles>,
     /// Bumped when compaction replaces the segment's files, so that a reader that
@@ -141,6 +165,24 @@ pub struct RecoveryReport {
     pub dropped_index_entries: u32,
     pub deleted_segments: u32,
     pub removed_files: u32,
+    /// `.txnindex` entries dropped as damaged or beyond the validated end (R15).
+    pub dropped_txn_entries: u32,
+    /// The producer snapshot the producer state was loaded from (R16); `None`: the log
+    /// was replayed from its start (R19).
+    pub producer_snapshot: Option<i64>,
+    /// Snapshots deleted as corrupt (R17) or above the log end (R18).
+    pub deleted_snapshots: u32,
+    /// Batches replayed to rebuild the producer state.
+    pub replayed_batches: u64,
+}
+
+/// What recovering one segment found, beyond the segment itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The `.log` was cut (R2–R5).
+    pub truncated: bool,
+    /// The `.txnindex` was damaged (R15): its entries must be rebuilt from the log.
+    pub txn_index_damaged: bool,
 }
 
 impl Segment {
@@ -161,6 +203,8 @@ impl Segment {
             created_ms: now_ms,
             index: OffsetIndex::default(),
             time_index: TimeIndex::default(),
+            txn_index: TxnIndex::default(),
+            txn_dirty: false,
             bytes_since_index: 0,
             active: None,
             generation: next_generation(),
@@ -302,20 +346,20 @@ impl Segment {
     }
 
     pub async fn remove_files(dir: &Path, base_offset: i64) {
-        for ext in ["log", "index", "timeindex"] {
+        for ext in ["log", "index", "timeindex", "txnindex"] {
             let _ = file::remove(dir.join(file_name(base_offset, ext))).await;
         }
     }
 
     /// Recovers the segment `base_offset` in `dir` (see the table in the module docs).
-    /// Returns the segment (closed) and whether the log file had to be truncated.
+    /// Returns the segment (closed) and what recovery had to repair.
     pub async fn recover(
         dir: &Path,
         base_offset: i64,
         now_ms: i64,
         interval: u32,
         report: &mut RecoveryReport,
-    ) -> Result<(Segment, bool), Error> {
+    ) -> Result<(Segment, Recovered), Error> {
         let mut seg = Segment::empty(dir, base_offset, now_ms);
         let log_path = seg.path("log");
         let file = glommio::io::OpenOptions::new()
@@ -411,6 +455,7 @@ impl Segment {
             f.fdatasync().await.map_err(|e| Error::io(&log_path, e))?;
             let _ = f.close().await;
         }
+        let txn_index_damaged = seg.recover_txn_index(report).await?;
         let index_len_ok =
             index_bytes.as_ref().map(|b| b.len()) == Some(seg.index.len() * OFFSET_ENTRY_BYTES);
         let time_len_ok = time_bytes.as_ref().map(|b| b.len())
@@ -418,7 +463,42 @@ impl Segment {
         if !index_len_ok || !time_len_ok {
             seg.write_indexes().await?;
         }
-        Ok((seg, truncated))
+        Ok((
+            seg,
+            Recovered {
+                truncated,
+                txn_index_damaged,
+            },
+        ))
+    }
+
+    /// R15: reads the `.txnindex`, keeping its valid entries whose markers lie below the
+    /// validated end; returns whether anything was dropped (the entries must then be
+    /// rebuilt from the log, which the log does with the producer state).
+    async fn recover_txn_index(&mut self, report: &mut RecoveryReport) -> Result<bool, Error> {
+        let Some(bytes) = read_whole(&self.path("txnindex")).await? else {
+            return Ok(false);
+        };
+        let (mut idx, clean) = TxnIndex::decode(&bytes, self.base_offset);
+        let decoded = idx.len();
+        idx.truncate_to_offset(self.next_offset);
+        let dropped = bytes.len() / ABORTED_TXN_BYTES - idx.len();
+        report.dropped_txn_entries += dropped as u32;
+        self.txn_dirty = !clean || idx.len() < decoded;
+        self.txn_index = idx;
+        Ok(self.txn_dirty)
+    }
+
+    /// The `.txnindex` as it should be on disk, to write without holding the segment.
+    pub fn txn_index_file(&self) -> TxnIndexFile {
+        self.txn_index_file_at(&self.path("txnindex"))
+    }
+
+    pub fn txn_index_file_at(&self, path: &Path) -> TxnIndexFile {
+        TxnIndexFile {
+            path: path.to_path_buf(),
+            bytes: (!self.txn_index.is_empty()).then(|| self.txn_index.encode()),
+        }
     }
 
     /// Validates batches from `pos`, tracking each; returns the end of the last valid
@@ -543,6 +623,30 @@ impl Segment {
     }
 }
 
+/// A segment's `.txnindex` contents, detached from it: written whole and atomically,
+/// or removed when the segment has no aborted transaction.
+pub struct TxnIndexFile {
+    path: PathBuf,
+    bytes: Option<Vec<u8>>,
+}
+
+impl TxnIndexFile {
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    pub async fn write(&self) -> Result<(), Error> {
+        match &self.bytes {
+            Some(b) => file::write_atomic(&self.path, b).await,
+            None => match file::remove(&self.path).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(Error::io(&self.path, e)),
+            },
+        }
+    }
+}
+
 /// Encoded index files of one segment, detached from it.
 pub struct IndexFiles {
     index: (PathBuf, Vec<u8>),
@@ -556,8 +660,8 @@ impl IndexFiles {
     }
 }
 
-/// Reads a whole small file (an index), or `None` if it does not exist.
-async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+/// Reads a whole small file (an index, a snapshot), or `None` if it does not exist.
+pub(crate) async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
     let f = match glommio::io::OpenOptions::new()
         .read(true)
         .dma_open(path)

@@ -355,16 +355,29 @@ impl Broker {
             partition,
             records,
         };
-        self.produce_local(-1, Duration::from_secs(5), item)
+        self.produce_inner(-1, Duration::from_secs(5), item, true)
             .await
             .map(|_| ())
     }
 
+    /// Produce from a client: batches are judged against the partition's producer state.
     pub async fn produce_local(
         &self,
         acks: i16,
         timeout: Duration,
         item: ProduceItem,
+    ) -> Result<Appended, ApiError> {
+        self.produce_inner(acks, timeout, item, false).await
+    }
+
+    /// `trusted`: the broker's own coordinators write (their transactional batches carry
+    /// no sequence), appended without the producer checks.
+    async fn produce_inner(
+        &self,
+        acks: i16,
+        timeout: Duration,
+        item: ProduceItem,
+        trusted: bool,
     ) -> Result<Appended, ApiError> {
         let (log, tc) = self.log(&item.topic, item.partition)?;
         let replica = self.replica(&item.topic, item.partition)?;
@@ -404,10 +417,15 @@ impl Broker {
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
         for (_, range) in batches {
-            let info =
-                append_in_sequence(&log, &replica, &item.records[range], epoch, gap_deadline)
+            let batch = &item.records[range];
+            let appended = if trusted {
+                log.append(batch, epoch)
                     .await
-                    .map_err(|e| error::from_storage(&e))?;
+                    .map_err(|e| error::from_storage(&e))
+            } else {
+                append_in_sequence(&log, &replica, batch, epoch, gap_deadline).await
+            };
+            let info = appended?;
             last_offset = info.last_offset;
             first.get_or_insert(info);
         }
@@ -429,12 +447,45 @@ impl Broker {
         })
     }
 
+    /// Writes a transaction marker on a partition this broker leads (WriteTxnMarkers
+    /// from a transaction coordinator) and waits until the in-sync replicas have it,
+    /// as Kafka appends markers with acks=all.
+    pub async fn write_marker_local(&self, it: &crate::rpc::MarkerItem) -> Result<(), ApiError> {
+        let (log, tc) = self.log(&it.topic, it.partition)?;
+        let replica = self.replica(&it.topic, it.partition)?;
+        let min_insync = self.min_insync(&it.topic, it.partition, &tc);
+        let epoch = replica.check_min_isr(min_insync)?;
+        replica.epochs_durable().await?;
+        let judged = log
+            .append_marker(
+                it.producer_id,
+                it.producer_epoch,
+                it.commit,
+                it.coordinator_epoch,
+                epoch,
+            )
+            .await
+            .map_err(|e| error::from_storage(&e))?;
+        let last_offset = match judged {
+            sluice_storage::Judged::Appended(info) => info.last_offset,
+            sluice_storage::Judged::Duplicate(meta) => meta.last_offset,
+            sluice_storage::Judged::Refused(e) => return Err(error::from_txn(&e)),
+        };
+        replica.appended.notify(usize::MAX);
+        replica.flush(epoch).await?;
+        replica
+            .wait_acked(last_offset + 1, epoch, min_insync, Duration::from_secs(10))
+            .await?;
+        Ok(())
+    }
+
     pub async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
         let failed = |e: ApiError| ReadOut {
             error: Some(e),
             high_watermark: -1,
+            last_stable_offset: -1,
             log_start_offset: -1,
-            records: Bytes::new(),
+            ..Default::default()
         };
         let (log, _) = match self.log(&item.topic, item.partition) {
             Ok(l) => l,
@@ -458,21 +509,38 @@ impl Broker {
         if let Some(alter) = alter {
             self.each_subscriber(|s| s.propose_isr(self, &replica, alter.clone()));
         }
+        // Kafka's last stable offset: below the first offset of any open transaction.
+        let lso = log.first_unstable_offset().map_or(hw, |u| u.min(hw));
+        let bound = if item.read_committed {
+            bound.min(lso)
+        } else {
+            bound
+        };
         match log
             .read(item.offset, item.max_bytes.max(1), Some(bound))
             .await
         {
-            Ok(r) => ReadOut {
-                error: None,
-                high_watermark: hw,
-                log_start_offset: r.log_start_offset,
-                records: r.records,
-            },
+            Ok(r) => {
+                let aborted = if item.read_committed && !r.records.is_empty() {
+                    log.aborted_transactions(item.offset, r.next_offset)
+                } else {
+                    Vec::new()
+                };
+                ReadOut {
+                    error: None,
+                    high_watermark: hw,
+                    last_stable_offset: lso,
+                    log_start_offset: r.log_start_offset,
+                    records: r.records,
+                    aborted,
+                }
+            }
             Err(e) => ReadOut {
                 error: Some(error::from_storage(&e)),
                 high_watermark: hw,
+                last_stable_offset: lso,
                 log_start_offset: log.log_start_offset(),
-                records: Bytes::new(),
+                ..Default::default()
             },
         }
     }
@@ -513,10 +581,17 @@ impl Broker {
         partition: i32,
         ts: i64,
         current_leader_epoch: i32,
+        read_committed: bool,
     ) -> Result<(i64, i64), ApiError> {
         let (log, _) = self.log(&topic, partition)?;
         let replica = self.replica(&topic, partition)?;
         let (_, hw, _) = replica.fetch_bound(-1, current_leader_epoch, 0)?;
+        // read_committed: "latest" is the last stable offset.
+        let hw = if read_committed {
+            log.first_unstable_offset().map_or(hw, |u| u.min(hw))
+        } else {
+            hw
+        };
         match ts {
             -2 => Ok((log.log_start_offset(), -1)),
             // Latest is the high watermark. (KIP-734) max-timestamp is answered with it
@@ -750,6 +825,37 @@ impl Broker {
         }
     }
 
+    /// Creates an internal topic (`__consumer_offsets`, `__transaction_state`) if it
+    /// does not exist yet: compacted, Kafka's 100 MiB segments, the default
+    /// replication factor.
+    pub async fn ensure_internal_topic(&self, name: &str, partitions: i32) -> Result<(), ApiError> {
+        if self.image().topics.contains_key(name) {
+            return Ok(());
+        }
+        let topic = crate::rpc::NewTopic {
+            name: name.to_string(),
+            num_partitions: partitions,
+            replication_factor: -1,
+            configs: vec![
+                ("cleanup.policy".into(), Some("compact".into())),
+                ("segment.bytes".into(), Some("104857600".into())),
+            ],
+        };
+        let create = crate::rpc::CreateTopics {
+            topics: vec![topic],
+            validate_only: false,
+        };
+        match self.control(create).await?.pop() {
+            Some(Ok(_)) => {
+                tracing::info!("created {name}");
+                Ok(())
+            }
+            Some(Err(e)) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
+        }
+    }
+
     /// Asks the controller (shard 0) to make a metadata change.
     pub async fn control<C: ShardCall>(&self, call: C) -> Result<C::Reply, ApiError> {
         self.call(ShardId(0), call)
@@ -803,17 +909,19 @@ async fn append_in_sequence(
     batch: &[u8],
     epoch: i32,
     deadline: Instant,
-) -> Result<sluice_storage::AppendInfo, sluice_storage::Error> {
+) -> Result<sluice_storage::AppendInfo, ApiError> {
     use sluice_storage::producer::SequenceError;
+    use sluice_storage::Judged;
     loop {
         // Listen before trying, so an append between the try and the wait is seen.
         let appended = replica.appended.listen();
-        let err = match log.append_checked(batch, epoch).await {
-            Ok(sluice_storage::Checked::Appended(info)) => {
+        let err = match log.append_judged(batch, epoch).await {
+            Ok(Judged::Appended(info)) => {
                 replica.appended.notify(usize::MAX);
                 return Ok(info);
             }
-            Ok(sluice_storage::Checked::Duplicate(meta)) => {
+            Ok(Judged::Refused(e)) => return Err(error::from_txn(&e)),
+            Ok(Judged::Duplicate(meta)) => {
                 return Ok(sluice_storage::AppendInfo {
                     base_offset: meta.first_offset,
                     last_offset: meta.last_offset,
@@ -831,7 +939,7 @@ async fn append_in_sequence(
         );
         let left = deadline.saturating_duration_since(Instant::now());
         if !ahead || left.is_zero() {
-            return Err(err);
+            return Err(error::from_storage(&err));
         }
         let woke = futures_lite::future::or(
             async {
@@ -845,7 +953,7 @@ async fn append_in_sequence(
         )
         .await;
         if !woke {
-            return Err(err);
+            return Err(error::from_storage(&err));
         }
     }
 }

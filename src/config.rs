@@ -167,6 +167,8 @@ settings! {
     /// Committed offsets of an empty group expire after this long (Kafka's
     /// offsets.retention.minutes, 7 days).
     offsets_retention_minutes: i64 = 7 * 24 * 60;
+    /// Longest transaction timeout a producer may ask for (transaction.max.timeout.ms).
+    transaction_max_timeout_ms: i32 = 900_000;
     /// How often storage runs its retention and compaction pass (Kafka's
     /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
     log_retention_check_interval_ms: u64 = 60_000;
@@ -242,6 +244,8 @@ pub struct BrokerConfig {
     pub group_max_session_timeout_ms: i32,
     /// offsets.retention.minutes
     pub offsets_retention_minutes: i64,
+    /// transaction.max.timeout.ms
+    pub transaction_max_timeout_ms: i32,
     /// log.retention.check.interval.ms: the storage retention and compaction pass.
     pub log_retention_check_interval_ms: u64,
     /// The metadata quorum's listener (absent: a quorum of this node alone).
@@ -310,6 +314,7 @@ impl BrokerConfig {
             group_min_session_timeout_ms: s.group_min_session_timeout_ms,
             group_max_session_timeout_ms: s.group_max_session_timeout_ms,
             offsets_retention_minutes: s.offsets_retention_minutes,
+            transaction_max_timeout_ms: s.transaction_max_timeout_ms,
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
             controller_listen,
             controller_quorum,

@@ -8,7 +8,8 @@ use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
-use sluice_coordinator::group::{Code, Committed, GroupState, GroupSummary};
+use sluice_coordinator::group::{Code, GroupState, GroupSummary, StableFetch};
+use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription};
 use sluice_replication::cluster::Applied;
 use uuid::Uuid;
 
@@ -18,6 +19,7 @@ use crate::error::ApiError;
 use crate::group::shard::GroupShell;
 use crate::metadata::TopicMeta;
 use crate::rpc::{self, Appended, ReadOut, ShardService};
+use crate::txn::TxnShell;
 use crate::util::join_all;
 
 pub struct ShardServer {
@@ -25,6 +27,7 @@ pub struct ShardServer {
     /// Present on shard 0 only: control calls are always sent there.
     pub controller: Option<Controller>,
     pub groups: Rc<GroupShell>,
+    pub txns: Rc<TxnShell>,
 }
 
 impl ShardServer {
@@ -67,7 +70,7 @@ impl ShardService for ShardServer {
         let futs = c
             .items
             .into_iter()
-            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch))
+            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed))
             .collect();
         join_all(futs).await
     }
@@ -136,11 +139,58 @@ impl ShardService for ShardServer {
         self.groups.commit(&self.broker, c).await
     }
 
-    async fn fetch_offsets(
-        &self,
-        c: rpc::FetchOffsets,
-    ) -> Result<Vec<((String, i32), Option<Committed>)>, ApiError> {
+    async fn fetch_offsets(&self, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
         self.groups.fetch(&self.broker, c).await
+    }
+
+    async fn txn_commit_offsets(
+        &self,
+        c: rpc::TxnCommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.groups.txn_commit(&self.broker, c).await
+    }
+
+    async fn txn_init(&self, c: rpc::TxnInit) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.txns.init(&self.broker, c).await
+    }
+
+    async fn txn_add(&self, c: rpc::TxnAdd) -> Result<(), ApiError> {
+        self.txns.add_partitions(&self.broker, c).await
+    }
+
+    async fn txn_add_offsets(&self, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
+        self.txns.add_offsets(&self.broker, c).await
+    }
+
+    async fn txn_end(&self, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.txns.end(&self.broker, c).await
+    }
+
+    async fn txn_describe(&self, c: rpc::TxnDescribe) -> Result<TxnDescription, ApiError> {
+        self.txns.describe(&self.broker, c).await
+    }
+
+    async fn txn_list(&self, c: rpc::TxnList) -> Result<ListedTxns, ApiError> {
+        self.txns.list(&self.broker, c).await
+    }
+
+    /// Markers are appended on the partition; on a `__consumer_offsets` partition the
+    /// group shell then completes the producer's pending transactional offsets.
+    async fn write_markers(&self, c: rpc::WriteMarkers) -> Vec<Result<(), ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|it| async move {
+                let r = b.write_marker_local(&it).await;
+                if r.is_ok() && it.topic == crate::group::OFFSETS_TOPIC {
+                    self.groups
+                        .complete_txn(it.partition, it.producer_id, it.commit);
+                }
+                r
+            })
+            .collect();
+        join_all(futs).await
     }
 
     async fn delete_offsets(

@@ -32,6 +32,16 @@ pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
     ApiError::with(code, e.to_string())
 }
 
+/// Maps a write refused by the transaction rules.
+pub fn from_txn(e: &sluice_storage::TxnError) -> ApiError {
+    use sluice_storage::TxnError as T;
+    let code = match e {
+        T::NotTransactional { .. } => ResponseError::InvalidTxnState,
+        T::CoordinatorFenced { .. } => ResponseError::TransactionCoordinatorFenced,
+    };
+    ApiError::with(code, e.to_string())
+}
+
 /// Maps a cross-shard failure (the other shard is shutting down).
 pub fn from_mesh(e: &sluice_shard::MeshError) -> ApiError {
     // Retriable: the client will retry, and find the broker back or gone.

@@ -24,8 +24,8 @@
 //!    partition's replica state; the raft quorum's I/O shell.
 //! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
 //!    partition work on a partition's home shard.
-//! 4. `fetcher`, `controller`, `group` — replica fetchers and ISR proposals; the
-//!    metadata controller (shard 0); the consumer-group shell.
+//! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
+//!    metadata controller (shard 0); the consumer-group shell; the transaction shell.
 //! 5. `dispatch` — the shard's server: owns the subsystems and answers every call.
 //! 6. `api` — one handler per Kafka API, and the API-version registry.
 //! 7. `server` — listener, connections, response ordering.
@@ -49,6 +49,7 @@ pub mod replica;
 pub mod rpc;
 pub mod server;
 pub mod topic_config;
+pub mod txn;
 pub mod util;
 
 /// Unit tests run on the broker's own allocator (as `main.rs` does), so request decoding

@@ -156,6 +156,7 @@ async fn run_shard(
         broker: broker.clone(),
         controller,
         groups: GroupShell::start(&broker),
+        txns: crate::txn::TxnShell::start(&broker),
     });
     mesh.serve(
         receivers,

@@ -21,7 +21,12 @@ use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
-    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
+    Code, CommitArgs, GroupState, GroupSummary, JoinArgs, Leaving, StableFetch, SyncArgs,
+    TxnCommitArgs,
+};
+use sluice_coordinator::txn::{
+    AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
+    TxnDescription,
 };
 use sluice_replication::cluster::{Applied, Command};
 use uuid::Uuid;
@@ -113,12 +118,25 @@ shard_calls! {
     Heartbeat => heartbeat -> Result<Code, ApiError>;
     LeaveGroup => leave_group -> Result<(Code, Vec<Code>), ApiError>;
     CommitOffsets => commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
-    FetchOffsets => fetch_offsets -> Result<Vec<((String, i32), Option<Committed>)>, ApiError>;
+    FetchOffsets => fetch_offsets -> Result<StableFetch, ApiError>;
+    /// TxnOffsetCommit: offsets pending until the producer's transaction ends.
+    TxnCommitOffsets => txn_commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
     DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
     DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
     /// Every group the serving shard coordinates.
     ListGroups => list_groups -> Result<Vec<(String, String, GroupState)>, ApiError>;
     DeleteGroup => delete_group -> Result<Code, ApiError>;
+    // Transaction calls, for the home shard of the transactional id's
+    // `__transaction_state` partition (see `crate::txn`).
+    TxnInit => txn_init -> Result<ProducerIdAndEpoch, ApiError>;
+    TxnAdd => txn_add -> Result<(), ApiError>;
+    TxnAddOffsets => txn_add_offsets -> Result<(), ApiError>;
+    TxnEnd => txn_end -> Result<ProducerIdAndEpoch, ApiError>;
+    TxnDescribe => txn_describe -> Result<TxnDescription, ApiError>;
+    /// Every transaction the serving shard coordinates.
+    TxnList => txn_list -> Result<ListedTxns, ApiError>;
+    /// Transaction markers for partitions of the serving shard (WriteTxnMarkers).
+    WriteMarkers => write_markers -> Vec<Result<(), ApiError>>;
 }
 
 // ---- partition calls ----
@@ -161,14 +179,21 @@ pub struct ReadItem {
     pub replica_id: i32,
     /// The requester's view of the leader epoch (KIP-320), -1 if none.
     pub current_leader_epoch: i32,
+    /// isolation_level=1: read only below the last stable offset.
+    pub read_committed: bool,
 }
 
 #[derive(Debug, Default)]
 pub struct ReadOut {
     pub error: Option<ApiError>,
     pub high_watermark: i64,
+    /// The last stable offset (the high watermark while no transaction is open).
+    pub last_stable_offset: i64,
     pub log_start_offset: i64,
     pub records: Bytes,
+    /// read_committed: the aborted transactions in the returned range, as
+    /// (producer id, first offset).
+    pub aborted: Vec<(i64, i64)>,
 }
 
 pub struct Read {
@@ -186,6 +211,8 @@ pub struct Wait {
 /// current leader epoch or -1 (KIP-320)).
 pub struct ListOffsets {
     pub items: Vec<(String, i32, i64, i32)>,
+    /// isolation_level=1: "latest" is the last stable offset.
+    pub read_committed: bool,
 }
 
 /// (topic, partition, delete before this offset; -1 = high watermark).
@@ -282,6 +309,14 @@ pub struct FetchOffsets {
     pub group: String,
     /// None: every partition the group has committed.
     pub partitions: Option<Vec<(String, i32)>>,
+    /// KIP-447: UNSTABLE_OFFSET_COMMIT for partitions with a transactional commit
+    /// pending.
+    pub require_stable: bool,
+}
+
+pub struct TxnCommitOffsets {
+    pub partition: i32,
+    pub args: TxnCommitArgs,
 }
 
 pub struct DeleteOffsets {
@@ -322,6 +357,7 @@ macro_rules! group_calls {
 }
 
 group_calls!(
+    TxnCommitOffsets,
     JoinGroup,
     SyncGroup,
     Heartbeat,
@@ -333,3 +369,66 @@ group_calls!(
     ListGroups,
     DeleteGroup
 );
+
+// ---- transaction calls: `partition` is the id's `__transaction_state` partition ----
+
+pub struct TxnInit {
+    pub partition: i32,
+    pub args: InitArgs,
+}
+
+pub struct TxnAdd {
+    pub partition: i32,
+    pub args: AddArgs,
+}
+
+pub struct TxnAddOffsets {
+    pub partition: i32,
+    pub args: AddOffsetsArgs,
+}
+
+pub struct TxnEnd {
+    pub partition: i32,
+    pub args: EndArgs,
+}
+
+pub struct TxnDescribe {
+    pub partition: i32,
+    pub transactional_id: String,
+}
+
+pub struct TxnList {
+    pub partition: i32,
+    pub filter: ListFilter,
+}
+
+/// One end-transaction marker for a partition of the serving shard.
+pub struct MarkerItem {
+    pub topic: String,
+    pub partition: i32,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+pub struct WriteMarkers {
+    pub items: Vec<MarkerItem>,
+}
+
+/// A transaction call knows its `__transaction_state` partition.
+pub trait TxnCall: ShardCall {
+    fn partition(&self) -> i32;
+}
+
+macro_rules! txn_calls {
+    ($($call:ident),*) => {
+        $( impl TxnCall for $call {
+            fn partition(&self) -> i32 {
+                self.partition
+            }
+        } )*
+    };
+}
+
+txn_calls!(TxnInit, TxnAdd, TxnAddOffsets, TxnEnd, TxnDescribe, TxnList);

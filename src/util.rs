@@ -208,3 +208,24 @@ mod wait_tests {
         assert!(already);
     }
 }
+
+/// Turns an uncompressed v2 record batch built by the broker (no producer) into a
+/// transactional batch of `producer_id` at `producer_epoch`, without a sequence (the
+/// coordinator's own writes, as Kafka's TxnOffsetCommit appends), and recomputes its
+/// CRC.
+pub fn mark_transactional(batch: &mut [u8], producer_id: i64, producer_epoch: i16) {
+    // v2 header: base offset 8, length 4, leader epoch 4, magic 1, CRC 4, attributes 2,
+    // last offset delta 4, first and max timestamps 16, producer id 8, epoch 2, base
+    // sequence 4, record count 4.
+    const CRC: usize = 17;
+    const ATTRIBUTES: usize = 21;
+    const PRODUCER_ID: usize = 43;
+    const EPOCH: usize = 51;
+    const TRANSACTIONAL: i16 = 1 << 4;
+    let attrs = i16::from_be_bytes([batch[ATTRIBUTES], batch[ATTRIBUTES + 1]]) | TRANSACTIONAL;
+    batch[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attrs.to_be_bytes());
+    batch[PRODUCER_ID..PRODUCER_ID + 8].copy_from_slice(&producer_id.to_be_bytes());
+    batch[EPOCH..EPOCH + 2].copy_from_slice(&producer_epoch.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[ATTRIBUTES..]);
+    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+}

@@ -60,6 +60,15 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeCluster, 0, 1),
     // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.
     spec(ApiKey::InitProducerId, 0, 5),
+    // Transactions with client transaction version 0/1 semantics: the versions after
+    // these carry KIP-890 part 2 (epoch bump per transaction), not served.
+    spec(ApiKey::AddPartitionsToTxn, 0, 3),
+    spec(ApiKey::AddOffsetsToTxn, 0, 3),
+    spec(ApiKey::EndTxn, 0, 3),
+    spec(ApiKey::WriteTxnMarkers, 0, 1),
+    spec(ApiKey::TxnOffsetCommit, 0, 3),
+    spec(ApiKey::DescribeTransactions, 0, 0),
+    spec(ApiKey::ListTransactions, 0, 1),
     // Replication: followers truncate with it; KIP-320 clients validate positions.
     spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
     // Consumer groups (the broker's group shell). OffsetCommit v9 and OffsetFetch v9 carry the

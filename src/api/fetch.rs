@@ -11,6 +11,7 @@
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
 //! tells clients to keep sending full (sessionless) fetch requests.
 
+use std::ops::Not;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
-    FetchResponse, FetchableTopicResponse, PartitionData,
+    AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
 };
 use sluice_shard::ShardId;
 
@@ -67,7 +68,8 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
     }
     // A follower broker fetching for replication (v14 and below carry its id here).
     let replica_id = req.replica_id.0;
-    let mut outs = read_all(broker, &slots, max_bytes, replica_id).await;
+    let read_committed = replica_id < 0 && req.isolation_level == 1;
+    let mut outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
     loop {
         let total: usize = outs.iter().map(|o| o.records.len()).sum();
         let any_error = outs.iter().any(|o| o.error.is_some());
@@ -93,7 +95,7 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
             })
             .collect();
         broker.wait_for_data(waits, deadline, replica_id >= 0).await;
-        outs = read_all(broker, &slots, max_bytes, replica_id).await;
+        outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
     }
     build_response(slots, outs)
 }
@@ -103,6 +105,7 @@ async fn read_all(
     slots: &[Slot],
     max_bytes: usize,
     replica_id: i32,
+    read_committed: bool,
 ) -> Vec<ReadOut> {
     let jobs: Vec<(ShardId, ReadItem)> = slots
         .iter()
@@ -117,6 +120,7 @@ async fn read_all(
                         max_bytes: s.max_bytes.min(max_bytes),
                         replica_id,
                         current_leader_epoch: s.current_leader_epoch,
+                        read_committed,
                     },
                 )
             })
@@ -129,8 +133,9 @@ async fn read_all(
             |e| ReadOut {
                 error: Some(error::from_mesh(e)),
                 high_watermark: -1,
+                last_stable_offset: -1,
                 log_start_offset: -1,
-                records: Bytes::new(),
+                ..Default::default()
             },
         )
         .await
@@ -142,8 +147,9 @@ async fn read_all(
             None => ReadOut {
                 error: Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
                 high_watermark: -1,
+                last_stable_offset: -1,
                 log_start_offset: -1,
-                records: Bytes::new(),
+                ..Default::default()
             },
         })
         .collect();
@@ -174,8 +180,18 @@ fn build_response(slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
             .with_partition_index(s.partition)
             .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
             .with_high_watermark(o.high_watermark)
-            .with_last_stable_offset(o.high_watermark)
+            .with_last_stable_offset(o.last_stable_offset)
             .with_log_start_offset(o.log_start_offset)
+            .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
+                o.aborted
+                    .iter()
+                    .map(|&(pid, first)| {
+                        AbortedTransaction::default()
+                            .with_producer_id(pid.into())
+                            .with_first_offset(first)
+                    })
+                    .collect()
+            }))
             .with_records(Some(o.records));
         match topics.last_mut() {
             Some(t) if t.topic == s.topic => t.partitions.push(pd),

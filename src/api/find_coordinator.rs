@@ -1,6 +1,6 @@
 //! FindCoordinator (v0–v4, v4 with batched keys). A group's coordinator is the leader
-//! of its `__consumer_offsets` partition (`hash(group) % 50`); transactional ids map the
-//! same way until a transaction-state topic exists.
+//! of its `__consumer_offsets` partition (`hash(group) % 50`); a transactional id's is
+//! the leader of its `__transaction_state` partition (same rule).
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
@@ -17,15 +17,36 @@ pub async fn handle(
     version: i16,
     req: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
-    let ready = crate::group::ensure_offsets_topic(broker).await;
+    let ready = match req.key_type {
+        KEY_TYPE_TRANSACTION => {
+            broker
+                .ensure_internal_topic(
+                    sluice_coordinator::txn::TXN_STATE_TOPIC,
+                    crate::txn::TXN_STATE_PARTITIONS,
+                )
+                .await
+        }
+        _ => crate::group::ensure_offsets_topic(broker).await,
+    };
     let image = broker.image();
     let answer = |key: String| {
         let located = match (req.key_type, &ready) {
             (KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION, Ok(())) => {
+                let (topic, partition) = if req.key_type == KEY_TYPE_TRANSACTION {
+                    (
+                        sluice_coordinator::txn::TXN_STATE_TOPIC,
+                        crate::txn::partition_for(&key),
+                    )
+                } else {
+                    (
+                        crate::group::OFFSETS_TOPIC,
+                        crate::group::partition_for(&key),
+                    )
+                };
                 let leader = image
                     .topics
-                    .get(crate::group::OFFSETS_TOPIC)
-                    .and_then(|m| m.assignment(crate::group::partition_for(&key)))
+                    .get(topic)
+                    .and_then(|m| m.assignment(partition))
                     .map_or(-1, |a| a.leader);
                 match image.brokers.get(&leader) {
                     Some(b) if !b.fenced => Ok((leader, b.host.clone(), b.port)),

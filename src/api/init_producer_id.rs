@@ -6,7 +6,8 @@
 //! epoch (KIP-360: the producer bumps its epoch after an unknown-producer or sequence
 //! error, and a fresh id is a valid bump). Ids come from this broker's block, which the
 //! metadata quorum allocates (`Controller::next_producer_id`): unique across brokers
-//! and restarts.
+//! and restarts. With a transactional id the id's transaction coordinator answers
+//! (`crate::txn`): the same producer id with the next epoch, fencing older instances.
 
 use std::rc::Rc;
 
@@ -14,34 +15,54 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
 
 use crate::broker::Broker;
-use crate::error::ApiError;
-use crate::rpc::AllocateProducerId;
+use crate::rpc::{AllocateProducerId, TxnInit};
 
 pub async fn handle(
     broker: &Rc<Broker>,
-    _version: i16,
+    version: i16,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    let transactional = req
+    let txn_id = req
         .transactional_id
         .as_ref()
-        .is_some_and(|t| !t.0.is_empty());
-    let result = if transactional {
-        Err(ApiError::with(
-            ResponseError::TransactionalIdAuthorizationFailed,
-            "transactions are not supported by this broker yet",
-        ))
-    } else {
-        broker.control(AllocateProducerId).await.and_then(|r| r)
+        .map(|t| t.0.to_string())
+        .filter(|t| !t.is_empty());
+    let result = match txn_id {
+        // A transactional producer: its coordinator (crate::txn) keeps the id's epoch.
+        Some(id) => {
+            let call = TxnInit {
+                partition: crate::txn::partition_for(&id),
+                args: crate::txn::init_args(
+                    Some(id),
+                    req.transaction_timeout_ms,
+                    req.producer_id.0,
+                    req.producer_epoch,
+                ),
+            };
+            crate::txn::route(broker, call)
+                .await
+                .map(|pe| (pe.producer_id, pe.epoch))
+        }
+        None => broker
+            .control(AllocateProducerId)
+            .await
+            .and_then(|r| r)
+            .map(|id| (id, 0)),
     };
     match result {
-        Ok(id) => InitProducerIdResponse::default()
+        Ok((id, epoch)) => InitProducerIdResponse::default()
             .with_producer_id(id.into())
-            .with_producer_epoch(0),
+            .with_producer_epoch(epoch),
         Err(e) => {
             tracing::debug!(error = %e, "InitProducerId refused");
+            // Clients before v4 do not know PRODUCER_FENCED.
+            let code = if e.code == ResponseError::ProducerFenced && version < 4 {
+                ResponseError::InvalidProducerEpoch.code()
+            } else {
+                e.code()
+            };
             InitProducerIdResponse::default()
-                .with_error_code(e.code())
+                .with_error_code(code)
                 .with_producer_epoch(-1)
         }
     }

@@ -1,4 +1,5 @@
-//! ListOffsets (key 2): earliest (-2), latest (-1: the high watermark), or the first
+//! ListOffsets (key 2): earliest (-2), latest (-1: the high watermark, or the last
+//! stable offset for isolation_level=1), or the first
 //! offset at or after a timestamp, answered by the leader's home shard; a current leader
 //! epoch in the request (v4+, KIP-320) is checked (FENCED_LEADER_EPOCH /
 //! UNKNOWN_LEADER_EPOCH).
@@ -18,6 +19,7 @@ pub async fn handle(
     version: i16,
     req: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
+    let request_isolation = req.isolation_level;
     let request = req
         .topics
         .into_iter()
@@ -40,7 +42,14 @@ pub async fn handle(
         })
         .collect();
     let answered = broker
-        .per_partition(request, |t| t.0.as_str(), |items| ListOffsets { items })
+        .per_partition(
+            request,
+            |t| t.0.as_str(),
+            |items| ListOffsets {
+                items,
+                read_committed: request_isolation == 1,
+            },
+        )
         .await;
     let image = broker.image();
     let topics = answered

@@ -40,6 +40,7 @@ pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod sync_group;
+pub mod transactions;
 
 use std::rc::Rc;
 
@@ -128,6 +129,25 @@ pub async fn handle(
         ),
         RequestKind::InitProducerId(r) => {
             ResponseKind::InitProducerId(init_producer_id::handle(broker, version, r).await)
+        }
+        RequestKind::AddPartitionsToTxn(r) => {
+            ResponseKind::AddPartitionsToTxn(transactions::add_partitions(broker, version, r).await)
+        }
+        RequestKind::AddOffsetsToTxn(r) => {
+            ResponseKind::AddOffsetsToTxn(transactions::add_offsets(broker, version, r).await)
+        }
+        RequestKind::EndTxn(r) => ResponseKind::EndTxn(transactions::end(broker, version, r).await),
+        RequestKind::WriteTxnMarkers(r) => {
+            ResponseKind::WriteTxnMarkers(transactions::write_markers(broker, version, r).await)
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(broker, version, r).await)
+        }
+        RequestKind::DescribeTransactions(r) => {
+            ResponseKind::DescribeTransactions(transactions::describe(broker, version, r).await)
+        }
+        RequestKind::ListTransactions(r) => {
+            ResponseKind::ListTransactions(transactions::list(broker, version, r).await)
         }
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))

@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
@@ -15,28 +16,39 @@ use crate::group::{partition_for, route};
 use crate::rpc::FetchOffsets;
 use sluice_coordinator::group::Committed;
 
-type Fetched = Result<Vec<((String, i32), Option<Committed>)>, i16>;
+/// A partition's committed offset, or its error (UNSTABLE_OFFSET_COMMIT while a
+/// transactional commit is pending and the client asked for stable offsets).
+type Item = Result<Option<Committed>, ResponseError>;
+type Fetched = Result<Vec<((String, i32), Item)>, i16>;
 
-async fn fetch(broker: &Broker, group: String, partitions: Option<Vec<(String, i32)>>) -> Fetched {
+async fn fetch(
+    broker: &Broker,
+    group: String,
+    partitions: Option<Vec<(String, i32)>>,
+    require_stable: bool,
+) -> Fetched {
     let call = FetchOffsets {
         partition: partition_for(&group),
         group,
         partitions,
+        require_stable,
     };
     route(broker, call).await.map_err(|e| e.code())
 }
 
-fn value(c: &Option<Committed>) -> (i64, i32, String) {
+/// (offset, leader epoch, metadata, error code)
+fn value(c: &Item) -> (i64, i32, String, i16) {
     match c {
-        Some(c) => (c.offset, c.leader_epoch, c.metadata.clone()),
-        None => (-1, -1, String::new()),
+        Ok(Some(c)) => (c.offset, c.leader_epoch, c.metadata.clone(), 0),
+        Ok(None) => (-1, -1, String::new(), 0),
+        Err(e) => (-1, -1, String::new(), e.code()),
     }
 }
 
 /// Groups consecutive (topic, partition) results by topic.
 fn by_topic<T>(
-    items: Vec<((String, i32), Option<Committed>)>,
-    mut make: impl FnMut(i32, &Option<Committed>) -> T,
+    items: Vec<((String, i32), Item)>,
+    mut make: impl FnMut(i32, &Item) -> T,
 ) -> Vec<(String, Vec<T>)> {
     let mut out: Vec<(String, Vec<T>)> = Vec::new();
     for ((topic, p), c) in items {
@@ -68,15 +80,17 @@ pub async fn handle(
                     .collect()
             });
             let group_id = g.group_id.clone();
-            let resp = match fetch(broker, g.group_id.to_string(), parts).await {
+            let resp = match fetch(broker, g.group_id.to_string(), parts, req.require_stable).await
+            {
                 Ok(items) => {
                     let topics = by_topic(items, |p, c| {
-                        let (o, e, m) = value(c);
+                        let (o, e, m, code) = value(c);
                         OffsetFetchResponsePartitions::default()
                             .with_partition_index(p)
                             .with_committed_offset(o)
                             .with_committed_leader_epoch(e)
                             .with_metadata(Some(sb(m)))
+                            .with_error_code(code)
                     })
                     .into_iter()
                     .map(|(t, ps)| {
@@ -108,14 +122,16 @@ pub async fn handle(
             .collect::<Vec<_>>()
     });
     let requested = parts.clone();
-    match fetch(broker, req.group_id.to_string(), parts).await {
+    let stable = version >= 7 && req.require_stable;
+    match fetch(broker, req.group_id.to_string(), parts, stable).await {
         Ok(items) => {
             let topics = by_topic(items, |p, c| {
-                let (o, e, m) = value(c);
+                let (o, e, m, code) = value(c);
                 let mut part = OffsetFetchResponsePartition::default()
                     .with_partition_index(p)
                     .with_committed_offset(o)
-                    .with_metadata(Some(sb(m)));
+                    .with_metadata(Some(sb(m)))
+                    .with_error_code(code);
                 if version >= 5 {
                     part = part.with_committed_leader_epoch(e);
                 }
@@ -136,7 +152,7 @@ pub async fn handle(
             let items = requested
                 .unwrap_or_default()
                 .into_iter()
-                .map(|tp| (tp, None))
+                .map(|tp| (tp, Ok(None)))
                 .collect();
             let topics = by_topic(items, |p, _| {
                 OffsetFetchResponsePartition::default()

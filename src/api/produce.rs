@@ -5,7 +5,9 @@
 //! accepts them. acks=0 gets no response; acks=1 is answered once the leader's flush
 //! policy is met; acks=-1 also waits until the high watermark covers the batch with at
 //! least min.insync.replicas in the ISR (`crate::replica`), bounded by the request's
-//! timeout. Transactional produce is not supported yet.
+//! timeout. Transactional batches are judged by the partition's producer state (a
+//! producer with an open transaction writes only transactional batches); the
+//! coordinator-side verification of KIP-890 part 1 is not done.
 
 use std::rc::Rc;
 
@@ -46,14 +48,6 @@ pub async fn handle(
 ) -> Option<ProduceResponse> {
     let acks = req.acks;
     let timeout = std::time::Duration::from_millis(req.timeout_ms.clamp(0, 300_000) as u64);
-    if req.transactional_id.is_some() {
-        // Sluice has no transaction coordinator yet.
-        let resp = reject_all(
-            &req,
-            ApiError::new(ResponseError::TransactionalIdAuthorizationFailed),
-        );
-        return (acks != 0).then_some(resp);
-    }
     if !matches!(acks, -1..=1) {
         let resp = reject_all(&req, ApiError::new(ResponseError::InvalidRequiredAcks));
         return (acks != 0).then_some(resp);

@@ -15,7 +15,7 @@ use sluice_coordinator::group::GroupState;
 
 use crate::broker::Broker;
 use crate::error::{self, ApiError};
-use crate::rpc::{CreateTopics, GroupCall, ListGroups, NewTopic};
+use crate::rpc::{GroupCall, ListGroups};
 
 /// The internal topic of offsets and group metadata.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -38,32 +38,9 @@ pub fn partition_for(group: &str) -> i32 {
 
 /// Creates `__consumer_offsets` if it does not exist yet.
 pub async fn ensure_offsets_topic(broker: &Broker) -> Result<(), ApiError> {
-    if broker.image().topics.contains_key(OFFSETS_TOPIC) {
-        return Ok(());
-    }
-    let topic = NewTopic {
-        name: OFFSETS_TOPIC.to_string(),
-        num_partitions: OFFSETS_PARTITIONS,
-        replication_factor: -1,
-        configs: vec![
-            ("cleanup.policy".into(), Some("compact".into())),
-            // Kafka's offsets.topic.segment.bytes.
-            ("segment.bytes".into(), Some("104857600".into())),
-        ],
-    };
-    let create = CreateTopics {
-        topics: vec![topic],
-        validate_only: false,
-    };
-    match broker.control(create).await?.pop() {
-        Some(Ok(_)) => {
-            tracing::info!("created {OFFSETS_TOPIC}");
-            Ok(())
-        }
-        Some(Err(e)) if e.code == ResponseError::TopicAlreadyExists => Ok(()),
-        Some(Err(e)) => Err(e),
-        None => Err(ApiError::new(ResponseError::CoordinatorNotAvailable)),
-    }
+    broker
+        .ensure_internal_topic(OFFSETS_TOPIC, OFFSETS_PARTITIONS)
+        .await
 }
 
 /// Sends a group call to the shard coordinating its group (the home shard of the

@@ -22,8 +22,8 @@ use kafka_protocol::records::RecordBatchDecoder;
 
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
-    Code, Committed, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary,
-    Record, Token,
+    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary, Record,
+    StableFetch, Token,
 };
 
 use super::{partition_for, OFFSETS_TOPIC};
@@ -196,16 +196,63 @@ impl GroupShell {
         Ok(results)
     }
 
-    pub async fn fetch(
+    pub async fn fetch(&self, b: &Broker, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow().fetch_offsets_stable(
+            &c.group,
+            c.partitions.as_deref(),
+            c.require_stable,
+        ))
+    }
+
+    /// TxnOffsetCommit: the offsets are written as one transactional batch of the
+    /// producer and stay pending until its transaction's marker reaches the partition.
+    pub async fn txn_commit(
         &self,
         b: &Broker,
-        c: rpc::FetchOffsets,
-    ) -> Result<Vec<((String, i32), Option<Committed>)>, ApiError> {
+        c: rpc::TxnCommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        Ok(self
-            .coord
-            .borrow()
-            .fetch_offsets(&c.group, c.partitions.as_deref()))
+        let plan = self.coord.borrow_mut().plan_txn_commit(now_ms(), c.args);
+        if plan.records.is_empty() {
+            return Ok(plan.results);
+        }
+        let written = self
+            .append_batch(
+                b,
+                c.partition,
+                &plan.records,
+                Some((plan.producer_id, plan.producer_epoch)),
+            )
+            .await;
+        if let Err(e) = written {
+            self.coord.borrow_mut().fail_txn_commit(&plan);
+            let code = if e.code == ResponseError::KafkaStorageError {
+                ResponseError::CoordinatorNotAvailable
+            } else {
+                e.code
+            };
+            return Ok(plan
+                .results
+                .into_iter()
+                .map(|(tp, r)| (tp, r.and(Err(code))))
+                .collect());
+        }
+        let results = plan.results.clone();
+        self.coord.borrow_mut().apply_txn_commit(plan);
+        Ok(results)
+    }
+
+    /// A transaction marker of `producer_id` was written on `__consumer_offsets`
+    /// partition `partition` of this shard: its pending offsets become visible (commit)
+    /// or go (abort).
+    pub fn complete_txn(&self, partition: i32, producer_id: i64, commit: bool) {
+        if !self.loaded.borrow().contains(&partition) {
+            return; // loaded later from the log, marker included
+        }
+        self.coord
+            .borrow_mut()
+            .complete_txn(producer_id, commit, |g| partition_for(g) == partition);
     }
 
     pub async fn delete_offsets(
@@ -292,11 +339,6 @@ impl GroupShell {
         if records.is_empty() {
             return Ok(());
         }
-        let _permit = self
-            .append_lock
-            .acquire_permit(1)
-            .await
-            .expect("append lock never closes");
         let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
         for r in records {
             by_partition
@@ -305,17 +347,38 @@ impl GroupShell {
                 .push(r);
         }
         for (p, recs) in by_partition {
-            let refs: Vec<sluice_storage::batch::build::NullableRecord<'_>> = recs
-                .iter()
-                .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
-                .collect();
-            let batch = sluice_storage::batch::build::batch_nullable(now_ms(), &refs);
-            // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
-            broker
-                .append_replicated(OFFSETS_TOPIC, p, bytes::Bytes::from(batch))
-                .await?;
+            self.append_batch(broker, p, &recs, None).await?;
         }
         Ok(())
+    }
+
+    /// Appends records to one partition as one batch (transactional for a producer, if
+    /// given) and waits until every in-sync replica has it. One append at a time, so
+    /// records reach the log in the order the coordinator produced them.
+    async fn append_batch(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        records: &[Record],
+        producer: Option<(i64, i16)>,
+    ) -> Result<(), ApiError> {
+        let _permit = self
+            .append_lock
+            .acquire_permit(1)
+            .await
+            .expect("append lock never closes");
+        let refs: Vec<sluice_storage::batch::build::NullableRecord<'_>> = records
+            .iter()
+            .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
+            .collect();
+        let mut batch = sluice_storage::batch::build::batch_nullable(now_ms(), &refs);
+        if let Some((producer_id, epoch)) = producer {
+            crate::util::mark_transactional(&mut batch, producer_id, epoch);
+        }
+        // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
+        broker
+            .append_replicated(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch))
+            .await
     }
 
     async fn load_all_owned(&self, broker: &Broker) -> Result<(), ApiError> {
@@ -376,9 +439,23 @@ impl GroupShell {
                     )
                 })?;
                 let mut coord = self.coord.borrow_mut();
+                let in_partition = |g: &str| partition_for(g) == partition;
                 for rec in set.records {
                     let Some(key) = rec.key else { continue };
-                    if let Err(e) = coord.load_record(now, &key, rec.value.as_deref()) {
+                    let r = if rec.control {
+                        // An end-transaction marker: key = version i16, type i16
+                        // (0 abort, 1 commit).
+                        if key.len() >= 4 {
+                            let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
+                            coord.load_marker(rec.producer_id, commit, in_partition);
+                        }
+                        Ok(())
+                    } else if rec.transactional {
+                        coord.load_txn_record(now, rec.producer_id, &key, rec.value.as_deref())
+                    } else {
+                        coord.load_record(now, &key, rec.value.as_deref())
+                    };
+                    if let Err(e) = r {
                         tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
                     }
                     loaded += 1;

@@ -1,0 +1,560 @@
+//! Transactions in the broker: the per-shard I/O shell around the pure transaction
+//! coordinator of `sluice-coordinator` ([`TxnCoordinator`]), the router that sends
+//! transaction calls to the shard coordinating a transactional id, and the sender of
+//! transaction markers.
+//!
+//! Placement: transactional id T belongs to `__transaction_state` partition
+//! `abs(javaHashCode(T)) % 50` (Kafka's rule), coordinated by that partition's leader,
+//! on the partition's home shard. The shell loads a partition on first use (replaying
+//! its records), appends each record the coordinator produces to the partition (acks=all)
+//! and reports it before any answer leaves, and writes the markers it asks for with
+//! WriteTxnMarkers requests to each partition's leader (this broker included), retried
+//! by the coordinator's tick until written. A ticker drives timeouts and retries.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::sync::Semaphore;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::write_txn_markers_request::{
+    WritableTxnMarker, WritableTxnMarkerTopic,
+};
+use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
+use kafka_protocol::records::RecordBatchDecoder;
+use sluice_client::aio::{self, Conn};
+use sluice_coordinator::txn::{
+    InitArgs, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token, TxnConfig,
+    TxnCoordinator, TxnEffects, TxnReply, TXN_STATE_TOPIC,
+};
+
+use crate::broker::{Broker, PartitionEvents};
+use crate::error::{self, ApiError};
+use crate::rpc::{self, TxnCall};
+use crate::util::{now_ms, sb};
+
+/// transaction.state.log.num.partitions
+pub const TXN_STATE_PARTITIONS: i32 = 50;
+/// How often the coordinator's timers (timeouts, marker retries, expiry) are checked.
+const TICK: Duration = Duration::from_millis(100);
+/// Bytes read per step while loading a partition.
+const LOAD_READ_BYTES: usize = 1 << 20;
+/// A WriteTxnMarkers round trip to a partition leader may take this long.
+const MARKER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `__transaction_state` partition of a transactional id.
+pub fn partition_for(transactional_id: &str) -> i32 {
+    sluice_coordinator::partition_for(transactional_id, TXN_STATE_PARTITIONS)
+}
+
+/// Sends a transaction call to the shard coordinating its transactional id (the home
+/// shard of the id's `__transaction_state` partition, which this broker must lead).
+pub async fn route<R, C>(broker: &Broker, call: C) -> Result<R, ApiError>
+where
+    C: TxnCall<Reply = Result<R, ApiError>>,
+{
+    broker
+        .ensure_internal_topic(TXN_STATE_TOPIC, TXN_STATE_PARTITIONS)
+        .await
+        .map_err(|e| ApiError::with(ResponseError::CoordinatorNotAvailable, e.to_string()))?;
+    let partition = call.partition();
+    let image = broker.image();
+    let meta = image
+        .topics
+        .get(TXN_STATE_TOPIC)
+        .ok_or_else(|| ApiError::new(ResponseError::CoordinatorNotAvailable))?;
+    if meta.assignment(partition).map(|a| a.leader) != Some(broker.config.node_id) {
+        return Err(ApiError::with(
+            ResponseError::NotCoordinator,
+            format!(
+                "broker {} does not lead {TXN_STATE_TOPIC}-{partition}",
+                broker.config.node_id
+            ),
+        ));
+    }
+    let owner = broker.owner(meta, partition);
+    match broker.call(owner, call).await {
+        Ok(r) => r,
+        Err(e) => Err(error::from_mesh(&e)),
+    }
+}
+
+/// One fresh producer id handed to the coordinator (the shell fetched it from the
+/// controller's block before the call).
+struct OneId(Option<i64>);
+
+impl ProducerIds for OneId {
+    fn next_producer_id(&mut self) -> Result<i64, ResponseError> {
+        self.0
+            .take()
+            .ok_or(ResponseError::CoordinatorLoadInProgress)
+    }
+}
+
+pub struct TxnShell {
+    coord: RefCell<TxnCoordinator>,
+    loaded: RefCell<HashSet<i32>>,
+    load_lock: Semaphore,
+    append_lock: Semaphore,
+    pending: RefCell<HashMap<Token, LocalSender<TxnReply>>>,
+    next_token: Cell<Token>,
+    /// Marker rounds being written, so a tick does not start the same one twice.
+    markers_in_flight: RefCell<HashSet<(u64, String, i32)>>,
+    broker: Weak<Broker>,
+    /// This shell, for the tasks that write markers.
+    this: Weak<TxnShell>,
+}
+
+impl TxnShell {
+    /// The shard's transaction shell: starts its ticker (it ends with the broker) and
+    /// subscribes to leadership changes.
+    pub fn start(broker: &Rc<Broker>) -> Rc<TxnShell> {
+        let config = TxnConfig {
+            state_partitions: TXN_STATE_PARTITIONS,
+            offsets_partitions: crate::group::OFFSETS_PARTITIONS,
+            max_timeout_ms: broker.config.transaction_max_timeout_ms,
+            ..TxnConfig::default()
+        };
+        let s = Rc::new_cyclic(|this| TxnShell {
+            coord: RefCell::new(TxnCoordinator::new(config)),
+            loaded: RefCell::new(HashSet::new()),
+            load_lock: Semaphore::new(1),
+            append_lock: Semaphore::new(1),
+            pending: RefCell::new(HashMap::new()),
+            next_token: Cell::new(1),
+            markers_in_flight: RefCell::new(HashSet::new()),
+            broker: Rc::downgrade(broker),
+            this: this.clone(),
+        });
+        broker.subscribe(s.clone());
+        let st = Rc::downgrade(&s);
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(TICK).await;
+                let Some(st) = st.upgrade() else { return };
+                let Some(b) = st.broker.upgrade() else { return };
+                let mut fx = TxnEffects::default();
+                st.coord.borrow_mut().tick(now_ms(), &mut fx);
+                st.run_effects(&b, fx).await;
+            }
+        })
+        .detach();
+        s
+    }
+}
+
+impl PartitionEvents for TxnShell {
+    /// Leadership of a `__transaction_state` partition changed here: unload it; it is
+    /// loaded afresh (at the new leader epoch) on next use if this broker leads it.
+    fn leadership_changed(&self, topic: &str, partition: i32) {
+        if topic != TXN_STATE_TOPIC || !self.loaded.borrow_mut().remove(&partition) {
+            return;
+        }
+        let mut fx = TxnEffects::default();
+        self.coord.borrow_mut().unload(partition, &mut fx);
+        self.deliver(fx.replies);
+        tracing::info!(partition, "unloaded {TXN_STATE_TOPIC} partition");
+    }
+}
+
+/// The calls, served on the shard owning the id's `__transaction_state` partition.
+impl TxnShell {
+    pub async fn init(&self, b: &Broker, c: rpc::TxnInit) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        // A fresh id for the coordinator to hand out if it needs one (new id, fencing
+        // with an exhausted epoch).
+        let fresh = b.control(rpc::AllocateProducerId).await.and_then(|r| r)?;
+        let (token, rx) = self.waiter();
+        let mut fx = TxnEffects::default();
+        self.coord.borrow_mut().init_producer_id(
+            token,
+            now_ms(),
+            c.args,
+            &mut OneId(Some(fresh)),
+            &mut fx,
+        );
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            TxnReply::InitProducerId(r) => r.map_err(ApiError::new),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    pub async fn add_partitions(&self, b: &Broker, c: rpc::TxnAdd) -> Result<(), ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let (token, rx) = self.waiter();
+        let mut fx = TxnEffects::default();
+        self.coord
+            .borrow_mut()
+            .add_partitions(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            TxnReply::AddPartitions(r) => r.map_err(ApiError::new),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    pub async fn add_offsets(&self, b: &Broker, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let (token, rx) = self.waiter();
+        let mut fx = TxnEffects::default();
+        self.coord
+            .borrow_mut()
+            .add_offsets(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            TxnReply::AddOffsets(r) => r.map_err(ApiError::new),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    pub async fn end(&self, b: &Broker, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let (token, rx) = self.waiter();
+        let mut fx = TxnEffects::default();
+        self.coord
+            .borrow_mut()
+            .end_txn(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        match wait(rx).await? {
+            TxnReply::EndTxn(r) => r.map_err(ApiError::new),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    pub async fn describe(
+        &self,
+        b: &Broker,
+        c: rpc::TxnDescribe,
+    ) -> Result<sluice_coordinator::txn::TxnDescription, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        self.coord
+            .borrow()
+            .describe(&c.transactional_id)
+            .map_err(ApiError::new)
+    }
+
+    /// Every transaction of the partitions this shard coordinates (loaded first).
+    pub async fn list(
+        &self,
+        b: &Broker,
+        c: rpc::TxnList,
+    ) -> Result<sluice_coordinator::txn::ListedTxns, ApiError> {
+        let image = b.image();
+        if let Some(meta) = image.topics.get(TXN_STATE_TOPIC) {
+            for p in 0..meta.partitions {
+                let leads = meta.assignment(p).map(|a| a.leader) == Some(b.config.node_id);
+                if leads && b.owner(meta, p) == b.shard {
+                    self.ensure_loaded(b, p).await?;
+                }
+            }
+        }
+        self.coord
+            .borrow()
+            .list(now_ms(), &c.filter)
+            .map_err(ApiError::new)
+    }
+}
+
+fn mismatch(r: TxnReply) -> ApiError {
+    // The coordinator answers each token with the reply of the call that made it.
+    ApiError::with(
+        ResponseError::UnknownServerError,
+        format!("transaction coordinator answered with {r:?}"),
+    )
+}
+
+async fn wait(rx: local_channel::LocalReceiver<TxnReply>) -> Result<TxnReply, ApiError> {
+    match rx.recv().await {
+        Some(r) => Ok(r),
+        // The partition moved away while the request waited.
+        None => Err(ApiError::new(ResponseError::NotCoordinator)),
+    }
+}
+
+impl TxnShell {
+    fn waiter(&self) -> (Token, local_channel::LocalReceiver<TxnReply>) {
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.pending.borrow_mut().insert(token, tx);
+        (token, rx)
+    }
+
+    fn deliver(&self, replies: Vec<(Token, TxnReply)>) {
+        for (token, reply) in replies {
+            if let Some(tx) = self.pending.borrow_mut().remove(&token) {
+                // The requester may be gone (connection closed): nothing to do.
+                let _ = tx.try_send(reply);
+            }
+        }
+    }
+
+    /// Runs effects until none are left: appends (in order, each reported), then
+    /// marker rounds (each in its own task, reported when written), then replies.
+    async fn run_effects(&self, broker: &Broker, fx: TxnEffects) {
+        let mut queue = vec![fx];
+        while let Some(fx) = queue.pop() {
+            for a in fx.appends {
+                let result = self
+                    .append(broker, a.partition, &a.key, a.value.as_deref())
+                    .await;
+                let mut next = TxnEffects::default();
+                self.coord.borrow_mut().append_done(
+                    a.id,
+                    result.map_err(|e| e.code),
+                    now_ms(),
+                    &mut next,
+                );
+                queue.push(next);
+            }
+            for m in fx.markers {
+                self.spawn_markers(m);
+            }
+            self.deliver(fx.replies);
+        }
+    }
+
+    fn spawn_markers(&self, m: MarkerWrite) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        // One round trip per (round, partition) at a time; the coordinator's tick
+        // re-emits rounds whose partitions are not reported yet.
+        let fresh: Vec<(String, i32)> = {
+            let mut inflight = self.markers_in_flight.borrow_mut();
+            m.partitions
+                .iter()
+                .filter(|(t, p)| inflight.insert((m.round, t.clone(), *p)))
+                .cloned()
+                .collect()
+        };
+        if fresh.is_empty() {
+            return;
+        }
+        let shell = self.this.upgrade();
+        glommio::spawn_local(async move {
+            let results = write_markers(&broker, &m, &fresh).await;
+            let Some(shell) = shell else { return };
+            let mut fx = TxnEffects::default();
+            for (tp, r) in results {
+                shell
+                    .markers_in_flight
+                    .borrow_mut()
+                    .remove(&(m.round, tp.0.clone(), tp.1));
+                shell
+                    .coord
+                    .borrow_mut()
+                    .marker_done(m.round, &tp, r, now_ms(), &mut fx);
+            }
+            shell.run_effects(&broker, fx).await;
+        })
+        .detach();
+    }
+
+    /// Appends one record to `__transaction_state-{partition}` and waits until every
+    /// in-sync replica has it. Records reach the log in the order they were produced.
+    async fn append(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), ApiError> {
+        let _permit = self
+            .append_lock
+            .acquire_permit(1)
+            .await
+            .expect("append lock never closes");
+        let batch = sluice_storage::batch::build::batch_nullable(now_ms(), &[(Some(key), value)]);
+        broker
+            .append_replicated(TXN_STATE_TOPIC, partition, bytes::Bytes::from(batch))
+            .await
+    }
+
+    /// Replays a partition of `__transaction_state` into the coordinator, once per
+    /// leadership, then lets it resume transactions left half-way.
+    async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
+        if self.loaded.borrow().contains(&partition) {
+            return Ok(());
+        }
+        let _permit = self
+            .load_lock
+            .acquire_permit(1)
+            .await
+            .expect("load lock never closes");
+        if self.loaded.borrow().contains(&partition) {
+            return Ok(());
+        }
+        let not_ready = |e: ApiError| {
+            ApiError::with(
+                ResponseError::CoordinatorLoadInProgress,
+                format!("{TXN_STATE_TOPIC}-{partition} is not ready on this shard: {e}"),
+            )
+        };
+        let (log, _) = broker.log(TXN_STATE_TOPIC, partition).map_err(not_ready)?;
+        let epoch = broker
+            .replica(TXN_STATE_TOPIC, partition)
+            .map_err(not_ready)?
+            .leader_epoch()
+            .ok_or_else(|| ApiError::new(ResponseError::NotCoordinator))?;
+        let mut fx = TxnEffects::default();
+        self.coord
+            .borrow_mut()
+            .begin_load(partition, epoch, &mut fx);
+        let mut offset = log.log_start_offset();
+        let mut loaded = 0usize;
+        loop {
+            let r = log.read(offset, LOAD_READ_BYTES, None).await.map_err(|e| {
+                ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string())
+            })?;
+            if r.records.is_empty() || r.next_offset <= offset {
+                break;
+            }
+            offset = r.next_offset;
+            let mut buf = r.records.clone();
+            while !buf.is_empty() {
+                let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| {
+                    ApiError::with(
+                        ResponseError::CoordinatorNotAvailable,
+                        format!("{TXN_STATE_TOPIC}-{partition}: {e}"),
+                    )
+                })?;
+                let mut coord = self.coord.borrow_mut();
+                for rec in set.records {
+                    let Some(key) = rec.key else { continue };
+                    if let Err(e) = coord.load_record(&key, rec.value.as_deref()) {
+                        tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
+                    }
+                    loaded += 1;
+                }
+            }
+        }
+        self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
+        self.loaded.borrow_mut().insert(partition);
+        tracing::info!(
+            partition,
+            records = loaded,
+            "loaded {TXN_STATE_TOPIC} partition"
+        );
+        // Markers of transactions left in PrepareCommit/PrepareAbort go out now.
+        self.run_effects(broker, fx).await;
+        Ok(())
+    }
+}
+
+/// Writes one round of markers: one WriteTxnMarkers request to each partition leader
+/// (this broker's own address included). A partition without a leader, or whose leader
+/// did not answer, is a failure the coordinator retries; one whose topic is gone is
+/// `Gone`.
+async fn write_markers(
+    broker: &Broker,
+    m: &MarkerWrite,
+    partitions: &[(String, i32)],
+) -> Vec<((String, i32), MarkerResult)> {
+    let image = broker.image();
+    let mut out = Vec::new();
+    let mut by_leader: BTreeMap<i32, Vec<(String, i32)>> = BTreeMap::new();
+    for (t, p) in partitions {
+        let tp = (t.clone(), *p);
+        match image.topics.get(t) {
+            None => out.push((tp, MarkerResult::Gone)),
+            Some(meta) if !(0..meta.partitions).contains(p) => out.push((tp, MarkerResult::Gone)),
+            Some(meta) => match meta.assignment(*p).map(|a| a.leader) {
+                Some(l) if l >= 0 => by_leader.entry(l).or_default().push(tp),
+                _ => out.push((tp, MarkerResult::Failed(ResponseError::NotLeaderOrFollower))),
+            },
+        }
+    }
+    for (leader, tps) in by_leader {
+        let results = match send_markers(broker, &image, leader, m, &tps).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(leader, error = %e, "WriteTxnMarkers failed; the coordinator retries");
+                tps.iter()
+                    .map(|tp| {
+                        (
+                            tp.clone(),
+                            MarkerResult::Failed(ResponseError::RequestTimedOut),
+                        )
+                    })
+                    .collect()
+            }
+        };
+        out.extend(results);
+    }
+    out
+}
+
+async fn send_markers(
+    _broker: &Broker,
+    image: &crate::metadata::MetadataImage,
+    leader: i32,
+    m: &MarkerWrite,
+    tps: &[(String, i32)],
+) -> Result<Vec<((String, i32), MarkerResult)>, String> {
+    let node = image
+        .brokers
+        .get(&leader)
+        .ok_or_else(|| format!("broker {leader} is not registered"))?;
+    let addr = aio::resolve(&node.host, node.port).await?;
+    let mut conn = Conn::connect(addr, "sluice-txn-markers", Some(Duration::from_secs(1)))
+        .await?
+        .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in tps {
+        topics.entry(t.as_str()).or_default().push(*p);
+    }
+    let marker = WritableTxnMarker::default()
+        .with_producer_id(m.producer_id.into())
+        .with_producer_epoch(m.producer_epoch)
+        .with_transaction_result(m.commit)
+        .with_coordinator_epoch(m.coordinator_epoch)
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(t, ps)| {
+                    WritableTxnMarkerTopic::default()
+                        .with_name(TopicName(sb(t)))
+                        .with_partition_indexes(ps)
+                })
+                .collect(),
+        );
+    let req = WriteTxnMarkersRequest::default().with_markers(vec![marker]);
+    let resp = conn.call(1, &req).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for r in resp.markers {
+        for t in r.topics {
+            for p in t.partitions {
+                let tp = (t.name.0.to_string(), p.partition_index);
+                let result = match p.error_code {
+                    0 => MarkerResult::Written,
+                    code => match ResponseError::try_from_code(code) {
+                        Some(ResponseError::UnknownTopicOrPartition) => MarkerResult::Gone,
+                        Some(e) => MarkerResult::Failed(e),
+                        None => MarkerResult::Failed(ResponseError::UnknownServerError),
+                    },
+                };
+                out.push((tp, result));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// InitProducerId arguments from a request.
+pub fn init_args(
+    transactional_id: Option<String>,
+    timeout_ms: i32,
+    producer_id: i64,
+    epoch: i16,
+) -> InitArgs {
+    InitArgs {
+        transactional_id,
+        transaction_timeout_ms: timeout_ms,
+        producer_id,
+        producer_epoch: epoch,
+    }
+}

@@ -29,7 +29,7 @@
 //! passes a [`Token`] and gets the answer in [`Effects::replies`] of whichever call
 //! completes the phase.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -213,16 +213,21 @@ pub struct Group {
     /// durable): a transactional commit completed by a marker replaces an offset only
     /// if it was written after it (Kafka's `olderThan`).
     offset_seq: HashMap<(String, i32), u64>,
-    /// TxnOffsetCommits waiting for their transaction's marker, per producer id.
+    /// Durable TxnOffsetCommits waiting for their transaction's marker, per producer
+    /// id: exactly the offset records of the producer's open transaction in the log.
     pending_txn: BTreeMap<i64, BTreeMap<(String, i32), PendingTxnOffset>>,
+    /// TxnOffsetCommits planned and not yet reported durable or failed, per producer id
+    /// and partition (a count): OffsetFetch with require_stable counts them as pending.
+    inflight_txn: BTreeMap<i64, BTreeMap<(String, i32), u32>>,
 }
 
-/// A transactional offset commit of a group, until its transaction ends.
+/// A transactional offset commit of a group whose record is durable, until its
+/// transaction ends.
 #[derive(Debug, Clone)]
 struct PendingTxnOffset {
     committed: Committed,
-    /// Log order once its record is durable; `None` while the append is in flight.
-    seq: Option<u64>,
+    /// Its place in the log (see `offset_seq`).
+    seq: u64,
 }
 
 impl Group {
@@ -244,6 +249,7 @@ impl Group {
             offsets: BTreeMap::new(),
             offset_seq: HashMap::new(),
             pending_txn: BTreeMap::new(),
+            inflight_txn: BTreeMap::new(),
         }
     }
 
@@ -273,14 +279,43 @@ impl Group {
         self.offsets.remove(tp)
     }
 
-    /// Whether a TxnOffsetCommit for the partition waits for its transaction's end.
+    /// Whether a TxnOffsetCommit for the partition waits for its transaction's end
+    /// (or for its own record to be durable).
     pub fn has_pending_txn_offset(&self, tp: &(String, i32)) -> bool {
         self.pending_txn.values().any(|p| p.contains_key(tp))
+            || self.inflight_txn.values().any(|p| p.contains_key(tp))
     }
 
-    /// Producer ids with pending transactional commits in this group.
-    pub fn txn_producers(&self) -> impl Iterator<Item = i64> + '_ {
-        self.pending_txn.keys().copied()
+    /// Producer ids with transactional commits pending in this group.
+    pub fn txn_producers(&self) -> BTreeSet<i64> {
+        self.pending_txn
+            .keys()
+            .chain(self.inflight_txn.keys())
+            .copied()
+            .collect()
+    }
+
+    /// One in-flight TxnOffsetCommit of the partition is over; false if none was
+    /// counted (its transaction ended meanwhile).
+    fn end_inflight(&mut self, producer_id: i64, tp: &(String, i32)) -> bool {
+        let Some(m) = self.inflight_txn.get_mut(&producer_id) else {
+            return false;
+        };
+        let Some(n) = m.get_mut(tp) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            m.remove(tp);
+        }
+        if m.is_empty() {
+            self.inflight_txn.remove(&producer_id);
+        }
+        true
+    }
+
+    fn has_txn_offsets(&self) -> bool {
+        !self.pending_txn.is_empty() || !self.inflight_txn.is_empty()
     }
 
     /// Kafka's `validateCurrentMember`: a static member must be the one its instance id
@@ -731,7 +766,7 @@ impl Coordinator {
                 && g.members.is_empty()
                 && g.pending_members.is_empty()
                 && g.offsets.is_empty()
-                && g.pending_txn.is_empty()
+                && !g.has_txn_offsets()
         });
         if unused {
             self.groups.remove(group_id);
@@ -1329,7 +1364,7 @@ impl Coordinator {
             }
             if group.offsets.is_empty()
                 && group.pending_members.is_empty()
-                && group.pending_txn.is_empty()
+                && !group.has_txn_offsets()
             {
                 // An empty group with nothing committed holds nothing: it goes.
                 dead.push(group.id.clone());
@@ -1604,13 +1639,12 @@ impl Coordinator {
             }
             plan.records
                 .push(offset_record(&a.group_id, &tp.0, tp.1, &c));
-            group.pending_txn.entry(a.producer_id).or_default().insert(
-                tp.clone(),
-                PendingTxnOffset {
-                    committed: c.clone(),
-                    seq: None,
-                },
-            );
+            *group
+                .inflight_txn
+                .entry(a.producer_id)
+                .or_default()
+                .entry(tp.clone())
+                .or_default() += 1;
             plan.results.push((tp.clone(), Ok(())));
             plan.accepted.push((tp, c));
         }
@@ -1619,43 +1653,39 @@ impl Coordinator {
     }
 
     /// A TxnOffsetCommit's records are durable: its offsets wait for the marker (Kafka's
-    /// `onTxnOffsetCommitAppend`). Offsets whose transaction ended meanwhile stay gone.
+    /// `onTxnOffsetCommitAppend`). If the transaction ended while the append was in
+    /// flight, the offsets are dropped, as Kafka drops them.
     pub fn apply_txn_commit(&mut self, plan: TxnCommitPlan) {
         let Some(group) = self.groups.get_mut(&plan.group_id) else {
             return;
         };
-        let Some(pending) = group.pending_txn.get_mut(&plan.producer_id) else {
-            return;
-        };
         for (tp, c) in plan.accepted {
-            if let Some(p) = pending.get_mut(&tp) {
-                if p.seq.is_none() && p.committed == c {
-                    self.log_seq += 1;
-                    p.seq = Some(self.log_seq);
-                }
+            if !group.end_inflight(plan.producer_id, &tp) {
+                tracing::debug!(group = %group.id, producer_id = plan.producer_id, ?tp, "transaction ended before its offset record was durable");
+                continue;
             }
+            self.log_seq += 1;
+            let p = PendingTxnOffset {
+                committed: c,
+                seq: self.log_seq,
+            };
+            group
+                .pending_txn
+                .entry(plan.producer_id)
+                .or_default()
+                .insert(tp, p);
         }
     }
 
-    /// A TxnOffsetCommit's append failed: its pending offsets go (Kafka's
-    /// `failPendingTxnOffsetCommit`; a newer commit of the same partition in flight is
-    /// kept).
+    /// A TxnOffsetCommit's append failed: nothing of it is pending any more (Kafka's
+    /// `failPendingTxnOffsetCommit`). An earlier commit of the same partition in the same
+    /// transaction that is durable stays pending.
     pub fn fail_txn_commit(&mut self, plan: &TxnCommitPlan) {
         let Some(group) = self.groups.get_mut(&plan.group_id) else {
             return;
         };
-        if let Some(pending) = group.pending_txn.get_mut(&plan.producer_id) {
-            for (tp, c) in &plan.accepted {
-                if pending
-                    .get(tp)
-                    .is_some_and(|p| p.seq.is_none() && p.committed == *c)
-                {
-                    pending.remove(tp);
-                }
-            }
-            if pending.is_empty() {
-                group.pending_txn.remove(&plan.producer_id);
-            }
+        for (tp, _) in &plan.accepted {
+            group.end_inflight(plan.producer_id, tp);
         }
         self.drop_if_unused(&plan.group_id);
     }
@@ -1674,6 +1704,9 @@ impl Coordinator {
             if group.state == GroupState::Dead || !in_partition(&group.id) {
                 continue;
             }
+            // Records still in flight are not part of the transaction that ended: their
+            // durable report finds nothing to join.
+            group.inflight_txn.remove(&producer_id);
             let Some(pending) = group.pending_txn.remove(&producer_id) else {
                 continue;
             };
@@ -1681,14 +1714,8 @@ impl Coordinator {
                 continue;
             }
             for (tp, p) in pending {
-                let Some(seq) = p.seq else {
-                    // The marker came before the commit's own record was durable: that
-                    // record is not part of the transaction Kafka completes.
-                    tracing::warn!(group = %group.id, producer_id, ?tp, "commit marker before its offset record; dropped");
-                    continue;
-                };
-                if group.offset_seq.get(&tp).is_none_or(|cur| *cur < seq) {
-                    group.offset_seq.insert(tp.clone(), seq);
+                if group.offset_seq.get(&tp).is_none_or(|cur| *cur < p.seq) {
+                    group.offset_seq.insert(tp.clone(), p.seq);
                     group.offsets.insert(tp, p.committed);
                 }
             }
@@ -1755,7 +1782,7 @@ impl Coordinator {
                     tp,
                     PendingTxnOffset {
                         committed,
-                        seq: Some(self.log_seq),
+                        seq: self.log_seq,
                     },
                 );
             }

@@ -571,6 +571,11 @@ impl Outbox {
         meta: &mut TxnMeta,
         fx: &mut TxnEffects,
     ) {
+        assert!(
+            meta.markers.is_none(),
+            "transactional id {}: a second marker round",
+            meta.id
+        );
         let round = self.next();
         self.rounds.insert(round, (partition, meta.id.clone()));
         meta.markers = Some(MarkerRound {
@@ -651,7 +656,7 @@ enum InitStep {
 #[derive(Debug, Default)]
 pub struct TxnCoordinator {
     pub config: TxnConfig,
-    partitions: HashMap<i32, StatePartition>,
+    partitions: BTreeMap<i32, StatePartition>,
     out: Outbox,
     next_abort_check_ms: i64,
     next_expiry_check_ms: i64,
@@ -1224,13 +1229,7 @@ impl TxnCoordinator {
 
     fn abort_timed_out(&mut self, now_ms: i64, fx: &mut TxnEffects) {
         let version = self.config.value_version;
-        let mut ps: Vec<i32> = self.partitions.keys().copied().collect();
-        ps.sort_unstable();
-        for p in ps {
-            let part = self.partitions.get_mut(&p).expect("listed");
-            if part.loading {
-                continue;
-            }
+        for (&p, part) in self.partitions.iter_mut().filter(|(_, s)| !s.loading) {
             for meta in part.txns.values_mut() {
                 let c = &meta.cur;
                 let timed_out = meta.pending.is_none()
@@ -1250,13 +1249,7 @@ impl TxnCoordinator {
     fn expire_ids(&mut self, now_ms: i64, fx: &mut TxnEffects) {
         let version = self.config.value_version;
         let expiry = self.config.id_expiration_ms;
-        let mut ps: Vec<i32> = self.partitions.keys().copied().collect();
-        ps.sort_unstable();
-        for p in ps {
-            let part = self.partitions.get_mut(&p).expect("listed");
-            if part.loading {
-                continue;
-            }
+        for (&p, part) in self.partitions.iter_mut().filter(|(_, s)| !s.loading) {
             for meta in part.txns.values_mut() {
                 let c = &meta.cur;
                 let idle = meta.pending.is_none()
@@ -1447,7 +1440,7 @@ impl TxnCoordinator {
 /// The partition serving `transactional_id`, or the error Kafka's `getTransactionState`
 /// gives.
 fn serving<'a>(
-    partitions: &'a mut HashMap<i32, StatePartition>,
+    partitions: &'a mut BTreeMap<i32, StatePartition>,
     state_partitions: i32,
     transactional_id: &str,
 ) -> Result<(i32, &'a mut StatePartition), ResponseError> {

@@ -1282,7 +1282,7 @@ mod group_side {
         co.complete_txn(PID, true, all);
         assert_eq!(fetch(&co, 0, true), Ok(Some(10)));
         assert_eq!(fetch(&co, 1, true), Ok(Some(11)));
-        assert!(co.group("g").unwrap().txn_producers().next().is_none());
+        assert!(co.group("g").unwrap().txn_producers().is_empty());
     }
 
     #[test]
@@ -1388,6 +1388,32 @@ mod group_side {
         co.fail_txn_commit(&plan);
         assert_eq!(fetch(&co, 0, true), Ok(None));
         assert!(co.group("g").is_none(), "the group it created is dropped");
+    }
+
+    #[test]
+    fn a_failed_retry_keeps_the_durable_commit_of_the_transaction_pending() {
+        let mut co = Coordinator::new(CoordinatorConfig::default());
+        let first = co.plan_txn_commit(0, args(-1, "", None, &[(0, 10)]));
+        co.apply_txn_commit(first);
+        let retry = co.plan_txn_commit(0, args(-1, "", None, &[(0, 10)]));
+        co.fail_txn_commit(&retry);
+        assert_eq!(fetch(&co, 0, true), Err(E::UnstableOffsetCommit));
+        co.complete_txn(PID, true, all);
+        assert_eq!(
+            fetch(&co, 0, true),
+            Ok(Some(10)),
+            "the durable record commits"
+        );
+    }
+
+    #[test]
+    fn offsets_durable_after_their_transaction_ended_are_dropped() {
+        let mut co = Coordinator::new(CoordinatorConfig::default());
+        let plan = co.plan_txn_commit(0, args(-1, "", None, &[(0, 10)]));
+        co.complete_txn(PID, true, all);
+        co.apply_txn_commit(plan);
+        assert_eq!(fetch(&co, 0, true), Ok(None));
+        assert!(co.group("g").unwrap().txn_producers().is_empty());
     }
 
     #[test]

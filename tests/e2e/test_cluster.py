@@ -623,3 +623,48 @@ def test_follower_behind_the_leaders_log_start_starts_over_there(cluster):
     wait_until(lambda: above_start(lagger) == above_start(leader) != [],
                20, "the lagger holds the leader's records from offset 40", retry=(OSError,))
     assert all(b[0] >= 40 for b in disk_batches(cluster.data_dir(lagger), topic, 0))
+
+
+def _txn_state_partition(txn_id, partitions=50):
+    h = 0
+    for ch in txn_id.encode("utf-16-be").decode("utf-16-be"):
+        h = (h * 31 + ord(ch)) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def test_transactions_survive_a_coordinator_sigkill(cluster):
+    """A transactional producer commits batches on 3 brokers; the broker coordinating
+    its transactional id is SIGKILLed mid-stream. The producer finds the new
+    coordinator (a replica of the id's __transaction_state partition reloads it and
+    finishes what was prepared); a batch whose transaction failed is aborted and sent
+    again. read_committed readers see every batch exactly once, in order."""
+    from confluent_kafka import KafkaException
+    topic, txn_id = "txn-failover", "failover-txn"
+    cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": txn_id,
+                  "transaction.timeout.ms": 10000, "socket.connection.setup.timeout.ms": 3000,
+                  "reconnect.backoff.max.ms": 500, "message.timeout.ms": 10000})
+    p.init_transactions(60)
+    coordinator = cluster.leader_of("__transaction_state", _txn_state_partition(txn_id))
+    batches, killed, k = 30, False, 0
+    end = time.monotonic() + 120
+    while k < batches:
+        assert time.monotonic() < end, f"stuck at batch {k}"
+        if k == 10 and not killed:
+            cluster.kill(coordinator)
+            killed = True
+        try:
+            p.begin_transaction()
+            for i in range(10):
+                p.produce(topic, value=f"{k}-{i}".encode(), partition=0)
+            p.commit_transaction(30)
+            k += 1
+        except KafkaException as e:
+            err = e.args[0]
+            assert err.txn_requires_abort() or err.retriable(), f"fatal: {err}"
+            if err.txn_requires_abort():
+                p.abort_transaction(30)
+    values = [v.decode() for (_, _, v) in cluster.read_all(topic, 0, **{"isolation.level": "read_committed"})
+              if v is not None]
+    assert values == [f"{k}-{i}" for k in range(batches) for i in range(10)]

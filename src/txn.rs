@@ -5,8 +5,9 @@
 //!
 //! Placement: transactional id T belongs to `__transaction_state` partition
 //! `abs(javaHashCode(T)) % 50` (Kafka's rule), coordinated by that partition's leader,
-//! on the partition's home shard. The shell loads a partition on first use (replaying
-//! its records), appends each record the coordinator produces to the partition (acks=all)
+//! on the partition's home shard. The shell loads every partition this broker leads as
+//! soon as it leads it (replaying its records; within a tick), so forgotten
+//! transactions still time out, appends each record the coordinator produces to the partition (acks=all)
 //! and reports it before any answer leaves, and writes the markers it asks for with
 //! WriteTxnMarkers requests to each partition's leader (this broker included), retried
 //! by the coordinator's tick until written. A ticker drives timeouts and retries.
@@ -134,6 +135,12 @@ impl TxnShell {
                 glommio::timer::sleep(TICK).await;
                 let Some(st) = st.upgrade() else { return };
                 let Some(b) = st.broker.upgrade() else { return };
+                // Load every partition led here at once (not on first use): the
+                // transactions in it time out, and prepared ones complete, even if no
+                // client of theirs comes back.
+                if let Err(e) = st.load_all_led(&b).await {
+                    tracing::debug!(error = %e, "loading {TXN_STATE_TOPIC} partitions");
+                }
                 let mut fx = TxnEffects::default();
                 st.coord.borrow_mut().tick(now_ms(), &mut fx);
                 st.run_effects(&b, fx).await;
@@ -235,21 +242,29 @@ impl TxnShell {
             .map_err(ApiError::new)
     }
 
+    /// Loads every `__transaction_state` partition this broker leads whose home is
+    /// this shard.
+    async fn load_all_led(&self, b: &Broker) -> Result<(), ApiError> {
+        let image = b.image();
+        let Some(meta) = image.topics.get(TXN_STATE_TOPIC) else {
+            return Ok(());
+        };
+        for p in 0..meta.partitions {
+            let leads = meta.assignment(p).map(|a| a.leader) == Some(b.config.node_id);
+            if leads && b.owner(meta, p) == b.shard && !self.loaded.borrow().contains(&p) {
+                self.ensure_loaded(b, p).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Every transaction of the partitions this shard coordinates (loaded first).
     pub async fn list(
         &self,
         b: &Broker,
         c: rpc::TxnList,
     ) -> Result<sluice_coordinator::txn::ListedTxns, ApiError> {
-        let image = b.image();
-        if let Some(meta) = image.topics.get(TXN_STATE_TOPIC) {
-            for p in 0..meta.partitions {
-                let leads = meta.assignment(p).map(|a| a.leader) == Some(b.config.node_id);
-                if leads && b.owner(meta, p) == b.shard {
-                    self.ensure_loaded(b, p).await?;
-                }
-            }
-        }
+        self.load_all_led(b).await?;
         self.coord
             .borrow()
             .list(now_ms(), &c.filter)
@@ -320,8 +335,9 @@ impl TxnShell {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        // One round trip per (round, partition) at a time; the coordinator's tick
-        // re-emits rounds whose partitions are not reported yet.
+        // One round trip per (round, partition) at a time. Every partition is
+        // reported (written, gone or failed); the coordinator's tick re-emits the
+        // failed ones.
         let fresh: Vec<(String, i32)> = {
             let mut inflight = self.markers_in_flight.borrow_mut();
             m.partitions

@@ -177,3 +177,33 @@ def test_abandoned_transaction_is_aborted_after_its_timeout(broker):
     # and none of the abandoned ones.
     got = read(broker.addr, "abandon", "read_committed", expect=1, timeout=60)
     assert got == ["after"]
+
+
+def test_open_transaction_survives_a_broker_sigkill_and_is_aborted(make_broker):
+    """A transaction is open (records stored, no marker) when the broker is SIGKILLed.
+    After the restart the coordinator reloads it from __transaction_state, the
+    partition rebuilds its producer state (the open transaction holds the last stable
+    offset), and the transaction is aborted after its timeout: read_committed readers
+    then pass it and never see its records. A committed transaction before it stays."""
+    broker = make_broker()
+    create_topic(broker.addr, "crash-tx", 1)
+    p = txn_producer(broker.addr, "crash-id", **{"transaction.timeout.ms": 3000,
+                                                  "message.timeout.ms": 3000})
+    p.begin_transaction()
+    p.produce("crash-tx", value="kept")
+    p.commit_transaction(30)
+    proc = subprocess.Popen([sys.executable, "-c", ABANDONED, broker.addr, "crash-open", "crash-tx"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"OPEN"
+        broker.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    broker.start()
+    plain = Producer({"bootstrap.servers": broker.addr})
+    plain.produce("crash-tx", value="after")
+    assert plain.flush(30) == 0
+    assert read(broker.addr, "crash-tx", "read_committed", expect=2, timeout=60) == ["kept", "after"]
+    assert read(broker.addr, "crash-tx", "read_uncommitted", expect=12)[1:11] == \
+        [f"abandoned-{i}" for i in range(10)], "the aborted records are stored, just not visible"

@@ -207,3 +207,62 @@ def test_open_transaction_survives_a_broker_sigkill_and_is_aborted(make_broker):
     assert read(broker.addr, "crash-tx", "read_committed", expect=2, timeout=60) == ["kept", "after"]
     assert read(broker.addr, "crash-tx", "read_uncommitted", expect=12)[1:11] == \
         [f"abandoned-{i}" for i in range(10)], "the aborted records are stored, just not visible"
+
+
+PROCESSOR = textwrap.dedent("""
+    import sys
+    from confluent_kafka import Consumer, Producer
+    addr, group, src, dst = sys.argv[1:5]
+    c = Consumer({"bootstrap.servers": addr, "group.id": group, "group.instance.id": "proc-0",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed", "session.timeout.ms": 6000})
+    c.subscribe([src])
+    p = Producer({"bootstrap.servers": addr, "transactional.id": "ctp-processor"})
+    p.init_transactions(60)
+    done = 0
+    while True:
+        msgs = [m for m in c.consume(num_messages=20, timeout=0.5) if not m.error()]
+        if not msgs:
+            continue
+        p.begin_transaction()
+        for m in msgs:
+            p.produce(dst, value=b"out-" + m.value())
+        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 60)
+        p.commit_transaction(60)
+        done += len(msgs)
+        print("DONE", done, flush=True)
+""")
+
+
+def test_consume_transform_produce_through_processor_sigkills_is_exactly_once(broker):
+    """The processor (consumer group + transactional producer committing its input
+    offsets in each transaction) is SIGKILLed three times mid-stream and restarted with
+    the same transactional id and static member id: the read_committed output holds
+    every input record exactly once, in order."""
+    n = 1500
+    create_topic(broker.addr, "ctpk-in", 1)
+    create_topic(broker.addr, "ctpk-out", 1)
+    src = Producer({"bootstrap.servers": broker.addr, "linger.ms": 5})
+    for i in range(n):
+        src.produce("ctpk-in", value=f"{i}")
+    assert src.flush(30) == 0
+    group = f"ctpk-{uuid.uuid4().hex[:6]}"
+    args = [sys.executable, "-c", PROCESSOR, broker.addr, group, "ctpk-in", "ctpk-out"]
+    for kill_after in (200, 300, 300, None):
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            if kill_after is None:
+                read(broker.addr, "ctpk-out", "read_committed", expect=n, timeout=120)
+                break
+            # Let this run commit some transactions, then SIGKILL it mid-stream.
+            while True:
+                line = proc.stdout.readline()
+                assert line, "the processor exited"
+                if line.startswith(b"DONE") and int(line.split()[1]) >= kill_after:
+                    break
+        finally:
+            proc.kill()
+            proc.wait()
+    out = read(broker.addr, "ctpk-out", "read_committed")
+    assert out == [f"out-{i}" for i in range(n)], \
+        f"{len(out)} records, {len(set(out))} distinct: every input exactly once, in order"

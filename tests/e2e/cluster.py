@@ -546,14 +546,20 @@ class Cluster:
             c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
             out = []
             end = time.monotonic() + deadline
-            while (not out or out[-1][0] < high - 1) and high > low:
+            # Done once the consumer's position passes the high watermark taken above
+            # (the last offsets may be transaction markers, which are never returned).
+            position = low
+            while position < high:
                 if time.monotonic() > end:
-                    raise AssertionError(f"read {len(out)} records of {topic}-{partition}, "
-                                         f"wanted up to offset {high}")
+                    raise AssertionError(f"read {len(out)} records of {topic}-{partition} "
+                                         f"(position {position}), wanted up to offset {high}")
                 m = c.poll(0.5)
-                if m is None or (m.error() is not None and check_consumer_error(m.error())):
-                    continue
-                out.append((m.offset(), m.key(), m.value()))
+                if m is not None and m.error() is None:
+                    out.append((m.offset(), m.key(), m.value()))
+                elif m is not None:
+                    check_consumer_error(m.error())  # end of partition, transient, else fails
+                [tp] = c.position([TopicPartition(topic, partition)])
+                position = max(position, tp.offset)
             return out
         finally:
             c.close()

@@ -633,26 +633,24 @@ def _txn_state_partition(txn_id, partitions=50):
     return (0 if h == -(1 << 31) else abs(h)) % partitions
 
 
-def test_transactions_survive_a_coordinator_sigkill(cluster):
-    """A transactional producer commits batches on 3 brokers; the broker coordinating
-    its transactional id is SIGKILLed mid-stream. The producer finds the new
-    coordinator (a replica of the id's __transaction_state partition reloads it and
-    finishes what was prepared); a batch whose transaction failed is aborted and sent
-    again. read_committed readers see every batch exactly once, in order."""
+def _txn_stream_through_a_kill(cluster, topic, txn_id, victim_of):
+    """A transactional producer commits 30 batches of 10 records to partition 0 of an
+    RF=3 topic; after 10 batches the broker `victim_of(cluster)` names is SIGKILLed. A
+    batch whose transaction fails is aborted and sent again. read_committed readers
+    must see every batch exactly once, in order."""
     from confluent_kafka import KafkaException
-    topic, txn_id = "txn-failover", "failover-txn"
     cluster.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
     p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": txn_id,
                   "transaction.timeout.ms": 10000, "socket.connection.setup.timeout.ms": 3000,
                   "reconnect.backoff.max.ms": 500, "message.timeout.ms": 10000})
     p.init_transactions(60)
-    coordinator = cluster.leader_of("__transaction_state", _txn_state_partition(txn_id))
+    victim = victim_of(cluster)
     batches, killed, k = 30, False, 0
     end = time.monotonic() + 120
     while k < batches:
         assert time.monotonic() < end, f"stuck at batch {k}"
         if k == 10 and not killed:
-            cluster.kill(coordinator)
+            cluster.kill(victim)
             killed = True
         try:
             p.begin_transaction()
@@ -668,3 +666,21 @@ def test_transactions_survive_a_coordinator_sigkill(cluster):
     values = [v.decode() for (_, _, v) in cluster.read_all(topic, 0, **{"isolation.level": "read_committed"})
               if v is not None]
     assert values == [f"{k}-{i}" for k in range(batches) for i in range(10)]
+
+
+def test_transactions_survive_a_coordinator_sigkill(cluster):
+    """The broker coordinating the transactional id dies: a replica of the id's
+    __transaction_state partition takes over, reloads it and finishes what was
+    prepared."""
+    txn_id = "failover-txn"
+    _txn_stream_through_a_kill(
+        cluster, "txn-failover", txn_id,
+        lambda c: c.leader_of("__transaction_state", _txn_state_partition(txn_id)))
+
+
+def test_transactions_survive_a_partition_leader_sigkill(cluster):
+    """The leader of the data partition dies mid-stream: the new leader knows the open
+    transaction from the replicated log (producer state, last stable offset), and the
+    markers go to it."""
+    _txn_stream_through_a_kill(cluster, "txn-leader", "leader-txn",
+                               lambda c: c.leader_of("txn-leader", 0))

@@ -30,7 +30,8 @@
 //! 6. `api` — one handler per Kafka API, and the API-version registry.
 //! 7. `server` — listener, connections, response ordering.
 //! 8. `node` — start-up: shards, quorum, subsystems, listeners.
-//! 9. `cluster_cli`, `group_cli` — the admin CLIs (they use only the base layer).
+//! 9. `cluster_cli`, `group_cli`, `txn_cli` — the admin CLIs (they use only the base
+//!    layer).
 
 pub mod api;
 pub mod broker;
@@ -50,6 +51,7 @@ pub mod rpc;
 pub mod server;
 pub mod topic_config;
 pub mod txn;
+pub mod txn_cli;
 pub mod util;
 
 /// Unit tests run on the broker's own allocator (as `main.rs` does), so request decoding

@@ -28,6 +28,25 @@ enum Command {
     Group(GroupArgs),
     /// Cluster: brokers, controller, partition leaders and ISRs (`describe`).
     Cluster(sluice::cluster_cli::ClusterArgs),
+    /// Transactions: list (state, partitions, timeout, age), describe one id.
+    Txn(TxnArgs),
+}
+
+#[derive(clap::Args)]
+struct TxnArgs {
+    /// Any broker of the cluster.
+    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    #[command(subcommand)]
+    command: TxnCommand,
+}
+
+#[derive(Subcommand)]
+enum TxnCommand {
+    /// Every transactional id, with its state, open partitions, timeout and age.
+    List,
+    /// One transactional id.
+    Describe { transactional_id: String },
 }
 
 #[derive(clap::Args)]
@@ -95,6 +114,19 @@ fn main() {
         Command::Group(g) => {
             if let Err(e) = group(g) {
                 eprintln!("sluice group: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Txn(t) => {
+            let r = match t.command {
+                TxnCommand::List => sluice::txn_cli::list(&t.bootstrap),
+                TxnCommand::Describe { transactional_id } => {
+                    sluice::txn_cli::describe(&t.bootstrap, &transactional_id)
+                }
+            };
+            if let Err(e) = r {
+                eprintln!("sluice txn: {e}");
                 std::process::exit(1);
             }
             return;

@@ -113,7 +113,6 @@ impl TxnShell {
     pub fn start(broker: &Rc<Broker>) -> Rc<TxnShell> {
         let config = TxnConfig {
             state_partitions: TXN_STATE_PARTITIONS,
-            offsets_partitions: crate::group::OFFSETS_PARTITIONS,
             max_timeout_ms: broker.config.transaction_max_timeout_ms,
             ..TxnConfig::default()
         };

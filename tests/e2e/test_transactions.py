@@ -14,7 +14,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from conftest import check_consumer_error, wait_until
+from conftest import SLUICE_BIN, check_consumer_error, wait_until
 from test_confluent import create_topic
 
 
@@ -78,7 +78,20 @@ def test_commit_visible_abort_invisible_and_lso_holds_readers(broker):
     assert plain.flush(10) == 0
     assert read(broker.addr, "tx", "read_uncommitted")[-2:] == ["open", "plain"]
     assert read(broker.addr, "tx", "read_committed") == committed, "held at the open transaction"
+    # The operator's view of the hanging transaction.
+    out = subprocess.run([SLUICE_BIN, "txn", "list", "--bootstrap", broker.addr],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("tx-1 ")]
+    assert line.split()[2] == "Ongoing" and line.split()[-1] == "tx-0", line
     p.commit_transaction(30)
+
+    def state():
+        out = subprocess.run([SLUICE_BIN, "txn", "describe", "tx-1", "--bootstrap", broker.addr],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return "CompleteCommit" in out.stdout  # the markers follow the commit's answer
+    wait_until(state, what="tx-1 CompleteCommit")
     assert read(broker.addr, "tx", "read_committed", expect=7) == committed + ["open", "plain"]
 
 

@@ -7,16 +7,21 @@
 //! bump per transaction, KIP-890 part 2 is not implemented; part 1's verification is):
 //!
 //! ```text
-//!                AddPartitions / AddOffsets                EndTxn(commit)
-//!   Empty ─────────────────────────────────► Ongoing ─────────────────────► PrepareCommit
-//!     ▲  ▲  InitProducerId (epoch + 1)         │   │  EndTxn(abort), timeout,     │ markers
-//!     │  └──────────────┐                      │   │  InitProducerId (fence:      │ written
-//!     │                 │                      │   ▼  epoch + 1)                  ▼
-//!     │          CompleteCommit ◄──────────────┼── PrepareAbort ──► CompleteAbort ◄ … CompleteCommit
-//!     │          CompleteAbort  ── AddPartitions ──► Ongoing
-//!     └── InitProducerId from Empty / CompleteCommit / CompleteAbort
-//!   Expired ids (Empty / Complete*, idle past transactional.id.expiration.ms) get a tombstone.
+//!   from                        event                                         to
+//!   (new id), Empty, Complete*  InitProducerId: epoch + 1, or a new producer  Empty
+//!                               id at epoch 0 once the epoch is exhausted
+//!   Empty, Ongoing, Complete*   AddPartitionsToTxn, AddOffsetsToTxn           Ongoing
+//!   Ongoing                     EndTxn(commit)                                PrepareCommit
+//!   Ongoing                     EndTxn(abort)                                 PrepareAbort
+//!   Ongoing                     timeout, or InitProducerId (fencing: epoch+1) PrepareAbort
+//!   PrepareCommit               every marker written                          CompleteCommit
+//!   PrepareAbort                every marker written                          CompleteAbort
+//!   Empty, Complete*            idle past transactional.id.expiration.ms      (tombstone)
 //! ```
+//!
+//! Complete* stands for CompleteCommit and CompleteAbort. PrepareEpochFence and Dead,
+//! Kafka's transient states, are never held: a fence is written as PrepareAbort at the
+//! bumped epoch (as Kafka writes it), and an expired id is a tombstone.
 //!
 //! # Durability
 //!
@@ -25,8 +30,9 @@
 //! Kafka's `pendingState`). Only when the shell reports the append durable
 //! ([`TxnCoordinator::append_done`]) does the in-memory state change and the answer go
 //! out. A failed append rolls the transition back and answers with Kafka's mapping of the
-//! append error ([`append_error`]). A crashed coordinator therefore reloads exactly what
-//! it had answered.
+//! append error ([`append_error`]). A coordinator that crashes or moves therefore
+//! reloads everything it answered; the log may be ahead of what it answered (an append
+//! that timed out can still become durable), never behind.
 //!
 //! # How the shell drives it
 //!
@@ -51,6 +57,13 @@
 //!    - the replies are delivered.
 //! 4. Every ~100 ms: [`TxnCoordinator::tick`] (marker and completion retries, timeouts,
 //!    expiry).
+//!
+//! A marker write the shell reports failed is written again; the data partitions accept
+//! the same marker twice harmlessly. Without KIP-890 part 2 (an epoch bump per
+//! transaction) a marker request reported failed must not land *after* the next
+//! transaction of the same producer has begun on that partition, as in Kafka: the shell
+//! reports a failure only once the request can no longer be applied (its connection is
+//! closed), or after a coordinator epoch change fences it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -684,16 +697,6 @@ impl TxnCoordinator {
     /// this coordinator does not own it.
     pub fn partition_loading(&self, partition: i32) -> Option<bool> {
         self.partitions.get(&partition).map(|p| p.loading)
-    }
-
-    /// The durable state of a transactional id (as DescribeTransactions shows it),
-    /// whatever the partition's status.
-    pub fn peek(&self, transactional_id: &str) -> Option<TxnDescription> {
-        let p = self.partitions.get(&self.partition_of(transactional_id))?;
-        p.txns
-            .get(transactional_id)
-            .filter(|m| !m.provisional)
-            .map(describe_meta)
     }
 
     // ------------------------------------------------------------ InitProducerId

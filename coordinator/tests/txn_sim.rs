@@ -16,6 +16,11 @@
 //! goes back, and what a read_committed reader sees only grows; every open transaction
 //! on a data partition is recorded durably by the coordinator (Ongoing or Prepare* with
 //! that partition, same producer id), so a reloaded coordinator always ends it. At the
+//! Transactions also commit a consumer group's offset (AddOffsetsToTxn, TxnOffsetCommit
+//! written as a transactional record on a modelled `__consumer_offsets` partition, whose
+//! markers complete it in the group coordinator, which crashes too and reloads from that
+//! partition's log): the group's visible offsets and its require_stable answers must be
+//! exactly what the partition's log says. At the
 //! end, faults stop and every open transaction must end within a bounded number of steps:
 //! each partition's LSO reaches its log end, each committed transaction is visible in
 //! full and each aborted one not at all.
@@ -26,13 +31,21 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use kafka_protocol::error::ResponseError as E;
+use sluice_coordinator::group::{Committed, Coordinator, CoordinatorConfig, TxnCommitArgs};
 use sluice_coordinator::partition_for;
+use sluice_coordinator::records::{Key, OffsetValue};
 use sluice_coordinator::txn::*;
 use sluice_coordinator::txn_records::{TxnState, TxnValue};
 
 const STATE_PARTITIONS: i32 = 2;
 const DATA_PARTITIONS: i32 = 4;
 const DATA_TOPIC: &str = "d";
+/// The consumer group whose offsets the transactions commit: client `i` commits the
+/// offset of partition `i` of topic `in`, its value being the transaction's number.
+const GROUP: &str = "g";
+const IN_TOPIC: &str = "in";
+/// `data[OFFSETS]` models the group's `__consumer_offsets` partition.
+const OFFSETS: usize = DATA_PARTITIONS as usize;
 const CLIENTS: usize = 4;
 const TXN_TIMEOUT_MS: i32 = 3_000;
 const REQUEST_TIMEOUT_MS: i64 = 800;
@@ -64,10 +77,40 @@ impl Rng {
 
 // ------------------------------------------------------------ data partitions
 
+/// The group's `__consumer_offsets` partition (offsets.topic.num.partitions = 50).
+fn offsets_tp() -> TopicPartition {
+    (OFFSETS_TOPIC.to_string(), partition_for(GROUP, 50))
+}
+
+fn tp_of(index: usize) -> TopicPartition {
+    if index == OFFSETS {
+        offsets_tp()
+    } else {
+        (DATA_TOPIC.to_string(), index as i32)
+    }
+}
+
+fn index_of(tp: &TopicPartition) -> usize {
+    if *tp == offsets_tp() {
+        OFFSETS
+    } else {
+        assert_eq!(tp.0, DATA_TOPIC);
+        tp.1 as usize
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Entry {
-    Data { pid: i64, txn: u64 },
-    Marker { pid: i64, commit: bool },
+    /// `record`: the offset-commit record, on the offsets partition.
+    Data {
+        pid: i64,
+        txn: u64,
+        record: Option<Record>,
+    },
+    Marker {
+        pid: i64,
+        commit: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -106,6 +149,7 @@ impl DataPartition {
         epoch: i16,
         seq: i32,
         txn: u64,
+        record: Option<Record>,
         verify: impl FnOnce() -> bool,
     ) -> Result<(), &'static str> {
         let offset = self.log.len();
@@ -130,7 +174,7 @@ impl DataPartition {
         }
         st.last_seq = seq;
         st.open_first.get_or_insert(offset);
-        self.log.push(Entry::Data { pid, txn });
+        self.log.push(Entry::Data { pid, txn, record });
         Ok(())
     }
 
@@ -163,7 +207,7 @@ impl DataPartition {
         let txns: BTreeSet<u64> = self.log[first..offset]
             .iter()
             .filter_map(|e| match e {
-                Entry::Data { pid: p, txn } if *p == pid => Some(*txn),
+                Entry::Data { pid: p, txn, .. } if *p == pid => Some(*txn),
                 _ => None,
             })
             .collect();
@@ -211,7 +255,7 @@ impl DataPartition {
         (open, committed)
     }
 
-    fn check(&mut self, p: i32) {
+    fn check(&mut self, p: usize) {
         let (open, visible) = self.scan();
         let lso = self.lso();
         let scanned = open.values().copied().min().unwrap_or(self.log.len());
@@ -268,6 +312,12 @@ enum Phase {
     },
     /// The client died for good: only the coordinator's timeout ends its transaction.
     Gone,
+    AddingOffsets {
+        commit_after: bool,
+    },
+    CommittingOffsets {
+        commit_after: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -348,6 +398,9 @@ struct Sim {
     /// Each transaction's fate as its client saw it (an EndTxn that succeeded).
     seen_by_client: BTreeMap<u64, bool>,
     pid_owner: HashMap<i64, String>,
+    /// The group coordinator of the offsets partition; `None` while down.
+    group: Option<Coordinator>,
+    group_down_until_ms: i64,
     stats: Stats,
 }
 
@@ -361,6 +414,9 @@ struct Stats {
     log_ahead: u32,
     /// Transactional ids expired (tombstones written).
     expired: u32,
+    /// TxnOffsetCommits made durable.
+    offset_commits: u32,
+    group_crashes: u32,
 }
 
 /// Odd seeds write version 1 (flexible) values, even seeds version 0.
@@ -404,7 +460,7 @@ impl Sim {
             appends: VecDeque::new(),
             markers: Vec::new(),
             produces: Vec::new(),
-            data: (0..DATA_PARTITIONS)
+            data: (0..=DATA_PARTITIONS)
                 .map(|_| DataPartition::default())
                 .collect(),
             clients,
@@ -415,6 +471,8 @@ impl Sim {
             decided: BTreeMap::new(),
             seen_by_client: BTreeMap::new(),
             pid_owner: HashMap::new(),
+            group: Some(Coordinator::new(CoordinatorConfig::default())),
+            group_down_until_ms: 0,
             stats: Stats::default(),
         };
         s.restart();
@@ -564,8 +622,8 @@ impl Sim {
     }
 
     fn apply_marker(&mut self, m: &MarkerMsg) -> Result<(), E> {
-        assert_eq!(m.tp.0, DATA_TOPIC);
-        let part = &mut self.data[m.tp.1 as usize];
+        let index = index_of(&m.tp);
+        let part = &mut self.data[index];
         let ended = part.marker(m.pid, m.epoch, m.coordinator_epoch, m.commit)?;
         if let Some(txn) = ended {
             if let Some(prev) = self.decided.insert(txn, m.commit) {
@@ -581,7 +639,15 @@ impl Sim {
                 );
             }
         }
-        part.check(m.tp.1);
+        part.check(index);
+        if index == OFFSETS {
+            // The broker that wrote the marker tells the group coordinator (Kafka's
+            // `handleTxnCompletion`); a coordinator that is down replays it on load.
+            if let Some(g) = self.group.as_mut() {
+                g.complete_txn(m.pid, m.commit, |_| true);
+            }
+            self.check_group();
+        }
         Ok(())
     }
 
@@ -603,8 +669,8 @@ impl Sim {
             })
         };
         let part = &mut self.data[m.partition as usize];
-        let r = part.append(m.pid, m.epoch, m.seq, m.txn, verify);
-        part.check(m.partition);
+        let r = part.append(m.pid, m.epoch, m.seq, m.txn, None, verify);
+        part.check(m.partition as usize);
         let c = &mut self.clients[m.client];
         if c.instance != m.instance || c.txn != m.txn {
             return; // a zombie's or an old transaction's write: nobody waits
@@ -616,6 +682,185 @@ impl Sim {
             *resolved += 1;
             *failed |= r.is_err();
         }
+    }
+
+    // ---------------------------------------------------------- group coordinator
+
+    /// The group coordinator dies; the offsets partition's log stays.
+    fn crash_group(&mut self) {
+        self.stats.group_crashes += 1;
+        self.group = None;
+        self.group_down_until_ms = self.now + self.rng.below(1_000) as i64;
+    }
+
+    /// A group coordinator loads the offsets partition: offset records of transactional
+    /// batches and the markers that end them.
+    fn restart_group(&mut self) {
+        let mut g = Coordinator::new(CoordinatorConfig::default());
+        for e in &self.data[OFFSETS].log {
+            match e {
+                Entry::Data {
+                    pid,
+                    record: Some((k, v)),
+                    ..
+                } => g
+                    .load_txn_record(self.now, *pid, k, v.as_deref())
+                    .expect("our own records load"),
+                Entry::Data { record: None, .. } => unreachable!("offset records only"),
+                Entry::Marker { pid, commit } => g.load_marker(*pid, *commit, |_| true),
+            }
+        }
+        self.group = Some(g);
+        self.check_group();
+    }
+
+    /// The group coordinator answers as its partition's log says: per client, the
+    /// visible offset is the committed offset record latest in the log (Kafka's
+    /// `olderThan`), and OffsetFetch with require_stable refuses exactly the partitions
+    /// with an offset record in an open transaction.
+    fn check_group(&self) {
+        let Some(g) = &self.group else {
+            return;
+        };
+        let mut open: BTreeMap<i64, Vec<(usize, &Record)>> = BTreeMap::new();
+        let mut visible: BTreeMap<&[u8], (usize, &Record)> = BTreeMap::new();
+        for (off, e) in self.data[OFFSETS].log.iter().enumerate() {
+            match e {
+                Entry::Data {
+                    pid,
+                    record: Some(r),
+                    ..
+                } => open.entry(*pid).or_default().push((off, r)),
+                Entry::Data { .. } => unreachable!("offset records only"),
+                Entry::Marker { pid, commit } => {
+                    for (off, r) in open.remove(pid).unwrap_or_default() {
+                        let newer = visible.get(r.0.as_slice()).is_none_or(|(o, _)| *o < off);
+                        if *commit && newer {
+                            visible.insert(&r.0, (off, r));
+                        }
+                    }
+                }
+            }
+        }
+        let unstable: BTreeSet<&[u8]> = open
+            .values()
+            .flatten()
+            .map(|(_, r)| r.0.as_slice())
+            .collect();
+        for ci in 0..CLIENTS {
+            let tp = (IN_TOPIC.to_string(), ci as i32);
+            let key = Key::Offset {
+                group: GROUP.into(),
+                topic: IN_TOPIC.into(),
+                partition: ci as i32,
+            }
+            .encode();
+            let want = visible.get(key.as_slice()).map(|(_, r)| {
+                OffsetValue::decode(r.1.as_ref().expect("a value"))
+                    .expect("valid")
+                    .offset
+            });
+            let got = g.fetch_offsets_stable(GROUP, Some(std::slice::from_ref(&tp)), false);
+            let got = got[0]
+                .1
+                .clone()
+                .expect("no error without require_stable")
+                .map(|c| c.offset);
+            assert_eq!(
+                got, want,
+                "seed {}: visible offset of client {ci}",
+                self.seed
+            );
+            if let Some(txn) = got {
+                assert_eq!(
+                    self.decided.get(&(txn as u64)),
+                    Some(&true),
+                    "seed {}: offset of txn {txn}",
+                    self.seed
+                );
+            }
+            let stable = g.fetch_offsets_stable(GROUP, Some(std::slice::from_ref(&tp)), true);
+            assert_eq!(
+                stable[0].1.is_err(),
+                unstable.contains(key.as_slice()),
+                "seed {}: require_stable for client {ci}",
+                self.seed
+            );
+        }
+    }
+
+    /// TxnOffsetCommit: validated by the group coordinator, written as a transactional
+    /// offset record on the offsets partition (verified like any transactional write).
+    fn commit_offsets(&mut self, ci: usize, commit_after: bool) {
+        let Some(g) = self.group.as_mut() else {
+            return; // NOT_COORDINATOR: the client retries
+        };
+        let c = &mut self.clients[ci];
+        let pe = c.pe.expect("initialized");
+        let args = TxnCommitArgs {
+            group_id: GROUP.into(),
+            producer_id: pe.producer_id,
+            producer_epoch: pe.epoch,
+            generation: -1,
+            member_id: String::new(),
+            instance_id: None,
+            offsets: vec![(
+                (IN_TOPIC.to_string(), ci as i32),
+                Committed {
+                    offset: c.txn as i64,
+                    leader_epoch: -1,
+                    metadata: String::new(),
+                    commit_timestamp_ms: self.now,
+                },
+            )],
+        };
+        let plan = g.plan_txn_commit(self.now, args);
+        assert!(
+            plan.results[0].1.is_ok(),
+            "a simple consumer commits to an empty group"
+        );
+        if self.faults && self.rng.chance(50) {
+            g.fail_txn_commit(&plan); // the append failed: the client retries
+            return;
+        }
+        let r = plan.records[0].clone();
+        let seq = c.seq.entry(OFFSETS as i32).or_insert(0);
+        let tp = offsets_tp();
+        let coord = self.coord.as_ref();
+        let verify = || {
+            coord.is_some_and(|co| {
+                co.verify_partitions(&c.id, pe.producer_id, pe.epoch, std::slice::from_ref(&tp))
+                    .is_ok_and(|v| v[0].1.is_ok())
+            })
+        };
+        let appended = self.data[OFFSETS].append(
+            pe.producer_id,
+            pe.epoch,
+            *seq,
+            c.txn,
+            Some((r.key, r.value)),
+            verify,
+        );
+        *seq += 1;
+        self.data[OFFSETS].check(OFFSETS);
+        match appended {
+            Ok(()) => {
+                g.apply_txn_commit(plan);
+                self.stats.offset_commits += 1;
+                c.phase = Phase::Ending {
+                    commit: commit_after,
+                    bump_after: false,
+                };
+            }
+            Err(_) => {
+                g.fail_txn_commit(&plan);
+                c.phase = Phase::Ending {
+                    commit: false,
+                    bump_after: false,
+                };
+            }
+        }
+        self.check_group();
     }
 
     fn tick(&mut self) {
@@ -730,6 +975,11 @@ impl Sim {
                     Phase::Stalled {
                         until_ms: now + i64::from(TXN_TIMEOUT_MS) + 1_500,
                     }
+                } else if self.rng.chance(600) {
+                    // Consume-transform-produce: the input offset joins the transaction.
+                    Phase::AddingOffsets {
+                        commit_after: !self.rng.chance(150),
+                    }
                 } else {
                     Phase::Ending {
                         commit: !self.rng.chance(150),
@@ -748,6 +998,17 @@ impl Sim {
                 }
             }
             Phase::Gone => {}
+            Phase::AddingOffsets { .. } => {
+                let pe = pe.expect("initialized");
+                let a = AddOffsetsArgs {
+                    transactional_id: id,
+                    producer_id: pe.producer_id,
+                    producer_epoch: pe.epoch,
+                    group_id: GROUP.into(),
+                };
+                self.send(ci, |c, t, now, _, fx| c.add_offsets(t, now, a, fx));
+            }
+            Phase::CommittingOffsets { commit_after } => self.commit_offsets(ci, commit_after),
             Phase::Ending { commit, .. } => {
                 let pe = pe.expect("initialized");
                 let a = EndArgs {
@@ -867,7 +1128,14 @@ impl Sim {
                 self.stats.fenced_by_coordinator += 1;
                 c.phase = Phase::NeedInit { expected: None };
             }
-            TxnReply::AddOffsets(_) => unreachable!("not used here"),
+            TxnReply::AddOffsets(Ok(())) => {
+                let Phase::AddingOffsets { commit_after } = c.phase.clone() else {
+                    panic!("AddOffsetsToTxn answered in {:?}", c.phase)
+                };
+                c.phase = Phase::CommittingOffsets { commit_after };
+            }
+            TxnReply::AddOffsets(Err(e)) if retriable(&e) => {}
+            TxnReply::AddOffsets(Err(_)) => c.phase = Phase::NeedInit { expected: None },
         }
     }
 
@@ -911,7 +1179,7 @@ impl Sim {
                     .partitions
                     .iter()
                     .flatten()
-                    .any(|(t, ids)| t == DATA_TOPIC && ids.contains(&(p as i32)));
+                    .any(|(t, ids)| (t, ids.contains(&tp_of(p).1)) == (&tp_of(p).0, true));
                 assert!(
                     v.producer_id == *pid
                         && matches!(v.state, TxnState::Ongoing | TxnState::PrepareCommit | TxnState::PrepareAbort)
@@ -969,6 +1237,9 @@ impl Sim {
         if self.coord.is_none() && self.now >= self.down_until_ms {
             self.restart();
         }
+        if self.group.is_none() && self.now >= self.group_down_until_ms {
+            self.restart_group();
+        }
         let roll = self.rng.below(1000);
         match roll {
             0..=399 => {
@@ -981,6 +1252,7 @@ impl Sim {
             850..=989 => self.tick(),
             990..=994 if self.faults && self.coord.is_some() => self.crash(),
             995..=997 if self.faults => self.client_crash(),
+            998 if self.faults && self.group.is_some() => self.crash_group(),
             _ => {}
         }
         self.check_no_hanging();
@@ -997,6 +1269,9 @@ impl Sim {
             self.now += 50;
             if self.coord.is_none() && self.now >= self.down_until_ms {
                 self.restart();
+            }
+            if self.group.is_none() && self.now >= self.group_down_until_ms {
+                self.restart_group();
             }
             while self.coord.is_some() && !self.appends.is_empty() {
                 self.resolve_append();
@@ -1068,6 +1343,8 @@ fn transactions_stay_atomic_through_crashes_lost_markers_and_timeouts() {
         total.fenced_by_coordinator += stats.fenced_by_coordinator;
         total.log_ahead += stats.log_ahead;
         total.expired += stats.expired;
+        total.offset_commits += stats.offset_commits;
+        total.group_crashes += stats.group_crashes;
     }
     eprintln!("txn simulation: {total:?}");
     // The faults happened and transactions still got through.

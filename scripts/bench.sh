@@ -65,6 +65,9 @@ bench produce $B --name b-fixed-rate --topic bench-b --partitions 8 --record-siz
 echo "== (c) 1 KiB records, acks=all =="
 bench produce $B --name c-1k-acks-all --topic bench-c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS"
 
+echo "== (c-idem) 1 KiB records, acks=all, idempotent producers (sequenced batches) =="
+bench produce $B --name c-1k-acks-all-idempotent --topic bench-ci --partitions 8 --record-size 1024 --acks -1 --idempotent --duration "$SECS"
+
 echo "== (d) consume throughput (topic of scenario a) =="
 bench consume $B --name d-consume --topic bench-a --record-size 100
 

@@ -38,6 +38,7 @@ def add(label, r, ceiling_name, ceiling):
 add("(a) produce 100 B, acks=1, 8 partitions, max throughput", load("a-max-throughput-report.json"), "disk write", disk)
 add("(b) produce 100 B, acks=1, fixed rate (open loop)", load("b-fixed-rate-report.json"), "disk write", disk)
 add("(c) produce 1 KiB, acks=all", load("c-1k-acks-all-report.json"), "disk write", disk)
+add("(c-idem) produce 1 KiB, acks=all, idempotent", load("c-1k-acks-all-idempotent-report.json"), "disk write", disk)
 add("(d) consume (topic of a)", load("d-consume-report.json"), "loopback TCP", net)
 e2e = load("e2e-report.json")
 add("e2e 100 B at 100k/s, acks=all: produce-ack", e2e, "disk write", disk)
@@ -64,6 +65,10 @@ if st:
     for x in st["results"]:
         l = x["latency_us"]
         lines.append(f"| {x['scenario']} | {x['mb_per_sec']:.0f} | {x['batches_per_sec']:.0f} | {l['p50']} | {l['p99']} | {l['p999']} | {x['ratio_of_raw_write'] * 100:.0f}% |")
+c_plain, c_idem = load("c-1k-acks-all-report.json"), load("c-1k-acks-all-idempotent-report.json")
+if c_plain and c_idem:
+    p99 = lambda r: (r.get("latency_ms") or {}).get("p99") or 0
+    lines += ["", f"Idempotent vs plain producers (c-idem / c, same run): throughput {c_idem['records_per_sec'] / c_plain['records_per_sec']:.2f}x (goal >= 0.9x), p99 {p99(c_idem) / max(p99(c_plain), 1e-9):.2f}x (goal <= 1.2x)."]
 if b:
     target = b["config"].get("rate")
     lines += ["", f"(b) asked for {target:,.0f} records/s and achieved {b['records_per_sec']:,.0f}; produce p99 {ms(b, 'p99')} ms (target < 10 ms)."]

@@ -553,6 +553,7 @@ impl Broker {
         items: Vec<(String, i32, i64)>,
         timeout: Duration,
         follower: bool,
+        read_committed: bool,
     ) -> bool {
         let replicas: Vec<_> = items
             .iter()
@@ -564,6 +565,11 @@ impl Broker {
                 let holds: Box<dyn Fn() -> bool> = Box::new(move || {
                     let visible = if follower {
                         r.durable_end()
+                    } else if read_committed {
+                        // The last stable offset moves only with a marker, whose
+                        // replication moves the high watermark: `progress` fires.
+                        let hw = r.high_watermark();
+                        r.log.first_unstable_offset().map_or(hw, |u| u.min(hw))
                     } else {
                         r.high_watermark()
                     };
@@ -870,6 +876,7 @@ impl Broker {
         items: Vec<(ShardId, (String, i32, i64))>,
         deadline: Instant,
         follower: bool,
+        read_committed: bool,
     ) -> bool {
         let timeout = deadline.saturating_duration_since(Instant::now());
         if timeout.is_zero() || items.is_empty() {
@@ -886,6 +893,7 @@ impl Broker {
                     items,
                     timeout,
                     follower,
+                    read_committed,
                 };
                 matches!(self.call(s, wait).await, Ok(true))
             })

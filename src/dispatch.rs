@@ -62,7 +62,9 @@ impl ShardService for ShardServer {
     }
 
     async fn wait(&self, c: rpc::Wait) -> bool {
-        self.broker.wait_local(c.items, c.timeout, c.follower).await
+        self.broker
+            .wait_local(c.items, c.timeout, c.follower, c.read_committed)
+            .await
     }
 
     async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64), ApiError>> {

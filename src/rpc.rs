@@ -205,6 +205,8 @@ pub struct Wait {
     pub items: Vec<(String, i32, i64)>,
     pub timeout: Duration,
     pub follower: bool,
+    /// A read_committed consumer: wait for the last stable offset to pass.
+    pub read_committed: bool,
 }
 
 /// (topic, partition, timestamp: -2 earliest, -1 latest, else first at or after,

@@ -50,6 +50,8 @@ pub struct ProduceOpts {
     pub key_space: u64,
     pub producers: usize,
     pub max_in_flight: usize,
+    /// Sequenced batches of a producer id from InitProducerId.
+    pub idempotent: bool,
 }
 
 /// What a run measured.
@@ -348,6 +350,12 @@ async fn producer(
         }
     }
     let n_parts = leaders.len();
+    // An idempotent producer's id and epoch, and the next sequence per partition.
+    let producer = match opts.idempotent {
+        true => Some(kafka::init_producer_id(opts.bootstrap).await?),
+        false => None,
+    };
+    let mut next_seq = vec![0i32; n_parts];
     let builder = BatchBuilder::new(opts.record_size);
     let per_record = opts.record_size + 24;
     let records_per_batch = (opts.batch_bytes / per_record).max(1);
@@ -427,7 +435,11 @@ async fn producer(
                 for chunk_start in (0..times.len()).step_by(records_per_batch) {
                     let end = (chunk_start + records_per_batch).min(times.len());
                     let k = (!keys.is_empty()).then(|| &keys[chunk_start..end]);
-                    let batch = builder.build(&times[chunk_start..end], k);
+                    let mut batch = builder.build(&times[chunk_start..end], k);
+                    if let Some((pid, epoch)) = producer {
+                        batch = kafka::sequenced(&batch, pid, epoch, next_seq[p]);
+                        next_seq[p] = next_seq[p].wrapping_add((end - chunk_start) as i32);
+                    }
                     let (partition, addr) = leaders[p];
                     by_conn.entry(addr).or_default().push((
                         partition,

@@ -93,6 +93,10 @@ struct ProduceArgs {
     /// each has its own connections to every broker.
     #[arg(long, default_value_t = 1)]
     cores: usize,
+    /// Idempotent producers: each asks for a producer id (InitProducerId) and numbers
+    /// its batches per partition, as librdkafka and the Java client do by default.
+    #[arg(long)]
+    idempotent: bool,
 }
 
 #[derive(Subcommand)]
@@ -218,6 +222,7 @@ fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
         key_space: a.key_space,
         producers: a.producers,
         max_in_flight: a.max_in_flight,
+        idempotent: a.idempotent,
     }
 }
 

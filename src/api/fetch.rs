@@ -88,13 +88,21 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
                         (
                             s.topic.0.to_string(),
                             s.partition,
-                            s.offset.max(o.high_watermark),
+                            // What this fetch may see: up to the last stable
+                            // offset for read_committed, else the high watermark.
+                            s.offset.max(if read_committed {
+                                o.last_stable_offset
+                            } else {
+                                o.high_watermark
+                            }),
                         ),
                     )
                 })
             })
             .collect();
-        broker.wait_for_data(waits, deadline, replica_id >= 0).await;
+        broker
+            .wait_for_data(waits, deadline, replica_id >= 0, read_committed)
+            .await;
         outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
     }
     build_response(slots, outs)

@@ -1013,12 +1013,18 @@ impl PartitionLog {
     /// sealed (its `.txnindex` too), then the producer state is snapshotted at the new
     /// base, then the new segment is created.
     async fn roll_locked_at(&self, base: Option<i64>) -> Result<(), Error> {
-        let (files, new_base, txn_file) = {
+        let (files, new_base, txn_file, old_base) = {
             let mut st = self.state.borrow_mut();
             let seg = st.active_mut();
             let end = seg.next_offset;
             let txn_file = seg.txn_dirty.then(|| seg.txn_index_file());
-            (seg.begin_close()?, base.unwrap_or(end).max(end), txn_file)
+            let old_base = seg.base_offset;
+            (
+                seg.begin_close()?,
+                base.unwrap_or(end).max(end),
+                txn_file,
+                old_base,
+            )
         };
         // Appends wait for the lock's holder: the state is the one at the log end,
         // which (no records lie between) is the one at the new base.
@@ -1031,6 +1037,17 @@ impl PartitionLog {
             self.state.borrow_mut().active_mut().txn_dirty = false;
         }
         self.write_snapshot(new_base, &snapshot).await?;
+        // Snapshots inside the segment just closed (a close's, at the then log end) are
+        // older than this one: only the newest at or below the log start must stay.
+        let start = self.log_start_offset();
+        let stray: Vec<i64> = self
+            .snapshots
+            .borrow()
+            .range(old_base + 1..new_base)
+            .copied()
+            .filter(|o| *o > start)
+            .collect();
+        self.remove_snapshots(&stray).await;
         let now = self.storage.now_ms();
         let seg = Segment::create(
             &self.dir,
@@ -1527,13 +1544,23 @@ impl PartitionLog {
             });
         }
         self.storage.cache.borrow_mut().invalidate(self.id);
-        // Drop whole segments above the one holding `offset`.
+        // Snapshots of states that include batches about to go go first (R18 would
+        // delete them after a crash too; this keeps them from outliving the cut).
+        let above: Vec<i64> = self
+            .snapshots
+            .borrow()
+            .range(offset + 1..)
+            .copied()
+            .collect();
+        self.remove_snapshots(&above).await;
+        // Drop whole segments above the one holding `offset`, the highest first: a
+        // crash part way leaves a prefix of the log, never a hole in it.
         let removed: Vec<Segment> = {
             let mut st = self.state.borrow_mut();
             let i = st.segment_index_for(offset);
             st.segments.split_off(i + 1)
         };
-        for s in &removed {
+        for s in removed.iter().rev() {
             if let Some(a) = &s.active {
                 a.log.wait_written(a.log.len()).await?;
             }
@@ -1567,8 +1594,8 @@ impl PartitionLog {
         for (f, len) in cuts {
             f.truncate(len).await?;
         }
-        // Aborted transactions whose markers went, and snapshots of states that
-        // included cut batches, go with them (before the log can grow back).
+        // Aborted transactions whose markers went, and the snapshots between the new
+        // end and `offset`, go with them (before the log can grow back).
         let new_end = self.log_end_offset();
         {
             let mut st = self.state.borrow_mut();
@@ -1792,8 +1819,12 @@ impl PartitionLog {
     /// (`min.cleanable.dirty.ratio`), builds the latest offset of every key over the
     /// dirty segments (whole segments, within `cleaner_map_bytes_max`) and rewrites the
     /// cleanable segments up to there keeping the latest record per key, dropping
-    /// tombstones older than `delete.retention.ms`. Offsets never change. Each segment
-    /// is swapped in atomically (see `swap_cleaned`); appends are never blocked.
+    /// tombstones older than `delete.retention.ms`. Transactions follow Kafka's rules
+    /// (see [`crate::compact`]): only segments wholly below the first unstable offset
+    /// are cleanable, aborted transactions' records go, markers stay until their data
+    /// is gone and they are older than `delete.retention.ms`, and batches the producer
+    /// state remembers stay (emptied if need be). Offsets never change. Each segment is
+    /// swapped in atomically (see `swap_cleaned`); appends are never blocked.
     /// Returns `None` when there was nothing to do.
     pub async fn compact(&self) -> Result<Option<CompactStats>, Error> {
         let cfg = self.config();
@@ -2031,6 +2062,10 @@ impl PartitionLog {
                 .borrow_mut()
                 .segments
                 .retain(|s| s.base_offset != c.base);
+            // Its snapshot is one of many below the log end (an older one serves).
+            if c.base > self.log_start_offset() {
+                self.remove_snapshots(&[c.base]).await;
+            }
             stats.segments_removed += 1;
             return Ok(());
         }

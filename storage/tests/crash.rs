@@ -6,9 +6,12 @@
 //! - concurrent acknowledgements share fdatasyncs (group commit, counted);
 //! - the interval policy acknowledges without syncing, and its background flush makes
 //!   the data durable;
-//! - a property test runs random appends, flushes, rolls, truncations, resets,
-//!   DeleteRecords, retention and compaction, crashes at a random point (also in the
-//!   middle of an operation), recovers, and checks the log against a model.
+//! - a property test runs random appends (plain, idempotent and transactional),
+//!   end-transaction markers, flushes, rolls, truncations, resets, DeleteRecords,
+//!   retention and compaction, crashes at a random point (also in the middle of an
+//!   operation), recovers, and checks the log against a model, and the producer state
+//!   recovery rebuilt (from a snapshot and the log after it) against a replay of the
+//!   whole surviving log.
 
 mod common;
 
@@ -20,19 +23,23 @@ use std::time::Duration;
 use common::*;
 use proptest::prelude::*;
 use sluice_storage::batch::build;
+use sluice_storage::producer::{BatchMeta, ProducerStateTable};
 use sluice_storage::simdisk::{self, CrashMode};
-use sluice_storage::{compact, FlushPolicy, LogConfig, PartitionLog};
+use sluice_storage::{compact, FlushPolicy, Judged, LogConfig, PartitionLog};
 
 /// A record's identity: its offset and its bytes (which compaction keeps verbatim).
 type Rec = (i64, Vec<u8>);
 
-/// The records of concatenated batches, with absolute offsets.
+/// The records of concatenated batches, with absolute offsets (markers have none).
 fn records_of(buf: &[u8]) -> Vec<Rec> {
     let mut out = Vec::new();
     let mut rest = buf;
     while let Some(total) = sluice_storage::batch::peek_total_bytes(rest) {
-        let (_, recs) = compact::records(&rest[..total]).expect("plain batch");
-        out.extend(recs.iter().map(|r| (r.offset, r.raw.to_vec())));
+        let b = &rest[..total];
+        if !sluice_storage::BatchHeader::parse(b).unwrap().is_control() {
+            let (_, recs) = compact::records(b).expect("uncompressed batch");
+            out.extend(recs.iter().map(|r| (r.offset, r.raw.to_vec())));
+        }
         rest = &rest[total..];
     }
     assert!(rest.is_empty(), "trailing bytes after batches");
@@ -285,6 +292,19 @@ enum Op {
         records: usize,
         value_bytes: usize,
     },
+    /// An append of producer `pid` (epoch 0, its next sequence), transactional or not.
+    /// Unchecked, as a follower copies it: every replica must replay it the same way.
+    ProducerAppend {
+        pid: i64,
+        txn: bool,
+        records: usize,
+        value_bytes: usize,
+    },
+    /// An end-transaction marker for `pid` (closing nothing if nothing is open).
+    EndTxn {
+        pid: i64,
+        commit: bool,
+    },
     Flush,
     Roll,
     /// Truncate to this fraction of the way from the log start to its end.
@@ -299,7 +319,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        12 => (1usize..5, 0usize..500).prop_map(|(records, value_bytes)| Op::Append { records, value_bytes }),
+        8 => (1usize..5, 0usize..500).prop_map(|(records, value_bytes)| Op::Append { records, value_bytes }),
+        5 => (1i64..4, any::<bool>(), 1usize..4, 0usize..300).prop_map(|(pid, txn, records, value_bytes)| Op::ProducerAppend { pid, txn, records, value_bytes }),
+        2 => (1i64..4, any::<bool>()).prop_map(|(pid, commit)| Op::EndTxn { pid, commit }),
         3 => Just(Op::Flush),
         2 => Just(Op::Roll),
         1 => (0.0f64..1.0).prop_map(Op::Truncate),
@@ -332,7 +354,17 @@ struct Model {
     log_start: i64,
     /// Records below this offset were durable when last flushed (or sealed).
     durable_end: i64,
+    /// The producer of each transactional record.
+    txn_records: BTreeMap<i64, i64>,
+    /// The next sequence of each producer.
+    seqs: HashMap<i64, i32>,
+    /// A compaction ran (it may rewrite the aborted-transaction index).
+    compacted: bool,
 }
+
+/// The clock of the property test: near the batches' timestamps (1000 + tag), so
+/// no producer expires when a snapshot is loaded.
+const PROP_NOW_MS: i64 = 1_000_000;
 
 impl Model {
     fn drop_below(&mut self, offset: i64) {
@@ -362,6 +394,29 @@ async fn run_op(
             let info = log.append(&b, 0).await?;
             model.records.extend(records_at(&b, info.base_offset));
         }
+        Op::ProducerAppend {
+            pid,
+            txn,
+            records,
+            value_bytes,
+        } => {
+            let mut b = keyed_batch(i as u64, *records, *value_bytes);
+            let seq = model.seqs.get(pid).copied().unwrap_or(0);
+            set_producer(&mut b, *pid, 0, seq, *txn);
+            let info = log.append(&b, 0).await?;
+            model.seqs.insert(*pid, seq + *records as i32);
+            let recs = records_at(&b, info.base_offset);
+            if *txn {
+                model
+                    .txn_records
+                    .extend(recs.iter().map(|(o, _)| (*o, *pid)));
+            }
+            model.records.extend(recs);
+        }
+        Op::EndTxn { pid, commit } => match log.append_marker(*pid, 0, *commit, 0, 0).await? {
+            Judged::Appended(_) => {}
+            other => panic!("marker refused: {other:?}"),
+        },
         Op::Flush => {
             log.flush().await?;
             model.durable_end = log.log_end_offset();
@@ -404,12 +459,28 @@ async fn run_op(
             model.drop_below(log.log_start_offset());
         }
         Op::Compact => {
-            // Compaction may drop a record only if a later one has the same key;
-            // the latest per key (no tombstones here) must stay.
+            // Compaction may drop a record only if a later one has the same key, or
+            // if its transaction was aborted; the latest per key of the others (no
+            // tombstones here) must stay.
+            let aborted_index = log.aborted_index();
+            let aborted = |o: &i64| {
+                model.txn_records.get(o).is_some_and(|pid| {
+                    aborted_index.iter().any(|t| {
+                        t.producer_id == *pid && t.first_offset <= *o && *o <= t.last_offset
+                    })
+                })
+            };
+            let live: BTreeMap<i64, Vec<u8>> = model
+                .records
+                .iter()
+                .filter(|(o, _)| !aborted(o))
+                .map(|(o, r)| (*o, r.clone()))
+                .collect();
             log.compact().await?;
+            model.compacted = true;
             let now = read_records(log).await;
             let now_map: BTreeMap<i64, Vec<u8>> = now.into_iter().collect();
-            for o in latest_per_key(&model.records) {
+            for o in latest_per_key(&live) {
                 assert!(
                     now_map.contains_key(&o),
                     "compaction dropped the latest record of a key at {o}"
@@ -459,7 +530,7 @@ fn check(ops: Vec<Op>, crash_at: usize, delay_us: u64, seed: u64) {
         let (dir, config) = (dir.clone(), config.clone());
         run(move || async move {
             simdisk::enable();
-            let s = storage(&dir, no_cache()).await;
+            let (s, _) = storage_at(&dir, no_cache(), PROP_NOW_MS).await;
             let log = s.open_log("p", config).await.unwrap();
             let mut model = Model::default();
             let mut interrupted = None;
@@ -487,8 +558,110 @@ fn check(ops: Vec<Op>, crash_at: usize, delay_us: u64, seed: u64) {
             (model, interrupted)
         })
     };
-    let (start, got) = recover(dir, "p", config);
-    judge(&model, interrupted.as_ref(), start, &got);
+    let recovered = recover_with_producers(dir, "p", config);
+    judge(
+        &model,
+        interrupted.as_ref(),
+        recovered.log_start,
+        &recovered.records,
+    );
+    judge_producers(&model, &recovered);
+}
+
+/// A recovered log, its producer state, and what replaying the whole log gives.
+struct Recovered {
+    log_start: i64,
+    records: Vec<Rec>,
+    state: ProducerStateTable,
+    replayed: ProducerStateTable,
+    first_unstable_offset: Option<i64>,
+    aborted: Vec<sluice_storage::AbortedTxn>,
+    replayed_aborted: Vec<sluice_storage::AbortedTxn>,
+}
+
+fn recover_with_producers(
+    dir: std::path::PathBuf,
+    name: &'static str,
+    config: LogConfig,
+) -> Recovered {
+    run(move || async move {
+        let (s, _) = storage_at(&dir, no_cache(), PROP_NOW_MS).await;
+        let log = s.open_log(name, config).await.expect("recovery");
+        let (replayed, replayed_aborted) = replayed(&log).await;
+        Recovered {
+            log_start: log.log_start_offset(),
+            records: read_records(&log).await,
+            state: log.producer_state(),
+            replayed,
+            first_unstable_offset: log.first_unstable_offset(),
+            aborted: log.aborted_index(),
+            replayed_aborted,
+        }
+    })
+}
+
+/// The producer state recovery rebuilt from a snapshot and the log after it must be
+/// the one a replay of the whole surviving log gives. Exactly so while the log still
+/// starts at 0; once retention, DeleteRecords or a reset removed its beginning, the
+/// rebuilt state also remembers producers of the removed batches (as Kafka's does), so
+/// the two are compared on what the surviving log determines: each producer's batches
+/// at or after the log start, its epoch, and its open transaction's first offset.
+fn judge_producers(model: &Model, r: &Recovered) {
+    assert_eq!(r.first_unstable_offset, r.state.first_unstable_offset());
+    if r.log_start == 0 {
+        assert_eq!(
+            r.state, r.replayed,
+            "rebuilt producer state differs from a replay of the whole log"
+        );
+        // Compaction may keep an aborted transaction's entry while emptying or dropping
+        // its first batches (a replay then starts it later): compare only without it.
+        if !model.compacted {
+            assert_eq!(r.aborted, r.replayed_aborted, "aborted-transaction index");
+        }
+    } else {
+        // A transaction opened below the log start is open in the rebuilt state; the
+        // surviving log cannot tell (its producer's later batches may even be plain,
+        // when unchecked appends broke the transaction rule): compare the others.
+        let began_below: Vec<i64> = r
+            .state
+            .iter()
+            .filter(|(_, e)| e.txn_first_offset.is_some_and(|f| f < r.log_start))
+            .map(|(p, _)| p)
+            .collect();
+        let project = |t: &ProducerStateTable| {
+            let mut m = surviving(t, r.log_start);
+            for p in &began_below {
+                if let Some(e) = m.get_mut(p) {
+                    e.2 = None;
+                }
+            }
+            m
+        };
+        assert_eq!(
+            project(&r.state),
+            project(&r.replayed),
+            "rebuilt producer state differs from a replay on the surviving log (start {})",
+            r.log_start
+        );
+    }
+}
+
+/// Per producer with batches at or after the log start: epoch, those batches, and the
+/// first offset of its open transaction.
+type Surviving = BTreeMap<i64, (i16, Vec<BatchMeta>, Option<i64>)>;
+
+fn surviving(t: &ProducerStateTable, log_start: i64) -> Surviving {
+    t.iter()
+        .filter_map(|(pid, e)| {
+            let batches: Vec<BatchMeta> = e
+                .batches
+                .iter()
+                .copied()
+                .filter(|b| b.first_offset >= log_start)
+                .collect();
+            (!batches.is_empty()).then_some((pid, (e.epoch, batches, e.txn_first_offset)))
+        })
+        .collect()
 }
 
 /// The recovered log against the model, allowing for an interrupted last op:
@@ -510,7 +683,10 @@ fn judge(model: &Model, interrupted: Option<&Op>, start: i64, got: &[Rec]) {
         match model.records.get(o) {
             Some(m) => assert_eq!(m, raw, "record {o} differs from what was appended"),
             None => {
-                let appending = matches!(interrupted, Some(Op::Append { .. }));
+                let appending = matches!(
+                    interrupted,
+                    Some(Op::Append { .. } | Op::ProducerAppend { .. })
+                );
                 assert!(
                     appending && *o >= model_end,
                     "record {o} recovered that the model does not hold \
@@ -518,6 +694,17 @@ fn judge(model: &Model, interrupted: Option<&Op>, start: i64, got: &[Rec]) {
                 );
             }
         }
+    }
+    // An interrupted truncation removes from the end: what is left is a prefix of
+    // the log (a hole would serve records the truncation meant to remove).
+    if let Some(Op::Truncate(_)) = interrupted {
+        let expected: Vec<i64> = model.records.range(start..).map(|(o, _)| *o).collect();
+        let got_offsets: Vec<i64> = got.iter().map(|(o, _)| *o).collect();
+        assert_eq!(
+            &expected[..got_offsets.len().min(expected.len())],
+            &got_offsets[..],
+            "an interrupted truncation left a hole"
+        );
     }
     // An interrupted truncation, reset, deletion, retention or compaction may have
     // removed durable records (that is what it does): then only the checks above hold.

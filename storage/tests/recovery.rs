@@ -1,5 +1,6 @@
 //! Crash-recovery tier: one test per case of the recovery table in
-//! `sluice_storage::segment` (R1–R14). Each builds a log, "crashes" it (drops it
+//! `sluice_storage::segment` (R1–R19; R15–R19 are the transaction index and the
+//! producer state). Each builds a log, "crashes" it (drops it
 //! without closing, so the active segment keeps its O_DIRECT page padding) or damages
 //! its files, reopens it and checks what recovery kept and reported.
 
@@ -410,5 +411,199 @@ fn r10_empty_segment_left_by_a_failed_roll_is_dropped() {
         assert_eq!(after, before);
         assert_eq!(end, 30);
         assert_eq!(report.deleted_segments, 1);
+    });
+}
+
+// ---- producer state and the transaction index (R15–R19) ----
+
+/// Appends, across many small segments, idempotent batches of three producers and
+/// transactions (some aborted) of two more; flushes. Returns the log.
+/// On a manual clock near the batches' timestamps (1000 + index), so that loading a
+/// snapshot does not expire the producers (it would on the system clock: Kafka's rule).
+async fn producer_log(dir: &Path, name: &str) -> std::rc::Rc<sluice_storage::PartitionLog> {
+    let (s, _) = storage_at(dir, no_cache(), 10_000).await;
+    let log = s.open_log(name, small_segments(1024)).await.unwrap();
+    let mut seq = [0i32; 6];
+    for round in 0..80usize {
+        let pid = 1 + round % 5;
+        let n = 1 + round % 3;
+        let txn = pid >= 4;
+        let b = producer_batch(pid as i64, 0, seq[pid], txn, n);
+        seq[pid] += n as i32;
+        log.append_judged(&b, 0).await.unwrap();
+        if txn && round % 3 == 0 {
+            log.append_marker(pid as i64, 0, round % 2 == 0, 0, 0)
+                .await
+                .unwrap();
+        }
+    }
+    log.flush().await.unwrap();
+    assert!(log.segment_count() >= 4, "{} segments", log.segment_count());
+    assert!(!log.aborted_index().is_empty());
+    log
+}
+
+fn snapshot_path(dir: &Path, name: &str, offset: i64) -> PathBuf {
+    dir.join(name).join(format!("{offset:020}.snapshot"))
+}
+
+async fn reopen_producers(
+    dir: &Path,
+    name: &str,
+) -> (std::rc::Rc<sluice_storage::PartitionLog>, RecoveryReport) {
+    let (s, _) = storage_at(dir, no_cache(), 10_000).await;
+    let (log, report) = s
+        .open_log_with_report(name, small_segments(1024))
+        .await
+        .unwrap();
+    // Whatever recovery loaded, the state and the index are what a full replay gives.
+    let (state, aborted) = replayed(&log).await;
+    assert_eq!(log.producer_state(), state);
+    assert_eq!(log.aborted_index(), aborted);
+    (log, report)
+}
+
+/// Batches in the active segment of `log`.
+async fn active_batches(log: &sluice_storage::PartitionLog) -> u64 {
+    let base = *log.segment_bases().last().unwrap();
+    let mut n = 0;
+    for (_, chunk) in read_chunks(log).await {
+        n += sluice_storage::batch::stored_batches(&chunk)
+            .filter(|(h, _)| h.base_offset >= base)
+            .count() as u64;
+    }
+    n
+}
+
+#[test]
+fn r15_damaged_txnindex_is_rebuilt_from_the_log() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let (index, victim) = {
+            let log = producer_log(&dir, "r15").await;
+            let index = log.aborted_index();
+            let bases = log.segment_bases();
+            // A closed segment holding an abort.
+            let victim = *bases[..bases.len() - 1]
+                .iter()
+                .find(|b| seg(&dir, "r15", **b, "txnindex").exists())
+                .expect("a closed segment with aborted transactions");
+            log.close().await.unwrap();
+            (index, victim)
+        };
+        let path = seg(&dir, "r15", victim, "txnindex");
+        let original = std::fs::read(&path).unwrap();
+        let mut damaged = original.clone();
+        damaged.extend_from_slice(&[0xee; 40]);
+        std::fs::write(&path, &damaged).unwrap();
+        let (log, report) = reopen_producers(&dir, "r15").await;
+        assert!(report.dropped_txn_entries >= 1, "{report:?}");
+        assert!(
+            report.producer_snapshot.is_none_or(|o| o <= victim),
+            "{report:?}"
+        );
+        assert_eq!(log.aborted_index(), index);
+        assert_eq!(std::fs::read(&path).unwrap(), original, "rewritten");
+    });
+}
+
+#[test]
+fn r16_snapshot_present_bounds_the_replay() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let active = {
+            let log = producer_log(&dir, "r16").await;
+            *log.segment_bases().last().unwrap()
+            // Dropped without closing: a crash after the last roll's snapshot.
+        };
+        assert!(snapshot_path(&dir, "r16", active).exists());
+        let (log, report) = reopen_producers(&dir, "r16").await;
+        assert_eq!(report.producer_snapshot, Some(active));
+        assert_eq!(report.replayed_batches, active_batches(&log).await);
+        assert_eq!(report.deleted_snapshots, 0);
+    });
+}
+
+#[test]
+fn r17_corrupt_snapshot_falls_back_to_an_older_one() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let bases = {
+            let log = producer_log(&dir, "r17").await;
+            log.segment_bases()
+        };
+        let newest = bases[bases.len() - 1];
+        let older = bases[bases.len() - 2];
+        let path = snapshot_path(&dir, "r17", newest);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, report) = reopen_producers(&dir, "r17").await;
+        assert_eq!(report.deleted_snapshots, 1);
+        assert_eq!(report.producer_snapshot, Some(older));
+        // The replay began below the active segment: a fresh snapshot at its base.
+        assert!(path.exists());
+        assert_ne!(std::fs::read(&path).unwrap(), bytes);
+    });
+}
+
+#[test]
+fn r18_snapshot_above_a_torn_tail_is_deleted() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let (active, end) = {
+            let log = producer_log(&dir, "r18").await;
+            log.close().await.unwrap();
+            (*log.segment_bases().last().unwrap(), log.log_end_offset())
+        };
+        // Closing snapshotted the end; then the last batch is torn (its bytes were
+        // never durable after all, as far as this test pretends).
+        assert!(snapshot_path(&dir, "r18", end).exists());
+        let path = seg(&dir, "r18", active, "log");
+        let (pos, len) = *batch_positions(&path).last().unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(pos + len / 2)
+            .unwrap();
+        let (log, report) = reopen_producers(&dir, "r18").await;
+        assert!(log.log_end_offset() < end);
+        assert_eq!(report.deleted_snapshots, 1);
+        assert!(!snapshot_path(&dir, "r18", end).exists());
+        assert_eq!(report.producer_snapshot, Some(active));
+    });
+}
+
+#[test]
+fn r19_no_snapshot_replays_from_the_log_start() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let active = {
+            let log = producer_log(&dir, "r19").await;
+            *log.segment_bases().last().unwrap()
+        };
+        for e in std::fs::read_dir(dir.join("r19")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "snapshot") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+        let (log, report) = reopen_producers(&dir, "r19").await;
+        assert_eq!(report.producer_snapshot, None);
+        let all: usize = read_chunks(&log)
+            .await
+            .iter()
+            .map(|(_, c)| sluice_storage::batch::stored_batches(c).count())
+            .sum();
+        assert_eq!(report.replayed_batches, all as u64);
+        // The next recovery will only replay the active segment.
+        assert_eq!(log.snapshot_offsets(), vec![active]);
     });
 }

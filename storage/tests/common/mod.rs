@@ -112,3 +112,66 @@ pub async fn read_all(log: &sluice_storage::PartitionLog) -> Vec<(i64, Vec<u8>)>
     let chunks = read_chunks(log).await;
     chunks.iter().flat_map(|(_, b)| batches_of(b)).collect()
 }
+
+/// Makes `batch` a batch of producer `pid` at `epoch` from sequence `seq`, transactional
+/// or not (the CRC is recomputed).
+pub fn set_producer(batch: &mut [u8], pid: i64, epoch: i16, seq: i32, transactional: bool) {
+    use sluice_storage::batch as b;
+    batch[b::OFF_PRODUCER_ID..b::OFF_PRODUCER_EPOCH].copy_from_slice(&pid.to_be_bytes());
+    batch[b::OFF_PRODUCER_EPOCH..b::OFF_BASE_SEQUENCE].copy_from_slice(&epoch.to_be_bytes());
+    batch[b::OFF_BASE_SEQUENCE..b::OFF_RECORD_COUNT].copy_from_slice(&seq.to_be_bytes());
+    let mut attrs = i16::from_be_bytes([batch[b::OFF_ATTRIBUTES], batch[b::OFF_ATTRIBUTES + 1]]);
+    if transactional {
+        attrs |= b::ATTR_TRANSACTIONAL;
+    } else {
+        attrs &= !b::ATTR_TRANSACTIONAL;
+    }
+    batch[b::OFF_ATTRIBUTES..b::OFF_LAST_OFFSET_DELTA].copy_from_slice(&attrs.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[b::OFF_ATTRIBUTES..]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A batch of `n` unkeyed records of producer `pid` (epoch `epoch`, first sequence
+/// `seq`), transactional or not.
+pub fn producer_batch(pid: i64, epoch: i16, seq: i32, transactional: bool, n: usize) -> Vec<u8> {
+    let mut b = batch(1_000, n, pid as u64);
+    set_producer(&mut b, pid, epoch, seq, transactional);
+    b
+}
+
+/// The producer state and the aborted transactions that replaying the whole log from
+/// its start gives: what recovery must rebuild, however it gets there.
+pub async fn replayed(
+    log: &sluice_storage::PartitionLog,
+) -> (
+    sluice_storage::producer::ProducerStateTable,
+    Vec<sluice_storage::AbortedTxn>,
+) {
+    let mut table = sluice_storage::producer::ProducerStateTable::default();
+    let mut aborted = Vec::new();
+    for (_, chunk) in read_chunks(log).await {
+        for (h, b) in sluice_storage::batch::stored_batches(&chunk) {
+            if let Some(done) = table.apply(&h, b) {
+                if done.aborted {
+                    aborted.push(sluice_storage::AbortedTxn {
+                        producer_id: done.producer_id,
+                        first_offset: done.first_offset,
+                        last_offset: done.last_offset,
+                        last_stable_offset: done.last_stable_offset,
+                    });
+                }
+            }
+        }
+    }
+    (table, aborted)
+}
+
+/// A storage on a manual clock at `now_ms`.
+pub async fn storage_at(
+    dir: &Path,
+    limits: StorageLimits,
+    now_ms: i64,
+) -> (Rc<Storage>, Rc<ManualClock>) {
+    let clock = Rc::new(ManualClock(std::cell::Cell::new(now_ms)));
+    (storage_with_clock(dir, limits, clock.clone()).await, clock)
+}

@@ -11,6 +11,8 @@ pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
     use sluice_storage::Error as E;
     let code = match e {
         E::Batch(BatchError::TooLarge { .. }) => ResponseError::MessageTooLarge,
+        // Control batches (transaction markers) come only from coordinators.
+        E::Batch(BatchError::ControlBatchFromClient) => ResponseError::InvalidRecord,
         // Kafka answers CORRUPT_MESSAGE for a bad CRC and for framing it cannot parse
         // (short batch, length mismatch, wrong magic); it keeps INVALID_RECORD for
         // records that parse but break a rule, which storage does not check.

@@ -466,7 +466,10 @@ mod tests {
         let batch = b.build(&[1_000_000, 1_000_500], None);
         let s = sequenced(&batch, 42, 3, 7);
         let h = sluice_storage::batch::validate(&s, true).expect("valid batch");
-        assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (42, 3, 7));
+        assert_eq!(
+            (h.producer_id, h.producer_epoch, h.base_sequence),
+            (42, 3, 7)
+        );
     }
 
     #[test]

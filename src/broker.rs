@@ -354,6 +354,7 @@ impl Broker {
             topic: topic.to_string(),
             partition,
             records,
+            transactional_id: None,
         };
         self.produce_inner(-1, Duration::from_secs(5), item, true)
             .await
@@ -466,6 +467,8 @@ impl Broker {
             )
             .await
             .map_err(|e| error::from_storage(&e))?;
+        // Producers verifying their first transactional batch here look at this.
+        replica.markers.set(replica.markers.get() + 1);
         let last_offset = match judged {
             sluice_storage::Judged::Appended(info) => info.last_offset,
             sluice_storage::Judged::Duplicate(meta) => meta.last_offset,

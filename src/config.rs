@@ -506,6 +506,7 @@ mod tests {
             "--group-min-session-timeout-ms=2",
             "--group-max-session-timeout-ms=3",
             "--offsets-retention-minutes=4",
+            "--transaction-max-timeout-ms=7",
             "--log-retention-check-interval-ms=5",
             "--controller-listen=127.0.0.1:2",
             "--controller-quorum=2@127.0.0.1:2",
@@ -518,6 +519,7 @@ mod tests {
         assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
         assert_eq!(c.socket_request_max_bytes, 2048);
         assert_eq!(c.replica_lag_time_max_ms, 6);
+        assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(s.given(), Settings::KEYS);
     }
 

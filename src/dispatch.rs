@@ -9,7 +9,7 @@ use std::rc::Rc;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{Code, GroupState, GroupSummary, StableFetch};
-use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription};
+use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
 use sluice_replication::cluster::Applied;
 use uuid::Uuid;
 
@@ -47,7 +47,12 @@ impl ShardService for ShardServer {
         let futs = c
             .items
             .into_iter()
-            .map(|it| b.produce_local(c.acks, c.timeout, it))
+            .map(|it| async move {
+                // KIP-890: the first transactional batch of a transaction here is
+                // checked with the coordinator before it opens a transaction.
+                crate::txn::verify_produce(b, &it).await?;
+                b.produce_local(c.acks, c.timeout, it).await
+            })
             .collect();
         join_all(futs).await
     }
@@ -166,6 +171,10 @@ impl ShardService for ShardServer {
 
     async fn txn_end(&self, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
         self.txns.end(&self.broker, c).await
+    }
+
+    async fn txn_verify(&self, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
+        self.txns.verify(&self.broker, c).await
     }
 
     async fn txn_describe(&self, c: rpc::TxnDescribe) -> Result<TxnDescription, ApiError> {

@@ -28,18 +28,35 @@ const FLUSH_CHECK_MS: u64 = 100;
 /// Refuses to start when another process holds the port. glommio's listener sets
 /// SO_REUSEPORT, so a second broker could otherwise bind the same port silently and
 /// steal half the connections. A plain bind (no SO_REUSEPORT) fails if anyone listens.
+/// A broker restarted right after a crash may find the port still held for a moment:
+/// the kernel tears down a dead process's io_uring (and the sockets it references)
+/// asynchronously, so the bind is retried for up to [`PORT_RETRY`].
 pub fn check_port_free(config: &BrokerConfig) -> Result<(), String> {
-    match std::net::TcpListener::bind(config.listen) {
-        Ok(l) => {
-            drop(l);
-            Ok(())
+    let deadline = std::time::Instant::now() + PORT_RETRY;
+    loop {
+        match std::net::TcpListener::bind(config.listen) {
+            Ok(l) => {
+                drop(l);
+                return Ok(());
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot listen on {}: {e} (is another broker running?)",
+                    config.listen
+                ))
+            }
         }
-        Err(e) => Err(format!(
-            "cannot listen on {}: {e} (is another broker running?)",
-            config.listen
-        )),
     }
 }
+
+/// How long a start waits for its port to be released by a process that just died.
+const PORT_RETRY: Duration = Duration::from_secs(3);
 
 /// glommio's per-thread polled-I/O probe must see a full page (see
 /// `sluice_storage::probe`). Shards open storage concurrently on one directory, so the

@@ -65,6 +65,9 @@ pub struct Replica {
     /// Fires after every batch a produce request appends (a producer's next batch may
     /// be waiting for it: `crate::broker`'s sequence-gap wait).
     pub appended: Event,
+    /// Transaction markers written here as leader (KIP-890 verification re-checks when
+    /// one was written while it asked the coordinator).
+    pub markers: Cell<u64>,
     checkpoint: PathBuf,
     checkpoint_state: CheckpointState,
 }
@@ -128,6 +131,7 @@ impl Replica {
             known_epoch: Cell::new(-1),
             progress: Event::new(),
             appended: Event::new(),
+            markers: Cell::new(0),
             checkpoint,
             checkpoint_state: CheckpointState::default(),
         })

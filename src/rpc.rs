@@ -26,7 +26,7 @@ use sluice_coordinator::group::{
 };
 use sluice_coordinator::txn::{
     AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
-    TxnDescription,
+    TxnDescription, Verified,
 };
 use sluice_replication::cluster::{Applied, Command};
 use uuid::Uuid;
@@ -133,6 +133,8 @@ shard_calls! {
     TxnAddOffsets => txn_add_offsets -> Result<(), ApiError>;
     TxnEnd => txn_end -> Result<ProducerIdAndEpoch, ApiError>;
     TxnDescribe => txn_describe -> Result<TxnDescription, ApiError>;
+    /// KIP-890 verification: are these partitions in the id's ongoing transaction?
+    TxnVerify => txn_verify -> Result<Verified, ApiError>;
     /// Every transaction the serving shard coordinates.
     TxnList => txn_list -> Result<ListedTxns, ApiError>;
     /// Transaction markers for partitions of the serving shard (WriteTxnMarkers).
@@ -148,6 +150,9 @@ pub struct ProduceItem {
     pub partition: i32,
     /// One or more v2 batches, a zero-copy slice of the request frame.
     pub records: Bytes,
+    /// The producer's transactional id (transactional batches are verified with its
+    /// coordinator, KIP-890).
+    pub transactional_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -394,6 +399,14 @@ pub struct TxnEnd {
     pub args: EndArgs,
 }
 
+pub struct TxnVerify {
+    pub partition: i32,
+    pub transactional_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub partitions: Vec<(String, i32)>,
+}
+
 pub struct TxnDescribe {
     pub partition: i32,
     pub transactional_id: String,
@@ -433,4 +446,12 @@ macro_rules! txn_calls {
     };
 }
 
-txn_calls!(TxnInit, TxnAdd, TxnAddOffsets, TxnEnd, TxnDescribe, TxnList);
+txn_calls!(
+    TxnInit,
+    TxnAdd,
+    TxnAddOffsets,
+    TxnEnd,
+    TxnVerify,
+    TxnDescribe,
+    TxnList
+);

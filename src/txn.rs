@@ -28,7 +28,7 @@ use kafka_protocol::records::RecordBatchDecoder;
 use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
     InitArgs, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token, TxnConfig,
-    TxnCoordinator, TxnEffects, TxnReply, TXN_STATE_TOPIC,
+    TxnCoordinator, TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
 };
 
 use crate::broker::{Broker, PartitionEvents};
@@ -228,6 +228,19 @@ impl TxnShell {
             TxnReply::EndTxn(r) => r.map_err(ApiError::new),
             other => Err(mismatch(other)),
         }
+    }
+
+    pub async fn verify(&self, b: &Broker, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        self.coord
+            .borrow()
+            .verify_partitions(
+                &c.transactional_id,
+                c.producer_id,
+                c.producer_epoch,
+                &c.partitions,
+            )
+            .map_err(ApiError::new)
     }
 
     pub async fn describe(
@@ -572,4 +585,164 @@ pub fn init_args(
         producer_id,
         producer_epoch: epoch,
     }
+}
+
+/// KIP-890 part 1, on a partition's leader: a transactional batch of a producer with
+/// no transaction open on this partition may only start one if the coordinator has the
+/// partition in the producer's ongoing transaction. Otherwise a produce that arrives
+/// after its transaction ended (a late retry, a zombie) would open a transaction the
+/// coordinator knows nothing of, and hold the last stable offset forever.
+pub async fn verify_produce(broker: &Broker, item: &rpc::ProduceItem) -> Result<(), ApiError> {
+    let Some((producer_id, epoch)) = transactional_producer(&item.records) else {
+        return Ok(());
+    };
+    let Some(txn_id) = item.transactional_id.as_deref() else {
+        // Kafka's answer to transactional records without a transactional id.
+        return Err(ApiError::with(
+            ResponseError::TransactionalIdAuthorizationFailed,
+            "transactional records without a transactional id",
+        ));
+    };
+    let (log, _) = broker.log(&item.topic, item.partition)?;
+    if log.txn_open(producer_id) {
+        return Ok(());
+    }
+    let replica = broker.replica(&item.topic, item.partition)?;
+    // A marker written while the coordinator answered may have ended the transaction
+    // it vouched for: ask again.
+    for _ in 0..3 {
+        let before = replica.markers.get();
+        let answer = verify(
+            broker,
+            txn_id,
+            producer_id,
+            epoch,
+            &item.topic,
+            item.partition,
+        )
+        .await;
+        if replica.markers.get() == before {
+            return answer;
+        }
+    }
+    Err(ApiError::with(
+        ResponseError::ConcurrentTransactions,
+        "transaction markers kept arriving while verifying",
+    ))
+}
+
+/// The producer id and epoch of the first transactional batch in `records`.
+fn transactional_producer(records: &bytes::Bytes) -> Option<(i64, i16)> {
+    let batches = sluice_storage::batch::split_batches(records).ok()?;
+    batches
+        .iter()
+        .find(|(h, _)| h.is_transactional())
+        .map(|(h, _)| (h.producer_id, h.producer_epoch))
+}
+
+/// Asks the id's coordinator (here, or over AddPartitionsToTxn v4 verify-only) whether
+/// `topic-partition` is in the producer's ongoing transaction, with Kafka's mapping of
+/// the answer for a produce.
+async fn verify(
+    broker: &Broker,
+    txn_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    topic: &str,
+    partition: i32,
+) -> Result<(), ApiError> {
+    let state_partition = partition_for(txn_id);
+    let image = broker.image();
+    let leader = image
+        .topics
+        .get(TXN_STATE_TOPIC)
+        .and_then(|m| m.assignment(state_partition))
+        .map(|a| a.leader);
+    let answer: Result<(), ResponseError> = match leader {
+        Some(l) if l == broker.config.node_id => {
+            let call = rpc::TxnVerify {
+                partition: state_partition,
+                transactional_id: txn_id.to_string(),
+                producer_id,
+                producer_epoch: epoch,
+                partitions: vec![(topic.to_string(), partition)],
+            };
+            match route(broker, call).await {
+                Ok(v) => v.into_iter().next().map_or(Ok(()), |(_, r)| r),
+                Err(e) => Err(e.code),
+            }
+        }
+        Some(l) if l >= 0 => verify_remote(&image, l, txn_id, producer_id, epoch, topic, partition)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "verification request failed");
+                Err(ResponseError::CoordinatorNotAvailable)
+            }),
+        _ => Err(ResponseError::CoordinatorNotAvailable),
+    };
+    answer.map_err(|code| {
+        use ResponseError::*;
+        let code = match code {
+            // The coordinator is moving or loading: the client retries the produce.
+            CoordinatorNotAvailable
+            | NotCoordinator
+            | CoordinatorLoadInProgress
+            | ConcurrentTransactions => NotEnoughReplicas,
+            ProducerFenced => InvalidProducerEpoch,
+            other => other,
+        };
+        ApiError::with(
+            code,
+            format!("{topic}-{partition} is not in the ongoing transaction of {txn_id}"),
+        )
+    })
+}
+
+async fn verify_remote(
+    image: &crate::metadata::MetadataImage,
+    leader: i32,
+    txn_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    topic: &str,
+    partition: i32,
+) -> Result<Result<(), ResponseError>, String> {
+    use kafka_protocol::messages::add_partitions_to_txn_request::{
+        AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+    };
+    use kafka_protocol::messages::{AddPartitionsToTxnRequest, TransactionalId};
+    let node = image
+        .brokers
+        .get(&leader)
+        .ok_or_else(|| format!("broker {leader} is not registered"))?;
+    let addr = aio::resolve(&node.host, node.port).await?;
+    let mut conn = Conn::connect(addr, "sluice-txn-verify", Some(Duration::from_secs(1)))
+        .await?
+        .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
+        AddPartitionsToTxnTransaction::default()
+            .with_transactional_id(TransactionalId(sb(txn_id)))
+            .with_producer_id(producer_id.into())
+            .with_producer_epoch(epoch)
+            .with_verify_only(true)
+            .with_topics(vec![AddPartitionsToTxnTopic::default()
+                .with_name(TopicName(sb(topic)))
+                .with_partitions(vec![partition])]),
+    ]);
+    let resp = conn.call(4, &req).await.map_err(|e| e.to_string())?;
+    let code = |c: i16| match c {
+        0 => Ok(()),
+        c => Err(ResponseError::try_from_code(c).unwrap_or(ResponseError::UnknownServerError)),
+    };
+    if let Err(e) = code(resp.error_code) {
+        return Ok(Err(e));
+    }
+    Ok(resp
+        .results_by_transaction
+        .first()
+        .and_then(|t| t.topic_results.first())
+        .and_then(|t| t.results_by_partition.first())
+        .map_or(Err(ResponseError::UnknownServerError), |p| {
+            code(p.partition_error_code)
+        }))
 }

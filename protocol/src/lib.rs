@@ -62,7 +62,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::InitProducerId, 0, 5),
     // Transactions with client transaction version 0/1 semantics: the versions after
     // these carry KIP-890 part 2 (epoch bump per transaction), not served.
-    spec(ApiKey::AddPartitionsToTxn, 0, 3),
+    // v4: batched, and verify-only for partition leaders (KIP-890 part 1).
+    spec(ApiKey::AddPartitionsToTxn, 0, 4),
     spec(ApiKey::AddOffsetsToTxn, 0, 3),
     spec(ApiKey::EndTxn, 0, 3),
     spec(ApiKey::WriteTxnMarkers, 0, 1),

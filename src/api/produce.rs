@@ -43,10 +43,15 @@ fn partition_response(index: i32, r: &Result<Appended, ApiError>) -> PartitionPr
 /// Returns `None` for acks=0 (no response is sent).
 pub async fn handle(
     broker: &Rc<Broker>,
-    _version: i16,
+    version: i16,
     req: ProduceRequest,
 ) -> Option<ProduceResponse> {
     let acks = req.acks;
+    let transactional_id = req
+        .transactional_id
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .filter(|t| !t.is_empty());
     let timeout = std::time::Duration::from_millis(req.timeout_ms.clamp(0, 300_000) as u64);
     if !matches!(acks, -1..=1) {
         let resp = reject_all(&req, ApiError::new(ResponseError::InvalidRequiredAcks));
@@ -82,6 +87,7 @@ pub async fn handle(
                                     topic: name.clone(),
                                     partition: p.index,
                                     records,
+                                    transactional_id: transactional_id.clone(),
                                 },
                             ));
                             None
@@ -112,6 +118,20 @@ pub async fn handle(
     if acks == 0 {
         return None;
     }
+    // KIP-890: a transactional batch for a partition not in its transaction. Clients
+    // before Produce v11 do not know TRANSACTION_ABORTABLE.
+    let results: Vec<Result<Appended, ApiError>> = results
+        .into_iter()
+        .map(|r| match r {
+            Err(e) if e.code == ResponseError::TransactionAbortable && version < 11 => {
+                Err(ApiError {
+                    code: ResponseError::InvalidTxnState,
+                    ..e
+                })
+            }
+            r => r,
+        })
+        .collect();
     let mut results = results.into_iter();
     let responses = shape
         .into_iter()

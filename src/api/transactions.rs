@@ -90,11 +90,21 @@ pub async fn add_partitions(
             .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
             .collect();
         let per_partition: Vec<((String, i32), i16)> = if verify_only {
-            // KIP-890 verification needs the coordinator's view only; not served yet.
-            partitions
-                .into_iter()
-                .map(|tp| (tp, ResponseError::UnsupportedVersion.code()))
-                .collect()
+            // KIP-890 verification from a partition leader: membership only.
+            let call = rpc::TxnVerify {
+                partition: partition_for(&txn_id),
+                transactional_id: txn_id.clone(),
+                producer_id,
+                producer_epoch: epoch,
+                partitions: partitions.clone(),
+            };
+            match route(broker, call).await {
+                Ok(v) => v
+                    .into_iter()
+                    .map(|(tp, r)| (tp, r.err().map_or(0, |c| c.code())))
+                    .collect(),
+                Err(e) => partitions.into_iter().map(|tp| (tp, e.code())).collect(),
+            }
         } else {
             let call = rpc::TxnAdd {
                 partition: partition_for(&txn_id),

@@ -2177,6 +2177,15 @@ impl PartitionLog {
             .collect()
     }
 
+    /// Whether `producer_id` has a transaction open on this partition (data written, no
+    /// marker yet): its next transactional batch needs no verification (KIP-890).
+    pub fn txn_open(&self, producer_id: i64) -> bool {
+        self.producers
+            .borrow()
+            .get(producer_id)
+            .is_some_and(|e| e.txn_first_offset.is_some())
+    }
+
     /// A copy of the producer state (diagnostics, tests).
     pub fn producer_state(&self) -> ProducerStateTable {
         self.producers.borrow().clone()

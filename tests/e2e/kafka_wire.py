@@ -33,7 +33,8 @@ def varint(n):
             return bytes(out)
 
 
-def record_batch(values, good_crc=True, producer_id=-1, producer_epoch=-1, base_sequence=-1):
+def record_batch(values, good_crc=True, producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                 transactional=False):
     """An uncompressed v2 batch of records with null keys (sequenced when a producer id
     is given)."""
     ts = int(time.time() * 1000)
@@ -41,7 +42,8 @@ def record_batch(values, good_crc=True, producer_id=-1, producer_epoch=-1, base_
     for i, v in enumerate(values):
         body = b"\x00" + varint(0) + varint(i) + varint(-1) + varint(len(v)) + v + varint(0)
         recs += varint(len(body)) + body
-    after_crc = struct.pack(">hiqqqhii", 0, len(values) - 1, ts, ts, producer_id, producer_epoch,
+    attributes = 0x10 if transactional else 0
+    after_crc = struct.pack(">hiqqqhii", attributes, len(values) - 1, ts, ts, producer_id, producer_epoch,
                             base_sequence, len(values)) + recs
     crc = crc32c(after_crc)
     if not good_crc:
@@ -65,8 +67,8 @@ def frame(body):
     return struct.pack(">i", len(body)) + body
 
 
-def produce_v3(topic, partition, records, acks=-1, corr=1, timeout_ms=10000):
-    body = header(0, 3, corr) + string(None) + struct.pack(">hi", acks, timeout_ms)
+def produce_v3(topic, partition, records, acks=-1, corr=1, timeout_ms=10000, transactional_id=None):
+    body = header(0, 3, corr) + string(transactional_id) + struct.pack(">hi", acks, timeout_ms)
     body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", 1)
     body += struct.pack(">ii", partition, len(records)) + records
     return frame(body)
@@ -138,19 +140,29 @@ def api_versions_v0(conn, corr=99):
     return err, keys
 
 
-def init_producer_id(addr, transactional_id=None, timeout_ms=60000):
-    """InitProducerId v0 -> (producer id, epoch), or raises on an error code."""
-    conn = Conn(addr)
-    try:
-        conn.send(frame(header(22, 0, 7) + string(transactional_id) + struct.pack(">i", timeout_ms)))
-        corr, body = conn.recv()
-        assert corr == 7
-        _throttle, err, pid, epoch = struct.unpack_from(">ihqh", body, 0)
-    finally:
-        conn.close()
-    if err != 0:
-        raise RuntimeError(f"InitProducerId error {err}")
-    return pid, epoch
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
+# CONCURRENT_TRANSACTIONS: a coordinator that is getting ready; clients retry them.
+COORDINATOR_RETRIABLE = (14, 15, 16, 51)
+
+
+def init_producer_id(addr, transactional_id=None, timeout_ms=60000, deadline=30):
+    """InitProducerId v0 -> (producer id, epoch), retrying (bounded) while the
+    coordinator gets ready; raises on any other error code."""
+    end = time.monotonic() + deadline
+    while True:
+        conn = Conn(addr)
+        try:
+            conn.send(frame(header(22, 0, 7) + string(transactional_id) + struct.pack(">i", timeout_ms)))
+            corr, body = conn.recv()
+            assert corr == 7
+            _throttle, err, pid, epoch = struct.unpack_from(">ihqh", body, 0)
+        finally:
+            conn.close()
+        if err == 0:
+            return pid, epoch
+        if err not in COORDINATOR_RETRIABLE or time.monotonic() > end:
+            raise RuntimeError(f"InitProducerId error {err}")
+        time.sleep(0.1)
 
 
 def fetch_v4(topic, partition, offset, max_wait_ms=500, min_bytes=1, max_bytes=50 << 20,

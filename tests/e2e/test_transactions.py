@@ -266,3 +266,32 @@ def test_consume_transform_produce_through_processor_sigkills_is_exactly_once(br
     out = read(broker.addr, "ctpk-out", "read_committed")
     assert out == [f"out-{i}" for i in range(n)], \
         f"{len(out)} records, {len(set(out))} distinct: every input exactly once, in order"
+
+
+def test_transactional_produce_outside_its_transaction_is_refused(broker):
+    """KIP-890 part 1: a transactional batch for a partition its producer never added
+    to a transaction (a late retry, a zombie) is refused by the partition's leader
+    after asking the coordinator, so it cannot open a transaction the coordinator does
+    not know of and hold read_committed readers forever."""
+    from kafka_wire import (Conn, fetch_v4, init_producer_id, parse_fetch_v4,
+                            parse_produce_v3, produce_v3, record_batch)
+    create_topic(broker.addr, "verify", 1)
+    pid, epoch = init_producer_id(broker.addr, transactional_id="verify-id")
+    conn = Conn(broker.addr)
+    batch = record_batch([b"late"], producer_id=pid, producer_epoch=epoch, base_sequence=0,
+                         transactional=True)
+    conn.send(produce_v3("verify", 0, batch, transactional_id="verify-id"))
+    _, body = conn.recv()
+    [(_, _, err, _)] = parse_produce_v3(body)
+    assert err == 48, f"INVALID_TXN_STATE (Produce v3 predates TRANSACTION_ABORTABLE), got {err}"
+    conn.send(fetch_v4("verify", 0, 0))
+    _, body = conn.recv()
+    [(_, _, ferr, hw, recs)] = parse_fetch_v4(body)
+    conn.close()
+    assert (ferr, hw, recs) == (0, 0, b""), "nothing stored"
+    # A real transactional producer on the same partition goes through verification.
+    p = txn_producer(broker.addr, "verify-ok")
+    p.begin_transaction()
+    p.produce("verify", value="in-txn")
+    p.commit_transaction(30)
+    assert read(broker.addr, "verify", "read_committed") == ["in-txn"]

@@ -66,7 +66,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::AddPartitionsToTxn, 0, 4),
     spec(ApiKey::AddOffsetsToTxn, 0, 3),
     spec(ApiKey::EndTxn, 0, 3),
-    spec(ApiKey::WriteTxnMarkers, 0, 1),
+    // WriteTxnMarkers v0 is gone from Kafka 4 and from the codec.
+    spec(ApiKey::WriteTxnMarkers, 1, 1),
     spec(ApiKey::TxnOffsetCommit, 0, 3),
     spec(ApiKey::DescribeTransactions, 0, 0),
     spec(ApiKey::ListTransactions, 0, 1),

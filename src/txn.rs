@@ -24,7 +24,6 @@ use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic,
 };
 use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
-use kafka_protocol::records::RecordBatchDecoder;
 use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
     InitArgs, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token, TxnConfig,
@@ -40,8 +39,6 @@ use crate::util::{now_ms, sb};
 pub const TXN_STATE_PARTITIONS: i32 = 50;
 /// How often the coordinator's timers (timeouts, marker retries, expiry) are checked.
 const TICK: Duration = Duration::from_millis(100);
-/// Bytes read per step while loading a partition.
-const LOAD_READ_BYTES: usize = 1 << 20;
 /// A WriteTxnMarkers round trip to a partition leader may take this long.
 const MARKER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -416,50 +413,27 @@ impl TxnShell {
         if self.loaded.borrow().contains(&partition) {
             return Ok(());
         }
-        let not_ready = |e: ApiError| {
-            ApiError::with(
-                ResponseError::CoordinatorLoadInProgress,
-                format!("{TXN_STATE_TOPIC}-{partition} is not ready on this shard: {e}"),
-            )
-        };
-        let (log, _) = broker.log(TXN_STATE_TOPIC, partition).map_err(not_ready)?;
         let epoch = broker
             .replica(TXN_STATE_TOPIC, partition)
-            .map_err(not_ready)?
+            .map_err(|e| ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string()))?
             .leader_epoch()
             .ok_or_else(|| ApiError::new(ResponseError::NotCoordinator))?;
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .begin_load(partition, epoch, &mut fx);
-        let mut offset = log.log_start_offset();
-        let mut loaded = 0usize;
-        loop {
-            let r = log.read(offset, LOAD_READ_BYTES, None).await.map_err(|e| {
-                ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string())
-            })?;
-            if r.records.is_empty() || r.next_offset <= offset {
-                break;
-            }
-            offset = r.next_offset;
-            let mut buf = r.records.clone();
-            while !buf.is_empty() {
-                let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| {
-                    ApiError::with(
-                        ResponseError::CoordinatorNotAvailable,
-                        format!("{TXN_STATE_TOPIC}-{partition}: {e}"),
-                    )
-                })?;
-                let mut coord = self.coord.borrow_mut();
-                for rec in set.records {
-                    let Some(key) = rec.key else { continue };
-                    if let Err(e) = coord.load_record(&key, rec.value.as_deref()) {
-                        tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
-                    }
-                    loaded += 1;
+        let loaded = broker
+            .replay(TXN_STATE_TOPIC, partition, |rec| {
+                let Some(key) = rec.key else { return };
+                if let Err(e) = self
+                    .coord
+                    .borrow_mut()
+                    .load_record(&key, rec.value.as_deref())
+                {
+                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
                 }
-            }
-        }
+            })
+            .await?;
         self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
         self.loaded.borrow_mut().insert(partition);
         tracing::info!(

@@ -18,7 +18,6 @@ use std::time::Duration;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::records::RecordBatchDecoder;
 
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
@@ -35,8 +34,6 @@ use crate::util::now_ms;
 
 /// How often timers (session expiry, join/sync deadlines, offset expiry) are checked.
 pub const TICK: Duration = Duration::from_millis(100);
-/// Bytes read per step while loading a partition.
-const LOAD_READ_BYTES: usize = 1 << 20;
 
 pub struct GroupShell {
     coord: RefCell<Coordinator>,
@@ -408,60 +405,31 @@ impl GroupShell {
         if self.loaded.borrow().contains(&partition) {
             return Ok(());
         }
-        // The requesting shard saw the partition in its metadata image; this shard's
-        // image or open logs may lag it by a moment (the topic was just created, or
-        // leadership just moved here). Kafka answers a coordinator that is not ready
-        // yet with COORDINATOR_LOAD_IN_PROGRESS, which every client retries.
-        let (log, _) = broker.log(OFFSETS_TOPIC, partition).map_err(|e| {
-            ApiError::with(
-                ResponseError::CoordinatorLoadInProgress,
-                format!("{OFFSETS_TOPIC}-{partition} is not ready on this shard: {e}"),
-            )
-        })?;
-        let mut offset = log.log_start_offset();
-        let mut loaded = 0usize;
         // Restored members' sessions start now (Kafka: onGroupLoaded).
         let now = now_ms();
-        loop {
-            let r = log.read(offset, LOAD_READ_BYTES, None).await.map_err(|e| {
-                ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string())
-            })?;
-            if r.records.is_empty() || r.next_offset <= offset {
-                break;
-            }
-            offset = r.next_offset;
-            let mut buf = r.records.clone();
-            while !buf.is_empty() {
-                let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| {
-                    ApiError::with(
-                        ResponseError::CoordinatorNotAvailable,
-                        format!("{OFFSETS_TOPIC}-{partition}: {e}"),
-                    )
-                })?;
+        let in_partition = |g: &str| partition_for(g) == partition;
+        let loaded = broker
+            .replay(OFFSETS_TOPIC, partition, |rec| {
+                let Some(key) = rec.key else { return };
                 let mut coord = self.coord.borrow_mut();
-                let in_partition = |g: &str| partition_for(g) == partition;
-                for rec in set.records {
-                    let Some(key) = rec.key else { continue };
-                    let r = if rec.control {
-                        // An end-transaction marker: key = version i16, type i16
-                        // (0 abort, 1 commit).
-                        if key.len() >= 4 {
-                            let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
-                            coord.load_marker(rec.producer_id, commit, in_partition);
-                        }
-                        Ok(())
-                    } else if rec.transactional {
-                        coord.load_txn_record(now, rec.producer_id, &key, rec.value.as_deref())
-                    } else {
-                        coord.load_record(now, &key, rec.value.as_deref())
-                    };
-                    if let Err(e) = r {
-                        tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
+                let r = if rec.control {
+                    // An end-transaction marker: key = version i16, type i16
+                    // (0 abort, 1 commit).
+                    if key.len() >= 4 {
+                        let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
+                        coord.load_marker(rec.producer_id, commit, in_partition);
                     }
-                    loaded += 1;
+                    Ok(())
+                } else if rec.transactional {
+                    coord.load_txn_record(now, rec.producer_id, &key, rec.value.as_deref())
+                } else {
+                    coord.load_record(now, &key, rec.value.as_deref())
+                };
+                if let Err(e) = r {
+                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
                 }
-            }
-        }
+            })
+            .await?;
         tracing::debug!(
             partition,
             records = loaded,

@@ -725,7 +725,23 @@ pub struct ReadSpan {
 }
 
 /// Reads the batches `span` describes. Every batch is CRC-checked after the read.
+///
+/// Under the crash simulation a read fails once the simulated process has crashed,
+/// also one that was under way then: the crash rewrote the files to what the disk
+/// kept, which a process that is gone never reads (its in-memory view, segment sizes
+/// included, describes the bytes before the crash).
 pub async fn read_batches(
+    file: &DmaFile,
+    path: &Path,
+    span: ReadSpan,
+) -> Result<Vec<Bytes>, Error> {
+    crate::simdisk::alive().map_err(|e| Error::io(path, e))?;
+    let out = read_batches_unchecked(file, path, span).await;
+    crate::simdisk::alive().map_err(|e| Error::io(path, e))?;
+    out
+}
+
+async fn read_batches_unchecked(
     file: &DmaFile,
     path: &Path,
     span: ReadSpan,

@@ -14,9 +14,10 @@
 //!   seal (which sync) moves all of them.
 //! - [`crash`] waits until no write or sync is in flight, then, at one instant, marks
 //!   every recorded file dead (a write or sync attempted on it afterwards fails, as the
-//!   process would be gone) and rewrites each file that holds unsynced writes to its
-//!   durable image plus, under [`CrashMode::Torn`], a random prefix of its unsynced
-//!   writes with the next one torn at 512-byte sectors.
+//!   process would be gone; so does a segment read, see `segment::read_batches`) and
+//!   rewrites each file that holds unsynced writes to its durable image plus, under
+//!   [`CrashMode::Torn`], a random prefix of its unsynced writes with the next one torn
+//!   at 512-byte sectors.
 //! - [`syncs`] counts successful file syncs since [`enable`] (group commit is judged
 //!   by it).
 //!

@@ -55,13 +55,19 @@ fn records_at(batch: &[u8], base: i64) -> Vec<Rec> {
 }
 
 async fn read_records(log: &PartitionLog) -> Vec<Rec> {
+    try_read_records(log).await.expect("read")
+}
+
+/// [`read_records`], failing if a read fails: inside an op the plug may be pulled
+/// before the read, and a crashed process reads nothing.
+async fn try_read_records(log: &PartitionLog) -> Result<Vec<Rec>, sluice_storage::Error> {
     // Reads return whole batches: records below the offset asked for (below the log
     // start, after DeleteRecords inside a batch) are not the log's any more.
-    let chunks = read_chunks(log).await;
-    chunks
+    let chunks = try_read_chunks(log).await?;
+    Ok(chunks
         .iter()
         .flat_map(|(asked, b)| records_of(b).into_iter().filter(move |(o, _)| o >= asked))
-        .collect()
+        .collect())
 }
 
 fn keyed_batch(tag: u64, records: usize, value_bytes: usize) -> Vec<u8> {
@@ -478,7 +484,14 @@ async fn run_op(
                 .collect();
             log.compact().await?;
             model.compacted = true;
-            let now = read_records(log).await;
+            // A compaction with nothing to clean does no I/O: the crash may come
+            // during this read instead, which then fails (the op is interrupted).
+            // Only an I/O error may end it so: a corrupt read is a bug either way.
+            let now = match try_read_records(log).await {
+                Ok(now) => now,
+                Err(e @ sluice_storage::Error::Io { .. }) => return Err(e),
+                Err(e) => panic!("read after compaction: {e:?}"),
+            };
             let now_map: BTreeMap<i64, Vec<u8>> = now.into_iter().collect();
             for o in latest_per_key(&live) {
                 assert!(

@@ -94,17 +94,25 @@ pub fn batches_of(buf: &[u8]) -> Vec<(i64, Vec<u8>)> {
 /// Everything in the log from its start, as the chunks reads return: (the offset the
 /// read asked for, whole batches from the one holding it).
 pub async fn read_chunks(log: &sluice_storage::PartitionLog) -> Vec<(i64, bytes::Bytes)> {
+    try_read_chunks(log).await.expect("read")
+}
+
+/// [`read_chunks`], failing with the first read that fails (a read of a process the
+/// crash simulation has killed fails).
+pub async fn try_read_chunks(
+    log: &sluice_storage::PartitionLog,
+) -> Result<Vec<(i64, bytes::Bytes)>, sluice_storage::Error> {
     let mut out = Vec::new();
     let mut offset = log.log_start_offset();
     loop {
-        let r = log.read(offset, 1 << 20, None).await.expect("read");
+        let r = log.read(offset, 1 << 20, None).await?;
         if r.records.is_empty() {
             break;
         }
         out.push((offset, r.records));
         offset = r.next_offset;
     }
-    out
+    Ok(out)
 }
 
 /// Everything in the log from its start, as batches.

@@ -605,13 +605,13 @@ pub async fn verify_produce(broker: &Broker, item: &rpc::ProduceItem) -> Result<
     ))
 }
 
-/// The producer id and epoch of the first transactional batch in `records`.
+/// The producer id and epoch of `records` if they are transactional, from the first
+/// batch's header alone (no allocation on the produce path): a produce request holds
+/// one producer's batches, and the append validates every batch afterwards.
 fn transactional_producer(records: &bytes::Bytes) -> Option<(i64, i16)> {
-    let batches = sluice_storage::batch::split_batches(records).ok()?;
-    batches
-        .iter()
-        .find(|(h, _)| h.is_transactional())
-        .map(|(h, _)| (h.producer_id, h.producer_epoch))
+    let h = sluice_storage::batch::BatchHeader::parse(records).ok()?;
+    h.is_transactional()
+        .then_some((h.producer_id, h.producer_epoch))
 }
 
 /// Asks the id's coordinator (here, or over AddPartitionsToTxn v4 verify-only) whether

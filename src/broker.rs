@@ -45,6 +45,34 @@ pub trait PartitionEvents {
     /// The leader epoch of a partition on this shard changed (the group shell forgets
     /// the groups of a `__consumer_offsets` partition).
     fn leadership_changed(&self, _topic: &str, _partition: i32) {}
+    /// A partition on this shard went offline after an I/O error (the fetchers' layer
+    /// asks the controller to move its leadership and ISR membership elsewhere).
+    fn partition_offline(&self, _broker: &Rc<Broker>, _topic: &str, _partition: i32) {}
+}
+
+/// A partition taken offline by an I/O error on its files.
+struct Offline {
+    cause: String,
+    /// The failed log, closed by the first reopen attempt.
+    failed: Option<Rc<PartitionLog>>,
+    /// The layers above were told.
+    announced: bool,
+    attempts: u32,
+    next_attempt: Instant,
+}
+
+/// Reopen attempts of an offline partition: after this, doubling up to the maximum.
+const OFFLINE_RETRY_FIRST: Duration = Duration::from_secs(1);
+const OFFLINE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+fn offline_error(key: &(String, i32), cause: &str) -> ApiError {
+    ApiError::with(
+        ResponseError::KafkaStorageError,
+        format!(
+            "{}-{} is offline after an I/O error ({cause}); it reopens by itself once its files can be read again",
+            key.0, key.1
+        ),
+    )
 }
 
 /// Per-shard limits, fixed at start-up.
@@ -87,6 +115,10 @@ pub struct Broker {
     subscribers: RefCell<Vec<Rc<dyn PartitionEvents>>>,
     /// Set by `close_all`: the shard is stopping and opens no more logs.
     closing: Cell<bool>,
+    /// Partitions of this shard whose log failed, until they reopen.
+    offline: RefCell<BTreeMap<(String, i32), Offline>>,
+    /// The data directory's free space: client appends are refused below its minimum.
+    pub disk: Rc<crate::disk::DiskWatch>,
 }
 
 impl Broker {
@@ -121,6 +153,11 @@ impl Broker {
             apply_lock: Semaphore::new(1),
             subscribers: RefCell::new(Vec::new()),
             closing: Cell::new(false),
+            offline: RefCell::new(BTreeMap::new()),
+            disk: Rc::new(crate::disk::DiskWatch::new(
+                &config.data_dir,
+                config.disk_min_free,
+            )),
             config,
         }
     }
@@ -287,12 +324,17 @@ impl Broker {
             .borrow()
             .get(&(topic.to_string(), partition))
             .cloned();
-        let log = log.ok_or_else(|| {
-            ApiError::with(
+        let key = (topic.to_string(), partition);
+        let log = log.ok_or_else(|| match self.offline.borrow().get(&key) {
+            Some(o) => offline_error(&key, &o.cause),
+            None => ApiError::with(
                 ResponseError::KafkaStorageError,
                 format!("log of {topic}-{partition} is not open on {}", self.shard),
-            )
+            ),
         })?;
+        if let Some(cause) = log.failure() {
+            return Err(self.take_offline(&key, cause));
+        }
         let tc = self.topic_configs.borrow().get(topic).cloned();
         let tc = tc.ok_or_else(|| {
             ApiError::with(
@@ -396,6 +438,10 @@ impl Broker {
         // The epoch's checkpoint entry is durable before its first batch (immediate
         // unless the epoch just began); a failed checkpoint fails the partition.
         replica.epochs_durable().await?;
+        // The coordinators' own writes (offsets, transaction state) use the reserve.
+        if !trusted {
+            self.disk.admit(item.records.len())?;
+        }
         let batches = batch::split_batches(&item.records)
             .map_err(|e| error::from_storage(&sluice_storage::Error::Batch(e)))?;
         if batches.is_empty() {
@@ -689,6 +735,9 @@ impl Broker {
                     continue;
                 }
                 let key = (name.clone(), p);
+                if self.offline.borrow().contains_key(&key) {
+                    continue; // `tend_offline` reopens it
+                }
                 let existing = self.logs.borrow().get(&key).cloned();
                 match existing {
                     Some(log) => {
@@ -717,30 +766,168 @@ impl Broker {
             }
         }
         // Roles follow the committed assignments (leader epochs, ISR).
-        let me = self.config.node_id;
-        let lag_max = self.config.replica_lag_time_max_ms;
-        for ((name, p), replica) in self.replicas.borrow().iter() {
-            if !image.registered {
-                break;
-            }
-            let Some(a) = image.topics.get(name).and_then(|m| m.assignment(*p)) else {
-                continue;
-            };
-            let epoch_before = replica.leader_epoch();
-            let follow = replica.reconcile(me, a, lag_max);
-            if replica.leader_epoch() != epoch_before {
-                self.each_subscriber(|s| s.leadership_changed(name, *p));
-            }
-            if let Some(leader) = follow {
-                if self.fetchers.claim(leader) {
-                    self.each_subscriber(|s| s.follow(self, leader));
-                }
+        if image.registered {
+            for ((name, p), replica) in self.replicas.borrow().iter() {
+                self.adopt_role(&image, name, *p, replica);
             }
         }
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;
         self.check_invariants();
+    }
+
+    /// Gives a replica the role its committed assignment in `image` says (leader
+    /// epoch, ISR, whom to follow).
+    fn adopt_role(
+        self: &Rc<Self>,
+        image: &MetadataImage,
+        name: &str,
+        p: i32,
+        replica: &Rc<Replica>,
+    ) {
+        let Some(a) = image.topics.get(name).and_then(|m| m.assignment(p)) else {
+            return;
+        };
+        let epoch_before = replica.leader_epoch();
+        let follow = replica.reconcile(self.config.node_id, a, self.config.replica_lag_time_max_ms);
+        if replica.leader_epoch() != epoch_before {
+            self.each_subscriber(|s| s.leadership_changed(name, p));
+        }
+        if let Some(leader) = follow {
+            if self.fetchers.claim(leader) {
+                self.each_subscriber(|s| s.follow(self, leader));
+            }
+        }
+    }
+
+    /// Takes a partition whose log failed offline: its log and replica leave the maps
+    /// (every request then answers KAFKA_STORAGE_ERROR with the cause, logged here
+    /// once) until [`Self::tend_offline`] has reopened it, re-reading its files.
+    fn take_offline(&self, key: &(String, i32), cause: String) -> ApiError {
+        let log = self.logs.borrow_mut().remove(key);
+        self.replicas.borrow_mut().remove(key);
+        if let Some(log) = log {
+            tracing::error!(topic = %key.0, partition = key.1, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");
+            self.offline.borrow_mut().insert(
+                key.clone(),
+                Offline {
+                    cause: cause.clone(),
+                    failed: Some(log),
+                    announced: false,
+                    attempts: 0,
+                    next_attempt: Instant::now() + OFFLINE_RETRY_FIRST,
+                },
+            );
+        }
+        offline_error(key, &cause)
+    }
+
+    /// The partitions of this shard that are offline, with their causes.
+    pub fn offline_partitions(&self) -> Vec<((String, i32), String)> {
+        self.offline
+            .borrow()
+            .iter()
+            .map(|(k, o)| (k.clone(), o.cause.clone()))
+            .collect()
+    }
+
+    /// Runs now and then on every shard: takes partitions whose log failed (in a
+    /// request or in the background) offline, tells the layers above once (in a cluster
+    /// they move its leadership to a healthy in-sync replica), and tries to reopen
+    /// offline partitions with backoff. Reopening runs recovery, so nothing is served
+    /// from a file whose state after the error was not read back.
+    pub async fn tend_offline(self: &Rc<Self>) {
+        let failed: Vec<((String, i32), String)> = self
+            .logs
+            .borrow()
+            .iter()
+            .filter_map(|(k, l)| l.failure().map(|c| (k.clone(), c)))
+            .collect();
+        for (key, cause) in failed {
+            self.take_offline(&key, cause);
+        }
+        let unannounced: Vec<(String, i32)> = self
+            .offline
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(|(k, o)| (!std::mem::replace(&mut o.announced, true)).then(|| k.clone()))
+            .collect();
+        for (topic, p) in &unannounced {
+            self.each_subscriber(|s| s.partition_offline(self, topic, *p));
+        }
+        let due: Vec<(String, i32)> = self
+            .offline
+            .borrow()
+            .iter()
+            .filter(|(_, o)| o.next_attempt <= Instant::now())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.reopen(&key).await;
+        }
+    }
+
+    /// One attempt to bring an offline partition back.
+    async fn reopen(self: &Rc<Self>, key: &(String, i32)) {
+        let _guard = self
+            .apply_lock
+            .acquire_permit(1)
+            .await
+            .expect("apply lock never closes");
+        if self.closing.get() {
+            return;
+        }
+        let failed = match self.offline.borrow_mut().get_mut(key) {
+            Some(o) => o.failed.take(),
+            None => return,
+        };
+        if let Some(log) = failed {
+            // Its files' state is unknown: close without trusting what it holds (an
+            // error here is the failure itself again).
+            let _ = log.close().await;
+        }
+        let image = self.image();
+        let (name, p) = (&key.0, key.1);
+        let owned = image
+            .topics
+            .get(name)
+            .filter(|m| (0..m.partitions).contains(&p) && self.owner(m, p) == self.shard)
+            .and_then(|m| m.assignment(p))
+            .is_some_and(|a| a.replicas.contains(&self.config.node_id));
+        if !owned {
+            // Deleted or moved while offline: nothing to bring back.
+            self.offline.borrow_mut().remove(key);
+            return;
+        }
+        let tc = TopicConfig::parse(&image.topics[name].configs)
+            .unwrap_or_else(|_| TopicConfig::parse(&BTreeMap::new()).expect("defaults parse"));
+        match self
+            .storage
+            .open_log(&format!("{name}-{p}"), tc.log.clone())
+            .await
+        {
+            Ok(log) => {
+                let replica = Replica::open(name, p, log.clone());
+                self.replicas
+                    .borrow_mut()
+                    .insert(key.clone(), replica.clone());
+                self.logs.borrow_mut().insert(key.clone(), log);
+                self.offline.borrow_mut().remove(key);
+                tracing::warn!(topic = %name, partition = p, "partition back online: its log reopened and recovered");
+                if image.registered {
+                    self.adopt_role(&image, name, p, &replica);
+                }
+            }
+            Err(e) => {
+                let mut offline = self.offline.borrow_mut();
+                let o = offline.get_mut(key).expect("still offline");
+                o.attempts += 1;
+                let wait = OFFLINE_RETRY_FIRST * 2u32.pow(o.attempts.min(5));
+                o.next_attempt = Instant::now() + wait.min(OFFLINE_RETRY_MAX);
+                tracing::warn!(topic = %name, partition = p, error = %e, retry_in = ?wait.min(OFFLINE_RETRY_MAX), "offline partition does not reopen yet");
+            }
+        }
     }
 
     /// Every open log has its replica and every replica its log, and each partition

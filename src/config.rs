@@ -172,6 +172,17 @@ settings! {
     /// How often storage runs its retention and compaction pass (Kafka's
     /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
     log_retention_check_interval_ms: u64 = 60_000;
+    /// Appends to partitions are refused (KAFKA_STORAGE_ERROR) while the data
+    /// directory's free space is below the smaller of this and --disk-min-free-percent
+    /// of its size; the space below is the reserve of the metadata journal, checkpoints
+    /// and internal topics (0: no minimum).
+    disk_min_free_bytes: u64 = 1 << 30;
+    /// See --disk-min-free-bytes: the minimum as a percentage of the data directory's
+    /// file system (0: no minimum).
+    disk_min_free_percent: u8 = 5;
+    /// Tests only: a file of storage fault rules (`write eio PATH-PART` per line, see
+    /// `sluice_storage::fault`), re-read while the broker runs [default: none].
+    fault_rules: PathBuf, example = "faults.txt".into();
     /// Metadata quorum listener, HOST:PORT [default: none; needed with more than one voter].
     controller_listen: String, example = "127.0.0.1:9192".into();
     /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...` [default: this node alone].
@@ -248,6 +259,10 @@ pub struct BrokerConfig {
     pub transaction_max_timeout_ms: i32,
     /// log.retention.check.interval.ms: the storage retention and compaction pass.
     pub log_retention_check_interval_ms: u64,
+    /// The free-space minimum of the data directory: appends are refused below it.
+    pub disk_min_free: DiskMinimum,
+    /// Tests only: storage fault rules re-read from this file.
+    pub fault_rules: Option<PathBuf>,
     /// The metadata quorum's listener (absent: a quorum of this node alone).
     pub controller_listen: Option<SocketAddr>,
     /// The controller voters and their addresses (this node included).
@@ -300,6 +315,12 @@ impl BrokerConfig {
                 i64::MAX as u64 / 2
             ));
         }
+        if s.disk_min_free_percent > 100 {
+            return Err(format!(
+                "--disk-min-free-percent {}: must be between 0 and 100",
+                s.disk_min_free_percent
+            ));
+        }
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
@@ -316,12 +337,34 @@ impl BrokerConfig {
             offsets_retention_minutes: s.offsets_retention_minutes,
             transaction_max_timeout_ms: s.transaction_max_timeout_ms,
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
+            disk_min_free: DiskMinimum {
+                bytes: s.disk_min_free_bytes,
+                percent: s.disk_min_free_percent,
+            },
+            fault_rules: s.fault_rules,
             controller_listen,
             controller_quorum,
             broker_session_timeout_ms: s.broker_session_timeout_ms,
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
         })
+    }
+}
+
+/// The free space a data directory keeps: appends are refused below the smaller of
+/// `bytes` and `percent` of the file system (either 0: no minimum). The smaller one, so
+/// that neither default is absurd on a very large or a very small disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskMinimum {
+    pub bytes: u64,
+    pub percent: u8,
+}
+
+impl DiskMinimum {
+    /// The minimum free bytes on a file system of `total` bytes.
+    pub fn threshold(&self, total: u64) -> u64 {
+        let of_size = (total as u128 * u128::from(self.percent) / 100) as u64;
+        self.bytes.min(of_size)
     }
 }
 
@@ -508,6 +551,9 @@ mod tests {
             "--offsets-retention-minutes=4",
             "--transaction-max-timeout-ms=7",
             "--log-retention-check-interval-ms=5",
+            "--disk-min-free-bytes=8",
+            "--disk-min-free-percent=9",
+            "--fault-rules=f",
             "--controller-listen=127.0.0.1:2",
             "--controller-quorum=2@127.0.0.1:2",
             "--broker-session-timeout-ms=1000",
@@ -520,7 +566,43 @@ mod tests {
         assert_eq!(c.socket_request_max_bytes, 2048);
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.transaction_max_timeout_ms, 7);
+        assert_eq!(
+            c.disk_min_free,
+            DiskMinimum {
+                bytes: 8,
+                percent: 9
+            }
+        );
+        assert_eq!(c.fault_rules.as_deref(), Some(Path::new("f")));
         assert_eq!(s.given(), Settings::KEYS);
+    }
+
+    #[test]
+    fn disk_minimum_is_the_smaller_of_bytes_and_percent_and_percent_is_bounded() {
+        let c = BrokerConfig::resolve(Settings::default(), 1).unwrap();
+        let gib = 1u64 << 30;
+        // Defaults: 1 GiB on a large disk, 5% on a small one.
+        assert_eq!(c.disk_min_free.threshold(1000 * gib), gib);
+        assert_eq!(c.disk_min_free.threshold(300 << 20), 15 << 20);
+        assert_eq!(
+            DiskMinimum {
+                bytes: 0,
+                percent: 5
+            }
+            .threshold(gib),
+            0
+        );
+        assert_eq!(
+            DiskMinimum {
+                bytes: gib,
+                percent: 0
+            }
+            .threshold(gib),
+            0
+        );
+        let bad = flags(&["--disk-min-free-percent=101"]);
+        let e = BrokerConfig::resolve(bad, 1).unwrap_err();
+        assert!(e.contains("--disk-min-free-percent 101"), "{e}");
     }
 
     #[test]

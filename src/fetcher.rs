@@ -47,6 +47,52 @@ impl PartitionEvents for Replication {
     fn propose_isr(&self, broker: &Rc<Broker>, replica: &Rc<Replica>, alter: isr::AlterIsr) {
         propose_alter(broker, replica, alter);
     }
+
+    fn partition_offline(&self, broker: &Rc<Broker>, topic: &str, partition: i32) {
+        propose_offline(broker, topic, partition);
+    }
+}
+
+/// How long a broker keeps asking the controller to move an offline partition away.
+const OFFLINE_PROPOSAL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Asks the controller to take this broker's offline replica out of the ISR and its
+/// leadership to a healthy in-sync replica (Kafka's offline log directory handling).
+/// A partition with no other replica stays as it is: nothing to move to.
+fn propose_offline(broker: &Rc<Broker>, topic: &str, partition: i32) {
+    let replicated = broker
+        .image()
+        .topics
+        .get(topic)
+        .and_then(|m| m.assignment(partition))
+        .is_some_and(|a| a.replicas.len() > 1);
+    if !replicated {
+        return;
+    }
+    let b = broker.clone();
+    let cmd = Command::ReplicaOffline {
+        broker: b.config.node_id,
+        topic: topic.to_string(),
+        partition,
+    };
+    glommio::spawn_local(async move {
+        let deadline = std::time::Instant::now() + OFFLINE_PROPOSAL_DEADLINE;
+        loop {
+            match b.control(Propose(cmd.clone())).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) if e.code != ResponseError::RequestTimedOut => {
+                    tracing::warn!(?cmd, error = ?e, "the controller refused to move an offline replica");
+                    return;
+                }
+                _ if std::time::Instant::now() >= deadline => {
+                    tracing::warn!(?cmd, "no controller took the offline replica proposal in time");
+                    return;
+                }
+                _ => glommio::timer::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    })
+    .detach();
 }
 
 /// Sends an ISR change to the controller; a refusal clears it so the next check retries.

@@ -20,8 +20,9 @@
 //! 1. `util`, `error`, `topic_config`, `config`, `metadata` —
 //!    base: helpers, errors and their Kafka codes, topic configs, the one broker config,
 //!    the metadata image.
-//! 2. `rpc`, `replica`, `quorum_io` — the typed cross-shard calls and their messages; a
-//!    partition's replica state; the raft quorum's I/O shell.
+//! 2. `rpc`, `replica`, `quorum_io`, `disk` — the typed cross-shard calls and their
+//!    messages; a partition's replica state; the raft quorum's I/O shell; the data
+//!    directory's free-space watch.
 //! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
 //!    partition work on a partition's home shard.
 //! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
@@ -38,6 +39,7 @@ pub mod broker;
 pub mod cluster_cli;
 pub mod config;
 pub mod controller;
+pub mod disk;
 pub mod dispatch;
 pub mod error;
 pub mod fetcher;

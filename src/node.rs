@@ -1,7 +1,7 @@
 //! Starting one broker process: the checks before the shards start, and each shard's
 //! life (open storage, join the mesh, adopt the metadata, listen, stop).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -183,6 +183,11 @@ async fn run_shard(
         }),
     );
     glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker))).detach();
+    glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();
+    glommio::spawn_local(offline_tender(Rc::downgrade(&broker))).detach();
+    if let (0, Some(path)) = (shard.0, broker.config.fault_rules.clone()) {
+        glommio::spawn_local(fault_rules_watcher(path)).detach();
+    }
     if let Some(q) = &quorum {
         glommio::spawn_local(publisher(Rc::downgrade(&broker), q.clone())).detach();
         // Serve once this broker is registered (a single node: at once; a cluster: once
@@ -214,6 +219,43 @@ async fn run_shard(
     broker.close_all().await;
     tracing::info!(%shard, "shard stopped");
     Ok(())
+}
+
+/// How often a shard looks for failed logs and retries offline ones.
+const OFFLINE_CHECK: Duration = Duration::from_millis(250);
+
+/// Every shard: takes partitions with failed logs offline and reopens them (see
+/// `Broker::tend_offline`).
+async fn offline_tender(broker: std::rc::Weak<Broker>) {
+    loop {
+        glommio::timer::sleep(OFFLINE_CHECK).await;
+        let Some(b) = broker.upgrade() else { return };
+        b.tend_offline().await;
+    }
+}
+
+/// Tests only (`--fault-rules FILE`): arms the storage fault rules the file holds,
+/// re-reading it when it changes (absent: none). Shard 0 runs it; the rules are
+/// process-wide.
+async fn fault_rules_watcher(path: PathBuf) {
+    tracing::warn!(path = %path.display(), "storage fault injection is enabled (a test-only flag)");
+    let mut seen: Option<String> = None;
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if seen.as_deref() != Some(text.as_str()) {
+            match sluice_storage::fault::parse_rules(&text) {
+                Ok(rules) => {
+                    tracing::warn!(rules = ?rules, "storage fault rules armed");
+                    sluice_storage::fault::set_rules(rules);
+                }
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "bad fault rules file")
+                }
+            }
+            seen = Some(text);
+        }
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The quorum's journal directory under the data directory.

@@ -134,6 +134,15 @@ pub enum Command {
         broker: BrokerId,
         count: i64,
     },
+    /// A broker's replica of a partition went offline (an I/O error on its files):
+    /// it leaves the ISR and its leadership moves to another live ISR member — when
+    /// there is one. With none, nothing changes: no clean election is possible, and
+    /// the partition waits for that replica to reopen.
+    ReplicaOffline {
+        broker: BrokerId,
+        topic: String,
+        partition: i32,
+    },
 }
 
 /// What a successful [`ClusterState::apply`] produced.
@@ -461,6 +470,30 @@ impl ClusterState {
                     first,
                     count: *count,
                 });
+            }
+            Command::ReplicaOffline {
+                broker,
+                topic,
+                partition,
+            } => {
+                let alive = self.live_brokers();
+                let (_, p) = self.partition_mut(topic, *partition)?;
+                if !p.replicas.contains(broker) {
+                    return Err(ApplyError::IneligibleReplica(*broker));
+                }
+                let successor = p
+                    .replicas
+                    .iter()
+                    .copied()
+                    .find(|r| r != broker && p.isr.contains(r) && alive.contains(r));
+                if let Some(next) = successor {
+                    p.isr.retain(|r| r != broker);
+                    if p.leader == *broker {
+                        p.leader = next;
+                        p.leader_epoch += 1;
+                    }
+                    p.partition_epoch += 1;
+                }
             }
         }
         Ok(Applied::Done)
@@ -864,6 +897,48 @@ mod tests {
                 }
             )
         );
+    }
+
+    #[test]
+    fn an_offline_replica_hands_leadership_to_a_live_isr_member_or_keeps_it_when_none_is_left() {
+        let mut s = cluster(3);
+        s.apply(&Command::CreateTopic {
+            name: "t".into(),
+            id: [7; 16],
+            configs: BTreeMap::new(),
+            assignments: vec![vec![1, 2, 3]],
+        })
+        .unwrap();
+        let offline = |s: &mut ClusterState, broker| {
+            s.apply(&Command::ReplicaOffline {
+                broker,
+                topic: "t".into(),
+                partition: 0,
+            })
+            .unwrap();
+            s.topics["t"].partitions[0].clone()
+        };
+        // The leader's replica fails: the next ISR member leads, in a new epoch.
+        let p = offline(&mut s, 1);
+        assert_eq!(
+            (p.leader, p.leader_epoch, p.isr.clone()),
+            (2, 1, vec![2, 3])
+        );
+        // A follower's fails: it only leaves the ISR.
+        let p = offline(&mut s, 3);
+        assert_eq!((p.leader, p.leader_epoch, p.isr.clone()), (2, 1, vec![2]));
+        // The last in-sync replica stays leader: there is no clean successor.
+        let before = s.topics["t"].partitions[0].clone();
+        assert_eq!(offline(&mut s, 2), before);
+        // Not a replica of the partition: refused, state unchanged.
+        let version = s.version;
+        let e = s.apply(&Command::ReplicaOffline {
+            broker: 9,
+            topic: "t".into(),
+            partition: 0,
+        });
+        assert_eq!(e, Err(ApplyError::IneligibleReplica(9)));
+        assert_eq!(s.version, version);
     }
 
     #[test]

@@ -172,6 +172,13 @@ class Broker:
         self.proc.send_signal(sig)
         self.proc.wait(timeout=30)
 
+    def exited(self, timeout=30):
+        """Waits (bounded) for the process to exit by itself, as the test expects it
+        to; returns the exit code."""
+        self.proc.wait(timeout=timeout)
+        self.runs[-1][1] = "kill"  # ended as the test meant: not a death
+        return self.proc.returncode
+
     def stop(self, timeout=30):
         """SIGTERM and wait for a clean exit; returns the exit code."""
         if self.proc and self.proc.poll() is None:

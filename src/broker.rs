@@ -902,11 +902,18 @@ impl Broker {
         }
         let tc = TopicConfig::parse(&image.topics[name].configs)
             .unwrap_or_else(|_| TopicConfig::parse(&BTreeMap::new()).expect("defaults parse"));
-        match self
-            .storage
-            .open_log(&format!("{name}-{p}"), tc.log.clone())
-            .await
-        {
+        let dir_name = format!("{name}-{p}");
+        // Recovery only reads: first prove the directory takes a durable write again,
+        // or a disk that still fails writes would bring the partition back to fail it.
+        let probe = self.storage.dir().join(&dir_name).join(".probe");
+        let reopened = match sluice_storage::file::write_atomic(&probe, b"probe").await {
+            Ok(()) => {
+                let _ = sluice_storage::file::remove(&probe).await;
+                self.storage.open_log(&dir_name, tc.log.clone()).await
+            }
+            Err(e) => Err(e),
+        };
+        match reopened {
             Ok(log) => {
                 let replica = Replica::open(name, p, log.clone());
                 self.replicas

@@ -229,3 +229,47 @@ def test_failed_metadata_journal_write_exits_with_a_clear_message(make_broker, t
     assert b.exited(timeout=30) == 74
     assert "writing the metadata journal failed" in b.read_log()
     b.expect_errors(r"persisting the metadata log failed", r"sluice: fatal")
+
+
+def test_io_error_on_a_leader_moves_leadership_and_acks_all_goes_on(tmp_path):
+    """3 brokers, RF=3, min.insync.replicas=2, a librdkafka acks=all stream: the
+    leader's files of the partition start failing writes. The partition goes offline
+    there, the controller moves leadership to an in-sync replica, the stream goes on
+    with no acknowledged record lost; once the fault is gone the replica reopens,
+    catches up and rejoins the ISR."""
+    from cluster import Cluster
+    from test_cluster import DURABLE, Acks, check_log, producer
+    rules = tmp_path / "faults"
+    c = Cluster(tmp_path / "cluster", n=3, extra=["--fault-rules", str(rules)]).start()
+    try:
+        topic = "moving"
+        c.create_topic(topic, partitions=1, rf=3, configs=DURABLE)
+        victim = c.leader_of(topic, 0)
+        acks = Acks()
+        p = producer(c.bootstrap)
+        seq, armed_at, moved = 0, None, False
+        end = time.monotonic() + 90
+        while not (moved and acks.count() >= armed_at + 300):
+            try:
+                p.produce(topic, value=f"{seq:06d}".encode(), partition=0, on_delivery=acks)
+                seq += 1
+            except BufferError:
+                pass
+            p.poll(0.005)
+            assert time.monotonic() < end, f"stream stuck: {acks.count()} acked, armed at {armed_at}"
+            if armed_at is None and acks.count() >= 300:
+                write_rules(rules, f"write eio node-{victim}/{topic}-0/\n")
+                armed_at = acks.count()
+            elif armed_at is not None and not moved and seq % 50 == 0:
+                moved = c.leader_of(topic, 0) not in (-1, victim)
+        assert p.flush(40) == 0
+        assert not acks.failed, f"failed deliveries: {acks.failed[:3]}"
+        assert victim not in c.isr_of(topic, 0)
+        assert "partition offline after an I/O error" in c.log(victim)
+        check_log(c, topic, [0], acks.acked)
+
+        write_rules(rules, "")
+        wait_until(lambda: c.isr_of(topic, 0) == [1, 2, 3], timeout=60,
+                   what=f"broker {victim} back in the ISR")
+    finally:
+        c.stop([r"partition offline after an I/O error"])

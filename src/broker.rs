@@ -823,13 +823,28 @@ impl Broker {
         offline_error(key, &cause)
     }
 
-    /// The partitions of this shard that are offline, with their causes.
-    pub fn offline_partitions(&self) -> Vec<((String, i32), String)> {
-        self.offline
+    /// This shard's logs for DescribeLogDirs.
+    pub fn describe_logs_local(&self) -> crate::rpc::ShardLogs {
+        let replicas = self.replicas.borrow();
+        let online = self
+            .logs
             .borrow()
             .iter()
-            .map(|(k, o)| (k.clone(), o.cause.clone()))
-            .collect()
+            .map(|((t, p), log)| {
+                let end = log.log_end_offset();
+                let lag = replicas
+                    .get(&(t.clone(), *p))
+                    .map_or(0, |r| (end - r.high_watermark()).max(0));
+                (t.clone(), *p, log.size_bytes(), lag)
+            })
+            .collect();
+        let offline = self
+            .offline
+            .borrow()
+            .iter()
+            .map(|((t, p), o)| (t.clone(), *p, o.cause.clone()))
+            .collect();
+        crate::rpc::ShardLogs { online, offline }
     }
 
     /// Runs now and then on every shard: takes partitions whose log failed (in a

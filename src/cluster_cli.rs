@@ -10,7 +10,12 @@
 
 use std::fmt::Write as _;
 
-use kafka_protocol::messages::{ApiKey, DescribeClusterRequest, MetadataRequest};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::{
+    ApiKey, DescribeClusterRequest, DescribeConfigsRequest, DescribeLogDirsRequest, MetadataRequest,
+};
+
+use crate::config::DiskMinimum;
 
 use sluice_client::blocking::Conn;
 use sluice_client::{code_err, error_name};
@@ -105,6 +110,85 @@ pub struct ClusterView {
     pub partitions: Vec<PartitionRow>,
     /// Topics the Metadata response carried an error for.
     pub topic_errors: Vec<(String, i16)>,
+    /// Each broker's data directory, asked of the broker itself.
+    pub disks: Vec<DiskRow>,
+}
+
+/// A broker's data directory: free space against its minimum, offline partitions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiskRow {
+    pub broker: i32,
+    pub dir: String,
+    pub free: i64,
+    pub total: i64,
+    /// The free-space minimum below which the broker refuses appends (None: unknown).
+    pub minimum: Option<u64>,
+    /// Partitions offline on this broker after an I/O error.
+    pub offline: Vec<(String, i32)>,
+    /// The broker could not be asked.
+    pub error: Option<String>,
+}
+
+impl DiskRow {
+    pub fn refusing(&self) -> bool {
+        self.minimum
+            .is_some_and(|m| m > 0 && self.free >= 0 && (self.free as u64) < m)
+    }
+}
+
+/// Asks one broker for its data directory (DescribeLogDirs v4 for the space) and its
+/// free-space minimum (DescribeConfigs of the broker resource).
+fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
+    let mut c = Conn::open(&format!("{}:{}", b.host, b.port), CLIENT_ID)?;
+    let versions = c.api_versions()?;
+    let v = versions
+        .pick(ApiKey::DescribeLogDirs, (1, 4))
+        .ok_or("the broker serves no DescribeLogDirs version from 1 to 4")?;
+    let dirs = c.call(v, &DescribeLogDirsRequest::default().with_topics(None))?;
+    code_err("DescribeLogDirs", dirs.error_code)?;
+    let mut row = DiskRow {
+        broker: b.id,
+        free: -1,
+        total: -1,
+        ..DiskRow::default()
+    };
+    for d in &dirs.results {
+        if d.error_code == 0 {
+            row.dir = d.log_dir.to_string();
+            row.free = d.usable_bytes;
+            row.total = d.total_bytes;
+        } else {
+            for t in &d.topics {
+                for p in &t.partitions {
+                    row.offline.push((t.name.to_string(), p.partition_index));
+                }
+            }
+        }
+    }
+    if let Some(cv) = versions.pick(ApiKey::DescribeConfigs, (1, 4)) {
+        let keys = ["disk.min.free.bytes", "disk.min.free.percent"];
+        let req = DescribeConfigsRequest::default().with_resources(vec![
+            DescribeConfigsResource::default()
+                .with_resource_type(4)
+                .with_resource_name(b.id.to_string().into())
+                .with_configuration_keys(Some(keys.iter().map(|k| (*k).into()).collect())),
+        ]);
+        let answer = c.call(cv, &req)?;
+        let value = |key: &str| {
+            answer
+                .results
+                .iter()
+                .flat_map(|r| &r.configs)
+                .find(|e| e.name.as_str() == key)
+                .and_then(|e| e.value.as_ref()?.parse::<u64>().ok())
+        };
+        if let (Some(bytes), Some(percent), true) = (value(keys[0]), value(keys[1]), row.total >= 0)
+        {
+            let percent = u8::try_from(percent).unwrap_or(100);
+            row.minimum = Some(DiskMinimum { bytes, percent }.threshold(row.total as u64));
+        }
+    }
+    Ok(row)
 }
 
 /// Asks the broker at `bootstrap`.
@@ -179,6 +263,19 @@ pub fn fetch(bootstrap: &str) -> Res<ClusterView> {
             .collect();
     }
     view.brokers.sort_by_key(|b| b.id);
+    view.disks = view
+        .brokers
+        .iter()
+        .map(|b| {
+            disk_of(b).unwrap_or_else(|e| DiskRow {
+                broker: b.id,
+                free: -1,
+                total: -1,
+                error: Some(e),
+                ..DiskRow::default()
+            })
+        })
+        .collect();
     view.partitions
         .sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
     view.topic_errors.sort();
@@ -251,6 +348,79 @@ fn partition_rows<'a>(ps: impl Iterator<Item = &'a PartitionRow>) -> Vec<Vec<Str
         ]);
     }
     rows
+}
+
+/// Bytes in binary units with one decimal (`-`: unknown).
+fn human(bytes: i64) -> String {
+    if bytes < 0 {
+        return "-".into();
+    }
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut i) = (bytes as f64, 0);
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+fn render_disks(out: &mut String, disks: &[DiskRow]) {
+    let _ = writeln!(
+        out,
+        "\nData directories (appends are refused below the minimum free space):"
+    );
+    let mut rows = vec![vec![
+        "BROKER".to_string(),
+        "FREE".into(),
+        "TOTAL".into(),
+        "MINIMUM".into(),
+        "STATE".into(),
+        "DIR".into(),
+    ]];
+    for d in disks {
+        let state = match (&d.error, d.refusing(), d.offline.len()) {
+            (Some(e), _, _) => format!("unreachable: {e}"),
+            (None, true, _) => "APPENDS REFUSED (disk full)".into(),
+            (None, false, 0) => "ok".into(),
+            (None, false, n) => format!("{n} partition(s) offline"),
+        };
+        rows.push(vec![
+            d.broker.to_string(),
+            human(d.free),
+            human(d.total),
+            d.minimum.map_or("-".into(), |m| human(m as i64)),
+            state,
+            if d.dir.is_empty() {
+                "-".into()
+            } else {
+                d.dir.clone()
+            },
+        ]);
+    }
+    table(out, &rows);
+    let offline: Vec<String> = disks
+        .iter()
+        .flat_map(|d| {
+            d.offline
+                .iter()
+                .map(move |(t, p)| format!("  {t}-{p} on broker {}", d.broker))
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nPartitions offline after I/O errors ({}; each reopens by itself once its files can be written and read):",
+        offline.len()
+    );
+    if offline.is_empty() {
+        out.push_str("  (none)\n");
+    }
+    for line in offline {
+        let _ = writeln!(out, "{line}");
+    }
 }
 
 /// The report `sluice cluster describe` prints.
@@ -333,6 +503,9 @@ pub fn render(v: &ClusterView) -> String {
             );
         }
     }
+    if !v.disks.is_empty() {
+        render_disks(&mut out, &v.disks);
+    }
     if !v.topic_errors.is_empty() {
         let _ = writeln!(out, "\nTopic errors ({}):", v.topic_errors.len());
         for (t, code) in &v.topic_errors {
@@ -384,6 +557,7 @@ mod tests {
             brokers: vec![broker(1, 9092)],
             partitions: vec![part("t", 0, 1, &[1], &[1]), part("t", 1, 1, &[1], &[1])],
             topic_errors: Vec::new(),
+            disks: Vec::new(),
         };
         assert_eq!(
             render(&v),
@@ -436,6 +610,7 @@ Offline partitions (0):
                 offline,
             ],
             topic_errors: vec![("gone".into(), 3)],
+            disks: Vec::new(),
         };
         let out = render(&v);
         assert_eq!(
@@ -490,6 +665,51 @@ Topic errors (1):
         assert!(
             out.contains("Partitions (0 in 0 topics):\n  (none)\n"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn data_directories_show_free_space_refusal_and_offline_partitions() {
+        let gib = 1i64 << 30;
+        let disk = |broker, free, offline: &[(&str, i32)], error: Option<&str>| DiskRow {
+            broker,
+            dir: format!("/d{broker}"),
+            free,
+            total: 100 * gib,
+            minimum: Some(gib as u64),
+            offline: offline.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+            error: error.map(String::from),
+        };
+        let v = ClusterView {
+            disks: vec![
+                disk(1, 50 * gib, &[], None),
+                disk(2, gib / 2, &[], None),
+                disk(3, 40 * gib, &[("orders", 2)], None),
+                DiskRow {
+                    dir: String::new(),
+                    free: -1,
+                    total: -1,
+                    minimum: None,
+                    ..disk(4, 0, &[], Some("connection refused"))
+                },
+            ],
+            ..ClusterView::default()
+        };
+        let out = render(&v);
+        let tail = &out[out.find("\nData directories").expect("a disks section")..];
+        assert_eq!(
+            tail,
+            "
+Data directories (appends are refused below the minimum free space):
+  BROKER  FREE       TOTAL      MINIMUM  STATE                            DIR
+  1       50.0 GiB   100.0 GiB  1.0 GiB  ok                               /d1
+  2       512.0 MiB  100.0 GiB  1.0 GiB  APPENDS REFUSED (disk full)      /d2
+  3       40.0 GiB   100.0 GiB  1.0 GiB  1 partition(s) offline           /d3
+  4       -          -          -        unreachable: connection refused  -
+
+Partitions offline after I/O errors (1; each reopens by itself once its files can be written and read):
+  orders-2 on broker 3
+"
         );
     }
 

@@ -82,6 +82,10 @@ impl ShardService for ShardServer {
         join_all(futs).await
     }
 
+    async fn describe_logs(&self, _c: rpc::DescribeLogs) -> rpc::ShardLogs {
+        self.broker.describe_logs_local()
+    }
+
     async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<i64, ApiError>> {
         let b = &self.broker;
         let futs = c

@@ -100,6 +100,8 @@ shard_calls! {
     Wait => wait -> bool;
     ListOffsets => list_offsets -> Vec<Result<(i64, i64), ApiError>>;
     DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
+    /// The serving shard's logs: sizes of the open ones, causes of the offline ones.
+    DescribeLogs => describe_logs -> ShardLogs;
     /// Adopt a new metadata image (from the controller).
     Apply => apply -> ();
     // Metadata changes, for the controller on shard 0.
@@ -228,6 +230,17 @@ pub struct DeleteRecords {
 }
 
 pub struct Apply(pub Arc<MetadataImage>);
+
+pub struct DescribeLogs;
+
+/// One shard's part of DescribeLogDirs.
+#[derive(Debug, Default)]
+pub struct ShardLogs {
+    /// (topic, partition, bytes on disk, log end minus high watermark).
+    pub online: Vec<(String, i32, u64, i64)>,
+    /// (topic, partition, cause).
+    pub offline: Vec<(String, i32, String)>,
+}
 
 // ---- controller calls ----
 

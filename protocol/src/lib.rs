@@ -58,6 +58,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::CreatePartitions, 0, 3),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
+    // v4 (KIP-827) adds the volume's total and usable bytes.
+    spec(ApiKey::DescribeLogDirs, 1, 4),
     // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.
     spec(ApiKey::InitProducerId, 0, 5),
     // Transactions with client transaction version 0/1 semantics: the versions after
@@ -295,6 +297,9 @@ mod tests {
             }
             ApiKey::DescribeCluster => {
                 RequestKind::DescribeCluster(DescribeClusterRequest::default())
+            }
+            ApiKey::DescribeLogDirs => {
+                RequestKind::DescribeLogDirs(DescribeLogDirsRequest::default())
             }
             ApiKey::FindCoordinator => {
                 RequestKind::FindCoordinator(FindCoordinatorRequest::default())

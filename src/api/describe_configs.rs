@@ -86,6 +86,10 @@ pub fn handle(
                             c.socket_request_max_bytes.to_string(),
                         ),
                         ("log.dirs", c.data_dir.display().to_string()),
+                        // Sluice's free-space minimum (`sluice cluster describe` shows
+                        // whether a broker refuses appends with it).
+                        ("disk.min.free.bytes", c.disk_min_free.bytes.to_string()),
+                        ("disk.min.free.percent", c.disk_min_free.percent.to_string()),
                     ];
                     base.with_configs(
                         all.into_iter()

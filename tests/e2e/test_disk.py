@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition, OFFS
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import kafka_wire as kw
-from conftest import Broker, check_brokers, wait_until
+from conftest import SLUICE_BIN, Broker, check_brokers, wait_until
 
 KAFKA_STORAGE_ERROR = 56
 RECORD = 4096
@@ -84,6 +84,14 @@ def read_all(addr, topic, partition, deadline=60):
         c.close()
 
 
+def describe(addr):
+    """`sluice cluster describe` output."""
+    r = subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", addr],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def check_acked(addr, topic, partition, acked):
     """Every acknowledged record is readable at its offset with its value."""
     stored = read_all(addr, topic, partition)
@@ -119,6 +127,7 @@ def test_full_disk_refuses_appends_keeps_serving_and_resumes_without_restart(sma
         assert n * RECORD > 64 << 20, f"refused after only {n} records"
         st = os.statvfs(small_fs)
         assert st.f_bavail * st.f_frsize > 0, "the broker kept no reserve"
+        assert "APPENDS REFUSED (disk full)" in describe(b.addr)
 
         # Everything else keeps working: Metadata, Fetch of every acknowledged record,
         # topic creation (the metadata journal), a group's offset commit.
@@ -158,6 +167,7 @@ def test_full_disk_refuses_appends_keeps_serving_and_resumes_without_restart(sma
         assert p.flush(30) == 0
         assert delivered == [None] * 100
         assert "appends resume" in b.read_log()
+        assert "APPENDS REFUSED" not in describe(b.addr)
     finally:
         check_brokers([b], [r"below its free-space minimum"])
 
@@ -205,6 +215,7 @@ def test_io_error_takes_one_partition_offline_until_its_files_read_back(make_bro
     wait_until(lambda: "partition offline after an I/O error" in b.read_log(), timeout=10,
                what="the offline partition logged")
     assert b.read_log().count("partition offline after an I/O error") == 1, "logged once"
+    assert "io-0 on broker 1" in describe(b.addr)
 
     # The fault is gone: the partition reopens (recovery re-reads it) by itself and
     # holds everything acknowledged before.
@@ -215,6 +226,7 @@ def test_io_error_takes_one_partition_offline_until_its_files_read_back(make_bro
     for p in (0, 1):
         check_acked(b.addr, "io", p, acked[p])
     assert "partition back online" in b.read_log()
+    assert "Partitions offline after I/O errors (0;" in describe(b.addr)
 
 
 def test_failed_metadata_journal_write_exits_with_a_clear_message(make_broker, tmp_path):

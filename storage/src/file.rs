@@ -227,6 +227,21 @@ impl AppendFile {
         }
     }
 
+    /// Fails the file for `cause` (unless it is failed already): no write or sync
+    /// starts from now on and every waiter gets the error. For a log that failed
+    /// elsewhere, so that this file stops changing before recovery re-reads it.
+    pub fn fail(&self, cause: &str) {
+        {
+            let mut st = self.state.borrow_mut();
+            if st.failed.is_some() {
+                return;
+            }
+            st.failed = Some(format!("failed with its log: {cause}"));
+        }
+        self.written_event.notify(usize::MAX);
+        self.synced_event.notify(usize::MAX);
+    }
+
     /// A truncation is under way (work is refused meanwhile; see [`Self::failure`]).
     pub fn truncating(&self) -> bool {
         self.state.borrow().truncating

@@ -720,7 +720,8 @@ impl PartitionLog {
     /// `partition.meta`, a write of a snapshot, index or `partition.meta`, a directory
     /// sync) left the state of that file unknown. From then on every method that does
     /// I/O answers [`Error::Failed`] (or the [`Error::Io`] that caused it) and nothing is
-    /// acknowledged. A failure is never cleared: drop the log and open it again
+    /// acknowledged, and the active segment's files start no more writes. A failure is
+    /// never cleared: drop the log (every `Rc` of it) and open it again
     /// ([`Storage::open_log`], which re-reads the files: recovery) once the cause is
     /// gone. The broker polls this to take the partition offline.
     pub fn failure(&self) -> Option<String> {
@@ -770,6 +771,11 @@ impl PartitionLog {
             return;
         }
         tracing::debug!(log = %self.name, cause, "log failed");
+        // The active files stop changing (a write still pending would otherwise land
+        // while recovery of a reopened log reads the file).
+        if let Some(a) = self.state.borrow().active().active.as_ref() {
+            a.fail(&cause);
+        }
         *self.failure.borrow_mut() = Some(cause);
         // Nothing is served from a failed log: free its cached batches.
         self.storage.cache.borrow_mut().invalidate(self.id);

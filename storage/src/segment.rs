@@ -143,6 +143,13 @@ impl ActiveFiles {
             .or_else(|| self.time.failure())
     }
 
+    /// Fails the three files (see [`AppendFile::fail`]).
+    pub fn fail(&self, cause: &str) {
+        self.log.fail(cause);
+        self.index.fail(cause);
+        self.time.fail(cause);
+    }
+
     /// One of the three files is being truncated (and refuses work meanwhile).
     pub fn truncating(&self) -> bool {
         self.log.truncating() || self.index.truncating() || self.time.truncating()

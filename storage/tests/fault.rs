@@ -373,3 +373,39 @@ fn preallocation_starts_small_and_grows_by_doubling() {
         assert!(len <= 2 * size.max(MIB), "{len} bytes for {size} of data");
     });
 }
+
+/// A truncation refuses work while it runs, but that is no failure: `failure()` stays
+/// `None` (the broker would take the partition offline otherwise). A truncation whose
+/// future is dropped half-way leaves the file failed, and says so.
+#[test]
+fn a_truncation_under_way_is_not_a_failure_but_an_interrupted_one_is() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let _s = storage(&dir, no_cache()).await;
+        for interrupt in [false, true] {
+            let f = AppendFile::open(&dir.join(format!("t{interrupt}.log")), 0, 1 << 16, 0)
+                .await
+                .unwrap();
+            f.push(&[3u8; 10_000]).unwrap();
+            f.sync_all().await.unwrap();
+            let mut cut = Box::pin(f.truncate(5_000));
+            assert!(futures_lite::future::poll_once(&mut cut).await.is_none());
+            assert_eq!(f.failure(), None, "under way");
+            assert!(
+                matches!(f.push(b"x"), Err(Error::Failed(_))),
+                "refused meanwhile"
+            );
+            if interrupt {
+                drop(cut);
+                assert!(f.failure().unwrap().contains("truncation interrupted"));
+            } else {
+                cut.await.unwrap();
+                assert_eq!(f.failure(), None);
+                assert_eq!(f.len(), 5_000);
+                f.push(b"y").unwrap();
+                f.sync_all().await.unwrap();
+            }
+        }
+    });
+}

@@ -4,7 +4,9 @@
 # (git-ignored); the summary table is bench/results/summary.md, and with
 # UPDATE_DOCS=1 it also replaces the figures in docs/architecture.md.
 # BENCH_PART=replication runs only the RF=3 part (its single-broker baselines and the
-# 3-broker cluster), e.g. to check it alone; the summary then has only those rows.
+# 3-broker cluster), e.g. to check it alone; BENCH_PART=txn only the ceilings and the
+# exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The
+# summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
@@ -33,10 +35,12 @@ if [ "$(id -u)" = 0 ] && [ "${BENCH_NICE:-1}" = 1 ]; then NICE=(nice -n -10); fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.hgrm "$OUT"/*.svg
 
-if [ "$PART" = all ]; then
+if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== machine ceilings =="
 "$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT"
+fi
 
+if [ "$PART" = all ]; then
 echo "== storage: partition log append path vs raw O_DIRECT write and fdatasync =="
 "$BENCH_BIN" storage --seconds "${STORAGE_SECONDS:-3}" --dir "$OUT/storage-data" --report-dir "$OUT"
 fi
@@ -61,13 +65,26 @@ bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record
 
 echo "== (b) 100-byte records, acks=1, 8 partitions, fixed $RATE records/s (open loop) =="
 bench produce $B --name b-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+fi
 
+# Exactly-once: (c) is the plain baseline of the idempotent and transactional runs.
+if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== (c) 1 KiB records, acks=all =="
 bench produce $B --name c-1k-acks-all --topic bench-c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS"
 
 echo "== (c-idem) 1 KiB records, acks=all, idempotent producers (sequenced batches) =="
 bench produce $B --name c-1k-acks-all-idempotent --topic bench-ci --partitions 8 --record-size 1024 --acks -1 --idempotent --duration "$SECS"
 
+echo "== (c-txn) 1 KiB records, acks=all, transactional producers committing every 100 ms =="
+bench produce $B --name c-1k-acks-all-txn --topic bench-ct --partitions 8 --record-size 1024 --acks -1 --transactional --commit-interval-ms 100 --duration "$SECS"
+
+# CTP_RECORDS records of 1 KiB go into the input first (acks=all, not timed); the
+# timed phase reads them all with read_committed and writes them again, exactly once.
+echo "== (ctp) consume-transform-produce, exactly once: 1 KiB records, read_committed in, transactional out, commit every 100 ms =="
+bench ctp $B --name ctp --input bench-ctp-in --output bench-ctp-out --group bench-ctp --partitions 8 --record-size 1024 --records "${CTP_RECORDS:-1000000}" --commit-interval-ms 100
+fi
+
+if [ "$PART" = all ]; then
 echo "== (d) consume throughput (topic of scenario a) =="
 bench consume $B --name d-consume --topic bench-a --record-size 100
 
@@ -106,10 +123,13 @@ rf_scenarios() { # bootstrap-args name-infix title
   echo "== (r4) $3: 100-byte records, acks=1, 8 partitions, maximum throughput =="
   warm_and_run "$1" bench-r4 "r4-$2-acks-1-max" --acks 1
 }
+if [ "$PART" != txn ]; then
 rf_scenarios "$B" single "single broker"
+fi
 
 kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT
 
+if [ "$PART" != txn ]; then
 # RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
 # ports and data dir), each broker with --cores $CORES. sluice-bench creates each
 # topic with replication factor 3 and refuses to measure until the Metadata shows
@@ -132,4 +152,8 @@ C="--bootstrap 127.0.0.1:$((CLUSTER_PORT + 1)) --report-dir $OUT --replication-f
 rf_scenarios "$C" rf3 "RF=3, 3 brokers"
 "$SLUICE" cluster describe --bootstrap-server "127.0.0.1:$((CLUSTER_PORT + 1))" >"$OUT/cluster-describe.txt" 2>&1 || true
 cluster stop >/dev/null; trap - EXIT
-UPDATE_DOCS=${UPDATE_DOCS:-1} python3 scripts/bench_summary.py "$OUT" "$CORES"
+fi
+# Only a full run replaces the figures in the docs by default: a partial one would
+# leave the table with only its own rows.
+if [ "$PART" = all ]; then UPDATE_DOCS=${UPDATE_DOCS:-1}; fi
+UPDATE_DOCS=${UPDATE_DOCS:-0} python3 scripts/bench_summary.py "$OUT" "$CORES"

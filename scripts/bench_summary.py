@@ -39,6 +39,13 @@ add("(a) produce 100 B, acks=1, 8 partitions, max throughput", load("a-max-throu
 add("(b) produce 100 B, acks=1, fixed rate (open loop)", load("b-fixed-rate-report.json"), "disk write", disk)
 add("(c) produce 1 KiB, acks=all", load("c-1k-acks-all-report.json"), "disk write", disk)
 add("(c-idem) produce 1 KiB, acks=all, idempotent", load("c-1k-acks-all-idempotent-report.json"), "disk write", disk)
+c_txn = load("c-1k-acks-all-txn-report.json")
+add("(c-txn) produce 1 KiB, acks=all, transactional, commit every 100 ms", c_txn, "disk write", disk)
+ctp = load("ctp-report.json")
+# Its latency columns: input record fetched to the answer of the commit that makes its
+# output visible to read_committed consumers.
+if ctp and ctp.get("e2e_latency_ms"):
+    add("(ctp) consume-transform-produce 1 KiB, exactly once: fetch to commit", dict(ctp, latency_ms=ctp["e2e_latency_ms"]), "disk write", disk)
 add("(d) consume (topic of a)", load("d-consume-report.json"), "loopback TCP", net)
 e2e = load("e2e-report.json")
 add("e2e 100 B at 100k/s, acks=all: produce-ack", e2e, "disk write", disk)
@@ -69,6 +76,14 @@ c_plain, c_idem = load("c-1k-acks-all-report.json"), load("c-1k-acks-all-idempot
 if c_plain and c_idem:
     p99 = lambda r: (r.get("latency_ms") or {}).get("p99") or 0
     lines += ["", f"Idempotent vs plain producers (c-idem / c, same run): throughput {c_idem['records_per_sec'] / c_plain['records_per_sec']:.2f}x (goal >= 0.9x), p99 {p99(c_idem) / max(p99(c_plain), 1e-9):.2f}x (goal <= 1.2x)."]
+if c_plain and c_txn:
+    p99 = lambda r: (r.get("latency_ms") or {}).get("p99") or 0
+    cl = c_txn.get("commit_latency_ms") or {}
+    lines += ["", f"Transactional vs plain producers (c-txn / c, same run; each of the {c_txn['config']['producers']} producers commits every {c_txn['config']['commit_interval_ms']} ms): throughput {c_txn['records_per_sec'] / c_plain['records_per_sec']:.2f}x, produce p99 {p99(c_txn) / max(p99(c_plain), 1e-9):.2f}x; {c_txn.get('transactions', 0):,} commits, commit (flush of the transaction's produce requests + EndTxn) p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms."]
+if ctp:
+    cl = ctp.get("commit_latency_ms") or {}
+    vs_plain = f", {ctp['records_per_sec'] / c_plain['records_per_sec']:.2f}x the plain producers of (c)" if c_plain else ""
+    lines += ["", f"Consume-transform-produce (ctp): one processor read {ctp['records']:,} records of {ctp['config']['record_size']} B with read_committed, wrote each again to the output in transactions that also committed its input offsets (AddOffsetsToTxn + TxnOffsetCommit with its group generation and member id; a commit every {ctp['config']['commit_interval_ms']} ms, {ctp.get('transactions', 0):,} in all): {ctp['records_per_sec']:,.0f} records/s end to end ({ctp['mb_per_sec']:.0f} MB/s read and the same written{vs_plain}); commit p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms. Checked in the run: a read_committed count of the output equals the input, {ctp['consumed']:,} records."]
 if b:
     target = b["config"].get("rate")
     lines += ["", f"(b) asked for {target:,.0f} records/s and achieved {b['records_per_sec']:,.0f}; produce p99 {ms(b, 'p99')} ms (target < 10 ms)."]

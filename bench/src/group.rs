@@ -16,8 +16,8 @@ use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
-    ConsumerProtocolAssignment, ConsumerProtocolSubscription, FindCoordinatorRequest, GroupId,
-    HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest,
+    ConsumerProtocolAssignment, ConsumerProtocolSubscription, GroupId, HeartbeatRequest,
+    JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
@@ -80,78 +80,163 @@ struct Member {
     shared: Rc<Shared>,
 }
 
-impl Member {
-    async fn join(&mut self) -> std::io::Result<(i32, bool, Vec<String>)> {
-        let sub = ConsumerProtocolSubscription::default().with_topics(vec![s(&self.opts.topic)]);
-        loop {
-            let req = JoinGroupRequest::default()
-                .with_group_id(GroupId(s(&self.opts.group)))
-                .with_session_timeout_ms(self.opts.session_timeout_ms)
-                .with_rebalance_timeout_ms(60_000)
-                .with_member_id(s(&self.id))
-                .with_protocol_type(s("consumer"))
-                .with_protocols(vec![JoinGroupRequestProtocol::default()
-                    .with_name(s("roundrobin"))
-                    .with_metadata(versioned(0, &sub))]);
-            let r = self.client.request(&req, JOIN_V).await?;
-            match r.error_code {
-                0 => {
-                    self.id = r.member_id.to_string();
-                    let leader = r.leader.as_str() == self.id;
-                    let members = r.members.iter().map(|m| m.member_id.to_string()).collect();
-                    return Ok((r.generation_id, leader, members));
-                }
-                // MEMBER_ID_REQUIRED: join again with the id we were given.
-                79 => self.id = r.member_id.to_string(),
-                // UNKNOWN_MEMBER_ID: start over.
-                25 => self.id.clear(),
-                // REBALANCE_IN_PROGRESS and friends: retry.
-                27 | 14 | 15 => {}
-                e => return Err(err(format!("JoinGroup error {e}"))),
+/// JoinGroup as a consumer of `topic` until the coordinator places member `id` (empty
+/// for a new member; updated to the id the coordinator gives) in a generation:
+/// (generation, whether this member leads, the members).
+pub async fn join(
+    client: &mut Client,
+    group: &str,
+    topic: &str,
+    session_timeout_ms: i32,
+    id: &mut String,
+) -> std::io::Result<(i32, bool, Vec<String>)> {
+    let sub = ConsumerProtocolSubscription::default().with_topics(vec![s(topic)]);
+    loop {
+        let req = JoinGroupRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_session_timeout_ms(session_timeout_ms)
+            .with_rebalance_timeout_ms(60_000)
+            .with_member_id(s(id))
+            .with_protocol_type(s("consumer"))
+            .with_protocols(vec![JoinGroupRequestProtocol::default()
+                .with_name(s("roundrobin"))
+                .with_metadata(versioned(0, &sub))]);
+        let r = client.request(&req, JOIN_V).await?;
+        match r.error_code {
+            0 => {
+                *id = r.member_id.to_string();
+                let leader = r.leader.as_str() == id.as_str();
+                let members = r.members.iter().map(|m| m.member_id.to_string()).collect();
+                return Ok((r.generation_id, leader, members));
             }
+            // MEMBER_ID_REQUIRED: join again with the id we were given.
+            79 => *id = r.member_id.to_string(),
+            // UNKNOWN_MEMBER_ID: start over.
+            25 => id.clear(),
+            // REBALANCE_IN_PROGRESS and friends: retry.
+            27 | 14 | 15 => {}
+            e => return Err(err(format!("JoinGroup error {e}"))),
         }
     }
+}
 
-    fn assignments(&self, members: &[String]) -> Vec<SyncGroupRequestAssignment> {
-        let mut sorted = members.to_vec();
-        sorted.sort();
-        let n = sorted.len().max(1);
-        let mut per: Vec<Vec<i32>> = vec![Vec::new(); n];
-        for p in 0..self.opts.partitions {
-            per[p as usize % n].push(p);
-        }
-        sorted
-            .into_iter()
-            .zip(per)
-            .map(|(m, ps)| {
-                let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
-                    TopicPartition::default()
-                        .with_topic(topic_name(&self.opts.topic))
-                        .with_partitions(ps),
-                ]);
-                SyncGroupRequestAssignment::default()
-                    .with_member_id(s(&m))
-                    .with_assignment(versioned(0, &a))
-            })
-            .collect()
+/// The leader's round-robin assignment of `partitions` of `topic` over `members`.
+fn assignments(
+    topic: &str,
+    partitions: i32,
+    members: &[String],
+) -> Vec<SyncGroupRequestAssignment> {
+    let mut sorted = members.to_vec();
+    sorted.sort();
+    let n = sorted.len().max(1);
+    let mut per: Vec<Vec<i32>> = vec![Vec::new(); n];
+    for p in 0..partitions {
+        per[p as usize % n].push(p);
     }
+    sorted
+        .into_iter()
+        .zip(per)
+        .map(|(m, ps)| {
+            let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
+                TopicPartition::default()
+                    .with_topic(topic_name(topic))
+                    .with_partitions(ps),
+            ]);
+            SyncGroupRequestAssignment::default()
+                .with_member_id(s(&m))
+                .with_assignment(versioned(0, &a))
+        })
+        .collect()
+}
 
+/// SyncGroup of member `id` in `generation`, with the assignments if it leads;
+/// returns the error code.
+async fn sync(
+    client: &mut Client,
+    group: &str,
+    generation: i32,
+    id: &str,
+    assignments: Vec<SyncGroupRequestAssignment>,
+) -> std::io::Result<i16> {
+    let req = SyncGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id(generation)
+        .with_member_id(s(id))
+        .with_assignments(assignments);
+    Ok(client.request(&req, SYNC_V).await?.error_code)
+}
+
+/// Heartbeat of member `id` in `generation`; returns the error code.
+pub async fn heartbeat(
+    client: &mut Client,
+    group: &str,
+    generation: i32,
+    id: &str,
+) -> std::io::Result<i16> {
+    let req = HeartbeatRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id(generation)
+        .with_member_id(s(id));
+    Ok(client.request(&req, HEARTBEAT_V).await?.error_code)
+}
+
+/// LeaveGroup of member `id`, so that the group need not wait out its session.
+pub async fn leave(client: &mut Client, group: &str, id: &str) -> std::io::Result<()> {
+    let req = LeaveGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_members(vec![MemberIdentity::default().with_member_id(s(id))]);
+    client.request(&req, LEAVE_V).await?;
+    Ok(())
+}
+
+/// Joins `group` as its only member, which leads and takes all `partitions` of
+/// `topic`: (generation, member id). Another member in the group is an error (the
+/// caller needs every partition).
+pub async fn join_alone(
+    client: &mut Client,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    session_timeout_ms: i32,
+) -> std::io::Result<(i32, String)> {
+    let mut id = String::new();
+    loop {
+        let (generation, leader, members) =
+            join(client, group, topic, session_timeout_ms, &mut id).await?;
+        if !leader || members.len() != 1 {
+            return Err(err(format!(
+                "group {group} has other members ({members:?}): use a group of its own"
+            )));
+        }
+        let mine = assignments(topic, partitions, &members);
+        match sync(client, group, generation, &id, mine).await? {
+            0 => return Ok((generation, id)),
+            27 | 22 => {}
+            25 => id.clear(),
+            e => return Err(err(format!("SyncGroup error {e}"))),
+        }
+    }
+}
+
+impl Member {
     /// Joins, syncs and heartbeats until told to stop; rejoins on rebalance.
     async fn run(mut self) -> std::io::Result<()> {
+        let (group, topic) = (self.opts.group.clone(), self.opts.topic.clone());
         'generation: loop {
-            let (generation, leader, members) = self.join().await?;
-            let assignments = if leader {
-                self.assignments(&members)
+            let (generation, leader, members) = join(
+                &mut self.client,
+                &group,
+                &topic,
+                self.opts.session_timeout_ms,
+                &mut self.id,
+            )
+            .await?;
+            let mine = if leader {
+                assignments(&topic, self.opts.partitions, &members)
             } else {
                 Vec::new()
             };
-            let req = SyncGroupRequest::default()
-                .with_group_id(GroupId(s(&self.opts.group)))
-                .with_generation_id(generation)
-                .with_member_id(s(&self.id))
-                .with_assignments(assignments);
-            let r = self.client.request(&req, SYNC_V).await?;
-            match r.error_code {
+            match sync(&mut self.client, &group, generation, &self.id, mine).await? {
                 0 => {}
                 27 | 22 => continue 'generation,
                 25 => {
@@ -168,18 +253,11 @@ impl Member {
                     return Ok(());
                 }
                 if self.shared.leaver.get() == Some(self.idx) {
-                    let req = LeaveGroupRequest::default()
-                        .with_group_id(GroupId(s(&self.opts.group)))
-                        .with_members(vec![MemberIdentity::default().with_member_id(s(&self.id))]);
-                    self.client.request(&req, LEAVE_V).await?;
+                    leave(&mut self.client, &group, &self.id).await?;
                     self.shared.left.set(true);
                     return Ok(());
                 }
-                let req = HeartbeatRequest::default()
-                    .with_group_id(GroupId(s(&self.opts.group)))
-                    .with_generation_id(generation)
-                    .with_member_id(s(&self.id));
-                match self.client.request(&req, HEARTBEAT_V).await?.error_code {
+                match heartbeat(&mut self.client, &group, generation, &self.id).await? {
                     0 => {}
                     27 | 22 => continue 'generation,
                     25 => {
@@ -232,18 +310,7 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
         .await
         .map_err(|e| err(format!("creating {}: {e}", opts.topic)))?;
     // All members talk to the group's coordinator.
-    let fc = admin
-        .request(
-            &FindCoordinatorRequest::default().with_key(s(&opts.group)),
-            1,
-        )
-        .await?;
-    if fc.error_code != 0 {
-        return Err(err(format!("FindCoordinator error {}", fc.error_code)));
-    }
-    let coordinator: SocketAddr = format!("{}:{}", fc.host, fc.port)
-        .parse()
-        .unwrap_or(opts.bootstrap);
+    let coordinator = admin.coordinator(&opts.group, 0).await?;
     let shared = Rc::new(Shared::default());
     *shared.synced_generation.borrow_mut() = vec![0; opts.members];
     let mut clients = Vec::with_capacity(opts.members);

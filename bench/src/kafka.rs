@@ -7,11 +7,13 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, ListOffsetsRequest,
-    ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, FindCoordinatorRequest,
+    InitProducerIdRequest, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, TransactionalId,
 };
 use kafka_protocol::protocol::Request;
 use sluice_client::{aio, Versions};
@@ -34,27 +36,62 @@ pub fn our_range(key: ApiKey) -> (i16, i16) {
         ApiKey::ListOffsets => (1, 5),
         ApiKey::CreateTopics => (2, 4),
         ApiKey::InitProducerId => (0, 1),
+        // v1 is the first with a key type; v4 batches keys.
+        ApiKey::FindCoordinator => (1, 3),
+        // v4 and up are broker-to-broker (KIP-890 verification).
+        ApiKey::AddPartitionsToTxn => (0, 3),
+        ApiKey::AddOffsetsToTxn => (0, 3),
+        ApiKey::EndTxn => (0, 3),
+        // v3 carries the consumer's group metadata (KIP-447).
+        ApiKey::TxnOffsetCommit => (3, 3),
         _ => (0, 0),
     }
 }
 
-/// An idempotent producer's (producer id, epoch), from InitProducerId.
-pub async fn init_producer_id(bootstrap: SocketAddr) -> io::Result<(i64, i16)> {
-    let mut c = Client::connect(bootstrap).await?;
-    let v = c.version(ApiKey::InitProducerId)?;
-    let req = kafka_protocol::messages::InitProducerIdRequest::default()
-        .with_transaction_timeout_ms(60_000);
-    let r = c.request(&req, v).await?;
-    if r.error_code != 0 {
-        return Err(err(format!("InitProducerId: error {}", r.error_code)));
+/// Kafka error codes the bench retries: the coordinator is still loading, has no
+/// leader yet (the internal topic was just created), or is finishing the previous
+/// transaction's markers (CONCURRENT_TRANSACTIONS). Anything else fails the run.
+const RETRIABLE: [i16; 3] = [14, 15, 51];
+
+/// How long a retried coordinator request may keep failing with a [`RETRIABLE`] code.
+const RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Between two tries of a coordinator request: short, because the usual wait is for
+/// the markers of the transaction just committed (a few milliseconds).
+const RETRY_BACKOFF: Duration = Duration::from_millis(2);
+
+/// Sends `make()` until `code` of its answer is not [`RETRIABLE`] or [`RETRY_FOR`] has
+/// passed; fails on any other error code.
+pub async fn call_retrying<R: Request>(
+    c: &mut Client,
+    what: &str,
+    make: impl Fn() -> R,
+    code: impl Fn(&R::Response) -> i16,
+) -> io::Result<R::Response> {
+    let key = ApiKey::try_from(R::KEY).map_err(|_| err(format!("{what}: unknown API key")))?;
+    let v = c.version(key)?;
+    let deadline = Instant::now() + RETRY_FOR;
+    loop {
+        let r = c.request(&make(), v).await?;
+        match code(&r) {
+            0 => return Ok(r),
+            e if RETRIABLE.contains(&e) && Instant::now() < deadline => {
+                glommio::timer::sleep(RETRY_BACKOFF).await
+            }
+            e => return Err(err(format!("{what}: {}", sluice_client::error_name(e)))),
+        }
     }
-    Ok((r.producer_id.0, r.producer_epoch))
 }
 
 /// `batch` (one uncompressed v2 batch from [`BatchBuilder`]) as a batch of producer
-/// `pid` at `epoch` starting at sequence `base_seq`, with its CRC recomputed.
-pub fn sequenced(batch: &Bytes, pid: i64, epoch: i16, base_seq: i32) -> Bytes {
+/// `pid` at `epoch` starting at sequence `base_seq`, inside the producer's transaction
+/// if `transactional`, with its CRC recomputed.
+pub fn sequenced(batch: &Bytes, pid: i64, epoch: i16, base_seq: i32, transactional: bool) -> Bytes {
     let mut b = batch.to_vec();
+    if transactional {
+        // Attribute bit 4: the batch belongs to its producer's open transaction.
+        b[22] |= 0x10;
+    }
     b[43..51].copy_from_slice(&pid.to_be_bytes());
     b[51..53].copy_from_slice(&epoch.to_be_bytes());
     b[53..57].copy_from_slice(&base_seq.to_be_bytes());
@@ -83,6 +120,37 @@ impl Client {
 
     pub async fn request<R: Request>(&mut self, req: &R, version: i16) -> io::Result<R::Response> {
         Ok(self.conn.call(version, req).await?)
+    }
+
+    /// The address of the coordinator of `key`: a group's (`key_type` 0) or a
+    /// transactional id's (1). The first lookup of either kind creates the internal
+    /// topic, whose leader may take a moment: that is retried.
+    pub async fn coordinator(&mut self, key: &str, key_type: i8) -> io::Result<SocketAddr> {
+        let make = || {
+            FindCoordinatorRequest::default()
+                .with_key(sluice_client::sbs(key))
+                .with_key_type(key_type)
+        };
+        let r = call_retrying(self, "FindCoordinator", make, |r| r.error_code).await?;
+        Ok(sluice_client::aio::resolve(&r.host, r.port).await?)
+    }
+
+    /// A producer id and epoch from InitProducerId: a fresh idempotent producer without
+    /// `transactional_id`; with one (sent to its coordinator), the id's producer with
+    /// its epoch bumped, which fences any earlier instance and aborts its transaction.
+    pub async fn init_producer_id(
+        &mut self,
+        transactional_id: Option<&str>,
+    ) -> io::Result<(i64, i16)> {
+        let make = || {
+            InitProducerIdRequest::default()
+                .with_transactional_id(
+                    transactional_id.map(|t| TransactionalId(sluice_client::sbs(t))),
+                )
+                .with_transaction_timeout_ms(60_000)
+        };
+        let r = call_retrying(self, "InitProducerId", make, |r| r.error_code).await?;
+        Ok((r.producer_id.0, r.producer_epoch))
     }
 
     pub async fn metadata(&mut self, topic: Option<&str>) -> io::Result<MetadataResponse> {
@@ -464,12 +532,16 @@ mod tests {
     fn sequenced_batches_carry_the_producer_and_stay_valid() {
         let b = BatchBuilder::new(10);
         let batch = b.build(&[1_000_000, 1_000_500], None);
-        let s = sequenced(&batch, 42, 3, 7);
+        let s = sequenced(&batch, 42, 3, 7, false);
         let h = sluice_storage::batch::validate(&s, true).expect("valid batch");
         assert_eq!(
             (h.producer_id, h.producer_epoch, h.base_sequence),
             (42, 3, 7)
         );
+        assert!(!h.is_transactional());
+        let t = sequenced(&batch, 42, 3, 7, true);
+        let h = sluice_storage::batch::validate(&t, true).expect("valid batch");
+        assert!(h.is_transactional() && !h.is_control());
     }
 
     #[test]

@@ -21,10 +21,12 @@ use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, ProduceRequest};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, ProduceRequest, TransactionalId};
 
 use crate::kafka::{self, err, BatchBuilder, Client};
+use crate::txn::{self, Txn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum Keys {
@@ -52,6 +54,10 @@ pub struct ProduceOpts {
     pub max_in_flight: usize,
     /// Sequenced batches of a producer id from InitProducerId.
     pub idempotent: bool,
+    /// Sequenced batches inside transactions of a transactional id per producer,
+    /// committed every `commit_interval_ms`.
+    pub transactional: bool,
+    pub commit_interval_ms: u64,
 }
 
 /// What a run measured.
@@ -62,6 +68,9 @@ pub struct Outcome {
     pub seconds: f64,
     pub produce_latency_us: Histogram<u64>,
     pub e2e_latency_us: Option<Histogram<u64>>,
+    /// Transactional runs: flush of the transaction's produce requests plus EndTxn,
+    /// per commit (what a client's commitTransaction() waits for).
+    pub commit_latency_us: Option<Histogram<u64>>,
     pub consumed: u64,
 }
 
@@ -69,7 +78,7 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
 }
 
-fn now_us() -> u64 {
+pub fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -81,6 +90,7 @@ pub struct Stats {
     pub acked: Cell<u64>,
     pub errors: Cell<u64>,
     pub latency: RefCell<Histogram<u64>>,
+    pub commit_latency: RefCell<Histogram<u64>>,
     pub first_error: RefCell<Option<String>>,
     pub progress: Option<indicatif::ProgressBar>,
 }
@@ -91,13 +101,14 @@ impl Stats {
             acked: Cell::new(0),
             errors: Cell::new(0),
             latency: RefCell::new(histogram()),
+            commit_latency: RefCell::new(histogram()),
             first_error: RefCell::new(None),
             progress,
         })
     }
 
     /// What the producers measured, as a run's outcome.
-    fn outcome(
+    pub fn outcome(
         &self,
         record_size: usize,
         seconds: f64,
@@ -105,6 +116,7 @@ impl Stats {
         consumed: u64,
     ) -> Outcome {
         let records = self.acked.get();
+        let commits = self.commit_latency.borrow();
         Outcome {
             records,
             bytes: records * record_size as u64,
@@ -112,11 +124,12 @@ impl Stats {
             seconds,
             produce_latency_us: self.latency.borrow().clone(),
             e2e_latency_us: e2e,
+            commit_latency_us: (!commits.is_empty()).then(|| commits.clone()),
             consumed,
         }
     }
 
-    fn error(&self, msg: String) {
+    pub fn error(&self, msg: String) {
         self.errors.set(self.errors.get() + 1);
         let mut first = self.first_error.borrow_mut();
         if first.is_none() {
@@ -132,23 +145,26 @@ struct InFlight {
 
 /// One producer connection: a writer, and a reader task that matches responses (which
 /// Kafka returns in request order) to the requests in flight.
-struct ProducerConn {
+pub struct ProducerConn {
     writer: RefCell<Option<WriteHalf<TcpStream>>>,
     inflight: RefCell<VecDeque<InFlight>>,
     window: Event,
     max_in_flight: usize,
     next_correlation: Cell<i32>,
     version: i16,
-    closed: Cell<bool>,
+    /// A transactional producer's id, which its produce requests must carry.
+    transactional_id: Option<TransactionalId>,
+    pub closed: Cell<bool>,
 }
 
 impl ProducerConn {
-    async fn open(
+    pub async fn open(
         addr: SocketAddr,
         version: i16,
         max_in_flight: usize,
         stats: Rc<Stats>,
         acks: i16,
+        transactional_id: Option<&str>,
     ) -> io::Result<Rc<ProducerConn>> {
         let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
         stream.set_nodelay(true).map_err(io::Error::from)?;
@@ -160,6 +176,7 @@ impl ProducerConn {
             max_in_flight,
             next_correlation: Cell::new(1),
             version,
+            transactional_id: transactional_id.map(|t| TransactionalId(sluice_client::sbs(t))),
             closed: Cell::new(false),
         });
         if acks != 0 {
@@ -168,7 +185,7 @@ impl ProducerConn {
         Ok(conn)
     }
 
-    async fn wait_window(&self) {
+    pub async fn wait_window(&self) {
         while self.inflight.borrow().len() >= self.max_in_flight && !self.closed.get() {
             let l = self.window.listen();
             if self.inflight.borrow().len() < self.max_in_flight || self.closed.get() {
@@ -178,7 +195,9 @@ impl ProducerConn {
         }
     }
 
-    async fn wait_drained(&self, timeout: Duration) {
+    /// Waits (up to `timeout`) until every request in flight is answered; returns
+    /// whether they all were.
+    pub async fn wait_drained(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         while !self.inflight.borrow().is_empty() && !self.closed.get() && Instant::now() < deadline
         {
@@ -188,9 +207,10 @@ impl ProducerConn {
             }
             futures_lite::future::or(l, glommio::timer::sleep(Duration::from_millis(50))).await;
         }
+        self.inflight.borrow().is_empty()
     }
 
-    async fn send(
+    pub async fn send(
         &self,
         topic: &str,
         acks: i16,
@@ -209,6 +229,7 @@ impl ProducerConn {
         let mut req = ProduceRequest::default();
         req.acks = acks;
         req.timeout_ms = 30_000;
+        req.transactional_id = self.transactional_id.clone();
         req.topic_data = vec![data];
         let corr = self.next_correlation.get();
         self.next_correlation.set(corr + 1);
@@ -227,6 +248,35 @@ impl ProducerConn {
         *self.writer.borrow_mut() = Some(w);
         res
     }
+}
+
+/// Longest a commit waits for its transaction's produce requests to be answered.
+const FLUSH_MAX: Duration = Duration::from_secs(30);
+
+/// Commits `txn` as a client's commitTransaction() does: waits until every produce
+/// request in flight on `conns` is answered (EndTxn must not overtake the batches it
+/// commits, and a transaction with a failed produce must not commit at all), then
+/// EndTxn. Records the time both took in `stats.commit_latency`.
+pub async fn flush_and_commit<'a>(
+    txn: &mut Txn,
+    conns: impl IntoIterator<Item = &'a Rc<ProducerConn>>,
+    stats: &Stats,
+) -> io::Result<()> {
+    let start = Instant::now();
+    for c in conns {
+        if !c.wait_drained(FLUSH_MAX).await {
+            return Err(err(
+                "a transaction's produce requests were not all answered",
+            ));
+        }
+    }
+    if let Some(e) = stats.first_error.borrow().as_ref() {
+        return Err(err(format!("not committing a transaction after: {e}")));
+    }
+    txn.commit().await?;
+    let us = start.elapsed().as_micros() as u64;
+    stats.commit_latency.borrow_mut().record(us.max(1)).ok();
+    Ok(())
 }
 
 async fn read_produce_responses(
@@ -340,20 +390,39 @@ async fn producer(
     stats: Rc<Stats>,
     start: Instant,
 ) -> io::Result<u64> {
+    // A transactional producer's coordinator side, and the commit interval.
+    let mut txn = match opts.transactional {
+        true => Some(Txn::init(opts.bootstrap, txn::unique_id("sluice-bench")).await?),
+        false => None,
+    };
     let mut conns: HashMap<SocketAddr, Rc<ProducerConn>> = HashMap::new();
     for (_, addr) in leaders.iter() {
         if !conns.contains_key(addr) {
-            let c =
-                ProducerConn::open(*addr, version, opts.max_in_flight, stats.clone(), opts.acks)
-                    .await?;
+            let c = ProducerConn::open(
+                *addr,
+                version,
+                opts.max_in_flight,
+                stats.clone(),
+                opts.acks,
+                txn.as_ref().map(Txn::id),
+            )
+            .await?;
             conns.insert(*addr, c);
         }
     }
     let n_parts = leaders.len();
-    // An idempotent producer's id and epoch, and the next sequence per partition.
-    let producer = match opts.idempotent {
-        true => Some(kafka::init_producer_id(opts.bootstrap).await?),
-        false => None,
+    let commit_interval = Duration::from_millis(opts.commit_interval_ms);
+    // An idempotent or transactional producer's id and epoch, and the next sequence
+    // per partition.
+    let producer = match &txn {
+        Some(t) => Some((t.producer_id, t.epoch)),
+        None if opts.idempotent => Some(
+            Client::connect(opts.bootstrap)
+                .await?
+                .init_producer_id(None)
+                .await?,
+        ),
+        None => None,
     };
     let mut next_seq = vec![0i32; n_parts];
     let builder = BatchBuilder::new(opts.record_size);
@@ -437,7 +506,7 @@ async fn producer(
                     let k = (!keys.is_empty()).then(|| &keys[chunk_start..end]);
                     let mut batch = builder.build(&times[chunk_start..end], k);
                     if let Some((pid, epoch)) = producer {
-                        batch = kafka::sequenced(&batch, pid, epoch, next_seq[p]);
+                        batch = kafka::sequenced(&batch, pid, epoch, next_seq[p], txn.is_some());
                         next_seq[p] = next_seq[p].wrapping_add((end - chunk_start) as i32);
                     }
                     let (partition, addr) = leaders[p];
@@ -448,6 +517,13 @@ async fn producer(
                     ));
                 }
             }
+            if let Some(t) = txn.as_mut() {
+                let added = by_conn
+                    .values()
+                    .flatten()
+                    .map(|(partition, _, _)| *partition);
+                t.add_partitions(&opts.topic, added).await?;
+            }
             for (addr, batches) in by_conn {
                 let conn = &conns[&addr];
                 conn.wait_window().await;
@@ -455,6 +531,11 @@ async fn producer(
                     return Err(err("producer connection closed by the broker"));
                 }
                 conn.send(&opts.topic, opts.acks, batches).await?;
+            }
+        }
+        if let Some(t) = txn.as_mut() {
+            if t.due(commit_interval) || (finished && t.is_open()) {
+                flush_and_commit(t, conns.values(), &stats).await?;
             }
         }
         if finished {
@@ -532,13 +613,78 @@ pub async fn produce(
     Ok(stats.outcome(opts.record_size, seconds, None, 0))
 }
 
+/// Fetch isolation levels.
+pub const READ_UNCOMMITTED: i8 = 0;
+pub const READ_COMMITTED: i8 = 1;
+
+/// A consumer's Fetch of `topic` at `offsets` (partition, next offset), long-polling
+/// up to 100 ms for data, at most `partition_max_bytes` per partition.
+pub fn fetch_request(
+    topic: &str,
+    offsets: impl IntoIterator<Item = (i32, i64)>,
+    isolation_level: i8,
+    partition_max_bytes: i32,
+) -> FetchRequest {
+    let mut t = FetchTopic::default();
+    t.topic = kafka::topic_name(topic);
+    t.partitions = offsets
+        .into_iter()
+        .map(|(p, o)| {
+            let mut fp = FetchPartition::default();
+            fp.partition = p;
+            fp.fetch_offset = o;
+            fp.current_leader_epoch = -1;
+            fp.log_start_offset = -1;
+            fp.last_fetched_epoch = -1;
+            fp.partition_max_bytes = partition_max_bytes;
+            fp
+        })
+        .collect();
+    let mut req = FetchRequest::default();
+    req.replica_id = BrokerId(-1);
+    req.max_wait_ms = 100;
+    req.min_bytes = 1;
+    req.max_bytes = 64 << 20;
+    req.isolation_level = isolation_level;
+    req.session_epoch = -1;
+    req.topics = vec![t];
+    req
+}
+
+/// A fetched partition's records, or its error. The bench's producers never abort a
+/// transaction, so a read_committed answer naming aborted transactions means data the
+/// bench would count although no consumer may see it: that fails the run rather than
+/// being filtered.
+pub fn fetched_records(p: &PartitionData) -> io::Result<Option<&Bytes>> {
+    if p.error_code != 0 {
+        return Err(err(format!(
+            "fetch partition {}: {}",
+            p.partition_index,
+            sluice_client::error_name(p.error_code)
+        )));
+    }
+    if p.aborted_transactions
+        .as_ref()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(err(format!(
+            "fetch partition {}: aborted transactions {:?} in a run that aborts none",
+            p.partition_index, p.aborted_transactions
+        )));
+    }
+    Ok(p.records.as_ref())
+}
+
 /// Fetches `partitions` of `topic` from `addr` from `offsets` until every partition
-/// reaches `end` (or, without ends, until `stop` is set). Returns records and bytes.
-async fn fetch_loop(
+/// reaches `end` (or, without ends, until `stop` is set), at `isolation_level`.
+/// Returns records and bytes.
+#[allow(clippy::too_many_arguments)]
+pub async fn fetch_loop(
     addr: SocketAddr,
     topic: String,
     mut offsets: HashMap<i32, i64>,
     ends: Option<HashMap<i32, i64>>,
+    isolation_level: i8,
     stop: Rc<Cell<bool>>,
     e2e: Option<Rc<RefCell<Histogram<u64>>>>,
     progress: Option<indicatif::ProgressBar>,
@@ -557,29 +703,11 @@ async fn fetch_loop(
         if stop.get() {
             break;
         }
-        let mut t = FetchTopic::default();
-        t.topic = kafka::topic_name(&topic);
-        t.partitions = offsets
+        let due = offsets
             .iter()
             .filter(|(p, o)| ends.as_ref().is_none_or(|e| **o < e[p]))
-            .map(|(p, o)| {
-                let mut fp = FetchPartition::default();
-                fp.partition = *p;
-                fp.fetch_offset = *o;
-                fp.current_leader_epoch = -1;
-                fp.log_start_offset = -1;
-                fp.last_fetched_epoch = -1;
-                fp.partition_max_bytes = 8 << 20;
-                fp
-            })
-            .collect();
-        let mut req = FetchRequest::default();
-        req.replica_id = BrokerId(-1);
-        req.max_wait_ms = 100;
-        req.min_bytes = 1;
-        req.max_bytes = 64 << 20;
-        req.session_epoch = -1;
-        req.topics = vec![t];
+            .map(|(p, o)| (*p, *o));
+        let req = fetch_request(&topic, due, isolation_level, 8 << 20);
         let resp = client.request(&req, version).await?;
         if resp.error_code != 0 {
             return Err(err(format!("fetch error {}", resp.error_code)));
@@ -587,15 +715,11 @@ async fn fetch_loop(
         let arrived = now_us();
         for t in resp.responses {
             for p in t.partitions {
-                if p.error_code != 0 {
-                    return Err(err(format!(
-                        "fetch partition {}: error {}",
-                        p.partition_index, p.error_code
-                    )));
-                }
-                let Some(recs) = p.records else { continue };
+                let Some(recs) = fetched_records(&p)? else {
+                    continue;
+                };
                 times.clear();
-                let (n, b, next) = kafka::walk_batches(&recs, e2e.is_some(), &mut times);
+                let (n, b, next) = kafka::walk_batches(recs, e2e.is_some(), &mut times);
                 records += n;
                 bytes += b;
                 if let Some(pb) = &progress {
@@ -623,6 +747,37 @@ pub struct ConsumeOpts {
     pub record_size: usize,
 }
 
+/// The partitions of `leaders` (partition, leader) grouped by leader.
+pub fn by_leader(leaders: &[(i32, SocketAddr)]) -> HashMap<SocketAddr, Vec<i32>> {
+    let mut by_addr: HashMap<SocketAddr, Vec<i32>> = HashMap::new();
+    for (p, a) in leaders {
+        by_addr.entry(*a).or_default().push(*p);
+    }
+    by_addr
+}
+
+/// The earliest and the latest offset of each of `parts` of `topic`; the progress
+/// bar's length becomes the offsets between them (records, for a topic of plain
+/// batches).
+pub async fn offset_range(
+    client: &mut Client,
+    topic: &str,
+    parts: &[i32],
+    progress: Option<&indicatif::ProgressBar>,
+) -> io::Result<(HashMap<i32, i64>, HashMap<i32, i64>)> {
+    let starts = client.list_offsets(topic, parts, -2).await?;
+    let ends = client.list_offsets(topic, parts, -1).await?;
+    if let Some(pb) = progress {
+        pb.set_length(
+            parts
+                .iter()
+                .map(|p| (ends[p] - starts[p]).max(0) as u64)
+                .sum(),
+        );
+    }
+    Ok((starts, ends))
+}
+
 /// Reads the whole topic from its earliest offsets to the end offsets it had at start.
 pub async fn consume(
     opts: ConsumeOpts,
@@ -631,24 +786,11 @@ pub async fn consume(
     let mut client = Client::connect(opts.bootstrap).await?;
     let leaders = client.leaders(&opts.topic).await?;
     let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let starts = client.list_offsets(&opts.topic, &parts, -2).await?;
-    let ends = client.list_offsets(&opts.topic, &parts, -1).await?;
-    if let Some(pb) = &progress {
-        pb.set_length(
-            parts
-                .iter()
-                .map(|p| (ends[p] - starts[p]).max(0) as u64)
-                .sum(),
-        );
-    }
+    let (starts, ends) = offset_range(&mut client, &opts.topic, &parts, progress.as_ref()).await?;
     let start = Instant::now();
     let mut tasks = Vec::new();
-    let mut by_addr: HashMap<SocketAddr, Vec<i32>> = HashMap::new();
-    for (p, a) in &leaders {
-        by_addr.entry(*a).or_default().push(*p);
-    }
     let stop = Rc::new(Cell::new(false));
-    for (addr, ps) in by_addr {
+    for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
         let e: HashMap<i32, i64> = ps.iter().map(|p| (*p, ends[p])).collect();
         tasks.push(glommio::spawn_local(fetch_loop(
@@ -656,6 +798,7 @@ pub async fn consume(
             opts.topic.clone(),
             offs,
             Some(e),
+            READ_UNCOMMITTED,
             stop.clone(),
             None,
             progress.clone(),
@@ -676,6 +819,7 @@ pub async fn consume(
         seconds,
         produce_latency_us: histogram(),
         e2e_latency_us: None,
+        commit_latency_us: None,
         consumed: records,
     })
 }
@@ -698,17 +842,14 @@ pub async fn e2e(
     let e2e_hist = Rc::new(RefCell::new(histogram()));
     let stop = Rc::new(Cell::new(false));
     let mut consumers = Vec::new();
-    let mut by_addr: HashMap<SocketAddr, Vec<i32>> = HashMap::new();
-    for (p, a) in leaders.iter() {
-        by_addr.entry(*a).or_default().push(*p);
-    }
-    for (addr, ps) in by_addr {
+    for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
         consumers.push(glommio::spawn_local(fetch_loop(
             addr,
             opts.topic.clone(),
             offs,
             None,
+            READ_UNCOMMITTED,
             stop.clone(),
             Some(e2e_hist.clone()),
             None,

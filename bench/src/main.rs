@@ -1,17 +1,21 @@
 //! `sluice-bench`: Sluice's load generator and benchmarks.
 //!
-//! `produce`, `consume` and `e2e` speak the Kafka protocol (kafka-protocol crate) to any
-//! broker given by `--bootstrap`; `storage` measures the partition log directly;
+//! `produce` (plain, idempotent or transactional), `consume`, `e2e`, `group` and `ctp`
+//! (consume-transform-produce, exactly once) speak the Kafka protocol (kafka-protocol
+//! crate) to any broker given by `--bootstrap`; `storage` measures the partition log
+//! directly;
 //! `ceiling` measures the machine (raw O_DIRECT write and loopback TCP bandwidth).
 //! Every run prints a table and writes `report.json`, an `.hgrm` percentile file and a
 //! latency plot (SVG) into `--report-dir`.
 
 mod ceiling;
+mod ctp;
 mod group;
 mod kafka;
 mod load;
 mod report;
 mod storage_bench;
+mod txn;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,18 +37,24 @@ struct Cli {
 }
 
 #[derive(Args, Clone)]
-struct Common {
-    /// Any broker of the cluster (host:port).
-    #[arg(long, default_value = "127.0.0.1:9092")]
-    bootstrap: SocketAddr,
-    #[arg(long, default_value = "sluice-bench")]
-    topic: String,
+struct ReportArgs {
     /// Where report.json, the .hgrm file and the plot go.
     #[arg(long, default_value = "./bench/results")]
     report_dir: PathBuf,
     /// Name for this run's files in the report dir.
     #[arg(long)]
     name: Option<String>,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Any broker of the cluster (host:port).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap: SocketAddr,
+    #[arg(long, default_value = "sluice-bench")]
+    topic: String,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
 #[derive(Args, Clone)]
@@ -97,6 +107,52 @@ struct ProduceArgs {
     /// its batches per partition, as librdkafka and the Java client do by default.
     #[arg(long)]
     idempotent: bool,
+    /// Transactional producers: each takes its own transactional.id (InitProducerId
+    /// at its coordinator), adds each partition to the transaction before its first
+    /// batch there (AddPartitionsToTxn), sends sequenced transactional batches, and
+    /// commits (flush, then EndTxn) every --commit-interval-ms. Latency stays produce
+    /// to acknowledgement; commit latency is reported beside it.
+    #[arg(long, conflicts_with = "idempotent")]
+    transactional: bool,
+    #[arg(long, default_value_t = 100)]
+    commit_interval_ms: u64,
+}
+
+#[derive(Args, Clone)]
+struct CtpArgs {
+    /// Any broker of the cluster (host:port).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap: SocketAddr,
+    /// Topic read with read_committed (created if missing).
+    #[arg(long, default_value = "sluice-bench-ctp-in")]
+    input: String,
+    /// Topic written transactionally (created if missing).
+    #[arg(long, default_value = "sluice-bench-ctp-out")]
+    output: String,
+    /// Consumer group of the processor; it must be the group's only member.
+    #[arg(long, default_value = "sluice-bench-ctp")]
+    group: String,
+    /// Partitions of both topics.
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    /// Bytes of each record's value (at least 8: the transform reads the send time
+    /// the load generator put there).
+    #[arg(long, default_value_t = 100)]
+    record_size: usize,
+    /// Records to produce into the input before the timed phase; 0 processes what the
+    /// input already holds (e.g. a topic an earlier scenario wrote).
+    #[arg(long, default_value_t = 1_000_000)]
+    records: u64,
+    /// Target output batch size in bytes (per partition).
+    #[arg(long, default_value_t = 65536)]
+    batch_bytes: usize,
+    /// Produce requests in flight per output connection.
+    #[arg(long, default_value_t = 8)]
+    max_in_flight: usize,
+    #[arg(long, default_value_t = 100)]
+    commit_interval_ms: u64,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
 #[derive(Subcommand)]
@@ -113,6 +169,11 @@ enum Command {
     },
     /// Produce and consume at once; report end-to-end latency too.
     E2e(ProduceArgs),
+    /// Consume-transform-produce, exactly once: read the input with read_committed,
+    /// write each record again to the output inside transactions that also commit the
+    /// input offsets; report records/s end to end and check the output holds every
+    /// input record once.
+    Ctp(CtpArgs),
     /// Consumer-group scale: many lightweight members join one group; time to a
     /// stable group with every assignment handed out, and to rebalance after a leave.
     Group {
@@ -223,12 +284,14 @@ fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
         producers: a.producers,
         max_in_flight: a.max_in_flight,
         idempotent: a.idempotent,
+        transactional: a.transactional,
+        commit_interval_ms: a.commit_interval_ms,
     }
 }
 
-fn write_reports(common: &Common, kind: &str, config: serde_json::Value, out: &load::Outcome) {
-    let name = common.name.clone().unwrap_or_else(|| kind.to_string());
-    let dir = &common.report_dir;
+fn write_reports(args: &ReportArgs, kind: &str, config: serde_json::Value, out: &load::Outcome) {
+    let name = args.name.clone().unwrap_or_else(|| kind.to_string());
+    let dir = &args.report_dir;
     std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("report dir: {e}")));
     let records_per_sec = out.records as f64 / out.seconds.max(1e-9);
     let mb_per_sec = out.bytes as f64 / out.seconds.max(1e-9) / 1e6;
@@ -238,6 +301,9 @@ fn write_reports(common: &Common, kind: &str, config: serde_json::Value, out: &l
     }
     if let Some(h) = &out.e2e_latency_us {
         hists.push(("end-to-end", h));
+    }
+    if let Some(h) = &out.commit_latency_us {
+        hists.push(("commit", h));
     }
     report::print_summary(&name, records_per_sec, mb_per_sec, &hists);
     if out.errors > 0 {
@@ -259,6 +325,10 @@ fn write_reports(common: &Common, kind: &str, config: serde_json::Value, out: &l
     });
     if let Some(h) = &out.e2e_latency_us {
         report["e2e_latency_ms"] = report::latency_ms(h);
+    }
+    if let Some(h) = &out.commit_latency_us {
+        report["commit_latency_ms"] = report::latency_ms(h);
+        report["transactions"] = json!(h.len());
     }
     for (label, h) in &hists {
         let p = dir.join(format!("{name}-{label}.hgrm"));
@@ -313,6 +383,13 @@ fn produce_on_cores(
                 m.errors += out.errors;
                 m.seconds = m.seconds.max(out.seconds);
                 m.produce_latency_us.add(&out.produce_latency_us).ok();
+                m.commit_latency_us = match (m.commit_latency_us, out.commit_latency_us) {
+                    (Some(mut a), Some(b)) => {
+                        a.add(&b).ok();
+                        Some(a)
+                    }
+                    (a, b) => a.or(b),
+                };
                 m
             }
         });
@@ -424,7 +501,7 @@ fn main() {
             let mut config = serde_json::to_value(&opts).expect("config");
             config["cores"] = json!(a.cores.max(1));
             add_replicas(&mut config, before, &after);
-            write_reports(&a.common, "produce", config, &out);
+            write_reports(&a.common.report, "produce", config, &out);
             if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
                 std::process::exit(1);
             }
@@ -440,8 +517,34 @@ fn main() {
             let after = replicas_after(&opts);
             let mut config = serde_json::to_value(&opts).expect("config");
             add_replicas(&mut config, before, &after);
-            write_reports(&a.common, "e2e", config, &out);
+            write_reports(&a.common.report, "e2e", config, &out);
             if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
+                std::process::exit(1);
+            }
+        }
+        Command::Ctp(a) => {
+            if a.record_size < 8 || a.partitions <= 0 || a.max_in_flight == 0 {
+                fail("--record-size must be at least 8, --partitions and --max-in-flight positive");
+            }
+            let opts = ctp::CtpOpts {
+                bootstrap: a.bootstrap,
+                input: a.input,
+                output: a.output,
+                group: a.group,
+                partitions: a.partitions,
+                record_size: a.record_size,
+                prefill: a.records,
+                batch_bytes: a.batch_bytes,
+                max_in_flight: a.max_in_flight,
+                commit_interval_ms: a.commit_interval_ms,
+            };
+            let o = opts.clone();
+            let pb = progress_bar(None, true);
+            let out = on_executor("bench-ctp", move || ctp::run(o, pb.clone()))
+                .unwrap_or_else(|e| fail(e));
+            let config = serde_json::to_value(&opts).expect("config");
+            write_reports(&a.report, "ctp", config, &out);
+            if out.errors > 0 {
                 std::process::exit(1);
             }
         }
@@ -459,7 +562,7 @@ fn main() {
             let out = on_executor("bench-consume", move || load::consume(o, pb.clone()))
                 .unwrap_or_else(|e| fail(e));
             write_reports(
-                &common,
+                &common.report,
                 "consume",
                 serde_json::to_value(&opts).expect("config"),
                 &out,

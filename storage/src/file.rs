@@ -13,7 +13,14 @@
 //! is `Send`.
 //!
 //! After an I/O error the file is failed: every later call returns the error, because
-//! what is on disk is no longer known.
+//! what is on disk is no longer known (after a failed `fdatasync` the kernel may have
+//! dropped the dirty state, so a later sync that succeeds proves nothing). Only a
+//! reopen, which re-reads the file (recovery), trusts it again. [`AppendFile::failure`]
+//! tells whether and why.
+//!
+//! Segment `.log` files are preallocated in growing steps (see [`PREALLOCATE_BYTES`]).
+//! Every I/O here first passes the fault-injection hook ([`crate::fault::check`]), next
+//! to the crash simulation's ([`crate::simdisk`]).
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -25,6 +32,7 @@ use bytes::Bytes;
 use event_listener::Event;
 use glommio::io::{DmaFile, OpenOptions};
 
+use crate::fault::{self, FaultOp};
 use crate::simdisk;
 use crate::Error;
 
@@ -60,6 +68,13 @@ struct State {
     failed: Option<String>,
     /// File size reserved with fallocate (zero-filled beyond `len`).
     allocated: u64,
+    /// Whether to keep preallocating: cleared when a fallocate fails (for ENOSPC the
+    /// space is not there; a file system without fallocate never will have it). The
+    /// next segment, a new file, tries again.
+    preallocating: bool,
+    /// A truncation is under way: `failed` is set only to refuse work meanwhile, and
+    /// [`AppendFile::failure`] does not report it (see [`AppendFile::truncate`]).
+    truncating: bool,
     /// Bumped by truncation: a write or sync that started before it claims nothing.
     epoch: u64,
 }
@@ -72,16 +87,35 @@ struct Prepared {
     end: u64,
 }
 
-/// Segment `.log` files grow by this much at a time, so that O_DIRECT writes overwrite
-/// allocated blocks instead of extending the file (ext4 serialises extending writes).
-/// Small files (indexes, metadata) pass 0.
+/// The largest step a segment `.log` file is preallocated by (fallocate ahead of the
+/// writes), so that O_DIRECT writes overwrite allocated blocks instead of extending the
+/// file: ext4 serialises extending writes (an extending direct write updates the inode
+/// size and waits for it), while overwrites of allocated blocks proceed in parallel.
+///
+/// The step grows with the file: [`PREALLOCATE_FIRST_BYTES`] first, then the size
+/// allocated so far, up to this much ([`preallocate_step`]): a new or idle partition
+/// costs 1 MiB of disk ahead, not 32, and a busy one soon preallocates in 32 MiB steps.
+/// A failed fallocate (ENOSPC on a nearly full disk) is not retried for that file:
+/// the writes then extend it, as on a file system without fallocate. Sealing a segment
+/// trims what was preallocated beyond its end. Small files (indexes, metadata) pass 0.
 pub const PREALLOCATE_BYTES: u64 = 32 << 20;
+
+/// The first preallocation step of a file (see [`PREALLOCATE_BYTES`]).
+pub const PREALLOCATE_FIRST_BYTES: u64 = 1 << 20;
+
+/// How far to preallocate beyond `allocated` bytes for a file whose steps go up to
+/// `max_step` (0: never): doubling from [`PREALLOCATE_FIRST_BYTES`] up to `max_step`.
+pub fn preallocate_step(allocated: u64, max_step: u64) -> u64 {
+    allocated
+        .max(PREALLOCATE_FIRST_BYTES.min(max_step))
+        .min(max_step)
+}
 
 pub struct AppendFile {
     file: Rc<DmaFile>,
     path: PathBuf,
     write_bytes_max: usize,
-    /// Grow the file by this much at a time (0: never preallocate).
+    /// The largest preallocation step (0: never preallocate); see [`preallocate_step`].
     preallocate_bytes: u64,
     state: RefCell<State>,
     written_event: Event,
@@ -93,7 +127,8 @@ pub struct AppendFile {
 impl AppendFile {
     /// Opens (creating if needed) `path` for appending after its first `valid_len`
     /// bytes; anything beyond is cut off (durably), so bytes recovery did not validate
-    /// are gone. `preallocate_bytes`: grow the file in steps of this size (0: don't).
+    /// are gone. `preallocate_bytes`: preallocate in growing steps of at most this size
+    /// (0: don't; see [`PREALLOCATE_BYTES`]).
     pub async fn open(
         path: &Path,
         valid_len: u64,
@@ -101,6 +136,7 @@ impl AppendFile {
         preallocate_bytes: u64,
     ) -> Result<Rc<AppendFile>, Error> {
         simdisk::alive().map_err(|e| Error::io(path, e))?;
+        fault::check_io(path, FaultOp::Open)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -110,6 +146,7 @@ impl AppendFile {
             .map_err(|e| Error::io(path, e))?;
         let size = file.file_size().await.map_err(|e| Error::io(path, e))?;
         if size != valid_len {
+            fault::check_io(path, FaultOp::Sync)?;
             file.truncate(valid_len)
                 .await
                 .map_err(|e| Error::io(path, e))?;
@@ -117,6 +154,7 @@ impl AppendFile {
         }
         let tail_start = align_down(valid_len);
         let tail = if valid_len > tail_start {
+            fault::check_io(path, FaultOp::Read)?;
             let r = file
                 .read_at_aligned(tail_start, ALIGN as usize)
                 .await
@@ -143,6 +181,8 @@ impl AppendFile {
                 syncing: false,
                 failed: None,
                 allocated: valid_len,
+                preallocating: preallocate_bytes > 0,
+                truncating: false,
                 epoch: 0,
             }),
             written_event: Event::new(),
@@ -176,7 +216,38 @@ impl AppendFile {
         self.state.borrow().durable
     }
 
-    fn check_failed(&self) -> Result<(), Error> {
+    /// Why the file is failed (an I/O error left its state unknown), if it is. A
+    /// truncation under way is not reported (it refuses work only while it runs);
+    /// one that was interrupted is.
+    pub fn failure(&self) -> Option<String> {
+        let st = self.state.borrow();
+        match &st.failed {
+            Some(msg) if !st.truncating => Some(format!("{}: {msg}", self.path.display())),
+            _ => None,
+        }
+    }
+
+    /// Fails the file for `cause` (unless it is failed already): no write or sync
+    /// starts from now on and every waiter gets the error. For a log that failed
+    /// elsewhere, so that this file stops changing before recovery re-reads it.
+    pub fn fail(&self, cause: &str) {
+        {
+            let mut st = self.state.borrow_mut();
+            if st.failed.is_some() {
+                return;
+            }
+            st.failed = Some(format!("failed with its log: {cause}"));
+        }
+        self.written_event.notify(usize::MAX);
+        self.synced_event.notify(usize::MAX);
+    }
+
+    /// A truncation is under way (work is refused meanwhile; see [`Self::failure`]).
+    pub fn truncating(&self) -> bool {
+        self.state.borrow().truncating
+    }
+
+    pub(crate) fn check_failed(&self) -> Result<(), Error> {
         match &self.state.borrow().failed {
             Some(msg) => Err(Error::Failed(format!("{}: {msg}", self.path.display()))),
             None => Ok(()),
@@ -285,8 +356,10 @@ impl AppendFile {
         };
         st.writing = true;
         let write_end = next.pos + next.buf.len() as u64;
-        let grow_to = (self.preallocate_bytes > 0 && write_end > st.allocated)
-            .then(|| write_end.max(st.allocated + self.preallocate_bytes));
+        let grow_to = (st.preallocating && write_end > st.allocated).then(|| {
+            let step = preallocate_step(st.allocated, self.preallocate_bytes);
+            align_up(write_end.max(st.allocated + step))
+        });
         let epoch = st.epoch;
         let this = self.clone();
         glommio::spawn_local(async move { this.run_write(next, grow_to, epoch).await }).detach();
@@ -303,16 +376,15 @@ impl AppendFile {
             return;
         }
         if let Some(size) = grow_to {
-            // Best effort: a file system without fallocate just extends on write.
-            if self.file.pre_allocate(size, false).await.is_ok() {
-                let mut st = self.state.borrow_mut();
-                st.allocated = st.allocated.max(size);
-            }
+            self.preallocate(size).await;
         }
         let Prepared { buf, pos, end } = next;
         let expected = buf.len();
         let sim_copy = self.sim.as_ref().map(|_| buf.as_bytes().to_vec());
-        let res = self.file.write_at(buf, pos).await;
+        let res = match self.injected(FaultOp::Write).await {
+            Ok(()) => self.file.write_at(buf, pos).await.map_err(Into::into),
+            Err(e) => Err(e),
+        };
         if let Some(h) = &self.sim {
             match (&res, &sim_copy) {
                 (Ok(n), Some(data)) if *n == expected => simdisk::wrote(h, pos, data),
@@ -338,6 +410,39 @@ impl AppendFile {
         }
         drop(st);
         self.written_event.notify(usize::MAX);
+    }
+
+    /// Best effort: reserves the file up to `size` bytes. On failure (ENOSPC, or a
+    /// file system without fallocate) the writes extend the file instead, and this
+    /// file stops trying.
+    async fn preallocate(&self, size: u64) {
+        let res = match self.injected(FaultOp::Write).await {
+            Ok(()) => self
+                .file
+                .pre_allocate(size, false)
+                .await
+                .map_err(std::io::Error::from),
+            Err(e) => Err(e),
+        };
+        let mut st = self.state.borrow_mut();
+        match res {
+            Ok(()) => st.allocated = st.allocated.max(size),
+            Err(e) => {
+                st.preallocating = false;
+                tracing::debug!(path = %self.path.display(), size, error = %e, "preallocation failed; the file grows by its writes");
+            }
+        }
+    }
+
+    /// The fault-injection check for the detached write and sync tasks: like
+    /// [`Self::sim_gate`], an injected failure yields once before it is recorded, as a
+    /// real I/O's would (the spawner may still hold the state borrow).
+    async fn injected(&self, op: FaultOp) -> std::io::Result<()> {
+        let res = fault::check(&self.path, op);
+        if res.is_err() {
+            futures_lite::future::yield_now().await;
+        }
+        res
     }
 
     /// Waits until every byte below `target` (clamped to the length) is durable
@@ -383,11 +488,14 @@ impl AppendFile {
         let res = match self.sim_gate().await {
             Ok(()) => {
                 let mark = self.sim.as_ref().map(simdisk::sync_mark);
-                let res = self.file.fdatasync().await;
+                let res = match self.injected(FaultOp::Sync).await {
+                    Ok(()) => self.file.fdatasync().await.map_err(Into::into),
+                    Err(e) => Err(e),
+                };
                 self.sim_end(&res, |h| simdisk::synced(h, mark.unwrap_or(0)));
                 res
             }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         };
         let mut st = self.state.borrow_mut();
         st.syncing = false;
@@ -419,7 +527,8 @@ impl AppendFile {
 
     /// Cuts the file to `new_len` bytes (≤ len), durably. Waits for in-flight writes
     /// and syncs first. If this future is dropped midway the file is left failed
-    /// (refusing work) rather than inconsistent.
+    /// (refusing work) rather than inconsistent; while it runs, `failed` is set only to
+    /// refuse work, which [`Self::failure`] does not report.
     pub async fn truncate(self: &Rc<Self>, new_len: u64) -> Result<(), Error> {
         let len = self.len();
         assert!(new_len <= len, "truncate beyond end: {new_len} > {len}");
@@ -429,7 +538,9 @@ impl AppendFile {
             let mut st = self.state.borrow_mut();
             st.epoch += 1;
             st.failed = Some("truncation interrupted".into());
+            st.truncating = true;
         }
+        let _truncating = Truncating(&self.state);
         let res = self.truncate_file(new_len).await;
         let mut st = self.state.borrow_mut();
         match res {
@@ -457,6 +568,7 @@ impl AppendFile {
     async fn truncate_file(&self, new_len: u64) -> Result<Vec<u8>, Error> {
         let tail_start = align_down(new_len);
         let tail = if new_len > tail_start {
+            fault::check_io(&self.path, FaultOp::Read)?;
             let r = self
                 .file
                 .read_at_aligned(tail_start, ALIGN as usize)
@@ -474,8 +586,10 @@ impl AppendFile {
     async fn cut_durably(&self, len: u64) -> Result<(), Error> {
         self.sim_begin().map_err(|e| Error::io(&self.path, e))?;
         let res = async {
+            fault::check(&self.path, FaultOp::Sync)?;
             self.file.truncate(len).await?;
-            self.file.fdatasync().await
+            self.file.fdatasync().await?;
+            Ok::<(), std::io::Error>(())
         }
         .await;
         self.sim_end(&res, |h| simdisk::truncated(h, len));
@@ -532,6 +646,16 @@ impl AppendFile {
     }
 }
 
+/// Clears [`State::truncating`] when a truncation ends, also when its future is dropped
+/// (the file then stays failed, and reports it).
+struct Truncating<'a>(&'a RefCell<State>);
+
+impl Drop for Truncating<'_> {
+    fn drop(&mut self) {
+        self.0.borrow_mut().truncating = false;
+    }
+}
+
 /// Writes `data` to `path` durably and atomically (temp file `<name>.tmp`, fdatasync,
 /// rename, directory fsync).
 pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
@@ -551,6 +675,7 @@ pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
 /// fsyncs a directory so that creations, renames and removals in it are durable.
 pub async fn sync_dir(dir: &Path) -> Result<(), Error> {
     simdisk::alive().map_err(|e| Error::io(dir, e))?;
+    fault::check_io(dir, FaultOp::Sync)?;
     let d = glommio::io::Directory::open(dir)
         .await
         .map_err(|e| Error::io(dir, e))?;
@@ -570,4 +695,94 @@ pub async fn remove(path: impl AsRef<Path>) -> std::io::Result<()> {
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Result<()> {
     simdisk::alive()?;
     glommio::io::rename(from, to).await.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fault::FaultRule;
+
+    fn run<Fut: std::future::Future<Output = ()> + 'static>(
+        f: impl FnOnce() -> Fut + Send + 'static,
+    ) {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .io_memory(4 << 20)
+            .spawn(f)
+            .expect("spawn executor")
+            .join()
+            .expect("executor thread");
+    }
+
+    fn tempdir() -> tempfile::TempDir {
+        let base = std::env::var("SLUICE_TEST_TMP")
+            .unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+        tempfile::Builder::new()
+            .prefix("sluice-file-")
+            .tempdir_in(base)
+            .expect("tempdir")
+    }
+
+    /// A fallocate that fails is not retried for the file, and does not fail it: the
+    /// writes extend the file. (A real failure: ext4 refuses to allocate past its
+    /// largest file size, 16 TiB, with EFBIG, before allocating anything.)
+    #[test]
+    fn a_failed_fallocate_is_not_retried_and_writes_go_on() {
+        let d = tempdir();
+        let dir = d.path().to_path_buf();
+        run(move || async move {
+            crate::probe::prime_device(&dir).await.unwrap();
+            let path = dir.join("huge.log");
+            let start = (16u64 << 40) - (1 << 20);
+            let f = AppendFile::open(&path, start, 1 << 16, PREALLOCATE_BYTES)
+                .await
+                .unwrap();
+            f.push(&[1u8; 100]).unwrap();
+            f.sync_all().await.unwrap();
+            let (preallocating, allocated) = {
+                let st = f.state.borrow();
+                (st.preallocating, st.allocated)
+            };
+            if preallocating {
+                // A file system with larger files (XFS): the fallocate worked.
+                assert!(allocated >= start + PREALLOCATE_BYTES);
+            } else {
+                assert_eq!(allocated, start, "nothing was preallocated");
+            }
+            f.push(&[2u8; ALIGN as usize]).unwrap();
+            f.sync_all().await.unwrap();
+            assert_eq!(f.durable_len(), start + 100 + ALIGN);
+            assert_eq!(f.state.borrow().allocated, allocated, "no second try");
+            assert_eq!(f.failure(), None);
+        });
+    }
+
+    /// An injected fault on the fallocate (a Write rule covers it) stops
+    /// preallocation for the file; the write itself then fails too.
+    #[test]
+    fn an_injected_fallocate_fault_stops_preallocation() {
+        let d = tempdir();
+        let dir = d.path().to_path_buf();
+        run(move || async move {
+            crate::probe::prime_device(&dir).await.unwrap();
+            let path = dir.join("p.log");
+            let f = AppendFile::open(&path, 0, 1 << 16, PREALLOCATE_BYTES)
+                .await
+                .unwrap();
+            assert!(f.state.borrow().preallocating);
+            let marker = dir.display().to_string();
+            fault::arm(FaultRule {
+                op: FaultOp::Write,
+                errno: 28,
+                path_contains: marker.clone(),
+            });
+            f.push(&[1u8; 100]).unwrap();
+            let res = f.sync_all().await;
+            fault::disarm(&marker);
+            assert!(matches!(res, Err(Error::Failed(_))), "{res:?}");
+            let st = f.state.borrow();
+            assert!(!st.preallocating);
+            assert_eq!(st.allocated, 0);
+            assert!(st.failed.as_deref().unwrap_or("").contains("os error 28"));
+        });
+    }
 }

@@ -8,6 +8,13 @@
 //! which raft never acknowledged. [`Journal::rewrite`] replaces the whole file
 //! atomically (temporary file, fsync, rename, fsync of the directory) for compaction.
 //!
+//! After a failed append (a write or fdatasync error, ENOSPC included) the journal is
+//! failed: every later append returns [`Error::Failed`], because a partly written
+//! record would hide every record appended after it from the next open (which stops
+//! at the first torn record), and after a failed fdatasync what is on disk is unknown.
+//! Only a successful [`Journal::rewrite`] (which replaces the file) or a reopen clears
+//! it. Every I/O passes the fault-injection hook ([`crate::fault`]) first.
+//!
 //! Blocking std I/O, on purpose: metadata writes are few and small, happen on the
 //! controller shard only, and must not share the data path's DMA machinery. The time
 //! they take is a few fdatasyncs per metadata change.
@@ -16,6 +23,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::fault::{self, FaultOp};
 use crate::Error;
 
 const FILE: &str = "journal";
@@ -29,6 +37,8 @@ pub type JournalRecord = (u8, Vec<u8>);
 pub struct Journal {
     dir: PathBuf,
     file: File,
+    /// Why an append failed, after which the journal refuses appends.
+    failed: Option<String>,
 }
 
 fn io(path: &Path, e: std::io::Error) -> Error {
@@ -49,6 +59,7 @@ impl Journal {
     pub fn open(dir: &Path) -> Result<(Journal, Vec<JournalRecord>), Error> {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let path = dir.join(FILE);
+        fault::check_io(&path, FaultOp::Open)?;
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -56,6 +67,7 @@ impl Journal {
             .open(&path)
             .map_err(|e| io(&path, e))?;
         let mut bytes = Vec::new();
+        fault::check_io(&path, FaultOp::Read)?;
         file.read_to_end(&mut bytes).map_err(|e| io(&path, e))?;
         let mut records = Vec::new();
         let mut pos = 0;
@@ -80,20 +92,34 @@ impl Journal {
                 dropped = bytes.len() - pos,
                 "journal: dropping a torn or corrupt tail"
             );
+            fault::check_io(&path, FaultOp::Write)?;
             file.set_len(pos as u64).map_err(|e| io(&path, e))?;
+            fault::check_io(&path, FaultOp::Sync)?;
             file.sync_all().map_err(|e| io(&path, e))?;
         }
         Ok((
             Journal {
                 dir: dir.to_path_buf(),
                 file,
+                failed: None,
             },
             records,
         ))
     }
 
-    /// Appends `records` and makes them durable.
+    /// Why the journal refuses appends, if it does (see the module docs).
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Appends `records` and makes them durable. An I/O error fails the journal.
     pub fn append(&mut self, records: &[(u8, &[u8])]) -> Result<(), Error> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Failed(format!(
+                "{}: {why}",
+                self.dir.join(FILE).display()
+            )));
+        }
         if records.is_empty() {
             return Ok(());
         }
@@ -108,11 +134,20 @@ impl Journal {
             frame(&mut buf, *kind, payload);
         }
         let path = self.dir.join(FILE);
-        self.file.write_all(&buf).map_err(|e| io(&path, e))?;
-        self.file.sync_data().map_err(|e| io(&path, e))
+        let res = fault::check(&path, FaultOp::Write)
+            .and_then(|()| self.file.write_all(&buf))
+            .and_then(|()| fault::check(&path, FaultOp::Sync))
+            .and_then(|()| self.file.sync_data());
+        res.map_err(|e| {
+            let err = io(&path, e);
+            self.failed = Some(err.to_string());
+            err
+        })
     }
 
-    /// Atomically replaces the journal's contents with `records`.
+    /// Atomically replaces the journal's contents with `records`. A failure before the
+    /// rename leaves the old file in place (and a failed journal failed); one after it
+    /// fails the journal.
     pub fn rewrite(&mut self, records: &[(u8, &[u8])]) -> Result<(), Error> {
         let tmp = self.dir.join("journal.tmp");
         let path = self.dir.join(FILE);
@@ -121,19 +156,40 @@ impl Journal {
             frame(&mut buf, *kind, payload);
         }
         {
+            fault::check_io(&tmp, FaultOp::Open)?;
             let mut f = File::create(&tmp).map_err(|e| io(&tmp, e))?;
+            fault::check_io(&tmp, FaultOp::Write)?;
             f.write_all(&buf).map_err(|e| io(&tmp, e))?;
+            fault::check_io(&tmp, FaultOp::Sync)?;
             f.sync_all().map_err(|e| io(&tmp, e))?;
         }
         std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(&self.dir, e))?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| io(&path, e))?;
-        Ok(())
+        // From here on `self.file` is the replaced file: appends to it would be lost,
+        // so an error fails the journal.
+        let reopened = fault::check_io(&self.dir, FaultOp::Sync)
+            .and_then(|()| {
+                File::open(&self.dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io(&self.dir, e))
+            })
+            .and_then(|()| {
+                OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| io(&path, e))
+            });
+        match reopened {
+            Ok(file) => {
+                self.file = file;
+                // The file holds exactly `records`: whatever a failed append left is gone.
+                self.failed = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                Err(e)
+            }
+        }
     }
 }
 
@@ -175,6 +231,82 @@ mod tests {
             3,
             "the corrupt record and anything after is gone"
         );
+    }
+
+    /// Arms `ops` for paths under `dir` (unique per test: rules are process-global and
+    /// tests run in parallel), disarmed on drop.
+    struct Armed(String);
+
+    impl Armed {
+        fn new(dir: &Path, ops: &[FaultOp]) -> Armed {
+            let marker = dir.display().to_string();
+            for &op in ops {
+                fault::arm(fault::FaultRule {
+                    op,
+                    errno: 28,
+                    path_contains: marker.clone(),
+                });
+            }
+            Armed(marker)
+        }
+    }
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            fault::disarm(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_failed_append_fails_the_journal_until_a_rewrite() {
+        for op in [FaultOp::Write, FaultOp::Sync] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut j, _) = Journal::open(dir.path()).unwrap();
+            j.append(&[(1, b"kept")]).unwrap();
+            let armed = Armed::new(dir.path(), &[op]);
+            let err = j.append(&[(2, b"lost")]).unwrap_err();
+            assert!(err.to_string().contains("os error 28"), "{op:?}: {err}");
+            drop(armed);
+            // The fault is gone; the journal still refuses (a torn record would hide
+            // every later one from the next open).
+            assert!(matches!(j.append(&[(3, b"x")]), Err(Error::Failed(_))));
+            assert!(j.failure().is_some());
+            let (_, recs) = Journal::open(dir.path()).unwrap();
+            assert_eq!(recs[0], (1, b"kept".to_vec()), "{op:?}");
+            // A rewrite replaces the file, and the journal works again.
+            j.rewrite(&[(5, b"snap")]).unwrap();
+            assert_eq!(j.failure(), None);
+            j.append(&[(6, b"after")]).unwrap();
+            drop(j);
+            let (_, recs) = Journal::open(dir.path()).unwrap();
+            assert_eq!(recs, vec![(5, b"snap".to_vec()), (6, b"after".to_vec())]);
+        }
+    }
+
+    #[test]
+    fn open_and_rewrite_faults_fail_and_leave_the_journal_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(dir.path()).unwrap();
+        j.append(&[(1, b"a")]).unwrap();
+        {
+            let _armed = Armed::new(dir.path(), &[FaultOp::Open]);
+            assert!(matches!(Journal::open(dir.path()), Err(Error::Io { .. })));
+        }
+        {
+            let _armed = Armed::new(dir.path(), &[FaultOp::Read]);
+            assert!(matches!(Journal::open(dir.path()), Err(Error::Io { .. })));
+        }
+        {
+            let _armed = Armed::new(dir.path(), &[FaultOp::Write]);
+            assert!(j.rewrite(&[(9, b"z")]).is_err());
+        }
+        // A rewrite that failed before its rename leaves the old file and a usable
+        // journal.
+        assert_eq!(j.failure(), None);
+        j.append(&[(2, b"b")]).unwrap();
+        drop(j);
+        let (_, recs) = Journal::open(dir.path()).unwrap();
+        assert_eq!(recs, vec![(1, b"a".to_vec()), (2, b"b".to_vec())]);
     }
 
     #[test]

@@ -13,17 +13,26 @@
 //!
 //! On-disk layout of a partition directory `<data>/<topic>-<partition>/`:
 //! - `<base offset, 20 digits>.log` — concatenated v2 batches ([`batch`] documents the
-//!   header); may end in zero padding up to a 4 KiB page while it is the active segment.
+//!   header); while it is the active segment it may end in zeros: padding up to a 4 KiB
+//!   page and space preallocated ahead of the writes, in steps that grow from 1 MiB to
+//!   [`file::PREALLOCATE_BYTES`] (32 MiB) with the file. Sealing trims both.
 //! - `<base>.index`, `<base>.timeindex`, `<base>.txnindex` — see [`index`].
 //! - `<offset, 20 digits>.snapshot` — producer state valid below `offset`; format in
 //!   [`producer`], when they are written in [`log`].
 //! - `partition.meta` — `log_start_offset=N` lines, written atomically; see [`log`].
 //!
 //! Recovery is described as a table of cases in [`segment`].
+//!
+//! I/O errors: an error on a partition's file leaves that file's state unknown, so the
+//! file ([`file::AppendFile`]) and its log ([`PartitionLog::failure`]) are failed from
+//! then on and refuse all work with [`Error::Failed`]; nothing a failed sync covered is
+//! acknowledged. The owner drops the log and opens it again (recovery re-reads the
+//! files) once the cause is gone. [`fault`] injects such errors per path, for tests.
 
 pub mod batch;
 pub mod cache;
 pub mod compact;
+pub mod fault;
 pub mod file;
 pub mod index;
 pub mod journal;

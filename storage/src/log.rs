@@ -28,6 +28,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
 use std::time::Duration;
@@ -39,6 +40,7 @@ use glommio::io::DmaFile;
 use crate::batch::{self, BatchError};
 use crate::cache::{CachedBatch, LogId, TailCache};
 use crate::compact::{self, AbortedSet, Filtered, KeyMap, MarkerTracker};
+use crate::fault::{self, FaultOp};
 use crate::file;
 use crate::index::AbortedTxn;
 use crate::producer::{
@@ -203,6 +205,7 @@ impl ReadHandles {
 }
 
 async fn open_read(path: &Path) -> Result<Rc<DmaFile>, Error> {
+    fault::check_io(path, FaultOp::Open)?;
     Ok(Rc::new(
         glommio::io::OpenOptions::new()
             .read(true)
@@ -294,7 +297,7 @@ impl Storage {
         let found = recover_dir(&dir, self, &config, &mut report).await?;
         let log_start = found.log_start;
         let segments = found.segments;
-        let clean_offset = read_meta_key(&dir, "clean_offset")
+        let clean_offset = read_meta_key(&dir, "clean_offset")?
             .unwrap_or(0)
             .max(log_start);
         let id = self.next_id.get();
@@ -315,6 +318,7 @@ impl Storage {
             append_event: Event::new(),
             last_flush_ms: Cell::new(self.now_ms()),
             closed: Cell::new(false),
+            failure: RefCell::new(None),
             swapping: Cell::new(None),
             compacting: Cell::new(false),
             meta_writing: Cell::new(false),
@@ -331,9 +335,15 @@ impl Storage {
         Ok((log, report))
     }
 
-    /// Closes `log` and deletes its directory.
+    /// Closes `log` and deletes its directory. A failed log (see
+    /// [`PartitionLog::failure`]) is deleted too: deleting a topic must free its space
+    /// even when its disk is full or failing.
     pub async fn delete_log(&self, log: &Rc<PartitionLog>) -> Result<(), Error> {
-        log.close().await?;
+        if let Err(e) = log.close().await {
+            if log.failure().is_none() {
+                return Err(e);
+            }
+        }
         self.cache.borrow_mut().invalidate(log.id);
         let bases: Vec<i64> = log
             .state
@@ -359,26 +369,47 @@ impl Storage {
             .collect()
     }
 
-    /// One retention pass over every open log of this shard.
-    pub async fn enforce_retention(&self) -> Result<u32, Error> {
-        let mut deleted = 0;
-        for log in self.live_logs() {
-            if !log.closed.get() {
-                deleted += log.enforce_retention().await?;
-            }
-        }
-        Ok(deleted)
+    /// The open logs a background pass works on: failed ones are left alone (the
+    /// broker reopens them), so one failed partition neither stops the pass for the
+    /// others nor floods the log with its error.
+    fn working_logs(&self) -> Vec<Rc<PartitionLog>> {
+        self.live_logs()
+            .into_iter()
+            .filter(|l| !l.closed.get() && l.failure().is_none())
+            .collect()
     }
 
-    /// One compaction pass over every open log with `cleanup.policy` compact.
-    pub async fn compact_all(&self) -> Result<u32, Error> {
-        let mut cleaned = 0;
-        for log in self.live_logs() {
-            if !log.closed.get() && log.compact().await?.is_some() {
-                cleaned += 1;
+    /// One retention pass over every open log of this shard that is not failed. A log
+    /// whose pass fails does not stop the others; the first error is returned after.
+    pub async fn enforce_retention(&self) -> Result<u32, Error> {
+        let mut deleted = 0;
+        let mut first_err = None;
+        for log in self.working_logs() {
+            match log.enforce_retention().await {
+                Ok(n) => deleted += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        Ok(cleaned)
+        first_err.map_or(Ok(deleted), Err)
+    }
+
+    /// One compaction pass over every open log with `cleanup.policy` compact that is
+    /// not failed; errors as in [`Storage::enforce_retention`].
+    pub async fn compact_all(&self) -> Result<u32, Error> {
+        let mut cleaned = 0;
+        let mut first_err = None;
+        for log in self.working_logs() {
+            match log.compact().await {
+                Ok(Some(_)) => cleaned += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(cleaned), Err)
     }
 
     /// Forgets, in every open log, the producers idle for longer than the log's
@@ -413,17 +444,21 @@ impl Storage {
         }
     }
 
-    /// Syncs every log whose `flush.ms` interval has elapsed.
+    /// Syncs every log (not failed) whose `flush.ms` interval has elapsed; errors as
+    /// in [`Storage::enforce_retention`].
     pub async fn flush_due(&self) -> Result<(), Error> {
         let now = self.now_ms();
-        for log in self.live_logs() {
+        let mut first_err = None;
+        for log in self.working_logs() {
             if let FlushPolicy::IntervalMs(ms) = log.config().flush {
-                if !log.closed.get() && now - log.last_flush_ms.get() >= ms as i64 {
-                    log.flush().await?;
+                if now - log.last_flush_ms.get() >= ms as i64 {
+                    if let Err(e) = log.flush().await {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Spawns the background retention-compaction-and-producer-expiry and interval-flush loops on a low-share task
@@ -544,6 +579,9 @@ pub struct PartitionLog {
     append_event: Event,
     last_flush_ms: Cell<i64>,
     closed: Cell<bool>,
+    /// The first I/O error of the log (see [`PartitionLog::failure`]); it refuses all
+    /// work from then on.
+    failure: RefCell<Option<String>>,
     /// The closed segment whose files compaction is swapping right now.
     swapping: Cell<Option<i64>>,
     /// A compaction pass is running (one at a time per log).
@@ -677,6 +715,73 @@ impl PartitionLog {
             .collect()
     }
 
+    /// Why the log is failed, if it is: an I/O error on one of its files (a write or
+    /// sync of the active segment, a read of any segment, index, snapshot or
+    /// `partition.meta`, a write of a snapshot, index or `partition.meta`, a directory
+    /// sync) left the state of that file unknown. From then on every method that does
+    /// I/O answers [`Error::Failed`] (or the [`Error::Io`] that caused it) and nothing is
+    /// acknowledged, and the active segment's files start no more writes. A failure is
+    /// never cleared: drop the log (every `Rc` of it) and open it again
+    /// ([`Storage::open_log`], which re-reads the files: recovery) once the cause is
+    /// gone. The broker polls this to take the partition offline.
+    pub fn failure(&self) -> Option<String> {
+        if let Some(cause) = self.failure.borrow().as_ref() {
+            return Some(cause.clone());
+        }
+        self.files_failure()
+    }
+
+    /// A failure of the active segment's files (a write or sync that failed in the
+    /// background, seen before any caller reported it).
+    fn files_failure(&self) -> Option<String> {
+        let st = self.state.borrow();
+        st.active().active.as_ref()?.failure()
+    }
+
+    /// Runs `work` (a public method's body) unless the log is failed, and fails the log
+    /// if `work` meets an I/O error.
+    async fn guarded<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        if let Some(cause) = self.failure() {
+            return Err(Error::Failed(cause));
+        }
+        let res = work.await;
+        if let Err(e) = &res {
+            self.note_failure(e);
+        }
+        res
+    }
+
+    /// Records the first I/O error as the log's failure. [`Error::Failed`] comes from a
+    /// failed file: an active segment's (which [`Self::files_failure`] names), a temp
+    /// file's (a snapshot, an index, `partition.meta`, a compaction's output), or from
+    /// an active segment's file refusing work while a truncation runs, which is no
+    /// failure.
+    fn note_failure(&self, e: &Error) {
+        let cause = match e {
+            Error::Io { .. } => Some(e.to_string()),
+            Error::Failed(msg) => self.files_failure().or_else(|| {
+                let st = self.state.borrow();
+                let truncating = st.active().active.as_ref().is_some_and(|a| a.truncating());
+                (!truncating).then(|| msg.clone())
+            }),
+            _ => None,
+        };
+        let Some(cause) = cause else { return };
+        if self.failure.borrow().is_some() {
+            return;
+        }
+        tracing::debug!(log = %self.name, cause, "log failed");
+        // The active files stop changing (a write still pending would otherwise land
+        // while recovery of a reopened log reads the file).
+        if let Some(a) = self.state.borrow().active().active.as_ref() {
+            a.fail(&cause);
+        }
+        *self.failure.borrow_mut() = Some(cause);
+        // Nothing is served from a failed log: free its cached batches.
+        self.storage.cache.borrow_mut().invalidate(self.id);
+        self.append_event.notify(usize::MAX);
+    }
+
     fn check_open(&self) -> Result<(), Error> {
         if self.closed.get() {
             Err(Error::Closed)
@@ -713,6 +818,9 @@ impl PartitionLog {
             if self.log_end_offset() > offset {
                 return true;
             }
+            if self.failure.borrow().is_some() {
+                return false;
+            }
             let listener = self.listen_appends();
             if self.log_end_offset() > offset {
                 return true;
@@ -744,7 +852,7 @@ impl PartitionLog {
     pub async fn append(&self, batch: &[u8], leader_epoch: i32) -> Result<AppendInfo, Error> {
         self.check_size(batch)?;
         let header = batch::validate(batch, true)?;
-        self.append_validated(batch, header, leader_epoch, true)
+        self.guarded(self.append_validated(batch, header, leader_epoch, true))
             .await
     }
 
@@ -773,7 +881,10 @@ impl PartitionLog {
     /// The transaction rule (no plain batch while the producer's transaction is open)
     /// is [`Self::append_judged`]'s; this one, which predates it, lets such a batch in.
     pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
-        match self.append_client(batch, leader_epoch, false).await? {
+        match self
+            .guarded(self.append_client(batch, leader_epoch, false))
+            .await?
+        {
             Judged::Appended(info) => Ok(Checked::Appended(info)),
             Judged::Duplicate(meta) => Ok(Checked::Duplicate(meta)),
             Judged::Refused(e) => unreachable!("the transaction rule is off: {e}"),
@@ -784,7 +895,8 @@ impl PartitionLog {
     /// open transaction may only write transactional batches
     /// ([`Judged::Refused`] with [`TxnError::NotTransactional`] otherwise).
     pub async fn append_judged(&self, batch: &[u8], leader_epoch: i32) -> Result<Judged, Error> {
-        self.append_client(batch, leader_epoch, true).await
+        self.guarded(self.append_client(batch, leader_epoch, true))
+            .await
     }
 
     async fn append_client(
@@ -831,7 +943,7 @@ impl PartitionLog {
             epoch: producer_epoch,
             coordinator_epoch,
         };
-        self.append_inner(&bytes, header, leader_epoch, true, judge)
+        self.guarded(self.append_inner(&bytes, header, leader_epoch, true, judge))
             .await
     }
 
@@ -840,7 +952,7 @@ impl PartitionLog {
     /// the log end. Its producer state (markers included) is recorded unchecked.
     pub async fn append_with_offsets(&self, batch: &[u8]) -> Result<AppendInfo, Error> {
         let header = batch::validate(batch, false)?;
-        self.append_validated(batch, header, header.leader_epoch, false)
+        self.guarded(self.append_validated(batch, header, header.leader_epoch, false))
             .await
     }
 
@@ -937,10 +1049,12 @@ impl PartitionLog {
             let data = owned.freeze();
             let h = batch::BatchHeader::parse(&data)?;
             let seg = st.active_mut();
-            let position = seg.size;
-            seg.track_batch(&h, position, data.len() as u64, config.index_interval_bytes);
             let files = seg.active.as_ref().expect("active segment has files");
             let log_file = files.log.clone();
+            // A failed file refuses the push: refuse before the segment counts the batch.
+            log_file.check_failed()?;
+            let position = seg.size;
+            seg.track_batch(&h, position, data.len() as u64, config.index_interval_bytes);
             let target = log_file.push_bytes(data.clone())?;
             assert_eq!(target, seg.size, "appended position is the segment size");
             if let Some(done) = self.producers.borrow_mut().apply(&h, &data) {
@@ -997,6 +1111,10 @@ impl PartitionLog {
 
     /// Forces a roll now (if the active segment is not empty).
     pub async fn roll(&self) -> Result<(), Error> {
+        self.guarded(self.roll_unguarded()).await
+    }
+
+    async fn roll_unguarded(&self) -> Result<(), Error> {
         let _guard = self.lock().await;
         if !self.state.borrow().active().is_empty() {
             self.roll_locked().await?;
@@ -1071,6 +1189,10 @@ impl PartitionLog {
     /// lacks (Kafka's truncate-fully-and-start-at); crash-safe like a roll followed by
     /// `delete_records_before` (recovery keeps an empty last segment, R10).
     pub async fn reset_to(&self, offset: i64) -> Result<(), Error> {
+        self.guarded(self.reset_to_unguarded(offset)).await
+    }
+
+    async fn reset_to_unguarded(&self, offset: i64) -> Result<(), Error> {
         self.check_open()?;
         if offset <= self.log_end_offset() {
             return Err(Error::Config(format!(
@@ -1236,8 +1358,10 @@ impl PartitionLog {
             None => self.segment_file(base, &seg_path, generation).await?,
         };
         let head = match file {
-            Some(f) => f.read_at(position, batch::HEADER_BYTES).await.ok(),
-            None => None,
+            Some(f) if fault::check(&seg_path, FaultOp::Read).is_ok() => {
+                f.read_at(position, batch::HEADER_BYTES).await.ok()
+            }
+            _ => None,
         };
         let plausible = head
             .and_then(|h| batch::BatchHeader::parse(&h).ok())
@@ -1317,6 +1441,10 @@ impl PartitionLog {
     /// Makes everything appended so far durable (group-committed fdatasync), then
     /// writes the index entries that now point into durable bytes.
     pub async fn flush(&self) -> Result<(), Error> {
+        self.guarded(self.flush_unguarded()).await
+    }
+
+    async fn flush_unguarded(&self) -> Result<(), Error> {
         let file = {
             let st = self.state.borrow();
             st.active().active.as_ref().map(|a| a.log.clone())
@@ -1342,6 +1470,10 @@ impl PartitionLog {
     /// Waits until appends so far are as durable as the topic's flush policy asks
     /// before acknowledging: synced for `always`, nothing more for an interval.
     pub async fn flush_for_ack(&self) -> Result<(), Error> {
+        self.guarded(self.flush_for_ack_unguarded()).await
+    }
+
+    async fn flush_for_ack_unguarded(&self) -> Result<(), Error> {
         match self.config.borrow().flush {
             FlushPolicy::Always => {}
             FlushPolicy::IntervalMs(_) => return Ok(()),
@@ -1353,6 +1485,16 @@ impl PartitionLog {
     /// one batch when one exists, and none at or beyond `max_offset` (exclusive; pass
     /// the high watermark, or `None` for the log end).
     pub async fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: Option<i64>,
+    ) -> Result<ReadResult, Error> {
+        self.guarded(self.read_unguarded(offset, max_bytes, max_offset))
+            .await
+    }
+
+    async fn read_unguarded(
         &self,
         offset: i64,
         max_bytes: usize,
@@ -1469,7 +1611,12 @@ impl PartitionLog {
         if let Some(f) = self.storage.handles.borrow_mut().lookup(path, generation) {
             return Ok(Some(f));
         }
-        let f = open_read(path).await?;
+        let f = match open_read(path).await {
+            Ok(f) => f,
+            // Retention or compaction removed or replaced it meanwhile: look again.
+            Err(_) if !self.segment_unchanged(base, generation) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         // The open may have raced a swap of this path: only trust it if nothing moved.
         if self.swapping.get() == Some(base) || !self.segment_unchanged(base, generation) {
             return Ok(None);
@@ -1492,6 +1639,14 @@ impl PartitionLog {
     /// timestamp; `None` if every record is older. (For compressed batches the batch's
     /// first offset and max timestamp stand in for the record's.)
     pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, Error> {
+        self.guarded(self.offset_for_timestamp_unguarded(timestamp))
+            .await
+    }
+
+    async fn offset_for_timestamp_unguarded(
+        &self,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>, Error> {
         let start = {
             let st = self.state.borrow();
             let seg = st.segments.iter().find(|s| s.max_timestamp >= timestamp);
@@ -1530,6 +1685,10 @@ impl PartitionLog {
     /// Removes every offset at or after `offset` (rounded down to the start of the batch
     /// containing it). For followers whose log diverged from their leader's.
     pub async fn truncate_to(&self, offset: i64) -> Result<(), Error> {
+        self.guarded(self.truncate_to_unguarded(offset)).await
+    }
+
+    async fn truncate_to_unguarded(&self, offset: i64) -> Result<(), Error> {
         self.check_open()?;
         let _guard = self.lock().await;
         let (log_start, log_end) = (self.log_start_offset(), self.log_end_offset());
@@ -1651,6 +1810,7 @@ impl PartitionLog {
         file.wait_written(end).await?;
         let mut next = base;
         while pos < end {
+            fault::check_io(file.path(), FaultOp::Read)?;
             let head = file
                 .dma_file()
                 .read_at(pos, batch::HEADER_BYTES)
@@ -1676,6 +1836,11 @@ impl PartitionLog {
     /// Advances the log start offset to `offset` (Kafka DeleteRecords) and deletes the
     /// segments wholly below it. `offset` must not pass the log end.
     pub async fn delete_records_before(&self, offset: i64) -> Result<i64, Error> {
+        self.guarded(self.delete_records_before_unguarded(offset))
+            .await
+    }
+
+    async fn delete_records_before_unguarded(&self, offset: i64) -> Result<i64, Error> {
         self.check_open()?;
         let log_end = self.log_end_offset();
         if offset > log_end || offset < 0 {
@@ -1771,6 +1936,10 @@ impl PartitionLog {
     /// Deletes closed segments past `retention.ms` (by their newest timestamp) or
     /// beyond `retention.bytes`, oldest first; never the active segment.
     pub async fn enforce_retention(&self) -> Result<u32, Error> {
+        self.guarded(self.enforce_retention_unguarded()).await
+    }
+
+    async fn enforce_retention_unguarded(&self) -> Result<u32, Error> {
         let cfg = self.config();
         if !cfg.cleanup_delete {
             return Ok(0);
@@ -1827,6 +1996,10 @@ impl PartitionLog {
     /// swapped in atomically (see `swap_cleaned`); appends are never blocked.
     /// Returns `None` when there was nothing to do.
     pub async fn compact(&self) -> Result<Option<CompactStats>, Error> {
+        self.guarded(self.compact_unguarded()).await
+    }
+
+    async fn compact_unguarded(&self) -> Result<Option<CompactStats>, Error> {
         let cfg = self.config();
         if !cfg.cleanup_compact || self.closed.get() || self.compacting.get() {
             return Ok(None);
@@ -2103,10 +2276,23 @@ impl PartitionLog {
     }
 
     /// Flushes, writes the indexes in full and stops accepting work.
+    ///
+    /// A failed log is only marked closed (nothing is written: its files' state is
+    /// unknown) and answers [`Error::Failed`]; recovery sorts its files out when it is
+    /// opened again.
     pub async fn close(&self) -> Result<(), Error> {
         if self.closed.get() {
             return Ok(());
         }
+        if let Some(cause) = self.failure() {
+            self.closed.set(true);
+            self.storage.cache.borrow_mut().invalidate(self.id);
+            return Err(Error::Failed(cause));
+        }
+        self.guarded(self.close_unguarded()).await
+    }
+
+    async fn close_unguarded(&self) -> Result<(), Error> {
         let _guard = self.lock().await;
         self.closed.set(true);
         let files = {
@@ -2332,7 +2518,7 @@ async fn recover_dir(
         }
     }
     let mut segments = kept;
-    let checkpoint = read_meta(dir);
+    let checkpoint = read_meta(dir)?;
     if segments.is_empty() {
         // R14: a new log starts at its checkpointed start (0 for a new partition).
         let base = checkpoint.unwrap_or(0).max(0);
@@ -2360,13 +2546,23 @@ async fn recover_dir(
     })
 }
 
-fn read_meta_key(dir: &Path, key: &str) -> Option<i64> {
-    let text = std::fs::read_to_string(dir.join(META_FILE)).ok()?;
-    text.lines()
+/// The value of `key` in `partition.meta`; `None` if the file or the key is missing
+/// (or unparsable). A file that exists but cannot be read fails the open: guessing
+/// the log start would serve records DeleteRecords or retention removed.
+fn read_meta_key(dir: &Path, key: &str) -> Result<Option<i64>, Error> {
+    let path = dir.join(META_FILE);
+    fault::check_io(&path, FaultOp::Read)?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    Ok(text
+        .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|v| v.trim().parse().ok()))
 }
 
-fn read_meta(dir: &Path) -> Option<i64> {
+fn read_meta(dir: &Path) -> Result<Option<i64>, Error> {
     read_meta_key(dir, "log_start_offset")
 }

@@ -53,6 +53,7 @@ use bytes::Bytes;
 use glommio::io::DmaFile;
 
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
+use crate::fault::{self, FaultOp};
 use crate::file::{self, AppendFile};
 use crate::index::{
     OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, TxnIndex, ABORTED_TXN_BYTES,
@@ -131,6 +132,28 @@ pub struct ActiveFiles {
     time: Rc<AppendFile>,
     index_persisted: usize,
     time_persisted: usize,
+}
+
+impl ActiveFiles {
+    /// The first of the three files found failed, with its cause.
+    pub fn failure(&self) -> Option<String> {
+        self.log
+            .failure()
+            .or_else(|| self.index.failure())
+            .or_else(|| self.time.failure())
+    }
+
+    /// Fails the three files (see [`AppendFile::fail`]).
+    pub fn fail(&self, cause: &str) {
+        self.log.fail(cause);
+        self.index.fail(cause);
+        self.time.fail(cause);
+    }
+
+    /// One of the three files is being truncated (and refuses work meanwhile).
+    pub fn truncating(&self) -> bool {
+        self.log.truncating() || self.index.truncating() || self.time.truncating()
+    }
 }
 
 pub struct Segment {
@@ -362,6 +385,7 @@ impl Segment {
     ) -> Result<(Segment, Recovered), Error> {
         let mut seg = Segment::empty(dir, base_offset, now_ms);
         let log_path = seg.path("log");
+        fault::check_io(&log_path, FaultOp::Open)?;
         let file = glommio::io::OpenOptions::new()
             .read(true)
             .dma_open(&log_path)
@@ -403,7 +427,7 @@ impl Segment {
         // R7: trust the last entry only if it points at a valid batch of its offset.
         let mut start: Option<(OffsetEntry, BatchHeader)> = None;
         while let Some(e) = index.last() {
-            if let Some(h) = batch_at(&file, u64::from(e.position), file_len).await? {
+            if let Some(h) = batch_at(&file, &log_path, u64::from(e.position), file_len).await? {
                 if h.base_offset == base_offset + i64::from(e.relative_offset) {
                     start = Some((e, h));
                     break;
@@ -444,6 +468,7 @@ impl Segment {
         let truncated = valid_end < file_len;
         if truncated {
             report.truncated_bytes += file_len - valid_end;
+            fault::check_io(&log_path, FaultOp::Sync)?;
             let f = glommio::io::OpenOptions::new()
                 .write(true)
                 .dma_open(&log_path)
@@ -514,6 +539,7 @@ impl Segment {
         const WINDOW: u64 = 1 << 20;
         while pos < file_len {
             let want = (file_len - pos).min(WINDOW);
+            fault::check_io(&self.path("log"), FaultOp::Read)?;
             let buf = file
                 .read_at(pos, want as usize)
                 .await
@@ -538,6 +564,7 @@ impl Segment {
                 let bytes: &[u8] = if total <= rest.len() {
                     &rest[..total]
                 } else if !progressed && at == 0 {
+                    fault::check_io(&self.path("log"), FaultOp::Read)?;
                     owned = file
                         .read_at(batch_pos, total)
                         .await
@@ -662,6 +689,7 @@ impl IndexFiles {
 
 /// Reads a whole small file (an index, a snapshot), or `None` if it does not exist.
 pub(crate) async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+    fault::check_io(path, FaultOp::Open)?;
     let f = match glommio::io::OpenOptions::new()
         .read(true)
         .dma_open(path)
@@ -676,6 +704,7 @@ pub(crate) async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
             return Err(Error::io(path, io));
         }
     };
+    fault::check_io(path, FaultOp::Read)?;
     let len = f.file_size().await.map_err(|e| Error::io(path, e))?;
     let out = if len == 0 {
         Vec::new()
@@ -690,14 +719,20 @@ pub(crate) async fn read_whole(path: &Path) -> Result<Option<Vec<u8>>, Error> {
 }
 
 /// The header of the valid batch at `pos`, if there is one.
-async fn batch_at(file: &DmaFile, pos: u64, file_len: u64) -> Result<Option<BatchHeader>, Error> {
+async fn batch_at(
+    file: &DmaFile,
+    path: &Path,
+    pos: u64,
+    file_len: u64,
+) -> Result<Option<BatchHeader>, Error> {
     if pos + HEADER_BYTES as u64 > file_len {
         return Ok(None);
     }
+    fault::check_io(path, FaultOp::Read)?;
     let head = file
         .read_at(pos, HEADER_BYTES)
         .await
-        .map_err(|e| Error::io(Path::new("segment"), e))?;
+        .map_err(|e| Error::io(path, e))?;
     let Some(total) = batch::peek_total_bytes(&head) else {
         return Ok(None);
     };
@@ -707,7 +742,7 @@ async fn batch_at(file: &DmaFile, pos: u64, file_len: u64) -> Result<Option<Batc
     let bytes = file
         .read_at(pos, total)
         .await
-        .map_err(|e| Error::io(Path::new("segment"), e))?;
+        .map_err(|e| Error::io(path, e))?;
     Ok(batch::validate(&bytes, false).ok())
 }
 
@@ -725,6 +760,7 @@ pub struct ReadSpan {
 }
 
 /// Reads the batches `span` describes. Every batch is CRC-checked after the read.
+/// An armed read fault ([`crate::fault`]) fails it before any I/O.
 ///
 /// Under the crash simulation a read fails once the simulated process has crashed,
 /// also one that was under way then: the crash rewrote the files to what the disk
@@ -736,6 +772,7 @@ pub async fn read_batches(
     span: ReadSpan,
 ) -> Result<Vec<Bytes>, Error> {
     crate::simdisk::alive().map_err(|e| Error::io(path, e))?;
+    fault::check_io(path, FaultOp::Read)?;
     let out = read_batches_unchecked(file, path, span).await;
     crate::simdisk::alive().map_err(|e| Error::io(path, e))?;
     out

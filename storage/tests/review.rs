@@ -7,7 +7,8 @@ mod common;
 use common::*;
 
 /// Index files of the active segment grow with their entries: only `.log` files are
-/// preallocated (in 32 MiB steps), so an index never claims megabytes of zeros.
+/// preallocated (in steps growing from 1 MiB to 32 MiB), so an index never claims
+/// megabytes of zeros.
 #[test]
 fn index_files_are_not_preallocated() {
     let d = tempdir();

@@ -17,34 +17,13 @@ use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
 
+pub use sluice_storage::file::{space_of, Space};
+
 use crate::config::DiskMinimum;
 use crate::error::ApiError;
 
 /// How often a shard samples the free space.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
-
-/// A file system's size and the bytes an unprivileged writer may still use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Space {
-    pub free: u64,
-    pub total: u64,
-}
-
-/// The space of the file system holding `dir`.
-pub fn space_of(dir: &Path) -> std::io::Result<Space> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let unit = st.f_frsize as u64;
-    Ok(Space {
-        free: st.f_bavail as u64 * unit,
-        total: st.f_blocks as u64 * unit,
-    })
-}
 
 /// One shard's view of the data directory's free space.
 pub struct DiskWatch {
@@ -121,11 +100,13 @@ impl DiskWatch {
     }
 
     /// Admits an append of `bytes` to a user partition, or refuses it with
-    /// KAFKA_STORAGE_ERROR while the free space is below the minimum.
+    /// KAFKA_STORAGE_ERROR while the free space is below the minimum. (An append
+    /// admitted just above the minimum may end below it: the minimum is a threshold,
+    /// and the reserve under it is far larger than one request.)
     pub fn admit(&self, bytes: usize) -> Result<(), ApiError> {
         let minimum = self.threshold();
         let free = self.space().free;
-        if free < minimum.saturating_add(bytes as u64) && minimum > 0 {
+        if free < minimum {
             self.refused.set(self.refused.get() + 1);
             if !self.low.replace(true) {
                 tracing::error!(
@@ -166,7 +147,8 @@ mod tests {
         let free = space_of(dir.path()).unwrap().free;
         const MIB: u64 = 1 << 20;
         assert!(free > 128 * MIB, "the test needs some free space");
-        // A minimum 64 MiB below the free space: 64 MiB more are admitted, then nothing.
+        // A minimum 64 MiB below the free space: appends are admitted until the free
+        // space (less what was admitted) is below it.
         // (Wide margins: other tests write to this disk meanwhile.)
         let total = space_of(dir.path()).unwrap().total;
         let minimum = DiskMinimum {
@@ -177,8 +159,10 @@ mod tests {
         let w = DiskWatch::new(dir.path(), minimum);
         w.admit(40 << 20).unwrap();
         w.admit(16 << 20).unwrap();
+        // 8 MiB above the minimum: admitted, and then the space is below it.
+        w.admit(16 << 20).unwrap();
         assert!(!w.low());
-        let e = w.admit(16 << 20).unwrap_err();
+        let e = w.admit(1).unwrap_err();
         assert_eq!(e.code, ResponseError::KafkaStorageError);
         assert!(
             e.message

@@ -183,6 +183,8 @@ async fn run_shard(
         }),
     );
     glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker))).detach();
+    // Space preallocated ahead of segment writes stays out of the reserve.
+    sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
     glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();
     glommio::spawn_local(offline_tender(Rc::downgrade(&broker))).detach();
     if let (0, Some(path)) = (shard.0, broker.config.fault_rules.clone()) {

@@ -25,6 +25,7 @@
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::collections::VecDeque;
 
@@ -102,6 +103,42 @@ pub const PREALLOCATE_BYTES: u64 = 32 << 20;
 
 /// The first preallocation step of a file (see [`PREALLOCATE_BYTES`]).
 pub const PREALLOCATE_FIRST_BYTES: u64 = 1 << 20;
+
+/// The free bytes preallocation leaves on the file system (0: no floor); see
+/// [`keep_free_when_preallocating`].
+static PREALLOCATE_KEEP_FREE: AtomicU64 = AtomicU64::new(0);
+
+/// Preallocation never takes the file system's free space below `bytes` (process-wide;
+/// the broker passes its free-space minimum). A step that would is skipped — the write
+/// extends the file by what it writes instead — and the next step tries again, so space
+/// reserved ahead of one busy segment cannot eat the reserve kept for metadata and the
+/// internal topics.
+pub fn keep_free_when_preallocating(bytes: u64) {
+    PREALLOCATE_KEEP_FREE.store(bytes, Ordering::Relaxed);
+}
+
+/// A file system's size and the bytes an unprivileged writer may still use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Space {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The space of the file system holding `path` (`statvfs`: no I/O).
+pub fn space_of(path: &Path) -> std::io::Result<Space> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let unit = st.f_frsize as u64;
+    Ok(Space {
+        free: st.f_bavail as u64 * unit,
+        total: st.f_blocks as u64 * unit,
+    })
+}
 
 /// How far to preallocate beyond `allocated` bytes for a file whose steps go up to
 /// `max_step` (0: never): doubling from [`PREALLOCATE_FIRST_BYTES`] up to `max_step`.
@@ -358,14 +395,16 @@ impl AppendFile {
         let write_end = next.pos + next.buf.len() as u64;
         let grow_to = (st.preallocating && write_end > st.allocated).then(|| {
             let step = preallocate_step(st.allocated, self.preallocate_bytes);
-            align_up(write_end.max(st.allocated + step))
+            let size = align_up(write_end.max(st.allocated + step));
+            (size, size - st.allocated)
         });
         let epoch = st.epoch;
         let this = self.clone();
         glommio::spawn_local(async move { this.run_write(next, grow_to, epoch).await }).detach();
     }
 
-    async fn run_write(self: Rc<Self>, next: Prepared, grow_to: Option<u64>, epoch: u64) {
+    /// `grow_to`: preallocate up to this size first, growing the file by that much.
+    async fn run_write(self: Rc<Self>, next: Prepared, grow_to: Option<(u64, u64)>, epoch: u64) {
         if let Err(e) = self.sim_gate().await {
             {
                 let mut st = self.state.borrow_mut();
@@ -375,8 +414,8 @@ impl AppendFile {
             self.written_event.notify(usize::MAX);
             return;
         }
-        if let Some(size) = grow_to {
-            self.preallocate(size).await;
+        if let Some((size, grow)) = grow_to {
+            self.preallocate(size, grow).await;
         }
         let Prepared { buf, pos, end } = next;
         let expected = buf.len();
@@ -412,10 +451,19 @@ impl AppendFile {
         self.written_event.notify(usize::MAX);
     }
 
-    /// Best effort: reserves the file up to `size` bytes. On failure (ENOSPC, or a
-    /// file system without fallocate) the writes extend the file instead, and this
-    /// file stops trying.
-    async fn preallocate(&self, size: u64) {
+    /// Best effort: reserves the file up to `size` bytes (`grow` more than now). On
+    /// failure (ENOSPC, or a file system without fallocate) the writes extend the file
+    /// instead, and this file stops trying; a step that would pass the free-space floor
+    /// is skipped. (The state is not borrowed here: this may run inline in the spawner,
+    /// which holds it.)
+    async fn preallocate(&self, size: u64, grow: u64) {
+        let floor = PREALLOCATE_KEEP_FREE.load(Ordering::Relaxed);
+        if floor > 0 {
+            match space_of(&self.path) {
+                Ok(s) if s.free >= floor.saturating_add(grow) => {}
+                _ => return,
+            }
+        }
         let res = match self.injected(FaultOp::Write).await {
             Ok(()) => self
                 .file

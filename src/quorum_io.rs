@@ -724,6 +724,19 @@ pub fn image_of(
     }
 }
 
+/// The exit code of a broker whose metadata quorum I/O failed (EX_IOERR of sysexits.h).
+pub const EXIT_QUORUM_IO: i32 = 74;
+
+/// Ends the process after a failed write of the metadata journal, with the cause on
+/// stderr and [`EXIT_QUORUM_IO`]: the node cannot take part in the quorum without it.
+fn exit_on_quorum_io_failure(cause: &str) -> ! {
+    tracing::error!(error = %cause, "persisting the metadata log failed; exiting");
+    eprintln!(
+        "sluice: fatal: writing the metadata journal failed ({cause}); exiting with code {EXIT_QUORUM_IO} so that a supervisor restarts the broker once the disk is fixed"
+    );
+    std::process::exit(EXIT_QUORUM_IO)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -739,17 +752,4 @@ mod tests {
         assert!(parse_quorum("0@127.0.0.1:1").is_err());
         assert!(parse_quorum("").is_err());
     }
-}
-
-/// The exit code of a broker whose metadata quorum I/O failed (EX_IOERR of sysexits.h).
-pub const EXIT_QUORUM_IO: i32 = 74;
-
-/// Ends the process after a failed write of the metadata journal, with the cause on
-/// stderr and [`EXIT_QUORUM_IO`]: the node cannot take part in the quorum without it.
-fn exit_on_quorum_io_failure(cause: &str) -> ! {
-    tracing::error!(error = %cause, "persisting the metadata log failed; exiting");
-    eprintln!(
-        "sluice: fatal: writing the metadata journal failed ({cause}); exiting with code {EXIT_QUORUM_IO} so that a supervisor restarts the broker once the disk is fixed"
-    );
-    std::process::exit(EXIT_QUORUM_IO)
 }

@@ -68,8 +68,9 @@ pub struct Outcome {
     pub seconds: f64,
     pub produce_latency_us: Histogram<u64>,
     pub e2e_latency_us: Option<Histogram<u64>>,
-    /// Transactional runs: flush of the transaction's produce requests plus EndTxn,
-    /// per commit (what a client's commitTransaction() waits for).
+    /// Transactional runs, per commit: flush of the transaction's produce requests
+    /// plus EndTxn (what a client's commitTransaction() waits for), and for `ctp` the
+    /// offsets sent to the transaction before them.
     pub commit_latency_us: Option<Histogram<u64>>,
     pub consumed: u64,
 }
@@ -256,13 +257,14 @@ const FLUSH_MAX: Duration = Duration::from_secs(30);
 /// Commits `txn` as a client's commitTransaction() does: waits until every produce
 /// request in flight on `conns` is answered (EndTxn must not overtake the batches it
 /// commits, and a transaction with a failed produce must not commit at all), then
-/// EndTxn. Records the time both took in `stats.commit_latency`.
+/// EndTxn. Records the time since the caller began the commit, `start`, in
+/// `stats.commit_latency`.
 pub async fn flush_and_commit<'a>(
     txn: &mut Txn,
     conns: impl IntoIterator<Item = &'a Rc<ProducerConn>>,
     stats: &Stats,
+    start: Instant,
 ) -> io::Result<()> {
-    let start = Instant::now();
     for c in conns {
         if !c.wait_drained(FLUSH_MAX).await {
             return Err(err(
@@ -535,7 +537,7 @@ async fn producer(
         }
         if let Some(t) = txn.as_mut() {
             if t.due(commit_interval) || (finished && t.is_open()) {
-                flush_and_commit(t, conns.values(), &stats).await?;
+                flush_and_commit(t, conns.values(), &stats, Instant::now()).await?;
             }
         }
         if finished {

@@ -130,7 +130,7 @@ impl Stats {
         }
     }
 
-    pub fn error(&self, msg: String) {
+    fn error(&self, msg: String) {
         self.errors.set(self.errors.get() + 1);
         let mut first = self.first_error.borrow_mut();
         if first.is_none() {

@@ -267,6 +267,11 @@ fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
     if ![0, 1, -1].contains(&a.acks) {
         fail("--acks must be 0, 1 or -1");
     }
+    // Kafka clients refuse idempotence and transactions without acks=all: a batch
+    // acknowledged by the leader alone may be lost, and its sequence with it.
+    if (a.idempotent || a.transactional) && a.acks != -1 {
+        fail("--idempotent and --transactional need --acks -1");
+    }
     load::ProduceOpts {
         bootstrap: a.common.bootstrap,
         topic: a.common.topic.clone(),

@@ -309,20 +309,14 @@ async fn count_committed(
     let ends = client.list_offsets(topic, &parts, -1).await?;
     let mut records = 0;
     for (addr, ps) in load::by_leader(leaders) {
-        let from = ps.iter().map(|p| (*p, starts[p])).collect();
-        let to = ps.iter().map(|p| (*p, ends[p])).collect();
+        let reading = load::Reading {
+            topic: topic.to_string(),
+            offsets: ps.iter().map(|p| (*p, starts[p])).collect(),
+            ends: Some(ps.iter().map(|p| (*p, ends[p])).collect()),
+            isolation_level: load::READ_COMMITTED,
+        };
         let stop = Rc::new(std::cell::Cell::new(false));
-        let (n, _) = load::fetch_loop(
-            addr,
-            topic.to_string(),
-            from,
-            Some(to),
-            load::READ_COMMITTED,
-            stop,
-            None,
-            None,
-        )
-        .await?;
+        let (n, _) = load::fetch_loop(addr, reading, stop, None, None).await?;
         records += n;
     }
     Ok(records)

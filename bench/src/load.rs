@@ -677,20 +677,30 @@ pub fn fetched_records(p: &PartitionData) -> io::Result<Option<&Bytes>> {
     Ok(p.records.as_ref())
 }
 
-/// Fetches `partitions` of `topic` from `addr` from `offsets` until every partition
-/// reaches `end` (or, without ends, until `stop` is set), at `isolation_level`.
-/// Returns records and bytes.
-#[allow(clippy::too_many_arguments)]
+/// What a fetch loop reads: partitions of `topic` from `offsets` (partition, first
+/// offset) up to `ends` if given, at `isolation_level`.
+pub struct Reading {
+    pub topic: String,
+    pub offsets: HashMap<i32, i64>,
+    pub ends: Option<HashMap<i32, i64>>,
+    pub isolation_level: i8,
+}
+
+/// Fetches `reading` from `addr` until every partition reaches its end (or, without
+/// ends, until `stop` is set). Returns records and bytes.
 pub async fn fetch_loop(
     addr: SocketAddr,
-    topic: String,
-    mut offsets: HashMap<i32, i64>,
-    ends: Option<HashMap<i32, i64>>,
-    isolation_level: i8,
+    reading: Reading,
     stop: Rc<Cell<bool>>,
     e2e: Option<Rc<RefCell<Histogram<u64>>>>,
     progress: Option<indicatif::ProgressBar>,
 ) -> io::Result<(u64, u64)> {
+    let Reading {
+        topic,
+        mut offsets,
+        ends,
+        isolation_level,
+    } = reading;
     let mut client = Client::connect(addr).await?;
     let version = client.version(ApiKey::Fetch)?;
     let mut records = 0u64;
@@ -795,12 +805,15 @@ pub async fn consume(
     for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
         let e: HashMap<i32, i64> = ps.iter().map(|p| (*p, ends[p])).collect();
+        let reading = Reading {
+            topic: opts.topic.clone(),
+            offsets: offs,
+            ends: Some(e),
+            isolation_level: READ_UNCOMMITTED,
+        };
         tasks.push(glommio::spawn_local(fetch_loop(
             addr,
-            opts.topic.clone(),
-            offs,
-            Some(e),
-            READ_UNCOMMITTED,
+            reading,
             stop.clone(),
             None,
             progress.clone(),
@@ -846,12 +859,15 @@ pub async fn e2e(
     let mut consumers = Vec::new();
     for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
+        let reading = Reading {
+            topic: opts.topic.clone(),
+            offsets: offs,
+            ends: None,
+            isolation_level: READ_UNCOMMITTED,
+        };
         consumers.push(glommio::spawn_local(fetch_loop(
             addr,
-            opts.topic.clone(),
-            offs,
-            None,
-            READ_UNCOMMITTED,
+            reading,
             stop.clone(),
             Some(e2e_hist.clone()),
             None,

@@ -374,14 +374,15 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     }
     let fetchers = fetchers(&inputs).await?;
     let positions: BTreeMap<i32, i64> = starts.iter().map(|(p, o)| (*p, *o)).collect();
+    let builder = BatchBuilder::new(opts.record_size);
     let mut proc = Processor {
         meta: GroupMeta {
             group: opts.group.clone(),
             generation,
             member_id,
         },
-        builder: BatchBuilder::new(opts.record_size),
-        records_per_batch: (opts.batch_bytes / (opts.record_size + 24)).max(1),
+        records_per_batch: builder.records_per_batch(opts.batch_bytes),
+        builder,
         opts,
         txn,
         group_coordinator,

@@ -428,8 +428,7 @@ async fn producer(
     };
     let mut next_seq = vec![0i32; n_parts];
     let builder = BatchBuilder::new(opts.record_size);
-    let per_record = opts.record_size + 24;
-    let records_per_batch = (opts.batch_bytes / per_record).max(1);
+    let records_per_batch = builder.records_per_batch(opts.batch_bytes);
     let total = opts
         .records
         .map(|r| r / opts.producers as u64 + u64::from((id as u64) < r % opts.producers as u64));

@@ -24,8 +24,8 @@ use crate::error::ApiError;
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::quorum_io::{to_api_error, QuorumNode};
 use crate::rpc::{
-    AlterConfigs, Apply, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics, NewTopic,
-    TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
+    AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics,
+    NewTopic, TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
 };
 use crate::topic_config::{validate_topic_name, TopicConfig};
 
@@ -173,8 +173,9 @@ impl Controller {
         call: AlterConfigs,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let plan =
-            |state: &ClusterState, (topic, ops): (String, Vec<ConfigOp>)| alter(state, &topic, ops);
+        let plan = |state: &ClusterState, (topic, change): (String, ConfigChange)| {
+            alter(state, &topic, change)
+        };
         self.commit_each(broker, call.items, call.validate_only, plan)
             .await
     }
@@ -326,12 +327,30 @@ fn add_partitions(state: &ClusterState, topic: &str, count: i32) -> Result<Comma
     })
 }
 
-fn alter(state: &ClusterState, topic: &str, ops: Vec<ConfigOp>) -> Result<Command, ApiError> {
+/// The command that changes `topic`'s explicit configs, validated as a whole: an
+/// incremental change applies its operations to the current set, a legacy one
+/// replaces the set.
+fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Command, ApiError> {
     let meta = state
         .topics
         .get(topic)
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
-    let mut configs = meta.configs.clone();
+    let configs = match change {
+        ConfigChange::Incremental(ops) => apply_ops(meta.configs.clone(), ops)?,
+        ConfigChange::Replace(set) => set,
+    };
+    TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
+    Ok(Command::AlterConfigs {
+        name: topic.to_string(),
+        configs,
+    })
+}
+
+/// IncrementalAlterConfigs' operations applied in order to an explicit config set.
+fn apply_ops(
+    mut configs: BTreeMap<String, String>,
+    ops: Vec<ConfigOp>,
+) -> Result<BTreeMap<String, String>, ApiError> {
     for (name, op, value) in ops {
         let bad = |m: String| ApiError::with(ResponseError::InvalidConfig, m);
         match op {
@@ -370,9 +389,5 @@ fn alter(state: &ClusterState, topic: &str, ops: Vec<ConfigOp>) -> Result<Comman
             _ => return Err(bad(format!("Unknown config operation {op}"))),
         }
     }
-    TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
-    Ok(Command::AlterConfigs {
-        name: topic.to_string(),
-        configs,
-    })
+    Ok(configs)
 }

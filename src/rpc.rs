@@ -14,6 +14,7 @@
 //! shard context (`crate::broker`) can carry them without knowing the controller or the
 //! group shell.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -271,8 +272,18 @@ pub struct CreatePartitions {
     pub validate_only: bool,
 }
 
+/// How an AlterConfigs call changes one topic's explicit configs.
+#[derive(Debug, Clone)]
+pub enum ConfigChange {
+    /// IncrementalAlterConfigs: operations on the current explicit set.
+    Incremental(Vec<ConfigOp>),
+    /// Legacy AlterConfigs: the new explicit set, replacing the current one (a config
+    /// left out goes back to its default).
+    Replace(BTreeMap<String, String>),
+}
+
 pub struct AlterConfigs {
-    pub items: Vec<(String, Vec<ConfigOp>)>,
+    pub items: Vec<(String, ConfigChange)>,
     pub validate_only: bool,
 }
 

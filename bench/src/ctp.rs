@@ -300,13 +300,11 @@ async fn fetchers(leaders: &[(i32, SocketAddr)]) -> io::Result<Vec<Fetcher>> {
 /// Counts the records of `topic` from `starts` to its current end offsets as a
 /// read_committed consumer sees them.
 async fn count_committed(
-    client: &mut Client,
     topic: &str,
     leaders: &[(i32, SocketAddr)],
     starts: &HashMap<i32, i64>,
 ) -> io::Result<u64> {
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let ends = client.list_offsets(topic, &parts, -1).await?;
+    let ends = load::leader_offsets(leaders, topic, -1).await?;
     let mut records = 0;
     for (addr, ps) in load::by_leader(leaders) {
         let reading = load::Reading {
@@ -332,16 +330,18 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     }
     let inputs = admin.leaders(&opts.input).await?;
     let outputs = admin.leaders(&opts.output).await?;
-    let parts: Vec<i32> = inputs.iter().map(|(p, _)| *p).collect();
-    if outputs.iter().map(|(p, _)| *p).ne(parts.iter().copied()) {
+    if outputs
+        .iter()
+        .map(|(p, _)| p)
+        .ne(inputs.iter().map(|(p, _)| p))
+    {
         return Err(err(format!(
             "{} and {} must have the same partitions",
             opts.input, opts.output
         )));
     }
-    let (starts, ends) =
-        load::offset_range(&mut admin, &opts.input, &parts, progress.as_ref()).await?;
-    let output_starts = admin.list_offsets(&opts.output, &parts, -1).await?;
+    let (starts, ends) = load::offset_range(&inputs, &opts.input, progress.as_ref()).await?;
+    let output_starts = load::leader_offsets(&outputs, &opts.output, -1).await?;
     let coordinator = admin.coordinator(&opts.group, 0).await?;
     let mut group_coordinator = Client::connect(coordinator).await?;
     let (generation, member_id) = group::join_alone(
@@ -424,7 +424,7 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     let m = &proc.meta;
     group::leave(&mut proc.group_coordinator, &m.group, &m.member_id).await?;
     let processed = proc.input_records;
-    let output = count_committed(&mut admin, &proc.opts.output, &outputs, &output_starts).await?;
+    let output = count_committed(&proc.opts.output, &outputs, &output_starts).await?;
     if output != processed || stats.acked.get() != processed {
         return Err(err(format!(
             "exactly-once check failed: {processed} input records processed, {output} in the committed output"

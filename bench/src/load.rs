@@ -767,22 +767,37 @@ pub fn by_leader(leaders: &[(i32, SocketAddr)]) -> HashMap<SocketAddr, Vec<i32>>
     by_addr
 }
 
-/// The earliest and the latest offset of each of `parts` of `topic`; the progress
-/// bar's length becomes the offsets between them (records, for a topic of plain
-/// batches).
-pub async fn offset_range(
-    client: &mut Client,
+/// The offset at `timestamp` (-1 latest, -2 earliest) of every partition of `topic`
+/// in `leaders`, each asked of its leader: a broker answers ListOffsets only for the
+/// partitions it leads.
+pub async fn leader_offsets(
+    leaders: &[(i32, SocketAddr)],
     topic: &str,
-    parts: &[i32],
+    timestamp: i64,
+) -> io::Result<HashMap<i32, i64>> {
+    let mut out = HashMap::new();
+    for (addr, parts) in by_leader(leaders) {
+        let mut client = Client::connect(addr).await?;
+        out.extend(client.list_offsets(topic, &parts, timestamp).await?);
+    }
+    Ok(out)
+}
+
+/// The earliest and the latest offset of every partition of `topic` in `leaders`; the
+/// progress bar's length becomes the offsets between them (records, for a topic of
+/// plain batches).
+pub async fn offset_range(
+    leaders: &[(i32, SocketAddr)],
+    topic: &str,
     progress: Option<&indicatif::ProgressBar>,
 ) -> io::Result<(HashMap<i32, i64>, HashMap<i32, i64>)> {
-    let starts = client.list_offsets(topic, parts, -2).await?;
-    let ends = client.list_offsets(topic, parts, -1).await?;
+    let starts = leader_offsets(leaders, topic, -2).await?;
+    let ends = leader_offsets(leaders, topic, -1).await?;
     if let Some(pb) = progress {
         pb.set_length(
-            parts
+            leaders
                 .iter()
-                .map(|p| (ends[p] - starts[p]).max(0) as u64)
+                .map(|(p, _)| (ends[p] - starts[p]).max(0) as u64)
                 .sum(),
         );
     }
@@ -796,8 +811,7 @@ pub async fn consume(
 ) -> io::Result<Outcome> {
     let mut client = Client::connect(opts.bootstrap).await?;
     let leaders = client.leaders(&opts.topic).await?;
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let (starts, ends) = offset_range(&mut client, &opts.topic, &parts, progress.as_ref()).await?;
+    let (starts, ends) = offset_range(&leaders, &opts.topic, progress.as_ref()).await?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     let stop = Rc::new(Cell::new(false));
@@ -849,9 +863,8 @@ pub async fn e2e(
             "e2e needs --record-size of at least 8 bytes (the send time)",
         ));
     }
-    let (mut client, leaders, version) = setup(&opts).await?;
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let starts = client.list_offsets(&opts.topic, &parts, -1).await?;
+    let (_client, leaders, version) = setup(&opts).await?;
+    let starts = leader_offsets(&leaders, &opts.topic, -1).await?;
     let stats = Stats::new(progress);
     let e2e_hist = Rc::new(RefCell::new(histogram()));
     let stop = Rc::new(Cell::new(false));

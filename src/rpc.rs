@@ -240,6 +240,10 @@ pub struct NewTopic {
     /// -1: the default, min(3, live brokers).
     pub replication_factor: i16,
     pub configs: Vec<(String, Option<String>)>,
+    /// Manual replica assignments, (partition index, broker ids) as the client sent
+    /// them; empty: placed by the controller. With them, `num_partitions` and
+    /// `replication_factor` must be -1.
+    pub assignments: Vec<(i32, Vec<i32>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -266,9 +270,19 @@ pub struct DeleteTopics {
     pub topics: Vec<TopicRef>,
 }
 
-/// (topic, new partition count).
+/// One topic of a CreatePartitions call.
+#[derive(Debug, Clone)]
+pub struct NewPartitions {
+    pub topic: String,
+    /// The new total partition count.
+    pub count: i32,
+    /// Manual replica assignments, one per new partition; `None`: placed by the
+    /// controller.
+    pub assignments: Option<Vec<Vec<i32>>>,
+}
+
 pub struct CreatePartitions {
-    pub items: Vec<(String, i32)>,
+    pub items: Vec<NewPartitions>,
     pub validate_only: bool,
 }
 

@@ -38,6 +38,7 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
             num_partitions: -1,
             replication_factor: -1,
             configs: Vec::new(),
+            assignments: Vec::new(),
         })
         .collect();
     let mut errors = Vec::new();

@@ -6,14 +6,26 @@ Covered: legacy AlterConfigs (API 33), CreateTopics/CreatePartitions with manual
 replica assignments, authorized operations (KIP-430), and compacted topics refusing
 keyless records with KIP-467 record errors. Every wait is bounded.
 """
+import struct
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, ConfigSource, NewTopic
-from confluent_kafka import TopicCollection
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import (AclOperation, AdminClient, ConfigResource, ConfigSource,
+                                   NewPartitions, NewTopic)
 
-from conftest import wait_until
+import kafka_wire as kw
+from cluster import Cluster
+from conftest import expected_log_errors, wait_until
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    """A started 3-broker cluster (brokers 1, 2, 3); at teardown every broker must stop
+    cleanly with no unexpected ERROR or panic in its log."""
+    c = Cluster(tmp_path / "cluster", n=3).start()
+    yield c
+    c.stop(expected_log_errors(request))
 
 
 def admin_for(addr):
@@ -132,3 +144,110 @@ def test_authorized_operations_when_asked(broker):
         assert not g.authorized_operations
     finally:
         c.close()
+
+
+# --- item 4: manual replica assignments -----------------------------------------------
+# librdkafka wants a manual assignment's partition count in NewTopic; on the wire it
+# sends -1 for both the count and the replication factor, as Kafka requires.
+
+def replicas(admin, topic, want_partitions, timeout=30):
+    """{partition: [replica ids]} once the topic has `want_partitions` partitions, each
+    led by its first replica (a new partition's leader)."""
+    def ready():
+        t = admin.list_topics(topic=topic, timeout=5).topics[topic]
+        if t.error is not None or len(t.partitions) != want_partitions:
+            return None
+        if any(p.leader != p.replicas[0] for p in t.partitions.values()):
+            return None
+        return {i: list(p.replicas) for i, p in t.partitions.items()}
+    return wait_until(ready, timeout=timeout, what=f"{topic}: {want_partitions} partitions led")
+
+
+def create_topics_v2(topic, num_partitions, replication_factor, assignments, corr=5):
+    """A CreateTopics v2 request for one topic with manual `assignments`
+    [(partition index, [broker ids])] (what librdkafka cannot be made to send)."""
+    body = kw.header(19, 2, corr) + struct.pack(">i", 1) + kw.string(topic)
+    body += struct.pack(">ihi", num_partitions, replication_factor, len(assignments))
+    for index, brokers in assignments:
+        body += struct.pack(">ii", index, len(brokers)) + b"".join(struct.pack(">i", b) for b in brokers)
+    body += struct.pack(">i", 0)  # configs
+    body += struct.pack(">ib", 30000, 0)  # timeout, validate_only
+    return kw.frame(body)
+
+
+def create_topics_v2_error(addr, *args):
+    """Sends create_topics_v2(*args) -> the topic's error code."""
+    conn = kw.Conn(addr)
+    try:
+        conn.send(create_topics_v2(*args))
+        corr, body = conn.recv()
+        assert corr == 5
+        _throttle, n = struct.unpack_from(">ii", body, 0)
+        assert n == 1
+        (ln,) = struct.unpack_from(">h", body, 8)
+        (err,) = struct.unpack_from(">h", body, 10 + ln)
+        return err
+    finally:
+        conn.close()
+
+
+def test_manual_replica_assignments_on_a_cluster(cluster):
+    admin = cluster.admin()
+    topic = unique("manual")
+    layout = [[2, 3], [3, 1], [1, 2]]
+    admin.create_topics([NewTopic(topic, len(layout), replica_assignment=layout)])[topic].result(timeout=30)
+    assert replicas(admin, topic, 3) == {0: [2, 3], 1: [3, 1], 2: [1, 2]}
+
+    # Two more partitions, one replica list each.
+    fut = admin.create_partitions([NewPartitions(topic, 5, replica_assignment=[[1, 3], [2, 1]])])[topic]
+    fut.result(timeout=30)
+    assert replicas(admin, topic, 5) == {0: [2, 3], 1: [3, 1], 2: [1, 2], 3: [1, 3], 4: [2, 1]}
+
+    # Bad assignments: nothing is created.
+    bad_topics = {
+        "unregistered broker": [[1, 9]],
+        "broker twice": [[2, 2]],
+        "replication factors differ": [[1, 2], [3]],
+    }
+    for what, layout in bad_topics.items():
+        name = unique("bad")
+        fut = admin.create_topics([NewTopic(name, len(layout), replica_assignment=layout)])[name]
+        assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT, what
+        assert name not in admin.list_topics(timeout=10).topics, what
+    bad_partitions = {
+        "replication factor differs from the topic's": (6, [[1]]),
+        "unregistered broker": (6, [[1, 7]]),
+        "broker twice": (6, [[3, 3]]),
+    }
+    for what, (count, layout) in bad_partitions.items():
+        fut = admin.create_partitions([NewPartitions(topic, count, replica_assignment=layout)])[topic]
+        assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT, what
+    assert len(admin.list_topics(topic=topic, timeout=10).topics[topic].partitions) == 5
+
+    # What librdkafka will not send, on the wire.
+    addr = cluster.addr(1)
+    name = unique("wire")
+    assert create_topics_v2_error(addr, name, 2, -1, [(0, [1]), (1, [2])]) == KafkaError.INVALID_REQUEST
+    assert create_topics_v2_error(addr, name, -1, 1, [(0, [1]), (1, [2])]) == KafkaError.INVALID_REQUEST
+    assert create_topics_v2_error(addr, name, -1, -1, [(0, [1]), (2, [2])]) == \
+        KafkaError.INVALID_REPLICA_ASSIGNMENT, "indexes must be 0..n"
+    assert create_topics_v2_error(addr, name, -1, -1, [(0, [1]), (0, [2])]) == \
+        KafkaError.INVALID_REPLICA_ASSIGNMENT, "a partition twice"
+    assert name not in admin.list_topics(timeout=10).topics
+    # The same request shape, valid, creates the topic (indexes in any order).
+    assert create_topics_v2_error(addr, name, -1, -1, [(1, [3]), (0, [2])]) == 0
+    assert replicas(admin, name, 2) == {0: [2], 1: [3]}
+
+
+def test_manual_replica_assignment_on_one_broker(broker):
+    admin = admin_for(broker.addr)
+    topic = unique("manual1")
+    admin.create_topics([NewTopic(topic, 2, replica_assignment=[[1], [1]])])[topic].result(timeout=30)
+    assert replicas(admin, topic, 2) == {0: [1], 1: [1]}
+    admin.create_partitions([NewPartitions(topic, 3, replica_assignment=[[1]])])[topic].result(timeout=30)
+    assert replicas(admin, topic, 3) == {0: [1], 1: [1], 2: [1]}
+    name = unique("bad")
+    fut = admin.create_topics([NewTopic(name, 1, replica_assignment=[[2]])])[name]
+    assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    fut = admin.create_partitions([NewPartitions(topic, 4, replica_assignment=[[2]])])[topic]
+    assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT

@@ -79,11 +79,15 @@ if c_plain and c_idem:
 if c_plain and c_txn:
     p99 = lambda r: (r.get("latency_ms") or {}).get("p99") or 0
     cl = c_txn.get("commit_latency_ms") or {}
-    lines += ["", f"Transactional vs plain producers (c-txn / c, same run; each of the {c_txn['config']['producers']} producers commits every {c_txn['config']['commit_interval_ms']} ms): throughput {c_txn['records_per_sec'] / c_plain['records_per_sec']:.2f}x, produce p99 {p99(c_txn) / max(p99(c_plain), 1e-9):.2f}x; {c_txn.get('transactions', 0):,} commits, commit (flush of the transaction's produce requests + EndTxn) p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms."]
+    n = c_txn.get("transactions") or 0
+    spacing = c_txn["seconds"] * c_txn["config"]["producers"] / n * 1000 if n else 0
+    lines += ["", f"Transactional vs plain producers (c-txn / c, same run; each of the {c_txn['config']['producers']} producers commits when its transaction is {c_txn['config']['commit_interval_ms']} ms old): throughput {c_txn['records_per_sec'] / c_plain['records_per_sec']:.2f}x, produce p99 {p99(c_txn) / max(p99(c_plain), 1e-9):.2f}x; {n:,} commits, one per {spacing:.0f} ms per producer, commit (flush of the transaction's produce requests + EndTxn) p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms."]
 if ctp:
     cl = ctp.get("commit_latency_ms") or {}
     vs_plain = f", {ctp['records_per_sec'] / c_plain['records_per_sec']:.2f}x the plain producers of (c)" if c_plain else ""
-    lines += ["", f"Consume-transform-produce (ctp): one processor read {ctp['records']:,} records of {ctp['config']['record_size']} B with read_committed, wrote each again to the output in transactions that also committed its input offsets (AddOffsetsToTxn + TxnOffsetCommit with its group generation and member id; a commit every {ctp['config']['commit_interval_ms']} ms, {ctp.get('transactions', 0):,} in all): {ctp['records_per_sec']:,.0f} records/s end to end ({ctp['mb_per_sec']:.0f} MB/s read and the same written{vs_plain}); commit p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms. Checked in the run: a read_committed count of the output equals the input, {ctp['consumed']:,} records."]
+    n = ctp.get("transactions") or 0
+    spacing = ctp["seconds"] / n * 1000 if n else 0
+    lines += ["", f"Consume-transform-produce (ctp): one processor read {ctp['records']:,} records of {ctp['config']['record_size']} B with read_committed, wrote each again to the output in transactions that also committed its input offsets (AddOffsetsToTxn + TxnOffsetCommit with its group generation and member id; a commit once the transaction is {ctp['config']['commit_interval_ms']} ms old, checked after each fetch: {n:,} commits, one per {spacing:.0f} ms): {ctp['records_per_sec']:,.0f} records/s end to end ({ctp['mb_per_sec']:.0f} MB/s read and the same written{vs_plain}); commit (offsets + flush + EndTxn) p50 {cl.get('p50', 0):.2f} ms, p99 {cl.get('p99', 0):.2f} ms. Checked in the run: a read_committed count of the output equals the input, {ctp['consumed']:,} records."]
 if b:
     target = b["config"].get("rate")
     lines += ["", f"(b) asked for {target:,.0f} records/s and achieved {b['records_per_sec']:,.0f}; produce p99 {ms(b, 'p99')} ms (target < 10 ms)."]

@@ -1105,6 +1105,7 @@ impl Broker {
                 ("cleanup.policy".into(), Some("compact".into())),
                 ("segment.bytes".into(), Some("104857600".into())),
             ],
+            assignments: Vec::new(),
         };
         let create = crate::rpc::CreateTopics {
             topics: vec![topic],

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
-use sluice_replication::cluster::{Applied, ClusterState, Command};
+use sluice_replication::cluster::{Applied, ClusterState, Command, PartitionState};
+use sluice_replication::BrokerId;
 use sluice_shard::ShardId;
 use uuid::Uuid;
 
@@ -24,8 +25,8 @@ use crate::error::ApiError;
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::quorum_io::{to_api_error, QuorumNode};
 use crate::rpc::{
-    AlterConfigs, Apply, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics, NewTopic,
-    TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
+    AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics,
+    NewPartitions, NewTopic, TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
 };
 use crate::topic_config::{validate_topic_name, TopicConfig};
 
@@ -160,9 +161,7 @@ impl Controller {
         call: CreatePartitions,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let plan = |state: &ClusterState, (topic, count): (String, i32)| {
-            add_partitions(state, &topic, count)
-        };
+        let plan = |state: &ClusterState, item: NewPartitions| add_partitions(state, item);
         self.commit_each(broker, call.items, call.validate_only, plan)
             .await
     }
@@ -173,8 +172,9 @@ impl Controller {
         call: AlterConfigs,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let plan =
-            |state: &ClusterState, (topic, ops): (String, Vec<ConfigOp>)| alter(state, &topic, ops);
+        let plan = |state: &ClusterState, (topic, change): (String, ConfigChange)| {
+            alter(state, &topic, change)
+        };
         self.commit_each(broker, call.items, call.validate_only, plan)
             .await
     }
@@ -253,27 +253,27 @@ fn create(
             format!("Topic '{}' already exists.", t.name),
         ));
     }
-    let partitions = if t.num_partitions == -1 {
-        broker.config.default_partitions
+    let assignments = if t.assignments.is_empty() {
+        let partitions = if t.num_partitions == -1 {
+            broker.config.default_partitions
+        } else {
+            t.num_partitions
+        };
+        check_partition_count(partitions)?;
+        state
+            .place(0, partitions, t.replication_factor)
+            .map_err(|e| to_api_error(&e))?
     } else {
-        t.num_partitions
+        manual_assignments(state, &t)?
     };
-    if !(1..=PARTITIONS_MAX).contains(&partitions) {
-        return Err(ApiError::with(
-            ResponseError::InvalidPartitions,
-            format!("Number of partitions must be in [1, {PARTITIONS_MAX}], got {partitions}"),
-        ));
-    }
     let configs = configs_map(t.configs)?;
-    let assignments = state
-        .place(0, partitions, t.replication_factor)
-        .map_err(|e| to_api_error(&e))?;
     let id = Uuid::new_v4();
     let meta = TopicMeta {
         id,
-        partitions,
+        partitions: assignments.len() as i32,
         configs: configs.clone(),
-        assignments: Vec::new(),
+        // What the topic will start with, for the CreateTopics answer.
+        assignments: assignments.iter().map(|r| planned(r)).collect(),
     };
     let cmd = Command::CreateTopic {
         name: t.name.clone(),
@@ -282,6 +282,71 @@ fn create(
         assignments,
     };
     Ok((t.name, cmd, meta))
+}
+
+fn check_partition_count(partitions: i32) -> Result<(), ApiError> {
+    if (1..=PARTITIONS_MAX).contains(&partitions) {
+        return Ok(());
+    }
+    Err(ApiError::with(
+        ResponseError::InvalidPartitions,
+        format!("Number of partitions must be in [1, {PARTITIONS_MAX}], got {partitions}"),
+    ))
+}
+
+/// A new partition as it starts: led by its first replica, all replicas in sync.
+fn planned(replicas: &[BrokerId]) -> PartitionState {
+    PartitionState {
+        replicas: replicas.to_vec(),
+        isr: replicas.to_vec(),
+        leader: replicas[0],
+        leader_epoch: 0,
+        partition_epoch: 0,
+    }
+}
+
+/// A new topic's manual replica assignments, in partition order, checked as Kafka's
+/// controller checks them: partition count and replication factor must be left to
+/// the assignments (-1), no partition twice, each list valid
+/// ([`ClusterState::check_manual_assignment`]) and of the first list's length, and the
+/// partitions numbered 0..n.
+fn manual_assignments(state: &ClusterState, t: &NewTopic) -> Result<Vec<Vec<BrokerId>>, ApiError> {
+    let invalid = |m: &str| ApiError::with(ResponseError::InvalidRequest, m);
+    if t.replication_factor != -1 {
+        return Err(invalid(
+            "A manual replica assignment was given, so the replication factor must be -1",
+        ));
+    }
+    if t.num_partitions != -1 {
+        return Err(invalid(
+            "A manual replica assignment was given, so the number of partitions must be -1",
+        ));
+    }
+    check_partition_count(t.assignments.len() as i32)?;
+    let mut by_index: BTreeMap<i32, Vec<BrokerId>> = BTreeMap::new();
+    let mut rf = None;
+    for (index, replicas) in &t.assignments {
+        if by_index.contains_key(index) {
+            return Err(ApiError::with(
+                ResponseError::InvalidReplicaAssignment,
+                format!("partition {index} is assigned more than once"),
+            ));
+        }
+        state
+            .check_manual_assignment(*index, replicas, rf)
+            .map_err(|e| to_api_error(&e))?;
+        rf = Some(replicas.len());
+        by_index.insert(*index, replicas.clone());
+    }
+    // Indexes are distinct: they are 0..n exactly when the largest is n - 1.
+    let n = by_index.len() as i32;
+    if by_index.keys().any(|i| !(0..n).contains(i)) {
+        return Err(ApiError::with(
+            ResponseError::InvalidReplicaAssignment,
+            "partition indexes must be 0, 1, 2, ... without gaps",
+        ));
+    }
+    Ok(by_index.into_values().collect())
 }
 
 fn resolve(image: &MetadataImage, t: TopicRef) -> Result<(String, Uuid), ApiError> {
@@ -297,10 +362,15 @@ fn resolve(image: &MetadataImage, t: TopicRef) -> Result<(String, Uuid), ApiErro
     }
 }
 
-fn add_partitions(state: &ClusterState, topic: &str, count: i32) -> Result<Command, ApiError> {
+fn add_partitions(state: &ClusterState, item: NewPartitions) -> Result<Command, ApiError> {
+    let NewPartitions {
+        topic,
+        count,
+        assignments,
+    } = item;
     let t = state
         .topics
-        .get(topic)
+        .get(&topic)
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
     let existing = t.partitions.len() as i32;
     if count <= existing {
@@ -316,22 +386,61 @@ fn add_partitions(state: &ClusterState, topic: &str, count: i32) -> Result<Comma
         ));
     }
     let rf = t.partitions.first().map_or(-1, |p| p.replicas.len() as i16);
-    let assignments = state
-        .place(existing, count - existing, rf)
-        .map_err(|e| to_api_error(&e))?;
+    let assignments = match assignments {
+        None => state
+            .place(existing, count - existing, rf)
+            .map_err(|e| to_api_error(&e))?,
+        Some(lists) => {
+            // One list per new partition, each of the topic's replication factor.
+            let added = count - existing;
+            if lists.len() as i32 != added {
+                return Err(ApiError::with(
+                    ResponseError::InvalidReplicaAssignment,
+                    format!(
+                        "{added} partitions are added but {} assignments were given",
+                        lists.len()
+                    ),
+                ));
+            }
+            for (i, replicas) in lists.iter().enumerate() {
+                state
+                    .check_manual_assignment(existing + i as i32, replicas, Some(rf as usize))
+                    .map_err(|e| to_api_error(&e))?;
+            }
+            lists
+        }
+    };
     Ok(Command::CreatePartitions {
-        name: topic.to_string(),
+        name: topic,
         existing: existing as u32,
         assignments,
     })
 }
 
-fn alter(state: &ClusterState, topic: &str, ops: Vec<ConfigOp>) -> Result<Command, ApiError> {
+/// The command that changes `topic`'s explicit configs, validated as a whole: an
+/// incremental change applies its operations to the current set, a legacy one
+/// replaces the set.
+fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Command, ApiError> {
     let meta = state
         .topics
         .get(topic)
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
-    let mut configs = meta.configs.clone();
+    let configs = match change {
+        ConfigChange::Incremental(ops) => apply_ops(meta.configs.clone(), ops)?,
+        ConfigChange::Replace(set) => set,
+    };
+    TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
+    Ok(Command::AlterConfigs {
+        name: topic.to_string(),
+        configs,
+    })
+}
+
+/// IncrementalAlterConfigs' operations applied in order to an explicit config set.
+fn apply_ops(
+    mut configs: BTreeMap<String, String>,
+    ops: Vec<ConfigOp>,
+) -> Result<BTreeMap<String, String>, ApiError> {
     for (name, op, value) in ops {
         let bad = |m: String| ApiError::with(ResponseError::InvalidConfig, m);
         match op {
@@ -370,9 +479,66 @@ fn alter(state: &ClusterState, topic: &str, ops: Vec<ConfigOp>) -> Result<Comman
             _ => return Err(bad(format!("Unknown config operation {op}"))),
         }
     }
-    TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
-    Ok(Command::AlterConfigs {
-        name: topic.to_string(),
-        configs,
-    })
+    Ok(configs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three_brokers() -> ClusterState {
+        let mut s = ClusterState::default();
+        for id in 1..=3 {
+            s.apply(&Command::RegisterBroker {
+                id,
+                host: "127.0.0.1".into(),
+                port: 9090 + id,
+                incarnation: 1,
+            })
+            .unwrap();
+        }
+        s
+    }
+
+    fn topic(partitions: i32, rf: i16, assignments: &[(i32, &[i32])]) -> NewTopic {
+        NewTopic {
+            name: "t".into(),
+            num_partitions: partitions,
+            replication_factor: rf,
+            configs: Vec::new(),
+            assignments: assignments.iter().map(|(i, r)| (*i, r.to_vec())).collect(),
+        }
+    }
+
+    #[test]
+    fn manual_assignments_come_back_in_partition_order() {
+        let s = three_brokers();
+        let t = topic(-1, -1, &[(1, &[3, 1]), (0, &[2, 3]), (2, &[1, 2])]);
+        assert_eq!(
+            manual_assignments(&s, &t).unwrap(),
+            vec![vec![2, 3], vec![3, 1], vec![1, 2]]
+        );
+    }
+
+    #[test]
+    fn manual_assignments_are_checked_as_kafka_checks_them() {
+        let s = three_brokers();
+        let code = |t: NewTopic| manual_assignments(&s, &t).unwrap_err().code;
+        use ResponseError::{InvalidReplicaAssignment, InvalidRequest};
+        assert_eq!(code(topic(2, -1, &[(0, &[1]), (1, &[2])])), InvalidRequest);
+        assert_eq!(code(topic(-1, 1, &[(0, &[1]), (1, &[2])])), InvalidRequest);
+        let bad: &[&[(i32, &[i32])]] = &[
+            &[(0, &[1]), (2, &[2])],
+            &[(1, &[1]), (2, &[2])],
+            &[(0, &[1]), (0, &[2])],
+            &[(-1, &[1])],
+            &[(0, &[1, 2]), (1, &[3])],
+            &[(0, &[1, 1])],
+            &[(0, &[4])],
+            &[(0, &[])],
+        ];
+        for a in bad {
+            assert_eq!(code(topic(-1, -1, a)), InvalidReplicaAssignment, "{a:?}");
+        }
+    }
 }

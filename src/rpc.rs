@@ -14,6 +14,7 @@
 //! shard context (`crate::broker`) can carry them without knowing the controller or the
 //! group shell.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -252,6 +253,10 @@ pub struct NewTopic {
     /// -1: the default, min(3, live brokers).
     pub replication_factor: i16,
     pub configs: Vec<(String, Option<String>)>,
+    /// Manual replica assignments, (partition index, broker ids) as the client sent
+    /// them; empty: placed by the controller. With them, `num_partitions` and
+    /// `replication_factor` must be -1.
+    pub assignments: Vec<(i32, Vec<i32>)>,
 }
 
 #[derive(Debug, Clone)]
@@ -278,14 +283,34 @@ pub struct DeleteTopics {
     pub topics: Vec<TopicRef>,
 }
 
-/// (topic, new partition count).
+/// One topic of a CreatePartitions call.
+#[derive(Debug, Clone)]
+pub struct NewPartitions {
+    pub topic: String,
+    /// The new total partition count.
+    pub count: i32,
+    /// Manual replica assignments, one per new partition; `None`: placed by the
+    /// controller.
+    pub assignments: Option<Vec<Vec<i32>>>,
+}
+
 pub struct CreatePartitions {
-    pub items: Vec<(String, i32)>,
+    pub items: Vec<NewPartitions>,
     pub validate_only: bool,
 }
 
+/// How an AlterConfigs call changes one topic's explicit configs.
+#[derive(Debug, Clone)]
+pub enum ConfigChange {
+    /// IncrementalAlterConfigs: operations on the current explicit set.
+    Incremental(Vec<ConfigOp>),
+    /// Legacy AlterConfigs: the new explicit set, replacing the current one (a config
+    /// left out goes back to its default).
+    Replace(BTreeMap<String, String>),
+}
+
 pub struct AlterConfigs {
-    pub items: Vec<(String, Vec<ConfigOp>)>,
+    pub items: Vec<(String, ConfigChange)>,
     pub validate_only: bool,
 }
 

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::ApiKey;
+use kafka_protocol::messages::{ApiKey, FetchResponse};
 
 use crate::group;
 use crate::kafka::{self, err, BatchBuilder, Client};
@@ -151,16 +151,19 @@ impl Processor {
         }
     }
 
-    /// One read_committed fetch of `partitions` from `fetcher`, transformed and
-    /// produced inside the open transaction.
-    async fn step(&mut self, fetcher: &mut Client, partitions: &[i32]) -> io::Result<()> {
-        let due: Vec<(i32, i64)> = partitions
+    /// The next read_committed fetch of those of `fetcher`'s partitions not yet at
+    /// their end, sent now and answered in the background while the previous answer
+    /// is transformed and produced (a Java consumer prefetches the same way). None
+    /// once they are all at their end.
+    fn prefetch(&self, mut fetcher: Fetcher) -> Option<Pending> {
+        let due: Vec<(i32, i64)> = fetcher
+            .partitions
             .iter()
             .filter(|p| self.positions[p] < self.ends[p])
             .map(|p| (*p, self.positions[p]))
             .collect();
         if due.is_empty() {
-            return Ok(());
+            return None;
         }
         let req = load::fetch_request(
             &self.opts.input,
@@ -168,40 +171,55 @@ impl Processor {
             load::READ_COMMITTED,
             PARTITION_FETCH_BYTES,
         );
-        let resp = fetcher
-            .request(&req, fetcher.version(ApiKey::Fetch)?)
-            .await?;
+        Some(glommio::spawn_local(async move {
+            let v = fetcher.client.version(ApiKey::Fetch)?;
+            let resp = fetcher.client.request(&req, v).await?;
+            Ok((fetcher, resp))
+        }))
+    }
+
+    /// Takes a fetch answer: advances the positions past it, and returns the send
+    /// times of its records per partition, the input of the transform.
+    fn take(&mut self, resp: &FetchResponse) -> io::Result<Vec<(i32, Vec<u64>)>> {
         if resp.error_code != 0 {
             return Err(err(format!(
                 "fetch: {}",
                 sluice_client::error_name(resp.error_code)
             )));
         }
-        let fetched_us = load::now_us();
-        let mut out = OutputBatches::new();
-        let mut times = Vec::new();
+        let mut input = Vec::new();
         for t in &resp.responses {
             for p in &t.partitions {
                 let Some(recs) = load::fetched_records(p)? else {
                     continue;
                 };
-                times.clear();
+                let mut times = Vec::new();
                 let (n, _, next) = kafka::walk_batches(recs, true, &mut times);
                 if next > 0 {
                     self.positions.insert(p.partition_index, next);
-                }
-                if n == 0 {
-                    continue;
                 }
                 if times.len() as u64 != n {
                     return Err(err(
                         "input records must be uncompressed, with values of at least 8 bytes",
                     ));
                 }
-                self.transform(p.partition_index, &times, fetched_us, &mut out);
-                self.uncommitted.push((fetched_us, n));
-                self.input_records += n;
+                if n > 0 {
+                    input.push((p.partition_index, times));
+                }
             }
+        }
+        Ok(input)
+    }
+
+    /// Transforms the records of one fetch and produces them inside the open
+    /// transaction (adding their output partitions to it first).
+    async fn produce(&mut self, input: Vec<(i32, Vec<u64>)>, fetched_us: u64) -> io::Result<()> {
+        let mut out = OutputBatches::new();
+        for (partition, times) in &input {
+            self.transform(*partition, times, fetched_us, &mut out);
+            let n = times.len() as u64;
+            self.uncommitted.push((fetched_us, n));
+            self.input_records += n;
         }
         let partitions = out.values().flatten().map(|(p, _, _)| *p);
         self.txn
@@ -220,7 +238,9 @@ impl Processor {
 
     /// `send_offsets_to_transaction` with the current positions, then commit; the
     /// records of the transaction become visible to read_committed consumers here.
+    /// Its latency covers both, the time the processor spends committing.
     async fn commit(&mut self) -> io::Result<()> {
+        let start = Instant::now();
         self.txn
             .send_offsets(
                 &mut self.group_coordinator,
@@ -229,7 +249,7 @@ impl Processor {
                 &self.positions,
             )
             .await?;
-        load::flush_and_commit(&mut self.txn, self.conns.values(), &self.stats).await?;
+        load::flush_and_commit(&mut self.txn, self.conns.values(), &self.stats, start).await?;
         let committed_us = load::now_us();
         for (fetched_us, n) in self.uncommitted.drain(..) {
             let us = committed_us.saturating_sub(fetched_us).max(1);
@@ -258,11 +278,21 @@ impl Processor {
     }
 }
 
+/// A fetch connection to the leader of `partitions` of the input.
+struct Fetcher {
+    client: Client,
+    partitions: Vec<i32>,
+}
+
+/// A fetch in flight, which hands its connection back with the answer.
+type Pending = glommio::Task<io::Result<(Fetcher, FetchResponse)>>;
+
 /// Input partitions grouped by leader, each group with its own fetch connection.
-async fn fetchers(leaders: &[(i32, SocketAddr)]) -> io::Result<Vec<(Client, Vec<i32>)>> {
+async fn fetchers(leaders: &[(i32, SocketAddr)]) -> io::Result<Vec<Fetcher>> {
     let mut out = Vec::new();
-    for (addr, ps) in load::by_leader(leaders) {
-        out.push((Client::connect(addr).await?, ps));
+    for (addr, partitions) in load::by_leader(leaders) {
+        let client = Client::connect(addr).await?;
+        out.push(Fetcher { client, partitions });
     }
     Ok(out)
 }
@@ -270,29 +300,21 @@ async fn fetchers(leaders: &[(i32, SocketAddr)]) -> io::Result<Vec<(Client, Vec<
 /// Counts the records of `topic` from `starts` to its current end offsets as a
 /// read_committed consumer sees them.
 async fn count_committed(
-    client: &mut Client,
     topic: &str,
     leaders: &[(i32, SocketAddr)],
     starts: &HashMap<i32, i64>,
 ) -> io::Result<u64> {
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let ends = client.list_offsets(topic, &parts, -1).await?;
+    let ends = load::leader_offsets(leaders, topic, -1).await?;
     let mut records = 0;
     for (addr, ps) in load::by_leader(leaders) {
-        let from = ps.iter().map(|p| (*p, starts[p])).collect();
-        let to = ps.iter().map(|p| (*p, ends[p])).collect();
+        let reading = load::Reading {
+            topic: topic.to_string(),
+            offsets: ps.iter().map(|p| (*p, starts[p])).collect(),
+            ends: Some(ps.iter().map(|p| (*p, ends[p])).collect()),
+            isolation_level: load::READ_COMMITTED,
+        };
         let stop = Rc::new(std::cell::Cell::new(false));
-        let (n, _) = load::fetch_loop(
-            addr,
-            topic.to_string(),
-            from,
-            Some(to),
-            load::READ_COMMITTED,
-            stop,
-            None,
-            None,
-        )
-        .await?;
+        let (n, _) = load::fetch_loop(addr, reading, stop, None, None).await?;
         records += n;
     }
     Ok(records)
@@ -308,16 +330,18 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     }
     let inputs = admin.leaders(&opts.input).await?;
     let outputs = admin.leaders(&opts.output).await?;
-    let parts: Vec<i32> = inputs.iter().map(|(p, _)| *p).collect();
-    if outputs.iter().map(|(p, _)| *p).ne(parts.iter().copied()) {
+    if outputs
+        .iter()
+        .map(|(p, _)| p)
+        .ne(inputs.iter().map(|(p, _)| p))
+    {
         return Err(err(format!(
             "{} and {} must have the same partitions",
             opts.input, opts.output
         )));
     }
-    let (starts, ends) =
-        load::offset_range(&mut admin, &opts.input, &parts, progress.as_ref()).await?;
-    let output_starts = admin.list_offsets(&opts.output, &parts, -1).await?;
+    let (starts, ends) = load::offset_range(&inputs, &opts.input, progress.as_ref()).await?;
+    let output_starts = load::leader_offsets(&outputs, &opts.output, -1).await?;
     let coordinator = admin.coordinator(&opts.group, 0).await?;
     let mut group_coordinator = Client::connect(coordinator).await?;
     let (generation, member_id) = group::join_alone(
@@ -348,16 +372,17 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
             conns.insert(*addr, c);
         }
     }
-    let mut fetchers = fetchers(&inputs).await?;
+    let fetchers = fetchers(&inputs).await?;
     let positions: BTreeMap<i32, i64> = starts.iter().map(|(p, o)| (*p, *o)).collect();
+    let builder = BatchBuilder::new(opts.record_size);
     let mut proc = Processor {
         meta: GroupMeta {
             group: opts.group.clone(),
             generation,
             member_id,
         },
-        builder: BatchBuilder::new(opts.record_size),
-        records_per_batch: (opts.batch_bytes / (opts.record_size + 24)).max(1),
+        records_per_batch: builder.records_per_batch(opts.batch_bytes),
+        builder,
         opts,
         txn,
         group_coordinator,
@@ -375,9 +400,17 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     };
     let interval = Duration::from_millis(proc.opts.commit_interval_ms);
     let start = Instant::now();
+    let mut pending: Vec<Pending> = fetchers
+        .into_iter()
+        .filter_map(|f| proc.prefetch(f))
+        .collect();
     loop {
-        for (fetcher, ps) in &mut fetchers {
-            proc.step(fetcher, ps).await?;
+        for fetch in std::mem::take(&mut pending) {
+            let (fetcher, resp) = fetch.await?;
+            let fetched_us = load::now_us();
+            let input = proc.take(&resp)?;
+            pending.extend(proc.prefetch(fetcher));
+            proc.produce(input, fetched_us).await?;
         }
         let done = proc.done();
         if proc.positions != proc.committed && (done || proc.txn.due(interval)) {
@@ -391,7 +424,7 @@ pub async fn run(opts: CtpOpts, progress: Option<indicatif::ProgressBar>) -> io:
     let m = &proc.meta;
     group::leave(&mut proc.group_coordinator, &m.group, &m.member_id).await?;
     let processed = proc.input_records;
-    let output = count_committed(&mut admin, &proc.opts.output, &outputs, &output_starts).await?;
+    let output = count_committed(&proc.opts.output, &outputs, &output_starts).await?;
     if output != processed || stats.acked.get() != processed {
         return Err(err(format!(
             "exactly-once check failed: {processed} input records processed, {output} in the committed output"

@@ -358,10 +358,21 @@ impl BatchBuilder {
         }
     }
 
+    /// About the bytes one record takes in a batch: its value and up to 24 bytes of
+    /// length, attributes, deltas, key and header count.
+    fn record_bytes(&self) -> usize {
+        self.value_bytes + 24
+    }
+
+    /// How many records fill a batch of about `batch_bytes` (at least one).
+    pub fn records_per_batch(&self, batch_bytes: usize) -> usize {
+        (batch_bytes / self.record_bytes()).max(1)
+    }
+
     /// One batch of records with send times `send_us` and keys `keys` (if any).
     pub fn build(&self, send_us: &[u64], keys: Option<&[u64]>) -> Bytes {
         let n = send_us.len();
-        let per_record = self.value_bytes + 24;
+        let per_record = self.record_bytes();
         let mut out = BytesMut::with_capacity(61 + n * per_record);
         let base_ts = (send_us[0] / 1000) as i64;
         let max_ts = (send_us[n - 1] / 1000) as i64;

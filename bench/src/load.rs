@@ -68,8 +68,9 @@ pub struct Outcome {
     pub seconds: f64,
     pub produce_latency_us: Histogram<u64>,
     pub e2e_latency_us: Option<Histogram<u64>>,
-    /// Transactional runs: flush of the transaction's produce requests plus EndTxn,
-    /// per commit (what a client's commitTransaction() waits for).
+    /// Transactional runs, per commit: flush of the transaction's produce requests
+    /// plus EndTxn (what a client's commitTransaction() waits for), and for `ctp` the
+    /// offsets sent to the transaction before them.
     pub commit_latency_us: Option<Histogram<u64>>,
     pub consumed: u64,
 }
@@ -129,7 +130,7 @@ impl Stats {
         }
     }
 
-    pub fn error(&self, msg: String) {
+    fn error(&self, msg: String) {
         self.errors.set(self.errors.get() + 1);
         let mut first = self.first_error.borrow_mut();
         if first.is_none() {
@@ -256,13 +257,14 @@ const FLUSH_MAX: Duration = Duration::from_secs(30);
 /// Commits `txn` as a client's commitTransaction() does: waits until every produce
 /// request in flight on `conns` is answered (EndTxn must not overtake the batches it
 /// commits, and a transaction with a failed produce must not commit at all), then
-/// EndTxn. Records the time both took in `stats.commit_latency`.
+/// EndTxn. Records the time since the caller began the commit, `start`, in
+/// `stats.commit_latency`.
 pub async fn flush_and_commit<'a>(
     txn: &mut Txn,
     conns: impl IntoIterator<Item = &'a Rc<ProducerConn>>,
     stats: &Stats,
+    start: Instant,
 ) -> io::Result<()> {
-    let start = Instant::now();
     for c in conns {
         if !c.wait_drained(FLUSH_MAX).await {
             return Err(err(
@@ -426,8 +428,7 @@ async fn producer(
     };
     let mut next_seq = vec![0i32; n_parts];
     let builder = BatchBuilder::new(opts.record_size);
-    let per_record = opts.record_size + 24;
-    let records_per_batch = (opts.batch_bytes / per_record).max(1);
+    let records_per_batch = builder.records_per_batch(opts.batch_bytes);
     let total = opts
         .records
         .map(|r| r / opts.producers as u64 + u64::from((id as u64) < r % opts.producers as u64));
@@ -535,7 +536,7 @@ async fn producer(
         }
         if let Some(t) = txn.as_mut() {
             if t.due(commit_interval) || (finished && t.is_open()) {
-                flush_and_commit(t, conns.values(), &stats).await?;
+                flush_and_commit(t, conns.values(), &stats, Instant::now()).await?;
             }
         }
         if finished {
@@ -675,20 +676,30 @@ pub fn fetched_records(p: &PartitionData) -> io::Result<Option<&Bytes>> {
     Ok(p.records.as_ref())
 }
 
-/// Fetches `partitions` of `topic` from `addr` from `offsets` until every partition
-/// reaches `end` (or, without ends, until `stop` is set), at `isolation_level`.
-/// Returns records and bytes.
-#[allow(clippy::too_many_arguments)]
+/// What a fetch loop reads: partitions of `topic` from `offsets` (partition, first
+/// offset) up to `ends` if given, at `isolation_level`.
+pub struct Reading {
+    pub topic: String,
+    pub offsets: HashMap<i32, i64>,
+    pub ends: Option<HashMap<i32, i64>>,
+    pub isolation_level: i8,
+}
+
+/// Fetches `reading` from `addr` until every partition reaches its end (or, without
+/// ends, until `stop` is set). Returns records and bytes.
 pub async fn fetch_loop(
     addr: SocketAddr,
-    topic: String,
-    mut offsets: HashMap<i32, i64>,
-    ends: Option<HashMap<i32, i64>>,
-    isolation_level: i8,
+    reading: Reading,
     stop: Rc<Cell<bool>>,
     e2e: Option<Rc<RefCell<Histogram<u64>>>>,
     progress: Option<indicatif::ProgressBar>,
 ) -> io::Result<(u64, u64)> {
+    let Reading {
+        topic,
+        mut offsets,
+        ends,
+        isolation_level,
+    } = reading;
     let mut client = Client::connect(addr).await?;
     let version = client.version(ApiKey::Fetch)?;
     let mut records = 0u64;
@@ -756,22 +767,37 @@ pub fn by_leader(leaders: &[(i32, SocketAddr)]) -> HashMap<SocketAddr, Vec<i32>>
     by_addr
 }
 
-/// The earliest and the latest offset of each of `parts` of `topic`; the progress
-/// bar's length becomes the offsets between them (records, for a topic of plain
-/// batches).
-pub async fn offset_range(
-    client: &mut Client,
+/// The offset at `timestamp` (-1 latest, -2 earliest) of every partition of `topic`
+/// in `leaders`, each asked of its leader: a broker answers ListOffsets only for the
+/// partitions it leads.
+pub async fn leader_offsets(
+    leaders: &[(i32, SocketAddr)],
     topic: &str,
-    parts: &[i32],
+    timestamp: i64,
+) -> io::Result<HashMap<i32, i64>> {
+    let mut out = HashMap::new();
+    for (addr, parts) in by_leader(leaders) {
+        let mut client = Client::connect(addr).await?;
+        out.extend(client.list_offsets(topic, &parts, timestamp).await?);
+    }
+    Ok(out)
+}
+
+/// The earliest and the latest offset of every partition of `topic` in `leaders`; the
+/// progress bar's length becomes the offsets between them (records, for a topic of
+/// plain batches).
+pub async fn offset_range(
+    leaders: &[(i32, SocketAddr)],
+    topic: &str,
     progress: Option<&indicatif::ProgressBar>,
 ) -> io::Result<(HashMap<i32, i64>, HashMap<i32, i64>)> {
-    let starts = client.list_offsets(topic, parts, -2).await?;
-    let ends = client.list_offsets(topic, parts, -1).await?;
+    let starts = leader_offsets(leaders, topic, -2).await?;
+    let ends = leader_offsets(leaders, topic, -1).await?;
     if let Some(pb) = progress {
         pb.set_length(
-            parts
+            leaders
                 .iter()
-                .map(|p| (ends[p] - starts[p]).max(0) as u64)
+                .map(|(p, _)| (ends[p] - starts[p]).max(0) as u64)
                 .sum(),
         );
     }
@@ -785,20 +811,22 @@ pub async fn consume(
 ) -> io::Result<Outcome> {
     let mut client = Client::connect(opts.bootstrap).await?;
     let leaders = client.leaders(&opts.topic).await?;
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let (starts, ends) = offset_range(&mut client, &opts.topic, &parts, progress.as_ref()).await?;
+    let (starts, ends) = offset_range(&leaders, &opts.topic, progress.as_ref()).await?;
     let start = Instant::now();
     let mut tasks = Vec::new();
     let stop = Rc::new(Cell::new(false));
     for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
         let e: HashMap<i32, i64> = ps.iter().map(|p| (*p, ends[p])).collect();
+        let reading = Reading {
+            topic: opts.topic.clone(),
+            offsets: offs,
+            ends: Some(e),
+            isolation_level: READ_UNCOMMITTED,
+        };
         tasks.push(glommio::spawn_local(fetch_loop(
             addr,
-            opts.topic.clone(),
-            offs,
-            Some(e),
-            READ_UNCOMMITTED,
+            reading,
             stop.clone(),
             None,
             progress.clone(),
@@ -835,21 +863,23 @@ pub async fn e2e(
             "e2e needs --record-size of at least 8 bytes (the send time)",
         ));
     }
-    let (mut client, leaders, version) = setup(&opts).await?;
-    let parts: Vec<i32> = leaders.iter().map(|(p, _)| *p).collect();
-    let starts = client.list_offsets(&opts.topic, &parts, -1).await?;
+    let (_client, leaders, version) = setup(&opts).await?;
+    let starts = leader_offsets(&leaders, &opts.topic, -1).await?;
     let stats = Stats::new(progress);
     let e2e_hist = Rc::new(RefCell::new(histogram()));
     let stop = Rc::new(Cell::new(false));
     let mut consumers = Vec::new();
     for (addr, ps) in by_leader(&leaders) {
         let offs: HashMap<i32, i64> = ps.iter().map(|p| (*p, starts[p])).collect();
+        let reading = Reading {
+            topic: opts.topic.clone(),
+            offsets: offs,
+            ends: None,
+            isolation_level: READ_UNCOMMITTED,
+        };
         consumers.push(glommio::spawn_local(fetch_loop(
             addr,
-            opts.topic.clone(),
-            offs,
-            None,
-            READ_UNCOMMITTED,
+            reading,
             stop.clone(),
             Some(e2e_hist.clone()),
             None,

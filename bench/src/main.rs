@@ -110,10 +110,11 @@ struct ProduceArgs {
     /// Transactional producers: each takes its own transactional.id (InitProducerId
     /// at its coordinator), adds each partition to the transaction before its first
     /// batch there (AddPartitionsToTxn), sends sequenced transactional batches, and
-    /// commits (flush, then EndTxn) every --commit-interval-ms. Latency stays produce
-    /// to acknowledgement; commit latency is reported beside it.
+    /// commits (flush, then EndTxn) once its transaction is --commit-interval-ms old.
+    /// Latency stays produce to acknowledgement; commit latency is reported beside it.
     #[arg(long, conflicts_with = "idempotent")]
     transactional: bool,
+    /// Age of a transaction at which it is committed (checked between sends).
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
 }
@@ -149,6 +150,8 @@ struct CtpArgs {
     /// Produce requests in flight per output connection.
     #[arg(long, default_value_t = 8)]
     max_in_flight: usize,
+    /// Age of a transaction at which its offsets are sent and it is committed (checked
+    /// after each fetch).
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
     #[command(flatten)]
@@ -266,6 +269,11 @@ fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
     }
     if ![0, 1, -1].contains(&a.acks) {
         fail("--acks must be 0, 1 or -1");
+    }
+    // Kafka clients refuse idempotence and transactions without acks=all: a batch
+    // acknowledged by the leader alone may be lost, and its sequence with it.
+    if (a.idempotent || a.transactional) && a.acks != -1 {
+        fail("--idempotent and --transactional need --acks -1");
     }
     load::ProduceOpts {
         bootstrap: a.common.bootstrap,

@@ -56,6 +56,7 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DeleteRecords, 0, 2),
     spec(ApiKey::DescribeConfigs, 1, 4),
     spec(ApiKey::CreatePartitions, 0, 3),
+    spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
     // v4 (KIP-827) adds the volume's total and usable bytes.
@@ -292,6 +293,7 @@ mod tests {
             ApiKey::CreatePartitions => {
                 RequestKind::CreatePartitions(CreatePartitionsRequest::default())
             }
+            ApiKey::AlterConfigs => RequestKind::AlterConfigs(AlterConfigsRequest::default()),
             ApiKey::IncrementalAlterConfigs => {
                 RequestKind::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::default())
             }

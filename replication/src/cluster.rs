@@ -286,6 +286,46 @@ impl ClusterState {
             .collect())
     }
 
+    /// Checks one partition's manual replica assignment (a client's explicit list), by
+    /// Kafka's rules: not empty, every broker registered, no broker twice, `rf`
+    /// replicas when the topic's replication factor is already known, and at least
+    /// one of them unfenced (a partition must start with a leader).
+    pub fn check_manual_assignment(
+        &self,
+        partition: i32,
+        replicas: &[BrokerId],
+        rf: Option<usize>,
+    ) -> Result<(), ApplyError> {
+        let bad = |m: String| Err(ApplyError::InvalidReplicaAssignment(m));
+        if replicas.is_empty() {
+            return bad(format!("partition {partition}: the replica list is empty"));
+        }
+        let mut sorted = replicas.to_vec();
+        sorted.sort_unstable();
+        for (i, b) in sorted.iter().enumerate() {
+            if !self.brokers.contains_key(b) {
+                return bad(format!(
+                    "partition {partition}: broker {b} is not registered"
+                ));
+            }
+            if i > 0 && sorted[i - 1] == *b {
+                return bad(format!("partition {partition}: broker {b} is listed twice"));
+            }
+        }
+        if let Some(rf) = rf.filter(|rf| *rf != replicas.len()) {
+            return bad(format!(
+                "partition {partition} has {} replicas, the other partitions {rf}",
+                replicas.len()
+            ));
+        }
+        if !replicas.iter().any(|b| self.is_alive(*b)) {
+            return bad(format!(
+                "partition {partition}: every broker of its assignment is fenced"
+            ));
+        }
+        Ok(())
+    }
+
     /// Applies one committed command. Deterministic: same state + same command gives
     /// the same result on every voter. Refused commands leave the state unchanged.
     pub fn apply(&mut self, cmd: &Command) -> Result<Applied, ApplyError> {
@@ -960,5 +1000,25 @@ mod tests {
         // structurally broken bytes rather than reading out of bounds.
         let bytes = s.encode();
         assert!(ClusterState::decode(&bytes[..bytes.len() / 2]).is_err());
+    }
+
+    #[test]
+    fn manual_assignments_follow_kafkas_rules() {
+        let mut s = cluster(3);
+        assert_eq!(s.check_manual_assignment(0, &[2, 1], None), Ok(()));
+        assert_eq!(s.check_manual_assignment(3, &[3, 1], Some(2)), Ok(()));
+        let refused = |r: Result<(), ApplyError>| {
+            assert!(
+                matches!(r, Err(ApplyError::InvalidReplicaAssignment(_))),
+                "{r:?}"
+            )
+        };
+        refused(s.check_manual_assignment(0, &[], None));
+        refused(s.check_manual_assignment(0, &[1, 4], None));
+        refused(s.check_manual_assignment(0, &[2, 1, 2], None));
+        refused(s.check_manual_assignment(1, &[1, 2, 3], Some(2)));
+        s.apply(&Command::FenceBroker { id: 3 }).unwrap();
+        refused(s.check_manual_assignment(0, &[3], None));
+        assert_eq!(s.check_manual_assignment(0, &[3, 1], None), Ok(()));
     }
 }

@@ -1,4 +1,6 @@
-//! CreatePartitions (key 37): grows a topic's partition count.
+//! CreatePartitions (key 37): grows a topic's partition count; the new partitions are
+//! placed by the controller or as the request's assignments say (one replica list per
+//! new partition, of the topic's replication factor).
 
 use std::rc::Rc;
 
@@ -9,7 +11,7 @@ use kafka_protocol::messages::create_partitions_response::{
 
 use super::sb;
 use crate::broker::Broker;
-use crate::rpc::CreatePartitions;
+use crate::rpc::{CreatePartitions, NewPartitions};
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -19,8 +21,17 @@ pub async fn handle(
     let names: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
     let items = req
         .topics
-        .iter()
-        .map(|t| (t.name.0.to_string(), t.count))
+        .into_iter()
+        .map(|t| NewPartitions {
+            topic: t.name.0.to_string(),
+            count: t.count,
+            assignments: t.assignments.map(|lists| {
+                lists
+                    .into_iter()
+                    .map(|a| a.broker_ids.into_iter().map(|b| b.0).collect())
+                    .collect()
+            }),
+        })
         .collect();
     let results = match broker
         .control(CreatePartitions {

@@ -1,4 +1,6 @@
-//! CreateTopics (key 19): validated and persisted by the controller.
+//! CreateTopics (key 19): validated and persisted by the controller; partitions are
+//! placed by the controller or, with `num_partitions` and `replication_factor` -1, as
+//! the request's manual `assignments` say (checked as Kafka checks them).
 
 use std::rc::Rc;
 
@@ -23,11 +25,15 @@ pub async fn handle(
         .map(|t| NewTopic {
             name: t.name.0.to_string(),
             num_partitions: t.num_partitions,
-            replication_factor: if t.assignments.is_empty() {
-                t.replication_factor
-            } else {
-                1
-            },
+            replication_factor: t.replication_factor,
+            assignments: t
+                .assignments
+                .into_iter()
+                .map(|a| {
+                    let brokers = a.broker_ids.into_iter().map(|b| b.0).collect();
+                    (a.partition_index, brokers)
+                })
+                .collect(),
             configs: t
                 .configs
                 .into_iter()
@@ -51,10 +57,15 @@ pub async fn handle(
         .map(|(name, r)| {
             let base = CreatableTopicResult::default().with_name(name);
             match r {
-                Ok((_, meta)) => base
-                    .with_topic_id(meta.id)
-                    .with_num_partitions(meta.partitions)
-                    .with_replication_factor(1),
+                Ok((_, meta)) => {
+                    let rf = meta
+                        .assignments
+                        .first()
+                        .map_or(-1, |a| a.replicas.len() as i16);
+                    base.with_topic_id(meta.id)
+                        .with_num_partitions(meta.partitions)
+                        .with_replication_factor(rf)
+                }
                 Err(e) => base
                     .with_error_code(e.code())
                     .with_error_message(e.message.map(sb))

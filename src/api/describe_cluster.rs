@@ -1,4 +1,5 @@
-//! DescribeCluster (key 60): the registered live brokers and the controller leader.
+//! DescribeCluster (key 60): the registered live brokers and the controller leader, and
+//! the cluster's authorized operations when asked (see [`super::authorized_ops`]).
 
 use std::rc::Rc;
 
@@ -8,16 +9,21 @@ use kafka_protocol::messages::describe_cluster_response::{
 };
 use kafka_protocol::messages::BrokerId;
 
+use super::authorized_ops::{when_asked, CLUSTER_ALL};
 use super::sb;
 use crate::broker::Broker;
 
 pub fn handle(
     broker: &Rc<Broker>,
     _version: i16,
-    _req: DescribeClusterRequest,
+    req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     let image = broker.image();
     DescribeClusterResponse::default()
+        .with_cluster_authorized_operations(when_asked(
+            req.include_cluster_authorized_operations,
+            CLUSTER_ALL,
+        ))
         .with_cluster_id(sb(image.cluster_id.clone()))
         .with_controller_id(BrokerId(image.controller_id))
         .with_brokers(

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse};
 
+use crate::api::authorized_ops::{when_asked, GROUP_ALL};
 use crate::api::sb;
 use crate::broker::Broker;
 use crate::group::{partition_for, route};
@@ -51,9 +52,13 @@ pub async fn handle(
                 .with_group_id(g)
                 .with_error_code(e.code()),
         };
-        let described = if version >= 3 {
-            // Authorized operations are not tracked (no ACLs): Kafka's "not provided".
-            described.with_authorized_operations(i32::MIN)
+        // KIP-430 (v3+): asked for, a described group gets every group operation; an
+        // error entry keeps "not provided", as in Kafka.
+        let described = if version >= 3 && described.error_code == 0 {
+            described.with_authorized_operations(when_asked(
+                req.include_authorized_operations,
+                GROUP_ALL,
+            ))
         } else {
             described
         };

@@ -13,7 +13,7 @@ use super::describe_configs::RESOURCE_TOPIC;
 use super::sb;
 use crate::broker::Broker;
 use crate::error::ApiError;
-use crate::rpc::AlterConfigs;
+use crate::rpc::{AlterConfigs, ConfigChange};
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -35,7 +35,7 @@ pub async fn handle(
                     )
                 })
                 .collect();
-            items.push((r.resource_name.to_string(), ops));
+            items.push((r.resource_name.to_string(), ConfigChange::Incremental(ops)));
             shape.push((r.resource_type, r.resource_name.clone(), None));
         } else {
             let e = ApiError::with(

@@ -12,6 +12,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, TopicName};
 
+use super::authorized_ops::{when_asked, CLUSTER_ALL, TOPIC_ALL};
 use super::sb;
 use crate::broker::Broker;
 use crate::error::ApiError;
@@ -37,6 +38,7 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
             num_partitions: -1,
             replication_factor: -1,
             configs: Vec::new(),
+            assignments: Vec::new(),
         })
         .collect();
     let mut errors = Vec::new();
@@ -74,6 +76,15 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         other => other,
     };
     let allow_auto = version < 4 || req.allow_auto_topic_creation;
+    // KIP-430: asked-for authorized operations (the cluster's only in v8-v10).
+    let topic_ops = when_asked(
+        version >= 8 && req.include_topic_authorized_operations,
+        TOPIC_ALL,
+    );
+    let cluster_ops = when_asked(
+        (8..=10).contains(&version) && req.include_cluster_authorized_operations,
+        CLUSTER_ALL,
+    );
     let mut create_errors = Vec::new();
     if let (Some(names), true) = (&requested, allow_auto) {
         let valid: Vec<String> = names
@@ -95,7 +106,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                 .with_name(Some(TopicName(sb(name.clone()))))
                 // Kafka flags its offsets topic internal (v1+), so regex subscriptions
                 // and tools leave it alone.
-                .with_is_internal(version >= 1 && name == crate::group::OFFSETS_TOPIC);
+                .with_is_internal(version >= 1 && name == crate::group::OFFSETS_TOPIC)
+                .with_topic_authorized_operations(topic_ops);
             if let Err(m) = validate_topic_name(&name) {
                 tracing::debug!(topic = %name, "metadata for invalid topic name: {m}");
                 return t.with_error_code(ResponseError::InvalidTopicException.code());
@@ -152,4 +164,5 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         .with_cluster_id(Some(sb(image.cluster_id.clone())))
         .with_controller_id(BrokerId(image.controller_id))
         .with_topics(topics)
+        .with_cluster_authorized_operations(cluster_ops)
 }

@@ -16,6 +16,8 @@
 //! UNSUPPORTED_VERSION error code (the first field of nearly every Kafka response);
 //! the connection stays open.
 
+pub mod alter_configs;
+pub mod authorized_ops;
 pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_groups;
@@ -121,6 +123,9 @@ pub async fn handle(
         }
         RequestKind::DescribeLogDirs(r) => {
             ResponseKind::DescribeLogDirs(describe_log_dirs::handle(broker, version, r).await)
+        }
+        RequestKind::AlterConfigs(r) => {
+            ResponseKind::AlterConfigs(alter_configs::handle(broker, version, r).await)
         }
         RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(
             incremental_alter_configs::handle(broker, version, r).await,

@@ -62,6 +62,14 @@ pub struct MetadataImage {
 }
 
 impl MetadataImage {
+    /// True when a broker (`me`) can answer clients completely from this image: its
+    /// own registration is in it, unfenced, and a controller is known.
+    pub fn complete_for(&self, me: i32) -> bool {
+        self.registered
+            && self.controller_id >= 0
+            && self.brokers.get(&me).is_some_and(|b| !b.fenced)
+    }
+
     pub fn new_cluster() -> MetadataImage {
         MetadataImage {
             epoch: 0,

@@ -202,8 +202,12 @@ async fn run_shard(
         }
         import_legacy_metadata(&broker, q).await;
     }
-    // Every shard adopts a first image before it listens.
-    while broker.image().epoch == 0 {
+    // Every shard listens only once its own image can answer a client completely: this
+    // broker registered and unfenced in it, a controller known (as Kafka opens its
+    // listeners only once the broker is unfenced). Before, shards other than 0 answered
+    // Metadata from their first image, with no brokers and no controller, which
+    // librdkafka rejects as a partial answer and backs off from for seconds.
+    while !broker.image().complete_for(broker.config.node_id) {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }

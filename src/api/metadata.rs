@@ -148,10 +148,11 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
             t.with_topic_id(meta.id).with_partitions(partitions)
         })
         .collect();
-    let brokers = image
+    let me = broker.config.node_id;
+    let mut brokers: Vec<MetadataResponseBroker> = image
         .brokers
         .iter()
-        .filter(|(_, b)| !b.fenced)
+        .filter(|(id, b)| !b.fenced || **id == me)
         .map(|(id, b)| {
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(*id))
@@ -159,6 +160,17 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                 .with_port(b.port)
         })
         .collect();
+    // An answer always lists at least the broker answering: clients (librdkafka) take
+    // a broker list without it as a partial answer. (Its image lacks it only while it
+    // re-registers, say after its session lapsed.)
+    if !image.brokers.contains_key(&me) {
+        brokers.push(
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(me))
+                .with_host(sb(broker.config.advertised_host.clone()))
+                .with_port(broker.config.advertised_port),
+        );
+    }
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(sb(image.cluster_id.clone())))

@@ -325,8 +325,19 @@ impl Broker {
             .get(&(topic.to_string(), partition))
             .cloned();
         let key = (topic.to_string(), partition);
+        let me = self.config.node_id;
         let log = log.ok_or_else(|| match self.offline.borrow().get(&key) {
             Some(o) => offline_error(&key, &o.cause),
+            // Not a replica here: the client must ask the leader (as Kafka answers).
+            None if meta
+                .assignment(partition)
+                .is_some_and(|a| !a.replicas.contains(&me)) =>
+            {
+                ApiError::with(
+                    ResponseError::NotLeaderOrFollower,
+                    format!("broker {me} holds no replica of {topic}-{partition}"),
+                )
+            }
             None => ApiError::with(
                 ResponseError::KafkaStorageError,
                 format!("log of {topic}-{partition} is not open on {}", self.shard),
@@ -648,20 +659,35 @@ impl Broker {
             hw
         };
         match ts {
-            -2 => Ok((log.log_start_offset(), -1)),
-            // Latest is the high watermark. (KIP-734) max-timestamp is answered with it
-            // too rather than by searching for the record: a documented gap.
-            -1 | -3 => Ok((hw, -1)),
+            // Earliest, and earliest-local (-4, v8): the same without tiered storage.
+            -2 | -4 => Ok((log.log_start_offset(), -1)),
+            // Latest is the high watermark.
+            -1 => Ok((hw, -1)),
+            // Max-timestamp (KIP-734): the first record with the largest timestamp, if
+            // it is below the high watermark, as the search by timestamp below.
+            -3 => match log.max_timestamp() {
+                -1 => Ok((-1, -1)),
+                max => self.offset_at_timestamp(&log, max, hw).await,
+            },
             ts if ts < 0 => Err(ApiError::with(
                 ResponseError::InvalidRequest,
                 format!("bad timestamp {ts}"),
             )),
-            ts => match log.offset_for_timestamp(ts).await {
-                Ok(Some((o, t))) if o < hw => Ok((o, t)),
-                Ok(Some(_)) => Ok((-1, -1)),
-                Ok(None) => Ok((-1, -1)),
-                Err(e) => Err(error::from_storage(&e)),
-            },
+            ts => self.offset_at_timestamp(&log, ts, hw).await,
+        }
+    }
+
+    /// The first record at or after timestamp `ts` below `hw`, or (-1, -1).
+    async fn offset_at_timestamp(
+        &self,
+        log: &PartitionLog,
+        ts: i64,
+        hw: i64,
+    ) -> Result<(i64, i64), ApiError> {
+        match log.offset_for_timestamp(ts).await {
+            Ok(Some((o, t))) if o < hw => Ok((o, t)),
+            Ok(Some(_)) | Ok(None) => Ok((-1, -1)),
+            Err(e) => Err(error::from_storage(&e)),
         }
     }
 

@@ -1,6 +1,8 @@
-//! ListOffsets (key 2): earliest (-2), latest (-1: the high watermark, or the last
-//! stable offset for isolation_level=1), or the first
-//! offset at or after a timestamp, answered by the leader's home shard; a current leader
+//! ListOffsets (key 2): earliest (-2; and -4, earliest-local, the same without tiered
+//! storage), latest (-1: the high watermark, or the last stable offset for
+//! isolation_level=1), max-timestamp (-3, KIP-734: the first record with the largest
+//! timestamp), or the first offset at or after a timestamp, answered by the leader's
+//! home shard; a current leader
 //! epoch in the request (v4+, KIP-320) is checked (FENCED_LEADER_EPOCH /
 //! UNKNOWN_LEADER_EPOCH).
 

@@ -1643,6 +1643,18 @@ impl PartitionLog {
             .await
     }
 
+    /// The largest record timestamp in the log (-1: no record), for ListOffsets'
+    /// max-timestamp (KIP-734): its first record is
+    /// `offset_for_timestamp(max_timestamp())`.
+    pub fn max_timestamp(&self) -> i64 {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .map(|s| s.max_timestamp)
+            .max()
+            .unwrap_or(-1)
+    }
+
     async fn offset_for_timestamp_unguarded(
         &self,
         timestamp: i64,

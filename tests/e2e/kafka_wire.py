@@ -192,6 +192,26 @@ def parse_fetch_v4(resp):
     return out
 
 
+def list_offsets_v1(topic, partitions, timestamp=-1, corr=1):
+    body = header(2, 1, corr) + struct.pack(">i", -1) + struct.pack(">i", 1) + string(topic)
+    body += struct.pack(">i", len(partitions))
+    for p in partitions:
+        body += struct.pack(">iq", p, timestamp)
+    return frame(body)
+
+
+def parse_list_offsets_v1(resp):
+    """-> {partition: (error_code, offset)} of the one topic asked"""
+    pos = 4  # topics count (1)
+    (ln,) = struct.unpack_from(">h", resp, pos); pos += 2 + ln
+    (n,) = struct.unpack_from(">i", resp, pos); pos += 4
+    out = {}
+    for _ in range(n):
+        p, err, _ts, off = struct.unpack_from(">ihqq", resp, pos); pos += 22
+        out[p] = (err, off)
+    return out
+
+
 def batch_count(records):
     n, pos = 0, 0
     while pos + 12 <= len(records):

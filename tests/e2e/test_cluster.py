@@ -693,3 +693,22 @@ def test_transactions_survive_a_partition_leader_sigkill(cluster):
     markers go to it."""
     _txn_stream_through_a_kill(cluster, "txn-leader", "leader-txn",
                                lambda c: c.leader_of("txn-leader", 0))
+
+
+def test_list_offsets_on_a_broker_without_the_partition_says_not_leader(cluster):
+    """A broker that holds no replica of a partition answers NOT_LEADER_OR_FOLLOWER
+    (the client then asks the leader), not a storage error."""
+    import kafka_wire as kw
+    topic = "spread"
+    cluster.create_topic(topic, partitions=3, rf=1)
+    leaders = {p: cluster.leader_of(topic, p) for p in range(3)}
+    for i in cluster.ids:
+        conn = kw.Conn(cluster.addr(i))
+        conn.send(kw.list_offsets_v1(topic, [0, 1, 2]))
+        answers = kw.parse_list_offsets_v1(conn.recv()[1])
+        conn.close()
+        for p, (err, offset) in answers.items():
+            if leaders[p] == i:
+                assert (err, offset) == (0, 0), f"broker {i}, {topic}-{p}: {err}"
+            else:
+                assert err == 6, f"broker {i} holds no {topic}-{p} but answered {err}"

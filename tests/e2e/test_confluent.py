@@ -126,3 +126,26 @@ def test_offsets_for_times_and_describe_cluster(broker):
     desc = admin.describe_cluster().result(timeout=30)
     assert [n.id for n in desc.nodes] == [1] and desc.controller.id == 1
     assert desc.cluster_id and len(desc.cluster_id) == 22
+
+
+def test_list_offsets_by_spec_with_the_admin_client(broker):
+    """AdminClient.list_offsets: earliest, latest, max-timestamp (KIP-734: the first
+    record with the largest timestamp, not the last record) and by timestamp."""
+    from confluent_kafka.admin import OffsetSpec
+    a = create_topic(broker.addr, "times", 1)
+    p = Producer({"bootstrap.servers": broker.addr, "linger.ms": 0})
+    stamps = [1_000, 5_000, 3_000, 5_000, 2_000]
+    for i, ts in enumerate(stamps):
+        p.produce("times", value=b"%d" % i, partition=0, timestamp=ts)
+        p.flush(10)  # one batch per record: max-timestamp must look inside the log
+    tp = TopicPartition("times", 0)
+
+    def offset(spec):
+        r = a.list_offsets({tp: spec}, request_timeout=10)[tp].result(timeout=15)
+        return r.offset, r.timestamp
+
+    assert offset(OffsetSpec.earliest())[0] == 0
+    assert offset(OffsetSpec.latest())[0] == 5
+    assert offset(OffsetSpec.max_timestamp()) == (1, 5_000)
+    assert offset(OffsetSpec.for_timestamp(2_500)) == (1, 5_000)
+    assert offset(OffsetSpec.for_timestamp(9_000))[0] == -1

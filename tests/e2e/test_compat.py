@@ -251,6 +251,13 @@ def test_manual_replica_assignment_on_one_broker(broker):
     name = unique("bad")
     fut = admin.create_topics([NewTopic(name, 1, replica_assignment=[[2]])])[name]
     assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    # validate_only: checked, not created.
+    name = unique("dry")
+    admin.create_topics([NewTopic(name, 2, replica_assignment=[[1], [1]])],
+                        validate_only=True)[name].result(timeout=30)
+    assert name not in admin.list_topics(timeout=10).topics
+    fut = admin.create_topics([NewTopic(name, 1, replica_assignment=[[3]])], validate_only=True)[name]
+    assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
     fut = admin.create_partitions([NewPartitions(topic, 4, replica_assignment=[[2]])])[topic]
     assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
 

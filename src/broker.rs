@@ -471,6 +471,12 @@ impl Broker {
                 ),
             ));
         }
+        // Per-record rules (KIP-467) fail the whole write before any batch is appended.
+        // The coordinators' own writes are trusted.
+        if !trusted {
+            let bytes = batches.iter().map(|(_, r)| &item.records[r.clone()]);
+            crate::record_rules::check(&item.topic, item.partition, tc.log.cleanup_compact, bytes)?;
+        }
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);

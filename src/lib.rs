@@ -17,8 +17,8 @@
 //! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
 //! from here).
 //!
-//! 1. `util`, `error`, `topic_config`, `config`, `metadata` —
-//!    base: helpers, errors and their Kafka codes, topic configs, the one broker config,
+//! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules` —
+//!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
 //!    the metadata image.
 //! 2. `rpc`, `replica`, `quorum_io`, `disk` — the typed cross-shard calls and their
 //!    messages; a partition's replica state; the raft quorum's I/O shell; the data
@@ -48,6 +48,7 @@ pub mod group_cli;
 pub mod metadata;
 pub mod node;
 pub mod quorum_io;
+pub mod record_rules;
 pub mod replica;
 pub mod rpc;
 pub mod server;

@@ -8,6 +8,17 @@ use kafka_protocol::error::ResponseError;
 pub struct ApiError {
     pub code: ResponseError,
     pub message: Option<String>,
+    /// Produce only (KIP-467): the records that made the partition's batch fail; empty
+    /// for every other error. Answered in Produce v8+ `record_errors`.
+    pub record_errors: Vec<RecordError>,
+}
+
+/// One record that made its batch fail (KIP-467).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordError {
+    /// The record's index within its batch.
+    pub batch_index: i32,
+    pub message: String,
 }
 
 impl ApiError {
@@ -15,6 +26,7 @@ impl ApiError {
         ApiError {
             code,
             message: None,
+            record_errors: Vec::new(),
         }
     }
 
@@ -22,6 +34,20 @@ impl ApiError {
         ApiError {
             code,
             message: Some(message.into()),
+            record_errors: Vec::new(),
+        }
+    }
+
+    /// A batch refused for the records named in `record_errors`.
+    pub fn with_records(
+        code: ResponseError,
+        message: impl Into<String>,
+        record_errors: Vec<RecordError>,
+    ) -> ApiError {
+        ApiError {
+            code,
+            message: Some(message.into()),
+            record_errors,
         }
     }
 

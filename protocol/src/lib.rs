@@ -17,7 +17,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-pub use error::ApiError;
+pub use error::{ApiError, RecordError};
 
 /// Unit tests decode on the broker's own allocator, as production does (see [`alloc`]).
 #[cfg(test)]

@@ -7,14 +7,16 @@
 //! least min.insync.replicas in the ISR (`crate::replica`), bounded by the request's
 //! timeout. Transactional batches are judged by the partition's producer state (a
 //! producer with an open transaction writes only transactional batches); the
-//! coordinator-side verification of KIP-890 part 1 is not done.
+//! coordinator-side verification of KIP-890 part 1 is not done. A partition's data
+//! that breaks a per-record rule (`crate::record_rules`: keyless records on a compacted
+//! topic) fails as a whole with KIP-467 `record_errors` (v8+).
 
 use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{
-    PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
+    BatchIndexAndErrorMessage, PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
 
 use super::metadata::auto_create;
@@ -24,19 +26,40 @@ use crate::error::{self, ApiError};
 use crate::rpc::{Appended, Produce, ProduceItem};
 use crate::topic_config::validate_topic_name;
 
-fn partition_response(index: i32, r: &Result<Appended, ApiError>) -> PartitionProduceResponse {
+fn partition_response(
+    version: i16,
+    index: i32,
+    r: &Result<Appended, ApiError>,
+) -> PartitionProduceResponse {
     let base = PartitionProduceResponse::default().with_index(index);
     match r {
         Ok(a) => base
             .with_base_offset(a.base_offset)
             .with_log_append_time_ms(a.log_append_time_ms)
             .with_log_start_offset(a.log_start_offset),
-        Err(e) => base
-            .with_error_code(e.code())
-            .with_base_offset(-1)
-            .with_log_append_time_ms(-1)
-            .with_log_start_offset(-1)
-            .with_error_message(e.message.clone().map(sb)),
+        Err(e) => {
+            let failed = base
+                .with_error_code(e.code())
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            // KIP-467: the message and the records that failed the batch, v8+.
+            if version < 8 {
+                return failed;
+            }
+            failed
+                .with_error_message(e.message.clone().map(sb))
+                .with_record_errors(
+                    e.record_errors
+                        .iter()
+                        .map(|r| {
+                            BatchIndexAndErrorMessage::default()
+                                .with_batch_index(r.batch_index)
+                                .with_batch_index_error_message(Some(sb(r.message.clone())))
+                        })
+                        .collect(),
+                )
+        }
     }
 }
 
@@ -54,7 +77,11 @@ pub async fn handle(
         .filter(|t| !t.is_empty());
     let timeout = std::time::Duration::from_millis(req.timeout_ms.clamp(0, 300_000) as u64);
     if !matches!(acks, -1..=1) {
-        let resp = reject_all(&req, ApiError::new(ResponseError::InvalidRequiredAcks));
+        let resp = reject_all(
+            version,
+            &req,
+            ApiError::new(ResponseError::InvalidRequiredAcks),
+        );
         return (acks != 0).then_some(resp);
     }
     let names: Vec<String> = req
@@ -139,8 +166,12 @@ pub async fn handle(
             let partition_responses = parts
                 .into_iter()
                 .map(|(index, err)| match err {
-                    Some(e) => partition_response(index, &Err(e)),
-                    None => partition_response(index, &results.next().expect("one result per job")),
+                    Some(e) => partition_response(version, index, &Err(e)),
+                    None => partition_response(
+                        version,
+                        index,
+                        &results.next().expect("one result per job"),
+                    ),
                 })
                 .collect();
             TopicProduceResponse::default()
@@ -151,7 +182,7 @@ pub async fn handle(
     Some(ProduceResponse::default().with_responses(responses))
 }
 
-fn reject_all(req: &ProduceRequest, e: ApiError) -> ProduceResponse {
+fn reject_all(version: i16, req: &ProduceRequest, e: ApiError) -> ProduceResponse {
     let responses = req
         .topic_data
         .iter()
@@ -161,7 +192,7 @@ fn reject_all(req: &ProduceRequest, e: ApiError) -> ProduceResponse {
                 .with_partition_responses(
                     t.partition_data
                         .iter()
-                        .map(|p| partition_response(p.index, &Err(e.clone())))
+                        .map(|p| partition_response(version, p.index, &Err(e.clone())))
                         .collect(),
                 )
         })

@@ -7,10 +7,12 @@ replica assignments, authorized operations (KIP-430), and compacted topics refus
 keyless records with KIP-467 record errors. Every wait is bounded.
 """
 import struct
+import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection
+from confluent_kafka import (Consumer, KafkaError, KafkaException, Producer, TopicCollection,
+                             TopicPartition)
 from confluent_kafka.admin import (AclOperation, AdminClient, ConfigResource, ConfigSource,
                                    NewPartitions, NewTopic)
 
@@ -249,5 +251,164 @@ def test_manual_replica_assignment_on_one_broker(broker):
     name = unique("bad")
     fut = admin.create_topics([NewTopic(name, 1, replica_assignment=[[2]])])[name]
     assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    # validate_only: checked, not created.
+    name = unique("dry")
+    admin.create_topics([NewTopic(name, 2, replica_assignment=[[1], [1]])],
+                        validate_only=True)[name].result(timeout=30)
+    assert name not in admin.list_topics(timeout=10).topics
+    fut = admin.create_topics([NewTopic(name, 1, replica_assignment=[[3]])], validate_only=True)[name]
+    assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
     fut = admin.create_partitions([NewPartitions(topic, 4, replica_assignment=[[2]])])[topic]
     assert error_code(fut) == KafkaError.INVALID_REPLICA_ASSIGNMENT
+
+
+# --- item 6: compacted topics refuse keyless records (KIP-467 record errors) ----------
+
+def produce_reports(addr, topic, records, **conf):
+    """Produces [(key, value)] in one go (one batch when `linger.ms` allows) and flushes;
+    -> [(key, value, error code or None)] in produce order."""
+    p = Producer({"bootstrap.servers": addr, "enable.idempotence": False, **conf})
+    reports = {}
+
+    def cb(err, msg):
+        reports[msg.value()] = err.code() if err is not None else None
+
+    for k, v in records:
+        p.produce(topic, key=k, value=v, on_delivery=cb)
+    assert p.flush(30) == 0
+    return [(k, v, reports[v]) for k, v in records]
+
+
+def test_compacted_topic_refuses_keyless_records(broker):
+    admin = admin_for(broker.addr)
+    topic = unique("compacted")
+    create(admin, topic, config={"cleanup.policy": "compact"})
+
+    ok = produce_reports(broker.addr, topic, [(b"k1", b"v1"), (b"k2", b"v2")])
+    assert [e for _, _, e in ok] == [None, None]
+    keyless = produce_reports(broker.addr, topic, [(None, b"n1")])
+    assert keyless[0][2] == KafkaError.INVALID_RECORD
+    # One batch holding both: the whole batch fails (record_errors name the keyless
+    # record, see test_record_errors_on_the_wire; librdkafka reports INVALID_RECORD for
+    # every record of the batch).
+    mixed = produce_reports(broker.addr, topic, [(b"k3", b"v3"), (None, b"n2"), (b"k4", b"v4")],
+                            **{"linger.ms": 500})
+    assert [e for _, _, e in mixed] == [KafkaError.INVALID_RECORD] * 3
+    ok = produce_reports(broker.addr, topic, [(b"k5", b"v5")])
+    assert ok[0][2] is None
+
+    # Only the keyed records of the successful batches are in the log.
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": unique("read"),
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    got = []
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+
+        def read_to_end():
+            m = c.poll(0.5)
+            if m is None:
+                return False
+            if m.error() is not None:
+                return m.error().code() == KafkaError._PARTITION_EOF and len(got) >= 3
+            got.append((m.offset(), m.key(), m.value()))
+            return False
+        wait_until(read_to_end, timeout=30, interval=0, what="the compacted topic read to its end")
+    finally:
+        c.close()
+    assert got == [(0, b"k1", b"v1"), (1, b"k2", b"v2"), (2, b"k5", b"v5")]
+
+    # A topic that is not compacted takes keyless records.
+    plain = unique("plain")
+    create(admin, plain)
+    assert produce_reports(broker.addr, plain, [(None, b"n")])[0][2] is None
+
+
+def keyed_batch(records):
+    """An uncompressed v2 batch of [(key or None, value)] (no producer id)."""
+    ts = int(time.time() * 1000)
+    recs = b""
+    for i, (k, v) in enumerate(records):
+        key = kw.varint(-1) if k is None else kw.varint(len(k)) + k
+        body = b"\x00" + kw.varint(0) + kw.varint(i) + key + kw.varint(len(v)) + v + kw.varint(0)
+        recs += kw.varint(len(body)) + body
+    after_crc = struct.pack(">hiqqqhii", 0, len(records) - 1, ts, ts, -1, -1, -1, len(records)) + recs
+    after_len = struct.pack(">ibI", 0, 2, kw.crc32c(after_crc)) + after_crc
+    return struct.pack(">qi", 0, len(after_len)) + after_len
+
+
+def produce_v8(topic, batches, corr=8):
+    """Produce v8 (acks=all) of {partition: batch bytes} to one topic."""
+    body = kw.header(0, 8, corr) + kw.string(None) + struct.pack(">hi", -1, 10000)
+    body += struct.pack(">i", 1) + kw.string(topic) + struct.pack(">i", len(batches))
+    for p, records in batches.items():
+        body += struct.pack(">ii", p, len(records)) + records
+    return kw.frame(body)
+
+
+def read_string(buf, pos):
+    (n,) = struct.unpack_from(">h", buf, pos)
+    pos += 2
+    if n < 0:
+        return None, pos
+    return buf[pos:pos + n].decode(), pos + n
+
+
+def parse_produce_v8(body):
+    """-> {partition: (error code, base offset, [(batch index, message)], error message)}"""
+    out = {}
+    (n_topics,) = struct.unpack_from(">i", body, 0)
+    pos = 4
+    for _ in range(n_topics):
+        _name, pos = read_string(body, pos)
+        (n_parts,) = struct.unpack_from(">i", body, pos)
+        pos += 4
+        for _ in range(n_parts):
+            p, err, base, _ts, _start = struct.unpack_from(">ihqqq", body, pos)
+            pos += 30
+            (n_errors,) = struct.unpack_from(">i", body, pos)
+            pos += 4
+            errors = []
+            for _ in range(n_errors):
+                (index,) = struct.unpack_from(">i", body, pos)
+                msg, pos = read_string(body, pos + 4)
+                errors.append((index, msg))
+            message, pos = read_string(body, pos)
+            out[p] = (err, base, errors, message)
+    return out
+
+
+def test_record_errors_on_the_wire(broker):
+    admin = admin_for(broker.addr)
+    topic = unique("kip467")
+    create(admin, topic, partitions=2, config={"cleanup.policy": "compact"})
+    conn = kw.Conn(broker.addr)
+    try:
+        # Partition 0's batch has two keyless records; partition 1's is fine.
+        conn.send(produce_v8(topic, {
+            0: keyed_batch([(b"a", b"1"), (None, b"2"), (None, b"3")]),
+            1: keyed_batch([(b"b", b"1")]),
+        }))
+        corr, body = conn.recv()
+        assert corr == 8
+        parts = parse_produce_v8(body)
+        err, base, errors, message = parts[0]
+        assert err == KafkaError.INVALID_RECORD and base == -1
+        assert [i for i, _ in errors] == [1, 2]
+        assert all(f"{topic}-0" in m and "key" in m for _, m in errors), errors
+        assert message and "2 record(s)" in message, message
+        assert parts[1][:3] == (0, 0, [])
+
+        # Before v8 the same refusal carries only the code.
+        conn.send(kw.produce_v3(topic, 0, kw.record_batch([b"x"]), corr=9))
+        corr, body = conn.recv()
+        assert corr == 9
+        assert kw.parse_produce_v3(body) == [(topic, 0, KafkaError.INVALID_RECORD, -1)]
+    finally:
+        conn.close()
+    # Nothing of partition 0's refused batches was written.
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": unique("wm")})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, 0)
+        assert c.get_watermark_offsets(TopicPartition(topic, 1), timeout=10) == (0, 1)
+    finally:
+        c.close()

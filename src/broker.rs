@@ -721,14 +721,9 @@ impl Broker {
     /// config changes, and deletes the logs of topics that are gone. New logs open
     /// before the image is published, so a client that sees a topic can use it.
     pub async fn apply(self: &Rc<Self>, image: Arc<MetadataImage>) {
-        let _guard = self
-            .apply_lock
-            .acquire_permit(1)
-            .await
-            .expect("apply lock never closes");
-        if self.closing.get() {
+        let Some(_guard) = self.opening_logs().await else {
             return;
-        }
+        };
         let old = self.image();
         if image.epoch < old.epoch || (image.epoch == old.epoch && !old.cluster_id.is_empty()) {
             return;
@@ -915,16 +910,22 @@ impl Broker {
         }
     }
 
-    /// One attempt to bring an offline partition back.
-    async fn reopen(self: &Rc<Self>, key: &(String, i32)) {
-        let _guard = self
+    /// Serialises what opens or closes logs on this shard (image changes, reopening
+    /// offline partitions, shutdown); None once the shard is closing.
+    async fn opening_logs(&self) -> Option<glommio::sync::Permit<'_>> {
+        let permit = self
             .apply_lock
             .acquire_permit(1)
             .await
             .expect("apply lock never closes");
-        if self.closing.get() {
+        (!self.closing.get()).then_some(permit)
+    }
+
+    /// One attempt to bring an offline partition back.
+    async fn reopen(self: &Rc<Self>, key: &(String, i32)) {
+        let Some(_guard) = self.opening_logs().await else {
             return;
-        }
+        };
         let failed = match self.offline.borrow_mut().get_mut(key) {
             Some(o) => o.failed.take(),
             None => return,

@@ -9,12 +9,11 @@
 //! `sluice-protocol`, a module here and its arm in [`handle`] (a unit test fails while
 //! the two disagree).
 //!
-//! Unsupported requests: an ApiVersions request of a version newer than this broker's
-//! gets a v0 ApiVersionsResponse with UNSUPPORTED_VERSION and the supported ranges (what
-//! clients expect, to retry at a version both know). Any other unknown API key or
-//! unsupported version gets a response frame holding the correlation id and the
-//! UNSUPPORTED_VERSION error code (the first field of nearly every Kafka response);
-//! the connection stays open.
+//! Unsupported requests get Kafka's answer (`sluice_protocol::unsupported_response`):
+//! an ApiVersions request of a version newer than this broker's gets a v0
+//! ApiVersionsResponse with UNSUPPORTED_VERSION and the ApiVersions range (clients retry
+//! at a version both know); any other unknown API key or unsupported version closes the
+//! connection without a response, as Kafka's request-header check does.
 
 pub mod alter_configs;
 pub mod authorized_ops;
@@ -215,10 +214,14 @@ pub use sluice_protocol::{
 };
 
 fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
-    tracing::debug!(api_key, version, "unsupported API key or version");
+    tracing::debug!(
+        api_key,
+        version,
+        "unsupported API key or version (ApiVersions is answered, anything else closes the connection)"
+    );
     match sluice_protocol::unsupported_response(api_key, correlation_id) {
-        Ok(frame) => Outcome::Respond(frame),
-        Err(_) => Outcome::Close,
+        Some(frame) => Outcome::Respond(frame),
+        None => Outcome::Close,
     }
 }
 

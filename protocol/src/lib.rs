@@ -61,6 +61,10 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeCluster, 0, 1),
     // v4 (KIP-827) adds the volume's total and usable bytes.
     spec(ApiKey::DescribeLogDirs, 1, 4),
+    // One data directory per broker: nothing ever moves (answers as Kafka's).
+    spec(ApiKey::AlterReplicaLogDirs, 1, 2),
+    // KIP-966 paginated topic descriptions (no eligible leader replicas in Sluice).
+    spec(ApiKey::DescribeTopicPartitions, 0, 0),
     // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.
     spec(ApiKey::InitProducerId, 0, 5),
     // Transactions with client transaction version 0/1 semantics: the versions after
@@ -73,6 +77,7 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::WriteTxnMarkers, 1, 1),
     spec(ApiKey::TxnOffsetCommit, 0, 3),
     spec(ApiKey::DescribeTransactions, 0, 0),
+    spec(ApiKey::DescribeProducers, 0, 0),
     spec(ApiKey::ListTransactions, 0, 1),
     // Replication: followers truncate with it; KIP-320 clients validate positions.
     spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
@@ -337,6 +342,15 @@ mod tests {
             }
             ApiKey::ListTransactions => {
                 RequestKind::ListTransactions(ListTransactionsRequest::default())
+            }
+            ApiKey::DescribeProducers => {
+                RequestKind::DescribeProducers(DescribeProducersRequest::default())
+            }
+            ApiKey::AlterReplicaLogDirs => {
+                RequestKind::AlterReplicaLogDirs(AlterReplicaLogDirsRequest::default())
+            }
+            ApiKey::DescribeTopicPartitions => {
+                RequestKind::DescribeTopicPartitions(DescribeTopicPartitionsRequest::default())
             }
             other => panic!("registry entry {other:?} has no default request here"),
         }

@@ -16,6 +16,7 @@
 //! connection without a response, as Kafka's request-header check does.
 
 pub mod alter_configs;
+pub mod alter_replica_log_dirs;
 pub mod authorized_ops;
 pub mod create_partitions;
 pub mod create_topics;
@@ -26,6 +27,8 @@ pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
 pub mod describe_log_dirs;
+pub mod describe_producers;
+pub mod describe_topic_partitions;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -157,6 +160,15 @@ pub async fn handle(
         RequestKind::ListTransactions(r) => {
             ResponseKind::ListTransactions(transactions::list(broker, version, r).await)
         }
+        RequestKind::DescribeProducers(r) => {
+            ResponseKind::DescribeProducers(describe_producers::handle(broker, version, r).await)
+        }
+        RequestKind::DescribeTopicPartitions(r) => ResponseKind::DescribeTopicPartitions(
+            describe_topic_partitions::handle(broker, version, r).await,
+        ),
+        RequestKind::AlterReplicaLogDirs(r) => ResponseKind::AlterReplicaLogDirs(
+            alter_replica_log_dirs::handle(broker, version, r).await,
+        ),
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
         }

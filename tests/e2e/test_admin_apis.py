@@ -5,6 +5,8 @@ fields) and the answers compared with what Kafka 3.9 answers."""
 import struct
 import time
 
+import pytest
+
 from conftest import wait_until
 from kafka_wire import (Conn, frame, init_producer_id, parse_produce_v3, produce_v3,
                         record_batch, string)
@@ -477,3 +479,51 @@ def test_offset_for_leader_epoch_from_a_consumer(make_broker, tmp_path):
         return name, parts
 
     assert r.carray(topic) == [("ofle", [(0, 0, first, 3)])]
+
+
+# ---- the same APIs across a cluster ----
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    from test_cluster import _make_cluster
+    yield from _make_cluster(tmp_path, request, proxied=False)
+
+
+def test_partition_apis_on_leader_follower_and_non_replica(cluster):
+    """A partition with two replicas in a three-broker cluster, asked of each broker:
+    DescribeProducers is answered by both replicas with the same producer (Kafka lets
+    any replica holding the log answer) and NOT_LEADER_OR_FOLLOWER by the third;
+    OffsetForLeaderEpoch from a consumer only by the leader (NOT_LEADER_OR_FOLLOWER
+    elsewhere, as Kafka); AlterReplicaLogDirs to a broker's own directory is NONE where
+    a replica lives and REPLICA_NOT_AVAILABLE where none does."""
+    topic = "spread2"
+    cluster.create_topic(topic, partitions=1, rf=2)
+    leader = cluster.leader_of(topic, 0)
+    replicas = cluster.replicas_of(topic, 0)
+    [follower] = [r for r in replicas if r != leader]
+    [outsider] = [i for i in cluster.ids if i not in replicas]
+    pid, epoch = init_producer_id(cluster.addr(leader))
+    produce(cluster.addr(leader), topic, 0,
+            record_batch([b"x", b"y"], producer_id=pid, producer_epoch=epoch, base_sequence=0))
+
+    def producers_on(i):
+        err, producers = describe_producers(cluster.addr(i), topic, [0])[0]
+        return err, [(p["producer_id"], p["epoch"], p["last_sequence"]) for p in producers]
+
+    assert producers_on(leader) == (0, [(pid, epoch, 1)])
+    wait_until(lambda: producers_on(follower) == (0, [(pid, epoch, 1)]),
+               what="the follower's copy of the producer state")
+    assert producers_on(outsider) == (6, [])
+
+    leader_epoch = batch_leader_epoch(cluster.addr(leader), topic, 0, 0)
+    for i in cluster.ids:
+        got = offset_for_leader_epoch_v3(cluster.addr(i), topic, [(0, leader_epoch, leader_epoch)])
+        if i == leader:
+            assert got == {0: (0, leader_epoch, 2)}
+        else:
+            assert got == {0: (6, -1, -1)}, f"broker {i}"
+
+    for i in cluster.ids:
+        here = describe_log_dir(cluster.addr(i))
+        got = alter_replica_log_dirs_v1(cluster.addr(i), [(here, topic, 0)])
+        assert got == {(topic, 0): 9 if i == outsider else 0}, f"broker {i}"

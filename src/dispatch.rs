@@ -11,6 +11,7 @@ use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{Code, GroupState, GroupSummary, StableFetch};
 use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
 use sluice_replication::cluster::Applied;
+use sluice_storage::producer::ActiveProducer;
 use uuid::Uuid;
 
 use crate::broker::Broker;
@@ -80,6 +81,19 @@ impl ShardService for ShardServer {
             .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed))
             .collect();
         join_all(futs).await
+    }
+
+    /// Any replica holding the log answers, as Kafka's (a follower's producer state is
+    /// the leader's: it applies the same batches).
+    async fn describe_producers(
+        &self,
+        c: rpc::DescribeProducers,
+    ) -> Vec<Result<Vec<ActiveProducer>, ApiError>> {
+        let b = &self.broker;
+        c.items
+            .into_iter()
+            .map(|(t, p)| b.log(&t, p).map(|(log, _)| log.active_producers()))
+            .collect()
     }
 
     async fn describe_logs(&self, _c: rpc::DescribeLogs) -> rpc::ShardLogs {

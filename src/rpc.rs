@@ -30,6 +30,7 @@ use sluice_coordinator::txn::{
     TxnDescription, Verified,
 };
 use sluice_replication::cluster::{Applied, Command};
+use sluice_storage::producer::ActiveProducer;
 use uuid::Uuid;
 
 use crate::error::ApiError;
@@ -101,6 +102,8 @@ shard_calls! {
     Wait => wait -> bool;
     ListOffsets => list_offsets -> Vec<Result<(i64, i64), ApiError>>;
     DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
+    /// The producers each partition's log remembers (DescribeProducers).
+    DescribeProducers => describe_producers -> Vec<Result<Vec<ActiveProducer>, ApiError>>;
     /// The serving shard's logs: sizes of the open ones, causes of the offline ones.
     DescribeLogs => describe_logs -> ShardLogs;
     /// Adopt a new metadata image (from the controller).
@@ -228,6 +231,11 @@ pub struct ListOffsets {
 /// (topic, partition, delete before this offset; -1 = high watermark).
 pub struct DeleteRecords {
     pub items: Vec<(String, i32, i64)>,
+}
+
+/// (topic, partition) whose producers to describe.
+pub struct DescribeProducers {
+    pub items: Vec<(String, i32)>,
 }
 
 pub struct Apply(pub Arc<MetadataImage>);

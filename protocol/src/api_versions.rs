@@ -27,11 +27,20 @@ pub fn handle(_version: i16) -> ApiVersionsResponse {
 }
 
 /// The answer to an ApiVersions request of a version this broker does not know,
-/// encoded as v0 so that any client can read it.
+/// encoded as v0 so that any client can read it: UNSUPPORTED_VERSION and, as Kafka
+/// since KIP-511, the ApiVersions range alone (the client retries at the newest
+/// version both know, then learns the rest).
 pub fn unsupported() -> ApiVersionsResponse {
+    let own = REGISTRY
+        .iter()
+        .find(|s| s.key == kafka_protocol::messages::ApiKey::ApiVersions)
+        .expect("ApiVersions is registered");
     ApiVersionsResponse::default()
         .with_error_code(ResponseError::UnsupportedVersion.code())
-        .with_api_keys(api_keys())
+        .with_api_keys(vec![ApiVersion::default()
+            .with_api_key(own.key as i16)
+            .with_min_version(own.min)
+            .with_max_version(own.max)])
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //!
 //! Owns the one registry of the APIs and versions the broker serves ([`REGISTRY`]:
 //! ApiVersions is generated from it and [`parse`] refuses anything outside it), request
-//! frame decoding over the `kafka-protocol` codecs, response frame encoding, the
-//! answer to unsupported requests, the API error type ([`ApiError`]: a Kafka error code
+//! frame decoding over the `kafka-protocol` codecs, response frame encoding, Kafka's
+//! answer to unsupported requests ([`unsupported_response`]), the API error type ([`ApiError`]: a Kafka error code
 //! and a message), and the process allocator that keeps hostile array lengths from
 //! aborting the process ([`alloc`]).
 
@@ -61,6 +61,10 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeCluster, 0, 1),
     // v4 (KIP-827) adds the volume's total and usable bytes.
     spec(ApiKey::DescribeLogDirs, 1, 4),
+    // One data directory per broker: nothing ever moves (answers as Kafka's).
+    spec(ApiKey::AlterReplicaLogDirs, 1, 2),
+    // KIP-966 paginated topic descriptions (no eligible leader replicas in Sluice).
+    spec(ApiKey::DescribeTopicPartitions, 0, 0),
     // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.
     spec(ApiKey::InitProducerId, 0, 5),
     // Transactions with client transaction version 0/1 semantics: the versions after
@@ -73,6 +77,7 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::WriteTxnMarkers, 1, 1),
     spec(ApiKey::TxnOffsetCommit, 0, 3),
     spec(ApiKey::DescribeTransactions, 0, 0),
+    spec(ApiKey::DescribeProducers, 0, 0),
     spec(ApiKey::ListTransactions, 0, 1),
     // Replication: followers truncate with it; KIP-320 clients validate positions.
     spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
@@ -192,21 +197,20 @@ pub fn encode_response(
     Ok(buf.freeze())
 }
 
-/// The answer to a request of an unknown API key or unsupported version: for
-/// ApiVersions, a v0 ApiVersionsResponse with UNSUPPORTED_VERSION and the supported
-/// ranges (what clients expect, to retry at a version both know); for anything else a
-/// frame with the correlation id and the UNSUPPORTED_VERSION code (the first field of
-/// nearly every Kafka response).
-pub fn unsupported_response(api_key: i16, correlation_id: i32) -> Result<Bytes, String> {
-    if api_key == ApiKey::ApiVersions as i16 {
-        let resp = ResponseKind::ApiVersions(api_versions::unsupported());
-        return encode_response(ApiKey::ApiVersions, 0, correlation_id, &resp);
+/// Kafka's answer to a request of an unknown API key or of a version outside the
+/// registry. ApiVersions is the one API a client may send at a version the broker does
+/// not know (it sends its newest and falls back): Kafka answers it as v0, with
+/// UNSUPPORTED_VERSION and, since KIP-511, only the ApiVersions range, so the client
+/// retries at the newest version both know. Anything else Kafka refuses while parsing
+/// the request header and closes the connection without a response (a frame of the
+/// correlation id and an error code is readable by no client: every response body has
+/// its own layout): `None` means close.
+pub fn unsupported_response(api_key: i16, correlation_id: i32) -> Option<Bytes> {
+    if api_key != ApiKey::ApiVersions as i16 {
+        return None;
     }
-    let mut buf = BytesMut::with_capacity(10);
-    buf.put_i32(6);
-    buf.put_i32(correlation_id);
-    buf.put_i16(kafka_protocol::error::ResponseError::UnsupportedVersion.code());
-    Ok(buf.freeze())
+    let resp = ResponseKind::ApiVersions(api_versions::unsupported());
+    encode_response(ApiKey::ApiVersions, 0, correlation_id, &resp).ok()
 }
 
 #[cfg(test)]
@@ -339,6 +343,15 @@ mod tests {
             ApiKey::ListTransactions => {
                 RequestKind::ListTransactions(ListTransactionsRequest::default())
             }
+            ApiKey::DescribeProducers => {
+                RequestKind::DescribeProducers(DescribeProducersRequest::default())
+            }
+            ApiKey::AlterReplicaLogDirs => {
+                RequestKind::AlterReplicaLogDirs(AlterReplicaLogDirsRequest::default())
+            }
+            ApiKey::DescribeTopicPartitions => {
+                RequestKind::DescribeTopicPartitions(DescribeTopicPartitionsRequest::default())
+            }
             other => panic!("registry entry {other:?} has no default request here"),
         }
     }
@@ -405,6 +418,20 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn unsupported_requests_get_kafkas_answer() {
+        // ApiVersions from the future: a v0 response (header v0: size, correlation id),
+        // error 35, an array holding only the ApiVersions range, and no throttle time.
+        let f = unsupported_response(ApiKey::ApiVersions as i16, 77).unwrap();
+        let max = lookup(ApiKey::ApiVersions as i16).unwrap().max;
+        let mut want = vec![0, 0, 0, 16, 0, 0, 0, 77, 0, 35, 0, 0, 0, 1, 0, 18, 0, 0];
+        want.extend_from_slice(&max.to_be_bytes());
+        assert_eq!(&f[..], &want[..]);
+        // Any other API, known or not: no answer, the connection is closed.
+        assert!(unsupported_response(ApiKey::Produce as i16, 1).is_none());
+        assert!(unsupported_response(0x7f00, 1).is_none());
     }
 
     #[test]

@@ -45,6 +45,15 @@ fn topics(listing: Listing) -> Vec<DescribeLogDirsTopic> {
         .collect()
 }
 
+/// The broker's one log directory as Kafka names it: the data directory's absolute
+/// path (AlterReplicaLogDirs compares requests with it).
+pub fn log_dir(broker: &Broker) -> String {
+    std::path::absolute(&broker.config.data_dir)
+        .unwrap_or_else(|_| broker.config.data_dir.clone())
+        .display()
+        .to_string()
+}
+
 pub async fn handle(
     broker: &Rc<Broker>,
     version: i16,
@@ -78,10 +87,7 @@ pub async fn handle(
     for parts in online.values_mut().chain(offline.values_mut()) {
         parts.sort_unstable();
     }
-    let dir = std::path::absolute(&broker.config.data_dir)
-        .unwrap_or_else(|_| broker.config.data_dir.clone())
-        .display()
-        .to_string();
+    let dir = log_dir(broker);
     let space = broker.disk.space();
     let (total, usable) = if version >= 4 {
         (space.total as i64, space.free as i64)

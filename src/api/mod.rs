@@ -9,14 +9,14 @@
 //! `sluice-protocol`, a module here and its arm in [`handle`] (a unit test fails while
 //! the two disagree).
 //!
-//! Unsupported requests: an ApiVersions request of a version newer than this broker's
-//! gets a v0 ApiVersionsResponse with UNSUPPORTED_VERSION and the supported ranges (what
-//! clients expect, to retry at a version both know). Any other unknown API key or
-//! unsupported version gets a response frame holding the correlation id and the
-//! UNSUPPORTED_VERSION error code (the first field of nearly every Kafka response);
-//! the connection stays open.
+//! Unsupported requests get Kafka's answer (`sluice_protocol::unsupported_response`):
+//! an ApiVersions request of a version newer than this broker's gets a v0
+//! ApiVersionsResponse with UNSUPPORTED_VERSION and the ApiVersions range (clients retry
+//! at a version both know); any other unknown API key or unsupported version closes the
+//! connection without a response, as Kafka's request-header check does.
 
 pub mod alter_configs;
+pub mod alter_replica_log_dirs;
 pub mod authorized_ops;
 pub mod create_partitions;
 pub mod create_topics;
@@ -27,6 +27,8 @@ pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
 pub mod describe_log_dirs;
+pub mod describe_producers;
+pub mod describe_topic_partitions;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -158,6 +160,15 @@ pub async fn handle(
         RequestKind::ListTransactions(r) => {
             ResponseKind::ListTransactions(transactions::list(broker, version, r).await)
         }
+        RequestKind::DescribeProducers(r) => {
+            ResponseKind::DescribeProducers(describe_producers::handle(broker, version, r).await)
+        }
+        RequestKind::DescribeTopicPartitions(r) => ResponseKind::DescribeTopicPartitions(
+            describe_topic_partitions::handle(broker, version, r).await,
+        ),
+        RequestKind::AlterReplicaLogDirs(r) => ResponseKind::AlterReplicaLogDirs(
+            alter_replica_log_dirs::handle(broker, version, r).await,
+        ),
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
         }
@@ -215,10 +226,14 @@ pub use sluice_protocol::{
 };
 
 fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
-    tracing::debug!(api_key, version, "unsupported API key or version");
+    tracing::debug!(
+        api_key,
+        version,
+        "unsupported API key or version (ApiVersions is answered, anything else closes the connection)"
+    );
     match sluice_protocol::unsupported_response(api_key, correlation_id) {
-        Ok(frame) => Outcome::Respond(frame),
-        Err(_) => Outcome::Close,
+        Some(frame) => Outcome::Respond(frame),
+        None => Outcome::Close,
     }
 }
 

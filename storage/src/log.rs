@@ -2384,6 +2384,12 @@ impl PartitionLog {
             .is_some_and(|e| e.txn_first_offset.is_some())
     }
 
+    /// Every producer this partition remembers, in increasing producer id
+    /// (DescribeProducers).
+    pub fn active_producers(&self) -> Vec<crate::producer::ActiveProducer> {
+        self.producers.borrow().active()
+    }
+
     /// A copy of the producer state (diagnostics, tests).
     pub fn producer_state(&self) -> ProducerStateTable {
         self.producers.borrow().clone()

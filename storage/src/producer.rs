@@ -111,6 +111,20 @@ impl Default for ProducerEntry {
     }
 }
 
+/// One producer as DescribeProducers (Kafka's `activeProducers`) shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// The last sequence of its last batch in this epoch; -1 if it wrote none (a
+    /// producer known only from a marker, or one whose epoch a marker bumped).
+    pub last_seq: i32,
+    pub last_timestamp: i64,
+    pub coordinator_epoch: i32,
+    /// The first offset of its open transaction; -1 if none.
+    pub txn_start_offset: i64,
+}
+
 /// What to do with a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -243,6 +257,24 @@ impl ProducerStateTable {
     /// Every producer and its state, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (i64, &ProducerEntry)> {
         self.producers.iter().map(|(p, e)| (*p, e))
+    }
+
+    /// Every producer this partition remembers, in increasing producer id.
+    pub fn active(&self) -> Vec<ActiveProducer> {
+        let mut out: Vec<ActiveProducer> = self
+            .producers
+            .iter()
+            .map(|(&producer_id, e)| ActiveProducer {
+                producer_id,
+                epoch: e.epoch,
+                last_seq: e.batches.back().map_or(-1, |b| b.last_seq),
+                last_timestamp: e.last_timestamp,
+                coordinator_epoch: e.coordinator_epoch,
+                txn_start_offset: e.txn_first_offset.unwrap_or(-1),
+            })
+            .collect();
+        out.sort_unstable_by_key(|a| a.producer_id);
+        out
     }
 
     /// The lowest first offset of the open transactions (Kafka's first unstable offset
@@ -838,6 +870,41 @@ mod tests {
         assert_eq!(t.first_unstable_offset(), None);
         // A marker with nothing open (a retried marker) completes nothing.
         assert_eq!(t.record_marker(2, 0, marker(true, 3), 16, 9), None);
+    }
+
+    #[test]
+    fn active_producers_show_last_sequence_coordinator_epoch_and_open_transaction() {
+        let mut t = ProducerStateTable::default();
+        append(&mut t, &header(9, 2, 0, 3), 0).unwrap();
+        t.record(&txn_header(4, 1, 0, 2, 50), 3); // opens at 3
+        t.record(&txn_header(4, 1, 2, 1, 60), 5);
+        let active = t.active();
+        assert_eq!(
+            active,
+            vec![
+                ActiveProducer {
+                    producer_id: 4,
+                    epoch: 1,
+                    last_seq: 2,
+                    last_timestamp: 60,
+                    coordinator_epoch: -1,
+                    txn_start_offset: 3
+                },
+                ActiveProducer {
+                    producer_id: 9,
+                    epoch: 2,
+                    last_seq: 2,
+                    last_timestamp: 1,
+                    coordinator_epoch: -1,
+                    txn_start_offset: -1
+                },
+            ]
+        );
+        // The commit marker closes the transaction and records its coordinator epoch.
+        t.record_marker(4, 1, marker(true, 7), 6, 70);
+        let p4 = t.active()[0];
+        assert_eq!((p4.txn_start_offset, p4.coordinator_epoch), (-1, 7));
+        assert_eq!((p4.last_seq, p4.last_timestamp), (2, 70));
     }
 
     #[test]

@@ -11,41 +11,12 @@ from conftest import wait_until
 from kafka_wire import (Conn, api_versions_v0, frame, header, parse_produce_v3, produce_v3,
                         record_batch)
 
-UNSUPPORTED_VERSION = 35
-
-
 def still_serving(addr):
     c = Conn(addr)
     err, keys = api_versions_v0(c)
     c.close()
     assert err == 0 and 0 in keys and 1 in keys
     return True
-
-
-def test_unknown_api_key_gets_unsupported_version_and_connection_survives(broker):
-    c = Conn(broker.addr)
-    c.send(frame(header(999, 0, 5)))
-    corr, body = c.recv()
-    assert corr == 5 and struct.unpack(">h", body[:2])[0] == UNSUPPORTED_VERSION
-    # Known key, unsupported version (Produce v99).
-    c.send(frame(header(0, 99, 6)))
-    corr, body = c.recv()
-    assert corr == 6 and struct.unpack(">h", body[:2])[0] == UNSUPPORTED_VERSION
-    err, keys = api_versions_v0(c)
-    assert err == 0
-    c.close()
-
-
-def test_api_versions_from_the_future_falls_back_to_v0(broker):
-    c = Conn(broker.addr)
-    c.send(frame(header(18, 99, 8)))
-    corr, body = c.recv()
-    err, n = struct.unpack_from(">hi", body, 0)
-    assert corr == 8 and err == UNSUPPORTED_VERSION
-    keys = {struct.unpack_from(">hhh", body, 6 + 6 * i)[0]: struct.unpack_from(">hhh", body, 6 + 6 * i)[1:]
-            for i in range(n)}
-    assert keys[18] == (0, 3)
-    c.close()
 
 
 @pytest.mark.parametrize("size", [200 * 1024 * 1024, -1, 3, 0x7FFFFFFF])

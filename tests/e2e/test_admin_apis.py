@@ -1,0 +1,529 @@
+"""Admin APIs current Kafka tooling calls (issue 12 item 9), checked at the wire level:
+librdkafka 2.16 has no DescribeProducers or DescribeTopicPartitions call, so the
+requests are built by hand here (flexible versions: compact strings and arrays, tagged
+fields) and the answers compared with what Kafka 3.9 answers."""
+import struct
+import time
+
+import pytest
+
+from conftest import wait_until
+from kafka_wire import (Conn, frame, init_producer_id, parse_produce_v3, produce_v3,
+                        record_batch, string)
+from test_confluent import create_topic
+
+
+# ---- flexible-version encoding (KIP-482) ----
+
+def uvarint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def cstring(s):
+    if s is None:
+        return uvarint(0)
+    b = s.encode()
+    return uvarint(len(b) + 1) + b
+
+
+def carray(items):
+    return uvarint(len(items) + 1) + b"".join(items)
+
+
+NO_TAGS = b"\x00"
+
+
+def flexible_request(api_key, version, corr, body):
+    """Request header v2 (client id as a plain nullable string, then tagged fields)."""
+    return frame(struct.pack(">hhi", api_key, version, corr) + string("e2e") + NO_TAGS + body)
+
+
+class Reader:
+    def __init__(self, data):
+        self.d, self.pos = data, 0
+
+    def take(self, fmt):
+        vals = struct.unpack_from(">" + fmt, self.d, self.pos)
+        self.pos += struct.calcsize(">" + fmt)
+        return vals if len(vals) > 1 else vals[0]
+
+    def uvarint(self):
+        shift = out = 0
+        while True:
+            b = self.d[self.pos]
+            self.pos += 1
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+
+    def cstring(self):
+        n = self.uvarint()
+        if n == 0:
+            return None
+        s = self.d[self.pos:self.pos + n - 1].decode()
+        self.pos += n - 1
+        return s
+
+    def carray(self, item):
+        n = self.uvarint()
+        return None if n == 0 else [item(self) for _ in range(n - 1)]
+
+    def tags(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.pos += self.uvarint()
+
+
+def call_flexible(addr, api_key, version, body, corr=5):
+    """Sends one flexible request; returns a Reader positioned after the v1 response
+    header."""
+    conn = Conn(addr)
+    try:
+        conn.send(flexible_request(api_key, version, corr, body))
+        c, data = conn.recv()
+    finally:
+        conn.close()
+    assert c == corr
+    r = Reader(data)
+    r.tags()
+    return r
+
+
+# ---- DescribeProducers (61) ----
+
+def describe_producers(addr, topic, partitions):
+    body = carray([cstring(topic) + carray([struct.pack(">i", p) for p in partitions]) + NO_TAGS])
+    r = call_flexible(addr, 61, 0, body + NO_TAGS)
+    r.take("i")  # throttle
+
+    def producer(r):
+        pid, epoch, last_seq, last_ts, coord_epoch, txn_start = r.take("qiiqiq")
+        r.tags()
+        return {"producer_id": pid, "epoch": epoch, "last_sequence": last_seq,
+                "last_timestamp": last_ts, "coordinator_epoch": coord_epoch,
+                "txn_start_offset": txn_start}
+
+    def partition(r):
+        index, err = r.take("ih")
+        r.cstring()
+        producers = r.carray(producer)
+        r.tags()
+        return index, err, producers
+
+    def topic_(r):
+        name = r.cstring()
+        parts = r.carray(partition)
+        r.tags()
+        return name, parts
+
+    [(name, parts)] = r.carray(topic_)
+    assert name == topic
+    return {index: (err, producers) for index, err, producers in parts}
+
+
+def add_partitions_to_txn_v0(addr, txn_id, pid, epoch, topic, partition):
+    body = struct.pack(">hhi", 24, 0, 3) + string("e2e") + string(txn_id)
+    body += struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) + string(topic)
+    body += struct.pack(">ii", 1, partition)
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, data = conn.recv()
+    finally:
+        conn.close()
+    # throttle, [topic, [partition, error]]: one topic, one partition.
+    (ln,) = struct.unpack_from(">h", data, 8)
+    _p, err = struct.unpack_from(">ih", data, 10 + ln + 4)
+    return err
+
+
+def end_txn_v0(addr, txn_id, pid, epoch, commit):
+    body = struct.pack(">hhi", 26, 0, 4) + string("e2e") + string(txn_id)
+    body += struct.pack(">qhb", pid, epoch, 1 if commit else 0)
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, data = conn.recv()
+    finally:
+        conn.close()
+    return struct.unpack_from(">ih", data, 0)[1]
+
+
+def produce(addr, topic, partition, batch, transactional_id=None):
+    conn = Conn(addr)
+    try:
+        conn.send(produce_v3(topic, partition, batch, transactional_id=transactional_id))
+        _, body = conn.recv()
+    finally:
+        conn.close()
+    [(_, _, err, base)] = parse_produce_v3(body)
+    assert err == 0, f"produce error {err}"
+    return base
+
+
+def test_describe_producers_shows_idempotent_and_transactional_producers(broker):
+    """After an idempotent producer wrote two batches and a transactional one opened a
+    transaction, DescribeProducers lists both with the ids and epochs InitProducerId
+    gave them, the last sequence, and the open transaction's first offset; once the
+    transaction commits its start offset is -1 and the marker's coordinator epoch shows."""
+    addr = broker.addr
+    create_topic(addr, "dp", 2)
+    idem_pid, idem_epoch = init_producer_id(addr)
+    before_ms = int(time.time() * 1000) - 1000
+    produce(addr, "dp", 0, record_batch([b"a", b"b", b"c"], producer_id=idem_pid,
+                                        producer_epoch=idem_epoch, base_sequence=0))
+    produce(addr, "dp", 0, record_batch([b"d", b"e"], producer_id=idem_pid,
+                                        producer_epoch=idem_epoch, base_sequence=3))
+    txn_pid, txn_epoch = init_producer_id(addr, transactional_id="dp-txn")
+    assert add_partitions_to_txn_v0(addr, "dp-txn", txn_pid, txn_epoch, "dp", 0) == 0
+    txn_base = produce(addr, "dp", 0, record_batch([b"t1", b"t2"], producer_id=txn_pid,
+                                                    producer_epoch=txn_epoch, base_sequence=0,
+                                                    transactional=True),
+                       transactional_id="dp-txn")
+    assert txn_base == 5
+
+    parts = describe_producers(addr, "dp", [0, 1, 7])
+    err, producers = parts[0]
+    assert err == 0
+    by_id = {p["producer_id"]: p for p in producers}
+    assert set(by_id) == {idem_pid, txn_pid}
+    idem, txn = by_id[idem_pid], by_id[txn_pid]
+    assert (idem["epoch"], idem["last_sequence"], idem["txn_start_offset"]) == (idem_epoch, 4, -1)
+    assert (txn["epoch"], txn["last_sequence"], txn["txn_start_offset"]) == (txn_epoch, 1, txn_base)
+    assert idem["coordinator_epoch"] == txn["coordinator_epoch"] == -1
+    assert all(p["last_timestamp"] >= before_ms for p in producers)
+    assert parts[1] == (0, []), "a partition nobody wrote to has no producers"
+    assert parts[7][0] == 3, "a partition beyond the topic's: UNKNOWN_TOPIC_OR_PARTITION"
+    assert describe_producers(addr, "no-such-topic", [0])[0][0] == 3
+
+    assert end_txn_v0(addr, "dp-txn", txn_pid, txn_epoch, commit=True) == 0
+
+    def committed():
+        [p] = [p for p in describe_producers(addr, "dp", [0])[0][1] if p["producer_id"] == txn_pid]
+        return p if p["txn_start_offset"] == -1 else None
+
+    done = wait_until(committed, what="the commit marker on dp-0")
+    assert done["epoch"] == txn_epoch and done["coordinator_epoch"] >= 0
+
+
+# ---- DescribeTopicPartitions (75, KIP-966) ----
+
+TOPIC_ALL_OPERATIONS = 3576  # what Kafka 3.9 returns without an authorizer
+
+
+def describe_topic_partitions(addr, topics, limit, cursor=None):
+    """-> ([(error, name, topic id, is internal, [partition dict], authorized ops)],
+    next cursor or None)"""
+    body = carray([cstring(t) + NO_TAGS for t in topics]) + struct.pack(">i", limit)
+    if cursor is None:
+        body += struct.pack(">b", -1)
+    else:
+        body += struct.pack(">b", 1) + cstring(cursor[0]) + struct.pack(">i", cursor[1]) + NO_TAGS
+    r = call_flexible(addr, 75, 0, body + NO_TAGS)
+    r.take("i")  # throttle
+
+    def ints(r):
+        return r.take("i")
+
+    def partition(r):
+        err, index, leader, epoch = r.take("hiii")
+        p = {"error": err, "index": index, "leader": leader, "leader_epoch": epoch,
+             "replicas": r.carray(ints), "isr": r.carray(ints), "elr": r.carray(ints),
+             "last_known_elr": r.carray(ints), "offline": r.carray(ints)}
+        r.tags()
+        return p
+
+    def topic(r):
+        err = r.take("h")
+        name = r.cstring()
+        topic_id = r.d[r.pos:r.pos + 16]
+        r.pos += 16
+        internal = r.take("b")
+        parts = r.carray(partition)
+        ops = r.take("i")
+        r.tags()
+        return err, name, topic_id, bool(internal), parts, ops
+
+    topics_out = r.carray(topic)
+    next_cursor = None
+    if r.take("b") == 1:
+        name = r.cstring()
+        next_cursor = (name, r.take("i"))
+        r.tags()
+    return topics_out, next_cursor
+
+
+def test_describe_topic_partitions_pages_with_a_cursor(broker):
+    """Three topics (3, 2 and 1 partitions) paged two partitions at a time: each page
+    ends with the cursor at the first partition left out, the last page has none, and
+    every partition comes exactly once, with its leader, replicas, ISR, empty ELR lists
+    and the full set of topic operations (no authorizer)."""
+    addr = broker.addr
+    for name, n in (("dtp-a", 3), ("dtp-b", 2), ("dtp-c", 1)):
+        create_topic(addr, name, n)
+    named = ["dtp-c", "dtp-a", "dtp-b"]
+
+    pages, cursor = [], None
+    while True:
+        topics, cursor = describe_topic_partitions(addr, named, 2, cursor)
+        pages.append(([(t[1], [p["index"] for p in t[4]]) for t in topics], cursor))
+        if cursor is None:
+            break
+        assert len(pages) < 10
+    assert pages == [
+        ([("dtp-a", [0, 1])], ("dtp-a", 2)),
+        ([("dtp-a", [2]), ("dtp-b", [0])], ("dtp-b", 1)),
+        ([("dtp-b", [1]), ("dtp-c", [0])], None),
+    ]
+
+    topics, cursor = describe_topic_partitions(addr, named, 100)
+    assert cursor is None
+    for err, name, topic_id, internal, parts, ops in topics:
+        assert (err, internal, ops) == (0, False, TOPIC_ALL_OPERATIONS), name
+        assert topic_id != bytes(16)
+        for p in parts:
+            assert p["error"] == 0 and p["leader"] >= 0
+            assert p["replicas"] == p["isr"] == [p["leader"]]
+            assert p["elr"] == [] and p["last_known_elr"] == [] and p["offline"] == []
+            assert p["leader_epoch"] >= 0
+
+    # No topics named: every topic, in name order, resumable from a cursor.
+    everything, cursor = describe_topic_partitions(addr, [], 1000)
+    names = [t[1] for t in everything]
+    assert cursor is None and names == sorted(names)
+    assert {"dtp-a", "dtp-b", "dtp-c"} <= set(names)
+    rest, _ = describe_topic_partitions(addr, [], 1000, ("dtp-b", 1))
+    assert [(t[1], [p["index"] for p in t[4]]) for t in rest][:2] == [("dtp-b", [1]), ("dtp-c", [0])]
+
+    # Unknown and illegal names, and a cursor outside the named topics.
+    topics, _ = describe_topic_partitions(addr, ["dtp-a", "no-such", "bad/name"], 10)
+    assert [(t[1], t[0]) for t in topics] == [("bad/name", 17), ("dtp-a", 0), ("no-such", 3)]
+    topics, cursor = describe_topic_partitions(addr, ["dtp-a"], 10, ("dtp-b", 0))
+    assert [(t[1], t[0]) for t in topics] == [("dtp-a", 42)] and cursor is None
+
+
+# ---- AlterReplicaLogDirs (34) ----
+
+def describe_log_dir(addr):
+    """The broker's (first) log directory from DescribeLogDirs v1."""
+    conn = Conn(addr)
+    try:
+        conn.send(frame(struct.pack(">hhi", 35, 1, 8) + string("e2e") + struct.pack(">i", -1)))
+        _, data = conn.recv()
+    finally:
+        conn.close()
+    (ln,) = struct.unpack_from(">h", data, 10)
+    return data[12:12 + ln].decode()
+
+
+def alter_replica_log_dirs_v1(addr, moves):
+    """moves: [(path, topic, partition)] -> {(topic, partition): error}"""
+    body = struct.pack(">hhi", 34, 1, 9) + string("e2e") + struct.pack(">i", len(moves))
+    for path, topic, p in moves:
+        body += string(path) + struct.pack(">i", 1) + string(topic) + struct.pack(">ii", 1, p)
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, data = conn.recv()
+    finally:
+        conn.close()
+    pos = 4
+    (n,) = struct.unpack_from(">i", data, pos); pos += 4
+    out = {}
+    for _ in range(n):
+        (ln,) = struct.unpack_from(">h", data, pos); pos += 2
+        topic = data[pos:pos + ln].decode(); pos += ln
+        (np,) = struct.unpack_from(">i", data, pos); pos += 4
+        for _ in range(np):
+            p, err = struct.unpack_from(">ih", data, pos); pos += 6
+            out[(topic, p)] = err
+    return out
+
+
+def test_alter_replica_log_dirs_answers_as_kafka(broker):
+    """One data directory: moving a replica to it is a no-op (NONE); another directory
+    is LOG_DIR_NOT_FOUND; a partition the cluster does not have is
+    UNKNOWN_TOPIC_OR_PARTITION; a topic name too long for Kafka's future-log directory
+    name is INVALID_TOPIC_EXCEPTION. v2 (flexible) answers the same."""
+    addr = broker.addr
+    create_topic(addr, "ard", 2)
+    here = describe_log_dir(addr)
+    assert here.startswith("/")
+    long_name = "x" * 240
+    got = alter_replica_log_dirs_v1(addr, [
+        (here, "ard", 0), (here, "ard", 1), ("/no/such/dir", "ard", 0),
+        (here, "no-such-topic", 0), (here, "ard", 9), (here, long_name, 0),
+    ])
+    # ("ard", 0) is named twice: the last destination counts, as Kafka's map.
+    assert got == {("ard", 0): 57, ("ard", 1): 0, ("no-such-topic", 0): 3, ("ard", 9): 3,
+                   (long_name, 0): 17}
+
+    body = carray([cstring(here) + carray([cstring("ard") + carray([struct.pack(">i", 1)]) + NO_TAGS])
+                   + NO_TAGS]) + NO_TAGS
+    r = call_flexible(addr, 34, 2, body)
+    r.take("i")
+
+    def part(r):
+        v = r.take("ih")
+        r.tags()
+        return v
+
+    def topic(r):
+        name = r.cstring()
+        parts = r.carray(part)
+        r.tags()
+        return name, parts
+
+    assert r.carray(topic) == [("ard", [(1, 0)])]
+
+
+# ---- OffsetForLeaderEpoch (23) from a consumer ----
+
+def offset_for_leader_epoch_v3(addr, topic, partitions, replica_id=-1):
+    """partitions: [(partition, current leader epoch, epoch asked)] ->
+    {partition: (error, leader epoch, end offset)}"""
+    body = struct.pack(">hhi", 23, 3, 11) + string("e2e") + struct.pack(">i", replica_id)
+    body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(partitions))
+    for p, current, epoch in partitions:
+        body += struct.pack(">iii", p, current, epoch)
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, data = conn.recv()
+    finally:
+        conn.close()
+    pos = 4
+    (n,) = struct.unpack_from(">i", data, pos); pos += 4
+    assert n == 1
+    (ln,) = struct.unpack_from(">h", data, pos); pos += 2 + ln
+    (np,) = struct.unpack_from(">i", data, pos); pos += 4
+    out = {}
+    for _ in range(np):
+        err, p, epoch, end = struct.unpack_from(">hiiq", data, pos); pos += 18
+        out[p] = (err, epoch, end)
+    return out
+
+
+def batch_leader_epoch(addr, topic, partition, offset):
+    """The partition leader epoch stamped on the batch holding `offset`."""
+    from kafka_wire import fetch_v4, parse_fetch_v4
+    conn = Conn(addr)
+    try:
+        conn.send(fetch_v4(topic, partition, offset))
+        _, body = conn.recv()
+    finally:
+        conn.close()
+    [(_, _, err, _hw, recs)] = parse_fetch_v4(body)
+    assert err == 0 and len(recs) >= 16
+    return struct.unpack_from(">i", recs, 12)[0]
+
+
+def test_offset_for_leader_epoch_from_a_consumer(make_broker, tmp_path):
+    """KIP-320 as a consumer sends it (replica id -1): the leader answers the end offset
+    of the epoch asked — the log end for its current epoch, the start of the next epoch
+    for an older one — and fences a stale current_leader_epoch (FENCED_LEADER_EPOCH) and
+    one from the future (UNKNOWN_LEADER_EPOCH); an unknown epoch or -1 is undefined
+    (-1, -1); unknown partitions are UNKNOWN_TOPIC_OR_PARTITION. v4 (flexible) answers
+    the same."""
+    broker = make_broker(data_dir=tmp_path / "ofle")
+    addr = broker.addr
+    create_topic(addr, "ofle", 1)
+    produce(addr, "ofle", 0, record_batch([b"a", b"b", b"c"]))
+    first = batch_leader_epoch(addr, "ofle", 0, 0)
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, first, first)]) == {0: (0, first, 3)}
+
+    # A restart elects the broker leader again in a new epoch.
+    broker.stop()
+    broker.start()
+    wait_until(lambda: offset_for_leader_epoch_v3(addr, "ofle", [(0, -1, first)])[0][0] == 0,
+               what="ofle-0 led again")
+    produce(addr, "ofle", 0, record_batch([b"d", b"e"]))
+    now = batch_leader_epoch(addr, "ofle", 0, 3)
+    assert now > first
+    got = offset_for_leader_epoch_v3(addr, "ofle", [(0, now, now)])
+    assert got == {0: (0, now, 5)}, "current epoch: the log end"
+    got = offset_for_leader_epoch_v3(addr, "ofle", [(0, now, first)])
+    assert got == {0: (0, first, 3)}, "older epoch: where the next epoch starts"
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, -1, first)]) == {0: (0, first, 3)}
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, now - 1, now)])[0][0] == 74
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, now + 1, now)])[0][0] == 75
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, now, now + 5)]) == {0: (0, -1, -1)}
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(0, now, -1)]) == {0: (0, -1, -1)}
+    assert offset_for_leader_epoch_v3(addr, "ofle", [(3, -1, now)]) == {3: (3, -1, -1)}
+    assert offset_for_leader_epoch_v3(addr, "nope", [(0, -1, 0)]) == {0: (3, -1, -1)}
+
+    # v4: flexible, same answer.
+    body = struct.pack(">i", -1) + carray([cstring("ofle") + carray(
+        [struct.pack(">iii", 0, now, first) + NO_TAGS]) + NO_TAGS]) + NO_TAGS
+    r = call_flexible(addr, 23, 4, body)
+    r.take("i")
+
+    def part(r):
+        v = r.take("hiiq")
+        r.tags()
+        return v
+
+    def topic(r):
+        name = r.cstring()
+        parts = r.carray(part)
+        r.tags()
+        return name, parts
+
+    assert r.carray(topic) == [("ofle", [(0, 0, first, 3)])]
+
+
+# ---- the same APIs across a cluster ----
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    from test_cluster import _make_cluster
+    yield from _make_cluster(tmp_path, request, proxied=False)
+
+
+def test_partition_apis_on_leader_follower_and_non_replica(cluster):
+    """A partition with two replicas in a three-broker cluster, asked of each broker:
+    DescribeProducers is answered by both replicas with the same producer (Kafka lets
+    any replica holding the log answer) and NOT_LEADER_OR_FOLLOWER by the third;
+    OffsetForLeaderEpoch from a consumer only by the leader (NOT_LEADER_OR_FOLLOWER
+    elsewhere, as Kafka); AlterReplicaLogDirs to a broker's own directory is NONE where
+    a replica lives and REPLICA_NOT_AVAILABLE where none does."""
+    topic = "spread2"
+    cluster.create_topic(topic, partitions=1, rf=2)
+    leader = cluster.leader_of(topic, 0)
+    replicas = cluster.replicas_of(topic, 0)
+    [follower] = [r for r in replicas if r != leader]
+    [outsider] = [i for i in cluster.ids if i not in replicas]
+    pid, epoch = init_producer_id(cluster.addr(leader))
+    produce(cluster.addr(leader), topic, 0,
+            record_batch([b"x", b"y"], producer_id=pid, producer_epoch=epoch, base_sequence=0))
+
+    def producers_on(i):
+        err, producers = describe_producers(cluster.addr(i), topic, [0])[0]
+        return err, [(p["producer_id"], p["epoch"], p["last_sequence"]) for p in producers]
+
+    assert producers_on(leader) == (0, [(pid, epoch, 1)])
+    wait_until(lambda: producers_on(follower) == (0, [(pid, epoch, 1)]),
+               what="the follower's copy of the producer state")
+    assert producers_on(outsider) == (6, [])
+
+    leader_epoch = batch_leader_epoch(cluster.addr(leader), topic, 0, 0)
+    for i in cluster.ids:
+        got = offset_for_leader_epoch_v3(cluster.addr(i), topic, [(0, leader_epoch, leader_epoch)])
+        if i == leader:
+            assert got == {0: (0, leader_epoch, 2)}
+        else:
+            assert got == {0: (6, -1, -1)}, f"broker {i}"
+
+    for i in cluster.ids:
+        here = describe_log_dir(cluster.addr(i))
+        got = alter_replica_log_dirs_v1(cluster.addr(i), [(here, topic, 0)])
+        assert got == {(topic, 0): 9 if i == outsider else 0}, f"broker {i}"

@@ -475,7 +475,14 @@ impl Broker {
         // The coordinators' own writes are trusted.
         if !trusted {
             let bytes = batches.iter().map(|(_, r)| &item.records[r.clone()]);
-            crate::record_rules::check(&item.topic, item.partition, tc.log.cleanup_compact, bytes)?;
+            let rules = crate::record_rules::Rules {
+                compacted: tc.log.cleanup_compact,
+                create_time: tc.log.timestamp_type == sluice_storage::TimestampType::CreateTime,
+                before_max_ms: tc.timestamp_before_max_ms,
+                after_max_ms: tc.timestamp_after_max_ms,
+                now_ms: crate::util::now_ms(),
+            };
+            crate::record_rules::check(&item.topic, item.partition, &rules, bytes)?;
         }
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;

@@ -8,29 +8,73 @@
 //!
 //! Rules: on a compacted topic (`cleanup.policy` includes `compact`) every record
 //! needs a key (INVALID_RECORD). An uncompressed batch whose records do not parse is
-//! CORRUPT_MESSAGE. Not checked: records inside compressed batches (the broker has no
-//! codecs yet; they are appended as sent, and compaction keeps such batches whole).
-//! Kafka's other per-record rule, timestamps outside `message.timestamp.*` bounds
-//! (INVALID_TIMESTAMP), belongs here once those configs exist.
+//! CORRUPT_MESSAGE. With `message.timestamp.type=CreateTime`, a record whose timestamp
+//! lies more than `message.timestamp.before.max.ms` before now or `after.max.ms` after
+//! it is INVALID_TIMESTAMP (KIP-937). Not checked: records inside compressed batches
+//! (the broker has no codecs yet; they are appended as sent, and compaction keeps such
+//! batches whole).
 
 use kafka_protocol::error::ResponseError;
 use sluice_protocol::{ApiError, RecordError};
-use sluice_storage::{compact, BatchHeader};
+use sluice_storage::{batch, compact, BatchHeader};
 
-/// Checks a client's batches for `topic`-`partition`; `compacted`: the topic's
-/// cleanup policy includes compaction. The record errors it returns are bounded by the
-/// batches' record counts (themselves bounded by `max.message.bytes`).
+/// What a topic's configs ask of each record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// `cleanup.policy` includes `compact`: every record needs a key.
+    pub compacted: bool,
+    /// `message.timestamp.type=CreateTime` (LogAppendTime overwrites timestamps, so
+    /// the bounds below do not apply).
+    pub create_time: bool,
+    /// `message.timestamp.before.max.ms` / `after.max.ms` (KIP-937): how far a record's
+    /// timestamp may lie before / after `now_ms`.
+    pub before_max_ms: i64,
+    pub after_max_ms: i64,
+    pub now_ms: i64,
+}
+
+impl Rules {
+    fn timestamps_bounded(&self) -> bool {
+        self.create_time && (self.before_max_ms < i64::MAX || self.after_max_ms < i64::MAX)
+    }
+}
+
+/// Checks a client's batches for `topic`-`partition` against `rules`. The record
+/// errors it returns are bounded by the batches' record counts (themselves bounded by
+/// `max.message.bytes`).
 pub fn check<'a>(
     topic: &str,
     partition: i32,
-    compacted: bool,
+    rules: &Rules,
     batches: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<(), ApiError> {
-    if !compacted {
+    if !rules.compacted && !rules.timestamps_bounded() {
         return Ok(());
     }
     let mut errors = Vec::new();
+    let mut bad_timestamps = Vec::new();
     for bytes in batches {
+        if rules.timestamps_bounded() {
+            let low = rules.now_ms.saturating_sub(rules.before_max_ms);
+            let high = rules.now_ms.saturating_add(rules.after_max_ms);
+            for (index, (_, ts)) in batch::record_timestamps(bytes)
+                .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+            {
+                if ts < low || ts > high {
+                    bad_timestamps.push(RecordError {
+                        batch_index: index as i32,
+                        message: format!(
+                            "Timestamp {ts} of record {index} is out of range: it must be within [{low}, {high}] (message.timestamp.before.max.ms / after.max.ms of {topic})"
+                        ),
+                    });
+                }
+            }
+        }
+        if !rules.compacted {
+            continue;
+        }
         let Some((_, records)) = compact::records(bytes) else {
             if plain_data(bytes) {
                 return Err(ApiError::with(
@@ -51,20 +95,21 @@ pub fn check<'a>(
             }
         }
     }
-    if errors.is_empty() {
+    // Kafka reports the timestamp violations first (INVALID_TIMESTAMP).
+    let (code, errors) = if !bad_timestamps.is_empty() {
+        (ResponseError::InvalidTimestamp, bad_timestamps)
+    } else if !errors.is_empty() {
+        (ResponseError::InvalidRecord, errors)
+    } else {
         return Ok(());
-    }
+    };
     let message = format!(
         "{} record(s) refused, the batch with them is not written; first: record {}: {}",
         errors.len(),
         errors[0].batch_index,
         errors[0].message
     );
-    Err(ApiError::with_records(
-        ResponseError::InvalidRecord,
-        message,
-        errors,
-    ))
+    Err(ApiError::with_records(code, message, errors))
 }
 
 /// An uncompressed data batch: one whose records [`compact::records`] must parse.
@@ -77,6 +122,52 @@ mod tests {
     use super::*;
     use sluice_storage::batch::{build, HEADER_BYTES};
 
+    const UNBOUNDED: Rules = Rules {
+        compacted: false,
+        create_time: true,
+        before_max_ms: i64::MAX,
+        after_max_ms: i64::MAX,
+        now_ms: 1_000_000,
+    };
+
+    fn compacted() -> Rules {
+        Rules {
+            compacted: true,
+            ..UNBOUNDED
+        }
+    }
+
+    #[test]
+    fn timestamps_outside_the_bounds_are_invalid_for_create_time_only() {
+        // Records at 1_000 (too old), 999_000, 1_000_500 and 1_200_000 (too new).
+        let b = build::batch(1_000, &[(None, b"a")]);
+        let mut recs = Vec::new();
+        for ts in [1_000, 999_000, 1_000_500, 1_200_000] {
+            recs.push(build::batch(ts, &[(None, b"v")]));
+        }
+        let bounded = Rules {
+            before_max_ms: 10_000,
+            after_max_ms: 100_000,
+            ..UNBOUNDED
+        };
+        let e = check("t", 0, &bounded, recs.iter().map(|r| r.as_slice())).unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidTimestamp);
+        assert_eq!(e.record_errors.len(), 2);
+        assert!(
+            e.record_errors[0].message.contains("Timestamp 1000 "),
+            "{:?}",
+            e.record_errors
+        );
+        assert!(e.record_errors[1].message.contains("Timestamp 1200000 "));
+        // LogAppendTime topics overwrite timestamps: nothing to check.
+        let log_append = Rules {
+            create_time: false,
+            ..bounded
+        };
+        assert_eq!(check("t", 0, &log_append, [b.as_slice()]), Ok(()));
+        assert_eq!(check("t", 0, &UNBOUNDED, [b.as_slice()]), Ok(()));
+    }
+
     #[test]
     fn keyless_records_on_a_compacted_topic_are_named() {
         let b = build::batch(
@@ -88,26 +179,26 @@ mod tests {
                 (None, b"v"),
             ],
         );
-        let e = check("t", 3, true, [b.as_slice()]).unwrap_err();
+        let e = check("t", 3, &compacted(), [b.as_slice()]).unwrap_err();
         assert_eq!(e.code, ResponseError::InvalidRecord);
         let indexes: Vec<i32> = e.record_errors.iter().map(|r| r.batch_index).collect();
         assert_eq!(indexes, vec![1, 3]);
         assert!(e.record_errors[0].message.contains("t-3"));
         assert!(e.message.unwrap().starts_with("2 record(s)"));
         // Not compacted: anything goes.
-        assert_eq!(check("t", 3, false, [b.as_slice()]), Ok(()));
+        assert_eq!(check("t", 3, &UNBOUNDED, [b.as_slice()]), Ok(()));
     }
 
     #[test]
     fn keyed_records_pass_and_unparseable_ones_are_corrupt() {
         let good = build::batch(1_000, &[(Some(b"k"), b"v"), (Some(b""), b"v")]);
         assert_eq!(
-            check("t", 0, true, [good.as_slice(), good.as_slice()]),
+            check("t", 0, &compacted(), [good.as_slice(), good.as_slice()]),
             Ok(())
         );
         let mut bad = good.clone();
         bad[HEADER_BYTES] = 0x7e; // the first record's length now runs past the batch
-        let e = check("t", 0, true, [bad.as_slice()]).unwrap_err();
+        let e = check("t", 0, &compacted(), [bad.as_slice()]).unwrap_err();
         assert_eq!(e.code, ResponseError::CorruptMessage);
     }
 }

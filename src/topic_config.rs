@@ -10,24 +10,176 @@ use std::collections::BTreeMap;
 
 use sluice_storage::{FlushPolicy, LogConfig, TimestampType};
 
-/// Every topic config Sluice knows, with its default as Kafka prints it.
+/// Every topic config of Kafka 3.9, with its default as Sluice applies it (Kafka's,
+/// except where a comment says otherwise). All are accepted with Kafka's validation;
+/// [`TopicConfig::parse`] says which change behaviour and which Sluice refuses to set
+/// to a value it cannot honour (rather than accepting it silently).
 pub const KNOWN: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
+    ("compression.gzip.level", "-1"),
+    ("compression.lz4.level", "9"),
+    // Only `producer` (batches stored as the producer compressed them): Sluice has no
+    // codecs to recompress with yet.
+    ("compression.type", "producer"),
+    ("compression.zstd.level", "3"),
     ("delete.retention.ms", "86400000"),
+    ("file.delete.delay.ms", "60000"),
+    ("flush.messages", "9223372036854775807"),
+    // 0: fsync before every acknowledgement (Kafka's default leaves it to the OS).
     ("flush.ms", "0"),
+    ("follower.replication.throttled.replicas", ""),
+    ("index.interval.bytes", "4096"),
+    ("leader.replication.throttled.replicas", ""),
+    ("local.retention.bytes", "-2"),
+    ("local.retention.ms", "-2"),
+    ("max.compaction.lag.ms", "9223372036854775807"),
     ("max.message.bytes", "1048588"),
+    ("message.downconversion.enable", "true"),
+    ("message.format.version", "3.0-IV1"),
+    ("message.timestamp.after.max.ms", "9223372036854775807"),
+    ("message.timestamp.before.max.ms", "9223372036854775807"),
+    ("message.timestamp.difference.max.ms", "9223372036854775807"),
     ("message.timestamp.type", "CreateTime"),
     ("min.cleanable.dirty.ratio", "0.5"),
     ("min.compaction.lag.ms", "0"),
     // Unset, the effective value is min(2, replication factor): an acks=all write is on
     // at least two replicas whenever the topic has two (Kafka's default is 1).
     ("min.insync.replicas", "2"),
+    ("preallocate", "false"),
+    ("remote.log.copy.disable", "false"),
+    ("remote.log.delete.on.disable", "false"),
+    ("remote.storage.enable", "false"),
+    // 1 TiB (Kafka's default, -1, is unbounded).
     ("retention.bytes", "1099511627776"),
     ("retention.ms", "604800000"),
     ("segment.bytes", "1073741824"),
+    ("segment.index.bytes", "10485760"),
+    ("segment.jitter.ms", "0"),
     ("segment.ms", "604800000"),
     ("unclean.leader.election.enable", "false"),
 ];
+
+/// Accepted with Kafka's validation, but without effect in Sluice (docs/architecture.md
+/// lists why): index spacing, file deletion delay, per-message flush counts, follower
+/// throttles and tiered storage off, preallocation (Sluice always preallocates).
+const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
+    "compression.gzip.level",
+    "compression.lz4.level",
+    "compression.zstd.level",
+    "file.delete.delay.ms",
+    "flush.messages",
+    "follower.replication.throttled.replicas",
+    "index.interval.bytes",
+    "leader.replication.throttled.replicas",
+    "local.retention.bytes",
+    "local.retention.ms",
+    "max.compaction.lag.ms",
+    "message.downconversion.enable",
+    "message.format.version",
+    "preallocate",
+    "remote.log.copy.disable",
+    "remote.log.delete.on.disable",
+    "segment.index.bytes",
+    "segment.jitter.ms",
+];
+
+fn invalid(name: &str, v: &str, why: &str) -> String {
+    format!("Invalid value {v} for configuration {name}: {why}")
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(
+            name,
+            v,
+            "Expected value to be either true or false",
+        )),
+    }
+}
+
+fn parse_at_least(name: &str, v: &str, min: i64) -> Result<i64, String> {
+    let n = parse_i64(name, v)?;
+    if n < min {
+        return Err(invalid(name, v, &format!("Value must be at least {min}")));
+    }
+    Ok(n)
+}
+
+/// Validates a config Sluice accepts without acting on it.
+fn check_inert(name: &str, v: &str) -> Result<(), String> {
+    match name {
+        "compression.gzip.level" => {
+            let n = parse_i64(name, v)?;
+            if !(n == -1 || (1..=9).contains(&n)) {
+                return Err(invalid(name, v, "must be -1 or in [1,...,9]"));
+            }
+        }
+        "compression.lz4.level" => {
+            let n = parse_i64(name, v)?;
+            if !(1..=17).contains(&n) {
+                return Err(invalid(name, v, "Value must be in [1,...,17]"));
+            }
+        }
+        "compression.zstd.level" => {
+            let n = parse_i64(name, v)?;
+            if !(-131072..=22).contains(&n) {
+                return Err(invalid(name, v, "Value must be in [-131072,...,22]"));
+            }
+        }
+        "file.delete.delay.ms" | "max.compaction.lag.ms" | "segment.jitter.ms" => {
+            parse_at_least(
+                name,
+                v,
+                if name == "max.compaction.lag.ms" {
+                    1
+                } else {
+                    0
+                },
+            )?;
+        }
+        "flush.messages" => {
+            parse_at_least(name, v, 1)?;
+        }
+        "index.interval.bytes" => {
+            parse_at_least(name, v, 0)?;
+        }
+        "segment.index.bytes" => {
+            parse_at_least(name, v, 4)?;
+        }
+        "local.retention.bytes" | "local.retention.ms" => {
+            parse_at_least(name, v, -2)?;
+        }
+        "message.downconversion.enable"
+        | "preallocate"
+        | "remote.log.copy.disable"
+        | "remote.log.delete.on.disable" => {
+            parse_bool(name, v)?;
+        }
+        // A list of `partition:broker` pairs, or `*`.
+        "follower.replication.throttled.replicas" | "leader.replication.throttled.replicas" => {
+            let ok = v.trim() == "*"
+                || v.trim().is_empty()
+                || v.split(',').all(|pair| {
+                    pair.trim().split_once(':').is_some_and(|(p, b)| {
+                        p.trim().parse::<u32>().is_ok() && b.trim().parse::<u32>().is_ok()
+                    })
+                });
+            if !ok {
+                return Err(invalid(
+                    name,
+                    v,
+                    "must be a list of partition:broker pairs or *",
+                ));
+            }
+        }
+        // Deprecated since 3.0 and ignored by Kafka for message format v2.
+        "message.format.version" => {}
+        _ => unreachable!("{name} is in ACCEPTED_WITHOUT_EFFECT"),
+    }
+    Ok(())
+}
 
 /// A parsed topic configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +187,10 @@ pub struct TopicConfig {
     pub log: LogConfig,
     pub min_insync_replicas: i32,
     pub cleanup_policy: String,
+    /// message.timestamp.before.max.ms / after.max.ms (KIP-937; the deprecated
+    /// difference.max.ms stands in for either when it is not set).
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
 }
 
 fn parse_i64(name: &str, v: &str) -> Result<i64, String> {
@@ -50,8 +206,37 @@ impl TopicConfig {
         let mut log = LogConfig::default();
         let mut min_insync_replicas = 1;
         let mut cleanup_policy = "delete".to_string();
+        let (mut before, mut after, mut difference) = (None, None, None);
         for (name, v) in set {
             match name.as_str() {
+                n if ACCEPTED_WITHOUT_EFFECT.contains(&n) => check_inert(n, v)?,
+                "compression.type" => match v.trim() {
+                    "producer" => {}
+                    "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => {
+                        return Err(invalid(
+                            name,
+                            v,
+                            "Sluice stores batches as the producer compressed them (compression.type=producer); recompression on the broker is not supported yet",
+                        ))
+                    }
+                    _ => {
+                        return Err(invalid(
+                            name,
+                            v,
+                            "String must be one of: uncompressed, zstd, lz4, snappy, gzip, producer",
+                        ))
+                    }
+                },
+                "remote.storage.enable" => {
+                    if parse_bool(name, v)? {
+                        return Err(invalid(name, v, "Sluice has no tiered storage"));
+                    }
+                }
+                "message.timestamp.before.max.ms" => before = Some(parse_at_least(name, v, 0)?),
+                "message.timestamp.after.max.ms" => after = Some(parse_at_least(name, v, 0)?),
+                "message.timestamp.difference.max.ms" => {
+                    difference = Some(parse_at_least(name, v, 0)?)
+                }
                 "retention.ms" => log.retention_ms = parse_i64(name, v)?,
                 "retention.bytes" => log.retention_bytes = parse_i64(name, v)?,
                 "segment.bytes" => {
@@ -135,6 +320,8 @@ impl TopicConfig {
             log,
             min_insync_replicas,
             cleanup_policy,
+            timestamp_before_max_ms: before.or(difference).unwrap_or(i64::MAX),
+            timestamp_after_max_ms: after.or(difference).unwrap_or(i64::MAX),
         })
     }
 
@@ -229,9 +416,45 @@ mod tests {
             ("flush.ms", "-5"),
             ("min.cleanable.dirty.ratio", "2"),
             ("no.such.config", "1"),
+            ("compression.type", "brotli"),
+            ("compression.type", "zstd"),
+            ("remote.storage.enable", "true"),
+            ("preallocate", "yes"),
+            ("segment.jitter.ms", "-1"),
+            ("compression.gzip.level", "10"),
+            ("message.timestamp.after.max.ms", "-1"),
+            ("leader.replication.throttled.replicas", "0:x"),
         ] {
             let e = TopicConfig::parse(&set(&[(k, v)])).unwrap_err();
             assert!(!e.is_empty(), "{k}={v}");
+        }
+    }
+
+    #[test]
+    fn every_kafka_topic_config_is_accepted_and_timestamp_bounds_resolve() {
+        // The standard configs the issue names, at typical values.
+        let c = TopicConfig::parse(&set(&[
+            ("compression.type", "producer"),
+            ("file.delete.delay.ms", "1000"),
+            ("max.compaction.lag.ms", "60000"),
+            ("min.cleanable.dirty.ratio", "0.1"),
+            ("segment.jitter.ms", "10"),
+            ("index.interval.bytes", "8192"),
+            ("message.format.version", "2.8"),
+            ("leader.replication.throttled.replicas", "0:1,1:2"),
+            ("message.timestamp.difference.max.ms", "5000"),
+            ("message.timestamp.after.max.ms", "100"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.timestamp_before_max_ms, c.timestamp_after_max_ms),
+            (5000, 100)
+        );
+        let none = TopicConfig::parse(&BTreeMap::new()).unwrap();
+        assert_eq!(none.timestamp_before_max_ms, i64::MAX);
+        // Every name has a default and every inert one is known.
+        for n in ACCEPTED_WITHOUT_EFFECT {
+            assert!(KNOWN.iter().any(|(k, _)| k == n), "{n}");
         }
     }
 

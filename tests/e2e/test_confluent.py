@@ -1,7 +1,8 @@
 """Tier: black-box with confluent-kafka (librdkafka 2.16)."""
 import collections
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import check_consumer_error, wait_until
@@ -149,3 +150,44 @@ def test_list_offsets_by_spec_with_the_admin_client(broker):
     assert offset(OffsetSpec.max_timestamp()) == (1, 5_000)
     assert offset(OffsetSpec.for_timestamp(2_500)) == (1, 5_000)
     assert offset(OffsetSpec.for_timestamp(9_000))[0] == -1
+
+
+def test_every_kafka_topic_config_is_accepted_and_described(broker):
+    """Standard topic configs Kafka clients and tools set (they were refused as unknown
+    names); DescribeConfigs lists every one; a value Sluice cannot honour is refused
+    with INVALID_CONFIG naming why, not accepted silently."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import ConfigResource
+    configs = {"compression.type": "producer", "file.delete.delay.ms": "1000",
+               "max.compaction.lag.ms": "60000", "min.cleanable.dirty.ratio": "0.1",
+               "segment.jitter.ms": "10", "index.interval.bytes": "8192",
+               "message.format.version": "3.0-IV1", "message.timestamp.before.max.ms": "3600000"}
+    a = create_topic(broker.addr, "standard", 1, config=configs)
+    res = ConfigResource(ConfigResource.Type.TOPIC, "standard")
+    described = a.describe_configs([res])[res].result(timeout=15)
+    for k, v in configs.items():
+        assert described[k].value == v, k
+    for k in ("segment.index.bytes", "preallocate", "message.downconversion.enable",
+              "remote.storage.enable", "flush.messages"):
+        assert k in described, k
+    fs = a.create_topics([NewTopic("recompressed", 1, 1, config={"compression.type": "zstd"})])
+    with pytest.raises(KafkaException) as e:
+        fs["recompressed"].result(timeout=15)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+    assert "producer" in e.value.args[0].str()
+
+
+def test_timestamps_outside_the_topic_bounds_are_refused(broker):
+    """message.timestamp.before.max.ms (KIP-937): a record a day old on a topic that
+    accepts an hour fails with INVALID_TIMESTAMP; a current one is delivered."""
+    import time
+    create_topic(broker.addr, "bounded", 1, config={"message.timestamp.before.max.ms": "3600000"})
+    p = Producer({"bootstrap.servers": broker.addr})
+    reports = {}
+    now = int(time.time() * 1000)
+    for name, ts in (("old", now - 86_400_000), ("now", now)):
+        p.produce("bounded", value=name.encode(), timestamp=ts,
+                  on_delivery=lambda err, msg, name=name: reports.__setitem__(name, err))
+        p.flush(15)
+    assert reports["now"] is None
+    assert reports["old"] is not None and reports["old"].code() == KafkaError.INVALID_TIMESTAMP

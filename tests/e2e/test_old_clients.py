@@ -201,3 +201,37 @@ def test_old_consumer_skips_transaction_markers_and_reads_uncommitted(broker):
         out = kcat("-b", broker.addr, *old(fallback), "-X", "isolation.level=read_uncommitted", "-C",
                    "-t", "old-tx", "-p", "0", "-o", "beginning", "-e", "-q", "-f", "%o %s\n")
         assert out.splitlines() == ["0 committed", "2 aborted", "4 after"], fallback
+
+
+@pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 0), (0, 9), (0, 8, 2)])
+def test_kafka_python_pinned_to_an_old_broker_version(broker, api_version):
+    """kafka-python speaking only what `api_version` brokers spoke: message formats v1
+    (0.10) and v0 (0.9, 0.8.2), old Produce/Fetch/ListOffsets, group membership (0.9+)
+    and offset commits (OffsetCommit v1/v2, OffsetFetch v1)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    topic = "kp-" + "".join(map(str, api_version))
+    extra = {"enable_idempotence": False} if api_version >= (0, 10) else {}
+    p = KafkaProducer(bootstrap_servers=broker.addr, api_version=api_version, acks="all", **extra)
+    futs = [p.send(topic, key=b"k%d" % i, value=b"v%d" % i) for i in range(50)]
+    p.flush()
+    assert [f.get(timeout=30).offset for f in futs] == list(range(50))
+    p.close()
+    group = topic + "-g"
+    c = KafkaConsumer(topic, bootstrap_servers=broker.addr, api_version=api_version, group_id=group,
+                      enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=10000)
+    got = []
+    for r in c:
+        got.append(r)
+        if len(got) == 50:
+            break
+    assert [(r.offset, r.key, r.value) for r in got] == [(i, b"k%d" % i, b"v%d" % i) for i in range(50)]
+    if api_version >= (0, 10):
+        assert all(r.timestamp > 1_500_000_000_000 for r in got), "message format v1 keeps create times"
+    else:
+        assert all(r.timestamp in (None, -1) for r in got), "message format v0 has no timestamps"
+    c.commit()
+    c.close()
+    c = KafkaConsumer(bootstrap_servers=broker.addr, api_version=api_version, group_id=group,
+                      enable_auto_commit=False)
+    assert c.committed(TopicPartition(topic, 0)) == 50
+    c.close()

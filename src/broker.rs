@@ -203,7 +203,13 @@ impl Broker {
         items
             .into_iter()
             .map(|(t, p, current, epoch)| {
-                self.replica(&t, p)
+                // An offline partition has no replica state left here: as Kafka, a
+                // storage error, not NOT_LEADER_OR_FOLLOWER.
+                let key = (t, p);
+                if let Some(o) = self.offline.borrow().get(&key) {
+                    return Err(offline_error(&key, &o.cause));
+                }
+                self.replica(&key.0, p)
                     .and_then(|r| r.epoch_end(current, epoch))
             })
             .collect()

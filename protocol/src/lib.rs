@@ -12,6 +12,7 @@
 pub mod alloc;
 pub mod api_versions;
 mod error;
+pub mod legacy;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
@@ -42,13 +43,14 @@ const fn spec(key: ApiKey, min: i16, max: i16) -> ApiSpec {
 }
 
 /// The one registry of supported APIs and versions. ApiVersions is generated from it
-/// and [`parse`] refuses anything outside it. Ranges start where `kafka-protocol`
-/// starts and stop before versions whose semantics Sluice lacks (Fetch and Produce
+/// and [`parse`] refuses anything outside it. Ranges start where Kafka 3.9's start
+/// (versions older than `kafka-protocol` has are decoded by [`legacy`]) or where the
+/// codec starts, and stop before versions whose semantics Sluice lacks (Fetch and Produce
 /// v13+ address topics by id only; Metadata v13 is untested with old clients).
 pub const REGISTRY: &[ApiSpec] = &[
-    spec(ApiKey::Produce, 3, 12),
-    spec(ApiKey::Fetch, 4, 12),
-    spec(ApiKey::ListOffsets, 1, 8),
+    spec(ApiKey::Produce, 0, 12),
+    spec(ApiKey::Fetch, 0, 12),
+    spec(ApiKey::ListOffsets, 0, 8),
     spec(ApiKey::Metadata, 0, 12),
     spec(ApiKey::ApiVersions, 0, 3),
     spec(ApiKey::CreateTopics, 2, 7),
@@ -88,8 +90,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::SyncGroup, 0, 5),
     spec(ApiKey::Heartbeat, 0, 4),
     spec(ApiKey::LeaveGroup, 0, 5),
-    spec(ApiKey::OffsetCommit, 2, 8),
-    spec(ApiKey::OffsetFetch, 1, 8),
+    spec(ApiKey::OffsetCommit, 0, 8),
+    spec(ApiKey::OffsetFetch, 0, 8),
     spec(ApiKey::OffsetDelete, 0, 0),
     spec(ApiKey::DescribeGroups, 0, 5),
     spec(ApiKey::ListGroups, 0, 4),
@@ -169,7 +171,12 @@ pub fn parse(frame: Bytes) -> Result<Parsed, DecodeError> {
     let mut buf = frame;
     let header =
         RequestHeader::decode(&mut buf, key.request_header_version(version)).map_err(malformed)?;
-    let body = RequestKind::decode(key, &mut buf, version).map_err(malformed)?;
+    let body = if legacy::handles(key, version) {
+        legacy::decode_request(key, version, &mut buf)
+    } else {
+        RequestKind::decode(key, &mut buf, version)
+    }
+    .map_err(malformed)?;
     Ok(Parsed::Request(Box::new(Request {
         api_key: key,
         version,
@@ -191,7 +198,12 @@ pub fn encode_response(
     header
         .encode(&mut buf, api_key.response_header_version(version))
         .map_err(|e| e.to_string())?;
-    resp.encode(&mut buf, version).map_err(|e| e.to_string())?;
+    if legacy::handles(api_key, version) {
+        legacy::encode_response(api_key, version, resp, &mut buf)
+    } else {
+        resp.encode(&mut buf, version)
+    }
+    .map_err(|e| e.to_string())?;
     let size = (buf.len() - 4) as i32;
     buf[..4].copy_from_slice(&size.to_be_bytes());
     Ok(buf.freeze())
@@ -236,7 +248,8 @@ mod tests {
     fn registry_is_within_what_the_codec_supports() {
         for s in REGISTRY {
             let v = s.key.valid_versions();
-            assert!(v.min <= s.min && s.max <= v.max, "{:?}", s.key);
+            let min = legacy::lowest_version(s.key);
+            assert!(min <= s.min && s.max <= v.max, "{:?}", s.key);
         }
     }
 
@@ -261,8 +274,7 @@ mod tests {
                 let mut body = BytesMut::new();
                 // Encode the default request of this API at this version, then parse it back.
                 let default = default_request(s.key);
-                default
-                    .encode(&mut body, v)
+                legacy::encode_request(v, &default, &mut body)
                     .unwrap_or_else(|e| panic!("{:?} v{v}: {e}", s.key));
                 let mut f = BytesMut::new();
                 RequestHeader::default()
@@ -383,7 +395,7 @@ mod tests {
                     .with_client_id(Some(sb("c")))
                     .encode(&mut f, s.key.request_header_version(v))
                     .unwrap();
-                default_request(s.key).encode(&mut f, v).unwrap();
+                legacy::encode_request(v, &default_request(s.key), &mut f).unwrap();
                 inputs.push(f.to_vec());
             }
         }

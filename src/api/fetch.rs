@@ -8,6 +8,13 @@
 //!    are asked to wait for an append to any of the partitions (bounded by the
 //!    deadline); then the read is repeated.
 //!
+//! Fetch v0–v3 clients read message sets: the v2 batches read are down-converted to
+//! magic 0 (v0–v1) or magic 1 (v2–v3) by Kafka's rules (`sluice_storage::message_set`:
+//! control batches skipped, records before the fetch offset dropped, at least one
+//! message even past the partition's byte limit). Compressed batches cannot be
+//! converted without codecs: the partition answers UNSUPPORTED_COMPRESSION_TYPE, as
+//! Kafka does for zstd.
+//!
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
 //! tells clients to keep sending full (sessionless) fetch requests.
 
@@ -26,6 +33,7 @@ use sluice_shard::ShardId;
 use crate::broker::Broker;
 use crate::error::{self, ApiError};
 use crate::rpc::{Read, ReadItem, ReadOut};
+use sluice_storage::message_set::{self, MessageSetError};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
@@ -39,7 +47,7 @@ struct Slot {
     owner: Option<ShardId>,
 }
 
-pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> FetchResponse {
+pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
     let start = Instant::now();
     let deadline = start + Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT_CAP);
     let max_bytes = if req.max_bytes <= 0 {
@@ -105,7 +113,7 @@ pub async fn handle(broker: &Rc<Broker>, _version: i16, req: FetchRequest) -> Fe
             .await;
         outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
     }
-    build_response(slots, outs)
+    build_response(version, slots, outs)
 }
 
 async fn read_all(
@@ -181,9 +189,30 @@ fn trim(outs: &mut [ReadOut], max_bytes: usize) {
     }
 }
 
-fn build_response(slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
+/// The records of one partition for a Fetch v0–v3 client: message sets of the magic the
+/// version implies.
+fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
+    if version > 3 || o.records.is_empty() || o.error.is_some() {
+        return;
+    }
+    let magic = if version <= 1 { 0 } else { 1 };
+    match message_set::down_convert(&o.records, magic, s.offset, s.max_bytes) {
+        Ok(set) => o.records = Bytes::from(set),
+        Err(e) => {
+            let code = match e {
+                MessageSetError::Compressed(_) => ResponseError::UnsupportedCompressionType,
+                _ => ResponseError::CorruptMessage,
+            };
+            o.records = Bytes::new();
+            o.error = Some(ApiError::with(code, e.to_string()));
+        }
+    }
+}
+
+fn build_response(version: i16, slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
-    for (s, o) in slots.into_iter().zip(outs) {
+    for (s, mut o) in slots.into_iter().zip(outs) {
+        down_convert(version, &s, &mut o);
         let pd = PartitionData::default()
             .with_partition_index(s.partition)
             .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))

@@ -1,6 +1,8 @@
-//! OffsetCommit (v2–v8): partitions of unknown topics are refused here; the rest go to
+//! OffsetCommit (v0–v8): partitions of unknown topics are refused here; the rest go to
 //! the group's coordinator shard, which answers after the commit records are flushed
-//! to `__consumer_offsets`.
+//! to `__consumer_offsets`. v0 commits went to ZooKeeper in Kafka; Kafka 3.9 without
+//! ZooKeeper (KRaft) answers them UNSUPPORTED_VERSION for every partition, and so does
+//! Sluice. v1's commit timestamp only set the commit's expiry in Kafka: ignored.
 
 use std::rc::Rc;
 
@@ -34,6 +36,11 @@ pub async fn handle(
         let topic = t.name.to_string();
         let meta = image.topics.get(&topic);
         for p in &t.partitions {
+            if version == 0 {
+                let code = ResponseError::UnsupportedVersion.code();
+                order.push((topic.clone(), p.partition_index, Some(code)));
+                continue;
+            }
             let known = meta.is_some_and(|m| (0..m.partitions).contains(&p.partition_index));
             if !known {
                 order.push((

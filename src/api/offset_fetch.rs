@@ -1,5 +1,7 @@
-//! OffsetFetch (v1–v8; v8 asks for several groups at once). Served from the
-//! coordinator's memory; a partition without a commit answers offset -1.
+//! OffsetFetch (v0–v8; v8 asks for several groups at once). Served from the
+//! coordinator's memory; a partition without a commit answers offset -1. v0 read
+//! ZooKeeper in Kafka; Kafka 3.9 without ZooKeeper (KRaft) answers it
+//! UNSUPPORTED_VERSION for every requested partition, and so does Sluice.
 
 use std::rc::Rc;
 
@@ -123,7 +125,12 @@ pub async fn handle(
     });
     let requested = parts.clone();
     let stable = version >= 7 && req.require_stable;
-    match fetch(broker, req.group_id.to_string(), parts, stable).await {
+    let fetched = if version == 0 {
+        Err(ResponseError::UnsupportedVersion.code())
+    } else {
+        fetch(broker, req.group_id.to_string(), parts, stable).await
+    };
+    match fetched {
         Ok(items) => {
             let topics = by_topic(items, |p, c| {
                 let (o, e, m, code) = value(c);
@@ -148,7 +155,7 @@ pub async fn handle(
         }
         Err(code) if version >= 2 => OffsetFetchResponse::default().with_error_code(code),
         Err(code) => {
-            // v1 has no top-level error: every requested partition carries it.
+            // v0 and v1 have no top-level error: every requested partition carries it.
             let items = requested
                 .unwrap_or_default()
                 .into_iter()

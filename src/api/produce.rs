@@ -9,10 +9,14 @@
 //! producer with an open transaction writes only transactional batches); the
 //! coordinator-side verification of KIP-890 part 1 is not done. A partition's data
 //! that breaks a per-record rule (`crate::record_rules`: keyless records on a compacted
-//! topic) fails as a whole with KIP-467 `record_errors` (v8+).
+//! topic) fails as a whole with KIP-467 `record_errors` (v8+). Produce v0–v2 may carry
+//! message sets (message formats v0/v1), up-converted here to one v2 batch
+//! (`sluice_storage::message_set`); compressed message sets are refused with
+//! UNSUPPORTED_COMPRESSION_TYPE (no codecs in the broker).
 
 use std::rc::Rc;
 
+use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{
@@ -25,6 +29,7 @@ use crate::broker::Broker;
 use crate::error::{self, ApiError};
 use crate::rpc::{Appended, Produce, ProduceItem};
 use crate::topic_config::validate_topic_name;
+use sluice_storage::message_set::{self, MessageSetError};
 
 fn partition_response(
     version: i16,
@@ -107,18 +112,21 @@ pub async fn handle(
             } else {
                 match meta {
                     Some(m) if (0..m.partitions).contains(&p.index) => match p.records {
-                        Some(records) => {
-                            jobs.push((
-                                broker.owner(m, p.index),
-                                ProduceItem {
-                                    topic: name.clone(),
-                                    partition: p.index,
-                                    records,
-                                    transactional_id: transactional_id.clone(),
-                                },
-                            ));
-                            None
-                        }
+                        Some(records) => match up_convert(version, records) {
+                            Err(e) => Some(e),
+                            Ok(records) => {
+                                jobs.push((
+                                    broker.owner(m, p.index),
+                                    ProduceItem {
+                                        topic: name.clone(),
+                                        partition: p.index,
+                                        records,
+                                        transactional_id: transactional_id.clone(),
+                                    },
+                                ));
+                                None
+                            }
+                        },
                         None => Some(ApiError::with(
                             ResponseError::CorruptMessage,
                             "null records",
@@ -180,6 +188,24 @@ pub async fn handle(
         })
         .collect();
     Some(ProduceResponse::default().with_responses(responses))
+}
+
+/// Produce v0–v2 may carry a message set (magic 0 or 1) instead of a v2 batch: it is
+/// appended as one v2 batch of the same records. Kafka checks nothing more for these
+/// versions, so v2 batches pass as they are.
+fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
+    if version > 2 || !matches!(message_set::magic_of(&records), Some(0 | 1)) {
+        return Ok(records);
+    }
+    message_set::up_convert(&records)
+        .map(Bytes::from)
+        .map_err(|e| {
+            let code = match e {
+                MessageSetError::Compressed(_) => ResponseError::UnsupportedCompressionType,
+                _ => ResponseError::CorruptMessage,
+            };
+            ApiError::with(code, e.to_string())
+        })
 }
 
 fn reject_all(version: i16, req: &ProduceRequest, e: ApiError) -> ProduceResponse {

@@ -5,7 +5,8 @@
 //! compaction, the producer state (idempotence and transactions: sequence checks,
 //! markers, the aborted-transaction index, producer snapshots) and a per-shard tail
 //! cache of recent batches. Knows nothing of the Kafka protocol beyond the record-batch
-//! header and the end-transaction marker record, nothing of raft, nothing of sockets.
+//! header, the end-transaction marker record and the old message sets that old clients
+//! send and read ([`message_set`]: conversion to and from v2 batches), nothing of raft, nothing of sockets.
 //!
 //! Every object here lives on exactly one shard (one glommio executor thread): a
 //! [`PartitionLog`] is `Rc`-shared and never crosses threads. Nothing here blocks the
@@ -37,6 +38,7 @@ pub mod file;
 pub mod index;
 pub mod journal;
 pub mod log;
+pub mod message_set;
 pub mod probe;
 pub mod producer;
 pub mod segment;

@@ -2,6 +2,7 @@
 librdkafka 2.16 has no DescribeProducers or DescribeTopicPartitions call, so the
 requests are built by hand here (flexible versions: compact strings and arrays, tagged
 fields) and the answers compared with what Kafka 3.9 answers."""
+import os
 import struct
 import time
 
@@ -527,3 +528,40 @@ def test_partition_apis_on_leader_follower_and_non_replica(cluster):
         here = describe_log_dir(cluster.addr(i))
         got = alter_replica_log_dirs_v1(cluster.addr(i), [(here, topic, 0)])
         assert got == {(topic, 0): 9 if i == outsider else 0}, f"broker {i}"
+
+
+@pytest.mark.broker_log_errors(r"partition offline after an I/O error")
+def test_partition_apis_on_a_partition_offline_after_an_io_error(make_broker, tmp_path):
+    """A partition taken offline by an I/O error is a KAFKA_STORAGE_ERROR for
+    DescribeProducers, OffsetForLeaderEpoch and AlterReplicaLogDirs (Kafka answers an
+    offline replica so), while the other partition answers as usual."""
+    rules = tmp_path / "faults"
+    b = make_broker(extra=["--fault-rules", str(rules)])
+    addr = b.addr
+    create_topic(addr, "off", 2)
+    for p in (0, 1):
+        produce(addr, "off", p, record_batch([b"a"]))
+    tmp = f"{rules}.tmp"
+    with open(tmp, "w") as f:
+        # Reads and opens fail too, so the broker's reopen attempts keep it offline.
+        f.write("write eio off-0/\nopen eio off-0/\nread eio off-0/\n")
+    os.replace(tmp, rules)
+
+    def offline():
+        conn = Conn(addr)
+        try:
+            conn.send(produce_v3("off", 0, record_batch([b"b"])))
+            [(_, _, err, _)] = parse_produce_v3(conn.recv()[1])
+        finally:
+            conn.close()
+        assert err in (0, 56), err
+        return err == 56
+    wait_until(offline, timeout=10, what="off-0 offline")
+
+    parts = describe_producers(addr, "off", [0, 1])
+    assert parts[0][0] == 56 and parts[1] == (0, [])
+    got = offset_for_leader_epoch_v3(addr, "off", [(0, -1, 0), (1, -1, 0)])
+    assert got[0] == (56, -1, -1) and got[1][0] == 0
+    here = describe_log_dir(addr)
+    assert alter_replica_log_dirs_v1(addr, [(here, "off", 0), (here, "off", 1)]) == {
+        ("off", 0): 56, ("off", 1): 0}

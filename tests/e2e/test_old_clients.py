@@ -3,9 +3,12 @@ hold Sluice to Kafka's answers for them: the answer to a version it does not ser
 (wire tests), and old clients (librdkafka with `api.version.request=false`, kafka-python
 pinned to an old `api_version`) producing and consuming."""
 import struct
+import subprocess
+
+import pytest
 
 from conftest import wait_until
-from kafka_wire import Conn, api_versions_v0, frame, header
+from kafka_wire import Conn, api_versions_v0, frame, header, string
 
 UNSUPPORTED_VERSION = 35
 
@@ -38,3 +41,197 @@ def test_unsupported_version_of_any_other_api_closes_the_connection(broker):
         err, _ = api_versions_v0(other)
         assert err == 0, "other connections are unaffected"
         other.close()
+
+
+def _partition_errors(body, per_partition):
+    """Walks a v0 response of [topic [partition ...]]: `per_partition(body, pos)` reads
+    one partition's fields after its index and returns (value, new pos)."""
+    out = []
+    pos = 0
+    (n_topics,) = struct.unpack_from(">i", body, pos); pos += 4
+    for _ in range(n_topics):
+        (n,) = struct.unpack_from(">h", body, pos); pos += 2
+        topic = body[pos:pos + n].decode(); pos += n
+        (n_parts,) = struct.unpack_from(">i", body, pos); pos += 4
+        for _ in range(n_parts):
+            (p,) = struct.unpack_from(">i", body, pos); pos += 4
+            value, pos = per_partition(body, pos)
+            out.append((topic, p, value))
+    assert pos == len(body), "the whole response was read"
+    return out
+
+
+def test_offset_commit_and_fetch_v0_are_unsupported_as_in_kafka_without_zookeeper(broker):
+    """v0 group offsets lived in ZooKeeper; Kafka 3.9 without ZooKeeper answers
+    UNSUPPORTED_VERSION for every partition (in a response, connection open)."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": broker.addr})
+    p.produce("oc0", b"x")
+    p.flush(30)
+    c = Conn(broker.addr)
+    commit = header(8, 0, 21) + string("g0") + struct.pack(">i", 1) + string("oc0")
+    commit += struct.pack(">iiq", 1, 0, 1) + string("")
+    c.send(frame(commit))
+    corr, body = c.recv()
+    got = _partition_errors(body, lambda b, pos: (struct.unpack_from(">h", b, pos)[0], pos + 2))
+    assert corr == 21 and got == [("oc0", 0, UNSUPPORTED_VERSION)]
+    fetch = header(9, 0, 22) + string("g0") + struct.pack(">i", 1) + string("oc0")
+    fetch += struct.pack(">ii", 1, 0)
+
+    def partition(b, pos):
+        offset, n = struct.unpack_from(">qh", b, pos)
+        pos += 10 + max(n, 0)
+        return (offset, struct.unpack_from(">h", b, pos)[0]), pos + 2
+
+    c.send(frame(fetch))
+    corr, body = c.recv()
+    assert corr == 22 and _partition_errors(body, partition) == [("oc0", 0, (-1, UNSUPPORTED_VERSION))]
+    # v1 is served: a commit through v1 is read back through v1.
+    commit = header(8, 1, 23) + string("g0") + struct.pack(">i", -1) + string("")
+    commit += struct.pack(">i", 1) + string("oc0") + struct.pack(">iiqq", 1, 0, 1, -1) + string("m")
+    c.send(frame(commit))
+    _, body = c.recv()
+    assert _partition_errors(body, lambda b, pos: (struct.unpack_from(">h", b, pos)[0], pos + 2)) == [
+        ("oc0", 0, 0)]
+    c.send(frame(header(9, 1, 24) + fetch[len(header(9, 0, 22)):]))
+    _, body = c.recv()
+    assert _partition_errors(body, partition) == [("oc0", 0, (1, 0))]
+    c.close()
+
+
+def test_list_offsets_v0_answers_an_offsets_array(broker):
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": broker.addr})
+    for i in range(5):
+        p.produce("lo0", f"v{i}".encode())
+    p.flush(30)
+    c = Conn(broker.addr)
+
+    def offsets(b, pos):
+        err, n = struct.unpack_from(">hi", b, pos)
+        pos += 6
+        return (err, list(struct.unpack_from(f">{n}q", b, pos))), pos + 8 * n
+
+    for ts, want in [(-1, [5]), (-2, [0])]:
+        req = header(2, 0, 31) + struct.pack(">i", -1) + struct.pack(">i", 1) + string("lo0")
+        req += struct.pack(">iiqi", 1, 0, ts, 1)
+        c.send(frame(req))
+        corr, body = c.recv()
+        assert corr == 31 and _partition_errors(body, offsets) == [("lo0", 0, (0, want))]
+    req = header(2, 0, 32) + struct.pack(">i", -1) + struct.pack(">i", 1) + string("lo0")
+    req += struct.pack(">iiqi", 1, 7, -1, 1)
+    c.send(frame(req))
+    _, body = c.recv()
+    assert _partition_errors(body, offsets) == [("lo0", 7, (3, []))], "UNKNOWN_TOPIC_OR_PARTITION, no offsets"
+    c.close()
+
+
+def kcat(*args, input=None, timeout=60):
+    r = subprocess.run(["kcat", *args], input=input, capture_output=True, timeout=timeout)
+    assert r.returncode == 0, f"kcat {args} failed: {r.stderr.decode(errors='replace')}"
+    return r.stdout.decode()
+
+
+def old(fallback):
+    """librdkafka settings of a client that speaks only what `fallback` brokers spoke:
+    0.10.0 → Produce/Fetch v2 with message format v1, 0.9 → v1 with format v0, 0.8.2 → v0."""
+    return ["-X", "api.version.request=false", "-X", f"broker.version.fallback={fallback}"]
+
+
+FALLBACKS = ["0.10.0.0", "0.9.0", "0.8.2"]
+
+
+@pytest.mark.parametrize("fallback", FALLBACKS)
+def test_old_kcat_round_trip_and_modern_reads_it(broker, fallback):
+    topic = "old-w-" + fallback.replace(".", "")
+    lines = [f"k{i % 7}:v{i}" for i in range(300)]
+    kcat("-b", broker.addr, *old(fallback), "-P", "-t", topic, "-p", "0", "-K", ":",
+         input="\n".join(lines).encode() + b"\n")
+    fmt = ["-f", "%o %k:%s\n"]
+    want = [f"{i} {line}" for i, line in enumerate(lines)]
+    out = kcat("-b", broker.addr, *old(fallback), "-C", "-t", topic, "-p", "0", "-o", "beginning",
+               "-e", "-q", *fmt)
+    assert out.splitlines() == want
+    out = kcat("-b", broker.addr, "-C", "-t", topic, "-o", "beginning", "-e", "-q", *fmt)
+    assert out.splitlines() == want, "a modern client reads what the old one wrote"
+    stamps = kcat("-b", broker.addr, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%T\n")
+    stamps = [int(t) for t in stamps.split()]
+    if fallback.startswith("0.10"):
+        assert all(t > 1_500_000_000_000 for t in stamps), "message format v1 keeps create times"
+    else:
+        assert all(t == -1 for t in stamps), "message format v0 has no timestamps (Kafka keeps none)"
+
+
+@pytest.mark.parametrize("fallback", FALLBACKS)
+def test_old_kcat_reads_what_a_modern_client_wrote(broker, fallback):
+    topic = "old-r-" + fallback.replace(".", "")
+    lines = [f"k{i % 5}:v{i}" for i in range(300)]
+    kcat("-b", broker.addr, "-P", "-t", topic, "-p", "0", "-K", ":", "-z", "none",
+         input="\n".join(lines).encode() + b"\n")
+    out = kcat("-b", broker.addr, *old(fallback), "-C", "-t", topic, "-p", "0", "-o", "beginning",
+               "-e", "-q", "-f", "%o %k:%s\n")
+    assert out.splitlines() == [f"{i} {line}" for i, line in enumerate(lines)]
+    # From the middle of a batch: records before the fetch offset are not returned.
+    out = kcat("-b", broker.addr, *old(fallback), "-C", "-t", topic, "-p", "0", "-o", "123",
+               "-e", "-q", "-f", "%o\n")
+    assert [int(x) for x in out.split()] == list(range(123, 300))
+
+
+def test_old_consumer_skips_transaction_markers_and_reads_uncommitted(broker):
+    """Old consumers know no control batches and read uncommitted (Kafka's
+    down-conversion): markers vanish, offsets jump over them, aborted records show."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    admin.create_topics([NewTopic("old-tx", 1, 1)])["old-tx"].result(30)
+    tx = Producer({"bootstrap.servers": broker.addr, "transactional.id": "old-tx"})
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    tx.produce("old-tx", b"committed", partition=0)
+    tx.commit_transaction(30)
+    tx.begin_transaction()
+    tx.produce("old-tx", b"aborted", partition=0)
+    tx.flush(30)  # abort_transaction drops what was not sent yet
+    tx.abort_transaction(30)
+    plain = Producer({"bootstrap.servers": broker.addr})
+    plain.produce("old-tx", b"after", partition=0)
+    plain.flush(30)
+    # librdkafka drops the aborted record itself unless told to read uncommitted.
+    for fallback in ["0.10.0.0", "0.9.0"]:
+        out = kcat("-b", broker.addr, *old(fallback), "-X", "isolation.level=read_uncommitted", "-C",
+                   "-t", "old-tx", "-p", "0", "-o", "beginning", "-e", "-q", "-f", "%o %s\n")
+        assert out.splitlines() == ["0 committed", "2 aborted", "4 after"], fallback
+
+
+@pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 0), (0, 9), (0, 8, 2)])
+def test_kafka_python_pinned_to_an_old_broker_version(broker, api_version):
+    """kafka-python speaking only what `api_version` brokers spoke: message formats v1
+    (0.10) and v0 (0.9, 0.8.2), old Produce/Fetch/ListOffsets, group membership (0.9+)
+    and offset commits (OffsetCommit v1/v2, OffsetFetch v1)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    topic = "kp-" + "".join(map(str, api_version))
+    extra = {"enable_idempotence": False} if api_version >= (0, 10) else {}
+    p = KafkaProducer(bootstrap_servers=broker.addr, api_version=api_version, acks="all", **extra)
+    futs = [p.send(topic, key=b"k%d" % i, value=b"v%d" % i) for i in range(50)]
+    p.flush()
+    assert [f.get(timeout=30).offset for f in futs] == list(range(50))
+    p.close()
+    group = topic + "-g"
+    c = KafkaConsumer(topic, bootstrap_servers=broker.addr, api_version=api_version, group_id=group,
+                      enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=10000)
+    got = []
+    for r in c:
+        got.append(r)
+        if len(got) == 50:
+            break
+    assert [(r.offset, r.key, r.value) for r in got] == [(i, b"k%d" % i, b"v%d" % i) for i in range(50)]
+    if api_version >= (0, 10):
+        assert all(r.timestamp > 1_500_000_000_000 for r in got), "message format v1 keeps create times"
+    else:
+        assert all(r.timestamp in (None, -1) for r in got), "message format v0 has no timestamps"
+    c.commit()
+    c.close()
+    c = KafkaConsumer(bootstrap_servers=broker.addr, api_version=api_version, group_id=group,
+                      enable_auto_commit=False)
+    assert c.committed(TopicPartition(topic, 0)) == 50
+    c.close()

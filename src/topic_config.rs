@@ -16,6 +16,7 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("delete.retention.ms", "86400000"),
     ("flush.ms", "0"),
     ("max.message.bytes", "1048588"),
+    ("message.downconversion.enable", "true"),
     ("message.timestamp.type", "CreateTime"),
     ("min.cleanable.dirty.ratio", "0.5"),
     ("min.compaction.lag.ms", "0"),
@@ -104,6 +105,15 @@ impl TopicConfig {
                         ));
                     }
                 }
+                // Read by Fetch (`crate::api::fetch`): whether v0–v3 fetchers get
+                // message sets converted from the stored batches.
+                "message.downconversion.enable" => {
+                    if v != "true" && v != "false" {
+                        return Err(format!(
+                            "Invalid value {v} for configuration message.downconversion.enable: must be true or false"
+                        ));
+                    }
+                }
                 "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
                 "min.cleanable.dirty.ratio" => {
                     let r: f64 = v.trim().parse().map_err(|_| {
@@ -148,6 +158,13 @@ impl TopicConfig {
             })
             .collect()
     }
+}
+
+/// `message.downconversion.enable` of a topic's explicitly-set configs: whether
+/// clients of Fetch v0–v3 may read it (as message sets converted from its batches).
+pub fn downconversion_enabled(set: &BTreeMap<String, String>) -> bool {
+    set.get("message.downconversion.enable")
+        .is_none_or(|v| v != "false")
 }
 
 /// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.

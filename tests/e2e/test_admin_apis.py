@@ -215,6 +215,17 @@ def test_describe_producers_shows_idempotent_and_transactional_producers(broker)
     done = wait_until(committed, what="the commit marker on dp-0")
     assert done["epoch"] == txn_epoch and done["coordinator_epoch"] >= 0
 
+    # The transaction state topic now exists: internal, as Kafka flags it, in Metadata
+    # (confluent-kafka's describe_topics) and in DescribeTopicPartitions.
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": addr})
+    futs = admin.describe_topics(TopicCollection(["__transaction_state", "dp"]))
+    assert futs["__transaction_state"].result(timeout=30).is_internal
+    assert not futs["dp"].result(timeout=30).is_internal
+    [t] = describe_topic_partitions(addr, ["__transaction_state"], 1)[0]
+    assert t[0] == 0 and t[3] is True
+
 
 # ---- DescribeTopicPartitions (75, KIP-966) ----
 

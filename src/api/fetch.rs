@@ -11,9 +11,9 @@
 //! Fetch v0–v3 clients read message sets: the v2 batches read are down-converted to
 //! magic 0 (v0–v1) or magic 1 (v2–v3) by Kafka's rules (`sluice_storage::message_set`:
 //! control batches skipped, records before the fetch offset dropped, at least one
-//! message even past the partition's byte limit). Compressed batches cannot be
-//! converted without codecs: the partition answers UNSUPPORTED_COMPRESSION_TYPE, as
-//! Kafka does for zstd. A topic with `message.downconversion.enable=false` answers
+//! message even past the partition's byte limit). gzip batches are converted to
+//! uncompressed messages; snappy, lz4 and zstd ones cannot be (no codec here): the
+//! partition answers UNSUPPORTED_COMPRESSION_TYPE, as Kafka does for zstd. A topic with `message.downconversion.enable=false` answers
 //! these clients UNSUPPORTED_VERSION, as Kafka does.
 //!
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which

@@ -74,7 +74,6 @@ const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "local.retention.bytes",
     "local.retention.ms",
     "max.compaction.lag.ms",
-    "message.downconversion.enable",
     "message.format.version",
     "preallocate",
     "remote.log.copy.disable",
@@ -151,10 +150,7 @@ fn check_inert(name: &str, v: &str) -> Result<(), String> {
         "local.retention.bytes" | "local.retention.ms" => {
             parse_at_least(name, v, -2)?;
         }
-        "message.downconversion.enable"
-        | "preallocate"
-        | "remote.log.copy.disable"
-        | "remote.log.delete.on.disable" => {
+        "preallocate" | "remote.log.copy.disable" | "remote.log.delete.on.disable" => {
             parse_bool(name, v)?;
         }
         // A list of `partition:broker` pairs, or `*`.
@@ -289,6 +285,15 @@ impl TopicConfig {
                         ));
                     }
                 }
+                // Read by Fetch (`crate::api::fetch`): whether v0–v3 fetchers get
+                // message sets converted from the stored batches.
+                "message.downconversion.enable" => {
+                    if v != "true" && v != "false" {
+                        return Err(format!(
+                            "Invalid value {v} for configuration message.downconversion.enable: must be true or false"
+                        ));
+                    }
+                }
                 "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
                 "min.cleanable.dirty.ratio" => {
                     let r: f64 = v.trim().parse().map_err(|_| {
@@ -335,6 +340,13 @@ impl TopicConfig {
             })
             .collect()
     }
+}
+
+/// `message.downconversion.enable` of a topic's explicitly-set configs: whether
+/// clients of Fetch v0–v3 may read it (as message sets converted from its batches).
+pub fn downconversion_enabled(set: &BTreeMap<String, String>) -> bool {
+    set.get("message.downconversion.enable")
+        .is_none_or(|v| v != "false")
 }
 
 /// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.

@@ -1,6 +1,6 @@
 //! Codecs of the old API versions that Kafka 3.9 serves but `kafka-protocol` no longer
 //! carries (Kafka 4 removed them, KIP-896): Produce v0–v2, Fetch v0–v3, ListOffsets v0,
-//! OffsetCommit v0–v1 and OffsetFetch v0. Requests decode into the crate's request
+//! OffsetCommit v0–v1, OffsetFetch v0, DescribeLogDirs v0 and AlterReplicaLogDirs v0. Requests decode into the crate's request
 //! types and responses encode from its response types, so handlers see one type per API
 //! and branch on the version only for semantics. Pure, like the rest of the crate.
 //!
@@ -15,6 +15,8 @@
 //! | ListOffsets v0 | v1 plus `max_num_offsets` per partition | per partition `old_style_offsets` (an array) instead of `timestamp` and `offset` |
 //! | OffsetCommit v0–v1 | v2 without `retention_time_ms`; v0 also without generation and member; v1 with `commit_timestamp` per partition | = v2 |
 //! | OffsetFetch v0 | = v1 | = v1 |
+//! | DescribeLogDirs v0 | = v1 | = v1 |
+//! | AlterReplicaLogDirs v0 | = v1 | = v1 |
 //!
 //! What the decoded request cannot carry: ListOffsets v0's `max_num_offsets` (the
 //! answer holds the one offset the handler finds, as Kafka does for the usual 1) and
@@ -46,6 +48,8 @@ const LOWEST: &[(ApiKey, i16)] = &[
     (ApiKey::ListOffsets, 0),
     (ApiKey::OffsetCommit, 0),
     (ApiKey::OffsetFetch, 0),
+    (ApiKey::DescribeLogDirs, 0),
+    (ApiKey::AlterReplicaLogDirs, 0),
 ];
 
 /// The oldest version of `key` that can be decoded: this module's, else the codec's.
@@ -70,6 +74,8 @@ pub fn decode_request(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<Requ
         ApiKey::ListOffsets => RequestKind::ListOffsets(list_offsets_request(buf)?),
         ApiKey::OffsetCommit => RequestKind::OffsetCommit(offset_commit_request(version, buf)?),
         ApiKey::OffsetFetch => RequestKind::OffsetFetch(Decodable::decode(buf, 1)?),
+        ApiKey::DescribeLogDirs => RequestKind::DescribeLogDirs(Decodable::decode(buf, 1)?),
+        ApiKey::AlterReplicaLogDirs => RequestKind::AlterReplicaLogDirs(Decodable::decode(buf, 1)?),
         other => bail!("{other:?} v{version} has no legacy codec"),
     })
 }
@@ -135,6 +141,8 @@ pub fn encode_request(version: i16, req: &RequestKind, out: &mut BytesMut) -> Re
             });
         }
         RequestKind::OffsetFetch(r) if version < 1 => r.encode(out, 1)?,
+        RequestKind::DescribeLogDirs(r) if version < 1 => r.encode(out, 1)?,
+        RequestKind::AlterReplicaLogDirs(r) if version < 1 => r.encode(out, 1)?,
         other => other.encode(out, version)?,
     }
     Ok(())
@@ -149,12 +157,15 @@ pub fn encode_response(
 ) -> Result<()> {
     match resp {
         ResponseKind::Produce(r) if version < 2 => produce_response(version, r, out),
-        // Produce v2 is v3; OffsetCommit v0–v1 are v2; OffsetFetch v0 is v1.
+        // Produce v2 is v3; OffsetCommit v0–v1 are v2; OffsetFetch, DescribeLogDirs and
+        // AlterReplicaLogDirs v0 are v1.
         ResponseKind::Produce(r) => r.encode(out, 3)?,
         ResponseKind::Fetch(r) => fetch_response(version, r, out),
         ResponseKind::ListOffsets(r) => list_offsets_response(r, out),
         ResponseKind::OffsetCommit(r) => r.encode(out, 2)?,
         ResponseKind::OffsetFetch(r) => r.encode(out, 1)?,
+        ResponseKind::DescribeLogDirs(r) => r.encode(out, 1)?,
+        ResponseKind::AlterReplicaLogDirs(r) => r.encode(out, 1)?,
         _ => bail!("{key:?} v{version} has no legacy codec"),
     }
     Ok(())

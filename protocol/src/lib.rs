@@ -62,9 +62,9 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
     // v4 (KIP-827) adds the volume's total and usable bytes.
-    spec(ApiKey::DescribeLogDirs, 1, 4),
+    spec(ApiKey::DescribeLogDirs, 0, 4),
     // One data directory per broker: nothing ever moves (answers as Kafka's).
-    spec(ApiKey::AlterReplicaLogDirs, 1, 2),
+    spec(ApiKey::AlterReplicaLogDirs, 0, 2),
     // KIP-966 paginated topic descriptions (no eligible leader replicas in Sluice).
     spec(ApiKey::DescribeTopicPartitions, 0, 0),
     // Exactly-once. InitProducerId v6 adds KIP-939 two-phase commit: not served.

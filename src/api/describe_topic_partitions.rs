@@ -30,13 +30,12 @@ use kafka_protocol::messages::describe_topic_partitions_response::{
     DescribeTopicPartitionsResponseTopic,
 };
 use kafka_protocol::messages::{BrokerId, TopicName};
-use sluice_coordinator::txn::TXN_STATE_TOPIC;
 use uuid::Uuid;
 
 use super::authorized_ops::TOPIC_ALL;
+use super::metadata::is_internal;
 use super::sb;
 use crate::broker::Broker;
-use crate::group::OFFSETS_TOPIC;
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::topic_config::validate_topic_name;
 
@@ -50,11 +49,6 @@ pub async fn handle(
     req: DescribeTopicPartitionsRequest,
 ) -> DescribeTopicPartitionsResponse {
     describe(&broker.image(), &req)
-}
-
-/// Kafka's internal topics (its `Topic.isInternal`).
-fn is_internal(name: &str) -> bool {
-    name == OFFSETS_TOPIC || name == TXN_STATE_TOPIC
 }
 
 fn topic_entry(name: &str, code: i16) -> DescribeTopicPartitionsResponseTopic {

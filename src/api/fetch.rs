@@ -11,9 +11,10 @@
 //! Fetch v0–v3 clients read message sets: the v2 batches read are down-converted to
 //! magic 0 (v0–v1) or magic 1 (v2–v3) by Kafka's rules (`sluice_storage::message_set`:
 //! control batches skipped, records before the fetch offset dropped, at least one
-//! message even past the partition's byte limit). Compressed batches cannot be
-//! converted without codecs: the partition answers UNSUPPORTED_COMPRESSION_TYPE, as
-//! Kafka does for zstd.
+//! message even past the partition's byte limit). gzip batches are converted to
+//! uncompressed messages; snappy, lz4 and zstd ones cannot be (no codec here): the
+//! partition answers UNSUPPORTED_COMPRESSION_TYPE, as Kafka does for zstd. A topic with `message.downconversion.enable=false` answers
+//! these clients UNSUPPORTED_VERSION, as Kafka does.
 //!
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
 //! tells clients to keep sending full (sessionless) fetch requests.
@@ -33,6 +34,7 @@ use sluice_shard::ShardId;
 use crate::broker::Broker;
 use crate::error::{self, ApiError};
 use crate::rpc::{Read, ReadItem, ReadOut};
+use crate::topic_config::downconversion_enabled;
 use sluice_storage::message_set::{self, MessageSetError};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
@@ -45,6 +47,8 @@ struct Slot {
     max_bytes: usize,
     current_leader_epoch: i32,
     owner: Option<ShardId>,
+    /// The topic's `message.downconversion.enable` (Fetch v0–v3 only).
+    downconversion: bool,
 }
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
@@ -71,6 +75,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                 max_bytes: p.partition_max_bytes.max(0) as usize,
                 current_leader_epoch: p.current_leader_epoch,
                 owner,
+                downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
             });
         }
     }
@@ -192,7 +197,23 @@ fn trim(outs: &mut [ReadOut], max_bytes: usize) {
 /// The records of one partition for a Fetch v0–v3 client: message sets of the magic the
 /// version implies.
 fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
-    if version > 3 || o.records.is_empty() || o.error.is_some() {
+    if version > 3 {
+        return;
+    }
+    if !s.downconversion {
+        *o = ReadOut {
+            error: Some(ApiError::with(
+                ResponseError::UnsupportedVersion,
+                "message.downconversion.enable is false for this topic",
+            )),
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            ..Default::default()
+        };
+        return;
+    }
+    if o.records.is_empty() || o.error.is_some() {
         return;
     }
     let magic = if version <= 1 { 0 } else { 1 };

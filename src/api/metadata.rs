@@ -19,6 +19,12 @@ use crate::error::ApiError;
 use crate::rpc::{CreateTopics, NewTopic};
 use crate::topic_config::validate_topic_name;
 
+/// Kafka's internal topics (its `Topic.isInternal`): the offsets and the transaction
+/// state topics.
+pub fn is_internal(name: &str) -> bool {
+    name == crate::group::OFFSETS_TOPIC || name == sluice_coordinator::txn::TXN_STATE_TOPIC
+}
+
 /// Auto-creates the `names` that do not exist (default partitions and configs).
 /// Returns the error per name for those that could not be created.
 pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiError)> {
@@ -104,9 +110,9 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         .map(|name| {
             let t = MetadataResponseTopic::default()
                 .with_name(Some(TopicName(sb(name.clone()))))
-                // Kafka flags its offsets topic internal (v1+), so regex subscriptions
-                // and tools leave it alone.
-                .with_is_internal(version >= 1 && name == crate::group::OFFSETS_TOPIC)
+                // Kafka flags its internal topics (v1+), so regex subscriptions and
+                // tools leave them alone.
+                .with_is_internal(version >= 1 && is_internal(&name))
                 .with_topic_authorized_operations(topic_ops);
             if let Err(m) = validate_topic_name(&name) {
                 tracing::debug!(topic = %name, "metadata for invalid topic name: {m}");

@@ -11,8 +11,8 @@
 //! that breaks a per-record rule (`crate::record_rules`: keyless records on a compacted
 //! topic) fails as a whole with KIP-467 `record_errors` (v8+). Produce v0–v2 may carry
 //! message sets (message formats v0/v1), up-converted here to one v2 batch
-//! (`sluice_storage::message_set`); compressed message sets are refused with
-//! UNSUPPORTED_COMPRESSION_TYPE (no codecs in the broker).
+//! (`sluice_storage::message_set`; gzip wrappers are opened and stored uncompressed,
+//! snappy and lz4 ones are refused with UNSUPPORTED_COMPRESSION_TYPE: no codec here).
 
 use std::rc::Rc;
 

@@ -20,9 +20,12 @@
 //!
 //! The magic byte sits at offset 16, as in a v2 batch ([`magic_of`] tells them apart).
 //! A compressed message set is one wrapper message whose value holds the compressed
-//! inner messages; this crate has no compression codecs, so compressed message sets
-//! are refused ([`MessageSetError::Compressed`]) and compressed v2 batches cannot be
-//! down-converted.
+//! inner messages (magic 1: inner offsets relative, a LogAppendTime wrapper's timestamp
+//! stands for all of them). Of the codecs only gzip (1) is here (flate2, pure Rust):
+//! gzip wrappers are up-converted and gzip v2 batches down-converted, both to
+//! uncompressed data (Kafka would keep gzip; the records are the same); snappy, lz4 and
+//! zstd are refused ([`MessageSetError::Compressed`]). Decompressed data is bounded by
+//! [`DECOMPRESSED_BYTES_MAX`].
 //!
 //! ## Conversion rules (Kafka's)
 //!
@@ -54,6 +57,11 @@ const _: () = assert!(
     "magic sits at byte 16 in every format"
 );
 
+/// The compression codec this module can undo: gzip.
+const CODEC_GZIP: u8 = 1;
+/// The most bytes one compressed wrapper or batch may inflate to: a bomb stops here.
+pub const DECOMPRESSED_BYTES_MAX: usize = 64 << 20;
+
 /// Why a message set was refused (Kafka: CORRUPT_MESSAGE, or
 /// UNSUPPORTED_COMPRESSION_TYPE for [`MessageSetError::Compressed`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -78,6 +86,28 @@ pub enum MessageSetError {
     Compressed(u8),
     #[error("v2 batch at byte {at} does not parse")]
     BadBatch { at: usize },
+    #[error("gzip data does not inflate: {0}")]
+    Inflate(String),
+}
+
+/// Inflates gzip data (codec 1), at most [`DECOMPRESSED_BYTES_MAX`] bytes of it; any
+/// other codec is refused.
+fn decompress(codec: u8, data: &[u8]) -> Result<Vec<u8>, MessageSetError> {
+    use std::io::Read;
+    if codec != CODEC_GZIP {
+        return Err(MessageSetError::Compressed(codec));
+    }
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(data)
+        .take(DECOMPRESSED_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| MessageSetError::Inflate(e.to_string()))?;
+    if out.len() > DECOMPRESSED_BYTES_MAX {
+        return Err(MessageSetError::Inflate(format!(
+            "more than {DECOMPRESSED_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(out)
 }
 
 /// The record format of the data at `records[0]`: the magic byte at offset 16 (0 or 1:
@@ -152,6 +182,15 @@ fn take_bytes<'a>(buf: &mut &'a [u8]) -> Option<Option<&'a [u8]>> {
 /// or 1, CRC-32 right, fields filling the size exactly. A compressed wrapper is
 /// refused.
 pub fn parse(set: &[u8]) -> Result<Vec<Message<'_>>, MessageSetError> {
+    let raw = parse_raw(set)?;
+    if let Some((_, codec)) = raw.iter().find(|(_, codec)| *codec != 0) {
+        return Err(MessageSetError::Compressed(*codec));
+    }
+    Ok(raw.into_iter().map(|(m, _)| m).collect())
+}
+
+/// Like [`parse`], but compressed wrappers are returned with their codec.
+fn parse_raw(set: &[u8]) -> Result<Vec<(Message<'_>, u8)>, MessageSetError> {
     if set.is_empty() {
         return Err(MessageSetError::Empty);
     }
@@ -185,9 +224,6 @@ pub fn parse(set: &[u8]) -> Result<Vec<Message<'_>>, MessageSetError> {
         if !(0..=1).contains(&magic) {
             return Err(MessageSetError::BadMagic { at, magic });
         }
-        if attributes & ATTR_CODEC_MASK != 0 {
-            return Err(MessageSetError::Compressed(attributes & ATTR_CODEC_MASK));
-        }
         let bad_size = MessageSetError::BadSize { at };
         let timestamp = if magic == 1 {
             let ts = take(&mut body, 8).ok_or(bad_size.clone())?;
@@ -200,14 +236,42 @@ pub fn parse(set: &[u8]) -> Result<Vec<Message<'_>>, MessageSetError> {
         if !body.is_empty() {
             return Err(bad_size);
         }
-        out.push(Message {
+        let message = Message {
             offset,
             magic,
             timestamp,
             log_append_time: magic == 1 && attributes & ATTR_V1_LOG_APPEND_TIME != 0,
             key,
             value,
-        });
+        };
+        out.push((message, attributes & ATTR_CODEC_MASK));
+    }
+    Ok(out)
+}
+
+/// The messages of `raw` with gzip wrappers opened: their inner messages, which take
+/// a LogAppendTime wrapper's timestamp. `inflated` holds the decompressed sets (one
+/// per wrapper, in order) that the returned messages borrow.
+fn flatten<'a>(
+    raw: &[(Message<'a>, u8)],
+    inflated: &'a [Vec<u8>],
+) -> Result<Vec<Message<'a>>, MessageSetError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut sets = inflated.iter();
+    for (m, codec) in raw {
+        if *codec == 0 {
+            out.push(m.clone());
+            continue;
+        }
+        let inner = parse(sets.next().expect("one inflated set per wrapper"))?;
+        out.extend(inner.into_iter().map(|i| Message {
+            timestamp: if m.log_append_time {
+                m.timestamp
+            } else {
+                i.timestamp
+            },
+            ..i
+        }));
     }
     Ok(out)
 }
@@ -246,7 +310,16 @@ pub fn write_message(out: &mut Vec<u8>, m: &Message<'_>) {
 /// One uncompressed v2 batch holding the messages of `set` as its records (base offset
 /// and leader epoch 0: the append assigns them). See the module doc for the rules.
 pub fn up_convert(set: &[u8]) -> Result<Vec<u8>, MessageSetError> {
-    let messages = parse(set)?;
+    let raw = parse_raw(set)?;
+    let inflated = raw
+        .iter()
+        .filter(|(_, codec)| *codec != 0)
+        .map(|(m, codec)| decompress(*codec, m.value.unwrap_or_default()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let messages = flatten(&raw, &inflated)?;
+    if messages.is_empty() {
+        return Err(MessageSetError::Empty);
+    }
     let base_timestamp = messages[0].timestamp.unwrap_or(-1);
     let max_timestamp = messages
         .iter()
@@ -318,11 +391,13 @@ pub fn down_convert(
         if h.is_control() {
             continue;
         }
+        let inflated;
+        let mut recs = &b[batch::HEADER_BYTES..];
         if h.compression() != 0 {
-            return Err(MessageSetError::Compressed(h.compression() as u8));
+            inflated = decompress(h.compression() as u8, recs)?;
+            recs = &inflated;
         }
         let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
-        let mut recs = &b[batch::HEADER_BYTES..];
         for _ in 0..h.record_count {
             let r = read_record(&mut recs).ok_or(MessageSetError::BadBatch { at })?;
             let offset = h.base_offset + r.offset_delta;
@@ -555,10 +630,10 @@ mod tests {
             Err(MessageSetError::CrcMismatch { .. })
         ));
         let mut compressed = set(&[msg(1, Some(1), None, b"x")]);
-        compressed[17] = 1; // gzip
+        compressed[17] = 2; // snappy
         let crc = crc32(&compressed[16..]);
         compressed[12..16].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(up_convert(&compressed), Err(MessageSetError::Compressed(1)));
+        assert_eq!(up_convert(&compressed), Err(MessageSetError::Compressed(2)));
         let mut magic2 = set(&[msg(1, Some(1), None, b"x")]);
         magic2[16] = 2;
         let crc = crc32(&magic2[16..]);
@@ -567,14 +642,92 @@ mod tests {
             up_convert(&magic2),
             Err(MessageSetError::BadMagic { magic: 2, .. })
         ));
-        let compressed_batch = {
+        let snappy_batch = {
             let mut b = batch::build::simple(1, 1, 3);
-            b[batch::OFF_ATTRIBUTES + 1] |= 1;
+            b[batch::OFF_ATTRIBUTES + 1] |= 2;
             b
         };
         assert_eq!(
-            down_convert(&compressed_batch, 1, 0, usize::MAX),
-            Err(MessageSetError::Compressed(1))
+            down_convert(&snappy_batch, 1, 0, usize::MAX),
+            Err(MessageSetError::Compressed(2))
         );
+        let mut bad_gzip = set(&[msg(1, Some(1), None, b"not gzip")]);
+        bad_gzip[17] = 1;
+        let crc = crc32(&bad_gzip[16..]);
+        bad_gzip[12..16].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(
+            up_convert(&bad_gzip),
+            Err(MessageSetError::Inflate(_))
+        ));
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_wrappers_are_opened_on_up_conversion() {
+        // Magic 1 wrapper: inner offsets relative; a LogAppendTime wrapper's timestamp
+        // stands for its messages, a CreateTime one leaves theirs.
+        for (wrapper_log_append, want_ts) in [(false, [10, 20]), (true, [99, 99])] {
+            let inner = set(&[
+                Message {
+                    offset: 0,
+                    ..msg(1, Some(10), Some(b"a".as_slice()), b"one")
+                },
+                Message {
+                    offset: 1,
+                    ..msg(1, Some(20), None, b"two")
+                },
+            ]);
+            let compressed = gzip(&inner);
+            let mut wrapper = set(&[Message {
+                offset: 1,
+                log_append_time: wrapper_log_append,
+                value: Some(&compressed),
+                ..msg(1, Some(99), None, b"")
+            }]);
+            wrapper[17] |= CODEC_GZIP;
+            let crc = crc32(&wrapper[16..]);
+            wrapper[12..16].copy_from_slice(&crc.to_be_bytes());
+            let plain = set(&[msg(1, Some(30), None, b"plain")]);
+            let b = up_convert(&[wrapper, plain].concat()).unwrap();
+            let h = batch::validate(&b, true).unwrap();
+            assert_eq!((h.record_count, h.compression()), (3, 0));
+            let ts: Vec<i64> = batch::record_timestamps(&b)
+                .unwrap()
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+            assert_eq!(ts, vec![want_ts[0], want_ts[1], 30]);
+            let back = down_convert(&b, 1, 0, usize::MAX).unwrap();
+            let msgs = parse(&back).unwrap();
+            let values: Vec<&[u8]> = msgs.iter().map(|m| m.value.unwrap()).collect();
+            assert_eq!(values, vec![&b"one"[..], b"two", b"plain"]);
+        }
+    }
+
+    #[test]
+    fn gzip_batches_are_down_converted() {
+        let plain = batch::build::batch(500, &[(Some(&b"k"[..]), &b"v0"[..]), (None, &b"v1"[..])]);
+        let mut gz = plain[..batch::HEADER_BYTES].to_vec();
+        gz.extend_from_slice(&gzip(&plain[batch::HEADER_BYTES..]));
+        let len = (gz.len() - batch::LOG_OVERHEAD) as i32;
+        gz[8..12].copy_from_slice(&len.to_be_bytes());
+        gz[batch::OFF_ATTRIBUTES + 1] |= CODEC_GZIP;
+        let crc = crc32c::crc32c(&gz[batch::OFF_ATTRIBUTES..]);
+        gz[batch::OFF_ATTRIBUTES - 4..batch::OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
+        batch::validate(&gz, true).unwrap();
+        batch::assign(&mut gz, 7, 0, None);
+        let converted = down_convert(&gz, 1, 8, usize::MAX).unwrap();
+        let got = parse(&converted)
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.offset, m.timestamp, m.value.unwrap().to_vec()))
+            .collect::<Vec<_>>();
+        assert_eq!(got, vec![(8, Some(501), b"v1".to_vec())]);
     }
 }

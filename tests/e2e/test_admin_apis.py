@@ -215,6 +215,17 @@ def test_describe_producers_shows_idempotent_and_transactional_producers(broker)
     done = wait_until(committed, what="the commit marker on dp-0")
     assert done["epoch"] == txn_epoch and done["coordinator_epoch"] >= 0
 
+    # The transaction state topic now exists: internal, as Kafka flags it, in Metadata
+    # (confluent-kafka's describe_topics) and in DescribeTopicPartitions.
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": addr})
+    futs = admin.describe_topics(TopicCollection(["__transaction_state", "dp"]))
+    assert futs["__transaction_state"].result(timeout=30).is_internal
+    assert not futs["dp"].result(timeout=30).is_internal
+    [t] = describe_topic_partitions(addr, ["__transaction_state"], 1)[0]
+    assert t[0] == 0 and t[3] is True
+
 
 # ---- DescribeTopicPartitions (75, KIP-966) ----
 
@@ -314,11 +325,12 @@ def test_describe_topic_partitions_pages_with_a_cursor(broker):
 
 # ---- AlterReplicaLogDirs (34) ----
 
-def describe_log_dir(addr):
-    """The broker's (first) log directory from DescribeLogDirs v1."""
+def describe_log_dir(addr, version=1):
+    """The broker's (first) log directory from DescribeLogDirs v0 or v1 (the same
+    layout)."""
     conn = Conn(addr)
     try:
-        conn.send(frame(struct.pack(">hhi", 35, 1, 8) + string("e2e") + struct.pack(">i", -1)))
+        conn.send(frame(struct.pack(">hhi", 35, version, 8) + string("e2e") + struct.pack(">i", -1)))
         _, data = conn.recv()
     finally:
         conn.close()
@@ -326,9 +338,10 @@ def describe_log_dir(addr):
     return data[12:12 + ln].decode()
 
 
-def alter_replica_log_dirs_v1(addr, moves):
-    """moves: [(path, topic, partition)] -> {(topic, partition): error}"""
-    body = struct.pack(">hhi", 34, 1, 9) + string("e2e") + struct.pack(">i", len(moves))
+def alter_replica_log_dirs_v1(addr, moves, version=1):
+    """moves: [(path, topic, partition)] -> {(topic, partition): error}; v0 has v1's
+    layout."""
+    body = struct.pack(">hhi", 34, version, 9) + string("e2e") + struct.pack(">i", len(moves))
     for path, topic, p in moves:
         body += string(path) + struct.pack(">i", 1) + string(topic) + struct.pack(">ii", 1, p)
     conn = Conn(addr)
@@ -354,7 +367,7 @@ def test_alter_replica_log_dirs_answers_as_kafka(broker):
     """One data directory: moving a replica to it is a no-op (NONE); another directory
     is LOG_DIR_NOT_FOUND; a partition the cluster does not have is
     UNKNOWN_TOPIC_OR_PARTITION; a topic name too long for Kafka's future-log directory
-    name is INVALID_TOPIC_EXCEPTION. v2 (flexible) answers the same."""
+    name is INVALID_TOPIC_EXCEPTION. v0 and v2 (flexible) answer the same."""
     addr = broker.addr
     create_topic(addr, "ard", 2)
     here = describe_log_dir(addr)
@@ -367,6 +380,10 @@ def test_alter_replica_log_dirs_answers_as_kafka(broker):
     # ("ard", 0) is named twice: the last destination counts, as Kafka's map.
     assert got == {("ard", 0): 57, ("ard", 1): 0, ("no-such-topic", 0): 3, ("ard", 9): 3,
                    (long_name, 0): 17}
+    # v0 of both (Kafka 3.9 serves it; the same layout as v1).
+    assert describe_log_dir(addr, version=0) == here
+    assert alter_replica_log_dirs_v1(addr, [(here, "ard", 1), ("/elsewhere", "ard", 0)],
+                                     version=0) == {("ard", 1): 0, ("ard", 0): 57}
 
     body = carray([cstring(here) + carray([cstring("ard") + carray([struct.pack(">i", 1)]) + NO_TAGS])
                    + NO_TAGS]) + NO_TAGS

@@ -1,6 +1,7 @@
 //! Codecs of the old API versions that Kafka 3.9 serves but `kafka-protocol` no longer
 //! carries (Kafka 4 removed them, KIP-896): Produce v0–v2, Fetch v0–v3, ListOffsets v0,
-//! OffsetCommit v0–v1, OffsetFetch v0, DescribeLogDirs v0 and AlterReplicaLogDirs v0. Requests decode into the crate's request
+//! OffsetCommit v0–v1, OffsetFetch v0, DescribeLogDirs v0, AlterReplicaLogDirs v0 and
+//! OffsetForLeaderEpoch v0–v1. Requests decode into the crate's request
 //! types and responses encode from its response types, so handlers see one type per API
 //! and branch on the version only for semantics. Pure, like the rest of the crate.
 //!
@@ -17,6 +18,7 @@
 //! | OffsetFetch v0 | = v1 | = v1 |
 //! | DescribeLogDirs v0 | = v1 | = v1 |
 //! | AlterReplicaLogDirs v0 | = v1 | = v1 |
+//! | OffsetForLeaderEpoch v0–v1 | v2 without `current_leader_epoch` | v2 without `throttle_time_ms`; v0 also without `leader_epoch` |
 //!
 //! What the decoded request cannot carry: ListOffsets v0's `max_num_offsets` (the
 //! answer holds the one offset the handler finds, as Kafka does for the usual 1) and
@@ -34,6 +36,10 @@ use kafka_protocol::messages::list_offsets_response::ListOffsetsResponse;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_request::{
+    OffsetForLeaderEpochRequest, OffsetForLeaderPartition, OffsetForLeaderTopic,
+};
+use kafka_protocol::messages::offset_for_leader_epoch_response::OffsetForLeaderEpochResponse;
 use kafka_protocol::messages::produce_request::{
     PartitionProduceData, ProduceRequest, TopicProduceData,
 };
@@ -50,6 +56,7 @@ const LOWEST: &[(ApiKey, i16)] = &[
     (ApiKey::OffsetFetch, 0),
     (ApiKey::DescribeLogDirs, 0),
     (ApiKey::AlterReplicaLogDirs, 0),
+    (ApiKey::OffsetForLeaderEpoch, 0),
 ];
 
 /// The oldest version of `key` that can be decoded: this module's, else the codec's.
@@ -76,6 +83,9 @@ pub fn decode_request(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<Requ
         ApiKey::OffsetFetch => RequestKind::OffsetFetch(Decodable::decode(buf, 1)?),
         ApiKey::DescribeLogDirs => RequestKind::DescribeLogDirs(Decodable::decode(buf, 1)?),
         ApiKey::AlterReplicaLogDirs => RequestKind::AlterReplicaLogDirs(Decodable::decode(buf, 1)?),
+        ApiKey::OffsetForLeaderEpoch => {
+            RequestKind::OffsetForLeaderEpoch(offset_for_leader_epoch_request(buf)?)
+        }
         other => bail!("{other:?} v{version} has no legacy codec"),
     })
 }
@@ -143,6 +153,15 @@ pub fn encode_request(version: i16, req: &RequestKind, out: &mut BytesMut) -> Re
         RequestKind::OffsetFetch(r) if version < 1 => r.encode(out, 1)?,
         RequestKind::DescribeLogDirs(r) if version < 1 => r.encode(out, 1)?,
         RequestKind::AlterReplicaLogDirs(r) if version < 1 => r.encode(out, 1)?,
+        RequestKind::OffsetForLeaderEpoch(r) if version < 2 => {
+            put_array(out, &r.topics, |out, t| {
+                put_str(out, Some(t.topic.0.as_str()));
+                put_array(out, &t.partitions, |out, p| {
+                    out.put_i32(p.partition);
+                    out.put_i32(p.leader_epoch);
+                });
+            });
+        }
         other => other.encode(out, version)?,
     }
     Ok(())
@@ -166,6 +185,7 @@ pub fn encode_response(
         ResponseKind::OffsetFetch(r) => r.encode(out, 1)?,
         ResponseKind::DescribeLogDirs(r) => r.encode(out, 1)?,
         ResponseKind::AlterReplicaLogDirs(r) => r.encode(out, 1)?,
+        ResponseKind::OffsetForLeaderEpoch(r) => offset_for_leader_epoch_response(version, r, out),
         _ => bail!("{key:?} v{version} has no legacy codec"),
     }
     Ok(())
@@ -332,6 +352,22 @@ fn offset_commit_request(version: i16, buf: &mut Bytes) -> Result<OffsetCommitRe
         .with_topics(topics))
 }
 
+fn offset_for_leader_epoch_request(buf: &mut Bytes) -> Result<OffsetForLeaderEpochRequest> {
+    let topics = array(buf, |buf| {
+        let topic = TopicName(str_(buf)?);
+        let partitions = array(buf, |buf| {
+            Ok(OffsetForLeaderPartition::default()
+                .with_partition(i32_(buf)?)
+                .with_leader_epoch(i32_(buf)?))
+        })?;
+        Ok(OffsetForLeaderTopic::default()
+            .with_topic(topic)
+            .with_partitions(partitions))
+    })?;
+    // No current leader epoch (-1: not checked) and no replica id, as the defaults.
+    Ok(OffsetForLeaderEpochRequest::default().with_topics(topics))
+}
+
 // ---- responses ----
 
 fn put_str(out: &mut BytesMut, s: Option<&str>) {
@@ -404,6 +440,24 @@ fn list_offsets_response(r: &ListOffsetsResponse, out: &mut BytesMut) {
                 &[]
             };
             put_array(out, offsets, |out, o| out.put_i64(*o));
+        });
+    });
+}
+
+fn offset_for_leader_epoch_response(
+    version: i16,
+    r: &OffsetForLeaderEpochResponse,
+    out: &mut BytesMut,
+) {
+    put_array(out, &r.topics, |out, t| {
+        put_str(out, Some(t.topic.0.as_str()));
+        put_array(out, &t.partitions, |out, p| {
+            out.put_i16(p.error_code);
+            out.put_i32(p.partition);
+            if version >= 1 {
+                out.put_i32(p.leader_epoch);
+            }
+            out.put_i64(p.end_offset);
         });
     });
 }

@@ -82,7 +82,7 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeProducers, 0, 0),
     spec(ApiKey::ListTransactions, 0, 1),
     // Replication: followers truncate with it; KIP-320 clients validate positions.
-    spec(ApiKey::OffsetForLeaderEpoch, 2, 4),
+    spec(ApiKey::OffsetForLeaderEpoch, 0, 4),
     // Consumer groups (the broker's group shell). OffsetCommit v9 and OffsetFetch v9 carry the
     // KIP-848 member epoch; FindCoordinator v5+ adds share groups: not served.
     spec(ApiKey::FindCoordinator, 0, 4),

@@ -1,6 +1,7 @@
-//! OffsetForLeaderEpoch (key 23, v2–v4): the end offset of a leader epoch in the
-//! leader's log — where a follower (or a KIP-320 consumer) that last saw that epoch must
-//! truncate to so its log never diverges from the leader's. Answered by the leader's
+//! OffsetForLeaderEpoch (key 23, v0–v4; v0–v1 coded by `sluice_protocol::legacy`): the
+//! end offset of a leader epoch in the leader's log — where a follower (or a KIP-320
+//! consumer) that last saw that epoch must truncate to so its log never diverges from
+//! the leader's. Answered by the leader's
 //! home shard from the partition's leader-epoch cache.
 
 use std::rc::Rc;

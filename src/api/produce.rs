@@ -192,9 +192,17 @@ pub async fn handle(
 
 /// Produce v0–v2 may carry a message set (magic 0 or 1) instead of a v2 batch: it is
 /// appended as one v2 batch of the same records. Kafka checks nothing more for these
-/// versions, so v2 batches pass as they are.
+/// versions, so v2 batches pass as they are. From v3 on only v2 batches are valid:
+/// Kafka refuses a message set there with INVALID_RECORD.
 fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
-    if version > 2 || !matches!(message_set::magic_of(&records), Some(0 | 1)) {
+    let message_set = message_set::looks_like_message_set(&records);
+    if version > 2 && message_set {
+        return Err(ApiError::with(
+            ResponseError::InvalidRecord,
+            "message formats v0 and v1 are accepted only by Produce v0-v2",
+        ));
+    }
+    if !message_set {
         return Ok(records);
     }
     message_set::up_convert(&records)

@@ -116,6 +116,15 @@ pub fn magic_of(records: &[u8]) -> Option<i8> {
     records.get(MESSAGE_OVERHEAD + 4).map(|&m| m as i8)
 }
 
+/// True if `records` starts like a message set: a size field that can hold a message
+/// and magic 0 or 1 (Kafka reads anything shorter as a corrupt record, not as a format).
+pub fn looks_like_message_set(records: &[u8]) -> bool {
+    let size = records
+        .get(8..12)
+        .map(|b| i32::from_be_bytes(b.try_into().expect("4 bytes")));
+    size.is_some_and(|n| n >= MIN_V0_BYTES as i32) && matches!(magic_of(records), Some(0 | 1))
+}
+
 /// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) as message formats v0 and v1 use.
 pub fn crc32(data: &[u8]) -> u32 {
     let mut crc = !0u32;
@@ -505,6 +514,15 @@ mod tests {
         );
         assert_eq!(&s[12..16], &crc32(body).to_be_bytes());
         assert_eq!(magic_of(&s), Some(0));
+    }
+
+    #[test]
+    fn message_sets_are_told_from_batches_and_garbage() {
+        let v1 = set(&[msg(1, Some(1), None, b"x")]);
+        assert!(looks_like_message_set(&v1));
+        assert!(!looks_like_message_set(&batch::build::simple(1, 1, 3)));
+        assert!(!looks_like_message_set(&[0u8; 30]));
+        assert!(!looks_like_message_set(&v1[..16]));
     }
 
     #[test]

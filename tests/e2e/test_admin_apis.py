@@ -450,8 +450,8 @@ def test_offset_for_leader_epoch_from_a_consumer(make_broker, tmp_path):
     of the epoch asked — the log end for its current epoch, the start of the next epoch
     for an older one — and fences a stale current_leader_epoch (FENCED_LEADER_EPOCH) and
     one from the future (UNKNOWN_LEADER_EPOCH); an unknown epoch or -1 is undefined
-    (-1, -1); unknown partitions are UNKNOWN_TOPIC_OR_PARTITION. v4 (flexible) answers
-    the same."""
+    (-1, -1); unknown partitions are UNKNOWN_TOPIC_OR_PARTITION. v0-v1 (Kafka 3.9 still
+    serves them) and v4 (flexible) answer the same."""
     broker = make_broker(data_dir=tmp_path / "ofle")
     addr = broker.addr
     create_topic(addr, "ofle", 1)
@@ -478,6 +478,26 @@ def test_offset_for_leader_epoch_from_a_consumer(make_broker, tmp_path):
     assert offset_for_leader_epoch_v3(addr, "ofle", [(0, now, -1)]) == {0: (0, -1, -1)}
     assert offset_for_leader_epoch_v3(addr, "ofle", [(3, -1, now)]) == {3: (3, -1, -1)}
     assert offset_for_leader_epoch_v3(addr, "nope", [(0, -1, 0)]) == {0: (3, -1, -1)}
+
+    # v0-v1 (no current leader epoch; v0 answers no epoch, neither has a throttle time).
+    for version in (0, 1):
+        body = struct.pack(">hhi", 23, version, 12) + string("e2e")
+        body += struct.pack(">i", 1) + string("ofle") + struct.pack(">iii", 1, 0, first)
+        conn = Conn(addr)
+        try:
+            conn.send(frame(body))
+            _, data = conn.recv()
+        finally:
+            conn.close()
+        n_topics, ln = struct.unpack_from(">ih", data, 0)
+        assert (n_topics, data[6:6 + ln]) == (1, b"ofle")
+        pos = 6 + ln
+        if version == 0:
+            n, err, p, end = struct.unpack_from(">ihiq", data, pos)
+            assert (n, err, p, end) == (1, 0, 0, 3) and len(data) == pos + 18
+        else:
+            n, err, p, epoch, end = struct.unpack_from(">ihiiq", data, pos)
+            assert (n, err, p, epoch, end) == (1, 0, 0, first, 3) and len(data) == pos + 22
 
     # v4: flexible, same answer.
     body = struct.pack(">i", -1) + carray([cstring("ofle") + carray(

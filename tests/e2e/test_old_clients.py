@@ -4,11 +4,12 @@ hold Sluice to Kafka's answers for them: the answer to a version it does not ser
 pinned to an old `api_version`) producing and consuming."""
 import struct
 import subprocess
+import zlib
 
 import pytest
 
 from conftest import wait_until
-from kafka_wire import Conn, api_versions_v0, frame, header, string
+from kafka_wire import Conn, api_versions_v0, frame, header, parse_produce_v3, produce_v3, string
 
 UNSUPPORTED_VERSION = 35
 
@@ -281,3 +282,30 @@ def test_gzip_message_sets_both_ways(broker, fallback):
         out = kcat("-b", broker.addr, *client, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q",
                    "-f", "%o %k:%s\n")
         assert out.splitlines() == want, client
+
+
+def message_v1(value, timestamp=1_700_000_000_000):
+    """One uncompressed message of format v1 (magic 1), offset 0, null key."""
+    body = struct.pack(">bbq", 1, 0, timestamp) + struct.pack(">i", -1) + struct.pack(">i", len(value)) + value
+    crc = zlib.crc32(body)
+    return struct.pack(">qiI", 0, 4 + len(body), crc) + body
+
+
+def test_produce_v3_refuses_message_sets_v2_takes_them(broker):
+    """From Produce v3 on only v2 batches are valid (Kafka: INVALID_RECORD); Produce v2
+    takes the same message set."""
+    c = Conn(broker.addr)
+    c.send(produce_v3("ms", 0, message_v1(b"old")))
+    _, body = c.recv()
+    assert parse_produce_v3(body)[0][2] == 87, "INVALID_RECORD"
+    req = header(0, 2, 5) + struct.pack(">hi", -1, 10000) + struct.pack(">i", 1) + string("ms")
+    records = message_v1(b"old")
+    req += struct.pack(">i", 1) + struct.pack(">ii", 0, len(records)) + records
+    c.send(frame(req))
+    corr, body = c.recv()
+    # v2 response: topic, partition, error, base offset, log-append time; throttle time.
+    got = _partition_errors(body[:-4], lambda b, pos: (struct.unpack_from(">hqq", b, pos), pos + 18))
+    assert corr == 5 and got == [("ms", 0, (0, 0, -1))]
+    c.close()
+    out = kcat("-b", broker.addr, "-C", "-t", "ms", "-o", "beginning", "-e", "-q", "-f", "%o %s %T\n")
+    assert out.splitlines() == ["0 old 1700000000000"]

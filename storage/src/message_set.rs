@@ -373,7 +373,10 @@ pub fn up_convert(set: &[u8]) -> Result<Vec<u8>, MessageSetError> {
     out.extend_from_slice(&body);
     let crc = crc32c::crc32c(&out[batch::OFF_ATTRIBUTES..]);
     out[batch::OFF_ATTRIBUTES - 4..batch::OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
-    assert!(batch::validate(&out, true).is_ok(), "an up-converted batch validates");
+    assert!(
+        batch::validate(&out, true).is_ok(),
+        "an up-converted batch validates"
+    );
     Ok(out)
 }
 

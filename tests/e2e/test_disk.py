@@ -237,8 +237,12 @@ def test_failed_metadata_journal_write_exits_with_a_clear_message(make_broker, t
                timeout=10, what="the fault rules armed")
     # Any metadata change writes the journal: a topic creation.
     a = admin(b.addr)
-    a.create_topics([NewTopic("never", 1, 1)], request_timeout=5)
+    fut = a.create_topics([NewTopic("never", 1, 1)], request_timeout=5)["never"]
     assert b.exited(timeout=30) == 74
+    # Settle the request here: a future left pending completes on librdkafka's thread
+    # later, and a client garbage-collected there aborts the whole test process.
+    assert fut.exception(timeout=30) is not None, "the topic was created"
+    del fut, a
     assert "writing the metadata journal failed" in b.read_log()
     b.expect_errors(r"persisting the metadata log failed", r"sluice: fatal")
 

@@ -20,8 +20,8 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-def varint(n):
-    n = (n << 1) ^ (n >> 63)
+def uvarint(n):
+    """Unsigned varint (flexible versions' lengths, KIP-482)."""
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -31,6 +31,11 @@ def varint(n):
         else:
             out.append(b)
             return bytes(out)
+
+
+def varint(n):
+    """Zigzag varint (record fields)."""
+    return uvarint((n << 1) ^ (n >> 63))
 
 
 def record_batch(values, good_crc=True, producer_id=-1, producer_epoch=-1, base_sequence=-1,

@@ -9,24 +9,12 @@ import time
 import pytest
 
 from conftest import wait_until
-from kafka_wire import (Conn, frame, init_producer_id, parse_produce_v3, produce_v3,
+from kafka_wire import (Conn, frame, uvarint, init_producer_id, parse_produce_v3, produce_v3,
                         record_batch, string)
 from test_confluent import create_topic
 
 
 # ---- flexible-version encoding (KIP-482) ----
-
-def uvarint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
 
 def cstring(s):
     if s is None:

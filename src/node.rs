@@ -86,19 +86,21 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         shards = config.cores,
         "starting"
     );
+    let limits = storage_limits(config.cores);
     let builders: MeshBuilders<ShardReq, ShardResp> =
         MeshBuilders::new(config.cores, MeshLimits::default());
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, stop, ready) = (
+            let (cfg, builders, stop, ready, limits) = (
                 config.clone(),
                 builders.clone(),
                 stop.clone(),
                 ready.clone(),
+                limits.clone(),
             );
-            move || async move { run_shard(ShardId(i), cfg, builders, stop, ready).await }
+            move || async move { run_shard(ShardId(i), cfg, builders, limits, stop, ready).await }
         })
         .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
@@ -118,21 +120,52 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     }
 }
 
+/// Each shard's share of the process's open-file limit: half of the limit (at least
+/// 1,024) stays for sockets, the metadata quorum and short-lived files; the rest
+/// is split evenly between the shards, a quarter of a share for read handles of closed
+/// segments and the rest, 3 each, for logs whose active segment's files are open
+/// (beyond that the least recently appended idle logs close theirs:
+/// `StorageLimits::active_logs_max`).
+pub fn storage_limits(shards: usize) -> StorageLimits {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(1 << 24) as usize
+    } else {
+        1024
+    };
+    let reserve = (limit / 2).max(1024);
+    let share = limit.saturating_sub(reserve) / shards.max(1);
+    let read = (share / 4).clamp(16, 1024);
+    let active = (share.saturating_sub(read) / 3).max(16);
+    tracing::info!(
+        open_files_limit = limit,
+        per_shard_active_logs = active,
+        per_shard_read_handles = read,
+        "descriptor budget"
+    );
+    StorageLimits {
+        open_segment_files_max: read,
+        active_logs_max: active,
+        ..StorageLimits::default()
+    }
+}
+
 async fn run_shard(
     shard: ShardId,
     config: BrokerConfig,
     builders: MeshBuilders<ShardReq, ShardResp>,
+    limits: StorageLimits,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
 ) -> Result<(), String> {
     // Storage first: it must be the first DMA-file user on this executor.
-    let storage = Storage::open(
-        &config.data_dir,
-        StorageLimits::default(),
-        Rc::new(SystemClock),
-    )
-    .await
-    .map_err(|e| format!("opening storage: {e}"))?;
+    let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
+        .await
+        .map_err(|e| format!("opening storage: {e}"))?;
     storage
         .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
         .map_err(|e| e.to_string())?;

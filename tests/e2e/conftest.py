@@ -112,8 +112,10 @@ class Broker:
     directory, port and log file); every process it started is remembered with how the
     test ended it, so `problems()` can tell an expected exit from a death."""
 
-    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=()):
+    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=(),
+                 nofile=None):
         self.data_dir = str(data_dir)
+        self.nofile = nofile  # the process's open-file limit (soft and hard), if set
         self.port = port or free_port()
         self.cores = cores
         self.extra = list(extra)
@@ -144,9 +146,14 @@ class Broker:
         self.proc = subprocess.Popen(
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
              "--cores", str(self.cores), *self.extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits)
         self.runs.append([self.proc, None])
         return self
+
+    def _limits(self):
+        if self.nofile is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def wait_ready(self, timeout=30):
         """Returns once the Kafka port accepts connections; fails if the process exits."""
@@ -264,8 +271,9 @@ def make_broker(tmp_path, request):
     or panic line in its log beyond the test's broker_log_errors patterns."""
     brokers = []
 
-    def make(cores=1, extra=(), data_dir=None, port=None, env=None):
-        b = Broker(data_dir or (tmp_path / f"data{len(brokers)}"), port=port, cores=cores, extra=extra, env=env)
+    def make(cores=1, extra=(), data_dir=None, port=None, env=None, nofile=None):
+        b = Broker(data_dir or (tmp_path / f"data{len(brokers)}"), port=port, cores=cores, extra=extra, env=env,
+                   nofile=nofile)
         brokers.append(b)
         return b.start()
 

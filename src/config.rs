@@ -6,7 +6,7 @@
 //! overrides the defaults ([`Settings::or`], [`Settings::with_defaults`]), and
 //! [`BrokerConfig::resolve`] validates the result into what the broker reads.
 //!
-//! The complete TOML example is `docs/sluice.toml`, generated from the same declaration
+//! The complete TOML example is `deploy/sluice.toml`, generated from the same declaration
 //! ([`Settings::example_toml`]; a unit test keeps the file equal to it).
 
 use std::net::SocketAddr;
@@ -80,7 +80,7 @@ macro_rules! settings {
                 }
             }
 
-            /// The complete TOML example (`docs/sluice.toml`): every key with its doc;
+            /// The complete TOML example (`deploy/sluice.toml`): every key with its doc;
             /// a key with a fixed default is set to it, any other is commented out with
             /// an example value.
             pub fn example_toml() -> String {
@@ -496,7 +496,7 @@ mod tests {
         toml::from_str(text).unwrap()
     }
 
-    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sluice.toml");
+    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sluice.toml");
 
     #[test]
     fn flags_override_the_file() {
@@ -704,7 +704,7 @@ mod tests {
         assert!(e.starts_with("parsing ") && e.contains("colour"), "{e}");
     }
 
-    /// `docs/sluice.toml` is the generated example, it holds the defaults, and with its
+    /// `deploy/sluice.toml` is the generated example, it holds the defaults, and with its
     /// commented-out examples switched on it sets every key and resolves.
     #[test]
     fn the_example_file_is_complete_and_current() {

@@ -83,7 +83,7 @@ enum GroupCommand {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// TOML config file (keys: the flag names with `_` for `-`; every key: docs/sluice.toml).
+    /// TOML config file (keys: the flag names with `_` for `-`; every key: deploy/sluice.toml).
     #[arg(long)]
     config: Option<PathBuf>,
     #[command(flatten)]

@@ -32,6 +32,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod codec;
 pub mod compact;
 pub mod fault;
 pub mod file;

@@ -194,6 +194,10 @@ settings! {
     broker_heartbeat_interval_ms: u64 = 500;
     /// A follower behind the leader this long leaves the ISR (replica.lag.time.max.ms).
     replica_lag_time_max_ms: u64 = 30_000;
+    /// Prometheus metrics, /health and /ready over HTTP: HOST:PORT, or `off` [default:
+    /// the --listen host, its port + 552 (9092 -> 9644); if that cannot be bound the
+    /// broker runs without metrics and logs a warning].
+    metrics_listen: String, example = "127.0.0.1:9644".into();
 }
 
 const EXAMPLE_HEADER: &str = "\
@@ -273,6 +277,40 @@ pub struct BrokerConfig {
     pub broker_heartbeat_interval_ms: u64,
     /// replica.lag.time.max.ms
     pub replica_lag_time_max_ms: u64,
+    /// The metrics endpoint's address (`--metrics-listen`).
+    pub metrics_listen: MetricsListen,
+}
+
+/// Where the metrics endpoint listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// `--metrics-listen off`.
+    Off,
+    /// The default (the Kafka host, port + [`METRICS_PORT_OFFSET`]): a bind failure is
+    /// a warning and the broker runs without metrics.
+    Default(SocketAddr),
+    /// Given by the operator: a bind failure stops start-up.
+    Explicit(SocketAddr),
+}
+
+/// The default metrics port is the Kafka port plus this: 9092 -> 9644.
+pub const METRICS_PORT_OFFSET: u16 = 552;
+
+/// `--metrics-listen` resolved against the Kafka listener.
+fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListen, String> {
+    match given.map(str::trim) {
+        Some("off") => Ok(MetricsListen::Off),
+        Some(a) => a
+            .parse()
+            .map(MetricsListen::Explicit)
+            .map_err(|e| format!("--metrics-listen {a}: expected IP:PORT or off ({e})")),
+        // Port 0 (any free port) stays 0; a port too high for the offset has no default.
+        None if kafka.port() == 0 => Ok(MetricsListen::Default(SocketAddr::new(kafka.ip(), 0))),
+        None => Ok(match kafka.port().checked_add(METRICS_PORT_OFFSET) {
+            Some(p) => MetricsListen::Default(SocketAddr::new(kafka.ip(), p)),
+            None => MetricsListen::Off,
+        }),
+    }
 }
 
 impl BrokerConfig {
@@ -347,6 +385,7 @@ impl BrokerConfig {
             broker_session_timeout_ms: s.broker_session_timeout_ms,
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
+            metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
 }

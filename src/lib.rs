@@ -20,9 +20,9 @@
 //! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules` —
 //!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
 //!    the metadata image.
-//! 2. `rpc`, `replica`, `quorum_io`, `disk` — the typed cross-shard calls and their
-//!    messages; a partition's replica state; the raft quorum's I/O shell; the data
-//!    directory's free-space watch.
+//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics` — the typed cross-shard calls
+//!    and their messages; a partition's replica state; the raft quorum's I/O shell; the
+//!    data directory's free-space watch; the metrics registry and its HTTP endpoint.
 //! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
 //!    partition work on a partition's home shard.
 //! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
@@ -46,6 +46,7 @@ pub mod fetcher;
 pub mod group;
 pub mod group_cli;
 pub mod metadata;
+pub mod metrics;
 pub mod node;
 pub mod quorum_io;
 pub mod record_rules;

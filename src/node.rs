@@ -86,19 +86,25 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         shards = config.cores,
         "starting"
     );
+    let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
+    let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
+    if let Some(addr) = metrics_addr {
+        tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
+    }
     let builders: MeshBuilders<ShardReq, ShardResp> =
         MeshBuilders::new(config.cores, MeshLimits::default());
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, stop, ready) = (
+            let (cfg, builders, stop, ready, registry) = (
                 config.clone(),
                 builders.clone(),
                 stop.clone(),
                 ready.clone(),
+                registry.clone(),
             );
-            move || async move { run_shard(ShardId(i), cfg, builders, stop, ready).await }
+            move || async move { run_shard(ShardId(i), cfg, builders, stop, ready, registry).await }
         })
         .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
@@ -124,6 +130,7 @@ async fn run_shard(
     builders: MeshBuilders<ShardReq, ShardResp>,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
+    registry: Arc<crate::metrics::Registry>,
 ) -> Result<(), String> {
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(
@@ -165,7 +172,7 @@ async fn run_shard(
         connections_max: 10_000,
     };
     let listen = config.listen;
-    let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits));
+    let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits, registry));
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
     broker.subscribe(Rc::new(crate::fetcher::Replication));
@@ -187,6 +194,13 @@ async fn run_shard(
     sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
     glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();
     glommio::spawn_local(offline_tender(Rc::downgrade(&broker))).detach();
+    let listening = Rc::new(std::cell::Cell::new(false));
+    glommio::spawn_local(metrics_publisher(
+        Rc::downgrade(&broker),
+        quorum.clone(),
+        listening.clone(),
+    ))
+    .detach();
     if let (0, Some(path)) = (shard.0, broker.config.fault_rules.clone()) {
         glommio::spawn_local(fault_rules_watcher(path)).detach();
     }
@@ -215,12 +229,16 @@ async fn run_shard(
     }
     let listener = crate::server::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
     let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
+    listening.set(true);
+    broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
         tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
     }
     while !stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL).await;
     }
+    listening.set(false);
+    broker.metrics.set_serving(shard.0, false);
     drop(server.cancel());
     broker.close_all().await;
     tracing::info!(%shard, "shard stopped");
@@ -237,6 +255,52 @@ async fn offline_tender(broker: std::rc::Weak<Broker>) {
         glommio::timer::sleep(OFFLINE_CHECK).await;
         let Some(b) = broker.upgrade() else { return };
         b.tend_offline().await;
+    }
+}
+
+/// Every shard: publishes its partitions' state to the metrics endpoint and whether it
+/// serves (listening, with an image in which this broker is registered and unfenced),
+/// once a `SNAPSHOT_INTERVAL`. Shard 0 adds the broker-wide facts.
+async fn metrics_publisher(
+    broker: std::rc::Weak<Broker>,
+    quorum: Option<Rc<QuorumNode>>,
+    listening: Rc<std::cell::Cell<bool>>,
+) {
+    loop {
+        {
+            let Some(b) = broker.upgrade() else { return };
+            let image = b.image();
+            let serving = listening.get() && image.complete_for(b.config.node_id);
+            b.metrics.set_serving(b.shard.0, serving);
+            let (partitions, producer_ids) = b.partition_stats();
+            let node = quorum.as_ref().map(|q| {
+                let space = b.disk.space();
+                let (raft_term, active_controller) = q.raft_status();
+                crate::metrics::NodeSnapshot {
+                    active_controller,
+                    controller_id: image.controller_id,
+                    raft_term,
+                    raft_leader: q.leader_id(),
+                    metadata_epoch: image.epoch,
+                    brokers: image.brokers.len(),
+                    fenced_brokers: image.brokers.values().filter(|b| b.fenced).count(),
+                    disk_free_bytes: space.free,
+                    disk_total_bytes: space.total,
+                    disk_min_free_bytes: b.disk.threshold(),
+                }
+            });
+            b.metrics.publish(
+                b.shard.0,
+                crate::metrics::ShardSnapshot {
+                    partitions,
+                    producer_ids,
+                    disk_appends_refused: b.disk.refused(),
+                    disk_low: b.disk.low(),
+                    node,
+                },
+            );
+        }
+        glommio::timer::sleep(crate::metrics::SNAPSHOT_INTERVAL).await;
     }
 }
 

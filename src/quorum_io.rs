@@ -205,6 +205,12 @@ impl QuorumNode {
         }
     }
 
+    /// This voter's raft term, and whether it leads the quorum (the active controller).
+    pub fn raft_status(&self) -> (u64, bool) {
+        let q = self.quorum.borrow();
+        (q.term(), q.is_leader())
+    }
+
     /// Counts state and leader changes; the publisher compares it.
     pub fn change_count(&self) -> u64 {
         self.change_count.get()

@@ -44,6 +44,7 @@ pub mod probe;
 pub mod producer;
 pub mod segment;
 pub mod simdisk;
+pub mod stats;
 
 use std::path::Path;
 

@@ -8,6 +8,7 @@ LISTEN ?= 127.0.0.1:9092
 
 run: release
 	@echo "Sluice: Kafka API on $(LISTEN), data under $(DATA_DIR). Try: kcat -b $(LISTEN) -L"
+	@echo "Metrics: http://$(word 1,$(subst :, ,$(LISTEN))):$$(( $(word 2,$(subst :, ,$(LISTEN))) + 552 ))/metrics (also /health, /ready)"
 	./target/release/sluice serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 # A local 3-broker cluster: Kafka on 127.0.0.1:9092-9094, controllers on 9192-9194,

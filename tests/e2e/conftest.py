@@ -112,9 +112,13 @@ class Broker:
     directory, port and log file); every process it started is remembered with how the
     test ended it, so `problems()` can tell an expected exit from a death."""
 
-    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=()):
+    def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=(),
+                 metrics_port=None):
         self.data_dir = str(data_dir)
         self.port = port or free_port()
+        # An explicit metrics port of its own (the default, Kafka port + 552, could be
+        # another test's); a test that passes --metrics-listen in `extra` decides itself.
+        self.metrics_port = None if "--metrics-listen" in extra else (metrics_port or free_port())
         self.cores = cores
         self.extra = list(extra)
         self.env = env or {}
@@ -126,6 +130,12 @@ class Broker:
     @property
     def addr(self):
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self):
+        """Base URL of the HTTP endpoint (/metrics, /health, /ready, ...)."""
+        assert self.metrics_port is not None, "this broker was started with its own --metrics-listen"
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def start(self):
         self.spawn()
@@ -143,10 +153,15 @@ class Broker:
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
-             "--cores", str(self.cores), *self.extra],
+             "--cores", str(self.cores), *self.metrics_flags(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.runs.append([self.proc, None])
         return self
+
+    def metrics_flags(self):
+        if self.metrics_port is None:
+            return []
+        return ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
 
     def wait_ready(self, timeout=30):
         """Returns once the Kafka port accepts connections; fails if the process exits."""

@@ -33,6 +33,7 @@ deps:
 
 # Tests run in release, where debug_assert! never fires: invariants use assert!.
 # src/ imports only downward through the layers listed in src/lib.rs.
+# The shipped Prometheus rules pass promtool's check and their unit tests.
 # The fuzz target lives outside the workspace (it needs nightly to run); check that it
 # still builds against the broker (its corpus is replayed by a unit test).
 lint:
@@ -42,6 +43,7 @@ lint:
 		echo "lint: use assert! (make unit runs in release, where debug_assert! is off)"; exit 1; fi
 	$(CARGO) check --quiet --manifest-path fuzz/Cargo.toml
 	python3 scripts/check-layers.py
+	bash scripts/check-prometheus-rules.sh
 
 # Tiers: unit + property + crash-recovery tests (cargo), then end-to-end tests
 # against real broker processes with real Kafka clients (tests/).

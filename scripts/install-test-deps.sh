@@ -3,13 +3,15 @@
 set -euo pipefail
 need_apt=()
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+# promtool checks deploy/prometheus/; the e2e tests run a real Prometheus server.
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

@@ -117,8 +117,15 @@ class Broker:
         self.data_dir = str(data_dir)
         self.port = port or free_port()
         # An explicit metrics port of its own (the default, Kafka port + 552, could be
-        # another test's); a test that passes --metrics-listen in `extra` decides itself.
-        self.metrics_port = None if "--metrics-listen" in extra else (metrics_port or free_port())
+        # another test's); a test that passes --metrics-listen in `extra` decides itself,
+        # and metrics_port="default" passes no flag (the broker's default address).
+        self.metrics_flag = "--metrics-listen" not in extra and metrics_port != "default"
+        if "--metrics-listen" in extra:
+            self.metrics_port = None
+        elif metrics_port == "default":
+            self.metrics_port = self.port + 552
+        else:
+            self.metrics_port = metrics_port or free_port()
         self.cores = cores
         self.extra = list(extra)
         self.env = env or {}
@@ -159,7 +166,7 @@ class Broker:
         return self
 
     def metrics_flags(self):
-        if self.metrics_port is None:
+        if not self.metrics_flag:
             return []
         return ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
 

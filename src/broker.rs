@@ -543,11 +543,44 @@ impl Broker {
             };
             crate::record_rules::check(&item.topic, item.partition, &rules, bytes)?;
         }
+        // The topic's compression.type: a batch with another codec is recompressed
+        // (CPU bounded by max.message.bytes per batch; the reactor may run others
+        // between batches).
+        let mut stored = Vec::with_capacity(batches.len());
+        for (_, range) in batches {
+            let sent = item.records.slice(range);
+            let recompressed = match trusted {
+                true => None,
+                false => crate::record_rules::stored_form(
+                    &item.topic,
+                    item.partition,
+                    tc.compression,
+                    tc.compression_levels,
+                    &sent,
+                )?,
+            };
+            match recompressed {
+                Some(b) if b.len() > max => {
+                    return Err(ApiError::with(
+                        ResponseError::MessageTooLarge,
+                        format!(
+                            "batch recompressed with compression.type is {} bytes, larger than max.message.bytes {max}",
+                            b.len()
+                        ),
+                    ))
+                }
+                Some(b) => {
+                    stored.push(Bytes::from(b));
+                    glommio::yield_if_needed().await;
+                }
+                None => stored.push(sent),
+            }
+        }
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
-        for (_, range) in batches {
-            let batch = &item.records[range];
+        for batch in &stored {
+            let batch = &batch[..];
             let appended = if trusted {
                 log.append(batch, epoch)
                     .await

@@ -147,6 +147,7 @@ impl Broker {
                 brokers: BTreeMap::new(),
                 controller_id: -1,
                 registered: false,
+                broker_configs: BTreeMap::new(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),

@@ -146,6 +146,14 @@ settings! {
     listen: String = "127.0.0.1:9092".into();
     /// HOST:PORT clients are told to use [default: the listen address].
     advertised: String, example = "127.0.0.1:9092".into();
+    /// This broker's rack or zone (Kafka's broker.rack): replicas of a partition are
+    /// spread over racks, and consumers that set client.rack may read from a replica in
+    /// their rack [default: none].
+    rack: String, example = "zone-a".into();
+    /// Which replica a consumer is told to fetch from (KIP-392; Kafka's
+    /// replica.selector.class): `rack` (an in-sync replica in the consumer's
+    /// client.rack, else the leader) or `leader` (always the leader).
+    replica_selector: String = "rack".into();
     /// Directory of the partition logs and the metadata.
     data_dir: PathBuf = "./data".into();
     /// Shards (executor threads, one per core) [default: every online CPU].
@@ -246,6 +254,10 @@ pub struct BrokerConfig {
     /// Host and port clients are told to connect to (Metadata, DescribeCluster).
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// broker.rack
+    pub rack: Option<String>,
+    /// Consumers in a follower's rack are told to fetch from it (KIP-392).
+    pub rack_aware_fetch: bool,
     pub data_dir: PathBuf,
     pub cores: usize,
     pub default_partitions: i32,
@@ -336,6 +348,21 @@ impl BrokerConfig {
             .trim_end_matches(']')
             .to_string();
         let cores = s.cores.unwrap_or(online_cpus.max(1));
+        let rack_aware_fetch = match s.replica_selector.as_str() {
+            "rack" => true,
+            "leader" => false,
+            other => {
+                return Err(format!(
+                    "--replica-selector {other}: expected rack or leader"
+                ))
+            }
+        };
+        if s.rack
+            .as_deref()
+            .is_some_and(|r| r.is_empty() || r.len() > 255)
+        {
+            return Err("--rack must be 1 to 255 characters".into());
+        }
         if cores == 0 {
             return Err("--cores must be at least 1".into());
         }
@@ -364,6 +391,8 @@ impl BrokerConfig {
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
+            rack: s.rack,
+            rack_aware_fetch,
             data_dir: s.data_dir,
             cores,
             default_partitions: s.default_partitions,
@@ -579,6 +608,8 @@ mod tests {
             "--node-id=2",
             "--listen=127.0.0.1:1",
             "--advertised=h:1",
+            "--rack=zone-b",
+            "--replica-selector=leader",
             "--data-dir=d",
             "--cores=1",
             "--default-partitions=2",
@@ -613,6 +644,7 @@ mod tests {
             }
         );
         assert_eq!(c.fault_rules.as_deref(), Some(Path::new("f")));
+        assert_eq!((c.rack.as_deref(), c.rack_aware_fetch), (Some("zone-b"), false));
         assert_eq!(s.given(), Settings::KEYS);
     }
 

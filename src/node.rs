@@ -159,6 +159,7 @@ async fn run_shard(
             session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
             host: advertised.0,
             port: advertised.1,
+            rack: config.rack.clone(),
         })?)
     } else {
         None

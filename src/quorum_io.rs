@@ -58,9 +58,10 @@ pub struct QuorumConfig {
     pub tick: Duration,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
-    /// This broker's Kafka endpoint, for its registration.
+    /// This broker's Kafka endpoint and rack, for its registration.
     pub host: String,
     pub port: i32,
+    pub rack: Option<String>,
 }
 
 type Waiter = LocalSender<(Result<Applied, ApplyError>, u64)>;
@@ -542,11 +543,21 @@ async fn register_self(node: std::rc::Weak<QuorumNode>) {
             );
             return;
         }
-        let cmd = Command::RegisterBroker {
-            id: n.cfg.node_id,
-            host: n.cfg.host.clone(),
-            port: n.cfg.port,
-            incarnation: n.incarnation,
+        // Without a rack, the version-1 command: voters of an older build read it.
+        let cmd = match &n.cfg.rack {
+            None => Command::RegisterBroker {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+            },
+            Some(rack) => Command::RegisterBrokerInRack {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+                rack: rack.clone(),
+            },
         };
         if let Err(e) = n.propose(cmd, Duration::from_secs(3)).await {
             tracing::debug!(error = %e, "registration not committed yet; retrying");
@@ -708,10 +719,12 @@ pub fn image_of(
                         host: b.host.clone(),
                         port: b.port,
                         fenced: b.fenced,
+                        rack: b.rack.clone(),
                     },
                 )
             })
             .collect::<BTreeMap<_, _>>(),
+        broker_configs: state.broker_configs.clone(),
         topics: state
             .topics
             .iter()

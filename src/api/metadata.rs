@@ -164,6 +164,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                 .with_node_id(BrokerId(*id))
                 .with_host(sb(b.host.clone()))
                 .with_port(b.port)
+                .with_rack(b.rack.clone().map(sb))
         })
         .collect();
     // An answer always lists at least the broker answering: clients (librdkafka) take
@@ -174,7 +175,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(me))
                 .with_host(sb(broker.config.advertised_host.clone()))
-                .with_port(broker.config.advertised_port),
+                .with_port(broker.config.advertised_port)
+                .with_rack(broker.config.rack.clone().map(sb)),
         );
     }
     MetadataResponse::default()

@@ -202,6 +202,9 @@ settings! {
     broker_heartbeat_interval_ms: u64 = 500;
     /// A follower behind the leader this long leaves the ISR (replica.lag.time.max.ms).
     replica_lag_time_max_ms: u64 = 30_000;
+    /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
+    /// shippers). RUST_LOG sets the level (default info).
+    log_format: String = "text".into();
     /// Prometheus metrics, /health and /ready over HTTP: HOST:PORT, or `off` [default:
     /// the --listen host, its port + 552 (9092 -> 9644); if that cannot be bound the
     /// broker runs without metrics and logs a warning].
@@ -380,6 +383,12 @@ impl BrokerConfig {
                 i64::MAX as u64 / 2
             ));
         }
+        if !LOG_FORMATS.contains(&s.log_format.as_str()) {
+            return Err(format!(
+                "--log-format {}: expected text or json",
+                s.log_format
+            ));
+        }
         if s.disk_min_free_percent > 100 {
             return Err(format!(
                 "--disk-min-free-percent {}: must be between 0 and 100",
@@ -435,6 +444,9 @@ impl DiskMinimum {
         self.bytes.min(of_size)
     }
 }
+
+/// The values `--log-format` takes.
+pub const LOG_FORMATS: [&str; 2] = ["text", "json"];
 
 /// The controller voters: node id and quorum address.
 type Voters = Vec<(i32, SocketAddr)>;
@@ -629,6 +641,7 @@ mod tests {
             "--broker-session-timeout-ms=1000",
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
+            "--log-format=json",
         ];
         let s = flags(&every);
         let c = BrokerConfig::resolve(s.clone(), 1).unwrap();

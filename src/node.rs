@@ -25,38 +25,17 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// `log_retention_check_interval_ms`).
 const FLUSH_CHECK_MS: u64 = 100;
 
-/// Refuses to start when another process holds the port. glommio's listener sets
-/// SO_REUSEPORT, so a second broker could otherwise bind the same port silently and
-/// steal half the connections. A plain bind (no SO_REUSEPORT) fails if anyone listens.
-/// A broker restarted right after a crash may find the port still held for a moment:
-/// the kernel tears down a dead process's io_uring (and the sockets it references)
-/// asynchronously, so the bind is retried for up to [`PORT_RETRY`].
+/// Refuses to start when another process holds the Kafka or controller port, after
+/// waiting a bounded time for one a crashed predecessor still holds (see
+/// [`crate::host::wait_port_free`]).
 pub fn check_port_free(config: &BrokerConfig) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + PORT_RETRY;
-    loop {
-        match std::net::TcpListener::bind(config.listen) {
-            Ok(l) => {
-                drop(l);
-                return Ok(());
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot listen on {}: {e} (is another broker running?)",
-                    config.listen
-                ))
-            }
-        }
+    use crate::host::{wait_port_free, PORT_WAIT_MAX};
+    wait_port_free(config.listen, "the Kafka listener", PORT_WAIT_MAX)?;
+    if let Some(c) = config.controller_listen {
+        wait_port_free(c, "the controller listener", PORT_WAIT_MAX)?;
     }
+    Ok(())
 }
-
-/// How long a start waits for its port to be released by a process that just died.
-const PORT_RETRY: Duration = Duration::from_secs(3);
 
 /// glommio's per-thread polled-I/O probe must see a full page (see
 /// `sluice_storage::probe`). Shards open storage concurrently on one directory, so the
@@ -76,10 +55,8 @@ fn prepare_data_dir(dir: &Path) -> Result<(), String> {
 pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     check_port_free(&config)?;
     prepare_data_dir(&config.data_dir)?;
-    if let Some(c) = config.controller_listen {
-        std::net::TcpListener::bind(c)
-            .map_err(|e| format!("cannot listen on {c}: {e} (is another broker running?)"))?;
-    }
+    // Held until the process exits (the kernel drops it then, even on SIGKILL).
+    let _lock = crate::host::lock_data_dir(&config.data_dir, crate::host::PORT_WAIT_MAX)?;
     tracing::info!(
         node = config.node_id,
         voters = config.controller_quorum.len(),
@@ -234,9 +211,14 @@ async fn run_shard(
     broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
         tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
+        // systemd's Type=notify: the unit is started once every shard serves.
+        crate::host::notify(&format!("READY=1\nSTATUS=serving Kafka on {listen}"));
     }
     while !stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL).await;
+    }
+    if shard.0 == 0 {
+        crate::host::notify("STOPPING=1\nSTATUS=stopping");
     }
     listening.set(false);
     broker.metrics.set_serving(shard.0, false);

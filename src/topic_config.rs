@@ -359,6 +359,13 @@ pub fn downconversion_enabled(set: &BTreeMap<String, String>) -> bool {
         .is_none_or(|v| v != "false")
 }
 
+/// True if the topic's `compression.type` is zstd: Kafka answers its Fetch before v10
+/// UNSUPPORTED_COMPRESSION_TYPE (KIP-110).
+pub fn stores_zstd(set: &BTreeMap<String, String>) -> bool {
+    set.get("compression.type")
+        .is_some_and(|v| v.trim() == "zstd")
+}
+
 /// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() {

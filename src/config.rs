@@ -642,6 +642,7 @@ mod tests {
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
             "--log-format=json",
+            "--metrics-listen=127.0.0.1:3",
         ];
         let s = flags(&every);
         let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
@@ -715,6 +716,32 @@ mod tests {
         assert_eq!(c.group_max_session_timeout_ms, 30_000);
         assert_eq!(c.offsets_retention_minutes, 60);
         assert_eq!(c.log_retention_check_interval_ms, 500);
+    }
+
+    /// The metrics address: the Kafka host and port + 552 by default, `off`, or an
+    /// explicit address; anything else is refused with the flag named.
+    #[test]
+    fn metrics_listen_defaults_to_the_kafka_port_plus_552() {
+        let resolve = |f: &[&str]| BrokerConfig::resolve(flags(f), 1).map(|c| c.metrics_listen);
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let default = |a: &str| Ok(MetricsListen::Default(addr(a)));
+        assert_eq!(resolve(&[]), default("127.0.0.1:9644"));
+        assert_eq!(
+            resolve(&["--listen", "10.1.2.3:19092"]),
+            default("10.1.2.3:19644")
+        );
+        let off = Ok(MetricsListen::Off);
+        assert_eq!(resolve(&["--listen", "127.0.0.1:65500"]), off);
+        assert_eq!(resolve(&["--metrics-listen", "off"]), off);
+        assert_eq!(
+            resolve(&["--metrics-listen", "0.0.0.0:9100"]),
+            Ok(MetricsListen::Explicit(addr("0.0.0.0:9100")))
+        );
+        let e = resolve(&["--metrics-listen", "localhost"]).unwrap_err();
+        assert!(
+            e.starts_with("--metrics-listen localhost: expected IP:PORT or off"),
+            "{e}"
+        );
     }
 
     #[test]

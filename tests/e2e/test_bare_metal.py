@@ -140,7 +140,7 @@ def test_json_logs_parse_and_the_open_file_limit_is_raised(tmp_path):
         b.wait_ready()
         got_soft, got_hard = proc_limits(b.proc.pid, "Max open files")
         assert got_soft == got_hard, (got_soft, got_hard)
-        wait_until(lambda: "sluice ready" in b.read_log(), 10, "the ready line")
+        wait_until(lambda: "sluice ready" in b.read_log(), 10, what="the ready line")
         records = [json.loads(line) for line in b.read_log().splitlines() if line.strip()]
         assert all("level" in r and "timestamp" in r and "fields" in r for r in records), records[:3]
         raised = [r["fields"]["message"] for r in records
@@ -219,7 +219,7 @@ def test_restart_right_after_sigkill_on_the_same_ports(tmp_path):
             # A connected consumer keeps sockets open in the shards' rings at the kill.
             c = Consumer({"bootstrap.servers": b.addr, "group.id": "bm", "enable.auto.commit": False})
             c.assign([TopicPartition("crash", 0, 0)])
-            wait_until(lambda: (m := c.poll(0.2)) is not None and not m.error(), 20, "a record")
+            wait_until(lambda: (m := c.poll(0.2)) is not None and not m.error(), 20, what="a record")
             b.kill()
             b.spawn()  # at once: no wait for the kernel to release the ports
             c.close()

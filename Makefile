@@ -8,6 +8,7 @@ LISTEN ?= 127.0.0.1:9092
 
 run: release
 	@echo "Sluice: Kafka API on $(LISTEN), data under $(DATA_DIR). Try: kcat -b $(LISTEN) -L"
+	@echo "Metrics: http://$(word 1,$(subst :, ,$(LISTEN))):$$(( $(word 2,$(subst :, ,$(LISTEN))) + 552 ))/metrics (also /health, /ready)"
 	./target/release/sluice serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 # A local 3-broker cluster: Kafka on 127.0.0.1:9092-9094, controllers on 9192-9194,
@@ -32,6 +33,7 @@ deps:
 
 # Tests run in release, where debug_assert! never fires: invariants use assert!.
 # src/ imports only downward through the layers listed in src/lib.rs.
+# The shipped Prometheus rules pass promtool's check and their unit tests.
 # The fuzz target lives outside the workspace (it needs nightly to run); check that it
 # still builds against the broker (its corpus is replayed by a unit test).
 lint:
@@ -41,6 +43,7 @@ lint:
 		echo "lint: use assert! (make unit runs in release, where debug_assert! is off)"; exit 1; fi
 	$(CARGO) check --quiet --manifest-path fuzz/Cargo.toml
 	python3 scripts/check-layers.py
+	bash scripts/check-prometheus-rules.sh
 
 # Tiers: unit + property + crash-recovery tests (cargo), then end-to-end tests
 # against real broker processes with real Kafka clients (tests/).

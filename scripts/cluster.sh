@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local 3-broker Sluice cluster on 127.0.0.1 (`make cluster`, `make cluster-stop`).
 #
-#   scripts/cluster.sh start    start brokers 1-3 (Kafka 9092-9094, controllers 9192-9194)
+#   scripts/cluster.sh start    start brokers 1-3 (Kafka 9092-9094, controllers 9192-9194,
+#                               metrics 9644-9646)
 #   scripts/cluster.sh stop     SIGTERM each broker, wait (bounded), then SIGKILL
 #   scripts/cluster.sh status   which brokers run and answer their Kafka port
 #
@@ -10,7 +11,8 @@
 # CLUSTER_DIR (default ./data/cluster), START_TIMEOUT and STOP_TIMEOUT in seconds
 # (default 30 and 30), SLUICE_EXTRA_FLAGS (added to every `sluice serve`),
 # KAFKA_PORT_BASE and CONTROLLER_PORT_BASE (broker N listens on BASE+N; default 9091
-# and 9191, so 9092-9094 and 9192-9194; `make bench` uses its own).
+# and 9191, so 9092-9094 and 9192-9194; `make bench` uses its own). Broker N serves
+# its metrics (/metrics, /health, /ready) on its Kafka port + 552: 9644-9646.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +27,7 @@ CONTROLLER_PORT_BASE="${CONTROLLER_PORT_BASE:-9191}"
 
 kafka_port() { echo $((KAFKA_PORT_BASE + $1)); }
 controller_port() { echo $((CONTROLLER_PORT_BASE + $1)); }
+metrics_port() { echo $((KAFKA_PORT_BASE + $1 + 552)); }
 QUORUM="1@$HOST:$(controller_port 1),2@$HOST:$(controller_port 2),3@$HOST:$(controller_port 3)"
 
 # The pid of broker N if it is running (and is the process we started), else nothing.
@@ -53,7 +56,7 @@ start() {
       echo "broker $n already running (pid $pid)"
       continue
     fi
-    for port in "$(kafka_port "$n")" "$(controller_port "$n")"; do
+    for port in "$(kafka_port "$n")" "$(controller_port "$n")" "$(metrics_port "$n")"; do
       if port_open "$port"; then
         echo "cluster: port $port is already in use; is another broker running? (scripts/cluster.sh status)" >&2
         exit 1
@@ -66,6 +69,7 @@ start() {
       --listen "$HOST:$(kafka_port "$n")" \
       --controller-listen "$HOST:$(controller_port "$n")" \
       --controller-quorum "$QUORUM" \
+      --metrics-listen "$HOST:$(metrics_port "$n")" \
       --data-dir "$DIR/node-$n" \
       ${SLUICE_EXTRA_FLAGS:-} \
       >>"$DIR/node-$n.log" 2>&1 </dev/null &
@@ -100,13 +104,14 @@ start() {
   done
   cat <<EOF
 Sluice cluster up: 3 brokers on $HOST.
-  broker 1  kafka $HOST:$(kafka_port 1)  controller $HOST:$(controller_port 1)  data $DIR/node-1  log $DIR/node-1.log
-  broker 2  kafka $HOST:$(kafka_port 2)  controller $HOST:$(controller_port 2)  data $DIR/node-2  log $DIR/node-2.log
-  broker 3  kafka $HOST:$(kafka_port 3)  controller $HOST:$(controller_port 3)  data $DIR/node-3  log $DIR/node-3.log
+  broker 1  kafka $HOST:$(kafka_port 1)  controller $HOST:$(controller_port 1)  metrics http://$HOST:$(metrics_port 1)/metrics  data $DIR/node-1  log $DIR/node-1.log
+  broker 2  kafka $HOST:$(kafka_port 2)  controller $HOST:$(controller_port 2)  metrics http://$HOST:$(metrics_port 2)/metrics  data $DIR/node-2  log $DIR/node-2.log
+  broker 3  kafka $HOST:$(kafka_port 3)  controller $HOST:$(controller_port 3)  metrics http://$HOST:$(metrics_port 3)/metrics  data $DIR/node-3  log $DIR/node-3.log
 Try:
   $BIN cluster describe --bootstrap-server $HOST:$(kafka_port 1)
   kcat -b $HOST:$(kafka_port 1),$HOST:$(kafka_port 2),$HOST:$(kafka_port 3) -L
   kcat -b $HOST:$(kafka_port 1) -P -t demo   (then kcat -b $HOST:$(kafka_port 1) -C -t demo -e)
+  curl -s http://$HOST:$(metrics_port 1)/metrics | grep '^sluice_partition_high_watermark'
 Stop: make cluster-stop (scripts/cluster.sh stop); status: scripts/cluster.sh status
 EOF
 }
@@ -156,7 +161,7 @@ status() {
   for n in "${NODES[@]}"; do
     if pid="$(running_pid "$n")"; then
       if port_open "$(kafka_port "$n")"; then state="answering"; up=$((up + 1)); else state="not answering"; fi
-      echo "broker $n: running (pid $pid), kafka $HOST:$(kafka_port "$n") $state"
+      echo "broker $n: running (pid $pid), kafka $HOST:$(kafka_port "$n") $state, metrics http://$HOST:$(metrics_port "$n")/metrics"
     else
       echo "broker $n: stopped"
     fi

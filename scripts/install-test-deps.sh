@@ -3,13 +3,19 @@
 set -euo pipefail
 need_apt=()
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+# promtool checks deploy/prometheus/; the e2e tests run a real Prometheus server.
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# tests/e2e/test_burrow.py: Burrow reading Sluice, with ZooKeeper for its coordination
+# (the test starts its own ZooKeeper server on a free port).
+command -v Burrow >/dev/null 2>&1 || need_apt+=(burrow)
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

@@ -119,6 +119,8 @@ pub struct Broker {
     offline: RefCell<BTreeMap<(String, i32), Offline>>,
     /// The data directory's free space: client appends are refused below its minimum.
     pub disk: Rc<crate::disk::DiskWatch>,
+    /// The process's metrics: this shard writes its own counters there.
+    pub metrics: Arc<crate::metrics::Registry>,
 }
 
 impl Broker {
@@ -127,9 +129,11 @@ impl Broker {
         mesh: Rc<Mesh<ShardReq, ShardResp>>,
         storage: Rc<Storage>,
         limits: ShardLimits,
+        metrics: Arc<crate::metrics::Registry>,
     ) -> Broker {
         let shard = mesh.id();
         Broker {
+            metrics,
             table: ShardTable::new(mesh.shard_count()),
             shard,
             mesh,
@@ -143,6 +147,7 @@ impl Broker {
                 brokers: BTreeMap::new(),
                 controller_id: -1,
                 registered: false,
+                broker_configs: BTreeMap::new(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),
@@ -384,6 +389,55 @@ impl Broker {
         self.replicas.borrow().values().cloned().collect()
     }
 
+    /// This shard's own metrics counters.
+    pub fn shard_metrics(&self) -> &crate::metrics::ShardMetrics {
+        self.metrics.shard(self.shard.0)
+    }
+
+    /// Every partition replica of this shard as the metrics endpoint shows it (offline
+    /// ones included), and the producer ids their logs remember.
+    pub fn partition_stats(&self) -> (Vec<crate::metrics::PartitionStat>, u64) {
+        use crate::metrics::PartitionStat;
+        let mut out = Vec::new();
+        let mut producers = 0u64;
+        for r in self.replicas.borrow().values() {
+            let (leader, isr, replicas) = match &*r.role.borrow() {
+                crate::replica::Role::Leader(l) => (true, l.isr().len(), l.replicas().len()),
+                _ => (false, 0, 0),
+            };
+            producers += r.log.active_producers().len() as u64;
+            out.push(PartitionStat {
+                topic: r.topic.clone(),
+                partition: r.partition,
+                leader,
+                high_watermark: r.high_watermark(),
+                log_start_offset: r.log.log_start_offset(),
+                log_end_offset: r.log.log_end_offset(),
+                size_bytes: r.log.size_bytes(),
+                isr_size: isr,
+                replicas,
+                under_replicated: leader && isr < replicas,
+                offline: false,
+            });
+        }
+        for (topic, partition) in self.offline.borrow().keys() {
+            out.push(PartitionStat {
+                topic: topic.clone(),
+                partition: *partition,
+                leader: false,
+                high_watermark: 0,
+                log_start_offset: 0,
+                log_end_offset: 0,
+                size_bytes: 0,
+                isr_size: 0,
+                replicas: 0,
+                under_replicated: false,
+                offline: true,
+            });
+        }
+        (out, producers)
+    }
+
     /// A follower fetcher found nothing left to fetch from `leader` and stopped.
     pub fn fetcher_stopped(&self, leader: i32) {
         self.fetchers.release(leader);
@@ -495,17 +549,60 @@ impl Broker {
             };
             crate::record_rules::check(&item.topic, item.partition, &rules, bytes)?;
         }
+        // The topic's compression.type: a batch with another codec is recompressed
+        // (CPU bounded by max.message.bytes per batch; the reactor may run others
+        // between batches).
+        let mut stored = Vec::with_capacity(batches.len());
+        for (_, range) in batches {
+            let sent = item.records.slice(range);
+            let recompressed = match trusted {
+                true => None,
+                false => crate::record_rules::stored_form(
+                    &item.topic,
+                    item.partition,
+                    tc.compression,
+                    tc.compression_levels,
+                    &sent,
+                )?,
+            };
+            match recompressed {
+                Some(b) if b.len() > max => {
+                    return Err(ApiError::with(
+                        ResponseError::MessageTooLarge,
+                        format!(
+                            "batch recompressed with compression.type is {} bytes, larger than max.message.bytes {max}",
+                            b.len()
+                        ),
+                    ))
+                }
+                Some(b) => {
+                    stored.push(Bytes::from(b));
+                    glommio::yield_if_needed().await;
+                }
+                None => stored.push(sent),
+            }
+        }
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
-        for (_, range) in batches {
-            let batch = &item.records[range];
+        for batch in &stored {
+            let batch = &batch[..];
             let appended = if trusted {
                 log.append(batch, epoch)
                     .await
                     .map_err(|e| error::from_storage(&e))
             } else {
-                append_in_sequence(&log, &replica, batch, epoch, gap_deadline).await
+                let started = Instant::now();
+                let r = append_in_sequence(&log, &replica, batch, epoch, gap_deadline).await;
+                let m = self.shard_metrics();
+                m.append_latency.record(started.elapsed());
+                if let Ok(info) = &r {
+                    crate::metrics::ShardMetrics::add(
+                        &m.records_in,
+                        info.record_count.max(0) as u64,
+                    );
+                }
+                r
             };
             let info = appended?;
             last_offset = info.last_offset;

@@ -6,7 +6,7 @@
 //! overrides the defaults ([`Settings::or`], [`Settings::with_defaults`]), and
 //! [`BrokerConfig::resolve`] validates the result into what the broker reads.
 //!
-//! The complete TOML example is `docs/sluice.toml`, generated from the same declaration
+//! The complete TOML example is `deploy/sluice.toml`, generated from the same declaration
 //! ([`Settings::example_toml`]; a unit test keeps the file equal to it).
 
 use std::net::SocketAddr;
@@ -80,7 +80,7 @@ macro_rules! settings {
                 }
             }
 
-            /// The complete TOML example (`docs/sluice.toml`): every key with its doc;
+            /// The complete TOML example (`deploy/sluice.toml`): every key with its doc;
             /// a key with a fixed default is set to it, any other is commented out with
             /// an example value.
             pub fn example_toml() -> String {
@@ -146,6 +146,14 @@ settings! {
     listen: String = "127.0.0.1:9092".into();
     /// HOST:PORT clients are told to use [default: the listen address].
     advertised: String, example = "127.0.0.1:9092".into();
+    /// This broker's rack or zone (Kafka's broker.rack): replicas of a partition are
+    /// spread over racks, and consumers that set client.rack may read from a replica in
+    /// their rack [default: none].
+    rack: String, example = "zone-a".into();
+    /// Which replica a consumer is told to fetch from (KIP-392; Kafka's
+    /// replica.selector.class): `rack` (an in-sync replica in the consumer's
+    /// client.rack, else the leader) or `leader` (always the leader).
+    replica_selector: String = "rack".into();
     /// Directory of the partition logs and the metadata.
     data_dir: PathBuf = "./data".into();
     /// Shards (executor threads, one per core) [default: every online CPU].
@@ -198,6 +206,13 @@ settings! {
     /// (replica.fetch.wait.max.ms). A partition that starts following meanwhile does
     /// not wait for it: it interrupts the poll.
     replica_fetch_wait_max_ms: u64 = 200;
+    /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
+    /// shippers). RUST_LOG sets the level (default info).
+    log_format: String = "text".into();
+    /// Prometheus metrics, /health and /ready over HTTP: HOST:PORT, or `off` [default:
+    /// the --listen host, its port + 552 (9092 -> 9644); if that cannot be bound the
+    /// broker runs without metrics and logs a warning].
+    metrics_listen: String, example = "127.0.0.1:9644".into();
 }
 
 const EXAMPLE_HEADER: &str = "\
@@ -246,6 +261,10 @@ pub struct BrokerConfig {
     /// Host and port clients are told to connect to (Metadata, DescribeCluster).
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// broker.rack
+    pub rack: Option<String>,
+    /// Consumers in a follower's rack are told to fetch from it (KIP-392).
+    pub rack_aware_fetch: bool,
     pub data_dir: PathBuf,
     pub cores: usize,
     pub default_partitions: i32,
@@ -279,6 +298,40 @@ pub struct BrokerConfig {
     pub replica_lag_time_max_ms: u64,
     /// replica.fetch.wait.max.ms
     pub replica_fetch_wait_max_ms: u64,
+    /// The metrics endpoint's address (`--metrics-listen`).
+    pub metrics_listen: MetricsListen,
+}
+
+/// Where the metrics endpoint listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// `--metrics-listen off`.
+    Off,
+    /// The default (the Kafka host, port + [`METRICS_PORT_OFFSET`]): a bind failure is
+    /// a warning and the broker runs without metrics.
+    Default(SocketAddr),
+    /// Given by the operator: a bind failure stops start-up.
+    Explicit(SocketAddr),
+}
+
+/// The default metrics port is the Kafka port plus this: 9092 -> 9644.
+pub const METRICS_PORT_OFFSET: u16 = 552;
+
+/// `--metrics-listen` resolved against the Kafka listener.
+fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListen, String> {
+    match given.map(str::trim) {
+        Some("off") => Ok(MetricsListen::Off),
+        Some(a) => a
+            .parse()
+            .map(MetricsListen::Explicit)
+            .map_err(|e| format!("--metrics-listen {a}: expected IP:PORT or off ({e})")),
+        // Port 0 (any free port) stays 0; a port too high for the offset has no default.
+        None if kafka.port() == 0 => Ok(MetricsListen::Default(SocketAddr::new(kafka.ip(), 0))),
+        None => Ok(match kafka.port().checked_add(METRICS_PORT_OFFSET) {
+            Some(p) => MetricsListen::Default(SocketAddr::new(kafka.ip(), p)),
+            None => MetricsListen::Off,
+        }),
+    }
 }
 
 impl BrokerConfig {
@@ -304,6 +357,21 @@ impl BrokerConfig {
             .trim_end_matches(']')
             .to_string();
         let cores = s.cores.unwrap_or(online_cpus.max(1));
+        let rack_aware_fetch = match s.replica_selector.as_str() {
+            "rack" => true,
+            "leader" => false,
+            other => {
+                return Err(format!(
+                    "--replica-selector {other}: expected rack or leader"
+                ))
+            }
+        };
+        if s.rack
+            .as_deref()
+            .is_some_and(|r| r.is_empty() || r.len() > 255)
+        {
+            return Err("--rack must be 1 to 255 characters".into());
+        }
         if cores == 0 {
             return Err("--cores must be at least 1".into());
         }
@@ -321,6 +389,12 @@ impl BrokerConfig {
                 i64::MAX as u64 / 2
             ));
         }
+        if !LOG_FORMATS.contains(&s.log_format.as_str()) {
+            return Err(format!(
+                "--log-format {}: expected text or json",
+                s.log_format
+            ));
+        }
         if s.disk_min_free_percent > 100 {
             return Err(format!(
                 "--disk-min-free-percent {}: must be between 0 and 100",
@@ -332,6 +406,8 @@ impl BrokerConfig {
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
+            rack: s.rack,
+            rack_aware_fetch,
             data_dir: s.data_dir,
             cores,
             default_partitions: s.default_partitions,
@@ -354,6 +430,7 @@ impl BrokerConfig {
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
+            metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
 }
@@ -374,6 +451,9 @@ impl DiskMinimum {
         self.bytes.min(of_size)
     }
 }
+
+/// The values `--log-format` takes.
+pub const LOG_FORMATS: [&str; 2] = ["text", "json"];
 
 /// The controller voters: node id and quorum address.
 type Voters = Vec<(i32, SocketAddr)>;
@@ -506,7 +586,7 @@ mod tests {
         toml::from_str(text).unwrap()
     }
 
-    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sluice.toml");
+    const EXAMPLE_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/sluice.toml");
 
     #[test]
     fn flags_override_the_file() {
@@ -550,6 +630,8 @@ mod tests {
             "--node-id=2",
             "--listen=127.0.0.1:1",
             "--advertised=h:1",
+            "--rack=zone-b",
+            "--replica-selector=leader",
             "--data-dir=d",
             "--cores=1",
             "--default-partitions=2",
@@ -570,6 +652,8 @@ mod tests {
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
             "--replica-fetch-wait-max-ms=10",
+            "--log-format=json",
+            "--metrics-listen=127.0.0.1:3",
         ];
         let s = flags(&every);
         let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
@@ -586,6 +670,7 @@ mod tests {
             }
         );
         assert_eq!(c.fault_rules.as_deref(), Some(Path::new("f")));
+        assert_eq!((c.rack.as_deref(), c.rack_aware_fetch), (Some("zone-b"), false));
         assert_eq!(s.given(), Settings::KEYS);
     }
 
@@ -643,6 +728,32 @@ mod tests {
         assert_eq!(c.group_max_session_timeout_ms, 30_000);
         assert_eq!(c.offsets_retention_minutes, 60);
         assert_eq!(c.log_retention_check_interval_ms, 500);
+    }
+
+    /// The metrics address: the Kafka host and port + 552 by default, `off`, or an
+    /// explicit address; anything else is refused with the flag named.
+    #[test]
+    fn metrics_listen_defaults_to_the_kafka_port_plus_552() {
+        let resolve = |f: &[&str]| BrokerConfig::resolve(flags(f), 1).map(|c| c.metrics_listen);
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let default = |a: &str| Ok(MetricsListen::Default(addr(a)));
+        assert_eq!(resolve(&[]), default("127.0.0.1:9644"));
+        assert_eq!(
+            resolve(&["--listen", "10.1.2.3:19092"]),
+            default("10.1.2.3:19644")
+        );
+        let off = Ok(MetricsListen::Off);
+        assert_eq!(resolve(&["--listen", "127.0.0.1:65500"]), off);
+        assert_eq!(resolve(&["--metrics-listen", "off"]), off);
+        assert_eq!(
+            resolve(&["--metrics-listen", "0.0.0.0:9100"]),
+            Ok(MetricsListen::Explicit(addr("0.0.0.0:9100")))
+        );
+        let e = resolve(&["--metrics-listen", "localhost"]).unwrap_err();
+        assert!(
+            e.starts_with("--metrics-listen localhost: expected IP:PORT or off"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -716,7 +827,7 @@ mod tests {
         assert!(e.starts_with("parsing ") && e.contains("colour"), "{e}");
     }
 
-    /// `docs/sluice.toml` is the generated example, it holds the defaults, and with its
+    /// `deploy/sluice.toml` is the generated example, it holds the defaults, and with its
     /// commented-out examples switched on it sets every key and resolves.
     #[test]
     fn the_example_file_is_complete_and_current() {

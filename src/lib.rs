@@ -17,12 +17,12 @@
 //! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
 //! from here).
 //!
-//! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules` —
+//! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules`, `host` —
 //!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
-//!    the metadata image.
-//! 2. `rpc`, `replica`, `quorum_io`, `disk` — the typed cross-shard calls and their
-//!    messages; a partition's replica state; the raft quorum's I/O shell; the data
-//!    directory's free-space watch.
+//!    the metadata image; the machine (resource limits, systemd notification, port wait).
+//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics` — the typed cross-shard calls
+//!    and their messages; a partition's replica state; the raft quorum's I/O shell; the
+//!    data directory's free-space watch; the metrics registry and its HTTP endpoint.
 //! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
 //!    partition work on a partition's home shard.
 //! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
@@ -31,11 +31,12 @@
 //! 6. `api` — one handler per Kafka API, and the API-version registry.
 //! 7. `server` — listener, connections, response ordering.
 //! 8. `node` — start-up: shards, quorum, subsystems, listeners.
-//! 9. `cluster_cli`, `group_cli`, `txn_cli` — the admin CLIs (they use only the base
-//!    layer).
+//! 9. `cluster_cli`, `group_cli`, `txn_cli`, `check` — the admin CLIs and the
+//!    preflight `sluice check` (they use only the base layer).
 
 pub mod api;
 pub mod broker;
+pub mod check;
 pub mod cluster_cli;
 pub mod config;
 pub mod controller;
@@ -45,7 +46,9 @@ pub mod error;
 pub mod fetcher;
 pub mod group;
 pub mod group_cli;
+pub mod host;
 pub mod metadata;
+pub mod metrics;
 pub mod node;
 pub mod quorum_io;
 pub mod record_rules;

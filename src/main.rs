@@ -30,6 +30,10 @@ enum Command {
     Cluster(sluice::cluster_cli::ClusterArgs),
     /// Transactions: list (state, partitions, timeout, age), describe one id.
     Txn(TxnArgs),
+    /// Preflight before a first start: io_uring, O_DIRECT on the data directory, memlock
+    /// and open-file limits, free disk, clock sync, free ports. Takes `serve`'s flags;
+    /// exits 1 on a blocker.
+    Check(Box<ServeArgs>),
 }
 
 #[derive(clap::Args)]
@@ -83,22 +87,45 @@ enum GroupCommand {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// TOML config file (keys: the flag names with `_` for `-`; every key: docs/sluice.toml).
+    /// TOML config file (keys: the flag names with `_` for `-`; every key: deploy/sluice.toml).
     #[arg(long)]
     config: Option<PathBuf>,
     #[command(flatten)]
     settings: Settings,
 }
 
+/// Starts logging: `text` for people (colours on a terminal) or `json`, one object per
+/// line for log shippers. RUST_LOG sets the filter (default `info`).
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_thread_names(true);
+    if format == "json" {
+        builder.json().with_current_span(false).init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .init();
+    }
+}
+
+/// `sluice check`'s settings: the flags over the config file.
+fn settings_of(args: ServeArgs) -> Result<Settings, String> {
+    let file = match &args.config {
+        Some(p) => Settings::load(p)?,
+        None => Settings::default(),
+    };
+    Ok(args.settings.or(file))
+}
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_thread_names(true)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    let cli = Cli::parse();
+    // `serve` logs in the format its flags or file ask for; the rest log as text.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging("text");
+    }
     // A broken invariant stops the whole process (panic = "abort"); say where first.
     std::panic::set_hook(Box::new(|info| {
         let thread = std::thread::current();
@@ -108,9 +135,25 @@ fn main() {
             thread.name().unwrap_or("?")
         );
     }));
-    let cli = Cli::parse();
     let args = match cli.command {
         Command::Serve(args) => *args,
+        Command::Check(args) => {
+            let ok = settings_of(*args)
+                .and_then(|s| BrokerConfig::resolve(s, sluice_shard::runtime::online_cpus().len()))
+                .and_then(|config| {
+                    let findings = sluice::check::run(&config);
+                    sluice::check::report(&findings, &mut std::io::stdout().lock())
+                        .map_err(|e| e.to_string())
+                });
+            match ok {
+                Ok(true) => return,
+                Ok(false) => std::process::exit(1),
+                Err(e) => {
+                    eprintln!("sluice check: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
         Command::Group(g) => {
             if let Err(e) = group(g) {
                 eprintln!("sluice group: {e}");
@@ -151,7 +194,14 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         None => Settings::default(),
     };
     let settings = args.settings.or(file);
+    // `serve` starts logging here: the format comes from its flags or file.
+    let format = settings.log_format.as_deref().unwrap_or("text");
+    if !sluice::config::LOG_FORMATS.contains(&format) {
+        return Err(format!("--log-format {format}: expected text or json"));
+    }
+    init_logging(format);
     let config = BrokerConfig::resolve(settings, sluice_shard::runtime::online_cpus().len())?;
+    sluice::host::raise_limits();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_replication::cluster::PartitionState;
+use sluice_replication::cluster::{PartitionState, CLUSTER_DEFAULT};
 use uuid::Uuid;
 
 /// A registered broker.
@@ -20,6 +20,8 @@ pub struct BrokerMeta {
     pub host: String,
     pub port: i32,
     pub fenced: bool,
+    /// broker.rack
+    pub rack: Option<String>,
 }
 
 /// One topic.
@@ -59,6 +61,10 @@ pub struct MetadataImage {
     /// on the assignments (before, they may be a stale replay from its own journal).
     #[serde(skip)]
     pub registered: bool,
+    /// Dynamic broker configs set at run time, by scope: `CLUSTER_DEFAULT` (-1) for the
+    /// cluster-wide defaults, else a broker id.
+    #[serde(skip)]
+    pub broker_configs: BTreeMap<i32, BTreeMap<String, String>>,
 }
 
 impl MetadataImage {
@@ -78,12 +84,32 @@ impl MetadataImage {
             brokers: BTreeMap::new(),
             controller_id: -1,
             registered: false,
+            broker_configs: BTreeMap::new(),
         }
+    }
+
+    /// The dynamic broker config `name` in effect on broker `me`: its own value, else
+    /// the cluster-wide default (Kafka's precedence), with the scope it came from.
+    pub fn dynamic_broker_config(&self, me: i32, name: &str) -> Option<(&str, DynamicScope)> {
+        let own = self.broker_configs.get(&me).and_then(|c| c.get(name));
+        if let Some(v) = own {
+            return Some((v, DynamicScope::Broker));
+        }
+        let default = self.broker_configs.get(&CLUSTER_DEFAULT)?.get(name)?;
+        Some((default, DynamicScope::ClusterDefault))
     }
 
     pub fn topic_by_id(&self, id: Uuid) -> Option<(&String, &TopicMeta)> {
         self.topics.iter().find(|(_, t)| t.id == id)
     }
+}
+
+/// Where a dynamic broker config was set (Kafka's DYNAMIC_BROKER_CONFIG and
+/// DYNAMIC_DEFAULT_BROKER_CONFIG sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DynamicScope {
+    Broker,
+    ClusterDefault,
 }
 
 /// A 22-character cluster id like Kafka's (URL-safe base64 of a UUID).

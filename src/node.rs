@@ -25,38 +25,17 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// `log_retention_check_interval_ms`).
 const FLUSH_CHECK_MS: u64 = 100;
 
-/// Refuses to start when another process holds the port. glommio's listener sets
-/// SO_REUSEPORT, so a second broker could otherwise bind the same port silently and
-/// steal half the connections. A plain bind (no SO_REUSEPORT) fails if anyone listens.
-/// A broker restarted right after a crash may find the port still held for a moment:
-/// the kernel tears down a dead process's io_uring (and the sockets it references)
-/// asynchronously, so the bind is retried for up to [`PORT_RETRY`].
+/// Refuses to start when another process holds the Kafka or controller port, after
+/// waiting a bounded time for one a crashed predecessor still holds (see
+/// [`crate::host::wait_port_free`]).
 pub fn check_port_free(config: &BrokerConfig) -> Result<(), String> {
-    let deadline = std::time::Instant::now() + PORT_RETRY;
-    loop {
-        match std::net::TcpListener::bind(config.listen) {
-            Ok(l) => {
-                drop(l);
-                return Ok(());
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot listen on {}: {e} (is another broker running?)",
-                    config.listen
-                ))
-            }
-        }
+    use crate::host::{wait_port_free, PORT_WAIT_MAX};
+    wait_port_free(config.listen, "the Kafka listener", PORT_WAIT_MAX)?;
+    if let Some(c) = config.controller_listen {
+        wait_port_free(c, "the controller listener", PORT_WAIT_MAX)?;
     }
+    Ok(())
 }
-
-/// How long a start waits for its port to be released by a process that just died.
-const PORT_RETRY: Duration = Duration::from_secs(3);
 
 /// glommio's per-thread polled-I/O probe must see a full page (see
 /// `sluice_storage::probe`). Shards open storage concurrently on one directory, so the
@@ -76,10 +55,8 @@ fn prepare_data_dir(dir: &Path) -> Result<(), String> {
 pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     check_port_free(&config)?;
     prepare_data_dir(&config.data_dir)?;
-    if let Some(c) = config.controller_listen {
-        std::net::TcpListener::bind(c)
-            .map_err(|e| format!("cannot listen on {c}: {e} (is another broker running?)"))?;
-    }
+    // Held until the process exits (the kernel drops it then, even on SIGKILL).
+    let _lock = crate::host::lock_data_dir(&config.data_dir, crate::host::PORT_WAIT_MAX)?;
     tracing::info!(
         node = config.node_id,
         voters = config.controller_quorum.len(),
@@ -87,20 +64,28 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         "starting"
     );
     let limits = storage_limits(config.cores);
+    let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
+    let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
+    if let Some(addr) = metrics_addr {
+        tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
+    }
     let builders: MeshBuilders<ShardReq, ShardResp> =
         MeshBuilders::new(config.cores, MeshLimits::default());
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, stop, ready, limits) = (
+            let (cfg, builders, stop, ready, limits, registry) = (
                 config.clone(),
                 builders.clone(),
                 stop.clone(),
                 ready.clone(),
                 limits.clone(),
+                registry.clone(),
             );
-            move || async move { run_shard(ShardId(i), cfg, builders, limits, stop, ready).await }
+            move || async move {
+                run_shard(ShardId(i), cfg, builders, limits, stop, ready, registry).await
+            }
         })
         .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
@@ -161,6 +146,7 @@ async fn run_shard(
     limits: StorageLimits,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
+    registry: Arc<crate::metrics::Registry>,
 ) -> Result<(), String> {
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
@@ -185,6 +171,7 @@ async fn run_shard(
             session_timeout: Duration::from_millis(config.broker_session_timeout_ms),
             host: advertised.0,
             port: advertised.1,
+            rack: config.rack.clone(),
         })?)
     } else {
         None
@@ -198,7 +185,7 @@ async fn run_shard(
         connections_max: 10_000,
     };
     let listen = config.listen;
-    let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits));
+    let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits, registry));
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
     broker.subscribe(Rc::new(crate::fetcher::Replication));
@@ -220,6 +207,13 @@ async fn run_shard(
     sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
     glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();
     glommio::spawn_local(offline_tender(Rc::downgrade(&broker))).detach();
+    let listening = Rc::new(std::cell::Cell::new(false));
+    glommio::spawn_local(metrics_publisher(
+        Rc::downgrade(&broker),
+        quorum.clone(),
+        listening.clone(),
+    ))
+    .detach();
     if let (0, Some(path)) = (shard.0, broker.config.fault_rules.clone()) {
         glommio::spawn_local(fault_rules_watcher(path)).detach();
     }
@@ -248,12 +242,21 @@ async fn run_shard(
     }
     let listener = crate::server::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
     let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
+    listening.set(true);
+    broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
         tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
+        // systemd's Type=notify: the unit is started once every shard serves.
+        crate::host::notify(&format!("READY=1\nSTATUS=serving Kafka on {listen}"));
     }
     while !stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL).await;
     }
+    if shard.0 == 0 {
+        crate::host::notify("STOPPING=1\nSTATUS=stopping");
+    }
+    listening.set(false);
+    broker.metrics.set_serving(shard.0, false);
     drop(server.cancel());
     broker.close_all().await;
     tracing::info!(%shard, "shard stopped");
@@ -270,6 +273,52 @@ async fn offline_tender(broker: std::rc::Weak<Broker>) {
         glommio::timer::sleep(OFFLINE_CHECK).await;
         let Some(b) = broker.upgrade() else { return };
         b.tend_offline().await;
+    }
+}
+
+/// Every shard: publishes its partitions' state to the metrics endpoint and whether it
+/// serves (listening, with an image in which this broker is registered and unfenced),
+/// once a `SNAPSHOT_INTERVAL`. Shard 0 adds the broker-wide facts.
+async fn metrics_publisher(
+    broker: std::rc::Weak<Broker>,
+    quorum: Option<Rc<QuorumNode>>,
+    listening: Rc<std::cell::Cell<bool>>,
+) {
+    loop {
+        {
+            let Some(b) = broker.upgrade() else { return };
+            let image = b.image();
+            let serving = listening.get() && image.complete_for(b.config.node_id);
+            b.metrics.set_serving(b.shard.0, serving);
+            let (partitions, producer_ids) = b.partition_stats();
+            let node = quorum.as_ref().map(|q| {
+                let space = b.disk.space();
+                let (raft_term, active_controller) = q.raft_status();
+                crate::metrics::NodeSnapshot {
+                    active_controller,
+                    controller_id: image.controller_id,
+                    raft_term,
+                    raft_leader: q.leader_id(),
+                    metadata_epoch: image.epoch,
+                    brokers: image.brokers.len(),
+                    fenced_brokers: image.brokers.values().filter(|b| b.fenced).count(),
+                    disk_free_bytes: space.free,
+                    disk_total_bytes: space.total,
+                    disk_min_free_bytes: b.disk.threshold(),
+                }
+            });
+            b.metrics.publish(
+                b.shard.0,
+                crate::metrics::ShardSnapshot {
+                    partitions,
+                    producer_ids,
+                    disk_appends_refused: b.disk.refused(),
+                    disk_low: b.disk.low(),
+                    node,
+                },
+            );
+        }
+        glommio::timer::sleep(crate::metrics::SNAPSHOT_INTERVAL).await;
     }
 }
 

@@ -58,9 +58,10 @@ pub struct QuorumConfig {
     pub tick: Duration,
     pub heartbeat_interval: Duration,
     pub session_timeout: Duration,
-    /// This broker's Kafka endpoint, for its registration.
+    /// This broker's Kafka endpoint and rack, for its registration.
     pub host: String,
     pub port: i32,
+    pub rack: Option<String>,
 }
 
 type Waiter = LocalSender<(Result<Applied, ApplyError>, u64)>;
@@ -203,6 +204,12 @@ impl QuorumNode {
             0 => -1,
             id => id as i32,
         }
+    }
+
+    /// This voter's raft term, and whether it leads the quorum (the active controller).
+    pub fn raft_status(&self) -> (u64, bool) {
+        let q = self.quorum.borrow();
+        (q.term(), q.is_leader())
     }
 
     /// Counts state and leader changes; the publisher compares it.
@@ -536,11 +543,21 @@ async fn register_self(node: std::rc::Weak<QuorumNode>) {
             );
             return;
         }
-        let cmd = Command::RegisterBroker {
-            id: n.cfg.node_id,
-            host: n.cfg.host.clone(),
-            port: n.cfg.port,
-            incarnation: n.incarnation,
+        // Without a rack, the version-1 command: voters of an older build read it.
+        let cmd = match &n.cfg.rack {
+            None => Command::RegisterBroker {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+            },
+            Some(rack) => Command::RegisterBrokerInRack {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+                rack: rack.clone(),
+            },
         };
         if let Err(e) = n.propose(cmd, Duration::from_secs(3)).await {
             tracing::debug!(error = %e, "registration not committed yet; retrying");
@@ -702,10 +719,12 @@ pub fn image_of(
                         host: b.host.clone(),
                         port: b.port,
                         fenced: b.fenced,
+                        rack: b.rack.clone(),
                     },
                 )
             })
             .collect::<BTreeMap<_, _>>(),
+        broker_configs: state.broker_configs.clone(),
         topics: state
             .topics
             .iter()

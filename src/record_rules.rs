@@ -7,15 +7,20 @@
 //! (and the others of their batch with "another record in the batch was invalid").
 //!
 //! Rules: on a compacted topic (`cleanup.policy` includes `compact`) every record
-//! needs a key (INVALID_RECORD). An uncompressed batch whose records do not parse is
-//! CORRUPT_MESSAGE. With `message.timestamp.type=CreateTime`, a record whose timestamp
-//! lies more than `message.timestamp.before.max.ms` before now or `after.max.ms` after
-//! it is INVALID_TIMESTAMP (KIP-937). Not checked: records inside compressed batches
-//! (the broker has no codecs yet; they are appended as sent, and compaction keeps such
-//! batches whole).
+//! needs a key (INVALID_RECORD). A batch whose records do not parse (or, compressed, do
+//! not decompress) is CORRUPT_MESSAGE. With `message.timestamp.type=CreateTime`, a
+//! record whose timestamp lies more than `message.timestamp.before.max.ms` before now
+//! or `after.max.ms` after it is INVALID_TIMESTAMP (KIP-937). Compressed batches are
+//! decompressed to be checked only when the topic has a rule to check.
+//!
+//! The topic's codec ([`stored_form`]): with `compression.type` other than `producer`,
+//! a batch with another codec is stored recompressed with the topic's, as Kafka's
+//! LogValidator does; its records (offsets, timestamps, headers) and its producer id,
+//! epoch, sequence and flags stay as they were.
 
 use kafka_protocol::error::ResponseError;
 use sluice_protocol::{ApiError, RecordError};
+use sluice_storage::codec::{self, Codec, Levels};
 use sluice_storage::{batch, compact, BatchHeader};
 
 /// What a topic's configs ask of each record.
@@ -54,6 +59,14 @@ pub fn check<'a>(
     let mut errors = Vec::new();
     let mut bad_timestamps = Vec::new();
     for bytes in batches {
+        let plain;
+        let bytes = if compressed_data(bytes) {
+            plain = codec::recompress_batch(bytes, Codec::None, Levels::default())
+                .map_err(|e| corrupt(topic, partition, &e))?;
+            plain.as_slice()
+        } else {
+            bytes
+        };
         if rules.timestamps_bounded() {
             let low = rules.now_ms.saturating_sub(rules.before_max_ms);
             let high = rules.now_ms.saturating_add(rules.after_max_ms);
@@ -115,6 +128,46 @@ pub fn check<'a>(
 /// An uncompressed data batch: one whose records [`compact::records`] must parse.
 fn plain_data(bytes: &[u8]) -> bool {
     BatchHeader::parse(bytes).is_ok_and(|h| h.compression() == 0 && !h.is_control())
+}
+
+/// A compressed data batch (control batches are never compressed).
+fn compressed_data(bytes: &[u8]) -> bool {
+    BatchHeader::parse(bytes).is_ok_and(|h| h.compression() != 0 && !h.is_control())
+}
+
+fn corrupt(topic: &str, partition: i32, e: &codec::CodecError) -> ApiError {
+    ApiError::with(
+        ResponseError::CorruptMessage,
+        format!("a batch for {topic}-{partition}: {e}"),
+    )
+}
+
+/// `batch` as the topic stores it: `None` to store it as sent (`compression.type` is
+/// `producer`, the batch already has the topic's codec, or it is a control batch), else
+/// the batch recompressed with `codec`. CPU work bounded by the batch's size (itself
+/// bounded by `max.message.bytes`); data that does not decompress is CORRUPT_MESSAGE.
+pub fn stored_form(
+    topic: &str,
+    partition: i32,
+    codec: Option<Codec>,
+    levels: Levels,
+    batch: &[u8],
+) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(codec) = codec else {
+        return Ok(None);
+    };
+    let h = BatchHeader::parse(batch).map_err(|e| {
+        ApiError::with(
+            ResponseError::CorruptMessage,
+            format!("a batch for {topic}-{partition}: {e}"),
+        )
+    })?;
+    if h.is_control() || h.compression() == i16::from(codec.id()) {
+        return Ok(None);
+    }
+    codec::recompress_batch(batch, codec, levels)
+        .map(Some)
+        .map_err(|e| corrupt(topic, partition, &e))
 }
 
 #[cfg(test)]
@@ -187,6 +240,66 @@ mod tests {
         assert!(e.message.unwrap().starts_with("2 record(s)"));
         // Not compacted: anything goes.
         assert_eq!(check("t", 3, &UNBOUNDED, [b.as_slice()]), Ok(()));
+    }
+
+    #[test]
+    fn records_inside_compressed_batches_are_checked() {
+        let b = build::batch(1_000, &[(Some(b"k"), b"v"), (None, b"v")]);
+        for c in [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let z = codec::recompress_batch(&b, c, Levels::default()).unwrap();
+            let e = check("t", 0, &compacted(), [z.as_slice()]).unwrap_err();
+            assert_eq!(
+                (e.code, e.record_errors.len()),
+                (ResponseError::InvalidRecord, 1)
+            );
+            assert_eq!(e.record_errors[0].batch_index, 1, "{c:?}");
+        }
+        let mut junk = build::batch(1_000, &[(Some(b"k"), b"v")]);
+        junk[sluice_storage::batch::OFF_ATTRIBUTES + 1] |= Codec::Zstd.id();
+        let crc = crc32c::crc32c(&junk[sluice_storage::batch::OFF_ATTRIBUTES..]);
+        junk[17..21].copy_from_slice(&crc.to_be_bytes());
+        let e = check("t", 0, &compacted(), [junk.as_slice()]).unwrap_err();
+        assert_eq!(e.code, ResponseError::CorruptMessage);
+        assert!(e.message.unwrap().contains("zstd"));
+    }
+
+    #[test]
+    fn batches_are_stored_with_the_topics_codec() {
+        let b = build::batch(1_000, &[(Some(b"k"), &[1; 500]), (None, &[2; 500])]);
+        let levels = Levels::default();
+        // producer: as sent.
+        assert_eq!(stored_form("t", 0, None, levels, &b), Ok(None));
+        // Already the topic's codec: as sent.
+        assert_eq!(stored_form("t", 0, Some(Codec::None), levels, &b), Ok(None));
+        let lz4 = stored_form("t", 0, Some(Codec::Lz4), levels, &b)
+            .unwrap()
+            .unwrap();
+        assert_eq!(BatchHeader::parse(&lz4).unwrap().compression(), 3);
+        assert_eq!(
+            stored_form("t", 0, Some(Codec::Lz4), levels, &lz4),
+            Ok(None)
+        );
+        let zstd = stored_form("t", 0, Some(Codec::Zstd), levels, &lz4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(BatchHeader::parse(&zstd).unwrap().compression(), 4);
+        let plain = stored_form("t", 0, Some(Codec::None), levels, &zstd)
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain, b);
+        let marker = sluice_storage::batch::end_txn_marker_batch(
+            7,
+            0,
+            sluice_storage::batch::EndTxnMarker {
+                commit: true,
+                coordinator_epoch: 0,
+            },
+            1_000,
+        );
+        assert_eq!(
+            stored_form("t", 0, Some(Codec::Zstd), levels, &marker),
+            Ok(None)
+        );
     }
 
     #[test]

@@ -37,6 +37,11 @@ use crate::error::{self, ApiError};
 
 const CHECKPOINT: &str = "leader-epoch-checkpoint";
 
+/// The `replica_id` of a read by a consumer that may be served by a follower (Kafka's
+/// `-2`, and any consumer's Fetch v11+, KIP-392): a follower answers it up to its own
+/// high watermark. A plain consumer read (`-1`, Fetch v0–v10) needs the leader.
+pub const ANY_REPLICA_CONSUMER: i32 = -2;
+
 pub enum Role {
     /// No live leader, or not a replica: serve nothing.
     Offline,
@@ -415,6 +420,9 @@ impl Replica {
     ) -> Result<(i64, i64, Option<isr::AlterIsr>), ApiError> {
         self.check_known_epoch(current_leader_epoch)?;
         let mut role = self.role.borrow_mut();
+        if let (Role::Follower(f), ANY_REPLICA_CONSUMER) = (&*role, replica_id) {
+            return self.follower_read_bound(f, fetch_offset);
+        }
         let Role::Leader(l) = &mut *role else {
             return Err(not_leader());
         };
@@ -447,6 +455,27 @@ impl Replica {
                 .map_err(|e| fetch_error(&e))?;
         }
         Ok((l.high_watermark(), l.high_watermark(), None))
+    }
+
+    /// A consumer's read on a follower (KIP-392), as Kafka serves it: up to the high
+    /// watermark this follower learned from its leader's fetch responses, never past it
+    /// (records above it may still be truncated away). An offset in (high watermark, log
+    /// end] reads nothing; one outside [log start, log end] is OFFSET_OUT_OF_RANGE, on
+    /// which the consumer goes back to the leader.
+    fn follower_read_bound(
+        &self,
+        f: &isr::Follower,
+        fetch_offset: i64,
+    ) -> Result<(i64, i64, Option<isr::AlterIsr>), ApiError> {
+        let (start, end) = (self.log.log_start_offset(), self.log.log_end_offset());
+        if fetch_offset < start || fetch_offset > end {
+            return Err(ApiError::with(
+                ResponseError::OffsetOutOfRange,
+                format!("fetch offset {fetch_offset} outside this follower's [{start}, {end}]"),
+            ));
+        }
+        let hw = f.high_watermark().min(end);
+        Ok((hw, hw, None))
     }
 
     /// OffsetForLeaderEpoch on the leader: the end offset of `epoch` in this log.

@@ -25,6 +25,7 @@ use glommio::Task;
 
 use crate::api::{self, Outcome};
 use crate::broker::Broker;
+use crate::metrics::ShardMetrics;
 
 pub use crate::util::bind;
 
@@ -43,9 +44,12 @@ pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
                     let _slot = slot;
                     let peer = stream.peer_addr().ok();
                     tracing::debug!(shard = b.shard.0, ?peer, "connection accepted");
-                    if let Err(e) = connection(b, stream).await {
+                    let m = b.shard_metrics();
+                    ShardMetrics::add(&m.connections_accepted, 1);
+                    if let Err(e) = connection(b.clone(), stream).await {
                         tracing::debug!(?peer, error = %e, "connection closed");
                     }
+                    ShardMetrics::add(&b.shard_metrics().connections_closed, 1);
                 })
                 .detach();
             }
@@ -89,7 +93,7 @@ async fn connection(broker: Rc<Broker>, mut reader: TcpStream) -> Result<(), Con
     let (tx, rx) = local_channel::new_bounded::<Task<(Outcome, Permits)>>(
         broker.limits.connection_inflight_max,
     );
-    let writer_task = glommio::spawn_local(write_responses(writer, rx));
+    let writer_task = glommio::spawn_local(write_responses(broker.clone(), writer, rx));
     let result = read_requests(&broker, &mut reader, &tx).await;
     drop(tx);
     if result.is_err() {
@@ -140,10 +144,17 @@ async fn read_requests(
         let permits = Permits(conn_permit, shard_permit);
         let mut frame = BytesMut::zeroed(size);
         reader.read_exact(&mut frame).await?;
+        ShardMetrics::add(&broker.shard_metrics().bytes_in, size as u64 + 4);
         let parsed = api::parse(frame.freeze())?;
         let b = broker.clone();
         let task = glommio::spawn_local(async move {
+            let api_key = match &parsed {
+                api::Parsed::Request(r) => r.api_key as i16,
+                api::Parsed::Unsupported { api_key, .. } => *api_key,
+            };
+            let started = std::time::Instant::now();
             let out = api::handle(&b, parsed, peer).await;
+            b.shard_metrics().request(api_key, started.elapsed());
             (out, permits)
         });
         if tx.send(task).await.is_err() {
@@ -154,6 +165,7 @@ async fn read_requests(
 }
 
 async fn write_responses(
+    broker: Rc<Broker>,
     mut writer: TcpStream,
     rx: local_channel::LocalReceiver<Task<(Outcome, Permits)>>,
 ) {
@@ -168,6 +180,7 @@ async fn write_responses(
             tracing::debug!(error = %e, "write failed");
             break;
         }
+        ShardMetrics::add(&broker.shard_metrics().bytes_out, bytes.len() as u64);
     }
     let _ = writer.shutdown(std::net::Shutdown::Both).await;
 }

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use sluice_storage::codec::{Codec, Levels};
 use sluice_storage::{FlushPolicy, LogConfig, TimestampType};
 
 /// Every topic config of Kafka 3.9, with its default as Sluice applies it (Kafka's,
@@ -18,8 +19,6 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
     ("compression.gzip.level", "-1"),
     ("compression.lz4.level", "9"),
-    // Only `producer` (batches stored as the producer compressed them): Sluice has no
-    // codecs to recompress with yet.
     ("compression.type", "producer"),
     ("compression.zstd.level", "3"),
     ("delete.retention.ms", "86400000"),
@@ -63,9 +62,8 @@ pub const KNOWN: &[(&str, &str)] = &[
 /// lists why): index spacing, file deletion delay, per-message flush counts, follower
 /// throttles and tiered storage off, preallocation (Sluice always preallocates).
 const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
-    "compression.gzip.level",
+    // lz4_flex has one level (Kafka's levels pick LZ4 HC above 2).
     "compression.lz4.level",
-    "compression.zstd.level",
     "file.delete.delay.ms",
     "flush.messages",
     "follower.replication.throttled.replicas",
@@ -172,7 +170,7 @@ fn check_inert(name: &str, v: &str) -> Result<(), String> {
         }
         // Deprecated since 3.0 and ignored by Kafka for message format v2.
         "message.format.version" => {}
-        _ => unreachable!("{name} is in ACCEPTED_WITHOUT_EFFECT"),
+        _ => unreachable!("{name} is validated here"),
     }
     Ok(())
 }
@@ -187,6 +185,11 @@ pub struct TopicConfig {
     /// difference.max.ms stands in for either when it is not set).
     pub timestamp_before_max_ms: i64,
     pub timestamp_after_max_ms: i64,
+    /// `compression.type`: the codec the leader stores every produced batch with
+    /// (recompressing one that differs), `None` for `producer` (stored as sent).
+    pub compression: Option<Codec>,
+    /// `compression.gzip.level`, `compression.zstd.level`.
+    pub compression_levels: Levels,
 }
 
 fn parse_i64(name: &str, v: &str) -> Result<i64, String> {
@@ -203,26 +206,31 @@ impl TopicConfig {
         let mut min_insync_replicas = 1;
         let mut cleanup_policy = "delete".to_string();
         let (mut before, mut after, mut difference) = (None, None, None);
+        let mut compression = None;
+        let mut compression_levels = Levels::default();
         for (name, v) in set {
             match name.as_str() {
                 n if ACCEPTED_WITHOUT_EFFECT.contains(&n) => check_inert(n, v)?,
                 "compression.type" => match v.trim() {
-                    "producer" => {}
-                    "uncompressed" | "gzip" | "snappy" | "lz4" | "zstd" => {
-                        return Err(invalid(
-                            name,
-                            v,
-                            "Sluice stores batches as the producer compressed them (compression.type=producer); recompression on the broker is not supported yet",
-                        ))
-                    }
-                    _ => {
-                        return Err(invalid(
-                            name,
-                            v,
-                            "String must be one of: uncompressed, zstd, lz4, snappy, gzip, producer",
-                        ))
+                    "producer" => compression = None,
+                    c => {
+                        compression = Some(Codec::from_name(c).ok_or_else(|| {
+                            invalid(
+                                name,
+                                v,
+                                "String must be one of: uncompressed, zstd, lz4, snappy, gzip, producer",
+                            )
+                        })?)
                     }
                 },
+                "compression.gzip.level" => {
+                    check_inert(name, v)?;
+                    compression_levels.gzip = parse_i64(name, v)? as i32;
+                }
+                "compression.zstd.level" => {
+                    check_inert(name, v)?;
+                    compression_levels.zstd = parse_i64(name, v)? as i32;
+                }
                 "remote.storage.enable" => {
                     if parse_bool(name, v)? {
                         return Err(invalid(name, v, "Sluice has no tiered storage"));
@@ -327,6 +335,8 @@ impl TopicConfig {
             cleanup_policy,
             timestamp_before_max_ms: before.or(difference).unwrap_or(i64::MAX),
             timestamp_after_max_ms: after.or(difference).unwrap_or(i64::MAX),
+            compression,
+            compression_levels,
         })
     }
 
@@ -347,6 +357,13 @@ impl TopicConfig {
 pub fn downconversion_enabled(set: &BTreeMap<String, String>) -> bool {
     set.get("message.downconversion.enable")
         .is_none_or(|v| v != "false")
+}
+
+/// True if the topic's `compression.type` is zstd: Kafka answers its Fetch before v10
+/// UNSUPPORTED_COMPRESSION_TYPE (KIP-110).
+pub fn stores_zstd(set: &BTreeMap<String, String>) -> bool {
+    set.get("compression.type")
+        .is_some_and(|v| v.trim() == "zstd")
 }
 
 /// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -429,7 +446,8 @@ mod tests {
             ("min.cleanable.dirty.ratio", "2"),
             ("no.such.config", "1"),
             ("compression.type", "brotli"),
-            ("compression.type", "zstd"),
+            ("compression.type", "ZSTD"),
+            ("compression.zstd.level", "23"),
             ("remote.storage.enable", "true"),
             ("preallocate", "yes"),
             ("segment.jitter.ms", "-1"),
@@ -468,6 +486,29 @@ mod tests {
         for n in ACCEPTED_WITHOUT_EFFECT {
             assert!(KNOWN.iter().any(|(k, _)| k == n), "{n}");
         }
+    }
+
+    #[test]
+    fn compression_type_names_the_stored_codec() {
+        let none = TopicConfig::parse(&BTreeMap::new()).unwrap();
+        assert_eq!(none.compression, None);
+        for (v, want) in [
+            ("producer", None),
+            ("uncompressed", Some(Codec::None)),
+            ("gzip", Some(Codec::Gzip)),
+            ("snappy", Some(Codec::Snappy)),
+            ("lz4", Some(Codec::Lz4)),
+            ("zstd", Some(Codec::Zstd)),
+        ] {
+            let c = TopicConfig::parse(&set(&[("compression.type", v)])).unwrap();
+            assert_eq!(c.compression, want, "{v}");
+        }
+        let c = TopicConfig::parse(&set(&[
+            ("compression.gzip.level", "9"),
+            ("compression.zstd.level", "-5"),
+        ]))
+        .unwrap();
+        assert_eq!(c.compression_levels, Levels { gzip: 9, zstd: -5 });
     }
 
     #[test]

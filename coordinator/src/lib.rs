@@ -2,8 +2,9 @@
 //!
 //! Owns the classic consumer-group coordinator ([`group`], including the group side of
 //! transactions: TxnOffsetCommit and its pending offsets), Kafka's record formats of
-//! `__consumer_offsets` ([`records`]), the transaction coordinator ([`txn`]) and Kafka's
-//! record formats of `__transaction_state` ([`txn_records`]).
+//! `__consumer_offsets` ([`records`]), the transaction coordinator ([`txn`]), Kafka's
+//! record formats of `__transaction_state` ([`txn_records`]), consumer-lag evaluation
+//! with Burrow's rules ([`lag`]) and the lag alerts' state machine ([`alert`]).
 //!
 //! Requests and the time go in as arguments; answers, records to make durable, deferred
 //! replies and transaction markers to write come out: no sockets, no disk, no clock, no
@@ -12,9 +13,11 @@
 //! here may block or await. State changes that need a record are applied only once the
 //! shell reports the record durable.
 
+pub mod alert;
 pub mod group;
 #[cfg(test)]
 mod group_tests;
+pub mod lag;
 pub mod records;
 pub mod txn;
 pub mod txn_records;

@@ -19,12 +19,35 @@
 //! - A broker that registers with a new incarnation (it restarted) is treated as fenced
 //!   and then unfenced: it cannot stay leader under the epoch it had before the restart,
 //!   since its unsynced tail may be gone while followers hold it.
+//!
+//! ## Encodings and their versions
+//!
+//! Commands (the journal's entries) and the state (snapshots) are rkyv archives, whose
+//! layout is positional: a field added to a struct moves every byte after it. So:
+//! - [`Command`] only ever gains variants at its end, each no larger than the largest
+//!   one, so the archived enum keeps its size (pinned by a const assertion below) and
+//!   every entry written by an older build decodes unchanged. A broker without a rack
+//!   still registers with the first [`Command::RegisterBroker`], so an older voter in a
+//!   rolling upgrade reads what a newer broker writes unless racks are used.
+//! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
+//!   version); one without it is the version-1 layout (no racks, no broker configs),
+//!   read through [`legacy::ClusterStateV1`]. Fixtures written by the version-1 build
+//!   (`replication/testdata/*-v1.hex`) are decoded by the unit tests.
 
 use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
+
+/// The first bytes of a snapshot in the current format (version 2: racks and broker
+/// configs); a snapshot without them is version 1.
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x02\x00";
+
+/// The scope key of the cluster-wide dynamic broker configs in
+/// [`ClusterState::broker_configs`] (Kafka's `<default>` entity, the empty resource
+/// name); any other key is one broker's id.
+pub const CLUSTER_DEFAULT: BrokerId = -1;
 
 /// The topic config that allows electing a replica outside the ISR.
 pub const UNCLEAN_ELECTION: &str = "unclean.leader.election.enable";
@@ -38,6 +61,8 @@ pub struct BrokerInfo {
     /// Changes on every start of the broker process.
     pub incarnation: u64,
     pub fenced: bool,
+    /// Kafka's `broker.rack`: the failure domain (zone) placement spreads replicas over.
+    pub rack: Option<String>,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -69,6 +94,9 @@ pub struct ClusterState {
     pub next_producer_id: i64,
     /// How many commands changed this state: a version every broker can compare.
     pub version: u64,
+    /// Dynamic broker configs set at run time (Kafka's names), by scope:
+    /// [`CLUSTER_DEFAULT`] for the cluster-wide defaults, else a broker id.
+    pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
 }
 
 /// A change to [`ClusterState`], proposed to the quorum and applied once committed.
@@ -143,7 +171,25 @@ pub enum Command {
         topic: String,
         partition: i32,
     },
+    /// [`Command::RegisterBroker`] of a broker with a rack (`broker.rack`).
+    RegisterBrokerInRack {
+        id: BrokerId,
+        host: String,
+        port: i32,
+        incarnation: u64,
+        rack: String,
+    },
+    /// Replaces the dynamic broker configs of one scope ([`CLUSTER_DEFAULT`] or a
+    /// broker id); validated by the broker before proposing.
+    AlterBrokerConfigs {
+        scope: BrokerId,
+        configs: BTreeMap<String, String>,
+    },
 }
+
+// The archived command's size is part of the journal format (see the module doc): a
+// new variant larger than this would make every older entry unreadable.
+const _: () = assert!(std::mem::size_of::<ArchivedCommand>() == 48);
 
 /// What a successful [`ClusterState::apply`] produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,18 +245,41 @@ impl Command {
 impl ClusterState {
     /// The state as a snapshot.
     pub fn encode(&self) -> Vec<u8> {
-        rkyv::to_bytes::<rkyv::rancor::Error>(self)
-            .expect("state always serializes")
-            .to_vec()
+        let body = rkyv::to_bytes::<rkyv::rancor::Error>(self).expect("state always serializes");
+        let mut out = Vec::with_capacity(STATE_MAGIC.len() + body.len());
+        out.extend_from_slice(STATE_MAGIC);
+        out.extend_from_slice(&body);
+        out
     }
 
+    /// Decodes a snapshot of either format version (see the module doc).
     pub fn decode(bytes: &[u8]) -> Result<ClusterState, String> {
         if bytes.is_empty() {
             return Ok(ClusterState::default());
         }
-        let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
-        aligned.extend_from_slice(bytes);
-        rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(|e| e.to_string())
+        let (body, current) = match bytes.strip_prefix(STATE_MAGIC.as_slice()) {
+            Some(body) => (body, true),
+            None => (bytes, false),
+        };
+        let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
+        aligned.extend_from_slice(body);
+        if current {
+            rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned)
+                .map_err(|e| e.to_string())
+        } else {
+            rkyv::from_bytes::<legacy::ClusterStateV1, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    /// The dynamic broker config `name` in effect on `broker`: its own value, else the
+    /// cluster-wide default (Kafka's precedence); `None` when neither is set.
+    pub fn dynamic_broker_config(&self, broker: BrokerId, name: &str) -> Option<&str> {
+        [broker, CLUSTER_DEFAULT]
+            .iter()
+            .find_map(|scope| self.broker_configs.get(scope)?.get(name))
+            .map(String::as_str)
     }
 
     pub fn partition(&self, topic: &str, partition: i32) -> Option<&PartitionState> {
@@ -277,6 +346,12 @@ impl ClusterState {
             )));
         }
         let start = self.topics.len();
+        if live.iter().any(|id| self.brokers[id].rack.is_some()) {
+            let arranged = self.rack_alternating(&live);
+            return Ok((first..first + count)
+                .map(|p| self.rack_spread(&arranged, start + p as usize, rf))
+                .collect());
+        }
         Ok((first..first + count)
             .map(|p| {
                 (0..rf)
@@ -284,6 +359,61 @@ impl ClusterState {
                     .collect()
             })
             .collect())
+    }
+
+    /// `brokers` ordered so that racks alternate: the first broker of each rack (racks
+    /// by name), then the second of each, and so on. Walking this list, consecutive
+    /// brokers are in different racks as long as racks have brokers left. Brokers
+    /// without a rack count as one rack of their own (as Kafka's KRaft placer does).
+    fn rack_alternating(&self, brokers: &[BrokerId]) -> Vec<BrokerId> {
+        let mut racks: BTreeMap<Option<&str>, Vec<BrokerId>> = BTreeMap::new();
+        for id in brokers {
+            racks
+                .entry(self.brokers[id].rack.as_deref())
+                .or_default()
+                .push(*id);
+        }
+        let deepest = racks.values().map(Vec::len).max().unwrap_or(0);
+        (0..deepest)
+            .flat_map(|i| racks.values().filter_map(move |r| r.get(i).copied()))
+            .collect()
+    }
+
+    /// The `rf` replicas of the partition numbered `n` (topic offset included) over the
+    /// rack-alternating list: the leader is `arranged[n % len]`, so leaders rotate over
+    /// every broker and racks; followers are taken walking on from a position that
+    /// shifts once per round of partitions (so a leader's followers vary), each from a
+    /// rack that has no replica yet while any such rack is left, then from any.
+    fn rack_spread(&self, arranged: &[BrokerId], n: usize, rf: usize) -> Vec<BrokerId> {
+        let len = arranged.len();
+        let rack_of = |id: &BrokerId| self.brokers[id].rack.as_deref();
+        let rack_count = {
+            let mut racks: Vec<Option<&str>> = arranged.iter().map(rack_of).collect();
+            racks.sort_unstable();
+            racks.dedup();
+            racks.len()
+        };
+        let leader = n % len;
+        let shift = if len > 1 { (n / len) % (len - 1) } else { 0 };
+        let mut replicas = vec![arranged[leader]];
+        let mut racks_used = vec![rack_of(&arranged[leader])];
+        // Two passes over the other brokers: first only unused racks, then any.
+        for pass in 0..2 {
+            for k in 0..len - 1 {
+                if replicas.len() == rf {
+                    return replicas;
+                }
+                let b = arranged[(leader + 1 + (shift + k) % (len - 1)) % len];
+                let new_rack = !racks_used.contains(&rack_of(&b));
+                let wanted = pass == 1 || new_rack || racks_used.len() == rack_count;
+                if wanted && !replicas.contains(&b) {
+                    replicas.push(b);
+                    racks_used.push(rack_of(&b));
+                }
+            }
+        }
+        assert_eq!(replicas.len(), rf, "rf <= live brokers is checked by place");
+        replicas
     }
 
     /// Checks one partition's manual replica assignment (a client's explicit list), by
@@ -348,25 +478,23 @@ impl ClusterState {
                 host,
                 port,
                 incarnation,
-            } => {
-                let restarted = self
-                    .brokers
-                    .get(id)
-                    .is_some_and(|b| b.incarnation != *incarnation);
-                if restarted {
-                    self.fence(*id);
+            } => self.register(*id, host, *port, *incarnation, None),
+            Command::RegisterBrokerInRack {
+                id,
+                host,
+                port,
+                incarnation,
+                rack,
+            } => self.register(*id, host, *port, *incarnation, Some(rack)),
+            Command::AlterBrokerConfigs { scope, configs } => {
+                if *scope != CLUSTER_DEFAULT && !self.brokers.contains_key(scope) {
+                    return Err(ApplyError::UnknownBroker(*scope));
                 }
-                let b = self.brokers.entry(*id).or_insert_with(|| BrokerInfo {
-                    id: *id,
-                    host: String::new(),
-                    port: 0,
-                    incarnation: *incarnation,
-                    fenced: true,
-                });
-                b.host = host.clone();
-                b.port = *port;
-                b.incarnation = *incarnation;
-                self.unfence(*id);
+                if configs.is_empty() {
+                    self.broker_configs.remove(scope);
+                } else {
+                    self.broker_configs.insert(*scope, configs.clone());
+                }
             }
             Command::FenceBroker { id } => {
                 if !self.brokers.contains_key(id) {
@@ -539,6 +667,37 @@ impl ClusterState {
         Ok(Applied::Done)
     }
 
+    /// A broker (re)registers; a new incarnation is a restart (see the module doc).
+    fn register(
+        &mut self,
+        id: BrokerId,
+        host: &str,
+        port: i32,
+        incarnation: u64,
+        rack: Option<&String>,
+    ) {
+        let restarted = self
+            .brokers
+            .get(&id)
+            .is_some_and(|b| b.incarnation != incarnation);
+        if restarted {
+            self.fence(id);
+        }
+        let b = self.brokers.entry(id).or_insert_with(|| BrokerInfo {
+            id,
+            host: String::new(),
+            port: 0,
+            incarnation,
+            fenced: true,
+            rack: None,
+        });
+        b.host = host.to_string();
+        b.port = port;
+        b.incarnation = incarnation;
+        b.rack = rack.cloned();
+        self.unfence(id);
+    }
+
     /// A new partition led by its first replica, all replicas in the ISR.
     fn new_partition(&self, replicas: &[BrokerId]) -> Result<PartitionState, ApplyError> {
         if replicas.is_empty() {
@@ -584,8 +743,10 @@ impl ClusterState {
             b.fenced = true;
         }
         let alive = self.live_brokers();
+        let default_unclean =
+            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
         for t in self.topics.values_mut() {
-            let unclean = t.configs.get(UNCLEAN_ELECTION).is_some_and(|v| v == "true");
+            let unclean = unclean_allowed(&t.configs, default_unclean);
             for p in &mut t.partitions {
                 let mut changed = false;
                 if p.isr.contains(&id) && p.isr.len() > 1 {
@@ -628,8 +789,10 @@ impl ClusterState {
             Some(b) => b.fenced = false,
             None => return,
         }
+        let default_unclean =
+            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
         for t in self.topics.values_mut() {
-            let unclean = t.configs.get(UNCLEAN_ELECTION).is_some_and(|v| v == "true");
+            let unclean = unclean_allowed(&t.configs, default_unclean);
             for p in &mut t.partitions {
                 if p.leader != NO_BROKER || !p.replicas.contains(&id) {
                     continue;
@@ -674,6 +837,71 @@ impl ClusterState {
             }
         }
         out
+    }
+}
+
+/// Whether a topic may elect a leader outside its ISR: its own
+/// `unclean.leader.election.enable`, else the cluster-wide dynamic default.
+fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> bool {
+    match topic_configs.get(UNCLEAN_ELECTION) {
+        Some(v) => v == "true",
+        None => default,
+    }
+}
+
+/// The snapshot layout of format version 1 (before racks and broker configs), kept to
+/// read snapshots written by older builds. Never written.
+pub mod legacy {
+    use std::collections::BTreeMap;
+
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    use super::{BrokerInfo, ClusterState, TopicState};
+    use crate::BrokerId;
+
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct BrokerInfoV1 {
+        pub id: BrokerId,
+        pub host: String,
+        pub port: i32,
+        pub incarnation: u64,
+        pub fenced: bool,
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV1 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfoV1>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+    }
+
+    impl From<ClusterStateV1> for ClusterState {
+        fn from(v1: ClusterStateV1) -> ClusterState {
+            ClusterState {
+                cluster_id: v1.cluster_id,
+                brokers: v1
+                    .brokers
+                    .into_iter()
+                    .map(|(id, b)| {
+                        let b = BrokerInfo {
+                            id: b.id,
+                            host: b.host,
+                            port: b.port,
+                            incarnation: b.incarnation,
+                            fenced: b.fenced,
+                            rack: None,
+                        };
+                        (id, b)
+                    })
+                    .collect(),
+                topics: v1.topics,
+                next_producer_id: v1.next_producer_id,
+                version: v1.version,
+                broker_configs: BTreeMap::new(),
+            }
+        }
     }
 }
 
@@ -1020,5 +1248,219 @@ mod tests {
         s.apply(&Command::FenceBroker { id: 3 }).unwrap();
         refused(s.check_manual_assignment(0, &[3], None));
         assert_eq!(s.check_manual_assignment(0, &[3, 1], None), Ok(()));
+    }
+
+    fn hex_fixture(text: &str) -> Vec<u8> {
+        let t = text.trim();
+        (0..t.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&t[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn version_1_journal_entries_and_snapshots_still_decode() {
+        let s =
+            ClusterState::decode(&hex_fixture(include_str!("../testdata/state-v1.hex"))).unwrap();
+        assert_eq!(s.cluster_id, "legacy-cluster-id-xyz");
+        assert_eq!(s.brokers.len(), 2);
+        assert_eq!(s.brokers[&2].port, 9092);
+        assert_eq!(s.brokers[&2].rack, None);
+        assert_eq!(s.topics["orders"].configs["retention.ms"], "1000");
+        assert_eq!(s.topics["orders"].partitions[1].replicas, vec![2, 1]);
+        assert_eq!((s.next_producer_id, s.version), (42, 4));
+        assert!(s.broker_configs.is_empty());
+        // Re-encoded, it is the current format and decodes to the same state.
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+
+        let reg = Command::decode(&hex_fixture(include_str!(
+            "../testdata/register-broker-v1.hex"
+        )))
+        .unwrap();
+        assert_eq!(
+            reg,
+            Command::RegisterBroker {
+                id: 3,
+                host: "broker-three.example".into(),
+                port: 9093,
+                incarnation: 99,
+            }
+        );
+        let alter = Command::decode(&hex_fixture(include_str!(
+            "../testdata/alter-configs-v1.hex"
+        )))
+        .unwrap();
+        assert_eq!(
+            alter,
+            Command::AlterConfigs {
+                name: "orders".into(),
+                configs: [("retention.ms".to_string(), "5".to_string())].into(),
+            }
+        );
+    }
+
+    fn racked(racks: &[(BrokerId, Option<&str>)]) -> ClusterState {
+        let mut s = ClusterState::default();
+        for (id, rack) in racks {
+            let (host, port, incarnation) = ("127.0.0.1".to_string(), 9090 + id, 1);
+            let cmd = match rack {
+                Some(r) => Command::RegisterBrokerInRack {
+                    id: *id,
+                    host,
+                    port,
+                    incarnation,
+                    rack: r.to_string(),
+                },
+                None => Command::RegisterBroker {
+                    id: *id,
+                    host,
+                    port,
+                    incarnation,
+                },
+            };
+            s.apply(&cmd).unwrap();
+        }
+        s
+    }
+
+    fn racks_of(s: &ClusterState, replicas: &[BrokerId]) -> Vec<Option<String>> {
+        let mut r: Vec<_> = replicas.iter().map(|b| s.brokers[b].rack.clone()).collect();
+        r.sort();
+        r.dedup();
+        r
+    }
+
+    fn leader_counts(assignments: &[Vec<BrokerId>]) -> BTreeMap<BrokerId, usize> {
+        let mut counts = BTreeMap::new();
+        for a in assignments {
+            *counts.entry(a[0]).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn rack_aware_placement_spans_every_rack_and_spreads_leaders() {
+        // Six brokers in three racks, listed so that id order groups racks together.
+        let s = racked(&[
+            (1, Some("a")),
+            (2, Some("a")),
+            (3, Some("b")),
+            (4, Some("b")),
+            (5, Some("c")),
+            (6, Some("c")),
+        ]);
+        let placed = s.place(0, 12, 3).unwrap();
+        for a in &placed {
+            assert_eq!(racks_of(&s, a).len(), 3, "{a:?} spans every rack");
+            let mut d = a.clone();
+            d.sort();
+            d.dedup();
+            assert_eq!(d.len(), 3, "{a:?} has no broker twice");
+        }
+        assert!(
+            leader_counts(&placed).values().all(|c| *c == 2),
+            "{placed:?}"
+        );
+        // Every broker holds the same number of replicas.
+        let mut per_broker = BTreeMap::new();
+        for b in placed.iter().flatten() {
+            *per_broker.entry(*b).or_insert(0) += 1;
+        }
+        assert!(per_broker.values().all(|c| *c == 6), "{per_broker:?}");
+    }
+
+    #[test]
+    fn rack_aware_placement_with_fewer_racks_than_replicas() {
+        let s = racked(&[(1, Some("a")), (2, Some("a")), (3, Some("b"))]);
+        for a in s.place(0, 6, 2).unwrap() {
+            assert_eq!(racks_of(&s, &a).len(), 2, "{a:?} spans both racks");
+        }
+        // RF 3 over two racks: every partition still has both racks.
+        for a in s.place(0, 6, 3).unwrap() {
+            assert_eq!(racks_of(&s, &a).len(), 2, "{a:?}");
+            assert_eq!(a.len(), 3);
+        }
+        // Uneven racks: leaders still rotate over every broker.
+        let placed = s.place(0, 6, 1).unwrap();
+        assert!(
+            leader_counts(&placed).values().all(|c| *c == 2),
+            "{placed:?}"
+        );
+    }
+
+    #[test]
+    fn placement_without_racks_is_unchanged_and_rackless_brokers_form_one_rack() {
+        let plain = cluster(3);
+        let none = racked(&[(1, None), (2, None), (3, None)]);
+        assert_eq!(plain.place(0, 5, 2).unwrap(), none.place(0, 5, 2).unwrap());
+        assert_eq!(
+            plain.place(0, 3, 2).unwrap(),
+            vec![vec![1, 2], vec![2, 3], vec![3, 1]]
+        );
+        // Brokers 1 and 2 have no rack: together they are one rack beside "x".
+        let mixed = racked(&[(1, None), (2, None), (3, Some("x"))]);
+        for a in mixed.place(0, 4, 2).unwrap() {
+            assert_eq!(racks_of(&mixed, &a).len(), 2, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn racks_are_registered_and_broker_configs_apply_by_scope() {
+        let mut s = racked(&[(1, Some("a")), (2, None)]);
+        assert_eq!(s.brokers[&1].rack.as_deref(), Some("a"));
+        // Re-registering without a rack clears it (the process restarted without one).
+        s.apply(&Command::RegisterBroker {
+            id: 1,
+            host: "h".into(),
+            port: 1,
+            incarnation: 2,
+        })
+        .unwrap();
+        assert_eq!(s.brokers[&1].rack, None);
+
+        let set = |s: &mut ClusterState, scope, kv: &[(&str, &str)]| {
+            s.apply(&Command::AlterBrokerConfigs {
+                scope,
+                configs: kv
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            })
+        };
+        set(&mut s, CLUSTER_DEFAULT, &[("log.retention.ms", "1000")]).unwrap();
+        set(&mut s, 2, &[("log.retention.ms", "5")]).unwrap();
+        assert_eq!(s.dynamic_broker_config(1, "log.retention.ms"), Some("1000"));
+        assert_eq!(s.dynamic_broker_config(2, "log.retention.ms"), Some("5"));
+        assert_eq!(s.dynamic_broker_config(2, "log.segment.bytes"), None);
+        let version = s.version;
+        assert_eq!(
+            set(&mut s, 9, &[("log.retention.ms", "5")]),
+            Err(ApplyError::UnknownBroker(9))
+        );
+        assert_eq!(s.version, version);
+        set(&mut s, 2, &[]).unwrap();
+        assert_eq!(s.dynamic_broker_config(2, "log.retention.ms"), Some("1000"));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn the_cluster_wide_unclean_default_applies_to_topics_without_their_own() {
+        let mut s = cluster(2);
+        create(&mut s, "t", 1, 2);
+        s.apply(&Command::AlterBrokerConfigs {
+            scope: CLUSTER_DEFAULT,
+            configs: [(UNCLEAN_ELECTION.to_string(), "true".to_string())].into(),
+        })
+        .unwrap();
+        let leader = s.topics["t"].partitions[0].leader;
+        let other = if leader == 1 { 2 } else { 1 };
+        // The follower leaves the ISR, then the leader dies: with unclean election
+        // allowed cluster-wide, the out-of-sync follower takes over when it returns.
+        s.apply(&Command::FenceBroker { id: other }).unwrap();
+        s.apply(&Command::FenceBroker { id: leader }).unwrap();
+        assert_eq!(s.topics["t"].partitions[0].leader, NO_BROKER);
+        s.apply(&Command::UnfenceBroker { id: other }).unwrap();
+        assert_eq!(s.topics["t"].partitions[0].leader, other);
     }
 }

@@ -33,11 +33,17 @@ impl RuntimeConfig {
     }
 }
 
-/// The CPUs this process may run on, in id order.
+/// The CPUs this process may run on, in id order: the machine's online CPUs that are
+/// in the process's affinity mask, so a broker started in a CPU set (`taskset`,
+/// systemd's `AllowedCPUs=`, a container's cpuset) pins its shards inside it.
 pub fn online_cpus() -> Vec<usize> {
+    let allowed = affinity();
     let mut cpus: Vec<usize> = CpuSet::online()
         .map(|s| s.iter().map(|l| l.cpu).collect())
         .unwrap_or_default();
+    if let Some(allowed) = &allowed {
+        cpus.retain(|c| allowed.contains(c));
+    }
     cpus.sort_unstable();
     cpus.dedup();
     if cpus.is_empty() {
@@ -47,6 +53,22 @@ pub fn online_cpus() -> Vec<usize> {
         cpus = (0..n).collect();
     }
     cpus
+}
+
+/// The CPUs of this process's affinity mask (`None` if it cannot be read).
+fn affinity() -> Option<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set the call fills in.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return None;
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    (!cpus.is_empty()).then_some(cpus)
 }
 
 /// Spawns one executor per element of `shards` (shard `i` runs `shards[i]()`), in shard

@@ -36,6 +36,7 @@ pub fn handle(
                         .with_broker_id(BrokerId(*id))
                         .with_host(sb(b.host.clone()))
                         .with_port(b.port)
+                        .with_rack(b.rack.clone().map(sb))
                 })
                 .collect(),
         )

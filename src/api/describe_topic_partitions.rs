@@ -200,6 +200,7 @@ mod tests {
                 host: "h".into(),
                 port: 1,
                 fenced: false,
+                rack: None,
             },
         );
         for (name, n) in topics {

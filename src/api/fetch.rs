@@ -11,10 +11,22 @@
 //! Fetch v0–v3 clients read message sets: the v2 batches read are down-converted to
 //! magic 0 (v0–v1) or magic 1 (v2–v3) by Kafka's rules (`sluice_storage::message_set`:
 //! control batches skipped, records before the fetch offset dropped, at least one
-//! message even past the partition's byte limit). gzip batches are converted to
-//! uncompressed messages; snappy, lz4 and zstd ones cannot be (no codec here): the
-//! partition answers UNSUPPORTED_COMPRESSION_TYPE, as Kafka does for zstd. A topic with `message.downconversion.enable=false` answers
-//! these clients UNSUPPORTED_VERSION, as Kafka does.
+//! message even past the partition's byte limit). gzip, snappy and lz4 batches are
+//! converted to uncompressed messages; zstd ones cannot be (Kafka allows zstd only in
+//! v2 batches): the partition answers UNSUPPORTED_COMPRESSION_TYPE. As Kafka, a topic
+//! with `compression.type=zstd` answers every Fetch before v10 (KIP-110) that way, and
+//! one with `message.downconversion.enable=false` answers v0–v3 UNSUPPORTED_VERSION.
+//!
+//! Fetch from follower (KIP-392), as Kafka with `replica.selector.class` set to its
+//! rack-aware selector (`--replica-selector rack`, Sluice's default; `leader` turns it
+//! off): a consumer's Fetch v11+ naming its rack (`rack_id`, librdkafka's `client.rack`)
+//! is answered by the partition's leader, when the leader is in another rack and an
+//! in-sync replica is in the consumer's, with that replica as `preferred_read_replica`
+//! and no records (at once, without waiting); the consumer then fetches from it. Every
+//! in-sync follower's log end is at least the high watermark, so it holds any offset a
+//! consumer may fetch. A follower serves consumers' Fetch v11+ up to its own high
+//! watermark (`Replica::fetch_bound`); v0–v10 consumers need the leader
+//! (NOT_LEADER_OR_FOLLOWER elsewhere), as in Kafka.
 //!
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
 //! tells clients to keep sending full (sessionless) fetch requests.
@@ -29,12 +41,16 @@ use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
     AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
 };
+use kafka_protocol::messages::BrokerId;
 use sluice_shard::ShardId;
 
 use crate::broker::Broker;
 use crate::error::{self, ApiError};
+use crate::metadata::MetadataImage;
+use crate::replica::ANY_REPLICA_CONSUMER;
 use crate::rpc::{Read, ReadItem, ReadOut};
-use crate::topic_config::downconversion_enabled;
+use crate::topic_config::{downconversion_enabled, stores_zstd};
+use sluice_replication::cluster::PartitionState;
 use sluice_storage::message_set::{self, MessageSetError};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
@@ -49,6 +65,10 @@ struct Slot {
     owner: Option<ShardId>,
     /// The topic's `message.downconversion.enable` (Fetch v0–v3 only).
     downconversion: bool,
+    /// The topic's `compression.type` is zstd (Fetch v10+ only).
+    zstd_topic: bool,
+    /// KIP-392: the replica this consumer should fetch this partition from instead.
+    preferred: Option<i32>,
 }
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
@@ -61,6 +81,15 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
     };
     let min_bytes = req.min_bytes.max(0) as usize;
     let image = broker.image();
+    // A follower broker fetching for replication (v14 and below carry its id here).
+    let replica_id = req.replica_id.0;
+    let client_rack = req.rack_id.to_string();
+    let select_for = (version >= 11
+        && replica_id < 0
+        && broker.config.rack_aware_fetch
+        && !client_rack.is_empty())
+    .then_some(client_rack.as_str());
+    let me = broker.config.node_id;
     let mut slots = Vec::new();
     for t in &req.topics {
         let meta = image.topics.get(t.topic.0.as_str());
@@ -68,25 +97,42 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             let owner = meta
                 .filter(|m| (0..m.partitions).contains(&p.partition))
                 .map(|m| broker.owner(m, p.partition));
+            let preferred = select_for.and_then(|rack| {
+                let a = meta?.assignment(p.partition)?;
+                preferred_read_replica(&image, me, a, rack, p.partition)
+            });
             slots.push(Slot {
                 topic: t.topic.clone(),
                 partition: p.partition,
                 offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes.max(0) as usize,
+                // Redirected: the read only fills in the offsets of the answer.
+                max_bytes: if preferred.is_some() {
+                    0
+                } else {
+                    p.partition_max_bytes.max(0) as usize
+                },
                 current_leader_epoch: p.current_leader_epoch,
                 owner,
                 downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+                zstd_topic: meta.is_some_and(|m| stores_zstd(&m.configs)),
+                preferred,
             });
         }
     }
-    // A follower broker fetching for replication (v14 and below carry its id here).
-    let replica_id = req.replica_id.0;
     let read_committed = replica_id < 0 && req.isolation_level == 1;
-    let mut outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
+    // Consumers of Fetch v11+ may be served by a follower (KIP-392).
+    let item_replica_id = if replica_id < 0 && version >= 11 {
+        ANY_REPLICA_CONSUMER
+    } else {
+        replica_id
+    };
+    let redirected = slots.iter().any(|s| s.preferred.is_some());
+    let mut outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
     loop {
         let total: usize = outs.iter().map(|o| o.records.len()).sum();
         let any_error = outs.iter().any(|o| o.error.is_some());
-        if total >= min_bytes || any_error || Instant::now() >= deadline {
+        // A preferred read replica is answered at once, as Kafka does.
+        if total >= min_bytes || any_error || redirected || Instant::now() >= deadline {
             break;
         }
         // Wait for appends past what is there now (not past the fetch offset), so a
@@ -116,9 +162,41 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         broker
             .wait_for_data(waits, deadline, replica_id >= 0, read_committed)
             .await;
-        outs = read_all(broker, &slots, max_bytes, replica_id, read_committed).await;
+        outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
     }
     build_response(version, slots, outs)
+}
+
+/// KIP-392's rack-aware selection (Kafka's RackAwareReplicaSelector), made by the
+/// partition's leader only: `None` (read from the leader) unless this broker leads, its
+/// rack is not the consumer's, and a live in-sync replica is in the consumer's rack;
+/// several such replicas share the partitions by partition number.
+fn preferred_read_replica(
+    image: &MetadataImage,
+    me: i32,
+    a: &PartitionState,
+    client_rack: &str,
+    partition: i32,
+) -> Option<i32> {
+    let in_rack = |id: &i32| {
+        image
+            .brokers
+            .get(id)
+            .is_some_and(|b| !b.fenced && b.rack.as_deref() == Some(client_rack))
+    };
+    if a.leader != me || in_rack(&me) {
+        return None;
+    }
+    let candidates: Vec<i32> = a
+        .isr
+        .iter()
+        .copied()
+        .filter(|r| *r != me && in_rack(r))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    Some(candidates[partition.unsigned_abs() as usize % candidates.len()])
 }
 
 async fn read_all(
@@ -197,6 +275,19 @@ fn trim(outs: &mut [ReadOut], max_bytes: usize) {
 /// The records of one partition for a Fetch v0–v3 client: message sets of the magic the
 /// version implies.
 fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
+    if version < 10 && s.zstd_topic {
+        *o = ReadOut {
+            error: Some(ApiError::with(
+                ResponseError::UnsupportedCompressionType,
+                "the topic's compression.type is zstd, which Fetch before v10 cannot read",
+            )),
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            ..Default::default()
+        };
+        return;
+    }
     if version > 3 {
         return;
     }
@@ -233,6 +324,12 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
 fn build_response(version: i16, slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
     for (s, mut o) in slots.into_iter().zip(outs) {
+        // An error (the leader moved meanwhile) is answered without a redirect.
+        let preferred = s.preferred.filter(|_| o.error.is_none());
+        if s.preferred.is_some() {
+            o.records = Bytes::new();
+            o.aborted.clear();
+        }
         down_convert(version, &s, &mut o);
         let pd = PartitionData::default()
             .with_partition_index(s.partition)
@@ -250,6 +347,7 @@ fn build_response(version: i16, slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchRe
                     })
                     .collect()
             }))
+            .with_preferred_read_replica(BrokerId(preferred.unwrap_or(-1)))
             .with_records(Some(o.records));
         match topics.last_mut() {
             Some(t) if t.topic == s.topic => t.partitions.push(pd),

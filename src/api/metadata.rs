@@ -27,15 +27,34 @@ pub fn is_internal(name: &str) -> bool {
 
 /// Auto-creates the `names` that do not exist (default partitions and configs).
 /// Returns the error per name for those that could not be created.
+///
+/// An internal topic is created as its coordinator creates it (50 partitions,
+/// compacted), as Kafka's auto-creation does: a monitoring tool that asks for
+/// `__consumer_offsets` before any group exists (Burrow does at start) must not leave
+/// behind a one-partition topic the group coordinator cannot use.
 pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiError)> {
     let image = broker.image();
-    let missing: Vec<String> = names
+    let (internal, missing): (Vec<String>, Vec<String>) = names
         .iter()
         .filter(|n| !image.topics.contains_key(*n))
         .cloned()
-        .collect();
-    if missing.is_empty() || !broker.config.auto_create_topics {
+        .partition(|n| is_internal(n));
+    if !broker.config.auto_create_topics {
         return Vec::new();
+    }
+    let mut errors = Vec::new();
+    for name in internal {
+        let partitions = if name == crate::group::OFFSETS_TOPIC {
+            crate::group::OFFSETS_PARTITIONS
+        } else {
+            crate::txn::TXN_STATE_PARTITIONS
+        };
+        if let Err(e) = broker.ensure_internal_topic(&name, partitions).await {
+            errors.push((name, e));
+        }
+    }
+    if missing.is_empty() {
+        return errors;
     }
     let topics = missing
         .iter()
@@ -47,7 +66,6 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
             assignments: Vec::new(),
         })
         .collect();
-    let mut errors = Vec::new();
     match broker
         .control(CreateTopics {
             topics,
@@ -164,6 +182,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                 .with_node_id(BrokerId(*id))
                 .with_host(sb(b.host.clone()))
                 .with_port(b.port)
+                .with_rack(b.rack.clone().map(sb))
         })
         .collect();
     // An answer always lists at least the broker answering: clients (librdkafka) take
@@ -174,7 +193,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(me))
                 .with_host(sb(broker.config.advertised_host.clone()))
-                .with_port(broker.config.advertised_port),
+                .with_port(broker.config.advertised_port)
+                .with_rack(broker.config.rack.clone().map(sb)),
         );
     }
     MetadataResponse::default()

@@ -211,6 +211,7 @@ pub async fn handle(
             return Outcome::Close;
         }
     };
+    observe(broker, api_key as i16, &response);
     match encode_response(api_key, version, header.correlation_id, &response) {
         Ok(b) => Outcome::Respond(b),
         Err(e) => {
@@ -224,6 +225,51 @@ pub use crate::util::sb;
 pub use sluice_protocol::{
     encode_response, fuzz_decode, lookup, parse, ApiSpec, DecodeError, Parsed, Request, REGISTRY,
 };
+
+/// Counts a response's error codes (per partition where it has them) and the records
+/// a Fetch returns, for the metrics endpoint. A walk over the response's fields and the
+/// batch headers: no record is decoded.
+fn observe(broker: &Broker, api_key: i16, response: &ResponseKind) {
+    let m = broker.shard_metrics();
+    match response {
+        ResponseKind::Produce(r) => {
+            for p in r.responses.iter().flat_map(|t| &t.partition_responses) {
+                m.error(api_key, p.error_code);
+            }
+        }
+        ResponseKind::Fetch(r) => {
+            m.error(api_key, r.error_code);
+            let mut records = 0u64;
+            for p in r.responses.iter().flat_map(|t| &t.partitions) {
+                m.error(api_key, p.error_code);
+                if let Some(b) = &p.records {
+                    records += sluice_storage::batch::stored_batches(b)
+                        .filter(|(h, _)| !h.is_control())
+                        .map(|(h, _)| h.record_count.max(0) as u64)
+                        .sum::<u64>();
+                }
+            }
+            crate::metrics::ShardMetrics::add(&m.records_out, records);
+        }
+        ResponseKind::OffsetCommit(r) => {
+            for p in r.topics.iter().flat_map(|t| &t.partitions) {
+                m.error(api_key, p.error_code);
+            }
+        }
+        ResponseKind::ListOffsets(r) => {
+            for p in r.topics.iter().flat_map(|t| &t.partitions) {
+                m.error(api_key, p.error_code);
+            }
+        }
+        ResponseKind::JoinGroup(r) => m.error(api_key, r.error_code),
+        ResponseKind::SyncGroup(r) => m.error(api_key, r.error_code),
+        ResponseKind::Heartbeat(r) => m.error(api_key, r.error_code),
+        ResponseKind::LeaveGroup(r) => m.error(api_key, r.error_code),
+        ResponseKind::InitProducerId(r) => m.error(api_key, r.error_code),
+        ResponseKind::EndTxn(r) => m.error(api_key, r.error_code),
+        _ => {}
+    }
+}
 
 fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
     tracing::debug!(

@@ -11,8 +11,10 @@
 //! that breaks a per-record rule (`crate::record_rules`: keyless records on a compacted
 //! topic) fails as a whole with KIP-467 `record_errors` (v8+). Produce v0–v2 may carry
 //! message sets (message formats v0/v1), up-converted here to one v2 batch
-//! (`sluice_storage::message_set`; gzip wrappers are opened and stored uncompressed,
-//! snappy and lz4 ones are refused with UNSUPPORTED_COMPRESSION_TYPE: no codec here).
+//! (`sluice_storage::message_set`; gzip, snappy and lz4 wrappers are opened and their
+//! records stored in a batch of the same codec). zstd is refused with
+//! UNSUPPORTED_COMPRESSION_TYPE in message sets and, as Kafka, in Produce before v7. The
+//! topic's `compression.type` is applied on the leader (`crate::record_rules`).
 
 use std::rc::Rc;
 
@@ -29,7 +31,9 @@ use crate::broker::Broker;
 use crate::error::{self, ApiError};
 use crate::rpc::{Appended, Produce, ProduceItem};
 use crate::topic_config::validate_topic_name;
+use sluice_storage::codec::Codec;
 use sluice_storage::message_set::{self, MessageSetError};
+use sluice_storage::{batch, BatchHeader};
 
 fn partition_response(
     version: i16,
@@ -203,6 +207,12 @@ fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
         ));
     }
     if !message_set {
+        if version < 7 && has_zstd(&records) {
+            return Err(ApiError::with(
+                ResponseError::UnsupportedCompressionType,
+                format!("Produce requests with version {version} are not allowed to use ZStandard compression (v7 and later are)"),
+            ));
+        }
         return Ok(records);
     }
     message_set::up_convert(&records)
@@ -214,6 +224,18 @@ fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
             };
             ApiError::with(code, e.to_string())
         })
+}
+
+/// True if a batch of `records` (concatenated v2 batches) is zstd-compressed.
+fn has_zstd(records: &[u8]) -> bool {
+    let mut rest = records;
+    while let Some(total) = batch::peek_total_bytes(rest) {
+        if BatchHeader::parse(rest).is_ok_and(|h| h.compression() == i16::from(Codec::Zstd.id())) {
+            return true;
+        }
+        rest = rest.get(total..).unwrap_or_default();
+    }
+    false
 }
 
 fn reject_all(version: i16, req: &ProduceRequest, e: ApiError) -> ProduceResponse {

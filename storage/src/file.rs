@@ -537,7 +537,12 @@ impl AppendFile {
             Ok(()) => {
                 let mark = self.sim.as_ref().map(simdisk::sync_mark);
                 let res = match self.injected(FaultOp::Sync).await {
-                    Ok(()) => self.file.fdatasync().await.map_err(Into::into),
+                    Ok(()) => {
+                        let started = std::time::Instant::now();
+                        let r = self.file.fdatasync().await.map_err(Into::into);
+                        crate::stats::FSYNC.record(started.elapsed());
+                        r
+                    }
                     Err(e) => Err(e),
                 };
                 self.sim_end(&res, |h| simdisk::synced(h, mark.unwrap_or(0)));

@@ -32,6 +32,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod codec;
 pub mod compact;
 pub mod fault;
 pub mod file;
@@ -43,6 +44,7 @@ pub mod probe;
 pub mod producer;
 pub mod segment;
 pub mod simdisk;
+pub mod stats;
 
 use std::path::Path;
 

@@ -21,10 +21,12 @@
 //! The magic byte sits at offset 16, as in a v2 batch ([`magic_of`] tells them apart).
 //! A compressed message set is one wrapper message whose value holds the compressed
 //! inner messages (magic 1: inner offsets relative, a LogAppendTime wrapper's timestamp
-//! stands for all of them). Of the codecs only gzip (1) is here (flate2, pure Rust):
-//! gzip wrappers are up-converted and gzip v2 batches down-converted, both to
-//! uncompressed data (Kafka would keep gzip; the records are the same); snappy, lz4 and
-//! zstd are refused ([`MessageSetError::Compressed`]). Decompressed data is bounded by
+//! stands for all of them). gzip, snappy and lz4 wrappers are opened ([`crate::codec`];
+//! magic-0 LZ4 with Kafka's old frame checksum) and the v2 batch is compressed with the
+//! wrapper's codec again, as Kafka keeps the producer's codec; zstd, which Kafka allows
+//! only in v2 batches, is refused ([`MessageSetError::Compressed`]). v2 batches are
+//! down-converted to uncompressed messages (Kafka would compress them again; the records
+//! are the same); zstd batches are refused there too. Decompressed data is bounded by
 //! [`DECOMPRESSED_BYTES_MAX`].
 //!
 //! ## Conversion rules (Kafka's)
@@ -42,6 +44,7 @@
 use bytes::BufMut;
 
 use crate::batch::{self, get_varint, put_varint, BatchHeader};
+use crate::codec::{self, Codec, Lz4Framing};
 
 /// Bytes before a message's CRC: offset and size.
 const MESSAGE_OVERHEAD: usize = 12;
@@ -57,10 +60,7 @@ const _: () = assert!(
     "magic sits at byte 16 in every format"
 );
 
-/// The compression codec this module can undo: gzip.
-const CODEC_GZIP: u8 = 1;
-/// The most bytes one compressed wrapper or batch may inflate to: a bomb stops here.
-pub const DECOMPRESSED_BYTES_MAX: usize = 64 << 20;
+pub use crate::codec::DECOMPRESSED_BYTES_MAX;
 
 /// Why a message set was refused (Kafka: CORRUPT_MESSAGE, or
 /// UNSUPPORTED_COMPRESSION_TYPE for [`MessageSetError::Compressed`]).
@@ -82,32 +82,30 @@ pub enum MessageSetError {
     },
     #[error("message at byte {at} has a size its fields do not fill")]
     BadSize { at: usize },
-    #[error("compressed data (codec {0}) cannot be converted: no compression codecs here")]
+    /// zstd (Kafka allows it only in v2 batches) or a codec Kafka does not define.
+    #[error("compression codec {0} is not allowed in message formats v0 and v1")]
     Compressed(u8),
     #[error("v2 batch at byte {at} does not parse")]
     BadBatch { at: usize },
-    #[error("gzip data does not inflate: {0}")]
+    #[error("{0}")]
     Inflate(String),
 }
 
-/// Inflates gzip data (codec 1), at most [`DECOMPRESSED_BYTES_MAX`] bytes of it; any
-/// other codec is refused.
-fn decompress(codec: u8, data: &[u8]) -> Result<Vec<u8>, MessageSetError> {
-    use std::io::Read;
-    if codec != CODEC_GZIP {
-        return Err(MessageSetError::Compressed(codec));
+/// Undoes codec `codec` of a wrapper message of `magic` (or a v2 batch read for an old
+/// fetcher, `magic` 1): gzip, snappy and lz4 (with Kafka's magic-0 LZ4 framing); zstd,
+/// which Kafka allows only in v2 batches, and unknown codecs are refused.
+fn decompress(codec: u8, data: &[u8], magic: i8) -> Result<Vec<u8>, MessageSetError> {
+    let framing = if magic == 0 {
+        Lz4Framing::LegacyMagic0
+    } else {
+        Lz4Framing::Standard
+    };
+    match Codec::from_id(codec) {
+        Some(c @ (Codec::Gzip | Codec::Snappy | Codec::Lz4)) => {
+            codec::decompress(c, data, framing).map_err(|e| MessageSetError::Inflate(e.to_string()))
+        }
+        _ => Err(MessageSetError::Compressed(codec)),
     }
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(data)
-        .take(DECOMPRESSED_BYTES_MAX as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| MessageSetError::Inflate(e.to_string()))?;
-    if out.len() > DECOMPRESSED_BYTES_MAX {
-        return Err(MessageSetError::Inflate(format!(
-            "more than {DECOMPRESSED_BYTES_MAX} bytes"
-        )));
-    }
-    Ok(out)
 }
 
 /// The record format of the data at `records[0]`: the magic byte at offset 16 (0 or 1:
@@ -323,7 +321,7 @@ pub fn up_convert(set: &[u8]) -> Result<Vec<u8>, MessageSetError> {
     let inflated = raw
         .iter()
         .filter(|(_, codec)| *codec != 0)
-        .map(|(m, codec)| decompress(*codec, m.value.unwrap_or_default()))
+        .map(|(m, codec)| decompress(*codec, m.value.unwrap_or_default(), m.magic))
         .collect::<Result<Vec<_>, _>>()?;
     let messages = flatten(&raw, &inflated)?;
     if messages.is_empty() {
@@ -377,7 +375,15 @@ pub fn up_convert(set: &[u8]) -> Result<Vec<u8>, MessageSetError> {
         batch::validate(&out, true).is_ok(),
         "an up-converted batch validates"
     );
-    Ok(out)
+    // Kafka keeps the producer's codec: the batch is compressed as its wrapper was.
+    match raw.iter().map(|(_, c)| *c).find(|c| *c != 0) {
+        None => Ok(out),
+        Some(c) => {
+            let c = Codec::from_id(c).expect("decompressed above, so a known codec");
+            codec::recompress_batch(&out, c, codec::Levels::default())
+                .map_err(|e| MessageSetError::Inflate(e.to_string()))
+        }
+    }
 }
 
 /// The v2 batches in `batches` (complete ones; a trailing partial batch is ignored, as
@@ -406,7 +412,7 @@ pub fn down_convert(
         let inflated;
         let mut recs = &b[batch::HEADER_BYTES..];
         if h.compression() != 0 {
-            inflated = decompress(h.compression() as u8, recs)?;
+            inflated = decompress(h.compression() as u8, recs, 1)?;
             recs = &inflated;
         }
         let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
@@ -651,10 +657,14 @@ mod tests {
             Err(MessageSetError::CrcMismatch { .. })
         ));
         let mut compressed = set(&[msg(1, Some(1), None, b"x")]);
-        compressed[17] = 2; // snappy
+        compressed[17] = 4; // zstd: v2 batches only
         let crc = crc32(&compressed[16..]);
         compressed[12..16].copy_from_slice(&crc.to_be_bytes());
-        assert_eq!(up_convert(&compressed), Err(MessageSetError::Compressed(2)));
+        assert_eq!(up_convert(&compressed), Err(MessageSetError::Compressed(4)));
+        compressed[17] = 5; // no such codec
+        let crc = crc32(&compressed[16..]);
+        compressed[12..16].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(up_convert(&compressed), Err(MessageSetError::Compressed(5)));
         let mut magic2 = set(&[msg(1, Some(1), None, b"x")]);
         magic2[16] = 2;
         let crc = crc32(&magic2[16..]);
@@ -663,14 +673,15 @@ mod tests {
             up_convert(&magic2),
             Err(MessageSetError::BadMagic { magic: 2, .. })
         ));
-        let snappy_batch = {
-            let mut b = batch::build::simple(1, 1, 3);
-            b[batch::OFF_ATTRIBUTES + 1] |= 2;
-            b
-        };
+        let zstd_batch = codec::recompress_batch(
+            &batch::build::simple(1, 1, 3),
+            Codec::Zstd,
+            codec::Levels::default(),
+        )
+        .unwrap();
         assert_eq!(
-            down_convert(&snappy_batch, 1, 0, usize::MAX),
-            Err(MessageSetError::Compressed(2))
+            down_convert(&zstd_batch, 1, 0, usize::MAX),
+            Err(MessageSetError::Compressed(4))
         );
         let mut bad_gzip = set(&[msg(1, Some(1), None, b"not gzip")]);
         bad_gzip[17] = 1;
@@ -682,18 +693,14 @@ mod tests {
         ));
     }
 
-    fn gzip(data: &[u8]) -> Vec<u8> {
-        use std::io::Write;
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        e.write_all(data).unwrap();
-        e.finish().unwrap()
-    }
-
     #[test]
-    fn gzip_wrappers_are_opened_on_up_conversion() {
+    fn compressed_wrappers_are_opened_on_up_conversion() {
         // Magic 1 wrapper: inner offsets relative; a LogAppendTime wrapper's timestamp
         // stands for its messages, a CreateTime one leaves theirs.
-        for (wrapper_log_append, want_ts) in [(false, [10, 20]), (true, [99, 99])] {
+        let cases = [Codec::Gzip, Codec::Snappy, Codec::Lz4]
+            .into_iter()
+            .flat_map(|c| [(c, false, [10, 20]), (c, true, [99, 99])]);
+        for (c, wrapper_log_append, want_ts) in cases {
             let inner = set(&[
                 Message {
                     offset: 0,
@@ -704,21 +711,23 @@ mod tests {
                     ..msg(1, Some(20), None, b"two")
                 },
             ]);
-            let compressed = gzip(&inner);
+            let compressed = codec::compress(c, &inner, codec::Levels::default());
             let mut wrapper = set(&[Message {
                 offset: 1,
                 log_append_time: wrapper_log_append,
                 value: Some(&compressed),
                 ..msg(1, Some(99), None, b"")
             }]);
-            wrapper[17] |= CODEC_GZIP;
+            wrapper[17] |= c.id();
             let crc = crc32(&wrapper[16..]);
             wrapper[12..16].copy_from_slice(&crc.to_be_bytes());
             let plain = set(&[msg(1, Some(30), None, b"plain")]);
             let b = up_convert(&[wrapper, plain].concat()).unwrap();
             let h = batch::validate(&b, true).unwrap();
-            assert_eq!((h.record_count, h.compression()), (3, 0));
-            let ts: Vec<i64> = batch::record_timestamps(&b)
+            assert_eq!((h.record_count, h.compression()), (3, c.id() as i16));
+            let plain_batch =
+                codec::recompress_batch(&b, Codec::None, codec::Levels::default()).unwrap();
+            let ts: Vec<i64> = batch::record_timestamps(&plain_batch)
                 .unwrap()
                 .into_iter()
                 .map(|(_, t)| t)
@@ -732,23 +741,41 @@ mod tests {
     }
 
     #[test]
-    fn gzip_batches_are_down_converted() {
+    fn a_magic_0_lz4_wrapper_with_kafkas_old_checksum_is_read() {
+        let inner = set(&[msg(0, None, None, b"zero")]);
+        let mut compressed = codec::compress(Codec::Lz4, &inner, codec::Levels::default());
+        // Kafka before 0.10 checksummed the magic number with the descriptor.
+        let hc = (twox_hash::XxHash32::oneshot(0, &compressed[..6]) >> 8) as u8;
+        compressed[6] = hc;
+        for (magic, ok) in [(0, true), (1, false)] {
+            let mut wrapper = set(&[Message {
+                value: Some(&compressed),
+                ..msg(magic, (magic == 1).then_some(5), None, b"")
+            }]);
+            wrapper[17] |= Codec::Lz4.id();
+            let crc = crc32(&wrapper[16..]);
+            wrapper[12..16].copy_from_slice(&crc.to_be_bytes());
+            assert_eq!(up_convert(&wrapper).is_ok(), ok, "magic {magic}");
+        }
+    }
+
+    #[test]
+    fn compressed_batches_are_down_converted_but_zstd_is_refused() {
         let plain = batch::build::batch(500, &[(Some(&b"k"[..]), &b"v0"[..]), (None, &b"v1"[..])]);
-        let mut gz = plain[..batch::HEADER_BYTES].to_vec();
-        gz.extend_from_slice(&gzip(&plain[batch::HEADER_BYTES..]));
-        let len = (gz.len() - batch::LOG_OVERHEAD) as i32;
-        gz[8..12].copy_from_slice(&len.to_be_bytes());
-        gz[batch::OFF_ATTRIBUTES + 1] |= CODEC_GZIP;
-        let crc = crc32c::crc32c(&gz[batch::OFF_ATTRIBUTES..]);
-        gz[batch::OFF_ATTRIBUTES - 4..batch::OFF_ATTRIBUTES].copy_from_slice(&crc.to_be_bytes());
-        batch::validate(&gz, true).unwrap();
-        batch::assign(&mut gz, 7, 0, None);
-        let converted = down_convert(&gz, 1, 8, usize::MAX).unwrap();
-        let got = parse(&converted)
-            .unwrap()
-            .into_iter()
-            .map(|m| (m.offset, m.timestamp, m.value.unwrap().to_vec()))
-            .collect::<Vec<_>>();
-        assert_eq!(got, vec![(8, Some(501), b"v1".to_vec())]);
+        for c in [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let mut b = codec::recompress_batch(&plain, c, codec::Levels::default()).unwrap();
+            batch::assign(&mut b, 7, 0, None);
+            let converted = down_convert(&b, 1, 8, usize::MAX);
+            if c == Codec::Zstd {
+                assert_eq!(converted, Err(MessageSetError::Compressed(4)));
+                continue;
+            }
+            let got = parse(&converted.unwrap())
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.offset, m.timestamp, m.value.unwrap().to_vec()))
+                .collect::<Vec<_>>();
+            assert_eq!(got, vec![(8, Some(501), b"v1".to_vec())], "{c:?}");
+        }
     }
 }

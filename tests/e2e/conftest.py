@@ -113,10 +113,20 @@ class Broker:
     test ended it, so `problems()` can tell an expected exit from a death."""
 
     def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=(),
-                 nofile=None):
+                 metrics_port=None, nofile=None):
         self.data_dir = str(data_dir)
         self.nofile = nofile  # the process's open-file limit (soft and hard), if set
         self.port = port or free_port()
+        # An explicit metrics port of its own (the default, Kafka port + 552, could be
+        # another test's); a test that passes --metrics-listen in `extra` decides itself,
+        # and metrics_port="default" passes no flag (the broker's default address).
+        self.metrics_flag = "--metrics-listen" not in extra and metrics_port != "default"
+        if "--metrics-listen" in extra:
+            self.metrics_port = None
+        elif metrics_port == "default":
+            self.metrics_port = self.port + 552
+        else:
+            self.metrics_port = metrics_port or free_port()
         self.cores = cores
         self.extra = list(extra)
         self.env = env or {}
@@ -128,6 +138,12 @@ class Broker:
     @property
     def addr(self):
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self):
+        """Base URL of the HTTP endpoint (/metrics, /health, /ready, ...)."""
+        assert self.metrics_port is not None, "this broker was started with its own --metrics-listen"
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def start(self):
         self.spawn()
@@ -145,7 +161,7 @@ class Broker:
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
-             "--cores", str(self.cores), *self.extra],
+             "--cores", str(self.cores), *self.metrics_flags(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits)
         self.runs.append([self.proc, None])
         return self
@@ -154,6 +170,11 @@ class Broker:
         if self.nofile is not None:
             import resource
             resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    def metrics_flags(self):
+        if not self.metrics_flag:
+            return []
+        return ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
 
     def wait_ready(self, timeout=30):
         """Returns once the Kafka port accepts connections; fails if the process exits."""

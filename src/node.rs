@@ -65,6 +65,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     );
     let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
     let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
+    let lag = crate::lag::install(&config, &registry)?;
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
@@ -72,18 +73,22 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         MeshBuilders::new(config.cores, MeshLimits::default());
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
-    let shards = (0..config.cores)
-        .map(|i| {
-            let (cfg, builders, stop, ready, registry) = (
-                config.clone(),
-                builders.clone(),
-                stop.clone(),
-                ready.clone(),
-                registry.clone(),
-            );
-            move || async move { run_shard(ShardId(i), cfg, builders, stop, ready, registry).await }
-        })
-        .collect();
+    let shards =
+        (0..config.cores)
+            .map(|i| {
+                let (cfg, builders, stop, ready, registry, lag) = (
+                    config.clone(),
+                    builders.clone(),
+                    stop.clone(),
+                    ready.clone(),
+                    registry.clone(),
+                    lag.clone(),
+                );
+                move || async move {
+                    run_shard(ShardId(i), cfg, builders, stop, ready, registry, lag).await
+                }
+            })
+            .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
     let mut failed = Vec::new();
     for (i, r) in results.into_iter().enumerate() {
@@ -108,6 +113,7 @@ async fn run_shard(
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
     registry: Arc<crate::metrics::Registry>,
+    lag: Arc<crate::lag::LagBoard>,
 ) -> Result<(), String> {
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(
@@ -154,10 +160,12 @@ async fn run_shard(
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
     broker.subscribe(Rc::new(crate::fetcher::Replication));
+    let groups = GroupShell::start(&broker);
+    crate::group::lag::start(&broker, &groups, lag);
     let server = Rc::new(ShardServer {
         broker: broker.clone(),
         controller,
-        groups: GroupShell::start(&broker),
+        groups,
         txns: crate::txn::TxnShell::start(&broker),
     });
     mesh.serve(

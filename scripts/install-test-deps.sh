@@ -9,6 +9,8 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # (the test starts its own ZooKeeper server on a free port).
 command -v Burrow >/dev/null 2>&1 || need_apt+=(burrow)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+# tests/e2e/test_lag.py: a real Alertmanager receives the lag alerts.
+command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

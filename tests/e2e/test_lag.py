@@ -347,3 +347,51 @@ def test_stall_same_offset_committed_while_behind(lag_broker):
         c.close()
     assert j["status"]["partitions"][0]["current_lag"] == 15
     assert j["status"]["status"] == "ERR"
+
+
+def test_cluster_coordinator_reports_lag_of_partitions_led_elsewhere(tmp_path):
+    """3 brokers, a topic whose partitions are led by different brokers: the group's
+    coordinator alone answers for it, with the exact lag of every partition (the
+    high watermarks of partitions it does not lead come from their leaders over the
+    Kafka protocol); `sluice lag` asking every broker shows the group once."""
+    from cluster import Cluster
+    c = Cluster(tmp_path, n=3, extra=("--lag-sample-interval-ms", "200")).start()
+    try:
+        topic, group = f"spread-{uuid.uuid4().hex[:6]}", f"cg-{uuid.uuid4().hex[:6]}"
+        c.create_topic(topic, partitions=3, rf=1)
+        produce(c.bootstrap, topic, PER_PARTITION, 3)
+        commit(c.bootstrap, group, topic, COMMITTED)
+        want = {p: PER_PARTITION - COMMITTED[p] for p in range(3)}
+
+        def coordinator():
+            found = [i for i in c.ids if group_json(c.brokers[i], group)[0] == 200]
+            return found[0] if len(found) == 1 else None
+        coord = wait_until(coordinator, timeout=30, what="one broker answering for the group")
+        leaders = {p: c.leader_of(topic, p) for p in range(3)}
+        assert any(l != coord for l in leaders.values()), leaders
+
+        def exact():
+            j = group_json(c.brokers[coord], group)[1]
+            got = {p["partition"]: p["current_lag"] for p in j["status"]["partitions"]}
+            return j if got == want else None
+        j = wait_until(exact, timeout=30, what="exact lag on the coordinator")
+        for p in j["status"]["partitions"]:
+            assert p["high_watermark"] == PER_PARTITION
+            assert p["lag_seconds"] > 0
+        s = scrape(c.brokers[coord])
+        for p in range(3):
+            assert lag_of(s, "sluice_consumer_group_lag_records", group, topic, p) == want[p]
+        for i in c.ids:
+            if i != coord:
+                status, body = group_json(c.brokers[i], group)
+                assert status == 404 and body["error"] is True
+
+        metrics = ",".join(f"127.0.0.1:{c.brokers[i].metrics_port}" for i in c.ids)
+        out = subprocess.run([SLUICE_BIN, "lag", "--bootstrap", c.bootstrap.split(",")[0],
+                              "--metrics", metrics],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        rows = [l.split() for l in out.stdout.splitlines() if l.startswith(group)]
+        assert sorted((int(r[2]), int(r[5])) for r in rows) == sorted(want.items()), out.stdout
+    finally:
+        c.stop()

@@ -294,7 +294,10 @@ fn fs_type(dir: &Path) -> String {
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return "?".into();
     }
-    match st.f_type as i64 {
+    // f_type is an i64 on x86_64 and narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    match magic {
         0xEF53 => "ext4".into(),
         0x5846_5342 => "xfs".into(),
         0x9123_683E => "btrfs".into(),

@@ -162,11 +162,12 @@ async fn run_shard(
     broker.subscribe(Rc::new(crate::fetcher::Replication));
     let groups = GroupShell::start(&broker);
     crate::group::lag::start(&broker, &groups, lag);
+    let txns = crate::txn::TxnShell::start(&broker);
     let server = Rc::new(ShardServer {
         broker: broker.clone(),
         controller,
         groups,
-        txns: crate::txn::TxnShell::start(&broker),
+        txns: txns.clone(),
     });
     mesh.serve(
         receivers,
@@ -183,6 +184,7 @@ async fn run_shard(
     let listening = Rc::new(std::cell::Cell::new(false));
     glommio::spawn_local(metrics_publisher(
         Rc::downgrade(&broker),
+        Rc::downgrade(&txns),
         quorum.clone(),
         listening.clone(),
     ))
@@ -254,12 +256,15 @@ async fn offline_tender(broker: std::rc::Weak<Broker>) {
 /// once a `SNAPSHOT_INTERVAL`. Shard 0 adds the broker-wide facts.
 async fn metrics_publisher(
     broker: std::rc::Weak<Broker>,
+    txns: std::rc::Weak<crate::txn::TxnShell>,
     quorum: Option<Rc<QuorumNode>>,
     listening: Rc<std::cell::Cell<bool>>,
 ) {
     loop {
         {
-            let Some(b) = broker.upgrade() else { return };
+            let (Some(b), Some(txns)) = (broker.upgrade(), txns.upgrade()) else {
+                return;
+            };
             let image = b.image();
             let serving = listening.get() && image.complete_for(b.config.node_id);
             b.metrics.set_serving(b.shard.0, serving);
@@ -287,6 +292,7 @@ async fn metrics_publisher(
                     producer_ids,
                     disk_appends_refused: b.disk.refused(),
                     disk_low: b.disk.low(),
+                    open_transactions: txns.open_transactions(),
                     node,
                 },
             );

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, MetricsListen};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -81,6 +81,19 @@ pub fn run(config: &BrokerConfig) -> Vec<Finding> {
     out.push(check_port("kafka port", config.listen, "--listen"));
     if let Some(c) = config.controller_listen {
         out.push(check_port("controller port", c, "--controller-listen"));
+    }
+    match config.metrics_listen {
+        MetricsListen::Off => {}
+        MetricsListen::Explicit(a) => out.push(check_port("metrics port", a, "--metrics-listen")),
+        // The default address: in use, the broker runs without metrics (a warning).
+        MetricsListen::Default(a) => {
+            let mut f = check_port("metrics port", a, "--metrics-listen");
+            if f.level == Level::Fail {
+                f.level = Level::Warn;
+                f.detail.push_str(" (the broker would run without metrics)");
+            }
+            out.push(f);
+        }
     }
     out
 }

@@ -292,6 +292,9 @@ pub struct BrokerConfig {
     pub advertised_port: i32,
     /// broker.rack
     pub rack: Option<String>,
+    /// The settings given by flag or config file (the others are defaults): Kafka's
+    /// STATIC_BROKER_CONFIG source in DescribeConfigs.
+    pub given: Vec<&'static str>,
     /// Consumers in a follower's rack are told to fetch from it (KIP-392).
     pub rack_aware_fetch: bool,
     pub data_dir: PathBuf,
@@ -376,6 +379,7 @@ impl BrokerConfig {
     /// Applies the defaults to `settings` (the flags `.or(` the file `)`) and validates
     /// the result; errors name the flag.
     pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, String> {
+        let settings_given = settings.given();
         let s = settings.with_defaults();
         check_group_settings(&s)?;
         let (controller_listen, controller_quorum) = check_cluster_settings(&s)?;
@@ -455,6 +459,7 @@ impl BrokerConfig {
             advertised_host: host,
             advertised_port: i32::from(port),
             rack: s.rack,
+            given: settings_given,
             rack_aware_fetch,
             data_dir: s.data_dir,
             cores,

@@ -20,9 +20,10 @@
 //! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules`, `host` —
 //!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
 //!    the metadata image; the machine (resource limits, systemd notification, port wait).
-//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics` — the typed cross-shard calls
-//!    and their messages; a partition's replica state; the raft quorum's I/O shell; the
-//!    data directory's free-space watch; the metrics registry and its HTTP endpoint.
+//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics`, `broker_configs` — the typed
+//!    cross-shard calls and their messages; a partition's replica state; the raft
+//!    quorum's I/O shell; the data directory's free-space watch; the metrics registry
+//!    and its HTTP endpoint; broker configs by Kafka's names and the dynamic ones.
 //! 3. `broker`, `lag` — the shard context and partition host: logs, replicas, image,
 //!    mesh, partition work on a partition's home shard; the consumer-lag board (its
 //!    metrics, `/v1/groups` routes and alert sinks).
@@ -37,6 +38,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod broker_configs;
 pub mod check;
 pub mod cluster_cli;
 pub mod config;

@@ -40,9 +40,10 @@ def http_get(url, timeout=5):
 
 
 class Webhook:
-    """An HTTP server on a free port that keeps every JSON body POSTed to it."""
+    """An HTTP server (on a free port, or `port`) that keeps every JSON body POSTed to
+    it."""
 
-    def __init__(self):
+    def __init__(self, port=0):
         self.bodies = []
         self.lock = threading.Lock()
         hook = self
@@ -59,7 +60,7 @@ class Webhook:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -395,3 +396,30 @@ def test_cluster_coordinator_reports_lag_of_partitions_led_elsewhere(tmp_path):
         assert sorted((int(r[2]), int(r[5])) for r in rows) == sorted(want.items()), out.stdout
     finally:
         c.stop()
+
+
+def test_a_webhook_that_is_down_is_retried_until_it_answers(make_broker):
+    """The webhook's port refuses connections when the alert fires: the sink thread
+    retries with backoff, and once a receiver listens there the alert arrives. The
+    broker keeps serving meanwhile (produce and commit go on)."""
+    port = free_port()
+    b = make_broker(extra=["--lag-sample-interval-ms", "200", "--alert-lag-records", "0",
+                           "--alert-for-ms", "0", "--alert-repeat-ms", "600000",
+                           "--alert-webhook", f"http://127.0.0.1:{port}/alerts"])
+    topic, group = f"down-{uuid.uuid4().hex[:6]}", f"d-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 1)
+    produce(b.addr, topic, 10, 1)
+    commit(b.addr, group, topic, {0: 3})
+
+    def failed_attempts():
+        return b.read_log().count("alert sink unreachable")
+    wait_until(failed_attempts, timeout=30, what="a refused delivery attempt")
+    produce(b.addr, topic, 10, 1)  # the broker serves while the sink is down
+    # Now a receiver listens on the webhook's port: a retry delivers the alert.
+    hook = Webhook(port)
+    try:
+        m = wait_until(lambda: hook.messages(group, "firing"), timeout=40, what="retried alert")
+        assert m[0]["alerts"][0]["labels"]["topic"] == topic
+        assert int(m[0]["alerts"][0]["annotations"]["lag_records"]) == 7
+    finally:
+        hook.close()

@@ -10,6 +10,7 @@
 //! host it advertises) unless `--metrics HOST:PORT[,HOST:PORT...]` lists them.
 
 use std::collections::BTreeSet;
+use std::io::Write as _;
 use std::time::Duration;
 
 use kafka_protocol::messages::{FindCoordinatorRequest, MetadataRequest};
@@ -66,16 +67,27 @@ pub fn run(a: &LagArgs) -> Res<()> {
     loop {
         let (rows, problems) = collect(&agent, a)?;
         let table = render(&rows, a.group.as_deref());
+        let mut page = String::new();
         if a.watch {
             // Clear the screen and go home, then draw.
-            print!("\x1b[2J\x1b[H");
-            println!(
-                "sluice lag  every {}s  {}",
+            page.push_str("\x1b[2J\x1b[H");
+            page.push_str(&format!(
+                "sluice lag  every {}s  {}\n",
                 a.interval,
                 crate::lag::rfc3339(crate::util::now_ms())
-            );
+            ));
         }
-        print!("{table}");
+        page.push_str(&table);
+        // A closed pipe (`sluice lag --watch | head`) ends the command quietly.
+        let mut out = std::io::stdout().lock();
+        if out
+            .write_all(page.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+        drop(out);
         for p in &problems {
             eprintln!("sluice lag: {p}");
         }

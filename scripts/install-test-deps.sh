@@ -9,13 +9,20 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # (the test starts its own ZooKeeper server on a free port).
 command -v Burrow >/dev/null 2>&1 || need_apt+=(burrow)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+# tests/e2e/test_lag.py: a real Alertmanager receives the lag alerts.
+command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
+# tests/e2e/test_go_clients.py: a Go program built in GOPATH mode from Debian's
+# sarama and kafka-go sources (/usr/share/gocode).
+command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || need_apt+=(golang-github-shopify-sarama-dev)
+[ -d /usr/share/gocode/src/github.com/segmentio/kafka-go ] || need_apt+=(golang-github-segmentio-kafka-go-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client, snappy, lz4.frame' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

@@ -454,7 +454,11 @@ impl Broker {
         let Some(meta) = image.topics.get(topic) else {
             return 1;
         };
-        if meta.configs.contains_key("min.insync.replicas") {
+        let set = meta.configs.contains_key("min.insync.replicas")
+            || image
+                .dynamic_broker_config(self.config.node_id, "min.insync.replicas")
+                .is_some();
+        if set {
             return tc.min_insync_replicas.max(1) as usize;
         }
         meta.assignment(partition)
@@ -855,8 +859,12 @@ impl Broker {
             .partition(|name| image.topics.contains_key(name));
         self.delete_logs_of(&recreated).await;
         let mut configs = HashMap::with_capacity(image.topics.len());
+        let me = self.config.node_id;
         for (name, meta) in &image.topics {
-            let tc = match TopicConfig::parse(&meta.configs) {
+            // The topic's own configs over the dynamic broker defaults.
+            let effective =
+                crate::broker_configs::effective_topic_configs(&image, me, &meta.configs);
+            let tc = match TopicConfig::parse(&effective) {
                 Ok(tc) => tc,
                 Err(e) => {
                     tracing::error!(topic = %name, error = %e, "stored topic config does not parse; using defaults");
@@ -1070,7 +1078,12 @@ impl Broker {
             self.offline.borrow_mut().remove(key);
             return;
         }
-        let tc = TopicConfig::parse(&image.topics[name].configs)
+        let effective = crate::broker_configs::effective_topic_configs(
+            &image,
+            self.config.node_id,
+            &image.topics[name].configs,
+        );
+        let tc = TopicConfig::parse(&effective)
             .unwrap_or_else(|_| TopicConfig::parse(&BTreeMap::new()).expect("defaults parse"));
         let dir_name = format!("{name}-{p}");
         // Recovery only reads: first prove the directory takes a durable write again,

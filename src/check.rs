@@ -11,7 +11,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, MetricsListen};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -81,6 +81,19 @@ pub fn run(config: &BrokerConfig) -> Vec<Finding> {
     out.push(check_port("kafka port", config.listen, "--listen"));
     if let Some(c) = config.controller_listen {
         out.push(check_port("controller port", c, "--controller-listen"));
+    }
+    match config.metrics_listen {
+        MetricsListen::Off => {}
+        MetricsListen::Explicit(a) => out.push(check_port("metrics port", a, "--metrics-listen")),
+        // The default address: in use, the broker runs without metrics (a warning).
+        MetricsListen::Default(a) => {
+            let mut f = check_port("metrics port", a, "--metrics-listen");
+            if f.level == Level::Fail {
+                f.level = Level::Warn;
+                f.detail.push_str(" (the broker would run without metrics)");
+            }
+            out.push(f);
+        }
     }
     out
 }
@@ -294,7 +307,10 @@ fn fs_type(dir: &Path) -> String {
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return "?".into();
     }
-    match st.f_type as i64 {
+    // f_type is an i64 on x86_64 and narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    match magic {
         0xEF53 => "ext4".into(),
         0x5846_5342 => "xfs".into(),
         0x9123_683E => "btrfs".into(),

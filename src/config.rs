@@ -177,6 +177,30 @@ settings! {
     offsets_retention_minutes: i64 = 7 * 24 * 60;
     /// Longest transaction timeout a producer may ask for (transaction.max.timeout.ms).
     transaction_max_timeout_ms: i32 = 900_000;
+    /// How often each shard samples the consumer lag of the groups it coordinates (the
+    /// leaders' high watermarks and the records at the committed offsets).
+    lag_sample_interval_ms: u64 = 1_000;
+    /// Commits per partition in the lag evaluation's sliding window (Burrow's
+    /// `intervals`).
+    lag_window: usize = 10;
+    /// Alert when a group's lag on a topic exceeds this many records (a rule for every
+    /// group; `[[alert]]` tables in the config file add per-group rules) [default: none].
+    alert_lag_records: i64, example = 10_000;
+    /// Alert when a group's oldest unconsumed record on a topic is older than this many
+    /// seconds [default: none].
+    alert_lag_seconds: f64, example = 300.0;
+    /// Alert when a group's lag status on a topic is at least this: WARN, ERR, STOP,
+    /// STALL or REWIND [default: none].
+    alert_min_status: String, example = "ERR".into();
+    /// How long a breach must last before its alert fires.
+    alert_for_ms: u64 = 60_000;
+    /// How often a firing alert is sent again while the breach lasts.
+    alert_repeat_ms: u64 = 300_000;
+    /// POST lag alerts to this http:// URL as Alertmanager's webhook JSON [default: none].
+    alert_webhook: String, example = "http://127.0.0.1:5001/alerts".into();
+    /// POST lag alerts to this Alertmanager (http://HOST:PORT; its /api/v2/alerts)
+    /// [default: none].
+    alertmanager_url: String, example = "http://127.0.0.1:9093".into();
     /// How often storage runs its retention and compaction pass (Kafka's
     /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
     log_retention_check_interval_ms: u64 = 60_000;
@@ -249,7 +273,16 @@ impl Settings {
     pub fn load(path: &Path) -> Result<Settings, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
+        let parsed = match toml::from_str::<toml::Table>(&text) {
+            // `[[alert]]` tables are lag alert rules, read by
+            // `BrokerConfig::add_file_alert_rules`.
+            Ok(mut t) if t.contains_key("alert") => {
+                t.remove("alert");
+                toml::Value::Table(t).try_into()
+            }
+            _ => toml::from_str(&text),
+        };
+        parsed.map_err(|e| format!("parsing {}: {e}", path.display()))
     }
 }
 
@@ -263,6 +296,9 @@ pub struct BrokerConfig {
     pub advertised_port: i32,
     /// broker.rack
     pub rack: Option<String>,
+    /// The settings given by flag or config file (the others are defaults): Kafka's
+    /// STATIC_BROKER_CONFIG source in DescribeConfigs.
+    pub given: Vec<&'static str>,
     /// Consumers in a follower's rack are told to fetch from it (KIP-392).
     pub rack_aware_fetch: bool,
     pub data_dir: PathBuf,
@@ -280,6 +316,17 @@ pub struct BrokerConfig {
     pub offsets_retention_minutes: i64,
     /// transaction.max.timeout.ms
     pub transaction_max_timeout_ms: i32,
+    /// The lag sampler's period.
+    pub lag_sample_interval_ms: u64,
+    /// The lag evaluation's settings (window, Burrow's min-distance).
+    pub lag_eval: sluice_coordinator::lag::LagConfig,
+    /// Lag alert rules in order (the first matching a group applies): the config file's
+    /// `[[alert]]` tables, then the flags' rule for every group.
+    pub alert_rules: Vec<sluice_coordinator::alert::Rule>,
+    pub alert_for_ms: u64,
+    pub alert_repeat_ms: u64,
+    pub alert_webhook: Option<String>,
+    pub alertmanager_url: Option<String>,
     /// log.retention.check.interval.ms: the storage retention and compaction pass.
     pub log_retention_check_interval_ms: u64,
     /// The free-space minimum of the data directory: appends are refused below it.
@@ -338,6 +385,7 @@ impl BrokerConfig {
     /// Applies the defaults to `settings` (the flags `.or(` the file `)`) and validates
     /// the result; errors name the flag.
     pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, String> {
+        let settings_given = settings.given();
         let s = settings.with_defaults();
         check_group_settings(&s)?;
         let (controller_listen, controller_quorum) = check_cluster_settings(&s)?;
@@ -401,12 +449,23 @@ impl BrokerConfig {
                 s.disk_min_free_percent
             ));
         }
+        let alert_rules = flag_alert_rule(&s)?.into_iter().collect();
+        if s.lag_sample_interval_ms < 10 {
+            return Err("--lag-sample-interval-ms must be at least 10".into());
+        }
+        if !(1..=1000).contains(&s.lag_window) {
+            return Err(format!(
+                "--lag-window {}: must be between 1 and 1000",
+                s.lag_window
+            ));
+        }
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
             rack: s.rack,
+            given: settings_given,
             rack_aware_fetch,
             data_dir: s.data_dir,
             cores,
@@ -418,6 +477,16 @@ impl BrokerConfig {
             group_max_session_timeout_ms: s.group_max_session_timeout_ms,
             offsets_retention_minutes: s.offsets_retention_minutes,
             transaction_max_timeout_ms: s.transaction_max_timeout_ms,
+            lag_sample_interval_ms: s.lag_sample_interval_ms,
+            lag_eval: sluice_coordinator::lag::LagConfig {
+                window: s.lag_window,
+                ..Default::default()
+            },
+            alert_rules,
+            alert_for_ms: s.alert_for_ms,
+            alert_repeat_ms: s.alert_repeat_ms,
+            alert_webhook: s.alert_webhook.clone(),
+            alertmanager_url: s.alertmanager_url.clone(),
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
             disk_min_free: DiskMinimum {
                 bytes: s.disk_min_free_bytes,
@@ -432,6 +501,119 @@ impl BrokerConfig {
             replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
+    }
+}
+
+/// One `[[alert]]` table of the config file: a lag alert rule for the groups whose id
+/// matches `group` (a glob: `*`, `?`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlertRuleFile {
+    group: String,
+    lag_records: Option<i64>,
+    lag_seconds: Option<f64>,
+    min_status: Option<String>,
+    for_ms: Option<u64>,
+    repeat_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct AlertRulesFile {
+    #[serde(default)]
+    alert: Vec<AlertRuleFile>,
+}
+
+fn lag_status(s: &str, what: &str) -> Result<sluice_coordinator::lag::Status, String> {
+    sluice_coordinator::lag::Status::parse(s)
+        .ok_or_else(|| format!("{what} {s}: expected WARN, ERR, STOP, STALL or REWIND"))
+}
+
+fn alert_rule(
+    group: &str,
+    records: Option<i64>,
+    seconds: Option<f64>,
+    status: Option<&str>,
+    timing: (u64, u64),
+    what: &str,
+) -> Result<sluice_coordinator::alert::Rule, String> {
+    if records.is_none() && seconds.is_none() && status.is_none() {
+        return Err(format!(
+            "{what}: give at least one of lag_records, lag_seconds, min_status"
+        ));
+    }
+    if records.is_some_and(|n| n < 0) || seconds.is_some_and(|s| s.is_nan() || s < 0.0) {
+        return Err(format!("{what}: thresholds must be at least 0"));
+    }
+    let min_status = status.map(|s| lag_status(s, what)).transpose()?;
+    Ok(sluice_coordinator::alert::Rule {
+        group_glob: group.to_string(),
+        lag_records: records,
+        lag_seconds: seconds,
+        min_status,
+        for_ms: timing.0.min(i64::MAX as u64 / 2) as i64,
+        repeat_ms: timing.1.clamp(1, i64::MAX as u64 / 2) as i64,
+    })
+}
+
+/// The rule of --alert-lag-records/--alert-lag-seconds/--alert-min-status, for every
+/// group (`None` if none is given).
+fn flag_alert_rule(s: &Resolved) -> Result<Option<sluice_coordinator::alert::Rule>, String> {
+    if s.alert_lag_records.is_none()
+        && s.alert_lag_seconds.is_none()
+        && s.alert_min_status.is_none()
+    {
+        return Ok(None);
+    }
+    alert_rule(
+        "*",
+        s.alert_lag_records,
+        s.alert_lag_seconds,
+        s.alert_min_status.as_deref(),
+        (s.alert_for_ms, s.alert_repeat_ms),
+        "--alert-lag-records/--alert-lag-seconds/--alert-min-status",
+    )
+    .map(Some)
+}
+
+impl BrokerConfig {
+    /// Puts the config file's `[[alert]]` rules before the flags' rule (the first rule
+    /// matching a group applies). Unset `for_ms`/`repeat_ms` take the flags' values.
+    pub fn add_file_alert_rules(&mut self, path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let file: AlertRulesFile = toml::from_str::<toml::Table>(&text)
+            .and_then(|t| {
+                let alert = t.get("alert").cloned();
+                let mut only = toml::Table::new();
+                if let Some(a) = alert {
+                    only.insert("alert".into(), a);
+                }
+                toml::Value::Table(only).try_into()
+            })
+            .map_err(|e| format!("parsing [[alert]] of {}: {e}", path.display()))?;
+        let mut rules = Vec::new();
+        for (i, r) in file.alert.iter().enumerate() {
+            let what = format!(
+                "{} [[alert]] #{} (group {:?})",
+                path.display(),
+                i + 1,
+                r.group
+            );
+            rules.push(alert_rule(
+                &r.group,
+                r.lag_records,
+                r.lag_seconds,
+                r.min_status.as_deref(),
+                (
+                    r.for_ms.unwrap_or(self.alert_for_ms),
+                    r.repeat_ms.unwrap_or(self.alert_repeat_ms),
+                ),
+                &what,
+            )?);
+        }
+        rules.append(&mut self.alert_rules);
+        self.alert_rules = rules;
+        Ok(())
     }
 }
 
@@ -642,6 +824,15 @@ mod tests {
             "--group-max-session-timeout-ms=3",
             "--offsets-retention-minutes=4",
             "--transaction-max-timeout-ms=7",
+            "--lag-sample-interval-ms=100",
+            "--lag-window=5",
+            "--alert-lag-records=10",
+            "--alert-lag-seconds=2.5",
+            "--alert-min-status=WARN",
+            "--alert-for-ms=1",
+            "--alert-repeat-ms=2",
+            "--alert-webhook=http://h/",
+            "--alertmanager-url=http://am/",
             "--log-retention-check-interval-ms=5",
             "--disk-min-free-bytes=8",
             "--disk-min-free-percent=9",
@@ -670,8 +861,49 @@ mod tests {
             }
         );
         assert_eq!(c.fault_rules.as_deref(), Some(Path::new("f")));
-        assert_eq!((c.rack.as_deref(), c.rack_aware_fetch), (Some("zone-b"), false));
+        assert_eq!(
+            (c.rack.as_deref(), c.rack_aware_fetch),
+            (Some("zone-b"), false)
+        );
+        assert_eq!((c.lag_sample_interval_ms, c.lag_eval.window), (100, 5));
+        let rule = &c.alert_rules[0];
+        assert_eq!((rule.lag_records, rule.lag_seconds), (Some(10), Some(2.5)));
+        assert_eq!(
+            (rule.for_ms, rule.repeat_ms, rule.group_glob.as_str()),
+            (1, 2, "*")
+        );
         assert_eq!(s.given(), Settings::KEYS);
+    }
+
+    #[test]
+    fn alert_rules_come_from_flags_and_alert_tables_and_bad_ones_are_refused() {
+        let c = BrokerConfig::resolve(Settings::default(), 1).unwrap();
+        assert!(c.alert_rules.is_empty());
+        let bad = flags(&["--alert-min-status=SOMETIMES"]);
+        let e = BrokerConfig::resolve(bad, 1).unwrap_err();
+        assert!(e.contains("SOMETIMES"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let text = "node_id = 3\n[[alert]]\ngroup = \"pay-*\"\nlag_seconds = 60\n\n[[alert]]\ngroup = \"*\"\nmin_status = \"STALL\"\nrepeat_ms = 7\n";
+        std::fs::write(&path, text).unwrap();
+        let file = Settings::load(&path).unwrap();
+        assert_eq!(file.node_id, Some(3));
+        let mut c = BrokerConfig::resolve(flags(&["--alert-lag-records=1"]).or(file), 1).unwrap();
+        c.add_file_alert_rules(&path).unwrap();
+        let globs: Vec<_> = c
+            .alert_rules
+            .iter()
+            .map(|r| r.group_glob.as_str())
+            .collect();
+        assert_eq!(globs, ["pay-*", "*", "*"]);
+        assert_eq!(c.alert_rules[0].lag_seconds, Some(60.0));
+        assert_eq!(c.alert_rules[0].repeat_ms, 300_000);
+        assert_eq!(c.alert_rules[1].repeat_ms, 7);
+        std::fs::write(&path, "[[alert]]\ngroup = \"x\"\n").unwrap();
+        let e = c.add_file_alert_rules(&path).unwrap_err();
+        assert!(e.contains("at least one of"), "{e}");
+        std::fs::write(&path, "[[alert]]\ngroup = \"x\"\nlag_record = 5\n").unwrap();
+        assert!(c.add_file_alert_rules(&path).is_err());
     }
 
     #[test]

@@ -172,10 +172,19 @@ impl Controller {
         call: AlterConfigs,
     ) -> Vec<Result<(), ApiError>> {
         let _guard = self.admin_lock().await;
-        let plan = |state: &ClusterState, (topic, change): (String, ConfigChange)| {
-            alter(state, &topic, change)
+        let items = call
+            .items
+            .into_iter()
+            .map(|(topic, change)| (Ok(topic), change))
+            .chain(call.brokers.into_iter().map(|(id, c)| (Err(id), c)))
+            .collect();
+        let plan = |state: &ClusterState, (target, change): (Result<String, i32>, ConfigChange)| {
+            match target {
+                Ok(topic) => alter(state, &topic, change),
+                Err(scope) => alter_broker(state, &broker.config, scope, change),
+            }
         };
-        self.commit_each(broker, call.items, call.validate_only, plan)
+        self.commit_each(broker, items, call.validate_only, plan)
             .await
     }
 
@@ -436,6 +445,27 @@ fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Comm
     })
 }
 
+/// The command that changes the dynamic broker configs of `scope` (-1: cluster-wide),
+/// validated as a whole (see [`crate::broker_configs::check_dynamic`]).
+fn alter_broker(
+    state: &ClusterState,
+    config: &crate::config::BrokerConfig,
+    scope: i32,
+    change: ConfigChange,
+) -> Result<Command, ApiError> {
+    let current = state
+        .broker_configs
+        .get(&scope)
+        .cloned()
+        .unwrap_or_default();
+    let configs = match change {
+        ConfigChange::Incremental(ops) => apply_ops(current, ops)?,
+        ConfigChange::Replace(set) => set,
+    };
+    crate::broker_configs::check_dynamic(config, &configs)?;
+    Ok(Command::AlterBrokerConfigs { scope, configs })
+}
+
 /// IncrementalAlterConfigs' operations applied in order to an explicit config set.
 fn apply_ops(
     mut configs: BTreeMap<String, String>,
@@ -452,7 +482,7 @@ fn apply_ops(
                 configs.remove(&name);
             }
             // List-valued configs: only cleanup.policy among the ones Sluice knows.
-            OP_APPEND | OP_SUBTRACT if name == "cleanup.policy" => {
+            OP_APPEND | OP_SUBTRACT if name == "cleanup.policy" || name == "log.cleanup.policy" => {
                 let v = value.ok_or_else(|| bad(format!("Null value for config {name}")))?;
                 let current = configs
                     .get(&name)

@@ -20,22 +20,25 @@
 //! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules`, `host` —
 //!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
 //!    the metadata image; the machine (resource limits, systemd notification, port wait).
-//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics` — the typed cross-shard calls
-//!    and their messages; a partition's replica state; the raft quorum's I/O shell; the
-//!    data directory's free-space watch; the metrics registry and its HTTP endpoint.
-//! 3. `broker` — the shard context and partition host: logs, replicas, image, mesh,
-//!    partition work on a partition's home shard.
+//! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics`, `broker_configs` — the typed
+//!    cross-shard calls and their messages; a partition's replica state; the raft
+//!    quorum's I/O shell; the data directory's free-space watch; the metrics registry
+//!    and its HTTP endpoint; broker configs by Kafka's names and the dynamic ones.
+//! 3. `broker`, `lag` — the shard context and partition host: logs, replicas, image,
+//!    mesh, partition work on a partition's home shard; the consumer-lag board (its
+//!    metrics, `/v1/groups` routes and alert sinks).
 //! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
 //!    metadata controller (shard 0); the consumer-group shell; the transaction shell.
 //! 5. `dispatch` — the shard's server: owns the subsystems and answers every call.
 //! 6. `api` — one handler per Kafka API, and the API-version registry.
 //! 7. `server` — listener, connections, response ordering.
 //! 8. `node` — start-up: shards, quorum, subsystems, listeners.
-//! 9. `cluster_cli`, `group_cli`, `txn_cli`, `check` — the admin CLIs and the
+//! 9. `cluster_cli`, `group_cli`, `txn_cli`, `lag_cli`, `check` — the admin CLIs and the
 //!    preflight `sluice check` (they use only the base layer).
 
 pub mod api;
 pub mod broker;
+pub mod broker_configs;
 pub mod check;
 pub mod cluster_cli;
 pub mod config;
@@ -47,6 +50,8 @@ pub mod fetcher;
 pub mod group;
 pub mod group_cli;
 pub mod host;
+pub mod lag;
+pub mod lag_cli;
 pub mod metadata;
 pub mod metrics;
 pub mod node;

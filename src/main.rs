@@ -28,6 +28,9 @@ enum Command {
     Group(GroupArgs),
     /// Cluster: brokers, controller, partition leaders and ISRs (`describe`).
     Cluster(sluice::cluster_cli::ClusterArgs),
+    /// Consumer lag per group and partition (records, age, Burrow status, trend), worst
+    /// first, from the brokers' /v1/groups endpoints.
+    Lag(sluice::lag_cli::LagArgs),
     /// Transactions: list (state, partitions, timeout, age), describe one id.
     Txn(TxnArgs),
     /// Preflight before a first start: io_uring, O_DIRECT on the data directory, memlock
@@ -174,6 +177,13 @@ fn main() {
             }
             return;
         }
+        Command::Lag(l) => {
+            if let Err(e) = sluice::lag_cli::run(&l) {
+                eprintln!("sluice lag: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
         Command::Cluster(c) => {
             if let Err(e) = sluice::cluster_cli::run(c) {
                 eprintln!("sluice cluster: {e}");
@@ -200,7 +210,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         return Err(format!("--log-format {format}: expected text or json"));
     }
     init_logging(format);
-    let config = BrokerConfig::resolve(settings, sluice_shard::runtime::online_cpus().len())?;
+    let mut config = BrokerConfig::resolve(settings, sluice_shard::runtime::online_cpus().len())?;
+    if let Some(p) = &args.config {
+        config.add_file_alert_rules(p)?;
+    }
     sluice::host::raise_limits();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {

@@ -166,6 +166,8 @@ pub struct ShardSnapshot {
     pub disk_appends_refused: u64,
     /// This shard refuses appends (free space below the minimum).
     pub disk_low: bool,
+    /// Transactions open on this shard's transaction coordinator (`None`: loading).
+    pub open_transactions: Option<u64>,
     /// Shard 0 only: controller/disk facts (`None` elsewhere).
     pub node: Option<NodeSnapshot>,
 }
@@ -389,31 +391,32 @@ impl Registry {
                 );
             }
         }
-        let counters: [(&str, &str, &dyn Fn(&ShardMetrics) -> &AtomicU64); 4] = [
+        type Counter = fn(&ShardMetrics) -> &AtomicU64;
+        let counters: [(&str, &str, Counter); 4] = [
             (
                 "sluice_bytes_in_total",
                 "Bytes of Kafka request frames read.",
-                &|s| &s.bytes_in,
+                |s| &s.bytes_in,
             ),
             (
                 "sluice_bytes_out_total",
                 "Bytes of Kafka response frames written.",
-                &|s| &s.bytes_out,
+                |s| &s.bytes_out,
             ),
             (
                 "sluice_records_in_total",
                 "Records appended by client Produce requests (as leader).",
-                &|s| &s.records_in,
+                |s| &s.records_in,
             ),
             (
                 "sluice_records_out_total",
                 "Records returned by Fetch requests (consumers and follower replicas).",
-                &|s| &s.records_out,
+                |s| &s.records_out,
             ),
         ];
         for (name, help, f) in counters {
             out.family(name, help, Kind::Counter);
-            out.sample(name, &[], sum(f));
+            out.sample(name, &[], sum(&f));
         }
         let accepted = sum(&|s| &s.connections_accepted);
         let closed = sum(&|s| &s.connections_closed);
@@ -551,6 +554,19 @@ impl Registry {
             Kind::Gauge,
         );
         out.sample("sluice_producer_ids", &[], pids as f64);
+        // Only once every shard's coordinator has loaded: a partial sum would dip.
+        if let Some(txns) = snaps
+            .iter()
+            .map(|s| s.open_transactions)
+            .sum::<Option<u64>>()
+        {
+            out.family(
+                "sluice_ongoing_transactions",
+                "Transactions open (ongoing, or preparing to commit or abort) on the transaction coordinators of this broker.",
+                Kind::Gauge,
+            );
+            out.sample("sluice_ongoing_transactions", &[], txns as f64);
+        }
         let refused: u64 = snaps.iter().map(|s| s.disk_appends_refused).sum();
         out.family(
             "sluice_disk_appends_refused_total",

@@ -66,6 +66,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let limits = storage_limits(config.cores);
     let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
     let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
+    let lag = crate::lag::install(&config, &registry)?;
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
@@ -75,16 +76,17 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, stop, ready, limits, registry) = (
+            let (cfg, builders, stop, ready, limits, registry, lag) = (
                 config.clone(),
                 builders.clone(),
                 stop.clone(),
                 ready.clone(),
                 limits.clone(),
                 registry.clone(),
+                lag.clone(),
             );
             move || async move {
-                run_shard(ShardId(i), cfg, builders, limits, stop, ready, registry).await
+                run_shard(ShardId(i), cfg, builders, limits, stop, ready, registry, lag).await
             }
         })
         .collect();
@@ -147,6 +149,7 @@ async fn run_shard(
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
     registry: Arc<crate::metrics::Registry>,
+    lag: Arc<crate::lag::LagBoard>,
 ) -> Result<(), String> {
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
@@ -189,11 +192,14 @@ async fn run_shard(
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
     broker.subscribe(Rc::new(crate::fetcher::Replication));
+    let groups = GroupShell::start(&broker);
+    crate::group::lag::start(&broker, &groups, lag);
+    let txns = crate::txn::TxnShell::start(&broker);
     let server = Rc::new(ShardServer {
         broker: broker.clone(),
         controller,
-        groups: GroupShell::start(&broker),
-        txns: crate::txn::TxnShell::start(&broker),
+        groups,
+        txns: txns.clone(),
     });
     mesh.serve(
         receivers,
@@ -210,6 +216,7 @@ async fn run_shard(
     let listening = Rc::new(std::cell::Cell::new(false));
     glommio::spawn_local(metrics_publisher(
         Rc::downgrade(&broker),
+        Rc::downgrade(&txns),
         quorum.clone(),
         listening.clone(),
     ))
@@ -281,12 +288,15 @@ async fn offline_tender(broker: std::rc::Weak<Broker>) {
 /// once a `SNAPSHOT_INTERVAL`. Shard 0 adds the broker-wide facts.
 async fn metrics_publisher(
     broker: std::rc::Weak<Broker>,
+    txns: std::rc::Weak<crate::txn::TxnShell>,
     quorum: Option<Rc<QuorumNode>>,
     listening: Rc<std::cell::Cell<bool>>,
 ) {
     loop {
         {
-            let Some(b) = broker.upgrade() else { return };
+            let (Some(b), Some(txns)) = (broker.upgrade(), txns.upgrade()) else {
+                return;
+            };
             let image = b.image();
             let serving = listening.get() && image.complete_for(b.config.node_id);
             b.metrics.set_serving(b.shard.0, serving);
@@ -314,6 +324,7 @@ async fn metrics_publisher(
                     producer_ids,
                     disk_appends_refused: b.disk.refused(),
                     disk_low: b.disk.low(),
+                    open_transactions: txns.open_transactions(),
                     node,
                 },
             );

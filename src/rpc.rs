@@ -317,8 +317,12 @@ pub enum ConfigChange {
     Replace(BTreeMap<String, String>),
 }
 
+/// Config changes: topics' (`items`), then dynamic broker configs' (`brokers`, by scope:
+/// -1 for the cluster-wide defaults, else a broker id). One result per item, then one
+/// per broker change.
 pub struct AlterConfigs {
     pub items: Vec<(String, ConfigChange)>,
+    pub brokers: Vec<(i32, ConfigChange)>,
     pub validate_only: bool,
 }
 

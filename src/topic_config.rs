@@ -71,13 +71,11 @@ const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
     "leader.replication.throttled.replicas",
     "local.retention.bytes",
     "local.retention.ms",
-    "max.compaction.lag.ms",
     "message.format.version",
     "preallocate",
     "remote.log.copy.disable",
     "remote.log.delete.on.disable",
     "segment.index.bytes",
-    "segment.jitter.ms",
 ];
 
 fn invalid(name: &str, v: &str, why: &str) -> String {
@@ -303,6 +301,14 @@ impl TopicConfig {
                     }
                 }
                 "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
+                "max.compaction.lag.ms" => {
+                    check_inert(name, v)?;
+                    log.max_compaction_lag_ms = parse_i64(name, v)?;
+                }
+                "segment.jitter.ms" => {
+                    check_inert(name, v)?;
+                    log.segment_jitter_ms = parse_i64(name, v)?;
+                }
                 "min.cleanable.dirty.ratio" => {
                     let r: f64 = v.trim().parse().map_err(|_| {
                         format!("Invalid value {v} for configuration min.cleanable.dirty.ratio: not a number")
@@ -479,6 +485,10 @@ mod tests {
         assert_eq!(
             (c.timestamp_before_max_ms, c.timestamp_after_max_ms),
             (5000, 100)
+        );
+        assert_eq!(
+            (c.log.max_compaction_lag_ms, c.log.segment_jitter_ms),
+            (60000, 10)
         );
         let none = TopicConfig::parse(&BTreeMap::new()).unwrap();
         assert_eq!(none.timestamp_before_max_ms, i64::MAX);

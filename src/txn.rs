@@ -26,8 +26,8 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
 use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
-    InitArgs, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token, TxnConfig,
-    TxnCoordinator, TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
+    InitArgs, ListFilter, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token,
+    TxnConfig, TxnCoordinator, TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
 };
 
 use crate::broker::{Broker, PartitionEvents};
@@ -106,6 +106,20 @@ pub struct TxnShell {
 }
 
 impl TxnShell {
+    /// Transactions open on this shard's coordinator partitions (ongoing, or preparing
+    /// to commit or abort), for the metrics endpoint; `None` while a partition loads.
+    pub fn open_transactions(&self) -> Option<u64> {
+        let f = ListFilter {
+            states: ["Ongoing", "PrepareCommit", "PrepareAbort"]
+                .map(String::from)
+                .to_vec(),
+            producer_ids: Vec::new(),
+            min_duration_ms: -1,
+        };
+        let listed = self.coord.borrow().list(now_ms(), &f).ok()?;
+        Some(listed.transactions.len() as u64)
+    }
+
     /// The shard's transaction shell: starts its ticker (it ends with the broker) and
     /// subscribes to leadership changes.
     pub fn start(broker: &Rc<Broker>) -> Rc<TxnShell> {

@@ -65,7 +65,8 @@ pub struct Notice {
     pub lag_records: i64,
     pub lag_seconds: f64,
     pub status: Status,
-    /// `critical` for ERR and worse, else `warning`.
+    /// `critical` if the status was ERR or worse when the alert first fired, else
+    /// `warning` (it stays the same until the alert resolves).
     pub severity: &'static str,
     /// The rule's glob, for the annotations.
     pub rule: String,
@@ -78,6 +79,9 @@ struct Breach {
     sent_ms: Option<i64>,
     last: Observation,
     rule: String,
+    /// Fixed when it first fires, so that its repeats and its resolution carry the same
+    /// labels (a sink identifies an alert by them).
+    severity: &'static str,
 }
 
 /// Breaches per (group, topic).
@@ -158,6 +162,7 @@ impl Alerts {
             sent_ms: None,
             last: o.clone(),
             rule: rule.group_glob.clone(),
+            severity: severity(o.status),
         });
         b.last = o.clone();
         b.rule = rule.group_glob.clone();
@@ -166,6 +171,9 @@ impl Alerts {
             Some(sent) => now_ms - sent >= rule.repeat_ms,
         };
         if due {
+            if b.sent_ms.is_none() {
+                b.severity = severity(o.status);
+            }
             b.sent_ms = Some(now_ms);
             out.push(notice(NoticeKind::Firing, b, None));
         }
@@ -209,7 +217,7 @@ fn notice(kind: NoticeKind, b: &Breach, ends_at_ms: Option<i64>) -> Notice {
         lag_records: b.last.lag_records,
         lag_seconds: b.last.lag_seconds,
         status: b.last.status,
-        severity: severity(b.last.status),
+        severity: b.severity,
         rule: b.rule.clone(),
     }
 }

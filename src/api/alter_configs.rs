@@ -8,11 +8,10 @@
 //! validates the new set exactly as for IncrementalAlterConfigs (unknown topic,
 //! INVALID_CONFIG) and honours `validate_only`.
 //!
-//! Brokers: the resource names this broker (or is empty: the cluster default). Every
-//! broker setting of Sluice is static (config file and flags), so a non-empty list is
-//! refused with INVALID_REQUEST, as Kafka refuses read-only configs; an empty list
-//! leaves the (empty) dynamic set as it is and succeeds. Judgment call: Kafka would
-//! accept its dynamic broker configs (`log.retention.ms`, ...); Sluice has none yet.
+//! Brokers: the resource names this broker (or is empty: the cluster-wide defaults);
+//! its list replaces that scope's dynamic broker configs (see
+//! [`crate::broker_configs`]), checked by the controller: a read-only config is
+//! INVALID_REQUEST, as Kafka refuses it, an unknown one or a bad value INVALID_CONFIG.
 
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
@@ -34,6 +33,9 @@ use crate::rpc::{AlterConfigs, ConfigChange};
 enum Plan {
     /// A topic's new explicit config set, for the controller.
     Topic(String, BTreeMap<String, String>),
+    /// The new dynamic broker config set of a scope (-1: cluster-wide), for the
+    /// controller.
+    Broker(i32, BTreeMap<String, String>),
     /// Answered here.
     Done(Result<(), ApiError>),
 }
@@ -89,24 +91,18 @@ fn plan_one(r: &AlterConfigsResource, node_id: i32) -> Result<Plan, ApiError> {
         RESOURCE_TOPIC => Ok(Plan::Topic(r.resource_name.to_string(), set)),
         RESOURCE_BROKER => {
             let name = r.resource_name.as_str();
-            if !name.is_empty() {
-                let id: i32 = name
-                    .parse()
-                    .map_err(|_| invalid(format!("Broker id must be an integer, got {name}")))?;
-                if id != node_id {
-                    return Err(invalid(format!(
-                        "This is broker {node_id}, not broker {name}"
-                    )));
-                }
+            if name.is_empty() {
+                return Ok(Plan::Broker(-1, set));
             }
-            if set.is_empty() {
-                return Ok(Plan::Done(Ok(())));
+            let id: i32 = name
+                .parse()
+                .map_err(|_| invalid(format!("Broker id must be an integer, got {name}")))?;
+            if id != node_id {
+                return Err(invalid(format!(
+                    "This is broker {node_id}, not broker {name}"
+                )));
             }
-            let names: Vec<&str> = set.keys().map(String::as_str).collect();
-            Err(invalid(format!(
-                "These configs cannot be changed while the broker runs: {}",
-                names.join(", ")
-            )))
+            Ok(Plan::Broker(id, set))
         }
         other => Err(invalid(format!("Unknown resource type {other}"))),
     }
@@ -122,16 +118,25 @@ pub async fn handle(
         .iter()
         .filter_map(|p| match p {
             Plan::Topic(name, set) => Some((name.clone(), ConfigChange::Replace(set.clone()))),
-            Plan::Done(_) => None,
+            _ => None,
         })
         .collect();
-    let n = items.len();
+    let brokers: Vec<(i32, ConfigChange)> = plans
+        .iter()
+        .filter_map(|p| match p {
+            Plan::Broker(scope, set) => Some((*scope, ConfigChange::Replace(set.clone()))),
+            _ => None,
+        })
+        .collect();
+    let topics_n = items.len();
+    let n = topics_n + brokers.len();
     let mut results = if n == 0 {
         Vec::new()
     } else {
         match broker
             .control(AlterConfigs {
                 items,
+                brokers,
                 validate_only: req.validate_only,
             })
             .await
@@ -139,8 +144,10 @@ pub async fn handle(
             Ok(r) => r,
             Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
         }
-    }
-    .into_iter();
+    };
+    // The controller answers the topics first, then the broker scopes.
+    let mut broker_results = results.split_off(topics_n.min(results.len())).into_iter();
+    let mut results = results.into_iter();
     let responses = req
         .resources
         .iter()
@@ -148,6 +155,7 @@ pub async fn handle(
         .map(|(r, p)| {
             let result = match p {
                 Plan::Topic(..) => results.next().expect("one result per topic resource"),
+                Plan::Broker(..) => broker_results.next().expect("one per broker scope"),
                 Plan::Done(r) => r,
             };
             let base = AlterConfigsResourceResponse::default()
@@ -243,13 +251,18 @@ mod tests {
     }
 
     #[test]
-    fn static_broker_configs_are_refused() {
+    fn broker_resources_name_this_broker_or_the_cluster_default() {
         let invalid = Some(ResponseError::InvalidRequest);
         let p = plan(
-            &[resource(RESOURCE_BROKER, "1", &[("log.dirs", Some("/x"))])],
+            &[resource(
+                RESOURCE_BROKER,
+                "1",
+                &[("log.retention.ms", Some("5"))],
+            )],
             1,
         );
-        assert_eq!(code(&p[0]), invalid);
+        let want = BTreeMap::from([("log.retention.ms".to_string(), "5".to_string())]);
+        assert_eq!(p, vec![Plan::Broker(1, want)]);
         let p = plan(&[resource(RESOURCE_BROKER, "2", &[])], 1);
         assert_eq!(code(&p[0]), invalid, "another broker's id");
         let p = plan(&[resource(RESOURCE_BROKER, "one", &[])], 1);
@@ -261,6 +274,12 @@ mod tests {
             ],
             1,
         );
-        assert_eq!(p, vec![Plan::Done(Ok(())), Plan::Done(Ok(()))]);
+        assert_eq!(
+            p,
+            vec![
+                Plan::Broker(1, BTreeMap::new()),
+                Plan::Broker(-1, BTreeMap::new())
+            ]
+        );
     }
 }

@@ -1,4 +1,11 @@
-//! DescribeConfigs (key 32): topic configs (explicit and default) and the broker's.
+//! DescribeConfigs (key 32): a topic's configs (explicit, broker defaults and Kafka's
+//! defaults) and a broker's (its settings by Kafka's names and the dynamic broker
+//! configs), with synonyms (v1+, `include_synonyms`) and documentation (v3+,
+//! `include_documentation`); see [`crate::broker_configs`].
+//!
+//! A BROKER resource names this broker (its id) or is empty: the cluster-wide dynamic
+//! defaults, as Kafka answers both. Another broker's id is INVALID_REQUEST, as in Kafka
+//! (a client sends a broker's resource to that broker).
 
 use std::rc::Rc;
 
@@ -6,25 +13,51 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsRequest;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResponse, DescribeConfigsResult,
+    DescribeConfigsSynonym,
 };
 
 use super::sb;
 use crate::broker::Broker;
-use crate::topic_config::TopicConfig;
+use crate::broker_configs::{self, Described};
 
 pub const RESOURCE_TOPIC: i8 = 2;
 pub const RESOURCE_BROKER: i8 = 4;
-/// Config sources (Kafka's numbering).
-const SOURCE_DYNAMIC_TOPIC: i8 = 1;
-const SOURCE_STATIC_BROKER: i8 = 4;
-const SOURCE_DEFAULT: i8 = 5;
 
-fn entry(name: &str, value: String, source: i8, read_only: bool) -> DescribeConfigsResourceResult {
+/// Kafka's config types (v3+), guessed from the value as Kafka's own type would be.
+fn config_type(value: Option<&str>) -> i8 {
+    const BOOLEAN: i8 = 1;
+    const STRING: i8 = 2;
+    const LONG: i8 = 5;
+    const DOUBLE: i8 = 6;
+    match value {
+        Some("true" | "false") => BOOLEAN,
+        Some(v) if v.parse::<i64>().is_ok() => LONG,
+        Some(v) if v.parse::<f64>().is_ok() => DOUBLE,
+        _ => STRING,
+    }
+}
+
+fn entry(d: Described, synonyms: bool, docs: bool) -> DescribeConfigsResourceResult {
     DescribeConfigsResourceResult::default()
-        .with_name(sb(name))
-        .with_value(Some(sb(value)))
-        .with_read_only(read_only)
-        .with_config_source(source)
+        .with_name(sb(d.name))
+        .with_config_type(config_type(d.value.as_deref()))
+        .with_value(d.value.map(sb))
+        .with_read_only(d.read_only)
+        .with_config_source(d.source)
+        .with_synonyms(if synonyms {
+            d.synonyms
+                .into_iter()
+                .map(|(n, v, s)| {
+                    DescribeConfigsSynonym::default()
+                        .with_name(sb(n))
+                        .with_value(v.map(sb))
+                        .with_source(s)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        })
+        .with_documentation(docs.then(|| sb(d.documentation)))
 }
 
 fn wanted(keys: &Option<Vec<kafka_protocol::protocol::StrBytes>>, name: &str) -> bool {
@@ -39,6 +72,7 @@ pub fn handle(
 ) -> DescribeConfigsResponse {
     let image = broker.image();
     let c = &broker.config;
+    let (synonyms, docs) = (req.include_synonyms, req.include_documentation);
     let results = req
         .resources
         .into_iter()
@@ -46,61 +80,44 @@ pub fn handle(
             let base = DescribeConfigsResult::default()
                 .with_resource_type(r.resource_type)
                 .with_resource_name(r.resource_name.clone());
-            match r.resource_type {
-                RESOURCE_TOPIC => match image.topics.get(r.resource_name.as_str()) {
-                    Some(meta) => base.with_configs(
-                        TopicConfig::describe(&meta.configs)
-                            .into_iter()
-                            .filter(|(n, _, _)| wanted(&r.configuration_keys, n))
-                            .map(|(n, v, set)| {
-                                entry(
-                                    n,
-                                    v,
-                                    if set {
-                                        SOURCE_DYNAMIC_TOPIC
-                                    } else {
-                                        SOURCE_DEFAULT
-                                    },
-                                    false,
-                                )
-                            })
-                            .collect(),
-                    ),
-                    None => base
-                        .with_error_code(ResponseError::UnknownTopicOrPartition.code())
-                        .with_error_message(Some(sb(format!(
-                            "Topic {} does not exist",
-                            r.resource_name.as_str()
-                        )))),
+            let name = r.resource_name.as_str();
+            let described = match r.resource_type {
+                RESOURCE_TOPIC => match image.topics.get(name) {
+                    Some(meta) => Ok(broker_configs::describe_topic(
+                        &image,
+                        c.node_id,
+                        &meta.configs,
+                    )),
+                    None => Err((
+                        ResponseError::UnknownTopicOrPartition,
+                        format!("Topic {name} does not exist"),
+                    )),
                 },
-                RESOURCE_BROKER => {
-                    let all = [
-                        ("broker.id", c.node_id.to_string()),
-                        ("num.partitions", c.default_partitions.to_string()),
-                        (
-                            "auto.create.topics.enable",
-                            c.auto_create_topics.to_string(),
-                        ),
-                        (
-                            "socket.request.max.bytes",
-                            c.socket_request_max_bytes.to_string(),
-                        ),
-                        ("log.dirs", c.data_dir.display().to_string()),
-                        // Sluice's free-space minimum (`sluice cluster describe` shows
-                        // whether a broker refuses appends with it).
-                        ("disk.min.free.bytes", c.disk_min_free.bytes.to_string()),
-                        ("disk.min.free.percent", c.disk_min_free.percent.to_string()),
-                    ];
-                    base.with_configs(
-                        all.into_iter()
-                            .filter(|(n, _)| wanted(&r.configuration_keys, n))
-                            .map(|(n, v)| entry(n, v, SOURCE_STATIC_BROKER, true))
-                            .collect(),
-                    )
+                RESOURCE_BROKER if name.is_empty() || name == c.node_id.to_string() => {
+                    Ok(broker_configs::describe_broker(c, &image, name.is_empty()))
                 }
-                other => base
-                    .with_error_code(ResponseError::InvalidRequest.code())
-                    .with_error_message(Some(sb(format!("unsupported resource type {other}")))),
+                RESOURCE_BROKER => Err((
+                    ResponseError::InvalidRequest,
+                    format!(
+                        "Unexpected broker id, expected {} or empty string, but received {name}",
+                        c.node_id
+                    ),
+                )),
+                other => Err((
+                    ResponseError::InvalidRequest,
+                    format!("unsupported resource type {other}"),
+                )),
+            };
+            match described {
+                Ok(all) => base.with_configs(
+                    all.into_iter()
+                        .filter(|d| wanted(&r.configuration_keys, &d.name))
+                        .map(|d| entry(d, synonyms, docs))
+                        .collect(),
+                ),
+                Err((code, message)) => base
+                    .with_error_code(code.code())
+                    .with_error_message(Some(sb(message))),
             }
         })
         .collect();

@@ -375,6 +375,40 @@ mod tests {
     }
 
     #[test]
+    fn the_rack_aware_selector_names_an_in_sync_replica_in_the_consumers_rack() {
+        use crate::metadata::BrokerMeta;
+        let mut image = MetadataImage::new_cluster();
+        for (id, rack, fenced) in [
+            (1, "a", false),
+            (2, "b", false),
+            (3, "c", false),
+            (4, "b", true),
+        ] {
+            let b = BrokerMeta {
+                host: "h".into(),
+                port: 1,
+                fenced,
+                rack: Some(rack.into()),
+            };
+            image.brokers.insert(id, b);
+        }
+        let a = PartitionState {
+            replicas: vec![1, 2, 3, 4],
+            isr: vec![1, 2, 4],
+            leader: 1,
+            leader_epoch: 0,
+            partition_epoch: 0,
+        };
+        assert_eq!(preferred_read_replica(&image, 1, &a, "b", 0), Some(2));
+        // The leader's own rack, a rack whose replica is out of sync, no such rack.
+        assert_eq!(preferred_read_replica(&image, 1, &a, "a", 0), None);
+        assert_eq!(preferred_read_replica(&image, 1, &a, "c", 0), None);
+        assert_eq!(preferred_read_replica(&image, 1, &a, "z", 0), None);
+        // Only the leader selects.
+        assert_eq!(preferred_read_replica(&image, 2, &a, "b", 0), None);
+    }
+
+    #[test]
     fn trim_keeps_the_first_batch_and_respects_the_budget() {
         let mut v = vec![out(0), out(100), out(50), out(10)];
         trim(&mut v, 60);

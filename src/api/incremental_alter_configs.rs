@@ -1,5 +1,7 @@
-//! IncrementalAlterConfigs (key 44): SET / DELETE / APPEND / SUBTRACT on topic configs.
-//! Broker configs are static (the config file and flags): altering them is refused.
+//! IncrementalAlterConfigs (key 44): SET / DELETE / APPEND / SUBTRACT on topic configs
+//! and on the dynamic broker configs (see [`crate::broker_configs`]): a BROKER resource
+//! named by this broker's id changes its own, the empty name the cluster-wide
+//! defaults; another broker's id is INVALID_REQUEST (clients send it to that broker).
 
 use std::rc::Rc;
 
@@ -9,7 +11,7 @@ use kafka_protocol::messages::incremental_alter_configs_response::{
     AlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
 };
 
-use super::describe_configs::RESOURCE_TOPIC;
+use super::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use super::sb;
 use crate::broker::Broker;
 use crate::error::ApiError;
@@ -21,11 +23,12 @@ pub async fn handle(
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let mut items = Vec::new();
+    let mut brokers = Vec::new();
     let mut shape = Vec::new();
+    let me = broker.config.node_id;
     for r in &req.resources {
-        if r.resource_type == RESOURCE_TOPIC {
-            let ops = r
-                .configs
+        let ops = || {
+            r.configs
                 .iter()
                 .map(|c| {
                     (
@@ -34,9 +37,23 @@ pub async fn handle(
                         c.value.as_ref().map(|v| v.to_string()),
                     )
                 })
-                .collect();
-            items.push((r.resource_name.to_string(), ConfigChange::Incremental(ops)));
+                .collect()
+        };
+        let name = r.resource_name.as_str();
+        if r.resource_type == RESOURCE_TOPIC {
+            items.push((name.to_string(), ConfigChange::Incremental(ops())));
             shape.push((r.resource_type, r.resource_name.clone(), None));
+        } else if r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string())
+        {
+            let scope = if name.is_empty() { -1 } else { me };
+            brokers.push((scope, ConfigChange::Incremental(ops())));
+            shape.push((r.resource_type, r.resource_name.clone(), None));
+        } else if r.resource_type == RESOURCE_BROKER {
+            let e = ApiError::with(
+                ResponseError::InvalidRequest,
+                format!("This is broker {me}, not broker {name}"),
+            );
+            shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
         } else {
             let e = ApiError::with(
                 ResponseError::InvalidRequest,
@@ -48,24 +65,29 @@ pub async fn handle(
             shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
         }
     }
-    let n = items.len();
+    let topics_n = items.len();
+    let n = topics_n + brokers.len();
     let mut results = match broker
         .control(AlterConfigs {
             items,
+            brokers,
             validate_only: req.validate_only,
         })
         .await
     {
         Ok(r) => r,
         Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
-    }
-    .into_iter();
+    };
+    // The controller answers the topics first, then the broker scopes.
+    let mut broker_results = results.split_off(topics_n.min(results.len())).into_iter();
+    let mut results = results.into_iter();
     let responses = shape
         .into_iter()
         .map(|(rt, name, err)| {
             let r = match err {
                 Some(e) => Err(e),
-                None => results.next().expect("one result per topic resource"),
+                None if rt == RESOURCE_TOPIC => results.next().expect("one per topic"),
+                None => broker_results.next().expect("one per broker scope"),
             };
             let base = AlterConfigsResourceResponse::default()
                 .with_resource_type(rt)

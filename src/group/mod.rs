@@ -1,6 +1,7 @@
 //! Consumer groups in the broker: the per-shard I/O shell ([`shard`]) around the pure
 //! group coordinator of `sluice-coordinator` (which also holds the
-//! `__consumer_offsets` record formats), and the router that sends group calls to the
+//! `__consumer_offsets` record formats), the shard's consumer-lag sampler ([`lag`]),
+//! and the router that sends group calls to the
 //! shard coordinating a group.
 //!
 //! Placement: group G belongs to `__consumer_offsets` partition
@@ -8,6 +9,7 @@
 //! that partition. API handlers on any shard route group requests there over the
 //! shard mesh ([`route`]); the owner loads the partition on first use.
 
+pub mod lag;
 pub mod shard;
 
 use kafka_protocol::error::ResponseError;

@@ -76,6 +76,13 @@ impl GroupShell {
     }
 }
 
+impl GroupShell {
+    /// The coordinator, to read (the lag sampler takes the committed offsets).
+    pub fn coordinator(&self) -> std::cell::Ref<'_, Coordinator> {
+        self.coord.borrow()
+    }
+}
+
 /// The coordinator's settings from the broker's (the rest keep Kafka's defaults).
 pub fn coordinator_config(c: &crate::config::BrokerConfig) -> CoordinatorConfig {
     CoordinatorConfig {

@@ -142,6 +142,14 @@ pub struct LogConfig {
     pub min_cleanable_dirty_ratio_bp: u16,
     /// `min.compaction.lag.ms`: records younger than this are never compacted.
     pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms`: on a compacted topic the active segment rolls once this
+    /// old (if `segment.ms` is longer), and a dirty segment this old is cleaned whatever
+    /// `min.cleanable.dirty.ratio` says.
+    pub max_compaction_lag_ms: i64,
+    /// `segment.jitter.ms`: each segment rolls up to this much (a per-segment amount
+    /// below min(jitter, segment.ms)) before `segment.ms`, so segments of many
+    /// partitions do not all roll at once.
+    pub segment_jitter_ms: i64,
     /// `producer.id.expiration.ms` (a broker setting in Kafka): a producer with no open
     /// transaction whose last write is this old is forgotten.
     pub producer_id_expiration_ms: i64,
@@ -166,12 +174,41 @@ impl Default for LogConfig {
             delete_retention_ms: DAY_MS,
             min_cleanable_dirty_ratio_bp: 5000,
             min_compaction_lag_ms: 0,
+            max_compaction_lag_ms: i64::MAX,
+            segment_jitter_ms: 0,
             producer_id_expiration_ms: producer::PRODUCER_ID_EXPIRATION_MS_DEFAULT,
         }
     }
 }
 
 impl LogConfig {
+    /// The age at which the active segment rolls: `segment.ms`, or on a compacted topic
+    /// `max.compaction.lag.ms` when shorter (Kafka's rule), less the segment's jitter.
+    pub fn roll_age_ms(&self, base_offset: i64, created_ms: i64) -> i64 {
+        let max = if self.cleanup_compact {
+            self.segment_ms.min(self.max_compaction_lag_ms)
+        } else {
+            self.segment_ms
+        };
+        max - self.segment_jitter(base_offset, created_ms)
+    }
+
+    /// The jitter of the segment at `base_offset` created at `created_ms`: in
+    /// [0, min(segment.jitter.ms, segment.ms)), fixed for the segment, spread by a hash
+    /// (no clock or random source here, so simulations replay it).
+    pub fn segment_jitter(&self, base_offset: i64, created_ms: i64) -> i64 {
+        let bound = self.segment_jitter_ms.min(self.segment_ms);
+        if bound <= 0 {
+            return 0;
+        }
+        let mut h = (base_offset as u64) ^ (created_ms as u64).rotate_left(32);
+        // splitmix64's finaliser: neighbouring offsets land far apart.
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+        (h % bound as u64) as i64
+    }
+
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::Config(m));
         // Offsets and positions in the index are u32 relative to the segment.

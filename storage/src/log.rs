@@ -1286,7 +1286,8 @@ impl PartitionLog {
         let offsets_overflow = st.log_end() + span - seg.base_offset > i64::from(i32::MAX);
         !seg.is_empty()
             && (seg.size + incoming > cfg.segment_bytes
-                || self.storage.now_ms() - seg.created_ms >= cfg.segment_ms
+                || self.storage.now_ms() - seg.created_ms
+                    >= cfg.roll_age_ms(seg.base_offset, seg.created_ms)
                 || offsets_overflow)
     }
 
@@ -2202,7 +2203,7 @@ impl PartitionLog {
         let now = self.storage.now_ms();
         // Records of open transactions are never cleaned: stop below the first of them.
         let unstable = self.first_unstable_offset().unwrap_or(i64::MAX);
-        let (cands, clean_offset) = {
+        let (cands, clean_offset, first_dirty_created) = {
             let st = self.state.borrow();
             let closed = &st.segments[..st.segments.len() - 1];
             let cands: Vec<CleanCandidate> = closed
@@ -2217,15 +2218,25 @@ impl PartitionLog {
                     generation: s.generation,
                 })
                 .collect();
-            (cands, st.clean_offset)
+            // max.compaction.lag.ms: the first dirty segment's age, from when it was
+            // created (or, after a restart, opened: a restart can delay it).
+            let first_dirty_created = closed
+                .iter()
+                .find(|s| s.next_offset > st.clean_offset)
+                .map(|s| s.created_ms);
+            (cands, st.clean_offset, first_dirty_created)
         };
+        let overdue =
+            first_dirty_created.is_some_and(|c| now.saturating_sub(c) >= cfg.max_compaction_lag_ms);
         let total: u64 = cands.iter().map(|c| c.size).sum();
         let dirty: u64 = cands
             .iter()
             .filter(|c| c.next_offset > clean_offset)
             .map(|c| c.size)
             .sum();
-        if dirty == 0 || dirty * 10_000 < total * u64::from(cfg.min_cleanable_dirty_ratio_bp) {
+        if dirty == 0
+            || (!overdue && dirty * 10_000 < total * u64::from(cfg.min_cleanable_dirty_ratio_bp))
+        {
             return Ok(None);
         }
         let budget = self.storage.limits.cleaner_map_bytes_max;

@@ -207,6 +207,29 @@ fn lag_and_dirty_ratio_hold_compaction_back() {
         }
         // Now only part of the cleanable bytes is dirty: below ratio 1.0.
         assert!(log2.compact().await.unwrap().is_none());
+        // max.compaction.lag.ms: a dirty segment that old is cleaned below the ratio.
+        let cfg = LogConfig {
+            min_cleanable_dirty_ratio_bp: 10_000,
+            max_compaction_lag_ms: 30_000,
+            ..compacted(1024)
+        };
+        let log3 = s.open_log("c6", cfg).await.unwrap();
+        for i in 0..60 {
+            put(&log3, 1, &format!("k{}", i % 3), Some("v")).await;
+        }
+        assert!(log3.compact().await.unwrap().is_some());
+        for i in 0..30 {
+            put(&log3, 1, &format!("k{}", i % 3), Some("v")).await;
+        }
+        assert!(
+            log3.compact().await.unwrap().is_none(),
+            "below the ratio, not overdue"
+        );
+        clock.0.set(clock.0.get() + 30_000);
+        assert!(
+            log3.compact().await.unwrap().is_some(),
+            "overdue: cleaned anyway"
+        );
         // Delete-only topics are never compacted.
         let plain = s.open_log("c5", small_segments(1024)).await.unwrap();
         for i in 0..60 {

@@ -152,6 +152,47 @@ fn rolls_on_segment_bytes_and_segment_ms() {
         clock.0.set(1_000_000 + 60_000);
         log2.append(&batch(1, 1, 2), 0).await.unwrap();
         assert_eq!(log2.segment_bases(), vec![0, 2]);
+
+        // segment.jitter.ms: the segment rolls its own jitter before segment.ms.
+        let cfg = LogConfig {
+            segment_ms: 60_000,
+            segment_jitter_ms: 30_000,
+            ..LogConfig::default()
+        };
+        let jitter = cfg.segment_jitter(0, 1_060_000);
+        assert!((0..30_000).contains(&jitter));
+        let log3 = s.open_log("roll-jitter", cfg.clone()).await.unwrap();
+        log3.append(&batch(1, 1, 0), 0).await.unwrap();
+        clock.0.set(1_060_000 + 60_000 - jitter - 1);
+        log3.append(&batch(1, 1, 1), 0).await.unwrap();
+        assert_eq!(log3.segment_count(), 1, "not yet");
+        clock.0.set(1_060_000 + 60_000 - jitter);
+        log3.append(&batch(1, 1, 2), 0).await.unwrap();
+        assert_eq!(log3.segment_bases(), vec![0, 2], "rolled {jitter} ms early");
+        // Jitter differs between segments, stays below min(jitter, segment.ms), and is
+        // zero when not set.
+        let spread: std::collections::BTreeSet<i64> =
+            (0..64).map(|b| cfg.segment_jitter(b, 5)).collect();
+        assert!(spread.len() > 32 && spread.iter().all(|j| (0..30_000).contains(j)));
+        let short = LogConfig {
+            segment_ms: 1_000,
+            ..cfg.clone()
+        };
+        assert!((0..64).all(|b| short.segment_jitter(b, 5) < 1_000));
+        assert_eq!(LogConfig::default().segment_jitter(7, 5), 0);
+
+        // max.compaction.lag.ms shortens segment.ms on compacted topics only.
+        let lagged = LogConfig {
+            segment_ms: 60_000,
+            max_compaction_lag_ms: 10_000,
+            ..LogConfig::default()
+        };
+        assert_eq!(lagged.roll_age_ms(0, 0), 60_000);
+        let compacted = LogConfig {
+            cleanup_compact: true,
+            ..lagged
+        };
+        assert_eq!(compacted.roll_age_ms(0, 0), 10_000);
     });
 }
 

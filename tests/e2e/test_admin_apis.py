@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import wait_until
-from kafka_wire import (Conn, frame, uvarint, init_producer_id, parse_produce_v3, produce_v3,
+from kafka_wire import (Conn, frame, header, uvarint, init_producer_id, parse_produce_v3, produce_v3,
                         record_batch, string)
 from test_confluent import create_topic
 
@@ -590,3 +590,104 @@ def test_partition_apis_on_a_partition_offline_after_an_io_error(make_broker, tm
     here = describe_log_dir(addr)
     assert alter_replica_log_dirs_v1(addr, [(here, "off", 0), (here, "off", 1)]) == {
         ("off", 0): 56, ("off", 1): 0}
+
+
+# --- broker configs (issue 12, item 2's broker half) ----------------------------------------
+
+def _describe(admin, kind, name, **kw):
+    from confluent_kafka.admin import ConfigResource
+    r = ConfigResource(kind, name)
+    return admin.describe_configs([r], **kw)[r].result(timeout=30)
+
+
+def test_broker_configs_are_described_and_dynamic_defaults_change_topics_and_survive_restart(make_broker):
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import (AlterConfigOpType, ConfigEntry, ConfigResource,
+                                       ConfigSource, ResourceType)
+    b = make_broker(extra=["--rack", "zone-a", "--default-partitions", "2"])
+    admin = create_topic(b.addr, "dyn", 1)
+    cfg = _describe(admin, ResourceType.BROKER, "1")
+    src = lambda e: ConfigSource(e.source)
+    assert (cfg["broker.rack"].value, src(cfg["broker.rack"])) == ("zone-a", ConfigSource.STATIC_BROKER_CONFIG)
+    assert (cfg["num.partitions"].value, src(cfg["num.partitions"])) == ("2", ConfigSource.STATIC_BROKER_CONFIG)
+    assert src(cfg["auto.create.topics.enable"]) == ConfigSource.DEFAULT_CONFIG
+    assert cfg["auto.create.topics.enable"].is_read_only
+    assert cfg["broker.id"].value == "1"
+    assert cfg["log.dirs"].value == str(b.data_dir)
+    for name in ("log.retention.hours", "log.retention.ms", "log.retention.bytes", "log.segment.bytes",
+                 "default.replication.factor", "min.insync.replicas", "unclean.leader.election.enable",
+                 "message.max.bytes", "log.cleanup.policy", "compression.type",
+                 "offsets.topic.replication.factor", "transaction.state.log.replication.factor",
+                 "listeners"):
+        assert name in cfg, name
+    assert (cfg["log.retention.ms"].value, src(cfg["log.retention.ms"])) == ("604800000", ConfigSource.DEFAULT_CONFIG)
+    assert not cfg["log.retention.ms"].is_read_only
+    assert cfg["unclean.leader.election.enable"].value == "false"
+
+    # A cluster-wide dynamic default (the empty broker name, which librdkafka does not
+    # send: a raw request): the topic's effective value and source follow it.
+    assert incremental_alter_broker_v0(b.addr, "", [("log.retention.ms", "3600000"),
+                                                    ("message.max.bytes", "2000")]) == 0
+
+    def topic_follows():
+        t = _describe(admin, ResourceType.TOPIC, "dyn")
+        r = t["retention.ms"]
+        return (r.value, src(r)) == ("3600000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG) and r
+    r = wait_until(topic_follows, 20, what="retention.ms follows the cluster default")
+    assert "log.retention.ms" in r.synonyms, r.synonyms
+    cfg = _describe(admin, ResourceType.BROKER, "1")
+    assert src(cfg["log.retention.ms"]) == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+
+    # Honoured: a batch over the new default max.message.bytes is refused.
+    def produce_big():
+        errors = []
+        p = Producer({"bootstrap.servers": b.addr, "acks": "all", "enable.idempotence": False})
+        p.produce("dyn", value=b"x" * 5000, on_delivery=lambda err, _m: errors.append(err))
+        assert p.flush(30) == 0
+        return errors[0]
+    from confluent_kafka import KafkaError
+    assert produce_big().code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+    # A read-only config is refused; nothing changes.
+    ro = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+        ConfigEntry("broker.id", "7", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as e:
+        admin.incremental_alter_configs([ro])[ro].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.INVALID_REQUEST
+    bad = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+        ConfigEntry("log.retention.ms", "soon", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as e:
+        admin.incremental_alter_configs([bad])[bad].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+    # Through the metadata quorum: still in force after a restart.
+    assert b.stop() == 0
+    b.start()
+    admin = AdminClientFor(b.addr)
+    t = wait_until(lambda: _describe(admin, ResourceType.TOPIC, "dyn"), 20, what="topic described")
+    assert (t["retention.ms"].value, src(t["retention.ms"])) == ("3600000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
+    assert t["max.message.bytes"].value == "2000"
+
+
+def AdminClientFor(addr):
+    from confluent_kafka.admin import AdminClient
+    return AdminClient({"bootstrap.servers": addr})
+
+
+def incremental_alter_broker_v0(addr, name, sets):
+    """IncrementalAlterConfigs v0 SETting `sets` on BROKER resource `name` -> its error code."""
+    body = header(44, 0, 9) + struct.pack(">i", 1) + struct.pack(">b", 4) + string(name)
+    body += struct.pack(">i", len(sets))
+    for k, v in sets:
+        body += string(k) + struct.pack(">b", 0) + string(v)
+    body += struct.pack(">b", 0)
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, resp = conn.recv()
+    finally:
+        conn.close()
+    (n,) = struct.unpack_from(">i", resp, 4)
+    assert n == 1
+    (err,) = struct.unpack_from(">h", resp, 8)
+    return err

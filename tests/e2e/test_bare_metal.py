@@ -84,6 +84,7 @@ def test_check_passes_o_direct_on_the_normal_data_dir_and_names_a_held_port(tmp_
     assert lines["io_uring"][0] == "OK", p.stdout
     assert lines["kafka port"] == ("OK", f"127.0.0.1:{port} is free"), p.stdout
     assert lines["controller port"][0] == "OK", p.stdout
+    assert lines["metrics port"][0] in ("OK", "WARN"), p.stdout  # default: Kafka port + 552
     for name in ("memlock", "open files", "free disk", "clock sync"):
         assert name in lines, p.stdout
     assert not data.exists()
@@ -98,6 +99,11 @@ def test_check_passes_o_direct_on_the_normal_data_dir_and_names_a_held_port(tmp_
         assert p.returncode == 1, p.stdout
         assert lines["kafka port"] == ("FAIL", f"127.0.0.1:{busy} is in use"), p.stdout
         assert "choose another --listen" in p.stdout
+        # An explicit metrics address in use is a blocker too (the broker would not start).
+        p, lines = run_check("--data-dir", str(data), "--listen", f"127.0.0.1:{free_port()}",
+                             "--metrics-listen", f"127.0.0.1:{busy}")
+        assert p.returncode == 1, p.stdout
+        assert lines["metrics port"] == ("FAIL", f"127.0.0.1:{busy} is in use"), p.stdout
 
 
 def test_check_reads_the_shipped_config_file(tmp_path):

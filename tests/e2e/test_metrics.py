@@ -153,6 +153,24 @@ def test_metrics_count_what_clients_did(make_broker):
     assert types["sluice_requests"] == "counter"  # the parser drops _total
 
 
+def test_ongoing_transactions_are_counted(make_broker):
+    """A transactional producer's open transaction shows as 1 until it commits."""
+    b = make_broker()
+    topic = f"t-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 1)
+    p = Producer({"bootstrap.servers": b.addr, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"x")
+    assert p.flush(30) == 0
+
+    def ongoing(n):
+        return lambda: value(scrape(b)[0], "sluice_ongoing_transactions") == n
+    wait_until(ongoing(1), timeout=20, what="one ongoing transaction")
+    p.commit_transaction(30)
+    wait_until(ongoing(0), timeout=20, what="no ongoing transaction")
+
+
 def test_health_and_ready_codes(tmp_path):
     """A broker whose controller quorum has not formed runs (/health 200) but is not
     ready (/ready 503); once the quorum forms and it serves Kafka, /ready is 200."""

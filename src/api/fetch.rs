@@ -114,7 +114,12 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                 current_leader_epoch: p.current_leader_epoch,
                 owner,
                 downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
-                zstd_topic: meta.is_some_and(|m| stores_zstd(&m.configs)),
+                // The topic's own compression.type, else a dynamic broker default.
+                zstd_topic: meta.is_some_and(|m| {
+                    stores_zstd(&crate::broker_configs::effective_topic_configs(
+                        &image, me, &m.configs,
+                    ))
+                }),
                 preferred,
             });
         }

@@ -86,7 +86,17 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                 lag.clone(),
             );
             move || async move {
-                run_shard(ShardId(i), cfg, builders, limits, stop, ready, registry, lag).await
+                run_shard(
+                    ShardId(i),
+                    cfg,
+                    builders,
+                    limits,
+                    stop,
+                    ready,
+                    registry,
+                    lag,
+                )
+                .await
             }
         })
         .collect();

@@ -76,28 +76,18 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
         .map(|i| {
-            let (cfg, builders, stop, ready, limits, registry, lag) = (
+            let (cfg, builders, stop, ready) = (
                 config.clone(),
                 builders.clone(),
                 stop.clone(),
                 ready.clone(),
-                limits.clone(),
-                registry.clone(),
-                lag.clone(),
             );
-            move || async move {
-                run_shard(
-                    ShardId(i),
-                    cfg,
-                    builders,
-                    limits,
-                    stop,
-                    ready,
-                    registry,
-                    lag,
-                )
-                .await
-            }
+            let shared = Shared {
+                limits: limits.clone(),
+                registry: registry.clone(),
+                lag: lag.clone(),
+            };
+            move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
         .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
@@ -151,16 +141,27 @@ pub fn storage_limits(shards: usize) -> StorageLimits {
     }
 }
 
+/// What every shard gets from start-up besides its config: its storage budget, the
+/// metrics registry and the lag board (both read by the HTTP thread).
+struct Shared {
+    limits: StorageLimits,
+    registry: Arc<crate::metrics::Registry>,
+    lag: Arc<crate::lag::LagBoard>,
+}
+
 async fn run_shard(
     shard: ShardId,
     config: BrokerConfig,
     builders: MeshBuilders<ShardReq, ShardResp>,
-    limits: StorageLimits,
+    shared: Shared,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
-    registry: Arc<crate::metrics::Registry>,
-    lag: Arc<crate::lag::LagBoard>,
 ) -> Result<(), String> {
+    let Shared {
+        limits,
+        registry,
+        lag,
+    } = shared;
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
         .await

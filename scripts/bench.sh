@@ -7,6 +7,7 @@
 # 3-broker cluster), e.g. to check it alone; BENCH_PART=txn only the ceilings and the
 # exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
+# scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
@@ -153,6 +154,11 @@ C="--bootstrap 127.0.0.1:$((CLUSTER_PORT + 1)) --report-dir $OUT --replication-f
 rf_scenarios "$C" rf3 "RF=3, 3 brokers"
 "$SLUICE" cluster describe --bootstrap-server "127.0.0.1:$((CLUSTER_PORT + 1))" >"$OUT/cluster-describe.txt" 2>&1 || true
 cluster stop >/dev/null; trap - EXIT
+fi
+# An alert sink that is down must not slow produce (issue 13): same load with and
+# without a failing webhook, side by side.
+if [ "$PART" = all ]; then
+  OUT="$OUT" bash scripts/bench-alert-sink.sh
 fi
 # Only a full run replaces the figures in the docs by default: a partial one would
 # leave the table with only its own rows.

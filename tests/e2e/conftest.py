@@ -9,6 +9,8 @@ from signal import SIGTERM
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -103,6 +105,16 @@ def wait_until(pred, timeout=20.0, interval=0.05, what="condition", retry=()):
 # A broker log line that fails the test unless the test declared it expected: an
 # ERROR-level tracing line or a panic (the panic hook logs "fatal: panicked at ...").
 LOG_PROBLEM = re.compile(r"^\S+\s+ERROR\s|panicked|sluice: fatal")
+
+
+
+def http_get(url, timeout=5):
+    """(status, body) of a GET; HTTP error statuses are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 class Broker:

@@ -13,8 +13,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import pytest
@@ -22,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Broker, SLUICE_BIN, check_brokers, free_port, wait_until
+from conftest import http_get, Broker, SLUICE_BIN, check_brokers, free_port, wait_until
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 PER_PARTITION = 40
@@ -30,13 +28,6 @@ PER_PARTITION = 40
 COMMITTED = {0: 25, 1: 7, 2: 0}
 TOTAL_LAG = sum(PER_PARTITION - c for c in COMMITTED.values())
 
-
-def http_get(url, timeout=5):
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 class Webhook:

@@ -10,9 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 import json
 
@@ -21,17 +19,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Broker, ROOT, SLUICE_BIN, check_brokers, check_consumer_error, free_port, wait_until
+from conftest import http_get, Broker, ROOT, SLUICE_BIN, check_brokers, check_consumer_error, free_port, wait_until
 from cluster import Cluster
 
-
-def http_get(url, timeout=5):
-    """(status, body) of a GET; HTTP error statuses are returned, not raised."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def scrape(broker):

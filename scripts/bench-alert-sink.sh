@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 13: an alert sink that is down must not slow the broker. Two runs of the same
+# fixed-rate acks=all produce against a fresh broker each: one without alerting, one
+# with a consumer group that lags (an alert breach from the first sample) and
+# --alert-webhook pointing at a closed port, so every notice fails and is retried.
+# Prints p50/p99 of both and their ratio; the second run must show failed notices
+# (sluice_lag_alert_notices_failed_total > 0), or the comparison means nothing.
+# Called by `make bench` (scripts/bench.sh); runs alone too. Results in $OUT/alert-sink-*.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SLUICE=${SLUICE_BIN:-./target/release/sluice}
+BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+OUT=${OUT:-bench/results}
+SECS=${BENCH_SECONDS:-10}
+PORT=${BENCH_ALERT_PORT:-19492}
+RATE=${BENCH_ALERT_RATE:-50000}
+mkdir -p "$OUT"
+
+run() { # name extra-flags...
+  local name=$1; shift
+  local data="$OUT/alert-sink-$name-data"
+  rm -rf "$data"
+  "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$data" --cores 1 \
+    --metrics-listen "127.0.0.1:$((PORT + 1))" "$@" >"$OUT/alert-sink-$name.log" 2>&1 &
+  local broker=$!
+  local deadline=$((SECONDS + 30))
+  until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { echo "broker did not start"; cat "$OUT/alert-sink-$name.log"; kill $broker; exit 1; }
+    sleep 0.2
+  done
+  # A group that lags from its first commit: committed offset 0 on a partition that
+  # then receives the whole run.
+  python3 - "$PORT" <<'PY'
+import sys
+from confluent_kafka import Consumer, Producer, TopicPartition
+addr = f"127.0.0.1:{sys.argv[1]}"
+p = Producer({"bootstrap.servers": addr})
+p.produce("alert-bench", b"x", partition=0)
+assert p.flush(30) == 0
+c = Consumer({"bootstrap.servers": addr, "group.id": "lagging", "enable.auto.commit": False})
+c.commit(offsets=[TopicPartition("alert-bench", 0, 0)], asynchronous=False)
+c.close()
+PY
+  "$BENCH_BIN" produce --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --name "alert-sink-$name" \
+    --topic alert-bench --partitions 1 --record-size 100 --acks -1 --rate "$RATE" --linger-ms 1 \
+    --batch-bytes 32768 --duration "$SECS" | grep -A1 "latency (ms)" | tail -1
+  curl -s "http://127.0.0.1:$((PORT + 1))/metrics" | grep -E '^sluice_lag_alert_notices_(failed|delivered)_total' || true
+  kill -TERM $broker; wait $broker 2>/dev/null || true
+}
+
+echo "== alert sink down: fixed $RATE records/s acks=all, without alerting, then with a lagging group and a webhook on a closed port =="
+run baseline
+run sink-down --alert-lag-records 1 --alert-for-ms 0 --alert-repeat-ms 1000 --lag-sample-interval-ms 200 \
+  --alert-webhook "http://127.0.0.1:9/alerts"
+python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+r = {n: json.load(open(f"{out}/alert-sink-{n}-report.json")) for n in ("baseline", "sink-down")}
+lat = lambda n, k: r[n]["latency_ms"][k]
+for k in ("p50", "p99", "p999"):
+    print(f"{k}: baseline {lat('baseline', k):.3f} ms, sink down {lat('sink-down', k):.3f} ms, ratio {lat('sink-down', k) / lat('baseline', k):.2f}x")
+PY

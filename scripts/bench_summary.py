@@ -113,6 +113,7 @@ def isr_note(r):
 
 
 REPL = [
+    ("r0", "produce 100 B, acks=all, fixed rate, fresh topic, no warm-up (cold)", "r0-single-acks-all-cold", "r0-rf3-acks-all-cold"),
     ("r1", "produce 100 B, acks=all, fixed rate (open loop)", "r1-single-acks-all-fixed", "r1-rf3-acks-all-fixed"),
     ("r2", "produce 100 B, acks=1, fixed rate (open loop)", "r2-single-acks-1-fixed", "r2-rf3-acks-1-fixed"),
     ("r3", "produce 100 B, acks=all, max throughput", "r3-single-acks-all-max", "r3-rf3-acks-all-max"),
@@ -134,12 +135,16 @@ for tag, label, single_name, rf3_name in REPL:
             ratio = f"no single-broker run; {isr_note(rf3)}"
         else:
             ratio = "baseline"
+        if tag == "r0":
+            warm = load(("r1-single" if r is one else "r1-rf3") + "-acks-all-fixed-report.json")
+            if warm:
+                ratio += f"; cold / warm (r1) p99 {times(lat(r, 'p99'), lat(warm, 'p99'))}, max {times(lat(r, 'max'), lat(warm, 'max'))}"
         rrows.append(f"| ({tag}) {label} | {who} | {r['records_per_sec']:,.0f} | {r['mb_per_sec']:.1f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'p999')} | {ms(r, 'max')} | {ratio} |")
 if rrows:
     lines += ["", "Replication (RF=3, 3 brokers on one 2-core VM): the same `make bench` run starts a 3-broker cluster on "
               "this machine, each broker `--cores 1`, creates every topic with replication factor 3 (min.insync.replicas 2) and "
               "measures only after the Metadata shows all 3 replicas of every partition in the ISR and a 2 s acks=all warm-up "
-              "(at the fixed rate) has gone through; the single-broker baselines run the same way, in the same run. The three brokers and the "
+              "(at the fixed rate) has gone through, except (r0): the same load on a fresh topic with no warm-up; the single-broker baselines run the same way, in the same run. The three brokers and the "
               "load generator share 2 cores, so every follower fetch competes with the leaders and the generator for CPU: a "
               "pessimistic setup, not what separate machines would show. Ratios are RF=3 over the single broker of the same "
               "scenario in this run (×; above 1 for latency means slower).", "",

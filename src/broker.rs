@@ -443,6 +443,11 @@ impl Broker {
         self.fetchers.release(leader);
     }
 
+    /// Wakes the running fetcher for `leader` when a partition joins it.
+    pub fn fetcher_wake(&self, leader: i32) -> Option<Rc<crate::replica::FetcherWake>> {
+        self.fetchers.wake(leader)
+    }
+
     /// min.insync.replicas of a partition: the topic's setting, else min(2, replicas).
     fn min_insync(&self, topic: &str, partition: i32, tc: &TopicConfig) -> usize {
         let image = self.image();
@@ -939,9 +944,16 @@ impl Broker {
         if replica.leader_epoch() != epoch_before {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }
-        if let Some(leader) = follow {
-            if self.fetchers.claim(leader) {
-                self.each_subscriber(|s| s.follow(self, leader));
+        if let Some(f) = follow {
+            // A partition that starts following wakes the running fetcher (or starts
+            // one); one that already followed needs only a fetcher to be running.
+            let start = if f.joined || self.fetchers.wake(f.leader).is_none() {
+                self.fetchers.joined(f.leader)
+            } else {
+                false
+            };
+            if start {
+                self.each_subscriber(|s| s.follow(self, f.leader));
             }
         }
     }

@@ -226,6 +226,10 @@ settings! {
     broker_heartbeat_interval_ms: u64 = 500;
     /// A follower behind the leader this long leaves the ISR (replica.lag.time.max.ms).
     replica_lag_time_max_ms: u64 = 30_000;
+    /// How long a follower's fetch may wait at the leader for new records
+    /// (replica.fetch.wait.max.ms). A partition that starts following meanwhile does
+    /// not wait for it: it interrupts the poll.
+    replica_fetch_wait_max_ms: u64 = 200;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -339,6 +343,8 @@ pub struct BrokerConfig {
     pub broker_heartbeat_interval_ms: u64,
     /// replica.lag.time.max.ms
     pub replica_lag_time_max_ms: u64,
+    /// replica.fetch.wait.max.ms
+    pub replica_fetch_wait_max_ms: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -492,6 +498,7 @@ impl BrokerConfig {
             broker_session_timeout_ms: s.broker_session_timeout_ms,
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
@@ -672,6 +679,9 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), 
     if s.replica_lag_time_max_ms == 0 {
         return Err("--replica-lag-time-max-ms must be positive".into());
     }
+    if s.replica_fetch_wait_max_ms == 0 || s.replica_fetch_wait_max_ms > 30_000 {
+        return Err("--replica-fetch-wait-max-ms must be between 1 and 30000".into());
+    }
     Ok((listen, quorum))
 }
 
@@ -832,6 +842,7 @@ mod tests {
             "--broker-session-timeout-ms=1000",
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
+            "--replica-fetch-wait-max-ms=10",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -840,6 +851,7 @@ mod tests {
         assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
         assert_eq!(c.socket_request_max_bytes, 2048);
         assert_eq!(c.replica_lag_time_max_ms, 6);
+        assert_eq!(c.replica_fetch_wait_max_ms, 10);
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(
             c.disk_min_free,

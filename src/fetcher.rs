@@ -27,12 +27,14 @@ use crate::replica::{Replica, Role};
 use crate::rpc::Propose;
 use crate::util::sb;
 
-/// Follower fetch parameters.
-const FETCH_MAX_WAIT_MS: i32 = 200;
+/// Follower fetch parameters (the longest wait is `--replica-fetch-wait-max-ms`).
 const FETCH_PARTITION_BYTES: i32 = 4 << 20;
 const FETCH_BYTES: i32 = 32 << 20;
 /// Back-off after a failed fetch or connection.
 const RETRY: Duration = Duration::from_millis(100);
+/// The first back-off while the leader refuses a partition it does not know yet (it
+/// applies the same metadata a moment later); doubles up to [`RETRY`].
+const RETRY_FIRST: Duration = Duration::from_millis(2);
 /// How often leaders check for followers that fell out of sync.
 pub const ISR_CHECK: Duration = Duration::from_millis(250);
 
@@ -159,18 +161,35 @@ const CLIENT_ID: &str = "sluice-replica-fetcher";
 /// A Kafka-protocol connection to the leader broker `host:port`, one request at a time.
 /// A half-open connection (the leader died or is cut off) must not hold the fetcher
 /// forever: each call is bounded by the longest fetch wait plus a margin.
-async fn connect(host: &str, port: i32) -> Result<Conn, String> {
+async fn connect(host: &str, port: i32, max_wait: Duration) -> Result<Conn, String> {
     let addr = aio::resolve(host, port).await?;
     let conn = Conn::connect(addr, CLIENT_ID, Some(Duration::from_secs(1))).await?;
-    let limit = Duration::from_millis(FETCH_MAX_WAIT_MS as u64) + Duration::from_secs(10);
-    Ok(conn.with_call_timeout(limit))
+    Ok(conn.with_call_timeout(max_wait + Duration::from_secs(10)))
+}
+
+/// How one round of a fetcher ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Round {
+    /// Records came back, or the leader had none (after waiting): fetch again at once.
+    Fetched,
+    /// The leader refused some partition (not its leader yet, fenced, out of range) or
+    /// one could not truncate yet: fetch again after a back-off.
+    Refused,
+    /// A partition joined while the poll waited at the leader: the poll was abandoned
+    /// with its connection, so the new partition is fetched at once.
+    Interrupted,
 }
 
 /// Fetches for every partition this shard follows from `leader`, until there are none.
 pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
     let mut conn: Option<Conn> = None;
+    let mut backoff = RETRY_FIRST;
     loop {
         let Some(b) = broker.upgrade() else { return };
+        // Read before the partitions are listed: one that joins after this interrupts
+        // the round's poll.
+        let wake = b.fetcher_wake(leader);
+        let seen = wake.as_ref().map_or(0, |w| w.joined());
         let parts: Vec<Rc<Replica>> = b
             .replicas()
             .into_iter()
@@ -180,6 +199,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             b.fetcher_stopped(leader);
             return;
         }
+        let max_wait = Duration::from_millis(b.config.replica_fetch_wait_max_ms);
         if conn.is_none() {
             let image = b.image();
             let Some(addr) = image.brokers.get(&leader).cloned() else {
@@ -187,7 +207,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
                 glommio::timer::sleep(RETRY).await;
                 continue;
             };
-            match connect(&addr.host, addr.port).await {
+            match connect(&addr.host, addr.port, max_wait).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::debug!(leader, error = %e, "replica fetcher cannot reach the leader");
@@ -199,15 +219,40 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
         }
         let c = conn.as_mut().expect("connected");
         let me = b.config.node_id;
+        drop(b);
+        let joined = async {
+            match &wake {
+                Some(w) => w.joined_since(seen).await,
+                None => std::future::pending().await,
+            }
+        };
         let result = async {
-            truncate_phase(c, me, &parts).await?;
-            fetch_phase(c, me, &parts).await
+            let truncating = truncate_phase(c, me, &parts).await?;
+            // A partition still truncating (its leader does not know it yet) is retried
+            // soon: this round's fetch must not wait at the leader.
+            let wait = if truncating { Duration::ZERO } else { max_wait };
+            let round = fetch_phase(c, me, &parts, wait, joined).await?;
+            Ok::<_, String>(if truncating && round == Round::Fetched {
+                Round::Refused
+            } else {
+                round
+            })
         }
         .await;
-        drop(b);
         match result {
-            Ok(true) => {}
-            Ok(false) => glommio::timer::sleep(RETRY).await,
+            Ok(Round::Fetched) => backoff = RETRY_FIRST,
+            Ok(Round::Interrupted) => {
+                tracing::debug!(
+                    leader,
+                    "a partition joined during the poll; fetching again at once"
+                );
+                conn = None;
+                backoff = RETRY_FIRST;
+            }
+            Ok(Round::Refused) => {
+                glommio::timer::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY);
+            }
             Err(e) => {
                 tracing::debug!(leader, error = %e, "replica fetch failed; reconnecting");
                 conn = None;
@@ -237,7 +282,8 @@ fn follower_state(r: &Replica) -> Option<(FollowerPhase, i32)> {
 }
 
 /// OffsetForLeaderEpoch for the partitions that must truncate, then the truncations.
-async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<(), String> {
+/// True if some partition could not truncate in this round (the leader refused it).
+async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<bool, String> {
     let todo: Vec<(&Rc<Replica>, i32, i32)> = parts
         .iter()
         .filter_map(|r| match follower_state(r) {
@@ -249,7 +295,7 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
         })
         .collect();
     if todo.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let topics = by_topic(todo.iter().map(|(r, epoch, latest)| {
         let p = OffsetForLeaderPartition::default()
@@ -307,11 +353,20 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
             }
         }
     }
-    Ok(())
+    Ok(todo
+        .iter()
+        .any(|(r, _, _)| matches!(follower_state(r), Some((FollowerPhase::Truncating, _)))))
 }
 
-/// One Fetch for the partitions that are fetching. True if any data came back.
-async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<bool, String> {
+/// One Fetch for the partitions that are fetching, waiting at most `wait` at the leader,
+/// abandoned if `joined` completes first.
+async fn fetch_phase(
+    c: &mut Conn,
+    me: i32,
+    parts: &[Rc<Replica>],
+    wait: Duration,
+    joined: impl std::future::Future<Output = ()>,
+) -> Result<Round, String> {
     let fetching: Vec<(&Rc<Replica>, i32)> = parts
         .iter()
         .filter_map(|r| match follower_state(r) {
@@ -320,7 +375,7 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
         })
         .collect();
     if fetching.is_empty() {
-        return Ok(false);
+        return Ok(Round::Refused);
     }
     let topics = by_topic(fetching.iter().map(|(r, epoch)| {
         let p = FetchPartition::default()
@@ -339,12 +394,20 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
     .collect();
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(me))
-        .with_max_wait_ms(FETCH_MAX_WAIT_MS)
+        .with_max_wait_ms(wait.as_millis() as i32)
         .with_min_bytes(1)
         .with_max_bytes(FETCH_BYTES)
         .with_session_epoch(-1)
         .with_topics(topics);
-    let resp = c.call(12, &req).await?;
+    let call = async { Some(c.call(12, &req).await) };
+    let interrupt = async {
+        joined.await;
+        None
+    };
+    let Some(resp) = futures_lite::future::or(call, interrupt).await else {
+        return Ok(Round::Interrupted);
+    };
+    let resp = resp?;
     let mut got_data = false;
     let mut had_error = false;
     for t in resp.responses {
@@ -410,7 +473,11 @@ async fn fetch_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<boo
             r.notify();
         }
     }
-    Ok(got_data || !had_error)
+    Ok(if got_data || !had_error {
+        Round::Fetched
+    } else {
+        Round::Refused
+    })
 }
 
 /// Appends fetched batches with their offsets, keeping the epoch history, then syncs

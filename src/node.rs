@@ -63,6 +63,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         shards = config.cores,
         "starting"
     );
+    let limits = storage_limits(config.cores);
     let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
     let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
     let lag = crate::lag::install(&config, &registry)?;
@@ -73,22 +74,22 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         MeshBuilders::new(config.cores, MeshLimits::default());
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
-    let shards =
-        (0..config.cores)
-            .map(|i| {
-                let (cfg, builders, stop, ready, registry, lag) = (
-                    config.clone(),
-                    builders.clone(),
-                    stop.clone(),
-                    ready.clone(),
-                    registry.clone(),
-                    lag.clone(),
-                );
-                move || async move {
-                    run_shard(ShardId(i), cfg, builders, stop, ready, registry, lag).await
-                }
-            })
-            .collect();
+    let shards = (0..config.cores)
+        .map(|i| {
+            let (cfg, builders, stop, ready) = (
+                config.clone(),
+                builders.clone(),
+                stop.clone(),
+                ready.clone(),
+            );
+            let shared = Shared {
+                limits: limits.clone(),
+                registry: registry.clone(),
+                lag: lag.clone(),
+            };
+            move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
+        })
+        .collect();
     let results = sluice_shard::spawn_shards(&runtime, shards);
     let mut failed = Vec::new();
     for (i, r) in results.into_iter().enumerate() {
@@ -106,23 +107,65 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     }
 }
 
+/// Each shard's share of the process's open-file limit: half of the limit (at least
+/// 1,024) stays for sockets, the metadata quorum and short-lived files; the rest
+/// is split evenly between the shards, a quarter of a share for read handles of closed
+/// segments and the rest, 3 each, for logs whose active segment's files are open
+/// (beyond that the least recently appended idle logs close theirs:
+/// `StorageLimits::active_logs_max`).
+pub fn storage_limits(shards: usize) -> StorageLimits {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(1 << 24) as usize
+    } else {
+        1024
+    };
+    let reserve = (limit / 2).max(1024);
+    let share = limit.saturating_sub(reserve) / shards.max(1);
+    let read = (share / 4).clamp(16, 1024);
+    let active = (share.saturating_sub(read) / 3).max(16);
+    tracing::info!(
+        open_files_limit = limit,
+        per_shard_active_logs = active,
+        per_shard_read_handles = read,
+        "descriptor budget"
+    );
+    StorageLimits {
+        open_segment_files_max: read,
+        active_logs_max: active,
+        ..StorageLimits::default()
+    }
+}
+
+/// What every shard gets from start-up besides its config: its storage budget, the
+/// metrics registry and the lag board (both read by the HTTP thread).
+struct Shared {
+    limits: StorageLimits,
+    registry: Arc<crate::metrics::Registry>,
+    lag: Arc<crate::lag::LagBoard>,
+}
+
 async fn run_shard(
     shard: ShardId,
     config: BrokerConfig,
     builders: MeshBuilders<ShardReq, ShardResp>,
+    shared: Shared,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
-    registry: Arc<crate::metrics::Registry>,
-    lag: Arc<crate::lag::LagBoard>,
 ) -> Result<(), String> {
+    let Shared {
+        limits,
+        registry,
+        lag,
+    } = shared;
     // Storage first: it must be the first DMA-file user on this executor.
-    let storage = Storage::open(
-        &config.data_dir,
-        StorageLimits::default(),
-        Rc::new(SystemClock),
-    )
-    .await
-    .map_err(|e| format!("opening storage: {e}"))?;
+    let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
+        .await
+        .map_err(|e| format!("opening storage: {e}"))?;
     storage
         .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
         .map_err(|e| e.to_string())?;

@@ -112,6 +112,14 @@ fn not_leader() -> ApiError {
     )
 }
 
+/// Whom a replica follows after [`Replica::reconcile`], and whether it just started to
+/// (new replica, new leader or new leader epoch: it must truncate, then fetch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Follow {
+    pub leader: i32,
+    pub joined: bool,
+}
+
 impl Replica {
     pub fn open(topic: &str, partition: i32, log: Rc<PartitionLog>) -> Rc<Replica> {
         let checkpoint = log.dir().join(CHECKPOINT);
@@ -283,7 +291,12 @@ impl Replica {
 
     /// Adopts the committed assignment. Returns the leader to follow if this replica
     /// just became (or stays) a follower.
-    pub fn reconcile(self: &Rc<Self>, me: i32, a: &PartitionState, lag_max_ms: u64) -> Option<i32> {
+    pub fn reconcile(
+        self: &Rc<Self>,
+        me: i32,
+        a: &PartitionState,
+        lag_max_ms: u64,
+    ) -> Option<Follow> {
         self.known_epoch.set(a.leader_epoch);
         let mut role = self.role.borrow_mut();
         let hw = match &*role {
@@ -331,14 +344,20 @@ impl Replica {
         }
         if let Role::Follower(f) = &*role {
             if f.leader() == a.leader && f.leader_epoch() == a.leader_epoch {
-                return Some(a.leader);
+                return Some(Follow {
+                    leader: a.leader,
+                    joined: false,
+                });
             }
         }
         tracing::info!(topic = %self.topic, partition = self.partition, leader = a.leader, epoch = a.leader_epoch, "following");
         *role = Role::Follower(isr::Follower::new(me, a.leader, a.leader_epoch, hw));
         drop(role);
         self.notify();
-        Some(a.leader)
+        Some(Follow {
+            leader: a.leader,
+            joined: true,
+        })
     }
 
     /// acks=all gate before appending.
@@ -507,17 +526,64 @@ impl Replica {
     }
 }
 
-/// Per-shard registry of running fetchers.
+/// Per-shard registry of running fetchers, one per leader. A fetcher long-polls its
+/// leader for the partitions it had when the poll began; a partition that starts
+/// following that leader meanwhile (a new replica, a new leader, a new epoch) wakes it
+/// through [`FetcherWake`], so the partition's first fetch does not wait for the poll to
+/// end (acks=all on a new topic, or after a leader change, waits for that fetch).
 #[derive(Default)]
 pub struct Fetchers {
-    running: RefCell<HashMap<i32, ()>>,
+    running: RefCell<HashMap<i32, Rc<FetcherWake>>>,
+}
+
+/// Counts the partitions that joined a fetcher, and wakes it when one does.
+#[derive(Default)]
+pub struct FetcherWake {
+    joined: Cell<u64>,
+    event: Event,
+}
+
+impl FetcherWake {
+    /// How many partitions have joined so far.
+    pub fn joined(&self) -> u64 {
+        self.joined.get()
+    }
+
+    /// Completes once a partition joined after [`Self::joined`] returned `seen`.
+    pub async fn joined_since(&self, seen: u64) {
+        while self.joined.get() == seen {
+            let listener = self.event.listen();
+            if self.joined.get() != seen {
+                return;
+            }
+            listener.await;
+        }
+    }
 }
 
 impl Fetchers {
-    /// True if a fetcher for `leader` must be started.
-    pub fn claim(&self, leader: i32) -> bool {
-        self.running.borrow_mut().insert(leader, ()).is_none()
+    /// A partition of this shard started following `leader`. True if a fetcher for it
+    /// must be started; otherwise the running one is woken.
+    pub fn joined(&self, leader: i32) -> bool {
+        let mut running = self.running.borrow_mut();
+        match running.get(&leader) {
+            Some(wake) => {
+                wake.joined.set(wake.joined.get() + 1);
+                wake.event.notify(usize::MAX);
+                false
+            }
+            None => {
+                running.insert(leader, Rc::default());
+                true
+            }
+        }
     }
+
+    /// The wake-up of the running fetcher for `leader`.
+    pub fn wake(&self, leader: i32) -> Option<Rc<FetcherWake>> {
+        self.running.borrow().get(&leader).cloned()
+    }
+
     pub fn release(&self, leader: i32) {
         self.running.borrow_mut().remove(&leader);
     }

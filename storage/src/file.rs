@@ -709,9 +709,24 @@ impl Drop for Truncating<'_> {
     }
 }
 
+/// Small files (checkpoints, snapshots, `partition.meta`) a shard writes at once: each
+/// holds a descriptor while it is written, and a leadership change of thousands of
+/// partitions would otherwise open thousands together.
+const ATOMIC_WRITES_MAX: u64 = 64;
+
+thread_local! {
+    static ATOMIC_WRITES: Rc<glommio::sync::Semaphore> =
+        Rc::new(glommio::sync::Semaphore::new(ATOMIC_WRITES_MAX));
+}
+
 /// Writes `data` to `path` durably and atomically (temp file `<name>.tmp`, fdatasync,
-/// rename, directory fsync).
+/// rename, directory fsync). At most [`ATOMIC_WRITES_MAX`] run at once per shard.
 pub async fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
+    let writes = ATOMIC_WRITES.with(Rc::clone);
+    let _permit = writes
+        .acquire_permit(1)
+        .await
+        .map_err(|e| Error::io(path, std::io::Error::other(e.to_string())))?;
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);

@@ -277,6 +277,10 @@ pub struct StorageLimits {
     pub tail_cache_bytes: usize,
     /// Read handles of closed segments kept open at once (LRU beyond that).
     pub open_segment_files_max: usize,
+    /// Logs whose active segment's files (3 descriptors: .log, .index, .timeindex) are
+    /// open at once. Opening one more first closes the least recently appended idle
+    /// one (sealed: synced, preallocation trimmed); its next append reopens it.
+    pub active_logs_max: usize,
     /// Largest single write handed to the device; more pending bytes wait their turn.
     pub write_bytes_max: usize,
     /// Largest read a single `read` call issues (bounds memory per fetch).
@@ -290,6 +294,7 @@ impl Default for StorageLimits {
         StorageLimits {
             tail_cache_bytes: 256 << 20,
             open_segment_files_max: 1024,
+            active_logs_max: 4096,
             write_bytes_max: 8 << 20,
             read_bytes_max: 64 << 20,
             cleaner_map_bytes_max: 64 << 20,
@@ -299,6 +304,9 @@ impl Default for StorageLimits {
 
 impl StorageLimits {
     pub fn validate(&self) -> Result<(), Error> {
+        if self.active_logs_max == 0 {
+            return Err(Error::Config("active_logs_max must be at least 1".into()));
+        }
         if self.open_segment_files_max == 0 {
             return Err(Error::Config(
                 "open_segment_files_max must be at least 1".into(),

@@ -27,7 +27,7 @@
 //! whose batches are gone, as Kafka does).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
@@ -204,6 +204,57 @@ impl ReadHandles {
     }
 }
 
+/// The logs of a shard whose active segment's files are open, least recently appended
+/// first: the descriptor budget ([`StorageLimits::active_logs_max`]). Touched on every
+/// append (two map updates); a log leaves when its files close.
+#[derive(Default)]
+struct ActiveLogs {
+    tick: u64,
+    order: BTreeMap<u64, LogId>,
+    logs: HashMap<LogId, (u64, Weak<PartitionLog>)>,
+}
+
+impl ActiveLogs {
+    fn touch(&mut self, id: LogId, log: &Weak<PartitionLog>) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some((old, _)) = self.logs.insert(id, (tick, log.clone())) {
+            self.order.remove(&old);
+        }
+        self.order.insert(tick, id);
+    }
+
+    fn forget(&mut self, id: LogId) {
+        if let Some((tick, _)) = self.logs.remove(&id) {
+            self.order.remove(&tick);
+        }
+    }
+
+    /// The least recently appended log other than `except` that is idle (no roll,
+    /// truncation or close running); it leaves the set. Logs that are gone are dropped
+    /// on the way.
+    fn take_victim(&mut self, except: Option<LogId>) -> Option<Rc<PartitionLog>> {
+        let candidates: Vec<(u64, LogId)> = self.order.iter().map(|(t, id)| (*t, *id)).collect();
+        for (tick, id) in candidates {
+            if Some(id) == except {
+                continue;
+            }
+            let Some(log) = self.logs.get(&id).and_then(|(_, w)| w.upgrade()) else {
+                self.order.remove(&tick);
+                self.logs.remove(&id);
+                continue;
+            };
+            if log.busy.get() {
+                continue;
+            }
+            self.order.remove(&tick);
+            self.logs.remove(&id);
+            return Some(log);
+        }
+        None
+    }
+}
+
 async fn open_read(path: &Path) -> Result<Rc<DmaFile>, Error> {
     fault::check_io(path, FaultOp::Open)?;
     Ok(Rc::new(
@@ -224,6 +275,11 @@ pub struct Storage {
     clock: Rc<dyn Clock>,
     next_id: Cell<LogId>,
     logs: RefCell<Vec<Weak<PartitionLog>>>,
+    active: RefCell<ActiveLogs>,
+    /// Reads from disk at once: each may hold a descriptor of a closed segment (one the
+    /// read handles have evicted meanwhile too), so a fetch of thousands of partitions
+    /// must not open them all together.
+    disk_reads: glommio::sync::Semaphore,
     /// `producer.id.expiration.check.interval.ms` and when the last check ran.
     expiry_check_interval_ms: Cell<u64>,
     last_expiry_check_ms: Cell<i64>,
@@ -250,13 +306,42 @@ impl Storage {
                 tick: 0,
                 files: HashMap::new(),
             }),
+            disk_reads: glommio::sync::Semaphore::new(
+                (limits.open_segment_files_max as u64 / 2).max(1),
+            ),
             limits,
             next_id: Cell::new(1),
             logs: RefCell::new(Vec::new()),
+            active: RefCell::new(ActiveLogs::default()),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
             clock,
         }))
+    }
+
+    /// Logs whose active segment's files are open now.
+    pub fn active_logs(&self) -> usize {
+        self.active.borrow().logs.len()
+    }
+
+    /// Closes the files of the least recently appended idle logs until one more log's
+    /// can open within [`StorageLimits::active_logs_max`]. If every open log is busy,
+    /// the budget is exceeded for a moment rather than an append refused.
+    async fn make_room(&self, except: Option<LogId>) {
+        loop {
+            let victim = {
+                let mut active = self.active.borrow_mut();
+                if active.logs.len() < self.limits.active_logs_max {
+                    return;
+                }
+                active.take_victim(except)
+            };
+            let Some(log) = victim else { return };
+            // A failure fails that log (and is reported by it), not this one.
+            if let Err(e) = log.deactivate().await {
+                tracing::warn!(log = %log.name, error = %e, "closing an idle log's files failed");
+            }
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -294,6 +379,8 @@ impl Storage {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut report = RecoveryReport::default();
+        // Recovery opens the last segment's files for appending.
+        self.make_room(None).await;
         let found = recover_dir(&dir, self, &config, &mut report).await?;
         let log_start = found.log_start;
         let segments = found.segments;
@@ -302,8 +389,9 @@ impl Storage {
             .max(log_start);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let log = Rc::new(PartitionLog {
+        let log = Rc::new_cyclic(|me| PartitionLog {
             id,
+            me: me.clone(),
             name: name.to_string(),
             dir,
             storage: self.clone(),
@@ -329,6 +417,7 @@ impl Storage {
         // R15–R19: the producer state and the `.txnindex` entries it derives.
         let limit = found.txn_damaged_from.unwrap_or(i64::MAX);
         log.rebuild_producer_state(limit, &mut report).await?;
+        log.touch_active();
         let mut logs = self.logs.borrow_mut();
         logs.retain(|w| w.strong_count() > 0);
         logs.push(Rc::downgrade(&log));
@@ -568,6 +657,8 @@ impl LogState {
 /// One partition's log. Lives on one shard; share it with `Rc`.
 pub struct PartitionLog {
     id: LogId,
+    /// This log, for the shard's set of logs with open files ([`ActiveLogs`]).
+    me: Weak<PartitionLog>,
     name: String,
     dir: PathBuf,
     storage: Rc<Storage>,
@@ -800,6 +891,94 @@ impl PartitionLog {
         }
     }
 
+    /// Counts this log's active files as the most recently used.
+    fn touch_active(&self) {
+        if self.state.borrow().active().active.is_some() {
+            self.storage.active.borrow_mut().touch(self.id, &self.me);
+        }
+    }
+
+    /// Closes the active segment's files of this idle log (the shard's descriptor
+    /// budget, [`StorageLimits::active_logs_max`]): they are sealed as a roll seals
+    /// them (written, synced, preallocation trimmed, indexes written), so on disk the
+    /// segment is a closed one until the next append, roll or truncation reopens it.
+    /// Reads are served from read handles meanwhile. False if they were not open.
+    pub async fn deactivate(&self) -> Result<bool, Error> {
+        self.guarded(self.deactivate_unguarded()).await
+    }
+
+    async fn deactivate_unguarded(&self) -> Result<bool, Error> {
+        let _guard = self.lock().await;
+        self.storage.active.borrow_mut().forget(self.id);
+        if self.closed.get() {
+            return Ok(false);
+        }
+        let Some(log) = self
+            .state
+            .borrow()
+            .active()
+            .active
+            .as_ref()
+            .map(|a| a.log.clone())
+        else {
+            return Ok(false);
+        };
+        // Appends wait for the lock: everything pushed so far is in `log`.
+        log.seal().await?;
+        let (indexes, txn_file) = {
+            let mut st = self.state.borrow_mut();
+            let seg = st.active_mut();
+            let indexes = seg.persist_indexes(u64::MAX)?;
+            (indexes, seg.txn_dirty.then(|| seg.txn_index_file()))
+        };
+        for f in &indexes {
+            f.seal().await?;
+        }
+        if let Some(t) = txn_file {
+            t.write().await?;
+            self.state.borrow_mut().active_mut().txn_dirty = false;
+        }
+        self.state.borrow_mut().active_mut().detach();
+        tracing::debug!(log = %self.name, "closed an idle log's files");
+        Ok(true)
+    }
+
+    /// Reopens the active segment's files if [`Self::deactivate`] closed them, first
+    /// making room in the descriptor budget. On return the files are open and the log
+    /// is idle; the caller must use them before its next await.
+    async fn ensure_active(&self) -> Result<(), Error> {
+        loop {
+            self.wait_idle().await;
+            if self.state.borrow().active().active.is_some() {
+                self.touch_active();
+                return Ok(());
+            }
+            self.storage.make_room(Some(self.id)).await;
+            let _guard = self.lock().await;
+            self.check_open()?;
+            self.reactivate_locked().await?;
+        }
+    }
+
+    /// Under the lock: opens the last segment's files for appending if they are closed.
+    async fn reactivate_locked(&self) -> Result<(), Error> {
+        let activation = {
+            let st = self.state.borrow();
+            st.active()
+                .active
+                .is_none()
+                .then(|| st.active().activation())
+        };
+        if let Some(a) = activation {
+            let path = self.state.borrow().active().path("log");
+            self.storage.handles.borrow_mut().forget(&path);
+            let files = a.open(self.storage.limits.write_bytes_max).await?;
+            self.state.borrow_mut().active_mut().attach(files);
+            self.touch_active();
+        }
+        Ok(())
+    }
+
     async fn lock(&self) -> BusyGuard<'_> {
         self.wait_idle().await;
         self.busy.set(true);
@@ -1019,6 +1198,8 @@ impl PartitionLog {
             header.last_offset() - self.log_end_offset()
         };
         self.maybe_roll(batch.len() as u64, span).await?;
+        // No await from here to the push: the files stay open for it.
+        self.ensure_active().await?;
         self.check_open()?;
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
@@ -1132,6 +1313,9 @@ impl PartitionLog {
     /// sealed (its `.txnindex` too), then the producer state is snapshotted at the new
     /// base, then the new segment is created.
     async fn roll_locked_at(&self, base: Option<i64>) -> Result<(), Error> {
+        // An idle log's closed files are reopened, so the roll seals them as usual
+        // (with the closing time-index entry).
+        self.reactivate_locked().await?;
         let (files, new_base, txn_file, old_base) = {
             let mut st = self.state.borrow_mut();
             let seg = st.active_mut();
@@ -1176,10 +1360,13 @@ impl PartitionLog {
         )
         .await?;
         file::sync_dir(&self.dir).await?;
-        let mut st = self.state.borrow_mut();
-        st.active_mut().finish_close();
-        st.segments.push(seg);
-        st.check_invariants();
+        {
+            let mut st = self.state.borrow_mut();
+            st.active_mut().finish_close();
+            st.segments.push(seg);
+            st.check_invariants();
+        }
+        self.touch_active();
         tracing::debug!(log = %self.name, base = new_base, "rolled segment");
         Ok(())
     }
@@ -1546,6 +1733,12 @@ impl PartitionLog {
         max_bytes: usize,
         upper: i64,
     ) -> Result<Vec<Bytes>, Error> {
+        let _permit = self
+            .storage
+            .disk_reads
+            .acquire_permit(1)
+            .await
+            .map_err(|e| Error::Config(format!("storage closed: {e}")))?;
         let mut offset = offset;
         loop {
             let (file_src, path, pos, end, next_base, base, generation) = {
@@ -1741,19 +1934,7 @@ impl PartitionLog {
         }
         // Re-open the now-last segment for appends if it was closed. The segment stays
         // in the log meanwhile, so readers always find a last segment.
-        let activation = {
-            let st = self.state.borrow();
-            st.active()
-                .active
-                .is_none()
-                .then(|| st.active().activation())
-        };
-        if let Some(a) = activation {
-            let path = self.state.borrow().active().path("log");
-            self.storage.handles.borrow_mut().forget(&path);
-            let files = a.open(self.storage.limits.write_bytes_max).await?;
-            self.state.borrow_mut().active_mut().attach(files);
-        }
+        self.reactivate_locked().await?;
         // Find the batch boundary at or below `offset` in the active segment.
         let (pos, next) = self.locate_batch_start(offset).await?;
         let log_file = {
@@ -2324,6 +2505,7 @@ impl PartitionLog {
     async fn close_unguarded(&self) -> Result<(), Error> {
         let _guard = self.lock().await;
         self.closed.set(true);
+        self.storage.active.borrow_mut().forget(self.id);
         let files = {
             let mut st = self.state.borrow_mut();
             st.active_mut().persist_indexes(u64::MAX)?;

@@ -368,6 +368,13 @@ impl Segment {
         self.active = None;
     }
 
+    /// The files were sealed while the segment stays the last one (an idle log's
+    /// files closed to save descriptors): reads open read handles of a new generation.
+    pub fn detach(&mut self) {
+        self.active = None;
+        self.generation = next_generation();
+    }
+
     pub async fn remove_files(dir: &Path, base_offset: i64) {
         for ext in ["log", "index", "timeindex", "txnindex"] {
             let _ = file::remove(dir.join(file_name(base_offset, ext))).await;

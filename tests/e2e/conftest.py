@@ -113,8 +113,9 @@ class Broker:
     test ended it, so `problems()` can tell an expected exit from a death."""
 
     def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=(),
-                 metrics_port=None):
+                 metrics_port=None, nofile=None):
         self.data_dir = str(data_dir)
+        self.nofile = nofile  # the process's open-file limit (soft and hard), if set
         self.port = port or free_port()
         # An explicit metrics port of its own (the default, Kafka port + 552, could be
         # another test's); a test that passes --metrics-listen in `extra` decides itself,
@@ -161,9 +162,14 @@ class Broker:
         self.proc = subprocess.Popen(
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
              "--cores", str(self.cores), *self.metrics_flags(), *self.extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits)
         self.runs.append([self.proc, None])
         return self
+
+    def _limits(self):
+        if self.nofile is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def metrics_flags(self):
         if not self.metrics_flag:
@@ -286,8 +292,9 @@ def make_broker(tmp_path, request):
     or panic line in its log beyond the test's broker_log_errors patterns."""
     brokers = []
 
-    def make(cores=1, extra=(), data_dir=None, port=None, env=None):
-        b = Broker(data_dir or (tmp_path / f"data{len(brokers)}"), port=port, cores=cores, extra=extra, env=env)
+    def make(cores=1, extra=(), data_dir=None, port=None, env=None, nofile=None):
+        b = Broker(data_dir or (tmp_path / f"data{len(brokers)}"), port=port, cores=cores, extra=extra, env=env,
+                   nofile=nofile)
         brokers.append(b)
         return b.start()
 

@@ -712,3 +712,45 @@ def test_list_offsets_on_a_broker_without_the_partition_says_not_leader(cluster)
                 assert (err, offset) == (0, 0), f"broker {i}, {topic}-{p}: {err}"
             else:
                 assert err == 6, f"broker {i} holds no {topic}-{p} but answered {err}"
+
+
+# (issue 17) ---------------------------------------------------------------------------
+
+def test_new_partitions_and_new_leaders_do_not_wait_for_the_followers_poll(tmp_path):
+    """A follower's fetcher long-polls its leader for the partitions it already has. A
+    partition that starts following that leader meanwhile (a new topic, or a new leader
+    after a failover) must be fetched at once, not after the poll ends, or every acks=all
+    write to it waits for the poll. With --replica-fetch-wait-max-ms 30000 the polls
+    outlast the producer's 15 s message timeout, so each write below is acknowledged only
+    if the new partition's first fetch came before the running poll ended (the order of
+    events, whatever the machine's speed)."""
+    c = Cluster(tmp_path / "cluster", n=3, extra=["--replica-fetch-wait-max-ms", "30000"]).start()
+    try:
+        # Every broker leads one partition of "idle" and follows the others: each has a
+        # fetcher to each leader, parked in a 30 s poll once these writes are replicated.
+        c.create_topic("idle", partitions=3, rf=3, configs=DURABLE)
+        acks = Acks()
+        p = producer(c.bootstrap, **{"message.timeout.ms": 15000, "request.timeout.ms": 15000})
+        produce_n(p, "idle", [0, 1, 2], 3, acks, "idle", deadline=20)
+        assert not acks.failed and acks.count() == 3, acks.failed
+
+        # A new topic: its partitions join the parked fetchers.
+        c.create_topic("fresh", partitions=3, rf=3, configs=DURABLE)
+        acks = Acks()
+        produce_n(p, "fresh", [0, 1, 2], 30, acks, "fresh", deadline=20)
+        assert not acks.failed and acks.count() == 30, \
+            f"acks=all on a new topic waited for the followers' running poll: {acks.failed[:3]}"
+
+        # A new leader: the surviving follower of fresh-0 moves to the new leader's
+        # fetcher, which is parked in a poll for the partitions it already had.
+        old = c.leader_of("fresh", 0)
+        c.kill(old)
+        c.wait_until(lambda: leader_or_none(c, "fresh", 0) not in (None, -1, old), 30,
+                     "a new leader for fresh-0")
+        acks = Acks()
+        produce_n(p, "fresh", [0], 10, acks, "failover", deadline=20)
+        assert not acks.failed and acks.count() == 10, \
+            f"acks=all after a leader change waited for the follower's running poll: {acks.failed[:3]}"
+        p.flush(5)
+    finally:
+        c.stop()

@@ -1,0 +1,147 @@
+//! The shard's descriptor budget (`StorageLimits::active_logs_max`): at most that many
+//! logs keep their active segment's files open; appending to another first closes the
+//! least recently appended idle one, whose next append reopens it. Nothing appended is
+//! lost or reordered across the close and reopen, reads are served meanwhile, a roll and
+//! a truncation of a closed log work, and a restart recovers every log.
+
+mod common;
+
+use std::rc::Rc;
+
+use common::*;
+use sluice_storage::{LogConfig, PartitionLog, StorageLimits};
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn limits(active: usize) -> StorageLimits {
+    StorageLimits {
+        active_logs_max: active,
+        open_segment_files_max: 4,
+        ..no_cache()
+    }
+}
+
+#[test]
+fn active_files_stay_within_the_budget_and_nothing_is_lost() {
+    const LOGS: usize = 40;
+    const BUDGET: usize = 5;
+    const ROUNDS: usize = 6;
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, limits(BUDGET)).await;
+        let before = open_descriptors();
+        let mut logs: Vec<Rc<PartitionLog>> = Vec::new();
+        for i in 0..LOGS {
+            logs.push(
+                s.open_log(&format!("t-{i}"), small_segments(4096))
+                    .await
+                    .unwrap(),
+            );
+            assert!(
+                s.active_logs() <= BUDGET,
+                "{} logs open after opening {i}",
+                s.active_logs()
+            );
+        }
+        let mut want: Vec<Vec<Vec<u8>>> = vec![Vec::new(); LOGS];
+        for round in 0..ROUNDS {
+            for (i, log) in logs.iter().enumerate() {
+                let b = batch(1000 + round as i64, 3, (round * LOGS + i) as u64);
+                log.append(&b, 0).await.unwrap();
+                log.flush().await.unwrap();
+                want[i].push(b);
+                assert!(s.active_logs() <= BUDGET, "{} logs open", s.active_logs());
+            }
+            // Reads of logs whose files were closed.
+            let got = read_all(&logs[0]).await;
+            assert_eq!(got.len(), want[0].len());
+        }
+        // 3 descriptors per open log, plus read handles: bounded by the budget, not by
+        // the number of logs.
+        let used = open_descriptors().saturating_sub(before);
+        assert!(
+            used <= BUDGET * 3 + 4 + 8,
+            "{used} descriptors for {LOGS} logs"
+        );
+        for (i, log) in logs.iter().enumerate() {
+            let got = read_all(log).await;
+            let expect: Vec<Vec<u8>> = want[i]
+                .iter()
+                .flat_map(|b| batches_of(b))
+                .map(|(_, v)| v)
+                .collect();
+            let values: Vec<Vec<u8>> = got.into_iter().map(|(_, v)| v).collect();
+            assert_eq!(values, expect, "log {i}");
+            assert_eq!(log.log_end_offset(), (ROUNDS * 3) as i64);
+        }
+        // A roll and a truncation of a log whose files are closed.
+        logs[1].deactivate().await.unwrap();
+        logs[1].roll().await.unwrap();
+        logs[1].append(&batch(2000, 2, 9999), 0).await.unwrap();
+        logs[1].flush().await.unwrap();
+        assert_eq!(logs[1].log_end_offset(), (ROUNDS * 3 + 2) as i64);
+        logs[2].deactivate().await.unwrap();
+        logs[2].truncate_to(3).await.unwrap();
+        assert_eq!(logs[2].log_end_offset(), 3);
+        logs[2].append(&batch(3000, 1, 7777), 0).await.unwrap();
+        logs[2].flush().await.unwrap();
+        assert_eq!(logs[2].log_end_offset(), 4);
+        let ends: Vec<i64> = logs.iter().map(|l| l.log_end_offset()).collect();
+        // Logs left with closed files and logs with open ones restart alike.
+        for log in &logs {
+            log.close().await.unwrap();
+        }
+        drop(logs);
+        let s = storage(&dir, limits(BUDGET)).await;
+        for (i, end) in ends.iter().enumerate() {
+            let log = s
+                .open_log(&format!("t-{i}"), LogConfig::default())
+                .await
+                .unwrap();
+            assert_eq!(log.log_end_offset(), *end, "log {i} after restart");
+            let got = read_all(&log).await;
+            assert_eq!(
+                got.last().map(|(o, _)| *o),
+                Some(
+                    *end - if i == 1 {
+                        2
+                    } else if i == 2 {
+                        1
+                    } else {
+                        3
+                    }
+                )
+            );
+            assert!(s.active_logs() <= BUDGET);
+        }
+    });
+}
+
+/// A log closed to save descriptors holds no preallocated space.
+#[test]
+fn closing_an_idle_log_trims_its_preallocation() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, limits(1)).await;
+        let a = s.open_log("a-0", LogConfig::default()).await.unwrap();
+        a.append(&batch(1, 1, 1), 0).await.unwrap();
+        a.flush().await.unwrap();
+        let seg = dir.join("a-0").join(format!("{:020}.log", 0));
+        let len_open = std::fs::metadata(&seg).unwrap().len();
+        let b = s.open_log("b-0", LogConfig::default()).await.unwrap();
+        b.append(&batch(1, 1, 2), 0).await.unwrap();
+        assert_eq!(s.active_logs(), 1);
+        let len_closed = std::fs::metadata(&seg).unwrap().len();
+        let logical = read_chunks(&a)
+            .await
+            .iter()
+            .map(|(_, b)| b.len() as u64)
+            .sum::<u64>();
+        assert_eq!(len_closed, logical, "closed segment trimmed to its records");
+        assert!(len_open >= len_closed);
+    });
+}

@@ -7,10 +7,21 @@
 //! record count, the length and the CRC change. Offsets therefore never move: a
 //! compacted log simply has gaps.
 //!
-//! Not compacted (kept verbatim, and their keys not counted): compressed batches and
-//! control batches. Records without a key are kept. Tombstones are dropped once their
-//! timestamp is older than `delete.retention.ms` (Kafka counts from when the
-//! tombstone's segment was first cleaned instead).
+//! Compressed batches are compacted like uncompressed ones (as Kafka's cleaner does):
+//! their records are decompressed ([`decode`], bounded by
+//! [`codec::DECOMPRESSED_BYTES_MAX`]) to count their keys and to filter them, and the
+//! records kept are compressed again with the batch's own codec (default levels, as
+//! Kafka's cleaner) under the same header rules as above: the same base offset, last
+//! offset delta, timestamps, producer id, epoch, base sequence and flags; new length,
+//! record count and CRC. (Kafka's cleaner rebuilds the batch, recomputing the base and
+//! max timestamps from the records kept; here they stay as the producer wrote them, as
+//! for uncompressed batches.) A compressed batch that does not decompress is kept
+//! verbatim and its keys are not counted.
+//!
+//! Not compacted (kept verbatim, and their keys not counted): control batches. Records
+//! without a key are kept. Tombstones are dropped once their timestamp is older than
+//! `delete.retention.ms` (Kafka counts from when the tombstone's segment was first
+//! cleaned instead).
 //!
 //! ## Transactions (Kafka's cleaner rules)
 //!
@@ -25,17 +36,20 @@
 //!   its producer was met since the producer's previous marker. Until then it stays,
 //!   with its `.txnindex` entry.
 //! - A batch the producer state still remembers ([`crate::producer::CleanerKeeps`])
-//!   is never removed: if its records go, an empty batch (header only) stays, so that
-//!   sequence numbers and epochs survive a rebuild of the state from the log.
+//!   is never removed: if its records go, an empty batch (header only, uncompressed,
+//!   as Kafka writes it) stays, so that sequence numbers and epochs survive a rebuild
+//!   of the state from the log.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use bytes::BufMut;
 
 use crate::batch::{self, get_varint, BatchHeader, EndTxnMarker, HEADER_BYTES};
+use crate::codec::{self, Codec, Lz4Framing};
 use crate::index::AbortedTxn;
 
-/// One record inside an uncompressed batch.
+/// One record of a batch (inside the decompressed records of a compressed one).
 #[derive(Debug, Clone, Copy)]
 pub struct RecordRef<'a> {
     pub offset: i64,
@@ -43,21 +57,69 @@ pub struct RecordRef<'a> {
     pub key: Option<&'a [u8]>,
     /// A null value: a delete marker for the key.
     pub is_tombstone: bool,
-    /// The record's bytes including its length prefix, to copy verbatim.
+    /// The record's bytes including its length prefix, to copy verbatim (from the
+    /// decompressed records, for a compressed batch).
     pub raw: &'a [u8],
 }
 
 /// The records of an uncompressed, non-control batch; `None` if the batch is
 /// compressed, a control batch, or its records do not parse. (A transactional batch
 /// is read like any other: whether its transaction was aborted is the caller's to
-/// know, from [`AbortedSet`].)
+/// know, from [`AbortedSet`].) [`decode`] reads compressed batches too.
 pub fn records(batch_bytes: &[u8]) -> Option<(BatchHeader, Vec<RecordRef<'_>>)> {
     let h = BatchHeader::parse(batch_bytes).ok()?;
     if h.compression() != 0 || h.is_control() {
         return None;
     }
+    Some((h, parse_records(&h, &batch_bytes[HEADER_BYTES..])?))
+}
+
+/// The records of a non-control batch, decompressed if it is compressed: what
+/// compaction reads of any batch.
+#[derive(Debug)]
+pub struct Decoded<'a> {
+    pub header: BatchHeader,
+    pub codec: Codec,
+    /// The records' bytes, uncompressed (borrowed from the batch if it was).
+    body: Cow<'a, [u8]>,
+}
+
+impl Decoded<'_> {
+    /// The records; `None` if they do not parse or their number is not the header's.
+    pub fn records(&self) -> Option<Vec<RecordRef<'_>>> {
+        parse_records(&self.header, &self.body)
+    }
+}
+
+/// `batch_bytes` (exactly one batch) decoded for compaction; `None` for a control
+/// batch, an unknown codec, or compressed records that do not decompress within
+/// [`codec::DECOMPRESSED_BYTES_MAX`].
+pub fn decode(batch_bytes: &[u8]) -> Option<Decoded<'_>> {
+    let header = BatchHeader::parse(batch_bytes).ok()?;
+    if header.is_control() {
+        return None;
+    }
+    let codec = Codec::from_id(u8::try_from(header.compression()).ok()?)?;
+    let body = if codec == Codec::None {
+        Cow::Borrowed(&batch_bytes[HEADER_BYTES..])
+    } else {
+        if batch_bytes.len() != header.total_bytes() {
+            return None;
+        }
+        let raw = &batch_bytes[HEADER_BYTES..];
+        Cow::Owned(codec::decompress(codec, raw, Lz4Framing::Standard).ok()?)
+    };
+    Some(Decoded {
+        header,
+        codec,
+        body,
+    })
+}
+
+/// Walks `h.record_count` records filling `body` exactly.
+fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a>>> {
     let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
-    let mut buf = &batch_bytes[HEADER_BYTES..];
+    let mut buf = body;
     let mut out = Vec::with_capacity((h.record_count.max(0) as usize).min(buf.len() / 7));
     for _ in 0..h.record_count {
         let start = buf;
@@ -95,7 +157,7 @@ pub fn records(batch_bytes: &[u8]) -> Option<(BatchHeader, Vec<RecordRef<'_>>)> 
     if !buf.is_empty() {
         return None;
     }
-    Some((h, out))
+    Some(out)
 }
 
 /// The latest offset of every key seen, within a memory budget.
@@ -138,9 +200,10 @@ impl KeyMap {
         self.latest.get(key).copied()
     }
 
-    /// Adds every keyed record of `batch` (a no-op for batches compaction skips).
+    /// Adds every keyed record of `batch`, compressed or not (a no-op for batches
+    /// compaction skips).
     pub fn add_batch(&mut self, batch_bytes: &[u8]) {
-        if let Some((_, recs)) = records(batch_bytes) {
+        if let Some(recs) = decode(batch_bytes).as_ref().and_then(Decoded::records) {
             for r in recs {
                 if let Some(k) = r.key {
                     self.insert(k, r.offset);
@@ -166,9 +229,13 @@ pub enum Filtered {
     Dropped,
 }
 
-/// Rewrites `batch` keeping the records for which `keep` says yes.
+/// Rewrites `batch` keeping the records for which `keep` says yes; a compressed batch
+/// has the records kept compressed again with its own codec.
 pub fn filter_batch(batch_bytes: &[u8], mut keep: impl FnMut(&RecordRef<'_>) -> bool) -> Filtered {
-    let Some((h, recs)) = records(batch_bytes) else {
+    let Some(decoded) = decode(batch_bytes) else {
+        return Filtered::Unchanged;
+    };
+    let Some(recs) = decoded.records() else {
         return Filtered::Unchanged;
     };
     let kept: Vec<&RecordRef<'_>> = recs.iter().filter(|r| keep(r)).collect();
@@ -181,15 +248,26 @@ pub fn filter_batch(batch_bytes: &[u8], mut keep: impl FnMut(&RecordRef<'_>) -> 
     let body: usize = kept.iter().map(|r| r.raw.len()).sum();
     let mut out = Vec::with_capacity(HEADER_BYTES + body);
     out.extend_from_slice(&batch_bytes[..HEADER_BYTES]);
-    for r in &kept {
-        out.extend_from_slice(r.raw);
+    if decoded.codec == Codec::None {
+        for r in &kept {
+            out.extend_from_slice(r.raw);
+        }
+    } else {
+        let mut plain = Vec::with_capacity(body);
+        for r in &kept {
+            plain.extend_from_slice(r.raw);
+        }
+        out.extend_from_slice(&codec::compress(
+            decoded.codec,
+            &plain,
+            codec::Levels::default(),
+        ));
     }
     let length = (out.len() - batch::LOG_OVERHEAD) as i32;
     (&mut out[8..12]).put_i32(length);
     (&mut out[batch::OFF_RECORD_COUNT..HEADER_BYTES]).put_i32(kept.len() as i32);
     let crc = crc32c::crc32c(&out[batch::OFF_ATTRIBUTES..]);
     (&mut out[17..batch::OFF_ATTRIBUTES]).put_u32(crc);
-    let _ = h;
     Filtered::Rewritten(out)
 }
 
@@ -318,6 +396,73 @@ mod tests {
             kept.iter().map(|r| r.offset).collect::<Vec<_>>(),
             vec![11, 12]
         );
+    }
+
+    #[test]
+    fn compressed_batches_are_filtered_like_their_uncompressed_form() {
+        use crate::codec::{compress, recompress_batch, Levels};
+        let mut plain = keyed(
+            100,
+            &[
+                (b"a", Some(b"1")),
+                (b"b", None),
+                (b"a", Some(b"3")),
+                (b"c", Some(b"4")),
+            ],
+        );
+        batch::assign(&mut plain, 10, 7, None);
+        let mut map = KeyMap::default();
+        map.add_batch(&plain);
+        map.insert(b"c", 20);
+        let keep = |r: &RecordRef<'_>| keep_record(&map, r, 0);
+        let Filtered::Rewritten(want) = filter_batch(&plain, keep) else {
+            panic!("expected a rewrite");
+        };
+        for codec in [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
+            let z = recompress_batch(&plain, codec, Levels::default()).unwrap();
+            assert!(records(&z).is_none(), "records() reads uncompressed only");
+            let mut zmap = KeyMap::default();
+            zmap.add_batch(&z);
+            assert_eq!(
+                (zmap.latest(b"a"), zmap.latest(b"b"), zmap.len()),
+                (Some(12), Some(11), 3),
+                "{codec:?}: keys counted"
+            );
+            let Filtered::Rewritten(got) = filter_batch(&z, keep) else {
+                panic!("{codec:?}: expected a rewrite");
+            };
+            let h = batch::validate(&got, false).unwrap();
+            assert_eq!(h.compression(), codec.id() as i16);
+            // Decompressed, it is byte for byte the uncompressed batch's rewrite.
+            assert_eq!(
+                recompress_batch(&got, Codec::None, Levels::default()).unwrap(),
+                want,
+                "{codec:?}"
+            );
+            // Nothing to drop: kept verbatim.
+            assert_eq!(filter_batch(&z, |_| true), Filtered::Unchanged, "{codec:?}");
+        }
+        // A compressed batch that does not decompress is kept, its keys not counted;
+        // so is one whose records inflate past the bound.
+        let mut bad = plain.clone();
+        bad[batch::OFF_ATTRIBUTES + 1] |= Codec::Gzip.id();
+        let crc = crc32c::crc32c(&bad[batch::OFF_ATTRIBUTES..]);
+        bad[17..21].copy_from_slice(&crc.to_be_bytes());
+        let mut bomb = plain[..HEADER_BYTES].to_vec();
+        bomb[batch::OFF_ATTRIBUTES + 1] |= Codec::Zstd.id();
+        bomb.extend(compress(
+            Codec::Zstd,
+            &vec![0; codec::DECOMPRESSED_BYTES_MAX + 1],
+            Levels::default(),
+        ));
+        let len = (bomb.len() - batch::LOG_OVERHEAD) as i32;
+        bomb[8..12].copy_from_slice(&len.to_be_bytes());
+        for b in [bad, bomb] {
+            let mut m = KeyMap::default();
+            m.add_batch(&b);
+            assert!(m.is_empty());
+            assert_eq!(filter_batch(&b, |_| false), Filtered::Unchanged);
+        }
     }
 
     #[test]

@@ -2182,7 +2182,8 @@ impl PartitionLog {
     /// (`min.cleanable.dirty.ratio`), builds the latest offset of every key over the
     /// dirty segments (whole segments, within `cleaner_map_bytes_max`) and rewrites the
     /// cleanable segments up to there keeping the latest record per key, dropping
-    /// tombstones older than `delete.retention.ms`. Transactions follow Kafka's rules
+    /// tombstones older than `delete.retention.ms`; compressed batches are decompressed,
+    /// filtered and compressed again with their own codec. Transactions follow Kafka's rules
     /// (see [`crate::compact`]): only segments wholly below the first unstable offset
     /// are cleanable, aborted transactions' records go, markers stay until their data
     /// is gone and they are older than `delete.retention.ms`, and batches the producer
@@ -2256,6 +2257,9 @@ impl PartitionLog {
                     if aborted.covering(&h).is_none() {
                         seg_map.add_batch(b);
                     }
+                    // A compressed batch is decompressed to read its keys: CPU work
+                    // other tasks should not wait behind.
+                    glommio::yield_if_needed().await;
                 }
                 pos = next;
                 if map.bytes() + seg_map.bytes() > budget {
@@ -2359,6 +2363,8 @@ impl PartitionLog {
                     seg.track_batch(&h, seg.size, k.len() as u64, interval);
                     out.push_bytes(k)?;
                 }
+                // Filtering a compressed batch decompresses and recompresses it.
+                glommio::yield_if_needed().await;
             }
             // Bound memory: write out what this window kept before reading on.
             out.wait_written(out.len()).await?;

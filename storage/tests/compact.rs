@@ -7,7 +7,8 @@ mod common;
 use std::rc::Rc;
 
 use common::*;
-use sluice_storage::batch::build;
+use sluice_storage::batch::{self, build, BatchHeader};
+use sluice_storage::codec::{self, Codec, Levels};
 use sluice_storage::compact;
 use sluice_storage::{LogConfig, ManualClock, PartitionLog, StorageLimits};
 
@@ -27,46 +28,52 @@ async fn put(log: &PartitionLog, ts: i64, key: &str, value: Option<&str>) -> i64
     log.append(&b, 0).await.unwrap().base_offset
 }
 
-/// (offset, key, value) of every record left in the log.
-async fn contents(log: &PartitionLog) -> Vec<(i64, String, Option<String>)> {
+/// Every batch left in the log, each checked as stored batches must be (layout and
+/// CRC-32C; compacted batches may hold fewer records than their offset span).
+async fn stored(log: &PartitionLog) -> Vec<(BatchHeader, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut offset = log.log_start_offset();
-    loop {
-        let r = log.read(offset, 1 << 20, None).await.unwrap();
-        if r.records.is_empty() {
-            break;
+    for (_, chunk) in read_chunks(log).await {
+        for (_, b) in batch::stored_batches(&chunk) {
+            let h = batch::validate(b, false).expect("a valid batch");
+            out.push((h, b.to_vec()));
         }
-        let mut rest = &r.records[..];
-        while let Some(total) = sluice_storage::batch::peek_total_bytes(rest) {
-            let (_, recs) = compact::records(&rest[..total]).unwrap();
-            for rec in recs {
-                let key = String::from_utf8(rec.key.unwrap().to_vec()).unwrap();
-                let value = (!rec.is_tombstone).then(|| {
-                    // The value is the tail of the raw record before the headers count.
-                    let raw = rec.raw;
-                    String::from_utf8_lossy(&raw[raw.len() - 1 - value_len(raw)..raw.len() - 1])
-                        .to_string()
-                });
-                out.push((rec.offset, key, value));
-            }
-            rest = &rest[total..];
-        }
-        offset = r.next_offset;
     }
     out
 }
 
-/// Values in these tests are short ASCII (< 64 bytes): one varint byte of length
-/// right before them.
-fn value_len(raw: &[u8]) -> usize {
-    let mut i = raw.len() - 2;
-    loop {
-        let len = (raw[i] >> 1) as usize;
-        if len == raw.len() - 2 - i {
-            return len;
+/// (offset, key, value) of every record left in the log, compressed batches
+/// decompressed; every record's offset lies in its batch's offset span.
+async fn contents(log: &PartitionLog) -> Vec<(i64, String, Option<String>)> {
+    let mut out = Vec::new();
+    for (h, b) in stored(log).await {
+        if h.is_control() {
+            continue;
         }
-        i -= 1;
+        let decoded = compact::decode(&b).expect("a readable batch");
+        for rec in decoded.records().expect("records that parse") {
+            assert!(rec.offset >= h.base_offset && rec.offset <= h.last_offset());
+            let (key, value) = key_value(rec.raw);
+            assert_eq!(Some(key.as_bytes()), rec.key);
+            assert_eq!(value.is_none(), rec.is_tombstone);
+            out.push((rec.offset, key, value));
+        }
     }
+    out
+}
+
+/// The key and value of a raw record (length prefix included).
+fn key_value(raw: &[u8]) -> (String, Option<String>) {
+    let mut rest = raw;
+    batch::get_varint(&mut rest).unwrap(); // length
+    rest = &rest[1..]; // attributes
+    batch::get_varint(&mut rest).unwrap(); // timestamp delta
+    batch::get_varint(&mut rest).unwrap(); // offset delta
+    let kl = batch::get_varint(&mut rest).unwrap() as usize;
+    let key = String::from_utf8(rest[..kl].to_vec()).unwrap();
+    rest = &rest[kl..];
+    let vl = batch::get_varint(&mut rest).unwrap();
+    let value = (vl >= 0).then(|| String::from_utf8(rest[..vl as usize].to_vec()).unwrap());
+    (key, value)
 }
 
 #[test]
@@ -302,5 +309,330 @@ fn crash_while_cleaning_leaves_a_readable_log() {
         assert!(report.removed_files >= 1);
         assert!(!dir.join("c7").join(format!("{stem}.log.cleaned")).exists());
         assert_eq!(contents(&again).await, got);
+    });
+}
+
+const CODECS: [Codec; 4] = [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd];
+
+/// A batch of `key=value` records (value `None`: tombstone) compressed with `codec`,
+/// of producer `pid` (`None`: no producer) with sequence 0, transactional or not.
+fn batch_with(
+    codec: Codec,
+    ts: i64,
+    records: &[(&str, Option<&str>)],
+    producer: Option<(i64, bool)>,
+) -> Vec<u8> {
+    let recs: Vec<build::NullableRecord<'_>> = records
+        .iter()
+        .map(|(k, v)| (Some(k.as_bytes()), v.map(str::as_bytes)))
+        .collect();
+    let mut plain = build::batch_nullable(ts, &recs);
+    if let Some((pid, txn)) = producer {
+        set_producer(&mut plain, pid, 0, 0, txn);
+    }
+    let b = codec::recompress_batch(&plain, codec, Levels::default()).unwrap();
+    assert_eq!(
+        BatchHeader::parse(&b).unwrap().compression(),
+        codec.id() as i16
+    );
+    b
+}
+
+/// Writes 40 batches of three records (two of six recurring keys and a key of their
+/// own, so every batch keeps something), batch `i` compressed with `codec_of(i)`,
+/// compacts, and checks that the closed segments hold exactly the latest record of
+/// each key, at its offset, in batches that keep their codec.
+async fn compacts_batches_of(
+    s: &Rc<sluice_storage::Storage>,
+    name: &str,
+    codec_of: impl Fn(usize) -> Codec,
+) {
+    let log = s.open_log(name, compacted(1024)).await.unwrap();
+    let mut written = std::collections::BTreeMap::new();
+    let mut codec_at = std::collections::HashMap::new();
+    for round in 0..40 {
+        let keys = [
+            format!("k{}", round % 6),
+            format!("k{}", (round * 5 + 1) % 6),
+            format!("u{round}"),
+        ];
+        let values: Vec<String> = (0..3).map(|i| format!("v{round}-{i}")).collect();
+        let recs: Vec<(&str, Option<&str>)> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| (k.as_str(), Some(v.as_str())))
+            .collect();
+        let codec = codec_of(round);
+        let base = log
+            .append(&batch_with(codec, 1, &recs, None), 0)
+            .await
+            .unwrap()
+            .base_offset;
+        codec_at.insert(base, codec);
+        for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+            written.insert(base + i as i64, (k.clone(), v.clone()));
+        }
+    }
+    assert!(log.segment_count() > 3, "{name}");
+    let active_base = *log.segment_bases().last().unwrap();
+    let stats = log.compact().await.unwrap().expect("a pass ran");
+    let mut latest_closed = std::collections::HashMap::new();
+    for (off, (key, _)) in written.range(..active_base) {
+        latest_closed.insert(key.clone(), *off);
+    }
+    let expected: Vec<(i64, String, Option<String>)> = written
+        .iter()
+        .filter(|(off, (key, _))| **off >= active_base || latest_closed[key] == **off)
+        .map(|(off, (k, v))| (*off, k.clone(), Some(v.clone())))
+        .collect();
+    assert_eq!(
+        stats.records_removed,
+        (written.len() - expected.len()) as u64,
+        "{name}: {stats:?}"
+    );
+    assert!(stats.records_removed > 40, "{name}: {stats:?}");
+    let got = contents(&log).await;
+    assert_eq!(got, expected, "{name}");
+    // Every batch left keeps its codec; some were rewritten (fewer records than
+    // their offset span) rather than kept or dropped whole.
+    let batches = stored(&log).await;
+    let mut rewritten = 0;
+    for (h, _) in &batches {
+        assert_eq!(
+            h.compression(),
+            codec_at[&h.base_offset].id() as i16,
+            "{name}: batch at {}",
+            h.base_offset
+        );
+        assert!(h.record_count > 0);
+        if i64::from(h.record_count) < i64::from(h.last_offset_delta) + 1 {
+            rewritten += 1;
+        }
+    }
+    assert!(rewritten >= 5, "{name}: {rewritten} rewritten");
+    // Idempotent: nothing dirty is left, and a restart reads the same records.
+    assert!(log.compact().await.unwrap().is_none());
+    log.close().await.unwrap();
+    drop(log);
+    let again = s.open_log(name, compacted(1024)).await.unwrap();
+    assert_eq!(contents(&again).await, got, "{name}");
+}
+
+#[test]
+fn compressed_batches_are_compacted_and_keep_their_codec() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        for codec in CODECS {
+            compacts_batches_of(&s, &format!("z-{}", codec.name()), |_| codec).await;
+        }
+    });
+}
+
+#[test]
+fn mixed_compressed_and_uncompressed_batches_are_compacted_together() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let all = [
+            Codec::None,
+            Codec::Gzip,
+            Codec::Snappy,
+            Codec::Lz4,
+            Codec::Zstd,
+        ];
+        compacts_batches_of(&s, "mixed", |round| all[round % all.len()]).await;
+    });
+}
+
+#[test]
+fn tombstones_in_compressed_batches_go_after_delete_retention() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let clock = Rc::new(ManualClock::default());
+        clock.0.set(1_000_000);
+        let s = storage_with_clock(&dir, StorageLimits::default(), clock.clone()).await;
+        let cfg = LogConfig {
+            delete_retention_ms: 10_000,
+            min_cleanable_dirty_ratio_bp: 0,
+            ..compacted(1024)
+        };
+        for codec in CODECS {
+            clock.0.set(1_000_000);
+            let name = format!("t-{}", codec.name());
+            let log = s.open_log(&name, cfg.clone()).await.unwrap();
+            let put = |recs: &[(&str, Option<&str>)], ts| batch_with(codec, ts, recs, None);
+            log.append(&put(&[("gone", Some("old"))], 999_000), 0)
+                .await
+                .unwrap();
+            // A tombstone and a live record in one compressed batch.
+            let tomb = log
+                .append(&put(&[("gone", None), ("stay", Some("s"))], 999_000), 0)
+                .await
+                .unwrap()
+                .base_offset;
+            for i in 0..40 {
+                let k = format!("f{}", i % 4);
+                log.append(&put(&[(&k, Some("filler"))], 999_000), 0)
+                    .await
+                    .unwrap();
+            }
+            log.compact().await.unwrap().expect("pass");
+            let got = contents(&log).await;
+            assert!(
+                got.contains(&(tomb, "gone".into(), None)),
+                "{name}: tombstone kept within delete.retention.ms"
+            );
+            assert!(!got.iter().any(|(_, k, v)| k == "gone" && v.is_some()));
+            assert!(got.contains(&(tomb + 1, "stay".into(), Some("s".into()))));
+            // Later: new dirty data, and the tombstone is past the horizon.
+            clock.0.set(1_000_000 + 20_000);
+            for i in 0..40 {
+                let k = format!("f{}", i % 4);
+                log.append(&put(&[(&k, Some("filler"))], 1_019_000), 0)
+                    .await
+                    .unwrap();
+            }
+            log.compact().await.unwrap().expect("second pass");
+            let got = contents(&log).await;
+            assert!(
+                !got.iter().any(|(_, k, _)| k == "gone"),
+                "{name}: tombstone dropped after delete.retention.ms"
+            );
+            assert!(got.contains(&(tomb + 1, "stay".into(), Some("s".into()))));
+            // Its batch stays, compressed as it was, with the one record left.
+            let (h, _) = stored(&log)
+                .await
+                .into_iter()
+                .find(|(h, _)| h.base_offset == tomb)
+                .expect("the tombstone's batch");
+            assert_eq!(
+                (h.compression(), h.record_count, h.last_offset_delta),
+                (codec.id() as i16, 1, 1),
+                "{name}"
+            );
+            assert_eq!(
+                (h.base_timestamp, h.max_timestamp),
+                (999_000, 999_001),
+                "{name}"
+            );
+        }
+    });
+}
+
+/// Transactional data compressed with `codec`: producer 1 commits a, b, c; producer 2
+/// aborts a, d; later plain records overwrite b. Returns the records and the batch
+/// headers left after compaction.
+async fn transactional_scenario(
+    s: &Rc<sluice_storage::Storage>,
+    codec: Codec,
+) -> (Vec<(i64, String, Option<String>)>, Vec<BatchHeader>) {
+    let cfg = LogConfig {
+        min_cleanable_dirty_ratio_bp: 0,
+        ..compacted(1024)
+    };
+    let log = s
+        .open_log(&format!("x-{}", codec.name()), cfg)
+        .await
+        .unwrap();
+    let judged = |j: sluice_storage::Judged| match j {
+        sluice_storage::Judged::Appended(info) => info.base_offset,
+        other => panic!("expected an append, got {other:?}"),
+    };
+    log.append(&batch_with(codec, 1_000, &[("a", Some("a0"))], None), 0)
+        .await
+        .unwrap(); // 0
+    let committed = &[("a", Some("a1")), ("b", Some("b1")), ("c", Some("c1"))];
+    let b1 = batch_with(codec, 1_000, committed, Some((1, true)));
+    assert_eq!(judged(log.append_judged(&b1, 0).await.unwrap()), 1); // 1..=3
+    let b2 = batch_with(
+        codec,
+        1_000,
+        &[("a", Some("a2")), ("d", Some("d2"))],
+        Some((2, true)),
+    );
+    assert_eq!(judged(log.append_judged(&b2, 0).await.unwrap()), 4); // 4..=5
+    judged(log.append_marker(1, 0, true, 0, 0).await.unwrap()); // 6
+    judged(log.append_marker(2, 0, false, 0, 0).await.unwrap()); // 7
+    log.append(&batch_with(codec, 1_000, &[("b", Some("b9"))], None), 0)
+        .await
+        .unwrap(); // 8
+    for i in 0..40 {
+        let k = format!("f{}", i % 3);
+        log.append(&batch_with(codec, 1_000, &[(&k, Some("v"))], None), 0)
+            .await
+            .unwrap();
+    }
+    log.roll().await.unwrap();
+    log.compact().await.unwrap().expect("a pass ran");
+    let headers = stored(&log).await.into_iter().map(|(h, _)| h).collect();
+    (contents(&log).await, headers)
+}
+
+#[test]
+fn transactional_compressed_batches_are_compacted_like_uncompressed_ones() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        // A fixed clock: the markers carry the time they were written.
+        let (s, _clock) = storage_at(&dir, no_cache(), 5_000).await;
+        let (plain_records, plain_headers) = transactional_scenario(&s, Codec::None).await;
+        // a0 went (a1 is later and committed; the aborted a2 does not hide it), b1
+        // went (b9 is later), the aborted records went.
+        let low: Vec<_> = plain_records
+            .iter()
+            .filter(|(o, _, _)| *o < 9)
+            .cloned()
+            .collect();
+        assert_eq!(
+            low,
+            vec![
+                (1, "a".into(), Some("a1".into())),
+                (3, "c".into(), Some("c1".into())),
+                (8, "b".into(), Some("b9".into())),
+            ]
+        );
+        let txn = plain_headers.iter().find(|h| h.base_offset == 1).unwrap();
+        assert_eq!(
+            (txn.record_count, txn.last_offset_delta, txn.producer_id),
+            (2, 2, 1)
+        );
+        assert!(txn.is_transactional());
+        let ignoring_codec = |h: &BatchHeader| {
+            (
+                h.base_offset,
+                h.last_offset_delta,
+                h.record_count,
+                h.attributes & !batch::ATTR_COMPRESSION_MASK,
+                h.base_timestamp,
+                h.max_timestamp,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+                h.leader_epoch,
+            )
+        };
+        for codec in CODECS {
+            let (records, headers) = transactional_scenario(&s, codec).await;
+            assert_eq!(records, plain_records, "{codec:?}");
+            assert_eq!(
+                headers.iter().map(ignoring_codec).collect::<Vec<_>>(),
+                plain_headers.iter().map(ignoring_codec).collect::<Vec<_>>(),
+                "{codec:?}"
+            );
+            for h in &headers {
+                // Batches with records keep their codec; markers and emptied
+                // batches (headers only) are uncompressed, as Kafka writes them.
+                let expected = if h.record_count > 0 && !h.is_control() {
+                    codec.id() as i16
+                } else {
+                    0
+                };
+                assert_eq!(h.compression(), expected, "{codec:?} at {}", h.base_offset);
+            }
+        }
     });
 }

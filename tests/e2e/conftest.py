@@ -117,6 +117,27 @@ def http_get(url, timeout=5):
         return e.code, e.read().decode()
 
 
+def read_all(addr, topic):
+    """Every record of partition 0 up to its end: [(offset, key, value or None)]."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": addr, "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    try:
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, lo)])
+        out = []
+        deadline = time.monotonic() + 30
+        while (not out or out[-1][0] < hi - 1) and time.monotonic() < deadline:
+            for m in c.consume(num_messages=1000, timeout=0.5):
+                if m.error():
+                    check_consumer_error(m.error())
+                    continue
+                v = m.value()
+                out.append((m.offset(), m.key().decode(), v.decode() if v is not None else None))
+        return out
+    finally:
+        c.close()
+
+
 class Broker:
     """One `sluice serve` process. `start()` returns once the port accepts connections.
 

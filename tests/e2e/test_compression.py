@@ -18,7 +18,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                    NewTopic)
 
 import kafka_wire as kw
-from conftest import check_consumer_error, wait_until
+from conftest import read_all, check_consumer_error, wait_until
 
 CODEC_IDS = {"none": 0, "uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 PRODUCER_CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -280,26 +280,8 @@ def test_compaction_of_lz4_batches_keeps_one_record_per_key(make_broker):
     total = len(produced)
     assert total == 12 * 20 + 80
 
-    def read_all():
-        c = Consumer({"bootstrap.servers": b.addr, "group.id": unique("g"),
-                      "enable.auto.commit": False})
-        try:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-            c.assign([TopicPartition(topic, 0, lo)])
-            out = []
-            deadline = time.monotonic() + 30
-            while (not out or out[-1][0] < hi - 1) and time.monotonic() < deadline:
-                for m in c.consume(num_messages=1000, timeout=0.5):
-                    if m.error():
-                        check_consumer_error(m.error())
-                        continue
-                    out.append((m.offset(), m.key().decode(), m.value().decode()))
-            return out
-        finally:
-            c.close()
-
     def compacted():
-        recs = read_all()
+        recs = read_all(b.addr, topic)
         keyed = [k for (_, k, _) in recs if k != "filler"]
         return len(recs) < total and len(keyed) == 30 and len(set(keyed)) == 30 and recs
 

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cluster import port_free
-from conftest import check_consumer_error, wait_until
+from conftest import read_all, check_consumer_error, wait_until
 
 SESSION_MS = 6000
 
@@ -440,26 +440,6 @@ def test_kcat_balanced_consumer_librdkafka_2_0_2(broker):
     assert sorted(r.stdout.decode().split()) == sorted(f"v{i}" for i in range(40))
     # kcat commits on close: the group's offsets cover everything.
     assert sum(committed(broker.addr, "grp-kcat", topic, 2).values()) == 40
-
-
-def read_all(addr, topic):
-    """Every record of partition 0 up to its end: [(offset, key, value or None)]."""
-    c = Consumer({"bootstrap.servers": addr, "group.id": "reader", "enable.auto.commit": False})
-    try:
-        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-        c.assign([TopicPartition(topic, 0, lo)])
-        out = []
-        deadline = time.monotonic() + 30
-        while (not out or out[-1][0] < hi - 1) and time.monotonic() < deadline:
-            for m in c.consume(num_messages=1000, timeout=0.5):
-                if m.error():
-                    check_consumer_error(m.error())
-                    continue
-                v = m.value()
-                out.append((m.offset(), m.key().decode(), v.decode() if v is not None else None))
-        return out
-    finally:
-        c.close()
 
 
 def key_counts(recs):

@@ -26,7 +26,7 @@
 //! Timers are deadlines inside the state (session expiry per member, the join phase's
 //! deadline, the sync phase's deadline, pending member ids); [`Coordinator::tick`] fires
 //! the ones that are due. JoinGroup and SyncGroup answers are deferred: the caller
-//! passes a [`Token`] and gets the answer in [`Effects::replies`] of whichever call
+//! passes a [`JoinToken`] or [`SyncToken`] and gets the answer in [`Effects::replies`] of whichever call
 //! completes the phase.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -39,8 +39,16 @@ use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use crate::records::{GroupValue, Key, MemberValue, OffsetValue};
 use crate::sb;
 
-/// Identifies a waiting JoinGroup or SyncGroup request in the shell.
-pub type Token = u64;
+/// Identifies a waiting JoinGroup request in the shell. A join token and a sync token
+/// are different types, and [`Deferred`] pairs each with its own response type, so the
+/// coordinator cannot answer a JoinGroup with a SyncGroup response (the compiler
+/// checks it) and the shell keeps one typed map of waiters per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct JoinToken(pub u64);
+
+/// Identifies a waiting SyncGroup request in the shell (see [`JoinToken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SyncToken(pub u64);
 
 /// Kafka's broker settings for groups, with Kafka's defaults.
 #[derive(Debug, Clone)]
@@ -96,11 +104,11 @@ impl GroupState {
     }
 }
 
-/// A deferred answer.
+/// A deferred answer to the waiting request its token names.
 #[derive(Debug)]
 pub enum Deferred {
-    Join(JoinGroupResponse),
-    Sync(SyncGroupResponse),
+    Join(JoinToken, JoinGroupResponse),
+    Sync(SyncToken, SyncGroupResponse),
 }
 
 /// A record to append to `__consumer_offsets` (the shell picks the partition from the
@@ -117,7 +125,7 @@ pub struct Record {
 pub struct Effects {
     /// Appended (and flushed) before any reply is sent.
     pub records: Vec<Record>,
-    pub replies: Vec<(Token, Deferred)>,
+    pub replies: Vec<Deferred>,
 }
 
 /// A JoinGroup request, decoupled from the wire version.
@@ -169,8 +177,8 @@ pub struct Member {
     pub protocol_type: String,
     pub protocols: Vec<(String, Bytes)>,
     pub assignment: Bytes,
-    awaiting_join: Option<Token>,
-    awaiting_sync: Option<Token>,
+    awaiting_join: Option<JoinToken>,
+    awaiting_sync: Option<SyncToken>,
     /// Joined the current join phase (rejoined, or new).
     joined: bool,
     session_deadline_ms: i64,
@@ -705,9 +713,9 @@ impl Coordinator {
     // ---------------------------------------------------------------- JoinGroup
 
     /// JoinGroup. The answer comes in `fx.replies` under `token`, now or later.
-    pub fn join(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+    pub fn join(&mut self, token: JoinToken, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
         let reply = |fx: &mut Effects, r: JoinGroupResponse| {
-            fx.replies.push((token, Deferred::Join(r)));
+            fx.replies.push(Deferred::Join(token, r));
         };
         if a.group_id.is_empty() {
             return reply(fx, err_join(ResponseError::InvalidGroupId, &a.member_id));
@@ -773,7 +781,13 @@ impl Coordinator {
         }
     }
 
-    fn join_unknown_member(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+    fn join_unknown_member(
+        &mut self,
+        token: JoinToken,
+        now_ms: i64,
+        a: JoinArgs,
+        fx: &mut Effects,
+    ) {
         let new_id = self.new_member_id(&a.client_id);
         let group = self.groups.get_mut(&a.group_id).expect("group exists");
         if let Some(instance) = a.instance_id.clone() {
@@ -786,19 +800,19 @@ impl Coordinator {
         if a.require_known_member_id {
             let deadline = now_ms + i64::from(a.session_timeout_ms);
             group.pending_members.insert(new_id.clone(), deadline);
-            fx.replies.push((
+            fx.replies.push(Deferred::Join(
                 token,
-                Deferred::Join(err_join(ResponseError::MemberIdRequired, &new_id)),
+                err_join(ResponseError::MemberIdRequired, &new_id),
             ));
             return;
         }
         self.add_member_and_rebalance(token, now_ms, new_id, a, fx);
     }
 
-    fn join_known_member(&mut self, token: Token, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
+    fn join_known_member(&mut self, token: JoinToken, now_ms: i64, a: JoinArgs, fx: &mut Effects) {
         let group = self.groups.get_mut(&a.group_id).expect("group exists");
         let reply = |fx: &mut Effects, r: JoinGroupResponse| {
-            fx.replies.push((token, Deferred::Join(r)));
+            fx.replies.push(Deferred::Join(token, r));
         };
         if group.pending_members.remove(&a.member_id).is_some() {
             let id = a.member_id.clone();
@@ -835,7 +849,7 @@ impl Coordinator {
         }
     }
 
-    fn new_member(&self, id: String, a: &JoinArgs, token: Token, now_ms: i64) -> Member {
+    fn new_member(&self, id: String, a: &JoinArgs, token: JoinToken, now_ms: i64) -> Member {
         Member {
             id,
             instance_id: a.instance_id.clone(),
@@ -855,7 +869,7 @@ impl Coordinator {
 
     fn add_member_and_rebalance(
         &mut self,
-        token: Token,
+        token: JoinToken,
         now_ms: i64,
         id: String,
         a: JoinArgs,
@@ -886,7 +900,7 @@ impl Coordinator {
 
     fn update_member_and_rebalance(
         &mut self,
-        token: Token,
+        token: JoinToken,
         now_ms: i64,
         a: JoinArgs,
         fx: &mut Effects,
@@ -897,9 +911,9 @@ impl Coordinator {
         if let Some(old) = m.awaiting_join.replace(token) {
             // A duplicate join: the older request gets the newer one's fate, as in Kafka
             // (the callback is replaced); answer the old one so it does not hang.
-            fx.replies.push((
+            fx.replies.push(Deferred::Join(
                 old,
-                Deferred::Join(err_join(ResponseError::UnknownMemberId, &a.member_id)),
+                err_join(ResponseError::UnknownMemberId, &a.member_id),
             ));
         }
         m.protocols = a.protocols;
@@ -913,7 +927,7 @@ impl Coordinator {
     /// A static member rejoined with a new member id (a restarted process).
     fn replace_static_member(
         &mut self,
-        token: Token,
+        token: JoinToken,
         now_ms: i64,
         old_id: String,
         new_id: String,
@@ -925,14 +939,14 @@ impl Coordinator {
         let mut m = group.members.remove(&old_id).expect("static member exists");
         // The old instance's pending requests are fenced.
         if let Some(t) = m.awaiting_join.take() {
-            fx.replies.push((
+            fx.replies.push(Deferred::Join(
                 t,
-                Deferred::Join(err_join(ResponseError::FencedInstanceId, &old_id)),
+                err_join(ResponseError::FencedInstanceId, &old_id),
             ));
         }
         if let Some(t) = m.awaiting_sync.take() {
             fx.replies
-                .push((t, Deferred::Sync(err_sync(ResponseError::FencedInstanceId))));
+                .push(Deferred::Sync(t, err_sync(ResponseError::FencedInstanceId)));
         }
         m.id = new_id.clone();
         m.client_id = a.client_id.clone();
@@ -962,7 +976,7 @@ impl Coordinator {
                 group.members.insert(new_id.clone(), m);
                 let mut r = group.join_response(&new_id, was_leader);
                 r.skip_assignment = was_leader && a.supports_skip_assignment;
-                fx.replies.push((token, Deferred::Join(r)));
+                fx.replies.push(Deferred::Join(token, r));
                 // The id changed: persist it so a fenced old instance stays fenced.
                 fx.records.push(group.metadata_record());
             }
@@ -970,7 +984,7 @@ impl Coordinator {
                 m.joined = true;
                 group.members.insert(new_id.clone(), m);
                 let r = group.join_response(&new_id, was_leader);
-                fx.replies.push((token, Deferred::Join(r)));
+                fx.replies.push(Deferred::Join(token, r));
             }
             _ => {
                 m.awaiting_join = Some(token);
@@ -990,9 +1004,9 @@ impl Coordinator {
                 // Members waiting for their assignment must rejoin.
                 for m in group.members.values_mut() {
                     if let Some(t) = m.awaiting_sync.take() {
-                        fx.replies.push((
+                        fx.replies.push(Deferred::Sync(
                             t,
-                            Deferred::Sync(err_sync(ResponseError::RebalanceInProgress)),
+                            err_sync(ResponseError::RebalanceInProgress),
                         ));
                     }
                 }
@@ -1071,7 +1085,7 @@ impl Coordinator {
             m.joined = false;
             m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
             if let Some(t) = m.awaiting_join.take() {
-                fx.replies.push((t, Deferred::Join(resp)));
+                fx.replies.push(Deferred::Join(t, resp));
             }
         }
     }
@@ -1101,14 +1115,14 @@ impl Coordinator {
             return;
         };
         if let Some(t) = m.awaiting_join.take() {
-            fx.replies.push((
+            fx.replies.push(Deferred::Join(
                 t,
-                Deferred::Join(err_join(ResponseError::UnknownMemberId, id)),
+                err_join(ResponseError::UnknownMemberId, id),
             ));
         }
         if let Some(t) = m.awaiting_sync.take() {
             fx.replies
-                .push((t, Deferred::Sync(err_sync(ResponseError::UnknownMemberId))));
+                .push(Deferred::Sync(t, err_sync(ResponseError::UnknownMemberId)));
         }
         match group.state {
             GroupState::Stable | GroupState::CompletingRebalance => {
@@ -1124,9 +1138,9 @@ impl Coordinator {
 
     // ---------------------------------------------------------------- SyncGroup
 
-    pub fn sync(&mut self, token: Token, now_ms: i64, a: SyncArgs, fx: &mut Effects) {
+    pub fn sync(&mut self, token: SyncToken, now_ms: i64, a: SyncArgs, fx: &mut Effects) {
         let reply = |fx: &mut Effects, r: SyncGroupResponse| {
-            fx.replies.push((token, Deferred::Sync(r)));
+            fx.replies.push(Deferred::Sync(token, r));
         };
         let Some(group) = self.groups.get_mut(&a.group_id) else {
             return reply(fx, err_sync(ResponseError::UnknownMemberId));
@@ -1168,9 +1182,9 @@ impl Coordinator {
                 let m = group.members.get_mut(&a.member_id).expect("member");
                 m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
                 if let Some(old) = m.awaiting_sync.replace(token) {
-                    fx.replies.push((
+                    fx.replies.push(Deferred::Sync(
                         old,
-                        Deferred::Sync(err_sync(ResponseError::UnknownMemberId)),
+                        err_sync(ResponseError::UnknownMemberId),
                     ));
                 }
                 if group.leader.as_deref() == Some(a.member_id.as_str()) {
@@ -1187,7 +1201,7 @@ impl Coordinator {
                                 .with_protocol_type(protocol_type.clone())
                                 .with_protocol_name(protocol_name.clone())
                                 .with_assignment(m.assignment.clone());
-                            fx.replies.push((t, Deferred::Sync(r)));
+                            fx.replies.push(Deferred::Sync(t, r));
                         }
                     }
                 }

@@ -36,16 +36,20 @@ fn args(member: &str, instance: Option<&str>, protocols: &[&str]) -> JoinArgs {
     }
 }
 
+/// The tests number requests with plain integers; a join and a sync are told apart by
+/// the token type the coordinator answers them under.
+type Token = u64;
+
 fn join_reply(fx: &Effects, token: Token) -> Option<kafka_protocol::messages::JoinGroupResponse> {
-    fx.replies.iter().find_map(|(t, r)| match r {
-        Deferred::Join(j) if *t == token => Some(j.clone()),
+    fx.replies.iter().find_map(|r| match r {
+        Deferred::Join(t, j) if *t == JoinToken(token) => Some(j.clone()),
         _ => None,
     })
 }
 
 fn sync_reply(fx: &Effects, token: Token) -> Option<kafka_protocol::messages::SyncGroupResponse> {
-    fx.replies.iter().find_map(|(t, r)| match r {
-        Deferred::Sync(s) if *t == token => Some(s.clone()),
+    fx.replies.iter().find_map(|r| match r {
+        Deferred::Sync(t, s) if *t == SyncToken(token) => Some(s.clone()),
         _ => None,
     })
 }
@@ -54,13 +58,18 @@ fn sync_reply(fx: &Effects, token: Token) -> Option<kafka_protocol::messages::Sy
 /// of the second join.
 fn join_new(c: &mut Coordinator, token: Token, now: i64, protocols: &[&str]) -> (String, Effects) {
     let mut fx = Effects::default();
-    c.join(token, now, args("", None, protocols), &mut fx);
+    c.join(JoinToken(token), now, args("", None, protocols), &mut fx);
     let r = join_reply(&fx, token).expect("immediate answer");
     assert_eq!(r.error_code, E::MemberIdRequired.code());
     let id = r.member_id.to_string();
     assert!(!id.is_empty());
     let mut fx = Effects::default();
-    c.join(token + 1000, now, args(&id, None, protocols), &mut fx);
+    c.join(
+        JoinToken(token + 1000),
+        now,
+        args(&id, None, protocols),
+        &mut fx,
+    );
     (id, fx)
 }
 
@@ -74,7 +83,7 @@ fn sync(
 ) -> Effects {
     let mut fx = Effects::default();
     c.sync(
-        token,
+        SyncToken(token),
         now,
         SyncArgs {
             group_id: "g".into(),
@@ -109,13 +118,13 @@ fn stable_one(c: &mut Coordinator) -> String {
 fn member_id_required_then_join_then_sync_makes_the_group_stable() {
     let mut c = coord(0);
     let mut fx = Effects::default();
-    c.join(1, 0, args("", None, &["range"]), &mut fx);
+    c.join(JoinToken(1), 0, args("", None, &["range"]), &mut fx);
     let r = join_reply(&fx, 1).unwrap();
     assert_eq!(r.error_code, E::MemberIdRequired.code());
     assert_eq!(c.group("g").unwrap().state, GroupState::Empty);
     let id = r.member_id.to_string();
     let mut fx = Effects::default();
-    c.join(2, 10, args(&id, None, &["range"]), &mut fx);
+    c.join(JoinToken(2), 10, args(&id, None, &["range"]), &mut fx);
     let r = join_reply(&fx, 2).unwrap();
     assert_eq!((r.error_code, r.generation_id), (0, 1));
     assert_eq!(r.leader.as_str(), id);
@@ -140,7 +149,7 @@ fn old_clients_join_without_the_member_id_round_trip() {
     let mut a = args("", None, &["range"]);
     a.require_known_member_id = false;
     let mut fx = Effects::default();
-    c.join(1, 0, a, &mut fx);
+    c.join(JoinToken(1), 0, a, &mut fx);
     let r = join_reply(&fx, 1).unwrap();
     assert_eq!((r.error_code, r.generation_id), (0, 1));
 }
@@ -191,7 +200,7 @@ fn new_member_triggers_rebalance_and_everyone_rejoins() {
         E::RebalanceInProgress.code()
     );
     let mut fx = Effects::default();
-    c.join(12, 300, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(12), 300, args(&a, None, &["range"]), &mut fx);
     let ra = join_reply(&fx, 12).unwrap();
     let rb = join_reply(&fx, 1010).unwrap();
     assert_eq!((ra.generation_id, rb.generation_id), (2, 2));
@@ -249,7 +258,7 @@ fn sync_error_codes() {
     );
     let mut fx = Effects::default();
     c.sync(
-        4,
+        SyncToken(4),
         0,
         SyncArgs {
             group_id: "g".into(),
@@ -277,19 +286,19 @@ fn join_error_codes() {
     let mut fx = Effects::default();
     let mut a = args("", None, &["range"]);
     a.group_id = String::new();
-    c.join(1, 0, a, &mut fx);
+    c.join(JoinToken(1), 0, a, &mut fx);
     assert_eq!(
         join_reply(&fx, 1).unwrap().error_code,
         E::InvalidGroupId.code()
     );
     let mut a = args("", None, &["range"]);
     a.session_timeout_ms = 10;
-    c.join(2, 0, a, &mut fx);
+    c.join(JoinToken(2), 0, a, &mut fx);
     assert_eq!(
         join_reply(&fx, 2).unwrap().error_code,
         E::InvalidSessionTimeout.code()
     );
-    c.join(3, 0, args("ghost", None, &["range"]), &mut fx);
+    c.join(JoinToken(3), 0, args("ghost", None, &["range"]), &mut fx);
     assert_eq!(
         join_reply(&fx, 3).unwrap().error_code,
         E::UnknownMemberId.code()
@@ -299,19 +308,19 @@ fn join_error_codes() {
         "refused joins leave no group behind"
     );
     let _ = stable_one(&mut c);
-    c.join(4, 0, args("", None, &["roundrobin"]), &mut fx);
+    c.join(JoinToken(4), 0, args("", None, &["roundrobin"]), &mut fx);
     assert_eq!(
         join_reply(&fx, 4).unwrap().error_code,
         E::InconsistentGroupProtocol.code()
     );
     let mut a = args("", None, &["range"]);
     a.protocol_type = "connect".into();
-    c.join(5, 0, a, &mut fx);
+    c.join(JoinToken(5), 0, a, &mut fx);
     assert_eq!(
         join_reply(&fx, 5).unwrap().error_code,
         E::InconsistentGroupProtocol.code()
     );
-    c.join(6, 0, args("stranger", None, &["range"]), &mut fx);
+    c.join(JoinToken(6), 0, args("stranger", None, &["range"]), &mut fx);
     assert_eq!(
         join_reply(&fx, 6).unwrap().error_code,
         E::UnknownMemberId.code()
@@ -470,7 +479,7 @@ fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
     let mut c = coord(0);
     // Static members skip the member-id round trip.
     let mut fx = Effects::default();
-    c.join(1, 0, args("", Some("i1"), &["range"]), &mut fx);
+    c.join(JoinToken(1), 0, args("", Some("i1"), &["range"]), &mut fx);
     let r1 = join_reply(&fx, 1).unwrap();
     assert_eq!((r1.error_code, r1.generation_id), (0, 1));
     let old = r1.member_id.to_string();
@@ -478,8 +487,8 @@ fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
     assert_eq!(sync_reply(&fx, 2).unwrap().error_code, 0);
     // A second static member joins and the group settles at generation 2.
     let mut fx = Effects::default();
-    c.join(3, 0, args("", Some("i2"), &["range"]), &mut fx);
-    c.join(4, 0, args(&old, Some("i1"), &["range"]), &mut fx);
+    c.join(JoinToken(3), 0, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(JoinToken(4), 0, args(&old, Some("i1"), &["range"]), &mut fx);
     let r2 = join_reply(&fx, 3).unwrap();
     assert_eq!(r2.generation_id, 2);
     let other = r2.member_id.to_string();
@@ -487,7 +496,7 @@ fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
     assert_eq!(sync_reply(&fx, 5).unwrap().error_code, 0);
     // The follower i2 restarts: a new member id, no rebalance, same generation.
     let mut fx = Effects::default();
-    c.join(6, 100, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(JoinToken(6), 100, args("", Some("i2"), &["range"]), &mut fx);
     let r = join_reply(&fx, 6).unwrap();
     assert_eq!((r.error_code, r.generation_id), (0, 2));
     assert_ne!(r.member_id.to_string(), other);
@@ -495,7 +504,7 @@ fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
     let new_id = r.member_id.to_string();
     let mut fx = Effects::default();
     c.sync(
-        7,
+        SyncToken(7),
         100,
         SyncArgs {
             group_id: "g".into(),
@@ -515,7 +524,12 @@ fn static_member_restart_keeps_generation_and_fences_the_old_instance() {
         Err(E::FencedInstanceId)
     );
     let mut fx = Effects::default();
-    c.join(8, 100, args(&other, Some("i2"), &["range"]), &mut fx);
+    c.join(
+        JoinToken(8),
+        100,
+        args(&other, Some("i2"), &["range"]),
+        &mut fx,
+    );
     assert_eq!(
         join_reply(&fx, 8).unwrap().error_code,
         E::FencedInstanceId.code()
@@ -610,7 +624,7 @@ fn commit_validation_and_fetch() {
     // The member's generation is current but the assignment is not out yet.
     let (_b, _) = join_new(&mut c, 10, 0, &["range"]);
     let mut fx = Effects::default();
-    c.join(11, 0, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(11), 0, args(&a, None, &["range"]), &mut fx);
     assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
     assert_eq!(
         commit(&mut c, 0, 2, &a, 1).results[0].1,
@@ -717,7 +731,7 @@ fn offset_delete_refuses_subscribed_topics() {
     a.require_known_member_id = false;
     a.protocols = vec![("range".into(), meta.freeze())];
     let mut fx = Effects::default();
-    c.join(1, 0, a, &mut fx);
+    c.join(JoinToken(1), 0, a, &mut fx);
     let id = join_reply(&fx, 1).unwrap().member_id.to_string();
     sync(&mut c, 2, 0, &id, 1, &[]);
     let mut fx = Effects::default();
@@ -800,12 +814,12 @@ fn stable_two_static() -> (Coordinator, String, String, Vec<Record>) {
     let mut c = coord(0);
     let mut records = Vec::new();
     let mut fx = Effects::default();
-    c.join(1, 0, args("", Some("i1"), &["range"]), &mut fx);
+    c.join(JoinToken(1), 0, args("", Some("i1"), &["range"]), &mut fx);
     let a = join_reply(&fx, 1).unwrap().member_id.to_string();
     records.extend(sync(&mut c, 2, 0, &a, 1, &[(&a, "A")]).records);
     let mut fx = Effects::default();
-    c.join(3, 0, args("", Some("i2"), &["range"]), &mut fx);
-    c.join(4, 0, args(&a, Some("i1"), &["range"]), &mut fx);
+    c.join(JoinToken(3), 0, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(JoinToken(4), 0, args(&a, Some("i1"), &["range"]), &mut fx);
     let b = join_reply(&fx, 3).unwrap().member_id.to_string();
     records.extend(fx.records);
     let fx = sync(&mut c, 5, 0, &a, 2, &[(&a, "A"), (&b, "B")]);
@@ -904,7 +918,7 @@ fn restored_static_member_restarts_without_a_rebalance() {
     let (_, _, b, records) = stable_two_static();
     let mut c = load(&records, 0);
     let mut fx = Effects::default();
-    c.join(1, 10, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(JoinToken(1), 10, args("", Some("i2"), &["range"]), &mut fx);
     let r = join_reply(&fx, 1).unwrap();
     assert_eq!((r.error_code, r.generation_id), (0, 2));
     assert_ne!(r.member_id.to_string(), b);
@@ -964,11 +978,16 @@ fn describe_and_list() {
 fn pending_member_ids_expire() {
     let mut c = coord(0);
     let mut fx = Effects::default();
-    c.join(1, 0, args("", None, &["range"]), &mut fx);
+    c.join(JoinToken(1), 0, args("", None, &["range"]), &mut fx);
     let id = join_reply(&fx, 1).unwrap().member_id.to_string();
     c.tick(i64::from(SESSION), &mut fx);
     let mut fx = Effects::default();
-    c.join(2, i64::from(SESSION), args(&id, None, &["range"]), &mut fx);
+    c.join(
+        JoinToken(2),
+        i64::from(SESSION),
+        args(&id, None, &["range"]),
+        &mut fx,
+    );
     assert_eq!(
         join_reply(&fx, 2).unwrap().error_code,
         E::UnknownMemberId.code()
@@ -981,12 +1000,12 @@ fn leader_rejoin_in_stable_group_rebalances_follower_rejoin_does_not() {
     let a = stable_one(&mut c);
     let mut fx = Effects::default();
     // A follower-less group: the leader rejoining starts a new generation.
-    c.join(5, 0, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(5), 0, args(&a, None, &["range"]), &mut fx);
     let r = join_reply(&fx, 5).unwrap();
     assert_eq!(r.generation_id, 2);
     assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
     // Rejoining with the same protocols while completing returns the same answer.
     let mut fx = Effects::default();
-    c.join(6, 0, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(6), 0, args(&a, None, &["range"]), &mut fx);
     assert_eq!(join_reply(&fx, 6).unwrap().generation_id, 2);
 }

@@ -21,8 +21,8 @@ use kafka_protocol::error::ResponseError;
 
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
-    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary, Record,
-    StableFetch, Token,
+    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary, JoinToken,
+    Record, StableFetch, SyncToken,
 };
 
 use super::{partition_for, OFFSETS_TOPIC};
@@ -40,9 +40,12 @@ pub struct GroupShell {
     loaded: RefCell<HashSet<i32>>,
     load_lock: Semaphore,
     append_lock: Semaphore,
-    /// Deferred JoinGroup/SyncGroup answers: the group and where to send it.
-    pending: RefCell<HashMap<Token, (String, LocalSender<Deferred>)>>,
-    next_token: Cell<Token>,
+    /// Waiting JoinGroup requests: the group and where to send the answer. Joins and
+    /// syncs wait in separate maps keyed by separate token types, so each waiter can
+    /// only receive its own response type.
+    pending_joins: RefCell<Waiters<JoinToken, JoinGroupResponse>>,
+    pending_syncs: RefCell<Waiters<SyncToken, SyncGroupResponse>>,
+    next_token: Cell<u64>,
 }
 
 impl GroupShell {
@@ -54,7 +57,8 @@ impl GroupShell {
             loaded: RefCell::new(HashSet::new()),
             load_lock: Semaphore::new(1),
             append_lock: Semaphore::new(1),
-            pending: RefCell::new(HashMap::new()),
+            pending_joins: RefCell::new(HashMap::new()),
+            pending_syncs: RefCell::new(HashMap::new()),
             next_token: Cell::new(1),
         });
         broker.subscribe(s.clone());
@@ -103,7 +107,10 @@ impl PartitionEvents for GroupShell {
             return;
         }
         // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
-        self.pending
+        self.pending_joins
+            .borrow_mut()
+            .retain(|_, (group, _)| partition_for(group) != partition);
+        self.pending_syncs
             .borrow_mut()
             .retain(|_, (group, _)| partition_for(group) != partition);
         let n = self
@@ -120,30 +127,26 @@ impl PartitionEvents for GroupShell {
 impl GroupShell {
     pub async fn join(&self, b: &Broker, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let (token, rx) = self.waiter(&c.args.group_id);
+        let token = JoinToken(self.new_token());
+        let rx = waiter(&self.pending_joins, token, &c.args.group_id);
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
             .join(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            Deferred::Join(r) => Ok(r),
-            Deferred::Sync(_) => unreachable!("a join token is answered by a join"),
-        }
+        wait(rx).await
     }
 
     pub async fn sync(&self, b: &Broker, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let (token, rx) = self.waiter(&c.args.group_id);
+        let token = SyncToken(self.new_token());
+        let rx = waiter(&self.pending_syncs, token, &c.args.group_id);
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
             .sync(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            Deferred::Sync(r) => Ok(r),
-            Deferred::Join(_) => unreachable!("a sync token is answered by a sync"),
-        }
+        wait(rx).await
     }
 
     pub async fn heartbeat(&self, b: &Broker, c: rpc::Heartbeat) -> Result<Code, ApiError> {
@@ -301,7 +304,30 @@ impl GroupShell {
     }
 }
 
-async fn wait(rx: local_channel::LocalReceiver<Deferred>) -> Result<Deferred, ApiError> {
+/// Requests waiting for a deferred answer: the group and where to send the answer.
+type Waiters<K, R> = HashMap<K, (String, LocalSender<R>)>;
+
+/// Registers a waiter for `token`'s answer.
+fn waiter<K: std::hash::Hash + Eq, R>(
+    pending: &RefCell<Waiters<K, R>>,
+    token: K,
+    group: &str,
+) -> local_channel::LocalReceiver<R> {
+    let (tx, rx) = local_channel::new_bounded(1);
+    let old = pending.borrow_mut().insert(token, (group.to_string(), tx));
+    assert!(old.is_none(), "group waiter tokens are never reused");
+    rx
+}
+
+/// Sends a deferred answer to its waiter, if it still waits.
+fn deliver<K: std::hash::Hash + Eq, R>(pending: &RefCell<Waiters<K, R>>, token: &K, reply: R) {
+    if let Some((_, tx)) = pending.borrow_mut().remove(token) {
+        // The requester may have gone (connection closed): nothing to do.
+        let _ = tx.try_send(reply);
+    }
+}
+
+async fn wait<R>(rx: local_channel::LocalReceiver<R>) -> Result<R, ApiError> {
     match rx.recv().await {
         Some(d) => Ok(d),
         // The group's partition moved to another coordinator while the request waited:
@@ -311,14 +337,10 @@ async fn wait(rx: local_channel::LocalReceiver<Deferred>) -> Result<Deferred, Ap
 }
 
 impl GroupShell {
-    fn waiter(&self, group: &str) -> (Token, local_channel::LocalReceiver<Deferred>) {
+    fn new_token(&self) -> u64 {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
-        let (tx, rx) = local_channel::new_bounded(1);
-        self.pending
-            .borrow_mut()
-            .insert(token, (group.to_string(), tx));
-        (token, rx)
+        token
     }
 
     /// Appends the records, then answers the deferred requests.
@@ -330,10 +352,10 @@ impl GroupShell {
                 tracing::warn!(error = %e, "writing group metadata to {OFFSETS_TOPIC} failed");
             }
         }
-        for (token, reply) in fx.replies {
-            if let Some((_, tx)) = self.pending.borrow_mut().remove(&token) {
-                // The requester may have gone (connection closed): nothing to do.
-                let _ = tx.try_send(reply);
+        for reply in fx.replies {
+            match reply {
+                Deferred::Join(token, r) => deliver(&self.pending_joins, &token, r),
+                Deferred::Sync(token, r) => deliver(&self.pending_syncs, &token, r),
             }
         }
     }

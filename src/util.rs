@@ -3,8 +3,8 @@
 //! the listener bind.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+
+use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 
 pub use sluice_protocol::sb;
 
@@ -38,55 +38,32 @@ pub fn now_ms() -> i64 {
 }
 
 /// Runs every future concurrently on the current task; results in input order.
+///
+/// Each future gets its own waker (`FuturesOrdered`), so a wake-up polls only the
+/// future it is for, and the task's own waker is held once however many futures
+/// wait. Both matter at scale: glommio counts a task's waker clones in an `i16` and
+/// aborts the process past 32,767, which a Produce to 10,000 partitions reached when
+/// every pending future held its own clone; and re-polling all n futures on every
+/// wake-up made such a request O(n²).
 pub async fn join_all<T, F: Future<Output = T>>(futures: Vec<F>) -> Vec<T> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut results: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    let mut left = futures.len();
-    std::future::poll_fn(|cx: &mut Context<'_>| {
-        for (i, f) in futures.iter_mut().enumerate() {
-            if results[i].is_none() {
-                if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                    results[i] = Some(v);
-                    left -= 1;
-                }
-            }
-        }
-        if left == 0 {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    results
+    futures
         .into_iter()
-        .map(|r| r.expect("every future finished"))
+        .collect::<FuturesOrdered<F>>()
         .collect()
+        .await
 }
 
 /// Waits until one of the futures returns `true` (then drops the rest) or all return
-/// `false`. Each future must end on its own (they carry their own timeouts).
+/// `false`. Each future must end on its own (they carry their own timeouts). Each is
+/// woken on its own, as in [`join_all`].
 pub async fn any_true<F: Future<Output = bool>>(futures: Vec<F>) -> bool {
-    let mut futures: Vec<Option<Pin<Box<F>>>> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    std::future::poll_fn(|cx: &mut Context<'_>| {
-        let mut pending = false;
-        for slot in futures.iter_mut() {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(true) => return Poll::Ready(true),
-                    Poll::Ready(false) => *slot = None,
-                    Poll::Pending => pending = true,
-                }
-            }
+    let mut pending: FuturesUnordered<F> = futures.into_iter().collect();
+    while let Some(done) = pending.next().await {
+        if done {
+            return true;
         }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(false)
-        }
-    })
-    .await
+    }
+    false
 }
 
 /// A condition to wait for: the event that signals progress, and the check.
@@ -109,28 +86,25 @@ pub async fn wait_any(conditions: Vec<Condition<'_>>, timeout: std::time::Durati
         glommio::timer::sleep(timeout).await;
         return false;
     }
-    let futs = listeners
-        .into_iter()
-        .map(|listener| async move {
-            futures_lite::future::or(
-                async {
-                    listener.await;
-                    true
-                },
-                async {
-                    glommio::timer::sleep(timeout).await;
-                    false
-                },
-            )
-            .await
-        })
-        .collect();
-    any_true(futs).await
+    // One timer for the whole wait, and the listeners woken each on its own: a fetch
+    // over thousands of partitions waits on thousands of events.
+    let any = async move {
+        let mut woken: FuturesUnordered<event_listener::EventListener> =
+            listeners.into_iter().collect();
+        woken.next().await;
+        true
+    };
+    futures_lite::future::or(any, async {
+        glommio::timer::sleep(timeout).await;
+        false
+    })
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
 
     #[test]
     fn join_all_keeps_order_and_any_true_short_circuits() {
@@ -162,6 +136,54 @@ mod wait_tests {
             .unwrap()
             .join()
             .unwrap()
+    }
+
+    /// More waiting futures on one task than glommio's waker count holds (an `i16`):
+    /// 40,000 partitions' waits in one request must neither abort the process nor
+    /// lose a wake-up.
+    #[test]
+    fn one_task_waits_on_more_futures_than_a_waker_count_holds() {
+        const N: usize = 40_000;
+        let (joined, any) = on_executor(|| {
+            Box::pin(async {
+                let events: Vec<event_listener::Event> =
+                    (0..N).map(|_| event_listener::Event::new()).collect();
+                let waits = events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let l = e.listen();
+                        async move {
+                            l.await;
+                            i
+                        }
+                    })
+                    .collect();
+                // zip polls the waits first: all pending, then every event fires.
+                let fire = async {
+                    for e in &events {
+                        e.notify(usize::MAX);
+                    }
+                };
+                let (joined, ()) = futures_lite::future::zip(join_all(waits), fire).await;
+                let conditions: Vec<Condition<'_>> = events
+                    .iter()
+                    .map(|e| (e, Box::new(|| false) as Box<dyn Fn() -> bool>))
+                    .collect();
+                let last = &events[N - 1];
+                let any = futures_lite::future::zip(
+                    wait_any(conditions, Duration::from_secs(30)),
+                    async {
+                        last.notify(usize::MAX);
+                    },
+                )
+                .await
+                .0;
+                (joined.iter().enumerate().all(|(i, v)| i == *v), any)
+            })
+        });
+        assert!(joined, "join_all answers every future in order");
+        assert!(any, "wait_any wakes on the last of 40,000 events");
     }
 
     /// The lost wake-up fixed in f0e4fe4, made deterministic: the progress (a flush)

@@ -352,8 +352,12 @@ pub fn check_dynamic(c: &BrokerConfig, set: &BTreeMap<String, String>) -> Result
             ));
         };
         let one = BTreeMap::from([(topic.to_string(), v.clone())]);
-        TopicConfig::parse(&one)
-            .map_err(|m| ApiError::with(ResponseError::InvalidConfig, m.replace(topic, name)))?;
+        TopicConfig::parse(&one).map_err(|e| {
+            ApiError::with(
+                ResponseError::InvalidConfig,
+                e.to_string().replace(topic, name),
+            )
+        })?;
     }
     Ok(())
 }

@@ -245,7 +245,8 @@ fn configs_map(
             }
         }
     }
-    TopicConfig::parse(&map).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
+    TopicConfig::parse(&map)
+        .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?;
     Ok(map)
 }
 
@@ -255,7 +256,7 @@ fn create(
     t: NewTopic,
 ) -> Result<(String, Command, TopicMeta), ApiError> {
     validate_topic_name(&t.name)
-        .map_err(|m| ApiError::with(ResponseError::InvalidTopicException, m))?;
+        .map_err(|e| ApiError::with(ResponseError::InvalidTopicException, e.to_string()))?;
     if state.topics.contains_key(&t.name) {
         return Err(ApiError::with(
             ResponseError::TopicAlreadyExists,
@@ -438,7 +439,8 @@ fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Comm
         ConfigChange::Incremental(ops) => apply_ops(meta.configs.clone(), ops)?,
         ConfigChange::Replace(set) => set,
     };
-    TopicConfig::parse(&configs).map_err(|m| ApiError::with(ResponseError::InvalidConfig, m))?;
+    TopicConfig::parse(&configs)
+        .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?;
     Ok(Command::AlterConfigs {
         name: topic.to_string(),
         configs,

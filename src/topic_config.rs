@@ -60,29 +60,56 @@ pub const KNOWN: &[(&str, &str)] = &[
 
 /// Accepted with Kafka's validation, but without effect in Sluice (docs/architecture.md
 /// lists why): index spacing, file deletion delay, per-message flush counts, follower
-/// throttles and tiered storage off, preallocation (Sluice always preallocates).
-const ACCEPTED_WITHOUT_EFFECT: &[&str] = &[
+/// throttles and tiered storage off, preallocation (Sluice always preallocates). Each
+/// with the rule its value must follow.
+const ACCEPTED_WITHOUT_EFFECT: &[(&str, Rule)] = &[
     // lz4_flex has one level (Kafka's levels pick LZ4 HC above 2).
-    "compression.lz4.level",
-    "file.delete.delay.ms",
-    "flush.messages",
-    "follower.replication.throttled.replicas",
-    "index.interval.bytes",
-    "leader.replication.throttled.replicas",
-    "local.retention.bytes",
-    "local.retention.ms",
-    "message.format.version",
-    "preallocate",
-    "remote.log.copy.disable",
-    "remote.log.delete.on.disable",
-    "segment.index.bytes",
+    ("compression.lz4.level", Rule::Range(1, 17)),
+    ("file.delete.delay.ms", Rule::AtLeast(0)),
+    ("flush.messages", Rule::AtLeast(1)),
+    ("follower.replication.throttled.replicas", Rule::ReplicaList),
+    ("index.interval.bytes", Rule::AtLeast(0)),
+    ("leader.replication.throttled.replicas", Rule::ReplicaList),
+    ("local.retention.bytes", Rule::AtLeast(-2)),
+    ("local.retention.ms", Rule::AtLeast(-2)),
+    // Deprecated since 3.0 and ignored by Kafka for message format v2.
+    ("message.format.version", Rule::Any),
+    ("preallocate", Rule::Bool),
+    ("remote.log.copy.disable", Rule::Bool),
+    ("remote.log.delete.on.disable", Rule::Bool),
+    ("segment.index.bytes", Rule::AtLeast(4)),
 ];
 
-fn invalid(name: &str, v: &str, why: &str) -> String {
-    format!("Invalid value {v} for configuration {name}: {why}")
+/// Why a topic config is refused. The text is the message an INVALID_CONFIG response
+/// carries (Kafka's wording where Kafka has one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A known config with a value that breaks its rule.
+    #[error("Invalid value {value} for configuration {name}: {why}")]
+    InvalidValue {
+        name: String,
+        value: String,
+        why: String,
+    },
+    /// A size that does not fit its unsigned type.
+    #[error("{name} {value} must be positive")]
+    NotPositive { name: &'static str, value: i64 },
+    #[error("Unknown topic config name: {0}")]
+    UnknownName(String),
+    /// Values valid one by one that the log refuses together (its own check).
+    #[error("Invalid configuration: {0}")]
+    Inconsistent(String),
 }
 
-fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
+fn invalid(name: &str, v: &str, why: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        name: name.to_string(),
+        value: v.to_string(),
+        why: why.to_string(),
+    }
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, ConfigError> {
     match v.trim() {
         "true" => Ok(true),
         "false" => Ok(false),
@@ -94,7 +121,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
     }
 }
 
-fn parse_at_least(name: &str, v: &str, min: i64) -> Result<i64, String> {
+fn parse_at_least(name: &str, v: &str, min: i64) -> Result<i64, ConfigError> {
     let n = parse_i64(name, v)?;
     if n < min {
         return Err(invalid(name, v, &format!("Value must be at least {min}")));
@@ -102,55 +129,47 @@ fn parse_at_least(name: &str, v: &str, min: i64) -> Result<i64, String> {
     Ok(n)
 }
 
-/// Validates a config Sluice accepts without acting on it.
-fn check_inert(name: &str, v: &str) -> Result<(), String> {
-    match name {
-        "compression.gzip.level" => {
+/// Kafka's rule for a config's value, where the value is all Sluice checks.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    /// An integer at least this.
+    AtLeast(i64),
+    /// An integer in this inclusive range.
+    Range(i64, i64),
+    /// -1 (the codec's default) or 1..=9.
+    GzipLevel,
+    Bool,
+    /// A list of `partition:broker` pairs, or `*`.
+    ReplicaList,
+    Any,
+}
+
+/// Checks a value against its rule.
+fn check(rule: Rule, name: &str, v: &str) -> Result<(), ConfigError> {
+    match rule {
+        Rule::AtLeast(min) => {
+            parse_at_least(name, v, min)?;
+        }
+        Rule::Range(min, max) => {
+            let n = parse_i64(name, v)?;
+            if !(min..=max).contains(&n) {
+                return Err(invalid(
+                    name,
+                    v,
+                    &format!("Value must be in [{min},...,{max}]"),
+                ));
+            }
+        }
+        Rule::GzipLevel => {
             let n = parse_i64(name, v)?;
             if !(n == -1 || (1..=9).contains(&n)) {
                 return Err(invalid(name, v, "must be -1 or in [1,...,9]"));
             }
         }
-        "compression.lz4.level" => {
-            let n = parse_i64(name, v)?;
-            if !(1..=17).contains(&n) {
-                return Err(invalid(name, v, "Value must be in [1,...,17]"));
-            }
-        }
-        "compression.zstd.level" => {
-            let n = parse_i64(name, v)?;
-            if !(-131072..=22).contains(&n) {
-                return Err(invalid(name, v, "Value must be in [-131072,...,22]"));
-            }
-        }
-        "file.delete.delay.ms" | "max.compaction.lag.ms" | "segment.jitter.ms" => {
-            parse_at_least(
-                name,
-                v,
-                if name == "max.compaction.lag.ms" {
-                    1
-                } else {
-                    0
-                },
-            )?;
-        }
-        "flush.messages" => {
-            parse_at_least(name, v, 1)?;
-        }
-        "index.interval.bytes" => {
-            parse_at_least(name, v, 0)?;
-        }
-        "segment.index.bytes" => {
-            parse_at_least(name, v, 4)?;
-        }
-        "local.retention.bytes" | "local.retention.ms" => {
-            parse_at_least(name, v, -2)?;
-        }
-        "preallocate" | "remote.log.copy.disable" | "remote.log.delete.on.disable" => {
+        Rule::Bool => {
             parse_bool(name, v)?;
         }
-        // A list of `partition:broker` pairs, or `*`.
-        "follower.replication.throttled.replicas" | "leader.replication.throttled.replicas" => {
+        Rule::ReplicaList => {
             let ok = v.trim() == "*"
                 || v.trim().is_empty()
                 || v.split(',').all(|pair| {
@@ -166,9 +185,7 @@ fn check_inert(name: &str, v: &str) -> Result<(), String> {
                 ));
             }
         }
-        // Deprecated since 3.0 and ignored by Kafka for message format v2.
-        "message.format.version" => {}
-        _ => unreachable!("{name} is validated here"),
+        Rule::Any => {}
     }
     Ok(())
 }
@@ -190,16 +207,16 @@ pub struct TopicConfig {
     pub compression_levels: Levels,
 }
 
-fn parse_i64(name: &str, v: &str) -> Result<i64, String> {
+fn parse_i64(name: &str, v: &str) -> Result<i64, ConfigError> {
     v.trim()
         .parse::<i64>()
-        .map_err(|_| format!("Invalid value {v} for configuration {name}: not a number"))
+        .map_err(|_| invalid(name, v, "not a number"))
 }
 
 impl TopicConfig {
     /// Parses explicitly-set configs over the defaults. The error is the message an
     /// INVALID_CONFIG response carries.
-    pub fn parse(set: &BTreeMap<String, String>) -> Result<TopicConfig, String> {
+    pub fn parse(set: &BTreeMap<String, String>) -> Result<TopicConfig, ConfigError> {
         let mut log = LogConfig::default();
         let mut min_insync_replicas = 1;
         let mut cleanup_policy = "delete".to_string();
@@ -207,8 +224,11 @@ impl TopicConfig {
         let mut compression = None;
         let mut compression_levels = Levels::default();
         for (name, v) in set {
+            if let Some((_, rule)) = ACCEPTED_WITHOUT_EFFECT.iter().find(|(n, _)| n == name) {
+                check(*rule, name, v)?;
+                continue;
+            }
             match name.as_str() {
-                n if ACCEPTED_WITHOUT_EFFECT.contains(&n) => check_inert(n, v)?,
                 "compression.type" => match v.trim() {
                     "producer" => compression = None,
                     c => {
@@ -222,11 +242,11 @@ impl TopicConfig {
                     }
                 },
                 "compression.gzip.level" => {
-                    check_inert(name, v)?;
+                    check(Rule::GzipLevel, name, v)?;
                     compression_levels.gzip = parse_i64(name, v)? as i32;
                 }
                 "compression.zstd.level" => {
-                    check_inert(name, v)?;
+                    check(Rule::Range(-131072, 22), name, v)?;
                     compression_levels.zstd = parse_i64(name, v)? as i32;
                 }
                 "remote.storage.enable" => {
@@ -243,29 +263,25 @@ impl TopicConfig {
                 "retention.bytes" => log.retention_bytes = parse_i64(name, v)?,
                 "segment.bytes" => {
                     let n = parse_i64(name, v)?;
-                    log.segment_bytes = u64::try_from(n).map_err(|_| format!("segment.bytes {n} must be positive"))?;
+                    log.segment_bytes = u64::try_from(n).map_err(|_| ConfigError::NotPositive { name: "segment.bytes", value: n })?;
                 }
                 "segment.ms" => log.segment_ms = parse_i64(name, v)?,
                 "max.message.bytes" => {
                     let n = parse_i64(name, v)?;
                     log.max_message_bytes =
-                        usize::try_from(n).map_err(|_| format!("max.message.bytes {n} must be positive"))?;
+                        usize::try_from(n).map_err(|_| ConfigError::NotPositive { name: "max.message.bytes", value: n })?;
                 }
                 "message.timestamp.type" => {
                     log.timestamp_type = match v.as_str() {
                         "CreateTime" => TimestampType::CreateTime,
                         "LogAppendTime" => TimestampType::LogAppendTime,
-                        _ => {
-                            return Err(format!(
-                                "Invalid value {v} for configuration message.timestamp.type: must be CreateTime or LogAppendTime"
-                            ))
-                        }
+                        _ => return Err(invalid(name, v, "must be CreateTime or LogAppendTime")),
                     }
                 }
                 "min.insync.replicas" => {
                     let n = parse_i64(name, v)?;
                     if !(1..=i64::from(i32::MAX)).contains(&n) {
-                        return Err(format!("Invalid value {v} for configuration min.insync.replicas: must be at least 1"));
+                        return Err(invalid(name, v, "must be at least 1"));
                     }
                     min_insync_replicas = n as i32;
                 }
@@ -274,9 +290,7 @@ impl TopicConfig {
                     parts.sort_unstable();
                     parts.dedup();
                     if parts.is_empty() || parts.iter().any(|p| *p != "delete" && *p != "compact") {
-                        return Err(format!(
-                            "Invalid value {v} for configuration cleanup.policy: must be delete, compact or both"
-                        ));
+                        return Err(invalid(name, v, "must be delete, compact or both"));
                     }
                     log.cleanup_delete = parts.contains(&"delete");
                     log.cleanup_compact = parts.contains(&"compact");
@@ -286,37 +300,23 @@ impl TopicConfig {
                 // Read by the controller's election (sluice_replication::cluster).
                 "unclean.leader.election.enable" => {
                     if v != "true" && v != "false" {
-                        return Err(format!(
-                            "Invalid value {v} for configuration unclean.leader.election.enable: must be true or false"
-                        ));
+                        return Err(invalid(name, v, "must be true or false"));
                     }
                 }
                 // Read by Fetch (`crate::api::fetch`): whether v0–v3 fetchers get
                 // message sets converted from the stored batches.
                 "message.downconversion.enable" => {
                     if v != "true" && v != "false" {
-                        return Err(format!(
-                            "Invalid value {v} for configuration message.downconversion.enable: must be true or false"
-                        ));
+                        return Err(invalid(name, v, "must be true or false"));
                     }
                 }
                 "min.compaction.lag.ms" => log.min_compaction_lag_ms = parse_i64(name, v)?,
-                "max.compaction.lag.ms" => {
-                    check_inert(name, v)?;
-                    log.max_compaction_lag_ms = parse_i64(name, v)?;
-                }
-                "segment.jitter.ms" => {
-                    check_inert(name, v)?;
-                    log.segment_jitter_ms = parse_i64(name, v)?;
-                }
+                "max.compaction.lag.ms" => log.max_compaction_lag_ms = parse_at_least(name, v, 1)?,
+                "segment.jitter.ms" => log.segment_jitter_ms = parse_at_least(name, v, 0)?,
                 "min.cleanable.dirty.ratio" => {
-                    let r: f64 = v.trim().parse().map_err(|_| {
-                        format!("Invalid value {v} for configuration min.cleanable.dirty.ratio: not a number")
-                    })?;
+                    let r: f64 = v.trim().parse().map_err(|_| invalid(name, v, "not a number"))?;
                     if !(0.0..=1.0).contains(&r) {
-                        return Err(format!(
-                            "Invalid value {v} for configuration min.cleanable.dirty.ratio: must be in [0, 1]"
-                        ));
+                        return Err(invalid(name, v, "must be in [0, 1]"));
                     }
                     log.min_cleanable_dirty_ratio_bp = (r * 10_000.0).round() as u16;
                 }
@@ -327,14 +327,14 @@ impl TopicConfig {
                     log.flush = match n {
                         0 => FlushPolicy::Always,
                         n if n > 0 => FlushPolicy::IntervalMs(n as u64),
-                        _ => return Err(format!("Invalid value {v} for configuration flush.ms: must be >= 0")),
+                        _ => return Err(invalid(name, v, "must be >= 0")),
                     };
                 }
-                _ => return Err(format!("Unknown topic config name: {name}")),
+                _ => return Err(ConfigError::UnknownName(name.clone())),
             }
         }
         log.validate()
-            .map_err(|e| format!("Invalid configuration: {e}"))?;
+            .map_err(|e| ConfigError::Inconsistent(e.to_string()))?;
         Ok(TopicConfig {
             log,
             min_insync_replicas,
@@ -372,27 +372,39 @@ pub fn stores_zstd(set: &BTreeMap<String, String>) -> bool {
         .is_some_and(|v| v.trim() == "zstd")
 }
 
+/// Why a topic name breaks Kafka's rules; the text is the message an
+/// INVALID_TOPIC_EXCEPTION carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicNameError {
+    #[error("Topic name is empty")]
+    Empty,
+    #[error("Topic name cannot be \"{0}\"")]
+    Dots(String),
+    #[error("Topic name is longer than 249 characters: {0} characters")]
+    TooLong(usize),
+    #[error("Topic name \"{name}\" is illegal: character {c:?} is not in [a-zA-Z0-9._-]")]
+    IllegalChar { name: String, c: char },
+}
+
 /// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.
-pub fn validate_topic_name(name: &str) -> Result<(), String> {
+pub fn validate_topic_name(name: &str) -> Result<(), TopicNameError> {
     if name.is_empty() {
-        return Err("Topic name is empty".into());
+        return Err(TopicNameError::Empty);
     }
     if name == "." || name == ".." {
-        return Err(format!("Topic name cannot be \"{name}\""));
+        return Err(TopicNameError::Dots(name.to_string()));
     }
     if name.len() > 249 {
-        return Err(format!(
-            "Topic name is longer than 249 characters: {} characters",
-            name.len()
-        ));
+        return Err(TopicNameError::TooLong(name.len()));
     }
     if let Some(c) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
-        return Err(format!(
-            "Topic name \"{name}\" is illegal: character {c:?} is not in [a-zA-Z0-9._-]"
-        ));
+        return Err(TopicNameError::IllegalChar {
+            name: name.to_string(),
+            c,
+        });
     }
     Ok(())
 }
@@ -462,7 +474,7 @@ mod tests {
             ("leader.replication.throttled.replicas", "0:x"),
         ] {
             let e = TopicConfig::parse(&set(&[(k, v)])).unwrap_err();
-            assert!(!e.is_empty(), "{k}={v}");
+            assert!(e.to_string().contains(k), "{k}={v}: {e}");
         }
     }
 
@@ -493,7 +505,7 @@ mod tests {
         let none = TopicConfig::parse(&BTreeMap::new()).unwrap();
         assert_eq!(none.timestamp_before_max_ms, i64::MAX);
         // Every name has a default and every inert one is known.
-        for n in ACCEPTED_WITHOUT_EFFECT {
+        for (n, _) in ACCEPTED_WITHOUT_EFFECT {
             assert!(KNOWN.iter().any(|(k, _)| k == n), "{n}");
         }
     }
@@ -519,6 +531,27 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.compression_levels, Levels { gzip: 9, zstd: -5 });
+    }
+
+    #[test]
+    fn messages_keep_kafkas_wording() {
+        let msg = |k: &str, v: &str| TopicConfig::parse(&set(&[(k, v)])).unwrap_err().to_string();
+        assert_eq!(
+            msg("retention.ms", "soon"),
+            "Invalid value soon for configuration retention.ms: not a number"
+        );
+        assert_eq!(
+            msg("compression.lz4.level", "18"),
+            "Invalid value 18 for configuration compression.lz4.level: Value must be in [1,...,17]"
+        );
+        assert_eq!(
+            msg("no.such.config", "1"),
+            "Unknown topic config name: no.such.config"
+        );
+        assert_eq!(
+            validate_topic_name("..").unwrap_err().to_string(),
+            "Topic name cannot be \"..\""
+        );
     }
 
     #[test]

@@ -112,7 +112,10 @@ pub async fn handle(
         let mut parts = Vec::new();
         for p in topic.partition_data {
             let err = if let Err(m) = validate_topic_name(&name) {
-                Some(ApiError::with(ResponseError::InvalidTopicException, m))
+                Some(ApiError::with(
+                    ResponseError::InvalidTopicException,
+                    m.to_string(),
+                ))
             } else {
                 match meta {
                     Some(m) if (0..m.partitions).contains(&p.index) => match p.records {

@@ -802,6 +802,36 @@ impl Broker {
         }
     }
 
+    /// ListOffsets v0's view of a partition's log (see [`crate::rpc::SegmentTimes`]),
+    /// as Kafka builds it: a leader answers (any replica if not `leader_only`).
+    pub fn offsets_before_local(
+        &self,
+        topic: &str,
+        partition: i32,
+        leader_only: bool,
+    ) -> Result<crate::rpc::SegmentTimes, ApiError> {
+        let (log, _) = self.log(topic, partition)?;
+        let replica = self.replica(topic, partition)?;
+        let high_watermark = match replica.fetch_bound(-1, -1, 0) {
+            Ok((_, hw, _)) => Some(hw),
+            Err(e) if leader_only => return Err(e),
+            Err(_) => None,
+        };
+        let start = log.log_start_offset();
+        let segments = log.segment_times();
+        let mut offset_times: Vec<(i64, i64)> = segments
+            .iter()
+            .map(|&(base, _, modified)| (base.max(start), modified))
+            .collect();
+        if segments.last().is_some_and(|&(_, size, _)| size > 0) {
+            offset_times.push((log.log_end_offset(), crate::util::now_ms()));
+        }
+        Ok(crate::rpc::SegmentTimes {
+            offset_times,
+            high_watermark,
+        })
+    }
+
     /// The first record at or after timestamp `ts` below `hw`, or (-1, -1).
     async fn offset_at_timestamp(
         &self,

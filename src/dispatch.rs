@@ -83,6 +83,17 @@ impl ShardService for ShardServer {
         join_all(futs).await
     }
 
+    async fn offsets_before(
+        &self,
+        c: rpc::OffsetsBefore,
+    ) -> Vec<Result<rpc::SegmentTimes, ApiError>> {
+        let b = &self.broker;
+        c.items
+            .into_iter()
+            .map(|(t, p)| b.offsets_before_local(&t, p, c.leader_only))
+            .collect()
+    }
+
     /// Any replica holding the log answers, as Kafka's (a follower's producer state is
     /// the leader's: it applies the same batches).
     async fn describe_producers(

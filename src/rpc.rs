@@ -101,6 +101,8 @@ shard_calls! {
     /// follower fetch, high watermark for a consumer), or the timeout.
     Wait => wait -> bool;
     ListOffsets => list_offsets -> Vec<Result<(i64, i64), ApiError>>;
+    /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
+    OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
     DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
     /// The producers each partition's log remembers (DescribeProducers).
     DescribeProducers => describe_producers -> Vec<Result<Vec<ActiveProducer>, ApiError>>;
@@ -226,6 +228,24 @@ pub struct ListOffsets {
     pub items: Vec<(String, i32, i64, i32)>,
     /// isolation_level=1: "latest" is the last stable offset.
     pub read_committed: bool,
+}
+
+/// (topic, partition) of ListOffsets v0 requests.
+pub struct OffsetsBefore {
+    pub items: Vec<(String, i32)>,
+    /// Only the leader answers (false for Kafka's debugging replica id -2, which any
+    /// replica answers).
+    pub leader_only: bool,
+}
+
+/// A partition's log as ListOffsets v0 sees it (Kafka's "offset-time array"): per
+/// segment, oldest first, its base offset (at least the log start) and the modification
+/// time of its file; then, if the active segment holds data, the log end offset and the
+/// time now. Plus the high watermark when a leader answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentTimes {
+    pub offset_times: Vec<(i64, i64)>,
+    pub high_watermark: Option<i64>,
 }
 
 /// (topic, partition, delete before this offset; -1 = high watermark).

@@ -20,8 +20,12 @@
 //! | AlterReplicaLogDirs v0 | = v1 | = v1 |
 //! | OffsetForLeaderEpoch v0–v1 | v2 without `current_leader_epoch` | v2 without `throttle_time_ms`; v0 also without `leader_epoch` |
 //!
-//! What the decoded request cannot carry: ListOffsets v0's `max_num_offsets` (the
-//! answer holds the one offset the handler finds, as Kafka does for the usual 1) and
+//! ListOffsets v0's own fields have no place in the crate's types: a decoded v0
+//! partition carries its `max_num_offsets` in a tagged field no Kafka schema uses
+//! ([`max_num_offsets`]), and the handler puts the `old_style_offsets` of its answer in
+//! the same way ([`with_old_style_offsets`]); both exist only between this module and
+//! the handler (tagged fields are never written at non-flexible versions, and the tag
+//! is set only on v0 requests and answers). What the decoded request cannot carry:
 //! OffsetCommit v1's `commit_timestamp` (Kafka 3.9 uses it only for the expiry of the
 //! commit).
 
@@ -32,7 +36,9 @@ use kafka_protocol::messages::fetch_response::FetchResponse;
 use kafka_protocol::messages::list_offsets_request::{
     ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic,
 };
-use kafka_protocol::messages::list_offsets_response::ListOffsetsResponse;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsResponse,
+};
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
@@ -71,6 +77,47 @@ pub fn lowest_version(key: ApiKey) -> i16 {
 /// True if `version` of `key` is below the codec and this module handles it.
 pub fn handles(key: ApiKey, version: i16) -> bool {
     version < key.valid_versions().min && version >= lowest_version(key)
+}
+
+/// The tag under which a ListOffsets v0 partition (request or response) carries the
+/// v0-only field in the crate's types: far above any tag a Kafka schema assigns.
+const V0_TAG: i32 = 0x7e57_0000;
+
+/// The `max_num_offsets` of a partition of a decoded ListOffsets v0 request; `None` for
+/// a request of another version.
+pub fn max_num_offsets(p: &ListOffsetsPartition) -> Option<i32> {
+    let v = p.unknown_tagged_fields.get(&V0_TAG)?;
+    Some(i32::from_be_bytes(v.as_ref().try_into().ok()?))
+}
+
+/// `p` asking for up to `n` offsets at v0 (for clients and tests; [`encode_request`]
+/// writes 1 for a partition without it).
+pub fn with_max_num_offsets(p: ListOffsetsPartition, n: i32) -> ListOffsetsPartition {
+    p.with_unknown_tagged_field(V0_TAG, Bytes::copy_from_slice(&n.to_be_bytes()))
+}
+
+/// A v0 answer's `old_style_offsets` (newest first) on a partition response; at v0 they
+/// replace the partition's `offset` (which [`encode_response`] writes as the one offset
+/// of a partition without them). Never set this on an answer of another version.
+pub fn with_old_style_offsets(
+    p: ListOffsetsPartitionResponse,
+    offsets: &[i64],
+) -> ListOffsetsPartitionResponse {
+    let mut b = BytesMut::with_capacity(offsets.len() * 8);
+    for o in offsets {
+        b.put_i64(*o);
+    }
+    p.with_unknown_tagged_field(V0_TAG, b.freeze())
+}
+
+/// The offsets [`with_old_style_offsets`] put on `p`, if any.
+pub fn old_style_offsets(p: &ListOffsetsPartitionResponse) -> Option<Vec<i64>> {
+    let v = p.unknown_tagged_fields.get(&V0_TAG)?;
+    Some(
+        v.chunks_exact(8)
+            .map(|c| i64::from_be_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
 }
 
 /// Decodes the body of a request of a version [`handles`] accepts.
@@ -128,7 +175,7 @@ pub fn encode_request(version: i16, req: &RequestKind, out: &mut BytesMut) -> Re
                 put_array(out, &t.partitions, |out, p| {
                     out.put_i32(p.partition_index);
                     out.put_i64(p.timestamp);
-                    out.put_i32(1); // max_num_offsets
+                    out.put_i32(max_num_offsets(p).unwrap_or(1));
                 });
             });
         }
@@ -309,8 +356,7 @@ fn list_offsets_request(buf: &mut Bytes) -> Result<ListOffsetsRequest> {
             let p = ListOffsetsPartition::default()
                 .with_partition_index(i32_(buf)?)
                 .with_timestamp(i64_(buf)?);
-            let _max_num_offsets = i32_(buf)?;
-            Ok(p)
+            Ok(with_max_num_offsets(p, i32_(buf)?))
         })?;
         Ok(ListOffsetsTopic::default()
             .with_name(name)
@@ -433,13 +479,16 @@ fn list_offsets_response(r: &ListOffsetsResponse, out: &mut BytesMut) {
         put_array(out, &t.partitions, |out, p| {
             out.put_i32(p.partition_index);
             out.put_i16(p.error_code);
-            // The offsets found, newest first: the one offset, none on an error.
-            let offsets: &[i64] = if p.error_code == 0 && p.offset >= 0 {
-                std::slice::from_ref(&p.offset)
-            } else {
-                &[]
-            };
-            put_array(out, offsets, |out, o| out.put_i64(*o));
+            // The offsets found, newest first: those the handler listed, else the one
+            // offset (none on an error or when nothing was found).
+            let offsets = old_style_offsets(p).unwrap_or_else(|| {
+                if p.error_code == 0 && p.offset >= 0 {
+                    vec![p.offset]
+                } else {
+                    Vec::new()
+                }
+            });
+            put_array(out, &offsets, |out, o| out.put_i64(*o));
         });
     });
 }
@@ -587,14 +636,132 @@ mod tests {
                 .with_partitions(vec![ListOffsetsPartition::default()
                     .with_partition_index(0)
                     .with_timestamp(-2)])]);
+        // A partition without `max_num_offsets` goes out asking for 1.
+        let want = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(s("t")))
+                .with_partitions(vec![with_max_num_offsets(
+                    ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(-2),
+                    1,
+                )])]);
         match round_trip(
             ApiKey::ListOffsets,
             0,
             RequestKind::ListOffsets(list.clone()),
         ) {
-            RequestKind::ListOffsets(got) => assert_eq!(got, list),
+            RequestKind::ListOffsets(got) => assert_eq!(got, want),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn list_offsets_v0_request_carries_max_num_offsets() {
+        let part = |index, ts, max| {
+            with_max_num_offsets(
+                ListOffsetsPartition::default()
+                    .with_partition_index(index)
+                    .with_timestamp(ts),
+                max,
+            )
+        };
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(s("t")))
+                .with_partitions(vec![
+                    part(0, -1, 7),
+                    part(3, 1_700_000_000_000, -5),
+                ])]);
+        let mut out = BytesMut::new();
+        encode_request(0, &RequestKind::ListOffsets(req.clone()), &mut out).unwrap();
+        // replica_id, [topic [partition, timestamp, max_num_offsets]]
+        let mut want = vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 2];
+        want.extend_from_slice(&0i32.to_be_bytes());
+        want.extend_from_slice(&(-1i64).to_be_bytes());
+        want.extend_from_slice(&7i32.to_be_bytes());
+        want.extend_from_slice(&3i32.to_be_bytes());
+        want.extend_from_slice(&1_700_000_000_000i64.to_be_bytes());
+        want.extend_from_slice(&(-5i32).to_be_bytes());
+        assert_eq!(&out[..], &want[..]);
+        let mut buf = out.freeze();
+        let got = match decode_request(ApiKey::ListOffsets, 0, &mut buf).unwrap() {
+            RequestKind::ListOffsets(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert!(buf.is_empty());
+        assert_eq!(got, req);
+        let maxes: Vec<_> = got.topics[0]
+            .partitions
+            .iter()
+            .map(max_num_offsets)
+            .collect();
+        assert_eq!(maxes, [Some(7), Some(-5)]);
+        // Cut anywhere, the request is an error, not a shorter request.
+        for cut in 0..want.len() {
+            let mut b = Bytes::copy_from_slice(&want[..cut]);
+            assert!(
+                decode_request(ApiKey::ListOffsets, 0, &mut b).is_err(),
+                "cut {cut}"
+            );
+        }
+        // A v1 request (the crate's codec) has no max_num_offsets, and the v0 field
+        // never reaches the wire of a non-flexible version.
+        let mut v1 = BytesMut::new();
+        req.encode(&mut v1, 1).unwrap();
+        let back = ListOffsetsRequest::decode(&mut v1.freeze(), 1).unwrap();
+        assert!(back.topics[0]
+            .partitions
+            .iter()
+            .all(|p| max_num_offsets(p).is_none()));
+    }
+
+    #[test]
+    fn list_offsets_v0_response_lists_old_style_offsets() {
+        let resp = |p: ListOffsetsPartitionResponse| {
+            let r = ListOffsetsResponse::default().with_topics(vec![
+                ListOffsetsTopicResponse::default()
+                    .with_name(TopicName(s("t")))
+                    .with_partitions(vec![p]),
+            ]);
+            let mut out = BytesMut::new();
+            encode_response(
+                ApiKey::ListOffsets,
+                0,
+                &ResponseKind::ListOffsets(r),
+                &mut out,
+            )
+            .unwrap();
+            out.to_vec()
+        };
+        let head = vec![0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 1, 0, 0, 0, 2];
+        let listed = with_old_style_offsets(
+            ListOffsetsPartitionResponse::default().with_partition_index(2),
+            &[30, 20, 0],
+        );
+        assert_eq!(old_style_offsets(&listed), Some(vec![30, 20, 0]));
+        let mut want = [head.clone(), vec![0, 0, 0, 0, 0, 3]].concat();
+        for o in [30i64, 20, 0] {
+            want.extend_from_slice(&o.to_be_bytes());
+        }
+        assert_eq!(resp(listed), want);
+        // An empty list (max_num_offsets 0, or nothing old enough) is an empty array,
+        // whatever the offset field holds.
+        let none = with_old_style_offsets(
+            ListOffsetsPartitionResponse::default()
+                .with_partition_index(2)
+                .with_offset(9),
+            &[],
+        );
+        assert_eq!(resp(none), [head.clone(), vec![0, 0, 0, 0, 0, 0]].concat());
+        // An error with no list: the code and an empty array.
+        let err = ListOffsetsPartitionResponse::default()
+            .with_partition_index(2)
+            .with_error_code(-1)
+            .with_offset(-1);
+        assert_eq!(resp(err), [head, vec![0xff, 0xff, 0, 0, 0, 0]].concat());
     }
 
     #[test]

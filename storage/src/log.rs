@@ -806,6 +806,27 @@ impl PartitionLog {
             .collect()
     }
 
+    /// Each segment as ListOffsets v0 (Kafka's "offsets before" a time) sees it, oldest
+    /// first: (base offset, logical size, last modification time of its `.log` in ms
+    /// since the epoch, as Kafka's `LogSegment.lastModified`: 0 if the file cannot be
+    /// read, as Java's `File.lastModified`). A `stat` per segment: the metadata the
+    /// kernel caches, no data read.
+    pub fn segment_times(&self) -> Vec<(i64, u64, i64)> {
+        let modified_ms = |path: &Path| {
+            std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as i64)
+        };
+        self.state
+            .borrow()
+            .segments
+            .iter()
+            .map(|s| (s.base_offset, s.size, modified_ms(&s.path("log"))))
+            .collect()
+    }
+
     /// Why the log is failed, if it is: an I/O error on one of its files (a write or
     /// sync of the active segment, a read of any segment, index, snapshot or
     /// `partition.meta`, a write of a snapshot, index or `partition.meta`, a directory

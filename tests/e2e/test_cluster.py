@@ -714,6 +714,44 @@ def test_list_offsets_on_a_broker_without_the_partition_says_not_leader(cluster)
                 assert err == 6, f"broker {i} holds no {topic}-{p} but answered {err}"
 
 
+def test_list_offsets_v0_from_the_leader_or_for_debugging_any_replica(cluster):
+    """ListOffsets v0 as Kafka answers it in a cluster: a consumer (replica id -1) gets
+    offsets from the leader only, NOT_LEADER_OR_FOLLOWER elsewhere; Kafka's debugging
+    replica id -2 is answered by any broker holding a replica, from its own log."""
+    import struct
+    import kafka_wire as kw
+    topic = "v0-rf2"
+    cluster.create_topic(topic, partitions=1, rf=2)
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(5):
+        p.produce(topic, f"v{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    leader, replicas = cluster.leader_of(topic, 0), cluster.replicas_of(topic, 0)
+
+    def ask(i, replica_id):
+        body = kw.header(2, 0, 5) + struct.pack(">ii", replica_id, 1) + kw.string(topic)
+        body += struct.pack(">iiqi", 1, 0, -1, 10)
+        conn = kw.Conn(cluster.addr(i))
+        conn.send(kw.frame(body))
+        b = conn.recv()[1]
+        conn.close()
+        pos = 4 + 2 + len(topic) + 4
+        part, err, n = struct.unpack_from(">ihi", b, pos)
+        assert part == 0 and len(b) == pos + 10 + 8 * n
+        return err, list(struct.unpack_from(f">{n}q", b, pos + 10))
+
+    for i in cluster.ids:
+        if i == leader:
+            assert ask(i, -1) == (0, [5, 0]), f"leader {i}"
+            assert ask(i, -2) == (0, [5, 0]), f"leader {i}"
+        elif i in replicas:
+            assert ask(i, -1) == (6, []), f"follower {i} answers consumers NOT_LEADER_OR_FOLLOWER"
+            # The follower's own log end: all 5 once it has fetched them (acks=all: it has).
+            assert ask(i, -2) == (0, [5, 0]), f"follower {i}, debugging replica id"
+        else:
+            assert ask(i, -1) == (6, []) and ask(i, -2) == (6, []), f"broker {i} holds no replica"
+
+
 # (issue 17) ---------------------------------------------------------------------------
 
 def test_new_partitions_and_new_leaders_do_not_wait_for_the_followers_poll(tmp_path):

@@ -2,8 +2,10 @@
 hold Sluice to Kafka's answers for them: the answer to a version it does not serve
 (wire tests), and old clients (librdkafka with `api.version.request=false`, kafka-python
 pinned to an old `api_version`) producing and consuming."""
+import os
 import struct
 import subprocess
+import time
 import zlib
 
 import pytest
@@ -124,6 +126,96 @@ def test_list_offsets_v0_answers_an_offsets_array(broker):
     c.send(frame(req))
     _, body = c.recv()
     assert _partition_errors(body, offsets) == [("lo0", 7, (3, []))], "UNKNOWN_TOPIC_OR_PARTITION, no offsets"
+    c.close()
+
+
+def _list_offsets_v0(c, topic, parts, replica_id=-1, corr=40):
+    """One ListOffsets v0 request for `topic`'s [(partition, timestamp, max_num_offsets)]:
+    -> [(partition, error_code, [offsets])] as the broker answered."""
+    req = header(2, 0, corr) + struct.pack(">i", replica_id) + struct.pack(">i", 1) + string(topic)
+    req += struct.pack(">i", len(parts))
+    for p, ts, n in parts:
+        req += struct.pack(">iqi", p, ts, n)
+    c.send(frame(req))
+    got, body = c.recv()
+    assert got == corr
+
+    def offsets(b, pos):
+        err, n = struct.unpack_from(">hi", b, pos)
+        pos += 6
+        return (err, list(struct.unpack_from(f">{n}q", b, pos))), pos + 8 * n
+    return [(p, err, offs) for _, p, (err, offs) in _partition_errors(body, offsets)]
+
+
+def _segment_times(data_dir, topic):
+    """[(base offset, modification time in ms)] of `topic`-0's segment files, oldest first."""
+    d = os.path.join(str(data_dir), f"{topic}-0")
+    return sorted((int(f[:-4]), os.stat(os.path.join(d, f)).st_mtime_ns // 1_000_000)
+                  for f in os.listdir(d) if f.endswith(".log"))
+
+
+def test_list_offsets_v0_lists_segment_base_offsets_before_a_time(make_broker, tmp_path):
+    """Kafka's "offsets before" (ListOffsets v0 with max_num_offsets): up to that many
+    offsets, newest first, from the segment base offsets and the log end; by time, from
+    the newest segment whose file was last modified at or before it. Small segments roll
+    in two rounds of writes a clock tick apart, so a time between them splits the log."""
+    from confluent_kafka import Producer
+    from test_confluent import create_topic
+    data = tmp_path / "lob-data"
+    b = make_broker(data_dir=data)
+    topic = "lob"
+    create_topic(b.addr, topic, 1, {"segment.bytes": "4096"})
+    p = Producer({"bootstrap.servers": b.addr, "linger.ms": 0, "acks": "all"})
+
+    def produce(n):
+        for _ in range(n):
+            p.produce(topic, b"x" * 1500, partition=0)
+            assert p.flush(30) == 0
+    produce(8)
+    first = _segment_times(data, topic)
+    # Every file of the first round is older than `mid` and everything written from now
+    # on newer: wait for the clock (file times lag it by a tick at most) to pass it.
+    mid = max(t for _, t in first)
+    wait_until(lambda: time.time() * 1000 > mid + 50, what="the clock to pass the first round")
+    produce(8)
+    p.flush(30)
+    end = 16
+    c = Conn(b.addr)
+    segs = _segment_times(data, topic)
+    bases = [base for base, _ in segs]
+    assert len(bases) >= 5 and bases[0] == 0, f"several segments rolled: {bases}"
+    newest_first = sorted(bases, reverse=True)
+    got = _list_offsets_v0(c, topic, [(0, -1, 1), (0, -1, 1000), (0, -1, 3), (0, -2, 1), (0, -2, 1000),
+                                      (0, -1, 0), (0, -3, 1000), (0, -1, -1), (7, -1, 1)])
+    assert got == [
+        (0, 0, [end]),
+        (0, 0, [end] + newest_first),
+        (0, 0, [end] + newest_first[:2]),
+        (0, 0, [0]),
+        (0, 0, [0]),
+        (0, 0, []),
+        (0, 0, []),  # no file was modified before -3 (max-timestamp is v7+)
+        (0, -1, []),  # UNKNOWN_SERVER_ERROR: Kafka cannot size a negative array
+        (7, 3, []),  # UNKNOWN_TOPIC_OR_PARTITION
+    ]
+    assert _list_offsets_v0(c, "no-such-topic", [(0, -1, 1)]) == [(0, 3, [])]
+    # By time: `mid` is after the first round's closed segments and before everything of
+    # the second round (the active segment of the first round was written again).
+    def before(times):
+        return sorted((base for base, t in times if t <= mid), reverse=True)
+    hour_later = int(time.time() * 1000) + 3600 * 1000
+    got = _list_offsets_v0(c, topic, [(0, mid, 1000), (0, mid, 1), (0, 0, 1000), (0, hour_later, 1000)])
+    before_mid = before(segs)
+    assert before(_segment_times(data, topic)) == before_mid, "no segment crossed mid while asked"
+    assert set(base for base, _ in first[:-1]) <= set(before_mid) <= set(base for base, _ in first), \
+        f"mid splits the log between the rounds: {first} then {segs}, mid {mid}"
+    assert 0 < len(before_mid) < len(bases)
+    assert got == [
+        (0, 0, before_mid),
+        (0, 0, before_mid[:1]),
+        (0, 0, []),
+        (0, 0, [end] + newest_first),  # the log end counts as modified now
+    ]
     c.close()
 
 

@@ -727,6 +727,11 @@ def test_list_offsets_v0_from_the_leader_or_for_debugging_any_replica(cluster):
         p.produce(topic, f"v{i}".encode(), partition=0)
     assert p.flush(30) == 0
     leader, replicas = cluster.leader_of(topic, 0), cluster.replicas_of(topic, 0)
+    # Each broker's own metadata knows the partition (else it would not know the topic).
+    for i in cluster.ids:
+        wait_until(lambda: metadata_from(cluster.addr(i), [topic])["topics"][topic]["partitions"]
+                   .get(0, {}).get("leader") == leader, 20, f"broker {i} knowing {topic}",
+                   retry=(KeyError, OSError))
 
     def ask(i, replica_id):
         body = kw.header(2, 0, 5) + struct.pack(">ii", replica_id, 1) + kw.string(topic)

@@ -52,6 +52,13 @@ use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
 
 const META_FILE: &str = "partition.meta";
 
+/// Written by a clean close, last: every segment's base, next offset, size and largest
+/// timestamp. While it exists and the `.log` files are the ones it lists with those
+/// sizes, opening the log reads no segment (see [`Storage::open_log`]). The first change
+/// to any of the log's files after an open removes it (durably) first.
+const CLEAN_FILE: &str = "partition.clean";
+const CLEAN_HEADER: &str = "sluice-clean-v1";
+
 /// `<offset, 20 digits>.snapshot`: a producer-state snapshot valid below `offset`.
 pub fn snapshot_file_name(offset: i64) -> String {
     segment::file_name(offset, "snapshot")
@@ -361,6 +368,13 @@ impl Storage {
     }
 
     /// Opens (recovering) or creates the log in directory `name` under the data dir.
+    ///
+    /// Opening holds no descriptor afterwards: the active segment's files open with the
+    /// first append (within [`StorageLimits::active_logs_max`]). A log closed cleanly
+    /// (its `partition.clean` matching the directory) reads no segment at all: its
+    /// segments are recovered one by one when first read, and the producer state comes
+    /// from the snapshot the close wrote. Otherwise every segment is recovered now
+    /// (the table in [`crate::segment`]).
     pub async fn open_log(
         self: &Rc<Self>,
         name: &str,
@@ -379,8 +393,6 @@ impl Storage {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut report = RecoveryReport::default();
-        // Recovery opens the last segment's files for appending.
-        self.make_room(None).await;
         let found = recover_dir(&dir, self, &config, &mut report).await?;
         let log_start = found.log_start;
         let segments = found.segments;
@@ -413,6 +425,7 @@ impl Storage {
             meta_dirty: Cell::new(false),
             producers: RefCell::new(ProducerStateTable::default()),
             snapshots: RefCell::new(found.snapshots),
+            clean_marker: Cell::new(found.clean),
         });
         // R15–R19: the producer state and the `.txnindex` entries it derives.
         let limit = found.txn_damaged_from.unwrap_or(i64::MAX);
@@ -686,6 +699,8 @@ pub struct PartitionLog {
     producers: RefCell<ProducerStateTable>,
     /// Offsets of the producer snapshots on disk.
     snapshots: RefCell<std::collections::BTreeSet<i64>>,
+    /// `partition.clean` exists and describes the files (see [`CLEAN_FILE`]).
+    clean_marker: Cell<bool>,
 }
 
 /// The outcome of [`PartitionLog::append_checked`].
@@ -983,6 +998,8 @@ impl PartitionLog {
 
     /// Under the lock: opens the last segment's files for appending if they are closed.
     async fn reactivate_locked(&self) -> Result<(), Error> {
+        let last = self.state.borrow().active().base_offset;
+        self.load_segment(last).await?;
         let activation = {
             let st = self.state.borrow();
             st.active()
@@ -990,6 +1007,9 @@ impl PartitionLog {
                 .is_none()
                 .then(|| st.active().activation())
         };
+        if activation.is_some() {
+            self.drop_clean_marker().await?;
+        }
         if let Some(a) = activation {
             let path = self.state.borrow().active().path("log");
             self.storage.handles.borrow_mut().forget(&path);
@@ -997,6 +1017,84 @@ impl PartitionLog {
             self.state.borrow_mut().active_mut().attach(files);
             self.touch_active();
         }
+        Ok(())
+    }
+
+    /// Recovers segment `base` if a clean open left it unread (see [`Segment::loaded`]):
+    /// reads its indexes and validates the batches after the last entry. A segment that
+    /// no longer matches what the clean close recorded fails the log; the reopen then
+    /// recovers every segment.
+    async fn load_segment(&self, base: i64) -> Result<(), Error> {
+        let (generation, expect) = {
+            let st = self.state.borrow();
+            match st.segments.iter().find(|s| s.base_offset == base) {
+                Some(s) if !s.loaded => (s.generation, (s.next_offset, s.size)),
+                _ => return Ok(()),
+            }
+        };
+        let interval = self.config.borrow().index_interval_bytes;
+        let mut report = RecoveryReport::default();
+        let (seg, found) = Segment::recover(
+            &self.dir,
+            base,
+            self.storage.now_ms(),
+            interval,
+            &mut report,
+        )
+        .await?;
+        if found.truncated || (seg.next_offset, seg.size) != expect {
+            let path = seg.path("log");
+            let _ = self.drop_clean_marker().await;
+            return Err(Error::io(
+                &path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "segment changed since the clean close: ends at {} ({} bytes), not {} ({} bytes)",
+                        seg.next_offset, seg.size, expect.0, expect.1
+                    ),
+                ),
+            ));
+        }
+        let mut st = self.state.borrow_mut();
+        let same = st
+            .segments
+            .iter_mut()
+            .find(|s| s.base_offset == base && s.generation == generation && !s.loaded);
+        if let Some(s) = same {
+            s.load_from(seg);
+        }
+        Ok(())
+    }
+
+    /// Before the first change to the log's files after a clean open: removes
+    /// `partition.clean`, durably, since it no longer describes them.
+    async fn drop_clean_marker(&self) -> Result<(), Error> {
+        if !self.clean_marker.get() {
+            return Ok(());
+        }
+        let path = self.dir.join(CLEAN_FILE);
+        match file::remove(&path).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&path, e)),
+        }
+        file::sync_dir(&self.dir).await?;
+        self.clean_marker.set(false);
+        Ok(())
+    }
+
+    /// The last step of a clean close: records every segment in `partition.clean`.
+    async fn write_clean_marker(&self) -> Result<(), Error> {
+        let mut text = format!("{CLEAN_HEADER}\n");
+        for s in &self.state.borrow().segments {
+            text.push_str(&format!(
+                "{} {} {} {}\n",
+                s.base_offset, s.next_offset, s.size, s.max_timestamp
+            ));
+        }
+        file::write_atomic(&self.dir.join(CLEAN_FILE), text.as_bytes()).await?;
+        self.clean_marker.set(true);
         Ok(())
     }
 
@@ -1762,6 +1860,15 @@ impl PartitionLog {
             .map_err(|e| Error::Config(format!("storage closed: {e}")))?;
         let mut offset = offset;
         loop {
+            let unread = {
+                let st = self.state.borrow();
+                let seg = &st.segments[st.segment_index_for(offset)];
+                (!seg.loaded).then_some(seg.base_offset)
+            };
+            if let Some(base) = unread {
+                self.load_segment(base).await?;
+                continue;
+            }
             let (file_src, path, pos, end, next_base, base, generation) = {
                 let st = self.state.borrow();
                 let i = st.segment_index_for(offset);
@@ -1874,6 +1981,17 @@ impl PartitionLog {
         &self,
         timestamp: i64,
     ) -> Result<Option<(i64, i64)>, Error> {
+        let unread = {
+            let st = self.state.borrow();
+            st.segments
+                .iter()
+                .find(|s| s.max_timestamp >= timestamp)
+                .filter(|s| !s.loaded)
+                .map(|s| s.base_offset)
+        };
+        if let Some(base) = unread {
+            self.load_segment(base).await?;
+        }
         let start = {
             let st = self.state.borrow();
             let seg = st.segments.iter().find(|s| s.max_timestamp >= timestamp);
@@ -1929,6 +2047,7 @@ impl PartitionLog {
                 log_end,
             });
         }
+        self.drop_clean_marker().await?;
         self.storage.cache.borrow_mut().invalidate(self.id);
         // Snapshots of states that include batches about to go go first (R18 would
         // delete them after a crash too; this keeps them from outliving the cut).
@@ -2162,6 +2281,13 @@ impl PartitionLog {
         let _guard = self.lock().await;
         let now = self.storage.now_ms();
         let mut deleted = 0;
+        let removing = {
+            let st = self.state.borrow();
+            st.segments.len() >= 2 && st.segments[1].base_offset <= st.log_start
+        };
+        if removing {
+            self.drop_clean_marker().await?;
+        }
         loop {
             let victim = {
                 let st = self.state.borrow();
@@ -2182,6 +2308,7 @@ impl PartitionLog {
                 }
             };
             let Some(base) = victim else { break };
+            self.drop_clean_marker().await?;
             {
                 let mut st = self.state.borrow_mut();
                 st.segments.remove(0);
@@ -2445,6 +2572,7 @@ impl PartitionLog {
             return Ok(());
         }
         let io = |p: PathBuf| move |e| Error::io(&p, e);
+        self.drop_clean_marker().await?;
         self.swapping.set(Some(c.base));
         let _swapping = SwapGuard(self);
         for ext in ["index", "timeindex"] {
@@ -2499,6 +2627,7 @@ impl PartitionLog {
             old.index = seg.index;
             old.time_index = seg.time_index;
             old.txn_index = seg.txn_index;
+            old.loaded = true;
             old.txn_dirty = false;
             old.generation = segment::next_generation();
         }
@@ -2527,11 +2656,19 @@ impl PartitionLog {
         let _guard = self.lock().await;
         self.closed.set(true);
         self.storage.active.borrow_mut().forget(self.id);
+        if self.clean_marker.get() {
+            // Nothing changed since a clean open: the files are as recorded.
+            self.storage.cache.borrow_mut().invalidate(self.id);
+            return Ok(());
+        }
         let files = {
             let mut st = self.state.borrow_mut();
             st.active_mut().persist_indexes(u64::MAX)?;
             st.active().active.as_ref().map(|a| a.log.clone())
         };
+        // Closed files (an idle log's, or never opened since recovery) left their
+        // indexes complete on disk; open ones are sealed and their indexes written.
+        let was_open = files.is_some();
         if let Some(f) = files {
             f.seal().await?;
         }
@@ -2539,12 +2676,14 @@ impl PartitionLog {
             let st = self.state.borrow();
             let a = st.active();
             (
-                a.index_files(),
+                was_open.then(|| a.index_files()),
                 a.txn_dirty.then(|| a.txn_index_file()),
                 st.log_end(),
             )
         };
-        indexes.write().await?;
+        if let Some(indexes) = indexes {
+            indexes.write().await?;
+        }
         if let Some(t) = txn_file {
             t.write().await?;
             self.state.borrow_mut().active_mut().txn_dirty = false;
@@ -2554,6 +2693,8 @@ impl PartitionLog {
             let snapshot = self.producers.borrow().encode_snapshot(end);
             self.write_snapshot(end, &snapshot).await?;
         }
+        // Last: the next open reads no segment.
+        self.write_clean_marker().await?;
         self.storage.cache.borrow_mut().invalidate(self.id);
         Ok(())
     }
@@ -2664,6 +2805,57 @@ struct Found {
     snapshots: std::collections::BTreeSet<i64>,
     /// The base of the first segment whose `.txnindex` was damaged (R15).
     txn_damaged_from: Option<i64>,
+    /// Taken from `partition.clean` without reading the segments.
+    clean: bool,
+}
+
+/// The segments `partition.clean` in `dir` lists, unread, if it exists, parses and
+/// still describes the directory: exactly the `.log` files `bases` (sorted), each as
+/// long as it says, and every `.txnindex` there readable. `None` sends the open
+/// through recovery.
+async fn clean_segments(dir: &Path, bases: &[i64], now: i64) -> Option<Vec<Segment>> {
+    let text = std::fs::read_to_string(dir.join(CLEAN_FILE)).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != CLEAN_HEADER {
+        return None;
+    }
+    let mut segments = Vec::with_capacity(bases.len());
+    for line in lines {
+        let f: Vec<i64> = line
+            .split(' ')
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        let [base, next, size, max_ts] = f[..] else {
+            return None;
+        };
+        let len = std::fs::metadata(dir.join(segment::file_name(base, "log")))
+            .ok()?
+            .len();
+        if size < 0 || len != size as u64 || next < base {
+            return None;
+        }
+        segments.push(Segment::unread(dir, base, now, next, size as u64, max_ts));
+    }
+    let listed: Vec<i64> = segments.iter().map(|s| s.base_offset).collect();
+    if segments.is_empty() || listed != bases {
+        return None;
+    }
+    for seg in &mut segments {
+        // Aborted transactions are answered from memory: read the (rare) `.txnindex`.
+        let bytes = segment::read_whole(&seg.path("txnindex")).await.ok()?;
+        if let Some(b) = bytes {
+            let (idx, clean) = crate::index::TxnIndex::decode(&b, seg.base_offset);
+            let beyond = idx
+                .entries()
+                .last()
+                .is_some_and(|e| e.last_offset >= seg.next_offset);
+            if !clean || beyond {
+                return None;
+            }
+            seg.txn_index = idx;
+        }
+    }
+    Some(segments)
 }
 
 /// Opens every segment in `dir` (recovering each) and returns them with the log start
@@ -2690,6 +2882,9 @@ async fn recover_dir(
         }
     }
     bases.sort_unstable();
+    let now = storage.now_ms();
+    let clean_path = dir.join(CLEAN_FILE);
+    let marked = others.iter().any(|n| n == CLEAN_FILE);
     // R12: temp files and indexes whose log is gone.
     for name in others {
         let stem = name.split('.').next().unwrap_or("");
@@ -2702,7 +2897,31 @@ async fn recover_dir(
             report.removed_files += 1;
         }
     }
-    let now = storage.now_ms();
+    if marked {
+        if let Some(segments) = clean_segments(dir, &bases, now).await {
+            let first = segments[0].base_offset;
+            let end = segments.last().expect("non-empty").next_offset;
+            let log_start = read_meta(dir)?.unwrap_or(first).clamp(first, end);
+            let st = LogState {
+                segments,
+                log_start,
+                clean_offset: 0,
+            };
+            st.check_invariants();
+            return Ok(Found {
+                segments: st.segments,
+                log_start: st.log_start,
+                snapshots,
+                txn_damaged_from: None,
+                clean: true,
+            });
+        }
+        // It no longer describes the files: gone before recovery changes any of them.
+        file::remove(&clean_path)
+            .await
+            .map_err(|e| Error::io(&clean_path, e))?;
+        file::sync_dir(dir).await?;
+    }
     let mut segments: Vec<Segment> = Vec::new();
     let mut txn_damaged_from = None;
     let mut iter = bases.into_iter();
@@ -2760,12 +2979,10 @@ async fn recover_dir(
     if segments.is_empty() {
         // R14: a new log starts at its checkpointed start (0 for a new partition).
         let base = checkpoint.unwrap_or(0).max(0);
-        segments.push(Segment::create(dir, base, now, storage.limits.write_bytes_max).await?);
+        segments.push(Segment::create_closed(dir, base, now).await?);
         file::sync_dir(dir).await?;
-    } else {
-        let last = segments.last_mut().expect("non-empty");
-        last.activate(storage.limits.write_bytes_max).await?;
     }
+    // The last segment's files open with the first append (`ensure_active`).
     // R13: the start is the checkpoint, clamped into [first base, log end].
     let first = segments[0].base_offset;
     let end = segments.last().expect("non-empty").next_offset;
@@ -2781,6 +2998,7 @@ async fn recover_dir(
         log_start: st.log_start,
         snapshots,
         txn_damaged_from,
+        clean: false,
     })
 }
 

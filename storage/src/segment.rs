@@ -59,6 +59,7 @@ use crate::index::{
     OffsetEntry, OffsetIndex, TimeEntry, TimeIndex, TxnIndex, ABORTED_TXN_BYTES,
     OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES,
 };
+use crate::simdisk;
 use crate::Error;
 
 pub fn file_name(base_offset: i64, ext: &str) -> String {
@@ -173,6 +174,10 @@ pub struct Segment {
     /// `txn_index` differs from the `.txnindex` file.
     pub txn_dirty: bool,
     bytes_since_index: u64,
+    /// `index` and `time_index` hold the segment's entries. False for a segment a clean
+    /// open took from `partition.clean` without reading its files: it is recovered
+    /// (its indexes read, the batches after the last entry validated) on first use.
+    pub loaded: bool,
     pub active: Option<ActiveFiles>,
     /// Bumped when compaction replaces the segment's files, so that a reader that
     /// looked up a position before the swap knows to look again.
@@ -229,10 +234,58 @@ impl Segment {
             txn_index: TxnIndex::default(),
             txn_dirty: false,
             bytes_since_index: 0,
+            loaded: true,
             active: None,
             generation: next_generation(),
             dir: dir.to_path_buf(),
         }
+    }
+
+    /// A closed segment known from a clean close's record (`partition.clean`), its
+    /// files unread: [`Segment::loaded`] is false until [`Segment::load_from`].
+    pub fn unread(
+        dir: &Path,
+        base_offset: i64,
+        now_ms: i64,
+        next_offset: i64,
+        size: u64,
+        max_timestamp: i64,
+    ) -> Segment {
+        let mut s = Segment::empty(dir, base_offset, now_ms);
+        s.next_offset = next_offset;
+        s.size = size;
+        s.max_timestamp = max_timestamp;
+        s.loaded = false;
+        s
+    }
+
+    /// Takes the indexes of `recovered` (this segment recovered from its files).
+    pub fn load_from(&mut self, recovered: Segment) {
+        self.index = recovered.index;
+        self.time_index = recovered.time_index;
+        self.bytes_since_index = recovered.bytes_since_index;
+        self.loaded = true;
+    }
+
+    /// Creates a new, empty segment on disk with its files closed (its first append
+    /// opens them).
+    pub async fn create_closed(
+        dir: &Path,
+        base_offset: i64,
+        now_ms: i64,
+    ) -> Result<Segment, Error> {
+        let s = Segment::empty(dir, base_offset, now_ms);
+        let path = s.path("log");
+        simdisk::alive().map_err(|e| Error::io(&path, e))?;
+        fault::check_io(&path, FaultOp::Open)?;
+        let f = glommio::io::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .dma_open(&path)
+            .await
+            .map_err(|e| Error::io(&path, e))?;
+        let _ = f.close().await;
+        Ok(s)
     }
 
     /// Creates a new, empty active segment on disk.
@@ -257,6 +310,10 @@ impl Segment {
     /// What opening this segment's files for appending needs, detached from the
     /// segment so the segment can stay in its log while the files open.
     pub fn activation(&self) -> Activation {
+        assert!(
+            self.loaded,
+            "a segment's indexes are read before its files open"
+        );
         Activation {
             log: self.path("log"),
             index: self.path("index"),
@@ -615,6 +672,7 @@ impl Segment {
 
     /// The same, to be written at other paths.
     pub fn index_files_at(&self, index: &Path, time: &Path) -> IndexFiles {
+        assert!(self.loaded, "only read indexes are written");
         IndexFiles {
             index: (index.to_path_buf(), self.index.encode()),
             time: (time.to_path_buf(), self.time_index.encode()),

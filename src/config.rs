@@ -14,6 +14,63 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+/// Why a configuration is refused. The text names the flag (the file's key is the flag's
+/// name with `_`), as `sluice serve` and `sluice check` print it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not TOML, a value of the wrong type, or an unknown key.
+    #[error("parsing {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("parsing [[alert]] of {}: {source}", path.display())]
+    ParseAlerts {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    /// A setting's value is malformed or out of its range.
+    #[error("{flag} {value}: {why}")]
+    Value {
+        flag: String,
+        value: String,
+        why: String,
+    },
+    /// A setting, alone or with others, breaks a rule (`rule` names the others).
+    #[error("{flag} {rule}")]
+    Rule { flag: String, rule: String },
+    /// One entry of a list-valued setting (or one `[[alert]]` table) is refused.
+    #[error("{flag}: {why}")]
+    Entry { flag: String, why: String },
+}
+
+fn bad_value(flag: &str, value: impl std::fmt::Display, why: impl Into<String>) -> ConfigError {
+    ConfigError::Value {
+        flag: flag.to_string(),
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+fn broken_rule(flag: &str, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Rule {
+        flag: flag.to_string(),
+        rule: rule.into(),
+    }
+}
+
+fn bad_entry(flag: &str, why: impl Into<String>) -> ConfigError {
+    ConfigError::Entry {
+        flag: flag.to_string(),
+        why: why.into(),
+    }
+}
+
 /// Declares the settings. Each entry is `/// doc`, then `name: Type = default;` for a
 /// setting with a fixed default, or `name: Type, example = value;` for one whose default
 /// depends on the machine or on other settings (its doc says which); exactly one of the
@@ -270,9 +327,11 @@ fn help_text(doc: &[&str], default: Option<toml::Value>) -> String {
 
 impl Settings {
     /// Reads a TOML config file; absent keys are `None`, unknown keys are refused.
-    pub fn load(path: &Path) -> Result<Settings, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let parsed = match toml::from_str::<toml::Table>(&text) {
             // `[[alert]]` tables are lag alert rules, read by
             // `BrokerConfig::add_file_alert_rules`.
@@ -282,7 +341,10 @@ impl Settings {
             }
             _ => toml::from_str(&text),
         };
-        parsed.map_err(|e| format!("parsing {}: {e}", path.display()))
+        parsed.map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -365,13 +427,16 @@ pub enum MetricsListen {
 pub const METRICS_PORT_OFFSET: u16 = 552;
 
 /// `--metrics-listen` resolved against the Kafka listener.
-fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListen, String> {
+fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListen, ConfigError> {
     match given.map(str::trim) {
         Some("off") => Ok(MetricsListen::Off),
-        Some(a) => a
-            .parse()
-            .map(MetricsListen::Explicit)
-            .map_err(|e| format!("--metrics-listen {a}: expected IP:PORT or off ({e})")),
+        Some(a) => a.parse().map(MetricsListen::Explicit).map_err(|e| {
+            bad_value(
+                "--metrics-listen",
+                a,
+                format!("expected IP:PORT or off ({e})"),
+            )
+        }),
         // Port 0 (any free port) stays 0; a port too high for the offset has no default.
         None if kafka.port() == 0 => Ok(MetricsListen::Default(SocketAddr::new(kafka.ip(), 0))),
         None => Ok(match kafka.port().checked_add(METRICS_PORT_OFFSET) {
@@ -384,7 +449,7 @@ fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListe
 impl BrokerConfig {
     /// Applies the defaults to `settings` (the flags `.or(` the file `)`) and validates
     /// the result; errors name the flag.
-    pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, String> {
+    pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, ConfigError> {
         let settings_given = settings.given();
         let s = settings.with_defaults();
         check_group_settings(&s)?;
@@ -392,14 +457,14 @@ impl BrokerConfig {
         let listen: SocketAddr = s
             .listen
             .parse()
-            .map_err(|e| format!("--listen {}: expected IP:PORT ({e})", s.listen))?;
+            .map_err(|e| bad_value("--listen", &s.listen, format!("expected IP:PORT ({e})")))?;
         let advertised = s.advertised.clone().unwrap_or_else(|| listen.to_string());
         let (host, port) = advertised
             .rsplit_once(':')
-            .ok_or_else(|| format!("--advertised {advertised}: expected HOST:PORT"))?;
+            .ok_or_else(|| bad_value("--advertised", &advertised, "expected HOST:PORT"))?;
         let port: u16 = port
             .parse()
-            .map_err(|e| format!("--advertised {advertised}: bad port ({e})"))?;
+            .map_err(|e| bad_value("--advertised", &advertised, format!("bad port ({e})")))?;
         let host = host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -409,8 +474,10 @@ impl BrokerConfig {
             "rack" => true,
             "leader" => false,
             other => {
-                return Err(format!(
-                    "--replica-selector {other}: expected rack or leader"
+                return Err(bad_value(
+                    "--replica-selector",
+                    other,
+                    "expected rack or leader",
                 ))
             }
         };
@@ -418,45 +485,54 @@ impl BrokerConfig {
             .as_deref()
             .is_some_and(|r| r.is_empty() || r.len() > 255)
         {
-            return Err("--rack must be 1 to 255 characters".into());
+            return Err(broken_rule("--rack", "must be 1 to 255 characters"));
         }
         if cores == 0 {
-            return Err("--cores must be at least 1".into());
+            return Err(broken_rule("--cores", "must be at least 1"));
         }
         if s.default_partitions < 1 {
-            return Err("--default-partitions must be at least 1".into());
+            return Err(broken_rule("--default-partitions", "must be at least 1"));
         }
         if s.socket_request_max_bytes < 1024 {
-            return Err("--socket-request-max-bytes must be at least 1024".into());
+            return Err(broken_rule(
+                "--socket-request-max-bytes",
+                "must be at least 1024",
+            ));
         }
         // Kafka's lower bound is 1; an upper bound keeps the timer arithmetic finite.
         if !(1..=i64::MAX as u64 / 2).contains(&s.log_retention_check_interval_ms) {
-            return Err(format!(
-                "--log-retention-check-interval-ms {}: must be between 1 and {}",
+            return Err(bad_value(
+                "--log-retention-check-interval-ms",
                 s.log_retention_check_interval_ms,
-                i64::MAX as u64 / 2
+                format!("must be between 1 and {}", i64::MAX as u64 / 2),
             ));
         }
         if !LOG_FORMATS.contains(&s.log_format.as_str()) {
-            return Err(format!(
-                "--log-format {}: expected text or json",
-                s.log_format
+            return Err(bad_value(
+                "--log-format",
+                &s.log_format,
+                "expected text or json",
             ));
         }
         if s.disk_min_free_percent > 100 {
-            return Err(format!(
-                "--disk-min-free-percent {}: must be between 0 and 100",
-                s.disk_min_free_percent
+            return Err(bad_value(
+                "--disk-min-free-percent",
+                s.disk_min_free_percent,
+                "must be between 0 and 100",
             ));
         }
         let alert_rules = flag_alert_rule(&s)?.into_iter().collect();
         if s.lag_sample_interval_ms < 10 {
-            return Err("--lag-sample-interval-ms must be at least 10".into());
+            return Err(broken_rule(
+                "--lag-sample-interval-ms",
+                "must be at least 10",
+            ));
         }
         if !(1..=1000).contains(&s.lag_window) {
-            return Err(format!(
-                "--lag-window {}: must be between 1 and 1000",
-                s.lag_window
+            return Err(bad_value(
+                "--lag-window",
+                s.lag_window,
+                "must be between 1 and 1000",
             ));
         }
         Ok(BrokerConfig {
@@ -523,9 +599,9 @@ struct AlertRulesFile {
     alert: Vec<AlertRuleFile>,
 }
 
-fn lag_status(s: &str, what: &str) -> Result<sluice_coordinator::lag::Status, String> {
+fn lag_status(s: &str, what: &str) -> Result<sluice_coordinator::lag::Status, ConfigError> {
     sluice_coordinator::lag::Status::parse(s)
-        .ok_or_else(|| format!("{what} {s}: expected WARN, ERR, STOP, STALL or REWIND"))
+        .ok_or_else(|| bad_value(what, s, "expected WARN, ERR, STOP, STALL or REWIND"))
 }
 
 fn alert_rule(
@@ -535,14 +611,15 @@ fn alert_rule(
     status: Option<&str>,
     timing: (u64, u64),
     what: &str,
-) -> Result<sluice_coordinator::alert::Rule, String> {
+) -> Result<sluice_coordinator::alert::Rule, ConfigError> {
     if records.is_none() && seconds.is_none() && status.is_none() {
-        return Err(format!(
-            "{what}: give at least one of lag_records, lag_seconds, min_status"
+        return Err(bad_entry(
+            what,
+            "give at least one of lag_records, lag_seconds, min_status",
         ));
     }
     if records.is_some_and(|n| n < 0) || seconds.is_some_and(|s| s.is_nan() || s < 0.0) {
-        return Err(format!("{what}: thresholds must be at least 0"));
+        return Err(bad_entry(what, "thresholds must be at least 0"));
     }
     let min_status = status.map(|s| lag_status(s, what)).transpose()?;
     Ok(sluice_coordinator::alert::Rule {
@@ -557,7 +634,7 @@ fn alert_rule(
 
 /// The rule of --alert-lag-records/--alert-lag-seconds/--alert-min-status, for every
 /// group (`None` if none is given).
-fn flag_alert_rule(s: &Resolved) -> Result<Option<sluice_coordinator::alert::Rule>, String> {
+fn flag_alert_rule(s: &Resolved) -> Result<Option<sluice_coordinator::alert::Rule>, ConfigError> {
     if s.alert_lag_records.is_none()
         && s.alert_lag_seconds.is_none()
         && s.alert_min_status.is_none()
@@ -578,9 +655,11 @@ fn flag_alert_rule(s: &Resolved) -> Result<Option<sluice_coordinator::alert::Rul
 impl BrokerConfig {
     /// Puts the config file's `[[alert]]` rules before the flags' rule (the first rule
     /// matching a group applies). Unset `for_ms`/`repeat_ms` take the flags' values.
-    pub fn add_file_alert_rules(&mut self, path: &Path) -> Result<(), String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    pub fn add_file_alert_rules(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let file: AlertRulesFile = toml::from_str::<toml::Table>(&text)
             .and_then(|t| {
                 let alert = t.get("alert").cloned();
@@ -590,7 +669,10 @@ impl BrokerConfig {
                 }
                 toml::Value::Table(only).try_into()
             })
-            .map_err(|e| format!("parsing [[alert]] of {}: {e}", path.display()))?;
+            .map_err(|source| ConfigError::ParseAlerts {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let mut rules = Vec::new();
         for (i, r) in file.alert.iter().enumerate() {
             let what = format!(
@@ -642,18 +724,18 @@ type Voters = Vec<(i32, SocketAddr)>;
 
 /// The metadata quorum and replication settings, validated together: the controller
 /// listener and the voters.
-fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), String> {
+fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), ConfigError> {
     let node_id = s.node_id;
     if node_id < 1 {
-        return Err(format!("--node-id {node_id}: must be at least 1"));
+        return Err(bad_value("--node-id", node_id, "must be at least 1"));
     }
-    let listen = match &s.controller_listen {
-        Some(l) => Some(
-            l.parse::<SocketAddr>()
-                .map_err(|e| format!("--controller-listen {l}: expected IP:PORT ({e})"))?,
-        ),
-        None => None,
-    };
+    let listen =
+        match &s.controller_listen {
+            Some(l) => Some(l.parse::<SocketAddr>().map_err(|e| {
+                bad_value("--controller-listen", l, format!("expected IP:PORT ({e})"))
+            })?),
+            None => None,
+        };
     let quorum = match &s.controller_quorum {
         Some(q) => parse_quorum(q)?,
         None => {
@@ -663,86 +745,97 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), 
         }
     };
     if !quorum.iter().any(|(id, _)| *id == node_id) {
-        return Err(format!(
-            "--controller-quorum does not list this node (--node-id {node_id})"
+        return Err(broken_rule(
+            "--controller-quorum",
+            format!("does not list this node (--node-id {node_id})"),
         ));
     }
     if quorum.len() > 1 && listen.is_none() {
-        return Err("--controller-listen is required with more than one controller voter".into());
+        return Err(broken_rule(
+            "--controller-listen",
+            "is required with more than one controller voter",
+        ));
     }
     let (heartbeat, session) = (s.broker_heartbeat_interval_ms, s.broker_session_timeout_ms);
     if heartbeat == 0 || heartbeat.saturating_mul(2) > session {
-        return Err(format!(
-            "--broker-heartbeat-interval-ms {heartbeat} must be positive and at most half of --broker-session-timeout-ms {session}"
+        return Err(broken_rule(
+            "--broker-heartbeat-interval-ms",
+            format!("{heartbeat} must be positive and at most half of --broker-session-timeout-ms {session}"),
         ));
     }
     if s.replica_lag_time_max_ms == 0 {
-        return Err("--replica-lag-time-max-ms must be positive".into());
+        return Err(broken_rule("--replica-lag-time-max-ms", "must be positive"));
     }
     if s.replica_fetch_wait_max_ms == 0 || s.replica_fetch_wait_max_ms > 30_000 {
-        return Err("--replica-fetch-wait-max-ms must be between 1 and 30000".into());
+        return Err(broken_rule(
+            "--replica-fetch-wait-max-ms",
+            "must be between 1 and 30000",
+        ));
     }
     Ok((listen, quorum))
 }
 
 /// The group coordinator's settings, validated together (min <= max).
-fn check_group_settings(s: &Resolved) -> Result<(), String> {
+fn check_group_settings(s: &Resolved) -> Result<(), ConfigError> {
     // Kafka types these as int: the same ranges here.
     if !(0..=i64::from(i32::MAX)).contains(&s.group_initial_rebalance_delay_ms) {
-        return Err(format!(
-            "--group-initial-rebalance-delay-ms {}: must be between 0 and {}",
+        return Err(bad_value(
+            "--group-initial-rebalance-delay-ms",
             s.group_initial_rebalance_delay_ms,
-            i32::MAX
+            format!("must be between 0 and {}", i32::MAX),
         ));
     }
     if s.group_min_session_timeout_ms < 1 {
-        return Err(format!(
-            "--group-min-session-timeout-ms {}: must be at least 1",
-            s.group_min_session_timeout_ms
+        return Err(bad_value(
+            "--group-min-session-timeout-ms",
+            s.group_min_session_timeout_ms,
+            "must be at least 1",
         ));
     }
     if s.group_max_session_timeout_ms < s.group_min_session_timeout_ms {
-        return Err(format!(
-            "--group-max-session-timeout-ms {} is below --group-min-session-timeout-ms {}",
-            s.group_max_session_timeout_ms, s.group_min_session_timeout_ms
+        return Err(broken_rule(
+            "--group-max-session-timeout-ms",
+            format!(
+                "{} is below --group-min-session-timeout-ms {}",
+                s.group_max_session_timeout_ms, s.group_min_session_timeout_ms
+            ),
         ));
     }
     if !(1..=i64::from(i32::MAX)).contains(&s.offsets_retention_minutes) {
-        return Err(format!(
-            "--offsets-retention-minutes {}: must be between 1 and {}",
+        return Err(bad_value(
+            "--offsets-retention-minutes",
             s.offsets_retention_minutes,
-            i32::MAX
+            format!("must be between 1 and {}", i32::MAX),
         ));
     }
     Ok(())
 }
 
 /// Parses `1@host:port,2@host:port,...`.
-pub fn parse_quorum(s: &str) -> Result<Vec<(i32, std::net::SocketAddr)>, String> {
+pub fn parse_quorum(s: &str) -> Result<Vec<(i32, std::net::SocketAddr)>, ConfigError> {
+    const FLAG: &str = "--controller-quorum";
     let mut out: Vec<(i32, std::net::SocketAddr)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part
             .split_once('@')
-            .ok_or_else(|| format!("--controller-quorum: '{part}' is not ID@HOST:PORT"))?;
+            .ok_or_else(|| bad_entry(FLAG, format!("'{part}' is not ID@HOST:PORT")))?;
         let id: i32 = id
             .parse()
-            .map_err(|_| format!("--controller-quorum: bad node id '{id}'"))?;
+            .map_err(|_| bad_entry(FLAG, format!("bad node id '{id}'")))?;
         if id < 1 {
-            return Err(format!(
-                "--controller-quorum: node id {id} must be at least 1"
-            ));
+            return Err(bad_entry(FLAG, format!("node id {id} must be at least 1")));
         }
         let addr: std::net::SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
-            .map_err(|e| format!("--controller-quorum: '{addr}': {e}"))?
+            .map_err(|e| bad_entry(FLAG, format!("'{addr}': {e}")))?
             .next()
-            .ok_or_else(|| format!("--controller-quorum: '{addr}' resolves to nothing"))?;
+            .ok_or_else(|| bad_entry(FLAG, format!("'{addr}' resolves to nothing")))?;
         if out.iter().any(|(i, _)| *i == id) {
-            return Err(format!("--controller-quorum: node {id} listed twice"));
+            return Err(bad_entry(FLAG, format!("node {id} listed twice")));
         }
         out.push((id, addr));
     }
     if out.is_empty() {
-        return Err("--controller-quorum is empty".into());
+        return Err(broken_rule(FLAG, "is empty"));
     }
     Ok(out)
 }
@@ -881,7 +974,7 @@ mod tests {
         assert!(c.alert_rules.is_empty());
         let bad = flags(&["--alert-min-status=SOMETIMES"]);
         let e = BrokerConfig::resolve(bad, 1).unwrap_err();
-        assert!(e.contains("SOMETIMES"), "{e}");
+        assert!(e.to_string().contains("SOMETIMES"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.toml");
         let text = "node_id = 3\n[[alert]]\ngroup = \"pay-*\"\nlag_seconds = 60\n\n[[alert]]\ngroup = \"*\"\nmin_status = \"STALL\"\nrepeat_ms = 7\n";
@@ -901,7 +994,7 @@ mod tests {
         assert_eq!(c.alert_rules[1].repeat_ms, 7);
         std::fs::write(&path, "[[alert]]\ngroup = \"x\"\n").unwrap();
         let e = c.add_file_alert_rules(&path).unwrap_err();
-        assert!(e.contains("at least one of"), "{e}");
+        assert!(e.to_string().contains("at least one of"), "{e}");
         std::fs::write(&path, "[[alert]]\ngroup = \"x\"\nlag_record = 5\n").unwrap();
         assert!(c.add_file_alert_rules(&path).is_err());
     }
@@ -931,7 +1024,7 @@ mod tests {
         );
         let bad = flags(&["--disk-min-free-percent=101"]);
         let e = BrokerConfig::resolve(bad, 1).unwrap_err();
-        assert!(e.contains("--disk-min-free-percent 101"), "{e}");
+        assert!(e.to_string().contains("--disk-min-free-percent 101"), "{e}");
     }
 
     #[test]
@@ -966,7 +1059,11 @@ mod tests {
     /// explicit address; anything else is refused with the flag named.
     #[test]
     fn metrics_listen_defaults_to_the_kafka_port_plus_552() {
-        let resolve = |f: &[&str]| BrokerConfig::resolve(flags(f), 1).map(|c| c.metrics_listen);
+        let resolve = |f: &[&str]| {
+            BrokerConfig::resolve(flags(f), 1)
+                .map(|c| c.metrics_listen)
+                .map_err(|e| e.to_string())
+        };
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         let default = |a: &str| Ok(MetricsListen::Default(addr(a)));
         assert_eq!(resolve(&[]), default("127.0.0.1:9644"));
@@ -1041,7 +1138,7 @@ mod tests {
         ];
         for (args, flag) in bad {
             let e = BrokerConfig::resolve(flags(args), 1).unwrap_err();
-            assert!(e.starts_with(flag), "{args:?}: {e}");
+            assert!(e.to_string().starts_with(flag), "{args:?}: {e}");
         }
     }
 
@@ -1054,7 +1151,7 @@ mod tests {
         assert!(toml::from_str::<Settings>("cores = \"two\"").is_err());
         let path = std::env::temp_dir().join(format!("sluice-config-{}.toml", std::process::id()));
         std::fs::write(&path, "node_id = 3\ncolour = 'blue'\n").unwrap();
-        let e = Settings::load(&path).unwrap_err();
+        let e = Settings::load(&path).unwrap_err().to_string();
         std::fs::remove_file(&path).unwrap();
         assert!(e.starts_with("parsing ") && e.contains("colour"), "{e}");
     }

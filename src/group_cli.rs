@@ -24,8 +24,19 @@ use kafka_protocol::protocol::Decodable;
 use sluice_client::blocking::Conn;
 use sluice_client::{code_err, sbs};
 
-/// A CLI result: the error is the message printed.
-pub type Res<T> = Result<T, String>;
+/// Why a group command failed; the text is the message printed.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupCliError {
+    /// A broker could not be reached, or answered with an error code.
+    #[error(transparent)]
+    Client(#[from] sluice_client::Error),
+    #[error("empty DescribeGroups response")]
+    EmptyDescribe,
+    #[error("topic {0} not found")]
+    TopicNotFound(String),
+}
+
+pub type Res<T> = Result<T, GroupCliError>;
 
 /// The client id the admin CLIs send.
 const CLIENT_ID: &str = "sluice-cli";
@@ -194,7 +205,7 @@ pub fn describe(bootstrap: &str, group: &str) -> Res<()> {
         .groups
         .into_iter()
         .next()
-        .ok_or("empty DescribeGroups response")?;
+        .ok_or(GroupCliError::EmptyDescribe)?;
     code_err("DescribeGroups", g.error_code)?;
     let mut owner: BTreeMap<(String, i32), (String, String, String)> = BTreeMap::new();
     for m in &g.members {
@@ -289,7 +300,7 @@ pub fn reset_offsets(bootstrap: &str, group: &str, topic: &str, to: ResetTo) -> 
         .map(|(_, p)| *p)
         .collect();
     if partitions.is_empty() {
-        return Err(format!("topic {topic} not found"));
+        return Err(GroupCliError::TopicNotFound(topic.to_string()));
     }
     let targets: BTreeMap<i32, i64> = match to {
         ResetTo::Latest => ends.iter().map(|((_, p), o)| (*p, *o)).collect(),

@@ -6,6 +6,37 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// Why the broker cannot take its ports or its data directory; the text is what
+/// `sluice serve` prints.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot listen on {addr} ({what}): {source} (is another broker running?)")]
+    PortHeld {
+        addr: SocketAddr,
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("opening {}: {source}", path.display())]
+    OpenLock {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("locking {}: {source}", path.display())]
+    Lock {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is locked by another broker process (is one still running on this data directory?)", dir.display())]
+    DirLocked { dir: std::path::PathBuf },
+}
+
+/// `crate::node` still reports start-up failures as text.
+impl From<HostError> for String {
+    fn from(e: HostError) -> String {
+        e.to_string()
+    }
+}
+
 /// A resource limit after [`raise_soft_limit`]: what the soft limit was, is now, and the
 /// hard limit (`None`: unlimited).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +173,7 @@ const PORT_WAIT_STEP_MAX: Duration = Duration::from_millis(500);
 /// asynchronously after the process is reaped. So "address in use" is retried with
 /// backoff (and logged) until `max`; any other error, or the port still held then, is
 /// the answer.
-pub fn wait_port_free(addr: SocketAddr, what: &str, max: Duration) -> Result<(), String> {
+pub fn wait_port_free(addr: SocketAddr, what: &str, max: Duration) -> Result<(), HostError> {
     let start = Instant::now();
     let mut step = PORT_WAIT_STEP;
     let mut logged = false;
@@ -169,10 +200,12 @@ pub fn wait_port_free(addr: SocketAddr, what: &str, max: Duration) -> Result<(),
                 std::thread::sleep(step);
                 step = (step * 2).min(PORT_WAIT_STEP_MAX);
             }
-            Err(e) => {
-                return Err(format!(
-                    "cannot listen on {addr} ({what}): {e} (is another broker running?)"
-                ))
+            Err(source) => {
+                return Err(HostError::PortHeld {
+                    addr,
+                    what: what.to_string(),
+                    source,
+                })
             }
         }
     }
@@ -187,7 +220,7 @@ pub const LOCK_FILE: &str = ".lock";
 /// The lock is an open-file `flock`, so the kernel drops it the moment its holder
 /// dies; a holder that is still stopping is waited for up to `max`. Keep the returned
 /// file open for the life of the process.
-pub fn lock_data_dir(dir: &std::path::Path, max: Duration) -> Result<std::fs::File, String> {
+pub fn lock_data_dir(dir: &std::path::Path, max: Duration) -> Result<std::fs::File, HostError> {
     use std::os::fd::AsRawFd;
     let path = dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
@@ -195,7 +228,10 @@ pub fn lock_data_dir(dir: &std::path::Path, max: Duration) -> Result<std::fs::Fi
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        .map_err(|source| HostError::OpenLock {
+            path: path.clone(),
+            source,
+        })?;
     let start = Instant::now();
     let mut step = PORT_WAIT_STEP;
     let mut logged = false;
@@ -206,13 +242,12 @@ pub fn lock_data_dir(dir: &std::path::Path, max: Duration) -> Result<std::fs::Fi
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("locking {}: {e}", path.display()));
+            return Err(HostError::Lock { path, source: e });
         }
         if start.elapsed() >= max {
-            return Err(format!(
-                "{} is locked by another broker process (is one still running on this data directory?)",
-                dir.display()
-            ));
+            return Err(HostError::DirLocked {
+                dir: dir.to_path_buf(),
+            });
         }
         if !logged {
             tracing::warn!(
@@ -271,7 +306,9 @@ mod tests {
         let held = lock_data_dir(&dir, Duration::ZERO).unwrap();
         // flock locks belong to the open file: a second open in this process conflicts
         // as another process's would.
-        let e = lock_data_dir(&dir, Duration::from_millis(50)).unwrap_err();
+        let e = lock_data_dir(&dir, Duration::from_millis(50))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("locked by another broker"), "{e}");
         drop(held);
         lock_data_dir(&dir, Duration::ZERO).unwrap();
@@ -282,7 +319,9 @@ mod tests {
     fn a_held_port_is_waited_for_then_refused_with_the_address_named() {
         let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = held.local_addr().unwrap();
-        let e = wait_port_free(addr, "Kafka listener", Duration::from_millis(100)).unwrap_err();
+        let e = wait_port_free(addr, "Kafka listener", Duration::from_millis(100))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(&addr.to_string()) && e.contains("in use"), "{e}");
         drop(held);
         wait_port_free(addr, "Kafka listener", Duration::from_millis(100)).unwrap();

@@ -20,7 +20,23 @@ use sluice_client::{code_err, sbs};
 
 use crate::config::METRICS_PORT_OFFSET;
 
-pub type Res<T> = Result<T, String>;
+/// Why `sluice lag` failed (or, for [`LagCliError::Http`], what it reports about one
+/// endpoint while it goes on); the text is the message printed.
+#[derive(Debug, thiserror::Error)]
+pub enum LagCliError {
+    /// The bootstrap broker could not be reached, or answered with an error code.
+    #[error(transparent)]
+    Client(#[from] sluice_client::Error),
+    #[error("--interval {0}: must be above 0")]
+    Interval(f64),
+    /// A metrics endpoint did not answer, or not with JSON.
+    #[error("{url}: {reason}")]
+    Http { url: String, reason: String },
+    #[error("group {0}: no broker answered for it")]
+    NoAnswer(String),
+}
+
+pub type Res<T> = Result<T, LagCliError>;
 
 const CLIENT_ID: &str = "sluice-lag";
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,7 +77,7 @@ struct Row {
 
 pub fn run(a: &LagArgs) -> Res<()> {
     if !(a.interval > 0.0 && a.interval.is_finite()) {
-        return Err(format!("--interval {}: must be above 0", a.interval));
+        return Err(LagCliError::Interval(a.interval));
     }
     let agent = ureq::AgentBuilder::new().timeout(HTTP_TIMEOUT).build();
     loop {
@@ -94,7 +110,7 @@ pub fn run(a: &LagArgs) -> Res<()> {
         if !a.watch {
             if let Some(g) = &a.group {
                 if rows.iter().all(|r| &r.group != g) && !problems.is_empty() {
-                    return Err(format!("group {g}: no broker answered for it"));
+                    return Err(LagCliError::NoAnswer(g.clone()));
                 }
             }
             return Ok(());
@@ -137,20 +153,24 @@ fn endpoints(a: &LagArgs) -> Res<Vec<String>> {
         .collect())
 }
 
-fn get(agent: &ureq::Agent, url: &str) -> Result<Option<Value>, String> {
+fn get(agent: &ureq::Agent, url: &str) -> Res<Option<Value>> {
+    let http = |reason: String| LagCliError::Http {
+        url: url.to_string(),
+        reason,
+    };
     match agent.get(url).call() {
         Ok(r) => r
             .into_string()
-            .map_err(|e| format!("{url}: {e}"))
-            .and_then(|s| serde_json::from_str(&s).map_err(|e| format!("{url}: {e}")))
+            .map_err(|e| http(e.to_string()))
+            .and_then(|s| serde_json::from_str(&s).map_err(|e| http(e.to_string())))
             .map(Some),
         Err(ureq::Error::Status(404, _)) => Ok(None),
-        Err(e) => Err(format!("{url}: {e}")),
+        Err(e) => Err(http(e.to_string())),
     }
 }
 
 /// Rows from every endpoint, and what went wrong on the way.
-fn collect(agent: &ureq::Agent, a: &LagArgs) -> Res<(Vec<Row>, Vec<String>)> {
+fn collect(agent: &ureq::Agent, a: &LagArgs) -> Res<(Vec<Row>, Vec<LagCliError>)> {
     let mut rows = Vec::new();
     let mut problems = Vec::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use sluice::config::{BrokerConfig, Settings};
+use sluice::config::{BrokerConfig, ConfigError, Settings};
 
 #[global_allocator]
 static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Allocator;
@@ -114,8 +114,25 @@ fn init_logging(format: &str) {
     }
 }
 
+/// Why `sluice serve` or `sluice check` stopped; the text is the message printed after
+/// the command's name.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("installing signal handler: {0}")]
+    Signal(std::io::Error),
+    /// `sluice check` could not write its report.
+    #[error(transparent)]
+    Report(std::io::Error),
+    /// The broker failed to start or stopped on an error (`sluice::node::run` reports
+    /// it as text).
+    #[error("{0}")]
+    Node(String),
+}
+
 /// `sluice check`'s settings: the flags over the config file.
-fn settings_of(args: ServeArgs) -> Result<Settings, String> {
+fn settings_of(args: ServeArgs) -> Result<Settings, ConfigError> {
     let file = match &args.config {
         Some(p) => Settings::load(p)?,
         None => Settings::default(),
@@ -143,10 +160,11 @@ fn main() {
         Command::Check(args) => {
             let ok = settings_of(*args)
                 .and_then(|s| BrokerConfig::resolve(s, sluice_shard::runtime::online_cpus().len()))
+                .map_err(CliError::from)
                 .and_then(|config| {
                     let findings = sluice::check::run(&config);
                     sluice::check::report(&findings, &mut std::io::stdout().lock())
-                        .map_err(|e| e.to_string())
+                        .map_err(CliError::Report)
                 });
             match ok {
                 Ok(true) => return,
@@ -198,7 +216,7 @@ fn main() {
     }
 }
 
-fn serve(args: ServeArgs) -> Result<(), String> {
+fn serve(args: ServeArgs) -> Result<(), CliError> {
     let file = match &args.config {
         Some(p) => Settings::load(p)?,
         None => Settings::default(),
@@ -207,7 +225,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     // `serve` starts logging here: the format comes from its flags or file.
     let format = settings.log_format.as_deref().unwrap_or("text");
     if !sluice::config::LOG_FORMATS.contains(&format) {
-        return Err(format!("--log-format {format}: expected text or json"));
+        return Err(ConfigError::Value {
+            flag: "--log-format".into(),
+            value: format.into(),
+            why: "expected text or json".into(),
+        }
+        .into());
     }
     init_logging(format);
     let mut config = BrokerConfig::resolve(settings, sluice_shard::runtime::online_cpus().len())?;
@@ -217,16 +240,24 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     sluice::host::raise_limits();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())
-            .map_err(|e| format!("installing signal handler: {e}"))?;
+        signal_hook::flag::register(sig, stop.clone()).map_err(CliError::Signal)?;
     }
-    sluice::node::run(config, stop)
+    sluice::node::run(config, stop).map_err(CliError::Node)
 }
 
-fn group(g: GroupArgs) -> Result<(), String> {
+/// Why a `sluice group` command failed.
+#[derive(Debug, thiserror::Error)]
+enum GroupError {
+    #[error(transparent)]
+    Cli(#[from] sluice::group_cli::GroupCliError),
+    #[error("one of --to-earliest, --to-latest, --to-offset N")]
+    NoResetTarget,
+}
+
+fn group(g: GroupArgs) -> Result<(), GroupError> {
     use sluice::group_cli::{self, ResetTo};
     let b = &g.bootstrap;
-    match g.command {
+    let done = match g.command {
         GroupCommand::List => group_cli::list(b),
         GroupCommand::Describe { group } => group_cli::describe(b, &group),
         GroupCommand::Delete { group } => group_cli::delete(b, &group),
@@ -241,9 +272,10 @@ fn group(g: GroupArgs) -> Result<(), String> {
                 (true, _, _) => ResetTo::Earliest,
                 (_, true, _) => ResetTo::Latest,
                 (_, _, Some(n)) => ResetTo::Offset(n),
-                _ => return Err("one of --to-earliest, --to-latest, --to-offset N".into()),
+                _ => return Err(GroupError::NoResetTarget),
             };
             group_cli::reset_offsets(b, &group, &topic, to)
         }
-    }
+    };
+    Ok(done?)
 }

@@ -35,6 +35,48 @@ use sluice_storage::journal::Journal;
 
 use crate::error::ApiError;
 
+/// Why the quorum node failed: at start-up (the broker does not start), on a journal
+/// write (the process exits), or on one peer connection (it is closed).
+#[derive(Debug, thiserror::Error)]
+pub enum QuorumIoError {
+    #[error("metadata journal: {0}")]
+    OpenJournal(sluice_storage::Error),
+    #[error("metadata journal: unknown record kind {0}")]
+    UnknownRecord(u8),
+    /// A journal record or a peer's frame that does not decode, or a restored quorum
+    /// that does not fit this node (the replication crate's words).
+    #[error("{0}")]
+    Quorum(String),
+    #[error("binding the controller listener {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// Appending to or rewriting the journal failed.
+    #[error(transparent)]
+    Write(sluice_storage::Error),
+    #[error("unknown controller frame kind {0}")]
+    UnknownFrame(u8),
+    #[error("bad controller frame length {0}")]
+    FrameLength(usize),
+    /// A peer connection failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<String> for QuorumIoError {
+    fn from(e: String) -> QuorumIoError {
+        QuorumIoError::Quorum(e)
+    }
+}
+
+/// `crate::node` still reports start-up failures as text.
+impl From<QuorumIoError> for String {
+    fn from(e: QuorumIoError) -> String {
+        e.to_string()
+    }
+}
+
 const KIND_RAFT: u8 = 1;
 const KIND_HEARTBEAT: u8 = 2;
 const JOURNAL_ENTRY: u8 = 1;
@@ -111,9 +153,8 @@ pub fn to_api_error(e: &ApplyError) -> ApiError {
 
 impl QuorumNode {
     /// Opens the journal, restores the quorum and starts the transport and timers.
-    pub fn start(cfg: QuorumConfig) -> Result<Rc<QuorumNode>, String> {
-        let (journal, records) =
-            Journal::open(&cfg.dir).map_err(|e| format!("metadata journal: {e}"))?;
+    pub fn start(cfg: QuorumConfig) -> Result<Rc<QuorumNode>, QuorumIoError> {
+        let (journal, records) = Journal::open(&cfg.dir).map_err(QuorumIoError::OpenJournal)?;
         let mut replay = Replay::default();
         let mut hard_state = raft::prelude::HardState::default();
         for (kind, payload) in records {
@@ -126,7 +167,7 @@ impl QuorumNode {
                 JOURNAL_SNAPSHOT => {
                     replay.snapshot(quorum::decode::<raft::prelude::Snapshot>(&payload)?)
                 }
-                k => return Err(format!("metadata journal: unknown record kind {k}")),
+                k => return Err(QuorumIoError::UnknownRecord(k)),
             }
         }
         let restored = replay.finish();
@@ -171,8 +212,10 @@ impl QuorumNode {
             }
         }
         if let Some(listen) = node.cfg.listen {
-            let listener = crate::util::bind(listen)
-                .map_err(|e| format!("binding the controller listener {listen}: {e}"))?;
+            let listener = crate::util::bind(listen).map_err(|source| QuorumIoError::Bind {
+                addr: listen,
+                source,
+            })?;
             glommio::spawn_local(accept_loop(Rc::downgrade(&node), listener)).detach();
         }
         glommio::spawn_local(ticker(Rc::downgrade(&node))).detach();
@@ -305,7 +348,7 @@ impl QuorumNode {
         }
     }
 
-    fn persist(&self, p: &Persist) -> Result<(), String> {
+    fn persist(&self, p: &Persist) -> Result<(), QuorumIoError> {
         if let Some(s) = &p.snapshot {
             // A snapshot from the leader replaces the whole log (raft's storage drops
             // every entry): rewrite the journal as just that, plus what follows it.
@@ -332,11 +375,11 @@ impl QuorumNode {
         self.journal
             .borrow_mut()
             .append(&refs)
-            .map_err(|e| e.to_string())
+            .map_err(QuorumIoError::Write)
     }
 
     /// Rewrites the journal as the snapshot, the hard state and the entries after it.
-    fn compact(&self, s: &raft::prelude::Snapshot) -> Result<(), String> {
+    fn compact(&self, s: &raft::prelude::Snapshot) -> Result<(), QuorumIoError> {
         let idx = s.get_metadata().index;
         let mut tail = self.tail.borrow_mut();
         tail.retain(|e| e.index > idx);
@@ -350,7 +393,7 @@ impl QuorumNode {
         self.journal
             .borrow_mut()
             .rewrite(&refs)
-            .map_err(|e| e.to_string())
+            .map_err(QuorumIoError::Write)
     }
 
     /// Runs the Ready loop until raft has nothing more to do.
@@ -366,7 +409,7 @@ impl QuorumNode {
                 // Raft's safety rests on this write: without it the node must stop, and
                 // stop for good (a supervisor restarts it), not linger half alive with
                 // its Kafka port open.
-                exit_on_quorum_io_failure(&e);
+                exit_on_quorum_io_failure(&e.to_string());
             }
             let applied = self.quorum.borrow_mut().advance();
             self.send(applied.send);
@@ -477,7 +520,7 @@ impl QuorumNode {
         .detach();
     }
 
-    fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), String> {
+    fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), QuorumIoError> {
         match kind {
             KIND_RAFT => {
                 let m = quorum::decode::<raft::prelude::Message>(payload)?;
@@ -494,7 +537,7 @@ impl QuorumNode {
                     .insert(id, (Instant::now(), incarnation));
                 Ok(())
             }
-            k => Err(format!("unknown controller frame kind {k}")),
+            k => Err(QuorumIoError::UnknownFrame(k)),
         }
     }
 }
@@ -672,18 +715,16 @@ async fn accept_loop(node: std::rc::Weak<QuorumNode>, listener: glommio::net::Tc
     }
 }
 
-async fn receive(node: std::rc::Weak<QuorumNode>, mut s: TcpStream) -> Result<(), String> {
+async fn receive(node: std::rc::Weak<QuorumNode>, mut s: TcpStream) -> Result<(), QuorumIoError> {
     let mut header = [0u8; 5];
     loop {
-        s.read_exact(&mut header[..4])
-            .await
-            .map_err(|e| e.to_string())?;
+        s.read_exact(&mut header[..4]).await?;
         let len = u32::from_be_bytes(header[..4].try_into().unwrap()) as usize;
         if len == 0 || len > FRAME_MAX {
-            return Err(format!("bad controller frame length {len}"));
+            return Err(QuorumIoError::FrameLength(len));
         }
         let mut body = vec![0u8; len];
-        s.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+        s.read_exact(&mut body).await?;
         let Some(n) = node.upgrade() else {
             return Ok(());
         };

@@ -12,8 +12,17 @@ use kafka_protocol::messages::{
 use sluice_client::blocking::Conn;
 use sluice_client::{code_err, sbs};
 
-/// A CLI result: the error is the message printed.
-pub type Res<T> = Result<T, String>;
+/// Why a txn command failed; the text is the message printed.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnCliError {
+    /// A broker could not be reached, or answered with an error code.
+    #[error(transparent)]
+    Client(#[from] sluice_client::Error),
+    #[error("DescribeTransactions answered nothing")]
+    NothingDescribed,
+}
+
+pub type Res<T> = Result<T, TxnCliError>;
 
 const CLIENT_ID: &str = "sluice-cli";
 
@@ -49,7 +58,7 @@ fn describe_one(bootstrap: &str, id: &str) -> Res<Described> {
         .transaction_states
         .into_iter()
         .next()
-        .ok_or("DescribeTransactions answered nothing")?;
+        .ok_or(TxnCliError::NothingDescribed)?;
     code_err("DescribeTransactions", s.error_code)?;
     Ok(Described {
         id: id.to_string(),

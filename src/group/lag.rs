@@ -32,6 +32,16 @@ use crate::util::now_ms;
 
 /// One Fetch to another broker, connection included.
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a partition leader on another broker gave no sample (logged, then retried at the
+/// next sample with a new connection).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("broker {0} is not registered")]
+    Unregistered(i32),
+    #[error(transparent)]
+    Client(#[from] sluice_client::Error),
+}
 /// Partitions sampled per shard at most (a bound on the windows kept).
 pub const PARTITIONS_MAX: usize = 100_000;
 
@@ -199,7 +209,7 @@ impl Sampler {
             let r = glommio::timer::timeout(REMOTE_TIMEOUT, async { Ok(r.await) }).await;
             if !matches!(r, Ok(Ok(()))) {
                 let why = match r {
-                    Ok(Err(e)) => e,
+                    Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_string(),
                 };
                 tracing::debug!(leader, error = %why, "lag sampler: leader not reachable");
@@ -282,7 +292,7 @@ impl Sampler {
         leader: i32,
         prs: &[Probe],
         seen: &mut HashMap<Probe, Seen>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProbeError> {
         let conn = match self.conns.entry(leader) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(v) => {
@@ -290,13 +300,10 @@ impl Sampler {
                 let node = image
                     .brokers
                     .get(&leader)
-                    .ok_or_else(|| format!("broker {leader} is not registered"))?;
-                let addr = aio::resolve(&node.host, node.port)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .ok_or(ProbeError::Unregistered(leader))?;
+                let addr = aio::resolve(&node.host, node.port).await?;
                 let conn = Conn::connect(addr, "sluice-lag", Some(REMOTE_TIMEOUT))
-                    .await
-                    .map_err(|e| e.to_string())?
+                    .await?
                     .with_call_timeout(REMOTE_TIMEOUT);
                 v.insert(conn)
             }
@@ -328,7 +335,7 @@ impl Sampler {
             .with_isolation_level(0)
             .with_session_epoch(-1)
             .with_topics(topics);
-        let resp = conn.call(12, &req).await.map_err(|e| e.to_string())?;
+        let resp = conn.call(12, &req).await?;
         for t in resp.responses {
             for p in t.partitions {
                 let Some(pr) = prs

@@ -2525,6 +2525,17 @@ impl PartitionLog {
         }
         out.seal().await?;
         drop(out);
+        // The cleaned `.log` keeps the original's modification time, as Kafka's cleaner
+        // does: ListOffsets v0 looks segments up by it ([`PartitionLog::segment_times`]).
+        // Best effort: a failure leaves the time of the cleaning.
+        if let Ok(t) = std::fs::metadata(self.dir.join(segment::file_name(c.base, "log")))
+            .and_then(|m| m.modified())
+        {
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(cleaned("log"))
+                .and_then(|f| f.set_modified(t));
+        }
         seg.next_offset = c.next_offset;
         seg.close_time_index();
         let idx = seg.index_files_at(&cleaned("index"), &cleaned("timeindex"));

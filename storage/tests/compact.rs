@@ -137,6 +137,52 @@ fn keeps_the_latest_record_per_key_at_its_original_offset() {
 }
 
 #[test]
+fn cleaned_segments_keep_their_modification_time() {
+    // ListOffsets v0 finds segments by the modification time of their `.log`; Kafka's
+    // cleaner carries it over to the cleaned file, and so does this one.
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let log = s.open_log("mt", compacted(1024)).await.unwrap();
+        for round in 0..20 {
+            for k in 0..5 {
+                put(&log, 1, &format!("k{k}"), Some(&format!("v{round}"))).await;
+            }
+        }
+        let bases = log.segment_bases();
+        assert!(bases.len() > 3);
+        // Each closed segment gets a distinct time long ago.
+        let old = |i: usize| {
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + 60 * i as u64)
+        };
+        for (i, base) in bases[..bases.len() - 1].iter().enumerate() {
+            let path = log
+                .dir()
+                .join(sluice_storage::segment::file_name(*base, "log"));
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(old(i)).unwrap();
+        }
+        let ms = |i: usize| (1_000_000 + 60 * i as i64) * 1000;
+        let before = log.segment_times();
+        for (i, (base, size, modified)) in before[..before.len() - 1].iter().enumerate() {
+            assert_eq!((*base, *modified), (bases[i], ms(i)));
+            assert!(*size > 0);
+        }
+        let stats = log.compact().await.unwrap().expect("a pass ran");
+        assert!(stats.segments_rewritten > 0, "{stats:?}");
+        // Every closed segment still there has its old time.
+        let after = log.segment_times();
+        let closed_after = &after[..after.len() - 1];
+        assert!(!closed_after.is_empty());
+        for (base, _, modified) in closed_after {
+            let i = bases.iter().position(|b| b == base).unwrap();
+            assert_eq!(*modified, ms(i), "segment {base}");
+        }
+    });
+}
+
+#[test]
 fn tombstones_are_dropped_only_after_delete_retention() {
     let d = tempdir();
     let dir = d.path().to_path_buf();

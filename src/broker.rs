@@ -121,6 +121,9 @@ pub struct Broker {
     pub disk: Rc<crate::disk::DiskWatch>,
     /// The process's metrics: this shard writes its own counters there.
     pub metrics: Arc<crate::metrics::Registry>,
+    /// This shard's incremental fetch sessions (KIP-227): a connection's fetches are
+    /// handled on its shard, so its session lives there.
+    pub fetch_sessions: RefCell<crate::fetch_session::Cache>,
 }
 
 impl Broker {
@@ -132,6 +135,7 @@ impl Broker {
         metrics: Arc<crate::metrics::Registry>,
     ) -> Broker {
         let shard = mesh.id();
+        let shards = mesh.shard_count();
         Broker {
             metrics,
             table: ShardTable::new(mesh.shard_count()),
@@ -159,6 +163,14 @@ impl Broker {
             subscribers: RefCell::new(Vec::new()),
             closing: Cell::new(false),
             offline: RefCell::new(BTreeMap::new()),
+            fetch_sessions: RefCell::new(crate::fetch_session::Cache::new(
+                config
+                    .max_incremental_fetch_session_cache_slots
+                    .div_ceil(shards),
+                crate::fetch_session::EVICTION_MS,
+                shard.0 as u32,
+                shards as u32,
+            )),
             disk: Rc::new(crate::disk::DiskWatch::new(
                 &config.data_dir,
                 config.disk_min_free,

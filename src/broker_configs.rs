@@ -254,6 +254,8 @@ fn static_configs(
         ("broker.session.timeout.ms", s(&c.broker_session_timeout_ms), Some("broker_session_timeout_ms"), "A broker whose heartbeats lapse this long is fenced."),
         ("broker.heartbeat.interval.ms", s(&c.broker_heartbeat_interval_ms), Some("broker_heartbeat_interval_ms"), "How often a broker heartbeats to the controller."),
         ("replica.lag.time.max.ms", s(&c.replica_lag_time_max_ms), Some("replica_lag_time_max_ms"), "A follower behind the leader this long leaves the ISR."),
+        ("max.incremental.fetch.session.cache.slots", s(&c.max_incremental_fetch_session_cache_slots), Some("max_incremental_fetch_session_cache_slots"), "Incremental fetch sessions (KIP-227) this broker caches, split over its shards (--max-incremental-fetch-session-cache-slots; 0: none)."),
+        ("min.incremental.fetch.session.eviction.ms", s(&crate::fetch_session::EVICTION_MS), None, "A fetch session unused this long, or older than this and smaller than a new one, may be evicted."),
         ("replica.selector.class", selector, Some("replica_selector"), "The selector of the replica a consumer reads from (KIP-392): rack-aware with --replica-selector rack (the default), none (the leader) with leader."),
         ("disk.min.free.bytes", s(&c.disk_min_free.bytes), Some("disk_min_free_bytes"), "Sluice: appends are refused below this much free space (with disk.min.free.percent)."),
         ("disk.min.free.percent", s(&c.disk_min_free.percent), Some("disk_min_free_percent"), "Sluice: appends are refused below this percentage of free space (with disk.min.free.bytes)."),

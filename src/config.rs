@@ -287,6 +287,9 @@ settings! {
     /// (replica.fetch.wait.max.ms). A partition that starts following meanwhile does
     /// not wait for it: it interrupts the poll.
     replica_fetch_wait_max_ms: u64 = 200;
+    /// Incremental fetch sessions (KIP-227) this broker caches, split evenly over its
+    /// shards (max.incremental.fetch.session.cache.slots; 0: none, every fetch is full).
+    max_incremental_fetch_session_cache_slots: usize = 1000;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -407,6 +410,8 @@ pub struct BrokerConfig {
     pub replica_lag_time_max_ms: u64,
     /// replica.fetch.wait.max.ms
     pub replica_fetch_wait_max_ms: u64,
+    /// max.incremental.fetch.session.cache.slots (the whole broker's).
+    pub max_incremental_fetch_session_cache_slots: usize,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -575,6 +580,7 @@ impl BrokerConfig {
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
+            max_incremental_fetch_session_cache_slots: s.max_incremental_fetch_session_cache_slots,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }

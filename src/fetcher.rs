@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
+use kafka_protocol::messages::fetch_request::{
+    FetchPartition, FetchRequest, FetchTopic, ForgottenTopic,
+};
 use kafka_protocol::messages::offset_for_leader_epoch_request::{
     OffsetForLeaderEpochRequest, OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
@@ -23,6 +25,7 @@ use sluice_replication::isr::{self, FollowerPhase};
 use sluice_storage::batch;
 
 use crate::broker::{Broker, PartitionEvents};
+use crate::fetch_session::{self, PartKey, PartReq, TopicKey};
 use crate::replica::{Replica, Role};
 use crate::rpc::Propose;
 use crate::util::sb;
@@ -183,6 +186,9 @@ enum Round {
 /// Fetches for every partition this shard follows from `leader`, until there are none.
 pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
     let mut conn: Option<Conn> = None;
+    // The incremental fetch session with the leader (KIP-227): full fetch first, then
+    // only the partitions whose fetch position changed, joined or left.
+    let mut session = fetch_session::Handler::default();
     let mut backoff = RETRY_FIRST;
     loop {
         let Some(b) = broker.upgrade() else { return };
@@ -231,7 +237,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             // A partition still truncating (its leader does not know it yet) is retried
             // soon: this round's fetch must not wait at the leader.
             let wait = if truncating { Duration::ZERO } else { max_wait };
-            let round = fetch_phase(c, me, &parts, wait, joined).await?;
+            let round = fetch_phase(c, me, &parts, wait, joined, &mut session).await?;
             Ok::<_, String>(if truncating && round == Round::Fetched {
                 Round::Refused
             } else {
@@ -247,6 +253,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
                     "a partition joined during the poll; fetching again at once"
                 );
                 conn = None;
+                session.failed();
                 backoff = RETRY_FIRST;
             }
             Ok(Round::Refused) => {
@@ -256,6 +263,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             Err(e) => {
                 tracing::debug!(leader, error = %e, "replica fetch failed; reconnecting");
                 conn = None;
+                session.failed();
                 glommio::timer::sleep(RETRY).await;
             }
         }
@@ -359,13 +367,15 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
 }
 
 /// One Fetch for the partitions that are fetching, waiting at most `wait` at the leader,
-/// abandoned if `joined` completes first.
+/// abandoned if `joined` completes first. In the fetch session, the request carries only
+/// what changed and the answer only partitions with news.
 async fn fetch_phase(
     c: &mut Conn,
     me: i32,
     parts: &[Rc<Replica>],
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
+    session: &mut fetch_session::Handler,
 ) -> Result<Round, String> {
     let fetching: Vec<(&Rc<Replica>, i32)> = parts
         .iter()
@@ -377,28 +387,29 @@ async fn fetch_phase(
     if fetching.is_empty() {
         return Ok(Round::Refused);
     }
-    let topics = by_topic(fetching.iter().map(|(r, epoch)| {
-        let p = FetchPartition::default()
-            .with_partition(r.partition)
-            .with_current_leader_epoch(*epoch)
-            .with_fetch_offset(r.durable_end())
-            .with_log_start_offset(r.log.log_start_offset())
-            .with_partition_max_bytes(FETCH_PARTITION_BYTES);
-        (r.topic.clone(), p)
-    }))
-    .map(|(topic, partitions)| {
-        FetchTopic::default()
-            .with_topic(TopicName(sb(topic)))
-            .with_partitions(partitions)
-    })
-    .collect();
+    let next: Vec<(PartKey, PartReq)> = fetching
+        .iter()
+        .map(|(r, epoch)| {
+            let req = PartReq {
+                fetch_offset: r.durable_end(),
+                log_start_offset: r.log.log_start_offset(),
+                max_bytes: FETCH_PARTITION_BYTES,
+                current_leader_epoch: *epoch,
+                last_fetched_epoch: -1,
+            };
+            ((TopicKey::Name(r.topic.clone()), r.partition), req)
+        })
+        .collect();
+    let built = session.build(&next);
     let req = FetchRequest::default()
         .with_replica_id(BrokerId(me))
         .with_max_wait_ms(wait.as_millis() as i32)
         .with_min_bytes(1)
         .with_max_bytes(FETCH_BYTES)
-        .with_session_epoch(-1)
-        .with_topics(topics);
+        .with_session_id(built.session_id)
+        .with_session_epoch(built.epoch)
+        .with_topics(fetch_topics(built.to_send))
+        .with_forgotten_topics_data(forgotten_topics(built.forgotten));
     let call = async { Some(c.call(12, &req).await) };
     let interrupt = async {
         joined.await;
@@ -408,6 +419,11 @@ async fn fetch_phase(
         return Ok(Round::Interrupted);
     };
     let resp = resp?;
+    if !session.answered(resp.error_code, resp.session_id) {
+        // A session error (evicted, out of step): the next round fetches in full.
+        tracing::debug!(code = ?ResponseError::try_from_code(resp.error_code), "replica fetch session refused");
+        return Ok(Round::Fetched);
+    }
     let mut got_data = false;
     let mut had_error = false;
     for t in resp.responses {
@@ -478,6 +494,47 @@ async fn fetch_phase(
     } else {
         Round::Refused
     })
+}
+
+fn topic_name(key: TopicKey) -> String {
+    match key {
+        TopicKey::Name(n) => n,
+        TopicKey::Id(id) => id.to_string(),
+    }
+}
+
+/// A request's partitions grouped by topic.
+fn fetch_topics(parts: Vec<(PartKey, PartReq)>) -> Vec<FetchTopic> {
+    by_topic(parts.into_iter().map(|((topic, partition), r)| {
+        let p = FetchPartition::default()
+            .with_partition(partition)
+            .with_current_leader_epoch(r.current_leader_epoch)
+            .with_fetch_offset(r.fetch_offset)
+            .with_log_start_offset(r.log_start_offset)
+            .with_partition_max_bytes(r.max_bytes);
+        (topic_name(topic), p)
+    }))
+    .map(|(topic, partitions)| {
+        FetchTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(partitions)
+    })
+    .collect()
+}
+
+/// The partitions leaving the session, grouped by topic.
+fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
+    by_topic(
+        parts
+            .into_iter()
+            .map(|(topic, partition)| (topic_name(topic), partition)),
+    )
+    .map(|(topic, partitions)| {
+        ForgottenTopic::default()
+            .with_topic(TopicName(sb(topic)))
+            .with_partitions(partitions)
+    })
+    .collect()
 }
 
 /// Appends fetched batches with their offsets, keeping the epoch history, then syncs

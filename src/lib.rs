@@ -17,9 +17,10 @@
 //! `make lint` checks this list against the code (`scripts/check-layers.py` reads it
 //! from here).
 //!
-//! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules`, `host` —
-//!    base: helpers, errors and Kafka codes, topic configs, produced records' rules, the config,
-//!    the metadata image; the machine (resource limits, systemd notification, port wait).
+//! 1. `util`, `error`, `topic_config`, `config`, `metadata`, `record_rules`, `host`,
+//!    `fetch_session` — base: helpers, errors and Kafka codes, topic configs, produced
+//!    records' rules, the config, the metadata image; the machine (resource limits,
+//!    systemd notification, port wait); the fetch session cache (KIP-227, sans I/O).
 //! 2. `rpc`, `replica`, `quorum_io`, `disk`, `metrics`, `broker_configs` — the typed
 //!    cross-shard calls and their messages; a partition's replica state; the raft
 //!    quorum's I/O shell; the data directory's free-space watch; the metrics registry
@@ -46,6 +47,7 @@ pub mod controller;
 pub mod disk;
 pub mod dispatch;
 pub mod error;
+pub mod fetch_session;
 pub mod fetcher;
 pub mod group;
 pub mod group_cli;

@@ -79,6 +79,9 @@ pub struct ShardMetrics {
     pub connections_closed: AtomicU64,
     /// A produced batch's append to the log, sequence checks included (not the flush).
     pub append_latency: Histogram,
+    /// Incremental fetch sessions (KIP-227) cached on this shard now, and evicted so far.
+    pub fetch_sessions: AtomicU64,
+    pub fetch_session_evictions: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -99,6 +102,8 @@ impl Default for ShardMetrics {
             connections_accepted: ZERO,
             connections_closed: ZERO,
             append_latency: Histogram::new(),
+            fetch_sessions: ZERO,
+            fetch_session_evictions: ZERO,
         }
     }
 }
@@ -432,6 +437,22 @@ impl Registry {
             Kind::Gauge,
         );
         out.sample("sluice_connections", &[], (accepted - closed).max(0.0));
+        out.family(
+            "sluice_fetch_sessions",
+            "Incremental fetch sessions (KIP-227) cached (Kafka's NumIncrementalFetchSessions).",
+            Kind::Gauge,
+        );
+        out.sample("sluice_fetch_sessions", &[], sum(&|s| &s.fetch_sessions));
+        out.family(
+            "sluice_fetch_session_evictions_total",
+            "Fetch sessions evicted from a full cache to make room for another.",
+            Kind::Counter,
+        );
+        out.sample(
+            "sluice_fetch_session_evictions_total",
+            &[],
+            sum(&|s| &s.fetch_session_evictions),
+        );
         let mut append = HistogramSnapshot::default();
         for s in &self.shards {
             append.merge(&s.append_latency.snapshot());

@@ -31,6 +31,7 @@
 //! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
 //! tells clients to keep sending full (sessionless) fetch requests.
 
+use std::collections::HashMap;
 use std::ops::Not;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -46,29 +47,112 @@ use sluice_shard::ShardId;
 
 use crate::broker::Broker;
 use crate::error::{self, ApiError};
+use crate::fetch_session::{Cache, Context, PartKey, PartReq, PartResp, TopicKey};
 use crate::metadata::MetadataImage;
 use crate::replica::ANY_REPLICA_CONSUMER;
 use crate::rpc::{Read, ReadItem, ReadOut};
 use crate::topic_config::{downconversion_enabled, stores_zstd};
 use sluice_replication::cluster::PartitionState;
 use sluice_storage::message_set::{self, MessageSetError};
+use uuid::Uuid;
+
+use crate::util::{now_ms, sb};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
 
 struct Slot {
     topic: kafka_protocol::messages::TopicName,
+    /// The topic's id (answered by Fetch v13+).
+    topic_id: Uuid,
+    /// How the fetch session knows this partition.
+    key: PartKey,
+    /// What the request (or the session) says about it.
+    req: PartReq,
     partition: i32,
     offset: i64,
     max_bytes: usize,
     current_leader_epoch: i32,
     owner: Option<ShardId>,
+    /// Fetch v13+ named a topic id this broker does not know.
+    unknown_id: bool,
     /// The topic's `message.downconversion.enable` (Fetch v0–v3 only).
     downconversion: bool,
     /// The topic's `compression.type` is zstd (Fetch v10+ only).
     zstd_topic: bool,
     /// KIP-392: the replica this consumer should fetch this partition from instead.
     preferred: Option<i32>,
+}
+
+/// Fetch v13+ names topics by id: each topic's name in the current image (`None`:
+/// unknown id), looked up once per request.
+struct TopicIds<'a> {
+    image: &'a MetadataImage,
+    names: HashMap<Uuid, Option<String>>,
+}
+
+impl TopicIds<'_> {
+    fn name(&mut self, id: Uuid) -> Option<String> {
+        let image = self.image;
+        self.names
+            .entry(id)
+            .or_insert_with(|| image.topic_by_id(id).map(|(n, _)| n.clone()))
+            .clone()
+    }
+}
+
+/// The request's partitions and forgotten partitions as the session cache keys them.
+fn requested(version: i16, req: &FetchRequest) -> (Vec<(PartKey, PartReq)>, Vec<PartKey>) {
+    let topic_key = |name: &kafka_protocol::messages::TopicName, id: Uuid| {
+        if version >= 13 {
+            TopicKey::Id(id)
+        } else {
+            TopicKey::Name(name.0.to_string())
+        }
+    };
+    let parts = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            let key = topic_key(&t.topic, t.topic_id);
+            t.partitions.iter().map(move |p| {
+                let r = PartReq {
+                    fetch_offset: p.fetch_offset,
+                    log_start_offset: p.log_start_offset,
+                    max_bytes: p.partition_max_bytes,
+                    current_leader_epoch: p.current_leader_epoch,
+                    last_fetched_epoch: p.last_fetched_epoch,
+                };
+                ((key.clone(), p.partition), r)
+            })
+        })
+        .collect();
+    let forgotten = req
+        .forgotten_topics_data
+        .iter()
+        .flat_map(|t| {
+            let key = topic_key(&t.topic, t.topic_id);
+            t.partitions.iter().map(move |p| (key.clone(), *p))
+        })
+        .collect();
+    (parts, forgotten)
+}
+
+/// The answer to a Fetch refused as a whole (a fetch session error).
+fn session_error(code: ResponseError) -> FetchResponse {
+    FetchResponse::default()
+        .with_error_code(code.code())
+        .with_session_id(0)
+}
+
+/// Publishes this shard's session count for the metrics endpoint.
+fn publish_sessions(broker: &Broker) {
+    let cache = broker.fetch_sessions.borrow();
+    let m = broker.shard_metrics();
+    m.fetch_sessions
+        .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    m.fetch_session_evictions
+        .store(cache.evictions(), std::sync::atomic::Ordering::Relaxed);
 }
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
@@ -90,39 +174,71 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         && !client_rack.is_empty())
     .then_some(client_rack.as_str());
     let me = broker.config.node_id;
+    let (parts, forgotten) = requested(version, &req);
+    let context = broker.fetch_sessions.borrow_mut().context(
+        version,
+        req.session_id,
+        req.session_epoch,
+        &parts,
+        &forgotten,
+        now_ms().max(0) as u64,
+    );
+    publish_sessions(broker);
+    let parts = match &context {
+        Context::Error(code) => return session_error(*code),
+        Context::Incremental { parts, .. } => parts.clone(),
+        Context::Full | Context::Sessionless => parts,
+    };
+    let mut ids = TopicIds {
+        image: &image,
+        names: HashMap::new(),
+    };
     let mut slots = Vec::new();
-    for t in &req.topics {
-        let meta = image.topics.get(t.topic.0.as_str());
-        for p in &t.partitions {
-            let owner = meta
-                .filter(|m| (0..m.partitions).contains(&p.partition))
-                .map(|m| broker.owner(m, p.partition));
-            let preferred = select_for.and_then(|rack| {
-                let a = meta?.assignment(p.partition)?;
-                preferred_read_replica(&image, me, a, rack, p.partition)
-            });
-            slots.push(Slot {
-                topic: t.topic.clone(),
-                partition: p.partition,
-                offset: p.fetch_offset,
-                // Redirected: the read only fills in the offsets of the answer.
-                max_bytes: if preferred.is_some() {
-                    0
-                } else {
-                    p.partition_max_bytes.max(0) as usize
-                },
-                current_leader_epoch: p.current_leader_epoch,
-                owner,
-                downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
-                // The topic's own compression.type, else a dynamic broker default.
-                zstd_topic: meta.is_some_and(|m| {
-                    stores_zstd(&crate::broker_configs::effective_topic_configs(
-                        &image, me, &m.configs,
-                    ))
-                }),
-                preferred,
-            });
-        }
+    for (key, r) in parts {
+        let (name, topic_id, unknown_id) = match &key.0 {
+            TopicKey::Name(n) => {
+                let id = image.topics.get(n.as_str()).map_or(Uuid::nil(), |m| m.id);
+                (n.clone(), id, false)
+            }
+            TopicKey::Id(id) => match ids.name(*id) {
+                Some(n) => (n, *id, false),
+                None => (String::new(), *id, true),
+            },
+        };
+        let meta = image.topics.get(name.as_str()).filter(|_| !unknown_id);
+        let partition = key.1;
+        let owner = meta
+            .filter(|m| (0..m.partitions).contains(&partition))
+            .map(|m| broker.owner(m, partition));
+        let preferred = select_for.and_then(|rack| {
+            let a = meta?.assignment(partition)?;
+            preferred_read_replica(&image, me, a, rack, partition)
+        });
+        slots.push(Slot {
+            topic: kafka_protocol::messages::TopicName(sb(name)),
+            topic_id,
+            req: r,
+            partition,
+            offset: r.fetch_offset,
+            // Redirected: the read only fills in the offsets of the answer.
+            max_bytes: if preferred.is_some() {
+                0
+            } else {
+                r.max_bytes.max(0) as usize
+            },
+            current_leader_epoch: r.current_leader_epoch,
+            owner,
+            unknown_id,
+            downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+            // The topic's own compression.type, else a dynamic broker default.
+            zstd_topic: meta.is_some_and(|m| {
+                stores_zstd(&crate::broker_configs::effective_topic_configs(
+                    &image, me, &m.configs,
+                ))
+            }),
+            preferred,
+            key,
+        });
     }
     let read_committed = replica_id < 0 && req.isolation_level == 1;
     // Consumers of Fetch v11+ may be served by a follower (KIP-392).
@@ -169,7 +285,18 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             .await;
         outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
     }
-    build_response(version, slots, outs)
+    let mut sessions = broker.fetch_sessions.borrow_mut();
+    let resp = build_response(
+        version,
+        slots,
+        outs,
+        &context,
+        replica_id >= 0,
+        &mut sessions,
+    );
+    drop(sessions);
+    publish_sessions(broker);
+    resp
 }
 
 /// KIP-392's rack-aware selection (Kafka's RackAwareReplicaSelector), made by the
@@ -249,7 +376,11 @@ async fn read_all(
         .map(|s| match s.owner {
             Some(_) => results.next().expect("one result per job"),
             None => ReadOut {
-                error: Some(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+                error: Some(ApiError::new(if s.unknown_id {
+                    ResponseError::UnknownTopicId
+                } else {
+                    ResponseError::UnknownTopicOrPartition
+                })),
                 high_watermark: -1,
                 last_stable_offset: -1,
                 log_start_offset: -1,
@@ -326,46 +457,105 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
     }
 }
 
-fn build_response(version: i16, slots: Vec<Slot>, outs: Vec<ReadOut>) -> FetchResponse {
-    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
-    for (s, mut o) in slots.into_iter().zip(outs) {
-        // An error (the leader moved meanwhile) is answered without a redirect.
-        let preferred = s.preferred.filter(|_| o.error.is_none());
-        if s.preferred.is_some() {
-            o.records = Bytes::new();
-            o.aborted.clear();
+/// The response: every partition read for a full fetch (opening a session if asked
+/// and there is room), only those with news for an incremental one.
+fn build_response(
+    version: i16,
+    slots: Vec<Slot>,
+    outs: Vec<ReadOut>,
+    context: &Context,
+    privileged: bool,
+    sessions: &mut Cache,
+) -> FetchResponse {
+    let mut answered: Vec<(Slot, PartitionData)> = slots
+        .into_iter()
+        .zip(outs)
+        .map(|(s, o)| {
+            let pd = partition_data(version, &s, o);
+            (s, pd)
+        })
+        .collect();
+    let session_id = match context {
+        Context::Full => {
+            let cached: Vec<_> = answered
+                .iter()
+                .map(|(s, pd)| (s.key.clone(), s.req, part_resp(pd)))
+                .collect();
+            sessions.open(privileged, version >= 13, &cached, now_ms().max(0) as u64)
         }
-        down_convert(version, &s, &mut o);
-        let pd = PartitionData::default()
-            .with_partition_index(s.partition)
-            .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
-            .with_high_watermark(o.high_watermark)
-            .with_last_stable_offset(o.last_stable_offset)
-            .with_log_start_offset(o.log_start_offset)
-            .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
-                o.aborted
-                    .iter()
-                    .map(|&(pid, first)| {
-                        AbortedTransaction::default()
-                            .with_producer_id(pid.into())
-                            .with_first_offset(first)
-                    })
-                    .collect()
-            }))
-            .with_preferred_read_replica(BrokerId(preferred.unwrap_or(-1)))
-            .with_records(Some(o.records));
+        Context::Incremental { id, epoch, .. } => {
+            let news: Vec<_> = answered
+                .iter()
+                .map(|(s, pd)| (s.key.clone(), part_resp(pd)))
+                .collect();
+            match sessions.answered(*id, *epoch, &news) {
+                Err(code) => return session_error(code).with_session_id(*id),
+                Ok(Some(keep)) => {
+                    let mut keep = keep.into_iter();
+                    answered.retain(|_| keep.next().unwrap_or(true));
+                }
+                // Evicted meanwhile: everything is answered; the next request learns.
+                Ok(None) => {}
+            }
+            *id
+        }
+        Context::Sessionless | Context::Error(_) => 0,
+    };
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    for (s, pd) in answered {
         match topics.last_mut() {
-            Some(t) if t.topic == s.topic => t.partitions.push(pd),
+            Some(t) if t.topic == s.topic && t.topic_id == s.topic_id => t.partitions.push(pd),
             _ => topics.push(
                 FetchableTopicResponse::default()
                     .with_topic(s.topic)
+                    .with_topic_id(s.topic_id)
                     .with_partitions(vec![pd]),
             ),
         }
     }
     FetchResponse::default()
-        .with_session_id(0)
+        .with_session_id(session_id)
         .with_responses(topics)
+}
+
+/// What a fetch session compares of one partition's answer.
+fn part_resp(pd: &PartitionData) -> PartResp {
+    PartResp {
+        high_watermark: pd.high_watermark,
+        last_stable_offset: pd.last_stable_offset,
+        log_start_offset: pd.log_start_offset,
+        error: pd.error_code != 0,
+        has_records: pd.records.as_ref().is_some_and(|r| !r.is_empty()),
+        preferred_replica: pd.preferred_read_replica.0 >= 0,
+    }
+}
+
+fn partition_data(version: i16, s: &Slot, mut o: ReadOut) -> PartitionData {
+    // An error (the leader moved meanwhile) is answered without a redirect.
+    let preferred = s.preferred.filter(|_| o.error.is_none());
+    if s.preferred.is_some() {
+        o.records = Bytes::new();
+        o.aborted.clear();
+    }
+    down_convert(version, s, &mut o);
+    PartitionData::default()
+        .with_partition_index(s.partition)
+        .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
+        .with_high_watermark(o.high_watermark)
+        .with_last_stable_offset(o.last_stable_offset)
+        .with_log_start_offset(o.log_start_offset)
+        .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
+            o.aborted
+                .iter()
+                .map(|&(pid, first)| {
+                    AbortedTransaction::default()
+                        .with_producer_id(pid.into())
+                        .with_first_offset(first)
+                })
+                .collect()
+        }))
+        .with_preferred_read_replica(BrokerId(preferred.unwrap_or(-1)))
+        .with_records(Some(o.records))
 }
 
 #[cfg(test)]

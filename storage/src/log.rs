@@ -273,6 +273,17 @@ async fn open_read(path: &Path) -> Result<Rc<DmaFile>, Error> {
     ))
 }
 
+/// A log's place in the descriptor budget, reserved while its files open: counted until
+/// dropped (by then the log counts among the active ones, or its open failed).
+struct Opening<'a>(&'a Storage);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.opening.set(self.0.opening.get() - 1);
+        self.0.closed_one.notify(usize::MAX);
+    }
+}
+
 /// The storage of one shard.
 pub struct Storage {
     dir: PathBuf,
@@ -283,6 +294,14 @@ pub struct Storage {
     next_id: Cell<LogId>,
     logs: RefCell<Vec<Weak<PartitionLog>>>,
     active: RefCell<ActiveLogs>,
+    /// Logs [`Self::make_room`] is closing now (their descriptors are still open).
+    closing: Cell<usize>,
+    /// Logs whose files are being opened, each holding an [`Opening`].
+    opening: Cell<usize>,
+    /// Fires when one of them has closed, or a reserved place is given back.
+    closed_one: Event,
+    /// The most logs with open active files at once (closing ones included).
+    active_peak: Cell<usize>,
     /// Reads from disk at once: each may hold a descriptor of a closed segment (one the
     /// read handles have evicted meanwhile too), so a fetch of thousands of partitions
     /// must not open them all together.
@@ -320,6 +339,10 @@ impl Storage {
             next_id: Cell::new(1),
             logs: RefCell::new(Vec::new()),
             active: RefCell::new(ActiveLogs::default()),
+            closing: Cell::new(0),
+            opening: Cell::new(0),
+            closed_one: Event::new(),
+            active_peak: Cell::new(0),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
             clock,
@@ -331,24 +354,59 @@ impl Storage {
         self.active.borrow().logs.len()
     }
 
-    /// Closes the files of the least recently appended idle logs until one more log's
-    /// can open within [`StorageLimits::active_logs_max`]. If every open log is busy,
-    /// the budget is exceeded for a moment rather than an append refused.
-    async fn make_room(&self, except: Option<LogId>) {
+    /// The most logs that had their active segment's files open at once, those being
+    /// closed to make room included: what the descriptor budget bounds.
+    pub fn active_logs_peak(&self) -> usize {
+        self.active_peak.get()
+    }
+
+    /// Logs counted against the budget now: with open active files, being closed
+    /// (descriptors still open until the close returns), or being opened.
+    fn in_use(&self) -> usize {
+        self.active.borrow().logs.len() + self.closing.get() + self.opening.get()
+    }
+
+    /// Reserves one log's place in [`StorageLimits::active_logs_max`] for opening its
+    /// files, first closing the files of the least recently appended idle logs. Many
+    /// appends reopening logs at once (a produce spread over thousands of partitions)
+    /// wait for closes to finish instead of opening past the process's limit. Only if
+    /// every open log is busy and nothing is closing or opening is the budget exceeded
+    /// for a moment rather than an append refused.
+    async fn make_room(&self, except: Option<LogId>) -> Opening<'_> {
         loop {
             let victim = {
-                let mut active = self.active.borrow_mut();
-                if active.logs.len() < self.limits.active_logs_max {
-                    return;
+                if self.in_use() < self.limits.active_logs_max {
+                    return self.reserve();
                 }
-                active.take_victim(except)
+                self.active.borrow_mut().take_victim(except)
             };
-            let Some(log) = victim else { return };
+            let Some(log) = victim else {
+                if self.closing.get() == 0 && self.opening.get() == 0 {
+                    return self.reserve();
+                }
+                let freed = self.closed_one.listen();
+                if self.in_use() < self.limits.active_logs_max {
+                    continue;
+                }
+                freed.await;
+                continue;
+            };
+            self.closing.set(self.closing.get() + 1);
+            let closed = log.deactivate().await;
+            self.closing.set(self.closing.get() - 1);
+            self.closed_one.notify(usize::MAX);
             // A failure fails that log (and is reported by it), not this one.
-            if let Err(e) = log.deactivate().await {
+            if let Err(e) = closed {
                 tracing::warn!(log = %log.name, error = %e, "closing an idle log's files failed");
             }
         }
+    }
+
+    fn reserve(&self) -> Opening<'_> {
+        self.opening.set(self.opening.get() + 1);
+        self.active_peak
+            .set(self.active_peak.get().max(self.in_use()));
+        Opening(self)
     }
 
     pub fn dir(&self) -> &Path {
@@ -930,7 +988,13 @@ impl PartitionLog {
     /// Counts this log's active files as the most recently used.
     fn touch_active(&self) {
         if self.state.borrow().active().active.is_some() {
-            self.storage.active.borrow_mut().touch(self.id, &self.me);
+            let mut active = self.storage.active.borrow_mut();
+            active.touch(self.id, &self.me);
+            // Without the places being opened: this log may still hold its own.
+            let open = active.logs.len() + self.storage.closing.get();
+            self.storage
+                .active_peak
+                .set(self.storage.active_peak.get().max(open));
         }
     }
 
@@ -989,7 +1053,7 @@ impl PartitionLog {
                 self.touch_active();
                 return Ok(());
             }
-            self.storage.make_room(Some(self.id)).await;
+            let _place = self.storage.make_room(Some(self.id)).await;
             let _guard = self.lock().await;
             self.check_open()?;
             self.reactivate_locked().await?;

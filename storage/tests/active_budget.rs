@@ -11,6 +11,10 @@ use std::rc::Rc;
 use common::*;
 use sluice_storage::{LogConfig, PartitionLog, StorageLimits};
 
+/// The tests of this file run one at a time: one of them counts the process's open
+/// descriptors, which another's files would disturb.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn open_descriptors() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
@@ -25,6 +29,7 @@ fn limits(active: usize) -> StorageLimits {
 
 #[test]
 fn active_files_stay_within_the_budget_and_nothing_is_lost() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     const LOGS: usize = 40;
     const BUDGET: usize = 5;
     const ROUNDS: usize = 6;
@@ -120,9 +125,68 @@ fn active_files_stay_within_the_budget_and_nothing_is_lost() {
     });
 }
 
+/// Appends to many more logs than the budget all at once (a produce spread over
+/// thousands of partitions): each reopen waits for a close to finish rather than
+/// opening past the budget, and nothing is lost.
+#[test]
+fn concurrent_reopens_wait_for_closes_and_stay_within_the_budget() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const LOGS: usize = 64;
+    const BUDGET: usize = 4;
+    const ROUNDS: usize = 3;
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, limits(BUDGET)).await;
+        let mut logs: Vec<Rc<PartitionLog>> = Vec::new();
+        for i in 0..LOGS {
+            logs.push(
+                s.open_log(&format!("c-{i}"), small_segments(1 << 20))
+                    .await
+                    .unwrap(),
+            );
+        }
+        for round in 0..ROUNDS {
+            let tasks: Vec<_> = logs
+                .iter()
+                .enumerate()
+                .map(|(i, log)| {
+                    let b = batch(1000 + round as i64, 2, (round * LOGS + i) as u64);
+                    let log = log.clone();
+                    glommio::spawn_local(async move {
+                        log.append(&b, 0).await.unwrap();
+                        log.flush().await.unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+            assert!(
+                s.active_logs_peak() <= BUDGET,
+                "{} logs had open files at once (budget {BUDGET})",
+                s.active_logs_peak()
+            );
+        }
+        let ends: Vec<i64> = logs.iter().map(|l| l.log_end_offset()).collect();
+        assert!(
+            ends.iter().all(|e| *e == (ROUNDS * 2) as i64),
+            "log ends {ends:?}"
+        );
+        for (i, log) in logs.iter().enumerate() {
+            assert_eq!(
+                read_all(log).await.len(),
+                ROUNDS,
+                "log {i}: one batch per round"
+            );
+        }
+    });
+}
+
 /// A log closed to save descriptors holds no preallocated space.
 #[test]
 fn closing_an_idle_log_trims_its_preallocation() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let d = tempdir();
     let dir = d.path().to_path_buf();
     run(move || async move {

@@ -302,8 +302,9 @@ fn fs_type(dir: &Path) -> String {
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return "?".into();
     };
-    // SAFETY: `c` is NUL-terminated and `st` a properly sized out-parameter.
+    // SAFETY: statfs is a C struct of integers, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` a properly sized out-parameter.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return "?".into();
     }
@@ -452,8 +453,9 @@ pub fn check_nofile() -> Finding {
 /// kernel's clock is disciplined by NTP/PTP.
 pub fn check_clock() -> Finding {
     const NAME: &str = "clock sync";
-    // SAFETY: modes 0 only reads; `tx` is a properly sized out-parameter.
+    // SAFETY: timex is a C struct of integers, for which all zeroes is a valid value.
     let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: modes 0 only reads; `tx` is a properly sized out-parameter.
     let state = unsafe { libc::adjtimex(&mut tx) };
     let fix = "run an NTP client (`timedatectl set-ntp true`, chrony or systemd-timesyncd)";
     if state < 0 {

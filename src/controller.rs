@@ -95,7 +95,16 @@ impl Controller {
                 count: PRODUCER_ID_BLOCK,
             };
             match self.quorum.propose(cmd, COMMIT_TIMEOUT).await? {
-                (Applied::ProducerIds { first, count }, _) => (next, end) = (first, first + count),
+                (Applied::ProducerIds { first, count }, _) => {
+                    // Blocks are committed in order and never handed out twice: a new
+                    // block starts at or after the end of this broker's last one, so
+                    // no producer id is given to two producers.
+                    assert!(
+                        count > 0 && first >= end,
+                        "producer id block [{first}, +{count}) is empty or overlaps the previous block ending at {end}"
+                    );
+                    (next, end) = (first, first + count)
+                }
                 (other, _) => {
                     return Err(ApiError::with(
                         ResponseError::UnknownServerError,
@@ -104,6 +113,10 @@ impl Controller {
                 }
             }
         }
+        assert!(
+            (0..end).contains(&next),
+            "producer id {next} outside this broker's block ending at {end}"
+        );
         self.producer_ids.set((next + 1, end));
         Ok(next)
     }
@@ -306,6 +319,16 @@ fn check_partition_count(partitions: i32) -> Result<(), ApiError> {
 
 /// A new partition as it starts: led by its first replica, all replicas in sync.
 fn planned(replicas: &[BrokerId]) -> PartitionState {
+    // Placement and the manual-assignment check give every partition at least one
+    // replica, each broker once: the leader is then in the ISR.
+    assert!(
+        !replicas.is_empty()
+            && replicas
+                .iter()
+                .enumerate()
+                .all(|(i, r)| !replicas[..i].contains(r)),
+        "a new partition's replicas are non-empty and distinct: {replicas:?}"
+    );
     PartitionState {
         replicas: replicas.to_vec(),
         isr: replicas.to_vec(),

@@ -33,9 +33,12 @@ pub struct ShardServer {
 
 impl ShardServer {
     fn controller(&self) -> &Controller {
+        // Invariant, not an input: control calls are sent only by `Broker::control`,
+        // which always addresses shard 0, and `crate::node` gives shard 0 (and only
+        // it) the controller.
         self.controller.as_ref().unwrap_or_else(|| {
             panic!(
-                "control call routed to {}, which is not shard 0",
+                "control call served on {}: Broker::control sends them to shard 0 only, which holds the controller",
                 self.broker.shard
             )
         })

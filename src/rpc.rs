@@ -66,10 +66,17 @@ macro_rules! shard_calls {
                 fn from_response(resp: ShardResp) -> $reply {
                     match resp {
                         ShardResp::$call(r) => r,
-                        // `serve` wraps each call's reply in the call's own variant,
-                        // and the mesh returns a call's reply to that call only.
+                        // Invariant, not an input: `serve` wraps each call's reply in
+                        // the call's own variant (the compiler checks that), and the
+                        // mesh hands a reply only to the call whose correlation id it
+                        // carries. What the types cannot see is that pairing inside
+                        // the mesh, hence this check.
                         #[allow(unreachable_patterns)]
-                        _ => unreachable!(concat!("serve answers ", stringify!($call), " in kind")),
+                        _ => unreachable!(concat!(
+                            "the mesh returned another call's reply to a ",
+                            stringify!($call),
+                            " call: replies are paired with calls by correlation id"
+                        )),
                     }
                 }
             }

@@ -317,7 +317,11 @@ impl TxnShell {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
         let (tx, rx) = local_channel::new_bounded(1);
-        self.pending.borrow_mut().insert(token, tx);
+        let old = self.pending.borrow_mut().insert(token, tx);
+        assert!(
+            old.is_none(),
+            "transaction waiter token {token} reused: tokens only grow"
+        );
         (token, rx)
     }
 
@@ -449,7 +453,13 @@ impl TxnShell {
             })
             .await?;
         self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
-        self.loaded.borrow_mut().insert(partition);
+        let fresh = self.loaded.borrow_mut().insert(partition);
+        // Loads run one at a time under the load lock, each after checking the
+        // partition is not loaded; only a load inserts.
+        assert!(
+            fresh,
+            "{TXN_STATE_TOPIC} partition {partition} was loaded twice"
+        );
         tracing::info!(
             partition,
             records = loaded,

@@ -464,7 +464,13 @@ impl GroupShell {
             records = loaded,
             "loaded {OFFSETS_TOPIC} partition"
         );
-        self.loaded.borrow_mut().insert(partition);
+        let fresh = self.loaded.borrow_mut().insert(partition);
+        // Loads run one at a time under the load lock, each after checking the
+        // partition is not loaded; only a load inserts.
+        assert!(
+            fresh,
+            "{OFFSETS_TOPIC} partition {partition} was loaded twice"
+        );
         Ok(())
     }
 }

@@ -139,6 +139,10 @@ impl Stats {
     }
 }
 
+/// Batches of one Produce request per topic: (topic, [(partition, records, due times
+/// of its records)]).
+pub type TopicBatches<'a> = Vec<(&'a str, Vec<(i32, Bytes, Vec<u64>)>)>;
+
 /// A request in flight: per batch (partition, due times of its records).
 struct InFlight {
     batches: Vec<Vec<u64>>,
@@ -217,21 +221,31 @@ impl ProducerConn {
         acks: i16,
         batches: Vec<(i32, Bytes, Vec<u64>)>,
     ) -> io::Result<()> {
-        let mut data = TopicProduceData::default();
-        data.name = kafka::topic_name(topic);
-        let mut due = Vec::with_capacity(batches.len());
-        for (partition, records, times) in batches {
-            let mut p = PartitionProduceData::default();
-            p.index = partition;
-            p.records = Some(records);
-            data.partition_data.push(p);
-            due.push(times);
+        self.send_topics(acks, vec![(topic, batches)]).await
+    }
+
+    /// One Produce request with batches of several topics: per topic, (partition,
+    /// records, due times of its records).
+    pub async fn send_topics(&self, acks: i16, topics: TopicBatches<'_>) -> io::Result<()> {
+        let mut due = Vec::new();
+        let mut topic_data = Vec::with_capacity(topics.len());
+        for (topic, batches) in topics {
+            let mut data = TopicProduceData::default();
+            data.name = kafka::topic_name(topic);
+            for (partition, records, times) in batches {
+                let mut p = PartitionProduceData::default();
+                p.index = partition;
+                p.records = Some(records);
+                data.partition_data.push(p);
+                due.push(times);
+            }
+            topic_data.push(data);
         }
         let mut req = ProduceRequest::default();
         req.acks = acks;
         req.timeout_ms = 30_000;
         req.transactional_id = self.transactional_id.clone();
-        req.topic_data = vec![data];
+        req.topic_data = topic_data;
         let corr = self.next_correlation.get();
         self.next_correlation.set(corr + 1);
         let frame = sluice_client::encode_request(kafka::CLIENT_ID, corr, self.version, &req)?;

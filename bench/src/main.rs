@@ -14,6 +14,7 @@ mod group;
 mod kafka;
 mod load;
 mod report;
+mod scale;
 mod storage_bench;
 mod txn;
 
@@ -225,6 +226,68 @@ enum Command {
         #[arg(long, default_value = "./bench/results")]
         report_dir: PathBuf,
     },
+    /// Many partitions at once: topics <prefix>-0..N of --partitions each; create
+    /// them (time to leaders and to a full ISR), one record to every partition,
+    /// sustained open-loop produce spread over all of them, or wait until every
+    /// partition serves again (after a restart or a broker failure).
+    Scale(ScaleArgs),
+}
+
+#[derive(Args, Clone)]
+struct ScaleArgs {
+    /// Any broker of the cluster (host:port).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap: SocketAddr,
+    /// Topics are named <prefix>-0 .. <prefix>-(topics-1).
+    #[arg(long, default_value = "scale")]
+    prefix: String,
+    #[arg(long, default_value_t = 100)]
+    topics: usize,
+    /// Partitions per topic.
+    #[arg(long, default_value_t = 100)]
+    partitions: i32,
+    #[arg(long, visible_alias = "replication-factor", default_value_t = 1)]
+    replication: i16,
+    /// What to do, in order (comma-separated): create, one, sustain, verify.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "create,one,sustain"
+    )]
+    phases: Vec<scale::Phase>,
+    #[arg(long, default_value_t = 100)]
+    record_size: usize,
+    /// Records/s of the sustain phase, over all partitions.
+    #[arg(long, default_value_t = 100_000.0)]
+    rate: f64,
+    /// Seconds of the sustain phase.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// 0, 1 or -1 (all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    acks: i16,
+    /// Requests in flight per connection (sustain).
+    #[arg(long, default_value_t = 8)]
+    max_in_flight: usize,
+    /// verify: wait until no partition is led by this broker id.
+    #[arg(long)]
+    avoid_leader: Option<i32>,
+    /// verify: wait until every partition has this many in-sync replicas.
+    #[arg(long, default_value_t = 0)]
+    want_isr: usize,
+    /// verify: wait until every partition's log end is at least this.
+    #[arg(long, default_value_t = 0)]
+    min_offset: i64,
+    /// verify: measure from this Unix time in ms (e.g. a broker's start) instead of
+    /// the run's start.
+    #[arg(long)]
+    since_unix_ms: Option<u64>,
+    /// Bound of each wait, in seconds.
+    #[arg(long, default_value_t = 120.0)]
+    timeout: f64,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
 fn on_executor<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
@@ -634,6 +697,45 @@ fn main() {
                     "environment": report::environment(),
                 }),
             );
+        }
+        Command::Scale(a) => {
+            let opts = scale::ScaleOpts {
+                bootstrap: a.bootstrap,
+                prefix: a.prefix,
+                topics: a.topics,
+                partitions: a.partitions,
+                replication: a.replication,
+                phases: a.phases,
+                record_size: a.record_size.max(8),
+                rate: a.rate,
+                duration_s: a.duration,
+                acks: a.acks,
+                max_in_flight: a.max_in_flight.max(1),
+                avoid_leader: a.avoid_leader,
+                want_isr: a.want_isr,
+                min_offset: a.min_offset,
+                since_unix_ms: a.since_unix_ms,
+                timeout_s: a.timeout,
+            };
+            if opts.topics == 0 || opts.partitions <= 0 || opts.rate <= 0.0 {
+                fail("--topics, --partitions and --rate must be positive");
+            }
+            let o = opts.clone();
+            let r = on_executor("bench-scale", move || scale::run(o)).unwrap_or_else(|e| fail(e));
+            let name = a.report.name.clone().unwrap_or_else(|| "scale".to_string());
+            println!("{name}: {}", serde_json::to_string(&r).expect("json"));
+            write_json(
+                &a.report.report_dir,
+                &format!("{name}-scale.json"),
+                &json!({
+                    "config": opts,
+                    "result": r,
+                    "environment": report::environment(),
+                }),
+            );
+            if r.errors > 0 {
+                std::process::exit(1);
+            }
         }
         Command::Storage {
             dir,

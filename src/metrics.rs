@@ -175,6 +175,22 @@ pub struct ShardSnapshot {
     pub open_transactions: Option<u64>,
     /// Shard 0 only: controller/disk facts (`None` elsewhere).
     pub node: Option<NodeSnapshot>,
+    /// The shard storage's descriptor and preallocation budgets and their use.
+    pub storage: StorageStat,
+}
+
+/// A shard's storage budgets (issue 14) and what is used of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageStat {
+    /// Logs whose active segment's files are open now, and the most there may be.
+    pub active_logs: u64,
+    pub active_logs_max: u64,
+    /// Active files opened on demand so far (first append after an open, or after the
+    /// budget closed them).
+    pub reactivations: u64,
+    /// Disk preallocated ahead of segment writes and not yet written, and the cap.
+    pub preallocated_unwritten_bytes: u64,
+    pub preallocated_bytes_max: u64,
 }
 
 /// Facts of the whole broker, published by shard 0.
@@ -281,6 +297,7 @@ impl Registry {
         self.render_requests(&mut out);
         self.render_partitions(&mut out);
         self.render_node(&mut out);
+        self.render_storage(&mut out);
         for c in self
             .collectors
             .read()
@@ -605,6 +622,53 @@ impl Registry {
             &[],
             bool_f(snaps.iter().any(|s| s.disk_low)),
         );
+    }
+
+    /// Per shard: the storage budgets and their use.
+    fn render_storage(&self, out: &mut Exposition) {
+        let stats: Vec<StorageStat> = (0..self.snapshots.len())
+            .map(|i| self.snapshot(i).storage)
+            .collect();
+        type Field = fn(&StorageStat) -> u64;
+        let families: [(&str, &str, Kind, Field); 5] = [
+            (
+                "sluice_storage_active_logs",
+                "Partition logs whose active segment's files are open (the descriptor budget's use).",
+                Kind::Gauge,
+                |s| s.active_logs,
+            ),
+            (
+                "sluice_storage_active_logs_max",
+                "The most partition logs with open active files (the shard's descriptor budget).",
+                Kind::Gauge,
+                |s| s.active_logs_max,
+            ),
+            (
+                "sluice_storage_log_reactivations_total",
+                "Active segment files opened on demand (a log's first append after the broker started or after the budget closed them).",
+                Kind::Counter,
+                |s| s.reactivations,
+            ),
+            (
+                "sluice_storage_preallocated_unwritten_bytes",
+                "Disk preallocated ahead of segment writes and not yet written.",
+                Kind::Gauge,
+                |s| s.preallocated_unwritten_bytes,
+            ),
+            (
+                "sluice_storage_preallocated_bytes_max",
+                "The cap on preallocated-but-unwritten bytes per shard.",
+                Kind::Gauge,
+                |s| s.preallocated_bytes_max,
+            ),
+        ];
+        for (name, help, kind, field) in families {
+            out.family(name, help, kind);
+            for (i, s) in stats.iter().enumerate() {
+                let shard = i.to_string();
+                out.sample(name, &[("shard", &shard)], field(s) as f64);
+            }
+        }
     }
 
     fn render_node(&self, out: &mut Exposition) {

@@ -337,6 +337,13 @@ async fn metrics_publisher(
                     disk_low: b.disk.low(),
                     open_transactions: txns.open_transactions(),
                     node,
+                    storage: crate::metrics::StorageStat {
+                        active_logs: b.storage.active_logs() as u64,
+                        active_logs_max: b.storage.limits().active_logs_max as u64,
+                        reactivations: b.storage.reactivations(),
+                        preallocated_unwritten_bytes: b.storage.preallocated_unwritten_bytes(),
+                        preallocated_bytes_max: b.storage.limits().preallocated_bytes_max,
+                    },
                 },
             );
         }

@@ -117,6 +117,38 @@ pub fn keep_free_when_preallocating(bytes: u64) {
     PREALLOCATE_KEEP_FREE.store(bytes, Ordering::Relaxed);
 }
 
+thread_local! {
+    /// Bytes preallocated ahead of the writes and not yet written, over every
+    /// [`AppendFile`] of this thread (a shard), and the most there may be.
+    static UNWRITTEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static UNWRITTEN_MAX: std::cell::Cell<u64> = const { std::cell::Cell::new(DEFAULT_PREALLOCATED_MAX) };
+}
+
+/// The default of [`set_preallocated_max`]: 512 MiB per shard.
+pub const DEFAULT_PREALLOCATED_MAX: u64 = 512 << 20;
+
+/// Caps the bytes this thread's (shard's) files hold preallocated but not yet written:
+/// with thousands of partitions appending, each preallocation step is cut to what is
+/// left under the cap, and at the cap writes extend their files instead (slower on
+/// ext4, never refused). Sealing, truncating or dropping a file gives its share back.
+pub fn set_preallocated_max(bytes: u64) {
+    UNWRITTEN_MAX.with(|m| m.set(bytes));
+}
+
+/// Bytes this thread's files hold preallocated but not yet written.
+pub fn preallocated_unwritten() -> u64 {
+    UNWRITTEN.with(|u| u.get())
+}
+
+/// Accounts a file's change of preallocated-unwritten bytes from `before` to `after`.
+fn account_unwritten(before: u64, after: u64) {
+    UNWRITTEN.with(|u| u.set((u.get() + after).saturating_sub(before)));
+}
+
+fn unwritten_of(st: &State) -> u64 {
+    st.allocated.saturating_sub(st.len)
+}
+
 /// A file system's size and the bytes an unprivileged writer may still use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Space {
@@ -300,7 +332,9 @@ impl AppendFile {
     pub fn push_bytes(&self, data: Bytes) -> Result<u64, Error> {
         self.check_failed()?;
         let mut st = self.state.borrow_mut();
+        let before = unwritten_of(&st);
         st.len += data.len() as u64;
+        account_unwritten(before, unwritten_of(&st));
         if !data.is_empty() {
             st.pending_len += data.len();
             st.pending.push_back(data);
@@ -393,11 +427,17 @@ impl AppendFile {
         };
         st.writing = true;
         let write_end = next.pos + next.buf.len() as u64;
-        let grow_to = (st.preallocating && write_end > st.allocated).then(|| {
-            let step = preallocate_step(st.allocated, self.preallocate_bytes);
-            let size = align_up(write_end.max(st.allocated + step));
-            (size, size - st.allocated)
-        });
+        let grow_to = (st.preallocating && write_end > st.allocated)
+            .then(|| {
+                // Within the shard's cap on preallocated-unwritten bytes.
+                let room = UNWRITTEN_MAX
+                    .with(|m| m.get())
+                    .saturating_sub(preallocated_unwritten());
+                let step = preallocate_step(st.allocated, self.preallocate_bytes).min(room);
+                let size = align_up(write_end.max(st.allocated + step));
+                (size > write_end.max(st.allocated) + ALIGN).then(|| (size, size - st.allocated))
+            })
+            .flatten();
         let epoch = st.epoch;
         let this = self.clone();
         glommio::spawn_local(async move { this.run_write(next, grow_to, epoch).await }).detach();
@@ -474,7 +514,11 @@ impl AppendFile {
         };
         let mut st = self.state.borrow_mut();
         match res {
-            Ok(()) => st.allocated = st.allocated.max(size),
+            Ok(()) => {
+                let before = unwritten_of(&st);
+                st.allocated = st.allocated.max(size);
+                account_unwritten(before, unwritten_of(&st));
+            }
             Err(e) => {
                 st.preallocating = false;
                 tracing::debug!(path = %self.path.display(), size, error = %e, "preallocation failed; the file grows by its writes");
@@ -598,6 +642,7 @@ impl AppendFile {
         let mut st = self.state.borrow_mut();
         match res {
             Ok(tail) => {
+                account_unwritten(unwritten_of(&st), 0);
                 st.failed = None;
                 st.len = new_len;
                 st.pending.clear();
@@ -688,6 +733,7 @@ impl AppendFile {
         let mut st = self.state.borrow_mut();
         match res {
             Ok(()) => {
+                account_unwritten(unwritten_of(&st), 0);
                 st.allocated = len;
                 Ok(())
             }
@@ -696,6 +742,13 @@ impl AppendFile {
                 Err(e)
             }
         }
+    }
+}
+
+impl Drop for AppendFile {
+    fn drop(&mut self) {
+        // Its preallocated space is the file's now, no longer the shard's to bound.
+        account_unwritten(unwritten_of(&self.state.borrow()), 0);
     }
 }
 

@@ -287,6 +287,11 @@ pub struct StorageLimits {
     pub read_bytes_max: usize,
     /// Memory the cleaner's key map may use per compaction pass.
     pub cleaner_map_bytes_max: usize,
+    /// Disk the shard's segment files may hold preallocated ahead of their writes, all
+    /// together (see [`file::set_preallocated_max`]): each active segment preallocates
+    /// 1 MiB first and more as it grows, so thousands of active partitions would
+    /// otherwise hold gigabytes of zeros.
+    pub preallocated_bytes_max: u64,
 }
 
 impl Default for StorageLimits {
@@ -298,6 +303,7 @@ impl Default for StorageLimits {
             write_bytes_max: 8 << 20,
             read_bytes_max: 64 << 20,
             cleaner_map_bytes_max: 64 << 20,
+            preallocated_bytes_max: file::DEFAULT_PREALLOCATED_MAX,
         }
     }
 }

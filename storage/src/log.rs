@@ -306,6 +306,9 @@ pub struct Storage {
     /// read handles have evicted meanwhile too), so a fetch of thousands of partitions
     /// must not open them all together.
     disk_reads: glommio::sync::Semaphore,
+    /// Times a log's active files were opened on demand (its first append after an
+    /// open, or after the budget closed them).
+    reactivations: Cell<u64>,
     /// `producer.id.expiration.check.interval.ms` and when the last check ran.
     expiry_check_interval_ms: Cell<u64>,
     last_expiry_check_ms: Cell<i64>,
@@ -320,6 +323,7 @@ impl Storage {
         clock: Rc<dyn Clock>,
     ) -> Result<Rc<Storage>, Error> {
         limits.validate()?;
+        file::set_preallocated_max(limits.preallocated_bytes_max);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         // glommio opens directories by absolute path only (relative ones fail with EBADF).
         let dir = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
@@ -343,6 +347,7 @@ impl Storage {
             opening: Cell::new(0),
             closed_one: Event::new(),
             active_peak: Cell::new(0),
+            reactivations: Cell::new(0),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
             clock,
@@ -423,6 +428,18 @@ impl Storage {
 
     pub fn cache_used_bytes(&self) -> usize {
         self.cache.borrow().used_bytes()
+    }
+
+    /// Times a log's active segment files were opened on demand (see
+    /// [`StorageLimits::active_logs_max`]).
+    pub fn reactivations(&self) -> u64 {
+        self.reactivations.get()
+    }
+
+    /// Bytes the shard's segment files hold preallocated but not yet written (bounded
+    /// by [`StorageLimits::preallocated_bytes_max`]).
+    pub fn preallocated_unwritten_bytes(&self) -> u64 {
+        file::preallocated_unwritten()
     }
 
     /// Opens (recovering) or creates the log in directory `name` under the data dir.
@@ -1078,6 +1095,8 @@ impl PartitionLog {
             let path = self.state.borrow().active().path("log");
             self.storage.handles.borrow_mut().forget(&path);
             let files = a.open(self.storage.limits.write_bytes_max).await?;
+            let n = &self.storage.reactivations;
+            n.set(n.get() + 1);
             self.state.borrow_mut().active_mut().attach(files);
             self.touch_active();
         }
@@ -2308,6 +2327,13 @@ impl PartitionLog {
     /// Deletes closed segments that end at or below the log start.
     async fn delete_segments_below_start(&self) -> Result<u32, Error> {
         let mut deleted = 0;
+        let removing = {
+            let st = self.state.borrow();
+            st.segments.len() >= 2 && st.segments[1].base_offset <= st.log_start
+        };
+        if removing {
+            self.drop_clean_marker().await?;
+        }
         loop {
             let base = {
                 let mut st = self.state.borrow_mut();
@@ -2345,13 +2371,6 @@ impl PartitionLog {
         let _guard = self.lock().await;
         let now = self.storage.now_ms();
         let mut deleted = 0;
-        let removing = {
-            let st = self.state.borrow();
-            st.segments.len() >= 2 && st.segments[1].base_offset <= st.log_start
-        };
-        if removing {
-            self.drop_clean_marker().await?;
-        }
         loop {
             let victim = {
                 let st = self.state.borrow();

@@ -3,57 +3,136 @@
 Every active segment holds 3 descriptors (.log, .index, .timeindex). The broker splits
 its open-file limit between sockets and the shards' storage, and a shard keeps at most
 its share of logs with open files, closing the least recently appended idle ones
-(src/node.rs `storage_limits`, storage `StorageLimits::active_logs_max`). Here a
-broker whose limit is 2,048 descriptors serves 2,000 partitions with a record each
-(which would need 6,000 descriptors held open), through a restart."""
+(src/node.rs, storage `StorageLimits::active_logs_max`); a log's files open only with
+its first append, so a restart opens none. Preallocation ahead of writes is capped per
+shard (`StorageLimits::preallocated_bytes_max`). Here a broker whose limit is 2,048
+descriptors serves 2,000 partitions over 20 topics with a record each (which would
+need 6,000 descriptors held open), through a SIGKILL and a clean restart, and its
+descriptors, memory and allocated disk stay within per-partition budgets
+(docs/architecture.md, "Descriptor budget")."""
+import os
+import re
+import subprocess
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import check_consumer_error, wait_until
+from conftest import check_consumer_error, http_get, wait_until
 
-PARTITIONS = 2000
+TOPICS = 20
+PER_TOPIC = 100
+PARTITIONS = TOPICS * PER_TOPIC
 NOFILE = 2048
+# Budgets (docs/architecture.md): a fixed base plus a per-partition share.
+RSS_BASE = 160 << 20
+RSS_PER_PARTITION = 32 << 10
+PREALLOCATED_MAX = 512 << 20  # per shard (StorageLimits::preallocated_bytes_max)
+DISK_PER_PARTITION = 64 << 10
 
 
-def read_every_partition(addr, topic):
+def topics():
+    return [f"wide{t}" for t in range(TOPICS)]
+
+
+def read_every_partition(addr, want):
     c = Consumer({"bootstrap.servers": addr, "group.id": f"scale-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics() for p in range(PER_TOPIC)])
         got = {}
 
         def all_read():
-            for m in c.consume(500, timeout=1.0):
+            for m in c.consume(1000, timeout=1.0):
                 if m.error():
                     check_consumer_error(m.error())
                     continue
-                got[m.partition()] = m.value()
-            return len(got) == PARTITIONS
-        wait_until(all_read, timeout=120, what=f"a record from each of {PARTITIONS} partitions")
-        return got
+                got.setdefault((m.topic(), m.partition()), []).append(m.value())
+            return all(len(got.get(k, [])) >= len(v) for k, v in want.items())
+        wait_until(all_read, timeout=180, what=f"every record of {PARTITIONS} partitions")
+        return {k: v[:len(want[k])] for k, v in got.items()}
     finally:
         c.close()
 
 
-def test_partitions_beyond_the_open_file_limit_through_a_restart(make_broker):
-    b = make_broker(nofile=NOFILE)
-    admin = AdminClient({"bootstrap.servers": b.addr})
-    admin.create_topics([NewTopic("wide", PARTITIONS, 1)], request_timeout=60)["wide"].result(timeout=90)
-    p = Producer({"bootstrap.servers": b.addr, "linger.ms": 20})  # defaults: acks=all, idempotent
+def produce_each(addr, tag, want):
+    p = Producer({"bootstrap.servers": addr, "linger.ms": 20})  # defaults: acks=all, idempotent
     failed = []
-    for i in range(PARTITIONS):
-        p.produce("wide", value=f"r{i}".encode(), partition=i,
-                  on_delivery=lambda err, m: err and failed.append((m.partition(), err)))
-        p.poll(0)
+    for t in topics():
+        for i in range(PER_TOPIC):
+            v = f"{tag}-{t}-{i}".encode()
+            p.produce(t, value=v, partition=i,
+                      on_delivery=lambda err, m: err and failed.append((m.topic(), m.partition(), err)))
+            want.setdefault((t, i), []).append(v)
+            p.poll(0)
     assert p.flush(120) == 0, "records without a delivery report"
     assert not failed, failed[:5]
-    want = {i: f"r{i}".encode() for i in range(PARTITIONS)}
-    assert read_every_partition(b.addr, "wide") == want
+
+
+def usage(b):
+    pid = b.proc.pid
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    disk = int(subprocess.check_output(["du", "-sB1", str(b.data_dir)]).split()[0])
+    return fds, rss, disk
+
+
+def assert_budgets(b, when):
+    fds, rss, disk = usage(b)
+    assert fds <= NOFILE, f"{when}: {fds} descriptors open, limit {NOFILE}"
+    assert rss <= RSS_BASE + PARTITIONS * RSS_PER_PARTITION, \
+        f"{when}: RSS {rss >> 20} MiB for {PARTITIONS} partitions"
+    assert disk <= PREALLOCATED_MAX * b.cores + PARTITIONS * DISK_PER_PARTITION, \
+        f"{when}: {disk >> 20} MiB allocated for {PARTITIONS} partitions of a few records"
+
+
+def storage_metrics(b):
+    status, body = http_get(b.metrics_url + "/metrics")
+    assert status == 200
+    out = {}
+    for name in ["sluice_storage_active_logs", "sluice_storage_active_logs_max",
+                 "sluice_storage_log_reactivations_total",
+                 "sluice_storage_preallocated_unwritten_bytes",
+                 "sluice_storage_preallocated_bytes_max"]:
+        vals = [float(v) for v in re.findall(rf'^{name}{{shard="\d+"}} (\S+)$', body, re.M)]
+        assert len(vals) == b.cores, f"{name} per shard: {vals}"
+        out[name] = vals
+    return out
+
+
+def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make_broker):
+    b = make_broker(nofile=NOFILE)
+    admin = AdminClient({"bootstrap.servers": b.addr})
+    fs = admin.create_topics([NewTopic(t, PER_TOPIC, 1) for t in topics()], request_timeout=60)
+    for f in fs.values():
+        f.result(timeout=90)
+    want = {}
+    produce_each(b.addr, "a", want)
+    assert read_every_partition(b.addr, want) == want
+    assert_budgets(b, "after a record on each partition")
+    m = storage_metrics(b)
+    for used, cap in zip(m["sluice_storage_active_logs"], m["sluice_storage_active_logs_max"]):
+        assert 0 < used <= cap
+    for used, cap in zip(m["sluice_storage_preallocated_unwritten_bytes"],
+                         m["sluice_storage_preallocated_bytes_max"]):
+        assert used <= cap
+    assert sum(m["sluice_storage_log_reactivations_total"]) >= PARTITIONS
+
+    b.kill()
+    b.start()
+    assert read_every_partition(b.addr, want) == want
+    assert_budgets(b, "after SIGKILL and restart")
+    # The restart opened no log's files; appends open them on demand.
+    assert sum(storage_metrics(b)["sluice_storage_active_logs"]) == 0
+    produce_each(b.addr, "b", want)
+    assert read_every_partition(b.addr, want) == want
+    assert sum(storage_metrics(b)["sluice_storage_log_reactivations_total"]) >= PARTITIONS
+
     b.stop()
     b.start()
-    assert read_every_partition(b.addr, "wide") == want
+    assert read_every_partition(b.addr, want) == want
+    assert_budgets(b, "after a clean restart")
     log = b.read_log()
     assert "Too many open files" not in log
     assert "descriptor budget" in log

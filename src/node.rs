@@ -63,7 +63,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         shards = config.cores,
         "starting"
     );
-    let limits = storage_limits(config.cores);
+    let descriptors = descriptor_budget(config.cores);
     let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
     let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
     let lag = crate::lag::install(&config, &registry)?;
@@ -83,7 +83,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
                 ready.clone(),
             );
             let shared = Shared {
-                limits: limits.clone(),
+                descriptors: descriptors.clone(),
                 registry: registry.clone(),
                 lag: lag.clone(),
             };
@@ -107,13 +107,23 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     }
 }
 
-/// Each shard's share of the process's open-file limit: half of the limit (at least
-/// 1,024) stays for sockets, the metadata quorum and short-lived files; the rest
-/// is split evenly between the shards, a quarter of a share for read handles of closed
-/// segments and the rest, 3 each, for logs whose active segment's files are open
-/// (beyond that the least recently appended idle logs close theirs:
-/// `StorageLimits::active_logs_max`).
-pub fn storage_limits(shards: usize) -> StorageLimits {
+/// Each shard's share of the process's open-file limit (RLIMIT_NOFILE, the soft
+/// limit as raised at start), in three parts:
+///
+/// - a reserve of a twentieth of the limit (at least 1,024) for the metadata quorum,
+///   the executors' rings and channels, the metrics listener and short-lived files;
+/// - 55% of the rest for client connections (one descriptor each), split evenly
+///   between the shards ([`Descriptors::connections_max`]: at the cap a shard stops
+///   accepting and new clients wait in the listen backlog, rather than being accepted
+///   and then failing for want of a descriptor);
+/// - 45% for the logs, split between the shards: a quarter of a share for read
+///   handles of closed segments and the rest, 3 each, for logs whose active segment's
+///   files are open (beyond that the least recently appended idle logs close theirs:
+///   `StorageLimits::active_logs_max`).
+///
+/// With this machine's limit of 20,000 and 2 shards: 5,218 connections, 1,024 read
+/// handles and 1,082 active logs per shard.
+pub fn descriptor_budget(shards: usize) -> Descriptors {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -124,27 +134,49 @@ pub fn storage_limits(shards: usize) -> StorageLimits {
     } else {
         1024
     };
-    let reserve = (limit / 2).max(1024);
-    let share = limit.saturating_sub(reserve) / shards.max(1);
-    let read = (share / 4).clamp(16, 1024);
-    let active = (share.saturating_sub(read) / 3).max(16);
+    let budget = split_descriptors(limit, shards);
     tracing::info!(
         open_files_limit = limit,
-        per_shard_active_logs = active,
-        per_shard_read_handles = read,
+        per_shard_connections = budget.connections_max,
+        per_shard_active_logs = budget.storage.active_logs_max,
+        per_shard_read_handles = budget.storage.open_segment_files_max,
         "descriptor budget"
     );
-    StorageLimits {
-        open_segment_files_max: read,
-        active_logs_max: active,
-        ..StorageLimits::default()
+    budget
+}
+
+/// A shard's descriptor budget (see [`descriptor_budget`]).
+#[derive(Debug, Clone)]
+pub struct Descriptors {
+    pub storage: StorageLimits,
+    /// Open client connections per shard.
+    pub connections_max: u64,
+}
+
+fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
+    let shards = shards.max(1);
+    let reserve = (limit / 20).max(1024);
+    let rest = limit.saturating_sub(reserve);
+    let sockets = rest * 55 / 100;
+    let connections = (sockets / shards).max(64);
+    let share = rest.saturating_sub(sockets) / shards;
+    let read = (share / 4).clamp(16, 1024);
+    let active = (share.saturating_sub(read) / 3).max(16);
+    Descriptors {
+        storage: StorageLimits {
+            open_segment_files_max: read,
+            active_logs_max: active,
+            ..StorageLimits::default()
+        },
+        connections_max: connections as u64,
     }
 }
 
-/// What every shard gets from start-up besides its config: its storage budget, the
-/// metrics registry and the lag board (both read by the HTTP thread).
+/// What every shard gets from start-up besides its config: its descriptor budget
+/// (storage and connections), the metrics registry and the lag board (both read by the
+/// HTTP thread).
 struct Shared {
-    limits: StorageLimits,
+    descriptors: Descriptors,
     registry: Arc<crate::metrics::Registry>,
     lag: Arc<crate::lag::LagBoard>,
 }
@@ -158,12 +190,12 @@ async fn run_shard(
     ready: Arc<AtomicUsize>,
 ) -> Result<(), String> {
     let Shared {
-        limits,
+        descriptors,
         registry,
         lag,
     } = shared;
     // Storage first: it must be the first DMA-file user on this executor.
-    let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
+    let storage = Storage::open(&config.data_dir, descriptors.storage, Rc::new(SystemClock))
         .await
         .map_err(|e| format!("opening storage: {e}"))?;
     storage
@@ -196,7 +228,7 @@ async fn run_shard(
         // One largest frame always fits, so no single request can wait forever.
         connection_request_bytes_max: (config.socket_request_max_bytes as u64).max(64 << 20),
         connection_inflight_max: 128,
-        connections_max: 10_000,
+        connections_max: descriptors.connections_max,
     };
     let listen = config.listen;
     let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits, registry));
@@ -456,5 +488,39 @@ async fn import_legacy_metadata(broker: &Rc<Broker>, quorum: &Rc<QuorumNode>) {
             path.display()
         ),
         Err(e) => tracing::error!(error = %e, "renaming {}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_descriptors;
+
+    #[test]
+    fn descriptor_budget_fits_the_limit_and_leaves_a_reserve() {
+        for (limit, shards) in [
+            (20_000, 2),
+            (20_000, 1),
+            (4_096, 2),
+            (1 << 20, 8),
+            (1024, 4),
+        ] {
+            let d = split_descriptors(limit, shards);
+            let per_shard = d.connections_max as usize
+                + d.storage.open_segment_files_max
+                + 3 * d.storage.active_logs_max;
+            let reserve = (limit / 20).max(1024);
+            if limit >= 4_096 {
+                assert!(
+                    per_shard * shards + reserve <= limit,
+                    "{limit}/{shards}: {d:?}"
+                );
+            }
+        }
+        // This machine: 10,000 client connections fit one broker of 2 shards beside
+        // the logs (the kernel's SO_REUSEPORT spread is not exactly even).
+        let d = split_descriptors(20_000, 2);
+        assert_eq!(d.connections_max, 5_218);
+        assert_eq!(d.storage.open_segment_files_max, 1_024);
+        assert_eq!(d.storage.active_logs_max, 1_082);
     }
 }

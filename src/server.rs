@@ -8,16 +8,24 @@
 //!   decodes it, starts its handler as a task, and queues that task;
 //! - the writer awaits the queued tasks in order and writes each response.
 //!
+//! Both tasks share the connection's one socket descriptor ([`Half`]): a connection
+//! costs the process one file descriptor, so 10,000 connections fit a 20,000-descriptor
+//! limit beside the logs' files (a `dup` per connection used to exhaust it, and the
+//! failed `dup` reset the client's connection).
+//!
 //! So requests pipeline (handlers run concurrently) while responses leave in request
 //! order. The queue is bounded (`connection_inflight_max`): when it is full the reader
 //! stops reading and TCP pushes back on the client. A frame that cannot be decoded
 //! closes this connection only.
 
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::cell::RefCell;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::{Semaphore, StaticPermit};
@@ -78,27 +86,67 @@ enum ConnError {
     Decode(#[from] api::DecodeError),
 }
 
-async fn connection(broker: Rc<Broker>, mut reader: TcpStream) -> Result<(), ConnError> {
-    reader
+/// One direction of a connection's socket: the reader task and the writer task each
+/// hold one over the same stream (glommio polls reads and writes on separate sources,
+/// so a pending read and a pending write do not disturb each other). The stream is
+/// borrowed only inside a poll, never across an await.
+struct Half(Rc<RefCell<TcpStream>>);
+
+impl Half {
+    /// Shuts both directions of the socket down now (wakes a pending read or write).
+    fn shutdown(&self) {
+        // SAFETY: shutdown(2) on the descriptor the shared stream owns, which is open
+        // while `self` holds the stream.
+        unsafe { libc::shutdown(self.0.borrow().as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+impl AsyncRead for Half {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Half {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
+    }
+}
+
+async fn connection(broker: Rc<Broker>, stream: TcpStream) -> Result<(), ConnError> {
+    stream
         .set_nodelay(true)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    // A second handle on the same socket for the writer task: reads and writes then
-    // proceed independently without sharing (or locking) one stream object.
-    let fd = unsafe { libc::dup(reader.as_raw_fd()) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `fd` is a fresh descriptor we own, referring to a connected TCP socket.
-    let writer = unsafe { TcpStream::from_raw_fd(fd) };
+    // The client's address, as group members report it (DescribeGroups' client host).
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
+    let stream = Rc::new(RefCell::new(stream));
+    let mut reader = Half(stream.clone());
+    let writer = Half(stream);
     let (tx, rx) = local_channel::new_bounded::<Task<(Outcome, Permits)>>(
         broker.limits.connection_inflight_max,
     );
     let writer_task = glommio::spawn_local(write_responses(broker.clone(), writer, rx));
-    let result = read_requests(&broker, &mut reader, &tx).await;
+    let result = read_requests(&broker, &mut reader, peer, &tx).await;
     drop(tx);
     if result.is_err() {
         // Bad input: stop now; the writer's pending responses are dropped with it.
-        let _ = reader.shutdown(std::net::Shutdown::Both).await;
+        reader.shutdown();
         drop(writer_task);
     } else {
         writer_task.await;
@@ -108,13 +156,12 @@ async fn connection(broker: Rc<Broker>, mut reader: TcpStream) -> Result<(), Con
 
 async fn read_requests(
     broker: &Rc<Broker>,
-    reader: &mut TcpStream,
+    reader: &mut Half,
+    peer: Option<std::net::IpAddr>,
     tx: &local_channel::LocalSender<Task<(Outcome, Permits)>>,
 ) -> Result<(), ConnError> {
     let max = broker.config.socket_request_max_bytes;
     let conn_bytes = Rc::new(Semaphore::new(broker.limits.connection_request_bytes_max));
-    // The client's address, as group members report it (DescribeGroups' client host).
-    let peer = reader.peer_addr().ok().map(|a| a.ip());
     loop {
         let mut size_buf = [0u8; 4];
         match reader.read_exact(&mut size_buf).await {
@@ -166,7 +213,7 @@ async fn read_requests(
 
 async fn write_responses(
     broker: Rc<Broker>,
-    mut writer: TcpStream,
+    mut writer: Half,
     rx: local_channel::LocalReceiver<Task<(Outcome, Permits)>>,
 ) {
     while let Some(task) = rx.recv().await {
@@ -182,5 +229,5 @@ async fn write_responses(
         }
         ShardMetrics::add(&broker.shard_metrics().bytes_out, bytes.len() as u64);
     }
-    let _ = writer.shutdown(std::net::Shutdown::Both).await;
+    writer.shutdown();
 }

@@ -2,8 +2,15 @@
 //! one task each, classic protocol: JoinGroup with the member-id round trip, SyncGroup,
 //! Heartbeat, LeaveGroup) join one group over a topic of many partitions. Reports the
 //! time from the first JoinGroup until every member has its assignment in one stable
-//! generation, and the time from one member's LeaveGroup until every remaining member
-//! has its assignment in the next generation. The leader assigns round-robin.
+//! generation, the time from one member's LeaveGroup until every remaining member
+//! has its assignment in the next generation, and the time from a new member's first
+//! JoinGroup until every member, the new one too, has its assignment in the generation
+//! after that. The leader assigns round-robin.
+//!
+//! Each member holds one connection, so the process needs one descriptor per member
+//! (checked up front against its open-file limit) and so does the broker. Connecting
+//! counts against `--timeout` too: a broker out of descriptors leaves connections in
+//! its listen backlog, and the bench then ends with an error instead of waiting.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -37,10 +44,14 @@ pub struct GroupOpts {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GroupResult {
+    /// Time to open every member's connection (not part of the other figures).
+    pub connect_ms: f64,
     pub join_ms: f64,
     pub join_generation: i32,
     pub rebalance_after_leave_ms: f64,
     pub rebalance_generation: i32,
+    pub rebalance_after_join_ms: f64,
+    pub rebalance_after_join_generation: i32,
 }
 
 const JOIN_V: i16 = 5;
@@ -271,12 +282,12 @@ impl Member {
     }
 }
 
-/// Waits until every member still in the group has an assignment from a generation
+/// Waits until every member `live` counts has an assignment, all from one generation
 /// above `after`; returns that generation.
 async fn all_synced(
     shared: &Shared,
     after: i32,
-    skip: Option<usize>,
+    live: impl Fn(usize) -> bool,
     deadline: Instant,
 ) -> std::io::Result<i32> {
     loop {
@@ -284,7 +295,7 @@ async fn all_synced(
         let live: Vec<i32> = gens
             .iter()
             .enumerate()
-            .filter(|(i, _)| Some(*i) != skip)
+            .filter(|(i, _)| live(*i))
             .map(|(_, g)| *g)
             .collect();
         let g = live.iter().copied().min().unwrap_or(0);
@@ -302,9 +313,42 @@ async fn all_synced(
     }
 }
 
+/// The process's soft open-file limit (None if unknown or unlimited).
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Connects, or fails once `deadline` passes (a broker out of descriptors or
+/// connection slots leaves the connection waiting in its listen backlog).
+async fn connect_by(addr: SocketAddr, deadline: Instant) -> std::io::Result<Client> {
+    let timeout = async {
+        let left = deadline.saturating_duration_since(Instant::now());
+        glommio::timer::sleep(left).await;
+        Err(err(format!(
+            "timed out connecting to {addr} (is the broker out of descriptors?)"
+        )))
+    };
+    futures_lite::future::or(Client::connect(addr), timeout).await
+}
+
 pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
     let opts = Rc::new(opts);
-    let mut admin = Client::connect(opts.bootstrap).await?;
+    // Every member's connection, the joiner's and the admin's, plus a few for the
+    // executor itself.
+    let needed = opts.members + 1 + 64;
+    if let Some(limit) = open_files_limit() {
+        if limit < needed {
+            return Err(err(format!(
+                "{} members need {needed} open files, over this process's limit of {limit} \
+                 (raise it: ulimit -n)",
+                opts.members
+            )));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.timeout_s);
+    let mut admin = connect_by(opts.bootstrap, deadline).await?;
     admin
         .create_topic(&opts.topic, opts.partitions, 1)
         .await
@@ -312,25 +356,36 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
     // All members talk to the group's coordinator.
     let coordinator = admin.coordinator(&opts.group, 0).await?;
     let shared = Rc::new(Shared::default());
-    *shared.synced_generation.borrow_mut() = vec![0; opts.members];
-    let mut clients = Vec::with_capacity(opts.members);
-    for _ in 0..opts.members {
-        clients.push(Client::connect(coordinator).await?);
+    // The members, then the one that joins the stable group at the end.
+    let joiner = opts.members;
+    *shared.synced_generation.borrow_mut() = vec![0; opts.members + 1];
+    let connecting = Instant::now();
+    let mut clients = Vec::with_capacity(opts.members + 1);
+    for i in 0..=opts.members {
+        let c = connect_by(coordinator, deadline)
+            .await
+            .map_err(|e| err(format!("connection {} of {}: {e}", i + 1, opts.members + 1)))?;
+        clients.push(c);
     }
-    let deadline = Instant::now() + Duration::from_secs_f64(opts.timeout_s);
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(opts.members);
-    for (idx, client) in clients.into_iter().enumerate() {
-        let m = Member {
+    let connect_ms = connecting.elapsed().as_secs_f64() * 1e3;
+    let mut members: Vec<Member> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(idx, client)| Member {
             idx,
             client,
             id: String::new(),
             opts: opts.clone(),
             shared: shared.clone(),
-        };
+        })
+        .collect();
+    let late = members.pop().expect("the joiner");
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(opts.members + 1);
+    for m in members {
         tasks.push(glommio::spawn_local(m.run()));
     }
-    let join_generation = all_synced(&shared, 0, None, deadline).await?;
+    let join_generation = all_synced(&shared, 0, |i| i < joiner, deadline).await?;
     let join_ms = start.elapsed().as_secs_f64() * 1e3;
     // One member leaves; the rest rebalance.
     let leaver = opts.members / 2;
@@ -339,8 +394,20 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
         glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     let left_at = Instant::now();
-    let rebalance_generation = all_synced(&shared, join_generation, Some(leaver), deadline).await?;
+    let rebalance_generation = all_synced(
+        &shared,
+        join_generation,
+        |i| i < joiner && i != leaver,
+        deadline,
+    )
+    .await?;
     let rebalance_after_leave_ms = left_at.elapsed().as_secs_f64() * 1e3;
+    // A new member joins; everyone rebalances again.
+    let joined_at = Instant::now();
+    tasks.push(glommio::spawn_local(late.run()));
+    let rebalance_after_join_generation =
+        all_synced(&shared, rebalance_generation, |i| i != leaver, deadline).await?;
+    let rebalance_after_join_ms = joined_at.elapsed().as_secs_f64() * 1e3;
     shared.stop.set(true);
     for t in tasks {
         if let Err(e) = t.await {
@@ -348,9 +415,12 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
         }
     }
     Ok(GroupResult {
+        connect_ms,
         join_ms,
         join_generation,
         rebalance_after_leave_ms,
         rebalance_generation,
+        rebalance_after_join_ms,
+        rebalance_after_join_generation,
     })
 }

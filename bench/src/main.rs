@@ -179,7 +179,8 @@ enum Command {
     /// input record once.
     Ctp(CtpArgs),
     /// Consumer-group scale: many lightweight members join one group; time to a
-    /// stable group with every assignment handed out, and to rebalance after a leave.
+    /// stable group with every assignment handed out, to rebalance after a leave and
+    /// after a new member joins.
     Group {
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap: SocketAddr,
@@ -663,8 +664,8 @@ fn main() {
             let o = opts.clone();
             let r = on_executor("bench-group", move || group::run(o)).unwrap_or_else(|e| fail(e));
             println!(
-                "group: {} members, {} partitions: all stable with assignments {:.0} ms after the first JoinGroup (generation {}); rebalance after one LeaveGroup {:.0} ms (generation {})",
-                opts.members, opts.partitions, r.join_ms, r.join_generation, r.rebalance_after_leave_ms, r.rebalance_generation
+                "group: {} members, {} partitions: all stable with assignments {:.0} ms after the first JoinGroup (generation {}); rebalance after one LeaveGroup {:.0} ms (generation {}); after one new member's JoinGroup {:.0} ms (generation {}); connecting took {:.0} ms",
+                opts.members, opts.partitions, r.join_ms, r.join_generation, r.rebalance_after_leave_ms, r.rebalance_generation, r.rebalance_after_join_ms, r.rebalance_after_join_generation, r.connect_ms
             );
             write_json(
                 &report_dir,

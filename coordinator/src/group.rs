@@ -227,6 +227,26 @@ pub struct Group {
     /// TxnOffsetCommits planned and not yet reported durable or failed, per producer id
     /// and partition (a count): OffsetFetch with require_stable counts them as pending.
     inflight_txn: BTreeMap<i64, BTreeMap<(String, i32), u32>>,
+    /// Per protocol name: how many members list it (Kafka's `supportedProtocols`), so
+    /// a join checks the group's protocols in O(its own protocols), not O(members).
+    protocol_support: HashMap<String, usize>,
+    /// Members with `joined` false, counted since the join phase began: a join phase
+    /// can end only when this is 0, so a rejoin does not scan every member.
+    unjoined: usize,
+}
+
+/// Counts (`add`) or uncounts a member's protocols in `Group::protocol_support`.
+fn count_protocols(support: &mut HashMap<String, usize>, protocols: &[(String, Bytes)], add: bool) {
+    for (name, _) in protocols {
+        if add {
+            *support.entry(name.clone()).or_insert(0) += 1;
+        } else if let Some(n) = support.get_mut(name) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                support.remove(name);
+            }
+        }
+    }
 }
 
 /// A transactional offset commit of a group whose record is durable, until its
@@ -258,6 +278,8 @@ impl Group {
             offset_seq: HashMap::new(),
             pending_txn: BTreeMap::new(),
             inflight_txn: BTreeMap::new(),
+            protocol_support: HashMap::new(),
+            unjoined: 0,
         }
     }
 
@@ -367,9 +389,12 @@ impl Group {
         if self.members.is_empty() {
             return !protocol_type.is_empty() && !protocols.is_empty();
         }
-        let candidates = self.candidate_protocols();
+        // A protocol every member lists is a candidate (see `candidate_protocols`).
+        let everyone = self.members.len();
         self.protocol_type.as_deref() == Some(protocol_type)
-            && protocols.iter().any(|(n, _)| candidates.contains(n))
+            && protocols
+                .iter()
+                .any(|(n, _)| self.protocol_support.get(n) == Some(&everyone))
     }
 
     /// Kafka's vote: each member votes for its most preferred candidate; most votes win
@@ -388,8 +413,12 @@ impl Group {
         votes.into_iter().find(|(_, n)| *n == best).map(|(c, _)| c)
     }
 
+    /// Every member has joined this phase. The count says when it may be so; the scan
+    /// (once per phase when the count reaches 0) is what decides.
     fn all_joined(&self) -> bool {
-        self.pending_members.is_empty() && self.members.values().all(|m| m.joined)
+        self.pending_members.is_empty()
+            && self.unjoined == 0
+            && self.members.values().all(|m| m.joined)
     }
 
     fn max_rebalance_timeout_ms(&self) -> i64 {
@@ -475,6 +504,8 @@ impl Group {
         self.leader = v.leader;
         self.state_timestamp_ms = v.state_timestamp_ms.max(0);
         self.members.clear();
+        self.protocol_support.clear();
+        self.unjoined = 0;
         self.static_members.clear();
         self.pending_members.clear();
         self.join_deadline_ms = None;
@@ -508,6 +539,7 @@ impl Group {
                 joined: false,
                 session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
             };
+            count_protocols(&mut self.protocol_support, &member.protocols, true);
             self.members.insert(m.member_id, member);
         }
         self.protocol_type = protocol_type;
@@ -887,6 +919,7 @@ impl Coordinator {
         if group.leader.is_none() {
             group.leader = Some(id.clone());
         }
+        count_protocols(&mut group.protocol_support, &member.protocols, true);
         group.members.insert(id, member);
         if group.state == GroupState::PreparingRebalance {
             // A new member extends the initial delay, within the rebalance timeout.
@@ -916,9 +949,14 @@ impl Coordinator {
                 err_join(ResponseError::UnknownMemberId, &a.member_id),
             ));
         }
+        count_protocols(&mut group.protocol_support, &m.protocols, false);
+        count_protocols(&mut group.protocol_support, &a.protocols, true);
         m.protocols = a.protocols;
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        if !m.joined {
+            group.unjoined = group.unjoined.saturating_sub(1);
+        }
         m.joined = true;
         Self::prepare_rebalance(group, now_ms, initial_delay, fx);
         Self::maybe_complete_join(group, now_ms, fx);
@@ -937,6 +975,10 @@ impl Coordinator {
         let initial_delay = self.config.initial_rebalance_delay_ms;
         let group = self.groups.get_mut(&a.group_id).expect("group exists");
         let mut m = group.members.remove(&old_id).expect("static member exists");
+        count_protocols(&mut group.protocol_support, &m.protocols, false);
+        if !m.joined {
+            group.unjoined = group.unjoined.saturating_sub(1);
+        }
         // The old instance's pending requests are fenced.
         if let Some(t) = m.awaiting_join.take() {
             fx.replies.push(Deferred::Join(
@@ -966,6 +1008,7 @@ impl Coordinator {
         group.members.insert(new_id.clone(), m);
         let protocols_changed = group.select_protocol() != group.protocol;
         let mut m = group.members.remove(&new_id).expect("just inserted");
+        count_protocols(&mut group.protocol_support, &m.protocols, true);
         match group.state {
             GroupState::Stable if !protocols_changed => {
                 // KIP-345: no rebalance. The member gets its old assignment at SyncGroup.
@@ -1019,6 +1062,7 @@ impl Coordinator {
             // joined; the others must come back.
             m.joined = m.awaiting_join.is_some();
         }
+        group.unjoined = group.members.values().filter(|m| !m.joined).count();
         let rebalance_ms = group.max_rebalance_timeout_ms();
         if was_empty {
             // Kafka's initial delay: wait a little for more members before the first
@@ -1092,6 +1136,10 @@ impl Coordinator {
 
     fn remove_member(group: &mut Group, id: &str) -> Option<Member> {
         let m = group.members.remove(id)?;
+        count_protocols(&mut group.protocol_support, &m.protocols, false);
+        if !m.joined {
+            group.unjoined = group.unjoined.saturating_sub(1);
+        }
         if let Some(i) = &m.instance_id {
             if group.static_members.get(i).map(String::as_str) == Some(id) {
                 group.static_members.remove(i);

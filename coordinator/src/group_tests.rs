@@ -1009,3 +1009,79 @@ fn leader_rejoin_in_stable_group_rebalances_follower_rejoin_does_not() {
     c.join(JoinToken(6), 0, args(&a, None, &["range"]), &mut fx);
     assert_eq!(join_reply(&fx, 6).unwrap().generation_id, 2);
 }
+
+/// A group of 10,000 members through its first generation, a leave and a rejoin of all
+/// the others: every join and sync answered, generations as Kafka numbers them. (The
+/// coordinator's per-join work is O(the member's protocols), not O(members): counted
+/// protocol support and a count of members yet to rejoin.)
+#[test]
+fn ten_thousand_members_join_leave_and_rejoin() {
+    let n = 10_000u64;
+    let mut c = coord(3000);
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let (id, fx) = join_new(&mut c, 1_000_000 + i * 4, 0, &["roundrobin"]);
+        assert!(fx.replies.is_empty(), "waits for the initial delay");
+        ids.push(id);
+    }
+    let mut fx = Effects::default();
+    c.tick(3_001, &mut fx);
+    assert_eq!(fx.replies.len(), n as usize);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.generation, g.members.len()), (1, n as usize));
+    let leader = g.leader.clone().unwrap();
+    let sync_args = |id: &str, assignments: Vec<(String, Bytes)>| SyncArgs {
+        group_id: "g".into(),
+        generation: 1,
+        member_id: id.to_string(),
+        instance_id: None,
+        protocol_type: None,
+        protocol_name: None,
+        assignments,
+    };
+    let mut fx = Effects::default();
+    for (i, id) in ids.iter().enumerate().filter(|(_, id)| **id != leader) {
+        c.sync(
+            SyncToken(i as u64),
+            3_002,
+            sync_args(id, Vec::new()),
+            &mut fx,
+        );
+    }
+    assert!(fx.replies.is_empty(), "followers wait for the leader");
+    let given = ids
+        .iter()
+        .map(|m| (m.clone(), Bytes::from(m.clone())))
+        .collect();
+    c.sync(SyncToken(n), 3_002, sync_args(&leader, given), &mut fx);
+    assert_eq!(fx.replies.len(), n as usize);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    // One member leaves; the others learn it from a heartbeat and rejoin.
+    let gone = ids.pop().unwrap();
+    let mut fx = Effects::default();
+    let leaving = [Leaving {
+        member_id: gone,
+        instance_id: None,
+    }];
+    assert!(c.leave(3_100, "g", &leaving, &mut fx).0.is_ok());
+    for id in &ids {
+        assert_eq!(
+            c.heartbeat(3_200, "g", 1, id, None),
+            Err(E::RebalanceInProgress)
+        );
+    }
+    let mut fx = Effects::default();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(c.group("g").unwrap().generation, 1, "not before the last");
+        c.join(
+            JoinToken(50_000_000 + i as u64),
+            3_300,
+            args(id, None, &["roundrobin"]),
+            &mut fx,
+        );
+    }
+    // The last rejoin ends the phase: everyone is answered in generation 2.
+    let g = c.group("g").unwrap();
+    assert_eq!((g.generation, g.members.len()), (2, n as usize - 1));
+    assert_eq!(fx.replies.len(), n as usize - 1);
+}

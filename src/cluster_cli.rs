@@ -424,6 +424,59 @@ fn render_disks(out: &mut String, disks: &[DiskRow]) {
 }
 
 /// The report `sluice cluster describe` prints.
+/// Per broker, over the partitions listed: the replicas it holds, the partitions it
+/// leads now and those it is the preferred leader of (first replica); then the
+/// difference between the busiest and the idlest broker in each column (placement
+/// keeps new topics within one of even, `ClusterState::place`).
+fn render_spread(out: &mut String, v: &ClusterView) {
+    let _ = writeln!(out, "\nSpread (partitions per broker):");
+    if v.partitions.is_empty() {
+        out.push_str("  (none)\n");
+        return;
+    }
+    let mut ids: Vec<i32> = v.brokers.iter().map(|b| b.id).collect();
+    ids.extend(v.partitions.iter().flat_map(|p| p.replicas.iter().copied()));
+    ids.sort_unstable();
+    ids.dedup();
+    let counts: Vec<[usize; 3]> = ids
+        .iter()
+        .map(|id| {
+            let ps = &v.partitions;
+            [
+                ps.iter().filter(|p| p.replicas.contains(id)).count(),
+                ps.iter().filter(|p| p.leader == *id).count(),
+                ps.iter().filter(|p| p.replicas.first() == Some(id)).count(),
+            ]
+        })
+        .collect();
+    let mut rows = vec![vec![
+        "BROKER".to_string(),
+        "REPLICAS".into(),
+        "LEADERS".into(),
+        "PREFERRED-LEADERS".into(),
+    ]];
+    for (id, c) in ids.iter().zip(&counts) {
+        rows.push(vec![
+            id.to_string(),
+            c[0].to_string(),
+            c[1].to_string(),
+            c[2].to_string(),
+        ]);
+    }
+    table(out, &rows);
+    let gap = |k: usize| {
+        let col = counts.iter().map(|c| c[k]);
+        col.clone().max().unwrap_or(0) - col.min().unwrap_or(0)
+    };
+    let _ = writeln!(
+        out,
+        "  max - min: replicas {}, leaders {}, preferred leaders {}",
+        gap(0),
+        gap(1),
+        gap(2)
+    );
+}
+
 pub fn render(v: &ClusterView) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -503,6 +556,7 @@ pub fn render(v: &ClusterView) -> String {
             );
         }
     }
+    render_spread(&mut out, v);
     if !v.disks.is_empty() {
         render_disks(&mut out, &v.disks);
     }
@@ -579,6 +633,11 @@ Under-replicated partitions (0):
 
 Offline partitions (0):
   (none)
+
+Spread (partitions per broker):
+  BROKER  REPLICAS  LEADERS  PREFERRED-LEADERS
+  1       2         2        2
+  max - min: replicas 0, leaders 0, preferred leaders 0
 "
         );
     }
@@ -640,6 +699,13 @@ Under-replicated partitions (2):
 Offline partitions (1):
   TOPIC   PARTITION  LEADER  EPOCH  REPLICAS  ISR  OFFLINE-REPLICAS  ERROR
   orders  2          none    3      2,3,1     2    3,1               LeaderNotAvailable
+
+Spread (partitions per broker):
+  BROKER  REPLICAS  LEADERS  PREFERRED-LEADERS
+  1       4         2        2
+  2       4         1        2
+  3       4         0        0
+  max - min: replicas 0, leaders 2, preferred leaders 2
 
 Topic errors (1):
   gone: UnknownTopicOrPartition

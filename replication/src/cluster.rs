@@ -320,9 +320,11 @@ impl ClusterState {
 
     /// Replica assignments for `count` new partitions starting at index `first`, over
     /// the live brokers: partition `p` gets the brokers at positions `start + p + j`
-    /// (`j < rf`), so leaders (position 0) and replicas spread evenly. `start` shifts
-    /// per topic (its number among the topics) so single-partition topics do not all
-    /// land on the same leader. `rf` of -1 means the default, min(3, live brokers).
+    /// (`j < rf`), so leaders (position 0) and replicas spread evenly. `start` is
+    /// chosen by count ([`ClusterState::balanced_start`]): the one that leaves the
+    /// fewest preferred leaders, then the fewest replicas, on the busiest live broker,
+    /// counting every partition already placed, so topics of any size add up to a
+    /// spread within one per broker. `rf` of -1 means the default, min(3, live brokers).
     pub fn place(&self, first: i32, count: i32, rf: i16) -> Result<Vec<Vec<BrokerId>>, ApplyError> {
         let live = self.live_brokers();
         if live.is_empty() {
@@ -345,20 +347,85 @@ impl ClusterState {
                 live.len()
             )));
         }
-        let start = self.topics.len();
-        if live.iter().any(|id| self.brokers[id].rack.is_some()) {
-            let arranged = self.rack_alternating(&live);
-            return Ok((first..first + count)
-                .map(|p| self.rack_spread(&arranged, start + p as usize, rf))
-                .collect());
-        }
+        let racks = live.iter().any(|id| self.brokers[id].rack.is_some());
+        let order = if racks {
+            self.rack_alternating(&live)
+        } else {
+            live
+        };
+        let one = |n: usize| -> Vec<BrokerId> {
+            if racks {
+                self.rack_spread(&order, n, rf)
+            } else {
+                (0..rf).map(|j| order[(n + j) % order.len()]).collect()
+            }
+        };
+        // With racks the followers' walk also shifts once per round of partitions.
+        let len = order.len();
+        let starts = if racks { len * (len - 1).max(1) } else { len };
+        let start = self.balanced_start(&order, starts.min(256), first, count, &one);
         Ok((first..first + count)
-            .map(|p| {
-                (0..rf)
-                    .map(|j| live[(start + p as usize + j) % live.len()])
-                    .collect()
-            })
+            .map(|p| one(start + p as usize))
             .collect())
+    }
+
+    /// Of the first `starts` starting positions, the one whose placement of partitions
+    /// `first..first + count` (`one(start + p)`) leaves the live brokers of `order` with
+    /// the most even counts of preferred leaders (first replicas), then of replicas,
+    /// counted over every partition already placed. Ties keep the topic's number among
+    /// the topics as the start (what placement did before it counted), so an empty
+    /// cluster places as it always has.
+    fn balanced_start(
+        &self,
+        order: &[BrokerId],
+        starts: usize,
+        first: i32,
+        count: i32,
+        one: &dyn Fn(usize) -> Vec<BrokerId>,
+    ) -> usize {
+        let len = order.len();
+        let index: BTreeMap<BrokerId, usize> =
+            order.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        let mut leaders = vec![0usize; len];
+        let mut replicas = vec![0usize; len];
+        for p in self.topics.values().flat_map(|t| &t.partitions) {
+            for (j, b) in p.replicas.iter().enumerate() {
+                if let Some(&i) = index.get(b) {
+                    replicas[i] += 1;
+                    if j == 0 {
+                        leaders[i] += 1;
+                    }
+                }
+            }
+        }
+        let spread = |v: &[usize]| {
+            v.iter().max().copied().unwrap_or(0) - v.iter().min().copied().unwrap_or(0)
+        };
+        let preferred = self.topics.len() % starts.max(1);
+        let mut best: Option<((usize, usize, usize, usize), usize)> = None;
+        for k in 0..starts.max(1) {
+            let s = (preferred + k) % starts.max(1);
+            let (mut l, mut r) = (leaders.clone(), replicas.clone());
+            for p in first..first + count {
+                for (j, b) in one(s + p as usize).iter().enumerate() {
+                    let i = index[b];
+                    r[i] += 1;
+                    if j == 0 {
+                        l[i] += 1;
+                    }
+                }
+            }
+            let score = (
+                spread(&l),
+                spread(&r),
+                l.iter().max().copied().unwrap_or(0),
+                r.iter().max().copied().unwrap_or(0),
+            );
+            if best.as_ref().is_none_or(|(b, _)| score < *b) {
+                best = Some((score, s));
+            }
+        }
+        best.map_or(preferred, |(_, s)| s)
     }
 
     /// `brokers` ordered so that racks alternate: the first broker of each rack (racks
@@ -1387,6 +1454,80 @@ mod tests {
             leader_counts(&placed).values().all(|c| *c == 2),
             "{placed:?}"
         );
+    }
+
+    /// Per live broker: (replicas, preferred leaders) over every partition.
+    fn spread(s: &ClusterState) -> BTreeMap<BrokerId, (usize, usize)> {
+        let mut m: BTreeMap<BrokerId, (usize, usize)> =
+            s.live_brokers().into_iter().map(|b| (b, (0, 0))).collect();
+        for p in s.topics.values().flat_map(|t| &t.partitions) {
+            for (j, b) in p.replicas.iter().enumerate() {
+                let e = m.get_mut(b).expect("live");
+                e.0 += 1;
+                if j == 0 {
+                    e.1 += 1;
+                }
+            }
+        }
+        m
+    }
+
+    fn within_one(m: &BTreeMap<BrokerId, (usize, usize)>) -> bool {
+        let gap = |f: fn(&(usize, usize)) -> usize| {
+            m.values().map(f).max().unwrap() - m.values().map(f).min().unwrap()
+        };
+        gap(|c| c.0) <= 1 && gap(|c| c.1) <= 1
+    }
+
+    #[test]
+    fn placement_counts_partitions_already_placed_so_topics_add_up_evenly() {
+        // Replication factors mixed 1 and 3 (RF 3 on 3 brokers puts a replica on every
+        // broker), then all 2: sizes that do not divide by 3.
+        let ones_and_threes = [
+            (1, 1),
+            (2, 1),
+            (4, 3),
+            (5, 1),
+            (1, 3),
+            (7, 1),
+            (2, 3),
+            (4, 1),
+        ];
+        let twos = [
+            (1, 2),
+            (2, 2),
+            (4, 2),
+            (5, 2),
+            (1, 2),
+            (7, 2),
+            (2, 2),
+            (4, 2),
+        ];
+        let racks = [(1, Some("a")), (2, Some("b")), (3, Some("c"))];
+        // Without racks, and with three racks (placement stays rack-aware).
+        let runs = [
+            (cluster(3), &ones_and_threes),
+            (racked(&racks), &ones_and_threes),
+            (cluster(3), &twos),
+            (racked(&racks), &twos),
+        ];
+        for (mut s, sizes) in runs {
+            for (n, (partitions, rf)) in sizes.iter().enumerate() {
+                create(&mut s, &format!("t{n}"), *partitions, *rf);
+                assert!(within_one(&spread(&s)), "after t{n}: {:?}", spread(&s));
+            }
+            for p in s.topics.values().flat_map(|t| &t.partitions) {
+                if s.brokers[&1].rack.is_some() {
+                    assert_eq!(racks_of(&s, &p.replicas).len(), p.replicas.len());
+                }
+            }
+        }
+        // Five brokers, many single-partition topics: leaders rotate over all of them.
+        let mut s = cluster(5);
+        for n in 0..23 {
+            create(&mut s, &format!("one{n}"), 1, 1);
+            assert!(within_one(&spread(&s)), "after one{n}: {:?}", spread(&s));
+        }
     }
 
     #[test]

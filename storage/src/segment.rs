@@ -3,7 +3,9 @@
 //! (open for appends, through [`AppendFile`]s); the others are closed, trimmed to their
 //! logical length, and read through the shard's read-handle cache.
 //!
-//! ## Recovery (run for every segment when a log is opened)
+//! ## Recovery (run for every segment when a log is opened, unless a clean close
+//! recorded the segments in `partition.clean`: then each runs when the segment is
+//! first read; see [`crate::log`])
 //!
 //! Batches are validated from the last trustworthy index entry to the end of the file;
 //! everything before that entry was validated when it was indexed (closed segments are

@@ -7,6 +7,7 @@
 # 3-broker cluster), e.g. to check it alone; BENCH_PART=txn only the ceilings and the
 # exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
+# BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,13 +126,13 @@ rf_scenarios() { # bootstrap-args name-infix title
   echo "== (r4) $3: 100-byte records, acks=1, 8 partitions, maximum throughput =="
   warm_and_run "$1" bench-r4 "r4-$2-acks-1-max" --acks 1
 }
-if [ "$PART" != txn ]; then
+if [ "$PART" = all ] || [ "$PART" = replication ]; then
 rf_scenarios "$B" single "single broker"
 fi
 
 kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT
 
-if [ "$PART" != txn ]; then
+if [ "$PART" = all ] || [ "$PART" = replication ]; then
 # RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
 # ports and data dir), each broker with --cores $CORES. sluice-bench creates each
 # topic with replication factor 3 and refuses to measure until the Metadata shows
@@ -159,6 +160,10 @@ fi
 # without a failing webhook, side by side.
 if [ "$PART" = all ]; then
   OUT="$OUT" bash scripts/bench-alert-sink.sh
+fi
+# Many partitions (issue 14): 10,000 on one broker and RF=3 on three.
+if [ "$PART" = all ] || [ "$PART" = scale ]; then
+  OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-scale.sh
 fi
 # Only a full run replaces the figures in the docs by default: a partial one would
 # leave the table with only its own rows.

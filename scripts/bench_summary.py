@@ -150,6 +150,52 @@ if rrows:
               "scenario in this run (×; above 1 for latency means slower).", "",
               "| scenario | brokers | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | RF=3 / single broker |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|"] + rrows
+
+# Issue 14: many partitions (scripts/bench-scale.sh), each beside the 8-partition run.
+def scale(kind, label):
+    return load(f"scale-{kind}-{label}-scale.json"), load(f"scale-{kind}-{label}-resources.json")
+
+
+def fmt_ms(v):
+    return f"{v / 1000:.2f} s" if isinstance(v, (int, float)) else "–"
+
+
+srows = []
+for kind, who in (("1b", "1 broker"), ("rf3", "3 brokers, RF=3")):
+    (small, small_res), (big, big_res) = scale(kind, "p8"), scale(kind, "p10k")
+    if not big:
+        continue
+    rs, rb = (small or {}).get("result") or {}, big["result"]
+    n = rb.get("partitions", 0)
+
+    def both(key, sub=None, f=fmt_ms):
+        a, b = rs.get(key), rb.get(key)
+        if sub:
+            a = ((a or {}).get("latency_ms") or {}).get(sub)
+            b = ((b or {}).get("latency_ms") or {}).get(sub)
+            f = lambda v: f"{v:.1f} ms" if isinstance(v, (int, float)) else "–"
+        return f"{f(b)} ({times(b, a)} of 8 partitions: {f(a)})" if a is not None else f(b)
+
+    srows.append(f"| {who}: create {n:,} partitions to leaders | {both('create_to_leaders_ms')} |")
+    if rb.get("create_to_in_sync_ms") is not None:
+        srows.append(f"| {who}: create to a full ISR | {both('create_to_in_sync_ms')} |")
+    srows.append(f"| {who}: one acks=all record to every partition | {both('one_record_each_ms')} |")
+    sus = rb.get("sustain") or {}
+    asked = big["config"]["rate"]
+    srows.append(f"| {who}: {asked:,.0f} records/s acks=all over all partitions: achieved | {sus.get('records_per_sec', 0):,.0f} records/s, {sus.get('errors', 0)} errors |")
+    srows.append(f"| {who}: same, produce p99 | {both('sustain', 'p99')} |")
+    if big_res:
+        per = lambda k: big_res[k] / max(n, 1)
+        srows.append(f"| {who}: RSS / open descriptors / allocated disk after the load | {big_res['rss_kb'] / 1024:,.0f} MiB / {big_res['open_fds']:,} / {big_res['disk_kb'] / 1024:,.0f} MiB ({per('rss_kb'):.1f} KiB, {per('open_fds'):.2f}, {per('disk_kb'):.0f} KiB per partition) |")
+    for suffix, what in (("restart", "SIGKILL, restart to every partition serving"), ("failover", "SIGKILL of broker 2 to a new leader for every partition it led"), ("rejoin", "broker 2 back to a full ISR everywhere")):
+        b = load(f"scale-{kind}-p10k-{suffix}-scale.json")
+        a = load(f"scale-{kind}-p8-{suffix}-scale.json")
+        if b:
+            vb, va = b["result"].get("verify_ms"), (a or {}).get("result", {}).get("verify_ms")
+            srows.append(f"| {who}: {what} | {fmt_ms(vb)}" + (f" ({times(vb, va)} of 8 partitions: {fmt_ms(va)})" if va else "") + " |")
+if srows:
+    lines += ["", "Many partitions (`scripts/bench-scale.sh`, issue 14): 100 topics × 100 partitions on one broker (`--cores 2`) and on 3 brokers (`--cores 1` each, RF=3), each figure beside the same scenario with 8 partitions in this run.", "",
+              "| scenario | figure |", "|---|---|"] + srows
 text = "\n".join(lines)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 print(text)

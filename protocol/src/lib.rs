@@ -45,11 +45,12 @@ const fn spec(key: ApiKey, min: i16, max: i16) -> ApiSpec {
 /// The one registry of supported APIs and versions. ApiVersions is generated from it
 /// and [`parse`] refuses anything outside it. Ranges start where Kafka 3.9's start
 /// (versions older than `kafka-protocol` has are decoded by [`legacy`]) or where the
-/// codec starts, and stop before versions whose semantics Sluice lacks (Fetch and Produce
-/// v13+ address topics by id only; Metadata v13 is untested with old clients).
+/// codec starts, and stop before versions whose semantics Sluice lacks (Produce v13+
+/// addresses topics by id only; Fetch v13 does too and is served, v14+ (tiered storage,
+/// KIP-903 replica state) is not; Metadata v13 is untested with old clients).
 pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::Produce, 0, 12),
-    spec(ApiKey::Fetch, 0, 12),
+    spec(ApiKey::Fetch, 0, 13),
     spec(ApiKey::ListOffsets, 0, 8),
     spec(ApiKey::Metadata, 0, 12),
     spec(ApiKey::ApiVersions, 0, 3),

@@ -208,3 +208,121 @@ def test_consumers_read_many_partitions_while_producing(make_broker):
     # Every record read is one that was produced (nothing invented or garbled).
     everything = set(produced)
     assert got <= everything and got2 <= everything
+
+
+# --- Fetch v13 (flexible encoding, topics by id) -----------------------------------
+
+def uvarint_(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def read_uvarint(buf, pos):
+    n = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, pos
+
+
+def topic_id_of(bootstrap, name):
+    from confluent_kafka import TopicCollection
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    desc = admin.describe_topics(TopicCollection([name]))[name].result(timeout=20)
+    u = desc.topic_id
+    mask = (1 << 64) - 1
+    return struct.pack(">QQ", u.get_most_significant_bits() & mask, u.get_least_significant_bits() & mask)
+
+
+def fetch_v13(session_id, epoch, parts, forgotten=(), corr=1):
+    """parts: [(topic id bytes, partition, fetch_offset)]; forgotten: [(topic id, partition)]."""
+    body = struct.pack(">hhi", 1, 13, corr) + string("e2e") + b"\x00"
+    body += struct.pack(">iiiibii", -1, 0, 0, 50 << 20, 0, session_id, epoch)
+    for items, enc in ((parts, lambda p: struct.pack(">iiqiqi", p[1], -1, p[2], -1, -1, 1 << 20) + b"\x00"),
+                       (forgotten, lambda p: struct.pack(">i", p[1]))):
+        topics = {}
+        for p in items:
+            topics.setdefault(p[0], []).append(p)
+        body += uvarint_(len(topics) + 1)
+        for t, ps in topics.items():
+            body += t + uvarint_(len(ps) + 1) + b"".join(enc(p) for p in ps) + b"\x00"
+    body += uvarint_(1) + b"\x00"  # rack_id "", tagged fields
+    return frame(body)
+
+
+def skip_tags(buf, pos):
+    n, pos = read_uvarint(buf, pos)
+    for _ in range(n):
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+    return pos
+
+
+def parse_fetch_v13(resp):
+    """resp: after the v0 header's correlation id. -> (error, session, {(topic id, partition):
+    (error, hw, records)})"""
+    pos = skip_tags(resp, 0)
+    _throttle, err, session = struct.unpack_from(">ihi", resp, pos); pos += 10
+    n_topics, pos = read_uvarint(resp, pos)
+    out = {}
+    for _ in range(n_topics - 1):
+        tid = resp[pos:pos + 16]; pos += 16
+        n_parts, pos = read_uvarint(resp, pos)
+        for _ in range(n_parts - 1):
+            p, perr, hw, _lso, _start = struct.unpack_from(">ihqqq", resp, pos); pos += 30
+            n_aborted, pos = read_uvarint(resp, pos)
+            for _ in range(max(n_aborted - 1, 0)):
+                pos += 16
+                pos = skip_tags(resp, pos)
+            pos += 4  # preferred read replica
+            rl, pos = read_uvarint(resp, pos)
+            recs = resp[pos:pos + max(rl - 1, 0)]; pos += max(rl - 1, 0)
+            pos = skip_tags(resp, pos)
+            out[(tid, p)] = (perr, hw, recs)
+        pos = skip_tags(resp, pos)
+    return err, session, out
+
+
+FETCH_SESSION_TOPIC_ID_ERROR = 106
+UNKNOWN_TOPIC_ID = 100
+
+
+def test_fetch_v13_sessions_key_topics_by_id(broker):
+    create_topic(broker.addr, "ids", 2)
+    for p in range(2):
+        produce_one(broker.addr, "ids", p, f"id-{p}".encode())
+    tid = topic_id_of(broker.addr, "ids")
+    c = Conn(broker.addr)
+    c.send(fetch_v13(0, 0, [(tid, 0, 0), (tid, 1, 0)]))
+    err, sid, parts = parse_fetch_v13(c.recv()[1])
+    assert err == 0 and sid > 0 and sorted(parts) == [(tid, 0), (tid, 1)]
+    assert all(e == 0 and hw == 1 and f"id-{p}".encode() in recs for (_, p), (e, hw, recs) in parts.items())
+    # Offsets moved past the records: nothing to answer.
+    c.send(fetch_v13(sid, 1, [(tid, 0, 1), (tid, 1, 1)], corr=2))
+    assert parse_fetch_v13(c.recv()[1]) == (0, sid, {})
+    # The same session through Fetch v7 (topics by name) is refused.
+    c.send(fetch_v7(sid, 2, [], corr=3))
+    assert parse_fetch_v7(c.recv()[1]) == (FETCH_SESSION_TOPIC_ID_ERROR, 0, {})
+    # New data on partition 1 only.
+    produce_one(broker.addr, "ids", 1, b"again")
+    c.send(fetch_v13(sid, 2, [], corr=4))
+    err, got, parts = parse_fetch_v13(c.recv()[1])
+    assert (err, got, list(parts)) == (0, sid, [(tid, 1)]) and b"again" in parts[(tid, 1)][2]
+    # Forgetting by id closes the session; an unknown topic id is UNKNOWN_TOPIC_ID.
+    c.send(fetch_v13(sid, 3, [], forgotten=[(tid, 0), (tid, 1)], corr=5))
+    assert parse_fetch_v13(c.recv()[1]) == (0, 0, {})
+    bogus = bytes(15) + b"\x01"
+    c.send(fetch_v13(0, -1, [(bogus, 0, 0)], corr=6))
+    err, sid, parts = parse_fetch_v13(c.recv()[1])
+    assert (err, sid) == (0, 0) and parts[(bogus, 0)][0] == UNKNOWN_TOPIC_ID
+    c.close()

@@ -43,7 +43,7 @@ def _counts(c):
 
 
 def _describe_spread(c):
-    r = subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", c.bootstrap],
+    r = subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", c.addr(c.ids[0])],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

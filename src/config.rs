@@ -942,6 +942,7 @@ mod tests {
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
             "--replica-fetch-wait-max-ms=10",
+            "--max-incremental-fetch-session-cache-slots=4",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -951,6 +952,7 @@ mod tests {
         assert_eq!(c.socket_request_max_bytes, 2048);
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.replica_fetch_wait_max_ms, 10);
+        assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(
             c.disk_min_free,

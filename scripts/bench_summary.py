@@ -56,7 +56,7 @@ g = load("group-report.json")
 b = load("b-fixed-rate-report.json")
 lines = [
     f"`make bench` on {time.strftime('%Y-%m-%d')}, commit {commit}, broker `--cores {cores}`, load generator on the same 2-core machine.",
-    f"Ceilings measured in the same run: O_DIRECT sequential write {disk:.0f} MB/s, loopback TCP {net:.0f} MB/s." if ceil else "No ceilings in this run (BENCH_PART=replication).",
+    f"Ceilings measured in the same run: O_DIRECT sequential write {disk:.0f} MB/s, loopback TCP {net:.0f} MB/s." if ceil else "No ceilings in this run (a partial BENCH_PART run).",
     "",
     "| scenario | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | ratio |",
     "|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -71,7 +71,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
     let builders: MeshBuilders<ShardReq, ShardResp> =
-        MeshBuilders::new(config.cores, MeshLimits::default());
+        MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
     let runtime = RuntimeConfig::new(config.cores);
     let shards = (0..config.cores)
@@ -145,6 +145,19 @@ pub fn descriptor_budget(shards: usize) -> Descriptors {
     budget
 }
 
+/// The mesh's limits: a shard handles as many remote requests at once as the other
+/// shards' connections can park there. A JoinGroup waits on the group's coordinator
+/// shard until the join phase ends, so with 10,000 members over 2 shards some 5,000
+/// joins wait on one shard at once; with the default 4,096 the rest queued unhandled,
+/// the phase ended without them and the group never became stable.
+fn mesh_limits(d: &Descriptors, shards: usize) -> MeshLimits {
+    let parked = d.connections_max.saturating_mul(shards as u64);
+    MeshLimits {
+        inflight_max: MeshLimits::default().inflight_max.max(parked),
+        ..MeshLimits::default()
+    }
+}
+
 /// A shard's descriptor budget (see [`descriptor_budget`]).
 #[derive(Debug, Clone)]
 pub struct Descriptors {
@@ -194,6 +207,7 @@ async fn run_shard(
         registry,
         lag,
     } = shared;
+    let mesh_limits = mesh_limits(&descriptors, config.cores);
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(&config.data_dir, descriptors.storage, Rc::new(SystemClock))
         .await
@@ -201,7 +215,7 @@ async fn run_shard(
     storage
         .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
         .map_err(|e| e.to_string())?;
-    let (mesh, receivers) = Mesh::join(shard, config.cores, builders, MeshLimits::default())
+    let (mesh, receivers) = Mesh::join(shard, config.cores, builders, mesh_limits)
         .await
         .map_err(|e| e.to_string())?;
     // Shard 0 runs this broker's voter of the metadata quorum.

@@ -702,6 +702,12 @@ def test_list_offsets_on_a_broker_without_the_partition_says_not_leader(cluster)
     topic = "spread"
     cluster.create_topic(topic, partitions=3, rf=1)
     leaders = {p: cluster.leader_of(topic, p) for p in range(3)}
+    # Each broker's own metadata knows the topic: one without its image yet answers
+    # UNKNOWN_TOPIC_OR_PARTITION, which is not what this test is about.
+    for i in cluster.ids:
+        wait_until(lambda: {q: v.get("leader") for q, v in metadata_from(cluster.addr(i), [topic])
+                            ["topics"][topic]["partitions"].items()} == leaders,
+                   20, f"broker {i} knowing {topic}", retry=(KeyError, OSError))
     for i in cluster.ids:
         conn = kw.Conn(cluster.addr(i))
         conn.send(kw.list_offsets_v1(topic, [0, 1, 2]))

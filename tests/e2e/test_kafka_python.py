@@ -30,9 +30,11 @@ def test_round_trip(broker):
     admin = KafkaAdminClient(bootstrap_servers=broker.addr)
     admin.create_topics([NewTopic("kp", num_partitions=3, replication_factor=1)])
     admin.close()
-    # Idempotence (kafka-python 3 turns it on by default) needs InitProducerId, which
-    # Sluice does not implement yet; plain acks=all is what this test covers.
-    p = KafkaProducer(bootstrap_servers=broker.addr, acks="all", enable_idempotence=False)
+    # kafka-python 3's defaults: idempotence on (InitProducerId, sequenced batches), up
+    # to 5 requests in flight. The per-key order checked below holds through retries
+    # only with idempotence: without it a retried batch lands after later ones, as
+    # Kafka documents (one make test run under load saw exactly that).
+    p = KafkaProducer(bootstrap_servers=broker.addr, acks="all")
     futs = [p.send("kp", key=f"k{i % 5}".encode(), value=f"v{i}".encode()) for i in range(3000)]
     p.flush()
     meta = [f.get(timeout=30) for f in futs]

@@ -3,8 +3,11 @@
 //! the listener bind.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
-use futures_util::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
 pub use sluice_protocol::sb;
 
@@ -39,18 +42,98 @@ pub fn now_ms() -> i64 {
 
 /// Runs every future concurrently on the current task; results in input order.
 ///
-/// Each future gets its own waker (`FuturesOrdered`), so a wake-up polls only the
-/// future it is for, and the task's own waker is held once however many futures
-/// wait. Both matter at scale: glommio counts a task's waker clones in an `i16` and
-/// aborts the process past 32,767, which a Produce to 10,000 partitions reached when
-/// every pending future held its own clone; and re-polling all n futures on every
-/// wake-up made such a request O(n²).
+/// Each future gets its own waker, so a wake-up polls only the futures it is for, and
+/// the task's own waker is held once however many futures wait. Both matter at scale:
+/// glommio counts a task's waker clones in an `i16` and aborts the process past
+/// 32,767, which a Produce to 10,000 partitions reached when every pending future held
+/// its own clone; and re-polling all n futures on every wake-up made such a request
+/// O(n²). Unlike `FuturesOrdered`, the first poll starts every future, in input order,
+/// before returning: pipelined requests issue their appends in request order (a
+/// handler that stopped half-way would let the next request's appends overtake it).
 pub async fn join_all<T, F: Future<Output = T>>(futures: Vec<F>) -> Vec<T> {
-    futures
+    let n = futures.len();
+    let mut futures: Vec<Option<Pin<Box<F>>>> =
+        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let woken = Arc::new(Woken {
+        indexes: Mutex::new((0..n).collect()),
+        task: Mutex::new(None),
+    });
+    let wakers: Vec<Waker> = (0..n)
+        .map(|index| {
+            Waker::from(Arc::new(Child {
+                index,
+                woken: woken.clone(),
+            }))
+        })
+        .collect();
+    let mut left = n;
+    std::future::poll_fn(|cx: &mut Context<'_>| {
+        {
+            let mut task = woken.task.lock().unwrap_or_else(|e| e.into_inner());
+            if !task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        let mut ready =
+            std::mem::take(&mut *woken.indexes.lock().unwrap_or_else(|e| e.into_inner()));
+        ready.sort_unstable();
+        ready.dedup();
+        for i in ready {
+            if let Some(f) = futures[i].as_mut() {
+                if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(&wakers[i])) {
+                    results[i] = Some(v);
+                    futures[i] = None;
+                    left -= 1;
+                }
+            }
+        }
+        if left == 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    results
         .into_iter()
-        .collect::<FuturesOrdered<F>>()
+        .map(|r| r.expect("every future finished"))
         .collect()
-        .await
+}
+
+/// The futures of a [`join_all`] woken since its last poll, and its task's waker.
+struct Woken {
+    indexes: Mutex<Vec<usize>>,
+    task: Mutex<Option<Waker>>,
+}
+
+/// The waker of one future of a [`join_all`].
+struct Child {
+    index: usize,
+    woken: Arc<Woken>,
+}
+
+impl Wake for Child {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken
+            .indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.index);
+        if let Some(task) = self
+            .woken
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            task.wake_by_ref();
+        }
+    }
 }
 
 /// Waits until one of the futures returns `true` (then drops the rest) or all return
@@ -104,7 +187,50 @@ pub async fn wait_any(conditions: Vec<Condition<'_>>, timeout: std::time::Durati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::pin::Pin;
+
+    /// A future that wakes itself and yields once (as a cross-shard send or glommio's
+    /// preemption check may), then finishes.
+    struct YieldOnce(bool);
+
+    impl Future for YieldOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                return Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    /// The first poll of a join starts every future in order, even when they yield:
+    /// a handler's appends are all issued before the next pipelined request's.
+    /// (`FuturesOrdered` stops after two futures yield and starts the rest later.)
+    #[test]
+    fn join_all_starts_every_future_in_order_on_its_first_poll() {
+        let started = std::cell::RefCell::new(Vec::new());
+        let futs: Vec<_> = (0..10)
+            .map(|i| {
+                let started = &started;
+                async move {
+                    started.borrow_mut().push(i);
+                    YieldOnce(false).await;
+                    i
+                }
+            })
+            .collect();
+        let (out, seen) =
+            futures_lite::future::block_on(futures_lite::future::zip(join_all(futs), async {
+                started.borrow().clone()
+            }));
+        assert_eq!(
+            seen,
+            (0..10).collect::<Vec<_>>(),
+            "all started by the first poll"
+        );
+        assert_eq!(out, (0..10).collect::<Vec<_>>());
+    }
 
     #[test]
     fn join_all_keeps_order_and_any_true_short_circuits() {

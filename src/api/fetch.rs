@@ -28,8 +28,9 @@
 //! watermark (`Replica::fetch_bound`); v0–v10 consumers need the leader
 //! (NOT_LEADER_OR_FOLLOWER elsewhere), as in Kafka.
 //!
-//! Fetch sessions (KIP-227) are declined: the response's session id is always 0, which
-//! tells clients to keep sending full (sessionless) fetch requests.
+//! Fetch sessions (KIP-227, v7+): the shard's session cache (`crate::fetch_session`)
+//! decides whether a request is sessionless, opens a session or is incremental; an
+//! incremental answer lists only the partitions with something new.
 
 use std::collections::HashMap;
 use std::ops::Not;

@@ -597,12 +597,7 @@ mod tests {
     fn on_executor<T: Send + 'static>(
         f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
     ) -> T {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(8 << 20)
-            .spawn(f)
-            .unwrap()
-            .join()
-            .unwrap()
+        sluice_shard::run_unpinned("replica-test", 8 << 20, f)
     }
 
     /// A new epoch's entry is on disk once `epochs_durable` returns, without a blocking

@@ -257,11 +257,7 @@ mod wait_tests {
     fn on_executor<T: Send + 'static>(
         f: impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = T>>> + Send + 'static,
     ) -> T {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(f)
-            .unwrap()
-            .join()
-            .unwrap()
+        sluice_shard::run_unpinned("util-test", 8 << 20, f)
     }
 
     /// More waiting futures on one task than glommio's waker count holds (an `i16`):

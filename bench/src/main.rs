@@ -295,13 +295,7 @@ fn on_executor<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
     name: &str,
     f: impl FnOnce() -> F + Send + 'static,
 ) -> T {
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .io_memory(64 << 20)
-        .name(name)
-        .spawn(f)
-        .expect("executor")
-        .join()
-        .expect("benchmark thread")
+    sluice_shard::run_unpinned(name, 64 << 20, f)
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -437,7 +431,10 @@ fn produce_on_cores(
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .io_memory(64 << 20)
             .name(&format!("bench-produce-{i}"))
-            .spawn(move || load::produce(o, pb))
+            .spawn(move || async move {
+                sluice_shard::keep_awake(sluice_shard::WAKE_PERIOD);
+                load::produce(o, pb).await
+            })
             .unwrap_or_else(|e| fail(format!("executor: {e}")));
         threads.push(handle);
     }

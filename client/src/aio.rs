@@ -114,23 +114,19 @@ mod tests {
 
     #[test]
     fn resolves_literals_and_names_off_the_reactor() {
-        glommio::LocalExecutorBuilder::default()
-            .spawn(|| async {
-                assert_eq!(
-                    resolve("127.0.0.1", 9092).await.unwrap(),
-                    "127.0.0.1:9092".parse().unwrap()
-                );
-                let a = resolve("localhost", 9092).await.unwrap();
-                assert_eq!(a.port(), 9092);
-                let e = Conn::connect("127.0.0.1:1".parse().unwrap(), "t", None)
-                    .await
-                    .err()
-                    .unwrap()
-                    .to_string();
-                assert!(e.starts_with("cannot reach broker at 127.0.0.1:1: "), "{e}");
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        sluice_shard::run_unpinned("aio-test", 1 << 20, || async {
+            assert_eq!(
+                resolve("127.0.0.1", 9092).await.unwrap(),
+                "127.0.0.1:9092".parse().unwrap()
+            );
+            let a = resolve("localhost", 9092).await.unwrap();
+            assert_eq!(a.port(), 9092);
+            let e = Conn::connect("127.0.0.1:1".parse().unwrap(), "t", None)
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.starts_with("cannot reach broker at 127.0.0.1:1: "), "{e}");
+        });
     }
 }

@@ -14,7 +14,7 @@ pub mod runtime;
 pub mod table;
 
 pub use mesh::{BoxFuture, Handler, Mesh, MeshBuilders, MeshError, MeshLimits, MeshReceivers};
-pub use runtime::{spawn_shards, RuntimeConfig};
+pub use runtime::{keep_awake, run_unpinned, spawn_shards, RuntimeConfig, WAKE_PERIOD};
 pub use table::ShardTable;
 
 /// Index of a shard (an executor thread), `0..shard_count`.

@@ -826,12 +826,7 @@ mod tests {
     fn run<Fut: std::future::Future<Output = ()> + 'static>(
         f: impl FnOnce() -> Fut + Send + 'static,
     ) {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(4 << 20)
-            .spawn(f)
-            .expect("spawn executor")
-            .join()
-            .expect("executor thread");
+        sluice_shard::run_unpinned("file-test", 4 << 20, f);
     }
 
     fn tempdir() -> tempfile::TempDir {

@@ -5,23 +5,18 @@ use std::future::Future;
 use std::path::Path;
 use std::rc::Rc;
 
-use glommio::{LocalExecutorBuilder, Placement};
 use sluice_storage::batch::build;
 use sluice_storage::{Clock, LogConfig, ManualClock, Storage, StorageLimits, SystemClock};
 
-/// Runs `f` on a fresh glommio executor thread and returns its output.
+/// Runs `f` on a fresh glommio executor thread (as every executor of the project: see
+/// `sluice_shard::keep_awake`) and returns its output.
 pub fn run<F, Fut, T>(f: F) -> T
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = T> + 'static,
     T: Send + 'static,
 {
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .io_memory(8 << 20)
-        .spawn(f)
-        .expect("spawn executor")
-        .join()
-        .expect("executor thread")
+    sluice_shard::run_unpinned("storage-test", 8 << 20, f)
 }
 
 /// A temp dir on the real disk (not tmpfs), so O_DIRECT paths are exercised.

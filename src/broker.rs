@@ -212,6 +212,20 @@ impl Broker {
             .map(C::from_response)
     }
 
+    /// [`Self::call`]; `sent` runs once the call has its place in `shard`'s order
+    /// (`sluice_shard::Mesh::call_then`).
+    pub async fn call_then<C: ShardCall>(
+        &self,
+        shard: ShardId,
+        call: C,
+        sent: impl FnOnce(),
+    ) -> Result<C::Reply, sluice_shard::MeshError> {
+        self.mesh
+            .call_then(shard, call.into_request(), sent)
+            .await
+            .map(C::from_response)
+    }
+
     /// OffsetForLeaderEpoch on this shard's partitions.
     pub fn epoch_end_local(
         &self,
@@ -240,6 +254,20 @@ impl Broker {
         make: impl Fn(Vec<T>) -> C,
         on_error: impl Fn(&sluice_shard::MeshError) -> R,
     ) -> Vec<R> {
+        self.fan_out_then(items, make, on_error, || {}).await
+    }
+
+    /// [`Self::fan_out`]; `issued` runs once every shard's message has its place in
+    /// that shard's order ([`Self::call_then`]), long before the replies come: a
+    /// produce request then lets the next one of its connection go
+    /// ([`crate::util::Sequencer`]).
+    pub async fn fan_out_then<T, R, C: ShardCall<Reply = Vec<R>>>(
+        &self,
+        items: Vec<(ShardId, T)>,
+        make: impl Fn(Vec<T>) -> C,
+        on_error: impl Fn(&sluice_shard::MeshError) -> R,
+        issued: impl FnOnce(),
+    ) -> Vec<R> {
         let n = items.len();
         let mut groups: BTreeMap<ShardId, (Vec<usize>, Vec<T>)> = BTreeMap::new();
         for (i, (shard, item)) in items.into_iter().enumerate() {
@@ -247,11 +275,26 @@ impl Broker {
             g.0.push(i);
             g.1.push(item);
         }
+        let unsent = Cell::new(groups.len());
+        let issued = Cell::new(Some(issued));
         let mut order = Vec::with_capacity(groups.len());
         let mut calls = Vec::with_capacity(groups.len());
+        let one_sent = || {
+            unsent.set(unsent.get() - 1);
+            if unsent.get() == 0 {
+                if let Some(f) = issued.take() {
+                    f();
+                }
+            }
+        };
+        if groups.is_empty() {
+            if let Some(f) = issued.take() {
+                f();
+            }
+        }
         for (shard, (idx, its)) in groups {
             order.push(idx);
-            calls.push(self.call(shard, make(its)));
+            calls.push(self.call_then(shard, make(its), one_sent));
         }
         let replies = join_all(calls).await;
         let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
@@ -1373,9 +1416,13 @@ impl Broker {
 }
 
 /// How long a batch whose producer sequence is ahead of the partition's waits for the
-/// batches before it. Requests of one connection run concurrently here (Kafka handles
-/// them one at a time), so a producer's next batch can reach the partition just before
-/// the one it follows: it waits for it rather than failing the producer.
+/// batches before it. A connection's produce requests issue their appends in request
+/// order (`crate::util::Sequencer`), as Kafka's one-request-at-a-time handling does,
+/// but a producer's next batch can still reach the partition just before the one it
+/// follows: one sent on a new connection while the old connection's request is still in
+/// flight, or one whose request overtook its predecessor on the owning shard (a yield
+/// while recompressing for the topic's `compression.type`). It waits for it rather
+/// than failing the producer.
 const SEQUENCE_GAP_WAIT: Duration = Duration::from_secs(5);
 
 /// Appends one batch of a produce request through the partition's producer state: a

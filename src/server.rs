@@ -14,7 +14,10 @@
 //! failed `dup` reset the client's connection).
 //!
 //! So requests pipeline (handlers run concurrently) while responses leave in request
-//! order. The queue is bounded (`connection_inflight_max`): when it is full the reader
+//! order. Produce requests also issue their appends in request order, as Kafka's
+//! one-request-at-a-time handling does: each takes a turn of the connection's
+//! [`Sequencer`] when read, and lets the next one issue its appends once its own are
+//! queued on their shards (not once they are done). The queue is bounded (`connection_inflight_max`): when it is full the reader
 //! stops reading and TCP pushes back on the client. A frame that cannot be decoded
 //! closes this connection only.
 
@@ -30,10 +33,12 @@ use glommio::channels::local_channel;
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::{Semaphore, StaticPermit};
 use glommio::Task;
+use kafka_protocol::messages::ApiKey;
 
 use crate::api::{self, Outcome};
 use crate::broker::Broker;
 use crate::metrics::ShardMetrics;
+use crate::util::Sequencer;
 
 pub use crate::util::bind;
 
@@ -162,6 +167,7 @@ async fn read_requests(
 ) -> Result<(), ConnError> {
     let max = broker.config.socket_request_max_bytes;
     let conn_bytes = Rc::new(Semaphore::new(broker.limits.connection_request_bytes_max));
+    let produce_order = Sequencer::default();
     loop {
         let mut size_buf = [0u8; 4];
         match reader.read_exact(&mut size_buf).await {
@@ -193,14 +199,17 @@ async fn read_requests(
         reader.read_exact(&mut frame).await?;
         ShardMetrics::add(&broker.shard_metrics().bytes_in, size as u64 + 4);
         let parsed = api::parse(frame.freeze())?;
+        let api_key = match &parsed {
+            api::Parsed::Request(r) => r.api_key as i16,
+            api::Parsed::Unsupported { api_key, .. } => *api_key,
+        };
+        // A produce request takes its turn now, in request order (see `Sequencer`).
+        let turn = matches!(&parsed, api::Parsed::Request(r) if r.api_key == ApiKey::Produce)
+            .then(|| produce_order.turn());
         let b = broker.clone();
         let task = glommio::spawn_local(async move {
-            let api_key = match &parsed {
-                api::Parsed::Request(r) => r.api_key as i16,
-                api::Parsed::Unsupported { api_key, .. } => *api_key,
-            };
             let started = std::time::Instant::now();
-            let out = api::handle(&b, parsed, peer).await;
+            let out = api::handle(&b, parsed, peer, turn).await;
             b.shard_metrics().request(api_key, started.elapsed());
             (out, permits)
         });

@@ -184,6 +184,91 @@ pub async fn wait_any(conditions: Vec<Condition<'_>>, timeout: std::time::Durati
     .await
 }
 
+/// Keeps one connection's produce requests issuing their appends in request order,
+/// as Kafka does by handling a connection's requests one at a time, while their
+/// handlers still run concurrently and wait for their acks concurrently.
+///
+/// The connection takes a [`Turn`] for each produce request as it reads it (so turns
+/// follow request order). A handler does what it likes before issuing its appends
+/// (auto-create a topic, resolve partitions), then [`Turn::wait`]s until every earlier
+/// turn is released, issues its appends and releases its turn ([`Turn::release`], or by
+/// dropping it: a request that fails early or is cancelled with its connection
+/// releases too). A turn released before the ones ahead of it lets nobody through
+/// until they are released as well. Single-threaded (one connection lives on one shard).
+#[derive(Default)]
+pub struct Sequencer {
+    state: std::rc::Rc<std::cell::RefCell<SequencerState>>,
+}
+
+/// The turns not yet passed, oldest first (`first` is the ticket of `turns[0]`).
+/// Bounded by the connection's in-flight limit.
+#[derive(Default)]
+struct SequencerState {
+    first: u64,
+    turns: std::collections::VecDeque<TurnSlot>,
+}
+
+#[derive(Default)]
+struct TurnSlot {
+    released: bool,
+    waiter: Option<Waker>,
+}
+
+impl Sequencer {
+    /// The next turn, behind every turn taken before.
+    pub fn turn(&self) -> Turn {
+        let mut st = self.state.borrow_mut();
+        let ticket = st.first + st.turns.len() as u64;
+        st.turns.push_back(TurnSlot::default());
+        Turn {
+            state: self.state.clone(),
+            ticket,
+        }
+    }
+}
+
+/// One request's place in its connection's [`Sequencer`]; released when dropped.
+pub struct Turn {
+    state: std::rc::Rc<std::cell::RefCell<SequencerState>>,
+    ticket: u64,
+}
+
+impl Turn {
+    /// Waits until every earlier turn of the connection has been released.
+    pub async fn wait(&self) {
+        std::future::poll_fn(|cx| {
+            let mut st = self.state.borrow_mut();
+            if st.first == self.ticket {
+                return Poll::Ready(());
+            }
+            let i = (self.ticket - st.first) as usize;
+            st.turns[i].waiter = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Lets the next turn go (once the turns before this one are released too).
+    pub fn release(self) {}
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut st = self.state.borrow_mut();
+        let i = (self.ticket - st.first) as usize;
+        st.turns[i].released = true;
+        while st.turns.front().is_some_and(|t| t.released) {
+            st.turns.pop_front();
+            st.first += 1;
+        }
+        let next = st.turns.front_mut().and_then(|t| t.waiter.take());
+        drop(st);
+        if let Some(w) = next {
+            w.wake();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +315,69 @@ mod tests {
             "all started by the first poll"
         );
         assert_eq!(out, (0..10).collect::<Vec<_>>());
+    }
+
+    /// Request N waits before issuing its append (as an auto-create or a full mesh
+    /// channel makes it) while request N+1 of the same connection is ready: N+1's
+    /// append still comes second. Without the turns N+1 would append first.
+    #[test]
+    fn a_waiting_request_keeps_its_place_ahead_of_the_next() {
+        let seq = Sequencer::default();
+        let log = std::cell::RefCell::new(Vec::new());
+        let gate = event_listener::Event::new();
+        let (first, second) = (seq.turn(), seq.turn());
+        let (log, gate) = (&log, &gate);
+        let held = gate.listen();
+        let n = async move {
+            first.wait().await;
+            held.await;
+            log.borrow_mut().push("N");
+            first.release();
+        };
+        let n1 = async move {
+            second.wait().await;
+            log.borrow_mut().push("N+1");
+            second.release();
+        };
+        let driver = async move {
+            // Give N+1 every chance to overtake before N may go on.
+            for _ in 0..3 {
+                YieldOnce(false).await;
+            }
+            assert!(
+                log.borrow().is_empty(),
+                "request N+1 appended while request N waited"
+            );
+            gate.notify(1);
+        };
+        futures_lite::future::block_on(futures_lite::future::zip(
+            futures_lite::future::zip(n, n1),
+            driver,
+        ));
+        assert_eq!(*log.borrow(), ["N", "N+1"]);
+    }
+
+    /// A turn released early (a request that failed before appending) lets nobody past
+    /// the turns still ahead of it; releasing those lets the next one through.
+    #[test]
+    fn a_turn_waits_for_every_earlier_turn() {
+        use futures_lite::future::{block_on, poll_once};
+        let seq = Sequencer::default();
+        let (a, b, c) = (seq.turn(), seq.turn(), seq.turn());
+        block_on(async {
+            assert!(poll_once(a.wait()).await.is_some(), "the first turn goes");
+            assert!(poll_once(c.wait()).await.is_none());
+            drop(b);
+            assert!(poll_once(c.wait()).await.is_none(), "a is not released yet");
+            a.release();
+            assert!(poll_once(c.wait()).await.is_some());
+            c.release();
+            let d = seq.turn();
+            assert!(
+                poll_once(d.wait()).await.is_some(),
+                "nothing left ahead of d"
+            );
+        });
     }
 
     #[test]

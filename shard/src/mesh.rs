@@ -254,15 +254,41 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
     /// Sends `req` to shard `to` and waits for its reply. A call to this shard itself
     /// runs the handler in place.
     pub async fn call(&self, to: ShardId, req: Req) -> Result<Resp, MeshError> {
+        self.call_then(to, req, || {}).await
+    }
+
+    /// Like [`Self::call`]; `sent` runs once the request has its place in the order
+    /// `to` starts requests in: for another shard once it is in the channel (FIFO per
+    /// shard pair, whose receiver starts handlers in arrival order), for this shard
+    /// once the handler has been polled the first time (it ran up to its first wait).
+    /// It also runs if the send fails; it is dropped, not run, if this future is.
+    pub async fn call_then(
+        &self,
+        to: ShardId,
+        req: Req,
+        sent: impl FnOnce(),
+    ) -> Result<Resp, MeshError> {
         if to == self.id {
             let handler = self
                 .handler
                 .get()
                 .expect("serve installs the handler")
                 .clone();
-            return Ok(handler(self.id, req).await);
+            let mut running = handler(self.id, req);
+            let mut sent = Some(sent);
+            return Ok(std::future::poll_fn(|cx| {
+                let polled = running.as_mut().poll(cx);
+                if let Some(f) = sent.take() {
+                    f();
+                }
+                polled
+            })
+            .await);
         }
-        let requests = self.requests.as_ref().ok_or(MeshError::Closed(to))?;
+        let Some(requests) = self.requests.as_ref() else {
+            sent();
+            return Err(MeshError::Closed(to));
+        };
         let correlation = self.next_correlation.get();
         self.next_correlation.set(correlation + 1);
         let (tx, rx) = local_channel::new_bounded(1);
@@ -275,11 +301,9 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
             }
         }
         let _forget = Forget(&self.pending, correlation);
-        if requests
-            .send_to(to.0, Envelope { correlation, req })
-            .await
-            .is_err()
-        {
+        let queued = requests.send_to(to.0, Envelope { correlation, req }).await;
+        sent();
+        if queued.is_err() {
             return Err(MeshError::Closed(to));
         }
         rx.recv().await.ok_or(MeshError::NoReply(to))

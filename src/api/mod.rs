@@ -66,11 +66,13 @@ pub enum Outcome {
     Close,
 }
 
-/// Handles one parsed request from a client at `peer` (when known).
+/// Handles one parsed request from a client at `peer` (when known). `turn`: a produce
+/// request's place in its connection's order of appends ([`produce::handle`]).
 pub async fn handle(
     broker: &Rc<Broker>,
     parsed: Parsed,
     peer: Option<std::net::IpAddr>,
+    turn: Option<crate::util::Turn>,
 ) -> Outcome {
     let req = match parsed {
         Parsed::Unsupported {
@@ -103,7 +105,7 @@ pub async fn handle(
         RequestKind::Metadata(r) => {
             ResponseKind::Metadata(metadata::handle(broker, version, r).await)
         }
-        RequestKind::Produce(r) => match produce::handle(broker, version, r).await {
+        RequestKind::Produce(r) => match produce::handle(broker, version, r, turn).await {
             Some(resp) => ResponseKind::Produce(resp),
             None => return Outcome::Silent,
         },

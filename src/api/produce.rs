@@ -31,6 +31,7 @@ use crate::broker::Broker;
 use crate::error::{self, ApiError};
 use crate::rpc::{Appended, Produce, ProduceItem};
 use crate::topic_config::validate_topic_name;
+use crate::util::Turn;
 use sluice_storage::codec::Codec;
 use sluice_storage::message_set::{self, MessageSetError};
 use sluice_storage::{batch, BatchHeader};
@@ -72,11 +73,15 @@ fn partition_response(
     }
 }
 
-/// Returns `None` for acks=0 (no response is sent).
+/// Returns `None` for acks=0 (no response is sent). `turn`: the request's place among
+/// its connection's produce requests; its appends are issued only after those of the
+/// requests before it (see [`crate::util::Sequencer`]), and the next request's only
+/// after its own (released on every path, early errors included, by dropping it).
 pub async fn handle(
     broker: &Rc<Broker>,
     version: i16,
     req: ProduceRequest,
+    turn: Option<Turn>,
 ) -> Option<ProduceResponse> {
     let acks = req.acks;
     let transactional_id = req
@@ -146,8 +151,15 @@ pub async fn handle(
         }
         shape.push((name, parts));
     }
+    // Kafka handles a connection's requests one at a time: the appends of the requests
+    // before this one have their places in their partitions' order first (this one may
+    // have overtaken them while they auto-created a topic or waited for a full mesh
+    // channel). Only the issuing is ordered: the replies are awaited concurrently.
+    if let Some(t) = &turn {
+        t.wait().await;
+    }
     let results = broker
-        .fan_out(
+        .fan_out_then(
             jobs,
             |items| Produce {
                 acks,
@@ -155,6 +167,7 @@ pub async fn handle(
                 items,
             },
             |e| Err(error::from_mesh(e)),
+            move || drop(turn),
         )
         .await;
     if acks == 0 {

@@ -1,8 +1,10 @@
 """Tier: black-box over raw sockets. Requests on one connection pipeline; responses
 leave in request order even when a later request finishes first."""
 import struct
+import uuid
 
-from kafka_wire import Conn, fetch_v4, frame, header, parse_fetch_v4, parse_produce_v3, produce_v3, record_batch
+from kafka_wire import (Conn, fetch_v4, frame, header, parse_fetch_v4, parse_produce_v3, produce_v3, record_batch,
+                        string)
 
 
 def test_responses_keep_request_order(broker):
@@ -54,4 +56,36 @@ def test_acks_zero_gets_no_response(broker):
     c.send(produce_v3("quiet", 0, record_batch([b"b"]), acks=1, corr=3))
     corr, body = c.recv()
     assert corr == 3 and parse_produce_v3(body)[0][2:] == (0, 1), "the acks=0 record was stored at offset 0"
+    c.close()
+
+
+def produce_v3_topics(topics, acks=-1, corr=1, timeout_ms=10000):
+    """A Produce v3 request to partition 0 of each (topic, records)."""
+    body = header(0, 3, corr) + string(None) + struct.pack(">hi", acks, timeout_ms)
+    body += struct.pack(">i", len(topics))
+    for topic, records in topics:
+        body += string(topic) + struct.pack(">iii", 1, 0, len(records)) + records
+    return frame(body)
+
+
+def test_waiting_produce_is_not_overtaken_by_the_next(broker):
+    """A plain (non-idempotent) producer pipelining on one connection: a request that
+    must wait before appending (it auto-creates a topic) still appends to the partition
+    it shares with the next request first."""
+    c = Conn(broker.addr, timeout=30)
+    c.send(produce_v3("shared", 0, record_batch([b"first"]), corr=1))
+    assert parse_produce_v3(c.recv()[1])[0][2:] == (0, 0)
+    for round in range(3):
+        fresh = "fresh-" + uuid.uuid4().hex[:8]
+        c.send(produce_v3_topics([("shared", record_batch([b"slow%d" % round])), (fresh, record_batch([b"f"]))],
+                                 corr=10 + 2 * round)
+               + produce_v3("shared", 0, record_batch([b"quick%d" % round]), corr=11 + 2 * round))
+        corr, body = c.recv()
+        slow = dict(((t, p), (err, base)) for t, p, err, base in parse_produce_v3(body))
+        assert corr == 10 + 2 * round and slow[(fresh, 0)][0] == 0, slow
+        corr, body = c.recv()
+        [(_, _, err, quick)] = parse_produce_v3(body)
+        assert corr == 11 + 2 * round and err == 0
+        assert slow[("shared", 0)] == (0, 1 + 2 * round), "the waiting request kept its place"
+        assert quick == 2 + 2 * round
     c.close()

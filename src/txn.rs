@@ -26,8 +26,9 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
 use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
-    InitArgs, ListFilter, MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, Token,
-    TxnConfig, TxnCoordinator, TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
+    AddOffsetsToken, AddPartitionsToken, EndToken, InitArgs, InitToken, ListFilter, MarkerResult,
+    MarkerWrite, ProducerIdAndEpoch, ProducerIds, TxnConfig, TxnCoordinator, TxnEffects, TxnReply,
+    Verified, TXN_STATE_TOPIC,
 };
 
 use crate::broker::{Broker, PartitionEvents};
@@ -96,8 +97,13 @@ pub struct TxnShell {
     loaded: RefCell<HashSet<i32>>,
     load_lock: Semaphore,
     append_lock: Semaphore,
-    pending: RefCell<HashMap<Token, LocalSender<TxnReply>>>,
-    next_token: Cell<Token>,
+    /// Requests waiting for their deferred answer, one map per call kind keyed by that
+    /// kind's token type, so each waiter can only receive its own call's answer.
+    pending_inits: RefCell<Waiters<InitToken, ProducerIdAndEpoch>>,
+    pending_adds: RefCell<Waiters<AddPartitionsToken, ()>>,
+    pending_offsets: RefCell<Waiters<AddOffsetsToken, ()>>,
+    pending_ends: RefCell<Waiters<EndToken, ProducerIdAndEpoch>>,
+    next_token: Cell<u64>,
     /// Marker rounds being written, so a tick does not start the same one twice.
     markers_in_flight: RefCell<HashSet<(u64, String, i32)>>,
     broker: Weak<Broker>,
@@ -133,7 +139,10 @@ impl TxnShell {
             loaded: RefCell::new(HashSet::new()),
             load_lock: Semaphore::new(1),
             append_lock: Semaphore::new(1),
-            pending: RefCell::new(HashMap::new()),
+            pending_inits: RefCell::new(HashMap::new()),
+            pending_adds: RefCell::new(HashMap::new()),
+            pending_offsets: RefCell::new(HashMap::new()),
+            pending_ends: RefCell::new(HashMap::new()),
             next_token: Cell::new(1),
             markers_in_flight: RefCell::new(HashSet::new()),
             broker: Rc::downgrade(broker),
@@ -183,7 +192,8 @@ impl TxnShell {
         // A fresh id for the coordinator to hand out if it needs one (new id, fencing
         // with an exhausted epoch).
         let fresh = b.control(rpc::AllocateProducerId).await.and_then(|r| r)?;
-        let (token, rx) = self.waiter();
+        let token = InitToken(self.new_token());
+        let rx = waiter(&self.pending_inits, token);
         let mut fx = TxnEffects::default();
         self.coord.borrow_mut().init_producer_id(
             token,
@@ -193,52 +203,43 @@ impl TxnShell {
             &mut fx,
         );
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            TxnReply::InitProducerId(r) => r.map_err(ApiError::new),
-            other => Err(mismatch(other)),
-        }
+        wait(rx).await
     }
 
     pub async fn add_partitions(&self, b: &Broker, c: rpc::TxnAdd) -> Result<(), ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let (token, rx) = self.waiter();
+        let token = AddPartitionsToken(self.new_token());
+        let rx = waiter(&self.pending_adds, token);
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .add_partitions(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            TxnReply::AddPartitions(r) => r.map_err(ApiError::new),
-            other => Err(mismatch(other)),
-        }
+        wait(rx).await
     }
 
     pub async fn add_offsets(&self, b: &Broker, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let (token, rx) = self.waiter();
+        let token = AddOffsetsToken(self.new_token());
+        let rx = waiter(&self.pending_offsets, token);
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .add_offsets(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            TxnReply::AddOffsets(r) => r.map_err(ApiError::new),
-            other => Err(mismatch(other)),
-        }
+        wait(rx).await
     }
 
     pub async fn end(&self, b: &Broker, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let (token, rx) = self.waiter();
+        let token = EndToken(self.new_token());
+        let rx = waiter(&self.pending_ends, token);
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .end_txn(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        match wait(rx).await? {
-            TxnReply::EndTxn(r) => r.map_err(ApiError::new),
-            other => Err(mismatch(other)),
-        }
+        wait(rx).await
     }
 
     pub async fn verify(&self, b: &Broker, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
@@ -296,40 +297,61 @@ impl TxnShell {
     }
 }
 
-fn mismatch(r: TxnReply) -> ApiError {
-    // The coordinator answers each token with the reply of the call that made it.
-    ApiError::with(
-        ResponseError::UnknownServerError,
-        format!("transaction coordinator answered with {r:?}"),
-    )
+/// Requests waiting for a deferred answer of one call kind: where to send it.
+type Waiters<K, T> = HashMap<K, LocalSender<Result<T, ResponseError>>>;
+
+/// Registers a waiter for `token`'s answer.
+fn waiter<K: std::hash::Hash + Eq + Copy + std::fmt::Debug, T>(
+    pending: &RefCell<Waiters<K, T>>,
+    token: K,
+) -> local_channel::LocalReceiver<Result<T, ResponseError>> {
+    let (tx, rx) = local_channel::new_bounded(1);
+    let old = pending.borrow_mut().insert(token, tx);
+    assert!(
+        old.is_none(),
+        "transaction waiter token {token:?} reused: tokens only grow"
+    );
+    rx
 }
 
-async fn wait(rx: local_channel::LocalReceiver<TxnReply>) -> Result<TxnReply, ApiError> {
+/// Sends a deferred answer to its waiter, if it still waits.
+fn deliver<K: std::hash::Hash + Eq, T>(
+    pending: &RefCell<Waiters<K, T>>,
+    token: &K,
+    reply: Result<T, ResponseError>,
+) {
+    if let Some(tx) = pending.borrow_mut().remove(token) {
+        // The requester may be gone (connection closed): nothing to do.
+        let _ = tx.try_send(reply);
+    }
+}
+
+async fn wait<T>(
+    rx: local_channel::LocalReceiver<Result<T, ResponseError>>,
+) -> Result<T, ApiError> {
     match rx.recv().await {
-        Some(r) => Ok(r),
+        Some(r) => r.map_err(ApiError::new),
         // The partition moved away while the request waited.
         None => Err(ApiError::new(ResponseError::NotCoordinator)),
     }
 }
 
 impl TxnShell {
-    fn waiter(&self) -> (Token, local_channel::LocalReceiver<TxnReply>) {
+    /// A token number never used before on this shard (tokens only grow).
+    fn new_token(&self) -> u64 {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
-        let (tx, rx) = local_channel::new_bounded(1);
-        let old = self.pending.borrow_mut().insert(token, tx);
-        assert!(
-            old.is_none(),
-            "transaction waiter token {token} reused: tokens only grow"
-        );
-        (token, rx)
+        token
     }
 
-    fn deliver(&self, replies: Vec<(Token, TxnReply)>) {
-        for (token, reply) in replies {
-            if let Some(tx) = self.pending.borrow_mut().remove(&token) {
-                // The requester may be gone (connection closed): nothing to do.
-                let _ = tx.try_send(reply);
+    /// Sends each reply to its waiter, in the map of its call kind.
+    fn deliver(&self, replies: Vec<TxnReply>) {
+        for reply in replies {
+            match reply {
+                TxnReply::InitProducerId(t, r) => deliver(&self.pending_inits, &t, r),
+                TxnReply::AddPartitions(t, r) => deliver(&self.pending_adds, &t, r),
+                TxnReply::AddOffsets(t, r) => deliver(&self.pending_offsets, &t, r),
+                TxnReply::EndTxn(t, r) => deliver(&self.pending_ends, &t, r),
             }
         }
     }

@@ -43,8 +43,10 @@
 //!    PrepareCommit/PrepareAbort. Requests for ids of `p` answer
 //!    COORDINATOR_LOAD_IN_PROGRESS meanwhile. Losing leadership:
 //!    [`TxnCoordinator::unload`]`(p)` (waiting requests get NOT_COORDINATOR).
-//! 2. A request: call the operation with a fresh [`Token`]; its answer arrives as a
-//!    [`TxnReply`] in [`TxnEffects::replies`], now or from a later call.
+//! 2. A request: call the operation with a fresh token of its kind ([`InitToken`],
+//!    [`AddPartitionsToken`], [`AddOffsetsToken`], [`EndToken`]); its answer arrives as
+//!    the [`TxnReply`] variant carrying that token in [`TxnEffects::replies`], now or
+//!    from a later call.
 //! 3. After every call, run its effects:
 //!    - each [`TxnAppend`], in order per partition, is appended to
 //!      `__transaction_state-{partition}` (acks=all, uncompressed, only while still the
@@ -72,8 +74,25 @@ use kafka_protocol::error::ResponseError;
 use crate::partition_for;
 use crate::txn_records::{decode_key, encode_key, TxnRecordError, TxnState, TxnValue};
 
-/// Identifies a waiting request in the shell.
-pub type Token = u64;
+/// Identifies a waiting InitProducerId request in the shell. Each call kind has its own
+/// token type, and each [`TxnReply`] variant pairs a token type with that call's answer
+/// type, so the coordinator cannot answer one call with another's reply (the compiler
+/// checks it) and the shell keeps one typed map of waiters per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InitToken(pub u64);
+
+/// Identifies a waiting AddPartitionsToTxn request in the shell (see [`InitToken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddPartitionsToken(pub u64);
+
+/// Identifies a waiting AddOffsetsToTxn request in the shell (see [`InitToken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddOffsetsToken(pub u64);
+
+/// Identifies a waiting EndTxn request in the shell (see [`InitToken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EndToken(pub u64);
+
 /// Identifies one record append the shell must report on.
 pub type AppendId = u64;
 /// Identifies one round of markers of one transaction.
@@ -141,15 +160,15 @@ pub fn epoch_exhausted(epoch: i16) -> bool {
     epoch >= i16::MAX - 1
 }
 
-/// A deferred answer. The API handler maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for
+/// A deferred answer to the waiting request its token names. The API handler maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for
 /// clients too old to know it (InitProducerId < v4, AddPartitionsToTxn,
 /// AddOffsetsToTxn and EndTxn < v2), as Kafka's `KafkaApis` does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnReply {
-    InitProducerId(Result<ProducerIdAndEpoch, ResponseError>),
-    AddPartitions(Result<(), ResponseError>),
-    AddOffsets(Result<(), ResponseError>),
-    EndTxn(Result<ProducerIdAndEpoch, ResponseError>),
+    InitProducerId(InitToken, Result<ProducerIdAndEpoch, ResponseError>),
+    AddPartitions(AddPartitionsToken, Result<(), ResponseError>),
+    AddOffsets(AddOffsetsToken, Result<(), ResponseError>),
+    EndTxn(EndToken, Result<ProducerIdAndEpoch, ResponseError>),
 }
 
 /// One record to append to `__transaction_state-{partition}`; report it with
@@ -195,7 +214,7 @@ pub enum MarkerResult {
 pub struct TxnEffects {
     pub appends: Vec<TxnAppend>,
     pub markers: Vec<MarkerWrite>,
-    pub replies: Vec<(Token, TxnReply)>,
+    pub replies: Vec<TxnReply>,
 }
 
 /// InitProducerId, decoupled from the wire version.
@@ -493,18 +512,35 @@ struct StatePartition {
 #[derive(Debug, Clone, Copy)]
 enum Origin {
     /// EndTxn: answered with the producer id and epoch.
-    Client(Token),
+    Client(EndToken),
     /// InitProducerId found an ongoing transaction: answered CONCURRENT_TRANSACTIONS
     /// once the abort is durable, so the client retries after it completes.
-    InitFence(Token),
+    InitFence(InitToken),
     /// The transaction timed out: nobody waits.
     Timeout,
 }
 
+/// The waiting request of an AddPartitionsToTxn or AddOffsetsToTxn (one transition
+/// serves both); its reply variant follows its token.
+#[derive(Debug, Clone, Copy)]
+enum AddToken {
+    Partitions(AddPartitionsToken),
+    Offsets(AddOffsetsToken),
+}
+
+impl AddToken {
+    fn reply(self, r: Result<(), ResponseError>) -> TxnReply {
+        match self {
+            AddToken::Partitions(t) => TxnReply::AddPartitions(t, r),
+            AddToken::Offsets(t) => TxnReply::AddOffsets(t, r),
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Then {
-    Init(Token),
-    Add { token: Token, offsets: bool },
+    Init(InitToken),
+    Add(AddToken),
     Prepare(Origin),
     Complete,
     Expire,
@@ -705,13 +741,13 @@ impl TxnCoordinator {
     /// record is durable.
     pub fn init_producer_id(
         &mut self,
-        token: Token,
+        token: InitToken,
         now_ms: i64,
         a: InitArgs,
         ids: &mut dyn ProducerIds,
         fx: &mut TxnEffects,
     ) {
-        let reply = |fx: &mut TxnEffects, r| fx.replies.push((token, TxnReply::InitProducerId(r)));
+        let reply = |fx: &mut TxnEffects, r| fx.replies.push(TxnReply::InitProducerId(token, r));
         // KafkaApis: both or neither of the KIP-360 producer id and epoch.
         let expected = match (a.producer_id, a.producer_epoch) {
             (NO_PRODUCER_ID, NO_PRODUCER_EPOCH) => None,
@@ -781,13 +817,18 @@ impl TxnCoordinator {
     // ------------------------------------------------------- AddPartitionsToTxn
 
     /// AddPartitionsToTxn (v0–v3, and v4+ transactions that are not verify-only).
-    pub fn add_partitions(&mut self, token: Token, now_ms: i64, a: AddArgs, fx: &mut TxnEffects) {
+    pub fn add_partitions(
+        &mut self,
+        token: AddPartitionsToken,
+        now_ms: i64,
+        a: AddArgs,
+        fx: &mut TxnEffects,
+    ) {
         self.add(
-            token,
+            AddToken::Partitions(token),
             now_ms,
             (&a.transactional_id, a.producer_id, a.producer_epoch),
             a.partitions,
-            false,
             fx,
         )
     }
@@ -795,39 +836,30 @@ impl TxnCoordinator {
     /// AddOffsetsToTxn: adds the group's `__consumer_offsets` partition.
     pub fn add_offsets(
         &mut self,
-        token: Token,
+        token: AddOffsetsToken,
         now_ms: i64,
         a: AddOffsetsArgs,
         fx: &mut TxnEffects,
     ) {
         let p = partition_for(&a.group_id, self.config.offsets_partitions);
         self.add(
-            token,
+            AddToken::Offsets(token),
             now_ms,
             (&a.transactional_id, a.producer_id, a.producer_epoch),
             vec![(OFFSETS_TOPIC.to_string(), p)],
-            true,
             fx,
         )
     }
 
     fn add(
         &mut self,
-        token: Token,
+        token: AddToken,
         now_ms: i64,
         (txn_id, producer_id, epoch): (&str, i64, i16),
         partitions: Vec<TopicPartition>,
-        offsets: bool,
         fx: &mut TxnEffects,
     ) {
-        let reply = |fx: &mut TxnEffects, r| {
-            let r = if offsets {
-                TxnReply::AddOffsets(r)
-            } else {
-                TxnReply::AddPartitions(r)
-            };
-            fx.replies.push((token, r))
-        };
+        let reply = |fx: &mut TxnEffects, r| fx.replies.push(token.reply(r));
         if txn_id.is_empty() {
             return reply(fx, Err(ResponseError::InvalidRequest));
         }
@@ -870,7 +902,7 @@ impl TxnCoordinator {
         target.state = TxnState::Ongoing;
         target.partitions.extend(added);
         target.last_update_ms = now_ms;
-        let then = Then::Add { token, offsets };
+        let then = Then::Add(token);
         self.out
             .append(partition, version, meta, Some(target), then, fx);
     }
@@ -925,8 +957,8 @@ impl TxnCoordinator {
 
     /// EndTxn. The answer comes once PrepareCommit/PrepareAbort is durable (the markers
     /// follow), or at once.
-    pub fn end_txn(&mut self, token: Token, now_ms: i64, a: EndArgs, fx: &mut TxnEffects) {
-        let reply = |fx: &mut TxnEffects, r| fx.replies.push((token, TxnReply::EndTxn(r)));
+    pub fn end_txn(&mut self, token: EndToken, now_ms: i64, a: EndArgs, fx: &mut TxnEffects) {
+        let reply = |fx: &mut TxnEffects, r| fx.replies.push(TxnReply::EndTxn(token, r));
         if a.transactional_id.is_empty() {
             return reply(fx, Err(ResponseError::InvalidRequest));
         }
@@ -1054,21 +1086,14 @@ impl TxnCoordinator {
             epoch: meta.cur.epoch,
         };
         match f.then {
-            Then::Init(token) => fx.replies.push((token, TxnReply::InitProducerId(Ok(done)))),
-            Then::Add { token, offsets } => {
-                let r = if offsets {
-                    TxnReply::AddOffsets(Ok(()))
-                } else {
-                    TxnReply::AddPartitions(Ok(()))
-                };
-                fx.replies.push((token, r))
-            }
+            Then::Init(token) => fx.replies.push(TxnReply::InitProducerId(token, Ok(done))),
+            Then::Add(token) => fx.replies.push(token.reply(Ok(()))),
             Then::Prepare(origin) => {
                 match origin {
-                    Origin::Client(token) => fx.replies.push((token, TxnReply::EndTxn(Ok(done)))),
-                    Origin::InitFence(token) => fx.replies.push((
+                    Origin::Client(token) => fx.replies.push(TxnReply::EndTxn(token, Ok(done))),
+                    Origin::InitFence(token) => fx.replies.push(TxnReply::InitProducerId(
                         token,
-                        TxnReply::InitProducerId(Err(ResponseError::ConcurrentTransactions)),
+                        Err(ResponseError::ConcurrentTransactions),
                     )),
                     Origin::Timeout => {}
                 }
@@ -1089,23 +1114,13 @@ impl TxnCoordinator {
         let meta = part.txns.get_mut(&f.txn_id).expect("checked");
         let provisional = meta.provisional;
         match f.then {
-            Then::Init(token) => fx
-                .replies
-                .push((token, TxnReply::InitProducerId(Err(code)))),
-            Then::Add { token, offsets } => {
-                let r = if offsets {
-                    TxnReply::AddOffsets(Err(code))
-                } else {
-                    TxnReply::AddPartitions(Err(code))
-                };
-                fx.replies.push((token, r))
+            Then::Init(token) | Then::Prepare(Origin::InitFence(token)) => {
+                fx.replies.push(TxnReply::InitProducerId(token, Err(code)))
             }
+            Then::Add(token) => fx.replies.push(token.reply(Err(code))),
             Then::Prepare(Origin::Client(token)) => {
-                fx.replies.push((token, TxnReply::EndTxn(Err(code))))
+                fx.replies.push(TxnReply::EndTxn(token, Err(code)))
             }
-            Then::Prepare(Origin::InitFence(token)) => fx
-                .replies
-                .push((token, TxnReply::InitProducerId(Err(code)))),
             // The next abort check tries again.
             Then::Prepare(Origin::Timeout) => {}
             // Kafka retries the completion; so does the next tick.
@@ -1370,17 +1385,10 @@ impl TxnCoordinator {
             let nc = ResponseError::NotCoordinator;
             let r = match f.then {
                 Then::Init(t) | Then::Prepare(Origin::InitFence(t)) => {
-                    Some((t, TxnReply::InitProducerId(Err(nc))))
+                    Some(TxnReply::InitProducerId(t, Err(nc)))
                 }
-                Then::Add {
-                    token,
-                    offsets: false,
-                } => Some((token, TxnReply::AddPartitions(Err(nc)))),
-                Then::Add {
-                    token,
-                    offsets: true,
-                } => Some((token, TxnReply::AddOffsets(Err(nc)))),
-                Then::Prepare(Origin::Client(t)) => Some((t, TxnReply::EndTxn(Err(nc)))),
+                Then::Add(t) => Some(t.reply(Err(nc))),
+                Then::Prepare(Origin::Client(t)) => Some(TxnReply::EndTxn(t, Err(nc))),
                 Then::Prepare(Origin::Timeout) | Then::Complete | Then::Expire => None,
             };
             fx.replies.extend(r);

@@ -214,13 +214,14 @@ struct H {
     c: TxnCoordinator,
     ids: Ids,
     now: i64,
-    token: Token,
+    /// The last token number handed out.
+    token: u64,
     log: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// Appends not yet reported (when `auto_append` is off).
     held: Vec<TxnAppend>,
     auto_append: bool,
     markers: Vec<MarkerWrite>,
-    replies: Vec<(Token, TxnReply)>,
+    replies: Vec<TxnReply>,
 }
 
 fn config() -> TxnConfig {
@@ -271,18 +272,52 @@ impl H {
         }
     }
 
-    fn reply(&mut self, token: Token) -> Option<TxnReply> {
-        let i = self.replies.iter().position(|(t, _)| *t == token)?;
-        Some(self.replies.remove(i).1)
+    /// Removes the first reply `pick` accepts and returns its answer.
+    fn take<R>(&mut self, pick: impl Fn(&TxnReply) -> Option<R>) -> Option<R> {
+        let i = self.replies.iter().position(|r| pick(r).is_some())?;
+        pick(&self.replies.remove(i))
     }
 
-    fn next_token(&mut self) -> Token {
+    fn init_reply(&mut self, t: InitToken) -> Option<Result<ProducerIdAndEpoch, E>> {
+        self.take(|r| match r {
+            TxnReply::InitProducerId(x, a) if *x == t => Some(*a),
+            _ => None,
+        })
+    }
+
+    fn add_reply(&mut self, t: AddPartitionsToken) -> Option<Result<(), E>> {
+        self.take(|r| match r {
+            TxnReply::AddPartitions(x, a) if *x == t => Some(*a),
+            _ => None,
+        })
+    }
+
+    fn offsets_reply(&mut self, t: AddOffsetsToken) -> Option<Result<(), E>> {
+        self.take(|r| match r {
+            TxnReply::AddOffsets(x, a) if *x == t => Some(*a),
+            _ => None,
+        })
+    }
+
+    fn end_reply(&mut self, t: EndToken) -> Option<Result<ProducerIdAndEpoch, E>> {
+        self.take(|r| match r {
+            TxnReply::EndTxn(x, a) if *x == t => Some(*a),
+            _ => None,
+        })
+    }
+
+    fn next_token(&mut self) -> u64 {
         self.token += 1;
         self.token
     }
 
-    fn init_with(&mut self, id: &str, timeout: i32, expected: (i64, i16)) -> Option<TxnReply> {
-        let t = self.next_token();
+    fn init_with(
+        &mut self,
+        id: &str,
+        timeout: i32,
+        expected: (i64, i16),
+    ) -> Option<Result<ProducerIdAndEpoch, E>> {
+        let t = InitToken(self.next_token());
         let mut fx = TxnEffects::default();
         let a = InitArgs {
             transactional_id: Some(id.into()),
@@ -293,18 +328,23 @@ impl H {
         self.c
             .init_producer_id(t, self.now, a, &mut self.ids, &mut fx);
         self.run(fx);
-        self.reply(t)
+        self.init_reply(t)
     }
 
     fn init(&mut self, id: &str) -> Result<ProducerIdAndEpoch, E> {
         match self.init_with(id, TIMEOUT, (-1, -1)) {
-            Some(TxnReply::InitProducerId(r)) => r,
-            other => panic!("init answered {other:?}"),
+            Some(r) => r,
+            None => panic!("init not answered"),
         }
     }
 
-    fn add(&mut self, id: &str, p: ProducerIdAndEpoch, tps: &[(&str, i32)]) -> Option<TxnReply> {
-        let t = self.next_token();
+    fn add(
+        &mut self,
+        id: &str,
+        p: ProducerIdAndEpoch,
+        tps: &[(&str, i32)],
+    ) -> Option<Result<(), E>> {
+        let t = AddPartitionsToken(self.next_token());
         let mut fx = TxnEffects::default();
         let a = AddArgs {
             transactional_id: id.into(),
@@ -314,15 +354,20 @@ impl H {
         };
         self.c.add_partitions(t, self.now, a, &mut fx);
         self.run(fx);
-        self.reply(t)
+        self.add_reply(t)
     }
 
     fn add_ok(&mut self, id: &str, p: ProducerIdAndEpoch, tps: &[(&str, i32)]) {
-        assert_eq!(self.add(id, p, tps), Some(TxnReply::AddPartitions(Ok(()))));
+        assert_eq!(self.add(id, p, tps), Some(Ok(())));
     }
 
-    fn end(&mut self, id: &str, p: ProducerIdAndEpoch, commit: bool) -> Option<TxnReply> {
-        let t = self.next_token();
+    fn end(
+        &mut self,
+        id: &str,
+        p: ProducerIdAndEpoch,
+        commit: bool,
+    ) -> Option<Result<ProducerIdAndEpoch, E>> {
+        let t = EndToken(self.next_token());
         let mut fx = TxnEffects::default();
         let a = EndArgs {
             transactional_id: id.into(),
@@ -332,12 +377,12 @@ impl H {
         };
         self.c.end_txn(t, self.now, a, &mut fx);
         self.run(fx);
-        self.reply(t)
+        self.end_reply(t)
     }
 
     fn end_err(&mut self, id: &str, p: ProducerIdAndEpoch, commit: bool) -> E {
         match self.end(id, p, commit) {
-            Some(TxnReply::EndTxn(Err(e))) => e,
+            Some(Err(e)) => e,
             other => panic!("EndTxn answered {other:?}"),
         }
     }
@@ -414,7 +459,7 @@ fn init_of_a_new_id_gives_a_new_producer_at_epoch_0_once_durable() {
     );
     assert_eq!(
         h.init_with("t", TIMEOUT, (-1, -1)),
-        Some(TxnReply::InitProducerId(Err(E::ConcurrentTransactions)))
+        Some(Err(E::ConcurrentTransactions))
     );
     let a = h.held.pop().unwrap();
     assert_eq!((a.partition, a.key.clone()), (0, encode_key("t")));
@@ -430,7 +475,7 @@ fn init_of_a_new_id_gives_a_new_producer_at_epoch_0_once_durable() {
     let mut fx = TxnEffects::default();
     h.c.append_done(a.id, Ok(()), h.now, &mut fx);
     h.run(fx);
-    assert_eq!(h.reply(1), Some(TxnReply::InitProducerId(Ok(pe(1000, 0)))));
+    assert_eq!(h.init_reply(InitToken(1)), Some(Ok(pe(1000, 0))));
     let d = h.c.describe("t").unwrap();
     assert_eq!(
         (d.state, d.producer_id, d.producer_epoch),
@@ -450,7 +495,7 @@ fn init_again_bumps_the_epoch_of_the_same_producer_id() {
 #[test]
 fn init_validates_its_arguments_as_kafka() {
     let mut h = H::new();
-    let r = |x| Some(TxnReply::InitProducerId(Err(x)));
+    let r = |x| Some(Err(x));
     assert_eq!(
         h.init_with("t", 0, (-1, -1)),
         r(E::InvalidTransactionTimeout)
@@ -459,10 +504,7 @@ fn init_validates_its_arguments_as_kafka() {
         h.init_with("t", 900_001, (-1, -1)),
         r(E::InvalidTransactionTimeout)
     );
-    assert_eq!(
-        h.init_with("t", 900_000, (-1, -1)),
-        Some(TxnReply::InitProducerId(Ok(pe(1000, 0))))
-    );
+    assert_eq!(h.init_with("t", 900_000, (-1, -1)), Some(Ok(pe(1000, 0))));
     assert_eq!(h.init_with("", TIMEOUT, (-1, -1)), r(E::InvalidRequest));
     assert_eq!(h.init_with("t", TIMEOUT, (5, -1)), r(E::InvalidRequest));
     assert_eq!(h.init_with("t", TIMEOUT, (-1, 5)), r(E::InvalidRequest));
@@ -475,20 +517,20 @@ fn init_validates_its_arguments_as_kafka() {
         producer_id: -1,
         producer_epoch: -1,
     };
-    h.c.init_producer_id(77, h.now, a.clone(), &mut h.ids, &mut fx);
+    h.c.init_producer_id(InitToken(77), h.now, a.clone(), &mut h.ids, &mut fx);
     assert_eq!(
         fx.replies,
-        vec![(77, TxnReply::InitProducerId(Ok(pe(1001, 0))))]
+        vec![TxnReply::InitProducerId(InitToken(77), Ok(pe(1001, 0)))]
     );
     assert!(fx.appends.is_empty());
     assert_eq!(h.log.len(), before);
     let mut fx = TxnEffects::default();
-    h.c.init_producer_id(78, h.now, a, &mut NoIds, &mut fx);
+    h.c.init_producer_id(InitToken(78), h.now, a, &mut NoIds, &mut fx);
     assert_eq!(
         fx.replies,
-        vec![(
-            78,
-            TxnReply::InitProducerId(Err(E::CoordinatorLoadInProgress))
+        vec![TxnReply::InitProducerId(
+            InitToken(78),
+            Err(E::CoordinatorLoadInProgress)
         )]
     );
 }
@@ -507,9 +549,9 @@ fn ids_of_partitions_not_owned_or_loading_are_refused() {
         producer_id: -1,
         producer_epoch: -1,
     };
-    c.init_producer_id(1, 0, a.clone(), &mut Ids(0), &mut fx);
+    c.init_producer_id(InitToken(1), 0, a.clone(), &mut Ids(0), &mut fx);
     c.begin_load(p, 3, &mut fx);
-    c.init_producer_id(2, 0, a.clone(), &mut Ids(0), &mut fx);
+    c.init_producer_id(InitToken(2), 0, a.clone(), &mut Ids(0), &mut fx);
     assert_eq!(c.describe("t"), Err(E::CoordinatorLoadInProgress));
     assert_eq!(
         c.list(0, &ListFilter::default()),
@@ -520,15 +562,12 @@ fn ids_of_partitions_not_owned_or_loading_are_refused() {
         Err(E::CoordinatorLoadInProgress)
     );
     c.loaded(p, 0, &mut fx);
-    c.init_producer_id(3, 0, a, &mut Ids(0), &mut fx);
+    c.init_producer_id(InitToken(3), 0, a, &mut Ids(0), &mut fx);
     assert_eq!(
         fx.replies,
         vec![
-            (1, TxnReply::InitProducerId(Err(E::NotCoordinator))),
-            (
-                2,
-                TxnReply::InitProducerId(Err(E::CoordinatorLoadInProgress))
-            ),
+            TxnReply::InitProducerId(InitToken(1), Err(E::NotCoordinator)),
+            TxnReply::InitProducerId(InitToken(2), Err(E::CoordinatorLoadInProgress)),
         ]
     );
     assert_eq!(fx.appends.len(), 1, "served once loaded");
@@ -549,7 +588,7 @@ fn commit_writes_prepare_then_markers_then_complete() {
         Some(vec![("a".into(), vec![0]), ("b".into(), vec![1])])
     );
     h.now += 10;
-    assert_eq!(h.end("t", p, true), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
     assert_eq!(h.last_value().state, TxnState::PrepareCommit);
     assert_eq!(h.markers.len(), 1);
     let m = h.markers[0].clone();
@@ -600,7 +639,7 @@ fn commit_writes_prepare_then_markers_then_complete() {
     h.now += 10;
     h.add_ok("t", p, &[("c", 0)]);
     assert_eq!(h.last_value().start_ms, 1_030);
-    assert_eq!(h.end("t", p, false), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, false), Some(Ok(p)));
     assert!(!h.markers[0].commit);
     h.markers_done(MarkerResult::Written);
     assert_eq!(h.state("t"), TxnState::CompleteAbort);
@@ -609,7 +648,7 @@ fn commit_writes_prepare_then_markers_then_complete() {
 #[test]
 fn add_partitions_errors_are_kafkas() {
     let mut h = H::new();
-    let err = |x| Some(TxnReply::AddPartitions(Err(x)));
+    let err = |x| Some(Err(x));
     assert_eq!(
         h.add("nobody", pe(1, 0), &[("a", 0)]),
         err(E::InvalidProducerIdMapping)
@@ -639,7 +678,7 @@ fn add_partitions_errors_are_kafkas() {
     h.auto_append = true;
     h.run(fx);
     // While the markers are written.
-    assert_eq!(h.end("t", p, true), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
     assert_eq!(h.add("t", p, &[("a", 0)]), err(E::ConcurrentTransactions));
     h.markers_done(MarkerResult::Written);
     h.add_ok("t", p, &[("a", 0)]);
@@ -649,7 +688,7 @@ fn add_partitions_errors_are_kafkas() {
 fn add_offsets_adds_the_groups_offsets_partition() {
     let mut h = H::new();
     let p = h.init("t").unwrap();
-    let t = h.next_token();
+    let t = AddOffsetsToken(h.next_token());
     let mut fx = TxnEffects::default();
     let a = AddOffsetsArgs {
         transactional_id: "t".into(),
@@ -659,7 +698,7 @@ fn add_offsets_adds_the_groups_offsets_partition() {
     };
     h.c.add_offsets(t, h.now, a, &mut fx);
     h.run(fx);
-    assert_eq!(h.reply(t), Some(TxnReply::AddOffsets(Ok(()))));
+    assert_eq!(h.offsets_reply(t), Some(Ok(())));
     let d = h.c.describe("t").unwrap();
     assert_eq!(
         d.topics,
@@ -686,20 +725,20 @@ fn end_txn_errors_and_retries_are_kafkas() {
         E::ProducerFenced
     );
     h.add_ok("t", p, &[("a", 0)]);
-    assert_eq!(h.end("t", p, true), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
     // Markers in flight.
     assert_eq!(h.end_err("t", p, true), E::ConcurrentTransactions);
     assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
     h.markers_done(MarkerResult::Written);
     // Completed: a retried commit succeeds, an abort is refused.
-    assert_eq!(h.end("t", p, true), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
     assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
     h.add_ok("t", p, &[("a", 0)]);
-    assert_eq!(h.end("t", p, false), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, false), Some(Ok(p)));
     assert_eq!(h.end_err("t", p, true), E::InvalidTxnState);
     assert_eq!(h.end_err("t", p, false), E::ConcurrentTransactions);
     h.markers_done(MarkerResult::Written);
-    assert_eq!(h.end("t", p, false), Some(TxnReply::EndTxn(Ok(p))));
+    assert_eq!(h.end("t", p, false), Some(Ok(p)));
     assert_eq!(h.end_err("t", p, true), E::InvalidTxnState);
 }
 
@@ -723,10 +762,7 @@ fn init_during_an_ongoing_transaction_fences_it_first() {
     h.markers_done(MarkerResult::Written);
     assert_eq!(h.state("t"), TxnState::CompleteAbort);
     assert_eq!(h.init("t"), Ok(pe(1000, 2)));
-    assert_eq!(
-        h.add("t", old, &[("a", 0)]),
-        Some(TxnReply::AddPartitions(Err(E::ProducerFenced)))
-    );
+    assert_eq!(h.add("t", old, &[("a", 0)]), Some(Err(E::ProducerFenced)));
 }
 
 #[test]
@@ -753,7 +789,7 @@ fn timed_out_transactions_are_aborted_with_a_bumped_epoch() {
     // A KIP-360 client retrying with its fenced epoch is fenced too (the last epoch
     // was forgotten by the fence).
     let r = h.init_with("t", TIMEOUT, (p.producer_id, p.epoch));
-    assert_eq!(r, Some(TxnReply::InitProducerId(Err(E::ProducerFenced))));
+    assert_eq!(r, Some(Err(E::ProducerFenced)));
     assert_eq!(h.init("t"), Ok(pe(1000, 2)));
 }
 
@@ -798,17 +834,13 @@ fn an_exhausted_epoch_rotates_to_a_new_producer_id() {
     // A KIP-360 client at the exhausted epoch: new id, and a retry gets the same answer.
     let r = h.init_with("t", TIMEOUT, (50, i16::MAX - 1));
     let new = match r {
-        Some(TxnReply::InitProducerId(Ok(p))) => p,
+        Some(Ok(p)) => p,
         other => panic!("{other:?}"),
     };
     assert_eq!(new.epoch, 0);
     assert_ne!(new.producer_id, 50);
     let r = h.init_with("t", TIMEOUT, (50, i16::MAX - 1));
-    assert_eq!(
-        r,
-        Some(TxnReply::InitProducerId(Ok(new))),
-        "a retry of the rotation"
-    );
+    assert_eq!(r, Some(Ok(new)), "a retry of the rotation");
     assert_eq!(h.init("t"), Ok(pe(new.producer_id, 1)));
 }
 
@@ -818,15 +850,15 @@ fn kip_360_expected_epochs() {
     let p0 = h.init("t").unwrap();
     // The producer recovers with its current epoch: bumped.
     let r = h.init_with("t", TIMEOUT, (p0.producer_id, p0.epoch));
-    assert_eq!(r, Some(TxnReply::InitProducerId(Ok(pe(1000, 1)))));
+    assert_eq!(r, Some(Ok(pe(1000, 1))));
     // It retries that call (lost answer): the same epoch again.
     let r = h.init_with("t", TIMEOUT, (p0.producer_id, p0.epoch));
-    assert_eq!(r, Some(TxnReply::InitProducerId(Ok(pe(1000, 1)))));
+    assert_eq!(r, Some(Ok(pe(1000, 1))));
     // A stale epoch, or another producer id: fenced.
     let r = h.init_with("t", TIMEOUT, (p0.producer_id, 7));
-    assert_eq!(r, Some(TxnReply::InitProducerId(Err(E::ProducerFenced))));
+    assert_eq!(r, Some(Err(E::ProducerFenced)));
     let r = h.init_with("t", TIMEOUT, (4242, 1));
-    assert_eq!(r, Some(TxnReply::InitProducerId(Err(E::ProducerFenced))));
+    assert_eq!(r, Some(Err(E::ProducerFenced)));
 }
 
 #[test]
@@ -843,8 +875,8 @@ fn a_failed_append_rolls_the_transition_back() {
     assert_eq!(h.init_with("t", TIMEOUT, (-1, -1)), None);
     fail(&mut h, E::NotEnoughReplicas);
     assert_eq!(
-        h.reply(1),
-        Some(TxnReply::InitProducerId(Err(E::CoordinatorNotAvailable)))
+        h.init_reply(InitToken(1)),
+        Some(Err(E::CoordinatorNotAvailable))
     );
     assert_eq!(h.c.describe("t"), Err(E::TransactionalIdNotFound));
     h.auto_append = true;
@@ -852,22 +884,16 @@ fn a_failed_append_rolls_the_transition_back() {
     h.auto_append = false;
     assert_eq!(h.add("t", p, &[("a", 0)]), None);
     fail(&mut h, E::NotLeaderOrFollower);
-    let t = h.token;
-    assert_eq!(
-        h.reply(t),
-        Some(TxnReply::AddPartitions(Err(E::NotCoordinator)))
-    );
+    let t = AddPartitionsToken(h.token);
+    assert_eq!(h.add_reply(t), Some(Err(E::NotCoordinator)));
     assert_eq!(h.state("t"), TxnState::Empty);
     h.auto_append = true;
     h.add_ok("t", p, &[("a", 0)]);
     h.auto_append = false;
     assert_eq!(h.end("t", p, true), None);
     fail(&mut h, E::MessageTooLarge);
-    let t = h.token;
-    assert_eq!(
-        h.reply(t),
-        Some(TxnReply::EndTxn(Err(E::UnknownServerError)))
-    );
+    let t = EndToken(h.token);
+    assert_eq!(h.end_reply(t), Some(Err(E::UnknownServerError)));
     assert_eq!(h.state("t"), TxnState::Ongoing);
     assert!(
         h.markers.is_empty(),
@@ -876,11 +902,8 @@ fn a_failed_append_rolls_the_transition_back() {
     // The fence of an InitProducerId: nothing bumped, the next try bumps once.
     assert_eq!(h.init_with("t", TIMEOUT, (-1, -1)), None);
     fail(&mut h, E::RequestTimedOut);
-    let t = h.token;
-    assert_eq!(
-        h.reply(t),
-        Some(TxnReply::InitProducerId(Err(E::CoordinatorNotAvailable)))
-    );
+    let t = InitToken(h.token);
+    assert_eq!(h.init_reply(t), Some(Err(E::CoordinatorNotAvailable)));
     assert_eq!(h.c.describe("t").unwrap().producer_epoch, 0);
     h.auto_append = true;
     assert_eq!(h.init("t"), Err(E::ConcurrentTransactions));
@@ -1019,7 +1042,7 @@ fn reload_completes_prepared_transactions_and_keeps_ongoing_ones() {
     r.markers_done(MarkerResult::Written);
     assert_eq!(r.state("a"), TxnState::CompleteCommit);
     r.add_ok("b", q, &[("z", 3)]);
-    assert_eq!(r.end("b", q, true), Some(TxnReply::EndTxn(Ok(q))));
+    assert_eq!(r.end("b", q, true), Some(Ok(q)));
 }
 
 #[test]
@@ -1034,7 +1057,7 @@ fn unload_answers_waiting_requests_and_ignores_late_reports() {
     h.c.unload(0, &mut fx);
     assert_eq!(
         fx.replies,
-        vec![(h.token, TxnReply::EndTxn(Err(E::NotCoordinator)))]
+        vec![TxnReply::EndTxn(EndToken(h.token), Err(E::NotCoordinator))]
     );
     let mut fx = TxnEffects::default();
     h.c.append_done(a.id, Ok(()), h.now, &mut fx);

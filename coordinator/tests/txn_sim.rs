@@ -328,7 +328,7 @@ struct Client {
     phase: Phase,
     txn: u64,
     /// (token, sent at)
-    inflight: Option<(Token, i64)>,
+    inflight: Option<(u64, i64)>,
     seq: BTreeMap<i32, i32>,
 }
 
@@ -389,8 +389,9 @@ struct Sim {
     produces: Vec<ProduceMsg>,
     data: Vec<DataPartition>,
     clients: Vec<Client>,
-    tokens: HashMap<Token, usize>,
-    next_token: Token,
+    /// The client waiting on each token number (one number space for every call kind).
+    tokens: HashMap<u64, usize>,
+    next_token: u64,
     ids: Ids,
     next_txn: u64,
     /// Each transaction's fate, from the first marker that ended one of its segments.
@@ -547,7 +548,13 @@ impl Sim {
                 });
             }
         }
-        for (token, reply) in fx.replies {
+        for reply in fx.replies {
+            let token = match &reply {
+                TxnReply::InitProducerId(InitToken(t), _)
+                | TxnReply::AddPartitions(AddPartitionsToken(t), _)
+                | TxnReply::AddOffsets(AddOffsetsToken(t), _)
+                | TxnReply::EndTxn(EndToken(t), _) => *t,
+            };
             if let Some(c) = self.tokens.remove(&token) {
                 self.on_reply(c, token, reply);
             }
@@ -876,7 +883,7 @@ impl Sim {
     fn send(
         &mut self,
         ci: usize,
-        call: impl FnOnce(&mut TxnCoordinator, Token, i64, &mut Ids, &mut TxnEffects),
+        call: impl FnOnce(&mut TxnCoordinator, u64, i64, &mut Ids, &mut TxnEffects),
     ) {
         self.next_token += 1;
         let token = self.next_token;
@@ -917,7 +924,7 @@ impl Sim {
                     producer_epoch,
                 };
                 self.send(ci, |c, t, now, ids, fx| {
-                    c.init_producer_id(t, now, a, ids, fx)
+                    c.init_producer_id(InitToken(t), now, a, ids, fx)
                 });
             }
             Phase::Idle => {
@@ -945,7 +952,9 @@ impl Sim {
                     producer_epoch: pe.epoch,
                     partitions: parts.iter().map(|p| (DATA_TOPIC.to_string(), *p)).collect(),
                 };
-                self.send(ci, |c, t, now, _, fx| c.add_partitions(t, now, a, fx));
+                self.send(ci, |c, t, now, _, fx| {
+                    c.add_partitions(AddPartitionsToken(t), now, a, fx)
+                });
             }
             Phase::Producing {
                 parts,
@@ -1006,7 +1015,9 @@ impl Sim {
                     producer_epoch: pe.epoch,
                     group_id: GROUP.into(),
                 };
-                self.send(ci, |c, t, now, _, fx| c.add_offsets(t, now, a, fx));
+                self.send(ci, |c, t, now, _, fx| {
+                    c.add_offsets(AddOffsetsToken(t), now, a, fx)
+                });
             }
             Phase::CommittingOffsets { commit_after } => self.commit_offsets(ci, commit_after),
             Phase::Ending { commit, .. } => {
@@ -1017,7 +1028,7 @@ impl Sim {
                     producer_epoch: pe.epoch,
                     commit,
                 };
-                self.send(ci, |c, t, now, _, fx| c.end_txn(t, now, a, fx));
+                self.send(ci, |c, t, now, _, fx| c.end_txn(EndToken(t), now, a, fx));
             }
         }
     }
@@ -1055,7 +1066,7 @@ impl Sim {
         }
     }
 
-    fn on_reply(&mut self, ci: usize, token: Token, reply: TxnReply) {
+    fn on_reply(&mut self, ci: usize, token: u64, reply: TxnReply) {
         let c = &mut self.clients[ci];
         if c.inflight.map(|(t, _)| t) != Some(token) {
             return;
@@ -1071,7 +1082,7 @@ impl Sim {
             )
         };
         match reply {
-            TxnReply::InitProducerId(Ok(pe)) => {
+            TxnReply::InitProducerId(_, Ok(pe)) => {
                 self.pid_owner.insert(pe.producer_id, c.id.clone());
                 if c.pe != Some(pe) {
                     c.seq.clear();
@@ -1079,9 +1090,9 @@ impl Sim {
                 c.pe = Some(pe);
                 c.phase = Phase::Idle;
             }
-            TxnReply::InitProducerId(Err(e)) if retriable(&e) => {}
-            TxnReply::InitProducerId(Err(_)) => c.phase = Phase::NeedInit { expected: None },
-            TxnReply::AddPartitions(Ok(())) => {
+            TxnReply::InitProducerId(_, Err(e)) if retriable(&e) => {}
+            TxnReply::InitProducerId(_, Err(_)) => c.phase = Phase::NeedInit { expected: None },
+            TxnReply::AddPartitions(_, Ok(())) => {
                 let Phase::Adding { parts } = c.phase.clone() else {
                     panic!("AddPartitions answered in {:?}", c.phase)
                 };
@@ -1095,9 +1106,9 @@ impl Sim {
                     last_sent_ms: self.now,
                 };
             }
-            TxnReply::AddPartitions(Err(e)) if retriable(&e) => {}
-            TxnReply::AddPartitions(Err(_)) => c.phase = Phase::NeedInit { expected: None },
-            TxnReply::EndTxn(Ok(pe)) => {
+            TxnReply::AddPartitions(_, Err(e)) if retriable(&e) => {}
+            TxnReply::AddPartitions(_, Err(_)) => c.phase = Phase::NeedInit { expected: None },
+            TxnReply::EndTxn(_, Ok(pe)) => {
                 let Phase::Ending { commit, bump_after } = c.phase.clone() else {
                     panic!("EndTxn answered in {:?}", c.phase)
                 };
@@ -1123,19 +1134,19 @@ impl Sim {
                     Phase::Idle
                 };
             }
-            TxnReply::EndTxn(Err(e)) if retriable(&e) => {}
-            TxnReply::EndTxn(Err(_)) => {
+            TxnReply::EndTxn(_, Err(e)) if retriable(&e) => {}
+            TxnReply::EndTxn(_, Err(_)) => {
                 self.stats.fenced_by_coordinator += 1;
                 c.phase = Phase::NeedInit { expected: None };
             }
-            TxnReply::AddOffsets(Ok(())) => {
+            TxnReply::AddOffsets(_, Ok(())) => {
                 let Phase::AddingOffsets { commit_after } = c.phase.clone() else {
                     panic!("AddOffsetsToTxn answered in {:?}", c.phase)
                 };
                 c.phase = Phase::CommittingOffsets { commit_after };
             }
-            TxnReply::AddOffsets(Err(e)) if retriable(&e) => {}
-            TxnReply::AddOffsets(Err(_)) => c.phase = Phase::NeedInit { expected: None },
+            TxnReply::AddOffsets(_, Err(e)) if retriable(&e) => {}
+            TxnReply::AddOffsets(_, Err(_)) => c.phase = Phase::NeedInit { expected: None },
         }
     }
 

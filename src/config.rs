@@ -290,6 +290,9 @@ settings! {
     /// Incremental fetch sessions (KIP-227) this broker caches, split evenly over its
     /// shards (max.incremental.fetch.session.cache.slots; 0: none, every fetch is full).
     max_incremental_fetch_session_cache_slots: usize = 1000;
+    /// Longest an idle shard sleeps before it checks its io_uring rings again, in ms
+    /// (1-1000): a bound on the cost of a lost wake-up (see `sluice_shard::keep_awake`).
+    reactor_wake_ms: u64 = 5;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -412,6 +415,8 @@ pub struct BrokerConfig {
     pub replica_fetch_wait_max_ms: u64,
     /// max.incremental.fetch.session.cache.slots (the whole broker's).
     pub max_incremental_fetch_session_cache_slots: usize,
+    /// `--reactor-wake-ms`
+    pub reactor_wake_ms: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -581,6 +586,7 @@ impl BrokerConfig {
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
             max_incremental_fetch_session_cache_slots: s.max_incremental_fetch_session_cache_slots,
+            reactor_wake_ms: s.reactor_wake_ms,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
@@ -772,6 +778,12 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), 
     if s.replica_lag_time_max_ms == 0 {
         return Err(broken_rule("--replica-lag-time-max-ms", "must be positive"));
     }
+    if s.reactor_wake_ms == 0 || s.reactor_wake_ms > 1_000 {
+        return Err(broken_rule(
+            "--reactor-wake-ms",
+            "must be between 1 and 1000",
+        ));
+    }
     if s.replica_fetch_wait_max_ms == 0 || s.replica_fetch_wait_max_ms > 30_000 {
         return Err(broken_rule(
             "--replica-fetch-wait-max-ms",
@@ -943,6 +955,7 @@ mod tests {
             "--replica-lag-time-max-ms=6",
             "--replica-fetch-wait-max-ms=10",
             "--max-incremental-fetch-session-cache-slots=4",
+            "--reactor-wake-ms=20",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -953,6 +966,7 @@ mod tests {
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.replica_fetch_wait_max_ms, 10);
         assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);
+        assert_eq!(c.reactor_wake_ms, 20);
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(
             c.disk_min_free,

@@ -73,7 +73,8 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     let builders: MeshBuilders<ShardReq, ShardResp> =
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
-    let runtime = RuntimeConfig::new(config.cores);
+    let mut runtime = RuntimeConfig::new(config.cores);
+    runtime.wake_period = std::time::Duration::from_millis(config.reactor_wake_ms);
     let shards = (0..config.cores)
         .map(|i| {
             let (cfg, builders, stop, ready) = (

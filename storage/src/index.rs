@@ -12,9 +12,10 @@
 //! `max timestamp so far: i64 | relative offset: u32` — added with an offset-index entry
 //! when the segment's max timestamp grew, and once more when the segment is closed.
 //!
-//! Both files may end in zero padding (they are written with O_DIRECT in whole pages).
-//! Decoding stops at the first entry that does not strictly increase, which is where
-//! padding or a torn write begins; the entries before it are kept.
+//! Both files are written whole and atomically from the in-memory index (see
+//! [`crate::segment`] for when: the active segment's are not held open). Decoding stops
+//! at the first entry that does not strictly increase, which is where zero padding, a
+//! torn write or garbage begins; the entries before it are kept.
 //!
 //! ## `.txnindex` (34 bytes an entry, Kafka's `AbortedTxn` layout)
 //! `version: i16 (0) | producer id: i64 | first offset: i64 | last offset: i64 |

@@ -277,9 +277,11 @@ pub struct StorageLimits {
     pub tail_cache_bytes: usize,
     /// Read handles of closed segments kept open at once (LRU beyond that).
     pub open_segment_files_max: usize,
-    /// Logs whose active segment's files (3 descriptors: .log, .index, .timeindex) are
-    /// open at once. Opening one more first closes the least recently appended idle
-    /// one (sealed: synced, preallocation trimmed); its next append reopens it.
+    /// Logs whose active segment's `.log` is open at once (one descriptor each: the
+    /// active segment's indexes are held in memory and written whole when it is
+    /// sealed, not kept open). Opening one more first closes the least recently
+    /// appended idle one (sealed: synced, preallocation trimmed, indexes written); its
+    /// next append reopens it.
     pub active_logs_max: usize,
     /// Largest single write handed to the device; more pending bytes wait their turn.
     pub write_bytes_max: usize,

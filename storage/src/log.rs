@@ -1015,10 +1015,12 @@ impl PartitionLog {
         }
     }
 
-    /// Closes the active segment's files of this idle log (the shard's descriptor
-    /// budget, [`StorageLimits::active_logs_max`]): they are sealed as a roll seals
-    /// them (written, synced, preallocation trimmed, indexes written), so on disk the
-    /// segment is a closed one until the next append, roll or truncation reopens it.
+    /// Closes the active segment's file (its `.log`, the one descriptor an active log
+    /// holds) of this idle log (the shard's descriptor budget,
+    /// [`StorageLimits::active_logs_max`]): it is sealed as a roll seals it (written,
+    /// synced, preallocation trimmed) and the in-memory indexes are written whole, so on
+    /// disk the segment is a closed one until the next append, roll or truncation
+    /// reopens it.
     /// Reads are served from read handles meanwhile. False if they were not open.
     pub async fn deactivate(&self) -> Result<bool, Error> {
         self.guarded(self.deactivate_unguarded()).await
@@ -1042,14 +1044,20 @@ impl PartitionLog {
         };
         // Appends wait for the lock: everything pushed so far is in `log`.
         log.seal().await?;
+        // Then the indexes held in memory, now pointing into synced bytes only (unless
+        // no entry was added since they were last written: a log of small appends
+        // closes without writing them again).
         let (indexes, txn_file) = {
-            let mut st = self.state.borrow_mut();
-            let seg = st.active_mut();
-            let indexes = seg.persist_indexes(u64::MAX)?;
-            (indexes, seg.txn_dirty.then(|| seg.txn_index_file()))
+            let st = self.state.borrow();
+            let seg = st.active();
+            (
+                seg.indexes_dirty.then(|| seg.index_files()),
+                seg.txn_dirty.then(|| seg.txn_index_file()),
+            )
         };
-        for f in &indexes {
-            f.seal().await?;
+        if let Some(i) = indexes {
+            i.write().await?;
+            self.state.borrow_mut().active_mut().indexes_dirty = false;
         }
         if let Some(t) = txn_file {
             t.write().await?;
@@ -1518,14 +1526,16 @@ impl PartitionLog {
         // An idle log's closed files are reopened, so the roll seals them as usual
         // (with the closing time-index entry).
         self.reactivate_locked().await?;
-        let (files, new_base, txn_file, old_base) = {
+        let (log_file, indexes, new_base, txn_file, old_base) = {
             let mut st = self.state.borrow_mut();
             let seg = st.active_mut();
             let end = seg.next_offset;
             let txn_file = seg.txn_dirty.then(|| seg.txn_index_file());
             let old_base = seg.base_offset;
+            let log_file = seg.begin_close();
             (
-                seg.begin_close()?,
+                log_file,
+                seg.index_files(),
                 base.unwrap_or(end).max(end),
                 txn_file,
                 old_base,
@@ -1534,9 +1544,13 @@ impl PartitionLog {
         // Appends wait for the lock's holder: the state is the one at the log end,
         // which (no records lie between) is the one at the new base.
         let snapshot = self.producers.borrow().encode_snapshot(new_base);
-        for f in &files {
+        if let Some(f) = log_file {
             f.seal().await?;
         }
+        // The indexes after the `.log` is synced: no entry points at bytes a crash
+        // could still tear.
+        indexes.write().await?;
+        self.state.borrow_mut().active_mut().indexes_dirty = false;
         if let Some(t) = txn_file {
             t.write().await?;
             self.state.borrow_mut().active_mut().txn_dirty = false;
@@ -1828,8 +1842,9 @@ impl PartitionLog {
         self.remove_snapshots(&old).await;
     }
 
-    /// Makes everything appended so far durable (group-committed fdatasync), then
-    /// writes the index entries that now point into durable bytes.
+    /// Makes everything appended so far durable (group-committed fdatasync). The
+    /// active segment's indexes stay in memory (written when it is sealed, see
+    /// [`crate::segment`]).
     pub async fn flush(&self) -> Result<(), Error> {
         self.guarded(self.flush_unguarded()).await
     }
@@ -1842,18 +1857,6 @@ impl PartitionLog {
         let Some(f) = file else { return Ok(()) };
         f.sync_all().await?;
         self.last_flush_ms.set(self.storage.now_ms());
-        let index_files = {
-            let mut st = self.state.borrow_mut();
-            let seg = st.active_mut();
-            // A roll may have replaced the segment meanwhile; it sealed its indexes.
-            match &seg.active {
-                Some(a) if Rc::ptr_eq(&a.log, &f) => seg.persist_indexes(f.durable_len())?,
-                _ => Vec::new(),
-            }
-        };
-        for idx in index_files {
-            idx.wait_written(idx.len()).await?;
-        }
         Ok(())
     }
 
@@ -2165,11 +2168,13 @@ impl PartitionLog {
             st.clean_offset = st.clean_offset.min(next);
             st.active_mut().truncate_prepare(pos, next)
         };
+        // The cut syncs everything below it; then the index files, which may hold
+        // entries past the cut, are rewritten from memory before the log grows back (a
+        // stale entry could otherwise match a new batch and be trusted by recovery).
         log_file.truncate(pos).await?;
-        let cuts = self.state.borrow().active().index_truncation();
-        for (f, len) in cuts {
-            f.truncate(len).await?;
-        }
+        let indexes = self.state.borrow().active().index_files();
+        indexes.write().await?;
+        self.state.borrow_mut().active_mut().indexes_dirty = false;
         // Aborted transactions whose markers went, and the snapshots between the new
         // end and `offset`, go with them (before the log can grow back).
         let new_end = self.log_end_offset();
@@ -2756,13 +2761,12 @@ impl PartitionLog {
             return Ok(());
         }
         let files = {
-            let mut st = self.state.borrow_mut();
-            st.active_mut().persist_indexes(u64::MAX)?;
+            let st = self.state.borrow();
             st.active().active.as_ref().map(|a| a.log.clone())
         };
         // Closed files (an idle log's, or never opened since recovery) left their
-        // indexes complete on disk; open ones are sealed and their indexes written.
-        let was_open = files.is_some();
+        // indexes complete on disk; an open `.log` is sealed, then the indexes are
+        // written from memory if entries were added since they last were.
         if let Some(f) = files {
             f.seal().await?;
         }
@@ -2770,13 +2774,14 @@ impl PartitionLog {
             let st = self.state.borrow();
             let a = st.active();
             (
-                was_open.then(|| a.index_files()),
+                a.indexes_dirty.then(|| a.index_files()),
                 a.txn_dirty.then(|| a.txn_index_file()),
                 st.log_end(),
             )
         };
         if let Some(indexes) = indexes {
             indexes.write().await?;
+            self.state.borrow_mut().active_mut().indexes_dirty = false;
         }
         if let Some(t) = txn_file {
             t.write().await?;

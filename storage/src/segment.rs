@@ -42,6 +42,19 @@
 //! segment's base is written (after the repaired indexes), so the next recovery only
 //! replays the active segment.
 //!
+//! The `.index` and `.timeindex` of the active segment are not held open: the active
+//! segment holds one descriptor, its `.log`, and its indexes live in memory. They are
+//! written whole (atomically, after the `.log` is synced) when the segment is sealed
+//! by a roll, when an idle log's files are closed to save descriptors
+//! ([`crate::log`]'s budget), when the log is closed, and after a truncation (before
+//! the log can grow back); in between the files lag the in-memory indexes, or are
+//! missing for a segment never sealed. So every entry on disk points into bytes that
+//! were synced when it was written and not cut since, and R7 can trust the last one.
+//! The recovery cost this buys (Kafka's recovery point): after a crash, recovery of
+//! the active segment validates every batch written since its indexes were last
+//! written — at most the whole active segment (`segment.bytes`, `segment.ms`) — while
+//! closed segments are validated only after their last index entry.
+//!
 //! The `.txnindex` of the active segment is written whole (atomically) when the segment
 //! is sealed by a roll, when the log is closed, and after a truncation; in between it
 //! may lag the in-memory list. That is safe because every snapshot is written after the
@@ -91,16 +104,10 @@ pub fn next_generation() -> u64 {
     })
 }
 
-/// Inputs for opening a segment's files for appending (see [`Segment::activation`]).
+/// Inputs for opening a segment's `.log` for appending (see [`Segment::activation`]).
 pub struct Activation {
     log: PathBuf,
-    index: PathBuf,
-    time: PathBuf,
     size: u64,
-    index_bytes: Vec<u8>,
-    time_bytes: Vec<u8>,
-    index_entries: usize,
-    time_entries: usize,
 }
 
 impl Activation {
@@ -112,50 +119,31 @@ impl Activation {
             file::PREALLOCATE_BYTES,
         )
         .await?;
-        let index = AppendFile::open(&self.index, 0, write_bytes_max, 0).await?;
-        let time = AppendFile::open(&self.time, 0, write_bytes_max, 0).await?;
-        index.push(&self.index_bytes)?;
-        time.push(&self.time_bytes)?;
-        index.sync_all().await?;
-        time.sync_all().await?;
-        Ok(ActiveFiles {
-            log,
-            index,
-            time,
-            index_persisted: self.index_entries,
-            time_persisted: self.time_entries,
-        })
+        Ok(ActiveFiles { log })
     }
 }
 
-/// The files of the active segment, open for appending.
+/// The files of the active segment held open: its `.log` only (one descriptor). The
+/// offset and time indexes live in [`Segment::index`] and [`Segment::time_index`] and
+/// are written whole when the segment is sealed (see the module docs).
 pub struct ActiveFiles {
     pub log: Rc<AppendFile>,
-    index: Rc<AppendFile>,
-    time: Rc<AppendFile>,
-    index_persisted: usize,
-    time_persisted: usize,
 }
 
 impl ActiveFiles {
-    /// The first of the three files found failed, with its cause.
+    /// The `.log` failed, with its cause.
     pub fn failure(&self) -> Option<String> {
-        self.log
-            .failure()
-            .or_else(|| self.index.failure())
-            .or_else(|| self.time.failure())
+        self.log.failure()
     }
 
-    /// Fails the three files (see [`AppendFile::fail`]).
+    /// Fails the `.log` (see [`AppendFile::fail`]).
     pub fn fail(&self, cause: &str) {
         self.log.fail(cause);
-        self.index.fail(cause);
-        self.time.fail(cause);
     }
 
-    /// One of the three files is being truncated (and refuses work meanwhile).
+    /// The `.log` is being truncated (and refuses work meanwhile).
     pub fn truncating(&self) -> bool {
-        self.log.truncating() || self.index.truncating() || self.time.truncating()
+        self.log.truncating()
     }
 }
 
@@ -180,6 +168,10 @@ pub struct Segment {
     /// open took from `partition.clean` without reading its files: it is recovered
     /// (its indexes read, the batches after the last entry validated) on first use.
     pub loaded: bool,
+    /// `index` or `time_index` may differ from the `.index`/`.timeindex` files (entries
+    /// added or cut since they were last written, or the files not written yet). False
+    /// only when the files are known to hold exactly the in-memory entries.
+    pub indexes_dirty: bool,
     pub active: Option<ActiveFiles>,
     /// Bumped when compaction replaces the segment's files, so that a reader that
     /// looked up a position before the swap knows to look again.
@@ -237,6 +229,7 @@ impl Segment {
             txn_dirty: false,
             bytes_since_index: 0,
             loaded: true,
+            indexes_dirty: true,
             active: None,
             generation: next_generation(),
             dir: dir.to_path_buf(),
@@ -258,6 +251,8 @@ impl Segment {
         s.size = size;
         s.max_timestamp = max_timestamp;
         s.loaded = false;
+        // The clean close wrote the indexes it had: what loading reads.
+        s.indexes_dirty = false;
         s
     }
 
@@ -266,6 +261,7 @@ impl Segment {
         self.index = recovered.index;
         self.time_index = recovered.time_index;
         self.bytes_since_index = recovered.bytes_since_index;
+        self.indexes_dirty = recovered.indexes_dirty;
         self.loaded = true;
     }
 
@@ -302,15 +298,15 @@ impl Segment {
         Ok(s)
     }
 
-    /// Opens the files for appending and writes out the in-memory indexes in full.
+    /// Opens the `.log` for appending (the indexes stay in memory).
     pub async fn activate(&mut self, write_bytes_max: usize) -> Result<(), Error> {
         let files = self.activation().open(write_bytes_max).await?;
         self.attach(files);
         Ok(())
     }
 
-    /// What opening this segment's files for appending needs, detached from the
-    /// segment so the segment can stay in its log while the files open.
+    /// What opening this segment's `.log` for appending needs, detached from the
+    /// segment so the segment can stay in its log while the file opens.
     pub fn activation(&self) -> Activation {
         assert!(
             self.loaded,
@@ -318,13 +314,7 @@ impl Segment {
         );
         Activation {
             log: self.path("log"),
-            index: self.path("index"),
-            time: self.path("timeindex"),
             size: self.size,
-            index_bytes: self.index.encode(),
-            time_bytes: self.time_index.encode(),
-            index_entries: self.index.len(),
-            time_entries: self.time_index.entries().len(),
         }
     }
 
@@ -351,6 +341,7 @@ impl Segment {
                     relative_offset: rel,
                 });
             }
+            self.indexes_dirty = true;
             self.bytes_since_index = 0;
         }
         self.bytes_since_index += len;
@@ -359,58 +350,13 @@ impl Segment {
         self.max_timestamp = self.max_timestamp.max(h.max_timestamp);
     }
 
-    /// Hands index entries that point below `durable_len` (and were not handed over
-    /// before) to the index files, to be written with their next write.
-    ///
-    /// Only entries into durable log bytes are persisted: recovery trusts the last
-    /// index entry and validates from there, so an entry must never point past bytes
-    /// that a crash could still tear. Index files themselves need no fsync: a lost or
-    /// torn index tail only makes recovery scan from an earlier entry.
-    pub fn persist_indexes(&mut self, durable_len: u64) -> Result<Vec<Rc<AppendFile>>, Error> {
-        let Some(a) = self.active.as_mut() else {
-            return Ok(Vec::new());
-        };
-        let entries = self.index.entries();
-        let upto = a.index_persisted
-            + entries[a.index_persisted..].partition_point(|e| u64::from(e.position) < durable_len);
-        let mut buf = Vec::new();
-        for e in &entries[a.index_persisted..upto] {
-            OffsetIndex::encode_entry(e, &mut buf);
-        }
-        a.index.push(&buf)?;
-        a.index_persisted = upto;
-        // Time entries are made with offset entries (same relative offset), plus the
-        // closing one: keep them no further than the offset entries persisted.
-        let rel_limit = if durable_len >= self.size {
-            u32::MAX
-        } else {
-            entries[..upto]
-                .last()
-                .map(|e| e.relative_offset)
-                .unwrap_or(0)
-        };
-        let times = self.time_index.entries();
-        let tupto = a.time_persisted
-            + times[a.time_persisted..].partition_point(|e| e.relative_offset <= rel_limit);
-        buf.clear();
-        for e in &times[a.time_persisted..tupto] {
-            TimeIndex::encode_entry(e, &mut buf);
-        }
-        a.time.push(&buf)?;
-        a.time_persisted = tupto;
-        Ok(vec![a.index.clone(), a.time.clone()])
-    }
-
     /// First half of closing the active segment (synchronous): records the final time
-    /// index entry and returns the files to seal. The caller seals them, then calls
-    /// [`Segment::finish_close`].
-    pub fn begin_close(&mut self) -> Result<Vec<Rc<AppendFile>>, Error> {
+    /// index entry and returns the `.log` to seal. The caller seals it, then writes
+    /// [`Segment::index_files`] (only entries into synced bytes may reach the index
+    /// files), then calls [`Segment::finish_close`].
+    pub fn begin_close(&mut self) -> Option<Rc<AppendFile>> {
         self.close_time_index();
-        self.persist_indexes(u64::MAX)?;
-        Ok(match &self.active {
-            Some(a) => vec![a.log.clone(), a.index.clone(), a.time.clone()],
-            None => Vec::new(),
-        })
+        self.active.as_ref().map(|a| a.log.clone())
     }
 
     /// Adds the closing time-index entry: the segment's max timestamp at its end.
@@ -420,6 +366,7 @@ impl Segment {
                 timestamp: self.max_timestamp,
                 relative_offset: (self.next_offset - self.base_offset) as u32,
             });
+            self.indexes_dirty = true;
         }
     }
 
@@ -554,6 +501,7 @@ impl Segment {
         if !index_len_ok || !time_len_ok {
             seg.write_indexes().await?;
         }
+        seg.indexes_dirty = false;
         Ok((
             seg,
             Recovered {
@@ -662,7 +610,8 @@ impl Segment {
         Ok(pos)
     }
 
-    /// Rewrites both index files in full, durably.
+    /// Rewrites both index files in full, durably (the caller then clears
+    /// [`Segment::indexes_dirty`] if the segment did not change meanwhile).
     pub async fn write_indexes(&self) -> Result<(), Error> {
         self.index_files().write().await
     }
@@ -682,12 +631,16 @@ impl Segment {
     }
 
     /// Cuts the segment back to `position` (a batch boundary) whose first offset is
-    /// `next_offset`. The segment must be active.
+    /// `next_offset`. The segment must be active. The index files on disk may still
+    /// hold entries past the cut: the caller cuts the `.log` (durably), then writes
+    /// [`Segment::index_files`] before the log can grow back.
     pub fn truncate_prepare(&mut self, position: u64, next_offset: i64) -> Rc<AppendFile> {
-        let a = self
+        let log = self
             .active
-            .as_mut()
-            .expect("truncate needs an active segment");
+            .as_ref()
+            .expect("truncate needs an active segment")
+            .log
+            .clone();
         self.index.truncate_to_position(position as u32);
         let rel = (next_offset - self.base_offset) as u32;
         self.time_index.truncate_to_offset(rel);
@@ -696,24 +649,8 @@ impl Segment {
         self.max_timestamp = self.time_index.last().map(|e| e.timestamp).unwrap_or(-1);
         self.bytes_since_index = 0;
         self.generation = next_generation();
-        a.index_persisted = a.index_persisted.min(self.index.len());
-        a.time_persisted = a.time_persisted.min(self.time_index.entries().len());
-        a.log.clone()
-    }
-
-    /// After a truncation: the index files and the lengths to cut them to. The caller
-    /// awaits the cuts without holding the segment.
-    pub fn index_truncation(&self) -> Vec<(Rc<AppendFile>, u64)> {
-        match self.active.as_ref() {
-            Some(a) => vec![
-                (
-                    a.index.clone(),
-                    (a.index_persisted * OFFSET_ENTRY_BYTES) as u64,
-                ),
-                (a.time.clone(), (a.time_persisted * TIME_ENTRY_BYTES) as u64),
-            ],
-            None => Vec::new(),
-        }
+        self.indexes_dirty = true;
+        log
     }
 }
 

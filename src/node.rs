@@ -118,12 +118,13 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
 ///   accepting and new clients wait in the listen backlog, rather than being accepted
 ///   and then failing for want of a descriptor);
 /// - 45% for the logs, split between the shards: a quarter of a share for read
-///   handles of closed segments and the rest, 3 each, for logs whose active segment's
-///   files are open (beyond that the least recently appended idle logs close theirs:
+///   handles of closed segments and the rest, one each, for logs whose active
+///   segment's `.log` is open (its indexes are held in memory, not open; beyond that
+///   the least recently appended idle logs close theirs:
 ///   `StorageLimits::active_logs_max`).
 ///
 /// With this machine's limit of 20,000 and 2 shards: 5,218 connections, 1,024 read
-/// handles and 1,082 active logs per shard.
+/// handles and 3,246 active logs per shard.
 pub fn descriptor_budget(shards: usize) -> Descriptors {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -175,7 +176,8 @@ fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
     let connections = (sockets / shards).max(64);
     let share = rest.saturating_sub(sockets) / shards;
     let read = (share / 4).clamp(16, 1024);
-    let active = (share.saturating_sub(read) / 3).max(16);
+    // One descriptor per active log: its active segment's `.log`.
+    let active = share.saturating_sub(read).max(16);
     Descriptors {
         storage: StorageLimits {
             open_segment_files_max: read,
@@ -522,7 +524,7 @@ mod tests {
             let d = split_descriptors(limit, shards);
             let per_shard = d.connections_max as usize
                 + d.storage.open_segment_files_max
-                + 3 * d.storage.active_logs_max;
+                + d.storage.active_logs_max;
             let reserve = (limit / 20).max(1024);
             if limit >= 4_096 {
                 assert!(
@@ -536,6 +538,6 @@ mod tests {
         let d = split_descriptors(20_000, 2);
         assert_eq!(d.connections_max, 5_218);
         assert_eq!(d.storage.open_segment_files_max, 1_024);
-        assert_eq!(d.storage.active_logs_max, 1_082);
+        assert_eq!(d.storage.active_logs_max, 3_246);
     }
 }

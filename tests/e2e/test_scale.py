@@ -1,15 +1,16 @@
 """Scale (issue 14): partitions beyond the process's open-file limit.
 
-Every active segment holds 3 descriptors (.log, .index, .timeindex). The broker splits
+Every active segment holds one descriptor, its .log (its .index and .timeindex are kept
+in memory and written whole when the segment is sealed, not held open). The broker splits
 its open-file limit between sockets and the shards' storage, and a shard keeps at most
 its share of logs with open files, closing the least recently appended idle ones
 (src/node.rs, storage `StorageLimits::active_logs_max`); a log's files open only with
 its first append, so a restart opens none. Preallocation ahead of writes is capped per
 shard (`StorageLimits::preallocated_bytes_max`). Here a broker whose limit is 2,048
 descriptors serves 2,000 partitions over 20 topics with a record each (which would
-need 6,000 descriptors held open), through a SIGKILL and a clean restart, and its
-descriptors, memory and allocated disk stay within per-partition budgets
-(docs/architecture.md, "Descriptor budget")."""
+need 2,000 descriptors held open beside the reserve and the sockets), through a
+SIGKILL and a clean restart, and its descriptors, memory and allocated disk stay
+within per-partition budgets (docs/architecture.md, "Descriptor budget")."""
 import os
 import re
 import subprocess
@@ -69,6 +70,16 @@ def produce_each(addr, tag, want):
     assert not failed, failed[:5]
 
 
+def open_files(pid):
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass  # closed meanwhile
+    return out
+
+
 def usage(b):
     pid = b.proc.pid
     fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -81,6 +92,9 @@ def usage(b):
 def assert_budgets(b, when):
     fds, rss, disk = usage(b)
     assert fds <= NOFILE, f"{when}: {fds} descriptors open, limit {NOFILE}"
+    # Index files are written whole when a segment is sealed, never held open.
+    held = [t for t in open_files(b.proc.pid) if t.endswith((".index", ".timeindex"))]
+    assert not held, f"{when}: index files held open: {held[:5]}"
     assert rss <= RSS_BASE + PARTITIONS * RSS_PER_PARTITION, \
         f"{when}: RSS {rss >> 20} MiB for {PARTITIONS} partitions"
     assert disk <= PREALLOCATED_MAX * b.cores + PARTITIONS * DISK_PER_PARTITION, \

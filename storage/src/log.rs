@@ -1043,10 +1043,21 @@ impl PartitionLog {
             return Ok(false);
         };
         // Appends wait for the lock: everything pushed so far is in `log`.
-        log.seal().await?;
-        // Then the indexes held in memory, now pointing into synced bytes only (unless
-        // no entry was added since they were last written: a log of small appends
-        // closes without writing them again).
+        self.seal_active(Some(log)).await?;
+        self.state.borrow_mut().active_mut().detach();
+        tracing::debug!(log = %self.name, "closed an idle log's files");
+        Ok(true)
+    }
+
+    /// Seals the active segment's `.log` (if open: written, synced, preallocation
+    /// trimmed), then writes what memory holds newer than the files: the offset and time
+    /// indexes, now pointing into synced bytes only, and the `.txnindex`, each only if
+    /// changed since last written (a log of small appends closes without rewriting
+    /// them). Under the log's lock.
+    async fn seal_active(&self, log: Option<Rc<file::AppendFile>>) -> Result<(), Error> {
+        if let Some(f) = log {
+            f.seal().await?;
+        }
         let (indexes, txn_file) = {
             let st = self.state.borrow();
             let seg = st.active();
@@ -1063,9 +1074,7 @@ impl PartitionLog {
             t.write().await?;
             self.state.borrow_mut().active_mut().txn_dirty = false;
         }
-        self.state.borrow_mut().active_mut().detach();
-        tracing::debug!(log = %self.name, "closed an idle log's files");
-        Ok(true)
+        Ok(())
     }
 
     /// Reopens the active segment's files if [`Self::deactivate`] closed them, first
@@ -2765,28 +2774,9 @@ impl PartitionLog {
             st.active().active.as_ref().map(|a| a.log.clone())
         };
         // Closed files (an idle log's, or never opened since recovery) left their
-        // indexes complete on disk; an open `.log` is sealed, then the indexes are
-        // written from memory if entries were added since they last were.
-        if let Some(f) = files {
-            f.seal().await?;
-        }
-        let (indexes, txn_file, end) = {
-            let st = self.state.borrow();
-            let a = st.active();
-            (
-                a.indexes_dirty.then(|| a.index_files()),
-                a.txn_dirty.then(|| a.txn_index_file()),
-                st.log_end(),
-            )
-        };
-        if let Some(indexes) = indexes {
-            indexes.write().await?;
-            self.state.borrow_mut().active_mut().indexes_dirty = false;
-        }
-        if let Some(t) = txn_file {
-            t.write().await?;
-            self.state.borrow_mut().active_mut().txn_dirty = false;
-        }
+        // indexes complete on disk unless entries were added since.
+        self.seal_active(files).await?;
+        let end = self.state.borrow().log_end();
         // The next open then loads this and replays nothing.
         if !self.snapshots.borrow().contains(&end) {
             let snapshot = self.producers.borrow().encode_snapshot(end);

@@ -30,7 +30,9 @@ use crate::config::BrokerConfig;
 use crate::error::{self, ApiError};
 use crate::metadata::{MetadataImage, TopicMeta};
 use crate::replica::{Fetchers, Replica};
-use crate::rpc::{Appended, ProduceItem, ReadItem, ReadOut, ShardCall, ShardReq, ShardResp, Wait};
+use crate::rpc::{
+    Answer, Answered, Appended, ProduceItem, ReadItem, ReadOut, ShardCall, ShardReq, Wait,
+};
 use crate::topic_config::TopicConfig;
 use crate::util::{any_true, join_all};
 
@@ -94,7 +96,7 @@ pub struct Broker {
     pub config: BrokerConfig,
     pub shard: ShardId,
     pub table: ShardTable,
-    pub mesh: Rc<Mesh<ShardReq, ShardResp>>,
+    pub mesh: Rc<Mesh<ShardReq, Answered>>,
     pub storage: Rc<Storage>,
     pub limits: ShardLimits,
     /// Admission budget for request bytes: the shard's backpressure on clients.
@@ -129,7 +131,7 @@ pub struct Broker {
 impl Broker {
     pub fn new(
         config: BrokerConfig,
-        mesh: Rc<Mesh<ShardReq, ShardResp>>,
+        mesh: Rc<Mesh<ShardReq, Answered>>,
         storage: Rc<Storage>,
         limits: ShardLimits,
         metrics: Arc<crate::metrics::Registry>,
@@ -206,10 +208,7 @@ impl Broker {
         shard: ShardId,
         call: C,
     ) -> Result<C::Reply, sluice_shard::MeshError> {
-        self.mesh
-            .call(shard, call.into_request())
-            .await
-            .map(C::from_response)
+        self.call_then(shard, call, || {}).await
     }
 
     /// [`Self::call`]; `sent` runs once the call has its place in `shard`'s order
@@ -220,10 +219,11 @@ impl Broker {
         call: C,
         sent: impl FnOnce(),
     ) -> Result<C::Reply, sluice_shard::MeshError> {
+        let (answer, reply) = Answer::new();
         self.mesh
-            .call_then(shard, call.into_request(), sent)
-            .await
-            .map(C::from_response)
+            .call_then(shard, call.into_request(answer), sent)
+            .await?;
+        reply.take().ok_or(sluice_shard::MeshError::NoReply(shard))
     }
 
     /// OffsetForLeaderEpoch on this shard's partitions.

@@ -17,7 +17,7 @@ use crate::dispatch::ShardServer;
 use crate::group::shard::GroupShell;
 use crate::metadata::{FileMetadataStore, MetadataStore};
 use crate::quorum_io::{QuorumConfig, QuorumNode};
-use crate::rpc::{ShardReq, ShardResp};
+use crate::rpc::{Answered, ShardReq};
 
 /// How often each shard checks the stop flag set by the signal handler.
 const STOP_POLL: Duration = Duration::from_millis(50);
@@ -70,7 +70,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
-    let builders: MeshBuilders<ShardReq, ShardResp> =
+    let builders: MeshBuilders<ShardReq, Answered> =
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
     let mut runtime = RuntimeConfig::new(config.cores);
@@ -200,7 +200,7 @@ struct Shared {
 async fn run_shard(
     shard: ShardId,
     config: BrokerConfig,
-    builders: MeshBuilders<ShardReq, ShardResp>,
+    builders: MeshBuilders<ShardReq, Answered>,
     shared: Shared,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,

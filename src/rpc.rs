@@ -2,20 +2,25 @@
 //! tied to its reply type at compile time.
 //!
 //! A call is a struct implementing [`ShardCall`], whose `Reply` names what the serving
-//! shard answers. [`shard_calls!`] generates, from one table, the envelope enums the
-//! mesh carries ([`ShardReq`], [`ShardResp`]), each call's wrapping and unwrapping, the
-//! [`ShardService`] trait with one method per call (implemented by the shard's server,
-//! `crate::dispatch`) and [`serve`], which answers a call only with its own reply's
-//! variant. Adding a call is one line in the table; a handler that returned the wrong
-//! reply, or a caller that expected one, does not compile. (The mesh itself is generic
-//! over one request and one response type, hence the envelopes.)
+//! shard answers. [`shard_calls!`] generates, from one table, the request envelope the
+//! mesh carries ([`ShardReq`]: each variant holds the call and its own reply slot, an
+//! [`Answer`] of the call's reply type), the [`ShardService`] trait with one method per
+//! call (implemented by the shard's server, `crate::dispatch`) and [`serve`], which puts
+//! each method's result into the slot that came with the call. Adding a call is one line
+//! in the table; a handler that returned the wrong reply, or a caller that expected
+//! another, does not compile, and no reply is ever matched against its call at run time.
+//!
+//! The mesh itself only carries [`Answered`] back: the token `serve` gets by filling the
+//! slot, which tells the caller (through the mesh's correlation) that its reply is in
+//! its slot. The slot is written before the token is sent, and the token reaches the
+//! caller through a channel, so the caller always finds the reply there.
 //!
 //! The message types live here, below every module that sends or serves them, so the
 //! shard context (`crate::broker`) can carry them without knowing the controller or the
 //! group shell.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,44 +45,56 @@ use crate::metadata::{MetadataImage, TopicMeta};
 pub trait ShardCall: Sized {
     /// What the serving shard answers.
     type Reply;
-    fn into_request(self) -> ShardReq;
-    /// The reply inside the envelope [`serve`] made for this call.
-    fn from_response(resp: ShardResp) -> Self::Reply;
+    /// The mesh's envelope for this call, carrying the slot its reply goes into.
+    fn into_request(self, answer: Answer<Self::Reply>) -> ShardReq;
+}
+
+/// The slot a call's reply is put in by the serving shard (which may be another
+/// thread). Made with the call by [`Answer::new`]; the caller keeps the [`Reply`] end.
+pub struct Answer<R>(Arc<Mutex<Option<R>>>);
+
+/// The caller's end of an [`Answer`].
+pub struct Reply<R>(Arc<Mutex<Option<R>>>);
+
+/// What the mesh carries back: proof that [`serve`] filled the call's slot. Only
+/// [`Answer::give`] makes one.
+pub struct Answered(());
+
+impl<R> Answer<R> {
+    pub fn new() -> (Answer<R>, Reply<R>) {
+        let slot = Arc::new(Mutex::new(None));
+        (Answer(slot.clone()), Reply(slot))
+    }
+
+    /// Puts the reply in the caller's slot.
+    pub fn give(self, reply: R) -> Answered {
+        // A poisoned lock means a thread panicked while holding it, and a shard that
+        // panics aborts the process (panic = abort), so this lock is never poisoned.
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(reply);
+        Answered(())
+    }
+}
+
+impl<R> Reply<R> {
+    /// The reply, once the mesh returned the call's [`Answered`]; `None` if the call
+    /// ended without one (its serving task was dropped at shutdown).
+    pub fn take(self) -> Option<R> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 macro_rules! shard_calls {
     ($( $(#[$doc:meta])* $call:ident => $method:ident -> $reply:ty; )*) => {
-        /// The mesh's request envelope: one variant per call.
+        /// The mesh's request envelope: one variant per call, with its reply slot.
         pub enum ShardReq {
-            $( $(#[$doc])* $call($call), )*
-        }
-
-        /// The mesh's reply envelope: one variant per call, made only by [`serve`].
-        pub enum ShardResp {
-            $( $call($reply), )*
+            $( $(#[$doc])* $call($call, Answer<$reply>), )*
         }
 
         $(
             impl ShardCall for $call {
                 type Reply = $reply;
-                fn into_request(self) -> ShardReq {
-                    ShardReq::$call(self)
-                }
-                fn from_response(resp: ShardResp) -> $reply {
-                    match resp {
-                        ShardResp::$call(r) => r,
-                        // Invariant, not an input: `serve` wraps each call's reply in
-                        // the call's own variant (the compiler checks that), and the
-                        // mesh hands a reply only to the call whose correlation id it
-                        // carries. What the types cannot see is that pairing inside
-                        // the mesh, hence this check.
-                        #[allow(unreachable_patterns)]
-                        _ => unreachable!(concat!(
-                            "the mesh returned another call's reply to a ",
-                            stringify!($call),
-                            " call: replies are paired with calls by correlation id"
-                        )),
-                    }
+                fn into_request(self, answer: Answer<$reply>) -> ShardReq {
+                    ShardReq::$call(self, answer)
                 }
             }
         )*
@@ -88,10 +105,10 @@ macro_rules! shard_calls {
             $( async fn $method(&self, call: $call) -> $reply; )*
         }
 
-        /// Answers one call with its own reply.
-        pub async fn serve<S: ShardService>(service: &S, req: ShardReq) -> ShardResp {
+        /// Answers one call, into its own slot.
+        pub async fn serve<S: ShardService>(service: &S, req: ShardReq) -> Answered {
             match req {
-                $( ShardReq::$call(c) => ShardResp::$call(service.$method(c).await), )*
+                $( ShardReq::$call(c, answer) => answer.give(service.$method(c).await), )*
             }
         }
     };

@@ -98,6 +98,50 @@ unsafe impl GlobalAlloc for Allocator {
     }
 }
 
+/// Unit tests' allocator: [`Allocator`], counting each thread's allocations so a test
+/// can assert that a path allocates nothing ([`counting::allocations`]).
+#[cfg(test)]
+pub(crate) mod counting {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Allocations (and reallocations) made so far by the calling thread.
+    pub(crate) fn allocations() -> u64 {
+        ALLOCATIONS.with(|c| c.get())
+    }
+
+    fn count() {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+    }
+
+    pub(crate) struct Counting;
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count();
+            unsafe { Allocator.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count();
+            unsafe { Allocator.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { Allocator.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count();
+            unsafe { Allocator.realloc(ptr, layout, new_size) }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

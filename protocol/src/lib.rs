@@ -6,24 +6,28 @@
 //! ApiVersions is generated from it and [`parse`] refuses anything outside it), request
 //! frame decoding over the `kafka-protocol` codecs, response frame encoding, Kafka's
 //! answer to unsupported requests ([`unsupported_response`]), the API error type ([`ApiError`]: a Kafka error code
-//! and a message), and the process allocator that keeps hostile array lengths from
-//! aborting the process ([`alloc`]).
+//! and a message), partition keys ([`TopicPartition`], looked up without allocating),
+//! and the process allocator that keeps hostile array lengths from aborting the
+//! process ([`alloc`]).
 
 pub mod alloc;
 pub mod api_versions;
 mod error;
 pub mod legacy;
+pub mod partition;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 pub use error::{ApiError, RecordError};
+pub use partition::{PartitionKey, TopicPartition, TopicPartitionRef};
 
-/// Unit tests decode on the broker's own allocator, as production does (see [`alloc`]).
+/// Unit tests decode on the broker's own allocator, as production does (see [`alloc`]),
+/// counting allocations per thread.
 #[cfg(test)]
 #[global_allocator]
-static TEST_ALLOCATOR: alloc::Allocator = alloc::Allocator;
+static TEST_ALLOCATOR: alloc::counting::Counting = alloc::counting::Counting;
 
 /// A Kafka string (kafka-protocol's `StrBytes`) from a Rust one.
 pub fn sb(s: impl Into<String>) -> StrBytes {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
+use sluice_protocol::{TopicPartition, TopicPartitionRef};
 use sluice_replication::isr;
 use sluice_shard::{Mesh, ShardId, ShardTable};
 use sluice_storage::{batch, PartitionLog, Storage};
@@ -67,12 +68,11 @@ struct Offline {
 const OFFLINE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const OFFLINE_RETRY_MAX: Duration = Duration::from_secs(30);
 
-fn offline_error(key: &(String, i32), cause: &str) -> ApiError {
+fn offline_error(key: TopicPartitionRef<'_>, cause: &str) -> ApiError {
     ApiError::with(
         ResponseError::KafkaStorageError,
         format!(
-            "{}-{} is offline after an I/O error ({cause}); it reopens by itself once its files can be read again",
-            key.0, key.1
+            "{key} is offline after an I/O error ({cause}); it reopens by itself once its files can be read again"
         ),
     )
 }
@@ -102,9 +102,10 @@ pub struct Broker {
     /// Admission budget for request bytes: the shard's backpressure on clients.
     pub request_bytes: Rc<Semaphore>,
     image: RefCell<Arc<MetadataImage>>,
-    logs: RefCell<HashMap<(String, i32), Rc<PartitionLog>>>,
+    /// Looked up by a borrowed `TopicPartitionRef` (no allocation per request).
+    logs: RefCell<HashMap<TopicPartition, Rc<PartitionLog>>>,
     /// The replica state of every log above.
-    replicas: RefCell<HashMap<(String, i32), Rc<Replica>>>,
+    replicas: RefCell<HashMap<TopicPartition, Rc<Replica>>>,
     fetchers: Fetchers,
     /// Shard 0: the quorum state version whose image every shard has adopted.
     published_version: Cell<u64>,
@@ -118,7 +119,7 @@ pub struct Broker {
     /// Set by `close_all`: the shard is stopping and opens no more logs.
     closing: Cell<bool>,
     /// Partitions of this shard whose log failed, until they reopen.
-    offline: RefCell<BTreeMap<(String, i32), Offline>>,
+    offline: RefCell<BTreeMap<TopicPartition, Offline>>,
     /// The data directory's free space: client appends are refused below its minimum.
     pub disk: Rc<crate::disk::DiskWatch>,
     /// The process's metrics: this shard writes its own counters there.
@@ -236,11 +237,11 @@ impl Broker {
             .map(|(t, p, current, epoch)| {
                 // An offline partition has no replica state left here: as Kafka, a
                 // storage error, not NOT_LEADER_OR_FOLLOWER.
-                let key = (t, p);
-                if let Some(o) = self.offline.borrow().get(&key) {
-                    return Err(offline_error(&key, &o.cause));
+                let key = TopicPartitionRef::new(&t, p);
+                if let Some(o) = self.offline.borrow().get(key.key()) {
+                    return Err(offline_error(key, &o.cause));
                 }
-                self.replica(&key.0, p)
+                self.replica(&t, p)
                     .and_then(|r| r.epoch_end(current, epoch))
             })
             .collect()
@@ -385,15 +386,11 @@ impl Broker {
             self.shard,
             "partition routed to its home shard"
         );
-        let log = self
-            .logs
-            .borrow()
-            .get(&(topic.to_string(), partition))
-            .cloned();
-        let key = (topic.to_string(), partition);
+        let key = TopicPartitionRef::new(topic, partition);
+        let log = self.logs.borrow().get(key.key()).cloned();
         let me = self.config.node_id;
-        let log = log.ok_or_else(|| match self.offline.borrow().get(&key) {
-            Some(o) => offline_error(&key, &o.cause),
+        let log = log.ok_or_else(|| match self.offline.borrow().get(key.key()) {
+            Some(o) => offline_error(key, &o.cause),
             // Not a replica here: the client must ask the leader (as Kafka answers).
             None if meta
                 .assignment(partition)
@@ -410,7 +407,7 @@ impl Broker {
             ),
         })?;
         if let Some(cause) = log.failure() {
-            return Err(self.take_offline(&key, cause));
+            return Err(self.take_offline(key, cause));
         }
         let tc = self.topic_configs.borrow().get(topic).cloned();
         let tc = tc.ok_or_else(|| {
@@ -426,7 +423,7 @@ impl Broker {
     pub fn replica(&self, topic: &str, partition: i32) -> Result<Rc<Replica>, ApiError> {
         self.replicas
             .borrow()
-            .get(&(topic.to_string(), partition))
+            .get(TopicPartitionRef::new(topic, partition).key())
             .cloned()
             .ok_or_else(|| {
                 ApiError::with(
@@ -475,10 +472,10 @@ impl Broker {
                 offline: false,
             });
         }
-        for (topic, partition) in self.offline.borrow().keys() {
+        for key in self.offline.borrow().keys() {
             out.push(PartitionStat {
-                topic: topic.clone(),
-                partition: *partition,
+                topic: key.topic().to_string(),
+                partition: key.partition(),
                 leader: false,
                 high_watermark: 0,
                 log_start_offset: 0,
@@ -958,6 +955,8 @@ impl Broker {
             };
             let tc = Rc::new(tc);
             configs.insert(name.clone(), tc.clone());
+            // The name, shared by the keys of the partitions opened below.
+            let mut topic: Option<Arc<str>> = None;
             for p in 0..meta.partitions {
                 if self.owner(meta, p) != self.shard {
                     continue;
@@ -969,11 +968,11 @@ impl Broker {
                 if !assignment.replicas.contains(&me) {
                     continue;
                 }
-                let key = (name.clone(), p);
-                if self.offline.borrow().contains_key(&key) {
+                let key = TopicPartitionRef::new(name, p);
+                if self.offline.borrow().contains_key(key.key()) {
                     continue; // `tend_offline` reopens it
                 }
-                let existing = self.logs.borrow().get(&key).cloned();
+                let existing = self.logs.borrow().get(key.key()).cloned();
                 match existing {
                     Some(log) => {
                         if log.config() != tc.log {
@@ -990,8 +989,10 @@ impl Broker {
                         Ok(log) => {
                             tracing::debug!(shard = self.shard.0, topic = %name, partition = p, "opened log");
                             let replica = Replica::open(name, p, log.clone());
+                            let topic = topic.get_or_insert_with(|| Arc::from(name.as_str()));
+                            let key = TopicPartition::new(topic.clone(), p);
                             self.replicas.borrow_mut().insert(key.clone(), replica);
-                            self.logs.borrow_mut().insert(key.clone(), log);
+                            self.logs.borrow_mut().insert(key, log);
                         }
                         Err(e) => {
                             tracing::error!(topic = %name, partition = p, error = %e, "cannot open log")
@@ -1002,8 +1003,8 @@ impl Broker {
         }
         // Roles follow the committed assignments (leader epochs, ISR).
         if image.registered {
-            for ((name, p), replica) in self.replicas.borrow().iter() {
-                self.adopt_role(&image, name, *p, replica);
+            for (key, replica) in self.replicas.borrow().iter() {
+                self.adopt_role(&image, key.topic(), key.partition(), replica);
             }
         }
         *self.image.borrow_mut() = image;
@@ -1046,13 +1047,13 @@ impl Broker {
     /// Takes a partition whose log failed offline: its log and replica leave the maps
     /// (every request then answers KAFKA_STORAGE_ERROR with the cause, logged here
     /// once) until [`Self::tend_offline`] has reopened it, re-reading its files.
-    fn take_offline(&self, key: &(String, i32), cause: String) -> ApiError {
-        let log = self.logs.borrow_mut().remove(key);
-        self.replicas.borrow_mut().remove(key);
-        if let Some(log) = log {
-            tracing::error!(topic = %key.0, partition = key.1, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");
+    fn take_offline(&self, key: TopicPartitionRef<'_>, cause: String) -> ApiError {
+        let log = self.logs.borrow_mut().remove_entry(key.key());
+        self.replicas.borrow_mut().remove(key.key());
+        if let Some((owned, log)) = log {
+            tracing::error!(topic = %key.topic, partition = key.partition, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");
             self.offline.borrow_mut().insert(
-                key.clone(),
+                owned,
                 Offline {
                     cause: cause.clone(),
                     failed: Some(log),
@@ -1072,19 +1073,24 @@ impl Broker {
             .logs
             .borrow()
             .iter()
-            .map(|((t, p), log)| {
+            .map(|(key, log)| {
                 let end = log.log_end_offset();
                 let lag = replicas
-                    .get(&(t.clone(), *p))
+                    .get(key)
                     .map_or(0, |r| (end - r.high_watermark()).max(0));
-                (t.clone(), *p, log.size_bytes(), lag)
+                (
+                    key.topic().to_string(),
+                    key.partition(),
+                    log.size_bytes(),
+                    lag,
+                )
             })
             .collect();
         let offline = self
             .offline
             .borrow()
             .iter()
-            .map(|((t, p), o)| (t.clone(), *p, o.cause.clone()))
+            .map(|(key, o)| (key.topic().to_string(), key.partition(), o.cause.clone()))
             .collect();
         crate::rpc::ShardLogs { online, offline }
     }
@@ -1095,25 +1101,25 @@ impl Broker {
     /// offline partitions with backoff. Reopening runs recovery, so nothing is served
     /// from a file whose state after the error was not read back.
     pub async fn tend_offline(self: &Rc<Self>) {
-        let failed: Vec<((String, i32), String)> = self
+        let failed: Vec<(TopicPartition, String)> = self
             .logs
             .borrow()
             .iter()
             .filter_map(|(k, l)| l.failure().map(|c| (k.clone(), c)))
             .collect();
         for (key, cause) in failed {
-            self.take_offline(&key, cause);
+            self.take_offline(key.as_ref(), cause);
         }
-        let unannounced: Vec<(String, i32)> = self
+        let unannounced: Vec<TopicPartition> = self
             .offline
             .borrow_mut()
             .iter_mut()
             .filter_map(|(k, o)| (!std::mem::replace(&mut o.announced, true)).then(|| k.clone()))
             .collect();
-        for (topic, p) in &unannounced {
-            self.each_subscriber(|s| s.partition_offline(self, topic, *p));
+        for key in &unannounced {
+            self.each_subscriber(|s| s.partition_offline(self, key.topic(), key.partition()));
         }
-        let due: Vec<(String, i32)> = self
+        let due: Vec<TopicPartition> = self
             .offline
             .borrow()
             .iter()
@@ -1137,7 +1143,7 @@ impl Broker {
     }
 
     /// One attempt to bring an offline partition back.
-    async fn reopen(self: &Rc<Self>, key: &(String, i32)) {
+    async fn reopen(self: &Rc<Self>, key: &TopicPartition) {
         let Some(_guard) = self.opening_logs().await else {
             return;
         };
@@ -1151,7 +1157,7 @@ impl Broker {
             let _ = log.close().await;
         }
         let image = self.image();
-        let (name, p) = (&key.0, key.1);
+        let (name, p) = (key.topic(), key.partition());
         let owned = image
             .topics
             .get(name)
@@ -1223,9 +1229,9 @@ impl Broker {
                 "log {key:?} has no replica on {}",
                 self.shard
             );
-            if let Some(meta) = image.topics.get(&key.0) {
+            if let Some(meta) = image.topics.get(key.topic()) {
                 assert_eq!(
-                    self.owner(meta, key.1),
+                    self.owner(meta, key.partition()),
                     self.shard,
                     "{key:?} open on a shard that does not own it"
                 );
@@ -1258,9 +1264,9 @@ impl Broker {
         }
         let doomed: Vec<Rc<PartitionLog>> = {
             let mut logs = self.logs.borrow_mut();
-            let keys: Vec<(String, i32)> = logs
+            let keys: Vec<TopicPartition> = logs
                 .keys()
-                .filter(|(t, _)| topics.contains(t))
+                .filter(|k| topics.iter().any(|t| t == k.topic()))
                 .cloned()
                 .collect();
             let mut replicas = self.replicas.borrow_mut();

@@ -8,12 +8,17 @@
 # exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
+# BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
+# of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) on its own
+# broker, a row every SOAK_SAMPLE s (default 15) with the broker's RSS, open
+# descriptors and allocated disk beside the interval's rates and latency.
+# BENCH_OUT puts the results elsewhere than bench/results.
 # scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
 BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
-OUT=bench/results
+OUT=${BENCH_OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 PORT=${BENCH_PORT:-19392}
 CORES=${BROKER_CORES:-1}
@@ -49,6 +54,8 @@ fi
 
 bench() { "${NICE[@]}" "$BENCH_BIN" "$@"; }
 
+# The soak alone needs none of the shared broker's scenarios.
+if [ "$PART" != soak ]; then
 DATA="$OUT/broker-data"
 rm -rf "$DATA"
 "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA" --cores "$CORES" >"$OUT/broker.log" 2>&1 &
@@ -60,6 +67,7 @@ until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
   sleep 0.2
 done
 B="--bootstrap 127.0.0.1:$PORT --report-dir $OUT"
+fi
 
 if [ "$PART" = all ]; then
 echo "== (a) 100-byte records, acks=1, 8 partitions, maximum throughput =="
@@ -130,7 +138,7 @@ if [ "$PART" = all ] || [ "$PART" = replication ]; then
 rf_scenarios "$B" single "single broker"
 fi
 
-kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT
+if [ "$PART" != soak ]; then kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT; fi
 
 if [ "$PART" = all ] || [ "$PART" = replication ]; then
 # RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
@@ -167,6 +175,41 @@ if [ "$PART" = all ] || [ "$PART" = scale ]; then
   # this part; the summary then lacks its rows and says so.
   OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-scale.sh ||
     echo "bench-scale: a scenario failed (output above); the summary has only the figures measured before it"
+fi
+# Soak (issue 17): one broker of its own, produce + consume at a fixed rate, acks=all,
+# for SOAK_SECONDS; every SOAK_SAMPLE s a row of the interval (records/s produced and
+# consumed, produce p50/p99/max, end-to-end p99) and of the broker (RSS, open
+# descriptors, allocated bytes of its data dir), so that growth over time shows. The
+# topic keeps at most SOAK_RETENTION_BYTES per partition in segments of
+# SOAK_SEGMENT_BYTES and the broker checks retention every 5 s, so old segments are
+# deleted throughout the run and the disk stays bounded (about 8 partitions x
+# (retention + one segment)) however long it runs.
+if [ "$PART" = all ] || [ "$PART" = soak ]; then
+  SOAK_PORT=${BENCH_SOAK_PORT:-19600}
+  SOAK_SECONDS=${SOAK_SECONDS:-180}
+  SOAK_RATE=${SOAK_RATE:-100000}
+  SOAK_SAMPLE=${SOAK_SAMPLE:-15}
+  SOAK_RETENTION_BYTES=${SOAK_RETENTION_BYTES:-33554432}
+  SOAK_SEGMENT_BYTES=${SOAK_SEGMENT_BYTES:-8388608}
+  SDATA="$OUT/soak-data"
+  rm -rf "$SDATA"
+  echo "== soak: 100-byte records at $SOAK_RATE records/s, acks=all, produce and consume for $SOAK_SECONDS s, a sample every $SOAK_SAMPLE s =="
+  "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$SOAK_PORT" --data-dir "$SDATA" --cores "$CORES" \
+    --metrics-listen "127.0.0.1:$((SOAK_PORT + 1))" --log-retention-check-interval-ms 5000 >"$OUT/soak-broker.log" 2>&1 &
+  SOAK_BROKER=$!
+  trap 'kill -TERM $SOAK_BROKER 2>/dev/null || true; wait $SOAK_BROKER 2>/dev/null || true' EXIT
+  deadline=$((SECONDS + 30))
+  until (exec 3<>/dev/tcp/127.0.0.1/$SOAK_PORT) 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { echo "soak broker did not start"; cat "$OUT/soak-broker.log"; exit 1; }
+    sleep 0.2
+  done
+  bench e2e --bootstrap "127.0.0.1:$SOAK_PORT" --report-dir "$OUT" --name soak --topic bench-soak \
+    --partitions 8 --record-size 100 --acks -1 --rate "$SOAK_RATE" --linger-ms 1 --batch-bytes 32768 \
+    --duration "$SOAK_SECONDS" --sample-secs "$SOAK_SAMPLE" --watch-pid "$SOAK_BROKER" --watch-dir "$SDATA" \
+    --topic-config "retention.bytes=$SOAK_RETENTION_BYTES" --topic-config "segment.bytes=$SOAK_SEGMENT_BYTES" ||
+    echo "soak: the run failed (output above); the summary has no soak rows"
+  kill -TERM $SOAK_BROKER; wait $SOAK_BROKER 2>/dev/null || true; trap - EXIT
+  rm -rf "$SDATA"
 fi
 # Only a full run replaces the figures in the docs by default: a partial one would
 # leave the table with only its own rows.

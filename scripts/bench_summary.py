@@ -196,6 +196,49 @@ for kind, who in (("1b", "1 broker"), ("rf3", "3 brokers, RF=3")):
 if srows:
     lines += ["", "Many partitions (`scripts/bench-scale.sh`, issue 14): 100 topics × 100 partitions on one broker (`--cores 2`) and on 3 brokers (`--cores 1` each, RF=3), each figure beside the same scenario with 8 partitions in this run.", "",
               "| scenario | figure |", "|---|---|"] + srows
+# Issue 17: the soak, a row per sample interval of the broker's resources beside the
+# interval's rates and latency; facts about growth, no verdict of pass or fail.
+soak = load("soak-report.json")
+if soak and soak.get("samples"):
+    sm = soak["samples"]
+    cfg = soak.get("config") or {}
+    tcfg = ", ".join(f"{k}={v}" for k, v in cfg.get("topic_configs") or [])
+    num = lambda v, f: f.format(v) if isinstance(v, (int, float)) else "–"
+    mib = lambda v: v / 1024 if isinstance(v, (int, float)) else None
+    lines += ["", f"Soak (issue 17): one broker, {cfg.get('partitions', '?')} partitions ({tcfg or 'default topic configs'}), "
+              f"{cfg.get('record_size', '?')} B records, acks={cfg.get('acks', '?')}, asked {num(cfg.get('rate'), '{:,.0f}')} records/s "
+              f"for {soak['seconds']:.0f} s, produce and consume at once: {soak['records_per_sec']:,.0f} records/s acknowledged, "
+              f"{soak.get('consumed', 0):,} records consumed, {soak.get('errors', 0)} errors; whole run produce p99 {ms(soak, 'p99')} ms, "
+              f"end-to-end p99 {num((soak.get('e2e_latency_ms') or {}).get('p99'), '{:.2f}')} ms. "
+              "Each row is the interval ending at that second (latency of the records acknowledged in it; the row at 0 s is the broker before the load); RSS and descriptors are the broker's, disk the blocks allocated under its data dir.", "",
+              "| elapsed s | produced/s | consumed/s | p50 ms | p99 ms | max ms | e2e p99 ms | RSS MiB | fds | disk MiB |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sm:
+        lines.append(f"| {r['elapsed_s']:.0f} | {r['produced_per_sec']:,.0f} | {r['consumed_per_sec']:,.0f} | {num(r.get('produce_p50_ms'), '{:.2f}')} | "
+                     f"{num(r.get('produce_p99_ms'), '{:.2f}')} | {num(r.get('produce_max_ms'), '{:.2f}')} | {num(r.get('e2e_p99_ms'), '{:.2f}')} | "
+                     f"{num(mib(r.get('rss_kib')), '{:.1f}')} | {num(r.get('open_fds'), '{}')} | {num((r.get('disk_bytes') or 0) / 1048576 if r.get('disk_bytes') is not None else None, '{:.0f}')} |")
+    facts = []
+    rss = [(r["elapsed_s"], r["rss_kib"] / 1024) for r in sm if isinstance(r.get("rss_kib"), (int, float))]
+    if rss:
+        (t0, r0), (t1, r1) = rss[0], rss[-1]
+        peak_t, peak = max(rss, key=lambda x: x[1])
+        facts.append(f"RSS {r0:.1f} MiB at {t0:.0f} s → {r1:.1f} MiB at {t1:.0f} s, max {peak:.1f} MiB (first reached at {peak_t:.0f} s)")
+        half = [x for x in rss if x[0] >= rss[-1][0] / 2]
+        if len(half) >= 2 and half[-1][0] > half[0][0]:
+            (h0, a), (h1, b) = half[0], half[-1]
+            facts.append(f"over the last half ({h0:.0f} → {h1:.0f} s) RSS moved {b - a:+.1f} MiB ({(b - a) / (h1 - h0) * 60:+.2f} MiB/min)")
+    fds = [r["open_fds"] for r in sm if isinstance(r.get("open_fds"), int)]
+    if fds:
+        facts.append(f"open descriptors {fds[0]} → {fds[-1]} (min {min(fds)}, max {max(fds)})")
+    disk = [r["disk_bytes"] / 1048576 for r in sm if isinstance(r.get("disk_bytes"), (int, float))]
+    if disk:
+        facts.append(f"disk {disk[0]:.0f} → {disk[-1]:.0f} MiB (max {max(disk):.0f} MiB)")
+    p99s = [(r["elapsed_s"], r["produce_p99_ms"]) for r in sm if isinstance(r.get("produce_p99_ms"), (int, float))]
+    if p99s:
+        worst_t, worst = max(p99s, key=lambda x: x[1])
+        facts.append(f"interval p99 {p99s[0][1]:.2f} ms first, {p99s[-1][1]:.2f} ms last, highest {worst:.2f} ms (interval ending at {worst_t:.0f} s)")
+    if facts:
+        lines += ["", "Soak over time: " + "; ".join(facts) + "."]
 text = "\n".join(lines)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 print(text)

@@ -73,6 +73,7 @@ async fn prefill(opts: &CtpOpts) -> io::Result<()> {
         idempotent: false,
         transactional: false,
         commit_interval_ms: opts.commit_interval_ms,
+        topic_configs: Vec::new(),
     };
     let out = load::produce(fill, None).await?;
     if out.errors > 0 || out.records != opts.prefill {

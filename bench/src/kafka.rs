@@ -174,11 +174,36 @@ impl Client {
         partitions: i32,
         replication: i16,
     ) -> io::Result<()> {
+        self.create_topic_with(topic, partitions, replication, &[])
+            .await
+    }
+
+    /// `create_topic` with topic configs (name, value). A topic that already exists
+    /// keeps its own configs: a warning says so when some were asked for.
+    pub async fn create_topic_with(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        replication: i16,
+        configs: &[(String, String)],
+    ) -> io::Result<()> {
+        use kafka_protocol::messages::create_topics_request::{
+            CreatableTopic, CreatableTopicConfig,
+        };
         let v = self.version(ApiKey::CreateTopics)?;
-        let mut t = kafka_protocol::messages::create_topics_request::CreatableTopic::default();
+        let mut t = CreatableTopic::default();
         t.name = topic_name(topic);
         t.num_partitions = partitions;
         t.replication_factor = replication;
+        t.configs = configs
+            .iter()
+            .map(|(k, val)| {
+                let mut c = CreatableTopicConfig::default();
+                c.name = sluice_client::sbs(k);
+                c.value = Some(sluice_client::sbs(val));
+                c
+            })
+            .collect();
         let mut req = CreateTopicsRequest::default();
         req.topics = vec![t];
         req.timeout_ms = 30_000;
@@ -187,9 +212,16 @@ impl Client {
             // 36 = TOPIC_ALREADY_EXISTS
             if t.error_code != 0 && t.error_code != 36 {
                 return Err(err(format!(
-                    "CreateTopics {topic}: error code {}",
-                    t.error_code
+                    "CreateTopics {topic}: error code {}{}",
+                    t.error_code,
+                    t.error_message
+                        .as_ref()
+                        .map(|m| format!(" ({})", m.as_str()))
+                        .unwrap_or_default()
                 )));
+            }
+            if t.error_code == 36 && !configs.is_empty() {
+                eprintln!("sluice-bench: topic {topic} exists already; its configs stay as they are, not {configs:?}");
             }
         }
         Ok(())

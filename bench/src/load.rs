@@ -58,6 +58,9 @@ pub struct ProduceOpts {
     /// committed every `commit_interval_ms`.
     pub transactional: bool,
     pub commit_interval_ms: u64,
+    /// Topic configs (name, value) sent with CreateTopics when the run creates its
+    /// topic (e.g. retention.bytes and segment.bytes to bound a soak's disk).
+    pub topic_configs: Vec<(String, String)>,
 }
 
 /// What a run measured.
@@ -73,6 +76,8 @@ pub struct Outcome {
     /// offsets sent to the transaction before them.
     pub commit_latency_us: Option<Histogram<u64>>,
     pub consumed: u64,
+    /// Rows over time (`e2e --sample-secs`); empty otherwise.
+    pub samples: Vec<crate::sample::Row>,
 }
 
 pub fn histogram() -> Histogram<u64> {
@@ -127,6 +132,7 @@ impl Stats {
             e2e_latency_us: e2e,
             commit_latency_us: (!commits.is_empty()).then(|| commits.clone()),
             consumed,
+            samples: Vec::new(),
         }
     }
 
@@ -580,7 +586,12 @@ async fn producer(
 async fn setup(opts: &ProduceOpts) -> io::Result<(Client, Rc<Vec<(i32, SocketAddr)>>, i16)> {
     let mut client = Client::connect(opts.bootstrap).await?;
     client
-        .create_topic(&opts.topic, opts.partitions, opts.replication)
+        .create_topic_with(
+            &opts.topic,
+            opts.partitions,
+            opts.replication,
+            &opts.topic_configs,
+        )
         .await?;
     let leaders = client.leaders(&opts.topic).await?;
     if leaders.is_empty() {
@@ -863,14 +874,17 @@ pub async fn consume(
         e2e_latency_us: None,
         commit_latency_us: None,
         consumed: records,
+        samples: Vec::new(),
     })
 }
 
 /// Produces (open loop if `--rate`) while a consumer reads from the end; end-to-end
-/// latency is consume time minus each record's due time (carried in its value).
+/// latency is consume time minus each record's due time (carried in its value). With
+/// `sampling`, also a row per interval (crate::sample) in the outcome's `samples`.
 pub async fn e2e(
     opts: ProduceOpts,
     progress: Option<indicatif::ProgressBar>,
+    sampling: Option<crate::sample::SampleOpts>,
 ) -> io::Result<Outcome> {
     if opts.record_size < 8 {
         return Err(err(
@@ -900,7 +914,29 @@ pub async fn e2e(
         )));
     }
     let opts = Rc::new(opts);
+    let sample_stop = Rc::new(Cell::new(false));
+    let sampler = sampling.map(|s| {
+        let start = Instant::now();
+        let watcher = crate::sample::Watcher::start(&s, start, opts.duration_s);
+        let rows = glommio::spawn_local(crate::sample::sample_loop(
+            s.every_s,
+            start,
+            opts.duration_s,
+            stats.clone(),
+            e2e_hist.clone(),
+            sample_stop.clone(),
+        ));
+        (watcher, rows)
+    });
     let seconds = run_producers(opts.clone(), leaders, version, stats.clone()).await?;
+    sample_stop.set(true);
+    let samples = match sampler {
+        Some((watcher, rows)) => {
+            let rows = rows.await;
+            crate::sample::join(rows, watcher.finish())
+        }
+        None => Vec::new(),
+    };
     // Let the consumer catch up with what was acknowledged (bounded).
     let deadline = Instant::now() + Duration::from_secs(30);
     while (e2e_hist.borrow().len()) < stats.acked.get() && Instant::now() < deadline {
@@ -912,5 +948,7 @@ pub async fn e2e(
         consumed += c.await?.0;
     }
     let e2e_latency = e2e_hist.borrow().clone();
-    Ok(stats.outcome(opts.record_size, seconds, Some(e2e_latency), consumed))
+    let mut out = stats.outcome(opts.record_size, seconds, Some(e2e_latency), consumed);
+    out.samples = samples;
+    Ok(out)
 }

@@ -14,6 +14,7 @@ mod group;
 mod kafka;
 mod load;
 mod report;
+mod sample;
 mod scale;
 mod storage_bench;
 mod txn;
@@ -118,6 +119,36 @@ struct ProduceArgs {
     /// Age of a transaction at which it is committed (checked between sends).
     #[arg(long, default_value_t = 100)]
     commit_interval_ms: u64,
+    /// A topic config (NAME=VALUE, repeatable) sent with CreateTopics when the run
+    /// creates its topic, e.g. retention.bytes=33554432.
+    #[arg(long = "topic-config", value_name = "NAME=VALUE", value_parser = parse_config)]
+    topic_config: Vec<(String, String)>,
+}
+
+fn parse_config(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not NAME=VALUE")),
+    }
+}
+
+#[derive(Args, Clone)]
+struct E2eArgs {
+    #[command(flatten)]
+    produce: ProduceArgs,
+    /// Every this many seconds, a row of the interval: records produced and consumed,
+    /// produce-ack p50/p99/max and end-to-end p99 of that interval, and the RSS, open
+    /// descriptors and allocated disk of --watch-pid and --watch-dir (a soak).
+    #[arg(long)]
+    sample_secs: Option<f64>,
+    /// Process to read RSS (/proc/PID/status VmRSS) and open descriptors
+    /// (/proc/PID/fd) of at every sample, e.g. the broker.
+    #[arg(long, requires = "sample_secs")]
+    watch_pid: Option<u32>,
+    /// Directory to sum allocated bytes (st_blocks * 512) of at every sample, e.g. the
+    /// broker's data directory.
+    #[arg(long, requires = "sample_secs")]
+    watch_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -171,8 +202,10 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         record_size: usize,
     },
-    /// Produce and consume at once; report end-to-end latency too.
-    E2e(ProduceArgs),
+    /// Produce and consume at once; report end-to-end latency too, and with
+    /// --sample-secs a row per interval (rates, latency, a watched process's RSS and
+    /// descriptors, a directory's disk use).
+    E2e(E2eArgs),
     /// Consume-transform-produce, exactly once: read the input with read_committed,
     /// write each record again to the output inside transactions that also commit the
     /// input offsets; report records/s end to end and check the output holds every
@@ -352,6 +385,7 @@ fn produce_opts(a: &ProduceArgs) -> load::ProduceOpts {
         idempotent: a.idempotent,
         transactional: a.transactional,
         commit_interval_ms: a.commit_interval_ms,
+        topic_configs: a.topic_config.clone(),
     }
 }
 
@@ -395,6 +429,11 @@ fn write_reports(args: &ReportArgs, kind: &str, config: serde_json::Value, out: 
     if let Some(h) = &out.commit_latency_us {
         report["commit_latency_ms"] = report::latency_ms(h);
         report["transactions"] = json!(h.len());
+    }
+    if !out.samples.is_empty() {
+        println!("over time (each row: the interval ending at that second):");
+        sample::print_table(&out.samples);
+        report["samples"] = json!(out.samples);
     }
     for (label, h) in &hists {
         let p = dir.join(format!("{name}-{label}.hgrm"));
@@ -490,7 +529,7 @@ fn replicas_before(opts: &load::ProduceOpts) -> Option<serde_json::Value> {
     let o = opts.clone();
     let sets = on_executor("bench-isr", move || async move {
         let mut c = kafka::Client::connect(o.bootstrap).await?;
-        c.create_topic(&o.topic, o.partitions, o.replication)
+        c.create_topic_with(&o.topic, o.partitions, o.replication, &o.topic_configs)
             .await?;
         c.wait_in_sync(&o.topic, o.replication as usize, Duration::from_secs(30))
             .await
@@ -575,16 +614,31 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        Command::E2e(a) => {
-            let opts = produce_opts(&a);
+        Command::E2e(e) => {
+            let a = &e.produce;
+            let opts = produce_opts(a);
+            let sampling = e.sample_secs.map(|every_s| {
+                if every_s.is_nan() || every_s <= 0.0 {
+                    fail("--sample-secs must be positive");
+                }
+                sample::SampleOpts {
+                    every_s,
+                    pid: e.watch_pid,
+                    dir: e.watch_dir.clone(),
+                }
+            });
             let before = replicas_before(&opts);
-            let show = a.duration.is_some_and(|d| d > 3.0);
+            // A sampled run prints its rows at the end instead of a progress bar.
+            let show = a.duration.is_some_and(|d| d > 3.0) && sampling.is_none();
             let pb = progress_bar(a.records, show);
-            let o = opts.clone();
-            let out = on_executor("bench-e2e", move || load::e2e(o, pb.clone()))
+            let (o, s) = (opts.clone(), sampling.clone());
+            let out = on_executor("bench-e2e", move || load::e2e(o, pb.clone(), s))
                 .unwrap_or_else(|e| fail(e));
             let after = replicas_after(&opts);
             let mut config = serde_json::to_value(&opts).expect("config");
+            if let Some(s) = &sampling {
+                config["sampling"] = json!(s);
+            }
             add_replicas(&mut config, before, &after);
             write_reports(&a.common.report, "e2e", config, &out);
             if out.errors > 0 || after.is_some_and(|(_, all)| !all) {

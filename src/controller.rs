@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
-use sluice_replication::cluster::{Applied, ClusterState, Command, PartitionState};
+use sluice_replication::cluster::{
+    Applied, ClusterState, Command, PartitionState, ProducerIdBlock,
+};
 use sluice_replication::BrokerId;
 use sluice_shard::ShardId;
 use uuid::Uuid;
@@ -90,28 +92,18 @@ impl Controller {
             .expect("producer id lock never closes");
         let (mut next, mut end) = self.producer_ids.get();
         if next >= end {
-            let cmd = Command::AllocateProducerIds {
-                broker: broker.config.node_id,
-                count: PRODUCER_ID_BLOCK,
-            };
-            match self.quorum.propose(cmd, COMMIT_TIMEOUT).await? {
-                (Applied::ProducerIds { first, count }, _) => {
-                    // Blocks are committed in order and never handed out twice: a new
-                    // block starts at or after the end of this broker's last one, so
-                    // no producer id is given to two producers.
-                    assert!(
-                        count > 0 && first >= end,
-                        "producer id block [{first}, +{count}) is empty or overlaps the previous block ending at {end}"
-                    );
-                    (next, end) = (first, first + count)
-                }
-                (other, _) => {
-                    return Err(ApiError::with(
-                        ResponseError::UnknownServerError,
-                        format!("the quorum answered a producer id block with {other:?}"),
-                    ))
-                }
-            }
+            let ProducerIdBlock { first, count } = self
+                .quorum
+                .allocate_producer_ids(broker.config.node_id, PRODUCER_ID_BLOCK, COMMIT_TIMEOUT)
+                .await?;
+            // Blocks are committed in order and never handed out twice: a new block
+            // starts at or after the end of this broker's last one, so no producer id
+            // is given to two producers.
+            assert!(
+                count > 0 && first >= end,
+                "producer id block [{first}, +{count}) is empty or overlaps the previous block ending at {end}"
+            );
+            (next, end) = (first, first + count);
         }
         assert!(
             (0..end).contains(&next),

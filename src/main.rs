@@ -125,10 +125,9 @@ enum CliError {
     /// `sluice check` could not write its report.
     #[error(transparent)]
     Report(std::io::Error),
-    /// The broker failed to start or stopped on an error (`sluice::node::run` reports
-    /// it as text).
-    #[error("{0}")]
-    Node(String),
+    /// The broker failed to start or stopped on an error.
+    #[error(transparent)]
+    Node(sluice::node::NodeError),
 }
 
 /// `sluice check`'s settings: the flags over the config file.

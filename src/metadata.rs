@@ -121,12 +121,35 @@ pub fn new_cluster_id() -> String {
         .collect()
 }
 
+/// Why a [`MetadataStore`] could not load or store an image.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataStoreError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Decode {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error("encoding the metadata image: {0}")]
+    Encode(#[from] toml::ser::Error),
+    /// Writing, syncing or renaming the new file (or syncing its directory).
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Where metadata lives between restarts.
 pub trait MetadataStore {
     /// The last stored image, or a fresh cluster if there is none.
-    fn load(&self) -> Result<MetadataImage, String>;
+    fn load(&self) -> Result<MetadataImage, MetadataStoreError>;
     /// Makes `image` durable before returning.
-    fn store(&self, image: &MetadataImage) -> Result<(), String>;
+    fn store(&self, image: &MetadataImage) -> Result<(), MetadataStoreError>;
 }
 
 /// `<data>/sluice-metadata.toml`, replaced atomically (write, fsync, rename, fsync dir).
@@ -145,25 +168,34 @@ impl FileMetadataStore {
 }
 
 impl MetadataStore for FileMetadataStore {
-    fn load(&self) -> Result<MetadataImage, String> {
+    fn load(&self) -> Result<MetadataImage, MetadataStoreError> {
         match std::fs::read_to_string(&self.path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", self.path.display())),
+            Ok(text) => toml::from_str(&text).map_err(|source| MetadataStoreError::Decode {
+                path: self.path.clone(),
+                source,
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let image = MetadataImage::new_cluster();
                 self.store(&image)?;
                 Ok(image)
             }
-            Err(e) => Err(format!("{}: {e}", self.path.display())),
+            Err(source) => Err(MetadataStoreError::Read {
+                path: self.path.clone(),
+                source,
+            }),
         }
     }
 
     // Blocking file I/O: this runs only on metadata changes (admin requests and topic
     // auto-creation), a few small writes, never on the produce/fetch path.
-    fn store(&self, image: &MetadataImage) -> Result<(), String> {
+    fn store(&self, image: &MetadataImage) -> Result<(), MetadataStoreError> {
         use std::io::Write;
-        let text = toml::to_string(image).map_err(|e| e.to_string())?;
+        let text = toml::to_string(image)?;
         let tmp = self.path.with_extension("toml.tmp");
-        let err = |e: std::io::Error| format!("{}: {e}", tmp.display());
+        let err = |source: std::io::Error| MetadataStoreError::Write {
+            path: tmp.clone(),
+            source,
+        };
         let mut f = std::fs::File::create(&tmp).map_err(err)?;
         f.write_all(text.as_bytes()).map_err(err)?;
         f.sync_data().map_err(err)?;
@@ -171,7 +203,10 @@ impl MetadataStore for FileMetadataStore {
         if let Some(dir) = self.path.parent() {
             std::fs::File::open(dir)
                 .and_then(|d| d.sync_all())
-                .map_err(err)?;
+                .map_err(|source| MetadataStoreError::Write {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
         }
         Ok(())
     }
@@ -201,5 +236,16 @@ mod tests {
         let back = FileMetadataStore::new(dir.path()).load().unwrap();
         assert_eq!(back.topics, image.topics);
         assert_eq!(back.cluster_id, image.cluster_id);
+    }
+
+    #[test]
+    fn a_file_that_is_not_an_image_is_a_decode_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(METADATA_FILE), "epoch = \"x\"").unwrap();
+        let e = FileMetadataStore::new(dir.path()).load().unwrap_err();
+        assert!(
+            matches!(&e, MetadataStoreError::Decode { path, .. } if path.ends_with(METADATA_FILE)),
+            "{e:?}"
+        );
     }
 }

@@ -19,6 +19,68 @@ use crate::metadata::{FileMetadataStore, MetadataStore};
 use crate::quorum_io::{QuorumConfig, QuorumNode};
 use crate::rpc::{Answered, ShardReq};
 
+/// Why the broker did not start, or stopped on an error; `sluice serve` prints it.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A listen address held by another process, or the data directory locked by
+    /// another broker.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
+    #[error("creating {}: {source}", path.display())]
+    CreateDataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {}: {source}", path.display())]
+    WriteProbe {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The metrics endpoint asked for cannot be served (the metrics module's words).
+    #[error("{0}")]
+    Metrics(String),
+    /// The alert sink did not start (the lag module's words).
+    #[error("{0}")]
+    Alerts(String),
+    /// Every shard that failed, in shard order.
+    #[error("{}", join_failures(.0))]
+    Shards(Vec<ShardFailure>),
+}
+
+/// One shard that failed to start or to run.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardFailure {
+    #[error("shard {shard}: {error}")]
+    Failed { shard: usize, error: ShardError },
+    /// Its executor could not be built or did not finish.
+    #[error("shard {shard} executor: {error}")]
+    Executor { shard: usize, error: std::io::Error },
+}
+
+fn join_failures(failures: &[ShardFailure]) -> String {
+    let texts: Vec<String> = failures.iter().map(ToString::to_string).collect();
+    texts.join("; ")
+}
+
+/// Why one shard did not start (or could not serve).
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("opening storage: {0}")]
+    OpenStorage(sluice_storage::Error),
+    #[error("starting the storage background pass: {0}")]
+    StorageBackground(sluice_storage::Error),
+    #[error("joining the shard mesh: {0}")]
+    Mesh(sluice_shard::MeshError),
+    /// Shard 0's voter of the metadata quorum did not start.
+    #[error(transparent)]
+    Quorum(#[from] crate::quorum_io::QuorumIoError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
 /// How often each shard checks the stop flag set by the signal handler.
 const STOP_POLL: Duration = Duration::from_millis(50);
 /// Storage background pass: interval flushes (retention and compaction run every
@@ -28,7 +90,7 @@ const FLUSH_CHECK_MS: u64 = 100;
 /// Refuses to start when another process holds the Kafka or controller port, after
 /// waiting a bounded time for one a crashed predecessor still holds (see
 /// [`crate::host::wait_port_free`]).
-pub fn check_port_free(config: &BrokerConfig) -> Result<(), String> {
+pub fn check_port_free(config: &BrokerConfig) -> Result<(), NodeError> {
     use crate::host::{wait_port_free, PORT_WAIT_MAX};
     wait_port_free(config.listen, "the Kafka listener", PORT_WAIT_MAX)?;
     if let Some(c) = config.controller_listen {
@@ -40,19 +102,24 @@ pub fn check_port_free(config: &BrokerConfig) -> Result<(), String> {
 /// glommio's per-thread polled-I/O probe must see a full page (see
 /// `sluice_storage::probe`). Shards open storage concurrently on one directory, so the
 /// probe file is written once here, before any of them starts.
-fn prepare_data_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+fn prepare_data_dir(dir: &Path) -> Result<(), NodeError> {
+    std::fs::create_dir_all(dir).map_err(|source| NodeError::CreateDataDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let probe = dir.join(sluice_storage::probe::PROBE_FILE);
     let page = sluice_storage::file::ALIGN as usize;
     if std::fs::metadata(&probe).map(|m| m.len() as usize).ok() != Some(page) {
-        std::fs::write(&probe, vec![0x5au8; page])
-            .map_err(|e| format!("writing {}: {e}", probe.display()))?;
+        std::fs::write(&probe, vec![0x5au8; page]).map_err(|source| NodeError::WriteProbe {
+            path: probe,
+            source,
+        })?;
     }
     Ok(())
 }
 
 /// Runs the broker until `stop` is set. Returns once every shard has stopped.
-pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
+pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError> {
     check_port_free(&config)?;
     prepare_data_dir(&config.data_dir)?;
     // Held until the process exits (the kernel drops it then, even on SIGKILL).
@@ -65,8 +132,9 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     );
     let descriptors = descriptor_budget(config.cores);
     let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
-    let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())?;
-    let lag = crate::lag::install(&config, &registry)?;
+    let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())
+        .map_err(NodeError::Metrics)?;
+    let lag = crate::lag::install(&config, &registry).map_err(NodeError::Alerts)?;
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
@@ -96,15 +164,15 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), String> {
     for (i, r) in results.into_iter().enumerate() {
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => failed.push(format!("shard {i}: {e}")),
-            Err(e) => failed.push(format!("shard {i} executor: {e}")),
+            Ok(Err(error)) => failed.push(ShardFailure::Failed { shard: i, error }),
+            Err(error) => failed.push(ShardFailure::Executor { shard: i, error }),
         }
     }
     if failed.is_empty() {
         tracing::info!("stopped cleanly");
         Ok(())
     } else {
-        Err(failed.join("; "))
+        Err(NodeError::Shards(failed))
     }
 }
 
@@ -204,7 +272,7 @@ async fn run_shard(
     shared: Shared,
     stop: Arc<AtomicBool>,
     ready: Arc<AtomicUsize>,
-) -> Result<(), String> {
+) -> Result<(), ShardError> {
     let Shared {
         descriptors,
         registry,
@@ -214,13 +282,13 @@ async fn run_shard(
     // Storage first: it must be the first DMA-file user on this executor.
     let storage = Storage::open(&config.data_dir, descriptors.storage, Rc::new(SystemClock))
         .await
-        .map_err(|e| format!("opening storage: {e}"))?;
+        .map_err(ShardError::OpenStorage)?;
     storage
         .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
-        .map_err(|e| e.to_string())?;
+        .map_err(ShardError::StorageBackground)?;
     let (mesh, receivers) = Mesh::join(shard, config.cores, builders, mesh_limits)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(ShardError::Mesh)?;
     // Shard 0 runs this broker's voter of the metadata quorum.
     let quorum = if shard.0 == 0 {
         let advertised = (config.advertised_host.clone(), config.advertised_port);
@@ -307,7 +375,10 @@ async fn run_shard(
         }
         glommio::timer::sleep(STOP_POLL).await;
     }
-    let listener = crate::server::bind(listen).map_err(|e| format!("binding {listen}: {e}"))?;
+    let listener = crate::server::bind(listen).map_err(|source| ShardError::Bind {
+        addr: listen,
+        source,
+    })?;
     let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
     listening.set(true);
     broker.metrics.set_serving(shard.0, true);

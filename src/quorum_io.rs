@@ -28,7 +28,7 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
-use sluice_replication::cluster::{Applied, ApplyError, ClusterState, Command};
+use sluice_replication::cluster::{Applied, ApplyError, ClusterState, Command, ProducerIdBlock};
 use sluice_replication::quorum::{self, Persist, Quorum, Replay};
 use sluice_replication::raft;
 use sluice_storage::journal::Journal;
@@ -43,10 +43,11 @@ pub enum QuorumIoError {
     OpenJournal(sluice_storage::Error),
     #[error("metadata journal: unknown record kind {0}")]
     UnknownRecord(u8),
-    /// A journal record or a peer's frame that does not decode, or a restored quorum
-    /// that does not fit this node (the replication crate's words).
-    #[error("{0}")]
-    Quorum(String),
+    #[error("metadata journal: {0}")]
+    JournalRecord(quorum::DecodeError),
+    /// The restored quorum does not fit this node (or its snapshot does not decode).
+    #[error(transparent)]
+    Start(#[from] quorum::StartError),
     #[error("binding the controller listener {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -59,22 +60,11 @@ pub enum QuorumIoError {
     UnknownFrame(u8),
     #[error("bad controller frame length {0}")]
     FrameLength(usize),
+    #[error("controller frame: {0}")]
+    Frame(quorum::DecodeError),
     /// A peer connection failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
-}
-
-impl From<String> for QuorumIoError {
-    fn from(e: String) -> QuorumIoError {
-        QuorumIoError::Quorum(e)
-    }
-}
-
-/// `crate::node` still reports start-up failures as text.
-impl From<QuorumIoError> for String {
-    fn from(e: QuorumIoError) -> String {
-        e.to_string()
-    }
 }
 
 const KIND_RAFT: u8 = 1;
@@ -106,7 +96,9 @@ pub struct QuorumConfig {
     pub rack: Option<String>,
 }
 
-type Waiter = LocalSender<(Result<Applied, ApplyError>, u64)>;
+/// Proposals of this node waiting to be applied here, by token, each for one type of
+/// result, with the state version after it.
+type Waiters<T> = RefCell<HashMap<u64, LocalSender<(Result<T, ApplyError>, u64)>>>;
 
 pub struct QuorumNode {
     cfg: QuorumConfig,
@@ -117,7 +109,9 @@ pub struct QuorumNode {
     tail: RefCell<Vec<raft::prelude::Entry>>,
     hard_state: RefCell<raft::prelude::HardState>,
     peers: RefCell<HashMap<u64, Rc<PeerQueue>>>,
-    waiters: RefCell<HashMap<u64, Waiter>>,
+    waiters: Waiters<Applied>,
+    /// Proposals of `AllocateProducerIds`, answered with the block itself.
+    block_waiters: Waiters<ProducerIdBlock>,
     next_token: Cell<u64>,
     drive_lock: Semaphore,
     /// Last heartbeat heard from each broker, with the incarnation it named.
@@ -159,13 +153,15 @@ impl QuorumNode {
         let mut hard_state = raft::prelude::HardState::default();
         for (kind, payload) in records {
             match kind {
-                JOURNAL_ENTRY => replay.entry(quorum::decode::<raft::prelude::Entry>(&payload)?),
+                JOURNAL_ENTRY => {
+                    replay.entry(quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?)
+                }
                 JOURNAL_HARD_STATE => {
-                    hard_state = quorum::decode::<raft::prelude::HardState>(&payload)?;
+                    hard_state = quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?;
                     replay.hard_state(hard_state.clone());
                 }
                 JOURNAL_SNAPSHOT => {
-                    replay.snapshot(quorum::decode::<raft::prelude::Snapshot>(&payload)?)
+                    replay.snapshot(quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?)
                 }
                 k => return Err(QuorumIoError::UnknownRecord(k)),
             }
@@ -191,6 +187,7 @@ impl QuorumNode {
             hard_state: RefCell::new(hard_state),
             peers: RefCell::new(HashMap::new()),
             waiters: RefCell::new(HashMap::new()),
+            block_waiters: RefCell::new(HashMap::new()),
             // Tokens of an earlier process may be replayed from the log: start this
             // process's tokens somewhere else.
             next_token: Cell::new(incarnation),
@@ -286,6 +283,29 @@ impl QuorumNode {
         cmd: Command,
         timeout: Duration,
     ) -> Result<(Applied, u64), ApiError> {
+        self.propose_to(&cmd, timeout, &self.waiters).await
+    }
+
+    /// Asks the quorum for a block of `count` producer ids for `broker`, waiting as
+    /// [`Self::propose`] does.
+    pub async fn allocate_producer_ids(
+        self: &Rc<Self>,
+        broker: i32,
+        count: i64,
+        timeout: Duration,
+    ) -> Result<ProducerIdBlock, ApiError> {
+        let cmd = Command::AllocateProducerIds { broker, count };
+        let (block, _version) = self.propose_to(&cmd, timeout, &self.block_waiters).await?;
+        Ok(block)
+    }
+
+    /// [`Self::propose`], waiting in `waiters` (see [`Self::answer`]).
+    async fn propose_to<T>(
+        &self,
+        cmd: &Command,
+        timeout: Duration,
+        waiters: &Waiters<T>,
+    ) -> Result<(T, u64), ApiError> {
         let deadline = Instant::now() + timeout;
         // One token for every copy: if an earlier copy commits after all, its result is
         // the one this call returns (a later copy's refusal must not hide it).
@@ -293,8 +313,8 @@ impl QuorumNode {
         self.next_token.set(token.wrapping_add(1));
         loop {
             let (tx, rx) = local_channel::new_bounded(1);
-            self.waiters.borrow_mut().insert(token, tx);
-            let proposed = self.quorum.borrow_mut().propose(&cmd, token);
+            waiters.borrow_mut().insert(token, tx);
+            let proposed = self.quorum.borrow_mut().propose(cmd, token);
             match proposed {
                 Ok(()) => {
                     self.drive().await;
@@ -305,7 +325,7 @@ impl QuorumNode {
                             Some(None)
                         })
                         .await;
-                    self.waiters.borrow_mut().remove(&token);
+                    waiters.borrow_mut().remove(&token);
                     match got {
                         Some(Some((Ok(a), version))) => return Ok((a, version)),
                         Some(Some((Err(e), _))) => return Err(api_error(&e)),
@@ -314,11 +334,11 @@ impl QuorumNode {
                     }
                 }
                 Err(quorum::QuorumError::NoLeader) => {
-                    self.waiters.borrow_mut().remove(&token);
+                    waiters.borrow_mut().remove(&token);
                     glommio::timer::sleep(self.cfg.tick).await;
                 }
                 Err(e) => {
-                    self.waiters.borrow_mut().remove(&token);
+                    waiters.borrow_mut().remove(&token);
                     return Err(ApiError::with(
                         ResponseError::UnknownServerError,
                         e.to_string(),
@@ -420,13 +440,11 @@ impl QuorumNode {
             }
             let version = self.quorum.borrow().state().version;
             for c in applied.commands {
-                if let Some(t) = c.token {
-                    if let Some(w) = self.waiters.borrow_mut().remove(&t) {
-                        let _ = w.try_send((c.result.clone(), version));
-                    }
-                }
                 if let Err(e) = &c.result {
                     tracing::debug!(index = c.index, error = %e, "metadata command refused");
+                }
+                if let Some(t) = c.token {
+                    self.answer(t, c.result, version);
                 }
             }
             if applied.state_changed {
@@ -438,6 +456,27 @@ impl QuorumNode {
             self.last_leader.set(leader);
             tracing::info!(node = self.cfg.node_id, leader, "controller leader changed");
             self.bump_change();
+        }
+    }
+
+    /// Hands a command's result to this node's proposal `token`, if one still waits:
+    /// a producer id block, or a refusal, to [`Self::allocate_producer_ids`] when it
+    /// proposed it, anything else to [`Self::propose`]. Only `AllocateProducerIds`
+    /// applies as a block, so each waiter gets the one type its command yields.
+    fn answer(&self, token: u64, result: Result<Applied, ApplyError>, version: u64) {
+        let block = match &result {
+            Ok(Applied::ProducerIds(block)) => Some(Ok(*block)),
+            Err(e) => Some(Err(e.clone())),
+            Ok(Applied::Done) => None,
+        };
+        if let Some(block) = block {
+            if let Some(w) = self.block_waiters.borrow_mut().remove(&token) {
+                let _ = w.try_send((block, version));
+                return;
+            }
+        }
+        if let Some(w) = self.waiters.borrow_mut().remove(&token) {
+            let _ = w.try_send((result, version));
         }
     }
 
@@ -523,7 +562,8 @@ impl QuorumNode {
     fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), QuorumIoError> {
         match kind {
             KIND_RAFT => {
-                let m = quorum::decode::<raft::prelude::Message>(payload)?;
+                let m = quorum::decode::<raft::prelude::Message>(payload)
+                    .map_err(QuorumIoError::Frame)?;
                 if let Err(e) = self.quorum.borrow_mut().step(m) {
                     tracing::debug!(error = %e, "raft refused a message");
                 }

@@ -43,6 +43,8 @@ use crate::{BrokerId, NO_BROKER};
 /// The first bytes of a snapshot in the current format (version 2: racks and broker
 /// configs); a snapshot without them is version 1.
 pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x02\x00";
+/// The format version [`STATE_MAGIC`] names.
+const STATE_VERSION: u8 = STATE_MAGIC[6];
 
 /// The scope key of the cluster-wide dynamic broker configs in
 /// [`ClusterState::broker_configs`] (Kafka's `<default>` entity, the empty resource
@@ -195,10 +197,29 @@ const _: () = assert!(std::mem::size_of::<ArchivedCommand>() == 48);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     Done,
-    /// `AllocateProducerIds`: the first id of the block.
-    ProducerIds {
-        first: i64,
-        count: i64,
+    /// [`Command::AllocateProducerIds`] (and only it): the block handed out.
+    ProducerIds(ProducerIdBlock),
+}
+
+/// Producer ids `first..first + count`, handed to one broker; never empty, and never
+/// overlapping another block (blocks are carved from [`ClusterState`]'s next free id in
+/// log order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerIdBlock {
+    pub first: i64,
+    pub count: i64,
+}
+
+/// A journal entry or snapshot that does not decode (the journal's CRCs catch
+/// corruption; this is bytes of another format, or a bug).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("undecodable metadata command: {0}")]
+    Command(rkyv::rancor::Error),
+    #[error("undecodable metadata snapshot (format version {version}): {source}")]
+    Snapshot {
+        version: u8,
+        source: rkyv::rancor::Error,
     },
 }
 
@@ -235,10 +256,10 @@ impl Command {
     }
 
     /// Decodes with validation: a corrupt entry is an error, never undefined behaviour.
-    pub fn decode(bytes: &[u8]) -> Result<Command, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
         let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
         aligned.extend_from_slice(bytes);
-        rkyv::from_bytes::<Command, rkyv::rancor::Error>(&aligned).map_err(|e| e.to_string())
+        rkyv::from_bytes::<Command, rkyv::rancor::Error>(&aligned).map_err(DecodeError::Command)
     }
 }
 
@@ -253,7 +274,7 @@ impl ClusterState {
     }
 
     /// Decodes a snapshot of either format version (see the module doc).
-    pub fn decode(bytes: &[u8]) -> Result<ClusterState, String> {
+    pub fn decode(bytes: &[u8]) -> Result<ClusterState, DecodeError> {
         if bytes.is_empty() {
             return Ok(ClusterState::default());
         }
@@ -264,12 +285,16 @@ impl ClusterState {
         let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
         aligned.extend_from_slice(body);
         if current {
-            rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned)
-                .map_err(|e| e.to_string())
+            rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(|source| {
+                DecodeError::Snapshot {
+                    version: STATE_VERSION,
+                    source,
+                }
+            })
         } else {
             rkyv::from_bytes::<legacy::ClusterStateV1, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
-                .map_err(|e| e.to_string())
+                .map_err(|source| DecodeError::Snapshot { version: 1, source })
         }
     }
 
@@ -699,12 +724,12 @@ impl ClusterState {
                         "producer id block of {count}"
                     )));
                 }
-                let first = self.next_producer_id;
-                self.next_producer_id += count;
-                return Ok(Applied::ProducerIds {
-                    first,
+                let block = ProducerIdBlock {
+                    first: self.next_producer_id,
                     count: *count,
-                });
+                };
+                self.next_producer_id += count;
+                return Ok(Applied::ProducerIds(block));
             }
             Command::ReplicaOffline {
                 broker,
@@ -1222,14 +1247,14 @@ mod tests {
         assert_eq!(
             (a, b),
             (
-                Applied::ProducerIds {
+                Applied::ProducerIds(ProducerIdBlock {
                     first: 0,
                     count: 1000
-                },
-                Applied::ProducerIds {
+                }),
+                Applied::ProducerIds(ProducerIdBlock {
                     first: 1000,
                     count: 1000
-                }
+                })
             )
         );
     }
@@ -1290,11 +1315,17 @@ mod tests {
         };
         assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
-        assert!(Command::decode(&[0xff; 7]).is_err());
+        assert!(matches!(
+            Command::decode(&[0xff; 7]),
+            Err(DecodeError::Command(_))
+        ));
         // Integrity is the journal's job (CRC per record); decoding still refuses
         // structurally broken bytes rather than reading out of bounds.
         let bytes = s.encode();
-        assert!(ClusterState::decode(&bytes[..bytes.len() / 2]).is_err());
+        assert!(matches!(
+            ClusterState::decode(&bytes[..bytes.len() / 2]),
+            Err(DecodeError::Snapshot { version: 2, .. })
+        ));
     }
 
     #[test]

@@ -68,6 +68,32 @@ pub struct Applied {
     pub snapshot: Option<Snapshot>,
 }
 
+/// Why [`Quorum::new`] could not resume a voter from what it restored.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("node {id} is not among the voters {voters:?}")]
+    NotAVoter { id: u64, voters: Vec<u64> },
+    #[error(transparent)]
+    Snapshot(#[from] cluster::DecodeError),
+    #[error("metadata snapshot: {0}")]
+    InstallSnapshot(raft::Error),
+    #[error("metadata log: {0}")]
+    Log(raft::Error),
+    #[error("raft config: {0}")]
+    Config(raft::Error),
+    #[error("raft: {0}")]
+    Raft(raft::Error),
+}
+
+/// Bytes that are not the raft record they were read as (see [`decode`]).
+#[derive(Debug, thiserror::Error)]
+#[error("undecodable raft {kind}: {source}")]
+pub struct DecodeError {
+    /// The protobuf message type (`Entry`, `HardState`, `Snapshot`, `Message`).
+    pub kind: &'static str,
+    pub source: protobuf::ProtobufError,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum QuorumError {
     #[error("no controller leader is known; retry")]
@@ -145,21 +171,23 @@ fn logger() -> slog::Logger {
 
 impl Quorum {
     /// A voter `id` among `voters` (all ids ≥ 1), resuming from `restored`.
-    pub fn new(id: u64, voters: &[u64], restored: Restored) -> Result<Quorum, String> {
+    pub fn new(id: u64, voters: &[u64], restored: Restored) -> Result<Quorum, StartError> {
         if id == 0 || !voters.contains(&id) {
-            return Err(format!("node {id} is not among the voters {voters:?}"));
+            return Err(StartError::NotAVoter {
+                id,
+                voters: voters.to_vec(),
+            });
         }
         let mem = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
         let mut state = ClusterState::default();
         let mut snapshot = Snapshot::default();
         let mut applied = 0;
         if let Some(s) = restored.snapshot {
-            state = ClusterState::decode(s.get_data())
-                .map_err(|e| format!("metadata snapshot: {e}"))?;
+            state = ClusterState::decode(s.get_data())?;
             applied = s.get_metadata().index;
             mem.wl()
                 .apply_snapshot(s.clone())
-                .map_err(|e| format!("metadata snapshot: {e}"))?;
+                .map_err(StartError::InstallSnapshot)?;
             snapshot = s;
         }
         let entries: Vec<Entry> = restored
@@ -167,9 +195,7 @@ impl Quorum {
             .into_iter()
             .filter(|e| e.index > applied)
             .collect();
-        mem.wl()
-            .append(&entries)
-            .map_err(|e| format!("metadata log: {e}"))?;
+        mem.wl().append(&entries).map_err(StartError::Log)?;
         if let Some(mut hs) = restored.hard_state {
             let last = mem.last_index().unwrap_or(0);
             hs.commit = hs.commit.clamp(applied, last);
@@ -186,9 +212,9 @@ impl Quorum {
             max_size_per_msg: 1 << 20,
             ..Default::default()
         };
-        config.validate().map_err(|e| e.to_string())?;
+        config.validate().map_err(StartError::Config)?;
         let store = Store { mem, snapshot };
-        let node = RawNode::new(&config, store, &logger()).map_err(|e| e.to_string())?;
+        let node = RawNode::new(&config, store, &logger()).map_err(StartError::Raft)?;
         Ok(Quorum {
             id,
             node,
@@ -365,7 +391,7 @@ impl Quorum {
             let result = match Command::decode(&e.data) {
                 Ok(cmd) => self.state.apply(&cmd),
                 Err(err) => Err(cluster::ApplyError::InvalidRequest(format!(
-                    "undecodable command at index {}: {err}",
+                    "entry {}: {err}",
                     e.index
                 ))),
             };
@@ -405,8 +431,17 @@ pub fn encode<M: protobuf::Message>(m: &M) -> Vec<u8> {
     m.write_to_bytes().expect("raft's protobuf types encode")
 }
 
-pub fn decode<M: protobuf::Message>(b: &[u8]) -> Result<M, String> {
-    M::parse_from_bytes(b).map_err(|e| e.to_string())
+pub fn decode<M: protobuf::Message>(b: &[u8]) -> Result<M, DecodeError> {
+    M::parse_from_bytes(b).map_err(|source| DecodeError {
+        kind: short_type_name::<M>(),
+        source,
+    })
+}
+
+/// `raft_proto::eraftpb::Entry` → `Entry`.
+fn short_type_name<M>() -> &'static str {
+    let full = std::any::type_name::<M>();
+    full.rsplit("::").next().unwrap_or(full)
 }
 
 /// Rebuilds a node's durable state from its journal records in write order: a
@@ -838,6 +873,30 @@ mod tests {
             q.propose(&register(1), 1),
             Err(QuorumError::NoLeader)
         ));
-        assert!(Quorum::new(4, &[1, 2, 3], Restored::default()).is_err());
+        assert!(matches!(
+            Quorum::new(4, &[1, 2, 3], Restored::default()),
+            Err(StartError::NotAVoter { id: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error_naming_the_record() {
+        let e = decode::<Entry>(&[0xff; 7]).unwrap_err();
+        assert_eq!(e.kind, "Entry");
+        assert!(e.to_string().starts_with("undecodable raft Entry: "), "{e}");
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(vec![0xff; 7].into());
+        snapshot.mut_metadata().index = 5;
+        let restored = Restored {
+            snapshot: Some(snapshot),
+            ..Restored::default()
+        };
+        assert!(matches!(
+            Quorum::new(1, &[1], restored),
+            Err(StartError::Snapshot(cluster::DecodeError::Snapshot {
+                version: 1,
+                ..
+            }))
+        ));
     }
 }

@@ -10,6 +10,11 @@
 //!   ISR shrink/expand proposals, and the `acks=all` checks.
 //! - [`Follower`]: truncation before fetching (KIP-101, KIP-279), then the follower's high
 //!   watermark.
+//! - [`ReplicaState`]: one partition replica as a whole: its role (one of the above, or
+//!   offline), its leader-epoch cache, durable log end, the high watermark it keeps
+//!   across roles and the latest metadata's leader epoch; the follower's log operations
+//!   (truncate, append, reset) begin and end through it, and it serialises them with
+//!   leadership changes (the partition-lock rule on the type).
 //!
 //! Offsets are "next offset" style: a log end offset (LEO) of 10 holds offsets 0..=9, and
 //! a high watermark of 10 means offsets 0..=9 are committed.
@@ -854,6 +859,665 @@ impl Follower {
             self.high_watermark = hw;
         }
         self.high_watermark
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Replica state: the role plus what the shell used to keep beside it
+// ---------------------------------------------------------------------------------------
+
+/// The partition's role on this broker, as the latest adopted metadata makes it.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// No live leader, or not a replica, or a leadership waiting for a log operation to
+    /// finish ([`ReplicaState::pending_leader_epoch`]): serve nothing.
+    Offline,
+    Leader(Box<Leader>),
+    Follower(Follower),
+}
+
+/// A follower's log operation in flight (the shell's I/O between its begin and end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogOpKind {
+    /// Truncating the log to `to` (after an OffsetForLeaderEpoch answer).
+    Truncate { to: Offset },
+    /// Appending fetched batches from `from`, then making them durable.
+    Append { from: Offset },
+    /// Dropping the whole log and starting it over at `to` (behind the leader's log
+    /// start, Kafka's truncate-fully-and-start-at).
+    Reset { to: Offset },
+}
+
+/// The ticket of a log operation: only its holder ends it.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a log operation must be ended with ReplicaState::end_op"]
+pub struct LogOp {
+    id: u64,
+    /// The leader epoch the follower fetched in when the operation began.
+    pub epoch: LeaderEpoch,
+    pub kind: LogOpKind,
+}
+
+/// Why a [`ReplicaState`] transition was refused. None of these is a bug: they are the
+/// stale or racing inputs a shell sees (metadata moved on while its I/O ran); the shell
+/// drops the work they belong to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("not the leader in epoch {epoch}")]
+    NotLeader { epoch: LeaderEpoch },
+    #[error("not a follower in epoch {epoch}")]
+    NotFollowing { epoch: LeaderEpoch },
+    #[error("the follower is not in its {expected:?} phase")]
+    WrongPhase { expected: FollowerPhase },
+    #[error("another log operation is in flight: {0:?}")]
+    Busy(LogOpKind),
+    #[error("log operation {0} is not the one in flight")]
+    NotCurrentOp(u64),
+    #[error("the log is at {log_end}, the operation expected {expected}")]
+    LogMoved { log_end: Offset, expected: Offset },
+    #[error("reset to {to} does not move past the durable end {durable}")]
+    ResetBackwards { to: Offset, durable: Offset },
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+}
+
+/// What adopting an assignment changed ([`ReplicaState::reconcile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reconciled {
+    /// Follow this leader (a fetcher must run); `joined`: a new follower (new leader,
+    /// epoch or replica), which truncates before fetching.
+    pub follow: Option<(BrokerId, bool)>,
+    /// The leader-epoch history changed: persist it.
+    pub epochs_changed: bool,
+    /// The role, the high watermark or the ISR moved: wake waiters.
+    pub changed: bool,
+}
+
+/// What ending a log operation changed ([`ReplicaState::end_op`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpEnded {
+    /// The durable end moved.
+    pub durable_moved: bool,
+    /// A leadership that waited for this operation took effect (at this epoch).
+    pub leading: Option<LeaderEpoch>,
+    /// The leader-epoch history changed: persist it.
+    pub epochs_changed: bool,
+}
+
+/// A leadership adopted while a log operation was in flight, taken up when it ends.
+#[derive(Debug, Clone)]
+struct PendingLeader {
+    me: BrokerId,
+    assignment: crate::cluster::PartitionState,
+    lag_max_ms: u64,
+}
+
+/// Everything about one partition replica that decides correctness, as one pure state
+/// machine: the role ([`Leader`] / [`Follower`]), the leader-epoch history, the durable
+/// log end, the high watermark kept across roles, and the leader epoch of the latest
+/// metadata. The shell (src/replica.rs, src/fetcher.rs, the simulation) does the I/O and
+/// feeds results in; every transition checks its preconditions and returns an error for
+/// stale input rather than acting on it.
+///
+/// ## Leadership changes and the follower's log operations (the partition lock)
+///
+/// A follower's truncation, append-and-flush or reset is I/O that takes a while; new
+/// metadata can make this replica leader meanwhile. Kafka serialises the two with the
+/// partition's lock (`makeLeader` waits for the fetcher to let go of the partition). The
+/// rule here, in one place:
+///
+/// 1. A log operation begins only on a follower in the epoch it fetched in, and at most
+///    one is in flight ([`Self::begin_truncation`], [`Self::begin_append`],
+///    [`Self::begin_reset`]). A truncation lowers the durable end, the high watermark
+///    and the epoch history *when it begins*, so nothing ever claims more than the log
+///    may hold while the I/O runs.
+/// 2. Becoming leader while an operation is in flight does not take effect then: the
+///    replica is [`Role::Offline`] (serves nothing; produces get NOT_LEADER and retry)
+///    until the operation ends, and [`Self::end_op`] installs the leader at the log end
+///    as the I/O left it. So a leader's epoch start, durable end and high watermark are
+///    never computed from a log that is still moving.
+/// 3. After each await the shell ends its operation whatever happened; the new role
+///    decides what the result still counts for (an append's flushed end is a fact about
+///    the log and counts; its follower bookkeeping does not if the follower moved on).
+///
+/// No interleaving of metadata and fetcher work can therefore trip the assertions here;
+/// they check only what this type alone maintains (`hw ≤ durable`, the leader's durable
+/// end equal to ours, the epoch history strictly ascending).
+#[derive(Debug, Clone)]
+pub struct ReplicaState {
+    role: Role,
+    epochs: LeaderEpochCache,
+    /// Log end made durable (fsync done, or accepted under an interval flush policy).
+    durable: Offset,
+    /// The high watermark while no role holds one.
+    kept_hw: Offset,
+    /// The partition's leader epoch in the latest adopted metadata (whatever the role):
+    /// requests naming another epoch are fenced or unknown (KIP-320).
+    known_epoch: LeaderEpoch,
+    op: Option<(u64, LogOpKind)>,
+    next_op: u64,
+    pending_leader: Option<PendingLeader>,
+    /// Simulation knobs (see [`Leader::set_unsafe_ignore_pending_isr`] and
+    /// [`Follower::set_unsafe_skip_truncation`]); never set in the broker.
+    unsafe_ignore_pending_isr: bool,
+    unsafe_skip_truncation: bool,
+}
+
+impl ReplicaState {
+    /// A replica opened on a log ending at `log_end` (all of it durable: recovery kept
+    /// only what was on disk), with the epoch history read back from its checkpoint and
+    /// the high watermark it remembers (clamped to the log).
+    pub fn new(mut epochs: LeaderEpochCache, log_end: Offset, high_watermark: Offset) -> Self {
+        // The log may have lost an unsynced tail that an epoch entry points into.
+        epochs.truncate_from_end(log_end);
+        let s = Self {
+            role: Role::Offline,
+            epochs,
+            durable: log_end,
+            kept_hw: high_watermark.clamp(0, log_end.max(0)),
+            known_epoch: -1,
+            op: None,
+            next_op: 1,
+            pending_leader: None,
+            unsafe_ignore_pending_isr: false,
+            unsafe_skip_truncation: false,
+        };
+        s.check();
+        s
+    }
+
+    /// Simulation only: break KIP-497 / KIP-101 in the roles this state creates.
+    #[doc(hidden)]
+    pub fn set_unsafe_knobs(&mut self, ignore_pending_isr: bool, skip_truncation: bool) {
+        self.unsafe_ignore_pending_isr = ignore_pending_isr;
+        self.unsafe_skip_truncation = skip_truncation;
+    }
+
+    /// The invariants this type maintains alone (no input can break them).
+    fn check(&self) {
+        let hw = self.high_watermark();
+        assert!(
+            hw <= self.durable,
+            "high watermark {hw} above the durable end {}",
+            self.durable
+        );
+        if let Role::Leader(l) = &self.role {
+            assert_eq!(
+                l.durable_log_end(),
+                self.durable,
+                "the leader's durable end differs from the replica's"
+            );
+            assert!(self.op.is_none(), "a leader with a log operation in flight");
+        }
+        assert!(
+            self.epochs
+                .entries()
+                .windows(2)
+                .all(|w| w[0].epoch < w[1].epoch && w[0].start_offset < w[1].start_offset),
+            "leader-epoch history not strictly ascending: {:?}",
+            self.epochs.entries()
+        );
+    }
+
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+    pub fn leader(&self) -> Option<&Leader> {
+        match &self.role {
+            Role::Leader(l) => Some(l),
+            _ => None,
+        }
+    }
+    /// The leader, for the transitions [`Leader`] owns (follower fetches, ISR checks):
+    /// none of them moves the durable end.
+    pub fn leader_mut(&mut self) -> Option<&mut Leader> {
+        match &mut self.role {
+            Role::Leader(l) => Some(l),
+            _ => None,
+        }
+    }
+    pub fn follower(&self) -> Option<&Follower> {
+        match &self.role {
+            Role::Follower(f) => Some(f),
+            _ => None,
+        }
+    }
+    pub fn epochs(&self) -> &LeaderEpochCache {
+        &self.epochs
+    }
+    pub fn durable(&self) -> Offset {
+        self.durable
+    }
+    pub fn known_epoch(&self) -> LeaderEpoch {
+        self.known_epoch
+    }
+    /// The log operation in flight, if any.
+    pub fn op_in_flight(&self) -> Option<LogOpKind> {
+        self.op.map(|(_, k)| k)
+    }
+    /// The epoch of a leadership waiting for the operation in flight.
+    pub fn pending_leader_epoch(&self) -> Option<LeaderEpoch> {
+        self.pending_leader
+            .as_ref()
+            .map(|p| p.assignment.leader_epoch)
+    }
+
+    pub fn high_watermark(&self) -> Offset {
+        match &self.role {
+            Role::Leader(l) => l.high_watermark(),
+            Role::Follower(f) => f.high_watermark(),
+            Role::Offline => self.kept_hw,
+        }
+    }
+
+    /// The leader epoch if this replica leads.
+    pub fn leader_epoch(&self) -> Option<LeaderEpoch> {
+        self.leader().map(|l| l.leader_epoch())
+    }
+
+    /// True while this replica follows in leader epoch `epoch`.
+    pub fn follows_in(&self, epoch: LeaderEpoch) -> bool {
+        matches!(&self.role, Role::Follower(f) if f.leader_epoch() == epoch)
+    }
+
+    /// KIP-320: a requester's view of the leader epoch against the latest metadata
+    /// (negative: the requester does not say).
+    pub fn check_known_epoch(&self, requester: LeaderEpoch) -> Result<(), FetchError> {
+        let ours = self.known_epoch;
+        if requester < 0 {
+            return Ok(());
+        }
+        match requester.cmp(&ours) {
+            std::cmp::Ordering::Less => Err(FetchError::FencedLeaderEpoch { requester, ours }),
+            std::cmp::Ordering::Greater => Err(FetchError::UnknownLeaderEpoch { requester, ours }),
+            std::cmp::Ordering::Equal => Ok(()),
+        }
+    }
+
+    /// OffsetForLeaderEpoch on the leader: `(epoch, end offset)` of `epoch` in this log.
+    pub fn epoch_end(
+        &self,
+        current_leader_epoch: LeaderEpoch,
+        epoch: LeaderEpoch,
+        log_end: Offset,
+    ) -> Result<(LeaderEpoch, Offset), ReplicaError> {
+        self.check_known_epoch(current_leader_epoch)?;
+        let l = self.leader().ok_or(ReplicaError::NotLeader {
+            epoch: current_leader_epoch,
+        })?;
+        if current_leader_epoch >= 0 {
+            l.check_epoch(current_leader_epoch)?;
+        }
+        Ok(self.epochs.end_offset_for(epoch, log_end))
+    }
+
+    /// Records that `epoch` begins at `start` in this log (a leader's own epoch, or a
+    /// fetched batch's). True if the history changed (persist it).
+    fn assign_epoch(&mut self, epoch: LeaderEpoch, start: Offset) -> bool {
+        self.epochs.assign(epoch, start)
+    }
+
+    /// Adopts the committed assignment `a` for this replica `me`. `log_end` is the
+    /// local log's end now; `now_ms` and `lag_max_ms` start a leader.
+    pub fn reconcile(
+        &mut self,
+        me: BrokerId,
+        a: &crate::cluster::PartitionState,
+        log_end: Offset,
+        now_ms: u64,
+        lag_max_ms: u64,
+    ) -> Reconciled {
+        self.known_epoch = a.leader_epoch;
+        self.kept_hw = self.high_watermark();
+        let mut out = Reconciled::default();
+        if a.leader == me {
+            if let Role::Leader(l) = &mut self.role {
+                if l.leader_epoch() == a.leader_epoch {
+                    l.on_metadata(a.leader_epoch, a.partition_epoch, &a.isr, &a.replicas);
+                    out.changed = true;
+                    self.check();
+                    return out;
+                }
+            }
+            let pending = PendingLeader {
+                me,
+                assignment: a.clone(),
+                lag_max_ms,
+            };
+            if self.op.is_some() {
+                // Rule 2: the leadership waits for the log operation to end.
+                self.role = Role::Offline;
+                self.pending_leader = Some(pending);
+                out.changed = true;
+                self.check();
+                return out;
+            }
+            out.epochs_changed = self.install_leader(pending, log_end, now_ms);
+            out.changed = true;
+            self.check();
+            return out;
+        }
+        self.pending_leader = None;
+        if !a.replicas.contains(&me) || a.leader < 0 {
+            self.role = Role::Offline;
+            out.changed = true;
+            self.check();
+            return out;
+        }
+        if let Role::Follower(f) = &self.role {
+            if f.leader() == a.leader && f.leader_epoch() == a.leader_epoch {
+                out.follow = Some((a.leader, false));
+                return out;
+            }
+        }
+        let mut f = Follower::new(me, a.leader, a.leader_epoch, self.kept_hw);
+        f.set_unsafe_skip_truncation(self.unsafe_skip_truncation);
+        self.role = Role::Follower(f);
+        out.follow = Some((a.leader, true));
+        out.changed = true;
+        self.check();
+        out
+    }
+
+    /// Starts leading at the log end `log_end` (no log operation in flight). True if
+    /// the epoch history changed.
+    fn install_leader(&mut self, p: PendingLeader, log_end: Offset, now_ms: u64) -> bool {
+        let a = &p.assignment;
+        let epochs_changed = self.assign_epoch(a.leader_epoch, log_end);
+        let hw = self.high_watermark();
+        self.durable = self.durable.min(log_end);
+        let mut l = Leader::new(LeaderInit {
+            me: p.me,
+            leader_epoch: a.leader_epoch,
+            partition_epoch: a.partition_epoch,
+            replicas: a.replicas.clone(),
+            isr: a.isr.clone(),
+            epoch_start_offset: log_end,
+            durable_log_end: self.durable,
+            high_watermark: hw.min(self.durable),
+            now_ms,
+            replica_lag_time_max_ms: p.lag_max_ms,
+        });
+        l.set_unsafe_ignore_pending_isr(self.unsafe_ignore_pending_isr);
+        l.on_local_durable(self.durable);
+        self.role = Role::Leader(Box::new(l));
+        epochs_changed
+    }
+
+    /// A leader in `epoch` made its log durable up to `end` (the log end before its
+    /// flush); `log_end` is the log's end now. True if the durable end moved. Refused
+    /// once the leadership moved: a deposed leader's late flush never counts.
+    pub fn leader_flushed(
+        &mut self,
+        epoch: LeaderEpoch,
+        end: Offset,
+        log_end: Offset,
+    ) -> Result<bool, ReplicaError> {
+        let Role::Leader(l) = &mut self.role else {
+            return Err(ReplicaError::NotLeader { epoch });
+        };
+        if l.leader_epoch() != epoch {
+            return Err(ReplicaError::NotLeader { epoch });
+        }
+        // No truncation happens under a leader (rule 1), but clamp anyway.
+        let end = end.min(log_end);
+        if end <= self.durable {
+            return Ok(false);
+        }
+        self.durable = end;
+        l.on_local_durable(end);
+        self.check();
+        Ok(true)
+    }
+
+    fn fetching_follower(&mut self, epoch: LeaderEpoch) -> Result<&mut Follower, ReplicaError> {
+        match &mut self.role {
+            Role::Follower(f) if f.leader_epoch() == epoch => Ok(f),
+            _ => Err(ReplicaError::NotFollowing { epoch }),
+        }
+    }
+
+    fn begin(&mut self, epoch: LeaderEpoch, kind: LogOpKind) -> Result<LogOp, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        let id = self.next_op;
+        self.next_op += 1;
+        self.op = Some((id, kind));
+        Ok(LogOp { id, epoch, kind })
+    }
+
+    /// The OffsetForLeaderEpoch request of a truncating follower in `epoch`:
+    /// `(current leader epoch, latest local epoch)`.
+    pub fn epoch_request(&self) -> Option<(LeaderEpoch, LeaderEpoch)> {
+        match &self.role {
+            Role::Follower(f) if f.phase() == FollowerPhase::Truncating => {
+                Some((f.leader_epoch(), f.epoch_request(&self.epochs)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A truncating follower in `epoch` got the OffsetForLeaderEpoch answer
+    /// `(response_epoch, response_end)` with its log ending at `log_end`. `Ok(None)`:
+    /// nothing to cut. `Ok(Some(op))`: truncate the log to `op.kind`'s offset, then
+    /// [`Self::end_op`]; the durable end, high watermark and epoch history are already
+    /// cut (rule 1).
+    pub fn begin_truncation(
+        &mut self,
+        epoch: LeaderEpoch,
+        log_end: Offset,
+        response_epoch: LeaderEpoch,
+        response_end: Offset,
+    ) -> Result<Option<LogOp>, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        let durable = self.durable;
+        if log_end < durable {
+            return Err(ReplicaError::LogMoved {
+                log_end,
+                expected: durable,
+            });
+        }
+        let Self { role, epochs, .. } = self;
+        let f = match role {
+            Role::Follower(f) if f.leader_epoch() == epoch => f,
+            _ => return Err(ReplicaError::NotFollowing { epoch }),
+        };
+        if f.phase() != FollowerPhase::Truncating {
+            return Err(ReplicaError::WrongPhase {
+                expected: FollowerPhase::Truncating,
+            });
+        }
+        let t = f.on_epoch_response(epochs, log_end, response_epoch, response_end);
+        if t.offset >= log_end {
+            self.check();
+            return Ok(None);
+        }
+        self.epochs.truncate_from_end(t.offset);
+        self.durable = self.durable.min(t.offset);
+        f_truncated(&mut self.role, t.offset);
+        let op = self.begin(epoch, LogOpKind::Truncate { to: t.offset })?;
+        self.check();
+        Ok(Some(op))
+    }
+
+    /// A fetching follower in `epoch` is about to append fetched batches to its log,
+    /// which must end where its fetch asked from (`fetch_offset`, its durable end).
+    pub fn begin_append(
+        &mut self,
+        epoch: LeaderEpoch,
+        fetch_offset: Offset,
+        log_end: Offset,
+    ) -> Result<LogOp, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        let f = self.fetching_follower(epoch)?;
+        if f.phase() != FollowerPhase::Fetching {
+            return Err(ReplicaError::WrongPhase {
+                expected: FollowerPhase::Fetching,
+            });
+        }
+        if log_end != fetch_offset {
+            return Err(ReplicaError::LogMoved {
+                log_end,
+                expected: fetch_offset,
+            });
+        }
+        self.begin(epoch, LogOpKind::Append { from: fetch_offset })
+    }
+
+    /// During an append: a fetched batch of leader epoch `batch_epoch` starts at `base`.
+    /// True if the history changed: the shell makes it durable before appending the
+    /// batch (a new epoch's entry is on disk before any record of it).
+    pub fn fetched_batch(
+        &mut self,
+        op: &LogOp,
+        batch_epoch: LeaderEpoch,
+        base: Offset,
+    ) -> Result<bool, ReplicaError> {
+        self.current(op)?;
+        if batch_epoch <= self.epochs.latest_epoch() {
+            return Ok(false);
+        }
+        let changed = self.assign_epoch(batch_epoch, base);
+        self.check();
+        Ok(changed)
+    }
+
+    /// A follower whose log ends below the leader's log start drops its log and starts
+    /// over at `start` (its log must still end at its durable end).
+    pub fn begin_reset(
+        &mut self,
+        epoch: LeaderEpoch,
+        start: Offset,
+        log_end: Offset,
+    ) -> Result<LogOp, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        self.fetching_follower(epoch)?;
+        if start <= self.durable {
+            return Err(ReplicaError::ResetBackwards {
+                to: start,
+                durable: self.durable,
+            });
+        }
+        if log_end != self.durable {
+            return Err(ReplicaError::LogMoved {
+                log_end,
+                expected: self.durable,
+            });
+        }
+        self.begin(epoch, LogOpKind::Reset { to: start })
+    }
+
+    fn current(&self, op: &LogOp) -> Result<(), ReplicaError> {
+        match self.op {
+            Some((id, _)) if id == op.id => Ok(()),
+            _ => Err(ReplicaError::NotCurrentOp(op.id)),
+        }
+    }
+
+    /// Ends the log operation `op`; the shell calls it after its I/O whatever happened
+    /// (rule 3). `durable_end`: for an append, the end it appended and flushed, `None`
+    /// if it did not get that far; for a truncation or a reset, `Some` if the log
+    /// operation succeeded. `log_end` is the log's end now. A leadership that waited
+    /// takes effect here (rule 2).
+    pub fn end_op(
+        &mut self,
+        op: LogOp,
+        durable_end: Option<Offset>,
+        log_end: Offset,
+        now_ms: u64,
+    ) -> Result<OpEnded, ReplicaError> {
+        self.current(&op)?;
+        self.op = None;
+        let mut out = OpEnded::default();
+        match (op.kind, durable_end) {
+            // Flushed and the log still ends there: a fact about the log, whatever the
+            // role is now.
+            (LogOpKind::Append { .. }, Some(end)) if end == log_end && end > self.durable => {
+                self.durable = end;
+                out.durable_moved = true;
+            }
+            (LogOpKind::Reset { to }, Some(_)) if log_end == to => {
+                self.epochs.truncate_from_start(to);
+                out.epochs_changed = true;
+                self.durable = to;
+                out.durable_moved = true;
+            }
+            (LogOpKind::Truncate { .. }, None) | (LogOpKind::Reset { .. }, _) => {
+                // Not done: the follower must not fetch from a log that may diverge.
+                self.restart_truncation(op.epoch);
+            }
+            _ => {}
+        }
+        if let Some(p) = self.pending_leader.take() {
+            out.epochs_changed |= self.install_leader(p, log_end, now_ms);
+            out.leading = self.leader_epoch();
+        }
+        self.check();
+        Ok(out)
+    }
+
+    /// A fetch response in `epoch` carried the leader's high watermark.
+    pub fn fetched_high_watermark(
+        &mut self,
+        epoch: LeaderEpoch,
+        leader_hw: Offset,
+    ) -> Result<Offset, ReplicaError> {
+        let durable = self.durable;
+        let f = self.fetching_follower(epoch)?;
+        let hw = f.on_fetch_response(leader_hw, durable);
+        self.check();
+        Ok(hw)
+    }
+
+    /// The log's start moved to `start` (the leader's, followed, or retention): the
+    /// epoch history follows it.
+    pub fn log_start_moved(&mut self, start: Offset) {
+        self.epochs.truncate_from_start(start);
+        self.check();
+    }
+
+    /// Back to OffsetForLeaderEpoch before any further fetch (same leader and epoch).
+    pub fn restart_truncation(&mut self, epoch: LeaderEpoch) {
+        if let Role::Follower(f) = &mut self.role {
+            if f.leader_epoch() == epoch {
+                let mut fresh =
+                    Follower::new(f.me(), f.leader(), f.leader_epoch(), f.high_watermark());
+                fresh.set_unsafe_skip_truncation(self.unsafe_skip_truncation);
+                *f = fresh;
+            }
+        }
+    }
+
+    /// A follower not in an operation made its log durable up to `end` (the simulation's
+    /// fsync of an unsynced follower tail).
+    pub fn follower_flushed(&mut self, end: Offset, log_end: Offset) -> Result<bool, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        if matches!(self.role, Role::Leader(_)) {
+            return Err(ReplicaError::NotFollowing { epoch: -1 });
+        }
+        let end = end.min(log_end);
+        if end <= self.durable {
+            return Ok(false);
+        }
+        self.durable = end;
+        self.check();
+        Ok(true)
+    }
+}
+
+/// The follower's high watermark follows a cut below it.
+fn f_truncated(role: &mut Role, to: Offset) {
+    if let Role::Follower(f) = role {
+        f.on_local_truncated(to);
     }
 }
 

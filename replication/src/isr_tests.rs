@@ -607,3 +607,246 @@ impl Leader {
         }
     }
 }
+
+// --- replica state ----------------------------------------------------------------------
+
+fn assignment(leader: BrokerId, leader_epoch: LeaderEpoch) -> crate::cluster::PartitionState {
+    crate::cluster::PartitionState {
+        replicas: vec![1, 2, 3],
+        isr: vec![1, 2, 3],
+        leader,
+        leader_epoch,
+        partition_epoch: leader_epoch,
+    }
+}
+
+/// Broker 2's replica of a log ending at 10 (epoch 1 from 0, epoch 2 from 6), following
+/// broker 1 in epoch 3.
+fn following() -> ReplicaState {
+    let mut s = ReplicaState::new(cache(&[(1, 0), (2, 6)]), 10, 4);
+    let r = s.reconcile(2, &assignment(1, 3), 10, 0, LAG_MS);
+    assert_eq!(r.follow, Some((1, true)));
+    s
+}
+
+#[test]
+fn a_new_replica_clamps_its_history_and_high_watermark_to_the_log() {
+    let s = ReplicaState::new(cache(&[(1, 0), (2, 6), (3, 12)]), 10, 50);
+    assert_eq!(s.epochs().latest_epoch(), 2);
+    assert_eq!(s.durable(), 10);
+    assert_eq!(s.high_watermark(), 10);
+    assert!(matches!(s.role(), Role::Offline));
+}
+
+#[test]
+fn becoming_leader_assigns_the_epoch_at_the_log_end() {
+    let mut s = ReplicaState::new(cache(&[(1, 0)]), 10, 4);
+    let r = s.reconcile(1, &assignment(1, 2), 10, 0, LAG_MS);
+    assert!(r.epochs_changed && r.changed && r.follow.is_none());
+    assert_eq!(s.leader_epoch(), Some(2));
+    assert_eq!(s.epochs().entries().last().unwrap().start_offset, 10);
+    assert_eq!(s.high_watermark(), 4);
+    // Same epoch again: metadata only, no new leader.
+    let r = s.reconcile(1, &assignment(1, 2), 10, 0, LAG_MS);
+    assert!(!r.epochs_changed);
+    assert_eq!(s.epoch_end(2, 1, 10), Ok((1, 10)));
+    // KIP-320 against the latest metadata.
+    assert!(matches!(
+        s.epoch_end(1, 1, 10),
+        Err(ReplicaError::Fetch(FetchError::FencedLeaderEpoch { .. }))
+    ));
+}
+
+#[test]
+fn a_follower_truncates_and_cuts_durable_hw_and_history_when_it_begins() {
+    let mut s = following();
+    assert_eq!(s.epoch_request(), Some((3, 2)));
+    // The leader's epoch 1 ended at 5: everything from 5 goes.
+    let op = s.begin_truncation(3, 10, 1, 5).unwrap().expect("a cut");
+    assert_eq!(op.kind, LogOpKind::Truncate { to: 5 });
+    assert_eq!(s.durable(), 5);
+    assert_eq!(s.high_watermark(), 4);
+    assert_eq!(s.epochs().latest_epoch(), 1);
+    // Another operation while this one runs is refused.
+    assert!(matches!(
+        s.begin_append(3, 5, 5),
+        Err(ReplicaError::Busy(_))
+    ));
+    let ended = s.end_op(op, Some(5), 5, 0).unwrap();
+    assert_eq!(ended.leading, None);
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Fetching);
+    assert_eq!(s.op_in_flight(), None);
+}
+
+#[test]
+fn nothing_to_cut_needs_no_operation() {
+    let mut s = following();
+    assert_eq!(s.begin_truncation(3, 10, 2, 10).unwrap(), None);
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Fetching);
+    assert_eq!(s.durable(), 10);
+}
+
+#[test]
+fn truncation_is_refused_for_stale_epochs_wrong_phases_and_moved_logs() {
+    let mut s = following();
+    assert_eq!(
+        s.begin_truncation(2, 10, 2, 10),
+        Err(ReplicaError::NotFollowing { epoch: 2 })
+    );
+    assert!(matches!(
+        s.begin_truncation(3, 9, 2, 10),
+        Err(ReplicaError::LogMoved { .. })
+    ));
+    assert_eq!(s.begin_truncation(3, 10, 2, 10).unwrap(), None);
+    assert!(matches!(
+        s.begin_truncation(3, 10, 2, 10),
+        Err(ReplicaError::WrongPhase { .. })
+    ));
+}
+
+#[test]
+fn a_failed_truncation_truncates_again() {
+    let mut s = following();
+    let op = s.begin_truncation(3, 10, 1, 5).unwrap().unwrap();
+    s.end_op(op, None, 10, 0).unwrap();
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Truncating);
+    assert_eq!(s.durable(), 5);
+}
+
+/// The race that once aborted a broker: elected leader while the fetcher truncates.
+/// The leadership waits for the truncation and starts at the log end it left.
+#[test]
+fn leadership_adopted_during_a_truncation_takes_effect_when_it_ends() {
+    let mut s = following();
+    let op = s.begin_truncation(3, 10, 1, 5).unwrap().unwrap();
+    // Metadata: this replica leads in epoch 4. The log is still at 10 (the I/O runs).
+    let r = s.reconcile(2, &assignment(2, 4), 10, 0, LAG_MS);
+    assert!(r.changed && !r.epochs_changed && r.follow.is_none());
+    assert_eq!(s.leader_epoch(), None);
+    assert_eq!(s.pending_leader_epoch(), Some(4));
+    assert!(!s.follows_in(3));
+    // The fetcher's stale work is refused.
+    assert!(s.fetched_high_watermark(3, 9).is_err());
+    let ended = s.end_op(op, Some(5), 5, 0).unwrap();
+    assert_eq!(ended.leading, Some(4));
+    assert!(ended.epochs_changed);
+    let l = s.leader().unwrap();
+    assert_eq!(l.epoch_start_offset(), 5);
+    assert_eq!(l.durable_log_end(), 5);
+    assert_eq!(
+        s.epochs().entries().last(),
+        Some(&EpochEntry {
+            epoch: 4,
+            start_offset: 5
+        })
+    );
+    assert!(s.high_watermark() <= 5);
+}
+
+#[test]
+fn a_pending_leadership_is_dropped_when_metadata_moves_on() {
+    let mut s = following();
+    let op = s.begin_truncation(3, 10, 1, 5).unwrap().unwrap();
+    s.reconcile(2, &assignment(2, 4), 10, 0, LAG_MS);
+    let r = s.reconcile(2, &assignment(3, 5), 10, 0, LAG_MS);
+    assert_eq!(r.follow, Some((3, true)));
+    assert_eq!(s.pending_leader_epoch(), None);
+    // The new follower cannot truncate before the old operation ends.
+    assert!(matches!(
+        s.begin_truncation(5, 10, 1, 5),
+        Err(ReplicaError::Busy(_))
+    ));
+    let ended = s.end_op(op, Some(5), 5, 0).unwrap();
+    assert_eq!(ended.leading, None);
+    assert!(s.follows_in(5));
+}
+
+#[test]
+fn an_append_counts_its_flushed_end_once_the_log_is_there() {
+    let mut s = following();
+    assert_eq!(s.begin_truncation(3, 10, 2, 10).unwrap(), None);
+    // The fetch asked from 10 but the log moved (a deposed leader's late write).
+    assert!(matches!(
+        s.begin_append(3, 10, 11),
+        Err(ReplicaError::LogMoved { .. })
+    ));
+    let op = s.begin_append(3, 10, 10).unwrap();
+    assert_eq!(s.fetched_batch(&op, 3, 10), Ok(true));
+    assert_eq!(s.fetched_batch(&op, 3, 12), Ok(false));
+    s.end_op(op, Some(15), 15, 0).unwrap();
+    assert_eq!(s.durable(), 15);
+    assert_eq!(s.fetched_high_watermark(3, 20), Ok(15));
+    // An end the log is not at does not count.
+    let op = s.begin_append(3, 15, 15).unwrap();
+    let ended = s.end_op(op, Some(20), 18, 0).unwrap();
+    assert!(!ended.durable_moved);
+    assert_eq!(s.durable(), 15);
+}
+
+#[test]
+fn a_finished_operation_cannot_be_used_again() {
+    let mut s = following();
+    assert_eq!(s.begin_truncation(3, 10, 2, 10).unwrap(), None);
+    let op = s.begin_append(3, 10, 10).unwrap();
+    let stale = LogOp {
+        id: op.id,
+        epoch: op.epoch,
+        kind: op.kind,
+    };
+    s.end_op(op, None, 10, 0).unwrap();
+    assert_eq!(
+        s.end_op(stale, None, 10, 0),
+        Err(ReplicaError::NotCurrentOp(1))
+    );
+}
+
+#[test]
+fn a_follower_behind_the_leaders_start_resets_there() {
+    let mut s = following();
+    assert_eq!(s.begin_truncation(3, 10, 2, 10).unwrap(), None);
+    assert!(matches!(
+        s.begin_reset(3, 8, 10),
+        Err(ReplicaError::ResetBackwards { .. })
+    ));
+    let op = s.begin_reset(3, 40, 10).unwrap();
+    let ended = s.end_op(op, Some(40), 40, 0).unwrap();
+    assert!(ended.durable_moved && ended.epochs_changed);
+    assert_eq!(s.durable(), 40);
+    assert_eq!(
+        s.epochs().entries(),
+        &[EpochEntry {
+            epoch: 2,
+            start_offset: 40
+        }]
+    );
+    // A failed reset truncates again.
+    let op = s.begin_reset(3, 50, 40).unwrap();
+    s.end_op(op, None, 40, 0).unwrap();
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Truncating);
+    assert_eq!(s.durable(), 40);
+}
+
+#[test]
+fn a_deposed_leaders_flush_never_counts() {
+    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
+    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
+    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
+    assert_eq!(s.leader_flushed(1, 5, 5), Ok(false));
+    assert_eq!(
+        s.leader_flushed(0, 6, 6),
+        Err(ReplicaError::NotLeader { epoch: 0 })
+    );
+    s.reconcile(1, &assignment(2, 2), 5, 0, LAG_MS);
+    assert_eq!(
+        s.leader_flushed(1, 6, 6),
+        Err(ReplicaError::NotLeader { epoch: 1 })
+    );
+    assert_eq!(s.durable(), 5);
+    // Leaving the ISR's replicas: offline, the high watermark kept.
+    let mut gone = assignment(2, 3);
+    gone.replicas = vec![2, 3];
+    gone.isr = vec![2, 3];
+    s.reconcile(1, &gone, 5, 0, LAG_MS);
+    assert!(matches!(s.role(), Role::Offline));
+    assert_eq!(s.follower_flushed(7, 7), Ok(true));
+}

@@ -6,7 +6,9 @@
 //! - [`quorum`]: the raft-rs group that orders those commands among the controller
 //!   voters, driven through the documented Ready loop; the caller does the I/O.
 //! - [`isr`]: a partition replica as leader or follower: follower progress, the high
-//!   watermark, ISR shrink/expand requests, leader-epoch cache and truncation.
+//!   watermark, ISR shrink/expand requests, leader-epoch cache and truncation, and the
+//!   replica's whole state (`ReplicaState`: role, epochs, durable end, the follower's
+//!   log operations serialised with leadership changes).
 //! - [`sim`]: a seeded deterministic simulation of a cluster of these state machines.
 //!
 //! Nothing here touches sockets, disks or clocks: inputs come in with the time, outputs

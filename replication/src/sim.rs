@@ -3,9 +3,14 @@
 //!
 //! What is modelled:
 //! - Brokers `1..=n`, each with, per partition, a log of records `(offset, leader epoch,
-//!   unique payload id)` with a durable prefix, a leader-epoch cache, and an
-//!   [`isr::Leader`] or [`isr::Follower`] chosen from the broker's *local* (possibly stale)
-//!   view of the metadata.
+//!   unique payload id)` and the broker's own [`isr::ReplicaState`] (durable end,
+//!   leader-epoch cache, an [`isr::Leader`] or [`isr::Follower`] chosen from the
+//!   broker's *local*, possibly stale, view of the metadata), driven through the same
+//!   transitions the broker's fetcher uses. A follower's truncation is a log operation
+//!   that completes some milliseconds later, and its append one that completes at the
+//!   next fsync, so metadata (a leadership) can arrive while either runs — the
+//!   election-versus-truncation race the partition-lock rule of [`isr::ReplicaState`]
+//!   serialises.
 //! - The metadata quorum as a linearizable service: commands apply atomically, in order,
 //!   to one [`ClusterState`]; each broker receives new versions after random delays (and
 //!   not while isolated), so brokers act on stale views. (raft itself is tested in
@@ -39,7 +44,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::cluster::{ClusterState, Command};
-use crate::isr::{self, FollowerPhase, LeaderEpoch, LeaderEpochCache, LeaderInit, Offset};
+use crate::isr::{
+    self, FollowerPhase, LeaderEpoch, LeaderEpochCache, LogOp, LogOpKind, Offset, ReplicaState,
+    Role,
+};
 use crate::{BrokerId, NO_BROKER};
 
 /// The controller's address on the simulated network.
@@ -216,13 +224,6 @@ struct Rec {
     id: u64,
 }
 
-#[derive(Debug, Clone)]
-enum Role {
-    None,
-    Leader(Box<isr::Leader>),
-    Follower(isr::Follower),
-}
-
 /// A request a follower has in flight (one at a time), with when it was sent.
 #[derive(Debug, Clone, Copy)]
 enum InFlight {
@@ -237,14 +238,20 @@ enum InFlight {
     },
 }
 
-#[derive(Debug, Clone)]
+/// A follower's log operation whose I/O is under way: a truncation completes at
+/// `done_ms`, an append (`done_ms` `None`) at the next fsync.
+#[derive(Debug)]
+struct SimOp {
+    op: LogOp,
+    done_ms: Option<u64>,
+}
+
+#[derive(Debug)]
 struct Replica {
     log: Vec<Rec>,
-    durable: usize,
-    cache: LeaderEpochCache,
-    role: Role,
-    /// High watermark while no role holds it.
-    hw_kept: Offset,
+    /// Role, durable end, epoch cache, high watermark: the broker's state machine.
+    state: ReplicaState,
+    op: Option<SimOp>,
     /// The persisted high-watermark checkpoint.
     hw_checkpoint: Offset,
     in_flight: InFlight,
@@ -252,53 +259,29 @@ struct Replica {
 }
 
 impl Replica {
-    fn new() -> Self {
+    fn new(knobs: Knobs) -> Self {
         Replica {
             log: Vec::new(),
-            durable: 0,
-            cache: LeaderEpochCache::new(),
-            role: Role::None,
-            hw_kept: 0,
+            state: Self::state(LeaderEpochCache::new(), 0, 0, knobs),
+            op: None,
             hw_checkpoint: 0,
             in_flight: InFlight::Idle,
             alter_sent_ms: 0,
         }
     }
 
+    fn state(cache: LeaderEpochCache, end: Offset, hw: Offset, knobs: Knobs) -> ReplicaState {
+        let mut s = ReplicaState::new(cache, end, hw);
+        s.set_unsafe_knobs(knobs.ignore_pending_isr, knobs.skip_truncation);
+        s
+    }
+
     fn hw(&self) -> Offset {
-        match &self.role {
-            Role::None => self.hw_kept,
-            Role::Leader(l) => l.high_watermark(),
-            Role::Follower(f) => f.high_watermark(),
-        }
+        self.state.high_watermark()
     }
 
     fn len(&self) -> Offset {
         self.log.len() as Offset
-    }
-
-    fn set_role(&mut self, role: Role) {
-        self.hw_kept = self.hw();
-        self.role = role;
-        self.in_flight = InFlight::Idle;
-    }
-
-    /// Truncates log and epoch cache to `end` (a truncation is durable at once).
-    fn truncate(&mut self, end: Offset) -> u64 {
-        let end = end.max(0) as usize;
-        let cut = self.log.len().saturating_sub(end) as u64;
-        self.log.truncate(end);
-        self.durable = self.durable.min(end);
-        self.cache.truncate_from_end(end as Offset);
-        cut
-    }
-}
-
-/// Appends records of any epoch, keeping the epoch cache in step (a follower's way).
-fn append(log: &mut Vec<Rec>, cache: &mut LeaderEpochCache, recs: &[Rec]) {
-    for r in recs {
-        cache.assign(r.epoch, log.len() as Offset);
-        log.push(*r);
     }
 }
 
@@ -441,7 +424,7 @@ impl Sim {
                 registered: true,
                 view: None,
                 min_view_version: 0,
-                parts: (0..parts).map(|_| Replica::new()).collect(),
+                parts: (0..parts).map(|_| Replica::new(cfg.knobs)).collect(),
             })
             .collect();
         let mut sim = Sim {
@@ -597,7 +580,6 @@ impl Sim {
     fn apply_view(&mut self, id: BrokerId, part: usize) {
         let now = self.now_ms;
         let lag = self.cfg.replica_lag_time_max_ms;
-        let knobs = self.cfg.knobs;
         let b = &mut self.brokers[b_ix(id)];
         let Some(ps) = b
             .view
@@ -608,58 +590,37 @@ impl Sim {
             return;
         };
         let r = &mut b.parts[part];
-        if ps.leader == id {
-            if let Role::Leader(l) = &mut r.role {
-                if l.leader_epoch() == ps.leader_epoch {
-                    l.on_metadata(ps.leader_epoch, ps.partition_epoch, &ps.isr, &ps.replicas);
-                    return;
-                }
-            }
+        if ps.leader == id && r.state.leader_epoch() != Some(ps.leader_epoch) {
             let first = *self.leaders.entry((part, ps.leader_epoch)).or_insert(id);
             assert_eq!(
                 first, id,
                 "p{part}: two leaders in epoch {}",
                 ps.leader_epoch
             );
-            let start = r.len();
-            r.cache.assign(ps.leader_epoch, start);
-            let mut leader = isr::Leader::new(LeaderInit {
-                me: id,
-                leader_epoch: ps.leader_epoch,
-                partition_epoch: ps.partition_epoch,
-                replicas: ps.replicas.clone(),
-                isr: ps.isr.clone(),
-                epoch_start_offset: start,
-                durable_log_end: r.durable as Offset,
-                high_watermark: r.hw(),
-                now_ms: now,
-                replica_lag_time_max_ms: lag,
-            });
-            leader.set_unsafe_ignore_pending_isr(knobs.ignore_pending_isr);
-            r.set_role(Role::Leader(Box::new(leader)));
-            let line = format!(
-                "b{id} p{part}: leader epoch {} isr {:?}",
-                ps.leader_epoch, ps.isr
-            );
-            self.log(|| line);
-        } else if ps.leader != NO_BROKER && ps.replicas.contains(&id) {
-            if let Role::Follower(f) = &r.role {
-                if f.leader_epoch() == ps.leader_epoch {
-                    return;
-                }
-            }
-            let mut f = isr::Follower::new(id, ps.leader, ps.leader_epoch, r.hw());
-            f.set_unsafe_skip_truncation(knobs.skip_truncation);
-            r.set_role(Role::Follower(f));
-            let line = format!(
-                "b{id} p{part}: follow b{} epoch {}",
-                ps.leader, ps.leader_epoch
-            );
-            self.log(|| line);
-        } else if !matches!(r.role, Role::None) {
-            r.set_role(Role::None);
-            self.log(|| format!("b{id} p{part}: no role"));
         }
+        let before = r.state.leader_epoch();
+        let out = r.state.reconcile(id, &ps, r.log.len() as Offset, now, lag);
+        let (after, pending) = (r.state.leader_epoch(), r.state.pending_leader_epoch());
+        if !out.changed {
+            return;
+        }
+        if before != after || pending.is_some() || out.follow.is_some_and(|(_, joined)| joined) {
+            r.in_flight = InFlight::Idle;
+        }
+        let line = match (after, pending, out.follow) {
+            (Some(e), _, _) if before != after => {
+                format!("b{id} p{part}: leader epoch {e} isr {:?}", ps.isr)
+            }
+            (_, Some(e), _) => {
+                format!("b{id} p{part}: leader epoch {e} once its log operation ends")
+            }
+            (_, _, Some((l, true))) => {
+                format!("b{id} p{part}: follow b{l} epoch {}", ps.leader_epoch)
+            }
+            (None, None, None) => format!("b{id} p{part}: no role"),
+            _ => return,
+        };
+        self.log(|| line);
     }
 
     // --- brokers ----------------------------------------------------------------------
@@ -680,6 +641,7 @@ impl Sim {
             }
         }
         for part in 0..self.cfg.partitions {
+            self.complete_truncation(id, part);
             if self.rng.chance(300) {
                 self.fsync(id, part);
             }
@@ -692,11 +654,62 @@ impl Sim {
     }
 
     fn fsync(&mut self, id: BrokerId, part: usize) {
+        let now = self.now_ms;
         let r = &mut self.brokers[b_ix(id)].parts[part];
-        r.durable = r.log.len();
         let end = r.len();
-        if let Role::Leader(l) = &mut r.role {
-            l.on_local_durable(end);
+        let ended = match r.op.take() {
+            // A follower's append completes with its fsync.
+            Some(SimOp { op, done_ms: None }) => Some(
+                r.state
+                    .end_op(op, Some(end), end, now)
+                    .expect("the append in flight"),
+            ),
+            // A truncation under way: nothing to sync yet.
+            Some(op) => {
+                r.op = Some(op);
+                None
+            }
+            None => {
+                match r.state.leader_epoch() {
+                    Some(epoch) => {
+                        let _ = r.state.leader_flushed(epoch, end, end);
+                    }
+                    None => {
+                        let _ = r.state.follower_flushed(end, end);
+                    }
+                }
+                None
+            }
+        };
+        if let Some(e) = ended.and_then(|e| e.leading) {
+            self.log(|| format!("b{id} p{part}: leader epoch {e} after its append"));
+        }
+    }
+
+    /// A follower's truncation whose I/O is done: the log is cut, the operation ends.
+    fn complete_truncation(&mut self, id: BrokerId, part: usize) {
+        let now = self.now_ms;
+        let r = &mut self.brokers[b_ix(id)].parts[part];
+        match &r.op {
+            Some(SimOp {
+                done_ms: Some(at), ..
+            }) if *at <= now => {}
+            _ => return,
+        }
+        let SimOp { op, .. } = r.op.take().expect("checked");
+        let LogOpKind::Truncate { to } = op.kind else {
+            unreachable!("only truncations complete by time: {op:?}")
+        };
+        let cut = r.log.len().saturating_sub(to as usize) as u64;
+        r.log.truncate(to as usize);
+        let ended = r
+            .state
+            .end_op(op, Some(to), r.len(), now)
+            .expect("the truncation in flight");
+        self.stats.truncated_records += cut;
+        self.log(|| format!("b{id} p{part}: truncated to {to} ({cut} cut)"));
+        if let Some(e) = ended.leading {
+            self.log(|| format!("b{id} p{part}: leader epoch {e} after its truncation"));
         }
     }
 
@@ -705,9 +718,12 @@ impl Sim {
         let tick = self.rng.chance(200);
         let fetch_unsynced = self.cfg.knobs.fetch_unsynced;
         let r = &mut self.brokers[b_ix(id)].parts[part];
-        let out = match &mut r.role {
-            Role::None => None,
-            Role::Leader(l) => {
+        let durable = r.state.durable();
+        let epoch_request = r.state.epoch_request();
+        let out = match r.state.role() {
+            Role::Offline => None,
+            Role::Leader(_) => {
+                let l = r.state.leader_mut().expect("leading");
                 let mut alter = if tick { l.tick(now) } else { None };
                 // AlterPartition may be lost: resend the pending one until metadata
                 // answers it.
@@ -727,10 +743,12 @@ impl Sim {
                     }
                 };
                 let epoch = f.leader_epoch();
+                let leader = f.leader();
                 match f.phase() {
-                    _ if busy => None,
+                    // One request, and no log operation, at a time.
+                    _ if busy || r.op.is_some() => None,
                     FollowerPhase::Truncating => {
-                        let requested = f.epoch_request(&r.cache);
+                        let (_, requested) = epoch_request.expect("truncating");
                         r.in_flight = InFlight::Epoch {
                             requested,
                             sent_ms: now,
@@ -740,11 +758,11 @@ impl Sim {
                             epoch,
                             requested,
                         };
-                        Some((f.leader(), msg))
+                        Some((leader, msg))
                     }
                     // Fetch only once what was fetched is durable: the fetch offset tells
                     // the leader what this replica holds on disk.
-                    FollowerPhase::Fetching if r.durable != r.log.len() && !fetch_unsynced => None,
+                    FollowerPhase::Fetching if durable != r.len() && !fetch_unsynced => None,
                     FollowerPhase::Fetching => {
                         let offset = r.log.len() as Offset;
                         r.in_flight = InFlight::Fetch {
@@ -752,7 +770,7 @@ impl Sim {
                             sent_ms: now,
                         };
                         Some((
-                            f.leader(),
+                            leader,
                             Msg::Fetch {
                                 part,
                                 epoch,
@@ -781,13 +799,10 @@ impl Sim {
                 requested,
             } => {
                 let r = &self.brokers[b_ix(to)].parts[part];
-                let result = match &r.role {
-                    Role::Leader(l) => l
-                        .check_epoch(epoch)
-                        .map(|()| r.cache.end_offset_for(requested, r.len()))
-                        .map_err(|e| e.to_string()),
-                    _ => Err("not leader".into()),
-                };
+                let result = r
+                    .state
+                    .epoch_end(epoch, requested, r.len())
+                    .map_err(|e| e.to_string());
                 let resp = Msg::EpochResp {
                     part,
                     epoch,
@@ -823,11 +838,10 @@ impl Sim {
         let now = self.now_ms;
         let r = &mut self.brokers[b_ix(to)].parts[part];
         let mut alter = None;
-        let result = match &mut r.role {
-            Role::Leader(_) if offset > r.log.len() as Offset => {
-                Err("offset out of range".to_string())
-            }
-            Role::Leader(l) => match l.on_follower_fetch(from, epoch, offset, now) {
+        let log_len = r.log.len() as Offset;
+        let result = match r.state.leader_mut() {
+            Some(_) if offset > log_len => Err("offset out of range".to_string()),
+            Some(l) => match l.on_follower_fetch(from, epoch, offset, now) {
                 Ok(ok) => {
                     alter = ok.alter_isr;
                     let start = offset as usize;
@@ -836,7 +850,7 @@ impl Sim {
                 }
                 Err(e) => Err(e.to_string()),
             },
-            _ => Err("not leader".to_string()),
+            None => Err("not leader".to_string()),
         };
         if let Some(alter) = alter {
             r.alter_sent_ms = now;
@@ -860,23 +874,41 @@ impl Sim {
         result: Result<(Vec<Rec>, Offset), String>,
     ) {
         let knobs = self.cfg.knobs;
+        let now = self.now_ms;
         let r = &mut self.brokers[b_ix(id)].parts[part];
-        let Role::Follower(f) = &mut r.role else {
-            return;
-        };
         let expected = matches!(r.in_flight, InFlight::Fetch { offset: o, .. } if o == offset);
-        if f.leader_epoch() != epoch || !expected || r.log.len() as Offset != offset {
+        if !r.state.follows_in(epoch) || !expected || r.len() != offset {
             return;
         }
         r.in_flight = InFlight::Idle;
         match result {
             Ok((recs, leader_hw)) => {
-                append(&mut r.log, &mut r.cache, &recs);
-                f.on_fetch_response(leader_hw, r.durable as Offset);
+                if !recs.is_empty() {
+                    // Refused while another log operation runs (not while fetching).
+                    let Ok(op) = r.state.begin_append(epoch, offset, r.len()) else {
+                        return;
+                    };
+                    for rec in recs {
+                        r.state
+                            .fetched_batch(&op, rec.epoch, r.log.len() as Offset)
+                            .expect("the append in flight");
+                        r.log.push(rec);
+                    }
+                    if knobs.fetch_unsynced {
+                        // The broken knob: done before any fsync (the fetch offset,
+                        // the log end, runs ahead of the durable end).
+                        let end = r.len();
+                        r.state
+                            .end_op(op, None, end, now)
+                            .expect("the append in flight");
+                    } else {
+                        r.op = Some(SimOp { op, done_ms: None });
+                    }
+                }
+                let _ = r.state.fetched_high_watermark(epoch, leader_hw);
             }
             Err(e) if e.contains("out of range") && !knobs.skip_truncation => {
-                let f2 = isr::Follower::new(id, f.leader(), f.leader_epoch(), f.high_watermark());
-                *f = f2;
+                r.state.restart_truncation(epoch);
             }
             Err(_) => {}
         }
@@ -890,29 +922,58 @@ impl Sim {
         requested: LeaderEpoch,
         result: Result<(LeaderEpoch, Offset), String>,
     ) {
-        let r = &mut self.brokers[b_ix(id)].parts[part];
-        let Role::Follower(f) = &mut r.role else {
-            return;
+        let now = self.now_ms;
+        // The truncation's I/O: usually a few milliseconds, sometimes long enough for
+        // metadata to arrive meanwhile, sometimes done at once.
+        let delay = match self.rng.below(10) {
+            0 => 0,
+            1 => 50 + self.rng.below(200),
+            _ => 1 + self.rng.below(20),
         };
+        let r = &mut self.brokers[b_ix(id)].parts[part];
         let expected =
             matches!(r.in_flight, InFlight::Epoch { requested: q, .. } if q == requested);
-        if f.leader_epoch() != epoch || f.phase() != FollowerPhase::Truncating || !expected {
+        let truncating = r
+            .state
+            .follower()
+            .is_some_and(|f| f.leader_epoch() == epoch && f.phase() == FollowerPhase::Truncating);
+        if !truncating || !expected {
             return;
         }
         r.in_flight = InFlight::Idle;
         let Ok((resp_epoch, resp_end)) = result else {
             return;
         };
-        let t = f.on_epoch_response(&r.cache, r.log.len() as Offset, resp_epoch, resp_end);
-        let cut = r.truncate(t.offset);
-        self.stats.truncated_records += cut;
-        self.stats.truncation_extra_rounds += u64::from(!t.complete);
+        let begun = r
+            .state
+            .begin_truncation(epoch, r.len(), resp_epoch, resp_end)
+            .expect("a truncating follower with no log operation");
+        let complete = r
+            .state
+            .follower()
+            .is_some_and(|f| f.phase() == FollowerPhase::Fetching);
+        self.stats.truncation_extra_rounds += u64::from(!complete);
+        let to = match begun {
+            Some(op) => {
+                let LogOpKind::Truncate { to } = op.kind else {
+                    unreachable!("a truncation began {op:?}")
+                };
+                r.op = Some(SimOp {
+                    op,
+                    done_ms: Some(now + delay),
+                });
+                to
+            }
+            None => r.len(),
+        };
         self.log(|| {
             format!(
-                "b{id} p{part}: epoch answer ({resp_epoch}, {resp_end}) -> truncate to {} ({cut} cut, complete {})",
-                t.offset, t.complete
+                "b{id} p{part}: epoch answer ({resp_epoch}, {resp_end}) -> truncate to {to} (complete {complete}, in {delay}ms)"
             )
         });
+        if delay == 0 {
+            self.complete_truncation(id, part);
+        }
     }
 
     // --- clients ----------------------------------------------------------------------
@@ -937,7 +998,7 @@ impl Sim {
         }
         let incarnation = b.incarnation;
         let r = &mut b.parts[part];
-        let Role::Leader(l) = &r.role else {
+        let Some(l) = r.state.leader() else {
             return;
         };
         if l.check_min_isr(self.cfg.min_insync).is_err() {
@@ -973,8 +1034,8 @@ impl Sim {
         while i < self.pending_acks.len() {
             let a = &self.pending_acks[i];
             let b = &self.brokers[b_ix(a.broker)];
-            let state = match &b.parts[a.part].role {
-                Role::Leader(l)
+            let state = match b.parts[a.part].state.leader() {
+                Some(l)
                     if b.up && b.incarnation == a.incarnation && l.leader_epoch() == a.epoch =>
                 {
                     l.acked(a.offset + 1, self.cfg.min_insync)
@@ -1122,18 +1183,21 @@ impl Sim {
         b.up = false;
         b.view = None;
         b.registered = false;
+        let knobs = self.cfg.knobs;
         for (part, r) in b.parts.iter_mut().enumerate() {
-            r.log.truncate(r.durable);
+            r.log.truncate(r.state.durable() as usize);
             // The epoch cache is rebuilt from what survived (Kafka truncates its cache to
-            // the recovered log end).
-            r.cache = LeaderEpochCache::new();
-            let log = std::mem::take(&mut r.log);
-            append(&mut r.log, &mut r.cache, &log);
-            r.role = Role::None;
+            // the recovered log end). A log operation under way dies with the process.
+            let mut cache = LeaderEpochCache::new();
+            for (o, rec) in r.log.iter().enumerate() {
+                cache.assign(rec.epoch, o as Offset);
+            }
+            r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
+            r.op = None;
             r.in_flight = InFlight::Idle;
-            r.hw_kept = r.hw_checkpoint.min(r.durable as Offset);
-            self.last_hw[ix][part] = r.hw_kept;
-            self.checked_upto[ix][part] = self.checked_upto[ix][part].min(r.hw_kept);
+            let hw = r.hw();
+            self.last_hw[ix][part] = hw;
+            self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
         }
         self.log(|| format!("crash b{id}"));
     }
@@ -1229,7 +1293,7 @@ impl Sim {
                 return false;
             }
             let lr = &self.brokers[b_ix(ps.leader)].parts[part];
-            let Role::Leader(l) = &lr.role else {
+            let Some(l) = lr.state.leader() else {
                 return false;
             };
             l.high_watermark() == lr.len()
@@ -1265,8 +1329,8 @@ impl Sim {
             let _ = write!(s, "p{part} {ps:?}; ");
             for b in &self.brokers {
                 let r = &b.parts[part];
-                let role = match &r.role {
-                    Role::None => "none".to_string(),
+                let role = match r.state.role() {
+                    Role::Offline => "none".to_string(),
                     Role::Leader(l) => l.to_string(),
                     Role::Follower(f) => {
                         format!(
@@ -1283,7 +1347,7 @@ impl Sim {
                     b.id,
                     b.up,
                     r.len(),
-                    r.durable,
+                    r.state.durable(),
                     r.hw()
                 );
             }

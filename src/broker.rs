@@ -453,7 +453,7 @@ impl Broker {
         let mut out = Vec::new();
         let mut producers = 0u64;
         for r in self.replicas.borrow().values() {
-            let (leader, isr, replicas) = match &*r.role.borrow() {
+            let (leader, isr, replicas) = match &*r.role() {
                 crate::replica::Role::Leader(l) => (true, l.isr().len(), l.replicas().len()),
                 _ => (false, 0, 0),
             };

@@ -21,12 +21,13 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 use kafka_protocol::messages::{BrokerId, TopicName};
 use sluice_client::aio::{self, Conn};
 use sluice_replication::cluster::Command;
-use sluice_replication::isr::{self, FollowerPhase};
+use sluice_replication::isr::{self, FollowerPhase, LogOpKind};
 use sluice_storage::batch;
 
 use crate::broker::{Broker, PartitionEvents};
+use crate::error::ApiError;
 use crate::fetch_session::{self, PartKey, PartReq, TopicKey};
-use crate::replica::{Replica, Role};
+use crate::replica::Replica;
 use crate::rpc::Propose;
 use crate::util::sb;
 
@@ -129,10 +130,10 @@ pub fn propose_alter(broker: &Rc<Broker>, replica: &Rc<Replica>, alter: isr::Alt
             // Not committed in time (no controller?): keep it pending — the high
             // watermark keeps counting the maximal ISR — and ask again while it is ours.
             glommio::timer::sleep(Duration::from_millis(500)).await;
-            let still = match &*r.role.borrow() {
-                Role::Leader(l) => l.pending_alter() == Some(&alter),
-                _ => false,
-            };
+            let still = r
+                .state()
+                .leader()
+                .is_some_and(|l| l.pending_alter() == Some(&alter));
             if !still {
                 return;
             }
@@ -161,12 +162,48 @@ pub async fn isr_checker(broker: std::rc::Weak<Broker>) {
 /// The client id the fetchers send.
 const CLIENT_ID: &str = "sluice-replica-fetcher";
 
+/// Why a fetcher round failed (it reconnects and retries after [`RETRY`]).
+#[derive(Debug, thiserror::Error)]
+pub enum FetcherError {
+    #[error("cannot reach the leader: {0}")]
+    Connect(#[source] sluice_client::Error),
+    #[error("request to the leader failed: {0}")]
+    Call(#[source] sluice_client::Error),
+    #[error("truncating {topic}-{partition}: {source}")]
+    Truncate {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: sluice_storage::Error,
+    },
+    #[error("fetched records of {topic}-{partition} do not parse: {source}")]
+    Parse {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: sluice_storage::BatchError,
+    },
+    #[error("appending fetched records to {topic}-{partition}: {source}")]
+    Append {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: sluice_storage::Error,
+    },
+    #[error("{0}")]
+    Checkpoint(ApiError),
+}
+
 /// A Kafka-protocol connection to the leader broker `host:port`, one request at a time.
 /// A half-open connection (the leader died or is cut off) must not hold the fetcher
 /// forever: each call is bounded by the longest fetch wait plus a margin.
-async fn connect(host: &str, port: i32, max_wait: Duration) -> Result<Conn, String> {
-    let addr = aio::resolve(host, port).await?;
-    let conn = Conn::connect(addr, CLIENT_ID, Some(Duration::from_secs(1))).await?;
+async fn connect(host: &str, port: i32, max_wait: Duration) -> Result<Conn, FetcherError> {
+    let addr = aio::resolve(host, port)
+        .await
+        .map_err(FetcherError::Connect)?;
+    let conn = Conn::connect(addr, CLIENT_ID, Some(Duration::from_secs(1)))
+        .await
+        .map_err(FetcherError::Connect)?;
     Ok(conn.with_call_timeout(max_wait + Duration::from_secs(10)))
 }
 
@@ -199,7 +236,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
         let parts: Vec<Rc<Replica>> = b
             .replicas()
             .into_iter()
-            .filter(|r| matches!(&*r.role.borrow(), Role::Follower(f) if f.leader() == leader))
+            .filter(|r| r.state().follower().is_some_and(|f| f.leader() == leader))
             .collect();
         if parts.is_empty() {
             b.fetcher_stopped(leader);
@@ -238,7 +275,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             // soon: this round's fetch must not wait at the leader.
             let wait = if truncating { Duration::ZERO } else { max_wait };
             let round = fetch_phase(c, me, &parts, wait, joined, &mut session).await?;
-            Ok::<_, String>(if truncating && round == Round::Fetched {
+            Ok::<_, FetcherError>(if truncating && round == Round::Fetched {
                 Round::Refused
             } else {
                 round
@@ -283,23 +320,27 @@ fn by_topic<P>(parts: impl Iterator<Item = (String, P)>) -> impl Iterator<Item =
 }
 
 fn follower_state(r: &Replica) -> Option<(FollowerPhase, i32)> {
-    match &*r.role.borrow() {
-        Role::Follower(f) => Some((f.phase(), f.leader_epoch())),
-        _ => None,
-    }
+    r.state().follower().map(|f| (f.phase(), f.leader_epoch()))
 }
 
 /// OffsetForLeaderEpoch for the partitions that must truncate, then the truncations.
 /// True if some partition could not truncate in this round (the leader refused it).
-async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<bool, String> {
+///
+/// Each truncation is a log operation of the replica's state machine: it begins only
+/// while the replica still follows in the epoch the request was made in, and a
+/// leadership adopted while the log is being cut waits for the cut to end (see
+/// `isr::ReplicaState`); a partition whose state refuses (moved on, or another log
+/// operation still running) is skipped and asked again next round.
+async fn truncate_phase(
+    c: &mut Conn,
+    me: i32,
+    parts: &[Rc<Replica>],
+) -> Result<bool, FetcherError> {
     let todo: Vec<(&Rc<Replica>, i32, i32)> = parts
         .iter()
-        .filter_map(|r| match follower_state(r) {
-            Some((FollowerPhase::Truncating, epoch)) => {
-                let latest = r.epochs.borrow().latest_epoch();
-                Some((r, epoch, latest))
-            }
-            _ => None,
+        .filter_map(|r| {
+            let (epoch, latest) = r.state().epoch_request()?;
+            Some((r, epoch, latest))
         })
         .collect();
     if todo.is_empty() {
@@ -321,7 +362,7 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
     let req = OffsetForLeaderEpochRequest::default()
         .with_replica_id(BrokerId(me))
         .with_topics(topics);
-    let resp = c.call(4, &req).await?;
+    let resp = c.call(4, &req).await.map_err(FetcherError::Call)?;
     for t in resp.topics {
         for p in t.partitions {
             let Some((r, epoch, _)) = todo
@@ -335,30 +376,29 @@ async fn truncate_phase(c: &mut Conn, me: i32, parts: &[Rc<Replica>]) -> Result<
                 continue;
             }
             let local_end = r.log.log_end_offset();
-            let truncation = {
-                let mut role = r.role.borrow_mut();
-                match &mut *role {
-                    Role::Follower(f) if f.leader_epoch() == *epoch => {
-                        let cache = r.epochs.borrow();
-                        f.on_epoch_response(&cache, local_end, p.leader_epoch, p.end_offset)
-                    }
-                    _ => continue,
+            let op = match r.begin_truncation(*epoch, p.leader_epoch, p.end_offset) {
+                Ok(Some(op)) => op,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!(topic = %r.topic, partition = r.partition, error = %e, "truncation not begun");
+                    continue;
                 }
             };
-            if truncation.offset < local_end {
-                tracing::warn!(topic = %r.topic, partition = r.partition, from = local_end, to = truncation.offset, "truncating to the leader's log");
-                if let Err(e) = r.log.truncate_to(truncation.offset).await {
-                    // Not truncated: it must not fetch from a divergent end.
-                    r.restart_truncation(*epoch);
-                    return Err(format!("truncating {}-{}: {e}", r.topic, r.partition));
-                }
-                r.epochs.borrow_mut().truncate_from_end(truncation.offset);
-                r.persist_epochs();
-                r.durable.set(r.durable.get().min(truncation.offset));
-                if let Role::Follower(f) = &mut *r.role.borrow_mut() {
-                    f.on_local_truncated(truncation.offset);
-                }
+            let LogOpKind::Truncate { to } = op.kind() else {
+                unreachable!("begin_truncation began {:?}", op.kind())
+            };
+            tracing::warn!(topic = %r.topic, partition = r.partition, from = local_end, to, "truncating to the leader's log");
+            if let Err(e) = r.log.truncate_to(to).await {
+                // Not truncated: ending it as not done sends the follower (if it still
+                // follows) back to truncating; it must not fetch from a divergent end.
+                op.finish(None);
+                return Err(FetcherError::Truncate {
+                    topic: r.topic.clone(),
+                    partition: r.partition,
+                    source: e,
+                });
             }
+            op.finish(Some(to));
         }
     }
     Ok(todo
@@ -376,11 +416,12 @@ async fn fetch_phase(
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
-) -> Result<Round, String> {
-    let fetching: Vec<(&Rc<Replica>, i32)> = parts
+) -> Result<Round, FetcherError> {
+    // With the fetch offset each partition asks from (its durable end).
+    let fetching: Vec<(&Rc<Replica>, i32, i64)> = parts
         .iter()
         .filter_map(|r| match follower_state(r) {
-            Some((FollowerPhase::Fetching, epoch)) => Some((r, epoch)),
+            Some((FollowerPhase::Fetching, epoch)) => Some((r, epoch, r.durable_end())),
             _ => None,
         })
         .collect();
@@ -389,9 +430,9 @@ async fn fetch_phase(
     }
     let next: Vec<(PartKey, PartReq)> = fetching
         .iter()
-        .map(|(r, epoch)| {
+        .map(|(r, epoch, fetch_offset)| {
             let req = PartReq {
-                fetch_offset: r.durable_end(),
+                fetch_offset: *fetch_offset,
                 log_start_offset: r.log.log_start_offset(),
                 max_bytes: FETCH_PARTITION_BYTES,
                 current_leader_epoch: *epoch,
@@ -418,7 +459,7 @@ async fn fetch_phase(
     let Some(resp) = futures_lite::future::or(call, interrupt).await else {
         return Ok(Round::Interrupted);
     };
-    let resp = resp?;
+    let resp = resp.map_err(FetcherError::Call)?;
     if !session.answered(resp.error_code, resp.session_id) {
         // A session error (evicted, out of step): the next round fetches in full.
         tracing::debug!(code = ?ResponseError::try_from_code(resp.error_code), "replica fetch session refused");
@@ -428,10 +469,9 @@ async fn fetch_phase(
     let mut had_error = false;
     for t in resp.responses {
         for p in t.partitions {
-            let Some((r, epoch)) = fetching
-                .iter()
-                .find(|(r, _)| r.topic == t.topic.0.as_str() && r.partition == p.partition_index)
-            else {
+            let Some((r, epoch, fetch_offset)) = fetching.iter().find(|(r, _, _)| {
+                r.topic == t.topic.0.as_str() && r.partition == p.partition_index
+            }) else {
                 continue;
             };
             if p.error_code != 0 {
@@ -439,24 +479,22 @@ async fn fetch_phase(
                 let code = ResponseError::try_from_code(p.error_code);
                 tracing::debug!(topic = %r.topic, partition = r.partition, ?code, "replica fetch refused");
                 if code == Some(ResponseError::OffsetOutOfRange) {
-                    if p.log_start_offset > r.durable_end()
-                        && r.log.log_end_offset() == r.durable_end()
-                        && r.follows_in(*epoch)
-                    {
+                    let reset = match p.log_start_offset > *fetch_offset {
+                        true => r.begin_reset(*epoch, p.log_start_offset).ok(),
+                        false => None,
+                    };
+                    if let Some(op) = reset {
                         // Behind the leader's log start (it deleted what we lack, by
                         // retention or DeleteRecords): drop our log and resume at its
                         // log start, as Kafka's truncate-fully-and-start-at does.
                         let start = p.log_start_offset;
-                        tracing::warn!(topic = %r.topic, partition = r.partition, from = r.durable_end(), to = start, "behind the leader's log start; starting over there");
+                        tracing::warn!(topic = %r.topic, partition = r.partition, from = *fetch_offset, to = start, "behind the leader's log start; starting over there");
                         if let Err(e) = r.log.reset_to(start).await {
                             tracing::error!(topic = %r.topic, partition = r.partition, error = %e, "cannot move the log to the leader's start");
+                            op.finish(None);
                             continue;
                         }
-                        r.epochs.borrow_mut().truncate_from_start(start);
-                        r.persist_epochs();
-                        if r.follows_in(*epoch) {
-                            r.durable.set(start);
-                        }
+                        op.finish(Some(start));
                     } else {
                         // Our log is ahead of the leader's: truncate again.
                         r.restart_truncation(*epoch);
@@ -466,25 +504,23 @@ async fn fetch_phase(
             }
             let records = p.records.unwrap_or_default();
             if !records.is_empty() {
-                if !append_fetched(r, *epoch, &records).await? {
+                if !append_fetched(r, *epoch, *fetch_offset, &records).await? {
                     r.restart_truncation(*epoch);
                     continue;
                 }
                 got_data = true;
             }
-            if let Role::Follower(f) = &mut *r.role.borrow_mut() {
-                if f.leader_epoch() == *epoch {
-                    f.on_fetch_response(p.high_watermark, r.durable_end());
-                }
-            }
+            r.fetched_high_watermark(*epoch, p.high_watermark);
             // The leader's log start moved (DeleteRecords, retention): follow it as far
             // as this log reaches, so deleted records do not come back after a failover.
             let start = p.log_start_offset.min(r.durable_end());
             if start > r.log.log_start_offset() && r.follows_in(*epoch) {
-                if let Err(e) = r.log.delete_records_before(start).await {
-                    tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
+                match r.log.delete_records_before(start).await {
+                    Ok(_) => r.log_start_moved(start),
+                    Err(e) => {
+                        tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
+                    }
                 }
-                r.epochs.borrow_mut().truncate_from_start(start);
             }
             r.notify();
         }
@@ -537,28 +573,48 @@ fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
     .collect()
 }
 
-/// Appends fetched batches with their offsets, keeping the epoch history, then syncs
-/// and counts them as held. False if the log is not where this fetch assumed (the role
-/// changed meanwhile, or a deposed leader's late append landed): the caller truncates
-/// again rather than report anything.
-async fn append_fetched(r: &Rc<Replica>, epoch: i32, records: &Bytes) -> Result<bool, String> {
-    let batches = match batch::split_batches(records) {
-        Ok(b) => b,
-        Err(e) => return Err(format!("fetched records do not parse: {e}")),
+/// Appends fetched batches (asked for from `fetch_offset`) with their offsets, keeping
+/// the epoch history, then syncs and counts them as held — one log operation of the
+/// replica's state machine, rechecked after every await. False if the log is not where
+/// this fetch assumed (the role changed meanwhile, or a deposed leader's late append
+/// landed): the caller truncates again rather than report anything.
+async fn append_fetched(
+    r: &Rc<Replica>,
+    epoch: i32,
+    fetch_offset: i64,
+    records: &Bytes,
+) -> Result<bool, FetcherError> {
+    let batches = batch::split_batches(records).map_err(|e| FetcherError::Parse {
+        topic: r.topic.clone(),
+        partition: r.partition,
+        source: e,
+    })?;
+    let append_error = |e| FetcherError::Append {
+        topic: r.topic.clone(),
+        partition: r.partition,
+        source: e,
     };
-    let mut expected_end = r.durable_end();
+    // Refused if the follower moved on, another log operation runs, or the log does
+    // not end where the fetch asked from.
+    let Ok(op) = r.begin_append(epoch, fetch_offset) else {
+        return Ok(false);
+    };
+    let mut expected_end = fetch_offset;
     for (h, range) in batches {
         // Anything else appended (a deposed leader's late write): truncate again.
+        // (Returning drops `op`: the operation ends as not done.)
         if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
             return Ok(false);
         }
         if h.base_offset < expected_end {
             return Ok(false);
         }
-        if h.leader_epoch > r.epochs.borrow().latest_epoch() {
-            r.assign_epoch(h.leader_epoch, h.base_offset);
+        let Ok(new_epoch) = op.fetched_batch(h.leader_epoch, h.base_offset) else {
+            return Ok(false);
+        };
+        if new_epoch {
             // The new epoch's entry is durable before any batch of that epoch.
-            r.epochs_durable().await.map_err(|e| e.to_string())?;
+            r.epochs_durable().await.map_err(FetcherError::Checkpoint)?;
             if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
                 return Ok(false);
             }
@@ -566,13 +622,12 @@ async fn append_fetched(r: &Rc<Replica>, epoch: i32, records: &Bytes) -> Result<
         r.log
             .append_with_offsets(&records[range])
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(append_error)?;
         expected_end = h.last_offset() + 1;
     }
-    r.log.flush().await.map_err(|e| e.to_string())?;
-    if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
-        return Ok(false);
-    }
-    r.durable.set(expected_end);
-    Ok(true)
+    r.log.flush().await.map_err(append_error)?;
+    // Flushed: the state machine counts it if the log still ends there, whatever the
+    // role is now; the follower reports it only if it still follows in `epoch`.
+    let ended = op.finish(Some(expected_end));
+    Ok(ended.durable_moved && r.follows_in(epoch))
 }

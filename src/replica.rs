@@ -1,15 +1,26 @@
 //! The I/O shell of ISR replication on a partition's home shard.
 //!
-//! A [`Replica`] wraps a partition's log with its role, from the committed metadata:
+//! A [`Replica`] wraps a partition's log with its [`ReplicaState`]
+//! (`sluice_replication::isr`): the role from the committed metadata, the leader-epoch
+//! history, the durable log end and the high watermark. Every decision is the state
+//! machine's (and so runs in `make sim`); this shell does the I/O and feeds its results
+//! back:
 //! - **leader**: an [`isr::Leader`] tracks each follower's durable log end (their fetch
 //!   offsets), computes the high watermark over the maximal ISR, proposes ISR shrinks
 //!   (a periodic check) and expansions (on fetches) to the controller, and answers
 //!   `acks=all` produces once the high watermark covers them;
 //! - **follower**: an [`isr::Follower`] first truncates its log to where it agrees with
-//!   the leader (OffsetForLeaderEpoch, KIP-101/279), then a per-shard fetcher pulls
-//!   batches from the leader with Fetch (carrying this broker's replica id), appends
-//!   them with their offsets, makes them durable, and only then reports the new end in
-//!   its next fetch — so the leader counts nothing that is not on disk.
+//!   the leader (OffsetForLeaderEpoch, KIP-101/279), then a per-shard fetcher
+//!   (`crate::fetcher`) pulls batches from the leader with Fetch (carrying this broker's
+//!   replica id), appends them with their offsets, makes them durable, and only then
+//!   reports the new end in its next fetch — so the leader counts nothing that is not on
+//!   disk.
+//!
+//! A follower's truncation, append or reset is a *log operation*
+//! ([`LogOpGuard`]): begun and ended through the state machine, one at a time. A
+//! leadership adopted while one runs takes effect when it ends, at the log end it left
+//! (the partition lock rule, stated on [`ReplicaState`]); the fetcher rechecks the role
+//! after each await and drops stale work.
 //!
 //! Each replica keeps its leader-epoch history in `leader-epoch-checkpoint` in the
 //! partition directory, written atomically with the storage crate's non-blocking I/O by
@@ -21,7 +32,7 @@
 //! restarts, as Kafka takes the log directory offline.
 //! Consumers read only up to the high watermark.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -30,7 +41,10 @@ use std::time::Duration;
 use event_listener::Event;
 use kafka_protocol::error::ResponseError;
 use sluice_replication::cluster::PartitionState;
-use sluice_replication::isr::{self, Leader, LeaderEpochCache, LeaderInit};
+pub use sluice_replication::isr::Role;
+use sluice_replication::isr::{
+    self, LeaderEpochCache, LogOp, LogOpKind, OpEnded, ReplicaError, ReplicaState,
+};
 use sluice_storage::PartitionLog;
 
 use crate::error::{self, ApiError};
@@ -42,29 +56,13 @@ const CHECKPOINT: &str = "leader-epoch-checkpoint";
 /// high watermark. A plain consumer read (`-1`, Fetch v0–v10) needs the leader.
 pub const ANY_REPLICA_CONSUMER: i32 = -2;
 
-pub enum Role {
-    /// No live leader, or not a replica: serve nothing.
-    Offline,
-    Leader(Leader),
-    Follower(isr::Follower),
-}
-
 pub struct Replica {
     pub topic: String,
     pub partition: i32,
     pub log: Rc<PartitionLog>,
-    pub role: RefCell<Role>,
-    // The follower fetcher (`crate::fetcher`) drives the follower's epochs and durable
-    // end directly: moving that into `replication::isr` (and so into the simulation)
-    // is the layers issue's next step.
-    pub(crate) epochs: RefCell<LeaderEpochCache>,
-    /// Log end made durable (fdatasync done, or accepted under an interval flush policy).
-    pub(crate) durable: Cell<i64>,
-    /// The high watermark this replica last knew in any role.
-    last_hw: Cell<i64>,
-    /// The partition's leader epoch in the latest adopted metadata (whatever our role):
-    /// requests naming another epoch are fenced or unknown (KIP-320).
-    known_epoch: Cell<i32>,
+    /// Role, epoch history, durable end, high watermark: the pure state machine. Never
+    /// borrowed across an await.
+    state: RefCell<ReplicaState>,
     /// Fires on durable progress, high-watermark moves and role changes.
     pub progress: Event,
     /// Fires after every batch a produce request appends (a producer's next batch may
@@ -120,28 +118,65 @@ pub struct Follow {
     pub joined: bool,
 }
 
+/// A follower's log operation in flight (see [`ReplicaState`]'s partition-lock rule):
+/// ended with [`Self::finish`], or, if dropped (an error, an early return), as not done.
+/// Either way a leadership that waited for it then takes effect.
+pub(crate) struct LogOpGuard<'a> {
+    replica: &'a Rc<Replica>,
+    op: Option<LogOp>,
+}
+
+impl LogOpGuard<'_> {
+    pub(crate) fn kind(&self) -> LogOpKind {
+        self.op.as_ref().expect("an unfinished operation").kind
+    }
+
+    /// During an append: a fetched batch of `batch_epoch` starts at `base`. True if the
+    /// epoch history changed: its checkpoint must be durable before the batch goes in.
+    pub(crate) fn fetched_batch(&self, batch_epoch: i32, base: i64) -> Result<bool, ReplicaError> {
+        let op = self.op.as_ref().expect("an unfinished operation");
+        let changed = self
+            .replica
+            .state
+            .borrow_mut()
+            .fetched_batch(op, batch_epoch, base)?;
+        if changed {
+            self.replica.persist_epochs();
+        }
+        Ok(changed)
+    }
+
+    /// Ends the operation: `durable_end` as [`ReplicaState::end_op`] takes it.
+    pub(crate) fn finish(mut self, durable_end: Option<i64>) -> OpEnded {
+        let op = self.op.take().expect("an unfinished operation");
+        self.replica.end_op(op, durable_end)
+    }
+}
+
+impl Drop for LogOpGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(op) = self.op.take() {
+            self.replica.end_op(op, None);
+        }
+    }
+}
+
 impl Replica {
     pub fn open(topic: &str, partition: i32, log: Rc<PartitionLog>) -> Rc<Replica> {
         let checkpoint = log.dir().join(CHECKPOINT);
         let end = log.log_end_offset();
-        let mut epochs = match std::fs::read_to_string(&checkpoint) {
+        let epochs = match std::fs::read_to_string(&checkpoint) {
             Ok(text) => LeaderEpochCache::decode(&text).unwrap_or_else(|e| {
                 tracing::warn!(path = %checkpoint.display(), error = %e, "unreadable leader-epoch checkpoint; starting empty");
                 LeaderEpochCache::default()
             }),
             Err(_) => LeaderEpochCache::default(),
         };
-        // The log may have lost an unsynced tail that an epoch entry points into.
-        epochs.truncate_from_end(end);
         Rc::new(Replica {
             topic: topic.to_string(),
             partition,
             log,
-            role: RefCell::new(Role::Offline),
-            epochs: RefCell::new(epochs),
-            durable: Cell::new(end),
-            last_hw: Cell::new(0),
-            known_epoch: Cell::new(-1),
+            state: RefCell::new(ReplicaState::new(epochs, end, 0)),
             progress: Event::new(),
             appended: Event::new(),
             markers: Cell::new(0),
@@ -154,24 +189,27 @@ impl Replica {
         self.progress.notify(usize::MAX);
     }
 
+    /// The replica's state machine, to read (never held across an await).
+    pub fn state(&self) -> Ref<'_, ReplicaState> {
+        self.state.borrow()
+    }
+
+    /// The role (a borrow of the state; never held across an await).
+    pub fn role(&self) -> Ref<'_, Role> {
+        Ref::map(self.state.borrow(), |s| s.role())
+    }
+
     pub fn durable_end(&self) -> i64 {
-        self.durable.get()
+        self.state.borrow().durable()
     }
 
     pub fn high_watermark(&self) -> i64 {
-        match &*self.role.borrow() {
-            Role::Leader(l) => l.high_watermark(),
-            Role::Follower(f) => f.high_watermark(),
-            Role::Offline => self.last_hw.get(),
-        }
+        self.state.borrow().high_watermark()
     }
 
     /// The leader epoch if this replica leads.
     pub fn leader_epoch(&self) -> Option<i32> {
-        match &*self.role.borrow() {
-            Role::Leader(l) => Some(l.leader_epoch()),
-            _ => None,
-        }
+        self.state.borrow().leader_epoch()
     }
 
     /// Schedules a write of the leader-epoch history (never blocks; see the module docs).
@@ -191,7 +229,7 @@ impl Replica {
         let st = &self.checkpoint_state;
         loop {
             let version = st.version.get();
-            let text = self.epochs.borrow().encode();
+            let text = self.state.borrow().epochs().encode();
             match sluice_storage::file::write_atomic(&self.checkpoint, text.as_bytes()).await {
                 Ok(()) => st.persisted.set(version),
                 Err(e) => {
@@ -238,12 +276,6 @@ impl Replica {
         }
     }
 
-    pub(crate) fn assign_epoch(self: &Rc<Self>, epoch: i32, start: i64) {
-        if self.epochs.borrow_mut().assign(epoch, start) {
-            self.persist_epochs();
-        }
-    }
-
     /// Makes a leader's appends so far durable (as the topic's flush policy asks) and
     /// counts them, if this replica still leads in `epoch`: a deposed leader's late
     /// appends must never count as held (the fetcher truncates them away).
@@ -253,40 +285,15 @@ impl Replica {
             .flush_for_ack()
             .await
             .map_err(|e| error::from_storage(&e))?;
-        let mut role = self.role.borrow_mut();
-        let Role::Leader(l) = &mut *role else {
-            return Err(not_leader());
-        };
-        if l.leader_epoch() != epoch {
-            return Err(not_leader());
-        }
-        // A truncation cannot have happened under the same leader epoch, but clamp anyway.
-        let end = end.min(self.log.log_end_offset());
-        if end > self.durable.get() {
-            self.durable.set(end);
-            l.on_local_durable(end);
-            drop(role);
+        let moved = self
+            .state
+            .borrow_mut()
+            .leader_flushed(epoch, end, self.log.log_end_offset())
+            .map_err(|_| not_leader())?;
+        if moved {
             self.notify();
         }
         Ok(())
-    }
-
-    /// KIP-320: the requester's view of the leader epoch against the latest metadata.
-    fn check_known_epoch(&self, requester: i32) -> Result<(), ApiError> {
-        let known = self.known_epoch.get();
-        if requester < 0 || requester == known {
-            Ok(())
-        } else if requester < known {
-            Err(ApiError::with(
-                ResponseError::FencedLeaderEpoch,
-                format!("leader epoch {requester} is older than {known}"),
-            ))
-        } else {
-            Err(ApiError::with(
-                ResponseError::UnknownLeaderEpoch,
-                format!("leader epoch {requester} is newer than {known}"),
-            ))
-        }
     }
 
     /// Adopts the committed assignment. Returns the leader to follow if this replica
@@ -297,78 +304,137 @@ impl Replica {
         a: &PartitionState,
         lag_max_ms: u64,
     ) -> Option<Follow> {
-        self.known_epoch.set(a.leader_epoch);
-        let mut role = self.role.borrow_mut();
-        let hw = match &*role {
-            Role::Leader(l) => l.high_watermark(),
-            Role::Follower(f) => f.high_watermark(),
-            Role::Offline => self.last_hw.get(),
+        let end = self.log.log_end_offset();
+        let before = self.leader_epoch();
+        let r = self
+            .state
+            .borrow_mut()
+            .reconcile(me, a, end, now_ms(), lag_max_ms);
+        if r.epochs_changed {
+            self.persist_epochs();
+        }
+        let (leading, pending) = {
+            let s = self.state.borrow();
+            (s.leader_epoch(), s.pending_leader_epoch())
         };
-        self.last_hw.set(hw);
-        if a.leader == me {
-            if let Role::Leader(l) = &mut *role {
-                if l.leader_epoch() == a.leader_epoch {
-                    l.on_metadata(a.leader_epoch, a.partition_epoch, &a.isr, &a.replicas);
-                    drop(role);
-                    self.notify();
-                    return None;
+        if let (Some(epoch), true) = (leading, leading != before) {
+            tracing::info!(topic = %self.topic, partition = self.partition, epoch, isr = ?a.isr, "leading");
+        } else if let Some(epoch) = pending {
+            tracing::info!(topic = %self.topic, partition = self.partition, epoch, "leading once the fetcher's log operation on this partition ends");
+        } else if let Some((leader, true)) = r.follow {
+            tracing::info!(topic = %self.topic, partition = self.partition, leader, epoch = a.leader_epoch, "following");
+        }
+        if r.changed {
+            self.notify();
+        }
+        r.follow.map(|(leader, joined)| Follow { leader, joined })
+    }
+
+    /// Ends a log operation (through its [`LogOpGuard`]).
+    fn end_op(self: &Rc<Self>, op: LogOp, durable_end: Option<i64>) -> OpEnded {
+        let kind = op.kind;
+        let ended =
+            self.state
+                .borrow_mut()
+                .end_op(op, durable_end, self.log.log_end_offset(), now_ms());
+        match ended {
+            Ok(ended) => {
+                if ended.epochs_changed {
+                    self.persist_epochs();
                 }
+                if let Some(epoch) = ended.leading {
+                    tracing::info!(topic = %self.topic, partition = self.partition, epoch, ?kind, "leading (after the log operation it waited for)");
+                }
+                self.notify();
+                ended
             }
-            let end = self.log.log_end_offset();
-            self.assign_epoch(a.leader_epoch, end);
-            let durable = self.durable.get().min(end);
-            let mut l = Leader::new(LeaderInit {
-                me,
-                leader_epoch: a.leader_epoch,
-                partition_epoch: a.partition_epoch,
-                replicas: a.replicas.clone(),
-                isr: a.isr.clone(),
-                epoch_start_offset: end,
-                durable_log_end: durable,
-                high_watermark: hw.min(durable),
-                now_ms: now_ms(),
-                replica_lag_time_max_ms: lag_max_ms,
-            });
-            l.on_local_durable(durable);
-            tracing::info!(topic = %self.topic, partition = self.partition, epoch = a.leader_epoch, isr = ?a.isr, "leading");
-            *role = Role::Leader(l);
-            drop(role);
-            self.notify();
-            return None;
-        }
-        if !a.replicas.contains(&me) || a.leader < 0 {
-            *role = Role::Offline;
-            drop(role);
-            self.notify();
-            return None;
-        }
-        if let Role::Follower(f) = &*role {
-            if f.leader() == a.leader && f.leader_epoch() == a.leader_epoch {
-                return Some(Follow {
-                    leader: a.leader,
-                    joined: false,
-                });
+            Err(e) => {
+                // The guard owns the only ticket: not reachable, and harmless if it were.
+                tracing::error!(topic = %self.topic, partition = self.partition, error = %e, "ending a log operation");
+                OpEnded::default()
             }
         }
-        tracing::info!(topic = %self.topic, partition = self.partition, leader = a.leader, epoch = a.leader_epoch, "following");
-        *role = Role::Follower(isr::Follower::new(me, a.leader, a.leader_epoch, hw));
-        drop(role);
-        self.notify();
-        Some(Follow {
-            leader: a.leader,
-            joined: true,
+    }
+
+    /// A truncating follower in `epoch` got an OffsetForLeaderEpoch answer. `Ok(None)`:
+    /// nothing to cut; `Ok(Some(guard))`: truncate the log to the guard's offset.
+    pub(crate) fn begin_truncation(
+        self: &Rc<Self>,
+        epoch: i32,
+        response_epoch: i32,
+        response_end: i64,
+    ) -> Result<Option<LogOpGuard<'_>>, ReplicaError> {
+        let op = self.state.borrow_mut().begin_truncation(
+            epoch,
+            self.log.log_end_offset(),
+            response_epoch,
+            response_end,
+        )?;
+        Ok(op.map(|op| {
+            // The history was cut (lazily written) and the high watermark may have moved.
+            self.persist_epochs();
+            self.notify();
+            LogOpGuard {
+                replica: self,
+                op: Some(op),
+            }
+        }))
+    }
+
+    /// A fetching follower in `epoch` appends what its fetch from `fetch_offset` got.
+    pub(crate) fn begin_append(
+        self: &Rc<Self>,
+        epoch: i32,
+        fetch_offset: i64,
+    ) -> Result<LogOpGuard<'_>, ReplicaError> {
+        let op =
+            self.state
+                .borrow_mut()
+                .begin_append(epoch, fetch_offset, self.log.log_end_offset())?;
+        Ok(LogOpGuard {
+            replica: self,
+            op: Some(op),
         })
+    }
+
+    /// A follower behind the leader's log start starts its log over at `start`.
+    pub(crate) fn begin_reset(
+        self: &Rc<Self>,
+        epoch: i32,
+        start: i64,
+    ) -> Result<LogOpGuard<'_>, ReplicaError> {
+        let op = self
+            .state
+            .borrow_mut()
+            .begin_reset(epoch, start, self.log.log_end_offset())?;
+        Ok(LogOpGuard {
+            replica: self,
+            op: Some(op),
+        })
+    }
+
+    /// A fetch response in `epoch` carried the leader's high watermark.
+    pub(crate) fn fetched_high_watermark(&self, epoch: i32, leader_hw: i64) {
+        let _ = self
+            .state
+            .borrow_mut()
+            .fetched_high_watermark(epoch, leader_hw);
+    }
+
+    /// The log's start moved (the leader's, followed): the epoch history follows.
+    pub(crate) fn log_start_moved(&self, start: i64) {
+        self.state.borrow_mut().log_start_moved(start);
     }
 
     /// acks=all gate before appending.
     pub fn check_min_isr(&self, min_insync: usize) -> Result<i32, ApiError> {
-        match &*self.role.borrow() {
-            Role::Leader(l) => {
+        match self.state.borrow().leader() {
+            Some(l) => {
                 l.check_min_isr(min_insync)
                     .map_err(|e| ApiError::with(ResponseError::NotEnoughReplicas, e.to_string()))?;
                 Ok(l.leader_epoch())
             }
-            _ => Err(not_leader()),
+            None => Err(not_leader()),
         }
     }
 
@@ -383,8 +449,8 @@ impl Replica {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let listener = self.progress.listen();
-            match &*self.role.borrow() {
-                Role::Leader(l) if l.leader_epoch() == epoch => match l.acked(end, min_insync) {
+            match self.state.borrow().leader() {
+                Some(l) if l.leader_epoch() == epoch => match l.acked(end, min_insync) {
                     isr::AckState::Acked => return Ok(()),
                     isr::AckState::NotEnoughReplicasAfterAppend => {
                         return Err(ApiError::with(
@@ -418,12 +484,14 @@ impl Replica {
         current_leader_epoch: i32,
         fetch_offset: i64,
     ) -> Result<(i64, i64, Option<isr::AlterIsr>), ApiError> {
-        self.check_known_epoch(current_leader_epoch)?;
-        let mut role = self.role.borrow_mut();
-        if let (Role::Follower(f), ANY_REPLICA_CONSUMER) = (&*role, replica_id) {
+        let mut state = self.state.borrow_mut();
+        state
+            .check_known_epoch(current_leader_epoch)
+            .map_err(|e| fetch_error(&e))?;
+        if let (Some(f), ANY_REPLICA_CONSUMER) = (state.follower(), replica_id) {
             return self.follower_read_bound(f, fetch_offset);
         }
-        let Role::Leader(l) = &mut *role else {
+        let Some(l) = state.leader_mut() else {
             return Err(not_leader());
         };
         if replica_id >= 0 {
@@ -445,7 +513,7 @@ impl Replica {
                 .map_err(|e| fetch_error(&e))?;
             let bound = l.durable_log_end();
             if ok.high_watermark != before {
-                drop(role);
+                drop(state);
                 self.notify();
             }
             return Ok((bound, ok.high_watermark, ok.alter_isr));
@@ -480,45 +548,32 @@ impl Replica {
 
     /// OffsetForLeaderEpoch on the leader: the end offset of `epoch` in this log.
     pub fn epoch_end(&self, current_leader_epoch: i32, epoch: i32) -> Result<(i32, i64), ApiError> {
-        self.check_known_epoch(current_leader_epoch)?;
-        let role = self.role.borrow();
-        let Role::Leader(l) = &*role else {
-            return Err(not_leader());
-        };
-        if current_leader_epoch >= 0 {
-            l.check_epoch(current_leader_epoch)
-                .map_err(|e| fetch_error(&e))?;
-        }
-        Ok(self
-            .epochs
+        self.state
             .borrow()
-            .end_offset_for(epoch, self.log.log_end_offset()))
+            .epoch_end(current_leader_epoch, epoch, self.log.log_end_offset())
+            .map_err(|e| match e {
+                ReplicaError::Fetch(f) => fetch_error(&f),
+                _ => not_leader(),
+            })
     }
 
     /// The leader's periodic ISR check.
     pub fn isr_tick(&self) -> Option<isr::AlterIsr> {
-        match &mut *self.role.borrow_mut() {
-            Role::Leader(l) => l.tick(now_ms()),
-            _ => None,
-        }
+        self.state.borrow_mut().leader_mut()?.tick(now_ms())
     }
 
     /// True while this replica follows in leader epoch `epoch`.
     pub(crate) fn follows_in(&self, epoch: i32) -> bool {
-        matches!(&*self.role.borrow(), Role::Follower(f) if f.leader_epoch() == epoch)
+        self.state.borrow().follows_in(epoch)
     }
 
     /// Back to OffsetForLeaderEpoch before any further fetch (same leader and epoch).
     pub(crate) fn restart_truncation(&self, epoch: i32) {
-        if let Role::Follower(f) = &mut *self.role.borrow_mut() {
-            if f.leader_epoch() == epoch {
-                *f = isr::Follower::new(f.me(), f.leader(), f.leader_epoch(), f.high_watermark());
-            }
-        }
+        self.state.borrow_mut().restart_truncation(epoch);
     }
 
     pub(crate) fn alter_rejected(&self, alter: &isr::AlterIsr) {
-        if let Role::Leader(l) = &mut *self.role.borrow_mut() {
+        if let Some(l) = self.state.borrow_mut().leader_mut() {
             if l.leader_epoch() == alter.leader_epoch {
                 l.on_alter_rejected(alter);
             }
@@ -594,6 +649,17 @@ mod tests {
     use super::*;
     use sluice_storage::{LogConfig, Storage, StorageLimits, SystemClock};
 
+    /// Broker 1 leads in `epoch`, alone.
+    fn leads(epoch: i32) -> PartitionState {
+        PartitionState {
+            replicas: vec![1],
+            isr: vec![1],
+            leader: 1,
+            leader_epoch: epoch,
+            partition_epoch: epoch,
+        }
+    }
+
     fn on_executor<T: Send + 'static>(
         f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
     ) -> T {
@@ -614,14 +680,14 @@ mod tests {
                 let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
                 let r = Replica::open("t", 0, log.clone());
                 let batch = sluice_storage::batch::build::simple(1, 1, 10);
+                r.reconcile(1, &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
-                r.assign_epoch(3, 0);
+                r.reconcile(1, &leads(5), 0);
                 log.append(&batch, 5).await.unwrap();
-                r.assign_epoch(5, 1);
                 r.epochs_durable().await.unwrap();
                 log.flush().await.unwrap();
                 let again = Replica::open("t", 0, log);
-                let latest = again.epochs.borrow().latest_epoch();
+                let latest = again.state().epochs().latest_epoch();
                 latest
             })
         });
@@ -642,7 +708,7 @@ mod tests {
                 // A directory where the checkpoint's temp file must go: the write fails.
                 std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
                 let r = Replica::open("t", 0, log);
-                r.assign_epoch(1, 0);
+                r.reconcile(1, &leads(1), 0);
                 let first = r.epochs_durable().await;
                 // Nothing changed since, and still refused.
                 let later = r.epochs_durable().await;

@@ -67,6 +67,8 @@ struct Offline {
 /// Reopen attempts of an offline partition: after this, doubling up to the maximum.
 const OFFLINE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const OFFLINE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Logs a shard closes at once at shutdown (`Broker::close_all`).
+const CLOSE_LANES: usize = 32;
 
 fn offline_error(key: TopicPartitionRef<'_>, cause: &str) -> ApiError {
     ApiError::with(
@@ -1295,11 +1297,25 @@ impl Broker {
         self.closing.set(true);
         self.replicas.borrow_mut().clear();
         let logs: Vec<Rc<PartitionLog>> = self.logs.borrow_mut().drain().map(|(_, l)| l).collect();
-        for log in logs {
-            if let Err(e) = log.close().await {
-                tracing::error!(log = %log.name(), error = %e, "closing log failed");
-            }
+        // Closes overlap: each one waits mostly on its fdatasyncs, and one after the
+        // other 10,000 logs took 30-40 s to close here. A bounded number of lanes,
+        // each closing its share in turn, keeps the ring's queue and the memory of
+        // the seals in flight small.
+        let mut lanes: Vec<Vec<Rc<PartitionLog>>> = (0..CLOSE_LANES).map(|_| Vec::new()).collect();
+        for (i, log) in logs.into_iter().enumerate() {
+            lanes[i % CLOSE_LANES].push(log);
         }
+        let closing = lanes
+            .into_iter()
+            .map(|lane| async move {
+                for log in lane {
+                    if let Err(e) = log.close().await {
+                        tracing::error!(log = %log.name(), error = %e, "closing log failed");
+                    }
+                }
+            })
+            .collect();
+        join_all(closing).await;
     }
 
     /// Reads a partition of this shard from its log start to its end, handing each

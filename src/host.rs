@@ -30,13 +30,6 @@ pub enum HostError {
     DirLocked { dir: std::path::PathBuf },
 }
 
-/// `crate::node` still reports start-up failures as text.
-impl From<HostError> for String {
-    fn from(e: HostError) -> String {
-        e.to_string()
-    }
-}
-
 /// A resource limit after [`raise_soft_limit`]: what the soft limit was, is now, and the
 /// hard limit (`None`: unlimited).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -53,6 +53,14 @@ echo "== storage: partition log append path vs raw O_DIRECT write and fdatasync 
 fi
 
 bench() { "${NICE[@]}" "$BENCH_BIN" "$@"; }
+# Waits up to 30 s for a broker's Kafka port; prints its log and fails if it never opens.
+wait_port() { # port log
+  local deadline=$((SECONDS + 30))
+  until (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || { echo "broker on port $1 did not start"; cat "$2"; exit 1; }
+    sleep 0.2
+  done
+}
 
 # The soak alone needs none of the shared broker's scenarios.
 if [ "$PART" != soak ]; then
@@ -61,11 +69,7 @@ rm -rf "$DATA"
 "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA" --cores "$CORES" >"$OUT/broker.log" 2>&1 &
 BROKER=$!
 trap 'kill -TERM $BROKER 2>/dev/null || true; wait $BROKER 2>/dev/null || true' EXIT
-deadline=$((SECONDS + 30))
-until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || { echo "broker did not start"; cat "$OUT/broker.log"; exit 1; }
-  sleep 0.2
-done
+wait_port "$PORT" "$OUT/broker.log"
 B="--bootstrap 127.0.0.1:$PORT --report-dir $OUT"
 fi
 
@@ -198,11 +202,7 @@ if [ "$PART" = all ] || [ "$PART" = soak ]; then
     --metrics-listen "127.0.0.1:$((SOAK_PORT + 1))" --log-retention-check-interval-ms 5000 >"$OUT/soak-broker.log" 2>&1 &
   SOAK_BROKER=$!
   trap 'kill -TERM $SOAK_BROKER 2>/dev/null || true; wait $SOAK_BROKER 2>/dev/null || true' EXIT
-  deadline=$((SECONDS + 30))
-  until (exec 3<>/dev/tcp/127.0.0.1/$SOAK_PORT) 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { echo "soak broker did not start"; cat "$OUT/soak-broker.log"; exit 1; }
-    sleep 0.2
-  done
+  wait_port "$SOAK_PORT" "$OUT/soak-broker.log"
   bench e2e --bootstrap "127.0.0.1:$SOAK_PORT" --report-dir "$OUT" --name soak --topic bench-soak \
     --partitions 8 --record-size 100 --acks -1 --rate "$SOAK_RATE" --linger-ms 1 --batch-bytes 32768 \
     --duration "$SOAK_SECONDS" --sample-secs "$SOAK_SAMPLE" --watch-pid "$SOAK_BROKER" --watch-dir "$SDATA" \

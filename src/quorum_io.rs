@@ -467,7 +467,7 @@ impl QuorumNode {
         let block = match &result {
             Ok(Applied::ProducerIds(block)) => Some(Ok(*block)),
             Err(e) => Some(Err(e.clone())),
-            Ok(Applied::Done) => None,
+            Ok(Applied::Done | Applied::Partitions(_)) => None,
         };
         if let Some(block) = block {
             if let Some(w) = self.block_waiters.borrow_mut().remove(&token) {

@@ -187,6 +187,26 @@ pub enum Command {
         scope: BrokerId,
         configs: BTreeMap<String, String>,
     },
+    /// Many ISR changes of one leader broker in one entry (Kafka's AlterPartition
+    /// request carries many partitions): each is judged as [`Command::AlterPartition`]
+    /// would be, in order, and answered on its own in [`Applied::Partitions`], so a
+    /// stale change refuses only itself. After a broker failure thousands of ISRs
+    /// change at once; this makes that one raft entry per batch, not per partition.
+    AlterPartitions {
+        from: BrokerId,
+        changes: Vec<IsrChange>,
+    },
+}
+
+/// One partition's ISR change in [`Command::AlterPartitions`], with the epochs the
+/// leader computed it from (the fields of [`Command::AlterPartition`] but `from`).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct IsrChange {
+    pub topic: String,
+    pub partition: i32,
+    pub leader_epoch: i32,
+    pub partition_epoch: i32,
+    pub new_isr: Vec<BrokerId>,
 }
 
 // The archived command's size is part of the journal format (see the module doc): a
@@ -199,6 +219,8 @@ pub enum Applied {
     Done,
     /// [`Command::AllocateProducerIds`] (and only it): the block handed out.
     ProducerIds(ProducerIdBlock),
+    /// [`Command::AlterPartitions`]: each change's own result, in the command's order.
+    Partitions(Vec<Result<(), ApplyError>>),
 }
 
 /// Producer ids `first..first + count`, handed to one broker; never empty, and never
@@ -552,7 +574,12 @@ impl ClusterState {
     /// the same result on every voter. Refused commands leave the state unchanged.
     pub fn apply(&mut self, cmd: &Command) -> Result<Applied, ApplyError> {
         let r = self.apply_inner(cmd);
-        if r.is_ok() {
+        // A batch whose every change was refused changed nothing either.
+        let changed = match &r {
+            Ok(Applied::Partitions(results)) => results.iter().any(Result::is_ok),
+            r => r.is_ok(),
+        };
+        if changed {
             self.version += 1;
         }
         r
@@ -666,43 +693,30 @@ impl ClusterState {
                 partition_epoch,
                 new_isr,
             } => {
-                let alive: Vec<BrokerId> = self.live_brokers();
-                let (_, p) = self.partition_mut(topic, *partition)?;
-                if *leader_epoch != p.leader_epoch {
-                    return Err(ApplyError::FencedLeaderEpoch {
-                        got: *leader_epoch,
-                        current: p.leader_epoch,
-                    });
+                let alive = self.live_brokers();
+                self.alter_partition(
+                    *from,
+                    &IsrChange {
+                        topic: topic.clone(),
+                        partition: *partition,
+                        leader_epoch: *leader_epoch,
+                        partition_epoch: *partition_epoch,
+                        new_isr: new_isr.clone(),
+                    },
+                    &alive,
+                )?;
+            }
+            Command::AlterPartitions { from, changes } => {
+                if changes.is_empty() {
+                    return Err(ApplyError::InvalidRequest("no ISR changes".into()));
                 }
-                if p.leader != *from {
-                    return Err(ApplyError::NotLeader(*from));
-                }
-                if *partition_epoch != p.partition_epoch {
-                    return Err(ApplyError::InvalidUpdateVersion {
-                        got: *partition_epoch,
-                        current: p.partition_epoch,
-                    });
-                }
-                if !new_isr.contains(from) {
-                    return Err(ApplyError::InvalidRequest(
-                        "the new ISR must contain the leader".into(),
-                    ));
-                }
-                let mut seen = Vec::new();
-                for r in new_isr {
-                    if seen.contains(r) {
-                        return Err(ApplyError::InvalidRequest(format!(
-                            "replica {r} listed twice in the ISR"
-                        )));
-                    }
-                    seen.push(*r);
-                    let joining = !p.isr.contains(r);
-                    if !p.replicas.contains(r) || (joining && !alive.contains(r)) {
-                        return Err(ApplyError::IneligibleReplica(*r));
-                    }
-                }
-                p.isr = new_isr.clone();
-                p.partition_epoch += 1;
+                // Fencing is a command of its own: liveness cannot move within a batch.
+                let alive = self.live_brokers();
+                let results = changes
+                    .iter()
+                    .map(|c| self.alter_partition(*from, c, &alive))
+                    .collect();
+                return Ok(Applied::Partitions(results));
             }
             Command::ElectPreferred { topic, partition } => {
                 let alive = self.live_brokers();
@@ -757,6 +771,61 @@ impl ClusterState {
             }
         }
         Ok(Applied::Done)
+    }
+
+    /// One leader's ISR change ([`Command::AlterPartition`]): refused unless `from` leads
+    /// in the named leader epoch and the partition epoch is current, and every replica
+    /// joining the ISR is an assigned, live (`alive`) broker.
+    fn alter_partition(
+        &mut self,
+        from: BrokerId,
+        change: &IsrChange,
+        alive: &[BrokerId],
+    ) -> Result<(), ApplyError> {
+        let IsrChange {
+            topic,
+            partition,
+            leader_epoch,
+            partition_epoch,
+            new_isr,
+        } = change;
+        let (_, p) = self.partition_mut(topic, *partition)?;
+        if *leader_epoch != p.leader_epoch {
+            return Err(ApplyError::FencedLeaderEpoch {
+                got: *leader_epoch,
+                current: p.leader_epoch,
+            });
+        }
+        if p.leader != from {
+            return Err(ApplyError::NotLeader(from));
+        }
+        if *partition_epoch != p.partition_epoch {
+            return Err(ApplyError::InvalidUpdateVersion {
+                got: *partition_epoch,
+                current: p.partition_epoch,
+            });
+        }
+        if !new_isr.contains(&from) {
+            return Err(ApplyError::InvalidRequest(
+                "the new ISR must contain the leader".into(),
+            ));
+        }
+        let mut seen = Vec::new();
+        for r in new_isr {
+            if seen.contains(r) {
+                return Err(ApplyError::InvalidRequest(format!(
+                    "replica {r} listed twice in the ISR"
+                )));
+            }
+            seen.push(*r);
+            let joining = !p.isr.contains(r);
+            if !p.replicas.contains(r) || (joining && !alive.contains(r)) {
+                return Err(ApplyError::IneligibleReplica(*r));
+            }
+        }
+        p.isr = new_isr.clone();
+        p.partition_epoch += 1;
+        Ok(())
     }
 
     /// A broker (re)registers; a new incarnation is a restart (see the module doc).
@@ -1634,5 +1703,139 @@ mod tests {
         assert_eq!(s.topics["t"].partitions[0].leader, NO_BROKER);
         s.apply(&Command::UnfenceBroker { id: other }).unwrap();
         assert_eq!(s.topics["t"].partitions[0].leader, other);
+    }
+
+    /// A topic of `n` partitions, each on brokers 1, 2, 3 and led by 1.
+    fn led_by_1(s: &mut ClusterState, name: &str, n: usize) {
+        s.apply(&Command::CreateTopic {
+            name: name.into(),
+            id: [7; 16],
+            configs: BTreeMap::new(),
+            assignments: vec![vec![1, 2, 3]; n],
+        })
+        .unwrap();
+    }
+
+    fn change(partition: i32, le: i32, pe: i32, new_isr: Vec<BrokerId>) -> IsrChange {
+        IsrChange {
+            topic: "t".into(),
+            partition,
+            leader_epoch: le,
+            partition_epoch: pe,
+            new_isr,
+        }
+    }
+
+    #[test]
+    fn a_batch_of_isr_changes_answers_each_and_a_stale_one_refuses_only_itself() {
+        let mut s = cluster(3);
+        led_by_1(&mut s, "t", 4);
+        let before = s.clone();
+        let cmd = Command::AlterPartitions {
+            from: 1,
+            changes: vec![
+                change(0, 0, 0, vec![1, 2]),
+                // Stale partition epoch, stale leader epoch, unknown partition.
+                change(1, 0, 3, vec![1, 2]),
+                change(2, 1, 0, vec![1]),
+                change(9, 0, 0, vec![1]),
+                change(3, 0, 0, vec![1]),
+            ],
+        };
+        let got = s.apply(&cmd).unwrap();
+        assert_eq!(
+            got,
+            Applied::Partitions(vec![
+                Ok(()),
+                Err(ApplyError::InvalidUpdateVersion { got: 3, current: 0 }),
+                Err(ApplyError::FencedLeaderEpoch { got: 1, current: 0 }),
+                Err(ApplyError::UnknownTopicOrPartition),
+                Ok(()),
+            ])
+        );
+        let p = |i: usize| &s.topics["t"].partitions[i];
+        assert_eq!((p(0).isr.clone(), p(0).partition_epoch), (vec![1, 2], 1));
+        assert_eq!(p(1), &before.topics["t"].partitions[1]);
+        assert_eq!(p(2), &before.topics["t"].partitions[2]);
+        assert_eq!((p(3).isr.clone(), p(3).partition_epoch), (vec![1], 1));
+        assert_eq!(s.version, before.version + 1, "one entry, one version");
+        // Nothing applied: nothing changed, not even the version.
+        let all_stale = s.clone();
+        let got = s.apply(&cmd).unwrap();
+        let Applied::Partitions(results) = got else {
+            panic!("a batch answers per partition: {got:?}")
+        };
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert_eq!(s, all_stale);
+        assert_eq!(
+            s.apply(&Command::AlterPartitions {
+                from: 1,
+                changes: vec![]
+            }),
+            Err(ApplyError::InvalidRequest("no ISR changes".into()))
+        );
+    }
+
+    #[test]
+    fn a_batch_applies_as_its_changes_would_one_by_one_in_order() {
+        let mut batched = cluster(3);
+        led_by_1(&mut batched, "t", 3);
+        // Broker 3 is fenced: it may stay in an ISR but not join one.
+        batched.apply(&Command::FenceBroker { id: 3 }).unwrap();
+        let mut single = batched.clone();
+        let pe = |s: &ClusterState, i: usize| s.topics["t"].partitions[i].partition_epoch;
+        let (pe0, pe1, pe2) = (pe(&single, 0), pe(&single, 1), pe(&single, 2));
+        let changes = vec![
+            change(0, 0, pe0, vec![1]),
+            // Sees the first change's new partition epoch: judged after it.
+            change(0, 0, pe0 + 1, vec![1, 2]),
+            change(1, 0, pe1, vec![1, 2, 3]),
+            change(1, 0, pe1, vec![1, 1]),
+            change(2, 0, pe2, vec![2]),
+            change(2, 0, pe2, vec![1]),
+            // The second change of partition 2 moved its epoch: this one is stale.
+            change(2, 0, pe2, vec![1, 2]),
+        ];
+        let Applied::Partitions(results) = batched
+            .apply(&Command::AlterPartitions {
+                from: 1,
+                changes: changes.clone(),
+            })
+            .unwrap()
+        else {
+            panic!("a batch answers per partition")
+        };
+        let one_by_one: Vec<Result<(), ApplyError>> = changes
+            .into_iter()
+            .map(|c| {
+                single
+                    .apply(&Command::AlterPartition {
+                        from: 1,
+                        topic: c.topic,
+                        partition: c.partition,
+                        leader_epoch: c.leader_epoch,
+                        partition_epoch: c.partition_epoch,
+                        new_isr: c.new_isr,
+                    })
+                    .map(|a| assert_eq!(a, Applied::Done))
+            })
+            .collect();
+        assert_eq!(results, one_by_one);
+        assert_eq!(
+            results.iter().map(Result::is_ok).collect::<Vec<_>>(),
+            [true, true, false, false, false, true, false]
+        );
+        assert_eq!(batched.topics, single.topics);
+        assert_eq!(batched.topics["t"].partitions[0].isr, vec![1, 2]);
+        assert_eq!(batched.topics["t"].partitions[2].isr, vec![1]);
+    }
+
+    #[test]
+    fn a_batch_of_isr_changes_round_trips_through_the_journal_encoding() {
+        let cmd = Command::AlterPartitions {
+            from: 2,
+            changes: (0..1000).map(|i| change(i, 3, i, vec![2, 1])).collect(),
+        };
+        assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
     }
 }

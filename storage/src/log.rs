@@ -1254,6 +1254,27 @@ impl PartitionLog {
             .await
     }
 
+    /// [`Self::append`] bounded by `max_bytes` instead of the topic's
+    /// `max.message.bytes`: for the broker's own coordinators, whose records grow with
+    /// their state (a group's members and assignments), not with what a client sends.
+    pub async fn append_bounded(
+        &self,
+        batch: &[u8],
+        leader_epoch: i32,
+        max_bytes: usize,
+    ) -> Result<AppendInfo, Error> {
+        if batch.len() > max_bytes {
+            return Err(BatchError::TooLarge {
+                size: batch.len(),
+                max: max_bytes,
+            }
+            .into());
+        }
+        let header = batch::validate(batch, true)?;
+        self.guarded(self.append_validated(batch, header, leader_epoch, true))
+            .await
+    }
+
     /// `max.message.bytes`: refuses a batch larger than the topic allows.
     fn check_size(&self, batch: &[u8]) -> Result<(), Error> {
         let max = self.config.borrow().max_message_bytes;

@@ -682,3 +682,77 @@ fn transactional_compressed_batches_are_compacted_like_uncompressed_ones() {
         }
     });
 }
+
+#[test]
+fn batches_over_max_message_bytes_from_the_broker_are_stored_read_and_compacted() {
+    // A consumer group's metadata record can outgrow max.message.bytes (1 MiB): the
+    // broker appends it with its own bound, and every reader must take it whole.
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let cfg = compacted(8 << 20);
+        let log = s.open_log("big", cfg.clone()).await.unwrap();
+        let big = |v: char| {
+            let value = v.to_string().repeat(3 << 20);
+            build::batch_nullable(1, &[(Some(b"group".as_slice()), Some(value.as_bytes()))])
+        };
+        let first = big('a');
+        assert!(first.len() > cfg.max_message_bytes);
+        assert!(matches!(
+            log.append(&first, 0).await,
+            Err(sluice_storage::Error::Batch(
+                batch::BatchError::TooLarge { .. }
+            ))
+        ));
+        assert!(matches!(
+            log.append_bounded(&first, 0, 1 << 20).await,
+            Err(sluice_storage::Error::Batch(
+                batch::BatchError::TooLarge { .. }
+            ))
+        ));
+        assert_eq!(log.log_end_offset(), 0, "a refused batch leaves nothing");
+        assert_eq!(
+            log.append_bounded(&first, 0, 32 << 20)
+                .await
+                .unwrap()
+                .base_offset,
+            0
+        );
+        put(&log, 1, "offset", Some("1")).await;
+        assert_eq!(
+            log.append_bounded(&big('b'), 0, 32 << 20)
+                .await
+                .unwrap()
+                .base_offset,
+            2
+        );
+        log.roll().await.unwrap();
+        put(&log, 1, "offset", Some("2")).await;
+        // A read window smaller than the batch still returns it whole.
+        let r = log.read(0, 1 << 20, None).await.unwrap();
+        assert_eq!(r.records.len(), first.len());
+        assert_eq!(r.next_offset, 1);
+        let r = log.read(1, 1 << 20, None).await.unwrap();
+        assert_eq!(
+            (r.next_offset, batch::stored_batches(&r.records).count()),
+            (2, 1)
+        );
+        let r = log.read(2, 1 << 20, None).await.unwrap();
+        assert_eq!((r.next_offset, r.records.len()), (3, first.len()));
+        // The cleaner drops the superseded big record and keeps the latest whole.
+        let stats = log.compact().await.unwrap().expect("a pass ran");
+        assert_eq!(stats.records_removed, 1, "{stats:?}");
+        let b = "b".repeat(3 << 20);
+        let want = vec![
+            (1, "offset".to_string(), Some("1".to_string())),
+            (2, "group".into(), Some(b)),
+            (3, "offset".into(), Some("2".into())),
+        ];
+        assert_eq!(contents(&log).await, want);
+        log.close().await.unwrap();
+        drop(log);
+        let again = s.open_log("big", cfg).await.unwrap();
+        assert_eq!(contents(&again).await, want, "the same after a reopen");
+    });
+}

@@ -584,14 +584,14 @@ impl Broker {
                 "produce request holds no record batch",
             ));
         }
-        let max = tc.log.max_message_bytes;
+        let (max, limit) = match trusted {
+            true => (INTERNAL_BATCH_BYTES_MAX, "the internal batch limit"),
+            false => (tc.log.max_message_bytes, "max.message.bytes"),
+        };
         if let Some((_, r)) = batches.iter().find(|(_, r)| r.len() > max) {
             return Err(ApiError::with(
                 ResponseError::MessageTooLarge,
-                format!(
-                    "batch of {} bytes is larger than max.message.bytes {max}",
-                    r.len()
-                ),
+                format!("batch of {} bytes is larger than {limit} {max}", r.len()),
             ));
         }
         // Per-record rules (KIP-467) fail the whole write before any batch is appended.
@@ -646,7 +646,7 @@ impl Broker {
         for batch in &stored {
             let batch = &batch[..];
             let appended = if trusted {
-                log.append(batch, epoch)
+                log.append_bounded(batch, epoch, INTERNAL_BATCH_BYTES_MAX)
                     .await
                     .map_err(|e| error::from_storage(&e))
             } else {
@@ -1436,6 +1436,15 @@ impl Broker {
         any_true(calls).await
     }
 }
+
+/// The largest batch the broker's own coordinators append (group metadata, offsets,
+/// transaction state); it stands in for the topic's `max.message.bytes`, which bounds
+/// what clients send. A GroupMetadata record grows with its group (1.6 MB for 10,000
+/// `sluice-bench group` members, more with large subscriptions or assignments), and
+/// Kafka's default 1 MiB would leave such a group unstored. Reads return a batch
+/// larger than their window whole (replay, followers' fetches, the cleaner); 32 MiB
+/// keeps it well inside a storage read (64 MiB) and a fetch frame (256 MiB).
+pub const INTERNAL_BATCH_BYTES_MAX: usize = 32 << 20;
 
 /// How long a batch whose producer sequence is ahead of the partition's waits for the
 /// batches before it. A connection's produce requests issue their appends in request

@@ -111,6 +111,17 @@ pub enum Deferred {
     Sync(SyncToken, SyncGroupResponse),
 }
 
+impl Deferred {
+    /// The same waiter answered with `code` instead: the shell could not store the
+    /// records this answer depended on (Kafka answers a failed group write so).
+    pub fn failed(self, code: ResponseError) -> Deferred {
+        match self {
+            Deferred::Join(t, r) => Deferred::Join(t, err_join(code, &r.member_id)),
+            Deferred::Sync(t, _) => Deferred::Sync(t, err_sync(code)),
+        }
+    }
+}
+
 /// A record to append to `__consumer_offsets` (the shell picks the partition from the
 /// group id). `value: None` is a tombstone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1256,6 +1267,36 @@ impl Coordinator {
             }
             GroupState::Dead => unreachable!("checked above"),
         }
+    }
+
+    /// The shell could not store `record`, a GroupMetadata record this coordinator
+    /// produced. As Kafka's coordinator when its group write fails, the generation the
+    /// record describes is not kept: if the group is still Stable at that generation,
+    /// its assignments are dropped and a rebalance starts (heartbeats then answer
+    /// REBALANCE_IN_PROGRESS and members rejoin), rather than running on state a
+    /// restart or a coordinator move would not find. Replies only, never records. The
+    /// shell answers the requests that waited on the record with the append's error
+    /// ([`Deferred::failed`]). Other records (offsets, tombstones) change nothing here.
+    pub fn metadata_not_stored(&mut self, now_ms: i64, record: &Record, fx: &mut Effects) {
+        let (Some(value), Ok(Key::Group { group: id })) =
+            (record.value.as_deref(), Key::decode(&record.key))
+        else {
+            return;
+        };
+        let Ok(stored) = GroupValue::decode(value) else {
+            return;
+        };
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        let Some(group) = self.groups.get_mut(&id) else {
+            return;
+        };
+        if group.state != GroupState::Stable || group.generation != stored.generation {
+            return;
+        }
+        for m in group.members.values_mut() {
+            m.assignment = Bytes::new();
+        }
+        Self::prepare_rebalance(group, now_ms, initial_delay, fx);
     }
 
     // ---------------------------------------------------------------- Heartbeat

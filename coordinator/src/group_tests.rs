@@ -1085,3 +1085,68 @@ fn ten_thousand_members_join_leave_and_rejoin() {
     assert_eq!((g.generation, g.members.len()), (2, n as usize - 1));
     assert_eq!(fx.replies.len(), n as usize - 1);
 }
+
+#[test]
+fn a_generation_whose_metadata_was_not_stored_is_dropped_and_rebalanced() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let (b, fx) = join_new(&mut c, 10, 100, &["range"]);
+    assert!(join_reply(&fx, 1010).is_none());
+    let mut fx = Effects::default();
+    c.join(JoinToken(12), 200, args(&a, None, &["range"]), &mut fx);
+    assert_eq!(join_reply(&fx, 12).unwrap().generation_id, 2);
+    let fx = sync(&mut c, 13, 300, &b, 2, &[]);
+    assert!(
+        sync_reply(&fx, 13).is_none(),
+        "the follower waits for the leader"
+    );
+    let fx = sync(&mut c, 14, 400, &a, 2, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(fx.records.len(), 1, "the generation's GroupMetadata record");
+    assert_eq!(fx.replies.len(), 2);
+    // The shell could not append it: both waiting syncs get the store error instead.
+    for r in fx.replies {
+        match r.failed(E::UnknownServerError) {
+            Deferred::Sync(_, s) => {
+                assert_eq!(s.error_code, E::UnknownServerError.code());
+                assert!(s.assignment.is_empty(), "no assignment leaks out");
+            }
+            Deferred::Join(..) => panic!("a sync stays a sync"),
+        }
+    }
+    let mut more = Effects::default();
+    c.metadata_not_stored(500, &fx.records[0], &mut more);
+    assert!(more.records.is_empty());
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::PreparingRebalance, 2));
+    assert!(g.members.values().all(|m| m.assignment.is_empty()));
+    for m in [&a, &b] {
+        assert_eq!(
+            c.heartbeat(600, "g", 2, m, None),
+            Err(E::RebalanceInProgress),
+            "members learn of it and rejoin"
+        );
+    }
+    // Both rejoin: the next generation is formed and, once stored, kept.
+    let mut fx = Effects::default();
+    c.join(JoinToken(20), 700, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(21), 700, args(&b, None, &["range"]), &mut fx);
+    assert_eq!(join_reply(&fx, 20).unwrap().generation_id, 3);
+    let fx = sync(&mut c, 22, 800, &a, 3, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(sync_reply(&fx, 22).unwrap().assignment, Bytes::from("A"));
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    // A failure reported for another generation's record changes nothing, nor one
+    // for a group this coordinator does not hold.
+    let mut gen2 = fx.records[0].clone();
+    let mut v = crate::records::GroupValue::decode(gen2.value.as_deref().unwrap()).unwrap();
+    assert_eq!(v.generation, 3);
+    v.generation = 2;
+    gen2.value = Some(v.encode());
+    let mut ignored = Effects::default();
+    c.metadata_not_stored(1_000, &gen2, &mut ignored);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.generation), (GroupState::Stable, 3));
+    let mut other = coord(0);
+    other.metadata_not_stored(1_000, &fx.records[0], &mut ignored);
+    assert!(other.group("g").is_none(), "no group is invented");
+    assert!(ignored.replies.is_empty() && ignored.records.is_empty());
+}

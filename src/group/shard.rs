@@ -304,6 +304,24 @@ impl GroupShell {
     }
 }
 
+/// What a JoinGroup/SyncGroup answer carries when its group's records could not be
+/// appended (Kafka's `storeGroup` mapping): retriable coordinator errors where the
+/// client should find the coordinator again or rejoin, UNKNOWN_SERVER_ERROR for a
+/// record too large to store (the client rejoins; the broker log names the group).
+fn store_error(append: ResponseError) -> ResponseError {
+    use ResponseError as E;
+    match append {
+        E::UnknownTopicOrPartition
+        | E::NotEnoughReplicas
+        | E::NotEnoughReplicasAfterAppend
+        | E::KafkaStorageError => E::CoordinatorNotAvailable,
+        E::NotLeaderOrFollower => E::NotCoordinator,
+        E::RequestTimedOut => E::RebalanceInProgress,
+        E::MessageTooLarge | E::RecordListTooLarge | E::InvalidFetchSize => E::UnknownServerError,
+        other => other,
+    }
+}
+
 /// Requests waiting for a deferred answer: the group and where to send the answer.
 type Waiters<K, R> = HashMap<K, (String, LocalSender<R>)>;
 
@@ -343,16 +361,56 @@ impl GroupShell {
         token
     }
 
-    /// Appends the records, then answers the deferred requests.
+    /// Appends the records, then answers the deferred requests. If a partition's
+    /// records cannot be stored, the answers of their groups carry the append's error
+    /// instead (as Kafka's `storeGroup`) and the coordinator drops the generation the
+    /// records describe ([`Coordinator::metadata_not_stored`]): no member is told of
+    /// an assignment that a restart or a coordinator move would not find.
     async fn run_effects(&self, broker: &Broker, fx: Effects) {
-        if !fx.records.is_empty() {
-            if let Err(e) = self.append(broker, fx.records).await {
-                // Group metadata is rewritten at the next generation; offsets are not
-                // in these records (commits append on their own path).
-                tracing::warn!(error = %e, "writing group metadata to {OFFSETS_TOPIC} failed");
+        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        for r in fx.records {
+            by_partition
+                .entry(partition_for(&r.group))
+                .or_default()
+                .push(r);
+        }
+        let mut failed: HashMap<String, ResponseError> = HashMap::new();
+        let mut more = Effects::default();
+        for (p, recs) in by_partition {
+            let Err(e) = self.append_batch(broker, p, &recs, None).await else {
+                continue;
+            };
+            let code = store_error(e.code);
+            let groups: HashSet<&str> = recs.iter().map(|r| r.group.as_str()).collect();
+            if code == ResponseError::UnknownServerError {
+                // Not transient: the group's members cannot form a generation until
+                // it shrinks; the operator needs to know which group.
+                tracing::error!(?groups, partition = p, error = %e,
+                    "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
+            } else {
+                tracing::warn!(?groups, partition = p, error = %e,
+                    "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
+            }
+            for r in &recs {
+                failed.insert(r.group.clone(), code);
+                self.coord
+                    .borrow_mut()
+                    .metadata_not_stored(now_ms(), r, &mut more);
             }
         }
-        for reply in fx.replies {
+        assert!(
+            more.records.is_empty(),
+            "dropping a generation writes nothing"
+        );
+        for reply in fx.replies.into_iter().chain(more.replies) {
+            let group = match &reply {
+                Deferred::Join(t, _) => self.pending_joins.borrow().get(t).map(|w| w.0.clone()),
+                Deferred::Sync(t, _) => self.pending_syncs.borrow().get(t).map(|w| w.0.clone()),
+            };
+            let reply = match group.and_then(|g| failed.get(&g).copied()) {
+                Some(code) => reply.failed(code),
+                None => reply,
+            };
             match reply {
                 Deferred::Join(token, r) => deliver(&self.pending_joins, &token, r),
                 Deferred::Sync(token, r) => deliver(&self.pending_syncs, &token, r),
@@ -472,5 +530,26 @@ impl GroupShell {
             "{OFFSETS_TOPIC} partition {partition} was loaded twice"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_group_writes_answer_with_kafkas_codes() {
+        use ResponseError as E;
+        assert_eq!(store_error(E::MessageTooLarge), E::UnknownServerError);
+        assert_eq!(
+            store_error(E::NotEnoughReplicas),
+            E::CoordinatorNotAvailable
+        );
+        assert_eq!(
+            store_error(E::KafkaStorageError),
+            E::CoordinatorNotAvailable
+        );
+        assert_eq!(store_error(E::NotLeaderOrFollower), E::NotCoordinator);
+        assert_eq!(store_error(E::RequestTimedOut), E::RebalanceInProgress);
     }
 }

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -284,6 +285,134 @@ def test_group_membership_survives_a_broker_restart(make_broker, tmp_path):
     assert (len(m.revoked), len(m.assigned_events)) == events, "no rejoin"
     values = sorted(v for (_, _, v) in m.records)
     assert values == sorted(f"v{i}" for i in range(150)), "every record once"
+    m.close()
+
+
+def big_metadata_member(addr, group, topic, userdata, stop, events):
+    """A kafka-python consumer in its own thread whose subscription carries `userdata`
+    bytes of userdata; it polls until `stop` is set, then closes. `events` collects
+    ("assigned", member, partitions), ("records", member, n) and ("error", member,
+    Kafka error code) for errors poll raises."""
+    from kafka import KafkaConsumer, ConsumerRebalanceListener
+    from kafka.errors import KafkaError
+    from kafka.coordinator.assignors.abstract import ConsumerProtocolSubscription
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+    class BigRange(RangePartitionAssignor):
+        @classmethod
+        def metadata(cls, topics):
+            return ConsumerProtocolSubscription(cls.version, list(topics), b"u" * userdata)
+
+    c = KafkaConsumer(bootstrap_servers=addr, group_id=group, auto_offset_reset="earliest",
+                      enable_auto_commit=False, session_timeout_ms=SESSION_MS,
+                      heartbeat_interval_ms=500, partition_assignment_strategy=[BigRange],
+                      reconnect_backoff_max_ms=500)
+    me = threading.current_thread().name
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            pass
+
+        def on_partitions_assigned(self, assigned):
+            events.append(("assigned", me, sorted(p.partition for p in assigned)))
+
+    c.subscribe([topic], listener=Listener())
+    try:
+        while not stop.is_set():
+            try:
+                for recs in c.poll(timeout_ms=100).values():
+                    events.append(("records", me, len(recs)))
+            except KafkaError as e:
+                events.append(("error", me, getattr(e, "errno", None)))
+    finally:
+        c.close()
+
+
+def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker, tmp_path):
+    """A group whose GroupMetadata record is larger than max.message.bytes (1 MiB, as a
+    10,000-member group's is; here 4 members with 320 KB of subscription userdata each)
+    is stored anyway: after a SIGTERM restart the coordinator restores it, Stable with
+    the same members, and they keep consuming with their assignments, no rejoin."""
+    data = tmp_path / "data"
+    extra = ["--group-initial-rebalance-delay-ms", "1000"]
+    b = make_broker(data_dir=data, extra=extra)
+    topic, group = "gbig", f"grp-big-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 4)
+    stop, events, threads = threading.Event(), [], []
+    for i in range(4):
+        t = threading.Thread(target=big_metadata_member, name=f"m{i}",
+                             args=(b.addr, group, topic, 320_000, stop, events), daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        def owners():
+            last = {}
+            for kind, who, parts in list(events):
+                if kind == "assigned":
+                    last[who] = parts
+            return last
+
+        def stable_with_all():
+            d = describe(b.addr, group)
+            ok = d[0] == "STABLE" and len(d[1]) == 4 and len(owners()) == 4
+            return ok and sorted(p for ps in owners().values() for p in ps) == [0, 1, 2, 3] and d
+
+        state, ids = wait_until(stable_with_all, timeout=60, what="4 members stable")
+        assignments = owners()
+        assigned_events = sum(1 for e in events if e[0] == "assigned")
+        port = b.port
+        assert b.stop() == 0
+        b = make_broker(data_dir=data, port=port, extra=extra)
+        # Loading __consumer_offsets brings the group back with its members.
+        assert describe(b.addr, group) == ("STABLE", ids)
+        produce(b.addr, topic, 40)
+        wait_until(lambda: sum(n for kind, _, n in list(events) if kind == "records") >= 40,
+                   timeout=40, what="40 records consumed after the restart")
+        assert describe(b.addr, group) == ("STABLE", ids), "same members"
+        assert owners() == assignments, "same assignments"
+        assert sum(1 for e in events if e[0] == "assigned") == assigned_events, "no rejoin"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+
+@pytest.mark.broker_log_errors(r"cannot store group metadata in __consumer_offsets")
+def test_group_metadata_over_the_internal_limit_fails_syncs_and_stores_nothing(make_broker, tmp_path):
+    """A GroupMetadata record over the broker's internal batch limit (32 MiB; here 4
+    members with 9 MB of userdata each) cannot be stored: as Kafka, the members' SyncGroup
+    answers UNKNOWN_SERVER_ERROR (-1) instead of an assignment, no member is told of a
+    generation a restart would lose, and the offsets partition stays readable."""
+    data = tmp_path / "data"
+    b = make_broker(data_dir=data, extra=["--group-initial-rebalance-delay-ms", "1000"])
+    topic, group = "ghuge", f"grp-huge-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 4)
+    stop, events, threads = threading.Event(), [], []
+    for i in range(4):
+        t = threading.Thread(target=big_metadata_member, name=f"m{i}",
+                             args=(b.addr, group, topic, 9_000_000, stop, events), daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        wait_until(lambda: {who for kind, who, _ in list(events) if kind == "error"} ==
+                   {"m0", "m1", "m2", "m3"}, timeout=60, what="every member told of the error")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    errors = {code for kind, _, code in events if kind == "error"}
+    assert errors == {-1}, errors
+    assert not [e for e in events if e[0] == "assigned" and e[2]], "no assignment handed out"
+    port = b.port
+    assert b.stop() == 0
+    b = make_broker(data_dir=data, port=port)
+    # No generation with members was stored (an Empty one is, once the members left).
+    state, ids = describe(b.addr, group)
+    assert state in ("DEAD", "EMPTY") and ids == [], (state, ids)
+    # The partition still serves other groups.
+    m = Member(b.addr, group, topic)
+    produce(b.addr, topic, 20)
+    poll_until([m], lambda: len(m.records) >= 20, what="a normal member of the same group")
     m.close()
 
 

@@ -327,6 +327,8 @@ fn planned(replicas: &[BrokerId]) -> PartitionState {
         leader: replicas[0],
         leader_epoch: 0,
         partition_epoch: 0,
+        // Handed out when the command applies (`ClusterState::apply`).
+        slots: Vec::new(),
     }
 }
 

@@ -657,6 +657,7 @@ mod tests {
             leader: 1,
             leader_epoch: epoch,
             partition_epoch: epoch,
+            slots: Vec::new(),
         }
     }
 

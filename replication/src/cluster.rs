@@ -31,8 +31,22 @@
 //!   rolling upgrade reads what a newer broker writes unless racks are used.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
-//!   read through [`legacy::ClusterStateV1`]. Fixtures written by the version-1 build
-//!   (`replication/testdata/*-v1.hex`) are decoded by the unit tests.
+//!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
+//!   through [`legacy::ClusterStateV2`]. Fixtures written by the version-1 and
+//!   version-2 builds (`replication/testdata/*-v1.hex`, `state-v2.hex`) are decoded by
+//!   the unit tests.
+//!
+//! ## Replica slots
+//!
+//! Every replica gets a slot when its partition is created: its sequence number among
+//! all replicas ever placed on its broker ([`ClusterState::replicas_placed`]), handed
+//! out in partition order. A broker spreads the partitions it hosts over its shards by
+//! slot (slot mod shard count, `sluice_shard::ShardTable::owner_of_slot`), so
+//! consecutive placements land on consecutive shards and every shard owns the same
+//! number of them, within one (deleted topics leave gaps). Slots are computed by
+//! [`ClusterState::apply`] from the state, so the journal's commands carry none;
+//! partitions restored from a snapshot older than version 3 have none, and their
+//! brokers fall back to hashing.
 
 use std::collections::BTreeMap;
 
@@ -40,9 +54,10 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 2: racks and broker
-/// configs); a snapshot without them is version 1.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x02\x00";
+/// The first bytes of a snapshot in the current format (version 3: replica slots;
+/// version 2 added racks and broker configs); a snapshot without them is version 1.
+/// Byte 6 is the version.
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x03\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -76,6 +91,18 @@ pub struct PartitionState {
     pub leader: BrokerId,
     pub leader_epoch: i32,
     pub partition_epoch: i32,
+    /// Per replica, in the order of `replicas`: its slot (see the module doc), fixed
+    /// at creation. Empty for partitions restored from a snapshot older than version 3.
+    pub slots: Vec<u64>,
+}
+
+impl PartitionState {
+    /// The slot of `broker`'s replica; `None` if it holds none, or the partition
+    /// predates slots.
+    pub fn slot_of(&self, broker: BrokerId) -> Option<u64> {
+        let i = self.replicas.iter().position(|b| *b == broker)?;
+        self.slots.get(i).copied()
+    }
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -99,6 +126,9 @@ pub struct ClusterState {
     /// Dynamic broker configs set at run time (Kafka's names), by scope:
     /// [`CLUSTER_DEFAULT`] for the cluster-wide defaults, else a broker id.
     pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+    /// Per broker: replicas ever placed on it since slots exist, deleted ones
+    /// included, which is the next slot it hands out (see the module doc).
+    pub replicas_placed: BTreeMap<BrokerId, u64>,
 }
 
 /// A change to [`ClusterState`], proposed to the quorum and applied once committed.
@@ -243,6 +273,9 @@ pub enum DecodeError {
         version: u8,
         source: rkyv::rancor::Error,
     },
+    /// A snapshot of a format version this build does not know (a newer build's).
+    #[error("metadata snapshot of format version {0}, which this build cannot read")]
+    SnapshotVersion(u8),
 }
 
 /// Why a command was refused; the state is unchanged. Each maps to a Kafka error.
@@ -295,28 +328,30 @@ impl ClusterState {
         out
     }
 
-    /// Decodes a snapshot of either format version (see the module doc).
+    /// Decodes a snapshot of any format version so far (see the module doc).
     pub fn decode(bytes: &[u8]) -> Result<ClusterState, DecodeError> {
         if bytes.is_empty() {
             return Ok(ClusterState::default());
         }
-        let (body, current) = match bytes.strip_prefix(STATE_MAGIC.as_slice()) {
-            Some(body) => (body, true),
-            None => (bytes, false),
+        // The magic without its version byte (6) and the padding byte after it.
+        let (version, body) = match bytes.strip_prefix(&STATE_MAGIC[..6]) {
+            Some([version, _, body @ ..]) => (*version, body),
+            _ => (1, bytes),
         };
         let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(body.len());
         aligned.extend_from_slice(body);
-        if current {
-            rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(|source| {
-                DecodeError::Snapshot {
-                    version: STATE_VERSION,
-                    source,
-                }
-            })
-        } else {
-            rkyv::from_bytes::<legacy::ClusterStateV1, rkyv::rancor::Error>(&aligned)
+        let failed = |source| DecodeError::Snapshot { version, source };
+        match version {
+            STATE_VERSION => {
+                rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
+            }
+            2 => rkyv::from_bytes::<legacy::ClusterStateV2, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
-                .map_err(|source| DecodeError::Snapshot { version: 1, source })
+                .map_err(failed),
+            1 => rkyv::from_bytes::<legacy::ClusterStateV1, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
+            other => Err(DecodeError::SnapshotVersion(other)),
         }
     }
 
@@ -636,13 +671,14 @@ impl ClusterState {
                 if self.topics.contains_key(name) {
                     return Err(ApplyError::TopicAlreadyExists(name.clone()));
                 }
-                let partitions = assignments
+                let mut partitions = assignments
                     .iter()
                     .map(|r| self.new_partition(r))
                     .collect::<Result<Vec<_>, _>>()?;
                 if partitions.is_empty() {
                     return Err(ApplyError::InvalidRequest("no partitions".into()));
                 }
+                self.give_slots(&mut partitions);
                 self.topics.insert(
                     name.clone(),
                     TopicState {
@@ -671,10 +707,11 @@ impl ClusterState {
                         t.partitions.len()
                     )));
                 }
-                let new = assignments
+                let mut new = assignments
                     .iter()
                     .map(|r| self.new_partition(r))
                     .collect::<Result<Vec<_>, _>>()?;
+                self.give_slots(&mut new);
                 let t = self.topics.get_mut(name).expect("checked above");
                 t.partitions.extend(new);
             }
@@ -894,7 +931,24 @@ impl ClusterState {
             leader,
             leader_epoch: 0,
             partition_epoch: 0,
+            slots: Vec::new(),
         })
+    }
+
+    /// Gives every replica of `partitions` (new, in partition order, already checked)
+    /// the next slot of its broker (see the module doc).
+    fn give_slots(&mut self, partitions: &mut [PartitionState]) {
+        for p in partitions {
+            p.slots = p
+                .replicas
+                .iter()
+                .map(|b| {
+                    let next = self.replicas_placed.entry(*b).or_insert(0);
+                    *next += 1;
+                    *next - 1
+                })
+                .collect();
+        }
     }
 
     /// Marks `id` fenced, takes it out of every ISR it is not the last member of, and
@@ -1010,15 +1064,87 @@ fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> b
     }
 }
 
-/// The snapshot layout of format version 1 (before racks and broker configs), kept to
-/// read snapshots written by older builds. Never written.
+/// The snapshot layouts of format versions 1 (before racks and broker configs) and 2
+/// (before replica slots), kept to read snapshots written by older builds. Never
+/// written.
 pub mod legacy {
     use std::collections::BTreeMap;
 
     use rkyv::{Archive, Deserialize, Serialize};
 
-    use super::{BrokerInfo, ClusterState, TopicState};
+    use super::{BrokerInfo, ClusterState, PartitionState, TopicState};
     use crate::BrokerId;
+
+    /// A partition in versions 1 and 2: no slots.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct PartitionStateV1 {
+        pub replicas: Vec<BrokerId>,
+        pub isr: Vec<BrokerId>,
+        pub leader: BrokerId,
+        pub leader_epoch: i32,
+        pub partition_epoch: i32,
+    }
+
+    /// A topic in versions 1 and 2.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct TopicStateV1 {
+        pub id: [u8; 16],
+        pub configs: BTreeMap<String, String>,
+        pub partitions: Vec<PartitionStateV1>,
+    }
+
+    impl From<TopicStateV1> for TopicState {
+        fn from(t: TopicStateV1) -> TopicState {
+            TopicState {
+                id: t.id,
+                configs: t.configs,
+                partitions: t
+                    .partitions
+                    .into_iter()
+                    .map(|p| PartitionState {
+                        replicas: p.replicas,
+                        isr: p.isr,
+                        leader: p.leader,
+                        leader_epoch: p.leader_epoch,
+                        partition_epoch: p.partition_epoch,
+                        slots: Vec::new(),
+                    })
+                    .collect(),
+            }
+        }
+    }
+
+    fn topics_of(topics: BTreeMap<String, TopicStateV1>) -> BTreeMap<String, TopicState> {
+        topics
+            .into_iter()
+            .map(|(name, t)| (name, TopicState::from(t)))
+            .collect()
+    }
+
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV2 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicStateV1>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+    }
+
+    /// Its partitions get no slots, and slot counting starts from zero.
+    impl From<ClusterStateV2> for ClusterState {
+        fn from(v2: ClusterStateV2) -> ClusterState {
+            ClusterState {
+                cluster_id: v2.cluster_id,
+                brokers: v2.brokers,
+                topics: topics_of(v2.topics),
+                next_producer_id: v2.next_producer_id,
+                version: v2.version,
+                broker_configs: v2.broker_configs,
+                replicas_placed: BTreeMap::new(),
+            }
+        }
+    }
 
     #[derive(Archive, Serialize, Deserialize, Debug)]
     pub struct BrokerInfoV1 {
@@ -1033,7 +1159,7 @@ pub mod legacy {
     pub struct ClusterStateV1 {
         pub cluster_id: String,
         pub brokers: BTreeMap<BrokerId, BrokerInfoV1>,
-        pub topics: BTreeMap<String, TopicState>,
+        pub topics: BTreeMap<String, TopicStateV1>,
         pub next_producer_id: i64,
         pub version: u64,
     }
@@ -1057,10 +1183,11 @@ pub mod legacy {
                         (id, b)
                     })
                     .collect(),
-                topics: v1.topics,
+                topics: topics_of(v1.topics),
                 next_producer_id: v1.next_producer_id,
                 version: v1.version,
                 broker_configs: BTreeMap::new(),
+                replicas_placed: BTreeMap::new(),
             }
         }
     }
@@ -1393,7 +1520,7 @@ mod tests {
         let bytes = s.encode();
         assert!(matches!(
             ClusterState::decode(&bytes[..bytes.len() / 2]),
-            Err(DecodeError::Snapshot { version: 2, .. })
+            Err(DecodeError::Snapshot { version: 3, .. })
         ));
     }
 
@@ -1465,6 +1592,122 @@ mod tests {
                 configs: [("retention.ms".to_string(), "5".to_string())].into(),
             }
         );
+    }
+
+    #[test]
+    fn version_2_snapshots_decode_without_slots_and_counting_starts_over() {
+        let mut s =
+            ClusterState::decode(&hex_fixture(include_str!("../testdata/state-v2.hex"))).unwrap();
+        assert_eq!(s.cluster_id, "v2-cluster-id");
+        assert_eq!(s.brokers[&1].rack.as_deref(), Some("zone-a"));
+        assert_eq!(s.brokers[&2].port, 9093);
+        assert_eq!(s.topics["orders"].configs["retention.ms"], "1000");
+        assert_eq!(s.topics["orders"].partitions[1].replicas, vec![2, 1]);
+        assert_eq!(s.topics["logs"].partitions[0].leader, 2);
+        assert_eq!(s.dynamic_broker_config(2, "log.retention.ms"), Some("5000"));
+        assert_eq!((s.next_producer_id, s.version), (42, 7));
+        // Partitions of the old format have no slots: their brokers hash.
+        let slotted = s.topics.values().flat_map(|t| &t.partitions);
+        assert!(slotted.clone().all(|p| p.slots.is_empty()));
+        assert_eq!(s.topics["orders"].partitions[0].slot_of(1), None);
+        assert!(s.replicas_placed.is_empty());
+        // Re-encoded, it is the current format and decodes to the same state.
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        // New topics count from zero.
+        s.apply(&Command::CreateTopic {
+            name: "new".into(),
+            id: [9; 16],
+            configs: BTreeMap::new(),
+            assignments: vec![vec![2, 1]],
+        })
+        .unwrap();
+        assert_eq!(s.topics["new"].partitions[0].slots, vec![0, 0]);
+        // A format version this build does not know is named, not misread as version 1.
+        let mut future = s.encode();
+        future[6] = 9;
+        assert!(matches!(
+            ClusterState::decode(&future),
+            Err(DecodeError::SnapshotVersion(9))
+        ));
+    }
+
+    #[test]
+    fn replicas_get_per_broker_sequential_slots_in_partition_order() {
+        let mut s = cluster(3);
+        let topic = |name: &str, id: u8, assignments: Vec<Vec<BrokerId>>| Command::CreateTopic {
+            name: name.into(),
+            id: [id; 16],
+            configs: BTreeMap::new(),
+            assignments,
+        };
+        let slots = |s: &ClusterState, name: &str| -> Vec<Vec<u64>> {
+            s.topics[name]
+                .partitions
+                .iter()
+                .map(|p| p.slots.clone())
+                .collect()
+        };
+        s.apply(&topic("a", 1, vec![vec![1, 2], vec![2, 3], vec![3, 1]]))
+            .unwrap();
+        // Broker 1's replicas: a-0 (slot 0), a-2 (slot 1); broker 2's: a-0, a-1; ...
+        assert_eq!(slots(&s, "a"), vec![vec![0, 0], vec![1, 0], vec![1, 1]]);
+        assert_eq!(s.topics["a"].partitions[2].slot_of(1), Some(1));
+        assert_eq!(s.topics["a"].partitions[2].slot_of(2), None);
+        let placed = s.replicas_placed.clone();
+        assert_eq!(placed, [(1, 2), (2, 2), (3, 2)].into());
+        // Refused commands hand out nothing.
+        assert!(s.apply(&topic("a", 2, vec![vec![1]])).is_err());
+        assert!(s.apply(&topic("b", 2, vec![vec![1], vec![4]])).is_err());
+        assert_eq!(s.replicas_placed, placed);
+        // A snapshot carries slots and counters: a voter restored from it goes on
+        // exactly as one that applied every command.
+        let mut restored = ClusterState::decode(&s.encode()).unwrap();
+        assert_eq!(restored, s);
+        let rest = [
+            Command::DeleteTopic { name: "a".into() },
+            topic("b", 2, vec![vec![1], vec![1, 3]]),
+            Command::CreatePartitions {
+                name: "b".into(),
+                existing: 2,
+                assignments: vec![vec![3, 1]],
+            },
+        ];
+        for cmd in &rest {
+            s.apply(cmd).unwrap();
+            restored.apply(cmd).unwrap();
+        }
+        assert_eq!(restored, s);
+        // Deleted topics leave gaps: the counters go on.
+        assert_eq!(slots(&s, "b"), vec![vec![2], vec![3, 2], vec![3, 4]]);
+        assert_eq!(s.replicas_placed, [(1, 5), (2, 2), (3, 4)].into());
+    }
+
+    #[test]
+    fn slots_split_many_small_topics_evenly_over_any_shard_count() {
+        // 100 one-partition topics on one broker, and 3-partition topics (RF 1) on two.
+        let runs: [(i32, i32, i16, usize); 3] = [(1, 1, 1, 100), (2, 3, 1, 33), (3, 2, 2, 25)];
+        for (brokers, partitions, rf, topics) in runs {
+            let mut s = cluster(brokers);
+            for n in 0..topics {
+                create(&mut s, &format!("t{n}"), partitions, rf);
+            }
+            for shards in 1..=4u64 {
+                for b in 1..=brokers {
+                    let mut per_shard = vec![0usize; shards as usize];
+                    for p in s.topics.values().flat_map(|t| &t.partitions) {
+                        if let Some(slot) = p.slot_of(b) {
+                            per_shard[(slot % shards) as usize] += 1;
+                        }
+                    }
+                    let (max, min) = (per_shard.iter().max(), per_shard.iter().min());
+                    assert!(
+                        max.unwrap() - min.unwrap() <= 1,
+                        "broker {b}, {shards} shards: {per_shard:?}"
+                    );
+                }
+            }
+        }
     }
 
     fn racked(racks: &[(BrokerId, Option<&str>)]) -> ClusterState {

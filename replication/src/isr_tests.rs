@@ -617,6 +617,7 @@ fn assignment(leader: BrokerId, leader_epoch: LeaderEpoch) -> crate::cluster::Pa
         leader,
         leader_epoch,
         partition_epoch: leader_epoch,
+        slots: Vec::new(),
     }
 }
 

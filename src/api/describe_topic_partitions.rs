@@ -211,6 +211,7 @@ mod tests {
                     leader: 1,
                     leader_epoch: 3,
                     partition_epoch: 0,
+                    slots: Vec::new(),
                 })
                 .collect();
             img.topics.insert(

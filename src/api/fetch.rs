@@ -594,6 +594,7 @@ mod tests {
             leader: 1,
             leader_epoch: 0,
             partition_epoch: 0,
+            slots: Vec::new(),
         };
         assert_eq!(preferred_read_replica(&image, 1, &a, "b", 0), Some(2));
         // The leader's own rack, a rack whose replica is out of sync, no such rack.

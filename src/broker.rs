@@ -188,9 +188,12 @@ impl Broker {
         self.image.borrow().clone()
     }
 
-    /// The home shard of a partition of a topic in the current image.
+    /// The home shard of a partition of a topic in the current image: by this broker's
+    /// slot of its replica, else hashed ([`TopicMeta::owner`]). The publisher keeps a
+    /// published partition's slots (`MetadataImage::keep_slots_of`), so its owner never
+    /// changes while the process runs.
     pub fn owner(&self, topic: &TopicMeta, partition: i32) -> ShardId {
-        self.table.owner(topic.id.as_u128(), partition)
+        topic.owner(&self.table, self.config.node_id, partition)
     }
 
     /// Installs a subscriber to partition events (start-up only).

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sluice_replication::cluster::{PartitionState, CLUSTER_DEFAULT};
+use sluice_shard::{ShardId, ShardTable};
 use uuid::Uuid;
 
 /// A registered broker.
@@ -41,6 +42,15 @@ pub struct TopicMeta {
 impl TopicMeta {
     pub fn assignment(&self, partition: i32) -> Option<&PartitionState> {
         self.assignments.get(usize::try_from(partition).ok()?)
+    }
+
+    /// The home shard of `partition` in broker `me`'s process: by the slot of `me`'s
+    /// replica, else hashed (see `sluice_shard::ShardTable`).
+    pub fn owner(&self, table: &ShardTable, me: i32, partition: i32) -> ShardId {
+        match self.assignment(partition).and_then(|a| a.slot_of(me)) {
+            Some(slot) => table.owner_of_slot(slot),
+            None => table.owner(self.id.as_u128(), partition),
+        }
     }
 }
 
@@ -101,6 +111,30 @@ impl MetadataImage {
 
     pub fn topic_by_id(&self, id: Uuid) -> Option<(&String, &TopicMeta)> {
         self.topics.iter().find(|(_, t)| t.id == id)
+    }
+
+    /// Gives every partition that `previous` (the image published before this one)
+    /// already had, same topic id, the slots it had there; returns how many differed.
+    ///
+    /// A partition's owning shard follows its slots, and must not change while the
+    /// process runs (one shard has its log open). Slots are fixed when a partition is
+    /// created, but voters whose states were restored from snapshots of different
+    /// format versions can disagree on them, and a snapshot installed from such a
+    /// leader would then change them here; so the first slots published stay.
+    pub fn keep_slots_of(&mut self, previous: &MetadataImage) -> usize {
+        let mut differed = 0;
+        for (name, t) in &mut self.topics {
+            let Some(old) = previous.topics.get(name).filter(|o| o.id == t.id) else {
+                continue;
+            };
+            for (new, old) in t.assignments.iter_mut().zip(&old.assignments) {
+                if new.slots != old.slots {
+                    new.slots = old.slots.clone();
+                    differed += 1;
+                }
+            }
+        }
+        differed
     }
 }
 
@@ -236,6 +270,87 @@ mod tests {
         let back = FileMetadataStore::new(dir.path()).load().unwrap();
         assert_eq!(back.topics, image.topics);
         assert_eq!(back.cluster_id, image.cluster_id);
+    }
+
+    fn assigned(replicas: &[i32], slots: &[u64]) -> PartitionState {
+        PartitionState {
+            replicas: replicas.to_vec(),
+            isr: replicas.to_vec(),
+            leader: replicas[0],
+            leader_epoch: 0,
+            partition_epoch: 0,
+            slots: slots.to_vec(),
+        }
+    }
+
+    fn topic(id: u128, assignments: Vec<PartitionState>) -> TopicMeta {
+        TopicMeta {
+            id: Uuid::from_u128(id),
+            partitions: assignments.len() as i32,
+            configs: BTreeMap::new(),
+            assignments,
+        }
+    }
+
+    #[test]
+    fn a_partition_is_owned_by_its_slot_here_else_by_hash() {
+        let table = ShardTable::new(2);
+        let id = 0xfeed_u128;
+        let t = topic(
+            id,
+            vec![
+                assigned(&[1, 2], &[7, 0]),
+                assigned(&[2, 1], &[1, 8]),
+                assigned(&[1], &[]),
+            ],
+        );
+        // Broker 1: slots 7 and 8 -> shards 1 and 0; broker 2: slots 0 and 1.
+        let owners = |me| -> Vec<ShardId> { (0..2).map(|p| t.owner(&table, me, p)).collect() };
+        assert_eq!(owners(1), vec![ShardId(1), ShardId(0)]);
+        assert_eq!(owners(2), vec![ShardId(0), ShardId(1)]);
+        // Not hosted here, no slots (an old partition), or no such partition: hashed.
+        for (me, p) in [(3, 0), (1, 2), (1, 5)] {
+            assert_eq!(t.owner(&table, me, p), table.owner(id, p), "{me} {p}");
+        }
+    }
+
+    #[test]
+    fn published_slots_never_change() {
+        let mut previous = MetadataImage::new_cluster();
+        previous
+            .topics
+            .insert("a".into(), topic(1, vec![assigned(&[1], &[])]));
+        previous
+            .topics
+            .insert("b".into(), topic(2, vec![assigned(&[1], &[4])]));
+        let mut next = previous.clone();
+        // A state restored differently: slots for `a`, other ones for `b`, and a new
+        // partition of `b`; `c` is new, and `a` was re-created under another id in `d`.
+        next.topics
+            .insert("a".into(), topic(1, vec![assigned(&[1], &[0])]));
+        next.topics.insert(
+            "b".into(),
+            topic(2, vec![assigned(&[1], &[9]), assigned(&[1], &[10])]),
+        );
+        next.topics
+            .insert("c".into(), topic(3, vec![assigned(&[1], &[11])]));
+        let recreated = topic(4, vec![assigned(&[1], &[12])]);
+        previous
+            .topics
+            .insert("d".into(), topic(5, vec![assigned(&[1], &[3])]));
+        next.topics.insert("d".into(), recreated.clone());
+        assert_eq!(next.keep_slots_of(&previous), 2);
+        let slots = |name: &str| -> Vec<Vec<u64>> {
+            next.topics[name]
+                .assignments
+                .iter()
+                .map(|a| a.slots.clone())
+                .collect()
+        };
+        assert_eq!(slots("a"), vec![Vec::<u64>::new()]);
+        assert_eq!(slots("b"), vec![vec![4], vec![10]]);
+        assert_eq!(slots("c"), vec![vec![11]]);
+        assert_eq!(next.topics["d"], recreated);
     }
 
     #[test]

@@ -501,10 +501,12 @@ pub const METADATA_DIR: &str = "__cluster_metadata";
 const RAFT_TICK: Duration = Duration::from_millis(100);
 
 /// Shard 0: turns every change of the quorum state (or of its leader) into a new image
-/// and hands it to every shard.
+/// and hands it to every shard. A partition keeps the replica slots of the image that
+/// first published it (`MetadataImage::keep_slots_of`): its owning shard never moves.
 async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
     let mut seen = u64::MAX;
     let mut epoch = 0u64;
+    let mut last: Option<Arc<crate::metadata::MetadataImage>> = None;
     loop {
         let listener = quorum.changed.listen();
         let count = quorum.change_count();
@@ -515,7 +517,7 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
         seen = count;
         let Some(b) = broker.upgrade() else { return };
         epoch += 1;
-        let (image, version) = quorum.with_state(|s| {
+        let (mut image, version) = quorum.with_state(|s| {
             (
                 crate::quorum_io::image_of(
                     s,
@@ -526,7 +528,16 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
                 s.version,
             )
         });
-        crate::controller::publish(&b, Arc::new(image)).await;
+        let kept = last.as_ref().map_or(0, |l| image.keep_slots_of(l));
+        if kept > 0 {
+            tracing::warn!(
+                partitions = kept,
+                "the metadata state has other replica slots for partitions already published (a snapshot from a voter restored from an older snapshot format); keeping the published ones"
+            );
+        }
+        let image = Arc::new(image);
+        last = Some(image.clone());
+        crate::controller::publish(&b, image).await;
         b.set_published(version);
     }
 }

@@ -1,18 +1,30 @@
 //! The shard table: which shard owns a partition.
 //!
-//! Ownership is a pure function of (topic id, partition) and the shard count, so every
-//! core holds an identical copy and no core ever asks another where a partition lives:
+//! Ownership is a pure function of what every core's metadata image holds and the
+//! shard count, so every core computes the same owner and no core ever asks another
+//! where a partition lives. A replica this broker hosts has a slot (its sequence
+//! number among the replicas ever placed on this broker, given by the metadata state
+//! machine when the partition was created), and
+//!
+//! ```text
+//! shard(slot) = slot mod shard_count
+//! ```
+//!
+//! so a broker's replicas, however many topics they come from, are dealt round-robin
+//! over its shards: each shard owns as many as any other, within one (less the gaps
+//! deleted topics leave). A partition without a slot here (created before slots
+//! existed, or not hosted by this broker, whose requests are only routed to be
+//! refused) hashes:
 //!
 //! ```text
 //! shard(topic_id, partition) = (fnv1a_64(topic_id as 16 big-endian bytes) + partition) mod shard_count
 //! ```
 //!
 //! Hashing the topic id picks where a topic starts; adding the partition number walks
-//! its partitions round-robin over the shards, so a topic with at least as many
-//! partitions as shards has a partition on every shard. The shard count is fixed for
-//! the life of the process; a restart with a different `--cores` reassigns partitions,
-//! which is safe because logs live in one data directory shared by all shards and a
-//! partition is opened by exactly one shard of the running process.
+//! its partitions round-robin over the shards. The shard count is fixed for the life
+//! of the process; a restart with a different `--cores` reassigns partitions, which is
+//! safe because logs live in one data directory shared by all shards and a partition
+//! is opened by exactly one shard of the running process.
 
 use crate::ShardId;
 
@@ -41,7 +53,13 @@ impl ShardTable {
         self.shard_count
     }
 
-    /// The home shard of `partition` of the topic with id `topic_id`.
+    /// The home shard of the replica with slot `slot` (see the module doc).
+    pub fn owner_of_slot(&self, slot: u64) -> ShardId {
+        ShardId((slot % self.shard_count as u64) as usize)
+    }
+
+    /// The home shard of `partition` of the topic with id `topic_id` when it has no
+    /// slot here: hashed (see the module doc).
     pub fn owner(&self, topic_id: u128, partition: i32) -> ShardId {
         let start = fnv1a_64(&topic_id.to_be_bytes());
         let p = u64::from(partition.max(0).unsigned_abs());
@@ -75,10 +93,19 @@ mod tests {
     }
 
     #[test]
+    fn slots_deal_replicas_round_robin() {
+        let t = ShardTable::new(3);
+        let owners: Vec<usize> = (0..7).map(|slot| t.owner_of_slot(slot).0).collect();
+        assert_eq!(owners, vec![0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(t.owner_of_slot(u64::MAX), ShardId((u64::MAX % 3) as usize));
+    }
+
+    #[test]
     fn one_shard_owns_everything() {
         let t = ShardTable::new(1);
         for p in 0..100 {
             assert_eq!(t.owner(p as u128 * 7919, p), ShardId(0));
+            assert_eq!(t.owner_of_slot(p as u64 * 7919), ShardId(0));
         }
     }
 }

@@ -3,19 +3,24 @@
 //! than the replica set) and the offline ones (no leader). It asks one broker (the
 //! bootstrap) through [`sluice_client`]: ApiVersions, Metadata (v1+, which also
 //! names the controller) and DescribeCluster when the broker serves it (its controller
-//! id wins, and from v2 it lists fenced brokers too).
+//! id wins, and from v2 it lists fenced brokers too). How many replicas each shard of
+//! a broker owns comes from that broker's metrics endpoint (`sluice_shard_partitions`;
+//! found by the default convention, its Kafka port + 552 on the host it advertises,
+//! unless `--metrics` lists the endpoints), since no Kafka API tells.
 //!
 //! Fetching ([`fetch`]) and printing ([`render`]) are separate so that the printing is
 //! unit-tested without a broker.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::{
     ApiKey, DescribeClusterRequest, DescribeConfigsRequest, DescribeLogDirsRequest, MetadataRequest,
 };
 
-use crate::config::DiskMinimum;
+use crate::config::{DiskMinimum, METRICS_PORT_OFFSET};
 
 use sluice_client::blocking::Conn;
 use sluice_client::{code_err, error_name};
@@ -48,17 +53,25 @@ enum ClusterCommand {
         /// Leave out internal topics (__consumer_offsets).
         #[arg(long)]
         exclude_internal: bool,
+        /// Metrics endpoints to ask for each broker's per-shard counts,
+        /// HOST:PORT[,HOST:PORT...] [default: every broker's Kafka port + 552].
+        #[arg(long, value_delimiter = ',')]
+        metrics: Vec<String>,
     },
 }
 
 /// Runs `sluice cluster …`; the error is the message to print.
 pub fn run(args: ClusterArgs) -> Res<()> {
     match args.command {
-        ClusterCommand::Describe { exclude_internal } => {
+        ClusterCommand::Describe {
+            exclude_internal,
+            metrics,
+        } => {
             let mut view = fetch(&args.bootstrap_server)?;
             if exclude_internal {
                 view.partitions.retain(|p| !p.internal);
             }
+            view.shards = fetch_shards(&view.brokers, &metrics);
             print!("{}", render(&view));
             Ok(())
         }
@@ -112,6 +125,86 @@ pub struct ClusterView {
     pub topic_errors: Vec<(String, i16)>,
     /// Each broker's data directory, asked of the broker itself.
     pub disks: Vec<DiskRow>,
+    /// Each broker's replicas per shard, asked of its metrics endpoint.
+    pub shards: Shards,
+}
+
+/// Per broker, the replicas each of its shards owns (all the broker's replicas,
+/// internal topics included), as its shards last published them (twice a second).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shards {
+    /// Broker id -> replicas owned by shard 0, 1, ...
+    pub by_broker: BTreeMap<i32, Vec<u64>>,
+    /// Endpoints that did not tell: (endpoint, why).
+    pub errors: Vec<(String, String)>,
+}
+
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Asks the metrics endpoints (`metrics`, else each broker's by the default
+/// convention) for their per-shard counts; which broker answered is the endpoint's
+/// own `sluice_node_id`.
+pub fn fetch_shards(brokers: &[BrokerRow], metrics: &[String]) -> Shards {
+    let endpoints: Vec<String> = if metrics.is_empty() {
+        brokers
+            .iter()
+            .map(|b| {
+                let host = if b.host.contains(':') {
+                    format!("[{}]", b.host)
+                } else {
+                    b.host.clone()
+                };
+                format!("{host}:{}", b.port + i32::from(METRICS_PORT_OFFSET))
+            })
+            .collect()
+    } else {
+        metrics.to_vec()
+    };
+    let agent = ureq::AgentBuilder::new().timeout(HTTP_TIMEOUT).build();
+    let mut out = Shards::default();
+    for e in endpoints {
+        let answer = agent
+            .get(&format!("http://{e}/metrics"))
+            .call()
+            .map_err(|err| err.to_string())
+            .and_then(|r| r.into_string().map_err(|err| err.to_string()))
+            .and_then(|text| shard_counts(&text));
+        match answer {
+            Ok((broker, counts)) => {
+                out.by_broker.insert(broker, counts);
+            }
+            Err(why) => out.errors.push((e, why)),
+        }
+    }
+    out
+}
+
+/// The node id and the per-shard replica counts in a metrics exposition.
+fn shard_counts(exposition: &str) -> Result<(i32, Vec<u64>), String> {
+    let mut node = None;
+    let mut counts = BTreeMap::new();
+    for line in exposition.lines() {
+        if let Some(v) = line.strip_prefix("sluice_node_id ") {
+            node = v.trim().parse::<f64>().ok().map(|v| v as i32);
+        } else if let Some(rest) = line.strip_prefix("sluice_shard_partitions{shard=\"") {
+            let (shard, value) = rest
+                .split_once("\"} ")
+                .ok_or_else(|| format!("malformed line {line:?}"))?;
+            let shard: usize = shard
+                .parse()
+                .map_err(|_| format!("malformed line {line:?}"))?;
+            let value: f64 = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("malformed line {line:?}"))?;
+            counts.insert(shard, value as u64);
+        }
+    }
+    let node = node.ok_or("no sluice_node_id in its metrics")?;
+    if counts.is_empty() || counts.keys().copied().ne(0..counts.len()) {
+        return Err("no sluice_shard_partitions for every shard (an older broker?)".into());
+    }
+    Ok((node, counts.into_values().collect()))
 }
 
 /// A broker's data directory: free space against its minimum, offline partitions.
@@ -427,7 +520,10 @@ fn render_disks(out: &mut String, disks: &[DiskRow]) {
 /// Per broker, over the partitions listed: the replicas it holds, the partitions it
 /// leads now and those it is the preferred leader of (first replica); then the
 /// difference between the busiest and the idlest broker in each column (placement
-/// keeps new topics within one of even, `ClusterState::place`).
+/// keeps new topics within one of even, `ClusterState::place`). When brokers told their
+/// shards' counts, a SHARDS column (replicas owned by shard 0, 1, ...: every replica of
+/// the broker, internal topics included) and the largest difference between two shards
+/// of one broker (slots keep new topics within one of even).
 fn render_spread(out: &mut String, v: &ClusterView) {
     let _ = writeln!(out, "\nSpread (partitions per broker):");
     if v.partitions.is_empty() {
@@ -449,19 +545,29 @@ fn render_spread(out: &mut String, v: &ClusterView) {
             ]
         })
         .collect();
+    let shards = &v.shards.by_broker;
     let mut rows = vec![vec![
         "BROKER".to_string(),
         "REPLICAS".into(),
         "LEADERS".into(),
         "PREFERRED-LEADERS".into(),
     ]];
+    if !shards.is_empty() {
+        rows[0].push("SHARDS".into());
+    }
     for (id, c) in ids.iter().zip(&counts) {
-        rows.push(vec![
+        let mut row = vec![
             id.to_string(),
             c[0].to_string(),
             c[1].to_string(),
             c[2].to_string(),
-        ]);
+        ];
+        if !shards.is_empty() {
+            row.push(shards.get(id).map_or("-".into(), |s| {
+                s.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+            }));
+        }
+        rows.push(row);
     }
     table(out, &rows);
     let gap = |k: usize| {
@@ -475,6 +581,16 @@ fn render_spread(out: &mut String, v: &ClusterView) {
         gap(1),
         gap(2)
     );
+    let shard_gap = shards
+        .values()
+        .map(|s| s.iter().max().unwrap_or(&0) - s.iter().min().unwrap_or(&0))
+        .max();
+    if let Some(g) = shard_gap {
+        let _ = writeln!(out, "  max - min between the shards of a broker: {g}");
+    }
+    for (endpoint, why) in &v.shards.errors {
+        let _ = writeln!(out, "  shards unknown from {endpoint}: {why}");
+    }
 }
 
 pub fn render(v: &ClusterView) -> String {
@@ -612,6 +728,7 @@ mod tests {
             partitions: vec![part("t", 0, 1, &[1], &[1]), part("t", 1, 1, &[1], &[1])],
             topic_errors: Vec::new(),
             disks: Vec::new(),
+            shards: Shards::default(),
         };
         assert_eq!(
             render(&v),
@@ -670,6 +787,7 @@ Spread (partitions per broker):
             ],
             topic_errors: vec![("gone".into(), 3)],
             disks: Vec::new(),
+            shards: Shards::default(),
         };
         let out = render(&v);
         assert_eq!(
@@ -775,6 +893,49 @@ Data directories (appends are refused below the minimum free space):
 
 Partitions offline after I/O errors (1; each reopens by itself once its files can be written and read):
   orders-2 on broker 3
+"
+        );
+    }
+
+    #[test]
+    fn per_shard_counts_are_read_from_the_metrics_and_shown_per_broker() {
+        let text = "# HELP sluice_node_id This broker's node id.\n\
+                    sluice_node_id 2\n\
+                    sluice_partitions 41\n\
+                    sluice_shard_partitions{shard=\"1\"} 20\n\
+                    sluice_shard_partitions{shard=\"0\"} 21\n";
+        assert_eq!(shard_counts(text), Ok((2, vec![21, 20])));
+        assert!(shard_counts("sluice_node_id 2\n").is_err());
+        assert!(shard_counts("sluice_shard_partitions{shard=\"0\"} 3\n").is_err());
+        // A shard missing from the list is not silently left out.
+        assert!(
+            shard_counts("sluice_node_id 1\nsluice_shard_partitions{shard=\"1\"} 3\n").is_err()
+        );
+
+        let v = ClusterView {
+            brokers: vec![broker(1, 9092), broker(2, 9093)],
+            partitions: vec![
+                part("t", 0, 1, &[1, 2], &[1, 2]),
+                part("t", 1, 2, &[2, 1], &[2, 1]),
+            ],
+            shards: Shards {
+                by_broker: [(2, vec![21, 20])].into(),
+                errors: vec![("127.0.0.1:9644".into(), "connection refused".into())],
+            },
+            ..ClusterView::default()
+        };
+        let out = render(&v);
+        let tail = &out[out.find("\nSpread").expect("a spread section")..];
+        assert_eq!(
+            tail,
+            "
+Spread (partitions per broker):
+  BROKER  REPLICAS  LEADERS  PREFERRED-LEADERS  SHARDS
+  1       2         1        1                  -
+  2       2         1        1                  21,20
+  max - min: replicas 0, leaders 0, preferred leaders 0
+  max - min between the shards of a broker: 1
+  shards unknown from 127.0.0.1:9644: connection refused
 "
         );
     }

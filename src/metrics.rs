@@ -585,6 +585,19 @@ impl Registry {
             out.family(name, help, Kind::Gauge);
             out.sample(name, &[], v as f64);
         }
+        out.family(
+            "sluice_shard_partitions",
+            "Partition replicas of this broker each shard owns (opens and serves).",
+            Kind::Gauge,
+        );
+        for (i, snap) in snaps.iter().enumerate() {
+            let shard = i.to_string();
+            out.sample(
+                "sluice_shard_partitions",
+                &[("shard", &shard)],
+                snap.partitions.len() as f64,
+            );
+        }
         let pids: u64 = snaps.iter().map(|s| s.producer_ids).sum();
         out.family(
             "sluice_producer_ids",
@@ -1059,5 +1072,40 @@ mod tests {
             o.sample("sluice_extra", &[], 7.0);
         }));
         assert!(r.render().contains("sluice_extra 7\n"));
+    }
+
+    #[test]
+    fn each_shard_reports_the_partitions_it_owns() {
+        let r = Registry::new(1, 2);
+        let stat = |partition| PartitionStat {
+            topic: "t".into(),
+            partition,
+            leader: true,
+            high_watermark: 0,
+            log_start_offset: 0,
+            log_end_offset: 0,
+            size_bytes: 0,
+            isr_size: 1,
+            replicas: 1,
+            under_replicated: false,
+            offline: partition == 2,
+        };
+        let snapshot = |partitions| ShardSnapshot {
+            partitions,
+            ..ShardSnapshot::default()
+        };
+        r.publish(0, snapshot(vec![stat(0), stat(2)]));
+        r.publish(1, snapshot(vec![stat(1)]));
+        let text = r.render();
+        // An offline replica is still its shard's.
+        assert!(
+            text.contains("sluice_shard_partitions{shard=\"0\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sluice_shard_partitions{shard=\"1\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("sluice_partitions 3\n"), "{text}");
     }
 }

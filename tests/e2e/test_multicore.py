@@ -1,11 +1,12 @@
 """Tier: multi-core. With --cores 2, partitions live on both shards and connections
 land on either; produce/consume results are the same as on one core."""
 import re
+import subprocess
 import threading
 
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import wait_until
+from conftest import SLUICE_BIN, http_get, wait_until
 from test_confluent import check_round_trip, consume_assigned, create_topic, produce_keyed
 from kafka_wire import Conn, api_versions_v0
 
@@ -59,3 +60,45 @@ def test_results_identical_on_one_and_two_cores(make_broker, tmp_path):
     more = produce_keyed(b2.addr, "same", 1000, start=3000)
     got3 = consume_assigned(b2.addr, "same", 6, len(reports) + len(more))
     check_round_trip(reports + more, got3)
+
+
+def _shard_partitions(b):
+    """{shard: partition replicas it owns} from the broker's metrics."""
+    status, text = http_get(b.metrics_url + "/metrics")
+    assert status == 200, text
+    found = re.findall(r'^sluice_shard_partitions\{shard="(\d+)"\} (\S+)$', text, re.M)
+    return {int(s): int(float(v)) for s, v in found}
+
+
+def _settled_counts(b, total):
+    """The per-shard counts once both shards' published snapshots hold `total` replicas
+    (each shard publishes its own about twice a second)."""
+    return wait_until(lambda: (c := _shard_partitions(b)) and sum(c.values()) == total and c,
+                      what=f"{total} replicas in the shards' metrics")
+
+
+def test_many_small_topics_are_dealt_evenly_over_the_shards(make_broker):
+    # One-partition topics (issue 14): hashing each topic's id to a shard splits a pair
+    # of them over both shards only half the time, so after 20 pairs the shards would
+    # own equal numbers after every pair with a chance of 1 in 2^20. Replica slots deal
+    # a broker's replicas round-robin over its shards: equal after every pair.
+    b = make_broker(cores=2)
+    for pair in range(20):
+        for i in (0, 1):
+            create_topic(b.addr, f"small-{pair}-{i}", 1)
+        counts = _settled_counts(b, 2 * (pair + 1))
+        assert counts == {0: pair + 1, 1: pair + 1}, (pair, counts)
+    # A 3-partition topic goes on where the last one stopped: slots 40, 41, 42.
+    create_topic(b.addr, "three", 3)
+    assert _settled_counts(b, 43) == {0: 22, 1: 21}
+    # `sluice cluster describe` shows the broker's shards (from the same metrics).
+    r = subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", b.addr,
+                        "--metrics", f"127.0.0.1:{b.metrics_port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = lines.index("Spread (partitions per broker):")
+    assert lines[start + 1].split() == ["BROKER", "REPLICAS", "LEADERS", "PREFERRED-LEADERS",
+                                        "SHARDS"], r.stdout
+    assert lines[start + 2].split() == ["1", "43", "43", "43", "22,21"], r.stdout
+    assert "  max - min between the shards of a broker: 1" in lines, r.stdout

@@ -7,6 +7,7 @@
 //! the host says when this shard starts following a leader or when a leader wants its
 //! ISR changed, and this module does the network work.
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 };
 use kafka_protocol::messages::{BrokerId, TopicName};
 use sluice_client::aio::{self, Conn};
-use sluice_replication::cluster::Command;
+use sluice_replication::cluster::{Applied, Command, IsrChange};
 use sluice_replication::isr::{self, FollowerPhase, LogOpKind};
 use sluice_storage::batch;
 
@@ -42,8 +43,20 @@ const RETRY_FIRST: Duration = Duration::from_millis(2);
 /// How often leaders check for followers that fell out of sync.
 pub const ISR_CHECK: Duration = Duration::from_millis(250);
 
-/// The partition host's subscriber that runs fetchers and proposes ISR changes.
-pub struct Replication;
+/// The partition host's subscriber that runs fetchers and proposes ISR changes; one
+/// per shard.
+#[derive(Default)]
+pub struct Replication {
+    alters: Rc<AlterQueue>,
+}
+
+impl Replication {
+    /// This shard's ISR changes on their way to the controller (the leaders' periodic
+    /// check, [`isr_checker`], adds to them too).
+    pub fn alters(&self) -> Rc<AlterQueue> {
+        self.alters.clone()
+    }
+}
 
 impl PartitionEvents for Replication {
     fn follow(&self, broker: &Rc<Broker>, leader: i32) {
@@ -51,7 +64,7 @@ impl PartitionEvents for Replication {
     }
 
     fn propose_isr(&self, broker: &Rc<Broker>, replica: &Rc<Replica>, alter: isr::AlterIsr) {
-        propose_alter(broker, replica, alter);
+        self.alters.propose(broker, replica, alter);
     }
 
     fn partition_offline(&self, broker: &Rc<Broker>, topic: &str, partition: i32) {
@@ -101,55 +114,149 @@ fn propose_offline(broker: &Rc<Broker>, topic: &str, partition: i32) {
     .detach();
 }
 
-/// Sends an ISR change to the controller; a refusal clears it so the next check retries.
-pub fn propose_alter(broker: &Rc<Broker>, replica: &Rc<Replica>, alter: isr::AlterIsr) {
-    let (b, r) = (broker.clone(), replica.clone());
-    glommio::spawn_local(async move {
-        let cmd = Command::AlterPartition {
-            from: b.config.node_id,
-            topic: r.topic.clone(),
-            partition: r.partition,
-            leader_epoch: alter.leader_epoch,
-            partition_epoch: alter.partition_epoch,
-            new_isr: alter.new_isr.clone(),
-        };
-        tracing::info!(topic = %r.topic, partition = r.partition, isr = ?alter.new_isr, "proposing ISR change");
-        loop {
-            let refused = match b.control(Propose(cmd.clone())).await {
-                Ok(Ok(_)) => return,
-                // The controller applied and refused it (stale epochs, ineligible
-                // replica): the image it answers after already holds the state it was
-                // judged on, so a fresh proposal can be computed.
-                Ok(Err(e)) => e.code != ResponseError::RequestTimedOut,
-                Err(_) => false,
-            };
-            if refused {
-                r.alter_rejected(&alter);
-                return;
-            }
-            // Not committed in time (no controller?): keep it pending — the high
-            // watermark keeps counting the maximal ISR — and ask again while it is ours.
-            glommio::timer::sleep(Duration::from_millis(500)).await;
-            let still = r
-                .state()
-                .leader()
-                .is_some_and(|l| l.pending_alter() == Some(&alter));
-            if !still {
-                return;
-            }
-        }
-    })
-    .detach();
+/// The most ISR changes in one [`Command::AlterPartitions`]: bounds a raft entry (some
+/// 50 bytes a change) when a broker failure changes every ISR at once.
+const ALTER_BATCH_MAX: usize = 4096;
+/// Back-off before asking again when the controller did not answer in time.
+const ALTER_RETRY: Duration = Duration::from_millis(500);
+
+/// One shard's ISR changes on their way to the controller, sent as batches
+/// ([`Command::AlterPartitions`], one raft entry each) by one task at a time. Changes
+/// raised while a batch is in flight wait for it and go together in the next one, with
+/// no timer: a lone change leaves at once, and after a broker failure (thousands of
+/// ISRs shrink or expand together) the batches grow with the backlog.
+#[derive(Default)]
+pub struct AlterQueue {
+    /// Raised and not sent yet, in order. Each is sent only while it is still its
+    /// partition's pending change (see [`still_pending`]).
+    waiting: RefCell<Vec<(Rc<Replica>, isr::AlterIsr)>>,
+    /// A sender task runs: it takes everything waiting whenever its batch returns.
+    sending: Cell<bool>,
 }
 
-/// Leaders' periodic ISR-shrink check, per shard.
-pub async fn isr_checker(broker: std::rc::Weak<Broker>) {
+impl AlterQueue {
+    /// Queues `alter` (the leader's pending change of `replica`) for the next batch.
+    pub fn propose(
+        self: &Rc<Self>,
+        broker: &Rc<Broker>,
+        replica: &Rc<Replica>,
+        alter: isr::AlterIsr,
+    ) {
+        tracing::debug!(topic = %replica.topic, partition = replica.partition, isr = ?alter.new_isr, "ISR change queued");
+        self.waiting.borrow_mut().push((replica.clone(), alter));
+        if !self.sending.replace(true) {
+            glommio::spawn_local(send_alters(broker.clone(), self.clone())).detach();
+        }
+    }
+
+    /// The next batch: what a failed batch must resend, then what waits, without the
+    /// changes that are no longer pending; at most [`ALTER_BATCH_MAX`] (the rest waits).
+    fn next_batch(
+        &self,
+        retry: Vec<(Rc<Replica>, isr::AlterIsr)>,
+    ) -> Vec<(Rc<Replica>, isr::AlterIsr)> {
+        let mut waiting = self.waiting.borrow_mut();
+        take_batch(retry, &mut waiting, ALTER_BATCH_MAX, |(r, alter)| {
+            still_pending(r, alter)
+        })
+    }
+}
+
+/// `retry` then `waiting`, in order, keeping what `keep` says; at most `max`, the rest
+/// left in `waiting` for the next batch.
+fn take_batch<T>(
+    retry: Vec<T>,
+    waiting: &mut Vec<T>,
+    max: usize,
+    keep: impl Fn(&T) -> bool,
+) -> Vec<T> {
+    let mut batch = retry;
+    batch.append(waiting);
+    batch.retain(keep);
+    if batch.len() > max {
+        *waiting = batch.split_off(max);
+    }
+    batch
+}
+
+/// True while `alter` is the change `r`'s leader waits for: a change superseded (new
+/// metadata answered it, or leadership moved) is not sent again.
+fn still_pending(r: &Replica, alter: &isr::AlterIsr) -> bool {
+    r.state()
+        .leader()
+        .is_some_and(|l| l.pending_alter() == Some(alter))
+}
+
+/// Sends [`AlterQueue`]'s changes in batches until none waits. Each change is answered
+/// on its own: a refused one (stale epochs, ineligible replica) is cleared so the next
+/// check can compute a fresh one — the image the controller answers after already
+/// holds the state it was judged on. A batch the controller did not commit in time
+/// (no controller?) stays pending (the high watermark keeps counting the maximal ISR)
+/// and is asked again after [`ALTER_RETRY`], with whatever was raised meanwhile.
+async fn send_alters(broker: Rc<Broker>, queue: Rc<AlterQueue>) {
+    let mut retry = Vec::new();
+    loop {
+        let batch = queue.next_batch(std::mem::take(&mut retry));
+        if batch.is_empty() {
+            queue.sending.set(false);
+            return;
+        }
+        let changes = batch
+            .iter()
+            .map(|(r, alter)| IsrChange {
+                topic: r.topic.clone(),
+                partition: r.partition,
+                leader_epoch: alter.leader_epoch,
+                partition_epoch: alter.partition_epoch,
+                new_isr: alter.new_isr.clone(),
+            })
+            .collect();
+        let cmd = Command::AlterPartitions {
+            from: broker.config.node_id,
+            changes,
+        };
+        tracing::info!(partitions = batch.len(), "proposing ISR changes");
+        match broker.control(Propose(cmd)).await {
+            Ok(Ok(Applied::Partitions(results))) if results.len() == batch.len() => {
+                for ((r, alter), result) in batch.iter().zip(results) {
+                    if let Err(e) = result {
+                        tracing::debug!(topic = %r.topic, partition = r.partition, error = %e, "ISR change refused");
+                        r.alter_rejected(alter);
+                    }
+                }
+            }
+            Ok(Ok(other)) => {
+                // Not a batch's answer: a bug, not an input. The changes stay pending;
+                // the metadata that answers them clears them.
+                tracing::error!(
+                    ?other,
+                    "the controller answered an ISR batch with something else"
+                );
+            }
+            // Refused as a whole (never for stale changes, which are refused one by
+            // one): clear them all so fresh ones can be proposed.
+            Ok(Err(e)) if e.code != ResponseError::RequestTimedOut => {
+                tracing::warn!(error = ?e, partitions = batch.len(), "the controller refused an ISR batch");
+                for (r, alter) in &batch {
+                    r.alter_rejected(alter);
+                }
+            }
+            _ => {
+                retry = batch;
+                glommio::timer::sleep(ALTER_RETRY).await;
+            }
+        }
+    }
+}
+
+/// Leaders' periodic ISR-shrink check, per shard; the changes join `alters`.
+pub async fn isr_checker(broker: std::rc::Weak<Broker>, alters: Rc<AlterQueue>) {
     loop {
         glommio::timer::sleep(ISR_CHECK).await;
         let Some(b) = broker.upgrade() else { return };
         for r in b.replicas() {
             if let Some(alter) = r.isr_tick() {
-                propose_alter(&b, &r, alter);
+                alters.propose(&b, &r, alter);
             }
         }
     }
@@ -630,4 +737,22 @@ async fn append_fetched(
     // role is now; the follower reports it only if it still follows in `epoch`.
     let ended = op.finish(Some(expected_end));
     Ok(ended.durable_moved && r.follows_in(epoch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_resends_first_drops_what_is_no_longer_pending_and_leaves_the_rest_waiting() {
+        // Even numbers stand for changes still pending.
+        let mut waiting = vec![4, 5, 6, 8, 10];
+        let batch = take_batch(vec![1, 2], &mut waiting, 3, |n| n % 2 == 0);
+        assert_eq!(batch, [2, 4, 6]);
+        assert_eq!(waiting, [8, 10]);
+        let batch = take_batch(Vec::new(), &mut waiting, 3, |n| n % 2 == 0);
+        assert_eq!(batch, [8, 10]);
+        assert!(waiting.is_empty());
+        assert!(take_batch(vec![3], &mut waiting, 3, |n| n % 2 == 0).is_empty());
+    }
 }

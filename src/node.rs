@@ -319,7 +319,9 @@ async fn run_shard(
     let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits, registry));
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
-    broker.subscribe(Rc::new(crate::fetcher::Replication));
+    let replication = Rc::new(crate::fetcher::Replication::default());
+    let alters = replication.alters();
+    broker.subscribe(replication);
     let groups = GroupShell::start(&broker);
     crate::group::lag::start(&broker, &groups, lag);
     let txns = crate::txn::TxnShell::start(&broker);
@@ -336,7 +338,7 @@ async fn run_shard(
             Box::pin(async move { crate::rpc::serve(&*server, req).await })
         }),
     );
-    glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker))).detach();
+    glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker), alters)).detach();
     // Space preallocated ahead of segment writes stays out of the reserve.
     sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
     glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();

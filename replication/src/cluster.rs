@@ -28,7 +28,11 @@
 //!   one, so the archived enum keeps its size (pinned by a const assertion below) and
 //!   every entry written by an older build decodes unchanged. A broker without a rack
 //!   still registers with the first [`Command::RegisterBroker`], so an older voter in a
-//!   rolling upgrade reads what a newer broker writes unless racks are used.
+//!   rolling upgrade reads what a newer broker writes unless racks are used. ISR
+//!   changes, though, are [`Command::AlterPartitions`], which a build before it
+//!   refuses as undecodable while newer voters apply it: there is no feature gate
+//!   yet, so every voter must run a build that knows it before a newer leader
+//!   proposes ISR changes.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_shard::{Mesh, MeshBuilders, MeshLimits, RuntimeConfig, ShardId};
-use sluice_storage::{Storage, StorageLimits, SystemClock};
+use sluice_storage::{DescriptorPool, Storage, StorageLimits, SystemClock};
 
 use crate::broker::{Broker, ShardLimits};
 use crate::config::BrokerConfig;
@@ -176,23 +176,28 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     }
 }
 
-/// Each shard's share of the process's open-file limit (RLIMIT_NOFILE, the soft
-/// limit as raised at start), in three parts:
+/// How the process's open-file limit (RLIMIT_NOFILE, the soft limit as raised at
+/// start) is split:
 ///
 /// - a reserve of a twentieth of the limit (at least 1,024) for the metadata quorum,
-///   the executors' rings and channels, the metrics listener and short-lived files;
-/// - 55% of the rest for client connections (one descriptor each), split evenly
-///   between the shards ([`Descriptors::connections_max`]: at the cap a shard stops
-///   accepting and new clients wait in the listen backlog, rather than being accepted
-///   and then failing for want of a descriptor);
-/// - 45% for the logs, split between the shards: a quarter of a share for read
-///   handles of closed segments and the rest, one each, for logs whose active
-///   segment's `.log` is open (its indexes are held in memory, not open; beyond that
-///   the least recently appended idle logs close theirs:
-///   `StorageLimits::active_logs_max`).
+///   the executors' rings and channels, the metrics listener, short-lived files, and
+///   logs given back to the pool a moment before their close returns;
+/// - per shard, read handles of closed segments: an eighth of the rest split between
+///   the shards, at most 1,024 (`StorageLimits::open_segment_files_max`);
+/// - of what is left, each shard's own share of client connections (a quarter, split
+///   evenly: [`Descriptors::connections_max`]) and of active logs (a tenth: logs whose
+///   active segment's `.log` is open, one descriptor each, indexes held in memory:
+///   `StorageLimits::active_logs_max`), which nobody else can take; so sockets always
+///   have descriptors however many partitions are busy;
+/// - the rest in one [`DescriptorPool`] shared by every shard's connections and logs:
+///   a shard past its own share takes from it, so 10,000 busy partitions on one shard
+///   (or 10,000 connections) fit. With the pool empty a log first closes the least
+///   recently appended idle log of its shard (slower opens, never a failed append) and
+///   a new connection waits in the listen backlog (never accepted and then reset).
 ///
-/// With this machine's limit of 20,000 and 2 shards: 5,218 connections, 1,024 read
-/// handles and 3,246 active logs per shard.
+/// With this machine's limit of 20,000 and 2 shards: per shard 1,024 read handles,
+/// 2,116 own connections and 846 own active logs, and a pool of 11,004; so up to
+/// 12,696 active logs, or 15,236 connections, in all.
 pub fn descriptor_budget(shards: usize) -> Descriptors {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -210,6 +215,7 @@ pub fn descriptor_budget(shards: usize) -> Descriptors {
         per_shard_connections = budget.connections_max,
         per_shard_active_logs = budget.storage.active_logs_max,
         per_shard_read_handles = budget.storage.open_segment_files_max,
+        shared = budget.pool.capacity(),
         "descriptor budget"
     );
     budget
@@ -221,7 +227,10 @@ pub fn descriptor_budget(shards: usize) -> Descriptors {
 /// joins wait on one shard at once; with the default 4,096 the rest queued unhandled,
 /// the phase ended without them and the group never became stable.
 fn mesh_limits(d: &Descriptors, shards: usize) -> MeshLimits {
-    let parked = d.connections_max.saturating_mul(shards as u64);
+    let parked = d
+        .connections_max
+        .saturating_mul(shards as u64)
+        .saturating_add(d.pool.capacity() as u64);
     MeshLimits {
         inflight_max: MeshLimits::default().inflight_max.max(parked),
         ..MeshLimits::default()
@@ -232,20 +241,22 @@ fn mesh_limits(d: &Descriptors, shards: usize) -> MeshLimits {
 #[derive(Debug, Clone)]
 pub struct Descriptors {
     pub storage: StorageLimits,
-    /// Open client connections per shard.
+    /// Open client connections per shard, its own share.
     pub connections_max: u64,
+    /// What the shards' connections and active logs share beyond their own shares.
+    pub pool: Arc<DescriptorPool>,
 }
 
 fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
     let shards = shards.max(1);
     let reserve = (limit / 20).max(1024);
     let rest = limit.saturating_sub(reserve);
-    let sockets = rest * 55 / 100;
-    let connections = (sockets / shards).max(64);
-    let share = rest.saturating_sub(sockets) / shards;
-    let read = (share / 4).clamp(16, 1024);
+    let read = (rest / 8 / shards).clamp(16, 1024);
+    let rest = rest.saturating_sub(read * shards);
+    let connections = (rest / 4 / shards).max(64);
     // One descriptor per active log: its active segment's `.log`.
-    let active = share.saturating_sub(read).max(16);
+    let active = (rest / 10 / shards).max(16);
+    let pool = rest.saturating_sub((connections + active) * shards);
     Descriptors {
         storage: StorageLimits {
             open_segment_files_max: read,
@@ -253,6 +264,7 @@ fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
             ..StorageLimits::default()
         },
         connections_max: connections as u64,
+        pool: DescriptorPool::new(pool),
     }
 }
 
@@ -283,6 +295,7 @@ async fn run_shard(
     let storage = Storage::open(&config.data_dir, descriptors.storage, Rc::new(SystemClock))
         .await
         .map_err(ShardError::OpenStorage)?;
+    storage.share_descriptors(descriptors.pool.clone());
     storage
         .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
         .map_err(ShardError::StorageBackground)?;
@@ -461,7 +474,7 @@ async fn metrics_publisher(
                     node,
                     storage: crate::metrics::StorageStat {
                         active_logs: b.storage.active_logs() as u64,
-                        active_logs_max: b.storage.limits().active_logs_max as u64,
+                        active_logs_max: b.storage.active_logs_allowed() as u64,
                         reactivations: b.storage.reactivations(),
                         preallocated_unwritten_bytes: b.storage.preallocated_unwritten_bytes(),
                         preallocated_bytes_max: b.storage.limits().preallocated_bytes_max,
@@ -612,16 +625,23 @@ mod tests {
             let reserve = (limit / 20).max(1024);
             if limit >= 4_096 {
                 assert!(
-                    per_shard * shards + reserve <= limit,
+                    per_shard * shards + d.pool.capacity() + reserve <= limit,
                     "{limit}/{shards}: {d:?}"
                 );
             }
         }
-        // This machine: 10,000 client connections fit one broker of 2 shards beside
-        // the logs (the kernel's SO_REUSEPORT spread is not exactly even).
+        // This machine: 10,000 busy partitions fit one broker of 2 shards, and so do
+        // 10,000 client connections (the kernel's SO_REUSEPORT spread is not exactly
+        // even, so the pool makes up one shard's excess).
         let d = split_descriptors(20_000, 2);
-        assert_eq!(d.connections_max, 5_218);
         assert_eq!(d.storage.open_segment_files_max, 1_024);
-        assert_eq!(d.storage.active_logs_max, 3_246);
+        assert_eq!(d.connections_max, 2_116);
+        assert_eq!(d.storage.active_logs_max, 846);
+        assert_eq!(d.pool.capacity(), 11_004);
+        assert!(2 * d.storage.active_logs_max + d.pool.capacity() >= 10_000);
+        assert!(2 * d.connections_max as usize + d.pool.capacity() >= 10_000);
+        // One-core brokers (three on this machine) hold 10,000 replicas each.
+        let d = split_descriptors(20_000, 1);
+        assert!(d.storage.active_logs_max + d.pool.capacity() >= 10_000);
     }
 }

@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -34,6 +35,7 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::{Semaphore, StaticPermit};
 use glommio::Task;
 use kafka_protocol::messages::ApiKey;
+use sluice_storage::DescriptorPool;
 
 use crate::api::{self, Outcome};
 use crate::broker::Broker;
@@ -42,12 +44,43 @@ use crate::util::Sequencer;
 
 pub use crate::util::bind;
 
+/// A connection's descriptor: from the shard's own share, or from the process's pool.
+enum Slot {
+    Own(#[allow(dead_code)] StaticPermit),
+    Shared(Arc<DescriptorPool>),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Slot::Shared(pool) = self {
+            pool.give_back();
+        }
+    }
+}
+
+/// The next connection's descriptor: the shard's own share first, then the shared pool;
+/// with both used up, waits for one of the shard's own connections to close.
+async fn next_slot(own: &Rc<Semaphore>, pool: Option<&Arc<DescriptorPool>>) -> Option<Slot> {
+    if let Ok(permit) = own.clone().try_acquire_static_permit(1) {
+        return Some(Slot::Own(permit));
+    }
+    if let Some(p) = pool.filter(|p| p.try_take()) {
+        return Some(Slot::Shared(p.clone()));
+    }
+    own.clone()
+        .acquire_static_permit(1)
+        .await
+        .ok()
+        .map(Slot::Own)
+}
+
 /// Accepts connections until the listener fails (or the shard stops).
 pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
     let slots = Rc::new(Semaphore::new(broker.limits.connections_max));
+    let pool = broker.storage.shared_descriptors();
     loop {
         // At the limit, stop accepting: new clients wait in the listen backlog.
-        let Ok(slot) = slots.clone().acquire_static_permit(1).await else {
+        let Some(slot) = next_slot(&slots, pool.as_ref()).await else {
             return;
         };
         match listener.accept().await {

@@ -270,6 +270,53 @@ impl LogConfig {
     }
 }
 
+/// Descriptors the shards of one process share beyond their own shares: a shard whose
+/// own share of active logs ([`StorageLimits::active_logs_max`]) or of client
+/// connections is used up takes one from here, and gives it back when it no longer
+/// needs it. So one busy shard (or logs on one broker and connections on another
+/// workload) can use what the others leave, while each keeps a share nobody else can
+/// take. Taking never waits: with the pool empty a log closes an idle one of its own
+/// shard first and a connection waits in the listen backlog.
+#[derive(Debug)]
+pub struct DescriptorPool {
+    capacity: usize,
+    taken: std::sync::atomic::AtomicUsize,
+}
+
+impl DescriptorPool {
+    pub fn new(capacity: usize) -> std::sync::Arc<DescriptorPool> {
+        std::sync::Arc::new(DescriptorPool {
+            capacity,
+            taken: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes one descriptor if any is left.
+    pub fn try_take(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.taken
+            .fetch_update(Relaxed, Relaxed, |t| (t < self.capacity).then_some(t + 1))
+            .is_ok()
+    }
+
+    /// Gives back one descriptor taken with [`Self::try_take`].
+    pub fn give_back(&self) {
+        let before = self
+            .taken
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(before > 0, "a descriptor given back that was never taken");
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Descriptors taken now, by every shard.
+    pub fn taken(&self) -> usize {
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Per-shard limits, sized at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorageLimits {
@@ -277,11 +324,13 @@ pub struct StorageLimits {
     pub tail_cache_bytes: usize,
     /// Read handles of closed segments kept open at once (LRU beyond that).
     pub open_segment_files_max: usize,
-    /// Logs whose active segment's `.log` is open at once (one descriptor each: the
-    /// active segment's indexes are held in memory and written whole when it is
-    /// sealed, not kept open). Opening one more first closes the least recently
-    /// appended idle one (sealed: synced, preallocation trimmed, indexes written); its
-    /// next append reopens it.
+    /// Logs whose active segment's `.log` is open at once on this shard's own share
+    /// (one descriptor each: the active segment's indexes are held in memory and
+    /// written whole when it is sealed, not kept open). Beyond it a shard takes from
+    /// the process's [`DescriptorPool`] if it has one ([`log::Storage::share_descriptors`]);
+    /// when that is empty too, opening one more first closes the least recently
+    /// appended idle log of the shard (sealed: synced, preallocation trimmed, indexes
+    /// written); its next append reopens it.
     pub active_logs_max: usize,
     /// Largest single write handed to the device; more pending bytes wait their turn.
     pub write_bytes_max: usize,

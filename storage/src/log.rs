@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -48,7 +49,7 @@ use crate::producer::{
     PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
 };
 use crate::segment::{self, RecoveryReport, Segment};
-use crate::{Clock, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
+use crate::{Clock, DescriptorPool, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
 
 const META_FILE: &str = "partition.meta";
 
@@ -280,6 +281,7 @@ struct Opening<'a>(&'a Storage);
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
         self.0.opening.set(self.0.opening.get() - 1);
+        self.0.settle();
         self.0.closed_one.notify(usize::MAX);
     }
 }
@@ -302,6 +304,10 @@ pub struct Storage {
     closed_one: Event,
     /// The most logs with open active files at once (closing ones included).
     active_peak: Cell<usize>,
+    /// Where places beyond [`StorageLimits::active_logs_max`] come from, if anywhere.
+    pool: RefCell<Option<Arc<DescriptorPool>>>,
+    /// Places this shard holds from `pool` now.
+    borrowed: Cell<usize>,
     /// Reads from disk at once: each may hold a descriptor of a closed segment (one the
     /// read handles have evicted meanwhile too), so a fetch of thousands of partitions
     /// must not open them all together.
@@ -347,6 +353,8 @@ impl Storage {
             opening: Cell::new(0),
             closed_one: Event::new(),
             active_peak: Cell::new(0),
+            pool: RefCell::new(None),
+            borrowed: Cell::new(0),
             reactivations: Cell::new(0),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
@@ -371,8 +379,54 @@ impl Storage {
         self.active.borrow().logs.len() + self.closing.get() + self.opening.get()
     }
 
-    /// Reserves one log's place in [`StorageLimits::active_logs_max`] for opening its
-    /// files, first closing the files of the least recently appended idle logs. Many
+    /// Lets this shard hold active logs beyond its own share
+    /// ([`StorageLimits::active_logs_max`]) with descriptors from `pool`, shared with
+    /// the process's other shards (and its connections). Set once, at start-up.
+    pub fn share_descriptors(&self, pool: Arc<DescriptorPool>) {
+        *self.pool.borrow_mut() = Some(pool);
+    }
+
+    pub fn shared_descriptors(&self) -> Option<Arc<DescriptorPool>> {
+        self.pool.borrow().clone()
+    }
+
+    /// The most logs this shard can have open at once: its own share and the whole
+    /// shared pool.
+    pub fn active_logs_allowed(&self) -> usize {
+        self.limits.active_logs_max + self.pool.borrow().as_ref().map_or(0, |p| p.capacity())
+    }
+
+    /// One more place from the shared pool, if there is one left.
+    fn borrow_place(&self) -> bool {
+        let taken = self.pool.borrow().as_ref().is_some_and(|p| p.try_take());
+        if taken {
+            self.borrowed.set(self.borrowed.get() + 1);
+        }
+        taken
+    }
+
+    /// Gives the shared pool back the places the logs in use no longer need. Called
+    /// whenever fewer logs count: a log forgotten before its close returns is given
+    /// back a little early, which the process's reserve covers.
+    fn settle(&self) {
+        let needed = self.in_use().saturating_sub(self.limits.active_logs_max);
+        while self.borrowed.get() > needed {
+            self.borrowed.set(self.borrowed.get() - 1);
+            if let Some(p) = self.pool.borrow().as_ref() {
+                p.give_back();
+            }
+        }
+    }
+
+    /// Takes log `id` out of the logs with open active files.
+    fn forget_active(&self, id: LogId) {
+        self.active.borrow_mut().forget(id);
+        self.settle();
+    }
+
+    /// Reserves one log's place in [`StorageLimits::active_logs_max`] (or, beyond it, in
+    /// the shared pool) for opening its files, else first closes the files of the least
+    /// recently appended idle logs of this shard. Many
     /// appends reopening logs at once (a produce spread over thousands of partitions)
     /// wait for closes to finish instead of opening past the process's limit. Only if
     /// every open log is busy and nothing is closing or opening is the budget exceeded
@@ -380,7 +434,8 @@ impl Storage {
     async fn make_room(&self, except: Option<LogId>) -> Opening<'_> {
         loop {
             let victim = {
-                if self.in_use() < self.limits.active_logs_max {
+                let own = self.limits.active_logs_max + self.borrowed.get();
+                if self.in_use() < own || self.borrow_place() {
                     return self.reserve();
                 }
                 self.active.borrow_mut().take_victim(except)
@@ -390,7 +445,7 @@ impl Storage {
                     return self.reserve();
                 }
                 let freed = self.closed_one.listen();
-                if self.in_use() < self.limits.active_logs_max {
+                if self.in_use() < self.limits.active_logs_max + self.borrowed.get() {
                     continue;
                 }
                 freed.await;
@@ -399,6 +454,7 @@ impl Storage {
             self.closing.set(self.closing.get() + 1);
             let closed = log.deactivate().await;
             self.closing.set(self.closing.get() - 1);
+            self.settle();
             self.closed_one.notify(usize::MAX);
             // A failure fails that log (and is reported by it), not this one.
             if let Err(e) = closed {
@@ -1028,7 +1084,7 @@ impl PartitionLog {
 
     async fn deactivate_unguarded(&self) -> Result<bool, Error> {
         let _guard = self.lock().await;
-        self.storage.active.borrow_mut().forget(self.id);
+        self.storage.forget_active(self.id);
         if self.closed.get() {
             return Ok(false);
         }
@@ -2784,7 +2840,7 @@ impl PartitionLog {
     async fn close_unguarded(&self) -> Result<(), Error> {
         let _guard = self.lock().await;
         self.closed.set(true);
-        self.storage.active.borrow_mut().forget(self.id);
+        self.storage.forget_active(self.id);
         if self.clean_marker.get() {
             // Nothing changed since a clean open: the files are as recorded.
             self.storage.cache.borrow_mut().invalidate(self.id);

@@ -207,3 +207,73 @@ fn closing_an_idle_log_trims_its_preallocation() {
         assert!(len_open >= len_closed);
     });
 }
+
+/// Beyond its own share a shard takes places from the process's shared pool, and gives
+/// them back as its logs close; a shard that finds the pool empty closes its own idle
+/// logs instead, and nothing appended is lost either way.
+#[test]
+fn shards_share_a_pool_beyond_their_own_budgets() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const OWN: usize = 2;
+    const POOL: usize = 4;
+    let (da, db) = (tempdir(), tempdir());
+    let (dir_a, dir_b) = (da.path().to_path_buf(), db.path().to_path_buf());
+    run(move || async move {
+        let pool = sluice_storage::DescriptorPool::new(POOL);
+        let a = storage(&dir_a, limits(OWN)).await;
+        let b = storage(&dir_b, limits(OWN)).await;
+        a.share_descriptors(pool.clone());
+        b.share_descriptors(pool.clone());
+        assert_eq!(a.active_logs_allowed(), OWN + POOL);
+        let open = |s: Rc<sluice_storage::Storage>, n: usize| async move {
+            let mut logs = Vec::new();
+            for i in 0..n {
+                logs.push(
+                    s.open_log(&format!("t-{i}"), LogConfig::default())
+                        .await
+                        .unwrap(),
+                );
+            }
+            logs
+        };
+        let logs_a = open(a.clone(), 8).await;
+        let logs_b = open(b.clone(), 4).await;
+        // Opening holds no descriptor; the first append opens the files.
+        for (i, log) in logs_a.iter().enumerate() {
+            log.append(&batch(1, 2, i as u64), 0).await.unwrap();
+            log.flush().await.unwrap();
+        }
+        assert_eq!(
+            a.active_logs(),
+            OWN + POOL,
+            "a uses its own share and the whole pool"
+        );
+        assert_eq!(pool.taken(), POOL);
+        for (i, log) in logs_b.iter().enumerate() {
+            log.append(&batch(1, 2, 100 + i as u64), 0).await.unwrap();
+            log.flush().await.unwrap();
+            assert!(
+                b.active_logs() <= OWN,
+                "b is held to its own share while the pool is empty"
+            );
+        }
+        assert_eq!(pool.taken(), POOL);
+        // a's logs close: the pool is whole again, and b can take from it.
+        for log in &logs_a {
+            log.close().await.unwrap();
+        }
+        assert_eq!(pool.taken(), 0);
+        for (i, log) in logs_b.iter().enumerate() {
+            log.append(&batch(10, 1, 200 + i as u64), 0).await.unwrap();
+            log.flush().await.unwrap();
+        }
+        assert_eq!(b.active_logs(), 4);
+        assert_eq!(pool.taken(), 4 - OWN);
+        for log in &logs_b {
+            assert_eq!(log.log_end_offset(), 3);
+            assert_eq!(read_all(log).await.len(), 2, "both batches read back");
+            log.close().await.unwrap();
+        }
+        assert_eq!(pool.taken(), 0);
+    });
+}

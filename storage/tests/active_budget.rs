@@ -277,3 +277,62 @@ fn shards_share_a_pool_beyond_their_own_budgets() {
         assert_eq!(pool.taken(), 0);
     });
 }
+
+/// More logs flushing at once than the shard lets into the kernel together (its
+/// device-op limit, 64): the writes and syncs wait their turn, and every log's
+/// appends are durable and read back whole.
+#[test]
+fn many_logs_flushing_at_once_take_turns_and_lose_nothing() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const LOGS: usize = 200;
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, limits(LOGS)).await;
+        let mut logs = Vec::new();
+        for i in 0..LOGS {
+            logs.push(
+                s.open_log(&format!("t-{i}"), LogConfig::default())
+                    .await
+                    .unwrap(),
+            );
+        }
+        for round in 0..3u64 {
+            let tasks: Vec<_> = logs
+                .iter()
+                .enumerate()
+                .map(|(i, log)| {
+                    let log = log.clone();
+                    glommio::spawn_local(async move {
+                        log.append(&batch(1, 2, round * 1000 + i as u64), 0)
+                            .await
+                            .unwrap();
+                        log.flush().await.unwrap();
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+        }
+        for log in &logs {
+            assert_eq!(log.log_end_offset(), 6);
+        }
+        for log in &logs {
+            log.close().await.unwrap();
+        }
+        drop(logs);
+        let s = storage(&dir, limits(LOGS)).await;
+        for i in 0..LOGS {
+            let log = s
+                .open_log(&format!("t-{i}"), LogConfig::default())
+                .await
+                .unwrap();
+            assert_eq!(
+                read_all(&log).await.len(),
+                3,
+                "log {i}: its three batches after reopen"
+            );
+        }
+    });
+}

@@ -326,9 +326,14 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
         let finished = now >= end;
         let due_until = if finished { end } else { now };
         let due = ((due_until - start).as_secs_f64() * opts.rate) as u64;
-        // Due times of the new records per partition, in round-robin order.
+        // Due times of the new records per partition, in round-robin order: what fell
+        // due while the in-flight window was full goes out together (batched per
+        // partition, as a client's accumulator does), but at most 32 MiB of it per
+        // turn (a broker far behind got everything due since in one request, past its
+        // 100 MiB frame limit). The rest go out next turn, timed from when they fell due.
         let mut fresh: HashMap<usize, Vec<u64>> = HashMap::new();
-        while generated < due {
+        let turn_max = generated + ((32 << 20) / opts.record_size.max(1)).max(n) as u64;
+        while generated < due.min(turn_max) {
             let t = start_us + (generated as f64 * 1e6 / opts.rate) as u64;
             fresh.entry(cursor).or_default().push(t);
             cursor = (cursor + 1) % n;
@@ -364,10 +369,12 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
             }
             conn.send_topics(opts.acks, topics).await?;
         }
-        if finished {
+        if finished && generated >= due {
             break;
         }
-        glommio::timer::sleep(Duration::from_millis(1)).await;
+        if generated >= due {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
     }
     for c in conns.values() {
         c.wait_drained(Duration::from_secs(60)).await;

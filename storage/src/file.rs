@@ -435,10 +435,18 @@ impl AppendFile {
                     .with(|m| m.get())
                     .saturating_sub(preallocated_unwritten());
                 let step = preallocate_step(st.allocated, self.preallocate_bytes).min(room);
-                let size = align_up(write_end.max(st.allocated + step));
+                // Rounded to whole pages, never past the cap.
+                let size = align_up(write_end.max(st.allocated + step))
+                    .min(align_down(st.allocated + room));
                 (size > write_end.max(st.allocated) + ALIGN).then(|| (size, size - st.allocated))
             })
             .flatten();
+        // The step counts against the cap from now: the write may wait its turn
+        // (`DEVICE_OPS_MAX`) before it preallocates, and other files' steps decided
+        // meanwhile must see it. `preallocate` settles it.
+        if let Some((_, grow)) = grow_to {
+            account_unwritten(0, grow);
+        }
         let epoch = st.epoch;
         let this = self.clone();
         glommio::spawn_local(async move { this.run_write(next, grow_to, epoch).await }).detach();
@@ -447,6 +455,9 @@ impl AppendFile {
     /// `grow_to`: preallocate up to this size first, growing the file by that much.
     async fn run_write(self: Rc<Self>, next: Prepared, grow_to: Option<(u64, u64)>, epoch: u64) {
         if let Err(e) = self.sim_gate().await {
+            if let Some((_, grow)) = grow_to {
+                account_unwritten(grow, 0);
+            }
             {
                 let mut st = self.state.borrow_mut();
                 st.writing = false;
@@ -499,12 +510,17 @@ impl AppendFile {
     /// instead, and this file stops trying; a step that would pass the free-space floor
     /// is skipped. (The state is not borrowed here: this may run inline in the spawner,
     /// which holds it.)
+    /// `grow` was counted against the shard's cap when the step was decided; this
+    /// replaces it with what the file really gained.
     async fn preallocate(&self, size: u64, grow: u64) {
         let floor = PREALLOCATE_KEEP_FREE.load(Ordering::Relaxed);
         if floor > 0 {
             match space_of(&self.path) {
                 Ok(s) if s.free >= floor.saturating_add(grow) => {}
-                _ => return,
+                _ => {
+                    account_unwritten(grow, 0);
+                    return;
+                }
             }
         }
         let res = match self.injected(FaultOp::Write).await {
@@ -520,9 +536,10 @@ impl AppendFile {
             Ok(()) => {
                 let before = unwritten_of(&st);
                 st.allocated = st.allocated.max(size);
-                account_unwritten(before, unwritten_of(&st));
+                account_unwritten(before + grow, unwritten_of(&st));
             }
             Err(e) => {
+                account_unwritten(grow, 0);
                 st.preallocating = false;
                 tracing::debug!(path = %self.path.display(), size, error = %e, "preallocation failed; the file grows by its writes");
             }

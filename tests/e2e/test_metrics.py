@@ -343,7 +343,13 @@ def test_under_replicated_after_follower_sigkill(tmp_path, request):
         assert value(s, "sluice_partition_under_replicated", **labels) == 0
         assert value(s, "sluice_partition_leader", **labels) == 1
         follower = next(i for i in c.ids if i != leader)
-        fs, _ = scrape(c.brokers[follower])
+
+        def follower_lists_it():
+            s, _ = scrape(c.brokers[follower])
+            return value(s, "sluice_partition_leader", **labels) is not None and s
+        # The follower publishes its shards' figures periodically: wait for the one that
+        # has its replica (the leader's ISR can be full before it).
+        fs = wait_until(follower_lists_it, timeout=30, what="the follower's page lists its replica")
         # A follower exports its replica's state too, but never counts it as led.
         assert value(fs, "sluice_partition_leader", **labels) == 0
         assert value(fs, "sluice_partition_under_replicated", **labels) == 0

@@ -293,6 +293,11 @@ settings! {
     /// Longest an idle shard sleeps before it checks its io_uring rings again, in ms
     /// (1-1000): a bound on the cost of a lost wake-up (see `sluice_shard::keep_awake`).
     reactor_wake_ms: u64 = 5;
+    /// Once this many of a shard's partition files wait for an fdatasync at once, the
+    /// rest share one syncfs of the data directory's file system per round (0: never).
+    /// Set 0 when that file system also holds other programs' busy files: a syncfs
+    /// writes theirs back too.
+    shared_sync_min: u64 = 32;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -417,6 +422,8 @@ pub struct BrokerConfig {
     pub max_incremental_fetch_session_cache_slots: usize,
     /// `--reactor-wake-ms`
     pub reactor_wake_ms: u64,
+    /// `--shared-sync-min`
+    pub shared_sync_min: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -587,6 +594,7 @@ impl BrokerConfig {
             replica_fetch_wait_max_ms: s.replica_fetch_wait_max_ms,
             max_incremental_fetch_session_cache_slots: s.max_incremental_fetch_session_cache_slots,
             reactor_wake_ms: s.reactor_wake_ms,
+            shared_sync_min: s.shared_sync_min,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
@@ -956,6 +964,7 @@ mod tests {
             "--replica-fetch-wait-max-ms=10",
             "--max-incremental-fetch-session-cache-slots=4",
             "--reactor-wake-ms=20",
+            "--shared-sync-min=0",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -966,7 +975,7 @@ mod tests {
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.replica_fetch_wait_max_ms, 10);
         assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);
-        assert_eq!(c.reactor_wake_ms, 20);
+        assert_eq!((c.reactor_wake_ms, c.shared_sync_min), (20, 0));
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(
             c.disk_min_free,

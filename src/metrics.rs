@@ -482,13 +482,33 @@ impl Registry {
         out.histogram("sluice_append_latency_seconds", &[], &append);
         out.family(
             "sluice_fsync_latency_seconds",
-            "fdatasync of partition log files (group commits).",
+            "fdatasync of partition log files (group commits), or a shared syncfs round.",
             Kind::Histogram,
         );
         out.histogram(
             "sluice_fsync_latency_seconds",
             &[],
             &sluice_storage::stats::FSYNC.snapshot(),
+        );
+        out.family(
+            "sluice_fs_sync_rounds_total",
+            "Shared syncfs rounds, each standing in for many partition files' fdatasyncs.",
+            Kind::Counter,
+        );
+        out.sample(
+            "sluice_fs_sync_rounds_total",
+            &[],
+            sluice_storage::stats::FS_SYNC_ROUNDS.load(Ordering::Relaxed) as f64,
+        );
+        out.family(
+            "sluice_fs_sync_files_total",
+            "Partition file syncs made by a shared syncfs round.",
+            Kind::Counter,
+        );
+        out.sample(
+            "sluice_fs_sync_files_total",
+            &[],
+            sluice_storage::stats::FS_SYNC_FILES.load(Ordering::Relaxed) as f64,
         );
     }
 

@@ -292,7 +292,11 @@ async fn run_shard(
     } = shared;
     let mesh_limits = mesh_limits(&descriptors, config.cores);
     // Storage first: it must be the first DMA-file user on this executor.
-    let storage = Storage::open(&config.data_dir, descriptors.storage, Rc::new(SystemClock))
+    let limits = StorageLimits {
+        shared_sync_min: config.shared_sync_min,
+        ..descriptors.storage
+    };
+    let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))
         .await
         .map_err(ShardError::OpenStorage)?;
     storage.share_descriptors(descriptors.pool.clone());

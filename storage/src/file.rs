@@ -1,6 +1,7 @@
 //! An append-only O_DIRECT file: bytes are accepted synchronously into a pending
 //! buffer, written in whole aligned pages (the partially filled tail page is rewritten
-//! as it fills) and made durable by group-committed `fdatasync`.
+//! as it fills) and made durable by group-committed `fdatasync` (or, when many of a
+//! shard's files want one at once, a shared `syncfs` round; see [`DEFAULT_SHARED_SYNC_MIN`]).
 //!
 //! One write is in flight per file at a time, so writes that rewrite the same tail page
 //! can never land out of order; every write carries everything that was pending when
@@ -24,6 +25,7 @@
 //! to the crash simulation's ([`crate::simdisk`]).
 
 use std::cell::RefCell;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -599,6 +601,20 @@ impl AppendFile {
     /// `covered`, `epoch`: the spawner's mark. (Until its first suspension this may run
     /// inline in the spawner, which holds the state mutably borrowed.)
     async fn run_sync(self: Rc<Self>, mut covered: u64, mut epoch: u64) {
+        let _wanted = SyncWanted::new();
+        if self.sim.is_none() && SYNCS_WANTED.with(|w| w.get()) >= SHARED_SYNC_MIN.with(|m| m.get())
+        {
+            let res = match self.injected(FaultOp::Sync).await {
+                // The round starts after this point, so it covers the spawner's mark.
+                Ok(()) => {
+                    crate::stats::FS_SYNC_FILES.fetch_add(1, Ordering::Relaxed);
+                    sync_file_system(&self.file).await
+                }
+                Err(e) => Err(e),
+            };
+            self.synced(res, covered, epoch);
+            return;
+        }
         let permit = device_op().await;
         // If it waited its turn, it covers what was written meanwhile too. (Still inline
         // in the spawner, the state is borrowed and the spawner's mark is current.)
@@ -623,6 +639,11 @@ impl AppendFile {
             Err(e) => Err(e),
         };
         drop(permit);
+        self.synced(res, covered, epoch);
+    }
+
+    /// Ends a sync that covered `covered` bytes as of `epoch`.
+    fn synced(&self, res: std::io::Result<()>, covered: u64, epoch: u64) {
         let mut st = self.state.borrow_mut();
         st.syncing = false;
         match res {
@@ -813,6 +834,144 @@ async fn device_op() -> Option<glommio::sync::StaticPermit> {
         .acquire_static_permit(1)
         .await
         .ok()
+}
+
+/// The default of [`set_shared_sync_min`]: once this many of a shard's files want an
+/// `fdatasync` at once, each further one joins
+/// a shared round instead: one `syncfs(2)` of the file system, on the shard's blocking
+/// thread, covers every file on it (every write completed before the round started,
+/// with the journal commit and device cache flush an `fdatasync` makes), and the files
+/// that arrive while a round runs wait for the next one. With 10,000 partitions taking
+/// one record each, per-file syncs cost one kernel round trip, journal commit and
+/// device flush per partition (and [`DEVICE_OPS_MAX`] queued at once); a round costs
+/// one for all of them. Below this, syncs stay per file: `syncfs` also writes back
+/// whatever else on that file system is dirty (other programs' files), which a few
+/// busy partitions should not wait for. Files under the crash simulation always sync
+/// on their own, since it tracks each file's syncs. A failed round fails every file that
+/// joined it: `syncfs` reports the file system's write-back error without saying whose.
+pub const DEFAULT_SHARED_SYNC_MIN: u64 = 32;
+
+/// Sets how many of this thread's (shard's) files may want an `fdatasync` at once
+/// before further ones share `syncfs` rounds (0: never; see [`DEFAULT_SHARED_SYNC_MIN`]).
+pub fn set_shared_sync_min(n: u64) {
+    SHARED_SYNC_MIN.with(|m| m.set(if n == 0 { u64::MAX } else { n }));
+}
+
+thread_local! {
+    static SHARED_SYNC_MIN: std::cell::Cell<u64> = const { std::cell::Cell::new(DEFAULT_SHARED_SYNC_MIN) };
+    /// Syncs of this shard's files waiting or running.
+    static SYNCS_WANTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Shared sync rounds, per file system (device) this shard's files live on.
+    static FS_ROUNDS: RefCell<Vec<FsRounds>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counts a sync in [`SYNCS_WANTED`] while it lives.
+struct SyncWanted;
+
+impl SyncWanted {
+    fn new() -> SyncWanted {
+        SYNCS_WANTED.with(|w| w.set(w.get() + 1));
+        SyncWanted
+    }
+}
+
+impl Drop for SyncWanted {
+    fn drop(&mut self) {
+        SYNCS_WANTED.with(|w| w.set(w.get() - 1));
+    }
+}
+
+/// The shared sync rounds of one file system: the next round (which files join until it
+/// starts) and whether a task is running rounds.
+struct FsRounds {
+    dev: (u32, u32),
+    next: Option<Rc<FsRound>>,
+    running: bool,
+}
+
+/// One `syncfs` for the files that joined it. `file`: a joiner's file, whose descriptor
+/// names the file system (kept open until the round ran).
+struct FsRound {
+    file: Rc<DmaFile>,
+    /// `None` until it ran; then `Ok` or the errno.
+    result: std::cell::Cell<Option<Result<(), i32>>>,
+    done: Event,
+}
+
+/// Makes durable every write to `file`'s file system completed before the call, in a
+/// round shared with the shard's other files there (see [`DEFAULT_SHARED_SYNC_MIN`]).
+async fn sync_file_system(file: &Rc<DmaFile>) -> std::io::Result<()> {
+    let dev = (file.dev_major(), file.dev_minor());
+    let (round, start) = FS_ROUNDS.with(|rounds| {
+        let mut rounds = rounds.borrow_mut();
+        let i = match rounds.iter().position(|r| r.dev == dev) {
+            Some(i) => i,
+            None => {
+                rounds.push(FsRounds {
+                    dev,
+                    next: None,
+                    running: false,
+                });
+                rounds.len() - 1
+            }
+        };
+        let fs = &mut rounds[i];
+        let round = fs
+            .next
+            .get_or_insert_with(|| {
+                Rc::new(FsRound {
+                    file: file.clone(),
+                    result: std::cell::Cell::new(None),
+                    done: Event::new(),
+                })
+            })
+            .clone();
+        let start = !std::mem::replace(&mut fs.running, true);
+        (round, start)
+    });
+    if start {
+        glommio::spawn_local(run_fs_rounds(dev)).detach();
+    }
+    loop {
+        if let Some(res) = round.result.get() {
+            return res.map_err(std::io::Error::from_raw_os_error);
+        }
+        let listener = round.done.listen();
+        if round.result.get().is_none() {
+            listener.await;
+        }
+    }
+}
+
+/// Runs the rounds of file system `dev` one after the other while files join them.
+async fn run_fs_rounds(dev: (u32, u32)) {
+    loop {
+        let round = FS_ROUNDS.with(|rounds| {
+            let mut rounds = rounds.borrow_mut();
+            let fs = rounds.iter_mut().find(|r| r.dev == dev)?;
+            let round = fs.next.take();
+            fs.running = round.is_some();
+            round
+        });
+        let Some(round) = round else { return };
+        let fd = round.file.as_raw_fd();
+        let started = std::time::Instant::now();
+        let res = glommio::executor()
+            .spawn_blocking(move || {
+                // SAFETY: `fd` stays open: the round holds its file until this returns.
+                match unsafe { libc::syncfs(fd) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EIO)),
+                }
+            })
+            .await;
+        crate::stats::FSYNC.record(started.elapsed());
+        crate::stats::FS_SYNC_ROUNDS.fetch_add(1, Ordering::Relaxed);
+        round.result.set(Some(res));
+        round.done.notify(usize::MAX);
+    }
 }
 
 /// Small files (checkpoints, snapshots, `partition.meta`) a shard writes at once: each

@@ -343,6 +343,9 @@ pub struct StorageLimits {
     /// 1 MiB first and more as it grows, so thousands of active partitions would
     /// otherwise hold gigabytes of zeros.
     pub preallocated_bytes_max: u64,
+    /// Syncs a shard's files want at once before further ones share `syncfs` rounds
+    /// (0: never; see [`file::set_shared_sync_min`]).
+    pub shared_sync_min: u64,
 }
 
 impl Default for StorageLimits {
@@ -355,6 +358,7 @@ impl Default for StorageLimits {
             read_bytes_max: 64 << 20,
             cleaner_map_bytes_max: 64 << 20,
             preallocated_bytes_max: file::DEFAULT_PREALLOCATED_MAX,
+            shared_sync_min: file::DEFAULT_SHARED_SYNC_MIN,
         }
     }
 }

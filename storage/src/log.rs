@@ -330,6 +330,7 @@ impl Storage {
     ) -> Result<Rc<Storage>, Error> {
         limits.validate()?;
         file::set_preallocated_max(limits.preallocated_bytes_max);
+        file::set_shared_sync_min(limits.shared_sync_min);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         // glommio opens directories by absolute path only (relative ones fail with EBADF).
         let dir = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;

@@ -80,8 +80,15 @@ impl Histogram {
     }
 }
 
-/// Every `fdatasync` of a partition's append file (segments: group-committed syncs).
+/// Every `fdatasync` of a partition's append file (segments: group-committed syncs),
+/// and every shared `syncfs` round that stood in for many of them.
 pub static FSYNC: Histogram = Histogram::new();
+
+/// Shared `syncfs` rounds run (each also counted once in [`FSYNC`]) and the file syncs
+/// they stood in for: with thousands of partitions flushing at once, a shard syncs
+/// their file system once per round instead of each file.
+pub static FS_SYNC_ROUNDS: AtomicU64 = AtomicU64::new(0);
+pub static FS_SYNC_FILES: AtomicU64 = AtomicU64::new(0);
 
 #[cfg(test)]
 mod tests {

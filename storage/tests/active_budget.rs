@@ -7,9 +7,10 @@
 mod common;
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 use common::*;
-use sluice_storage::{LogConfig, PartitionLog, StorageLimits};
+use sluice_storage::{stats, LogConfig, PartitionLog, StorageLimits};
 
 /// The tests of this file run one at a time: one of them counts the process's open
 /// descriptors, which another's files would disturb.
@@ -279,7 +280,8 @@ fn shards_share_a_pool_beyond_their_own_budgets() {
 }
 
 /// More logs flushing at once than the shard lets into the kernel together (its
-/// device-op limit, 64): the writes and syncs wait their turn, and every log's
+/// device-op limit, 64): the writes wait their turn, the syncs past the first few
+/// share `syncfs` rounds (fewer rounds than the file syncs they make), and every log's
 /// appends are durable and read back whole.
 #[test]
 fn many_logs_flushing_at_once_take_turns_and_lose_nothing() {
@@ -297,6 +299,8 @@ fn many_logs_flushing_at_once_take_turns_and_lose_nothing() {
                     .unwrap(),
             );
         }
+        let rounds_before = stats::FS_SYNC_ROUNDS.load(Ordering::Relaxed);
+        let files_before = stats::FS_SYNC_FILES.load(Ordering::Relaxed);
         for round in 0..3u64 {
             let tasks: Vec<_> = logs
                 .iter()
@@ -318,6 +322,13 @@ fn many_logs_flushing_at_once_take_turns_and_lose_nothing() {
         for log in &logs {
             assert_eq!(log.log_end_offset(), 6);
         }
+        let rounds = stats::FS_SYNC_ROUNDS.load(Ordering::Relaxed) - rounds_before;
+        let files = stats::FS_SYNC_FILES.load(Ordering::Relaxed) - files_before;
+        assert!(rounds > 0, "some syncs went to shared rounds");
+        assert!(
+            files > rounds,
+            "{files} file syncs shared {rounds} rounds: a round stands in for several"
+        );
         for log in &logs {
             log.close().await.unwrap();
         }

@@ -97,8 +97,10 @@ replicated() { # label topics partitions
   rm -rf "$CDIR"
 }
 
-single p8 1 8
-single p10k "$TOPICS" "$PARTS"
+if [ "${SCALE_SINGLE:-1}" = 1 ]; then
+  single p8 1 8
+  single p10k "$TOPICS" "$PARTS"
+fi
 if [ "${SCALE_REPLICATED:-1}" = 1 ]; then
   replicated p8 1 8
   replicated p10k "$TOPICS" "$PARTS"

@@ -43,7 +43,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::cluster::{ClusterState, Command};
+use crate::cluster::{Applied, ClusterState, Command, IsrChange};
 use crate::isr::{
     self, FollowerPhase, LeaderEpoch, LeaderEpochCache, LogOp, LogOpKind, Offset, ReplicaState,
     Role,
@@ -111,6 +111,8 @@ pub struct Stats {
     pub isolations: u64,
     pub fenced: u64,
     pub isr_changes: u64,
+    /// AlterPartitions batches (several ISR changes of one broker at once) applied.
+    pub alter_batches: u64,
     pub truncated_records: u64,
     /// Truncations that needed another OffsetForLeaderEpoch round (KIP-279).
     pub truncation_extra_rounds: u64,
@@ -127,6 +129,7 @@ impl Stats {
         self.isolations += o.isolations;
         self.fenced += o.fenced;
         self.isr_changes += o.isr_changes;
+        self.alter_batches += o.alter_batches;
         self.truncated_records += o.truncated_records;
         self.truncation_extra_rounds += o.truncation_extra_rounds;
     }
@@ -545,15 +548,34 @@ impl Sim {
             }
         }
         due.sort_by_key(|e| (e.at_ms, e.seq));
+        // The ISR changes one broker's requests bring at the same moment reach the
+        // controller as one batch (as a shard sends them), in arrival order.
+        let mut alters: Vec<(BrokerId, Vec<IsrChange>)> = Vec::new();
         for e in due {
             if self.cut(e.from, e.to) {
                 continue;
             }
             if e.to == CONTROLLER {
-                self.controller_receive(e.from, e.msg);
+                let Msg::Alter { part, alter } = e.msg else {
+                    unreachable!("only AlterPartition goes to the controller")
+                };
+                let change = IsrChange {
+                    topic: TOPIC.into(),
+                    partition: part as i32,
+                    leader_epoch: alter.leader_epoch,
+                    partition_epoch: alter.partition_epoch,
+                    new_isr: alter.new_isr,
+                };
+                match alters.iter_mut().find(|(from, _)| *from == e.from) {
+                    Some((_, changes)) => changes.push(change),
+                    None => alters.push((e.from, vec![change])),
+                }
             } else if self.brokers[b_ix(e.to)].up {
                 self.broker_receive(e.to, e.from, e.msg);
             }
+        }
+        for (from, changes) in alters {
+            self.controller_receive(from, changes);
         }
     }
 
@@ -1090,19 +1112,31 @@ impl Sim {
         }
     }
 
-    fn controller_receive(&mut self, from: BrokerId, msg: Msg) {
-        if let Msg::Alter { part, alter } = msg {
+    /// One broker's ISR changes: a single one as AlterPartition, several as one
+    /// AlterPartitions batch (each judged on its own), so the sim runs both paths.
+    fn controller_receive(&mut self, from: BrokerId, mut changes: Vec<IsrChange>) {
+        if changes.len() == 1 {
+            let c = changes.pop().expect("one change");
             let ok = self.apply(Command::AlterPartition {
                 from,
-                topic: TOPIC.into(),
-                partition: part as i32,
-                leader_epoch: alter.leader_epoch,
-                partition_epoch: alter.partition_epoch,
-                new_isr: alter.new_isr,
+                topic: c.topic,
+                partition: c.partition,
+                leader_epoch: c.leader_epoch,
+                partition_epoch: c.partition_epoch,
+                new_isr: c.new_isr,
             });
             if ok {
                 self.stats.isr_changes += 1;
             }
+            return;
+        }
+        let cmd = Command::AlterPartitions { from, changes };
+        let res = self.controller.apply(&cmd);
+        let line = format!("controller: {cmd:?} -> {res:?}");
+        self.log(|| line);
+        self.stats.alter_batches += 1;
+        if let Ok(Applied::Partitions(results)) = res {
+            self.stats.isr_changes += results.iter().filter(|r| r.is_ok()).count() as u64;
         }
     }
 

@@ -34,7 +34,11 @@ fn five_brokers_hold_every_invariant() {
         partitions: 4,
         ..Config::default()
     };
-    run_seeds(&cfg, 1..11).unwrap_or_else(|v| panic!("{v}"));
+    let total = run_seeds(&cfg, 1..11).unwrap_or_else(|v| panic!("{v}"));
+    assert!(
+        total.alter_batches > 0,
+        "some ISR changes reached the controller as a batch: {total:?}"
+    );
 }
 
 /// A seed replays exactly: same stats, same trace.

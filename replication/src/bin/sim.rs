@@ -127,7 +127,7 @@ fn flags(cfg: &Config) -> String {
 fn summary(seeds: u64, s: &Stats, secs: f64) {
     println!(
         "seeds {seeds}  steps {}  produced {}  acked {}  refused {}  leader changes {}  crashes {}  \
-         isolations {}  fenced {}  isr changes {}  truncated records {} (extra KIP-279 rounds {})",
+         isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})",
         s.steps,
         s.produced,
         s.acked,
@@ -137,6 +137,7 @@ fn summary(seeds: u64, s: &Stats, secs: f64) {
         s.isolations,
         s.fenced,
         s.isr_changes,
+        s.alter_batches,
         s.truncated_records,
         s.truncation_extra_rounds
     );

@@ -67,7 +67,18 @@ pub struct CoordinatorConfig {
     pub offsets_retention_check_interval_ms: i64,
     /// offset.metadata.max.bytes
     pub offset_metadata_max_bytes: usize,
+    /// group.max.size: the most members a group admits (Kafka's default: i32::MAX).
+    pub group_max_size: usize,
+    /// The largest batch a GroupMetadata record may travel in (the shell's internal
+    /// batch limit): a new member whose group's record would outgrow it, by
+    /// [`Group::record_bytes_estimate`], is refused at JoinGroup.
+    pub metadata_batch_bytes_max: usize,
 }
+
+/// What a batch of one record adds to the record's key and value, at most: the batch
+/// header (61 bytes) and the record's own framing (length, attributes, timestamp and
+/// offset deltas, key and value lengths as varints, header count: 32 bytes at most).
+pub const RECORD_BATCH_OVERHEAD_BYTES: usize = 61 + 32;
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
@@ -78,6 +89,8 @@ impl Default for CoordinatorConfig {
             offsets_retention_ms: 7 * 24 * 60 * 60 * 1000,
             offsets_retention_check_interval_ms: 600_000,
             offset_metadata_max_bytes: 4096,
+            group_max_size: i32::MAX as usize,
+            metadata_batch_bytes_max: 32 << 20,
         }
     }
 }
@@ -244,6 +257,70 @@ pub struct Group {
     /// Members with `joined` false, counted since the join phase began: a join phase
     /// can end only when this is 0, so a rejoin does not scan every member.
     unjoined: usize,
+    /// The sum of [`member_record_bytes`] over `members`, kept as members come, change
+    /// and go, so admitting a member estimates the group's record in O(1).
+    members_record_bytes: usize,
+    /// The longest member id the group has had (bounds the record's leader field).
+    member_id_bytes_max: usize,
+    /// The largest single assignment of the group's last assignment (the leader's
+    /// SyncGroup, or the record loaded): the estimate gives every member that much.
+    assignment_bytes_max: usize,
+}
+
+/// What a member adds to its group's GroupMetadata value, not counting its assignment's
+/// bytes (see the member layout in `records.rs`): the subscription counted is its
+/// largest protocol metadata, since the protocol is not chosen yet.
+fn member_record_bytes(
+    id: &str,
+    instance_id: Option<&str>,
+    client_id: &str,
+    client_host: &str,
+    protocols: &[(String, Bytes)],
+) -> usize {
+    let subscription = protocols.iter().map(|(_, m)| m.len()).max().unwrap_or(0);
+    // STRING id, NULLABLE_STRING instance, STRING client id and host, two i32 timeouts,
+    // BYTES subscription, the i32 length of the assignment.
+    2 + id.len()
+        + 2
+        + instance_id.map_or(0, str::len)
+        + 2
+        + client_id.len()
+        + 2
+        + client_host.len()
+        + 4
+        + 4
+        + 4
+        + subscription
+        + 4
+}
+
+impl Member {
+    fn record_bytes(&self) -> usize {
+        member_record_bytes(
+            &self.id,
+            self.instance_id.as_deref(),
+            &self.client_id,
+            &self.client_host,
+            &self.protocols,
+        )
+    }
+}
+
+/// Counts (`add`) or uncounts a member in its group's running tallies: the protocols it
+/// lists and its share of the GroupMetadata record. Called with the member as it is
+/// when it joins the tallies and again, unchanged, when it leaves them.
+fn count_member(
+    support: &mut HashMap<String, usize>,
+    record_bytes: &mut usize,
+    m: &Member,
+    add: bool,
+) {
+    count_protocols(support, &m.protocols, add);
+    if add {
+        *record_bytes += m.record_bytes();
+    } else {
+        *record_bytes = record_bytes.saturating_sub(m.record_bytes());
+    }
 }
 
 /// Counts (`add`) or uncounts a member's protocols in `Group::protocol_support`.
@@ -291,6 +368,9 @@ impl Group {
             inflight_txn: BTreeMap::new(),
             protocol_support: HashMap::new(),
             unjoined: 0,
+            members_record_bytes: 0,
+            member_id_bytes_max: 0,
+            assignment_bytes_max: 0,
         }
     }
 
@@ -468,6 +548,66 @@ impl Group {
             })
     }
 
+    /// A bound on the batch that would carry the group's GroupMetadata record with the
+    /// member `a` in it (in place of the static member it replaces, if any), counted as
+    /// `records.rs` lays the record out. Exact for what is known — ids, client ids and
+    /// hosts, each member's largest protocol metadata (the protocol is chosen later) —
+    /// and conservative for what is not: the assignments, which only the leader's
+    /// SyncGroup brings, are counted as the largest assignment of the group's last
+    /// assignment for every member, the new one included. O(1): the members' share is
+    /// a running sum.
+    pub fn record_bytes_estimate(&self, a: &JoinArgs) -> usize {
+        let id_bytes = if a.member_id.is_empty() {
+            new_member_id_bytes(&a.client_id)
+        } else {
+            a.member_id.len()
+        };
+        let joining = member_record_bytes(
+            "",
+            a.instance_id.as_deref(),
+            &a.client_id,
+            &a.client_host,
+            &a.protocols,
+        ) + id_bytes;
+        let replaced = a
+            .member_id
+            .is_empty()
+            .then_some(a.instance_id.as_ref())
+            .flatten()
+            .and_then(|i| self.static_members.get(i))
+            .and_then(|id| self.members.get(id));
+        let members = self.members.len() + usize::from(replaced.is_none());
+        let leaving = replaced.map_or(0, Member::record_bytes);
+        // The protocol chosen is one the new member lists too.
+        let protocol_bytes = a.protocols.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+        let leader_bytes = self.member_id_bytes_max.max(id_bytes);
+        let key = 2 + 2 + self.id.len();
+        // i16 version, STRING protocol type, i32 generation, NULLABLE_STRING protocol
+        // and leader, i64 state timestamp, i32 member count.
+        let header =
+            2 + 2 + a.protocol_type.len() + 4 + 2 + protocol_bytes + 2 + leader_bytes + 8 + 4;
+        // Each member's assignment length is in its share already; its bytes are not.
+        let assignments = members.saturating_mul(self.assignment_bytes_max);
+        (RECORD_BATCH_OVERHEAD_BYTES + key + header)
+            .saturating_add(self.members_record_bytes.saturating_sub(leaving))
+            .saturating_add(joining)
+            .saturating_add(assignments)
+    }
+
+    /// Member ids handed out with MEMBER_ID_REQUIRED and not joined yet.
+    #[cfg(test)]
+    pub(crate) fn pending_member_count(&self) -> usize {
+        self.pending_members.len()
+    }
+
+    /// The running sum of the members' record shares and the same sum counted afresh
+    /// (tests check the tally never drifts).
+    #[cfg(test)]
+    pub(crate) fn record_bytes_tally(&self) -> (usize, usize) {
+        let fresh = self.members.values().map(Member::record_bytes).sum();
+        (self.members_record_bytes, fresh)
+    }
+
     /// The GroupMetadata record of the group as it is now.
     fn metadata_record(&self) -> Record {
         let protocol = self.protocol.clone().unwrap_or_default();
@@ -516,6 +656,8 @@ impl Group {
         self.state_timestamp_ms = v.state_timestamp_ms.max(0);
         self.members.clear();
         self.protocol_support.clear();
+        self.members_record_bytes = 0;
+        self.assignment_bytes_max = 0;
         self.unjoined = 0;
         self.static_members.clear();
         self.pending_members.clear();
@@ -550,7 +692,14 @@ impl Group {
                 joined: false,
                 session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
             };
-            count_protocols(&mut self.protocol_support, &member.protocols, true);
+            count_member(
+                &mut self.protocol_support,
+                &mut self.members_record_bytes,
+                &member,
+                true,
+            );
+            self.member_id_bytes_max = self.member_id_bytes_max.max(member.id.len());
+            self.assignment_bytes_max = self.assignment_bytes_max.max(member.assignment.len());
             self.members.insert(m.member_id, member);
         }
         self.protocol_type = protocol_type;
@@ -599,6 +748,20 @@ impl Group {
     }
 }
 
+fn member_id_prefix(client_id: &str) -> &str {
+    if client_id.is_empty() {
+        "member"
+    } else {
+        client_id
+    }
+}
+
+/// The length of the member id [`Coordinator::join`] hands a new member of `client_id`
+/// (the prefix, a dash, a hyphenated UUID).
+fn new_member_id_bytes(client_id: &str) -> usize {
+    member_id_prefix(client_id).len() + 1 + 36
+}
+
 fn err_join(code: ResponseError, member_id: &str) -> JoinGroupResponse {
     JoinGroupResponse::default()
         .with_error_code(code.code())
@@ -608,6 +771,16 @@ fn err_join(code: ResponseError, member_id: &str) -> JoinGroupResponse {
 
 fn err_sync(code: ResponseError) -> SyncGroupResponse {
     SyncGroupResponse::default().with_error_code(code.code())
+}
+
+/// Why a JoinGroup is refused with GROUP_MAX_SIZE_REACHED.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// group.max.size, Kafka's rule.
+    MaxSize(usize),
+    /// The GroupMetadata record's estimate with the new member, in bytes, is over the
+    /// batch limit.
+    RecordTooLarge(usize),
 }
 
 /// The result of a direct (non-deferred) call: a Kafka error code or success.
@@ -742,15 +915,9 @@ impl Coordinator {
     fn new_member_id(&mut self, client_id: &str) -> String {
         self.member_seq += 1;
         // Kafka: client id, a dash and a UUID; unique per coordinator is what matters.
-        format!(
-            "{}-{}",
-            if client_id.is_empty() {
-                "member"
-            } else {
-                client_id
-            },
-            uuid::Uuid::new_v4()
-        )
+        let id = format!("{}-{}", member_id_prefix(client_id), uuid::Uuid::new_v4());
+        assert_eq!(id.len(), new_member_id_bytes(client_id));
+        id
     }
 
     // ---------------------------------------------------------------- JoinGroup
@@ -794,6 +961,13 @@ impl Coordinator {
                 err_join(ResponseError::CoordinatorNotAvailable, &a.member_id),
             );
         }
+        // Before the protocol check, as Kafka's `handleJoinGroup` orders them.
+        if let Some(refusal) = self.refusal(&a) {
+            self.refuse(token, now_ms, &a, refusal, fx);
+            self.drop_if_unused(&a.group_id);
+            return;
+        }
+        let group = &self.groups[&a.group_id];
         if !group.supports(&a.protocol_type, &a.protocols) {
             return reply(
                 fx,
@@ -807,6 +981,87 @@ impl Coordinator {
             self.join_known_member(token, now_ms, a, fx);
         }
         self.drop_if_unused(&group_id);
+    }
+
+    /// Whether the group must refuse the join `a` with GROUP_MAX_SIZE_REACHED: Kafka's
+    /// `acceptJoiningMember` for group.max.size, then, for a member not in the group
+    /// yet, the bound on its GroupMetadata record ([`Group::record_bytes_estimate`]).
+    fn refusal(&self, a: &JoinArgs) -> Option<Refusal> {
+        let group = &self.groups[&a.group_id];
+        let max = self.config.group_max_size;
+        // A static member rejoining with a new member id takes its own place: the group
+        // does not grow. Kafka's classic coordinator counts it as a new member and
+        // refuses it in a full group; KAFKA-20601 lets it in for KIP-848 groups, and
+        // so does this one, or a full group of static members could not restart.
+        let replaces_static = a.member_id.is_empty()
+            && a.instance_id
+                .as_ref()
+                .is_some_and(|i| group.static_members.contains_key(i));
+        let full = match group.state {
+            _ if replaces_static => false,
+            GroupState::Empty | GroupState::Dead => false,
+            // Counted by members that have (re)joined this phase, not by the group's
+            // size, which can be over the limit (a group loaded over a lowered limit):
+            // the first `max` members back stay, later ones are refused and removed.
+            // In this phase a member has joined exactly when it awaits its answer.
+            GroupState::PreparingRebalance => {
+                let awaiting = group
+                    .members
+                    .get(&a.member_id)
+                    .is_some_and(|m| m.awaiting_join.is_some());
+                !awaiting && group.members.len().saturating_sub(group.unjoined) >= max
+            }
+            // A current member is always let back in; the join phase ahead drops
+            // whoever does not rejoin.
+            GroupState::CompletingRebalance | GroupState::Stable => {
+                !group.members.contains_key(&a.member_id) && group.members.len() >= max
+            }
+        };
+        if full {
+            return Some(Refusal::MaxSize(max));
+        }
+        if group.members.contains_key(&a.member_id) {
+            // A current member's record share is there already; if its new metadata
+            // makes the record too large, the SyncGroup path answers (the last line).
+            return None;
+        }
+        let estimate = group.record_bytes_estimate(a);
+        (estimate > self.config.metadata_batch_bytes_max)
+            .then_some(Refusal::RecordTooLarge(estimate))
+    }
+
+    /// Refuses a join with GROUP_MAX_SIZE_REACHED, as Kafka does: the member id is
+    /// forgotten (a pending id, or a current member that rejoined too late in a group
+    /// over its limit, which is removed) and the answer carries no member id.
+    fn refuse(
+        &mut self,
+        token: JoinToken,
+        now_ms: i64,
+        a: &JoinArgs,
+        r: Refusal,
+        fx: &mut Effects,
+    ) {
+        let bytes_max = self.config.metadata_batch_bytes_max;
+        let group = self.groups.get_mut(&a.group_id).expect("group exists");
+        group.pending_members.remove(&a.member_id);
+        let removed = Self::remove_member(group, &a.member_id).is_some();
+        match r {
+            Refusal::MaxSize(max) => tracing::info!(
+                group = %group.id, member = %a.member_id, members = group.members.len(),
+                removed, "group.max.size {max} reached: JoinGroup refused with GROUP_MAX_SIZE_REACHED"
+            ),
+            Refusal::RecordTooLarge(estimate) => tracing::warn!(
+                group = %group.id, client = %a.client_id, members = group.members.len(),
+                estimate, "group metadata would outgrow the {bytes_max}-byte batch limit with \
+                 another member: JoinGroup refused with GROUP_MAX_SIZE_REACHED"
+            ),
+        }
+        fx.replies.push(Deferred::Join(
+            token,
+            err_join(ResponseError::GroupMaxSizeReached, ""),
+        ));
+        // A member gone may have been the last one the join phase waited for.
+        Self::maybe_complete_join(group, now_ms, fx);
     }
 
     /// A group created by a join that was refused holds nothing: drop it.
@@ -930,7 +1185,13 @@ impl Coordinator {
         if group.leader.is_none() {
             group.leader = Some(id.clone());
         }
-        count_protocols(&mut group.protocol_support, &member.protocols, true);
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            &member,
+            true,
+        );
+        group.member_id_bytes_max = group.member_id_bytes_max.max(id.len());
         group.members.insert(id, member);
         if group.state == GroupState::PreparingRebalance {
             // A new member extends the initial delay, within the rebalance timeout.
@@ -960,11 +1221,21 @@ impl Coordinator {
                 err_join(ResponseError::UnknownMemberId, &a.member_id),
             ));
         }
-        count_protocols(&mut group.protocol_support, &m.protocols, false);
-        count_protocols(&mut group.protocol_support, &a.protocols, true);
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            m,
+            false,
+        );
         m.protocols = a.protocols;
         m.session_timeout_ms = a.session_timeout_ms;
         m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            m,
+            true,
+        );
         if !m.joined {
             group.unjoined = group.unjoined.saturating_sub(1);
         }
@@ -986,7 +1257,12 @@ impl Coordinator {
         let initial_delay = self.config.initial_rebalance_delay_ms;
         let group = self.groups.get_mut(&a.group_id).expect("group exists");
         let mut m = group.members.remove(&old_id).expect("static member exists");
-        count_protocols(&mut group.protocol_support, &m.protocols, false);
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            &m,
+            false,
+        );
         if !m.joined {
             group.unjoined = group.unjoined.saturating_sub(1);
         }
@@ -1019,7 +1295,13 @@ impl Coordinator {
         group.members.insert(new_id.clone(), m);
         let protocols_changed = group.select_protocol() != group.protocol;
         let mut m = group.members.remove(&new_id).expect("just inserted");
-        count_protocols(&mut group.protocol_support, &m.protocols, true);
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            &m,
+            true,
+        );
+        group.member_id_bytes_max = group.member_id_bytes_max.max(new_id.len());
         match group.state {
             GroupState::Stable if !protocols_changed => {
                 // KIP-345: no rebalance. The member gets its old assignment at SyncGroup.
@@ -1147,7 +1429,12 @@ impl Coordinator {
 
     fn remove_member(group: &mut Group, id: &str) -> Option<Member> {
         let m = group.members.remove(id)?;
-        count_protocols(&mut group.protocol_support, &m.protocols, false);
+        count_member(
+            &mut group.protocol_support,
+            &mut group.members_record_bytes,
+            &m,
+            false,
+        );
         if !m.joined {
             group.unjoined = group.unjoined.saturating_sub(1);
         }
@@ -1248,9 +1535,14 @@ impl Coordinator {
                 }
                 if group.leader.as_deref() == Some(a.member_id.as_str()) {
                     let mut given: HashMap<String, Bytes> = a.assignments.into_iter().collect();
+                    let mut largest = 0;
                     for m in group.members.values_mut() {
                         m.assignment = given.remove(&m.id).unwrap_or_default();
+                        largest = largest.max(m.assignment.len());
                     }
+                    // Kept even if the record cannot be stored: it is what the leader
+                    // assigns, and what the next new member's estimate must expect.
+                    group.assignment_bytes_max = largest;
                     group.transition(GroupState::Stable, now_ms);
                     group.sync_deadline_ms = None;
                     fx.records.push(group.metadata_record());
@@ -1914,6 +2206,27 @@ impl Coordinator {
     }
 
     // ---------------------------------------------------------------- loading
+
+    /// A `__consumer_offsets` partition is loaded (every record replayed): as Kafka's
+    /// `onGroupLoaded`, each of its groups with more members than group.max.size (the
+    /// limit was lowered since the record was written) starts a rebalance at once. Its
+    /// members learn of it from their heartbeats and rejoin; the first group.max.size
+    /// of them back are kept, later ones are refused and removed ([`Coordinator::join`]),
+    /// and members that do not rejoin are dropped when the join phase ends (KIP-389).
+    pub fn loaded(&mut self, now_ms: i64, in_partition: impl Fn(&str) -> bool, fx: &mut Effects) {
+        let max = self.config.group_max_size;
+        let initial_delay = self.config.initial_rebalance_delay_ms;
+        for group in self.groups.values_mut() {
+            if !in_partition(&group.id) || group.state != GroupState::Stable {
+                continue;
+            }
+            if group.members.len() > max {
+                tracing::info!(group = %group.id, members = group.members.len(),
+                    "loaded group is over group.max.size {max}: rebalancing");
+                Self::prepare_rebalance(group, now_ms, initial_delay, fx);
+            }
+        }
+    }
 
     /// Replays one `__consumer_offsets` record (in log order) into memory. `now_ms` is
     /// the load time: restored members' session timers start from it.

@@ -1150,3 +1150,334 @@ fn a_generation_whose_metadata_was_not_stored_is_dropped_and_rebalanced() {
     assert!(other.group("g").is_none(), "no group is invented");
     assert!(ignored.replies.is_empty() && ignored.records.is_empty());
 }
+
+// ------------------------------------------------------------ group.max.size (KIP-389)
+
+fn coord_max(max: usize) -> Coordinator {
+    Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        group_max_size: max,
+        ..CoordinatorConfig::default()
+    })
+}
+
+/// A join's answer must be GROUP_MAX_SIZE_REACHED, with no member id (as Kafka's).
+fn assert_refused(fx: &Effects, token: Token) {
+    let r = join_reply(fx, token).expect("answered at once");
+    assert_eq!(r.error_code, E::GroupMaxSizeReached.code());
+    assert_eq!(r.error_code, 81);
+    assert_eq!(r.member_id.as_str(), "");
+}
+
+fn assert_tally_exact(c: &Coordinator) {
+    let (kept, fresh) = c.group("g").unwrap().record_bytes_tally();
+    assert_eq!(kept, fresh, "the running record-size tally drifted");
+}
+
+#[test]
+fn a_group_at_max_size_refuses_new_members_and_lets_current_ones_rejoin() {
+    let mut c = coord_max(2);
+    let a = stable_one(&mut c);
+    // A member id handed out while there is room...
+    let mut fx = Effects::default();
+    c.join(JoinToken(5), 50, args("", None, &["range"]), &mut fx);
+    let pending = join_reply(&fx, 5).unwrap().member_id.to_string();
+    // ...then b joins and a rejoins: the join phase waits for the pending id.
+    let (b, _) = join_new(&mut c, 10, 100, &["range"]);
+    let mut fx = Effects::default();
+    c.join(JoinToken(12), 200, args(&a, None, &["range"]), &mut fx);
+    assert!(
+        join_reply(&fx, 12).is_none(),
+        "waits for the pending member"
+    );
+    // The pending member comes back once two have joined: refused, forgotten, and the
+    // phase ends with a and b in generation 2.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(21),
+        250,
+        args(&pending, None, &["range"]),
+        &mut fx,
+    );
+    assert_refused(&fx, 21);
+    assert_eq!(join_reply(&fx, 12).unwrap().generation_id, 2);
+    assert_eq!(join_reply(&fx, 1010).unwrap().generation_id, 2);
+    let fx = sync(&mut c, 13, 300, &a, 2, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(sync_reply(&fx, 13).unwrap().error_code, 0);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    assert_tally_exact(&c);
+    // A third member is refused at its first join.
+    let mut fx = Effects::default();
+    c.join(JoinToken(20), 400, args("", None, &["range"]), &mut fx);
+    assert_refused(&fx, 20);
+    let g = c.group("g").unwrap();
+    assert_eq!(
+        (g.state, g.generation, g.members.len()),
+        (GroupState::Stable, 2, 2)
+    );
+    assert!(fx.records.is_empty(), "a refusal writes nothing");
+    assert_eq!(g.pending_member_count(), 0);
+    // Current members are not affected: heartbeats, a follower's rejoin...
+    assert_eq!(c.heartbeat(500, "g", 2, &a, None), Ok(()));
+    let mut fx = Effects::default();
+    c.join(JoinToken(30), 500, args(&b, None, &["range"]), &mut fx);
+    let r = join_reply(&fx, 30).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 2));
+    // ...and the leader's rejoin, which rebalances: both are in generation 3.
+    let mut fx = Effects::default();
+    c.join(JoinToken(31), 600, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(32), 600, args(&b, None, &["range"]), &mut fx);
+    assert_eq!(join_reply(&fx, 31).unwrap().generation_id, 3);
+    assert_eq!(join_reply(&fx, 32).unwrap().generation_id, 3);
+    assert_eq!(c.group("g").unwrap().members.len(), 2);
+    // Once one leaves there is room again.
+    let leaving = [Leaving {
+        member_id: b.clone(),
+        instance_id: None,
+    }];
+    let mut fx = Effects::default();
+    assert_eq!(c.leave(700, "g", &leaving, &mut fx).1, vec![Ok(())]);
+    // The refused pending id was forgotten: with room again it is unknown.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(22),
+        750,
+        args(&pending, None, &["range"]),
+        &mut fx,
+    );
+    assert_eq!(
+        join_reply(&fx, 22).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+    let (_, fx) = join_new(&mut c, 40, 800, &["range"]);
+    assert!(
+        join_reply(&fx, 1040).is_none(),
+        "admitted, waits for a's rejoin"
+    );
+    assert_tally_exact(&c);
+}
+
+#[test]
+fn a_static_member_restarting_in_a_full_group_replaces_itself() {
+    let mut c = coord_max(2);
+    let mut fx = Effects::default();
+    c.join(JoinToken(1), 0, args("", Some("i1"), &["range"]), &mut fx);
+    let a = join_reply(&fx, 1).unwrap().member_id.to_string();
+    sync(&mut c, 2, 0, &a, 1, &[(&a, "A")]);
+    let mut fx = Effects::default();
+    c.join(JoinToken(3), 0, args("", Some("i2"), &["range"]), &mut fx);
+    c.join(JoinToken(4), 0, args(&a, Some("i1"), &["range"]), &mut fx);
+    let b = join_reply(&fx, 3).unwrap().member_id.to_string();
+    let fx = sync(&mut c, 5, 0, &a, 2, &[(&a, "A"), (&b, "B")]);
+    assert_eq!(sync_reply(&fx, 5).unwrap().error_code, 0);
+    // A third instance is refused.
+    let mut fx = Effects::default();
+    c.join(JoinToken(6), 100, args("", Some("i3"), &["range"]), &mut fx);
+    assert_refused(&fx, 6);
+    // i2 restarts (new member id, no rebalance) in the full group: it takes its place.
+    let mut fx = Effects::default();
+    c.join(JoinToken(7), 200, args("", Some("i2"), &["range"]), &mut fx);
+    let r = join_reply(&fx, 7).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 2));
+    let b2 = r.member_id.to_string();
+    assert_ne!(b2, b);
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.members.len()), (GroupState::Stable, 2));
+    assert_eq!(g.static_members["i2"], b2);
+    assert_eq!(fx.records.len(), 1, "the new member id is stored");
+    assert_tally_exact(&c);
+    // The old incarnation stays fenced; the group stays full.
+    assert_eq!(
+        c.heartbeat(300, "g", 2, &b, Some("i2")),
+        Err(E::FencedInstanceId)
+    );
+    let mut fx = Effects::default();
+    c.join(JoinToken(8), 300, args("", None, &["range"]), &mut fx);
+    assert_refused(&fx, 8);
+}
+
+/// KIP-389: a group loaded with more members than a (lowered) group.max.size rebalances
+/// at once; the first members back stay, a later one is refused and removed, and the
+/// next generation has group.max.size members.
+#[test]
+fn a_group_loaded_over_max_size_rebalances_down_to_it() {
+    let mut src = coord(0);
+    let mut records = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..3u64 {
+        let (id, fx) = join_new(&mut src, 10 + i, 0, &["range"]);
+        records.extend(fx.records);
+        ids.push(id);
+        let mut fx = Effects::default();
+        for (j, id) in ids.iter().enumerate() {
+            src.join(
+                JoinToken(100 * (i + 1) + j as u64),
+                0,
+                args(id, None, &["range"]),
+                &mut fx,
+            );
+        }
+        let g = src.group("g").unwrap();
+        assert_eq!(g.state, GroupState::CompletingRebalance);
+        let leader = g.leader.clone().unwrap();
+        let gen = g.generation;
+        let asg: Vec<(&str, &str)> = ids.iter().map(|m| (m.as_str(), "P")).collect();
+        records.extend(sync(&mut src, 900 + i, 0, &leader, gen, &asg).records);
+    }
+    let gen = src.group("g").unwrap().generation;
+    let mut c = coord_max(2);
+    for r in &records {
+        c.load_record(1_000, &r.key, r.value.as_deref()).unwrap();
+    }
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    let mut fx = Effects::default();
+    c.loaded(1_000, |g| g == "g", &mut fx);
+    assert!(fx.records.is_empty() && fx.replies.is_empty());
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+    for id in &ids {
+        assert_eq!(
+            c.heartbeat(1_100, "g", gen, id, None),
+            Err(E::RebalanceInProgress)
+        );
+    }
+    // Two rejoin: admitted, waiting for the third.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(1),
+        1_200,
+        args(&ids[2], None, &["range"]),
+        &mut fx,
+    );
+    c.join(
+        JoinToken(2),
+        1_200,
+        args(&ids[0], None, &["range"]),
+        &mut fx,
+    );
+    assert!(fx.replies.is_empty(), "the join phase waits for the third");
+    // A brand-new member is refused too (two have rejoined: the limit).
+    let mut fx = Effects::default();
+    c.join(JoinToken(3), 1_250, args("", None, &["range"]), &mut fx);
+    assert_refused(&fx, 3);
+    // The third is refused and removed, which ends the join phase.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(4),
+        1_300,
+        args(&ids[1], None, &["range"]),
+        &mut fx,
+    );
+    assert_refused(&fx, 4);
+    let r1 = join_reply(&fx, 1).expect("the phase ended");
+    let r2 = join_reply(&fx, 2).expect("the phase ended");
+    assert_eq!((r1.error_code, r1.generation_id), (0, gen + 1));
+    assert_eq!((r2.error_code, r2.generation_id), (0, gen + 1));
+    let g = c.group("g").unwrap();
+    assert_eq!(g.state, GroupState::CompletingRebalance);
+    let mut kept: Vec<&String> = g.members.keys().collect();
+    kept.sort();
+    let mut want = vec![&ids[0], &ids[2]];
+    want.sort();
+    assert_eq!(kept, want);
+    assert_eq!(
+        c.heartbeat(1_400, "g", gen + 1, &ids[1], None),
+        Err(E::UnknownMemberId),
+        "the evicted member is gone"
+    );
+    assert_tally_exact(&c);
+    // A group loaded within the limit is left alone.
+    let mut c = coord_max(3);
+    for r in &records {
+        c.load_record(1_000, &r.key, r.value.as_deref()).unwrap();
+    }
+    let mut fx = Effects::default();
+    c.loaded(1_000, |_| true, &mut fx);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+}
+
+/// A join whose metadata would take the group's GroupMetadata record past the batch
+/// limit is refused before the group rebalances; the estimate is never below the
+/// record the group then writes.
+#[test]
+fn a_new_member_that_would_outgrow_the_metadata_record_is_refused() {
+    let limit = 4_000;
+    let mut c = Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        metadata_batch_bytes_max: limit,
+        ..CoordinatorConfig::default()
+    });
+    let big = |member: &str| {
+        let mut a = args(member, None, &["range"]);
+        a.protocols = vec![
+            ("range".into(), Bytes::from(vec![b'x'; 900])),
+            ("roundrobin".into(), Bytes::from(vec![b'y'; 50])),
+        ];
+        a
+    };
+    let mut ids: Vec<String> = Vec::new();
+    let mut token = 1;
+    loop {
+        let estimate = c.group("g").map(|g| g.record_bytes_estimate(&big("")));
+        let mut fx = Effects::default();
+        c.join(JoinToken(token), 0, big(""), &mut fx);
+        let r = join_reply(&fx, token).unwrap();
+        if r.error_code == E::GroupMaxSizeReached.code() {
+            assert!(estimate.unwrap() > limit, "refused only past the limit");
+            break;
+        }
+        let id = r.member_id.to_string();
+        let mut fx = Effects::default();
+        c.join(JoinToken(token + 1), 0, big(&id), &mut fx);
+        for m in &ids {
+            c.join(JoinToken(token + 2), 0, big(m), &mut fx);
+        }
+        ids.push(id);
+        let g = c.group("g").unwrap();
+        let (leader, gen) = (g.leader.clone().unwrap(), g.generation);
+        let asg: Vec<(&str, &str)> = ids.iter().map(|m| (m.as_str(), "assignment")).collect();
+        let fx = sync(&mut c, token + 3, 0, &leader, gen, &asg);
+        let record = &fx.records[0];
+        let stored =
+            RECORD_BATCH_OVERHEAD_BYTES + record.key.len() + record.value.as_ref().unwrap().len();
+        if let Some(e) = estimate {
+            assert!(
+                e >= stored,
+                "estimate {e} below the record's {stored} bytes"
+            );
+        }
+        assert!(stored <= limit);
+        token += 10;
+    }
+    assert_eq!(
+        ids.len(),
+        3,
+        "three ~1 KB members fit in 4,000 bytes, four do not"
+    );
+    let g = c.group("g").unwrap();
+    assert_eq!((g.state, g.members.len()), (GroupState::Stable, 3));
+    assert!(
+        g.pending_member_count() == 0,
+        "the refused first join left no pending id"
+    );
+    // A current member's rejoin is not refused by the estimate.
+    let mut fx = Effects::default();
+    c.join(JoinToken(5_000), 10, big(&ids[1]), &mut fx);
+    assert_eq!(join_reply(&fx, 5_000).unwrap().error_code, 0);
+    // The estimate counts the largest assignment of the last generation for every
+    // member: with 1,000-byte assignments a small member no longer fits.
+    let mut c2 = coord(0);
+    let a = stable_one(&mut c2);
+    let small = args("", None, &["range"]);
+    let before = c2.group("g").unwrap().record_bytes_estimate(&small);
+    let mut fx = Effects::default();
+    c2.join(JoinToken(60), 0, args(&a, None, &["range"]), &mut fx);
+    let big_assignment = "z".repeat(1_000);
+    sync(&mut c2, 61, 0, &a, 2, &[(&a, &big_assignment)]);
+    let after = c2.group("g").unwrap().record_bytes_estimate(&small);
+    assert_eq!(
+        after - before,
+        2 * (1_000 - 1),
+        "two members, 999 more bytes each"
+    );
+    assert_tally_exact(&c);
+}

@@ -246,6 +246,7 @@ fn static_configs(
         ("group.initial.rebalance.delay.ms", s(&c.group_initial_rebalance_delay_ms), Some("group_initial_rebalance_delay_ms"), "How long a new group waits for more members before its first generation."),
         ("group.min.session.timeout.ms", s(&c.group_min_session_timeout_ms), Some("group_min_session_timeout_ms"), "The smallest session timeout a group member may ask for."),
         ("group.max.session.timeout.ms", s(&c.group_max_session_timeout_ms), Some("group_max_session_timeout_ms"), "The largest session timeout a group member may ask for."),
+        ("group.max.size", s(&c.group_max_size), Some("group_max_size"), "The most members a consumer group admits (--group-max-size); a new member of a full group gets GROUP_MAX_SIZE_REACHED."),
         ("offsets.retention.minutes", s(&c.offsets_retention_minutes), Some("offsets_retention_minutes"), "How long an empty group's committed offsets are kept."),
         ("transaction.max.timeout.ms", s(&c.transaction_max_timeout_ms), Some("transaction_max_timeout_ms"), "The longest transaction timeout a producer may ask for."),
         ("log.retention.check.interval.ms", s(&c.log_retention_check_interval_ms), Some("log_retention_check_interval_ms"), "How often retention and compaction run."),

@@ -229,6 +229,9 @@ settings! {
     group_min_session_timeout_ms: i32 = 6_000;
     /// Largest session timeout a member may ask for (group.max.session.timeout.ms).
     group_max_session_timeout_ms: i32 = 1_800_000;
+    /// The most members a consumer group admits (Kafka's group.max.size): a new member
+    /// of a full group gets GROUP_MAX_SIZE_REACHED (at least 1).
+    group_max_size: i32 = i32::MAX;
     /// Committed offsets of an empty group expire after this long (Kafka's
     /// offsets.retention.minutes, 7 days).
     offsets_retention_minutes: i64 = 7 * 24 * 60;
@@ -385,6 +388,8 @@ pub struct BrokerConfig {
     pub group_min_session_timeout_ms: i32,
     /// group.max.session.timeout.ms
     pub group_max_session_timeout_ms: i32,
+    /// group.max.size
+    pub group_max_size: i32,
     /// offsets.retention.minutes
     pub offsets_retention_minutes: i64,
     /// transaction.max.timeout.ms
@@ -568,6 +573,7 @@ impl BrokerConfig {
             group_initial_rebalance_delay_ms: s.group_initial_rebalance_delay_ms,
             group_min_session_timeout_ms: s.group_min_session_timeout_ms,
             group_max_session_timeout_ms: s.group_max_session_timeout_ms,
+            group_max_size: s.group_max_size,
             offsets_retention_minutes: s.offsets_retention_minutes,
             transaction_max_timeout_ms: s.transaction_max_timeout_ms,
             lag_sample_interval_ms: s.lag_sample_interval_ms,
@@ -827,6 +833,13 @@ fn check_group_settings(s: &Resolved) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if s.group_max_size < 1 {
+        return Err(bad_value(
+            "--group-max-size",
+            s.group_max_size,
+            "must be at least 1",
+        ));
+    }
     if !(1..=i64::from(i32::MAX)).contains(&s.offsets_retention_minutes) {
         return Err(bad_value(
             "--offsets-retention-minutes",
@@ -941,6 +954,7 @@ mod tests {
             "--group-initial-rebalance-delay-ms=1",
             "--group-min-session-timeout-ms=2",
             "--group-max-session-timeout-ms=3",
+            "--group-max-size=11",
             "--offsets-retention-minutes=4",
             "--transaction-max-timeout-ms=7",
             "--lag-sample-interval-ms=100",
@@ -977,6 +991,7 @@ mod tests {
         assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);
         assert_eq!((c.reactor_wake_ms, c.shared_sync_min), (20, 0));
         assert_eq!(c.transaction_max_timeout_ms, 7);
+        assert_eq!(c.group_max_size, 11);
         assert_eq!(
             c.disk_min_free,
             DiskMinimum {
@@ -1065,6 +1080,7 @@ mod tests {
         assert_eq!(c.group_min_session_timeout_ms, 6_000);
         assert_eq!(c.group_max_session_timeout_ms, 1_800_000);
         assert_eq!(c.offsets_retention_minutes, 10_080);
+        assert_eq!(c.group_max_size, i32::MAX);
         assert_eq!(c.log_retention_check_interval_ms, 60_000);
         assert_eq!(c.socket_request_max_bytes, 104_857_600);
         assert_eq!(c.broker_session_timeout_ms, 9_000);
@@ -1075,14 +1091,23 @@ mod tests {
              group_min_session_timeout_ms = 1000\n\
              group_max_session_timeout_ms = 20000\n\
              offsets_retention_minutes = 60\n\
+             group_max_size = 10\n\
              log_retention_check_interval_ms = 500",
         );
-        let flags = flags(&["--group-max-session-timeout-ms", "30000"]);
+        let e = BrokerConfig::resolve(flags(&["--group-max-size", "0"]), 1).unwrap_err();
+        assert!(e.to_string().contains("--group-max-size 0"), "{e}");
+        let flags = flags(&[
+            "--group-max-session-timeout-ms",
+            "30000",
+            "--group-max-size",
+            "2",
+        ]);
         let c = BrokerConfig::resolve(flags.or(file), 1).unwrap();
         assert_eq!(c.group_initial_rebalance_delay_ms, 0);
         assert_eq!(c.group_min_session_timeout_ms, 1_000);
         assert_eq!(c.group_max_session_timeout_ms, 30_000);
         assert_eq!(c.offsets_retention_minutes, 60);
+        assert_eq!(c.group_max_size, 2, "the flag wins over the file");
         assert_eq!(c.log_retention_check_interval_ms, 500);
     }
 

@@ -94,6 +94,9 @@ pub fn coordinator_config(c: &crate::config::BrokerConfig) -> CoordinatorConfig 
         session_timeout_max_ms: c.group_max_session_timeout_ms,
         initial_rebalance_delay_ms: c.group_initial_rebalance_delay_ms,
         offsets_retention_ms: c.offsets_retention_minutes * 60_000,
+        // Checked positive by the config (Kafka: at least 1).
+        group_max_size: usize::try_from(c.group_max_size).unwrap_or(1),
+        metadata_batch_bytes_max: crate::broker::INTERNAL_BATCH_BYTES_MAX,
         ..CoordinatorConfig::default()
     }
 }
@@ -522,6 +525,12 @@ impl GroupShell {
             records = loaded,
             "loaded {OFFSETS_TOPIC} partition"
         );
+        // Groups loaded over group.max.size rebalance now (Kafka's onGroupLoaded).
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .loaded(now_ms(), in_partition, &mut fx);
+        self.run_effects(broker, fx).await;
         let fresh = self.loaded.borrow_mut().insert(partition);
         // Loads run one at a time under the load lock, each after checking the
         // partition is not loaded; only a load inserts.

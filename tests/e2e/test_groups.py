@@ -328,6 +328,17 @@ def big_metadata_member(addr, group, topic, userdata, stop, events):
         c.close()
 
 
+def start_members(addr, group, topic, userdata, stop, events, n=4):
+    """Starts `n` big_metadata_member threads named m0, m1, ...; returns them."""
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=big_metadata_member, name=f"m{i}",
+                             args=(addr, group, topic, userdata, stop, events), daemon=True)
+        t.start()
+        threads.append(t)
+    return threads
+
+
 def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker, tmp_path):
     """A group whose GroupMetadata record is larger than max.message.bytes (1 MiB, as a
     10,000-member group's is; here 4 members with 320 KB of subscription userdata each)
@@ -338,12 +349,8 @@ def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker,
     b = make_broker(data_dir=data, extra=extra)
     topic, group = "gbig", f"grp-big-{uuid.uuid4().hex[:6]}"
     create_topic(b.addr, topic, 4)
-    stop, events, threads = threading.Event(), [], []
-    for i in range(4):
-        t = threading.Thread(target=big_metadata_member, name=f"m{i}",
-                             args=(b.addr, group, topic, 320_000, stop, events), daemon=True)
-        t.start()
-        threads.append(t)
+    stop, events = threading.Event(), []
+    threads = start_members(b.addr, group, topic, 320_000, stop, events)
     try:
         def owners():
             last = {}
@@ -387,12 +394,8 @@ def test_group_metadata_over_the_internal_limit_fails_syncs_and_stores_nothing(m
     b = make_broker(data_dir=data, extra=["--group-initial-rebalance-delay-ms", "1000"])
     topic, group = "ghuge", f"grp-huge-{uuid.uuid4().hex[:6]}"
     create_topic(b.addr, topic, 4)
-    stop, events, threads = threading.Event(), [], []
-    for i in range(4):
-        t = threading.Thread(target=big_metadata_member, name=f"m{i}",
-                             args=(b.addr, group, topic, 9_000_000, stop, events), daemon=True)
-        t.start()
-        threads.append(t)
+    stop, events = threading.Event(), []
+    threads = start_members(b.addr, group, topic, 9_000_000, stop, events)
     try:
         wait_until(lambda: {who for kind, who, _ in list(events) if kind == "error"} ==
                    {"m0", "m1", "m2", "m3"}, timeout=60, what="every member told of the error")

@@ -288,20 +288,28 @@ def test_group_membership_survives_a_broker_restart(make_broker, tmp_path):
     m.close()
 
 
-def big_metadata_member(addr, group, topic, userdata, stop, events):
+def big_metadata_member(addr, group, topic, userdata, stop, events, assignment_userdata=0):
     """A kafka-python consumer in its own thread whose subscription carries `userdata`
-    bytes of userdata; it polls until `stop` is set, then closes. `events` collects
-    ("assigned", member, partitions), ("records", member, n) and ("error", member,
-    Kafka error code) for errors poll raises."""
+    bytes of userdata (and, when it leads, whose assignment gives every member
+    `assignment_userdata` bytes of it); it polls until `stop` is set, then closes.
+    `events` collects ("assigned", member, partitions), ("records", member, n) and
+    ("error", member, Kafka error code) for errors poll raises."""
     from kafka import KafkaConsumer, ConsumerRebalanceListener
     from kafka.errors import KafkaError
-    from kafka.coordinator.assignors.abstract import ConsumerProtocolSubscription
+    from kafka.coordinator.assignors.abstract import (ConsumerProtocolAssignment,
+                                                      ConsumerProtocolSubscription)
     from kafka.coordinator.assignors.range import RangePartitionAssignor
 
     class BigRange(RangePartitionAssignor):
         @classmethod
         def metadata(cls, topics):
             return ConsumerProtocolSubscription(cls.version, list(topics), b"u" * userdata)
+
+        @classmethod
+        def assign(cls, cluster, members):
+            given = super().assign(cluster, members)
+            return {m: ConsumerProtocolAssignment(a.version, a.assignment, b"a" * assignment_userdata)
+                    for m, a in given.items()}
 
     c = KafkaConsumer(bootstrap_servers=addr, group_id=group, auto_offset_reset="earliest",
                       enable_auto_commit=False, session_timeout_ms=SESSION_MS,
@@ -328,12 +336,13 @@ def big_metadata_member(addr, group, topic, userdata, stop, events):
         c.close()
 
 
-def start_members(addr, group, topic, userdata, stop, events, n=4):
+def start_members(addr, group, topic, userdata, stop, events, n=4, assignment_userdata=0):
     """Starts `n` big_metadata_member threads named m0, m1, ...; returns them."""
     threads = []
     for i in range(n):
         t = threading.Thread(target=big_metadata_member, name=f"m{i}",
-                             args=(addr, group, topic, userdata, stop, events), daemon=True)
+                             args=(addr, group, topic, userdata, stop, events, assignment_userdata),
+                             daemon=True)
         t.start()
         threads.append(t)
     return threads
@@ -386,16 +395,19 @@ def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker,
 
 @pytest.mark.broker_log_errors(r"cannot store group metadata in __consumer_offsets")
 def test_group_metadata_over_the_internal_limit_fails_syncs_and_stores_nothing(make_broker, tmp_path):
-    """A GroupMetadata record over the broker's internal batch limit (32 MiB; here 4
-    members with 9 MB of userdata each) cannot be stored: as Kafka, the members' SyncGroup
-    answers UNKNOWN_SERVER_ERROR (-1) instead of an assignment, no member is told of a
-    generation a restart would lose, and the offsets partition stays readable."""
+    """A GroupMetadata record over the broker's internal batch limit (32 MiB; here the
+    leader gives each of 4 members 9 MB of assignment userdata, which no JoinGroup can
+    foresee) cannot be stored: as Kafka, the members' SyncGroup answers
+    UNKNOWN_SERVER_ERROR (-1) instead of an assignment, no member is told of a
+    generation a restart would lose, and the offsets partition stays readable. (Members
+    whose own subscriptions are that large are refused at JoinGroup instead: see
+    test_members_whose_metadata_would_outgrow_the_record_are_refused_at_join.)"""
     data = tmp_path / "data"
     b = make_broker(data_dir=data, extra=["--group-initial-rebalance-delay-ms", "1000"])
     topic, group = "ghuge", f"grp-huge-{uuid.uuid4().hex[:6]}"
     create_topic(b.addr, topic, 4)
     stop, events = threading.Event(), []
-    threads = start_members(b.addr, group, topic, 9_000_000, stop, events)
+    threads = start_members(b.addr, group, topic, 0, stop, events, assignment_userdata=9_000_000)
     try:
         wait_until(lambda: {who for kind, who, _ in list(events) if kind == "error"} ==
                    {"m0", "m1", "m2", "m3"}, timeout=60, what="every member told of the error")
@@ -417,6 +429,100 @@ def test_group_metadata_over_the_internal_limit_fails_syncs_and_stores_nothing(m
     produce(b.addr, topic, 20)
     poll_until([m], lambda: len(m.records) >= 20, what="a normal member of the same group")
     m.close()
+
+
+def test_members_whose_metadata_would_outgrow_the_record_are_refused_at_join(make_broker):
+    """The early refusal: 4 kafka-python members with 9 MB of subscription userdata each
+    would make a GroupMetadata record over the 32 MiB batch limit. The coordinator
+    estimates the record before admitting a member, so the member that would pass the
+    limit gets GROUP_MAX_SIZE_REACHED (81) at JoinGroup, while the other three form a
+    generation, are stored and own every partition (instead of the whole group failing
+    at SyncGroup and rebalancing for ever)."""
+    b = make_broker(extra=["--group-initial-rebalance-delay-ms", "1000"])
+    topic, group = "gearly", f"grp-early-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 4)
+    stop, events = threading.Event(), []
+    threads = start_members(b.addr, group, topic, 9_000_000, stop, events)
+
+    def owners():
+        last = {}
+        for kind, who, parts in list(events):
+            if kind == "assigned":
+                last[who] = parts
+        return last
+
+    def settled():
+        refused = {who for kind, who, _ in list(events) if kind == "error"}
+        state, ids = describe(b.addr, group)
+        own = {who: ps for who, ps in owners().items() if ps}
+        ok = (len(refused) == 1 and state == "STABLE" and len(ids) == 3 and len(own) == 3
+              and sorted(p for ps in own.values() for p in ps) == [0, 1, 2, 3])
+        return ok and (refused, set(own))
+
+    try:
+        refused, owning = wait_until(settled, timeout=60,
+                                     what="3 members own the partitions, 1 refused")
+        assert not refused & owning, (refused, owning)
+        produce(b.addr, topic, 40)
+        wait_until(lambda: sum(n for kind, _, n in list(events) if kind == "records") >= 40,
+                   timeout=40, what="40 records consumed by the three")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    errors = {code for kind, _, code in events if kind == "error"}
+    assert errors == {81}, errors
+    assert {who for kind, who, _ in events if kind == "error"} == refused
+
+
+def test_group_max_size_refuses_the_third_consumer_and_keeps_the_first_two(make_broker):
+    """group.max.size (--group-max-size 2, Kafka's semantics): a third confluent-kafka
+    consumer of a full group gets GROUP_MAX_SIZE_REACHED from consume(), and the first
+    two keep their partitions with no rebalance. DescribeConfigs shows the setting."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import ConfigResource
+    b = make_broker(extra=["--group-max-size", "2", "--group-initial-rebalance-delay-ms", "0"])
+    admin = AdminClient({"bootstrap.servers": b.addr})
+    res = ConfigResource(ConfigResource.Type.BROKER, "1")
+    conf = admin.describe_configs([res])[res].result(timeout=20)
+    assert conf["group.max.size"].value == "2"
+    topic, group = "gmax", f"grp-max-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 4)
+    first = [Member(b.addr, group, topic) for _ in range(2)]
+    poll_until(first, lambda: balanced(first, 4), what="2 members own 4 partitions")
+    owned = [m.assignment() for m in first]
+    events = [(len(m.revoked), len(m.assigned_events)) for m in first]
+    third = Consumer({"bootstrap.servers": b.addr, "group.id": group,
+                      "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500,
+                      "auto.offset.reset": "earliest"})
+    third.subscribe([topic])
+    try:
+        def refused():
+            for m in first:
+                m.poll(0.05)
+            for msg in third.consume(num_messages=10, timeout=0.1):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError.GROUP_MAX_SIZE_REACHED:
+                    return (err,)
+                if err is not None:
+                    check_consumer_error(err)
+            return None
+
+        (err,) = poll_until([], refused, what="the third consumer told GROUP_MAX_SIZE_REACHED")
+        assert err.code() == 81, err
+        assert third.assignment() == []
+        # The first two were not disturbed: same partitions, no rebalance, and they
+        # still consume; the group has exactly them.
+        produce(b.addr, topic, 100)
+        poll_until(first, lambda: sum(len(m.records) for m in first) >= 100, what="100 records")
+        assert [m.assignment() for m in first] == owned
+        assert [(len(m.revoked), len(m.assigned_events)) for m in first] == events
+        state, ids = describe(b.addr, group)
+        assert state == "STABLE" and len(ids) == 2, (state, ids)
+    finally:
+        third.close()
+        for m in first:
+            m.close()
 
 
 def test_cooperative_sticky_rebalances_incrementally(broker):

@@ -67,8 +67,6 @@ struct Offline {
 /// Reopen attempts of an offline partition: after this, doubling up to the maximum.
 const OFFLINE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const OFFLINE_RETRY_MAX: Duration = Duration::from_secs(30);
-/// Logs a shard closes at once at shutdown (`Broker::close_all`).
-const CLOSE_LANES: usize = 32;
 
 fn offline_error(key: TopicPartitionRef<'_>, cause: &str) -> ApiError {
     ApiError::with(
@@ -1300,25 +1298,24 @@ impl Broker {
         self.closing.set(true);
         self.replicas.borrow_mut().clear();
         let logs: Vec<Rc<PartitionLog>> = self.logs.borrow_mut().drain().map(|(_, l)| l).collect();
-        // Closes overlap: each one waits mostly on its fdatasyncs, and one after the
-        // other 10,000 logs took 30-40 s to close here. A bounded number of lanes,
-        // each closing its share in turn, keeps the ring's queue and the memory of
-        // the seals in flight small.
-        let mut lanes: Vec<Vec<Rc<PartitionLog>>> = (0..CLOSE_LANES).map(|_| Vec::new()).collect();
-        for (i, log) in logs.into_iter().enumerate() {
-            lanes[i % CLOSE_LANES].push(log);
+        let count = logs.len();
+        let started = Instant::now();
+        // In rounds with one file-system sync each, not several syncs per log: 10,000
+        // logs closed one by one (or 32 at once) took 20-70 s here.
+        let report = self.storage.close_logs(logs).await;
+        for (log, error) in &report.failed {
+            tracing::error!(log = %log, error = %error, "closing log failed");
         }
-        let closing = lanes
-            .into_iter()
-            .map(|lane| async move {
-                for log in lane {
-                    if let Err(e) = log.close().await {
-                        tracing::error!(log = %log.name(), error = %e, "closing log failed");
-                    }
-                }
-            })
-            .collect();
-        join_all(closing).await;
+        tracing::info!(
+            shard = self.shard.0,
+            logs = count,
+            marked_clean = report.marked_clean,
+            unchanged = report.unchanged,
+            failed = report.failed.len(),
+            fs_syncs = report.fs_syncs,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "logs closed"
+        );
     }
 
     /// Reads a partition of this shard from its log start to its end, handing each

@@ -44,6 +44,7 @@ pub mod probe;
 pub mod producer;
 pub mod segment;
 pub mod simdisk;
+mod small_files;
 pub mod stats;
 
 use std::path::Path;
@@ -51,7 +52,7 @@ use std::path::Path;
 pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
 pub use index::AbortedTxn;
-pub use log::{AppendInfo, Checked, Judged, PartitionLog, ReadResult, Storage};
+pub use log::{AppendInfo, Checked, CloseReport, Judged, PartitionLog, ReadResult, Storage};
 pub use producer::TxnError;
 
 /// Errors of the storage layer. Mapped to Kafka error codes at the API edge.

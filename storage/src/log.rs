@@ -49,6 +49,7 @@ use crate::producer::{
     PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT,
 };
 use crate::segment::{self, RecoveryReport, Segment};
+use crate::small_files::{self, FileWrite};
 use crate::{Clock, DescriptorPool, Error, FlushPolicy, LogConfig, StorageLimits, TimestampType};
 
 const META_FILE: &str = "partition.meta";
@@ -315,6 +316,10 @@ pub struct Storage {
     /// Times a log's active files were opened on demand (its first append after an
     /// open, or after the budget closed them).
     reactivations: Cell<u64>,
+    /// Logs opened from their clean close's record (`partition.clean`, no segment read)
+    /// and logs opened through recovery, since start.
+    opened_clean: Cell<u64>,
+    opened_recovered: Cell<u64>,
     /// `producer.id.expiration.check.interval.ms` and when the last check ran.
     expiry_check_interval_ms: Cell<u64>,
     last_expiry_check_ms: Cell<i64>,
@@ -357,6 +362,8 @@ impl Storage {
             pool: RefCell::new(None),
             borrowed: Cell::new(0),
             reactivations: Cell::new(0),
+            opened_clean: Cell::new(0),
+            opened_recovered: Cell::new(0),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
             clock,
@@ -493,6 +500,13 @@ impl Storage {
         self.reactivations.get()
     }
 
+    /// Logs opened since start from their clean close's record (no segment read, no
+    /// recovery), and logs opened through recovery (no valid record: a crash, a failed
+    /// close, or a new partition).
+    pub fn logs_opened(&self) -> (u64, u64) {
+        (self.opened_clean.get(), self.opened_recovered.get())
+    }
+
     /// Bytes the shard's segment files hold preallocated but not yet written (bounded
     /// by [`StorageLimits::preallocated_bytes_max`]).
     pub fn preallocated_unwritten_bytes(&self) -> u64 {
@@ -526,6 +540,12 @@ impl Storage {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut report = RecoveryReport::default();
         let found = recover_dir(&dir, self, &config, &mut report).await?;
+        let opened = if found.clean {
+            &self.opened_clean
+        } else {
+            &self.opened_recovered
+        };
+        opened.set(opened.get() + 1);
         let log_start = found.log_start;
         let segments = found.segments;
         let clean_offset = read_meta_key(&dir, "clean_offset")?
@@ -746,6 +766,168 @@ impl Storage {
         .detach();
         Ok(())
     }
+}
+
+/// Logs one round of a clean stop closes together ([`Storage::close_logs`]): each round
+/// ends with one file-system sync, so fewer, larger rounds sync less; the bound keeps
+/// the files a round holds in memory (indexes, snapshots) small.
+const CLOSE_ROUND_LOGS: usize = 1024;
+
+/// Logs of a round that run their first step ([`PartitionLog::close_begin`]) at once:
+/// each may wait on a sync of its `.log` (data not yet durable) and on its trim.
+const CLOSE_LANES: usize = 32;
+
+/// What a log's clean close still writes after [`PartitionLog::close_begin`].
+struct RoundClose {
+    /// Indexes, `.txnindex` and the producer snapshot.
+    writes: Vec<FileWrite>,
+    /// The snapshot's offset, if one is among `writes`.
+    snapshot: Option<i64>,
+    /// `partition.clean`, written only once the `writes` are durable.
+    marker: FileWrite,
+}
+
+/// What [`Storage::close_logs`] did.
+#[derive(Debug, Default)]
+pub struct CloseReport {
+    /// Logs now marked clean (`partition.clean` written and synced).
+    pub marked_clean: usize,
+    /// Logs that needed nothing: unchanged since a clean open, or closed already.
+    pub unchanged: usize,
+    /// Logs whose close failed, with the error: they are recovered when next opened.
+    pub failed: Vec<(String, Error)>,
+    /// File-system syncs made (one per round, and one for the last round's records).
+    pub fs_syncs: u32,
+}
+
+impl Storage {
+    /// Closes `logs` for a clean stop (every log of the shard) with one file-system
+    /// sync per round of [`CLOSE_ROUND_LOGS`] logs instead of syncs per file: each log's
+    /// `.log` is made durable and trimmed, the round's indexes and producer snapshots
+    /// are written without syncs ([`crate::small_files`]), one `syncfs` makes them
+    /// durable, and only then are the round's `partition.clean` records written; the
+    /// next round's sync (or a last one) makes those durable. So a record on disk only
+    /// ever describes durable files, as with [`PartitionLog::close`], which closes one
+    /// log with a sync per file (a lone close should not write back the whole file
+    /// system). A log whose close fails is failed and left without a record: its next
+    /// open recovers it.
+    pub async fn close_logs(&self, logs: Vec<Rc<PartitionLog>>) -> CloseReport {
+        let mut report = CloseReport::default();
+        let mut unsynced_records = false;
+        let mut logs = logs.into_iter().peekable();
+        while logs.peek().is_some() {
+            let round: Vec<Rc<PartitionLog>> = logs.by_ref().take(CLOSE_ROUND_LOGS).collect();
+            let begun = begin_round(round).await;
+            let mut pending = Vec::with_capacity(begun.len());
+            for (log, res) in begun {
+                match res {
+                    Ok(Some(close)) => pending.push((log, close)),
+                    Ok(None) => report.unchanged += 1,
+                    Err(e) => report.failed.push((log.name.clone(), e)),
+                }
+            }
+            if pending.is_empty() {
+                continue;
+            }
+            let groups = pending
+                .iter_mut()
+                .map(|(_, c)| std::mem::take(&mut c.writes))
+                .collect();
+            let written = small_files::write_unsynced(groups).await;
+            let mut durable = Vec::with_capacity(pending.len());
+            for ((log, close), res) in pending.into_iter().zip(written) {
+                match res {
+                    Ok(()) => durable.push((log, close)),
+                    Err(e) => close_failed(&mut report, &log, e),
+                }
+            }
+            // The barrier: the records below describe only files this sync made durable
+            // (and it makes the previous round's records durable too).
+            report.fs_syncs += 1;
+            if let Err(e) = small_files::sync_file_system(&self.dir).await {
+                let cause = e.to_string();
+                for (log, _) in durable {
+                    let e = Error::io(&self.dir, std::io::Error::other(cause.clone()));
+                    close_failed(&mut report, &log, e);
+                }
+                continue;
+            }
+            unsynced_records = false;
+            let (closed, markers): (Vec<_>, Vec<_>) = durable
+                .into_iter()
+                .map(|(log, c)| ((log, c.snapshot), vec![c.marker]))
+                .unzip();
+            let written = small_files::write_unsynced(markers).await;
+            for ((log, snapshot), res) in closed.into_iter().zip(written) {
+                if let Some(end) = snapshot {
+                    log.snapshots.borrow_mut().insert(end);
+                }
+                match res {
+                    Ok(()) => {
+                        log.clean_marker.set(true);
+                        self.cache.borrow_mut().invalidate(log.id);
+                        report.marked_clean += 1;
+                        unsynced_records = true;
+                    }
+                    Err(e) => close_failed(&mut report, &log, e),
+                }
+            }
+        }
+        if unsynced_records {
+            report.fs_syncs += 1;
+            if let Err(e) = small_files::sync_file_system(&self.dir).await {
+                // The records' state is unknown: each describes durable files, so one
+                // that reached the disk is right and one that did not means recovery.
+                tracing::error!(error = %e, "syncing the last clean-close records failed");
+                report.failed.push((self.dir.display().to_string(), e));
+            }
+        }
+        report
+    }
+}
+
+/// A log and the outcome of its [`PartitionLog::close_begin`].
+type Begun = (Rc<PartitionLog>, Result<Option<RoundClose>, Error>);
+
+/// The first step of a round's closes, [`CLOSE_LANES`] at a time; results in order.
+async fn begin_round(round: Vec<Rc<PartitionLog>>) -> Vec<Begun> {
+    let n = round.len();
+    let mut lanes: Vec<Vec<(usize, Rc<PartitionLog>)>> =
+        (0..CLOSE_LANES).map(|_| Vec::new()).collect();
+    for (i, log) in round.into_iter().enumerate() {
+        lanes[i % CLOSE_LANES].push((i, log));
+    }
+    let tasks: Vec<_> = lanes
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .map(|lane| {
+            glommio::spawn_local(async move {
+                let mut out = Vec::with_capacity(lane.len());
+                for (i, log) in lane {
+                    let res = log.close_begin().await;
+                    out.push((i, log, res));
+                }
+                out
+            })
+        })
+        .collect();
+    let mut done: Vec<Option<Begun>> = (0..n).map(|_| None).collect();
+    for t in tasks {
+        for (i, log, res) in t.await {
+            done[i] = Some((log, res));
+        }
+    }
+    done.into_iter()
+        .map(|d| d.expect("every log of the round ran"))
+        .collect()
+}
+
+/// A log whose clean close failed after its first step: failed (so nothing else uses
+/// it), and left without a record.
+fn close_failed(report: &mut CloseReport, log: &Rc<PartitionLog>, e: Error) {
+    log.note_failure(&e);
+    log.storage.cache.borrow_mut().invalidate(log.id);
+    report.failed.push((log.name.clone(), e));
 }
 
 struct LogState {
@@ -1074,11 +1256,14 @@ impl PartitionLog {
 
     /// Closes the active segment's file (its `.log`, the one descriptor an active log
     /// holds) of this idle log (the shard's descriptor budget,
-    /// [`StorageLimits::active_logs_max`]): it is sealed as a roll seals it (written,
-    /// synced, preallocation trimmed) and the in-memory indexes are written whole, so on
+    /// [`StorageLimits::active_logs_max`]) with only the file work that is needed (see
+    /// [`release_file`]): its bytes made durable if they are not yet, its page padding
+    /// and preallocated space trimmed without a sync of its own, and its in-memory
+    /// indexes written whole only if they hold entries (those bound the recovery after
+    /// a crash; empty ones bound nothing and stay for the next seal to write). So on
     /// disk the segment is a closed one until the next append, roll or truncation
-    /// reopens it.
-    /// Reads are served from read handles meanwhile. False if they were not open.
+    /// reopens it. Reads are served from read handles meanwhile. False if they were not
+    /// open.
     pub async fn deactivate(&self) -> Result<bool, Error> {
         self.guarded(self.deactivate_unguarded()).await
     }
@@ -1100,7 +1285,8 @@ impl PartitionLog {
             return Ok(false);
         };
         // Appends wait for the lock: everything pushed so far is in `log`.
-        self.seal_active(Some(log)).await?;
+        release_file(&log).await?;
+        self.write_dirty_indexes(false).await?;
         self.state.borrow_mut().active_mut().detach();
         tracing::debug!(log = %self.name, "closed an idle log's files");
         Ok(true)
@@ -1115,6 +1301,14 @@ impl PartitionLog {
         if let Some(f) = log {
             f.seal().await?;
         }
+        self.write_dirty_indexes(true).await
+    }
+
+    /// Writes the active segment's offset and time indexes (unless `empty_too` is false
+    /// and they hold no entry) and its `.txnindex`, each only if it changed since last
+    /// written, durably. The `.log` must be synced: only entries into synced bytes may
+    /// reach the index files. Under the log's lock.
+    async fn write_dirty_indexes(&self, empty_too: bool) -> Result<(), Error> {
         let (indexes, txn_file) = {
             let st = self.state.borrow();
             let seg = st.active();
@@ -1123,7 +1317,7 @@ impl PartitionLog {
                 seg.txn_dirty.then(|| seg.txn_index_file()),
             )
         };
-        if let Some(i) = indexes {
+        if let Some(i) = indexes.filter(|i| empty_too || !i.is_empty()) {
             i.write().await?;
             self.state.borrow_mut().active_mut().indexes_dirty = false;
         }
@@ -1243,6 +1437,15 @@ impl PartitionLog {
 
     /// The last step of a clean close: records every segment in `partition.clean`.
     async fn write_clean_marker(&self) -> Result<(), Error> {
+        let text = self.clean_marker_text();
+        file::write_atomic(&self.dir.join(CLEAN_FILE), text.as_bytes()).await?;
+        self.clean_marker.set(true);
+        Ok(())
+    }
+
+    /// What `partition.clean` records: every segment's base, end, size and largest
+    /// timestamp.
+    fn clean_marker_text(&self) -> String {
         let mut text = format!("{CLEAN_HEADER}\n");
         for s in &self.state.borrow().segments {
             text.push_str(&format!(
@@ -1250,9 +1453,7 @@ impl PartitionLog {
                 s.base_offset, s.next_offset, s.size, s.max_timestamp
             ));
         }
-        file::write_atomic(&self.dir.join(CLEAN_FILE), text.as_bytes()).await?;
-        self.clean_marker.set(true);
-        Ok(())
+        text
     }
 
     async fn lock(&self) -> BusyGuard<'_> {
@@ -2866,6 +3067,73 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// A clean stop's first step for this log ([`Storage::close_logs`]): under the lock,
+    /// marks it closed (nothing changes its files after this), makes its `.log` durable
+    /// and trims it ([`release_file`]), and returns the files the close still writes,
+    /// as [`Self::close`] would but without syncing them: the indexes and `.txnindex`
+    /// changed since last written, the producer snapshot at the log end, and last
+    /// `partition.clean`. `None`: nothing to write (closed already, or unchanged since a
+    /// clean open). A failed log is only marked closed, as by [`Self::close`].
+    async fn close_begin(&self) -> Result<Option<RoundClose>, Error> {
+        if self.closed.get() {
+            return Ok(None);
+        }
+        if let Some(cause) = self.failure() {
+            self.closed.set(true);
+            self.storage.cache.borrow_mut().invalidate(self.id);
+            return Err(Error::Failed(cause));
+        }
+        self.guarded(self.close_begin_unguarded()).await
+    }
+
+    async fn close_begin_unguarded(&self) -> Result<Option<RoundClose>, Error> {
+        let _guard = self.lock().await;
+        if self.closed.replace(true) {
+            return Ok(None);
+        }
+        self.storage.forget_active(self.id);
+        if self.clean_marker.get() {
+            // Nothing changed since a clean open: the files are as recorded.
+            self.storage.cache.borrow_mut().invalidate(self.id);
+            return Ok(None);
+        }
+        let file = {
+            let st = self.state.borrow();
+            st.active().active.as_ref().map(|a| a.log.clone())
+        };
+        if let Some(f) = &file {
+            release_file(f).await?;
+        }
+        let mut writes = Vec::new();
+        let end = {
+            let st = self.state.borrow();
+            let seg = st.active();
+            if seg.indexes_dirty {
+                writes.extend(seg.index_files().into_writes());
+            }
+            if seg.txn_dirty {
+                writes.push(seg.txn_index_file().into_write());
+            }
+            st.log_end()
+        };
+        let snapshot = (!self.snapshots.borrow().contains(&end)).then_some(end);
+        if let Some(end) = snapshot {
+            let bytes = self.producers.borrow().encode_snapshot(end);
+            writes.push(FileWrite::write(
+                self.dir.join(snapshot_file_name(end)),
+                bytes,
+            ));
+        }
+        Ok(Some(RoundClose {
+            writes,
+            snapshot,
+            marker: FileWrite::write(
+                self.dir.join(CLEAN_FILE),
+                self.clean_marker_text().into_bytes(),
+            ),
+        }))
+    }
+
     /// Kafka's first unstable offset: the lowest first offset of the transactions still
     /// open (no marker yet); `None` when none is. The broker's last stable offset is
     /// `min(this, high watermark)`; `read_committed` fetches stop there.
@@ -2948,6 +3216,24 @@ fn index_completed(seg: &mut Segment, done: &CompletedTxn) {
         });
         seg.txn_dirty = true;
     }
+}
+
+/// Makes an active segment's `.log` ready to close without the syncs a seal makes: its
+/// bytes durable (a sync only if some are not yet; under `flush=always` every
+/// acknowledged one already is), then the page padding and preallocated space after its
+/// logical end trimmed without a sync of its own. The trim needs none: a crash before
+/// the file's next sync (or the file system's next commit) leaves zeros after the last
+/// batch, which recovery cuts (R2), and a clean stop's round syncs the file system
+/// before it writes `partition.clean`. (A roll still seals durably: the next segment
+/// must not exist on disk before the old one is whole.)
+async fn release_file(f: &Rc<file::AppendFile>) -> Result<(), Error> {
+    f.sync_all().await?;
+    let len = f.len();
+    fault::check_io(f.path(), FaultOp::Write)?;
+    f.dma_file()
+        .truncate(len)
+        .await
+        .map_err(|e| Error::io(f.path(), e))
 }
 
 fn concat(chunks: Vec<Bytes>) -> Bytes {

@@ -18,7 +18,7 @@
 //! | R3 | torn batch: its length runs past end of file | length > bytes left | truncate at the batch start |
 //! | R4 | corrupt batch: bad CRC, magic or record count | [`batch::validate`] | truncate at the batch start; nothing after it is served |
 //! | R5 | batch offsets going backwards, below the segment base or beyond u32 range | offset check | truncate at that batch |
-//! | R6 | `.index` missing | no file | rebuild by scanning the whole segment |
+//! | R6 | `.index` missing | no file | rebuild by scanning the whole segment (and write it, unless it has no entry: an absent index is an empty one, which is how a clean stop leaves a segment smaller than `index.interval.bytes`) |
 //! | R7 | index entries past the validated end, or not at a batch of the right offset | check of the last entry, repeated | drop them; scan from the last good entry |
 //! | R8 | index garbage (non-increasing entries) | decode stops early | keep the increasing prefix, then R7 |
 //! | R9 | `.timeindex` missing, or entries beyond the scan start | entry check | drop them; re-add from the scan |
@@ -46,7 +46,8 @@
 //! segment holds one descriptor, its `.log`, and its indexes live in memory. They are
 //! written whole (atomically, after the `.log` is synced) when the segment is sealed
 //! by a roll, when an idle log's files are closed to save descriptors
-//! ([`crate::log`]'s budget), when the log is closed, and after a truncation (before
+//! ([`crate::log`]'s budget) if they hold entries (an empty index bounds no recovery),
+//! when the log is closed, and after a truncation (before
 //! the log can grow back); in between the files lag the in-memory indexes, or are
 //! missing for a segment never sealed. So every entry on disk points into bytes that
 //! were synced when it was written and not cut since, and R7 can trust the last one.
@@ -75,6 +76,7 @@ use crate::index::{
     OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES,
 };
 use crate::simdisk;
+use crate::small_files::FileWrite;
 use crate::Error;
 
 pub fn file_name(base_offset: i64, ext: &str) -> String {
@@ -494,10 +496,12 @@ impl Segment {
             let _ = f.close().await;
         }
         let txn_index_damaged = seg.recover_txn_index(report).await?;
+        // An absent index file is an empty one: a clean stop removes, rather than
+        // writes, the index files of a segment with no entries.
         let index_len_ok =
-            index_bytes.as_ref().map(|b| b.len()) == Some(seg.index.len() * OFFSET_ENTRY_BYTES);
-        let time_len_ok = time_bytes.as_ref().map(|b| b.len())
-            == Some(seg.time_index.entries().len() * TIME_ENTRY_BYTES);
+            index_bytes.as_ref().map_or(0, |b| b.len()) == seg.index.len() * OFFSET_ENTRY_BYTES;
+        let time_len_ok = time_bytes.as_ref().map_or(0, |b| b.len())
+            == seg.time_index.entries().len() * TIME_ENTRY_BYTES;
         if !index_len_ok || !time_len_ok {
             seg.write_indexes().await?;
         }
@@ -666,6 +670,14 @@ impl TxnIndexFile {
         self.bytes.is_none()
     }
 
+    /// The same as one write of a clean stop's round (see [`crate::small_files`]).
+    pub(crate) fn into_write(self) -> FileWrite {
+        match self.bytes {
+            Some(b) => FileWrite::write(self.path, b),
+            None => FileWrite::remove(self.path),
+        }
+    }
+
     pub async fn write(&self) -> Result<(), Error> {
         match &self.bytes {
             Some(b) => file::write_atomic(&self.path, b).await,
@@ -688,6 +700,25 @@ impl IndexFiles {
     pub async fn write(&self) -> Result<(), Error> {
         file::write_atomic(&self.index.0, &self.index.1).await?;
         file::write_atomic(&self.time.0, &self.time.1).await
+    }
+
+    /// Both indexes hold no entry (a segment smaller than `index.interval.bytes`, not
+    /// yet sealed): their files need not exist, recovery reads an absent index as an
+    /// empty one.
+    pub fn is_empty(&self) -> bool {
+        self.index.1.is_empty() && self.time.1.is_empty()
+    }
+
+    /// The same as writes of a clean stop's round (see [`crate::small_files`]): an
+    /// empty index is removed rather than written.
+    pub(crate) fn into_writes(self) -> [FileWrite; 2] {
+        [self.index, self.time].map(|(path, bytes)| {
+            if bytes.is_empty() {
+                FileWrite::remove(path)
+            } else {
+                FileWrite::write(path, bytes)
+            }
+        })
     }
 }
 

@@ -1313,6 +1313,10 @@ impl Broker {
             unchanged = report.unchanged,
             failed = report.failed.len(),
             fs_syncs = report.fs_syncs,
+            begin_ms = report.begin.as_millis() as u64,
+            write_ms = report.write.as_millis() as u64,
+            sync_ms = report.sync.as_millis() as u64,
+            records_ms = report.records.as_millis() as u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "logs closed"
         );

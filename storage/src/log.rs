@@ -798,6 +798,12 @@ pub struct CloseReport {
     pub failed: Vec<(String, Error)>,
     /// File-system syncs made (one per round, and one for the last round's records).
     pub fs_syncs: u32,
+    /// Time spent in each step, over all rounds: making the `.log`s durable and trimming
+    /// them, writing the indexes and snapshots, the syncs, writing the records.
+    pub begin: Duration,
+    pub write: Duration,
+    pub sync: Duration,
+    pub records: Duration,
 }
 
 impl Storage {
@@ -817,7 +823,9 @@ impl Storage {
         let mut logs = logs.into_iter().peekable();
         while logs.peek().is_some() {
             let round: Vec<Rc<PartitionLog>> = logs.by_ref().take(CLOSE_ROUND_LOGS).collect();
+            let t = std::time::Instant::now();
             let begun = begin_round(round).await;
+            report.begin += t.elapsed();
             let mut pending = Vec::with_capacity(begun.len());
             for (log, res) in begun {
                 match res {
@@ -833,7 +841,9 @@ impl Storage {
                 .iter_mut()
                 .map(|(_, c)| std::mem::take(&mut c.writes))
                 .collect();
+            let t = std::time::Instant::now();
             let written = small_files::write_unsynced(groups).await;
+            report.write += t.elapsed();
             let mut durable = Vec::with_capacity(pending.len());
             for ((log, close), res) in pending.into_iter().zip(written) {
                 match res {
@@ -844,7 +854,10 @@ impl Storage {
             // The barrier: the records below describe only files this sync made durable
             // (and it makes the previous round's records durable too).
             report.fs_syncs += 1;
-            if let Err(e) = small_files::sync_file_system(&self.dir).await {
+            let t = std::time::Instant::now();
+            let synced = small_files::sync_file_system(&self.dir).await;
+            report.sync += t.elapsed();
+            if let Err(e) = synced {
                 let cause = e.to_string();
                 for (log, _) in durable {
                     let e = Error::io(&self.dir, std::io::Error::other(cause.clone()));
@@ -857,7 +870,9 @@ impl Storage {
                 .into_iter()
                 .map(|(log, c)| ((log, c.snapshot), vec![c.marker]))
                 .unzip();
+            let t = std::time::Instant::now();
             let written = small_files::write_unsynced(markers).await;
+            report.records += t.elapsed();
             for ((log, snapshot), res) in closed.into_iter().zip(written) {
                 if let Some(end) = snapshot {
                     log.snapshots.borrow_mut().insert(end);
@@ -875,7 +890,10 @@ impl Storage {
         }
         if unsynced_records {
             report.fs_syncs += 1;
-            if let Err(e) = small_files::sync_file_system(&self.dir).await {
+            let t = std::time::Instant::now();
+            let synced = small_files::sync_file_system(&self.dir).await;
+            report.sync += t.elapsed();
+            if let Err(e) = synced {
                 // The records' state is unknown: each describes durable files, so one
                 // that reached the disk is right and one that did not means recovery.
                 tracing::error!(error = %e, "syncing the last clean-close records failed");

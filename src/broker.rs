@@ -25,7 +25,7 @@ use kafka_protocol::error::ResponseError;
 use sluice_protocol::{TopicPartition, TopicPartitionRef};
 use sluice_replication::isr;
 use sluice_shard::{Mesh, ShardId, ShardTable};
-use sluice_storage::{batch, PartitionLog, Storage};
+use sluice_storage::{batch, LogConfig, PartitionLog, Storage};
 
 use crate::config::BrokerConfig;
 use crate::error::{self, ApiError};
@@ -67,6 +67,8 @@ struct Offline {
 /// Reopen attempts of an offline partition: after this, doubling up to the maximum.
 const OFFLINE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const OFFLINE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// New logs a shard opens at once when it adopts an image (see [`Broker::apply`]).
+const NEW_LOGS_AT_ONCE: usize = 64;
 
 fn offline_error(key: TopicPartitionRef<'_>, cause: &str) -> ApiError {
     ApiError::with(
@@ -944,6 +946,7 @@ impl Broker {
             .partition(|name| image.topics.contains_key(name));
         self.delete_logs_of(&recreated).await;
         let mut configs = HashMap::with_capacity(image.topics.len());
+        let mut to_open: Vec<(Arc<str>, i32, LogConfig)> = Vec::new();
         let me = self.config.node_id;
         for (name, meta) in &image.topics {
             // The topic's own configs over the dynamic broker defaults.
@@ -984,23 +987,36 @@ impl Broker {
                             }
                         }
                     }
-                    None => match self
-                        .storage
-                        .open_log(&format!("{name}-{p}"), tc.log.clone())
-                        .await
-                    {
-                        Ok(log) => {
-                            tracing::debug!(shard = self.shard.0, topic = %name, partition = p, "opened log");
-                            let replica = Replica::open(name, p, log.clone());
-                            let topic = topic.get_or_insert_with(|| Arc::from(name.as_str()));
-                            let key = TopicPartition::new(topic.clone(), p);
-                            self.replicas.borrow_mut().insert(key.clone(), replica);
-                            self.logs.borrow_mut().insert(key, log);
-                        }
-                        Err(e) => {
-                            tracing::error!(topic = %name, partition = p, error = %e, "cannot open log")
-                        }
-                    },
+                    None => {
+                        let topic = topic.get_or_insert_with(|| Arc::from(name.as_str()));
+                        to_open.push((topic.clone(), p, tc.log.clone()));
+                    }
+                }
+            }
+        }
+        // New logs open side by side (each creates its directory and files, with their
+        // syncs): one at a time, a broker adopting a topic of thousands of partitions
+        // (or thousands of topics) waited for each in turn.
+        for chunk in to_open.chunks(NEW_LOGS_AT_ONCE) {
+            let opens = chunk
+                .iter()
+                .map(|(topic, p, config)| async move {
+                    let dir = format!("{topic}-{p}");
+                    (topic, *p, self.storage.open_log(&dir, config.clone()).await)
+                })
+                .collect();
+            for (topic, p, opened) in join_all(opens).await {
+                match opened {
+                    Ok(log) => {
+                        tracing::debug!(shard = self.shard.0, topic = %topic, partition = p, "opened log");
+                        let replica = Replica::open(topic, p, log.clone());
+                        let key = TopicPartition::new(topic.clone(), p);
+                        self.replicas.borrow_mut().insert(key.clone(), replica);
+                        self.logs.borrow_mut().insert(key, log);
+                    }
+                    Err(e) => {
+                        tracing::error!(topic = %topic, partition = p, error = %e, "cannot open log")
+                    }
                 }
             }
         }

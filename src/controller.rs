@@ -62,18 +62,18 @@ impl Controller {
 
     /// Proposes `cmd`, then waits until every shard here runs an image that includes it.
     async fn commit(&self, broker: &Broker, cmd: Command) -> Result<Applied, ApiError> {
+        let (r, version) = self.commit_unpublished(cmd).await;
+        broker.wait_published(version).await;
+        r
+    }
+
+    /// Commits `cmd`, returning the state version every shard must publish before the
+    /// requester is answered: the command's, or for a refusal the state it was judged
+    /// on (so the requester acting on it sees that state).
+    async fn commit_unpublished(&self, cmd: Command) -> (Result<Applied, ApiError>, u64) {
         match self.quorum.propose(cmd, COMMIT_TIMEOUT).await {
-            Ok((applied, version)) => {
-                broker.wait_published(version).await;
-                Ok(applied)
-            }
-            Err(e) => {
-                // A refusal is judged on the state applied so far: let every shard see
-                // that state before the requester acts on the refusal.
-                let version = self.quorum.with_state(|s| s.version);
-                broker.wait_published(version).await;
-                Err(e)
-            }
+            Ok((applied, version)) => (Ok(applied), version),
+            Err(e) => (Err(e), self.quorum.with_state(|s| s.version)),
         }
     }
 
@@ -128,15 +128,25 @@ impl Controller {
     ) -> Vec<Result<(String, TopicMeta), ApiError>> {
         let _guard = self.admin_lock().await;
         let mut out = Vec::with_capacity(call.topics.len());
+        // Each topic is committed in turn (each sees the ones before it), and the answer
+        // waits once, for this broker to publish them all: waiting after each topic
+        // made a request of 100 topics wait for 100 publications, each opening its
+        // logs, one after the other.
+        let mut version = 0;
         for t in call.topics {
             let state = self.quorum.state();
             let r = match create(&state, broker, t) {
                 Ok((name, _, meta)) if call.validate_only => Ok((name, meta)),
-                Ok((name, cmd, meta)) => self.commit(broker, cmd).await.map(|_| (name, meta)),
+                Ok((name, cmd, meta)) => {
+                    let (r, v) = self.commit_unpublished(cmd).await;
+                    version = version.max(v);
+                    r.map(|_| (name, meta))
+                }
                 Err(e) => Err(e),
             };
             out.push(r);
         }
+        broker.wait_published(version).await;
         out
     }
 

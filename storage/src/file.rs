@@ -956,21 +956,24 @@ async fn run_fs_rounds(dev: (u32, u32)) {
         let Some(round) = round else { return };
         let fd = round.file.as_raw_fd();
         let started = std::time::Instant::now();
+        // `fd` stays open: the round holds its file until this returns.
         let res = glommio::executor()
-            .spawn_blocking(move || {
-                // SAFETY: `fd` stays open: the round holds its file until this returns.
-                match unsafe { libc::syncfs(fd) } {
-                    0 => Ok(()),
-                    _ => Err(std::io::Error::last_os_error()
-                        .raw_os_error()
-                        .unwrap_or(libc::EIO)),
-                }
-            })
+            .spawn_blocking(move || syncfs(fd).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)))
             .await;
         crate::stats::FSYNC.record(started.elapsed());
         crate::stats::FS_SYNC_ROUNDS.fetch_add(1, Ordering::Relaxed);
         round.result.set(Some(res));
         round.done.notify(usize::MAX);
+    }
+}
+
+/// `syncfs(2)` of the file system holding the open descriptor `fd` (blocks: call it on
+/// a blocking thread).
+pub(crate) fn syncfs(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: syncfs only reads the descriptor, which the caller keeps open.
+    match unsafe { libc::syncfs(fd) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 

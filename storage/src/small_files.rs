@@ -119,12 +119,7 @@ pub(crate) async fn sync_file_system(dir: &Path) -> Result<(), Error> {
         .spawn_blocking(move || {
             use std::os::fd::AsRawFd;
             let d = std::fs::File::open(&path)?;
-            // SAFETY: syncfs on a descriptor `d` keeps open for the call.
-            if unsafe { libc::syncfs(d.as_raw_fd()) } == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
+            crate::file::syncfs(d.as_raw_fd())
         })
         .await;
     res.map_err(|e| Error::io(dir, e))

@@ -78,6 +78,30 @@ def check_consumer_error(err, allow=()):
     raise AssertionError(f"consumer error: {err}")
 
 
+def read_back(addr, want, timeout=180):
+    """Reads every (topic, partition) of `want` from the beginning with a confluent-kafka
+    consumer until each holds at least as many records as `want` lists; returns
+    {(topic, partition): [values]} cut to those lengths, for comparing with `want`."""
+    from confluent_kafka import Consumer, TopicPartition, OFFSET_BEGINNING
+    c = Consumer({"bootstrap.servers": addr, "group.id": f"read-back-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for (t, p) in want])
+        got = {}
+
+        def all_read():
+            for m in c.consume(1000, timeout=1.0):
+                if m.error():
+                    check_consumer_error(m.error())
+                    continue
+                got.setdefault((m.topic(), m.partition()), []).append(m.value())
+            return all(len(got.get(k, [])) >= len(v) for k, v in want.items())
+        wait_until(all_read, timeout=timeout, what=f"every record of {len(want)} partitions")
+        return {k: got[k][:len(v)] for k, v in want.items()}
+    finally:
+        c.close()
+
+
 def wait_until(pred, timeout=20.0, interval=0.05, what="condition", retry=()):
     """Calls `pred` until it returns a truthy value (returned) or `timeout` seconds
     pass (AssertionError naming `what` and the last value or transient error).

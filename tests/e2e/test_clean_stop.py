@@ -8,12 +8,11 @@ count of recovered logs is what is asserted, not a time.)"""
 import re
 import resource
 import socket
-import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import check_consumer_error, wait_until
+from conftest import read_back, wait_until
 
 TOPICS = 10
 PER_TOPIC = 100
@@ -38,26 +37,6 @@ def produce_each(addr):
     assert p.flush(120) == 0, "records without a delivery report"
     assert not failed, failed[:5]
     return want
-
-
-def read_every_partition(addr, want):
-    c = Consumer({"bootstrap.servers": addr, "group.id": f"stop-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics() for p in range(PER_TOPIC)])
-        got = {}
-
-        def all_read():
-            for m in c.consume(1000, timeout=1.0):
-                if m.error():
-                    check_consumer_error(m.error())
-                    continue
-                got.setdefault((m.topic(), m.partition()), []).append(m.value())
-            return all(len(got.get(k, [])) >= len(v) for k, v in want.items())
-        wait_until(all_read, timeout=180, what=f"every record of {PARTITIONS} partitions")
-        return {k: got[k][:len(v)] for k, v in want.items()}
-    finally:
-        c.close()
 
 
 def open_idle(port, n):
@@ -111,4 +90,4 @@ def test_a_clean_stop_with_many_partitions_and_idle_connections_needs_no_recover
     counts = opened()
     assert all(r == 0 for _, r in counts), f"a log was recovered after a clean stop: {counts}"
     assert sum(c for c, _ in counts) >= PARTITIONS, counts
-    assert read_every_partition(b.addr, want) == want
+    assert read_back(b.addr, want) == want

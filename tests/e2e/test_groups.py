@@ -336,6 +336,15 @@ def big_metadata_member(addr, group, topic, userdata, stop, events, assignment_u
         c.close()
 
 
+def owners(events):
+    """The last assignment each member reported in `events` (see start_members)."""
+    last = {}
+    for kind, who, parts in list(events):
+        if kind == "assigned":
+            last[who] = parts
+    return last
+
+
 def start_members(addr, group, topic, userdata, stop, events, n=4, assignment_userdata=0):
     """Starts `n` big_metadata_member threads named m0, m1, ...; returns them."""
     threads = []
@@ -361,20 +370,13 @@ def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker,
     stop, events = threading.Event(), []
     threads = start_members(b.addr, group, topic, 320_000, stop, events)
     try:
-        def owners():
-            last = {}
-            for kind, who, parts in list(events):
-                if kind == "assigned":
-                    last[who] = parts
-            return last
-
         def stable_with_all():
             d = describe(b.addr, group)
-            ok = d[0] == "STABLE" and len(d[1]) == 4 and len(owners()) == 4
-            return ok and sorted(p for ps in owners().values() for p in ps) == [0, 1, 2, 3] and d
+            ok = d[0] == "STABLE" and len(d[1]) == 4 and len(owners(events)) == 4
+            return ok and sorted(p for ps in owners(events).values() for p in ps) == [0, 1, 2, 3] and d
 
         state, ids = wait_until(stable_with_all, timeout=60, what="4 members stable")
-        assignments = owners()
+        assignments = owners(events)
         assigned_events = sum(1 for e in events if e[0] == "assigned")
         port = b.port
         assert b.stop() == 0
@@ -385,7 +387,7 @@ def test_group_metadata_over_1_mib_is_stored_and_survives_a_restart(make_broker,
         wait_until(lambda: sum(n for kind, _, n in list(events) if kind == "records") >= 40,
                    timeout=40, what="40 records consumed after the restart")
         assert describe(b.addr, group) == ("STABLE", ids), "same members"
-        assert owners() == assignments, "same assignments"
+        assert owners(events) == assignments, "same assignments"
         assert sum(1 for e in events if e[0] == "assigned") == assigned_events, "no rejoin"
     finally:
         stop.set()
@@ -444,17 +446,10 @@ def test_members_whose_metadata_would_outgrow_the_record_are_refused_at_join(mak
     stop, events = threading.Event(), []
     threads = start_members(b.addr, group, topic, 9_000_000, stop, events)
 
-    def owners():
-        last = {}
-        for kind, who, parts in list(events):
-            if kind == "assigned":
-                last[who] = parts
-        return last
-
     def settled():
         refused = {who for kind, who, _ in list(events) if kind == "error"}
         state, ids = describe(b.addr, group)
-        own = {who: ps for who, ps in owners().items() if ps}
+        own = {who: ps for who, ps in owners(events).items() if ps}
         ok = (len(refused) == 1 and state == "STABLE" and len(ids) == 3 and len(own) == 3
               and sorted(p for ps in own.values() for p in ps) == [0, 1, 2, 3])
         return ok and (refused, set(own))

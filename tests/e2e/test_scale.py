@@ -14,12 +14,11 @@ within per-partition budgets (docs/architecture.md, "Descriptor budget")."""
 import os
 import re
 import subprocess
-import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import check_consumer_error, http_get, wait_until
+from conftest import http_get, read_back, wait_until
 
 TOPICS = 20
 PER_TOPIC = 100
@@ -34,26 +33,6 @@ DISK_PER_PARTITION = 64 << 10
 
 def topics():
     return [f"wide{t}" for t in range(TOPICS)]
-
-
-def read_every_partition(addr, want):
-    c = Consumer({"bootstrap.servers": addr, "group.id": f"scale-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics() for p in range(PER_TOPIC)])
-        got = {}
-
-        def all_read():
-            for m in c.consume(1000, timeout=1.0):
-                if m.error():
-                    check_consumer_error(m.error())
-                    continue
-                got.setdefault((m.topic(), m.partition()), []).append(m.value())
-            return all(len(got.get(k, [])) >= len(v) for k, v in want.items())
-        wait_until(all_read, timeout=180, what=f"every record of {PARTITIONS} partitions")
-        return {k: v[:len(want[k])] for k, v in got.items()}
-    finally:
-        c.close()
 
 
 def produce_each(addr, tag, want):
@@ -123,7 +102,7 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
         f.result(timeout=90)
     want = {}
     produce_each(b.addr, "a", want)
-    assert read_every_partition(b.addr, want) == want
+    assert read_back(b.addr, want) == want
     assert_budgets(b, "after a record on each partition")
     m = storage_metrics(b)
     for used, cap in zip(m["sluice_storage_active_logs"], m["sluice_storage_active_logs_max"]):
@@ -135,17 +114,17 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
 
     b.kill()
     b.start()
-    assert read_every_partition(b.addr, want) == want
+    assert read_back(b.addr, want) == want
     assert_budgets(b, "after SIGKILL and restart")
     # The restart opened no log's files; appends open them on demand.
     assert sum(storage_metrics(b)["sluice_storage_active_logs"]) == 0
     produce_each(b.addr, "b", want)
-    assert read_every_partition(b.addr, want) == want
+    assert read_back(b.addr, want) == want
     assert sum(storage_metrics(b)["sluice_storage_log_reactivations_total"]) >= PARTITIONS
 
     b.stop()
     b.start()
-    assert read_every_partition(b.addr, want) == want
+    assert read_back(b.addr, want) == want
     assert_budgets(b, "after a clean restart")
     log = b.read_log()
     assert "Too many open files" not in log

@@ -8,6 +8,7 @@
 //! ISR changed, and this module does the network work.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ use crate::error::ApiError;
 use crate::fetch_session::{self, PartKey, PartReq, TopicKey};
 use crate::replica::Replica;
 use crate::rpc::Propose;
-use crate::util::sb;
+use crate::util::{join_all, sb};
 
 /// Follower fetch parameters (the longest wait is `--replica-fetch-wait-max-ms`).
 const FETCH_PARTITION_BYTES: i32 = 4 << 20;
@@ -574,13 +575,19 @@ async fn fetch_phase(
     }
     let mut got_data = false;
     let mut had_error = false;
+    let index: HashMap<(&str, i32), usize> = fetching
+        .iter()
+        .enumerate()
+        .map(|(i, (r, _, _))| ((r.topic.as_str(), r.partition), i))
+        .collect();
+    // Partitions answered without error, with their records (maybe none).
+    let mut answered = Vec::new();
     for t in resp.responses {
         for p in t.partitions {
-            let Some((r, epoch, fetch_offset)) = fetching.iter().find(|(r, _, _)| {
-                r.topic == t.topic.0.as_str() && r.partition == p.partition_index
-            }) else {
+            let Some(&i) = index.get(&(t.topic.0.as_str(), p.partition_index)) else {
                 continue;
             };
+            let (r, epoch, fetch_offset) = &fetching[i];
             if p.error_code != 0 {
                 had_error = true;
                 let code = ResponseError::try_from_code(p.error_code);
@@ -610,27 +617,55 @@ async fn fetch_phase(
                 continue;
             }
             let records = p.records.unwrap_or_default();
-            if !records.is_empty() {
-                if !append_fetched(r, *epoch, *fetch_offset, &records).await? {
-                    r.restart_truncation(*epoch);
-                    continue;
-                }
-                got_data = true;
-            }
-            r.fetched_high_watermark(*epoch, p.high_watermark);
-            // The leader's log start moved (DeleteRecords, retention): follow it as far
-            // as this log reaches, so deleted records do not come back after a failover.
-            let start = p.log_start_offset.min(r.durable_end());
-            if start > r.log.log_start_offset() && r.follows_in(*epoch) {
-                match r.log.delete_records_before(start).await {
-                    Ok(_) => r.log_start_moved(start),
-                    Err(e) => {
-                        tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
-                    }
-                }
-            }
-            r.notify();
+            answered.push((i, records, p.high_watermark, p.log_start_offset));
         }
+    }
+    // The partitions' appends and syncs run side by side: one after the other, a round
+    // that brought records for thousands of partitions waited for each one's sync in
+    // turn (and its syncs never met to share a round).
+    let appends = answered
+        .iter()
+        .filter(|(_, records, _, _)| !records.is_empty())
+        .map(|(i, records, _, _)| {
+            let (r, epoch, fetch_offset) = &fetching[*i];
+            async move { (*i, append_fetched(r, *epoch, *fetch_offset, records).await) }
+        })
+        .collect();
+    let mut appended: HashMap<usize, bool> = HashMap::new();
+    let mut failure = None;
+    for (i, res) in join_all(appends).await {
+        match res {
+            Ok(done) => {
+                appended.insert(i, done);
+            }
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    for (i, records, high_watermark, log_start) in answered {
+        let (r, epoch, _) = &fetching[i];
+        if !records.is_empty() {
+            if !appended[&i] {
+                r.restart_truncation(*epoch);
+                continue;
+            }
+            got_data = true;
+        }
+        r.fetched_high_watermark(*epoch, high_watermark);
+        // The leader's log start moved (DeleteRecords, retention): follow it as far
+        // as this log reaches, so deleted records do not come back after a failover.
+        let start = log_start.min(r.durable_end());
+        if start > r.log.log_start_offset() && r.follows_in(*epoch) {
+            match r.log.delete_records_before(start).await {
+                Ok(_) => r.log_start_moved(start),
+                Err(e) => {
+                    tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
+                }
+            }
+        }
+        r.notify();
     }
     Ok(if got_data || !had_error {
         Round::Fetched

@@ -147,6 +147,15 @@ fn main() {
     }
     // A broken invariant stops the whole process (panic = "abort"); say where first.
     std::panic::set_hook(Box::new(|info| {
+        if sluice_shard::runtime::is_orphaned_blocking_result(info) {
+            // An operation of a shard that has stopped finished late: its result has
+            // no one to go to, and the process is on its way out. Park this glommio
+            // thread instead of aborting the clean stop.
+            tracing::info!("a blocking operation finished after its shard stopped");
+            loop {
+                std::thread::park();
+            }
+        }
         let thread = std::thread::current();
         tracing::error!(thread = thread.name().unwrap_or("?"), "fatal: {info}");
         eprintln!(

@@ -75,11 +75,62 @@ where
         .io_memory(io_memory_bytes)
         .spawn(move || async move {
             keep_awake(WAKE_PERIOD);
-            f().await
+            let out = f().await;
+            drain_blocking().await;
+            out
         })
         .expect("spawn executor")
         .join()
         .expect("executor thread")
+}
+
+/// How long an ending executor waits for its blocking thread (see [`drain_blocking`]).
+pub const DRAIN_BLOCKING_MAX: Duration = Duration::from_secs(10);
+
+/// Waits, on an executor whose work is done, until every operation handed to its
+/// blocking thread before the call has finished (at most [`DRAIN_BLOCKING_MAX`]).
+///
+/// Why: glommio runs renames, removals, truncations, directory creations and
+/// `spawn_blocking` closures on one blocking thread per executor, which works through
+/// them in order and sends each result back. Detached tasks (a log opening, a
+/// checkpoint write) may still have some queued when the executor's main future ends;
+/// once the executor is dropped, the thread's send fails and glommio panics there
+/// (`failed to send response`), which with `panic = "abort"` killed a broker that was
+/// stopping cleanly. A no-op queued last returns only after everything before it, so
+/// what was started before the stop finishes while its executor still lives. What
+/// detached tasks queue after this point is covered by [`is_orphaned_blocking_result`].
+pub async fn drain_blocking() {
+    let barrier = glommio::executor().spawn_blocking(|| ());
+    let waited = glommio::timer::timeout(DRAIN_BLOCKING_MAX, async {
+        barrier.await;
+        Ok(())
+    })
+    .await;
+    if waited.is_err() {
+        tracing::warn!(
+            "blocking operations still running {DRAIN_BLOCKING_MAX:?} after the executor's work ended"
+        );
+    }
+}
+
+/// Whether a panic is glommio's blocking thread failing to hand a finished operation's
+/// result to an executor that no longer exists (see [`drain_blocking`]). Nothing can
+/// receive that result any more, so the panic says only that the operation outlived its
+/// executor: a panic hook should let that thread end quietly (park it) instead of
+/// aborting a process that is stopping cleanly. Any other panic is not this one.
+pub fn is_orphaned_blocking_result(info: &std::panic::PanicHookInfo<'_>) -> bool {
+    let message = info
+        .payload()
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
+    let from_glommio_pool = info.location().is_some_and(|l| {
+        let file = l.file().replace('\\', "/");
+        file.contains("glommio") && file.ends_with("src/sys/blocking.rs")
+    });
+    from_glommio_pool
+        && message == Some("failed to send response")
+        && std::thread::current().name().is_none()
 }
 
 /// The CPUs this process may run on, in id order: the machine's online CPUs that are
@@ -149,7 +200,9 @@ where
         let period = config.wake_period;
         let handle = builder.spawn(move || async move {
             keep_awake(period);
-            make().await
+            let out = make().await;
+            drain_blocking().await;
+            out
         });
         handles.push(handle.map_err(|e| std::io::Error::other(e.to_string())));
     }

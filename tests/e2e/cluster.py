@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 
-from conftest import Broker, check_brokers, check_consumer_error
+from conftest import Broker, check_brokers, check_consumer_error, free_port
 from conftest import wait_until as _wait_until
 
 FAST_FLAGS = ["--broker-session-timeout-ms", "3000", "--broker-heartbeat-interval-ms", "300",
@@ -58,17 +58,8 @@ FAST_FLAGS = ["--broker-session-timeout-ms", "3000", "--broker-heartbeat-interva
 
 
 def free_ports(n):
-    """n distinct free loopback ports (held open together so none repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct free loopback ports, none handed out before in this run."""
+    return [free_port() for _ in range(n)]
 
 
 def port_free(port):

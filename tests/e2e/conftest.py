@@ -19,10 +19,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SLUICE_BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
 
 
+# Every port free_port() has handed out in this run. The kernel may give the same free
+# port to two bind(0)s in a row once the first socket is closed: a cluster's brokers
+# each took a metrics port that way, and two got the same one (CI: "cannot serve
+# metrics on --metrics-listen ...: Address already in use").
+_HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port that no earlier call of this run returned."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free loopback port that this run has not handed out already")
 
 
 # Errors a wait may retry: the network being down or slow while a broker starts,

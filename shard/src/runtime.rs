@@ -124,10 +124,9 @@ pub fn is_orphaned_blocking_result(info: &std::panic::PanicHookInfo<'_>) -> bool
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
-    let from_glommio_pool = info.location().is_some_and(|l| {
-        let file = l.file().replace('\\', "/");
-        file.contains("glommio") && file.ends_with("src/sys/blocking.rs")
-    });
+    let from_glommio_pool = info
+        .location()
+        .is_some_and(|l| l.file().contains("glommio") && l.file().ends_with("src/sys/blocking.rs"));
     from_glommio_pool
         && message == Some("failed to send response")
         && std::thread::current().name().is_none()

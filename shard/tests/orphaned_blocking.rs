@@ -54,7 +54,12 @@ fn an_orphaned_blocking_result_is_recognised_and_nothing_else_is() {
                     .await;
             })
             .detach();
+            let deadline = Instant::now() + Duration::from_secs(10);
             while !r.load(Ordering::SeqCst) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the blocking operation never started"
+                );
                 glommio::timer::sleep(Duration::from_millis(1)).await;
             }
         })

@@ -31,7 +31,8 @@ release:
 deps:
 	bash scripts/install-test-deps.sh
 
-# Tests run in release, where debug_assert! never fires: invariants use assert!.
+# Tests run optimised (profile `unit`: release without LTO and debug info), where
+# debug_assert! never fires: invariants use assert!.
 # src/ imports only downward through the layers listed in src/lib.rs.
 # The shipped Prometheus rules pass promtool's check and their unit tests.
 # The fuzz target lives outside the workspace (it needs nightly to run); check that it
@@ -48,7 +49,7 @@ lint:
 # Tiers: unit + property + crash-recovery tests (cargo), then end-to-end tests
 # against real broker processes with real Kafka clients (tests/).
 unit:
-	$(CARGO) test --workspace --release
+	$(CARGO) test --workspace --profile unit
 
 e2e: release
 	bash scripts/run-e2e.sh

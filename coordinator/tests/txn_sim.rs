@@ -1344,7 +1344,7 @@ fn transactions_stay_atomic_through_crashes_lost_markers_and_timeouts() {
         let stats = match r {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("txn simulation failed; replay: SLUICE_TXN_SIM_SEED={seed} cargo test -p sluice-coordinator --release --test txn_sim");
+                eprintln!("txn simulation failed; replay: SLUICE_TXN_SIM_SEED={seed} cargo test -p sluice-coordinator --profile unit --test txn_sim");
                 std::panic::resume_unwind(e);
             }
         };

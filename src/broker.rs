@@ -729,14 +729,19 @@ impl Broker {
             log_start_offset: -1,
             ..Default::default()
         };
-        let (log, _) = match self.log(&item.topic, item.partition) {
-            Ok(l) => l,
-            Err(e) => return failed(e),
-        };
+        // One lookup: a partition with a replica here has its log open (`apply` and
+        // `take_offline` add and remove the two together). A follower's fetch reads
+        // every partition of its session, thousands per fetch at scale, so `log`'s
+        // lookups (image, topic, log, config) are left to the partitions that fail.
         let replica = match self.replica(&item.topic, item.partition) {
             Ok(r) => r,
-            Err(e) => return failed(e),
+            Err(e) => return failed(self.log(&item.topic, item.partition).err().unwrap_or(e)),
         };
+        let log = replica.log.clone();
+        if let Some(cause) = log.failure() {
+            let key = TopicPartitionRef::new(&item.topic, item.partition);
+            return failed(self.take_offline(key, cause));
+        }
         let (bound, hw, alter) =
             match replica.fetch_bound(item.replica_id, item.current_leader_epoch, item.offset) {
                 Ok(x) => x,
@@ -758,6 +763,20 @@ impl Broker {
         } else {
             bound
         };
+        // Nothing new to read (most partitions of a fetch session most of the time):
+        // what the read would answer, without it. Below the log start the read answers
+        // OFFSET_OUT_OF_RANGE.
+        let log_start = log.log_start_offset();
+        if item.offset == bound && item.offset >= log_start {
+            return ReadOut {
+                error: None,
+                high_watermark: hw,
+                last_stable_offset: lso,
+                log_start_offset: log_start,
+                records: Bytes::new(),
+                aborted: Vec::new(),
+            };
+        }
         match log
             .read(item.offset, item.max_bytes.max(1), Some(bound))
             .await

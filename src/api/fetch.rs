@@ -77,9 +77,11 @@ struct Slot {
     owner: Option<ShardId>,
     /// Fetch v13+ named a topic id this broker does not know.
     unknown_id: bool,
-    /// The topic's `message.downconversion.enable` (Fetch v0–v3 only).
+    /// The topic's `message.downconversion.enable` (looked up for Fetch v0–v3 only,
+    /// true for later versions).
     downconversion: bool,
-    /// The topic's `compression.type` is zstd (Fetch v10+ only).
+    /// The topic's `compression.type` is zstd (looked up for Fetch before v10 only,
+    /// false for later versions).
     zstd_topic: bool,
     /// KIP-392: the replica this consumer should fetch this partition from instead.
     preferred: Option<i32>,
@@ -230,13 +232,17 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             current_leader_epoch: r.current_leader_epoch,
             owner,
             unknown_id,
-            downconversion: meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+            // Both flags only for the versions that read them: the effective configs
+            // are a copy of the topic's map, and a follower's fetch of thousands of
+            // partitions made one per partition on every fetch.
+            downconversion: version > 3 || meta.is_none_or(|m| downconversion_enabled(&m.configs)),
             // The topic's own compression.type, else a dynamic broker default.
-            zstd_topic: meta.is_some_and(|m| {
-                stores_zstd(&crate::broker_configs::effective_topic_configs(
-                    &image, me, &m.configs,
-                ))
-            }),
+            zstd_topic: version < 10
+                && meta.is_some_and(|m| {
+                    stores_zstd(&crate::broker_configs::effective_topic_configs(
+                        &image, me, &m.configs,
+                    ))
+                }),
             preferred,
             key,
         });

@@ -91,8 +91,12 @@ start() {
     done
     # Every Kafka port answers: wait for the cluster metadata to list all three.
     if [[ ${#pending[@]} -eq 0 ]]; then
-      "$BIN" cluster describe --bootstrap-server "$HOST:$(kafka_port 1)" 2>/dev/null |
-        grep -q "^Brokers (${#NODES[@]})" && break
+      # Read whole before matching: with `| grep -q` and pipefail, a describe of
+      # thousands of partitions was cut off by grep's early exit and the pipeline
+      # failed, so a restarted broker of a big cluster never counted as registered.
+      local described
+      described=$("$BIN" cluster describe --bootstrap-server "$HOST:$(kafka_port 1)" 2>/dev/null || true)
+      grep -q "^Brokers (${#NODES[@]})" <<<"$described" && break
       pending=("registration")
     fi
     if ((SECONDS >= deadline)); then

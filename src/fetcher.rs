@@ -418,10 +418,16 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
 /// Per-partition request parts grouped by topic, topics in first-seen order.
 fn by_topic<P>(parts: impl Iterator<Item = (String, P)>) -> impl Iterator<Item = (String, Vec<P>)> {
     let mut out: Vec<(String, Vec<P>)> = Vec::new();
+    // Topic → its place in `out`: a search of `out` per partition was quadratic in
+    // topics for a session of thousands of partitions.
+    let mut at: HashMap<String, usize> = HashMap::new();
     for (topic, p) in parts {
-        match out.iter_mut().find(|(t, _)| *t == topic) {
-            Some((_, v)) => v.push(p),
-            None => out.push((topic, vec![p])),
+        match at.get(&topic) {
+            Some(&i) => out[i].1.push(p),
+            None => {
+                at.insert(topic.clone(), out.len());
+                out.push((topic, vec![p]));
+            }
         }
     }
     out.into_iter()
@@ -471,14 +477,19 @@ async fn truncate_phase(
         .with_replica_id(BrokerId(me))
         .with_topics(topics);
     let resp = c.call(4, &req).await.map_err(FetcherError::Call)?;
+    // Found by index: a search per answered partition was quadratic when thousands of
+    // partitions truncate at once (a new topic, a broker's return).
+    let index: HashMap<(&str, i32), usize> = todo
+        .iter()
+        .enumerate()
+        .map(|(i, (r, _, _))| ((r.topic.as_str(), r.partition), i))
+        .collect();
     for t in resp.topics {
         for p in t.partitions {
-            let Some((r, epoch, _)) = todo
-                .iter()
-                .find(|(r, _, _)| r.topic == t.topic.0.as_str() && r.partition == p.partition)
-            else {
+            let Some(&i) = index.get(&(t.topic.0.as_str(), p.partition)) else {
                 continue;
             };
+            let (r, epoch, _) = &todo[i];
             if p.error_code != 0 {
                 tracing::debug!(topic = %r.topic, partition = r.partition, code = p.error_code, "OffsetForLeaderEpoch refused");
                 continue;

@@ -144,6 +144,14 @@ fn main() {
     // `serve` logs in the format its flags or file ask for; the rest log as text.
     if !matches!(cli.command, Command::Serve(_)) {
         init_logging("text");
+        // The admin commands end quietly when their reader goes away, as Unix tools
+        // do (`sluice cluster describe | grep -q ...`): Rust ignores SIGPIPE, so a
+        // print to the closed pipe panicked, and panics abort. `serve` keeps ignoring
+        // it (its sockets report EPIPE as an error instead).
+        // SAFETY: restoring a signal's default disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
     }
     // A broken invariant stops the whole process (panic = "abort"); say where first.
     std::panic::set_hook(Box::new(|info| {

@@ -561,6 +561,10 @@ impl Broker {
     ) -> Result<Appended, ApiError> {
         let (log, tc) = self.log(&item.topic, item.partition)?;
         let replica = self.replica(&item.topic, item.partition)?;
+        // Taken before the first await, so turns follow the order requests arrived in.
+        let turn = replica.append_turn();
+        turn.wait().await;
+        let mut turn = Some(turn);
         let min_insync = self.min_insync(&item.topic, item.partition, &tc);
         let epoch = if acks == -1 {
             replica.check_min_isr(min_insync)?
@@ -654,7 +658,8 @@ impl Broker {
                     .map_err(|e| error::from_storage(&e))
             } else {
                 let started = Instant::now();
-                let r = append_in_sequence(&log, &replica, batch, epoch, gap_deadline).await;
+                let r =
+                    append_in_sequence(&log, &replica, batch, epoch, gap_deadline, &mut turn).await;
                 let m = self.shard_metrics();
                 m.append_latency.record(started.elapsed());
                 if let Ok(info) = &r {
@@ -669,6 +674,8 @@ impl Broker {
             last_offset = info.last_offset;
             first.get_or_insert(info);
         }
+        // Offsets assigned: the next request's appends may go.
+        drop(turn);
         // "Acknowledged means on disk": wait for the topic's flush policy (fdatasync by
         // default) before answering or counting it replicated. acks=0 flushes too: only
         // durable data is replicated and becomes visible below the high watermark.
@@ -1497,13 +1504,15 @@ const SEQUENCE_GAP_WAIT: Duration = Duration::from_secs(5);
 
 /// Appends one batch of a produce request through the partition's producer state: a
 /// retry of a batch already in the log answers with that batch's offsets; a batch that
-/// is ahead of its producer's sequence waits (until `deadline`) for the ones before it.
+/// is ahead of its producer's sequence waits (until `deadline`) for the ones before it,
+/// without its append `turn` (see [`Replica::append_turn`]).
 async fn append_in_sequence(
     log: &PartitionLog,
     replica: &Replica,
     batch: &[u8],
     epoch: i32,
     deadline: Instant,
+    turn: &mut Option<crate::util::Turn>,
 ) -> Result<sluice_storage::AppendInfo, ApiError> {
     use sluice_storage::producer::SequenceError;
     use sluice_storage::Judged;
@@ -1536,6 +1545,10 @@ async fn append_in_sequence(
         if !ahead || left.is_zero() {
             return Err(error::from_storage(&err));
         }
+        // A batch ahead of its sequence has its place by sequence, not by arrival: it
+        // gives up its turn so that the batches before it (from another connection,
+        // after a reconnect) can append.
+        turn.take();
         let woke = futures_lite::future::or(
             async {
                 appended.await;

@@ -48,6 +48,7 @@ use sluice_replication::isr::{
 use sluice_storage::PartitionLog;
 
 use crate::error::{self, ApiError};
+use crate::util::{Sequencer, Turn};
 
 const CHECKPOINT: &str = "leader-epoch-checkpoint";
 
@@ -71,6 +72,10 @@ pub struct Replica {
     /// Transaction markers written here as leader (KIP-890 verification re-checks when
     /// one was written while it asked the coordinator).
     pub markers: Cell<u64>,
+    /// Produce appends take turns in the order their requests reached this shard, so a
+    /// request that finds nothing to wait for cannot overtake an earlier one still
+    /// waiting (see [`Replica::append_turn`]).
+    append_order: Sequencer,
     checkpoint: PathBuf,
     checkpoint_state: CheckpointState,
 }
@@ -180,9 +185,23 @@ impl Replica {
             progress: Event::new(),
             appended: Event::new(),
             markers: Cell::new(0),
+            append_order: Sequencer::default(),
             checkpoint,
             checkpoint_state: CheckpointState::default(),
         })
+    }
+
+    /// A produce's turn to append to this partition, in the order the produce calls
+    /// asked for it; held until its batches have their offsets. Kafka keeps a
+    /// connection's order by handling its requests one at a time; here a connection's
+    /// requests reach the shard in order but run concurrently, and an append may wait
+    /// (the epoch's checkpoint, a roll, reopening the log): without the turn, a later
+    /// request that found nothing to wait for appended first, and a producer without
+    /// idempotence saw its records of one key stored out of order.
+    /// The turn is taken when this is called; [`Turn::wait`] for it (glommio's
+    /// semaphore is not enough: a permit given back is free to whoever asks first).
+    pub fn append_turn(&self) -> Turn {
+        self.append_order.turn()
     }
 
     pub(crate) fn notify(&self) {
@@ -693,6 +712,49 @@ mod tests {
             })
         });
         assert_eq!(epochs, 5);
+    }
+
+    /// Produce appends keep their arrival order when an earlier one waits: a turn given
+    /// back goes to the request queued for it, not to one that arrives meanwhile and
+    /// finds nothing to wait for (the e2e keyed round trip once saw a key's records
+    /// stored out of order that way, behind a new epoch's checkpoint write).
+    #[test]
+    fn append_turns_go_in_arrival_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let order = on_executor(move || {
+            Box::pin(async move {
+                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
+                    .await
+                    .unwrap();
+                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                let r = Replica::open("t", 0, log);
+                let order = Rc::new(RefCell::new(Vec::new()));
+                let first = r.append_turn();
+                first.wait().await;
+                let queued = glommio::spawn_local({
+                    let (r, order) = (r.clone(), order.clone());
+                    async move {
+                        let turn = r.append_turn();
+                        turn.wait().await;
+                        order.borrow_mut().push("queued");
+                    }
+                });
+                // The queued request asks for its turn while the first holds it.
+                futures_lite::future::yield_now().await;
+                drop(first);
+                // A later request asks before the queued one has run again.
+                {
+                    let turn = r.append_turn();
+                    turn.wait().await;
+                    order.borrow_mut().push("later");
+                }
+                queued.await;
+                let order = order.borrow().clone();
+                order
+            })
+        });
+        assert_eq!(order, ["queued", "later"]);
     }
 
     /// The stated policy: a failed checkpoint write fails the replica for good.

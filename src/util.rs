@@ -195,6 +195,9 @@ pub async fn wait_any(conditions: Vec<Condition<'_>>, timeout: std::time::Durati
 /// dropping it: a request that fails early or is cancelled with its connection
 /// releases too). A turn released before the ones ahead of it lets nobody through
 /// until they are released as well. Single-threaded (one connection lives on one shard).
+/// Each partition replica has one too, so that the appends of produce requests reaching
+/// its shard keep that order past any wait before the append
+/// (`crate::replica::Replica::append_turn`).
 #[derive(Default)]
 pub struct Sequencer {
     state: std::rc::Rc<std::cell::RefCell<SequencerState>>,

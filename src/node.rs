@@ -181,7 +181,9 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
 ///
 /// - a reserve of a twentieth of the limit (at least 1,024) for the metadata quorum,
 ///   the executors' rings and channels, the metrics listener, short-lived files, and
-///   logs given back to the pool a moment before their close returns;
+///   logs given back to the pool a moment before their close returns; half of it, split
+///   between the shards (16 to 256 each), bounds the checkpoints and snapshots a shard
+///   writes at once (`StorageLimits::atomic_writes_max`);
 /// - per shard, read handles of closed segments: an eighth of the rest split between
 ///   the shards, at most 1,024 (`StorageLimits::open_segment_files_max`);
 /// - of what is left, each shard's own share of client connections (a quarter, split
@@ -261,6 +263,7 @@ fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
         storage: StorageLimits {
             open_segment_files_max: read,
             active_logs_max: active,
+            atomic_writes_max: (reserve / 2 / shards).clamp(16, 256) as u64,
             ..StorageLimits::default()
         },
         connections_max: connections as u64,
@@ -631,6 +634,8 @@ mod tests {
                 + d.storage.open_segment_files_max
                 + d.storage.active_logs_max;
             let reserve = (limit / 20).max(1024);
+            // The small files written at once live in the reserve, half of it at most.
+            assert!(d.storage.atomic_writes_max as usize * shards <= reserve / 2);
             if limit >= 4_096 {
                 assert!(
                     per_shard * shards + d.pool.capacity() + reserve <= limit,
@@ -646,6 +651,7 @@ mod tests {
         assert_eq!(d.connections_max, 2_116);
         assert_eq!(d.storage.active_logs_max, 846);
         assert_eq!(d.pool.capacity(), 11_004);
+        assert_eq!(d.storage.atomic_writes_max, 256);
         assert!(2 * d.storage.active_logs_max + d.pool.capacity() >= 10_000);
         assert!(2 * d.connections_max as usize + d.pool.capacity() >= 10_000);
         // One-core brokers (three on this machine) hold 10,000 replicas each.

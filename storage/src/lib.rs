@@ -347,6 +347,9 @@ pub struct StorageLimits {
     /// Syncs a shard's files want at once before further ones share `syncfs` rounds
     /// (0: never; see [`file::set_shared_sync_min`]).
     pub shared_sync_min: u64,
+    /// Small files written at once (checkpoints, snapshots; one descriptor each; see
+    /// [`file::set_atomic_writes_max`]).
+    pub atomic_writes_max: u64,
 }
 
 impl Default for StorageLimits {
@@ -360,6 +363,7 @@ impl Default for StorageLimits {
             cleaner_map_bytes_max: 64 << 20,
             preallocated_bytes_max: file::DEFAULT_PREALLOCATED_MAX,
             shared_sync_min: file::DEFAULT_SHARED_SYNC_MIN,
+            atomic_writes_max: file::DEFAULT_ATOMIC_WRITES_MAX,
         }
     }
 }

@@ -336,6 +336,7 @@ impl Storage {
         limits.validate()?;
         file::set_preallocated_max(limits.preallocated_bytes_max);
         file::set_shared_sync_min(limits.shared_sync_min);
+        file::set_atomic_writes_max(limits.atomic_writes_max);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         // glommio opens directories by absolute path only (relative ones fail with EBADF).
         let dir = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;

@@ -686,6 +686,14 @@ mod tests {
         sluice_shard::run_unpinned("replica-test", 8 << 20, f)
     }
 
+    /// A new log `t-0` in a new storage at `path`.
+    async fn new_log(path: &std::path::Path) -> Rc<PartitionLog> {
+        let s = Storage::open(path, StorageLimits::default(), Rc::new(SystemClock))
+            .await
+            .unwrap();
+        s.open_log("t-0", LogConfig::default()).await.unwrap()
+    }
+
     /// A new epoch's entry is on disk once `epochs_durable` returns, without a blocking
     /// write; a replica reopened on the same log reads it back.
     #[test]
@@ -694,10 +702,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         let epochs = on_executor(move || {
             Box::pin(async move {
-                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
-                    .await
-                    .unwrap();
-                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log.clone());
                 let batch = sluice_storage::batch::build::simple(1, 1, 10);
                 r.reconcile(1, &leads(3), 0);
@@ -724,10 +729,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         let order = on_executor(move || {
             Box::pin(async move {
-                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
-                    .await
-                    .unwrap();
-                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log);
                 let order = Rc::new(RefCell::new(Vec::new()));
                 let first = r.append_turn();
@@ -764,10 +766,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (first, later) = on_executor(move || {
             Box::pin(async move {
-                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
-                    .await
-                    .unwrap();
-                let log = s.open_log("t-0", LogConfig::default()).await.unwrap();
+                let log = new_log(&path).await;
                 // A directory where the checkpoint's temp file must go: the write fails.
                 std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
                 let r = Replica::open("t", 0, log);

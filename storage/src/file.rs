@@ -991,8 +991,8 @@ thread_local! {
 /// Sets how many [`write_atomic`]s this thread (shard) runs at once (at least 1).
 /// More at once share more of each `syncfs` round and of each turn of the shard's
 /// blocking thread (their renames and removals run there, behind the rounds): with
-/// 64, a follower's first record on each of 5,000 new partitions took 31–34 s on
-/// three brokers here, with 512 13–20 s, nearly all of it in the partitions'
+/// 64, one record to each of 5,000 new partitions (three brokers here, RF=3) took
+/// 19–36 s, with 256 13–16 s, with 512 13–20 s, nearly all of it in the followers'
 /// leader-epoch checkpoints. The caller accounts for the descriptors.
 pub fn set_atomic_writes_max(n: u64) {
     ATOMIC_WRITES.with(|w| *w.borrow_mut() = Rc::new(glommio::sync::Semaphore::new(n.max(1))));

@@ -23,8 +23,11 @@
 //! after each await and drops stale work.
 //!
 //! Each replica keeps its leader-epoch history in `leader-epoch-checkpoint` in the
-//! partition directory, written atomically with the storage crate's non-blocking I/O by
-//! one writer task per replica (latest state wins). A new epoch's entry is durable
+//! partition directory, written atomically by one writer task per shard (latest state
+//! wins): the replicas whose history changed wait in a queue, and each round writes all
+//! of them with one file-system sync (a lone one with its own syncs), so a leadership
+//! change or a fetch round that starts an epoch on thousands of partitions pays one
+//! sync, not a data sync, rename and directory sync each. A new epoch's entry is durable
 //! before the first batch of that epoch is appended ([`Replica::epochs_durable`]);
 //! truncations are written lazily (opening a replica clamps the history to the log
 //! end). Policy on a failed checkpoint write: the replica is failed for good — its
@@ -87,11 +90,72 @@ struct CheckpointState {
     version: Cell<u64>,
     /// The version last written durably.
     persisted: Cell<u64>,
-    writing: Cell<bool>,
+    /// In the shard's queue of checkpoints to write.
+    queued: Cell<bool>,
     /// Set by a failed write: the replica refuses work from then on.
     failed: RefCell<Option<String>>,
     /// Fires after every write attempt.
     done: Event,
+}
+
+/// Checkpoints one round of [`write_checkpoints`] writes at most: the round is one job
+/// on the shard's blocking thread (a buffered write and a rename each), which the
+/// shard's other blocking work waits behind.
+const CHECKPOINT_ROUND_MAX: usize = 4096;
+
+/// The shard's replicas whose leader-epoch history changed since they were last queued
+/// for a write, and whether the writer task runs.
+#[derive(Default)]
+struct CheckpointQueue {
+    waiting: Vec<Rc<Replica>>,
+    running: bool,
+}
+
+thread_local! {
+    static CHECKPOINTS: RefCell<CheckpointQueue> = RefCell::new(CheckpointQueue::default());
+}
+
+/// The shard's checkpoint writer: rounds while replicas wait. A round takes every
+/// waiting replica's history as it is then and writes them together with one
+/// file-system sync per data directory (`small_files::write_durably`); a lone one is
+/// written with its own syncs (`file::write_atomic`), which write back nothing else on
+/// the file system. A replica changed during a round waits for the next one.
+async fn write_checkpoints() {
+    loop {
+        let round: Vec<Rc<Replica>> = CHECKPOINTS.with(|q| {
+            let mut q = q.borrow_mut();
+            let n = q.waiting.len().min(CHECKPOINT_ROUND_MAX);
+            let round: Vec<_> = q.waiting.drain(..n).collect();
+            q.running = !round.is_empty();
+            round
+        });
+        if round.is_empty() {
+            return;
+        }
+        if let [r] = &round[..] {
+            let (version, bytes) = r.checkpoint_now();
+            let res = sluice_storage::file::write_atomic(&r.checkpoint, &bytes).await;
+            r.checkpoint_written(version, res);
+            continue;
+        }
+        // By data directory (the parent of the partition directories): one sync each.
+        let mut by_dir: HashMap<PathBuf, Vec<(Rc<Replica>, u64, Vec<u8>)>> = HashMap::new();
+        for r in round {
+            let (version, bytes) = r.checkpoint_now();
+            let dir = r.log.dir().parent().unwrap_or(r.log.dir()).to_path_buf();
+            by_dir.entry(dir).or_default().push((r, version, bytes));
+        }
+        for (dir, group) in by_dir {
+            let (replicas, files): (Vec<_>, Vec<_>) = group
+                .into_iter()
+                .map(|(r, version, bytes)| ((r.clone(), version), (r.checkpoint.clone(), bytes)))
+                .unzip();
+            let results = sluice_storage::small_files::write_durably(&dir, files).await;
+            for ((r, version), res) in replicas.into_iter().zip(results) {
+                r.checkpoint_written(version, res);
+            }
+        }
+    }
 }
 
 /// Wall-clock milliseconds, as the ISR state machines take them.
@@ -235,32 +299,39 @@ impl Replica {
     pub(crate) fn persist_epochs(self: &Rc<Self>) {
         let st = &self.checkpoint_state;
         st.version.set(st.version.get() + 1);
-        if st.writing.get() || st.failed.borrow().is_some() {
+        if st.queued.get() || st.failed.borrow().is_some() {
             return;
         }
-        st.writing.set(true);
-        let this = self.clone();
-        glommio::spawn_local(async move { this.write_checkpoints().await }).detach();
+        st.queued.set(true);
+        let start = CHECKPOINTS.with(|q| {
+            let mut q = q.borrow_mut();
+            q.waiting.push(self.clone());
+            !std::mem::replace(&mut q.running, true)
+        });
+        if start {
+            glommio::spawn_local(write_checkpoints()).detach();
+        }
     }
 
-    /// Writes the latest history until the file holds the latest version.
-    async fn write_checkpoints(self: Rc<Self>) {
+    /// This replica's checkpoint as it is now, for a round of [`write_checkpoints`]:
+    /// the version it writes and the file's contents.
+    fn checkpoint_now(&self) -> (u64, Vec<u8>) {
         let st = &self.checkpoint_state;
-        loop {
-            let version = st.version.get();
-            let text = self.state.borrow().epochs().encode();
-            match sluice_storage::file::write_atomic(&self.checkpoint, text.as_bytes()).await {
-                Ok(()) => st.persisted.set(version),
-                Err(e) => {
-                    tracing::error!(topic = %self.topic, partition = self.partition, error = %e, "writing the leader-epoch checkpoint failed; the replica refuses work until restart");
-                    *st.failed.borrow_mut() = Some(e.to_string());
-                }
-            }
-            if st.failed.borrow().is_some() || st.persisted.get() == st.version.get() {
-                break;
+        st.queued.set(false);
+        let text = self.state.borrow().epochs().encode();
+        (st.version.get(), text.into_bytes())
+    }
+
+    /// A round wrote (or failed to write) `version` of this replica's checkpoint.
+    fn checkpoint_written(&self, version: u64, res: Result<(), sluice_storage::Error>) {
+        let st = &self.checkpoint_state;
+        match res {
+            Ok(()) => st.persisted.set(st.persisted.get().max(version)),
+            Err(e) => {
+                tracing::error!(topic = %self.topic, partition = self.partition, error = %e, "writing the leader-epoch checkpoint failed; the replica refuses work until restart");
+                *st.failed.borrow_mut() = Some(e.to_string());
             }
         }
-        st.writing.set(false);
         st.done.notify(usize::MAX);
     }
 
@@ -717,6 +788,51 @@ mod tests {
             })
         });
         assert_eq!(epochs, 5);
+    }
+
+    /// Replicas whose epochs change together are written in one round (one file-system
+    /// sync): each is durable once `epochs_durable` returns and reads back, and a file
+    /// that cannot be written fails its own replica only.
+    #[test]
+    fn a_round_of_checkpoints_is_durable_together_and_fails_only_its_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (results, reread) = on_executor(move || {
+            Box::pin(async move {
+                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
+                    .await
+                    .unwrap();
+                let mut replicas = Vec::new();
+                for p in 0..4 {
+                    let log = s
+                        .open_log(&format!("t-{p}"), LogConfig::default())
+                        .await
+                        .unwrap();
+                    if p == 2 {
+                        std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
+                    }
+                    replicas.push(Replica::open("t", p, log));
+                }
+                for r in &replicas {
+                    r.reconcile(1, &leads(7), 0);
+                }
+                let mut results = Vec::new();
+                for r in &replicas {
+                    results.push(r.epochs_durable().await.map_err(|e| e.code));
+                }
+                let reread: Vec<Option<i32>> = replicas
+                    .iter()
+                    .map(|r| {
+                        let text = std::fs::read_to_string(r.log.dir().join(CHECKPOINT)).ok()?;
+                        Some(LeaderEpochCache::decode(&text).unwrap().latest_epoch())
+                    })
+                    .collect();
+                (results, reread)
+            })
+        });
+        let storage_error = Err(ResponseError::KafkaStorageError);
+        assert_eq!(results, [Ok(()), Ok(()), storage_error, Ok(())]);
+        assert_eq!(reread, [Some(7), Some(7), None, Some(7)]);
     }
 
     /// Produce appends keep their arrival order when an earlier one waits: a turn given

@@ -44,7 +44,7 @@ pub mod probe;
 pub mod producer;
 pub mod segment;
 pub mod simdisk;
-mod small_files;
+pub mod small_files;
 pub mod stats;
 
 use std::path::Path;

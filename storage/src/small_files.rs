@@ -108,6 +108,35 @@ fn write_group(group: &[FileWrite]) -> Result<(), (PathBuf, std::io::Error)> {
     Ok(())
 }
 
+/// Writes each of `files` whole (temp file, rename), all in one job on the shard's
+/// blocking thread, then makes them durable together with one `syncfs(2)` of the file
+/// system holding `dir` (where they all live). One result per file, in order: `Ok`
+/// only once the sync returned, so a caller may order what depends on a file after
+/// it. A failed sync fails every file. For many small files at once (the replicas'
+/// leader-epoch checkpoints of a leadership change or a fetch round that brought
+/// thousands of partitions their first batch of an epoch): one sync for all of them
+/// instead of a data sync, a rename and a directory sync each.
+pub async fn write_durably(dir: &Path, files: Vec<(PathBuf, Vec<u8>)>) -> Vec<Result<(), Error>> {
+    let groups = files
+        .into_iter()
+        .map(|(path, bytes)| vec![FileWrite::write(path, bytes)])
+        .collect();
+    let written = write_unsynced(groups).await;
+    if written.iter().all(|r| r.is_err()) {
+        return written;
+    }
+    match sync_file_system(dir).await {
+        Ok(()) => written,
+        Err(e) => {
+            let cause = e.to_string();
+            written
+                .into_iter()
+                .map(|r| r.and(Err(Error::io(dir, std::io::Error::other(cause.clone())))))
+                .collect()
+        }
+    }
+}
+
 /// Makes durable everything written, renamed, removed or trimmed on the file system
 /// holding `dir` before the call (`syncfs(2)` on the shard's blocking thread). A failure
 /// means the state of any of those files is unknown.

@@ -1024,13 +1024,10 @@ impl Broker {
         // syncs): one at a time, a broker adopting a topic of thousands of partitions
         // (or thousands of topics) waited for each in turn.
         for chunk in to_open.chunks(NEW_LOGS_AT_ONCE) {
-            let opens = chunk
-                .iter()
-                .map(|(topic, p, config)| async move {
-                    let dir = format!("{topic}-{p}");
-                    (topic, *p, self.storage.open_log(&dir, config.clone()).await)
-                })
-                .collect();
+            let opens = chunk.iter().map(|(topic, p, config)| async move {
+                let dir = format!("{topic}-{p}");
+                (topic, *p, self.storage.open_log(&dir, config.clone()).await)
+            });
             for (topic, p, opened) in join_all(opens).await {
                 match opened {
                     Ok(log) => {

@@ -228,18 +228,14 @@ impl Controller {
 
 /// Hands `image` to every shard and waits until all have adopted it.
 pub async fn publish(broker: &Broker, image: Arc<MetadataImage>) {
-    let calls = broker
-        .table
-        .shards()
-        .map(|s: ShardId| {
-            let image = image.clone();
-            async move {
-                if let Err(e) = broker.call(s, Apply(image)).await {
-                    tracing::error!(shard = %s, error = %e, "shard did not adopt the metadata image");
-                }
+    let calls = broker.table.shards().map(|s: ShardId| {
+        let image = image.clone();
+        async move {
+            if let Err(e) = broker.call(s, Apply(image)).await {
+                tracing::error!(shard = %s, error = %e, "shard did not adopt the metadata image");
             }
-        })
-        .collect();
+        }
+    });
     crate::util::join_all(calls).await;
 }
 

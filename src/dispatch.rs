@@ -48,16 +48,12 @@ impl ShardServer {
 impl ShardService for ShardServer {
     async fn produce(&self, c: rpc::Produce) -> Vec<Result<Appended, ApiError>> {
         let b = &self.broker;
-        let futs = c
-            .items
-            .into_iter()
-            .map(|it| async move {
-                // KIP-890: the first transactional batch of a transaction here is
-                // checked with the coordinator before it opens a transaction.
-                crate::txn::verify_produce(b, &it).await?;
-                b.produce_local(c.acks, c.timeout, it).await
-            })
-            .collect();
+        let futs = c.items.into_iter().map(|it| async move {
+            // KIP-890: the first transactional batch of a transaction here is
+            // checked with the coordinator before it opens a transaction.
+            crate::txn::verify_produce(b, &it).await?;
+            b.produce_local(c.acks, c.timeout, it).await
+        });
         join_all(futs).await
     }
 
@@ -67,7 +63,7 @@ impl ShardService for ShardServer {
 
     async fn read(&self, c: rpc::Read) -> Vec<ReadOut> {
         let b = &self.broker;
-        join_all(c.items.into_iter().map(|it| b.read_local(it)).collect()).await
+        join_all(c.items.into_iter().map(|it| b.read_local(it))).await
     }
 
     async fn wait(&self, c: rpc::Wait) -> bool {
@@ -81,8 +77,7 @@ impl ShardService for ShardServer {
         let futs = c
             .items
             .into_iter()
-            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed))
-            .collect();
+            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed));
         join_all(futs).await
     }
 
@@ -119,8 +114,7 @@ impl ShardService for ShardServer {
         let futs = c
             .items
             .into_iter()
-            .map(|(t, p, o)| b.delete_records_local(t, p, o))
-            .collect();
+            .map(|(t, p, o)| b.delete_records_local(t, p, o));
         join_all(futs).await
     }
 
@@ -221,18 +215,14 @@ impl ShardService for ShardServer {
     /// group shell then completes the producer's pending transactional offsets.
     async fn write_markers(&self, c: rpc::WriteMarkers) -> Vec<Result<(), ApiError>> {
         let b = &self.broker;
-        let futs = c
-            .items
-            .into_iter()
-            .map(|it| async move {
-                let r = b.write_marker_local(&it).await;
-                if r.is_ok() && it.topic == crate::group::OFFSETS_TOPIC {
-                    self.groups
-                        .complete_txn(it.partition, it.producer_id, it.commit);
-                }
-                r
-            })
-            .collect();
+        let futs = c.items.into_iter().map(|it| async move {
+            let r = b.write_marker_local(&it).await;
+            if r.is_ok() && it.topic == crate::group::OFFSETS_TOPIC {
+                self.groups
+                    .complete_txn(it.partition, it.producer_id, it.commit);
+            }
+            r
+        });
         join_all(futs).await
     }
 

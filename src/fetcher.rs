@@ -640,8 +640,7 @@ async fn fetch_phase(
         .map(|(i, records, _, _)| {
             let (r, epoch, fetch_offset) = &fetching[*i];
             async move { (*i, append_fetched(r, *epoch, *fetch_offset, records).await) }
-        })
-        .collect();
+        });
     let mut appended: HashMap<usize, bool> = HashMap::new();
     let mut failure = None;
     for (i, res) in join_all(appends).await {

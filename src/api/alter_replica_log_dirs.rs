@@ -56,11 +56,7 @@ pub async fn handle(
     let needs_logs = wanted.values().any(|d| *d == here);
     let (mut online, mut offline) = (HashSet::new(), HashSet::new());
     if needs_logs {
-        let calls = broker
-            .table
-            .shards()
-            .map(|s| broker.call(s, DescribeLogs))
-            .collect();
+        let calls = broker.table.shards().map(|s| broker.call(s, DescribeLogs));
         for shard in join_all(calls).await.into_iter().flatten() {
             online.extend(shard.online.into_iter().map(|(t, p, _, _)| (t, p)));
             offline.extend(shard.offline.into_iter().map(|(t, p, _)| (t, p)));

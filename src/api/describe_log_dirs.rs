@@ -66,11 +66,7 @@ pub async fn handle(
                 .any(|w| w.topic.as_str() == t && w.partitions.contains(&p))
         })
     };
-    let calls = broker
-        .table
-        .shards()
-        .map(|s| broker.call(s, DescribeLogs))
-        .collect();
+    let calls = broker.table.shards().map(|s| broker.call(s, DescribeLogs));
     let (mut online, mut offline) = (Listing::new(), Listing::new());
     for shard in join_all(calls).await.into_iter().flatten() {
         for (t, p, size, lag) in shard.online {

@@ -89,15 +89,12 @@ pub async fn list_all(broker: &Broker) -> Result<Vec<(String, String, GroupState
     for p in 0..meta.partitions {
         owners.entry(broker.owner(meta, p)).or_insert(p);
     }
-    let calls = owners
-        .into_iter()
-        .map(|(shard, partition)| async move {
-            match broker.call(shard, ListGroups { partition }).await {
-                Ok(r) => r,
-                Err(e) => Err(error::from_mesh(&e)),
-            }
-        })
-        .collect();
+    let calls = owners.into_iter().map(|(shard, partition)| async move {
+        match broker.call(shard, ListGroups { partition }).await {
+            Ok(r) => r,
+            Err(e) => Err(error::from_mesh(&e)),
+        }
+    });
     let mut out = Vec::new();
     for r in crate::util::join_all(calls).await {
         out.extend(r?);

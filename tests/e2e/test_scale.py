@@ -129,3 +129,63 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
     log = b.read_log()
     assert "Too many open files" not in log
     assert "descriptor budget" in log
+
+
+RF3_TOPICS = [f"wide-rf3-{t}" for t in range(10)]
+RF3_PER_TOPIC = 100
+
+
+def test_thousand_partitions_rf3_in_sync_then_a_sigkilled_brokers_leaderships_move(tmp_path):
+    """Issue 14's cluster-sized check: three brokers, 1,000 partitions RF=3 (3,000
+    replicas). Every partition reaches a full ISR; after a SIGKILL of the broker leading
+    the most partitions, every partition it led has a leader among the survivors, and
+    acks=all produce (the producer's defaults: idempotent, acks=all; the topics'
+    min.insync.replicas=2) reaches every partition and reads back."""
+    from cluster import Cluster, metadata_from, wait_until as cluster_wait
+
+    c = Cluster(tmp_path / "cluster", n=3).start()
+    try:
+        futs = c.admin().create_topics(
+            [NewTopic(t, RF3_PER_TOPIC, 3, config={"min.insync.replicas": "2"}) for t in RF3_TOPICS],
+            request_timeout=60)
+        for f in futs.values():
+            f.result(timeout=90)
+
+        def partitions(addr):
+            md = metadata_from(addr, RF3_TOPICS, timeout=15)
+            return {(t, p): m for t in RF3_TOPICS
+                    for p, m in md["topics"].get(t, {"partitions": {}})["partitions"].items()}
+
+        def in_sync():
+            parts = partitions(c.addr(1))
+            full = [m for m in parts.values() if m["leader"] >= 0 and len(m["isr"]) == 3]
+            return len(full) == len(RF3_TOPICS) * RF3_PER_TOPIC and parts
+        parts = cluster_wait(in_sync, 120, "1,000 partitions led, each with 3 in-sync replicas")
+        led = {i: [k for k, m in parts.items() if m["leader"] == i] for i in c.ids}
+        # Leaders spread by count over the brokers (CreateTopics places them round-robin).
+        assert all(len(v) >= 250 for v in led.values()), {i: len(v) for i, v in led.items()}
+        victim = max(c.ids, key=lambda i: len(led[i]))
+        survivors = [i for i in c.ids if i != victim]
+        c.kill(victim)
+
+        def moved():
+            now = partitions(c.addr(survivors[0]))
+            return len(now) == len(parts) and all(
+                now[k]["leader"] in survivors for k in led[victim]) and now
+        now = cluster_wait(moved, 60, f"the {len(led[victim])} partitions broker {victim} led led elsewhere")
+        assert all(m["leader"] in survivors for m in now.values())
+
+        p = Producer({"bootstrap.servers": ",".join(c.addr(i) for i in survivors), "linger.ms": 20})
+        failed, want = [], {}
+        for t in RF3_TOPICS:
+            for i in range(RF3_PER_TOPIC):
+                v = f"after-{t}-{i}".encode()
+                p.produce(t, value=v, partition=i,
+                          on_delivery=lambda err, m: err and failed.append((m.topic(), m.partition(), err)))
+                want[(t, i)] = [v]
+                p.poll(0)
+        assert p.flush(120) == 0, "records without a delivery report"
+        assert not failed, failed[:5]
+        assert read_back(c.addr(survivors[0]), want) == want
+    finally:
+        c.stop()

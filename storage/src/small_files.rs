@@ -1,6 +1,7 @@
 //! Small whole files (indexes, producer snapshots, `partition.clean`) of many logs
 //! written without a sync each, and the one file-system sync that then makes all of
-//! them durable: the clean stop's rounds ([`crate::Storage::close_logs`], issue 14).
+//! them durable: the clean stop's rounds ([`crate::Storage::close_logs`], issue 14), and
+//! the broker's rounds of leader-epoch checkpoints ([`write_durably`]).
 //!
 //! Why: a clean close of one log writes up to four small files, each atomically and
 //! durably on its own ([`crate::file::write_atomic`]: temp file, fdatasync, trim,

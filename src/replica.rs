@@ -111,6 +111,9 @@ struct CheckpointQueue {
     running: bool,
 }
 
+/// A replica in a round, the version of its history being written, and the file's bytes.
+type CheckpointWrite = (Rc<Replica>, u64, Vec<u8>);
+
 thread_local! {
     static CHECKPOINTS: RefCell<CheckpointQueue> = RefCell::new(CheckpointQueue::default());
 }
@@ -139,7 +142,7 @@ async fn write_checkpoints() {
             continue;
         }
         // By data directory (the parent of the partition directories): one sync each.
-        let mut by_dir: HashMap<PathBuf, Vec<(Rc<Replica>, u64, Vec<u8>)>> = HashMap::new();
+        let mut by_dir: HashMap<PathBuf, Vec<CheckpointWrite>> = HashMap::new();
         for r in round {
             let (version, bytes) = r.checkpoint_now();
             let dir = r.log.dir().parent().unwrap_or(r.log.dir()).to_path_buf();

@@ -1304,6 +1304,7 @@ impl Broker {
         if topics.is_empty() {
             return;
         }
+        let mut retired = Vec::new();
         let doomed: Vec<Rc<PartitionLog>> = {
             let mut logs = self.logs.borrow_mut();
             let keys: Vec<TopicPartition> = logs
@@ -1313,10 +1314,16 @@ impl Broker {
                 .collect();
             let mut replicas = self.replicas.borrow_mut();
             for k in &keys {
-                replicas.remove(k);
+                if let Some(r) = replicas.remove(k) {
+                    retired.push(r);
+                }
             }
             keys.into_iter().filter_map(|k| logs.remove(&k)).collect()
         };
+        // No checkpoint round may write into a directory being removed.
+        for r in retired {
+            r.retire().await;
+        }
         for log in doomed {
             if let Err(e) = self.storage.delete_log(&log).await {
                 tracing::error!(log = %log.name(), error = %e, "deleting log failed");
@@ -1335,7 +1342,11 @@ impl Broker {
             .await
             .expect("apply lock never closes");
         self.closing.set(true);
-        self.replicas.borrow_mut().clear();
+        let replicas: Vec<Rc<Replica>> =
+            self.replicas.borrow_mut().drain().map(|(_, r)| r).collect();
+        for r in replicas {
+            r.retire().await;
+        }
         let logs: Vec<Rc<PartitionLog>> = self.logs.borrow_mut().drain().map(|(_, l)| l).collect();
         let count = logs.len();
         let started = Instant::now();

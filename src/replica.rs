@@ -92,6 +92,10 @@ struct CheckpointState {
     persisted: Cell<u64>,
     /// In the shard's queue of checkpoints to write.
     queued: Cell<bool>,
+    /// In a round being written.
+    writing: Cell<bool>,
+    /// The partition is being deleted or the shard closes: nothing more is written.
+    retired: Cell<bool>,
     /// Set by a failed write: the replica refuses work from then on.
     failed: RefCell<Option<String>>,
     /// Fires after every write attempt.
@@ -125,14 +129,25 @@ thread_local! {
 /// the file system. A replica changed during a round waits for the next one.
 async fn write_checkpoints() {
     loop {
-        let round: Vec<Rc<Replica>> = CHECKPOINTS.with(|q| {
+        let (round, skipped): (Vec<Rc<Replica>>, Vec<Rc<Replica>>) = CHECKPOINTS.with(|q| {
             let mut q = q.borrow_mut();
             let n = q.waiting.len().min(CHECKPOINT_ROUND_MAX);
-            let round: Vec<_> = q.waiting.drain(..n).collect();
-            q.running = !round.is_empty();
-            round
+            let taken: Vec<_> = q.waiting.drain(..n).collect();
+            q.running = n > 0;
+            // A retired replica's directory may be going away; a failed one stays failed.
+            taken.into_iter().partition(|r| {
+                let st = &r.checkpoint_state;
+                !st.retired.get() && st.failed.borrow().is_none()
+            })
         });
+        for r in skipped {
+            r.checkpoint_state.queued.set(false);
+            r.checkpoint_state.done.notify(usize::MAX);
+        }
         if round.is_empty() {
+            if CHECKPOINTS.with(|q| q.borrow().running) {
+                continue;
+            }
             return;
         }
         if let [r] = &round[..] {
@@ -302,7 +317,7 @@ impl Replica {
     pub(crate) fn persist_epochs(self: &Rc<Self>) {
         let st = &self.checkpoint_state;
         st.version.set(st.version.get() + 1);
-        if st.queued.get() || st.failed.borrow().is_some() {
+        if st.queued.get() || st.retired.get() || st.failed.borrow().is_some() {
             return;
         }
         st.queued.set(true);
@@ -321,6 +336,7 @@ impl Replica {
     fn checkpoint_now(&self) -> (u64, Vec<u8>) {
         let st = &self.checkpoint_state;
         st.queued.set(false);
+        st.writing.set(true);
         let text = self.state.borrow().epochs().encode();
         (st.version.get(), text.into_bytes())
     }
@@ -328,6 +344,7 @@ impl Replica {
     /// A round wrote (or failed to write) `version` of this replica's checkpoint.
     fn checkpoint_written(&self, version: u64, res: Result<(), sluice_storage::Error>) {
         let st = &self.checkpoint_state;
+        st.writing.set(false);
         match res {
             Ok(()) => st.persisted.set(st.persisted.get().max(version)),
             Err(e) => {
@@ -336,6 +353,22 @@ impl Replica {
             }
         }
         st.done.notify(usize::MAX);
+    }
+
+    /// Writes no more checkpoints of this replica (its partition is being deleted, or
+    /// the shard closes) and waits until a round writing one has ended, so that nothing
+    /// writes into the partition's directory while it is removed.
+    pub(crate) async fn retire(&self) {
+        let st = &self.checkpoint_state;
+        st.retired.set(true);
+        // Waiters for a version no round will write now give up (`epochs_durable`).
+        st.done.notify(usize::MAX);
+        while st.writing.get() {
+            let listener = st.done.listen();
+            if st.writing.get() {
+                listener.await;
+            }
+        }
     }
 
     /// Waits until the leader-epoch history as it is now is durable; fails once a
@@ -353,7 +386,18 @@ impl Replica {
                     ),
                 )));
             }
-            (st.persisted.get() >= target).then_some(Ok(()))
+            if st.persisted.get() >= target {
+                return Some(Ok(()));
+            }
+            st.retired.get().then(|| {
+                Err(ApiError::with(
+                    ResponseError::NotLeaderOrFollower,
+                    format!(
+                        "{}-{} was closed or deleted on this broker",
+                        self.topic, self.partition
+                    ),
+                ))
+            })
         };
         // The produce path's usual case: nothing to wait for, no listener allocated.
         loop {
@@ -836,6 +880,44 @@ mod tests {
         let storage_error = Err(ResponseError::KafkaStorageError);
         assert_eq!(results, [Ok(()), Ok(()), storage_error, Ok(())]);
         assert_eq!(reread, [Some(7), Some(7), None, Some(7)]);
+    }
+
+    /// A replica retired (its partition deleted, or the shard closing) while queued for
+    /// a checkpoint writes nothing more into its directory, and a wait for its history
+    /// gives up with a retriable error instead of hanging.
+    #[test]
+    fn a_retired_replica_writes_no_checkpoint_and_its_waiters_give_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (waited, written, other) = on_executor(move || {
+            Box::pin(async move {
+                let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
+                    .await
+                    .unwrap();
+                let gone = Replica::open(
+                    "t",
+                    0,
+                    s.open_log("t-0", LogConfig::default()).await.unwrap(),
+                );
+                let kept = Replica::open(
+                    "t",
+                    1,
+                    s.open_log("t-1", LogConfig::default()).await.unwrap(),
+                );
+                // `kept`'s write starts at once; `gone` waits for the next round.
+                kept.reconcile(1, &leads(4), 0);
+                gone.reconcile(1, &leads(4), 0);
+                gone.retire().await;
+                let waited = gone.epochs_durable().await.map_err(|e| e.code);
+                // The writer takes the next round as `kept`'s write ends.
+                let other = kept.epochs_durable().await.map_err(|e| e.code);
+                let written = gone.log.dir().join(CHECKPOINT).exists();
+                (waited, written, other)
+            })
+        });
+        assert_eq!(waited, Err(ResponseError::NotLeaderOrFollower));
+        assert!(!written, "a retired replica's checkpoint was written");
+        assert_eq!(other, Ok(()));
     }
 
     /// Produce appends keep their arrival order when an earlier one waits: a turn given

@@ -118,6 +118,7 @@ fn write_group(group: &[FileWrite]) -> Result<(), (PathBuf, std::io::Error)> {
 /// thousands of partitions their first batch of an epoch): one sync for all of them
 /// instead of a data sync, a rename and a directory sync each.
 pub async fn write_durably(dir: &Path, files: Vec<(PathBuf, Vec<u8>)>) -> Vec<Result<(), Error>> {
+    let fs = FileSystem::open(dir).await;
     let groups = files
         .into_iter()
         .map(|(path, bytes)| vec![FileWrite::write(path, bytes)])
@@ -126,7 +127,7 @@ pub async fn write_durably(dir: &Path, files: Vec<(PathBuf, Vec<u8>)>) -> Vec<Re
     if written.iter().all(|r| r.is_err()) {
         return written;
     }
-    match sync_file_system(dir).await {
+    match fs.sync().await {
         Ok(()) => written,
         Err(e) => {
             let cause = e.to_string();
@@ -138,19 +139,48 @@ pub async fn write_durably(dir: &Path, files: Vec<(PathBuf, Vec<u8>)>) -> Vec<Re
     }
 }
 
-/// Makes durable everything written, renamed, removed or trimmed on the file system
-/// holding `dir` before the call (`syncfs(2)` on the shard's blocking thread). A failure
-/// means the state of any of those files is unknown.
-pub(crate) async fn sync_file_system(dir: &Path) -> Result<(), Error> {
-    simdisk::alive().map_err(|e| Error::io(dir, e))?;
-    fault::check_io(dir, FaultOp::Sync)?;
-    let path = dir.to_path_buf();
-    let res = glommio::executor()
-        .spawn_blocking(move || {
-            use std::os::fd::AsRawFd;
-            let d = std::fs::File::open(&path)?;
-            crate::file::syncfs(d.as_raw_fd())
-        })
-        .await;
-    res.map_err(|e| Error::io(dir, e))
+/// The file system holding a directory, opened for `syncfs(2)`. Open it before the
+/// writes its sync must answer for: since Linux 5.8 `syncfs` reports a write-back error
+/// only to descriptors opened before the error happened, so a descriptor opened after
+/// a failed background write-back would call the files durable.
+pub(crate) struct FileSystem {
+    dir: PathBuf,
+    /// The open directory, or why it could not be opened (every sync then fails).
+    fd: Result<std::sync::Arc<std::fs::File>, String>,
+}
+
+impl FileSystem {
+    /// Opens `dir` on the shard's blocking thread.
+    pub(crate) async fn open(dir: &Path) -> FileSystem {
+        let path = dir.to_path_buf();
+        let fd = glommio::executor()
+            .spawn_blocking(move || std::fs::File::open(&path))
+            .await
+            .map(std::sync::Arc::new)
+            .map_err(|e| e.to_string());
+        FileSystem {
+            dir: dir.to_path_buf(),
+            fd,
+        }
+    }
+
+    /// Makes durable everything written, renamed, removed or trimmed on the file system
+    /// before the call (`syncfs(2)` on the shard's blocking thread). A failure means the
+    /// state of any of those files is unknown.
+    pub(crate) async fn sync(&self) -> Result<(), Error> {
+        let dir = &self.dir;
+        simdisk::alive().map_err(|e| Error::io(dir, e))?;
+        fault::check_io(dir, FaultOp::Sync)?;
+        let fd = self
+            .fd
+            .clone()
+            .map_err(|e| Error::io(dir, std::io::Error::other(e)))?;
+        let res = glommio::executor()
+            .spawn_blocking(move || {
+                use std::os::fd::AsRawFd;
+                crate::file::syncfs(fd.as_raw_fd())
+            })
+            .await;
+        res.map_err(|e| Error::io(dir, e))
+    }
 }

@@ -191,6 +191,10 @@ pub struct StorageStat {
     /// Disk preallocated ahead of segment writes and not yet written, and the cap.
     pub preallocated_unwritten_bytes: u64,
     pub preallocated_bytes_max: u64,
+    /// Closed segments' in-memory index bytes as the last budget pass left them, and
+    /// the budget.
+    pub index_memory_bytes: u64,
+    pub index_memory_max: u64,
 }
 
 /// Facts of the whole broker, published by shard 0.
@@ -663,7 +667,7 @@ impl Registry {
             .map(|i| self.snapshot(i).storage)
             .collect();
         type Field = fn(&StorageStat) -> u64;
-        let families: [(&str, &str, Kind, Field); 5] = [
+        let families: [(&str, &str, Kind, Field); 7] = [
             (
                 "sluice_storage_active_logs",
                 "Partition logs whose active segment's files are open (the descriptor budget's use).",
@@ -693,6 +697,18 @@ impl Registry {
                 "The cap on preallocated-but-unwritten bytes per shard.",
                 Kind::Gauge,
                 |s| s.preallocated_bytes_max,
+            ),
+            (
+                "sluice_storage_index_memory_bytes",
+                "Closed segments' offset and time indexes held in memory, as the last budget pass (every 5 s) left them.",
+                Kind::Gauge,
+                |s| s.index_memory_bytes,
+            ),
+            (
+                "sluice_storage_index_memory_max",
+                "The per-shard budget of closed segments' in-memory indexes.",
+                Kind::Gauge,
+                |s| s.index_memory_max,
             ),
         ];
         for (name, help, kind, field) in families {

@@ -489,6 +489,8 @@ async fn metrics_publisher(
                         reactivations: b.storage.reactivations(),
                         preallocated_unwritten_bytes: b.storage.preallocated_unwritten_bytes(),
                         preallocated_bytes_max: b.storage.limits().preallocated_bytes_max,
+                        index_memory_bytes: b.storage.index_memory(),
+                        index_memory_max: b.storage.limits().index_memory_max,
                     },
                 },
             );

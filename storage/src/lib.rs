@@ -52,7 +52,9 @@ use std::path::Path;
 pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
 pub use index::AbortedTxn;
-pub use log::{AppendInfo, Checked, CloseReport, Judged, PartitionLog, ReadResult, Storage};
+pub use log::{
+    AppendInfo, Checked, CloseReport, IndexSweep, Judged, PartitionLog, ReadResult, Storage,
+};
 pub use producer::TxnError;
 
 /// Errors of the storage layer. Mapped to Kafka error codes at the API edge.
@@ -350,7 +352,17 @@ pub struct StorageLimits {
     /// Small files written at once (checkpoints, snapshots; one descriptor each; see
     /// [`file::set_atomic_writes_max`]).
     pub atomic_writes_max: u64,
+    /// Memory the shard's closed segments' offset and time indexes may hold, over all
+    /// its logs ([`log::Storage::limit_index_memory`]): beyond it the least recently
+    /// read are dropped from memory and read back from their files on next use. The
+    /// active segments' indexes are not counted (they are written only when sealed).
+    pub index_memory_max: u64,
 }
+
+/// The default of [`StorageLimits::index_memory_max`]: 128 MiB per shard holds the
+/// indexes of about 25 GiB of log at the default `index.interval.bytes` (4 KiB, 20
+/// bytes of index per interval); reads beyond that reload a segment's index files.
+pub const DEFAULT_INDEX_MEMORY_MAX: u64 = 128 << 20;
 
 impl Default for StorageLimits {
     fn default() -> Self {
@@ -364,6 +376,7 @@ impl Default for StorageLimits {
             preallocated_bytes_max: file::DEFAULT_PREALLOCATED_MAX,
             shared_sync_min: file::DEFAULT_SHARED_SYNC_MIN,
             atomic_writes_max: file::DEFAULT_ATOMIC_WRITES_MAX,
+            index_memory_max: DEFAULT_INDEX_MEMORY_MAX,
         }
     }
 }

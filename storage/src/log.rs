@@ -323,7 +323,27 @@ pub struct Storage {
     /// `producer.id.expiration.check.interval.ms` and when the last check ran.
     expiry_check_interval_ms: Cell<u64>,
     last_expiry_check_ms: Cell<i64>,
+    /// Advanced by every [`Self::limit_index_memory`] pass; a read stamps the segment
+    /// it looks up with it ([`Segment::used`]).
+    index_tick: Cell<u64>,
+    /// Closed segments' in-memory index bytes as the last such pass left them.
+    index_memory: Cell<u64>,
 }
+
+/// What one [`Storage::limit_index_memory`] pass found and did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IndexSweep {
+    /// In-memory index bytes of closed segments before the pass, and after it.
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+    /// Closed segments whose indexes it dropped from memory.
+    pub unloaded_segments: u64,
+}
+
+/// How often the background task checks the shard's index memory against
+/// [`StorageLimits::index_memory_max`]: between passes it can exceed the budget by what
+/// reads load in that time.
+pub const INDEX_SWEEP_MS: u64 = 5_000;
 
 impl Storage {
     /// Opens the storage of this shard rooted at `dir`. Must run on the shard's executor
@@ -367,6 +387,8 @@ impl Storage {
             opened_recovered: Cell::new(0),
             expiry_check_interval_ms: Cell::new(PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT),
             last_expiry_check_ms: Cell::new(clock.now_ms()),
+            index_tick: Cell::new(1),
+            index_memory: Cell::new(0),
             clock,
         }))
     }
@@ -718,6 +740,65 @@ impl Storage {
 
     /// Spawns the background retention-compaction-and-producer-expiry and interval-flush loops on a low-share task
     /// queue of the current executor, so they yield to appends and fetches.
+    /// Keeps the in-memory offset and time indexes of the shard's closed segments
+    /// within [`StorageLimits::index_memory_max`]: over it, the segments read least
+    /// recently lose theirs (read back from their files, which hold exactly those
+    /// entries, on next use; see [`Segment::unload_indexes`]) until the rest fit. The
+    /// active segments' indexes are left alone: they are written only when sealed. A
+    /// log busy with another operation is skipped until the next pass.
+    pub fn limit_index_memory(&self) -> IndexSweep {
+        let tick = self.index_tick.get();
+        self.index_tick.set(tick + 1);
+        let mut candidates = Vec::new();
+        let mut total = 0;
+        for log in self.live_logs() {
+            let st = log.state.borrow();
+            let last = st.segments.len().saturating_sub(1);
+            for s in &st.segments[..last] {
+                if s.loaded && !s.indexes_dirty && s.active.is_none() {
+                    let bytes = s.index_memory();
+                    total += bytes;
+                    candidates.push((
+                        s.used.get(),
+                        log.clone(),
+                        s.base_offset,
+                        s.generation,
+                        bytes,
+                    ));
+                }
+            }
+        }
+        let mut sweep = IndexSweep {
+            before_bytes: total,
+            after_bytes: total,
+            unloaded_segments: 0,
+        };
+        let max = self.limits.index_memory_max;
+        if total <= max {
+            self.index_memory.set(total);
+            return sweep;
+        }
+        candidates.sort_by_key(|c| c.0);
+        for (_, log, base, generation, bytes) in candidates {
+            if total <= max {
+                break;
+            }
+            if log.unload_segment(base, generation) {
+                total -= bytes;
+                sweep.unloaded_segments += 1;
+            }
+        }
+        sweep.after_bytes = total;
+        self.index_memory.set(total);
+        sweep
+    }
+
+    /// Closed segments' in-memory index bytes as the last
+    /// [`Self::limit_index_memory`] pass left them.
+    pub fn index_memory(&self) -> u64 {
+        self.index_memory.get()
+    }
+
     pub fn spawn_background(
         self: &Rc<Self>,
         retention_check_ms: u64,
@@ -764,6 +845,22 @@ impl Storage {
             tq,
         )
         .map_err(|e| Error::Config(format!("spawning flush task: {e}")))?
+        .detach();
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    glommio::timer::sleep(Duration::from_millis(INDEX_SWEEP_MS)).await;
+                    let Some(s) = weak.upgrade() else { break };
+                    let sweep = s.limit_index_memory();
+                    if sweep.unloaded_segments > 0 {
+                        tracing::debug!(?sweep, "dropped closed segments' indexes from memory");
+                    }
+                }
+            },
+            tq,
+        )
+        .map_err(|e| Error::Config(format!("spawning index-memory task: {e}")))?
         .detach();
         Ok(())
     }
@@ -1435,8 +1532,23 @@ impl PartitionLog {
             .find(|s| s.base_offset == base && s.generation == generation && !s.loaded);
         if let Some(s) = same {
             s.load_from(seg);
+            s.used.set(self.storage.index_tick.get());
         }
         Ok(())
+    }
+
+    /// Drops closed segment `base`'s in-memory indexes if it is still the one of
+    /// `generation` and the log is not busy ([`Storage::limit_index_memory`]).
+    fn unload_segment(&self, base: i64, generation: u64) -> bool {
+        if self.busy.get() || self.closed.get() {
+            return false;
+        }
+        let mut st = self.state.borrow_mut();
+        let last = st.segments.len().saturating_sub(1);
+        st.segments[..last]
+            .iter_mut()
+            .find(|s| s.base_offset == base && s.generation == generation)
+            .is_some_and(|s| s.unload_indexes())
     }
 
     /// Before the first change to the log's files after a clean open: removes
@@ -2268,6 +2380,7 @@ impl PartitionLog {
                 let st = self.state.borrow();
                 let i = st.segment_index_for(offset);
                 let seg = &st.segments[i];
+                seg.used.set(self.storage.index_tick.get());
                 let pos = u64::from(seg.index.lookup((offset - seg.base_offset).max(0) as u32));
                 let next_base = st.segments.get(i + 1).map(|s| s.base_offset);
                 let src = seg.active.as_ref().map(|a| a.log.clone());
@@ -2393,6 +2506,7 @@ impl PartitionLog {
             match seg {
                 None => return Ok(None),
                 Some(s) => {
+                    s.used.set(self.storage.index_tick.get());
                     (s.base_offset + i64::from(s.time_index.lookup(timestamp))).max(st.log_start)
                 }
             }

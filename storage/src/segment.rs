@@ -178,6 +178,10 @@ pub struct Segment {
     /// Bumped when compaction replaces the segment's files, so that a reader that
     /// looked up a position before the swap knows to look again.
     pub generation: u64,
+    /// The storage's index tick when a read last looked this segment up (or it was
+    /// loaded): the least recently used closed segments lose their in-memory indexes
+    /// first when the shard's index memory is over its budget.
+    pub used: std::cell::Cell<u64>,
     dir: PathBuf,
 }
 
@@ -234,6 +238,7 @@ impl Segment {
             indexes_dirty: true,
             active: None,
             generation: next_generation(),
+            used: std::cell::Cell::new(0),
             dir: dir.to_path_buf(),
         }
     }
@@ -256,6 +261,25 @@ impl Segment {
         // The clean close wrote the indexes it had: what loading reads.
         s.indexes_dirty = false;
         s
+    }
+
+    /// Bytes the in-memory offset and time indexes hold.
+    pub fn index_memory(&self) -> u64 {
+        (self.index.len() * crate::index::OFFSET_ENTRY_BYTES
+            + self.time_index.entries().len() * crate::index::TIME_ENTRY_BYTES) as u64
+    }
+
+    /// Drops the in-memory indexes of a closed segment whose index files hold exactly
+    /// them: it reads as unloaded ([`Segment::loaded`]) and is recovered from its files
+    /// on next use. False (nothing done) for an active, unloaded or dirty one.
+    pub fn unload_indexes(&mut self) -> bool {
+        if !self.loaded || self.indexes_dirty || self.active.is_some() {
+            return false;
+        }
+        self.index = OffsetIndex::default();
+        self.time_index = TimeIndex::default();
+        self.loaded = false;
+        true
     }
 
     /// Takes the indexes of `recovered` (this segment recovered from its files).

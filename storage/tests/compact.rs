@@ -81,7 +81,11 @@ fn keeps_the_latest_record_per_key_at_its_original_offset() {
     let d = tempdir();
     let dir = d.path().to_path_buf();
     run(move || async move {
-        let s = storage(&dir, no_cache()).await;
+        let limits = StorageLimits {
+            index_memory_max: 0,
+            ..no_cache()
+        };
+        let s = storage(&dir, limits).await;
         let log = s.open_log("c1", compacted(1024)).await.unwrap();
         let mut latest = std::collections::HashMap::new();
         let mut all = Vec::new();
@@ -100,6 +104,11 @@ fn keeps_the_latest_record_per_key_at_its_original_offset() {
         assert!(stats.records_removed > 50, "{stats:?}");
         assert!(stats.bytes_after < stats.bytes_before);
         let got = contents(&log).await;
+        // With their indexes dropped from memory (a budget of 0), the cleaned segments
+        // read back the same from their files.
+        let sweep = s.limit_index_memory();
+        assert!(sweep.unloaded_segments > 0, "{sweep:?}");
+        assert_eq!(contents(&log).await, got);
         // Every key's latest record is there, at its own offset.
         for (key, (off, value)) in &latest {
             assert!(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use sluice_storage::fault::{self, FaultOp, FaultRule};
 use sluice_storage::segment::RecoveryReport;
+use sluice_storage::StorageLimits;
 
 fn clean_file(dir: &Path, log: &str) -> PathBuf {
     dir.join(log).join("partition.clean")
@@ -145,5 +146,51 @@ fn an_unclean_log_recovers_and_a_stale_record_is_not_trusted() {
         assert_eq!(report.truncated_bytes, 4096, "{report:?}");
         assert!(!clean_file(&dir, "uc").exists());
         assert_eq!(read_all(&log).await, want);
+    });
+}
+
+/// The shard's closed segments' in-memory indexes stay within `index_memory_max`
+/// (issue 14: indexes sized per shard, not per partition): a pass over the budget drops
+/// some from memory, and reads and time lookups then read them back from their files
+/// with the same answers.
+#[test]
+fn closed_segments_indexes_over_the_budget_leave_memory_and_read_back() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        const BUDGET: u64 = 100;
+        let limits = StorageLimits {
+            index_memory_max: BUDGET,
+            ..no_cache()
+        };
+        let s = storage(&dir, limits).await;
+        let log = s.open_log("ix", small_segments(1024)).await.unwrap();
+        for i in 0..60 {
+            log.append(&batch(1000 + i, 3, i as u64), 0).await.unwrap();
+        }
+        log.flush().await.unwrap();
+        assert!(log.segment_bases().len() >= 5, "{:?}", log.segment_bases());
+        let want = read_all(&log).await;
+        let by_time = log.offset_for_timestamp(1030).await.unwrap();
+        assert!(by_time.is_some());
+
+        let first = s.limit_index_memory();
+        assert!(first.before_bytes > BUDGET, "{first:?}");
+        assert!(
+            first.after_bytes <= BUDGET && first.unloaded_segments > 0,
+            "{first:?}"
+        );
+        let again = s.limit_index_memory();
+        assert_eq!(
+            (again.before_bytes, again.unloaded_segments),
+            (first.after_bytes, 0)
+        );
+
+        assert_eq!(read_all(&log).await, want);
+        assert_eq!(log.offset_for_timestamp(1030).await.unwrap(), by_time);
+        // Those reads loaded them again; the next pass bounds them again.
+        let reloaded = s.limit_index_memory();
+        assert!(reloaded.before_bytes > BUDGET, "{reloaded:?}");
+        assert!(reloaded.after_bytes <= BUDGET, "{reloaded:?}");
     });
 }

@@ -87,7 +87,8 @@ def storage_metrics(b):
     for name in ["sluice_storage_active_logs", "sluice_storage_active_logs_max",
                  "sluice_storage_log_reactivations_total",
                  "sluice_storage_preallocated_unwritten_bytes",
-                 "sluice_storage_preallocated_bytes_max"]:
+                 "sluice_storage_preallocated_bytes_max",
+                 "sluice_storage_index_memory_bytes", "sluice_storage_index_memory_max"]:
         vals = [float(v) for v in re.findall(rf'^{name}{{shard="\d+"}} (\S+)$', body, re.M)]
         assert len(vals) == b.cores, f"{name} per shard: {vals}"
         out[name] = vals
@@ -109,6 +110,8 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
         assert 0 < used <= cap
     for used, cap in zip(m["sluice_storage_preallocated_unwritten_bytes"],
                          m["sluice_storage_preallocated_bytes_max"]):
+        assert used <= cap
+    for used, cap in zip(m["sluice_storage_index_memory_bytes"], m["sluice_storage_index_memory_max"]):
         assert used <= cap
     assert sum(m["sluice_storage_log_reactivations_total"]) >= PARTITIONS
 

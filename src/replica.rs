@@ -129,26 +129,26 @@ thread_local! {
 /// the file system. A replica changed during a round waits for the next one.
 async fn write_checkpoints() {
     loop {
-        let (round, skipped): (Vec<Rc<Replica>>, Vec<Rc<Replica>>) = CHECKPOINTS.with(|q| {
+        let taken: Vec<Rc<Replica>> = CHECKPOINTS.with(|q| {
             let mut q = q.borrow_mut();
             let n = q.waiting.len().min(CHECKPOINT_ROUND_MAX);
-            let taken: Vec<_> = q.waiting.drain(..n).collect();
             q.running = n > 0;
-            // A retired replica's directory may be going away; a failed one stays failed.
-            taken.into_iter().partition(|r| {
-                let st = &r.checkpoint_state;
-                !st.retired.get() && st.failed.borrow().is_none()
-            })
+            q.waiting.drain(..n).collect()
+        });
+        if taken.is_empty() {
+            return;
+        }
+        // A retired replica's directory may be going away; a failed one stays failed.
+        let (round, skipped): (Vec<_>, Vec<_>) = taken.into_iter().partition(|r| {
+            let st = &r.checkpoint_state;
+            !st.retired.get() && st.failed.borrow().is_none()
         });
         for r in skipped {
             r.checkpoint_state.queued.set(false);
             r.checkpoint_state.done.notify(usize::MAX);
         }
         if round.is_empty() {
-            if CHECKPOINTS.with(|q| q.borrow().running) {
-                continue;
-            }
-            return;
+            continue;
         }
         if let [r] = &round[..] {
             let (version, bytes) = r.checkpoint_now();

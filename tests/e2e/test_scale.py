@@ -35,11 +35,13 @@ def topics():
     return [f"wide{t}" for t in range(TOPICS)]
 
 
-def produce_each(addr, tag, want):
+def produce_each(addr, tag, want, names=None, per_topic=PER_TOPIC):
+    """One record to every partition of `names` (default: this file's topics), each
+    added to `want`; asserts every one acknowledged."""
     p = Producer({"bootstrap.servers": addr, "linger.ms": 20})  # defaults: acks=all, idempotent
     failed = []
-    for t in topics():
-        for i in range(PER_TOPIC):
+    for t in names or topics():
+        for i in range(per_topic):
             v = f"{tag}-{t}-{i}".encode()
             p.produce(t, value=v, partition=i,
                       on_delivery=lambda err, m: err and failed.append((m.topic(), m.partition(), err)))
@@ -178,17 +180,8 @@ def test_thousand_partitions_rf3_in_sync_then_a_sigkilled_brokers_leaderships_mo
         now = cluster_wait(moved, 60, f"the {len(led[victim])} partitions broker {victim} led led elsewhere")
         assert all(m["leader"] in survivors for m in now.values())
 
-        p = Producer({"bootstrap.servers": ",".join(c.addr(i) for i in survivors), "linger.ms": 20})
-        failed, want = [], {}
-        for t in RF3_TOPICS:
-            for i in range(RF3_PER_TOPIC):
-                v = f"after-{t}-{i}".encode()
-                p.produce(t, value=v, partition=i,
-                          on_delivery=lambda err, m: err and failed.append((m.topic(), m.partition(), err)))
-                want[(t, i)] = [v]
-                p.poll(0)
-        assert p.flush(120) == 0, "records without a delivery report"
-        assert not failed, failed[:5]
+        want = {}
+        produce_each(",".join(c.addr(i) for i in survivors), "after", want, RF3_TOPICS, RF3_PER_TOPIC)
         assert read_back(c.addr(survivors[0]), want) == want
     finally:
         c.stop()

@@ -738,8 +738,6 @@ impl Storage {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Spawns the background retention-compaction-and-producer-expiry and interval-flush loops on a low-share task
-    /// queue of the current executor, so they yield to appends and fetches.
     /// Keeps the in-memory offset and time indexes of the shard's closed segments
     /// within [`StorageLimits::index_memory_max`]: over it, the segments read least
     /// recently lose theirs (read back from their files, which hold exactly those
@@ -747,8 +745,7 @@ impl Storage {
     /// active segments' indexes are left alone: they are written only when sealed. A
     /// log busy with another operation is skipped until the next pass.
     pub fn limit_index_memory(&self) -> IndexSweep {
-        let tick = self.index_tick.get();
-        self.index_tick.set(tick + 1);
+        self.index_tick.set(self.index_tick.get() + 1);
         let mut candidates = Vec::new();
         let mut total = 0;
         for log in self.live_logs() {
@@ -799,6 +796,9 @@ impl Storage {
         self.index_memory.get()
     }
 
+    /// Spawns the background retention-compaction-and-producer-expiry, interval-flush
+    /// and index-memory loops on a low-share task queue of the current executor, so they
+    /// yield to appends and fetches.
     pub fn spawn_background(
         self: &Rc<Self>,
         retention_check_ms: u64,

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 from signal import SIGTERM
+import random
 import socket
 import subprocess
 import time
@@ -26,15 +27,32 @@ SLUICE_BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release"
 _HANDED_OUT = set()
 
 
+def _ephemeral_low():
+    """The lowest port the kernel hands out as a connection's source port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A free loopback port that no earlier call of this run returned."""
+    """A free loopback port that no earlier call of this run returned, below the
+    kernel's ephemeral range: a port from that range (what binding port 0 gives) can be
+    taken meanwhile as the source port of some outgoing connection, and once held a
+    port a cluster broker was about to listen on for over 30 s."""
+    low = _ephemeral_low()
     for _ in range(1000):
+        port = random.randrange(10000, low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free loopback port that this run has not handed out already")
 
 

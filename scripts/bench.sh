@@ -139,7 +139,8 @@ rf_scenarios() { # bootstrap-args name-infix title
   warm_and_run "$1" bench-r4 "r4-$2-acks-1-max" --acks 1
 }
 if [ "$PART" = all ] || [ "$PART" = replication ]; then
-rf_scenarios "$B" single "single broker"
+# --cpu-pid: each row also reports the brokers' CPU time per record produced.
+rf_scenarios "$B --cpu-pid $BROKER" single "single broker"
 fi
 
 if [ "$PART" != soak ]; then kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT; fi
@@ -163,6 +164,7 @@ if [ ${#NICE[@]} -gt 0 ]; then
   for f in "$CDIR"/node-*.pid; do renice -n -10 -p "$(cat "$f")" >/dev/null || true; done
 fi
 C="--bootstrap 127.0.0.1:$((CLUSTER_PORT + 1)) --report-dir $OUT --replication-factor 3"
+for f in "$CDIR"/node-*.pid; do C="$C --cpu-pid $(cat "$f")"; done
 
 rf_scenarios "$C" rf3 "RF=3, 3 brokers"
 "$SLUICE" cluster describe --bootstrap-server "127.0.0.1:$((CLUSTER_PORT + 1))" >"$OUT/cluster-describe.txt" 2>&1 || true

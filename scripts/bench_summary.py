@@ -139,7 +139,11 @@ for tag, label, single_name, rf3_name in REPL:
             warm = load(("r1-single" if r is one else "r1-rf3") + "-acks-all-fixed-report.json")
             if warm:
                 ratio += f"; cold / warm (r1) p99 {times(lat(r, 'p99'), lat(warm, 'p99'))}, max {times(lat(r, 'max'), lat(warm, 'max'))}"
-        rrows.append(f"| ({tag}) {label} | {who} | {r['records_per_sec']:,.0f} | {r['mb_per_sec']:.1f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'p999')} | {ms(r, 'max')} | {ratio} |")
+        cpu = ((r.get("config") or {}).get("cpu") or {}).get("us_per_record")
+        if r is rf3 and one and cpu is not None:
+            ratio += f"; CPU per record {times(cpu, ((one.get('config') or {}).get('cpu') or {}).get('us_per_record'))}"
+        cpu = f"{cpu:.2f}" if cpu is not None else "–"
+        rrows.append(f"| ({tag}) {label} | {who} | {r['records_per_sec']:,.0f} | {r['mb_per_sec']:.1f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'p999')} | {ms(r, 'max')} | {cpu} | {ratio} |")
 if rrows:
     lines += ["", "Replication (RF=3, 3 brokers on one 2-core VM): the same `make bench` run starts a 3-broker cluster on "
               "this machine, each broker `--cores 1`, creates every topic with replication factor 3 (min.insync.replicas 2) and "
@@ -147,9 +151,11 @@ if rrows:
               "(at the fixed rate) has gone through, except (r0): the same load on a fresh topic with no warm-up; the single-broker baselines run the same way, in the same run. The three brokers and the "
               "load generator share 2 cores, so every follower fetch competes with the leaders and the generator for CPU: a "
               "pessimistic setup, not what separate machines would show. Ratios are RF=3 over the single broker of the same "
-              "scenario in this run (×; above 1 for latency means slower).", "",
-              "| scenario | brokers | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | RF=3 / single broker |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---|"] + rrows
+              "scenario in this run (×; above 1 for latency means slower). CPU µs/record: the brokers' CPU time over the run "
+              "(user + system, every thread, all three brokers for RF=3) per record produced, so for RF=3 the cluster's "
+              "cost of one replicated record.", "",
+              "| scenario | brokers | records/s | MB/s | p50 ms | p99 ms | p99.9 ms | max ms | CPU µs/record | RF=3 / single broker |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"] + rrows
 
 # Issue 14: many partitions (scripts/bench-scale.sh), each beside the 8-partition run.
 def scale(kind, label):

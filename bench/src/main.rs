@@ -123,6 +123,32 @@ struct ProduceArgs {
     /// creates its topic, e.g. retention.bytes=33554432.
     #[arg(long = "topic-config", value_name = "NAME=VALUE", value_parser = parse_config)]
     topic_config: Vec<(String, String)>,
+    /// A process (repeatable; e.g. each broker) whose CPU time over the run (user +
+    /// system, all threads) is reported, in all and in microseconds per record
+    /// produced: for RF=3, the cluster's CPU per replicated record.
+    #[arg(long = "cpu-pid", value_name = "PID")]
+    cpu_pids: Vec<u32>,
+}
+
+/// CPU seconds of `pids` together, or None when one of them cannot be read.
+fn cpu_of(pids: &[u32]) -> Option<f64> {
+    pids.iter().map(|&p| sample::cpu_seconds(p)).sum()
+}
+
+/// Prints and adds to a report's config the CPU `pids` used since `before` (taken
+/// with [`cpu_of`] as the run started), in all and per record produced.
+fn add_cpu(config: &mut serde_json::Value, pids: &[u32], before: Option<f64>, records: u64) {
+    if pids.is_empty() {
+        return;
+    }
+    let Some(secs) = before.zip(cpu_of(pids)).map(|(b, a)| a - b) else {
+        fail(format!(
+            "--cpu-pid {pids:?}: a process ended or cannot be read"
+        ));
+    };
+    let us = secs * 1e6 / records.max(1) as f64;
+    println!("CPU of --cpu-pid over the run: {secs:.2} s, {us:.2} µs per record");
+    config["cpu"] = json!({"pids": pids, "seconds": secs, "us_per_record": us});
 }
 
 fn parse_config(s: &str) -> Result<(String, String), String> {
@@ -604,9 +630,11 @@ fn main() {
             let show =
                 a.duration.is_some_and(|d| d > 3.0) || a.records.is_some_and(|r| r > 2_000_000);
             let pb = progress_bar(a.records, show);
+            let cpu_before = cpu_of(&a.cpu_pids);
             let out = produce_on_cores(&opts, a.cores.max(1), pb);
-            let after = replicas_after(&opts);
             let mut config = serde_json::to_value(&opts).expect("config");
+            add_cpu(&mut config, &a.cpu_pids, cpu_before, out.records);
+            let after = replicas_after(&opts);
             config["cores"] = json!(a.cores.max(1));
             add_replicas(&mut config, before, &after);
             write_reports(&a.common.report, "produce", config, &out);
@@ -632,10 +660,12 @@ fn main() {
             let show = a.duration.is_some_and(|d| d > 3.0) && sampling.is_none();
             let pb = progress_bar(a.records, show);
             let (o, s) = (opts.clone(), sampling.clone());
+            let cpu_before = cpu_of(&a.cpu_pids);
             let out = on_executor("bench-e2e", move || load::e2e(o, pb.clone(), s))
                 .unwrap_or_else(|e| fail(e));
-            let after = replicas_after(&opts);
             let mut config = serde_json::to_value(&opts).expect("config");
+            add_cpu(&mut config, &a.cpu_pids, cpu_before, out.records);
+            let after = replicas_after(&opts);
             if let Some(s) = &sampling {
                 config["sampling"] = json!(s);
             }

@@ -85,6 +85,23 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// CPU time of `pid` so far in seconds: user + system of all its threads (fields 14
+/// and 15 of /proc/PID/stat, in clock ticks of 1/100 s, Linux's USER_HZ everywhere).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(cpu_ticks(&s)? as f64 / 100.0)
+}
+
+/// utime + stime of a /proc/PID/stat line.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) may hold spaces and parentheses: the fields after it
+    // start past its last ')', at field 3.
+    let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let utime: u64 = rest.nth(11)?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Open descriptors of `pid` (entries of /proc/PID/fd).
 pub fn open_fds(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
@@ -313,6 +330,25 @@ pub fn print_table(rows: &[Row]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_whatever_the_command_name() {
+        // Fields 14 and 15 (utime 7, stime 5); the name holds ") (" and spaces.
+        let line = "42 (a) (b c) S 1 2 3 4 5 6 7 8 9 10 7 5 0 0 20 0 1 0 100 4096 10";
+        assert_eq!(cpu_ticks(line), Some(12));
+        assert_eq!(cpu_ticks("42 (truncated) S 1 2"), None);
+        // This process: its CPU time grows while it computes.
+        let pid = std::process::id();
+        let start = cpu_seconds(pid).expect("own /proc/PID/stat");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut x = 0u64;
+        while cpu_seconds(pid).expect("own stat") <= start {
+            assert!(std::time::Instant::now() < deadline, "CPU time never grew");
+            for i in 0..100_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+    }
 
     #[test]
     fn ticks_stay_inside_the_run() {

@@ -301,6 +301,10 @@ settings! {
     /// Set 0 when that file system also holds other programs' busy files: a syncfs
     /// writes theirs back too.
     shared_sync_min: u64 = 32;
+    /// Partition logs per shard whose writes are write-through (O_DSYNC: durable when
+    /// they complete, no fdatasync after them); logs opened beyond this many are synced
+    /// by fdatasync or shared syncfs rounds (0: none write-through).
+    dsync_logs_max: u64 = 32;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -429,6 +433,8 @@ pub struct BrokerConfig {
     pub reactor_wake_ms: u64,
     /// `--shared-sync-min`
     pub shared_sync_min: u64,
+    /// `--dsync-logs-max`
+    pub dsync_logs_max: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -601,6 +607,7 @@ impl BrokerConfig {
             max_incremental_fetch_session_cache_slots: s.max_incremental_fetch_session_cache_slots,
             reactor_wake_ms: s.reactor_wake_ms,
             shared_sync_min: s.shared_sync_min,
+            dsync_logs_max: s.dsync_logs_max,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
@@ -979,6 +986,7 @@ mod tests {
             "--max-incremental-fetch-session-cache-slots=4",
             "--reactor-wake-ms=20",
             "--shared-sync-min=0",
+            "--dsync-logs-max=3",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -989,7 +997,10 @@ mod tests {
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.replica_fetch_wait_max_ms, 10);
         assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);
-        assert_eq!((c.reactor_wake_ms, c.shared_sync_min), (20, 0));
+        assert_eq!(
+            (c.reactor_wake_ms, c.shared_sync_min, c.dsync_logs_max),
+            (20, 0, 3)
+        );
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(c.group_max_size, 11);
         assert_eq!(

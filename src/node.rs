@@ -297,6 +297,7 @@ async fn run_shard(
     // Storage first: it must be the first DMA-file user on this executor.
     let limits = StorageLimits {
         shared_sync_min: config.shared_sync_min,
+        dsync_logs_max: config.dsync_logs_max,
         ..descriptors.storage
     };
     let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))

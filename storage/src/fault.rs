@@ -16,7 +16,7 @@
 //! | `open` | every open of a partition file (`AppendFile::open`, read handles, recovery), `Journal::open` and the journal's rewrite temp file |
 //! | `read` | every read of a partition file (segment reads, recovery scans, index, snapshot and `partition.meta` reads, the tail page an `AppendFile` re-reads at open and truncation), the journal's read at open |
 //! | `write` | every write of an `AppendFile` and its fallocate (so `write_atomic` too), the journal's appends, rewrites and cut of a torn tail |
-//! | `sync` | every fdatasync/fsync and the cuts they make durable: `AppendFile` syncs, truncations and seals, recovery's cut of a torn segment, directory syncs, the journal's syncs |
+//! | `sync` | every fdatasync/fsync and the cuts they make durable: `AppendFile` syncs (and the writes of a write-through segment log, which sync as they write), truncations and seals, recovery's cut of a torn segment, directory syncs, the journal's syncs |
 //!
 //! Process-global on purpose, unlike [`crate::simdisk`]: a broker runs one executor
 //! thread per shard and a test arms a fault for all of them at once. Unarmed (the

@@ -349,6 +349,9 @@ pub struct StorageLimits {
     /// Syncs a shard's files want at once before further ones share `syncfs` rounds
     /// (0: never; see [`file::set_shared_sync_min`]).
     pub shared_sync_min: u64,
+    /// Segment logs a shard opens write-through (`O_DSYNC`) before further ones are
+    /// synced by `fdatasync` (0: none; see [`file::set_dsync_logs_max`]).
+    pub dsync_logs_max: u64,
     /// Small files written at once (checkpoints, snapshots; one descriptor each; see
     /// [`file::set_atomic_writes_max`]).
     pub atomic_writes_max: u64,
@@ -375,6 +378,7 @@ impl Default for StorageLimits {
             cleaner_map_bytes_max: 64 << 20,
             preallocated_bytes_max: file::DEFAULT_PREALLOCATED_MAX,
             shared_sync_min: file::DEFAULT_SHARED_SYNC_MIN,
+            dsync_logs_max: file::DEFAULT_DSYNC_LOGS_MAX,
             atomic_writes_max: file::DEFAULT_ATOMIC_WRITES_MAX,
             index_memory_max: DEFAULT_INDEX_MEMORY_MAX,
         }

@@ -356,6 +356,7 @@ impl Storage {
         limits.validate()?;
         file::set_preallocated_max(limits.preallocated_bytes_max);
         file::set_shared_sync_min(limits.shared_sync_min);
+        file::set_dsync_logs_max(limits.dsync_logs_max);
         file::set_atomic_writes_max(limits.atomic_writes_max);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         // glommio opens directories by absolute path only (relative ones fail with EBADF).
@@ -1463,6 +1464,15 @@ impl PartitionLog {
         }
     }
 
+    /// Whether to open this log's active segment write-through (`O_DSYNC`, when the
+    /// shard has room; see [`crate::file::DEFAULT_DSYNC_LOGS_MAX`]): suits a log synced
+    /// before every acknowledgement; one flushed on an interval would wait for each
+    /// write's sync for nothing. A log keeps the mode its segment opened with until the
+    /// next opens (both are correct for either policy).
+    fn write_through(&self) -> bool {
+        matches!(self.config.borrow().flush, FlushPolicy::Always)
+    }
+
     /// Under the lock: opens the last segment's files for appending if they are closed.
     async fn reactivate_locked(&self) -> Result<(), Error> {
         let last = self.state.borrow().active().base_offset;
@@ -1480,7 +1490,9 @@ impl PartitionLog {
         if let Some(a) = activation {
             let path = self.state.borrow().active().path("log");
             self.storage.handles.borrow_mut().forget(&path);
-            let files = a.open(self.storage.limits.write_bytes_max).await?;
+            let files = a
+                .open(self.storage.limits.write_bytes_max, self.write_through())
+                .await?;
             let n = &self.storage.reactivations;
             n.set(n.get() + 1);
             self.state.borrow_mut().active_mut().attach(files);
@@ -1994,6 +2006,7 @@ impl PartitionLog {
             new_base,
             now,
             self.storage.limits.write_bytes_max,
+            self.write_through(),
         )
         .await?;
         file::sync_dir(&self.dir).await?;

@@ -113,12 +113,19 @@ pub struct Activation {
 }
 
 impl Activation {
-    pub async fn open(self, write_bytes_max: usize) -> Result<ActiveFiles, Error> {
-        let log = AppendFile::open(
+    /// `write_through`: open the `.log` write-through if the shard has room for one
+    /// more (see [`AppendFile::open_log`]).
+    pub async fn open(
+        self,
+        write_bytes_max: usize,
+        write_through: bool,
+    ) -> Result<ActiveFiles, Error> {
+        let log = AppendFile::open_log(
             &self.log,
             self.size,
             write_bytes_max,
             file::PREALLOCATE_BYTES,
+            write_through,
         )
         .await?;
         Ok(ActiveFiles { log })
@@ -318,15 +325,24 @@ impl Segment {
         base_offset: i64,
         now_ms: i64,
         write_bytes_max: usize,
+        write_through: bool,
     ) -> Result<Segment, Error> {
         let mut s = Segment::empty(dir, base_offset, now_ms);
-        s.activate(write_bytes_max).await?;
+        s.activate(write_bytes_max, write_through).await?;
         Ok(s)
     }
 
-    /// Opens the `.log` for appending (the indexes stay in memory).
-    pub async fn activate(&mut self, write_bytes_max: usize) -> Result<(), Error> {
-        let files = self.activation().open(write_bytes_max).await?;
+    /// Opens the `.log` for appending (the indexes stay in memory); `write_through` as
+    /// for [`Activation::open`].
+    pub async fn activate(
+        &mut self,
+        write_bytes_max: usize,
+        write_through: bool,
+    ) -> Result<(), Error> {
+        let files = self
+            .activation()
+            .open(write_bytes_max, write_through)
+            .await?;
         self.attach(files);
         Ok(())
     }

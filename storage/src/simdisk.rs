@@ -143,6 +143,18 @@ pub(crate) fn wrote(h: &Handle, pos: u64, data: &[u8]) {
     f.unsynced.push((pos, data.to_vec()));
 }
 
+/// A write-through (`O_DSYNC`) write of `data` at `pos` completed: durable, like every
+/// write of the file before it.
+pub(crate) fn wrote_through(h: &Handle, pos: u64, data: &[u8]) {
+    let mut f = h.borrow_mut();
+    f.in_flight -= 1;
+    f.unsynced.push((pos, data.to_vec()));
+    let covered: Vec<_> = f.unsynced.drain(..).collect();
+    for (pos, data) in covered {
+        apply(&mut f.durable, pos, &data);
+    }
+}
+
 /// An I/O that did not complete.
 pub(crate) fn failed(h: &Handle) {
     h.borrow_mut().in_flight -= 1;

@@ -2,8 +2,10 @@
 //! volatile and a crash drops them or tears them at sector granularity, which a
 //! SIGKILL of a real process cannot show (the page cache survives it).
 //!
-//! - acknowledged appends (flush policy `always`) survive any such crash;
-//! - concurrent acknowledgements share fdatasyncs (group commit, counted);
+//! - acknowledged appends (flush policy `always`) survive any such crash, with segment
+//!   logs written through (`O_DSYNC`, no fdatasync) or synced by fdatasync;
+//! - concurrent acknowledgements share fdatasyncs (group commit, counted), and
+//!   write-through logs acknowledge with none;
 //! - the interval policy acknowledges without syncing, and its background flush makes
 //!   the data durable;
 //! - a property test runs random appends (plain, idempotent and transactional),
@@ -25,7 +27,20 @@ use proptest::prelude::*;
 use sluice_storage::batch::build;
 use sluice_storage::producer::{BatchMeta, ProducerStateTable};
 use sluice_storage::simdisk::{self, CrashMode};
-use sluice_storage::{compact, FlushPolicy, Judged, LogConfig, PartitionLog};
+use sluice_storage::{compact, FlushPolicy, Judged, LogConfig, PartitionLog, StorageLimits};
+
+/// Storage limits without a tail cache whose segment logs are written through
+/// (`O_DSYNC`: a completed write is durable) or, if not, synced by fdatasync.
+fn limits(write_through: bool) -> StorageLimits {
+    StorageLimits {
+        dsync_logs_max: if write_through {
+            sluice_storage::file::DEFAULT_DSYNC_LOGS_MAX
+        } else {
+            0
+        },
+        ..no_cache()
+    }
+}
 
 /// A record's identity: its offset and its bytes (which compaction keeps verbatim).
 type Rec = (i64, Vec<u8>);
@@ -182,7 +197,7 @@ fn acknowledged_appends_survive_crashes_that_drop_or_tear_unsynced_writes() {
             let (dir, config) = (dir.clone(), config.clone());
             run(move || async move {
                 simdisk::enable();
-                let s = storage(&dir, no_cache()).await;
+                let s = storage(&dir, limits(seed.is_multiple_of(2))).await;
                 let log = s.open_log("p", config).await.unwrap();
                 let acks = 10 + (seed as usize * 23) % 120;
                 produce_then_crash(log, 160, acks, mode).await
@@ -202,7 +217,7 @@ fn group_commit_shares_fdatasyncs_across_concurrent_acks() {
         let dir = dir.clone();
         run(move || async move {
             simdisk::enable();
-            let s = storage(&dir, no_cache()).await;
+            let s = storage(&dir, limits(false)).await;
             let log = s.open_log("gc", LogConfig::default()).await.unwrap();
             let before = simdisk::syncs();
             // Crash only once every record is acknowledged.
@@ -221,6 +236,30 @@ fn group_commit_shares_fdatasyncs_across_concurrent_acks() {
         "{syncs} fdatasyncs for 64 concurrent acknowledgements: group commit is not sharing"
     );
     let (_, got) = recover(dir, "gc", LogConfig::default());
+    check_acked_survive(&acked, &appended, &got);
+    assert_eq!(got.len(), acked.len());
+}
+
+#[test]
+fn write_through_logs_acknowledge_durable_appends_without_fdatasync() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let (acked, appended, syncs) = {
+        let dir = dir.clone();
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, limits(true)).await;
+            let log = s.open_log("wt", LogConfig::default()).await.unwrap();
+            let before = simdisk::syncs();
+            let all = (0..64).map(records_of_producer).sum();
+            let (acked, appended) = produce_then_crash(log, 64, all, CrashMode::LoseUnsynced).await;
+            (acked, appended, simdisk::syncs() - before)
+        })
+    };
+    assert_eq!(acked.len(), appended.len());
+    assert_eq!(syncs, 0, "a write-through log still synced");
+    // Only the writes themselves made the acknowledged records durable.
+    let (_, got) = recover(dir, "wt", LogConfig::default());
     check_acked_survive(&acked, &appended, &got);
     assert_eq!(got.len(), acked.len());
 }
@@ -543,7 +582,8 @@ fn check(ops: Vec<Op>, crash_at: usize, delay_us: u64, seed: u64) {
         let (dir, config) = (dir.clone(), config.clone());
         run(move || async move {
             simdisk::enable();
-            let (s, _) = storage_at(&dir, no_cache(), PROP_NOW_MS).await;
+            // Both ways a segment log is made durable: written through, or fdatasync.
+            let (s, _) = storage_at(&dir, limits(seed.is_multiple_of(2)), PROP_NOW_MS).await;
             let log = s.open_log("p", config).await.unwrap();
             let mut model = Model::default();
             let mut interrupted = None;

@@ -17,7 +17,16 @@ use std::time::Duration;
 use common::*;
 use sluice_storage::fault::{self, FaultOp, FaultRule};
 use sluice_storage::file::AppendFile;
-use sluice_storage::{Error, PartitionLog, Storage};
+use sluice_storage::{Error, PartitionLog, Storage, StorageLimits};
+
+/// Storage whose segment logs are synced by fdatasync, not written through (`O_DSYNC`),
+/// for the tests of sync faults between a write and its sync.
+fn fdatasync_synced() -> StorageLimits {
+    StorageLimits {
+        dsync_logs_max: 0,
+        ..no_cache()
+    }
+}
 
 const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
@@ -121,7 +130,7 @@ fn sync_fault_fails_the_log_and_every_method_refuses() {
     let d = tempdir();
     let dir = d.path().to_path_buf();
     run(move || async move {
-        let s = storage(&dir, no_cache()).await;
+        let s = storage(&dir, fdatasync_synced()).await;
         let log = reopen(&s, "p").await;
         append_durable(&log, 10, 0).await;
         assert_eq!(log.failure(), None);
@@ -182,6 +191,33 @@ fn sync_fault_fails_the_log_and_every_method_refuses() {
         let after = read_all(&log).await;
         assert!(after.len() >= before.len());
         assert_eq!(after[..before.len()], before[..]);
+    });
+}
+
+/// A write-through log (the default for a few busy logs) syncs as it writes: a sync
+/// fault fails the write itself, so nothing after it is acknowledged and the log is
+/// failed; what was durable before reads back after a reopen.
+#[test]
+fn sync_fault_on_a_write_through_log_fails_its_write_and_the_log() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let d2 = dir.clone();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let log = reopen(&s, "wt").await;
+        append_durable(&log, 10, 0).await;
+        let armed = Armed::new(&dir.join("wt"), &[(FaultOp::Sync, EIO)]);
+        let appended = log.append(&batch(1, 2, 99), 0).await;
+        assert!(appended.is_err() || log.flush_for_ack().await.is_err());
+        let cause = log.failure().expect("the log is failed");
+        assert!(cause.contains("os error 5"), "{cause}");
+        drop(armed);
+        assert!(is_failed_or_io(&log.flush().await));
+    });
+    run(move || async move {
+        let s = storage(&d2, no_cache()).await;
+        let log = reopen(&s, "wt").await;
+        assert_eq!(read_all(&log).await.len(), 10);
     });
 }
 
@@ -315,7 +351,7 @@ fn a_fault_on_one_partition_leaves_the_others_working() {
     let d = tempdir();
     let dir = d.path().to_path_buf();
     run(move || async move {
-        let s = storage(&dir, no_cache()).await;
+        let s = storage(&dir, fdatasync_synced()).await;
         let bad = reopen(&s, "bad").await;
         let good = reopen(&s, "good").await;
         append_durable(&bad, 3, 0).await;

@@ -547,11 +547,13 @@ async fn producer(
             }
             for (addr, batches) in by_conn {
                 let conn = &conns[&addr];
-                conn.wait_window().await;
-                if conn.closed.get() {
-                    return Err(err("producer connection closed by the broker"));
+                for request in split_by_bytes(batches, REQUEST_BYTES_MAX) {
+                    conn.wait_window().await;
+                    if conn.closed.get() {
+                        return Err(err("producer connection closed by the broker"));
+                    }
+                    conn.send(&opts.topic, opts.acks, request).await?;
                 }
-                conn.send(&opts.topic, opts.acks, batches).await?;
             }
         }
         if let Some(t) = txn.as_mut() {
@@ -580,6 +582,35 @@ async fn producer(
         c.wait_drained(Duration::from_secs(60)).await;
     }
     Ok(generated)
+}
+
+/// The most record bytes one Produce request carries (a client's max.request.size,
+/// 1 MiB by default). After the generator stalled (a busy machine), the records due at
+/// once at a fixed rate could otherwise fill one request past the broker's
+/// socket.request.max.bytes (100 MiB), and the broker closes such a connection.
+const REQUEST_BYTES_MAX: usize = 1 << 20;
+
+/// `batches` in order, split into requests of at most `max` record bytes (a batch
+/// larger than that alone).
+fn split_by_bytes(
+    batches: Vec<(i32, Bytes, Vec<u64>)>,
+    max: usize,
+) -> Vec<Vec<(i32, Bytes, Vec<u64>)>> {
+    let mut out: Vec<Vec<(i32, Bytes, Vec<u64>)>> = Vec::new();
+    let mut bytes = 0;
+    for b in batches {
+        match out.last_mut() {
+            Some(last) if bytes + b.1.len() <= max => {
+                bytes += b.1.len();
+                last.push(b);
+            }
+            _ => {
+                bytes = b.1.len();
+                out.push(vec![b]);
+            }
+        }
+    }
+    out
 }
 
 /// Sets up the topic and returns a client, the partition leaders and the Produce version.
@@ -951,4 +982,31 @@ pub async fn e2e(
     let mut out = stats.outcome(opts.record_size, seconds, Some(e2e_latency), consumed);
     out.samples = samples;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_stay_within_the_byte_limit_and_keep_every_batch_in_order() {
+        let batch = |p: i32, n: usize| (p, Bytes::from(vec![0u8; n]), vec![p as u64]);
+        let batches = vec![
+            batch(0, 400),
+            batch(1, 400),
+            batch(2, 300),
+            batch(3, 2000),
+            batch(4, 1),
+        ];
+        let requests = split_by_bytes(batches, 1000);
+        let sizes: Vec<Vec<usize>> = requests
+            .iter()
+            .map(|r| r.iter().map(|b| b.1.len()).collect())
+            .collect();
+        // A batch over the limit goes alone; nothing is dropped or reordered.
+        assert_eq!(sizes, vec![vec![400, 400], vec![300], vec![2000], vec![1]]);
+        let order: Vec<i32> = requests.iter().flatten().map(|b| b.0).collect();
+        assert_eq!(order, vec![0, 1, 2, 3, 4]);
+        assert!(split_by_bytes(Vec::new(), 1000).is_empty());
+    }
 }

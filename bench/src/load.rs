@@ -410,7 +410,6 @@ async fn producer(
     leaders: Rc<Vec<(i32, SocketAddr)>>,
     version: i16,
     stats: Rc<Stats>,
-    start: Instant,
 ) -> io::Result<u64> {
     // A transactional producer's coordinator side, and the commit interval.
     let mut txn = match opts.transactional {
@@ -453,8 +452,13 @@ async fn producer(
         .records
         .map(|r| r / opts.producers as u64 + u64::from((id as u64) < r % opts.producers as u64));
     let rate = opts.rate.map(|r| r / opts.producers as f64);
+    // The schedule starts once the connections are open, and a record's due time and
+    // the moment it becomes due come from the same reading of the clock. (The due times
+    // used to start only here while records fell due from before the connections
+    // opened: every latency was understated by that setup time, most with RF=3's three
+    // leaders, and the run began with the records due meanwhile in one burst.)
+    let (start, start_us) = (Instant::now(), now_us());
     let deadline = opts.duration_s.map(|d| start + Duration::from_secs_f64(d));
-    let start_us = now_us();
     let zipf = (opts.keys == Keys::Zipf).then(|| Zipf::new(opts.key_space));
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
     let mut acc: Vec<(Vec<u64>, Vec<u64>)> =
@@ -647,7 +651,6 @@ async fn run_producers(
             leaders.clone(),
             version,
             stats.clone(),
-            start,
         )));
     }
     for t in tasks {

@@ -8,13 +8,14 @@
 //! it was prepared (up to `write_bytes_max`). While a write is in flight the next one
 //! is already prepared (copied into its aligned buffer, starting with the tail page as
 //! the in-flight write leaves it), so the copy overlaps the device's work and the next
-//! write is submitted the moment the previous one completes. Likewise one `fdatasync` is in flight at a
-//! time, and it covers every byte written before it started: callers that arrive while
-//! it runs are covered by the next one. A segment log opened write-through (`O_DSYNC`,
-//! see [`DEFAULT_DSYNC_LOGS_MAX`]) needs no `fdatasync`: each write is durable when it
-//! completes, and the writes themselves group-commit what arrived meanwhile. A shard keeps at most [`DEVICE_OPS_MAX`] writes
-//! and syncs in the kernel at once, over all its files. All of this lives on one shard; nothing here
-//! is `Send`.
+//! write is submitted the moment the previous one completes. Likewise one `fdatasync` is
+//! in flight at a time, and it covers every byte written before it started: callers
+//! that arrive while it runs are covered by the next one. A segment log opened
+//! write-through (`O_DSYNC`, see [`DEFAULT_DSYNC_LOGS_MAX`]) needs no `fdatasync`: each
+//! write is durable when it completes, and the writes themselves group-commit what
+//! arrived meanwhile. A shard keeps at most [`DEVICE_OPS_MAX`] writes and syncs in the
+//! kernel at once, over all its files. All of this lives on one shard; nothing here is
+//! `Send`.
 //!
 //! After an I/O error the file is failed: every later call returns the error, because
 //! what is on disk is no longer known (after a failed `fdatasync` the kernel may have
@@ -923,8 +924,8 @@ pub const DEFAULT_SHARED_SYNC_MIN: u64 = 32;
 /// threads and a second completion to wake the shard for, per append. With `O_DSYNC`
 /// the write itself returns once its data, and the metadata needed to read it back
 /// (extent conversion of the preallocated space), are durable: one operation. On this
-/// project's 2-core VM (ext4 without a journal) that cut a broker's CPU per record by a
-/// quarter at 100k records/s acks=all and the RF=3 latency by half (docs/architecture.md).
+/// project's 2-core VM (ext4 without a journal) A/B runs showed less broker CPU per
+/// record and more throughput (docs/architecture.md, "Write-through segment logs").
 /// With many busy partitions the opposite holds: each write-through write flushes the
 /// device cache on its own, while shared `syncfs` rounds flush once for dozens of
 /// files, so beyond this many open logs, new ones are not write-through.

@@ -209,23 +209,32 @@ fn acknowledged_appends_survive_crashes_that_drop_or_tear_unsynced_writes() {
     }
 }
 
+/// 64 concurrent producers with 1-3 records each into log `name`, a crash once every
+/// record is acknowledged, and recovery: what was acknowledged and appended, the
+/// fdatasyncs made, and what recovery read back.
+fn all_acked_then_crash(
+    dir: &std::path::Path,
+    name: &'static str,
+    write_through: bool,
+) -> (Vec<Rec>, Vec<Rec>, u64, Vec<Rec>) {
+    let d = dir.to_path_buf();
+    let (acked, appended, syncs) = run(move || async move {
+        simdisk::enable();
+        let s = storage(&d, limits(write_through)).await;
+        let log = s.open_log(name, LogConfig::default()).await.unwrap();
+        let before = simdisk::syncs();
+        let all = (0..64).map(records_of_producer).sum();
+        let (acked, appended) = produce_then_crash(log, 64, all, CrashMode::LoseUnsynced).await;
+        (acked, appended, simdisk::syncs() - before)
+    });
+    let (_, got) = recover(dir.to_path_buf(), name, LogConfig::default());
+    (acked, appended, syncs, got)
+}
+
 #[test]
 fn group_commit_shares_fdatasyncs_across_concurrent_acks() {
     let d = tempdir();
-    let dir = d.path().to_path_buf();
-    let (acked, appended, syncs) = {
-        let dir = dir.clone();
-        run(move || async move {
-            simdisk::enable();
-            let s = storage(&dir, limits(false)).await;
-            let log = s.open_log("gc", LogConfig::default()).await.unwrap();
-            let before = simdisk::syncs();
-            // Crash only once every record is acknowledged.
-            let all = (0..64).map(records_of_producer).sum();
-            let (acked, appended) = produce_then_crash(log, 64, all, CrashMode::LoseUnsynced).await;
-            (acked, appended, simdisk::syncs() - before)
-        })
-    };
+    let (acked, appended, syncs, got) = all_acked_then_crash(d.path(), "gc", false);
     // 64 producers with 1-3 records each: every record acknowledged...
     assert_eq!(acked.len(), appended.len());
     assert!(syncs >= 1);
@@ -235,7 +244,6 @@ fn group_commit_shares_fdatasyncs_across_concurrent_acks() {
         syncs <= 32,
         "{syncs} fdatasyncs for 64 concurrent acknowledgements: group commit is not sharing"
     );
-    let (_, got) = recover(dir, "gc", LogConfig::default());
     check_acked_survive(&acked, &appended, &got);
     assert_eq!(got.len(), acked.len());
 }
@@ -243,23 +251,10 @@ fn group_commit_shares_fdatasyncs_across_concurrent_acks() {
 #[test]
 fn write_through_logs_acknowledge_durable_appends_without_fdatasync() {
     let d = tempdir();
-    let dir = d.path().to_path_buf();
-    let (acked, appended, syncs) = {
-        let dir = dir.clone();
-        run(move || async move {
-            simdisk::enable();
-            let s = storage(&dir, limits(true)).await;
-            let log = s.open_log("wt", LogConfig::default()).await.unwrap();
-            let before = simdisk::syncs();
-            let all = (0..64).map(records_of_producer).sum();
-            let (acked, appended) = produce_then_crash(log, 64, all, CrashMode::LoseUnsynced).await;
-            (acked, appended, simdisk::syncs() - before)
-        })
-    };
+    let (acked, appended, syncs, got) = all_acked_then_crash(d.path(), "wt", true);
     assert_eq!(acked.len(), appended.len());
     assert_eq!(syncs, 0, "a write-through log still synced");
     // Only the writes themselves made the acknowledged records durable.
-    let (_, got) = recover(dir, "wt", LogConfig::default());
     check_acked_survive(&acked, &appended, &got);
     assert_eq!(got.len(), acked.len());
 }

@@ -149,10 +149,8 @@ pub(crate) fn wrote_through(h: &Handle, pos: u64, data: &[u8]) {
     let mut f = h.borrow_mut();
     f.in_flight -= 1;
     f.unsynced.push((pos, data.to_vec()));
-    let covered: Vec<_> = f.unsynced.drain(..).collect();
-    for (pos, data) in covered {
-        apply(&mut f.durable, pos, &data);
-    }
+    let all = f.unsynced.len();
+    make_durable(&mut f, all);
 }
 
 /// An I/O that did not complete.
@@ -169,10 +167,7 @@ pub(crate) fn sync_mark(h: &Handle) -> usize {
 pub(crate) fn synced(h: &Handle, mark: usize) {
     let mut f = h.borrow_mut();
     f.in_flight -= 1;
-    let covered: Vec<_> = f.unsynced.drain(..mark).collect();
-    for (pos, data) in covered {
-        apply(&mut f.durable, pos, &data);
-    }
+    make_durable(&mut f, mark);
     DISK.with(|d| {
         if let Some(d) = d.borrow_mut().as_mut() {
             d.syncs += 1;
@@ -185,6 +180,14 @@ pub(crate) fn truncated(h: &Handle, len: u64) {
     let mark = sync_mark(h);
     synced(h, mark);
     h.borrow_mut().durable.truncate(len as usize);
+}
+
+/// The first `mark` unsynced writes of `f`, in order, become its durable image.
+fn make_durable(f: &mut SimFile, mark: usize) {
+    let covered: Vec<_> = f.unsynced.drain(..mark).collect();
+    for (pos, data) in covered {
+        apply(&mut f.durable, pos, &data);
+    }
 }
 
 fn apply(image: &mut Vec<u8>, pos: u64, data: &[u8]) {

@@ -813,7 +813,7 @@ impl Broker {
         }
     }
 
-    /// Waits until any partition's visible end (durable end for a follower, high
+    /// Waits until any partition's visible end (log end for a follower, high
     /// watermark for a consumer) passes its offset, or the timeout (see
     /// [`crate::util::wait_any`]: no progress between the check and the wait is missed).
     pub async fn wait_local(
@@ -827,25 +827,29 @@ impl Broker {
             .iter()
             .filter_map(|(t, p, offset)| Some((self.replica(t, *p).ok()?, *offset)))
             .collect();
-        let conditions = replicas
-            .iter()
-            .map(|(r, offset)| {
-                let holds: Box<dyn Fn() -> bool> = Box::new(move || {
-                    let visible = if follower {
-                        r.durable_end()
-                    } else if read_committed {
-                        // The last stable offset moves only with a marker, whose
-                        // replication moves the high watermark: `progress` fires.
-                        let hw = r.high_watermark();
-                        r.log.first_unstable_offset().map_or(hw, |u| u.min(hw))
-                    } else {
-                        r.high_watermark()
-                    };
-                    visible > *offset
-                });
-                (&r.progress, holds)
-            })
-            .collect();
+        let mut conditions: Vec<crate::util::Condition<'_>> = Vec::new();
+        for (r, offset) in &replicas {
+            if follower {
+                // Woken by the append itself, not its write (see `Replica::fetch_bound`),
+                // and by `progress`, which also fires when the role changes.
+                for event in [r.log.append_event(), &r.progress] {
+                    conditions.push((event, Box::new(move || r.log.log_end_offset() > *offset)));
+                }
+                continue;
+            }
+            let holds: Box<dyn Fn() -> bool> = Box::new(move || {
+                let visible = if read_committed {
+                    // The last stable offset moves only with a marker, whose
+                    // replication moves the high watermark: `progress` fires.
+                    let hw = r.high_watermark();
+                    r.log.first_unstable_offset().map_or(hw, |u| u.min(hw))
+                } else {
+                    r.high_watermark()
+                };
+                visible > *offset
+            });
+            conditions.push((&r.progress, holds));
+        }
         crate::util::wait_any(conditions, timeout).await
     }
 

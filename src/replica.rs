@@ -613,8 +613,19 @@ impl Replica {
         }
     }
 
-    /// What a fetch may read up to: followers read durable data, consumers up to the
-    /// high watermark. Also records the follower's progress.
+    /// What a fetch may read up to: followers the whole log (appended batches whose
+    /// write is still running included), consumers up to the high watermark. Also
+    /// records the follower's progress.
+    ///
+    /// Followers are not held to the leader's durable end: they write (and make durable)
+    /// a batch while the leader's own write of it runs, as Kafka's and Redpanda's
+    /// followers do, instead of one device round trip after it. The high watermark still
+    /// waits for both: it is the minimum of the leader's durable end and the followers'
+    /// fetch offsets (their durable ends). A follower may so hold records the leader
+    /// then loses in a crash; they were never acknowledged, and the leader epoch the
+    /// restarted leader's re-registration bumps makes the follower truncate them
+    /// (OffsetForLeaderEpoch), as the replication simulation (`sluice_replication::sim`)
+    /// checks.
     pub fn fetch_bound(
         &self,
         replica_id: i32,
@@ -632,28 +643,24 @@ impl Replica {
             return Err(not_leader());
         };
         if replica_id >= 0 {
-            // Never record progress the follower cannot have: past our durable end (a
+            // Never record progress the follower cannot have: past our log end (a
             // divergent log) it must truncate first.
-            if fetch_offset > l.durable_log_end() || fetch_offset < self.log.log_start_offset() {
+            let (start, end) = (self.log.log_start_offset(), self.log.log_end_offset());
+            if fetch_offset > end || fetch_offset < start {
                 return Err(ApiError::with(
                     ResponseError::OffsetOutOfRange,
-                    format!(
-                        "fetch offset {fetch_offset} outside [{}, {}]",
-                        self.log.log_start_offset(),
-                        l.durable_log_end()
-                    ),
+                    format!("fetch offset {fetch_offset} outside [{start}, {end}]"),
                 ));
             }
             let before = l.high_watermark();
             let ok = l
                 .on_follower_fetch(replica_id, current_leader_epoch, fetch_offset, now_ms())
                 .map_err(|e| fetch_error(&e))?;
-            let bound = l.durable_log_end();
             if ok.high_watermark != before {
                 drop(state);
                 self.notify();
             }
-            return Ok((bound, ok.high_watermark, ok.alter_isr));
+            return Ok((end, ok.high_watermark, ok.alter_isr));
         }
         if current_leader_epoch >= 0 {
             l.check_epoch(current_leader_epoch)

@@ -23,7 +23,10 @@
 //! leader counts only its *durable* log end offset, and a follower reports (as its fetch
 //! offset) only what it has made durable. Whatever the high watermark covers is therefore on
 //! disk on every member of the maximal ISR, and a crash that loses unsynced writes never
-//! loses a committed record.
+//! loses a committed record. The leader serves followers its whole log, writes still
+//! running included, so a follower's fetch offset may pass the leader's durable end (the
+//! two writes overlap instead of following each other); the high watermark waits for
+//! both.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -509,7 +512,9 @@ impl Leader {
             .filter(|&b| b != self.me)
             .filter(|b| {
                 let p = &self.followers[b];
-                let at_end = p.log_end == Some(leader_end);
+                // A follower may be past the leader's durable end: it fetches what the
+                // leader appended while the leader's own write runs.
+                let at_end = p.log_end.is_some_and(|end| end >= leader_end);
                 let recent =
                     now_ms.saturating_sub(p.last_caught_up_ms) <= self.replica_lag_time_max_ms;
                 !at_end && !recent

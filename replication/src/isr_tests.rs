@@ -396,6 +396,24 @@ fn follower_at_leader_end_is_never_out_of_sync() {
     assert_eq!(l.tick(10 * LAG_MS), None);
 }
 
+/// A follower fetches what the leader appended while the leader's own write of it runs,
+/// so it can be past the leader's durable end: that is at the end, not lagging, and the
+/// high watermark still waits for the leader's write.
+#[test]
+fn followers_past_the_leaders_durable_end_are_in_sync_and_wait_for_it() {
+    let mut l = leader3(100);
+    l.on_follower_fetch(2, 5, 130, 1).unwrap();
+    l.on_follower_fetch(3, 5, 120, 1).unwrap();
+    assert_eq!(
+        l.high_watermark(),
+        100,
+        "the leader's write is still running"
+    );
+    assert_eq!(l.tick(10 * LAG_MS), None);
+    l.on_local_durable(130);
+    assert_eq!(l.high_watermark(), 120);
+}
+
 /// KIP-497: while the shrink of {1,2,3} to {1,2} is pending, the controller may still hold
 /// {1,2,3} and elect 3 after a failure; so the hw keeps waiting for 3.
 #[test]

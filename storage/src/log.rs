@@ -1607,6 +1607,12 @@ impl PartitionLog {
         BusyGuard(self)
     }
 
+    /// The event that fires on every append, as soon as the batch has its offsets (the
+    /// log end moved; its write may still run), and when the log fails.
+    pub fn append_event(&self) -> &Event {
+        &self.append_event
+    }
+
     /// A listener that fires on the next append; check the log end after creating it.
     pub fn listen_appends(&self) -> EventListener {
         self.append_event.listen()

@@ -9,8 +9,9 @@
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
-# of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) on its own
-# broker, a row every SOAK_SAMPLE s (default 15) with the broker's RSS, open
+# of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) of
+# SOAK_RECORD_SIZE bytes (default 100; 1024 at SOAK_RATE=200000 is issue 17's 200 MB/s
+# soak) on its own broker, a row every SOAK_SAMPLE s (default 15) with the broker's RSS, open
 # descriptors and allocated disk beside the interval's rates and latency.
 # BENCH_OUT puts the results elsewhere than bench/results.
 # scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
@@ -23,6 +24,7 @@ SECS=${BENCH_SECONDS:-10}
 PORT=${BENCH_PORT:-19392}
 CORES=${BROKER_CORES:-1}
 RATE=${BENCH_RATE:-1000000}
+LOW_RATE=${BENCH_LOW_RATE:-20000}
 PART=${BENCH_PART:-all}
 # RF=3 scenarios: Kafka ports CLUSTER_PORT+1..3, controllers CLUSTER_PORT+11..13.
 CLUSTER_PORT=${BENCH_CLUSTER_PORT:-19400}
@@ -79,6 +81,12 @@ bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record
 
 echo "== (b) 100-byte records, acks=1, 8 partitions, fixed $RATE records/s (open loop) =="
 bench produce $B --name b-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+
+# (b-low): acks=all at a low rate with linger 0, as a latency-minded producer sends
+# (issue 17's goal: p99 <= 1 ms). Each request carries a record or two for most of the
+# 8 partitions, and acks once every partition it touched has made its write durable.
+echo "== (b-low) 100-byte records, acks=all, 8 partitions, fixed $LOW_RATE records/s, linger 0 (open loop) =="
+bench produce $B --name b-low-acks-all --topic bench-bl --partitions 8 --record-size 100 --acks -1 --rate "$LOW_RATE" --linger-ms 0 --duration "$SECS"
 fi
 
 # Exactly-once: (c) is the plain baseline of the idempotent and transactional runs.
@@ -195,18 +203,19 @@ if [ "$PART" = all ] || [ "$PART" = soak ]; then
   SOAK_SECONDS=${SOAK_SECONDS:-180}
   SOAK_RATE=${SOAK_RATE:-100000}
   SOAK_SAMPLE=${SOAK_SAMPLE:-15}
+  SOAK_RECORD_SIZE=${SOAK_RECORD_SIZE:-100}
   SOAK_RETENTION_BYTES=${SOAK_RETENTION_BYTES:-33554432}
   SOAK_SEGMENT_BYTES=${SOAK_SEGMENT_BYTES:-8388608}
   SDATA="$OUT/soak-data"
   rm -rf "$SDATA"
-  echo "== soak: 100-byte records at $SOAK_RATE records/s, acks=all, produce and consume for $SOAK_SECONDS s, a sample every $SOAK_SAMPLE s =="
+  echo "== soak: $SOAK_RECORD_SIZE-byte records at $SOAK_RATE records/s, acks=all, produce and consume for $SOAK_SECONDS s, a sample every $SOAK_SAMPLE s =="
   "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$SOAK_PORT" --data-dir "$SDATA" --cores "$CORES" \
     --metrics-listen "127.0.0.1:$((SOAK_PORT + 1))" --log-retention-check-interval-ms 5000 >"$OUT/soak-broker.log" 2>&1 &
   SOAK_BROKER=$!
   trap 'kill -TERM $SOAK_BROKER 2>/dev/null || true; wait $SOAK_BROKER 2>/dev/null || true' EXIT
   wait_port "$SOAK_PORT" "$OUT/soak-broker.log"
   bench e2e --bootstrap "127.0.0.1:$SOAK_PORT" --report-dir "$OUT" --name soak --topic bench-soak \
-    --partitions 8 --record-size 100 --acks -1 --rate "$SOAK_RATE" --linger-ms 1 --batch-bytes 32768 \
+    --partitions 8 --record-size "$SOAK_RECORD_SIZE" --acks -1 --rate "$SOAK_RATE" --linger-ms 1 --batch-bytes 32768 \
     --duration "$SOAK_SECONDS" --sample-secs "$SOAK_SAMPLE" --watch-pid "$SOAK_BROKER" --watch-dir "$SDATA" \
     --topic-config "retention.bytes=$SOAK_RETENTION_BYTES" --topic-config "segment.bytes=$SOAK_SEGMENT_BYTES" ||
     echo "soak: the run failed (output above); the summary has no soak rows"

@@ -60,6 +60,11 @@ struct Offline {
     failed: Option<Rc<PartitionLog>>,
     /// The layers above were told.
     announced: bool,
+    /// The leader epoch this replica led in when its log failed. Followers may hold
+    /// batches of that epoch its recovered log lost (a leader serves batches whose
+    /// write is still running), so it reopens only once the metadata moved past that
+    /// epoch (`Command::ReplicaOffline` bumps it) or another broker leads.
+    led_in: Option<i32>,
     attempts: u32,
     next_attempt: Instant,
 }
@@ -1095,7 +1100,8 @@ impl Broker {
     /// once) until [`Self::tend_offline`] has reopened it, re-reading its files.
     fn take_offline(&self, key: TopicPartitionRef<'_>, cause: String) -> ApiError {
         let log = self.logs.borrow_mut().remove_entry(key.key());
-        self.replicas.borrow_mut().remove(key.key());
+        let replica = self.replicas.borrow_mut().remove(key.key());
+        let led_in = replica.and_then(|r| r.leader_epoch());
         if let Some((owned, log)) = log {
             tracing::error!(topic = %key.topic, partition = key.partition, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");
             self.offline.borrow_mut().insert(
@@ -1104,6 +1110,7 @@ impl Broker {
                     cause: cause.clone(),
                     failed: Some(log),
                     announced: false,
+                    led_in,
                     attempts: 0,
                     next_attempt: Instant::now() + OFFLINE_RETRY_FIRST,
                 },
@@ -1213,6 +1220,20 @@ impl Broker {
         if !owned {
             // Deleted or moved while offline: nothing to bring back.
             self.offline.borrow_mut().remove(key);
+            return;
+        }
+        let led_in = self.offline.borrow().get(key).and_then(|o| o.led_in);
+        let same_leadership = led_in.is_some_and(|e| {
+            image.topics[name].assignment(p).is_some_and(|a| {
+                a.leader == self.config.node_id && a.leader_epoch <= e && a.replicas.len() > 1
+            })
+        });
+        if same_leadership {
+            // Not back as leader in the epoch the log failed in (see `Offline::led_in`):
+            // wait for the controller's new epoch.
+            let mut offline = self.offline.borrow_mut();
+            let o = offline.get_mut(key).expect("still offline");
+            o.next_attempt = Instant::now() + OFFLINE_RETRY_FIRST;
             return;
         }
         let effective = crate::broker_configs::effective_topic_configs(

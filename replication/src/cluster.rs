@@ -200,8 +200,11 @@ pub enum Command {
     },
     /// A broker's replica of a partition went offline (an I/O error on its files):
     /// it leaves the ISR and its leadership moves to another live ISR member — when
-    /// there is one. With none, nothing changes: no clean election is possible, and
-    /// the partition waits for that replica to reopen.
+    /// there is one. With none, no clean election is possible: the leader stays and
+    /// the partition waits for that replica to reopen, in a new leader epoch. Its
+    /// recovered log may be shorter than what followers fetched from it (a leader
+    /// serves batches whose write is still running), so it must not lead again in the
+    /// epoch those followers hold them under: the new epoch makes them truncate.
     ReplicaOffline {
         broker: BrokerId,
         topic: String,
@@ -801,13 +804,20 @@ impl ClusterState {
                     .iter()
                     .copied()
                     .find(|r| r != broker && p.isr.contains(r) && alive.contains(r));
-                if let Some(next) = successor {
-                    p.isr.retain(|r| r != broker);
-                    if p.leader == *broker {
-                        p.leader = next;
-                        p.leader_epoch += 1;
+                match successor {
+                    Some(next) => {
+                        p.isr.retain(|r| r != broker);
+                        if p.leader == *broker {
+                            p.leader = next;
+                            p.leader_epoch += 1;
+                        }
+                        p.partition_epoch += 1;
                     }
-                    p.partition_epoch += 1;
+                    None if p.leader == *broker => {
+                        p.leader_epoch += 1;
+                        p.partition_epoch += 1;
+                    }
+                    None => {}
                 }
             }
         }
@@ -1460,7 +1470,7 @@ mod tests {
     }
 
     #[test]
-    fn an_offline_replica_hands_leadership_to_a_live_isr_member_or_keeps_it_when_none_is_left() {
+    fn an_offline_replica_hands_leadership_to_a_live_isr_member_or_keeps_it_in_a_new_epoch() {
         let mut s = cluster(3);
         s.apply(&Command::CreateTopic {
             name: "t".into(),
@@ -1487,9 +1497,10 @@ mod tests {
         // A follower's fails: it only leaves the ISR.
         let p = offline(&mut s, 3);
         assert_eq!((p.leader, p.leader_epoch, p.isr.clone()), (2, 1, vec![2]));
-        // The last in-sync replica stays leader: there is no clean successor.
-        let before = s.topics["t"].partitions[0].clone();
-        assert_eq!(offline(&mut s, 2), before);
+        // The last in-sync replica stays leader (there is no clean successor), in a
+        // new leader epoch: its reopened log may be shorter than a follower's.
+        let p = offline(&mut s, 2);
+        assert_eq!((p.leader, p.leader_epoch, p.isr.clone()), (2, 2, vec![2]));
         // Not a replica of the partition: refused, state unchanged.
         let version = s.version;
         let e = s.apply(&Command::ReplicaOffline {

@@ -1230,10 +1230,14 @@ impl Broker {
         });
         if same_leadership {
             // Not back as leader in the epoch the log failed in (see `Offline::led_in`):
-            // wait for the controller's new epoch.
+            // wait for the controller's new epoch, and ask for it again (the first
+            // proposal may have found no controller in time), with backoff.
             let mut offline = self.offline.borrow_mut();
             let o = offline.get_mut(key).expect("still offline");
-            o.next_attempt = Instant::now() + OFFLINE_RETRY_FIRST;
+            o.attempts += 1;
+            let wait = OFFLINE_RETRY_FIRST * 2u32.pow(o.attempts.min(5));
+            o.next_attempt = Instant::now() + wait.min(OFFLINE_RETRY_MAX);
+            o.announced = false;
             return;
         }
         let effective = crate::broker_configs::effective_topic_configs(

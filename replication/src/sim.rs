@@ -18,7 +18,10 @@
 //! - A network that drops, delays and reorders messages (Fetch, OffsetForLeaderEpoch,
 //!   AlterPartition) and can isolate one broker from everyone, controller included.
 //! - fsync completions; crashes that lose everything past the durable prefix and restart
-//!   with a new incarnation (re-registration fences the old one, as KRaft does);
+//!   with a new incarnation (re-registration fences the old one, as KRaft does); a
+//!   partition log failing in a running broker (an I/O error: the unsynced tail lost,
+//!   `Command::ReplicaOffline`, a reopen that waits for a newer leader epoch when the
+//!   replica led);
 //!   heartbeats that lapse into fencing; a periodic high-watermark checkpoint.
 //! - Clients producing with `acks=all` (min.insync.replicas 2) to whichever broker they
 //!   believe leads, sometimes a stale one.
@@ -67,6 +70,9 @@ pub struct Knobs {
     pub skip_truncation: bool,
     /// Followers fetch (and so report as theirs) records they have not fsynced yet.
     pub fetch_unsynced: bool,
+    /// A leader whose log failed reopens at once, in the leader epoch it had (the
+    /// broker's `Offline::led_in` wait skipped).
+    pub reopen_in_same_epoch: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +114,8 @@ pub struct Stats {
     pub refused: u64,
     pub leader_changes: u64,
     pub crashes: u64,
+    /// Partition logs that failed (an I/O error) in a running broker and reopened.
+    pub log_failures: u64,
     pub isolations: u64,
     pub fenced: u64,
     pub isr_changes: u64,
@@ -126,6 +134,7 @@ impl Stats {
         self.refused += o.refused;
         self.leader_changes += o.leader_changes;
         self.crashes += o.crashes;
+        self.log_failures += o.log_failures;
         self.isolations += o.isolations;
         self.fenced += o.fenced;
         self.isr_changes += o.isr_changes;
@@ -259,6 +268,9 @@ struct Replica {
     hw_checkpoint: Offset,
     in_flight: InFlight,
     alter_sent_ms: u64,
+    /// Offline after its log failed: the leader epoch it led in then, and when it next
+    /// tries to reopen.
+    offline: Option<(Option<LeaderEpoch>, u64)>,
 }
 
 impl Replica {
@@ -270,6 +282,7 @@ impl Replica {
             hw_checkpoint: 0,
             in_flight: InFlight::Idle,
             alter_sent_ms: 0,
+            offline: None,
         }
     }
 
@@ -612,6 +625,9 @@ impl Sim {
             return;
         };
         let r = &mut b.parts[part];
+        if r.offline.is_some() {
+            return;
+        }
         if ps.leader == id && r.state.leader_epoch() != Some(ps.leader_epoch) {
             let first = *self.leaders.entry((part, ps.leader_epoch)).or_insert(id);
             assert_eq!(
@@ -663,6 +679,7 @@ impl Sim {
             }
         }
         for part in 0..self.cfg.partitions {
+            self.maybe_reopen(id, part);
             self.complete_truncation(id, part);
             if self.rng.chance(300) {
                 self.fsync(id, part);
@@ -1184,6 +1201,14 @@ impl Sim {
                 self.crash(id);
             }
         }
+        if self.rng.chance(3) {
+            let id = 1 + self.rng.below(n) as BrokerId;
+            let part = self.rng.below(self.cfg.partitions as u64) as usize;
+            let b = &self.brokers[b_ix(id)];
+            if b.up && b.parts[part].offline.is_none() {
+                self.fail_log(id, part);
+            }
+        }
         let downs: Vec<BrokerId> = self
             .brokers
             .iter()
@@ -1229,11 +1254,82 @@ impl Sim {
             r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
             r.op = None;
             r.in_flight = InFlight::Idle;
+            r.offline = None;
             let hw = r.hw();
             self.last_hw[ix][part] = hw;
             self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
         }
         self.log(|| format!("crash b{id}"));
+    }
+
+    /// A partition's log fails in a running broker (an I/O error): its unsynced tail is
+    /// lost as in a crash, but the process and its registration live on. The broker
+    /// asks the controller to move the replica away (`Command::ReplicaOffline`; lost if
+    /// the controller is cut off) and reopens the log later.
+    fn fail_log(&mut self, id: BrokerId, part: usize) {
+        self.stats.log_failures += 1;
+        let ix = b_ix(id);
+        let knobs = self.cfg.knobs;
+        let now = self.now_ms;
+        let delay = 20 + self.rng.below(300);
+        let r = &mut self.brokers[ix].parts[part];
+        let led_in = r.state.leader_epoch();
+        r.log.truncate(r.state.durable() as usize);
+        let mut cache = LeaderEpochCache::new();
+        for (o, rec) in r.log.iter().enumerate() {
+            cache.assign(rec.epoch, o as Offset);
+        }
+        r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
+        r.op = None;
+        r.in_flight = InFlight::Idle;
+        r.offline = Some((led_in, now + delay));
+        let hw = r.hw();
+        self.last_hw[ix][part] = hw;
+        self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
+        // Produce requests waiting on the failed log are answered with an error.
+        self.pending_acks
+            .retain(|a| !(a.broker == id && a.part == part));
+        self.log(|| format!("b{id} p{part}: log failed (led in {led_in:?})"));
+        self.propose_offline(id, part);
+    }
+
+    fn propose_offline(&mut self, id: BrokerId, part: usize) {
+        if !self.cut(id, CONTROLLER) {
+            self.apply(Command::ReplicaOffline {
+                broker: id,
+                topic: TOPIC.into(),
+                partition: part as i32,
+            });
+        }
+    }
+
+    /// Reopens a failed log when due, unless the broker's view still names it leader in
+    /// the epoch it led in when the log failed (or an older one): then it asks the
+    /// controller again and waits, as the broker's `reopen` does.
+    fn maybe_reopen(&mut self, id: BrokerId, part: usize) {
+        let now = self.now_ms;
+        let skip_wait = self.cfg.knobs.reopen_in_same_epoch;
+        let b = &self.brokers[b_ix(id)];
+        let Some((led_in, at)) = b.parts[part].offline else {
+            return;
+        };
+        if now < at {
+            return;
+        }
+        let same = led_in.is_some_and(|e| {
+            b.view
+                .as_ref()
+                .and_then(|v| v.partition(TOPIC, part as i32))
+                .is_none_or(|ps| ps.leader == id && ps.leader_epoch <= e)
+        });
+        if same && !skip_wait {
+            self.brokers[b_ix(id)].parts[part].offline = Some((led_in, now + 100));
+            self.propose_offline(id, part);
+            return;
+        }
+        self.brokers[b_ix(id)].parts[part].offline = None;
+        self.log(|| format!("b{id} p{part}: log reopened"));
+        self.apply_view(id, part);
     }
 
     fn restart(&mut self, id: BrokerId) {

@@ -20,6 +20,7 @@ fn fifty_seeds_hold_every_invariant() {
     assert!(total.acked > 1_000, "{total:?}");
     assert!(total.leader_changes > 50, "{total:?}");
     assert!(total.crashes > 20 && total.isolations > 10, "{total:?}");
+    assert!(total.log_failures > 10, "{total:?}");
     assert!(
         total.truncated_records > 0 && total.isr_changes > 100,
         "{total:?}"
@@ -109,4 +110,19 @@ fn fetching_unsynced_records_is_caught() {
     };
     let v = run_seeds(&cfg, 1..51).expect_err("unsynced fetch offsets must break an invariant");
     assert!(v.what.contains("acked"), "{v}");
+}
+
+/// And with a leader whose log failed reopening at once in the leader epoch it had
+/// (followers may hold batches of that epoch its recovered log lost), some seed
+/// acknowledges a record the followers hold differently, or logs diverge.
+#[test]
+fn reopening_a_failed_leader_in_its_epoch_is_caught() {
+    let cfg = Config {
+        knobs: Knobs {
+            reopen_in_same_epoch: true,
+            ..Knobs::default()
+        },
+        ..Config::default()
+    };
+    run_seeds(&cfg, 1..501).expect_err("reopening in the same epoch must break an invariant");
 }

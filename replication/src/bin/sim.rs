@@ -3,7 +3,7 @@
 //! ```text
 //! sluice-sim --seeds N [--start S] [--steps K] [--brokers B] [--partitions P]
 //! sluice-sim --seed S [-v] [--steps K] ...          replay one seed (with a trace)
-//!            [--break-kip497] [--break-truncation] [--break-fsync]
+//!            [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen]
 //!                                      deliberate bugs, to see the invariants catch them
 //! ```
 //! Prints a summary; on a violation prints the failing seed and exits 1.
@@ -16,7 +16,7 @@ use sluice_replication::sim::{self, Config, Stats};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: sluice-sim (--seeds N [--start S] | --seed S [-v]) [--steps K] [--brokers 3..5] \
-         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync]"
+         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen]"
     );
     ExitCode::from(2)
 }
@@ -61,6 +61,7 @@ fn main() -> ExitCode {
             "--break-kip497" => cfg.knobs.ignore_pending_isr = true,
             "--break-truncation" => cfg.knobs.skip_truncation = true,
             "--break-fsync" => cfg.knobs.fetch_unsynced = true,
+            "--break-reopen" => cfg.knobs.reopen_in_same_epoch = true,
             "-v" | "--verbose" => verbose = true,
             _ => return usage(),
         }
@@ -121,19 +122,23 @@ fn flags(cfg: &Config) -> String {
     if cfg.knobs.fetch_unsynced {
         f.push_str(" --break-fsync");
     }
+    if cfg.knobs.reopen_in_same_epoch {
+        f.push_str(" --break-reopen");
+    }
     f
 }
 
 fn summary(seeds: u64, s: &Stats, secs: f64) {
     println!(
         "seeds {seeds}  steps {}  produced {}  acked {}  refused {}  leader changes {}  crashes {}  \
-         isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})",
+         log failures {}  isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})",
         s.steps,
         s.produced,
         s.acked,
         s.refused,
         s.leader_changes,
         s.crashes,
+        s.log_failures,
         s.isolations,
         s.fenced,
         s.isr_changes,

@@ -1242,24 +1242,36 @@ impl Sim {
         b.up = false;
         b.view = None;
         b.registered = false;
-        let knobs = self.cfg.knobs;
-        for (part, r) in b.parts.iter_mut().enumerate() {
-            r.log.truncate(r.state.durable() as usize);
-            // The epoch cache is rebuilt from what survived (Kafka truncates its cache to
-            // the recovered log end). A log operation under way dies with the process.
-            let mut cache = LeaderEpochCache::new();
-            for (o, rec) in r.log.iter().enumerate() {
-                cache.assign(rec.epoch, o as Offset);
-            }
-            r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
-            r.op = None;
-            r.in_flight = InFlight::Idle;
-            r.offline = None;
-            let hw = r.hw();
-            self.last_hw[ix][part] = hw;
-            self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
+        for part in 0..self.cfg.partitions {
+            self.lose_unsynced(ix, part, None);
         }
         self.log(|| format!("crash b{id}"));
+    }
+
+    /// What a replica keeps when its log is reopened by recovery (after a crash, or after
+    /// its log failed): the durable prefix, an epoch cache rebuilt from it (Kafka
+    /// truncates its cache to the recovered log end), the high-watermark checkpoint; a
+    /// log operation under way dies. `offline`: the replica's offline state after it.
+    fn lose_unsynced(
+        &mut self,
+        ix: usize,
+        part: usize,
+        offline: Option<(Option<LeaderEpoch>, u64)>,
+    ) {
+        let knobs = self.cfg.knobs;
+        let r = &mut self.brokers[ix].parts[part];
+        r.log.truncate(r.state.durable() as usize);
+        let mut cache = LeaderEpochCache::new();
+        for (o, rec) in r.log.iter().enumerate() {
+            cache.assign(rec.epoch, o as Offset);
+        }
+        r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
+        r.op = None;
+        r.in_flight = InFlight::Idle;
+        r.offline = offline;
+        let hw = r.hw();
+        self.last_hw[ix][part] = hw;
+        self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
     }
 
     /// A partition's log fails in a running broker (an I/O error): its unsynced tail is
@@ -1269,23 +1281,9 @@ impl Sim {
     fn fail_log(&mut self, id: BrokerId, part: usize) {
         self.stats.log_failures += 1;
         let ix = b_ix(id);
-        let knobs = self.cfg.knobs;
-        let now = self.now_ms;
         let delay = 20 + self.rng.below(300);
-        let r = &mut self.brokers[ix].parts[part];
-        let led_in = r.state.leader_epoch();
-        r.log.truncate(r.state.durable() as usize);
-        let mut cache = LeaderEpochCache::new();
-        for (o, rec) in r.log.iter().enumerate() {
-            cache.assign(rec.epoch, o as Offset);
-        }
-        r.state = Replica::state(cache, r.len(), r.hw_checkpoint, knobs);
-        r.op = None;
-        r.in_flight = InFlight::Idle;
-        r.offline = Some((led_in, now + delay));
-        let hw = r.hw();
-        self.last_hw[ix][part] = hw;
-        self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);
+        let led_in = self.brokers[ix].parts[part].state.leader_epoch();
+        self.lose_unsynced(ix, part, Some((led_in, self.now_ms + delay)));
         // Produce requests waiting on the failed log are answered with an error.
         self.pending_acks
             .retain(|a| !(a.broker == id && a.part == part));

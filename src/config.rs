@@ -213,7 +213,9 @@ settings! {
     replica_selector: String = "rack".into();
     /// Directory of the partition logs and the metadata.
     data_dir: PathBuf = "./data".into();
-    /// Shards (executor threads, one per core) [default: every online CPU].
+    /// Shards (executor threads, one per core) [default: every online CPU]. They are
+    /// pinned one to a CPU only when they take every CPU the broker may run on; start it
+    /// in a CPU set (`taskset -c`) of exactly this many CPUs to pin fewer.
     cores: usize, example = 2;
     /// Partitions of auto-created topics.
     default_partitions: i32 = 1;

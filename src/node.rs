@@ -142,6 +142,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
     let mut runtime = RuntimeConfig::new(config.cores);
+    runtime.pin = sluice_shard::runtime::pin_shards(config.cores);
     runtime.wake_period = std::time::Duration::from_millis(config.reactor_wake_ms);
     let shards = (0..config.cores)
         .map(|i| {

@@ -1,4 +1,5 @@
-//! Starting the shards: one pinned glommio executor per core.
+//! Starting the shards: one glommio executor per core, pinned to it when the shards
+//! take every CPU the process may use ([`pin_shards`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,7 +19,8 @@ pub struct RuntimeConfig {
     pub io_memory_bytes: usize,
     /// How long a task may run before the executor yields to other task queues.
     pub preempt_timer: Duration,
-    /// Pin each executor to one CPU (off in tests that run many brokers at once).
+    /// Pin each executor to one CPU (the broker: [`pin_shards`]; off in tests that run
+    /// many brokers at once).
     pub pin: bool,
     /// How often an executor with nothing to do wakes anyway (see [`keep_awake`]).
     pub wake_period: Duration,
@@ -132,6 +134,25 @@ pub fn is_orphaned_blocking_result(info: &std::panic::PanicHookInfo<'_>) -> bool
         && std::thread::current().name().is_none()
 }
 
+/// Whether a process running `shard_count` executors should pin them, one to a CPU:
+/// only when they take every CPU it may run on ([`online_cpus`], its affinity mask).
+///
+/// Why: a process given fewer shards than it has CPUs shares the machine (the brokers
+/// of a cluster on one host, a load generator, other programs), and pinning would put
+/// shard 0 of every such process on the same first CPU: three one-core brokers on a
+/// 2-core machine all ran on CPU 0 while CPU 1 served only the load generator, and
+/// every replication round trip queued behind the other brokers' turns on that CPU.
+/// Unpinned, the kernel spreads them. To pin a broker that does not take the whole
+/// machine, start it in a CPU set of exactly its shard count (`taskset -c`, systemd's
+/// `AllowedCPUs=`): its shards are then pinned inside the set.
+pub fn pin_shards(shard_count: usize) -> bool {
+    pins_for(shard_count, online_cpus().len())
+}
+
+fn pins_for(shard_count: usize, cpus: usize) -> bool {
+    shard_count >= cpus
+}
+
 /// The CPUs this process may run on, in id order: the machine's online CPUs that are
 /// in the process's affinity mask, so a broker started in a CPU set (`taskset`,
 /// systemd's `AllowedCPUs=`, a container's cpuset) pins its shards inside it.
@@ -209,4 +230,24 @@ where
         .into_iter()
         .map(|h| h.and_then(|h| h.join().map_err(|e| std::io::Error::other(e.to_string()))))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pins_for;
+
+    #[test]
+    fn shards_are_pinned_only_when_they_take_every_allowed_cpu() {
+        assert!(pins_for(2, 2), "a broker on the whole machine pins");
+        assert!(pins_for(1, 1), "a broker in a one-CPU set pins inside it");
+        assert!(
+            pins_for(4, 2),
+            "more shards than CPUs: still one CPU each, in turn"
+        );
+        assert!(
+            !pins_for(1, 2),
+            "a one-core broker on a 2-CPU machine shares it"
+        );
+        assert!(!pins_for(3, 8));
+    }
 }

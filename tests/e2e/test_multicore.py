@@ -1,12 +1,15 @@
 """Tier: multi-core. With --cores 2, partitions live on both shards and connections
 land on either; produce/consume results are the same as on one core."""
+import os
 import re
 import subprocess
 import threading
 
+import pytest
+
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import SLUICE_BIN, http_get, wait_until
+from conftest import SLUICE_BIN, Broker, check_brokers, http_get, wait_until
 from test_confluent import check_round_trip, consume_assigned, create_topic, produce_keyed
 from kafka_wire import Conn, api_versions_v0
 
@@ -102,3 +105,59 @@ def test_many_small_topics_are_dealt_evenly_over_the_shards(make_broker):
                                         "SHARDS"], r.stdout
     assert lines[start + 2].split() == ["1", "43", "43", "43", "22,21"], r.stdout
     assert "  max - min between the shards of a broker: 1" in lines, r.stdout
+
+
+def _cpu_list(text):
+    """CPU ids of a list such as '0-3,6'."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _shard_cpus(pid):
+    """{shard index: the CPUs each of its threads may run on} of a broker process."""
+    shards = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            m = re.match(r"shard-(\d+)-", f.read().strip())
+        if not m:
+            continue
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            allowed = re.search(r"Cpus_allowed_list:\s*(\S+)", f.read()).group(1)
+        shards.setdefault(int(m.group(1)), []).append(_cpu_list(allowed))
+    return shards
+
+
+def test_shards_are_pinned_only_when_they_take_every_cpu_they_may_use(make_broker, tmp_path):
+    """A broker with fewer shards than CPUs shares the machine and leaves placement to
+    the kernel: pinned, every such broker (three of a local cluster, each --cores 1)
+    put its one shard on CPU 0 and left the other CPUs idle. Shards that take every
+    allowed CPU are pinned one to each, also inside a CPU set the broker starts in."""
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("needs at least 2 CPUs")
+    one = make_broker(cores=1)
+    assert _shard_cpus(one.proc.pid) and all(
+        s == cpus for threads in _shard_cpus(one.proc.pid).values() for s in threads
+    ), f"one shard of {len(cpus)} CPUs is not pinned: {_shard_cpus(one.proc.pid)}"
+
+    every = make_broker(cores=len(cpus))
+    pinned = _shard_cpus(every.proc.pid)
+    assert sorted(pinned) == list(range(len(cpus)))
+    per_shard = [threads[0] for _, threads in sorted(pinned.items())]
+    assert all(len(s) == 1 for s in per_shard), f"each shard on one CPU: {pinned}"
+    assert set().union(*per_shard) == cpus, f"one shard on each CPU: {pinned}"
+
+    # Started in a one-CPU set (as `taskset -c` does): its one shard is pinned there.
+    last = max(cpus)
+    b = Broker(tmp_path / "in-a-set", cores=1)
+    limits = b._limits
+    b._limits = lambda: (limits(), os.sched_setaffinity(0, {last}))
+    b.start()
+    try:
+        in_set = _shard_cpus(b.proc.pid)
+        assert in_set and all(s == {last} for threads in in_set.values() for s in threads), in_set
+    finally:
+        check_brokers([b])

@@ -94,6 +94,11 @@ if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== (c) 1 KiB records, acks=all =="
 bench produce $B --name c-1k-acks-all --topic bench-c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS"
 
+# (c-1m): the same with 1 MiB batches, librdkafka's default batch.size (1,000,000
+# bytes): (c)'s 64 KiB batches bound it by the broker's per-batch work, not by the disk.
+echo "== (c-1m) 1 KiB records, acks=all, 1 MiB batches =="
+bench produce $B --name c-1k-acks-all-1m-batches --topic bench-c1m --partitions 8 --record-size 1024 --acks -1 --batch-bytes 1048576 --duration "$SECS"
+
 echo "== (c-idem) 1 KiB records, acks=all, idempotent producers (sequenced batches) =="
 bench produce $B --name c-1k-acks-all-idempotent --topic bench-ci --partitions 8 --record-size 1024 --acks -1 --idempotent --duration "$SECS"
 

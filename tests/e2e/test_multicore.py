@@ -138,16 +138,17 @@ def test_shards_are_pinned_only_when_they_take_every_cpu_they_may_use(make_broke
     cpus = os.sched_getaffinity(0)
     if len(cpus) < 2:
         pytest.skip("needs at least 2 CPUs")
-    one = make_broker(cores=1)
-    assert _shard_cpus(one.proc.pid) and all(
-        s == cpus for threads in _shard_cpus(one.proc.pid).values() for s in threads
-    ), f"one shard of {len(cpus)} CPUs is not pinned: {_shard_cpus(one.proc.pid)}"
+    one = _shard_cpus(make_broker(cores=1).proc.pid)
+    assert one and all(s == cpus for threads in one.values() for s in threads), (
+        f"one shard of {len(cpus)} CPUs is not pinned: {one}")
 
-    every = make_broker(cores=len(cpus))
-    pinned = _shard_cpus(every.proc.pid)
-    assert sorted(pinned) == list(range(len(cpus)))
-    per_shard = [threads[0] for _, threads in sorted(pinned.items())]
-    assert all(len(s) == 1 for s in per_shard), f"each shard on one CPU: {pinned}"
+    pinned = _shard_cpus(make_broker(cores=len(cpus)).proc.pid)
+    assert sorted(pinned) == list(range(len(cpus))), pinned
+    per_shard = []
+    for _, threads in sorted(pinned.items()):
+        assert len(threads[0]) == 1 and all(s == threads[0] for s in threads), (
+            f"each shard's threads on one CPU: {pinned}")
+        per_shard.append(threads[0])
     assert set().union(*per_shard) == cpus, f"one shard on each CPU: {pinned}"
 
     # Started in a one-CPU set (as `taskset -c` does): its one shard is pinned there.

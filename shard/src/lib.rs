@@ -1,7 +1,8 @@
 //! `sluice-shard`: the thread-per-core runtime.
 //!
-//! Owns the executors (one glommio `LocalExecutor` per core, pinned), the shard table
-//! that says which shard owns a partition, and the cross-shard request/reply mesh.
+//! Owns the executors (one glommio `LocalExecutor` per core, pinned when they take every
+//! CPU the process may use), the shard table that says which shard owns a partition, and
+//! the cross-shard request/reply mesh.
 //! Knows nothing of Kafka: messages are whatever `Send` types the layer above chooses.
 //!
 //! Objects here live on one shard each: a [`Mesh`] handle is `Rc` and is created on

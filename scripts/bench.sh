@@ -133,7 +133,9 @@ fi
 # (it also proves that all three replicas acknowledge). (r0) is the same acks=all load
 # on a fresh topic with no warm-up: the cold figure, to set beside the warm (r1). It
 # once stalled for ~100 ms in its first seconds (a new partition waited for its
-# followers' running fetch poll to end; issue 17), so keep both figures.
+# followers' running fetch poll to end; issue 17), and until c74bb07 the three brokers'
+# shards all ran on CPU 0, where a fresh topic's set-up queued behind the other
+# brokers; so keep both figures.
 warm_and_run() { # bootstrap-args topic name rest...
   local args=$1 topic=$2 name=$3; shift 3
   bench produce $args --name "warmup-$name" --topic "$topic" --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration 2 >/dev/null

@@ -201,9 +201,10 @@ class Broker:
     test ended it, so `problems()` can tell an expected exit from a death."""
 
     def __init__(self, data_dir, port=None, cores=1, extra=(), env=None, expected_errors=(),
-                 metrics_port=None, nofile=None):
+                 metrics_port=None, nofile=None, cpus=None):
         self.data_dir = str(data_dir)
         self.nofile = nofile  # the process's open-file limit (soft and hard), if set
+        self.cpus = cpus  # the process's CPU set (as `taskset -c` starts it), if set
         self.port = port or free_port()
         # An explicit metrics port of its own (the default, Kafka port + 552, could be
         # another test's); a test that passes --metrics-listen in `extra` decides itself,
@@ -258,6 +259,8 @@ class Broker:
         if self.nofile is not None:
             import resource
             resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+        if self.cpus is not None:
+            os.sched_setaffinity(0, self.cpus)
 
     def metrics_flags(self):
         if not self.metrics_flag:
@@ -380,9 +383,9 @@ def make_broker(tmp_path, request):
     or panic line in its log beyond the test's broker_log_errors patterns."""
     brokers = []
 
-    def make(cores=1, extra=(), data_dir=None, port=None, env=None, nofile=None):
+    def make(cores=1, extra=(), data_dir=None, port=None, env=None, nofile=None, cpus=None):
         b = Broker(data_dir or (tmp_path / f"data{len(brokers)}"), port=port, cores=cores, extra=extra, env=env,
-                   nofile=nofile)
+                   nofile=nofile, cpus=cpus)
         brokers.append(b)
         return b.start()
 

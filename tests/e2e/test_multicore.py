@@ -9,7 +9,7 @@ import pytest
 
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import SLUICE_BIN, Broker, check_brokers, http_get, wait_until
+from conftest import SLUICE_BIN, http_get, wait_until
 from test_confluent import check_round_trip, consume_assigned, create_topic, produce_keyed
 from kafka_wire import Conn, api_versions_v0
 
@@ -130,7 +130,7 @@ def _shard_cpus(pid):
     return shards
 
 
-def test_shards_are_pinned_only_when_they_take_every_cpu_they_may_use(make_broker, tmp_path):
+def test_shards_are_pinned_only_when_they_take_every_cpu_they_may_use(make_broker):
     """A broker with fewer shards than CPUs shares the machine and leaves placement to
     the kernel: pinned, every such broker (three of a local cluster, each --cores 1)
     put its one shard on CPU 0 and left the other CPUs idle. Shards that take every
@@ -153,12 +153,5 @@ def test_shards_are_pinned_only_when_they_take_every_cpu_they_may_use(make_broke
 
     # Started in a one-CPU set (as `taskset -c` does): its one shard is pinned there.
     last = max(cpus)
-    b = Broker(tmp_path / "in-a-set", cores=1)
-    limits = b._limits
-    b._limits = lambda: (limits(), os.sched_setaffinity(0, {last}))
-    b.start()
-    try:
-        in_set = _shard_cpus(b.proc.pid)
-        assert in_set and all(s == {last} for threads in in_set.values() for s in threads), in_set
-    finally:
-        check_brokers([b])
+    in_set = _shard_cpus(make_broker(cores=1, cpus={last}).proc.pid)
+    assert in_set and all(s == {last} for threads in in_set.values() for s in threads), in_set

@@ -655,32 +655,37 @@ impl Broker {
         let mut first: Option<sluice_storage::AppendInfo> = None;
         let mut last_offset = 0;
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
+        let mut writes = Vec::with_capacity(stored.len());
         for batch in &stored {
             let batch = &batch[..];
-            let appended = if trusted {
+            let info = if trusted {
                 log.append_bounded(batch, epoch, INTERNAL_BATCH_BYTES_MAX)
                     .await
-                    .map_err(|e| error::from_storage(&e))
+                    .map_err(|e| error::from_storage(&e))?
             } else {
                 let started = Instant::now();
-                let r =
-                    append_in_sequence(&log, &replica, batch, epoch, gap_deadline, &mut turn).await;
+                let (info, staged) =
+                    append_in_sequence(&log, &replica, batch, epoch, gap_deadline, &mut turn)
+                        .await?;
+                writes.extend(staged.map(|s| (started, s)));
                 let m = self.shard_metrics();
-                m.append_latency.record(started.elapsed());
-                if let Ok(info) = &r {
-                    crate::metrics::ShardMetrics::add(
-                        &m.records_in,
-                        info.record_count.max(0) as u64,
-                    );
-                }
-                r
+                crate::metrics::ShardMetrics::add(&m.records_in, info.record_count.max(0) as u64);
+                info
             };
-            let info = appended?;
             last_offset = info.last_offset;
             first.get_or_insert(info);
         }
-        // Offsets assigned: the next request's appends may go.
+        // Offsets assigned: the next request's appends may go, and join the write in
+        // flight's successor while this request waits for its own (group commit).
         drop(turn);
+        for (started, staged) in writes {
+            log.written(staged)
+                .await
+                .map_err(|e| error::from_storage(&e))?;
+            self.shard_metrics()
+                .append_latency
+                .record(started.elapsed());
+        }
         // "Acknowledged means on disk": wait for the topic's flush policy (fdatasync by
         // default) before answering or counting it replicated. acks=0 flushes too: only
         // durable data is replicated and becomes visible below the high watermark.
@@ -1550,26 +1555,27 @@ async fn append_in_sequence(
     epoch: i32,
     deadline: Instant,
     turn: &mut Option<crate::util::Turn>,
-) -> Result<sluice_storage::AppendInfo, ApiError> {
+) -> Result<(sluice_storage::AppendInfo, Option<sluice_storage::Staged>), ApiError> {
     use sluice_storage::producer::SequenceError;
     use sluice_storage::Judged;
     loop {
         // Listen before trying, so an append between the try and the wait is seen.
         let appended = replica.appended.listen();
-        let err = match log.append_judged(batch, epoch).await {
-            Ok(Judged::Appended(info)) => {
+        let err = match log.append_judged_staged(batch, epoch).await {
+            Ok((Judged::Appended(info), staged)) => {
                 replica.appended.notify(usize::MAX);
-                return Ok(info);
+                return Ok((info, staged));
             }
-            Ok(Judged::Refused(e)) => return Err(error::from_txn(&e)),
-            Ok(Judged::Duplicate(meta)) => {
-                return Ok(sluice_storage::AppendInfo {
+            Ok((Judged::Refused(e), _)) => return Err(error::from_txn(&e)),
+            Ok((Judged::Duplicate(meta), _)) => {
+                let info = sluice_storage::AppendInfo {
                     base_offset: meta.first_offset,
                     last_offset: meta.last_offset,
                     // Kafka answers a duplicate without a log-append time.
                     log_append_time_ms: -1,
                     record_count: (meta.last_offset - meta.first_offset + 1) as i32,
-                });
+                };
+                return Ok((info, None));
             }
             Err(e) => e,
         };

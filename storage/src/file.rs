@@ -43,6 +43,12 @@ use crate::fault::{self, FaultOp};
 use crate::simdisk;
 use crate::Error;
 
+/// Pending bytes worth copying into the next write's buffer while a write is in
+/// flight ([`AppendFile::wait_written`]). Below this the copy is cheap next to the
+/// device's work, and preparing early would close the next write to appends that
+/// arrive later during the one in flight, sending them in a write of their own.
+const PREPARE_AHEAD_MIN: usize = 64 << 10;
+
 /// Direct-I/O alignment used for every write position and size.
 pub const ALIGN: u64 = 4096;
 
@@ -84,6 +90,8 @@ struct State {
     truncating: bool,
     /// Bumped by truncation: a write or sync that started before it claims nothing.
     epoch: u64,
+    /// Writes started so far.
+    writes: u64,
 }
 
 /// A write ready to submit: an aligned buffer for position `pos` ending the file's
@@ -300,6 +308,7 @@ impl AppendFile {
                 preallocating: preallocate_bytes > 0,
                 truncating: false,
                 epoch: 0,
+                writes: 0,
             }),
             written_event: Event::new(),
             synced_event: Event::new(),
@@ -326,6 +335,11 @@ impl AppendFile {
 
     pub fn written_len(&self) -> u64 {
         self.state.borrow().written
+    }
+
+    /// Device writes started so far.
+    pub fn writes(&self) -> u64 {
+        self.state.borrow().writes
     }
 
     pub fn durable_len(&self) -> u64 {
@@ -404,8 +418,10 @@ impl AppendFile {
                     return Ok(());
                 }
                 if st.writing {
-                    // Use the wait: copy the next write's bytes now.
-                    if st.prepared.is_none() {
+                    // Use the wait: copy the next write's bytes now, if there are enough
+                    // for the copy to matter. Small appends wait: what arrives until the
+                    // write in flight completes goes out with them in the next one.
+                    if st.prepared.is_none() && st.pending_len >= PREPARE_AHEAD_MIN {
                         st.prepared = self.prepare(&mut st);
                     }
                 } else {
@@ -473,6 +489,7 @@ impl AppendFile {
             },
         };
         st.writing = true;
+        st.writes += 1;
         let write_end = next.pos + next.buf.len() as u64;
         let grow_to = (st.preallocating && write_end > st.allocated)
             .then(|| {
@@ -1178,6 +1195,65 @@ mod tests {
             assert_eq!(next.state.borrow().durable, 5000);
             next.sync_all().await.unwrap();
             set_dsync_logs_max(DEFAULT_DSYNC_LOGS_MAX);
+        });
+    }
+
+    /// Small appends that arrive while a write is in flight all go out in the next
+    /// write, not one write each: the next write is not closed early by preparing it
+    /// on the first waiter's poll.
+    #[test]
+    fn small_appends_during_a_write_share_the_next_write() {
+        use futures_lite::future::poll_once;
+        let d = tempdir();
+        let dir = d.path().to_path_buf();
+        run(move || async move {
+            let f = AppendFile::open(&dir.join("group.log"), 0, 1 << 20, 0)
+                .await
+                .unwrap();
+            let a = f.push(&[1u8; 100]).unwrap();
+            let mut wa = Box::pin(f.wait_written(a));
+            assert!(
+                poll_once(&mut wa).await.is_none(),
+                "the first write is in flight"
+            );
+            assert_eq!(f.writes(), 1);
+            let b = f.push(&[2u8; 100]).unwrap();
+            let mut wb = Box::pin(f.wait_written(b));
+            assert!(poll_once(&mut wb).await.is_none());
+            let c = f.push(&[3u8; 100]).unwrap();
+            let mut wc = Box::pin(f.wait_written(c));
+            assert!(poll_once(&mut wc).await.is_none());
+            assert_eq!(f.writes(), 1, "b and c wait for the write in flight");
+            wa.await.unwrap();
+            wb.await.unwrap();
+            wc.await.unwrap();
+            assert_eq!(f.writes(), 2, "b and c went out together");
+            assert_eq!(f.written_len(), 300);
+            // Enough pending bytes are still copied ahead while a write is in flight.
+            let big = f.push(&[4u8; PREPARE_AHEAD_MIN]).unwrap();
+            let mut wbig = Box::pin(f.wait_written(big));
+            assert!(poll_once(&mut wbig).await.is_none());
+            let more = f.push(&[5u8; PREPARE_AHEAD_MIN]).unwrap();
+            let mut wmore = Box::pin(f.wait_written(more));
+            assert!(poll_once(&mut wmore).await.is_none());
+            assert!(
+                f.state.borrow().prepared.is_some(),
+                "the next write is ready"
+            );
+            wbig.await.unwrap();
+            wmore.await.unwrap();
+            assert_eq!(f.writes(), 4);
+            f.sync_all().await.unwrap();
+            let mut data = std::fs::read(dir.join("group.log")).unwrap();
+            // Whole pages are written: the file ends padded to one.
+            let len = 300 + 2 * PREPARE_AHEAD_MIN;
+            assert_eq!(data.len() as u64, align_up(len as u64));
+            data.truncate(len);
+            assert!(data[..100].iter().all(|&x| x == 1));
+            assert!(data[100..200].iter().all(|&x| x == 2));
+            assert!(data[200..300].iter().all(|&x| x == 3));
+            assert!(data[300..].iter().take(PREPARE_AHEAD_MIN).all(|&x| x == 4));
+            assert!(data[300 + PREPARE_AHEAD_MIN..].iter().all(|&x| x == 5));
         });
     }
 

@@ -53,7 +53,7 @@ pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
 pub use index::AbortedTxn;
 pub use log::{
-    AppendInfo, Checked, CloseReport, IndexSweep, Judged, PartitionLog, ReadResult, Storage,
+    AppendInfo, Checked, CloseReport, IndexSweep, Judged, PartitionLog, ReadResult, Staged, Storage,
 };
 pub use producer::TxnError;
 

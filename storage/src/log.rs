@@ -1144,6 +1144,15 @@ pub enum Checked {
     Duplicate(BatchMeta),
 }
 
+/// An appended batch on its way to the device: [`PartitionLog::written`] waits for
+/// (and, if no write is in flight, starts) the write that carries it. Dropped
+/// unawaited, the bytes stay accepted and go out with the next write of the log.
+#[must_use = "an append is acknowledged only once it is written"]
+pub struct Staged {
+    file: Rc<file::AppendFile>,
+    target: u64,
+}
+
 /// The outcome of [`PartitionLog::append_judged`] and [`PartitionLog::append_marker`]:
 /// [`Checked`] plus refusals by the transaction rules. (A separate type so that
 /// callers matching [`Checked`] or [`Error`] exhaustively keep compiling; the broker
@@ -1709,10 +1718,13 @@ impl PartitionLog {
     /// The transaction rule (no plain batch while the producer's transaction is open)
     /// is [`Self::append_judged`]'s; this one, which predates it, lets such a batch in.
     pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
-        match self
+        let (judged, staged) = self
             .guarded(self.append_client(batch, leader_epoch, false))
-            .await?
-        {
+            .await?;
+        if let Some(s) = staged {
+            self.written(s).await?;
+        }
+        match judged {
             Judged::Appended(info) => Ok(Checked::Appended(info)),
             Judged::Duplicate(meta) => Ok(Checked::Duplicate(meta)),
             Judged::Refused(e) => unreachable!("the transaction rule is off: {e}"),
@@ -1723,8 +1735,33 @@ impl PartitionLog {
     /// open transaction may only write transactional batches
     /// ([`Judged::Refused`] with [`TxnError::NotTransactional`] otherwise).
     pub async fn append_judged(&self, batch: &[u8], leader_epoch: i32) -> Result<Judged, Error> {
+        let (judged, staged) = self.append_judged_staged(batch, leader_epoch).await?;
+        if let Some(s) = staged {
+            self.written(s).await?;
+        }
+        Ok(judged)
+    }
+
+    /// [`Self::append_judged`] up to the moment its offsets are assigned and its bytes
+    /// accepted: an appended batch comes with its [`Staged`] write, which the caller
+    /// awaits with [`Self::written`]. The next append may be judged and staged
+    /// meanwhile, so appends that arrive while a write is in flight go out together in
+    /// the next one (group commit): with a write-through log the write is the sync,
+    /// and a caller that awaited each write before letting the next batch in would
+    /// make one device round trip per batch.
+    pub async fn append_judged_staged(
+        &self,
+        batch: &[u8],
+        leader_epoch: i32,
+    ) -> Result<(Judged, Option<Staged>), Error> {
         self.guarded(self.append_client(batch, leader_epoch, true))
             .await
+    }
+
+    /// Waits until a staged append is written to the device (not yet synced, unless
+    /// the log is write-through; see [`Self::flush`]).
+    pub async fn written(&self, staged: Staged) -> Result<(), Error> {
+        self.guarded(staged.file.wait_written(staged.target)).await
     }
 
     async fn append_client(
@@ -1732,13 +1769,13 @@ impl PartitionLog {
         batch: &[u8],
         leader_epoch: i32,
         txn: bool,
-    ) -> Result<Judged, Error> {
+    ) -> Result<(Judged, Option<Staged>), Error> {
         self.check_size(batch)?;
         let header = batch::validate(batch, true)?;
         if header.is_control() {
             return Err(BatchError::ControlBatchFromClient.into());
         }
-        self.append_inner(batch, header, leader_epoch, true, Judge::Client { txn })
+        self.append_staged(batch, header, leader_epoch, true, Judge::Client { txn })
             .await
     }
 
@@ -1831,7 +1868,7 @@ impl PartitionLog {
     }
 
     /// Appends one validated batch; judges it against the producer state first (in the
-    /// same synchronous step that assigns its offsets).
+    /// same synchronous step that assigns its offsets). Returns once it is written.
     async fn append_inner(
         &self,
         batch: &[u8],
@@ -1840,6 +1877,25 @@ impl PartitionLog {
         assign_offsets: bool,
         judge: Judge,
     ) -> Result<Judged, Error> {
+        let (judged, staged) = self
+            .append_staged(batch, header, leader_epoch, assign_offsets, judge)
+            .await?;
+        if let Some(s) = staged {
+            s.file.wait_written(s.target).await?;
+        }
+        Ok(judged)
+    }
+
+    /// [`Self::append_inner`] without waiting for the write: an appended batch comes
+    /// with its [`Staged`] write.
+    async fn append_staged(
+        &self,
+        batch: &[u8],
+        header: batch::BatchHeader,
+        leader_epoch: i32,
+        assign_offsets: bool,
+        judge: Judge,
+    ) -> Result<(Judged, Option<Staged>), Error> {
         self.check_open()?;
         let span = if assign_offsets {
             i64::from(header.last_offset_delta)
@@ -1854,7 +1910,7 @@ impl PartitionLog {
         let now = self.storage.now_ms();
         let (info, log_file, target) = {
             if let Some(answer) = self.judge(&header, judge)? {
-                return Ok(answer);
+                return Ok((answer, None));
             }
             let mut st = self.state.borrow_mut();
             let base = if assign_offsets {
@@ -1907,8 +1963,11 @@ impl PartitionLog {
             (info, log_file, target)
         };
         self.append_event.notify(usize::MAX);
-        log_file.wait_written(target).await?;
-        Ok(Judged::Appended(info))
+        let staged = Staged {
+            file: log_file,
+            target,
+        };
+        Ok((Judged::Appended(info), Some(staged)))
     }
 
     /// Rolls to a new segment first if the next `incoming` bytes would overflow

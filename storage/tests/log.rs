@@ -707,3 +707,51 @@ fn truncating_into_a_compaction_gap_ends_the_log_at_the_offset() {
         assert_eq!(info.base_offset, 1);
     });
 }
+
+/// A staged append has its offsets and is readable by the log's own bookkeeping
+/// without waiting for the device: the next batch can be staged at once, so batches
+/// that arrive during a write share the next one. A staged write dropped unawaited
+/// still reaches the disk with the next write or flush.
+#[test]
+fn staged_appends_take_offsets_without_waiting_for_the_device() {
+    use futures_lite::future::poll_once;
+    use sluice_storage::Judged;
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, no_cache()).await;
+        let log = s.open_log("staged", LogConfig::default()).await.unwrap();
+        // The first append opens the segment's files.
+        log.append(&batch(1000, 2, 0), 1).await.unwrap();
+        let mut staged = Vec::new();
+        for tag in 1..=3u64 {
+            let b = batch(1000 + tag as i64, 2, tag);
+            let (judged, write) = poll_once(log.append_judged_staged(&b, 1))
+                .await
+                .expect("staging does not wait for a write")
+                .unwrap();
+            let Judged::Appended(info) = judged else {
+                panic!("not appended: {judged:?}");
+            };
+            assert_eq!(info.base_offset, 2 * tag as i64);
+            staged.push(write.expect("an appended batch has a write"));
+        }
+        assert_eq!(log.log_end_offset(), 8);
+        let dropped = staged.pop().unwrap();
+        drop(dropped);
+        for w in staged {
+            log.written(w).await.unwrap();
+        }
+        log.close().await.unwrap();
+        drop(log);
+        // Reopened: recovered from the files, read from disk (no cache).
+        let log = s.open_log("staged", LogConfig::default()).await.unwrap();
+        let got = read_all(&log).await;
+        let offsets: Vec<i64> = got.iter().map(|(o, _)| *o).collect();
+        assert_eq!(
+            offsets,
+            [0, 2, 4, 6],
+            "the dropped write reached the disk too"
+        );
+    });
+}

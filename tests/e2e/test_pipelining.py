@@ -48,6 +48,25 @@ def test_many_pipelined_produces(broker):
     c.close()
 
 
+def test_frames_of_every_size_and_split_read_whole(broker):
+    """Frames split across the broker's receive buffer, larger than it, and sent a
+    byte at a time are each read whole, in order."""
+    c = Conn(broker.addr, timeout=30)
+    big = produce_v3("split", 0, record_batch([b"b" * 100_000]), corr=2)
+    small = [produce_v3("split", 0, record_batch([b"s%d" % i]), corr=10 + i) for i in range(3)]
+    # A small frame, then one much larger than the buffer, then two small: one send.
+    c.send(small[0] + big + small[1] + small[2])
+    # And one byte at a time.
+    for b in frame(header(18, 0, 20)):
+        c.send(bytes([b]))
+    answers = [c.recv() for _ in range(5)]
+    assert [corr for corr, _ in answers] == [10, 2, 11, 12, 20]
+    bases = [parse_produce_v3(body)[0][2:] for _, body in answers[:4]]
+    assert bases == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert struct.unpack(">h", answers[4][1][:2])[0] == 0
+    c.close()
+
+
 def test_acks_zero_gets_no_response(broker):
     c = Conn(broker.addr, timeout=30)
     c.send(produce_v3("quiet", 0, record_batch([b"a"]), acks=0, corr=1) + frame(header(18, 0, 2)))

@@ -1153,6 +1153,17 @@ pub struct Staged {
     target: u64,
 }
 
+impl Staged {
+    /// The outcome of an append once its write (if it made one) is done.
+    async fn settle(appended: (Judged, Option<Staged>)) -> Result<Judged, Error> {
+        let (judged, staged) = appended;
+        if let Some(s) = staged {
+            s.file.wait_written(s.target).await?;
+        }
+        Ok(judged)
+    }
+}
+
 /// The outcome of [`PartitionLog::append_judged`] and [`PartitionLog::append_marker`]:
 /// [`Checked`] plus refusals by the transaction rules. (A separate type so that
 /// callers matching [`Checked`] or [`Error`] exhaustively keep compiling; the broker
@@ -1718,13 +1729,10 @@ impl PartitionLog {
     /// The transaction rule (no plain batch while the producer's transaction is open)
     /// is [`Self::append_judged`]'s; this one, which predates it, lets such a batch in.
     pub async fn append_checked(&self, batch: &[u8], leader_epoch: i32) -> Result<Checked, Error> {
-        let (judged, staged) = self
-            .guarded(self.append_client(batch, leader_epoch, false))
-            .await?;
-        if let Some(s) = staged {
-            self.written(s).await?;
-        }
-        match judged {
+        let appended = self.guarded(async {
+            Staged::settle(self.append_client(batch, leader_epoch, false).await?).await
+        });
+        match appended.await? {
             Judged::Appended(info) => Ok(Checked::Appended(info)),
             Judged::Duplicate(meta) => Ok(Checked::Duplicate(meta)),
             Judged::Refused(e) => unreachable!("the transaction rule is off: {e}"),
@@ -1735,11 +1743,10 @@ impl PartitionLog {
     /// open transaction may only write transactional batches
     /// ([`Judged::Refused`] with [`TxnError::NotTransactional`] otherwise).
     pub async fn append_judged(&self, batch: &[u8], leader_epoch: i32) -> Result<Judged, Error> {
-        let (judged, staged) = self.append_judged_staged(batch, leader_epoch).await?;
-        if let Some(s) = staged {
-            self.written(s).await?;
-        }
-        Ok(judged)
+        self.guarded(async {
+            Staged::settle(self.append_client(batch, leader_epoch, true).await?).await
+        })
+        .await
     }
 
     /// [`Self::append_judged`] up to the moment its offsets are assigned and its bytes
@@ -1877,13 +1884,11 @@ impl PartitionLog {
         assign_offsets: bool,
         judge: Judge,
     ) -> Result<Judged, Error> {
-        let (judged, staged) = self
-            .append_staged(batch, header, leader_epoch, assign_offsets, judge)
-            .await?;
-        if let Some(s) = staged {
-            s.file.wait_written(s.target).await?;
-        }
-        Ok(judged)
+        Staged::settle(
+            self.append_staged(batch, header, leader_epoch, assign_offsets, judge)
+                .await?,
+        )
+        .await
     }
 
     /// [`Self::append_inner`] without waiting for the write: an appended batch comes

@@ -657,7 +657,6 @@ impl Broker {
         let gap_deadline = Instant::now() + timeout.min(SEQUENCE_GAP_WAIT);
         let mut writes = Vec::with_capacity(stored.len());
         for batch in &stored {
-            let batch = &batch[..];
             let info = if trusted {
                 log.append_bounded(batch, epoch, INTERNAL_BATCH_BYTES_MAX)
                     .await
@@ -1551,7 +1550,7 @@ const SEQUENCE_GAP_WAIT: Duration = Duration::from_secs(5);
 async fn append_in_sequence(
     log: &PartitionLog,
     replica: &Replica,
-    batch: &[u8],
+    batch: &Bytes,
     epoch: i32,
     deadline: Instant,
     turn: &mut Option<crate::util::Turn>,
@@ -1561,7 +1560,7 @@ async fn append_in_sequence(
     loop {
         // Listen before trying, so an append between the try and the wait is seen.
         let appended = replica.appended.listen();
-        let err = match log.append_judged_staged(batch, epoch).await {
+        let err = match log.append_judged_staged(batch.clone(), epoch).await {
             Ok((Judged::Appended(info), staged)) => {
                 replica.appended.notify(usize::MAX);
                 return Ok((info, staged));

@@ -772,7 +772,7 @@ async fn append_fetched(
             }
         }
         r.log
-            .append_with_offsets(&records[range])
+            .append_with_offsets(records.slice(range))
             .await
             .map_err(append_error)?;
         expected_end = h.last_offset() + 1;

@@ -400,15 +400,53 @@ pub fn assign(batch: &mut [u8], base_offset: i64, leader_epoch: i32, log_append_
         batch.len() >= HEADER_BYTES,
         "assign on a partial batch header"
     );
-    (&mut batch[OFF_BASE_OFFSET..OFF_LENGTH]).put_i64(base_offset);
-    (&mut batch[OFF_LEADER_EPOCH..OFF_MAGIC]).put_i32(leader_epoch);
-    if let Some(ts) = log_append_time {
-        let attrs = i16::from_be_bytes([batch[OFF_ATTRIBUTES], batch[OFF_ATTRIBUTES + 1]]);
-        (&mut batch[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA])
-            .put_i16(attrs | ATTR_TIMESTAMP_LOG_APPEND);
-        (&mut batch[OFF_MAX_TIMESTAMP..OFF_PRODUCER_ID]).put_i64(ts);
+    assign_fields(batch, base_offset, leader_epoch, log_append_time);
+    if log_append_time.is_some() {
         let crc = computed_crc(batch);
         (&mut batch[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
+    }
+}
+
+/// [`assign`] without copying the batch: returns the header, rewritten, and the rest
+/// of `batch` as a slice of the caller's buffer (`bytes::Bytes`, shared, not copied).
+/// Written one after the other they are the batch [`assign`] makes. For LogAppendTime
+/// the CRC is recomputed over the rewritten header's covered part and the rest.
+pub fn assign_header(
+    batch: &bytes::Bytes,
+    base_offset: i64,
+    leader_epoch: i32,
+    log_append_time: Option<i64>,
+) -> (bytes::Bytes, bytes::Bytes) {
+    assert!(
+        batch.len() >= HEADER_BYTES,
+        "assign on a partial batch header"
+    );
+    let mut head = [0u8; HEADER_BYTES];
+    head.copy_from_slice(&batch[..HEADER_BYTES]);
+    let body = batch.slice(HEADER_BYTES..);
+    assign_fields(&mut head, base_offset, leader_epoch, log_append_time);
+    if log_append_time.is_some() {
+        // The CRC `assign` computes over the whole batch, from the two pieces.
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head[OFF_ATTRIBUTES..]), &body);
+        (&mut head[OFF_CRC..OFF_ATTRIBUTES]).put_u32(crc);
+    }
+    (bytes::Bytes::copy_from_slice(&head), body)
+}
+
+/// The header fields of [`assign`], CRC aside.
+fn assign_fields(
+    head: &mut [u8],
+    base_offset: i64,
+    leader_epoch: i32,
+    log_append_time: Option<i64>,
+) {
+    (&mut head[OFF_BASE_OFFSET..OFF_LENGTH]).put_i64(base_offset);
+    (&mut head[OFF_LEADER_EPOCH..OFF_MAGIC]).put_i32(leader_epoch);
+    if let Some(ts) = log_append_time {
+        let attrs = i16::from_be_bytes([head[OFF_ATTRIBUTES], head[OFF_ATTRIBUTES + 1]]);
+        (&mut head[OFF_ATTRIBUTES..OFF_LAST_OFFSET_DELTA])
+            .put_i16(attrs | ATTR_TIMESTAMP_LOG_APPEND);
+        (&mut head[OFF_MAX_TIMESTAMP..OFF_PRODUCER_ID]).put_i64(ts);
     }
 }
 
@@ -570,6 +608,21 @@ mod tests {
         assert_ne!(h.attributes & ATTR_TIMESTAMP_LOG_APPEND, 0);
         let ts = record_timestamps(&b).unwrap();
         assert_eq!(ts, vec![(43, 99_999), (44, 99_999)]);
+    }
+
+    #[test]
+    fn assign_header_makes_the_same_batch_as_assign_without_copying_the_rest() {
+        for append_time in [None, Some(99_999)] {
+            let sent = bytes::Bytes::from(build::simple(1_000, 3, 10));
+            let (head, body) = assign_header(&sent, 42, 7, append_time);
+            assert_eq!(head.len(), HEADER_BYTES);
+            // The rest is the sender's own bytes, not a copy of them.
+            assert_eq!(body.as_ptr(), sent[HEADER_BYTES..].as_ptr());
+            let mut whole = sent.to_vec();
+            assign(&mut whole, 42, 7, append_time);
+            assert_eq!([&head[..], &body[..]].concat(), whole);
+            validate(&whole, true).unwrap();
+        }
     }
 
     #[test]

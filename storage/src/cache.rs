@@ -11,11 +11,22 @@ use bytes::Bytes;
 /// Identifies a log within a shard.
 pub type LogId = u64;
 
+/// One cached batch, as two pieces that read back as the batch: `head` is the batch
+/// header rewritten by the append (base offset, leader epoch), or empty when `body` is
+/// the whole batch. A client's batch is kept as the header rewritten beside the rest of
+/// the client's own bytes (a slice of its request), not copied whole.
 #[derive(Debug, Clone)]
 pub struct CachedBatch {
     pub base_offset: i64,
     pub last_offset: i64,
-    pub data: Bytes,
+    pub head: Bytes,
+    pub body: Bytes,
+}
+
+impl CachedBatch {
+    fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -41,7 +52,7 @@ impl TailCache {
 
     /// Adds a batch at the end of `log`'s run. It must follow the run's last batch.
     pub fn insert(&mut self, log: LogId, batch: CachedBatch) {
-        if batch.data.len() > self.budget_bytes {
+        if batch.len() > self.budget_bytes {
             // Too large to ever fit: the run must stay contiguous, so drop it.
             self.invalidate(log);
             return;
@@ -50,7 +61,7 @@ impl TailCache {
         if let Some(last) = run.back() {
             assert!(batch.base_offset > last.last_offset, "cache run must grow");
         }
-        self.used_bytes += batch.data.len();
+        self.used_bytes += batch.len();
         self.order.push_back((log, batch.base_offset));
         run.push_back(batch);
         while self.used_bytes > self.budget_bytes {
@@ -66,7 +77,7 @@ impl TailCache {
             // Entries of an invalidated run may linger in `order`; skip those.
             if run.front().map(|b| b.base_offset) == Some(base) {
                 let b = run.pop_front().expect("front checked");
-                self.used_bytes -= b.data.len();
+                self.used_bytes -= b.len();
                 if run.is_empty() {
                     self.logs.remove(&log);
                 }
@@ -77,7 +88,7 @@ impl TailCache {
     /// Forgets everything cached for `log` (truncation, deletion).
     pub fn invalidate(&mut self, log: LogId) {
         if let Some(run) = self.logs.remove(&log) {
-            self.used_bytes -= run.iter().map(|b| b.data.len()).sum::<usize>();
+            self.used_bytes -= run.iter().map(CachedBatch::len).sum::<usize>();
         }
         // Compact `order` lazily: only when it is mostly stale.
         if self.order.len() > 1024
@@ -92,15 +103,15 @@ impl TailCache {
     }
 
     /// Whole batches from the one containing `offset`, up to `max_bytes` (at least one),
-    /// stopping before `max_offset_exclusive`. `None` when the run does not reach back
-    /// to `offset`.
+    /// stopping before `max_offset_exclusive`, as pieces to concatenate, with the offset
+    /// after the last batch. `None` when the run does not reach back to `offset`.
     pub fn read(
         &self,
         log: LogId,
         offset: i64,
         max_bytes: usize,
         max_offset_exclusive: i64,
-    ) -> Option<Vec<Bytes>> {
+    ) -> Option<(Vec<Bytes>, i64)> {
         let run = self.logs.get(&log)?;
         if run.front()?.base_offset > offset {
             return None;
@@ -108,17 +119,22 @@ impl TailCache {
         let start = run.partition_point(|b| b.last_offset < offset);
         let mut out = Vec::new();
         let mut bytes = 0;
+        let mut next = offset;
         for b in run.iter().skip(start) {
             if b.base_offset >= max_offset_exclusive {
                 break;
             }
-            if !out.is_empty() && bytes + b.data.len() > max_bytes {
+            if bytes > 0 && bytes + b.len() > max_bytes {
                 break;
             }
-            bytes += b.data.len();
-            out.push(b.data.clone());
+            bytes += b.len();
+            next = b.last_offset + 1;
+            if !b.head.is_empty() {
+                out.push(b.head.clone());
+            }
+            out.push(b.body.clone());
         }
-        Some(out)
+        Some((out, next))
     }
 }
 
@@ -130,7 +146,8 @@ mod tests {
         CachedBatch {
             base_offset: base,
             last_offset: last,
-            data: Bytes::from(vec![0u8; size]),
+            head: Bytes::new(),
+            body: Bytes::from(vec![0u8; size]),
         }
     }
 
@@ -146,8 +163,8 @@ mod tests {
             c.read(1, 0, 1000, i64::MAX).is_none(),
             "oldest of log 1 evicted"
         );
-        assert_eq!(c.read(1, 15, 1000, i64::MAX).unwrap().len(), 1);
-        assert_eq!(c.read(2, 0, 1000, i64::MAX).unwrap().len(), 2);
+        assert_eq!(c.read(1, 15, 1000, i64::MAX).unwrap().0.len(), 1);
+        assert_eq!(c.read(2, 0, 1000, i64::MAX).unwrap().0.len(), 2);
     }
 
     #[test]
@@ -155,11 +172,35 @@ mod tests {
         let mut c = TailCache::new(10_000);
         c.insert(1, b(0, 4, 500));
         c.insert(1, b(5, 9, 500));
-        assert_eq!(c.read(1, 3, 10, i64::MAX).unwrap().len(), 1);
-        assert_eq!(c.read(1, 3, 1000, i64::MAX).unwrap().len(), 2);
-        assert_eq!(c.read(1, 3, 1000, 5).unwrap().len(), 1);
+        assert_eq!(c.read(1, 3, 10, i64::MAX).unwrap().0.len(), 1);
+        assert_eq!(c.read(1, 3, 1000, i64::MAX).unwrap().0.len(), 2);
+        assert_eq!(c.read(1, 3, 1000, 5).unwrap().0.len(), 1);
         c.invalidate(1);
         assert_eq!(c.used_bytes(), 0);
         assert!(c.read(1, 3, 1000, i64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_batch_kept_as_head_and_body_reads_back_as_both_pieces_in_order() {
+        let mut c = TailCache::new(10_000);
+        c.insert(1, b(0, 4, 500));
+        c.insert(
+            1,
+            CachedBatch {
+                base_offset: 5,
+                last_offset: 9,
+                head: Bytes::from_static(b"head"),
+                body: Bytes::from_static(b"body"),
+            },
+        );
+        assert_eq!(c.used_bytes(), 508);
+        let (pieces, next) = c.read(1, 5, 1000, i64::MAX).unwrap();
+        assert_eq!(pieces, [&b"head"[..], &b"body"[..]]);
+        assert_eq!(next, 10);
+        // The byte limit counts both pieces: 500 + 8 is over 505, so one batch.
+        let (pieces, next) = c.read(1, 0, 505, i64::MAX).unwrap();
+        assert_eq!((pieces.len(), next), (1, 5));
+        c.invalidate(1);
+        assert_eq!(c.used_bytes(), 0);
     }
 }

@@ -156,7 +156,7 @@ fn sync_fault_fails_the_log_and_every_method_refuses() {
             assert!(is_failed_or_io(&log.compact().await));
             assert!(is_failed_or_io(&log.reset_to(1_000).await));
             assert!(is_failed_or_io(
-                &log.append_with_offsets(&batch(1, 1, 1)).await
+                &log.append_with_offsets(batch(1, 1, 1).into()).await
             ));
             assert!(is_failed_or_io(
                 &log.append_checked(&batch(1, 1, 1), 0).await

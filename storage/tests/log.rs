@@ -335,7 +335,7 @@ fn reset_to_moves_start_and_end_forward_and_survives_reopen() {
         // A follower copies the leader's batch at 500 with its offsets.
         let mut b = batch(5, 2, 7);
         batch::assign(&mut b, 500, 3, None);
-        log.append_with_offsets(&b).await.unwrap();
+        log.append_with_offsets(b.into()).await.unwrap();
         log.flush().await.unwrap();
         assert_eq!(log.log_end_offset(), 502);
         log.close().await.unwrap();
@@ -708,6 +708,62 @@ fn truncating_into_a_compaction_gap_ends_the_log_at_the_offset() {
     });
 }
 
+/// A client's batch is stored as a rewritten header beside the client's own bytes
+/// (no copy of the batch): read back from the tail cache and, after a reopen, from
+/// disk, every batch is whole, valid (CRC included, recomputed for LogAppendTime) and
+/// carries its assigned offset and leader epoch, with or without a log-append time.
+#[test]
+fn client_batches_kept_uncopied_read_back_whole_from_cache_and_disk() {
+    use sluice_storage::Judged;
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, StorageLimits::default()).await;
+        for (name, timestamp_type) in [
+            ("create", TimestampType::CreateTime),
+            ("append", TimestampType::LogAppendTime),
+        ] {
+            let cfg = LogConfig {
+                timestamp_type,
+                ..LogConfig::default()
+            };
+            let log = s.open_log(name, cfg.clone()).await.unwrap();
+            for tag in 0..4u64 {
+                let sent = bytes::Bytes::from(batch(1000 + tag as i64, 3, tag));
+                let (judged, write) = log.append_judged_staged(sent, 5).await.unwrap();
+                assert!(matches!(judged, Judged::Appended(_)), "{judged:?}");
+                log.written(write.unwrap()).await.unwrap();
+            }
+            log.flush().await.unwrap();
+            let check = |records: &[u8]| {
+                let mut seen = Vec::new();
+                for (h, b) in batch::stored_batches(records) {
+                    let v = batch::validate(b, true).unwrap();
+                    assert_eq!(v.leader_epoch, 5);
+                    let append_time = v.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
+                    assert_eq!(append_time, timestamp_type == TimestampType::LogAppendTime);
+                    seen.push(h.base_offset);
+                }
+                seen
+            };
+            let cached = log.read(0, 1 << 20, None).await.unwrap();
+            assert_eq!(
+                check(&cached.records),
+                [0, 3, 6, 9],
+                "{name}: from the cache"
+            );
+            log.close().await.unwrap();
+            drop(log);
+            let log = s.open_log(name, cfg).await.unwrap();
+            let from_disk = log.read(0, 1 << 20, None).await.unwrap();
+            assert_eq!(
+                from_disk.records, cached.records,
+                "{name}: disk and cache agree"
+            );
+        }
+    });
+}
+
 /// A staged append has its offsets and is readable by the log's own bookkeeping
 /// without waiting for the device: the next batch can be staged at once, so batches
 /// that arrive during a write share the next one. A staged write dropped unawaited
@@ -726,7 +782,7 @@ fn staged_appends_take_offsets_without_waiting_for_the_device() {
         let mut staged = Vec::new();
         for tag in 1..=3u64 {
             let b = batch(1000 + tag as i64, 2, tag);
-            let (judged, write) = poll_once(log.append_judged_staged(&b, 1))
+            let (judged, write) = poll_once(log.append_judged_staged(b.into(), 1))
                 .await
                 .expect("staging does not wait for a write")
                 .unwrap();

@@ -128,7 +128,7 @@ fn replicated_appends_feed_the_state_and_truncation_forgets_it() {
         for (seq, base) in [(0, 0i64), (1, 1)] {
             let mut b = idempotent(5, 0, seq, 1);
             b[0..8].copy_from_slice(&base.to_be_bytes());
-            log.append_with_offsets(&b).await.unwrap();
+            log.append_with_offsets(b.into()).await.unwrap();
         }
         // Promoted to leader: a client's retry of the last batch is a duplicate.
         assert!(matches!(

@@ -239,7 +239,10 @@ fn followers_copying_the_log_build_the_same_state_and_index() {
         interleaved(&leader).await;
         for (_, chunk) in read_chunks(&leader).await {
             for (_, b) in batch::stored_batches(&chunk) {
-                follower.append_with_offsets(b).await.unwrap();
+                follower
+                    .append_with_offsets(bytes::Bytes::copy_from_slice(b))
+                    .await
+                    .unwrap();
             }
         }
         assert_eq!(follower.producer_state(), leader.producer_state());

@@ -14,6 +14,10 @@
 # soak) on its own broker, a row every SOAK_SAMPLE s (default 15) with the broker's RSS, open
 # descriptors and allocated disk beside the interval's rates and latency.
 # BENCH_OUT puts the results elsewhere than bench/results.
+# Each scenario's topic is deleted once it is measured (sluice-bench --delete-topic;
+# bench-a after (d) reads it): kept, the single broker's topics grew to 62 GB on a
+# fast day (1 GB/s for 10 s per 1 KiB scenario) and filled the disk, so the last RF=3
+# scenario's appends were refused (KAFKA_STORAGE_ERROR below the free-space floor).
 # scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,30 +84,30 @@ echo "== (a) 100-byte records, acks=1, 8 partitions, maximum throughput =="
 bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
 
 echo "== (b) 100-byte records, acks=1, 8 partitions, fixed $RATE records/s (open loop) =="
-bench produce $B --name b-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+bench produce $B --name b-fixed-rate --topic bench-b --delete-topic --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
 
 # (b-low): acks=all at a low rate with linger 0, as a latency-minded producer sends
 # (issue 17's goal: p99 <= 1 ms). Each request carries a record or two for most of the
 # 8 partitions, and acks once every partition it touched has made its write durable.
 echo "== (b-low) 100-byte records, acks=all, 8 partitions, fixed $LOW_RATE records/s, linger 0 (open loop) =="
-bench produce $B --name b-low-acks-all --topic bench-bl --partitions 8 --record-size 100 --acks -1 --rate "$LOW_RATE" --linger-ms 0 --duration "$SECS"
+bench produce $B --name b-low-acks-all --topic bench-bl --delete-topic --partitions 8 --record-size 100 --acks -1 --rate "$LOW_RATE" --linger-ms 0 --duration "$SECS"
 fi
 
 # Exactly-once: (c) is the plain baseline of the idempotent and transactional runs.
 if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== (c) 1 KiB records, acks=all =="
-bench produce $B --name c-1k-acks-all --topic bench-c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS"
+bench produce $B --name c-1k-acks-all --topic bench-c --delete-topic --partitions 8 --record-size 1024 --acks -1 --duration "$SECS"
 
 # (c-1m): the same with 1 MiB batches, librdkafka's default batch.size (1,000,000
 # bytes): (c)'s 64 KiB batches bound it by the broker's per-batch work, not by the disk.
 echo "== (c-1m) 1 KiB records, acks=all, 1 MiB batches =="
-bench produce $B --name c-1k-acks-all-1m-batches --topic bench-c1m --partitions 8 --record-size 1024 --acks -1 --batch-bytes 1048576 --duration "$SECS"
+bench produce $B --name c-1k-acks-all-1m-batches --topic bench-c1m --delete-topic --partitions 8 --record-size 1024 --acks -1 --batch-bytes 1048576 --duration "$SECS"
 
 echo "== (c-idem) 1 KiB records, acks=all, idempotent producers (sequenced batches) =="
-bench produce $B --name c-1k-acks-all-idempotent --topic bench-ci --partitions 8 --record-size 1024 --acks -1 --idempotent --duration "$SECS"
+bench produce $B --name c-1k-acks-all-idempotent --topic bench-ci --delete-topic --partitions 8 --record-size 1024 --acks -1 --idempotent --duration "$SECS"
 
 echo "== (c-txn) 1 KiB records, acks=all, transactional producers committing every 100 ms =="
-bench produce $B --name c-1k-acks-all-txn --topic bench-ct --partitions 8 --record-size 1024 --acks -1 --transactional --commit-interval-ms 100 --duration "$SECS"
+bench produce $B --name c-1k-acks-all-txn --topic bench-ct --delete-topic --partitions 8 --record-size 1024 --acks -1 --transactional --commit-interval-ms 100 --duration "$SECS"
 
 # CTP_RECORDS records of 1 KiB go into the input first (acks=all, not timed); the
 # timed phase reads them all with read_committed and writes them again, exactly once.
@@ -113,10 +117,10 @@ fi
 
 if [ "$PART" = all ]; then
 echo "== (d) consume throughput (topic of scenario a) =="
-bench consume $B --name d-consume --topic bench-a --record-size 100
+bench consume $B --name d-consume --topic bench-a --delete-topic --record-size 100
 
 echo "== e2e: 100-byte records at 100,000 records/s, produce and consume at once =="
-bench e2e $B --name e2e --topic bench-e2e --partitions 8 --record-size 100 --acks -1 --rate 100000 --linger-ms 1 --duration "$SECS"
+bench e2e $B --name e2e --topic bench-e2e --delete-topic --partitions 8 --record-size 100 --acks -1 --rate 100000 --linger-ms 1 --duration "$SECS"
 
 echo "== consumer groups: 1,000 lightweight members join one group over 1,000 partitions =="
 bench group --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --members 1000 --partitions 1000
@@ -139,11 +143,11 @@ fi
 warm_and_run() { # bootstrap-args topic name rest...
   local args=$1 topic=$2 name=$3; shift 3
   bench produce $args --name "warmup-$name" --topic "$topic" --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration 2 >/dev/null
-  bench produce $args --name "$name" --topic "$topic" --partitions 8 --record-size 100 "$@" --duration "$SECS"
+  bench produce $args --name "$name" --topic "$topic" --delete-topic --partitions 8 --record-size 100 "$@" --duration "$SECS"
 }
 rf_scenarios() { # bootstrap-args name-infix title
   echo "== (r0) $3: 100-byte records, acks=all, 8 partitions, fixed $RF_RATE records/s on a fresh topic, no warm-up (cold) =="
-  bench produce $1 --name "r0-$2-acks-all-cold" --topic bench-r0 --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+  bench produce $1 --name "r0-$2-acks-all-cold" --topic bench-r0 --delete-topic --partitions 8 --record-size 100 --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
   echo "== (r1) $3: 100-byte records, acks=all, 8 partitions, fixed $RF_RATE records/s (open loop) =="
   warm_and_run "$1" bench-r1 "r1-$2-acks-all-fixed" --acks -1 --rate "$RF_RATE" --linger-ms 1 --batch-bytes 32768
   echo "== (r2) $3: 100-byte records, acks=1, 8 partitions, fixed $RF_RATE records/s (open loop) =="

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, FindCoordinatorRequest,
-    InitProducerIdRequest, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
-    MetadataResponse, TransactionalId,
+    ApiKey, BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, FindCoordinatorRequest, InitProducerIdRequest, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, TransactionalId,
 };
 use kafka_protocol::protocol::Request;
 use sluice_client::{aio, Versions};
@@ -35,6 +35,8 @@ pub fn our_range(key: ApiKey) -> (i16, i16) {
         ApiKey::Metadata => (1, 8),
         ApiKey::ListOffsets => (1, 5),
         ApiKey::CreateTopics => (2, 4),
+        // v6 names topics in `topics` (name or id) instead of `topic_names`.
+        ApiKey::DeleteTopics => (1, 6),
         ApiKey::InitProducerId => (0, 1),
         // v1 is the first with a key type; v4 batches keys.
         ApiKey::FindCoordinator => (1, 3),
@@ -222,6 +224,30 @@ impl Client {
             }
             if t.error_code == 36 && !configs.is_empty() {
                 eprintln!("sluice-bench: topic {topic} exists already; its configs stay as they are, not {configs:?}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `topic` (DeleteTopics); a topic that is gone already is no error.
+    pub async fn delete_topic(&mut self, topic: &str) -> io::Result<()> {
+        use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+        let v = self.version(ApiKey::DeleteTopics)?;
+        let mut req = DeleteTopicsRequest::default();
+        if v >= 6 {
+            req.topics = vec![DeleteTopicState::default().with_name(Some(topic_name(topic)))];
+        } else {
+            req.topic_names = vec![topic_name(topic)];
+        }
+        req.timeout_ms = 30_000;
+        let resp: DeleteTopicsResponse = self.request(&req, v).await?;
+        for r in resp.responses {
+            // 3 = UNKNOWN_TOPIC_OR_PARTITION
+            if r.error_code != 0 && r.error_code != 3 {
+                return Err(err(format!(
+                    "DeleteTopics {topic}: error code {}",
+                    r.error_code
+                )));
             }
         }
         Ok(())

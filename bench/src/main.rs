@@ -55,8 +55,27 @@ struct Common {
     bootstrap: SocketAddr,
     #[arg(long, default_value = "sluice-bench")]
     topic: String,
+    /// Delete the topic (DeleteTopics) once the run is reported, so that a series of
+    /// runs (`make bench`) does not fill the disk with data no later run reads.
+    #[arg(long)]
+    delete_topic: bool,
     #[command(flatten)]
     report: ReportArgs,
+}
+
+/// `--delete-topic`: deletes the run's topic, after its report is written.
+fn delete_topic_after(common: &Common) {
+    if !common.delete_topic {
+        return;
+    }
+    let (bootstrap, topic) = (common.bootstrap, common.topic.clone());
+    on_executor("bench-delete", move || async move {
+        kafka::Client::connect(bootstrap)
+            .await?
+            .delete_topic(&topic)
+            .await
+    })
+    .unwrap_or_else(|e| fail(e));
 }
 
 #[derive(Args, Clone)]
@@ -638,6 +657,7 @@ fn main() {
             config["cores"] = json!(a.cores.max(1));
             add_replicas(&mut config, before, &after);
             write_reports(&a.common.report, "produce", config, &out);
+            delete_topic_after(&a.common);
             if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
                 std::process::exit(1);
             }
@@ -671,6 +691,7 @@ fn main() {
             }
             add_replicas(&mut config, before, &after);
             write_reports(&a.common.report, "e2e", config, &out);
+            delete_topic_after(&a.common);
             if out.errors > 0 || after.is_some_and(|(_, all)| !all) {
                 std::process::exit(1);
             }
@@ -720,6 +741,7 @@ fn main() {
                 serde_json::to_value(&opts).expect("config"),
                 &out,
             );
+            delete_topic_after(&common);
         }
         Command::Group {
             bootstrap,

@@ -265,7 +265,19 @@ fn produce_request(parts: &[Part], batches: Vec<(usize, Bytes)>, acks: i16) -> P
     req
 }
 
-/// One record to every partition; returns the errors (partition, code).
+/// Codes a leader may answer for a partition it does not know yet: the Metadata the
+/// layout came from can list a new topic (its ISR full from the start) a moment before
+/// the leader has applied it, and clients retry them (UNKNOWN_TOPIC_OR_PARTITION,
+/// LEADER_NOT_AVAILABLE).
+const ONE_RETRIABLE: [i16; 2] = [3, 5];
+/// How long [`one_each`] retries a partition answered with an [`ONE_RETRIABLE`] code,
+/// and the pause between tries.
+const ONE_RETRY_FOR: Duration = Duration::from_secs(10);
+const ONE_RETRY_PAUSE: Duration = Duration::from_millis(5);
+
+/// One record to every partition; returns the errors (partition, code). A partition
+/// answered with a [`ONE_RETRIABLE`] code is sent again (bounded by [`ONE_RETRY_FOR`]),
+/// as a client would: the time measured includes it.
 async fn one_each(l: &Layout, opts: &ScaleOpts) -> io::Result<Vec<String>> {
     let builder = BatchBuilder::new(opts.record_size);
     let mut failed = Vec::new();
@@ -274,24 +286,47 @@ async fn one_each(l: &Layout, opts: &ScaleOpts) -> io::Result<Vec<String>> {
         let mut c = Client::connect(addr).await?;
         let v = c.version(ApiKey::Produce)?;
         for chunk in idx.chunks(ONE_CHUNK) {
-            let now = load::now_us();
-            let batches = chunk
+            let at: HashMap<(&str, i32), usize> = chunk
                 .iter()
-                .map(|&i| (i, builder.build(&[now], None)))
+                .map(|&i| ((&*l.parts[i].topic, l.parts[i].partition), i))
                 .collect();
-            let resp = c
-                .request(&produce_request(&l.parts, batches, opts.acks), v)
-                .await?;
-            for t in &resp.responses {
-                for p in &t.partition_responses {
-                    if p.error_code != 0 {
-                        failed.push(format!(
-                            "{}-{}: {}",
-                            t.name.as_str(),
-                            p.index,
-                            sluice_client::error_name(p.error_code)
-                        ));
+            let give_up = Instant::now() + ONE_RETRY_FOR;
+            let mut todo = chunk.to_vec();
+            while !todo.is_empty() {
+                let now = load::now_us();
+                let batches = todo
+                    .iter()
+                    .map(|&i| (i, builder.build(&[now], None)))
+                    .collect();
+                let resp = c
+                    .request(&produce_request(&l.parts, batches, opts.acks), v)
+                    .await?;
+                let mut again = Vec::new();
+                for t in &resp.responses {
+                    for p in &t.partition_responses {
+                        let code = p.error_code;
+                        let i = at.get(&(t.name.as_str(), p.index));
+                        match i {
+                            _ if code == 0 => {}
+                            Some(&i)
+                                if ONE_RETRIABLE.contains(&code) && Instant::now() < give_up =>
+                            {
+                                again.push(i)
+                            }
+                            _ => failed.push(format!(
+                                "{}-{}: {}",
+                                t.name.as_str(),
+                                p.index,
+                                sluice_client::error_name(code)
+                            )),
+                        }
                     }
+                }
+                // Kept in layout order: the request groups consecutive partitions by topic.
+                again.sort_unstable();
+                todo = again;
+                if !todo.is_empty() {
+                    glommio::timer::sleep(ONE_RETRY_PAUSE).await;
                 }
             }
         }

@@ -13,8 +13,9 @@ pub type LogId = u64;
 
 /// One cached batch, as two pieces that read back as the batch: `head` is the batch
 /// header rewritten by the append (base offset, leader epoch), or empty when `body` is
-/// the whole batch. A client's batch is kept as the header rewritten beside the rest of
-/// the client's own bytes (a slice of its request), not copied whole.
+/// the whole batch. A large client batch is kept as the header rewritten beside the
+/// rest of the client's own bytes (a slice of its request), not copied whole (see
+/// `log::UNCOPIED_BATCH_BYTES_MIN`).
 #[derive(Debug, Clone)]
 pub struct CachedBatch {
     pub base_offset: i64,

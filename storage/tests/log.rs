@@ -708,10 +708,10 @@ fn truncating_into_a_compaction_gap_ends_the_log_at_the_offset() {
     });
 }
 
-/// A client's batch is stored as a rewritten header beside the client's own bytes
-/// (no copy of the batch): read back from the tail cache and, after a reopen, from
-/// disk, every batch is whole, valid (CRC included, recomputed for LogAppendTime) and
-/// carries its assigned offset and leader epoch, with or without a log-append time.
+/// A large client batch is stored as a rewritten header beside the client's own bytes
+/// (no copy of the batch), a small one copied whole: read back from the tail cache and,
+/// after a reopen, from disk, every batch is whole, valid (CRC included, recomputed for
+/// LogAppendTime) and carries its assigned offset and leader epoch.
 #[test]
 fn client_batches_kept_uncopied_read_back_whole_from_cache_and_disk() {
     use sluice_storage::Judged;
@@ -728,8 +728,14 @@ fn client_batches_kept_uncopied_read_back_whole_from_cache_and_disk() {
                 ..LogConfig::default()
             };
             let log = s.open_log(name, cfg.clone()).await.unwrap();
+            // Small batches are copied, large ones kept: two of each, interleaved.
             for tag in 0..4u64 {
-                let sent = bytes::Bytes::from(batch(1000 + tag as i64, 3, tag));
+                let n = [3, 3000][tag as usize % 2];
+                let sent = bytes::Bytes::from(batch(1000 + tag as i64, n, tag));
+                assert_eq!(
+                    sent.len() >= sluice_storage::log::UNCOPIED_BATCH_BYTES_MIN,
+                    n == 3000
+                );
                 let (judged, write) = log.append_judged_staged(sent, 5).await.unwrap();
                 assert!(matches!(judged, Judged::Appended(_)), "{judged:?}");
                 log.written(write.unwrap()).await.unwrap();
@@ -749,7 +755,7 @@ fn client_batches_kept_uncopied_read_back_whole_from_cache_and_disk() {
             let cached = log.read(0, 1 << 20, None).await.unwrap();
             assert_eq!(
                 check(&cached.records),
-                [0, 3, 6, 9],
+                [0, 3, 3003, 3006],
                 "{name}: from the cache"
             );
             log.close().await.unwrap();

@@ -15,7 +15,7 @@ pub type LogId = u64;
 /// header rewritten by the append (base offset, leader epoch), or empty when `body` is
 /// the whole batch. A large client batch is kept as the header rewritten beside the
 /// rest of the client's own bytes (a slice of its request), not copied whole (see
-/// `log::UNCOPIED_BATCH_BYTES_MIN`).
+/// `log::UNCOPIED_BATCH_BYTES_MIN`), until its first read joins the two.
 #[derive(Debug, Clone)]
 pub struct CachedBatch {
     pub base_offset: i64,
@@ -106,14 +106,18 @@ impl TailCache {
     /// Whole batches from the one containing `offset`, up to `max_bytes` (at least one),
     /// stopping before `max_offset_exclusive`, as pieces to concatenate, with the offset
     /// after the last batch. `None` when the run does not reach back to `offset`.
+    ///
+    /// A batch kept as head and body is joined into one piece the first time it is read
+    /// and kept so: one copy per batch that is read at all (a reader at the tail then
+    /// gets a lone batch without a copy, as before), and its frame is freed.
     pub fn read(
-        &self,
+        &mut self,
         log: LogId,
         offset: i64,
         max_bytes: usize,
         max_offset_exclusive: i64,
     ) -> Option<(Vec<Bytes>, i64)> {
-        let run = self.logs.get(&log)?;
+        let run = self.logs.get_mut(&log)?;
         if run.front()?.base_offset > offset {
             return None;
         }
@@ -121,7 +125,7 @@ impl TailCache {
         let mut out = Vec::new();
         let mut bytes = 0;
         let mut next = offset;
-        for b in run.iter().skip(start) {
+        for b in run.iter_mut().skip(start) {
             if b.base_offset >= max_offset_exclusive {
                 break;
             }
@@ -131,7 +135,8 @@ impl TailCache {
             bytes += b.len();
             next = b.last_offset + 1;
             if !b.head.is_empty() {
-                out.push(b.head.clone());
+                b.body = [&b.head[..], &b.body[..]].concat().into();
+                b.head = Bytes::new();
             }
             out.push(b.body.clone());
         }
@@ -182,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_kept_as_head_and_body_reads_back_as_both_pieces_in_order() {
+    fn a_batch_kept_as_head_and_body_reads_back_joined_once() {
         let mut c = TailCache::new(10_000);
         c.insert(1, b(0, 4, 500));
         c.insert(
@@ -196,8 +201,10 @@ mod tests {
         );
         assert_eq!(c.used_bytes(), 508);
         let (pieces, next) = c.read(1, 5, 1000, i64::MAX).unwrap();
-        assert_eq!(pieces, [&b"head"[..], &b"body"[..]]);
+        assert_eq!(pieces, [&b"headbody"[..]], "joined on its first read");
         assert_eq!(next, 10);
+        let (again, _) = c.read(1, 5, 1000, i64::MAX).unwrap();
+        assert_eq!(again[0].as_ptr(), pieces[0].as_ptr(), "and kept joined");
         // The byte limit counts both pieces: 500 + 8 is over 505, so one batch.
         let (pieces, next) = c.read(1, 0, 505, i64::MAX).unwrap();
         assert_eq!((pieces.len(), next), (1, 5));

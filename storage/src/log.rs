@@ -1759,8 +1759,8 @@ impl PartitionLog {
     /// meanwhile, so appends that arrive while a write is in flight go out together in
     /// the next one (group commit): with a write-through log the write is the sync,
     /// and a caller that awaited each write before letting the next batch in would
-    /// make one device round trip per batch. `batch` is kept as it is (a slice of the
-    /// request, say), not copied: only its header is rewritten, beside it.
+    /// make one device round trip per batch. A large `batch` is kept as it is (a slice
+    /// of the request, say), not copied: only its header is rewritten, beside it.
     pub async fn append_judged_staged(
         &self,
         batch: Bytes,
@@ -1827,7 +1827,6 @@ impl PartitionLog {
     /// Appends a batch that already carries its offsets (a follower copying its leader,
     /// or a compacted batch): validated, but offsets are kept, only required to follow
     /// the log end. Its producer state (markers included) is recorded unchecked.
-    /// `batch` is kept as it is (a slice of the leader's fetch response, say), not copied.
     pub async fn append_with_offsets(&self, batch: Bytes) -> Result<AppendInfo, Error> {
         let header = batch::validate(&batch, false)?;
         self.guarded(self.append_validated(batch, header, header.leader_epoch, false))
@@ -2436,7 +2435,7 @@ impl PartitionLog {
         let cached = self
             .storage
             .cache
-            .borrow()
+            .borrow_mut()
             .read(self.id, offset, max_bytes, upper);
         let chunks = match cached {
             Some((c, next)) if !c.is_empty() => {
@@ -3474,24 +3473,28 @@ async fn release_file(f: &Rc<file::AppendFile>) -> Result<(), Error> {
         .map_err(|e| Error::io(f.path(), e))
 }
 
-/// Batches at least this large are stored without a copy ([`stored_form`]); smaller
-/// ones are copied whole. A kept slice keeps its whole frame (a Produce request, a
-/// follower's Fetch response of up to 32 MiB) allocated for as long as the tail cache
-/// holds the batch, and small batches kept so made a 100 B soak's RSS creep (+8.9 MiB
-/// over its last 75 s against +2.7 with copies; docs/architecture.md), while their copy
-/// costs little: the copy's cost is per byte, and large batches are where it showed.
+/// Client batches at least this large are stored without a copy ([`stored_form`]);
+/// smaller ones are copied whole. A kept slice keeps its whole Produce frame allocated
+/// until the tail cache frees or joins the batch, and small batches kept so made a 100 B
+/// soak's RSS creep (+8.9 MiB over its last 75 s against +2.7 with copies;
+/// docs/architecture.md), while their copy costs little: the copy's cost is per byte,
+/// and large batches are where it showed.
 pub const UNCOPIED_BATCH_BYTES_MIN: usize = 16 << 10;
 
 /// The bytes a batch is stored as, in two pieces written one after the other: a
 /// rewritten header and the rest of the batch as given, or (empty, the whole batch).
 ///
-/// A batch of [`UNCOPIED_BATCH_BYTES_MIN`] or more keeps the caller's bytes (a slice
-/// of its request frame, which the tail cache then keeps alive while it holds the
-/// batch; its budget counts the batch): with offsets to assign, only the header is
-/// copied and rewritten; a follower's copy is stored as given. A whole copy per batch
-/// cost 16-28% of the broker's CPU per record at 1 KiB acks=all in 64 KiB and 1 MiB
-/// batches (docs/architecture.md). Smaller batches and control batches (markers, a few
-/// dozen bytes of our own, which the producer state reads in one piece) are copied whole.
+/// A client's batch (offsets to assign) of [`UNCOPIED_BATCH_BYTES_MIN`] or more keeps
+/// the client's bytes, a slice of its Produce frame: only the header is copied and
+/// rewritten. A whole copy per batch cost 16-28% of the broker's CPU per record at
+/// 1 KiB acks=all in 64 KiB and 1 MiB batches (docs/architecture.md). The tail cache
+/// holds the two pieces until the batch is first read, when it joins them (see
+/// [`crate::cache::TailCache::read`]); its budget counts the batch, not the frame.
+/// Everything else is copied whole, as one piece: smaller batches; control batches
+/// (markers, which the producer state reads in one piece); and a follower's batches,
+/// whose slices would keep the leader's whole Fetch response (up to 32 MiB) allocated
+/// for as long as the follower's cache holds any of them, which, unread, is until
+/// eviction. A `batch` the caller does not share is taken over without a copy.
 fn stored_form(
     batch: Bytes,
     header: &batch::BatchHeader,
@@ -3500,17 +3503,14 @@ fn stored_form(
     leader_epoch: i32,
     append_time: Option<i64>,
 ) -> (Bytes, Bytes) {
-    if batch.len() < UNCOPIED_BATCH_BYTES_MIN || header.is_control() {
-        let mut whole = BytesMut::from(&batch[..]);
-        if assign_offsets {
-            batch::assign(&mut whole, base, leader_epoch, append_time);
-        }
-        return (Bytes::new(), whole.freeze());
+    if assign_offsets && batch.len() >= UNCOPIED_BATCH_BYTES_MIN && !header.is_control() {
+        return batch::assign_header(&batch, base, leader_epoch, append_time);
     }
-    if !assign_offsets {
-        return (Bytes::new(), batch);
+    let mut whole = BytesMut::from(batch);
+    if assign_offsets {
+        batch::assign(&mut whole, base, leader_epoch, append_time);
     }
-    batch::assign_header(&batch, base, leader_epoch, append_time)
+    (Bytes::new(), whole.freeze())
 }
 
 fn concat(chunks: Vec<Bytes>) -> Bytes {

@@ -104,8 +104,8 @@ impl TailCache {
     }
 
     /// Whole batches from the one containing `offset`, up to `max_bytes` (at least one),
-    /// stopping before `max_offset_exclusive`, as pieces to concatenate, with the offset
-    /// after the last batch. `None` when the run does not reach back to `offset`.
+    /// stopping before `max_offset_exclusive`. `None` when the run does not reach back
+    /// to `offset`.
     ///
     /// A batch kept as head and body is joined into one piece the first time it is read
     /// and kept so: one copy per batch that is read at all (a reader at the tail then
@@ -116,7 +116,7 @@ impl TailCache {
         offset: i64,
         max_bytes: usize,
         max_offset_exclusive: i64,
-    ) -> Option<(Vec<Bytes>, i64)> {
+    ) -> Option<Vec<Bytes>> {
         let run = self.logs.get_mut(&log)?;
         if run.front()?.base_offset > offset {
             return None;
@@ -124,7 +124,6 @@ impl TailCache {
         let start = run.partition_point(|b| b.last_offset < offset);
         let mut out = Vec::new();
         let mut bytes = 0;
-        let mut next = offset;
         for b in run.iter_mut().skip(start) {
             if b.base_offset >= max_offset_exclusive {
                 break;
@@ -133,14 +132,13 @@ impl TailCache {
                 break;
             }
             bytes += b.len();
-            next = b.last_offset + 1;
             if !b.head.is_empty() {
                 b.body = [&b.head[..], &b.body[..]].concat().into();
                 b.head = Bytes::new();
             }
             out.push(b.body.clone());
         }
-        Some((out, next))
+        Some(out)
     }
 }
 
@@ -169,8 +167,8 @@ mod tests {
             c.read(1, 0, 1000, i64::MAX).is_none(),
             "oldest of log 1 evicted"
         );
-        assert_eq!(c.read(1, 15, 1000, i64::MAX).unwrap().0.len(), 1);
-        assert_eq!(c.read(2, 0, 1000, i64::MAX).unwrap().0.len(), 2);
+        assert_eq!(c.read(1, 15, 1000, i64::MAX).unwrap().len(), 1);
+        assert_eq!(c.read(2, 0, 1000, i64::MAX).unwrap().len(), 2);
     }
 
     #[test]
@@ -178,9 +176,9 @@ mod tests {
         let mut c = TailCache::new(10_000);
         c.insert(1, b(0, 4, 500));
         c.insert(1, b(5, 9, 500));
-        assert_eq!(c.read(1, 3, 10, i64::MAX).unwrap().0.len(), 1);
-        assert_eq!(c.read(1, 3, 1000, i64::MAX).unwrap().0.len(), 2);
-        assert_eq!(c.read(1, 3, 1000, 5).unwrap().0.len(), 1);
+        assert_eq!(c.read(1, 3, 10, i64::MAX).unwrap().len(), 1);
+        assert_eq!(c.read(1, 3, 1000, i64::MAX).unwrap().len(), 2);
+        assert_eq!(c.read(1, 3, 1000, 5).unwrap().len(), 1);
         c.invalidate(1);
         assert_eq!(c.used_bytes(), 0);
         assert!(c.read(1, 3, 1000, i64::MAX).is_none());
@@ -200,14 +198,14 @@ mod tests {
             },
         );
         assert_eq!(c.used_bytes(), 508);
-        let (pieces, next) = c.read(1, 5, 1000, i64::MAX).unwrap();
+        let pieces = c.read(1, 5, 1000, i64::MAX).unwrap();
         assert_eq!(pieces, [&b"headbody"[..]], "joined on its first read");
-        assert_eq!(next, 10);
-        let (again, _) = c.read(1, 5, 1000, i64::MAX).unwrap();
+        let again = c.read(1, 5, 1000, i64::MAX).unwrap();
         assert_eq!(again[0].as_ptr(), pieces[0].as_ptr(), "and kept joined");
         // The byte limit counts both pieces: 500 + 8 is over 505, so one batch.
-        let (pieces, next) = c.read(1, 0, 505, i64::MAX).unwrap();
-        assert_eq!((pieces.len(), next), (1, 5));
+        let pieces = c.read(1, 0, 505, i64::MAX).unwrap();
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces[0].len(), 500);
         c.invalidate(1);
         assert_eq!(c.used_bytes(), 0);
     }

@@ -2438,19 +2438,13 @@ impl PartitionLog {
             .borrow_mut()
             .read(self.id, offset, max_bytes, upper);
         let chunks = match cached {
-            Some((c, next)) if !c.is_empty() => {
-                result.next_offset = next;
-                c
-            }
-            _ => {
-                let c = self.read_from_disk(offset, max_bytes, upper).await?;
-                if let Some(last) = c.last() {
-                    let h = batch::BatchHeader::parse(last)?;
-                    result.next_offset = h.last_offset() + 1;
-                }
-                c
-            }
+            Some(c) if !c.is_empty() => c,
+            _ => self.read_from_disk(offset, max_bytes, upper).await?,
         };
+        if let Some(last) = chunks.last() {
+            let h = batch::BatchHeader::parse(last)?;
+            result.next_offset = h.last_offset() + 1;
+        }
         result.records = concat(chunks);
         Ok(result)
     }

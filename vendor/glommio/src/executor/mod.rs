@@ -1325,7 +1325,14 @@ impl LocalExecutor {
         loop {
             self.reactor.sys.install_eventfd();
             if self.need_preempt() {
-                break;
+                // Sluice: a preemption that arrives before anything ran may leave
+                // runnable tasks behind, so the caller must poll (which consumes it)
+                // rather than park: parking does not look at the task queues, and
+                // would sleep with work queued. glommio arms its preempt timer
+                // afresh just before calling this, so upstream the case needs a
+                // full preempt period between the two; Sluice keeps a pending timer
+                // across turns (see SLUICE.md), so it can fire at any point.
+                return true;
             }
             if !self.run_one_task_queue() {
                 return false;

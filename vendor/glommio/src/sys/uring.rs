@@ -37,7 +37,7 @@ use crate::{
         self,
         blocking::{BlockingThreadOp, BlockingThreadPool},
         dma_buffer::{BufferStorage, DmaBuffer},
-        membarrier, DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
+        DirectIo, EnqueuedSource, EnqueuedStatus, InnerSource, IoBuffer,
         PollableStatus, Source, SourceType, Statx, TimeSpec64,
     },
     uring_sys::{self, IoRingOp},
@@ -1222,6 +1222,9 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    /// Sluice: the user timer armed for a sleep, with the instant it expires at
+    /// (glommio kept it in `latency_preemption_timeout_src`).
+    user_timer_src: Cell<Option<(Source, Instant)>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1353,6 +1356,7 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            user_timer_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1736,6 +1740,14 @@ impl Reactor {
         ring.sleep(&link_rings).or_else(Self::busy_ok).map(|_| {})
     }
 
+    /// Whether `slot` holds a timer that has not completed.
+    fn pending(slot: &Cell<Option<Source>>) -> bool {
+        let src = slot.take();
+        let pending = src.as_ref().is_some_and(|s| s.result().is_none());
+        slot.set(src);
+        pending
+    }
+
     pub(crate) fn poll_io(&self, woke: &mut usize) -> io::Result<()> {
         self.poll_ring.borrow_mut().poll(woke)?;
         self.main_ring.borrow_mut().poll(woke)?;
@@ -1814,22 +1826,25 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
+        // Sluice: the timers below are armed only when none of their kind is
+        // pending, instead of being cancelled and armed again on every turn of the
+        // loop and around every sleep (each an `io_uring_enter`, several per request
+        // served). A preempt timer that has not fired is kept, awake or asleep: it
+        // fires at most one preempt period after its arming, which at worst wakes a
+        // sleeping executor once per period. A user timer is kept while it expires
+        // no later than the one wanted now; an earlier expiry than needed only
+        // costs a turn of the loop.
         //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
-
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // The throughput-based timeout counts completions from its arming; one
+        // still pending is kept too.
+        if !Self::pending(&self.throughput_preemption_timeout_src) {
+            self.throughput_preemption_timeout_src.replace(Some(
+                main_ring.prepare_throughput_preemption_timer(
+                    self.ring_depth() as u32,
+                    self.eventfd_src.raw(),
+                ),
+            ));
+        }
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1851,19 +1866,30 @@ impl Reactor {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
             if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
+                let deadline = Instant::now() + dur;
+                let kept = self.user_timer_src.take().filter(|(src, armed_for)| {
+                    src.result().is_none() && *armed_for <= deadline
+                });
+                let src = match kept {
+                    Some(kept) => kept,
+                    None => {
+                        let src = lat_ring.prepare_latency_preemption_timer(dur);
+                        flush_cancellations!(into &mut 0; lat_ring);
+                        assert!(flush_rings!(lat_ring)? > 0);
+                        (src, deadline)
+                    }
+                };
+                self.user_timer_src.set(Some(src));
             }
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
             // last time until now it could be that something happened in a remote executor
             // that opened up room. If it did we bail on sleep and go process it.
             self.notifier.prepare_to_sleep();
-            // See https://www.scylladb.com/2018/02/15/memory-barriers-seastar-linux/ for
-            // details. This translates to `sys_membarrier()` /
-            // `MEMBARRIER_CMD_PRIVATE_EXPEDITED`
-            membarrier::heavy();
+            // Sluice: a SeqCst fence here and one in `SleepNotifier::notify` (store,
+            // fence, load on both sides) instead of glommio's `membarrier`, whose
+            // inter-processor interrupts cost more than the rest of parking on a VM.
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
@@ -1880,8 +1906,10 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            if !Self::pending(&self.latency_preemption_timeout_src) {
+                self.latency_preemption_timeout_src
+                    .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            }
             flush_rings!(lat_ring, main_ring)?;
         }
 

@@ -1321,7 +1321,6 @@ impl LocalExecutor {
     }
 
     fn run_task_queues(&self) -> bool {
-        let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
             if self.need_preempt() {
@@ -1332,15 +1331,14 @@ impl LocalExecutor {
                 // afresh just before calling this, so upstream the case needs a
                 // full preempt period between the two; Sluice keeps a pending timer
                 // across turns (see SLUICE.md), so it can fire at any point.
+                // (With a preempt period shorter than a turn of the loop this
+                // would spin without running a task; upstream parks instead.)
                 return true;
             }
             if !self.run_one_task_queue() {
                 return false;
-            } else {
-                ran = true;
             }
         }
-        ran
     }
 
     fn run_one_task_queue(&self) -> bool {

@@ -1215,6 +1215,9 @@ impl UringCommon for SleepableRing {
     }
 }
 
+/// Sluice: how much later than wanted a kept user timer may expire (see `wait`).
+const USER_TIMER_SLACK: Duration = Duration::from_micros(100);
+
 pub(crate) struct Reactor {
     // FIXME: it is starting to feel we should clean this up to a Inner pattern
     main_ring: RefCell<SleepableRing>,
@@ -1222,6 +1225,8 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
+    /// Sluice: when the preempt timer in `latency_preemption_timeout_src` expires.
+    preempt_expiry: Cell<Instant>,
     /// Sluice: the user timer armed for a sleep, with the instant it expires at
     /// (glommio kept it in `latency_preemption_timeout_src`).
     user_timer_src: Cell<Option<(Source, Instant)>>,
@@ -1356,6 +1361,7 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
+            preempt_expiry: Cell::new(Instant::now()),
             user_timer_src: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
@@ -1832,8 +1838,8 @@ impl Reactor {
         // served). A preempt timer that has not fired is kept, awake or asleep: it
         // fires at most one preempt period after its arming, which at worst wakes a
         // sleeping executor once per period. A user timer is kept while it expires
-        // no later than the one wanted now; an earlier expiry than needed only
-        // costs a turn of the loop.
+        // no later than the one wanted now (within `USER_TIMER_SLACK`); an earlier
+        // expiry than needed only costs a turn of the loop.
         //
         // The throughput-based timeout counts completions from its arming; one
         // still pending is kept too.
@@ -1865,16 +1871,25 @@ impl Reactor {
         if should_sleep {
             // We are about to go to sleep. It's ok to sleep, but if there
             // is a timer set, we need to make sure we wake up to handle it.
+            //
+            // Sluice: `dur` was measured from an instant a little before this one,
+            // so the deadline it gives moves by that gap from call to call; a kept
+            // timer may expire up to `USER_TIMER_SLACK` after the wanted deadline
+            // rather than be cancelled and armed again for nearly the same one.
+            // Completions consumed while submitting the new timer (a late socket
+            // read in this ring, say) are counted, and cancel the sleep: they may
+            // have woken tasks, and the link poll would not see them any more.
+            let mut late = 0;
             if let Some(dur) = user_timer {
                 let deadline = Instant::now() + dur;
                 let kept = self.user_timer_src.take().filter(|(src, armed_for)| {
-                    src.result().is_none() && *armed_for <= deadline
+                    src.result().is_none() && *armed_for <= deadline + USER_TIMER_SLACK
                 });
                 let src = match kept {
                     Some(kept) => kept,
                     None => {
                         let src = lat_ring.prepare_latency_preemption_timer(dur);
-                        flush_cancellations!(into &mut 0; lat_ring);
+                        flush_cancellations!(into &mut late; lat_ring);
                         assert!(flush_rings!(lat_ring)? > 0);
                         (src, deadline)
                     }
@@ -1890,7 +1905,7 @@ impl Reactor {
             // fence, load on both sides) instead of glommio's `membarrier`, whose
             // inter-processor interrupts cost more than the rest of parking on a VM.
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            let events = process_remote_channels() + self.flush_syscall_thread();
+            let events = late + process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
                 if self.eventfd_src.is_installed().unwrap() {
                     self.link_rings_and_sleep(&mut main_ring)
@@ -1906,9 +1921,16 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            if !Self::pending(&self.latency_preemption_timeout_src) {
+            // Sluice: the pending preempt timer is kept unless the period has
+            // shortened since it was armed (a task queue whose latency matters
+            // became active), so that it would fire too late.
+            let expires = Instant::now() + preempt;
+            let kept = Self::pending(&self.latency_preemption_timeout_src)
+                && self.preempt_expiry.get() <= expires;
+            if !kept {
                 self.latency_preemption_timeout_src
                     .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+                self.preempt_expiry.set(expires);
             }
             flush_rings!(lat_ring, main_ring)?;
         }

@@ -752,6 +752,9 @@ async fn append_fetched(
         return Ok(false);
     };
     let mut expected_end = fetch_offset;
+    // Each batch is staged, then all are awaited: they go to the device together (a
+    // fetch brings several batches per partition), not one write round trip each.
+    let mut writes = Vec::new();
     for (h, range) in batches {
         // Anything else appended (a deposed leader's late write): truncate again.
         // (Returning drops `op`: the operation ends as not done.)
@@ -771,11 +774,16 @@ async fn append_fetched(
                 return Ok(false);
             }
         }
-        r.log
-            .append_with_offsets(records.slice(range))
+        let (_, staged) = r
+            .log
+            .append_with_offsets_staged(records.slice(range))
             .await
             .map_err(append_error)?;
+        writes.extend(staged);
         expected_end = h.last_offset() + 1;
+    }
+    for staged in writes {
+        r.log.written(staged).await.map_err(append_error)?;
     }
     r.log.flush().await.map_err(append_error)?;
     // Flushed: the state machine counts it if the log still ends there, whatever the

@@ -1828,9 +1828,27 @@ impl PartitionLog {
     /// or a compacted batch): validated, but offsets are kept, only required to follow
     /// the log end. Its producer state (markers included) is recorded unchecked.
     pub async fn append_with_offsets(&self, batch: Bytes) -> Result<AppendInfo, Error> {
+        let (info, staged) = self.append_with_offsets_staged(batch).await?;
+        if let Some(staged) = staged {
+            self.written(staged).await?;
+        }
+        Ok(info)
+    }
+
+    /// [`Self::append_with_offsets`] up to the moment the batch's bytes are accepted:
+    /// the caller awaits its write with [`Self::written`]. A follower copying the
+    /// batches of one fetch stages them all, then awaits them: written together, not
+    /// one device round trip per batch.
+    pub async fn append_with_offsets_staged(
+        &self,
+        batch: Bytes,
+    ) -> Result<(AppendInfo, Option<Staged>), Error> {
         let header = batch::validate(&batch, false)?;
-        self.guarded(self.append_validated(batch, header, header.leader_epoch, false))
-            .await
+        let staged = self.append_staged(batch, header, header.leader_epoch, false, Judge::Trusted);
+        match self.guarded(staged).await? {
+            (Judged::Appended(info), staged) => Ok((info, staged)),
+            (other, _) => unreachable!("an unjudged append was judged: {other:?}"),
+        }
     }
 
     async fn append_validated(

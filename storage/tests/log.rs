@@ -817,3 +817,45 @@ fn staged_appends_take_offsets_without_waiting_for_the_device() {
         );
     });
 }
+
+#[test]
+fn a_followers_staged_copies_keep_their_offsets_without_waiting_for_the_device() {
+    use futures_lite::future::poll_once;
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, no_cache()).await;
+        let log = s.open_log("copies", LogConfig::default()).await.unwrap();
+        // The first copy opens the segment's files.
+        let mut first = batch(1000, 2, 0);
+        batch::assign(&mut first, 0, 1, None);
+        log.append_with_offsets(first.into()).await.unwrap();
+        // One fetch's batches, with the leader's offsets (a gap at 4..10: compaction).
+        let mut writes = Vec::new();
+        for (tag, base) in [(1u64, 2i64), (2, 10), (3, 12)] {
+            let mut b = batch(1000 + base, 2, tag);
+            batch::assign(&mut b, base, 1, None);
+            let (info, write) = poll_once(log.append_with_offsets_staged(b.into()))
+                .await
+                .expect("staging a copy does not wait for a write")
+                .unwrap();
+            assert_eq!((info.base_offset, info.last_offset), (base, base + 1));
+            writes.push(write.expect("an appended batch has a write"));
+        }
+        assert_eq!(log.log_end_offset(), 14);
+        for w in writes {
+            log.written(w).await.unwrap();
+        }
+        log.flush().await.unwrap();
+        log.close().await.unwrap();
+        drop(log);
+        // Reopened: recovered from the files, read from disk (no cache).
+        let log = s.open_log("copies", LogConfig::default()).await.unwrap();
+        let offsets: Vec<i64> = read_all(&log).await.iter().map(|(o, _)| *o).collect();
+        assert_eq!(
+            offsets,
+            [0, 2, 10, 12],
+            "each batch at its leader's offsets"
+        );
+    });
+}

@@ -536,6 +536,14 @@ async fn fetch_phase(
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
 ) -> Result<Round, FetcherError> {
+    for r in parts
+        .iter()
+        .filter(|r| r.log.log_end_offset() > r.durable_end())
+    {
+        if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
+            sync_tail(r, epoch).await?;
+        }
+    }
     // With the fetch offset each partition asks from (its durable end).
     let fetching: Vec<(&Rc<Replica>, i32, i64)> = parts
         .iter()
@@ -723,6 +731,26 @@ fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
             .with_partitions(partitions)
     })
     .collect()
+}
+
+/// Syncs the tail of a fetching follower's log past its durable end, and counts it, as
+/// one log operation: an append that a role change cut short between two of its
+/// batches, or a deposed leader's last appends (its successor holds them too: the
+/// truncation kept them). Without it the fetch would ask from the durable end, where the
+/// log does not end, and the follower would truncate again, forever.
+async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
+    let Ok(Some(op)) = r.begin_tail_sync(epoch) else {
+        return Ok(());
+    };
+    let (from, end) = (r.durable_end(), r.log.log_end_offset());
+    tracing::info!(topic = %r.topic, partition = r.partition, from, to = end, "syncing the log's tail past its durable end before fetching");
+    r.log.flush().await.map_err(|e| FetcherError::Append {
+        topic: r.topic.clone(),
+        partition: r.partition,
+        source: e,
+    })?;
+    op.finish(Some(end));
+    Ok(())
 }
 
 /// Appends fetched batches (asked for from `fetch_offset`) with their offsets, keeping

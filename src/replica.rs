@@ -534,6 +534,23 @@ impl Replica {
         })
     }
 
+    /// A fetching follower whose log ends past its durable end syncs that tail before
+    /// it fetches (see `isr::ReplicaState::begin_tail_sync`). `Ok(None)`: nothing to
+    /// sync.
+    pub(crate) fn begin_tail_sync(
+        self: &Rc<Self>,
+        epoch: i32,
+    ) -> Result<Option<LogOpGuard<'_>>, ReplicaError> {
+        let op = self
+            .state
+            .borrow_mut()
+            .begin_tail_sync(epoch, self.log.log_end_offset())?;
+        Ok(op.map(|op| LogOpGuard {
+            replica: self,
+            op: Some(op),
+        }))
+    }
+
     /// A follower behind the leader's log start starts its log over at `start`.
     pub(crate) fn begin_reset(
         self: &Rc<Self>,

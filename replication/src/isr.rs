@@ -891,6 +891,9 @@ pub enum LogOpKind {
     /// Dropping the whole log and starting it over at `to` (behind the leader's log
     /// start, Kafka's truncate-fully-and-start-at).
     Reset { to: Offset },
+    /// Making the log durable past the durable end `from` (see
+    /// [`ReplicaState::begin_tail_sync`]).
+    Sync { from: Offset },
 }
 
 /// The ticket of a log operation: only its holder ends it.
@@ -1374,6 +1377,36 @@ impl ReplicaState {
         self.begin(epoch, LogOpKind::Append { from: fetch_offset })
     }
 
+    /// A fetching follower in `epoch` whose log ends past its durable end: an append
+    /// that stopped before its sync (the role changed between two of its batches), or
+    /// a deposed leader's last appends, whose sync no longer counted. The truncation
+    /// that made it a fetching follower checked that tail against the leader's log and
+    /// found nothing to cut. Its fetch asks from the durable end, where the log does not
+    /// end, so no append could begin there ([`ReplicaError::LogMoved`]) and the follower
+    /// would truncate again, forever. `Ok(Some(op))`: make the log durable, then
+    /// [`Self::end_op`] with the end it synced; `Ok(None)`: the log ends at its durable
+    /// end already.
+    pub fn begin_tail_sync(
+        &mut self,
+        epoch: LeaderEpoch,
+        log_end: Offset,
+    ) -> Result<Option<LogOp>, ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        let f = self.fetching_follower(epoch)?;
+        if f.phase() != FollowerPhase::Fetching {
+            return Err(ReplicaError::WrongPhase {
+                expected: FollowerPhase::Fetching,
+            });
+        }
+        if log_end <= self.durable {
+            return Ok(None);
+        }
+        let from = self.durable;
+        self.begin(epoch, LogOpKind::Sync { from }).map(Some)
+    }
+
     /// During an append: a fetched batch of leader epoch `batch_epoch` starts at `base`.
     /// True if the history changed: the shell makes it durable before appending the
     /// batch (a new epoch's entry is on disk before any record of it).
@@ -1444,7 +1477,9 @@ impl ReplicaState {
         match (op.kind, durable_end) {
             // Flushed and the log still ends there: a fact about the log, whatever the
             // role is now.
-            (LogOpKind::Append { .. }, Some(end)) if end == log_end && end > self.durable => {
+            (LogOpKind::Append { .. } | LogOpKind::Sync { .. }, Some(end))
+                if end == log_end && end > self.durable =>
+            {
                 self.durable = end;
                 out.durable_moved = true;
             }
@@ -1498,24 +1533,6 @@ impl ReplicaState {
                 *f = fresh;
             }
         }
-    }
-
-    /// A follower not in an operation made its log durable up to `end` (the simulation's
-    /// fsync of an unsynced follower tail).
-    pub fn follower_flushed(&mut self, end: Offset, log_end: Offset) -> Result<bool, ReplicaError> {
-        if let Some((_, busy)) = self.op {
-            return Err(ReplicaError::Busy(busy));
-        }
-        if matches!(self.role, Role::Leader(_)) {
-            return Err(ReplicaError::NotFollowing { epoch: -1 });
-        }
-        let end = end.min(log_end);
-        if end <= self.durable {
-            return Ok(false);
-        }
-        self.durable = end;
-        self.check();
-        Ok(true)
     }
 }
 

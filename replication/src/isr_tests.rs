@@ -867,5 +867,61 @@ fn a_deposed_leaders_flush_never_counts() {
     gone.isr = vec![2, 3];
     s.reconcile(1, &gone, 5, 0, LAG_MS);
     assert!(matches!(s.role(), Role::Offline));
-    assert_eq!(s.follower_flushed(7, 7), Ok(true));
+}
+
+#[test]
+fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
+    // Broker 1 leads epoch 1 and makes offsets 0..5 durable; its appends of 5..7 are
+    // written, and the followers fetched them, when broker 2 takes over in epoch 2:
+    // their sync no longer counts.
+    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
+    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
+    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
+    s.reconcile(1, &assignment(2, 2), 7, 0, LAG_MS);
+    assert_eq!(
+        s.leader_flushed(1, 7, 7),
+        Err(ReplicaError::NotLeader { epoch: 1 })
+    );
+    assert_eq!(s.durable(), 5);
+    // The new leader holds epoch 1 up to 7 as well: nothing to cut.
+    let (epoch, latest) = s.epoch_request().expect("truncating");
+    assert_eq!((epoch, latest), (2, 1));
+    assert_eq!(s.begin_truncation(2, 7, 1, 7), Ok(None));
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Fetching);
+    // A fetch asks from the durable end, where the log does not end: no append can
+    // begin there (the fetcher would truncate again, and again).
+    assert_eq!(
+        s.begin_append(2, 5, 7),
+        Err(ReplicaError::LogMoved {
+            log_end: 7,
+            expected: 5
+        })
+    );
+    // So the tail is synced first, as one log operation.
+    let op = s.begin_tail_sync(2, 7).unwrap().expect("a tail to sync");
+    assert_eq!(op.kind, LogOpKind::Sync { from: 5 });
+    assert!(matches!(
+        s.begin_truncation(2, 7, 1, 7),
+        Err(ReplicaError::Busy(_))
+    ));
+    let ended = s.end_op(op, Some(7), 7, 0).unwrap();
+    assert!(ended.durable_moved);
+    assert_eq!(s.durable(), 7);
+    assert_eq!(s.begin_tail_sync(2, 7), Ok(None), "nothing left to sync");
+    let op = s.begin_append(2, 7, 7).expect("fetching from the log end");
+    s.end_op(op, None, 7, 0).unwrap();
+    // A sync that did not finish counts nothing; one of a log that moved meanwhile
+    // (cut, say) neither.
+    s.reconcile(1, &assignment(3, 3), 9, 0, LAG_MS);
+    assert_eq!(s.begin_truncation(3, 9, 1, 9), Ok(None));
+    let op = s.begin_tail_sync(3, 9).unwrap().unwrap();
+    s.end_op(op, None, 9, 0).unwrap();
+    assert_eq!(s.durable(), 7);
+    let op = s.begin_tail_sync(3, 9).unwrap().unwrap();
+    s.end_op(op, Some(9), 8, 0).unwrap();
+    assert_eq!(s.durable(), 7);
+    assert_eq!(
+        s.begin_tail_sync(2, 9),
+        Err(ReplicaError::NotFollowing { epoch: 2 })
+    );
 }

@@ -73,6 +73,10 @@ pub struct Knobs {
     /// A leader whose log failed reopens at once, in the leader epoch it had (the
     /// broker's `Offline::led_in` wait skipped).
     pub reopen_in_same_epoch: bool,
+    /// A fetching follower whose log ends past its durable end never syncs that tail
+    /// (`ReplicaState::begin_tail_sync` unused, as in the broker before 2026-12-05):
+    /// its fetch from the durable end finds the log ending elsewhere, for ever.
+    pub no_tail_sync: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +128,9 @@ pub struct Stats {
     pub truncated_records: u64,
     /// Truncations that needed another OffsetForLeaderEpoch round (KIP-279).
     pub truncation_extra_rounds: u64,
+    /// Fetching followers that synced a tail past their durable end first
+    /// (`ReplicaState::begin_tail_sync`).
+    pub tail_syncs: u64,
 }
 
 impl Stats {
@@ -141,6 +148,7 @@ impl Stats {
         self.alter_batches += o.alter_batches;
         self.truncated_records += o.truncated_records;
         self.truncation_extra_rounds += o.truncation_extra_rounds;
+        self.tail_syncs += o.tail_syncs;
     }
 }
 
@@ -697,7 +705,7 @@ impl Sim {
         let r = &mut self.brokers[b_ix(id)].parts[part];
         let end = r.len();
         let ended = match r.op.take() {
-            // A follower's append completes with its fsync.
+            // A follower's append or tail sync completes with its fsync.
             Some(SimOp { op, done_ms: None }) => Some(
                 r.state
                     .end_op(op, Some(end), end, now)
@@ -708,14 +716,11 @@ impl Sim {
                 r.op = Some(op);
                 None
             }
+            // A follower syncs only within its log operations, as the broker's do (see
+            // `begin_tail_sync` in `replica_step`).
             None => {
-                match r.state.leader_epoch() {
-                    Some(epoch) => {
-                        let _ = r.state.leader_flushed(epoch, end, end);
-                    }
-                    None => {
-                        let _ = r.state.follower_flushed(end, end);
-                    }
+                if let Some(epoch) = r.state.leader_epoch() {
+                    let _ = r.state.leader_flushed(epoch, end, end);
                 }
                 None
             }
@@ -756,6 +761,8 @@ impl Sim {
         let now = self.now_ms;
         let tick = self.rng.chance(200);
         let fetch_unsynced = self.cfg.knobs.fetch_unsynced;
+        let no_tail_sync = self.cfg.knobs.no_tail_sync;
+        let mut tail_sync = false;
         let r = &mut self.brokers[b_ix(id)].parts[part];
         let durable = r.state.durable();
         let epoch_request = r.state.epoch_request();
@@ -801,7 +808,22 @@ impl Sim {
                     }
                     // Fetch only once what was fetched is durable: the fetch offset tells
                     // the leader what this replica holds on disk.
-                    FollowerPhase::Fetching if durable != r.len() && !fetch_unsynced => None,
+                    // A tail past the durable end (an append the role change cut
+                    // short, a deposed leader's last appends) is synced first.
+                    FollowerPhase::Fetching if durable != r.len() && !fetch_unsynced => {
+                        if !no_tail_sync {
+                            let len = r.len();
+                            if let Some(op) = r
+                                .state
+                                .begin_tail_sync(epoch, len)
+                                .expect("a fetching follower with no log operation")
+                            {
+                                r.op = Some(SimOp { op, done_ms: None });
+                                tail_sync = true;
+                            }
+                        }
+                        None
+                    }
                     FollowerPhase::Fetching => {
                         let offset = r.log.len() as Offset;
                         r.in_flight = InFlight::Fetch {
@@ -820,6 +842,7 @@ impl Sim {
                 }
             }
         };
+        self.stats.tail_syncs += u64::from(tail_sync);
         if let Some((to, msg)) = out {
             self.send(id, to, msg);
         }

@@ -25,6 +25,24 @@ fn fifty_seeds_hold_every_invariant() {
         total.truncated_records > 0 && total.isr_changes > 100,
         "{total:?}"
     );
+    assert!(total.tail_syncs > 0, "{total:?}");
+}
+
+/// And with a fetching follower that never syncs a tail its truncation kept (a
+/// deposed leader's last appends, which its successor holds too; an append cut short
+/// by a role change), the follower's fetches from its durable end find its log ending
+/// elsewhere, for ever: some seed does not converge.
+#[test]
+fn a_follower_that_never_syncs_its_kept_tail_is_caught() {
+    let cfg = Config {
+        knobs: Knobs {
+            no_tail_sync: true,
+            ..Knobs::default()
+        },
+        ..Config::default()
+    };
+    let v = run_seeds(&cfg, 1..51).expect_err("an unsynced kept tail must stall a follower");
+    assert!(v.what.contains("did not converge"), "{v}");
 }
 
 /// Five brokers, four partitions (RF 3 placed over 5).

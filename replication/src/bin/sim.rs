@@ -3,7 +3,7 @@
 //! ```text
 //! sluice-sim --seeds N [--start S] [--steps K] [--brokers B] [--partitions P]
 //! sluice-sim --seed S [-v] [--steps K] ...          replay one seed (with a trace)
-//!            [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen]
+//!            [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync]
 //!                                      deliberate bugs, to see the invariants catch them
 //! ```
 //! Prints a summary; on a violation prints the failing seed and exits 1.
@@ -16,7 +16,7 @@ use sluice_replication::sim::{self, Config, Stats};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: sluice-sim (--seeds N [--start S] | --seed S [-v]) [--steps K] [--brokers 3..5] \
-         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen]"
+         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync]"
     );
     ExitCode::from(2)
 }
@@ -62,6 +62,7 @@ fn main() -> ExitCode {
             "--break-truncation" => cfg.knobs.skip_truncation = true,
             "--break-fsync" => cfg.knobs.fetch_unsynced = true,
             "--break-reopen" => cfg.knobs.reopen_in_same_epoch = true,
+            "--break-tail-sync" => cfg.knobs.no_tail_sync = true,
             "-v" | "--verbose" => verbose = true,
             _ => return usage(),
         }
@@ -125,13 +126,16 @@ fn flags(cfg: &Config) -> String {
     if cfg.knobs.reopen_in_same_epoch {
         f.push_str(" --break-reopen");
     }
+    if cfg.knobs.no_tail_sync {
+        f.push_str(" --break-tail-sync");
+    }
     f
 }
 
 fn summary(seeds: u64, s: &Stats, secs: f64) {
     println!(
         "seeds {seeds}  steps {}  produced {}  acked {}  refused {}  leader changes {}  crashes {}  \
-         log failures {}  isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})",
+         log failures {}  isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})  tail syncs {}",
         s.steps,
         s.produced,
         s.acked,
@@ -144,7 +148,8 @@ fn summary(seeds: u64, s: &Stats, secs: f64) {
         s.isr_changes,
         s.alter_batches,
         s.truncated_records,
-        s.truncation_extra_rounds
+        s.truncation_extra_rounds,
+        s.tail_syncs
     );
     if secs > 0.0 {
         println!("{secs:.1} s, {:.0} seeds/s", seeds as f64 / secs);

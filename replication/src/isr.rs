@@ -1351,6 +1351,19 @@ impl ReplicaState {
         Ok(Some(op))
     }
 
+    /// Ok if this replica follows in `epoch`, is fetching, and runs no log operation.
+    fn idle_fetching(&mut self, epoch: LeaderEpoch) -> Result<(), ReplicaError> {
+        if let Some((_, busy)) = self.op {
+            return Err(ReplicaError::Busy(busy));
+        }
+        if self.fetching_follower(epoch)?.phase() != FollowerPhase::Fetching {
+            return Err(ReplicaError::WrongPhase {
+                expected: FollowerPhase::Fetching,
+            });
+        }
+        Ok(())
+    }
+
     /// A fetching follower in `epoch` is about to append fetched batches to its log,
     /// which must end where its fetch asked from (`fetch_offset`, its durable end).
     pub fn begin_append(
@@ -1359,15 +1372,7 @@ impl ReplicaState {
         fetch_offset: Offset,
         log_end: Offset,
     ) -> Result<LogOp, ReplicaError> {
-        if let Some((_, busy)) = self.op {
-            return Err(ReplicaError::Busy(busy));
-        }
-        let f = self.fetching_follower(epoch)?;
-        if f.phase() != FollowerPhase::Fetching {
-            return Err(ReplicaError::WrongPhase {
-                expected: FollowerPhase::Fetching,
-            });
-        }
+        self.idle_fetching(epoch)?;
         if log_end != fetch_offset {
             return Err(ReplicaError::LogMoved {
                 log_end,
@@ -1391,15 +1396,7 @@ impl ReplicaState {
         epoch: LeaderEpoch,
         log_end: Offset,
     ) -> Result<Option<LogOp>, ReplicaError> {
-        if let Some((_, busy)) = self.op {
-            return Err(ReplicaError::Busy(busy));
-        }
-        let f = self.fetching_follower(epoch)?;
-        if f.phase() != FollowerPhase::Fetching {
-            return Err(ReplicaError::WrongPhase {
-                expected: FollowerPhase::Fetching,
-            });
-        }
+        self.idle_fetching(epoch)?;
         if log_end <= self.durable {
             return Ok(None);
         }

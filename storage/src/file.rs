@@ -760,6 +760,10 @@ impl AppendFile {
         assert!(new_len <= len, "truncate beyond end: {new_len} > {len}");
         self.wait_written(len).await?;
         self.wait_no_sync().await;
+        // A sync that failed meanwhile fails the truncation: its error must not be
+        // overwritten below, and the cut's own sync (the kernel reports a failed
+        // writeback once) would vouch for what it lost.
+        self.check_failed()?;
         {
             let mut st = self.state.borrow_mut();
             st.epoch += 1;
@@ -857,6 +861,7 @@ impl AppendFile {
     pub async fn seal(self: &Rc<Self>) -> Result<(), Error> {
         self.sync_all().await?;
         self.wait_no_sync().await;
+        self.check_failed()?;
         let len = self.len();
         let res = self.cut_durably(len).await;
         let mut st = self.state.borrow_mut();

@@ -445,3 +445,50 @@ fn a_truncation_under_way_is_not_a_failure_but_an_interrupted_one_is() {
         }
     });
 }
+
+/// A sync that fails while a truncation waits for it fails the truncation and the file:
+/// the truncation must not clear the error (the kernel reports a failed writeback only
+/// once, so its own sync would succeed) and count as durable what that sync lost.
+#[test]
+fn a_sync_that_fails_while_a_truncation_waits_fails_the_truncation() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let _s = storage(&dir, no_cache()).await;
+        let f = AppendFile::open(&dir.join("f.log"), 0, 1 << 16, 0)
+            .await
+            .unwrap();
+        f.push(&[7u8; 5000]).unwrap();
+        f.sync_all().await.unwrap();
+        let end = f.push(&[8u8; 3000]).unwrap();
+        f.wait_written(end).await.unwrap();
+        let armed = Armed::new(&dir, &[(FaultOp::Sync, EIO)]);
+        // A sync starts; its waiter goes away (a request cancelled), the sync runs on.
+        let mut sync = Box::pin(f.wait_durable(end));
+        assert!(futures_lite::future::poll_once(&mut sync).await.is_none());
+        let mut cut = Box::pin(f.truncate(7000));
+        assert!(
+            futures_lite::future::poll_once(&mut cut).await.is_none(),
+            "the truncation waits for the sync in flight"
+        );
+        drop(sync);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while f.failure().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the sync never ended");
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        // The next sync of the same descriptor would succeed.
+        drop(armed);
+        assert!(matches!(cut.await, Err(Error::Failed(_))));
+        assert!(
+            f.failure().unwrap().contains("os error 5"),
+            "{:?}",
+            f.failure()
+        );
+        assert_eq!(
+            f.durable_len(),
+            5000,
+            "nothing the failed sync covered counts"
+        );
+    });
+}

@@ -23,6 +23,8 @@ pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
         // A log closed under us (topic being deleted): as if it no longer existed.
         E::Closed => ResponseError::UnknownTopicOrPartition,
         E::Config(_) => ResponseError::InvalidConfig,
+        // Leadership moved while the append waited: the client refreshes its metadata.
+        E::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
         // Kafka's codes for an idempotent producer's refused batch.
         E::Sequence(sluice_storage::producer::SequenceError::StaleEpoch { .. }) => {
             ResponseError::InvalidProducerEpoch

@@ -734,13 +734,21 @@ fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
 }
 
 /// Syncs the tail of a fetching follower's log past its durable end, and counts it, as
-/// one log operation: an append that a role change cut short between two of its
-/// batches, or a deposed leader's last appends (its successor holds them too: the
-/// truncation kept them). Without it the fetch would ask from the durable end, where the
-/// log does not end, and the follower would truncate again, forever.
+/// one log operation, if the truncation before checked it and kept it: an append that a
+/// role change cut short between two of its batches, or a deposed leader's last
+/// appends (its successor holds them too). Without it the fetch would ask from the
+/// durable end, where the log does not end, and the follower would truncate again,
+/// forever. A tail that grew since that check is sent back to truncation.
 async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
-    let Ok(Some(op)) = r.begin_tail_sync(epoch) else {
-        return Ok(());
+    let op = match r.begin_tail_sync(epoch) {
+        Ok(Some(op)) => op,
+        // Grown since the truncation kept it (a deposed leader's produce that passed
+        // its epoch check before the demotion appended after it): check it again.
+        Err(isr::ReplicaError::LogMoved { .. }) => {
+            r.restart_truncation(epoch);
+            return Ok(());
+        }
+        Ok(None) | Err(_) => return Ok(()),
     };
     let (from, end) = (r.durable_end(), r.log.log_end_offset());
     tracing::info!(topic = %r.topic, partition = r.partition, from, to = end, "syncing the log's tail past its durable end before fetching");

@@ -259,7 +259,7 @@ impl Replica {
             }),
             Err(_) => LeaderEpochCache::default(),
         };
-        Rc::new(Replica {
+        let replica = Rc::new(Replica {
             topic: topic.to_string(),
             partition,
             log,
@@ -270,7 +270,18 @@ impl Replica {
             append_order: Sequencer::default(),
             checkpoint,
             checkpoint_state: CheckpointState::default(),
-        })
+        });
+        // A leader's append takes its offsets only while this replica leads in the
+        // append's epoch (see `PartitionLog::set_leader_fence`).
+        let weak = Rc::downgrade(&replica);
+        replica.log.set_leader_fence(move |epoch| {
+            weak.upgrade().is_some_and(|r| {
+                r.state
+                    .try_borrow()
+                    .is_ok_and(|s| s.leader_epoch() == Some(epoch))
+            })
+        });
+        replica
     }
 
     /// A produce's turn to append to this partition, in the order the produce calls
@@ -864,6 +875,43 @@ mod tests {
     /// Replicas whose epochs change together are written in one round (one file-system
     /// sync): each is durable once `epochs_durable` returns and reads back, and a file
     /// that cannot be written fails its own replica only.
+    /// A leader's append takes its offsets only while the replica leads in the
+    /// append's epoch: one that checked its leadership, then waited past its demotion
+    /// (a deposed leader's late produce), is refused where the offsets are due, and
+    /// the log does not move. A follower's copies are not fenced.
+    #[test]
+    fn a_deposed_leaders_late_append_is_refused_where_it_takes_its_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (late, end, copied) = on_executor(move || {
+            Box::pin(async move {
+                let log = new_log(&path).await;
+                let r = Replica::open("t", 0, log.clone());
+                let batch = sluice_storage::batch::build::simple(1, 2, 10);
+                r.reconcile(1, &leads(3), 0);
+                log.append(&batch, 3).await.unwrap();
+                let mut follows = leads(4);
+                follows.leader = 2;
+                follows.replicas = vec![1, 2];
+                follows.isr = vec![1, 2];
+                r.reconcile(1, &follows, 0);
+                assert!(r.state().follower().is_some());
+                let late = log.append(&batch, 3).await.map(|_| ());
+                let end = log.log_end_offset();
+                let mut copy = batch.clone();
+                sluice_storage::batch::assign(&mut copy, end, 4, None);
+                let copied = log.append_with_offsets(copy.into()).await.is_ok();
+                (late, end, copied)
+            })
+        });
+        assert!(
+            matches!(late, Err(sluice_storage::Error::NotLeader { epoch: 3 })),
+            "{late:?}"
+        );
+        assert_eq!(end, 2, "the refused append took no offsets");
+        assert!(copied, "a follower's copy is not fenced");
+    }
+
     #[test]
     fn a_round_of_checkpoints_is_durable_together_and_fails_only_its_bad_file() {
         let dir = tempfile::tempdir().unwrap();

@@ -1004,6 +1004,12 @@ pub struct ReplicaState {
     known_epoch: LeaderEpoch,
     op: Option<(u64, LogOpKind)>,
     next_op: u64,
+    /// The log end past the durable end that the latest truncation checked against
+    /// the leader's log and kept (nothing to cut); any log operation forgets it. Only
+    /// that tail may be synced and counted without truncating again
+    /// ([`Self::begin_tail_sync`]): a deposed leader's produce that passed its epoch
+    /// check before the demotion may still append after it, unchecked.
+    kept_tail: Option<Offset>,
     pending_leader: Option<PendingLeader>,
     /// Simulation knobs (see [`Leader::set_unsafe_ignore_pending_isr`] and
     /// [`Follower::set_unsafe_skip_truncation`]); never set in the broker.
@@ -1026,6 +1032,7 @@ impl ReplicaState {
             known_epoch: -1,
             op: None,
             next_op: 1,
+            kept_tail: None,
             pending_leader: None,
             unsafe_ignore_pending_isr: false,
             unsafe_skip_truncation: false,
@@ -1292,6 +1299,7 @@ impl ReplicaState {
         let id = self.next_op;
         self.next_op += 1;
         self.op = Some((id, kind));
+        self.kept_tail = None;
         Ok(LogOp { id, epoch, kind })
     }
 
@@ -1340,6 +1348,7 @@ impl ReplicaState {
         }
         let t = f.on_epoch_response(epochs, log_end, response_epoch, response_end);
         if t.offset >= log_end {
+            self.kept_tail = (t.complete && log_end > durable).then_some(log_end);
             self.check();
             return Ok(None);
         }
@@ -1384,13 +1393,14 @@ impl ReplicaState {
 
     /// A fetching follower in `epoch` whose log ends past its durable end: an append
     /// that stopped before its sync (the role changed between two of its batches), or
-    /// a deposed leader's last appends, whose sync no longer counted. The truncation
-    /// that made it a fetching follower checked that tail against the leader's log and
-    /// found nothing to cut. Its fetch asks from the durable end, where the log does not
-    /// end, so no append could begin there ([`ReplicaError::LogMoved`]) and the follower
-    /// would truncate again, forever. `Ok(Some(op))`: make the log durable, then
-    /// [`Self::end_op`] with the end it synced; `Ok(None)`: the log ends at its durable
-    /// end already.
+    /// a deposed leader's last appends, whose sync no longer counted. Its fetch asks
+    /// from the durable end, where the log does not end, so no append could begin there
+    /// ([`ReplicaError::LogMoved`]); if the truncation that made it a fetching follower
+    /// checked that tail against the leader's log and kept it, it would truncate again,
+    /// forever. `Ok(Some(op))`: make the log durable, then [`Self::end_op`] with the end
+    /// it synced; `Ok(None)`: the log ends at its durable end already. A tail that no
+    /// truncation kept (it grew since: a deposed leader's late append) is
+    /// [`ReplicaError::LogMoved`], and the follower truncates again first.
     pub fn begin_tail_sync(
         &mut self,
         epoch: LeaderEpoch,
@@ -1399,6 +1409,12 @@ impl ReplicaState {
         self.idle_fetching(epoch)?;
         if log_end <= self.durable {
             return Ok(None);
+        }
+        if self.kept_tail != Some(log_end) {
+            return Err(ReplicaError::LogMoved {
+                log_end,
+                expected: self.kept_tail.unwrap_or(self.durable),
+            });
         }
         let from = self.durable;
         self.begin(epoch, LogOpKind::Sync { from }).map(Some)

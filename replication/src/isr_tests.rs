@@ -897,7 +897,16 @@ fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
             expected: 5
         })
     );
-    // So the tail is synced first, as one log operation.
+    // A tail that grew after the truncation kept it (a deposed leader's produce that
+    // passed its epoch check before the demotion) was not checked: no sync of it.
+    assert_eq!(
+        s.begin_tail_sync(2, 8),
+        Err(ReplicaError::LogMoved {
+            log_end: 8,
+            expected: 7
+        })
+    );
+    // The kept tail is synced first, as one log operation.
     let op = s.begin_tail_sync(2, 7).unwrap().expect("a tail to sync");
     assert_eq!(op.kind, LogOpKind::Sync { from: 5 });
     assert!(matches!(
@@ -910,13 +919,19 @@ fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
     assert_eq!(s.begin_tail_sync(2, 7), Ok(None), "nothing left to sync");
     let op = s.begin_append(2, 7, 7).expect("fetching from the log end");
     s.end_op(op, None, 7, 0).unwrap();
-    // A sync that did not finish counts nothing; one of a log that moved meanwhile
-    // (cut, say) neither.
+    // A sync that did not finish counts nothing, and the tail must be checked again
+    // before the next; one of a log that moved meanwhile (cut, say) counts nothing.
     s.reconcile(1, &assignment(3, 3), 9, 0, LAG_MS);
     assert_eq!(s.begin_truncation(3, 9, 1, 9), Ok(None));
     let op = s.begin_tail_sync(3, 9).unwrap().unwrap();
     s.end_op(op, None, 9, 0).unwrap();
     assert_eq!(s.durable(), 7);
+    assert!(matches!(
+        s.begin_tail_sync(3, 9),
+        Err(ReplicaError::LogMoved { .. })
+    ));
+    s.restart_truncation(3);
+    assert_eq!(s.begin_truncation(3, 9, 1, 9), Ok(None));
     let op = s.begin_tail_sync(3, 9).unwrap().unwrap();
     s.end_op(op, Some(9), 8, 0).unwrap();
     assert_eq!(s.durable(), 7);

@@ -48,8 +48,8 @@ use std::fmt::Write as _;
 
 use crate::cluster::{Applied, ClusterState, Command, IsrChange};
 use crate::isr::{
-    self, FollowerPhase, LeaderEpoch, LeaderEpochCache, LogOp, LogOpKind, Offset, ReplicaState,
-    Role,
+    self, FollowerPhase, LeaderEpoch, LeaderEpochCache, LogOp, LogOpKind, Offset, ReplicaError,
+    ReplicaState, Role,
 };
 use crate::{BrokerId, NO_BROKER};
 
@@ -73,6 +73,11 @@ pub struct Knobs {
     /// A leader whose log failed reopens at once, in the leader epoch it had (the
     /// broker's `Offline::led_in` wait skipped).
     pub reopen_in_same_epoch: bool,
+    /// A leader's append is not fenced where it takes its offsets (the broker's
+    /// `PartitionLog::set_leader_fence` missing): a produce that passed its epoch
+    /// check while this broker led appends after its demotion, stamped with the old
+    /// epoch, possibly after records of a newer one that it fetched since.
+    pub unfenced_leader_appends: bool,
     /// A fetching follower whose log ends past its durable end never syncs that tail
     /// (`ReplicaState::begin_tail_sync` unused, as in the broker before 2026-12-05):
     /// its fetch from the durable end finds the log ending elsewhere, for ever.
@@ -131,6 +136,9 @@ pub struct Stats {
     /// Fetching followers that synced a tail past their durable end first
     /// (`ReplicaState::begin_tail_sync`).
     pub tail_syncs: u64,
+    /// Records a deposed leader appended after its demotion (a produce that passed its
+    /// epoch check before it).
+    pub late_appends: u64,
 }
 
 impl Stats {
@@ -149,6 +157,7 @@ impl Stats {
         self.truncated_records += o.truncated_records;
         self.truncation_extra_rounds += o.truncation_extra_rounds;
         self.tail_syncs += o.tail_syncs;
+        self.late_appends += o.late_appends;
     }
 }
 
@@ -279,6 +288,8 @@ struct Replica {
     /// Offline after its log failed: the leader epoch it led in then, and when it next
     /// tries to reopen.
     offline: Option<(Option<LeaderEpoch>, u64)>,
+    /// The epoch of this broker's latest append as leader, and when.
+    led: Option<(LeaderEpoch, u64)>,
 }
 
 impl Replica {
@@ -291,6 +302,7 @@ impl Replica {
             in_flight: InFlight::Idle,
             alter_sent_ms: 0,
             offline: None,
+            led: None,
         }
     }
 
@@ -813,13 +825,18 @@ impl Sim {
                     FollowerPhase::Fetching if durable != r.len() && !fetch_unsynced => {
                         if !no_tail_sync {
                             let len = r.len();
-                            if let Some(op) = r
-                                .state
-                                .begin_tail_sync(epoch, len)
-                                .expect("a fetching follower with no log operation")
-                            {
-                                r.op = Some(SimOp { op, done_ms: None });
-                                tail_sync = true;
+                            match r.state.begin_tail_sync(epoch, len) {
+                                Ok(Some(op)) => {
+                                    r.op = Some(SimOp { op, done_ms: None });
+                                    tail_sync = true;
+                                }
+                                Ok(None) => {}
+                                // Not the tail the truncation kept: check it again,
+                                // as the broker's fetcher does.
+                                Err(ReplicaError::LogMoved { .. }) => {
+                                    r.state.restart_truncation(epoch);
+                                }
+                                Err(e) => unreachable!("a fetching follower, idle: {e}"),
                             }
                         }
                         None
@@ -1059,8 +1076,32 @@ impl Sim {
             return;
         }
         let incarnation = b.incarnation;
+        let now = self.now_ms;
         let r = &mut b.parts[part];
         let Some(l) = r.state.leader() else {
+            // The broken variant `unfenced_leader_appends`: a produce that passed the
+            // epoch check while this broker led, appended after its demotion (the
+            // broker's produce path awaits between the two; the leader fence refuses
+            // it where offsets are taken); never acknowledged. Not during a log
+            // operation: the broker's follower operations notice the log moving under
+            // them, the simulated ones do not.
+            let late = match r.led {
+                Some((epoch, at)) if now.saturating_sub(at) <= 2_000 => Some(epoch),
+                _ => None,
+            };
+            let unfenced = self.cfg.knobs.unfenced_leader_appends;
+            if let (Some(epoch), true) = (late, r.op.is_none() && r.state.follower().is_some()) {
+                if unfenced && self.rng.chance(100) {
+                    let id = self.next_payload;
+                    self.next_payload += 1;
+                    let offset = r.len();
+                    r.log.push(Rec { epoch, id });
+                    self.stats.late_appends += 1;
+                    self.log(|| {
+                        format!("b{target} p{part}: late append #{id} at {offset} epoch {epoch}")
+                    });
+                }
+            }
             return;
         };
         if l.check_min_isr(self.cfg.min_insync).is_err() {
@@ -1072,6 +1113,7 @@ impl Sim {
         self.next_payload += 1;
         let offset = r.len();
         r.log.push(Rec { epoch, id });
+        r.led = Some((epoch, now));
         self.stats.produced += 1;
         if let Some(&w) = self.writers.get(&(part, epoch)) {
             if w != target {
@@ -1292,6 +1334,8 @@ impl Sim {
         r.op = None;
         r.in_flight = InFlight::Idle;
         r.offline = offline;
+        // Its produce requests died with the log (or the process).
+        r.led = None;
         let hw = r.hw();
         self.last_hw[ix][part] = hw;
         self.checked_upto[ix][part] = self.checked_upto[ix][part].min(hw);

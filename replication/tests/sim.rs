@@ -144,3 +144,24 @@ fn reopening_a_failed_leader_in_its_epoch_is_caught() {
     };
     run_seeds(&cfg, 1..501).expect_err("reopening in the same epoch must break an invariant");
 }
+
+/// And with a leader's appends not fenced where they take their offsets, a deposed
+/// leader's late append (a produce that passed its epoch check before the demotion)
+/// lands stamped with its old epoch after records of the newer one, where the
+/// truncation by epochs cannot see it: some seed ends with replicas that disagree
+/// below their high watermarks.
+#[test]
+fn unfenced_leader_appends_are_caught() {
+    let cfg = Config {
+        knobs: Knobs {
+            unfenced_leader_appends: true,
+            ..Knobs::default()
+        },
+        ..Config::default()
+    };
+    let v = run_seeds(&cfg, 1..51).expect_err("late appends must break an invariant");
+    assert!(
+        v.what.contains("below hw") || v.what.contains("acked"),
+        "{v}"
+    );
+}

@@ -87,6 +87,10 @@ pub enum Error {
     },
     #[error("log is closed")]
     Closed,
+    /// A leader's append refused when its offsets were due: the log's leader fence
+    /// ([`PartitionLog::set_leader_fence`]) says it no longer leads in `epoch`.
+    #[error("no longer the leader in epoch {epoch}")]
+    NotLeader { epoch: i32 },
     /// An idempotent producer's batch is out of sequence or from a fenced epoch.
     #[error(transparent)]
     Sequence(#[from] producer::SequenceError),

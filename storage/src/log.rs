@@ -595,6 +595,7 @@ impl Storage {
             last_flush_ms: Cell::new(self.now_ms()),
             closed: Cell::new(false),
             failure: RefCell::new(None),
+            leader_fence: RefCell::new(None),
             swapping: Cell::new(None),
             compacting: Cell::new(false),
             meta_writing: Cell::new(false),
@@ -1119,6 +1120,8 @@ pub struct PartitionLog {
     /// The first I/O error of the log (see [`PartitionLog::failure`]); it refuses all
     /// work from then on.
     failure: RefCell<Option<String>>,
+    /// See [`PartitionLog::set_leader_fence`].
+    leader_fence: RefCell<Option<LeaderFence>>,
     /// The closed segment whose files compaction is swapping right now.
     swapping: Cell<Option<i64>>,
     /// A compaction pass is running (one at a time per log).
@@ -1143,6 +1146,10 @@ pub enum Checked {
     /// A retry of a batch already in the log (appended again: nothing).
     Duplicate(BatchMeta),
 }
+
+/// Whether this broker still leads the partition in a leader epoch (see
+/// [`PartitionLog::set_leader_fence`]).
+pub type LeaderFence = Box<dyn Fn(i32) -> bool>;
 
 /// An appended batch on its way to the device: [`PartitionLog::written`] waits for
 /// (and, if no write is in flight, starts) the write that carries it. Dropped
@@ -1770,6 +1777,14 @@ impl PartitionLog {
             .await
     }
 
+    /// Installs the check that a leader's append (offsets assigned here: client
+    /// batches, markers, coordinator writes) makes, synchronously with taking its
+    /// offsets: whether this broker still leads in the append's leader epoch. Refused
+    /// with [`Error::NotLeader`] otherwise. A follower's copies are not checked.
+    pub fn set_leader_fence(&self, leads_in: impl Fn(i32) -> bool + 'static) {
+        *self.leader_fence.borrow_mut() = Some(Box::new(leads_in));
+    }
+
     /// Waits until a staged append is written to the device (not yet synced, unless
     /// the log is write-through; see [`Self::flush`]).
     pub async fn written(&self, staged: Staged) -> Result<(), Error> {
@@ -1934,6 +1949,20 @@ impl PartitionLog {
         // No await from here to the push: the files stay open for it.
         self.ensure_active().await?;
         self.check_open()?;
+        // A leader's append is fenced here, in the step that gives it its offsets: the
+        // caller checked its leadership before awaiting (a sequence gap, the log lock
+        // a truncation holds, a roll), and a deposed leader's late append stamped with
+        // its old epoch, after records of a newer one, would hide from the truncation
+        // by epochs that must remove it.
+        if assign_offsets {
+            if let Some(leads_in) = &*self.leader_fence.borrow() {
+                if !leads_in(leader_epoch) {
+                    return Err(Error::NotLeader {
+                        epoch: leader_epoch,
+                    });
+                }
+            }
+        }
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
         let (info, log_file, target) = {

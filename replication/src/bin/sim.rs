@@ -3,7 +3,7 @@
 //! ```text
 //! sluice-sim --seeds N [--start S] [--steps K] [--brokers B] [--partitions P]
 //! sluice-sim --seed S [-v] [--steps K] ...          replay one seed (with a trace)
-//!            [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync]
+//!            [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync] [--break-fence]
 //!                                      deliberate bugs, to see the invariants catch them
 //! ```
 //! Prints a summary; on a violation prints the failing seed and exits 1.
@@ -16,7 +16,7 @@ use sluice_replication::sim::{self, Config, Stats};
 fn usage() -> ExitCode {
     eprintln!(
         "usage: sluice-sim (--seeds N [--start S] | --seed S [-v]) [--steps K] [--brokers 3..5] \
-         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync]"
+         [--partitions P] [--break-kip497] [--break-truncation] [--break-fsync] [--break-reopen] [--break-tail-sync] [--break-fence]"
     );
     ExitCode::from(2)
 }
@@ -63,6 +63,7 @@ fn main() -> ExitCode {
             "--break-fsync" => cfg.knobs.fetch_unsynced = true,
             "--break-reopen" => cfg.knobs.reopen_in_same_epoch = true,
             "--break-tail-sync" => cfg.knobs.no_tail_sync = true,
+            "--break-fence" => cfg.knobs.unfenced_leader_appends = true,
             "-v" | "--verbose" => verbose = true,
             _ => return usage(),
         }
@@ -129,13 +130,16 @@ fn flags(cfg: &Config) -> String {
     if cfg.knobs.no_tail_sync {
         f.push_str(" --break-tail-sync");
     }
+    if cfg.knobs.unfenced_leader_appends {
+        f.push_str(" --break-fence");
+    }
     f
 }
 
 fn summary(seeds: u64, s: &Stats, secs: f64) {
     println!(
         "seeds {seeds}  steps {}  produced {}  acked {}  refused {}  leader changes {}  crashes {}  \
-         log failures {}  isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})  tail syncs {}",
+         log failures {}  isolations {}  fenced {}  isr changes {} ({} batches)  truncated records {} (extra KIP-279 rounds {})  tail syncs {}  late appends {}",
         s.steps,
         s.produced,
         s.acked,
@@ -149,7 +153,8 @@ fn summary(seeds: u64, s: &Stats, secs: f64) {
         s.alter_batches,
         s.truncated_records,
         s.truncation_extra_rounds,
-        s.tail_syncs
+        s.tail_syncs,
+        s.late_appends
     );
     if secs > 0.0 {
         println!("{secs:.1} s, {:.0} seeds/s", seeds as f64 / secs);

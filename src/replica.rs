@@ -512,12 +512,17 @@ impl Replica {
         response_epoch: i32,
         response_end: i64,
     ) -> Result<Option<LogOpGuard<'_>>, ReplicaError> {
+        let entries = self.state.borrow().epochs().entries().len();
         let op = self.state.borrow_mut().begin_truncation(
             epoch,
             self.log.log_end_offset(),
             response_epoch,
             response_end,
         )?;
+        if op.is_none() && self.state.borrow().epochs().entries().len() != entries {
+            // Nothing cut, but epochs past the log end forgotten (KIP-279's next round).
+            self.persist_epochs();
+        }
         Ok(op.map(|op| {
             // The history was cut (lazily written) and the high watermark may have moved.
             self.persist_epochs();

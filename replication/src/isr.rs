@@ -1349,6 +1349,13 @@ impl ReplicaState {
         let t = f.on_epoch_response(epochs, log_end, response_epoch, response_end);
         if t.offset >= log_end {
             self.kept_tail = (t.complete && log_end > durable).then_some(log_end);
+            if !t.complete {
+                // Nothing to cut, but the leader named an epoch this history lacks: the
+                // epochs from the log end on hold no record (one this replica led
+                // without writing), and the next round must ask about an older one, or
+                // it would ask the same question for ever.
+                self.epochs.truncate_from_end(t.offset);
+            }
             self.check();
             return Ok(None);
         }

@@ -870,6 +870,29 @@ fn a_deposed_leaders_flush_never_counts() {
 }
 
 #[test]
+fn an_incomplete_truncation_with_nothing_to_cut_asks_about_an_older_epoch_next() {
+    // Broker 1 holds epoch 1 from 0 to 8; it led epoch 3 from 8 without writing, and
+    // now follows broker 2 in epoch 4, whose log has epoch 2 (never seen here) to 12.
+    let mut s = ReplicaState::new(cache(&[(1, 0)]), 8, 0);
+    s.reconcile(1, &assignment(1, 3), 8, 0, LAG_MS);
+    s.reconcile(1, &assignment(2, 4), 8, 0, LAG_MS);
+    assert_eq!(s.epoch_request(), Some((4, 3)));
+    assert_eq!(s.begin_truncation(4, 8, 2, 12), Ok(None));
+    assert_eq!(
+        s.follower().unwrap().phase(),
+        FollowerPhase::Truncating,
+        "KIP-279: another round"
+    );
+    assert_eq!(
+        s.epoch_request(),
+        Some((4, 1)),
+        "about the epoch its log holds, not the same question again"
+    );
+    assert_eq!(s.begin_truncation(4, 8, 1, 8), Ok(None));
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Fetching);
+}
+
+#[test]
 fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
     // Broker 1 leads epoch 1 and makes offsets 0..5 durable; its appends of 5..7 are
     // written, and the followers fetched them, when broker 2 takes over in epoch 2:

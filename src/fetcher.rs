@@ -250,7 +250,8 @@ async fn send_alters(broker: Rc<Broker>, queue: Rc<AlterQueue>) {
     }
 }
 
-/// Leaders' periodic ISR-shrink check, per shard; the changes join `alters`.
+/// Leaders' periodic ISR-shrink check, per shard; the changes join `alters`. It also
+/// flushes a leader's tail that no produce flushes (see `Replica::unflushed_tail`).
 pub async fn isr_checker(broker: std::rc::Weak<Broker>, alters: Rc<AlterQueue>) {
     loop {
         glommio::timer::sleep(ISR_CHECK).await;
@@ -258,6 +259,14 @@ pub async fn isr_checker(broker: std::rc::Weak<Broker>, alters: Rc<AlterQueue>) 
         for r in b.replicas() {
             if let Some(alter) = r.isr_tick() {
                 alters.propose(&b, &r, alter);
+            }
+            if let Some(epoch) = r.unflushed_tail() {
+                glommio::spawn_local(async move {
+                    if let Err(e) = r.flush(epoch).await {
+                        tracing::debug!(topic = %r.topic, partition = r.partition, error = ?e, "flushing a leader's unflushed tail");
+                    }
+                })
+                .detach();
             }
         }
     }

@@ -81,6 +81,9 @@ pub struct Replica {
     append_order: Sequencer,
     checkpoint: PathBuf,
     checkpoint_state: CheckpointState,
+    /// The log end a leader's periodic check last saw past its durable end
+    /// ([`Replica::unflushed_tail`]).
+    unflushed_seen: Cell<Option<i64>>,
 }
 
 /// The leader-epoch checkpoint's writer state (see the module docs).
@@ -270,6 +273,7 @@ impl Replica {
             append_order: Sequencer::default(),
             checkpoint,
             checkpoint_state: CheckpointState::default(),
+            unflushed_seen: Cell::new(None),
         });
         // A leader's append takes its offsets only while this replica leads in the
         // append's epoch (see `PartitionLog::set_leader_fence`).
@@ -739,6 +743,22 @@ impl Replica {
         self.state.borrow_mut().leader_mut()?.tick(now_ms())
     }
 
+    /// The leader's periodic check for a tail past its durable end that no produce is
+    /// flushing: the epoch to [`Self::flush`] in once two checks in a row found the log
+    /// ending at the same place past the durable end (a produce cancelled between its
+    /// append and its flush, a refused batch after accepted ones, a leadership taken
+    /// over at the end of a follower's append cut short). Each produce flushes the whole
+    /// log, so only an idle partition keeps such a tail, unacknowledged, below no high
+    /// watermark; its records become readable once it is flushed.
+    pub(crate) fn unflushed_tail(&self) -> Option<i32> {
+        let epoch = self.leader_epoch()?;
+        let end = self.log.log_end_offset();
+        let stale = (end > self.durable_end()).then_some(end);
+        let again = stale.is_some() && self.unflushed_seen.get() == stale;
+        self.unflushed_seen.set(stale);
+        again.then_some(epoch)
+    }
+
     /// True while this replica follows in leader epoch `epoch`.
     pub(crate) fn follows_in(&self, epoch: i32) -> bool {
         self.state.borrow().follows_in(epoch)
@@ -915,6 +935,34 @@ mod tests {
         );
         assert_eq!(end, 2, "the refused append took no offsets");
         assert!(copied, "a follower's copy is not fenced");
+    }
+
+    /// A leader's tail that no produce flushed is found by two periodic checks in a
+    /// row, flushed, and counted; a tail still growing is left to its produce.
+    #[test]
+    fn a_leaders_tail_no_produce_flushes_is_found_and_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (checks, durable) = on_executor(move || {
+            Box::pin(async move {
+                let log = new_log(&path).await;
+                let r = Replica::open("t", 0, log.clone());
+                let batch = sluice_storage::batch::build::simple(1, 2, 10);
+                r.reconcile(1, &leads(3), 0);
+                let mut checks = vec![r.unflushed_tail()];
+                // Appended, and its produce gone before the flush.
+                log.append(&batch, 3).await.unwrap();
+                checks.push(r.unflushed_tail());
+                log.append(&batch, 3).await.unwrap();
+                checks.push(r.unflushed_tail());
+                checks.push(r.unflushed_tail());
+                r.flush(3).await.unwrap();
+                checks.push(r.unflushed_tail());
+                (checks, r.durable_end())
+            })
+        });
+        assert_eq!(checks, [None, None, None, Some(3), None]);
+        assert_eq!(durable, 4);
     }
 
     #[test]

@@ -262,7 +262,7 @@ pub async fn isr_checker(broker: std::rc::Weak<Broker>, alters: Rc<AlterQueue>) 
             }
             if let Some(epoch) = r.unflushed_tail() {
                 glommio::spawn_local(async move {
-                    if let Err(e) = r.flush(epoch).await {
+                    if let Err(e) = r.flush_tail(epoch).await {
                         tracing::debug!(topic = %r.topic, partition = r.partition, error = ?e, "flushing a leader's unflushed tail");
                     }
                 })

@@ -84,6 +84,8 @@ pub struct Replica {
     /// The log end a leader's periodic check last saw past its durable end
     /// ([`Replica::unflushed_tail`]).
     unflushed_seen: Cell<Option<i64>>,
+    /// A flush that check asked for runs ([`Replica::flush_tail`]).
+    tail_flushing: Cell<bool>,
 }
 
 /// The leader-epoch checkpoint's writer state (see the module docs).
@@ -274,6 +276,7 @@ impl Replica {
             checkpoint,
             checkpoint_state: CheckpointState::default(),
             unflushed_seen: Cell::new(None),
+            tail_flushing: Cell::new(false),
         });
         // A leader's append takes its offsets only while this replica leads in the
         // append's epoch (see `PartitionLog::set_leader_fence`).
@@ -750,13 +753,30 @@ impl Replica {
     /// over at the end of a follower's append cut short). Each produce flushes the whole
     /// log, so only an idle partition keeps such a tail, unacknowledged, below no high
     /// watermark; its records become readable once it is flushed.
+    /// While that flush ([`Self::flush_tail`]) runs, none more is asked for.
     pub(crate) fn unflushed_tail(&self) -> Option<i32> {
         let epoch = self.leader_epoch()?;
+        if self.tail_flushing.get() {
+            return None;
+        }
         let end = self.log.log_end_offset();
         let stale = (end > self.durable_end()).then_some(end);
         let again = stale.is_some() && self.unflushed_seen.get() == stale;
         self.unflushed_seen.set(stale);
+        self.tail_flushing.set(again);
         again.then_some(epoch)
+    }
+
+    /// The flush [`Self::unflushed_tail`] asked for.
+    pub(crate) async fn flush_tail(&self, epoch: i32) -> Result<(), ApiError> {
+        struct Done<'a>(&'a Cell<bool>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _done = Done(&self.tail_flushing);
+        self.flush(epoch).await
     }
 
     /// True while this replica follows in leader epoch `epoch`.
@@ -956,12 +976,14 @@ mod tests {
                 log.append(&batch, 3).await.unwrap();
                 checks.push(r.unflushed_tail());
                 checks.push(r.unflushed_tail());
-                r.flush(3).await.unwrap();
+                // None more while that flush runs.
+                checks.push(r.unflushed_tail());
+                r.flush_tail(3).await.unwrap();
                 checks.push(r.unflushed_tail());
                 (checks, r.durable_end())
             })
         });
-        assert_eq!(checks, [None, None, None, Some(3), None]);
+        assert_eq!(checks, [None, None, None, Some(3), None, None]);
         assert_eq!(durable, 4);
     }
 

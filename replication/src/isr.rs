@@ -1513,6 +1513,18 @@ impl ReplicaState {
                 // Not done: the follower must not fetch from a log that may diverge.
                 self.restart_truncation(op.epoch);
             }
+            // Cut where the leader's log agrees: an unsynced tail below the cut (a
+            // deposed leader's appends its successor holds too) is a kept tail, as if
+            // the truncation had found nothing to cut there.
+            (LogOpKind::Truncate { to }, Some(_))
+                if log_end == to
+                    && to > self.durable
+                    && self.follower().is_some_and(|f| {
+                        f.leader_epoch() == op.epoch && f.phase() == FollowerPhase::Fetching
+                    }) =>
+            {
+                self.kept_tail = Some(to);
+            }
             _ => {}
         }
         if let Some(p) = self.pending_leader.take() {

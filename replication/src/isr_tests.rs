@@ -870,6 +870,25 @@ fn a_deposed_leaders_flush_never_counts() {
 }
 
 #[test]
+fn a_cut_that_leaves_an_unsynced_tail_keeps_it_for_the_sync() {
+    // Broker 1 led epoch 1: 0..5 durable, 5..9 written; broker 2, leading epoch 2,
+    // holds epoch 1 up to 7.
+    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
+    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
+    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
+    s.reconcile(1, &assignment(2, 2), 9, 0, LAG_MS);
+    let op = s.begin_truncation(2, 9, 1, 7).unwrap().expect("a cut");
+    assert_eq!(op.kind, LogOpKind::Truncate { to: 7 });
+    s.end_op(op, Some(7), 7, 0).unwrap();
+    assert_eq!(s.follower().unwrap().phase(), FollowerPhase::Fetching);
+    assert_eq!(s.durable(), 5);
+    // The cut end was checked against the leader: synced at once, no second round.
+    let op = s.begin_tail_sync(2, 7).unwrap().expect("the kept tail");
+    s.end_op(op, Some(7), 7, 0).unwrap();
+    assert_eq!(s.durable(), 7);
+}
+
+#[test]
 fn an_incomplete_truncation_with_nothing_to_cut_asks_about_an_older_epoch_next() {
     // Broker 1 holds epoch 1 from 0 to 8; it led epoch 3 from 8 without writing, and
     // now follows broker 2 in epoch 4, whose log has epoch 2 (never seen here) to 12.

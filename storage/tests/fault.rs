@@ -68,6 +68,19 @@ async fn append_durable(log: &PartitionLog, n: u64, tag: u64) {
     log.flush().await.unwrap();
 }
 
+/// A file with 5,000 bytes durable, then 3,000 more written but not synced (their
+/// end returned).
+async fn durable_then_written(dir: &Path) -> (Rc<AppendFile>, u64) {
+    let f = AppendFile::open(&dir.join("f.log"), 0, 1 << 16, 0)
+        .await
+        .unwrap();
+    f.push(&[7u8; 5000]).unwrap();
+    f.sync_all().await.unwrap();
+    let end = f.push(&[8u8; 3000]).unwrap();
+    f.wait_written(end).await.unwrap();
+    (f, end)
+}
+
 async fn reopen(s: &Rc<Storage>, name: &str) -> Rc<PartitionLog> {
     s.open_log(name, small_segments(4096)).await.unwrap()
 }
@@ -102,13 +115,7 @@ fn sync_fault_fails_wait_durable_and_nothing_is_reported_durable() {
     let dir = d.path().to_path_buf();
     run(move || async move {
         let _s = storage(&dir, no_cache()).await;
-        let f = AppendFile::open(&dir.join("f.log"), 0, 1 << 16, 0)
-            .await
-            .unwrap();
-        f.push(&[7u8; 5000]).unwrap();
-        f.sync_all().await.unwrap();
-        let end = f.push(&[8u8; 3000]).unwrap();
-        f.wait_written(end).await.unwrap();
+        let (f, end) = durable_then_written(&dir).await;
         let armed = Armed::new(&dir, &[(FaultOp::Sync, EIO)]);
         let err = f.wait_durable(end).await.unwrap_err();
         assert!(err.to_string().contains("os error 5"), "{err}");
@@ -455,13 +462,7 @@ fn a_sync_that_fails_while_a_truncation_waits_fails_the_truncation() {
     let dir = d.path().to_path_buf();
     run(move || async move {
         let _s = storage(&dir, no_cache()).await;
-        let f = AppendFile::open(&dir.join("f.log"), 0, 1 << 16, 0)
-            .await
-            .unwrap();
-        f.push(&[7u8; 5000]).unwrap();
-        f.sync_all().await.unwrap();
-        let end = f.push(&[8u8; 3000]).unwrap();
-        f.wait_written(end).await.unwrap();
+        let (f, end) = durable_then_written(&dir).await;
         let armed = Armed::new(&dir, &[(FaultOp::Sync, EIO)]);
         // A sync starts; its waiter goes away (a request cancelled), the sync runs on.
         let mut sync = Box::pin(f.wait_durable(end));

@@ -751,8 +751,9 @@ fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
 async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
     let op = match r.begin_tail_sync(epoch) {
         Ok(Some(op)) => op,
-        // Grown since the truncation kept it (a deposed leader's produce that passed
-        // its epoch check before the demotion appended after it): check it again.
+        // Grown since the truncation kept it (nothing should append to a follower's
+        // log outside its operations: the leader fence refuses a deposed leader's late
+        // append): check it again.
         Err(isr::ReplicaError::LogMoved { .. }) => {
             r.restart_truncation(epoch);
             return Ok(());
@@ -773,8 +774,9 @@ async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
 /// Appends fetched batches (asked for from `fetch_offset`) with their offsets, keeping
 /// the epoch history, then syncs and counts them as held — one log operation of the
 /// replica's state machine, rechecked after every await. False if the log is not where
-/// this fetch assumed (the role changed meanwhile, or a deposed leader's late append
-/// landed): the caller truncates again rather than report anything.
+/// this fetch assumed (the role changed meanwhile, or something else appended, which
+/// the log's leader fence should have refused): the caller truncates again rather than
+/// report anything.
 async fn append_fetched(
     r: &Rc<Replica>,
     epoch: i32,
@@ -801,7 +803,8 @@ async fn append_fetched(
     // fetch brings several batches per partition), not one write round trip each.
     let mut writes = Vec::new();
     for (h, range) in batches {
-        // Anything else appended (a deposed leader's late write): truncate again.
+        // Anything else appended (the leader fence refuses a deposed leader's late
+        // write; this is the second guard): truncate again.
         // (Returning drops `op`: the operation ends as not done.)
         if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
             return Ok(false);

@@ -1007,8 +1007,8 @@ pub struct ReplicaState {
     /// The log end past the durable end that the latest truncation checked against
     /// the leader's log and kept (nothing to cut); any log operation forgets it. Only
     /// that tail may be synced and counted without truncating again
-    /// ([`Self::begin_tail_sync`]): a deposed leader's produce that passed its epoch
-    /// check before the demotion may still append after it, unchecked.
+    /// ([`Self::begin_tail_sync`]): anything appended after that check (a deposed
+    /// leader's late append, which the broker's leader fence refuses) was not checked.
     kept_tail: Option<Offset>,
     pending_leader: Option<PendingLeader>,
     /// Simulation knobs (see [`Leader::set_unsafe_ignore_pending_isr`] and
@@ -1406,7 +1406,7 @@ impl ReplicaState {
     /// checked that tail against the leader's log and kept it, it would truncate again,
     /// forever. `Ok(Some(op))`: make the log durable, then [`Self::end_op`] with the end
     /// it synced; `Ok(None)`: the log ends at its durable end already. A tail that no
-    /// truncation kept (it grew since: a deposed leader's late append) is
+    /// truncation kept (it grew since, which the broker's leader fence should prevent) is
     /// [`ReplicaError::LogMoved`], and the follower truncates again first.
     pub fn begin_tail_sync(
         &mut self,

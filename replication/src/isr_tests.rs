@@ -869,14 +869,21 @@ fn a_deposed_leaders_flush_never_counts() {
     assert!(matches!(s.role(), Role::Offline));
 }
 
+/// Broker 1, which led epoch 1 with offsets 0..5 durable and its log written up to
+/// `log_end`, following broker 2 in epoch 2.
+fn deposed_with_unsynced_tail(log_end: Offset) -> ReplicaState {
+    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
+    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
+    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
+    s.reconcile(1, &assignment(2, 2), log_end, 0, LAG_MS);
+    s
+}
+
 #[test]
 fn a_cut_that_leaves_an_unsynced_tail_keeps_it_for_the_sync() {
     // Broker 1 led epoch 1: 0..5 durable, 5..9 written; broker 2, leading epoch 2,
     // holds epoch 1 up to 7.
-    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
-    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
-    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
-    s.reconcile(1, &assignment(2, 2), 9, 0, LAG_MS);
+    let mut s = deposed_with_unsynced_tail(9);
     let op = s.begin_truncation(2, 9, 1, 7).unwrap().expect("a cut");
     assert_eq!(op.kind, LogOpKind::Truncate { to: 7 });
     s.end_op(op, Some(7), 7, 0).unwrap();
@@ -916,10 +923,7 @@ fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
     // Broker 1 leads epoch 1 and makes offsets 0..5 durable; its appends of 5..7 are
     // written, and the followers fetched them, when broker 2 takes over in epoch 2:
     // their sync no longer counts.
-    let mut s = ReplicaState::new(LeaderEpochCache::new(), 0, 0);
-    s.reconcile(1, &assignment(1, 1), 0, 0, LAG_MS);
-    assert_eq!(s.leader_flushed(1, 5, 5), Ok(true));
-    s.reconcile(1, &assignment(2, 2), 7, 0, LAG_MS);
+    let mut s = deposed_with_unsynced_tail(7);
     assert_eq!(
         s.leader_flushed(1, 7, 7),
         Err(ReplicaError::NotLeader { epoch: 1 })

@@ -4,8 +4,9 @@
 //! One file, `journal`, of records `[len u32 LE][crc32c u32 LE][kind u8][payload]`
 //! where the CRC covers kind and payload. [`Journal::append`] writes and fdatasyncs
 //! before returning. [`Journal::open`] reads records up to the first torn or corrupt
-//! one and truncates the file there: a crash mid-append loses only the unsynced tail,
-//! which raft never acknowledged. [`Journal::rewrite`] replaces the whole file
+//! one, truncates the file there (a crash mid-append loses only the unsynced tail,
+//! which raft never acknowledged) and syncs what it kept, which a killed process may
+//! have written without syncing. [`Journal::rewrite`] replaces the whole file
 //! atomically (temporary file, fsync, rename, fsync of the directory) for compaction.
 //!
 //! After a failed append (a write or fdatasync error, ENOSPC included) the journal is
@@ -94,6 +95,12 @@ impl Journal {
             );
             fault::check_io(&path, FaultOp::Write)?;
             file.set_len(pos as u64).map_err(|e| io(&path, e))?;
+        }
+        // The records read are raft's stable storage from here on (votes, acknowledged
+        // entries), but a process that died between a write and its fdatasync left that
+        // write in the page cache, where this read found it and a power loss would
+        // drop it: sync what was read (and any cut) before trusting it.
+        if !bytes.is_empty() {
             fault::check_io(&path, FaultOp::Sync)?;
             file.sync_all().map_err(|e| io(&path, e))?;
         }
@@ -294,6 +301,13 @@ mod tests {
         }
         {
             let _armed = Armed::new(dir.path(), &[FaultOp::Read]);
+            assert!(matches!(Journal::open(dir.path()), Err(Error::Io { .. })));
+        }
+        {
+            // Open syncs the records it read before raft counts them as stable (a
+            // killed process may have written them without a sync), so a sync that
+            // fails fails the open.
+            let _armed = Armed::new(dir.path(), &[FaultOp::Sync]);
             assert!(matches!(Journal::open(dir.path()), Err(Error::Io { .. })));
         }
         {

@@ -362,6 +362,14 @@ impl Storage {
         // glommio opens directories by absolute path only (relative ones fail with EBADF).
         let dir = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
         crate::probe::prime_device(&dir).await?;
+        // Recovery will count every valid byte it reads as durable, but a process that
+        // died (SIGKILL, a panic) may have left completed writes it never synced: in
+        // the page cache or only in the device's volatile cache, where a reader sees
+        // them and a power loss drops them. One `syncfs` before any log opens makes
+        // them durable, so what this replica reports as held survives a power loss
+        // after the restart too. (A failing file system fails the start: what is on
+        // it is then unknown.)
+        small_files::FileSystem::open(&dir).await.sync().await?;
         Ok(Rc::new(Storage {
             dir,
             cache: RefCell::new(TailCache::new(limits.tail_cache_bytes)),

@@ -20,6 +20,13 @@
 //!   at 512-byte sectors.
 //! - [`syncs`] counts successful file syncs since [`enable`] (group commit is judged
 //!   by it).
+//! - [`kill`] is the process's death without a power loss (SIGKILL, a panic): the files
+//!   die as in a crash but keep every completed write, synced or not, because the
+//!   device's volatile cache outlives the process. What is still unsynced goes to the
+//!   next process's [`enable_after`], where it stays volatile until a sync covers it
+//!   (a sync of that file, or a `syncfs`) or a [`crash`] drops it.
+//! - A `syncfs` (`small_files::FileSystem::sync`) makes every recorded file's completed
+//!   writes durable, as a real one does for its file system.
 //!
 //! What it does not model: directory entries (creations, renames and removals are
 //! durable at once here; the storage code syncs directories explicitly anyway), files
@@ -55,6 +62,9 @@ pub(crate) struct SimFile {
     unsynced: Vec<(u64, Vec<u8>)>,
     in_flight: u32,
     dead: bool,
+    /// Left by a killed process ([`enable_after`]): the next handle of its path starts
+    /// from this durable image and these unsynced writes, not from what it reads.
+    left_by_kill: bool,
 }
 
 pub(crate) type Handle = Rc<RefCell<SimFile>>;
@@ -110,14 +120,25 @@ pub(crate) fn register(path: &Path) -> Option<Handle> {
     DISK.with(|d| {
         let mut d = d.borrow_mut();
         let disk = d.as_mut()?;
-        // A test-only path: reading the whole (small) file synchronously is fine.
-        let durable = std::fs::read(path).unwrap_or_default();
+        let left = disk
+            .files
+            .get(path)
+            .filter(|old| old.borrow().left_by_kill)
+            .map(|old| {
+                let old = old.borrow();
+                (old.durable.clone(), old.unsynced.clone())
+            });
+        let (durable, unsynced) = left.unwrap_or_else(|| {
+            // A test-only path: reading the whole (small) file synchronously is fine.
+            (std::fs::read(path).unwrap_or_default(), Vec::new())
+        });
         let h = Rc::new(RefCell::new(SimFile {
             path: path.to_path_buf(),
             durable,
-            unsynced: Vec::new(),
+            unsynced,
             in_flight: 0,
             dead: false,
+            left_by_kill: false,
         }));
         if let Some(old) = disk.files.insert(path.to_path_buf(), h.clone()) {
             old.borrow_mut().dead = true;
@@ -182,6 +203,28 @@ pub(crate) fn truncated(h: &Handle, len: u64) {
     h.borrow_mut().durable.truncate(len as usize);
 }
 
+/// A `syncfs` starting now: how many unsynced writes of each recorded file it covers
+/// (empty when the simulation is off).
+pub(crate) fn fs_sync_marks() -> Vec<(Handle, usize)> {
+    DISK.with(|d| {
+        d.borrow().as_ref().map_or_else(Vec::new, |disk| {
+            disk.files
+                .values()
+                .map(|h| (h.clone(), h.borrow().unsynced.len()))
+                .collect()
+        })
+    })
+}
+
+/// The `syncfs` that started at `marks` succeeded: those writes are durable.
+pub(crate) fn fs_synced(marks: Vec<(Handle, usize)>) {
+    for (h, mark) in marks {
+        let mut f = h.borrow_mut();
+        let mark = mark.min(f.unsynced.len());
+        make_durable(&mut f, mark);
+    }
+}
+
 /// The first `mark` unsynced writes of `f`, in order, become its durable image.
 fn make_durable(f: &mut SimFile, mark: usize) {
     let covered: Vec<_> = f.unsynced.drain(..mark).collect();
@@ -219,19 +262,77 @@ impl Rng {
     }
 }
 
-/// Simulates a power loss on this thread: waits (bounded) for in-flight writes and
-/// syncs to finish, then kills every recorded file and rewrites those with unsynced
-/// writes per `mode`. Returns how many files lost or tore unsynced bytes. The caller
-/// drops its logs and reopens them to run recovery.
+/// What a killed process left on the device: each recorded file's durable image and
+/// its completed writes that no sync covered yet (see [`kill`]).
+pub struct Volatile(Vec<(PathBuf, Vec<u8>, Vec<(u64, Vec<u8>)>)>);
+
+impl Volatile {
+    /// Files holding writes no sync covered.
+    pub fn unsynced_files(&self) -> usize {
+        self.0.iter().filter(|(_, _, w)| !w.is_empty()).count()
+    }
+}
+
+/// Simulates the death of the process alone (SIGKILL, a panic), not of the machine:
+/// waits (bounded) for in-flight I/O, then kills every recorded file as [`crash`] does
+/// but rewrites none, so the files keep every completed write. Returns the writes no
+/// sync covered, which the device still holds only in its volatile cache: pass them
+/// to the next process's [`enable_after`].
+pub async fn kill() -> Volatile {
+    quiesce().await;
+    let files: Vec<Handle> = DISK.with(|d| {
+        let mut d = d.borrow_mut();
+        let disk = d.as_mut().expect("simdisk::kill without simdisk::enable");
+        disk.crashed = true;
+        disk.files.drain().map(|(_, h)| h).collect()
+    });
+    let mut left = Vec::new();
+    for h in files {
+        let mut f = h.borrow_mut();
+        f.dead = true;
+        if !f.unsynced.is_empty() {
+            left.push((
+                f.path.clone(),
+                f.durable.clone(),
+                std::mem::take(&mut f.unsynced),
+            ));
+        }
+    }
+    Volatile(left)
+}
+
+/// Starts simulating on this thread as the next process on the device a [`kill`] left:
+/// its unsynced writes stay volatile here until a sync covers them or a [`crash`]
+/// drops them.
+pub fn enable_after(left: Volatile) {
+    enable();
+    DISK.with(|d| {
+        let mut d = d.borrow_mut();
+        let disk = d.as_mut().expect("enabled");
+        for (path, durable, unsynced) in left.0 {
+            let h = Rc::new(RefCell::new(SimFile {
+                path: path.clone(),
+                durable,
+                unsynced,
+                in_flight: 0,
+                dead: true,
+                left_by_kill: true,
+            }));
+            disk.files.insert(path, h);
+        }
+    });
+}
+
+/// Waits (bounded) until no recorded file has I/O in flight.
 ///
 /// Panics if I/O is still in flight after 10 s (a wedged test, not a crash case).
-pub async fn crash(mode: CrashMode) -> usize {
+async fn quiesce() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let busy = DISK.with(|d| {
             d.borrow()
                 .as_ref()
-                .expect("simdisk::crash without simdisk::enable")
+                .expect("simdisk: a crash or kill without simdisk::enable")
                 .files
                 .values()
                 .any(|f| f.borrow().in_flight > 0)
@@ -246,6 +347,16 @@ pub async fn crash(mode: CrashMode) -> usize {
         glommio::yield_if_needed().await;
         glommio::timer::sleep(std::time::Duration::from_micros(100)).await;
     }
+}
+
+/// Simulates a power loss on this thread: waits (bounded) for in-flight writes and
+/// syncs to finish, then kills every recorded file and rewrites those with unsynced
+/// writes per `mode`. Returns how many files lost or tore unsynced bytes. The caller
+/// drops its logs and reopens them to run recovery.
+///
+/// Panics if I/O is still in flight after 10 s (a wedged test, not a crash case).
+pub async fn crash(mode: CrashMode) -> usize {
+    quiesce().await;
     // From here to the end nothing awaits: the crash is one instant.
     let files: Vec<Handle> = DISK.with(|d| {
         let mut d = d.borrow_mut();

@@ -175,12 +175,16 @@ impl FileSystem {
             .fd
             .clone()
             .map_err(|e| Error::io(dir, std::io::Error::other(e)))?;
+        let marks = simdisk::fs_sync_marks();
         let res = glommio::executor()
             .spawn_blocking(move || {
                 use std::os::fd::AsRawFd;
                 crate::file::syncfs(fd.as_raw_fd())
             })
             .await;
+        if res.is_ok() {
+            simdisk::fs_synced(marks);
+        }
         res.map_err(|e| Error::io(dir, e))
     }
 }

@@ -324,6 +324,59 @@ fn interval_policy_acknowledges_without_syncing_and_its_flusher_makes_data_durab
     );
 }
 
+/// A killed process (SIGKILL, not a power loss) leaves the writes it completed but never
+/// synced in the device's volatile cache, where the next process's recovery reads
+/// them. Whatever that process then serves (and, as a replica, reports as held) must
+/// survive a power loss after the restart: opening the storage syncs them first.
+#[test]
+fn what_recovery_finds_after_a_kill_survives_a_later_power_loss() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    // An hour's flush interval: the appends are written and acknowledged, none synced.
+    let hour = LogConfig {
+        flush: FlushPolicy::IntervalMs(3_600_000),
+        ..LogConfig::default()
+    };
+    let left = {
+        let (dir, hour) = (dir.clone(), hour.clone());
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, limits(false)).await;
+            let log = s.open_log("k", hour).await.unwrap();
+            for i in 0..20 {
+                log.append(&batch(1, 1, i), 0).await.unwrap();
+                log.flush_for_ack().await.unwrap();
+            }
+            simdisk::kill().await
+        })
+    };
+    assert!(
+        left.unsynced_files() > 0,
+        "the appends were synced before the kill: nothing here could be lost"
+    );
+    let served = {
+        let (dir, hour) = (dir.clone(), hour.clone());
+        run(move || async move {
+            simdisk::enable_after(left);
+            let s = storage(&dir, limits(false)).await;
+            let log = s.open_log("k", hour).await.unwrap();
+            let served = read_records(&log).await;
+            simdisk::crash(CrashMode::LoseUnsynced).await;
+            served
+        })
+    };
+    assert_eq!(
+        served.len(),
+        20,
+        "recovery after the kill did not find the appends"
+    );
+    let (_, got) = recover(dir, "k", hour);
+    assert_eq!(
+        got, served,
+        "records recovered and served after a kill were lost by a later power loss"
+    );
+}
+
 // ---- property tier ----
 
 #[derive(Debug, Clone)]

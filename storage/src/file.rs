@@ -274,6 +274,7 @@ impl AppendFile {
                 .await
                 .map_err(|e| Error::io(path, e))?;
             file.fdatasync().await.map_err(|e| Error::io(path, e))?;
+            simdisk::cut(path, valid_len);
         }
         let tail_start = align_down(valid_len);
         let tail = if valid_len > tail_start {
@@ -1146,13 +1147,17 @@ pub async fn sync_dir(dir: &Path) -> Result<(), Error> {
 /// simulation can stop a crashed process's tasks from changing the disk).
 pub async fn remove(path: impl AsRef<Path>) -> std::io::Result<()> {
     simdisk::alive()?;
-    glommio::io::remove(path).await.map_err(Into::into)
+    glommio::io::remove(&path).await?;
+    simdisk::replaced(path.as_ref());
+    Ok(())
 }
 
 /// Renames a file (see [`remove`]).
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Result<()> {
     simdisk::alive()?;
-    glommio::io::rename(from, to).await.map_err(Into::into)
+    glommio::io::rename(&from, &to).await?;
+    simdisk::replaced(to.as_ref());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -365,10 +365,14 @@ impl Storage {
         // Recovery will count every valid byte it reads as durable, but a process that
         // died (SIGKILL, a panic) may have left completed writes it never synced: in
         // the page cache or only in the device's volatile cache, where a reader sees
-        // them and a power loss drops them. One `syncfs` before any log opens makes
-        // them durable, so what this replica reports as held survives a power loss
-        // after the restart too. (A failing file system fails the start: what is on
-        // it is then unknown.)
+        // them and a power loss drops them. A recovery that cuts a torn or padded tail
+        // syncs that file anyway; a log ending on a page boundary, the small files
+        // (leader-epoch checkpoints, producer snapshots, `partition.clean`) and renames
+        // have no such sync. One `syncfs` before any log opens makes all of them
+        // durable, so what this replica reports as held survives a power loss after
+        // the restart too. A failing file system fails the start (what is on it is
+        // then unknown), though the kernel reports a write-back error once: a second
+        // start would not see it.
         small_files::FileSystem::open(&dir).await.sync().await?;
         Ok(Rc::new(Storage {
             dir,

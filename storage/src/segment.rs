@@ -533,6 +533,7 @@ impl Segment {
                 .await
                 .map_err(|e| Error::io(&log_path, e))?;
             f.fdatasync().await.map_err(|e| Error::io(&log_path, e))?;
+            crate::simdisk::cut(&log_path, valid_end);
             let _ = f.close().await;
         }
         let txn_index_damaged = seg.recover_txn_index(report).await?;

@@ -26,7 +26,8 @@
 //!   next process's [`enable_after`], where it stays volatile until a sync covers it
 //!   (a sync of that file, or a `syncfs`) or a [`crash`] drops it.
 //! - A `syncfs` (`small_files::FileSystem::sync`) makes every recorded file's completed
-//!   writes durable, as a real one does for its file system.
+//!   writes durable, as a real one does for its file system; so does recovery's cut
+//!   of a file's invalid tail ([`cut`], which syncs it) for that file.
 //!
 //! What it does not model: directory entries (creations, renames and removals are
 //! durable at once here; the storage code syncs directories explicitly anyway), files
@@ -60,6 +61,9 @@ pub(crate) struct SimFile {
     path: PathBuf,
     durable: Vec<u8>,
     unsynced: Vec<(u64, Vec<u8>)>,
+    /// Writes made durable so far: with `unsynced.len()`, numbers the writes, so a
+    /// `syncfs` covers exactly those recorded before it started ([`fs_sync_marks`]).
+    drained: u64,
     in_flight: u32,
     dead: bool,
     /// Left by a killed process ([`enable_after`]): the next handle of its path starts
@@ -136,6 +140,7 @@ pub(crate) fn register(path: &Path) -> Option<Handle> {
             path: path.to_path_buf(),
             durable,
             unsynced,
+            drained: 0,
             in_flight: 0,
             dead: false,
             left_by_kill: false,
@@ -203,30 +208,73 @@ pub(crate) fn truncated(h: &Handle, len: u64) {
     h.borrow_mut().durable.truncate(len as usize);
 }
 
-/// A `syncfs` starting now: how many unsynced writes of each recorded file it covers
-/// (empty when the simulation is off).
-pub(crate) fn fs_sync_marks() -> Vec<(Handle, usize)> {
+/// A `syncfs` starting now: the number of the last write of each recorded file it
+/// covers (empty when the simulation is off).
+pub(crate) fn fs_sync_marks() -> Vec<(Handle, u64)> {
     DISK.with(|d| {
         d.borrow().as_ref().map_or_else(Vec::new, |disk| {
             disk.files
                 .values()
-                .map(|h| (h.clone(), h.borrow().unsynced.len()))
+                .map(|h| {
+                    let f = h.borrow();
+                    (h.clone(), f.drained + f.unsynced.len() as u64)
+                })
                 .collect()
         })
     })
 }
 
-/// The `syncfs` that started at `marks` succeeded: those writes are durable.
-pub(crate) fn fs_synced(marks: Vec<(Handle, usize)>) {
-    for (h, mark) in marks {
+/// The `syncfs` that started at `marks` succeeded: those writes are durable (a file's
+/// own sync may have made some of them durable meanwhile; later writes stay volatile).
+/// Files a killed process left, with nothing volatile left, are forgotten: the path
+/// may be removed or replaced, and its next handle must read what is there.
+pub(crate) fn fs_synced(marks: Vec<(Handle, u64)>) {
+    for (h, mark) in &marks {
         let mut f = h.borrow_mut();
-        let mark = mark.min(f.unsynced.len());
-        make_durable(&mut f, mark);
+        let n = mark.saturating_sub(f.drained).min(f.unsynced.len() as u64);
+        make_durable(&mut f, n as usize);
     }
+    DISK.with(|d| {
+        if let Some(disk) = d.borrow_mut().as_mut() {
+            disk.files
+                .retain(|_, h| !(h.borrow().left_by_kill && h.borrow().unsynced.is_empty()));
+        }
+    });
+}
+
+/// `path` was cut to `len` and synced outside any open `AppendFile` (recovery cutting
+/// an invalid tail): every completed write of it is durable, then cut.
+pub(crate) fn cut(path: &Path, len: u64) {
+    DISK.with(|d| {
+        let d = d.borrow();
+        let Some(h) = d.as_ref().and_then(|disk| disk.files.get(path)) else {
+            return;
+        };
+        let mut f = h.borrow_mut();
+        let all = f.unsynced.len();
+        make_durable(&mut f, all);
+        f.durable.truncate(len as usize);
+    });
+}
+
+/// `path` was removed or renamed over: a file a killed process left there is gone.
+pub(crate) fn replaced(path: &Path) {
+    DISK.with(|d| {
+        if let Some(disk) = d.borrow_mut().as_mut() {
+            if disk
+                .files
+                .get(path)
+                .is_some_and(|h| h.borrow().left_by_kill)
+            {
+                disk.files.remove(path);
+            }
+        }
+    });
 }
 
 /// The first `mark` unsynced writes of `f`, in order, become its durable image.
 fn make_durable(f: &mut SimFile, mark: usize) {
+    f.drained += mark as u64;
     let covered: Vec<_> = f.unsynced.drain(..mark).collect();
     for (pos, data) in covered {
         apply(&mut f.durable, pos, &data);
@@ -314,6 +362,7 @@ pub fn enable_after(left: Volatile) {
                 path: path.clone(),
                 durable,
                 unsynced,
+                drained: 0,
                 in_flight: 0,
                 dead: true,
                 left_by_kill: true,

@@ -324,27 +324,45 @@ fn interval_policy_acknowledges_without_syncing_and_its_flusher_makes_data_durab
     );
 }
 
+/// A batch of one record whose whole size is exactly `bytes`.
+fn batch_of_exactly(bytes: usize) -> Vec<u8> {
+    (0..bytes)
+        .rev()
+        .map(|v| build::batch(1, &[(None, &vec![b'x'; v][..])]))
+        .find(|b| b.len() == bytes)
+        .expect("some value size gives that batch size")
+}
+
 /// A killed process (SIGKILL, not a power loss) leaves the writes it completed but never
 /// synced in the device's volatile cache, where the next process's recovery reads
 /// them. Whatever that process then serves (and, as a replica, reports as held) must
 /// survive a power loss after the restart: opening the storage syncs them first.
+///
+/// The log is one whose recovery cuts nothing (no preallocation, batches of whole
+/// pages, so no padding either): a cut's own fdatasync would make the bytes durable
+/// by itself (the simulated disk counts it), which is not the case under test.
 #[test]
 fn what_recovery_finds_after_a_kill_survives_a_later_power_loss() {
     let d = tempdir();
     let dir = d.path().to_path_buf();
+    let limits = StorageLimits {
+        preallocated_bytes_max: 0,
+        ..limits(false)
+    };
     // An hour's flush interval: the appends are written and acknowledged, none synced.
     let hour = LogConfig {
         flush: FlushPolicy::IntervalMs(3_600_000),
         ..LogConfig::default()
     };
     let left = {
-        let (dir, hour) = (dir.clone(), hour.clone());
+        let (dir, hour, limits) = (dir.clone(), hour.clone(), limits.clone());
         run(move || async move {
             simdisk::enable();
-            let s = storage(&dir, limits(false)).await;
+            let s = storage(&dir, limits).await;
             let log = s.open_log("k", hour).await.unwrap();
-            for i in 0..20 {
-                log.append(&batch(1, 1, i), 0).await.unwrap();
+            let b = batch_of_exactly(4096);
+            for _ in 0..20 {
+                log.append(&b, 0).await.unwrap();
                 log.flush_for_ack().await.unwrap();
             }
             simdisk::kill().await
@@ -354,17 +372,21 @@ fn what_recovery_finds_after_a_kill_survives_a_later_power_loss() {
         left.unsynced_files() > 0,
         "the appends were synced before the kill: nothing here could be lost"
     );
-    let served = {
+    let (served, cut) = {
         let (dir, hour) = (dir.clone(), hour.clone());
         run(move || async move {
             simdisk::enable_after(left);
-            let s = storage(&dir, limits(false)).await;
-            let log = s.open_log("k", hour).await.unwrap();
+            let s = storage(&dir, limits).await;
+            let (log, report) = s.open_log_with_report("k", hour).await.unwrap();
             let served = read_records(&log).await;
             simdisk::crash(CrashMode::LoseUnsynced).await;
-            served
+            (served, report.truncated_bytes)
         })
     };
+    assert_eq!(
+        cut, 0,
+        "recovery cut the log: its fdatasync, not the open, synced it"
+    );
     assert_eq!(
         served.len(),
         20,

@@ -242,6 +242,7 @@ fn static_configs(
         ("offsets.topic.replication.factor", Some(rf.clone()), None, "Replicas of __consumer_offsets: 3, or every broker when there are fewer."),
         ("transaction.state.log.replication.factor", Some(rf), None, "Replicas of __transaction_state: 3, or every broker when there are fewer."),
         ("auto.create.topics.enable", s(&c.auto_create_topics), Some("auto_create_topics"), "Whether Metadata and Produce create unknown topics (--auto-create-topics)."),
+        ("auto.leader.rebalance.enable", s(&c.auto_leader_rebalance_enable), Some("auto_leader_rebalance_enable"), "Whether the controller moves leadership back to preferred replicas by itself (--auto-leader-rebalance-enable)."),
         ("socket.request.max.bytes", s(&c.socket_request_max_bytes), Some("socket_request_max_bytes"), "The largest request a client may send (--socket-request-max-bytes)."),
         ("group.initial.rebalance.delay.ms", s(&c.group_initial_rebalance_delay_ms), Some("group_initial_rebalance_delay_ms"), "How long a new group waits for more members before its first generation."),
         ("group.min.session.timeout.ms", s(&c.group_min_session_timeout_ms), Some("group_min_session_timeout_ms"), "The smallest session timeout a group member may ask for."),

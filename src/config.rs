@@ -221,6 +221,10 @@ settings! {
     default_partitions: i32 = 1;
     /// Create unknown topics on Metadata/Produce.
     auto_create_topics: bool = true;
+    /// The controller moves each partition's leadership back to its preferred (first)
+    /// replica once that replica is alive and in the ISR again
+    /// (auto.leader.rebalance.enable); off, only ElectLeaders does.
+    auto_leader_rebalance_enable: bool = true;
     /// Largest request a client may send, in bytes (Kafka's socket.request.max.bytes; at
     /// least 1024).
     socket_request_max_bytes: usize = 100 * 1024 * 1024;
@@ -387,6 +391,7 @@ pub struct BrokerConfig {
     pub cores: usize,
     pub default_partitions: i32,
     pub auto_create_topics: bool,
+    pub auto_leader_rebalance_enable: bool,
     pub socket_request_max_bytes: usize,
     /// group.initial.rebalance.delay.ms
     pub group_initial_rebalance_delay_ms: i64,
@@ -577,6 +582,7 @@ impl BrokerConfig {
             cores,
             default_partitions: s.default_partitions,
             auto_create_topics: s.auto_create_topics,
+            auto_leader_rebalance_enable: s.auto_leader_rebalance_enable,
             socket_request_max_bytes: s.socket_request_max_bytes,
             group_initial_rebalance_delay_ms: s.group_initial_rebalance_delay_ms,
             group_min_session_timeout_ms: s.group_min_session_timeout_ms,
@@ -959,6 +965,7 @@ mod tests {
             "--cores=1",
             "--default-partitions=2",
             "--auto-create-topics=false",
+            "--auto-leader-rebalance-enable=false",
             "--socket-request-max-bytes=2048",
             "--group-initial-rebalance-delay-ms=1",
             "--group-min-session-timeout-ms=2",
@@ -996,6 +1003,7 @@ mod tests {
         let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
         assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
         assert_eq!(c.socket_request_max_bytes, 2048);
+        assert!(!c.auto_leader_rebalance_enable);
         assert_eq!(c.replica_lag_time_max_ms, 6);
         assert_eq!(c.replica_fetch_wait_max_ms, 10);
         assert_eq!(c.max_incremental_fetch_session_cache_slots, 4);

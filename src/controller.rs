@@ -16,7 +16,7 @@ use std::time::Duration;
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use sluice_replication::cluster::{
-    Applied, ClusterState, Command, PartitionState, ProducerIdBlock,
+    Applied, ClusterState, Command, Election, PartitionState, ProducerIdBlock,
 };
 use sluice_replication::BrokerId;
 use sluice_shard::ShardId;
@@ -28,7 +28,7 @@ use crate::metadata::{MetadataImage, TopicMeta};
 use crate::quorum_io::{to_api_error, QuorumNode};
 use crate::rpc::{
     AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics,
-    NewPartitions, NewTopic, TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
+    ElectLeaders, NewPartitions, NewTopic, TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
 };
 use crate::topic_config::{validate_topic_name, TopicConfig};
 
@@ -201,6 +201,59 @@ impl Controller {
         };
         self.commit_each(broker, items, call.validate_only, plan)
             .await
+    }
+
+    /// Elects leaders as asked, each partition judged against the latest state first
+    /// ([`ClusterState::election`]), so a partition that needs no election (or has no
+    /// one to elect) costs no metadata entry; the quorum judges again when it applies.
+    /// Answered once every shard here runs an image with the new leaders.
+    pub async fn elect_leaders(
+        &self,
+        broker: &Broker,
+        call: ElectLeaders,
+    ) -> Vec<((String, i32), Result<(), ApiError>)> {
+        let _guard = self.admin_lock().await;
+        let kind = if call.unclean {
+            Election::Unclean
+        } else {
+            Election::Preferred
+        };
+        let every = call.partitions.is_none();
+        let partitions = call.partitions.unwrap_or_else(|| {
+            self.quorum.with_state(|s| {
+                s.topics
+                    .iter()
+                    .flat_map(|(name, t)| (0..t.partitions.len() as i32).map(|p| (name.clone(), p)))
+                    .collect()
+            })
+        });
+        let mut out = Vec::with_capacity(partitions.len());
+        let mut version = 0;
+        for (topic, partition) in partitions {
+            let judged = self
+                .quorum
+                .with_state(|s| s.election(&topic, partition, kind).map(|_| ()));
+            let r = match judged {
+                Ok(()) => {
+                    let (topic, partition) = (topic.clone(), partition);
+                    let cmd = match kind {
+                        Election::Preferred => Command::ElectPreferred { topic, partition },
+                        Election::Unclean => Command::ElectUnclean { topic, partition },
+                    };
+                    let (r, v) = self.commit_unpublished(cmd).await;
+                    version = version.max(v);
+                    r.map(|_| ())
+                }
+                Err(e) => Err(to_api_error(&e)),
+            };
+            // Asked for every partition, Kafka leaves out those that needed nothing.
+            let not_needed = matches!(&r, Err(e) if e.code == ResponseError::ElectionNotNeeded);
+            if !(every && not_needed) {
+                out.push(((topic, partition), r));
+            }
+        }
+        broker.wait_published(version).await;
+        out
     }
 
     /// Plans each item's command against the latest state (each sees the ones before

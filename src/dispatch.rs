@@ -141,6 +141,13 @@ impl ShardService for ShardServer {
         self.controller().alter_configs(&self.broker, c).await
     }
 
+    async fn elect_leaders(
+        &self,
+        c: rpc::ElectLeaders,
+    ) -> Vec<((String, i32), Result<(), ApiError>)> {
+        self.controller().elect_leaders(&self.broker, c).await
+    }
+
     async fn propose(&self, c: rpc::Propose) -> Result<Applied, ApiError> {
         self.controller().propose(&self.broker, c.0).await
     }

@@ -325,6 +325,7 @@ async fn run_shard(
             host: advertised.0,
             port: advertised.1,
             rack: config.rack.clone(),
+            auto_leader_rebalance: config.auto_leader_rebalance_enable,
         })?)
     } else {
         None

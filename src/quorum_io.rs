@@ -94,6 +94,9 @@ pub struct QuorumConfig {
     pub host: String,
     pub port: i32,
     pub rack: Option<String>,
+    /// Whether the controller elects preferred replicas by itself (every
+    /// `PREFERRED_CHECK`); without it only ElectLeaders moves leadership back.
+    pub auto_leader_rebalance: bool,
 }
 
 /// Proposals of this node waiting to be applied here, by token, each for one type of
@@ -137,6 +140,9 @@ fn api_error(e: &ApplyError) -> ApiError {
         ApplyError::NotLeader(_) => ResponseError::NotLeaderOrFollower,
         ApplyError::IneligibleReplica(_) => ResponseError::IneligibleReplica,
         ApplyError::InvalidRequest(_) => ResponseError::InvalidRequest,
+        ApplyError::ElectionNotNeeded => ResponseError::ElectionNotNeeded,
+        ApplyError::PreferredLeaderNotAvailable => ResponseError::PreferredLeaderNotAvailable,
+        ApplyError::EligibleLeadersNotAvailable => ResponseError::EligibleLeadersNotAvailable,
     };
     ApiError::with(code, e.to_string())
 }
@@ -533,7 +539,8 @@ impl QuorumNode {
                 self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
             }
         }
-        if now.duration_since(*last_preferred) >= PREFERRED_CHECK {
+        if self.cfg.auto_leader_rebalance && now.duration_since(*last_preferred) >= PREFERRED_CHECK
+        {
             *last_preferred = now;
             for (topic, partition) in self.with_state(|s| s.preferred_elections()) {
                 self.spawn_propose(Command::ElectPreferred { topic, partition }, None);

@@ -139,6 +139,7 @@ shard_calls! {
     DeleteTopics => delete_topics -> Vec<Result<(String, Uuid), ApiError>>;
     CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
+    ElectLeaders => elect_leaders -> Vec<((String, i32), Result<(), ApiError>)>;
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
     /// One producer id from this broker's controller-allocated block (InitProducerId).
@@ -349,6 +350,14 @@ pub struct NewPartitions {
 pub struct CreatePartitions {
     pub items: Vec<NewPartitions>,
     pub validate_only: bool,
+}
+
+/// ElectLeaders: one election per partition, preferred or (`unclean`) unclean.
+/// `partitions: None` asks for every partition, and is answered only for those that
+/// needed an election (as Kafka's controller does).
+pub struct ElectLeaders {
+    pub unclean: bool,
+    pub partitions: Option<Vec<(String, i32)>>,
 }
 
 /// How an AlterConfigs call changes one topic's explicit configs.

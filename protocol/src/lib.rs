@@ -63,6 +63,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DeleteRecords, 0, 2),
     spec(ApiKey::DescribeConfigs, 1, 4),
     spec(ApiKey::CreatePartitions, 0, 3),
+    // Preferred and unclean elections on request (KIP-460).
+    spec(ApiKey::ElectLeaders, 0, 2),
     spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
@@ -314,6 +316,7 @@ mod tests {
             ApiKey::CreatePartitions => {
                 RequestKind::CreatePartitions(CreatePartitionsRequest::default())
             }
+            ApiKey::ElectLeaders => RequestKind::ElectLeaders(ElectLeadersRequest::default()),
             ApiKey::AlterConfigs => RequestKind::AlterConfigs(AlterConfigsRequest::default()),
             ApiKey::IncrementalAlterConfigs => {
                 RequestKind::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::default())

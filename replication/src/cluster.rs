@@ -233,6 +233,23 @@ pub enum Command {
         from: BrokerId,
         changes: Vec<IsrChange>,
     },
+    /// An unclean election asked for (ElectLeaders with election type UNCLEAN): a
+    /// leaderless partition takes a live ISR member if it has one, else any live
+    /// replica, which then is the whole ISR (records only the old ISR held may be
+    /// lost). Refused if the partition has a leader or no replica is alive.
+    ElectUnclean {
+        topic: String,
+        partition: i32,
+    },
+}
+
+/// The kinds of election ElectLeaders asks for (see [`ClusterState::election`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Election {
+    /// Back to the first replica, if it is alive and in the ISR.
+    Preferred,
+    /// A leaderless partition takes any live replica, from outside the ISR if need be.
+    Unclean,
 }
 
 /// One partition's ISR change in [`Command::AlterPartitions`], with the epochs the
@@ -308,6 +325,12 @@ pub enum ApplyError {
     IneligibleReplica(BrokerId),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error("the partition already has the leader the election would choose")]
+    ElectionNotNeeded,
+    #[error("the preferred replica is not alive or not in the ISR")]
+    PreferredLeaderNotAvailable,
+    #[error("no live replica can lead the partition")]
+    EligibleLeadersNotAvailable,
 }
 
 impl Command {
@@ -763,15 +786,12 @@ impl ClusterState {
                 return Ok(Applied::Partitions(results));
             }
             Command::ElectPreferred { topic, partition } => {
-                let alive = self.live_brokers();
-                let (_, p) = self.partition_mut(topic, *partition)?;
-                let preferred = p.replicas[0];
-                if p.leader != preferred && p.isr.contains(&preferred) && alive.contains(&preferred)
-                {
-                    p.leader = preferred;
-                    p.leader_epoch += 1;
-                    p.partition_epoch += 1;
-                }
+                let (leader, isr) = self.election(topic, *partition, Election::Preferred)?;
+                self.elect(topic, *partition, leader, isr)?;
+            }
+            Command::ElectUnclean { topic, partition } => {
+                let (leader, isr) = self.election(topic, *partition, Election::Unclean)?;
+                self.elect(topic, *partition, leader, isr)?;
             }
             Command::AllocateProducerIds { broker, count } => {
                 if !self.brokers.contains_key(broker) {
@@ -1045,14 +1065,73 @@ impl ClusterState {
     pub fn preferred_elections(&self) -> Vec<(String, i32)> {
         let mut out = Vec::new();
         for (name, t) in &self.topics {
-            for (i, p) in t.partitions.iter().enumerate() {
-                let pref = p.replicas[0];
-                if p.leader != pref && p.isr.contains(&pref) && self.is_alive(pref) {
-                    out.push((name.clone(), i as i32));
+            for i in 0..t.partitions.len() as i32 {
+                if self.election(name, i, Election::Preferred).is_ok() {
+                    out.push((name.clone(), i));
                 }
             }
         }
         out
+    }
+
+    /// Who an election of `kind` would make leader of the partition, and the ISR it
+    /// would then have if that changes (an unclean choice from outside the ISR); or
+    /// why there is no such election, as Kafka's controller answers ElectLeaders: a
+    /// preferred election is not needed while the preferred replica leads and not
+    /// possible unless it is alive and in the ISR; an unclean one is not needed while
+    /// the partition has a leader and not possible with no live replica.
+    pub fn election(
+        &self,
+        topic: &str,
+        partition: i32,
+        kind: Election,
+    ) -> Result<(BrokerId, Option<Vec<BrokerId>>), ApplyError> {
+        let p = self
+            .partition(topic, partition)
+            .ok_or(ApplyError::UnknownTopicOrPartition)?;
+        match kind {
+            Election::Preferred => {
+                let preferred = p.replicas[0];
+                if p.leader == preferred {
+                    Err(ApplyError::ElectionNotNeeded)
+                } else if p.isr.contains(&preferred) && self.is_alive(preferred) {
+                    Ok((preferred, None))
+                } else {
+                    Err(ApplyError::PreferredLeaderNotAvailable)
+                }
+            }
+            Election::Unclean => {
+                if p.leader != NO_BROKER {
+                    return Err(ApplyError::ElectionNotNeeded);
+                }
+                let live = |r: &&BrokerId| self.is_alive(**r);
+                if let Some(r) = p.replicas.iter().filter(|r| p.isr.contains(r)).find(live) {
+                    return Ok((*r, None));
+                }
+                match p.replicas.iter().find(live) {
+                    Some(r) => Ok((*r, Some(vec![*r]))),
+                    None => Err(ApplyError::EligibleLeadersNotAvailable),
+                }
+            }
+        }
+    }
+
+    /// Makes `leader` the partition's leader in a new leader epoch, with `isr` if given.
+    fn elect(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        leader: BrokerId,
+        isr: Option<Vec<BrokerId>>,
+    ) -> Result<(), ApplyError> {
+        let (_, p) = self.partition_mut(topic, partition)?;
+        p.leader = leader;
+        if let Some(isr) = isr {
+            p.isr = isr;
+        }
+        p.leader_epoch += 1;
+        p.partition_epoch += 1;
+        Ok(())
     }
 
     /// Partitions whose ISR is smaller than their replica set.
@@ -1340,6 +1419,104 @@ mod tests {
         assert_eq!(p.isr, vec![2]);
     }
 
+    fn elect(s: &mut ClusterState, kind: Election, partition: i32) -> Result<Applied, ApplyError> {
+        let (topic, partition) = ("t".to_string(), partition);
+        s.apply(&match kind {
+            Election::Preferred => Command::ElectPreferred { topic, partition },
+            Election::Unclean => Command::ElectUnclean { topic, partition },
+        })
+    }
+
+    #[test]
+    fn elections_asked_for_answer_as_kafkas_controller() {
+        let mut s = cluster(3);
+        create(&mut s, "t", 1, 3);
+        let p = s.partition("t", 0).unwrap().clone();
+        let preferred = p.replicas[0];
+        assert_eq!(p.leader, preferred);
+        // The preferred replica leads: neither election is needed, and nothing moves.
+        let before = s.clone();
+        for kind in [Election::Preferred, Election::Unclean] {
+            assert_eq!(elect(&mut s, kind, 0), Err(ApplyError::ElectionNotNeeded));
+        }
+        assert_eq!(s, before);
+        assert_eq!(
+            elect(&mut s, Election::Preferred, 1),
+            Err(ApplyError::UnknownTopicOrPartition)
+        );
+        // Fenced, it loses the leadership and cannot get it back while it is down.
+        s.apply(&Command::FenceBroker { id: preferred }).unwrap();
+        assert_ne!(s.partition("t", 0).unwrap().leader, preferred);
+        assert_eq!(
+            elect(&mut s, Election::Preferred, 0),
+            Err(ApplyError::PreferredLeaderNotAvailable)
+        );
+        // Back, but out of the ISR until its leader lets it in: still not available.
+        s.apply(&Command::UnfenceBroker { id: preferred }).unwrap();
+        assert_eq!(
+            elect(&mut s, Election::Preferred, 0),
+            Err(ApplyError::PreferredLeaderNotAvailable)
+        );
+        let q = s.partition("t", 0).unwrap().clone();
+        let mut isr = q.isr.clone();
+        isr.push(preferred);
+        s.apply(&Command::AlterPartition {
+            from: q.leader,
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch: q.leader_epoch,
+            partition_epoch: q.partition_epoch,
+            new_isr: isr,
+        })
+        .unwrap();
+        assert_eq!(s.preferred_elections(), vec![("t".to_string(), 0)]);
+        elect(&mut s, Election::Preferred, 0).unwrap();
+        let r = s.partition("t", 0).unwrap();
+        assert_eq!((r.leader, r.leader_epoch), (preferred, q.leader_epoch + 1));
+        assert!(s.preferred_elections().is_empty());
+    }
+
+    #[test]
+    fn an_unclean_election_asked_for_takes_a_live_replica_outside_the_isr() {
+        let mut s = cluster(3);
+        create(&mut s, "t", 1, 2);
+        let p = s.partition("t", 0).unwrap().clone();
+        let (a, b) = (p.replicas[0], p.replicas[1]);
+        // b fails first and leaves the ISR; then a, the last ISR member, fails too.
+        s.apply(&Command::FenceBroker { id: b }).unwrap();
+        s.apply(&Command::FenceBroker { id: a }).unwrap();
+        // b returns: outside the ISR, and the topic does not allow unclean elections.
+        s.apply(&Command::UnfenceBroker { id: b }).unwrap();
+        let q = s.partition("t", 0).unwrap().clone();
+        assert_eq!((q.leader, q.isr.clone()), (NO_BROKER, vec![a]));
+        // Asked for, the unclean election happens anyway and b is the whole ISR.
+        elect(&mut s, Election::Unclean, 0).unwrap();
+        let r = s.partition("t", 0).unwrap().clone();
+        assert_eq!((r.leader, r.isr), (b, vec![b]));
+        assert_eq!(r.leader_epoch, q.leader_epoch + 1);
+        assert_eq!(r.partition_epoch, q.partition_epoch + 1);
+        assert_eq!(
+            elect(&mut s, Election::Unclean, 0),
+            Err(ApplyError::ElectionNotNeeded)
+        );
+        // With every replica down there is no one to elect.
+        s.apply(&Command::FenceBroker { id: b }).unwrap();
+        assert_eq!(s.partition("t", 0).unwrap().leader, NO_BROKER);
+        assert_eq!(
+            elect(&mut s, Election::Unclean, 0),
+            Err(ApplyError::EligibleLeadersNotAvailable)
+        );
+        // A live ISR member is preferred over a replica outside the ISR.
+        s.apply(&Command::UnfenceBroker { id: a }).unwrap();
+        assert_eq!(s.partition("t", 0).unwrap().leader, NO_BROKER);
+        s.apply(&Command::UnfenceBroker { id: b }).unwrap();
+        assert_eq!(
+            s.partition("t", 0).unwrap().leader,
+            b,
+            "b is the ISR: clean election"
+        );
+    }
+
     #[test]
     fn alter_partition_checks_epochs_leader_and_eligibility() {
         let mut s = cluster(3);
@@ -1525,6 +1702,11 @@ mod tests {
             new_isr: vec![1, 3],
         };
         assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
+        let elect = Command::ElectUnclean {
+            topic: "t".into(),
+            partition: 2,
+        };
+        assert_eq!(Command::decode(&elect.encode()).unwrap(), elect);
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
         assert!(matches!(
             Command::decode(&[0xff; 7]),

@@ -205,6 +205,10 @@ pub struct Member {
     awaiting_sync: Option<SyncToken>,
     /// Joined the current join phase (rejoined, or new).
     joined: bool,
+    /// In the generation's sync phase and has not sent SyncGroup yet (Kafka's
+    /// `pendingSyncMembers`): removed when the sync phase expires, in CompletingRebalance
+    /// or Stable.
+    pending_sync: bool,
     session_deadline_ms: i64,
 }
 
@@ -237,8 +241,15 @@ pub struct Group {
     join_deadline_ms: Option<i64>,
     /// Initial delay phase (group was empty): the latest the delay may extend to.
     initial_delay_limit_ms: Option<i64>,
-    /// Sync phase: when members that have not synced are dropped.
+    /// Sync phase: when members that have not synced are dropped (in CompletingRebalance,
+    /// and in Stable while a member of the generation has not synced yet).
     sync_deadline_ms: Option<i64>,
+    /// Replayed from a `__consumer_offsets` partition whose load has not finished
+    /// ([`Coordinator::loaded`] ends it): its offsets do not expire and it is not
+    /// deleted (no tombstones), as Kafka expires only groups in its cache, where loaded
+    /// groups go once the whole partition is read. It may look empty and old only
+    /// because its latest GroupMetadata record is still ahead in the log.
+    loading: bool,
     pub state_timestamp_ms: i64,
     pub offsets: BTreeMap<(String, i32), Committed>,
     /// Where each offset in `offsets` stands in the log (the order records became
@@ -361,6 +372,7 @@ impl Group {
             join_deadline_ms: None,
             initial_delay_limit_ms: None,
             sync_deadline_ms: None,
+            loading: false,
             state_timestamp_ms: now_ms,
             offsets: BTreeMap::new(),
             offset_seq: HashMap::new(),
@@ -690,6 +702,7 @@ impl Group {
                 awaiting_join: None,
                 awaiting_sync: None,
                 joined: false,
+                pending_sync: false,
                 session_deadline_ms: now_ms + i64::from(m.session_timeout_ms),
             };
             count_member(
@@ -1161,6 +1174,7 @@ impl Coordinator {
             awaiting_join: Some(token),
             awaiting_sync: None,
             joined: true,
+            pending_sync: false,
             session_deadline_ms: now_ms + i64::from(a.session_timeout_ms),
         }
     }
@@ -1316,13 +1330,11 @@ impl Coordinator {
                 // The id changed: persist it so a fenced old instance stays fenced.
                 fx.records.push(group.metadata_record());
             }
-            GroupState::CompletingRebalance if !protocols_changed => {
-                m.joined = true;
-                group.members.insert(new_id.clone(), m);
-                let r = group.join_response(&new_id, was_leader);
-                fx.replies.push(Deferred::Join(token, r));
-            }
             _ => {
+                // In CompletingRebalance the leader was given the old member id and
+                // would assign its partitions to it: Kafka always rebalances then
+                // (`updateStaticMemberThenRebalanceOrCompleteJoin`). In
+                // PreparingRebalance the member simply joins the phase.
                 m.awaiting_join = Some(token);
                 m.joined = true;
                 group.members.insert(new_id, m);
@@ -1354,6 +1366,9 @@ impl Coordinator {
             // Members that were told about this rebalance in their own join count as
             // joined; the others must come back.
             m.joined = m.awaiting_join.is_some();
+            // The previous generation's sync phase is over (Kafka clears its pending
+            // sync members).
+            m.pending_sync = false;
         }
         group.unjoined = group.members.values().filter(|m| !m.joined).count();
         let rebalance_ms = group.max_rebalance_timeout_ms();
@@ -1381,17 +1396,46 @@ impl Coordinator {
         }
     }
 
-    /// Ends a join phase: drop the members that did not rejoin, start the next
-    /// generation and answer every waiting JoinGroup.
+    /// Ends a join phase (Kafka's `completeClassicGroupJoin`): drop the dynamic members
+    /// that did not rejoin, start the next generation and answer every waiting
+    /// JoinGroup. Static members that did not rejoin stay in the generation (their
+    /// instance id keeps its place in the assignment); one that does not sync either is
+    /// removed when the sync phase expires ([`Coordinator::tick`]). If no member
+    /// rejoined at all (every one left is static), the join phase runs again.
     fn complete_join(group: &mut Group, now_ms: i64, fx: &mut Effects) {
         let gone: Vec<String> = group
             .members
             .values()
-            .filter(|m| !m.joined || m.awaiting_join.is_none())
+            .filter(|m| m.instance_id.is_none() && (!m.joined || m.awaiting_join.is_none()))
             .map(|m| m.id.clone())
             .collect();
         for id in gone {
             Self::remove_member(group, &id);
+        }
+        // Kafka's `maybeElectNewJoinedLeader`: a leader that did not rejoin is replaced
+        // by a member that did.
+        let leader_joined = group
+            .leader
+            .as_ref()
+            .and_then(|l| group.members.get(l))
+            .is_some_and(|m| m.awaiting_join.is_some());
+        if !leader_joined {
+            let joined = group
+                .members
+                .values()
+                .find(|m| m.awaiting_join.is_some())
+                .map(|m| m.id.clone());
+            if let Some(id) = joined {
+                group.leader = Some(id);
+            } else if !group.members.is_empty() {
+                // Only static members that did not rejoin are left: wait another
+                // rebalance timeout, until they rejoin or their sessions expire.
+                tracing::warn!(group = %group.id, members = group.members.len(),
+                    "could not complete rebalance because no members rejoined");
+                group.join_deadline_ms = Some(now_ms + group.max_rebalance_timeout_ms());
+                group.initial_delay_limit_ms = None;
+                return;
+            }
         }
         group.pending_members.clear();
         group.join_deadline_ms = None;
@@ -1420,6 +1464,7 @@ impl Coordinator {
             let resp = group.join_response(&id, id == leader);
             let m = group.members.get_mut(&id).expect("member");
             m.joined = false;
+            m.pending_sync = true;
             m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
             if let Some(t) = m.awaiting_join.take() {
                 fx.replies.push(Deferred::Join(t, resp));
@@ -1518,6 +1563,7 @@ impl Coordinator {
             GroupState::Stable => {
                 let m = group.members.get_mut(&a.member_id).expect("member");
                 m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                m.pending_sync = false;
                 let r = SyncGroupResponse::default()
                     .with_protocol_type(protocol_type)
                     .with_protocol_name(protocol_name)
@@ -1527,6 +1573,7 @@ impl Coordinator {
             GroupState::CompletingRebalance => {
                 let m = group.members.get_mut(&a.member_id).expect("member");
                 m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+                m.pending_sync = false;
                 if let Some(old) = m.awaiting_sync.replace(token) {
                     fx.replies.push(Deferred::Sync(
                         old,
@@ -1544,7 +1591,11 @@ impl Coordinator {
                     // assigns, and what the next new member's estimate must expect.
                     group.assignment_bytes_max = largest;
                     group.transition(GroupState::Stable, now_ms);
-                    group.sync_deadline_ms = None;
+                    // Members that have not synced yet must still do so before the
+                    // sync phase expires (Kafka's pending sync, in Stable too).
+                    if !group.members.values().any(|m| m.pending_sync) {
+                        group.sync_deadline_ms = None;
+                    }
                     fx.records.push(group.metadata_record());
                     for m in group.members.values_mut() {
                         if let Some(t) = m.awaiting_sync.take() {
@@ -1691,7 +1742,8 @@ impl Coordinator {
     // ---------------------------------------------------------------- timers
 
     /// Fires due timers: expired sessions and pending member ids, the end of a join or
-    /// sync phase, and offset expiry of empty groups.
+    /// sync phase, and offset expiry of empty groups (not of groups of a partition still
+    /// being loaded: see `Group::loading`).
     pub fn tick(&mut self, now_ms: i64, fx: &mut Effects) {
         let initial_delay = self.config.initial_rebalance_delay_ms;
         for group in self.groups.values_mut() {
@@ -1714,14 +1766,18 @@ impl Coordinator {
             if group.state == GroupState::PreparingRebalance {
                 Self::maybe_complete_join(group, now_ms, fx);
             }
-            if group.state == GroupState::CompletingRebalance
-                && group.sync_deadline_ms.is_some_and(|d| now_ms >= d)
-            {
-                // The leader never sent the assignment: drop whoever has not synced.
+            let syncing = matches!(
+                group.state,
+                GroupState::CompletingRebalance | GroupState::Stable
+            );
+            if syncing && group.sync_deadline_ms.is_some_and(|d| now_ms >= d) {
+                // Kafka's `expirePendingSync`: drop whoever has not synced (the leader
+                // never sent the assignment, or a member never came for it).
+                group.sync_deadline_ms = None;
                 let laggards: Vec<String> = group
                     .members
                     .values()
-                    .filter(|m| m.awaiting_sync.is_none())
+                    .filter(|m| m.pending_sync)
                     .map(|m| m.id.clone())
                     .collect();
                 for id in laggards {
@@ -1742,7 +1798,9 @@ impl Coordinator {
         let retention = self.config.offsets_retention_ms;
         let mut dead = Vec::new();
         for group in self.groups.values_mut() {
-            if group.state != GroupState::Empty {
+            // A loading group may look empty and old only because its latest
+            // GroupMetadata record is not replayed yet.
+            if group.state != GroupState::Empty || group.loading {
                 continue;
             }
             let since = group.state_timestamp_ms;
@@ -2167,6 +2225,7 @@ impl Coordinator {
                     .groups
                     .entry(group.clone())
                     .or_insert_with(|| Group::new(&group, v.commit_timestamp_ms));
+                g.loading = true;
                 let committed = Committed {
                     offset: v.offset,
                     leader_epoch: v.leader_epoch,
@@ -2207,17 +2266,23 @@ impl Coordinator {
 
     // ---------------------------------------------------------------- loading
 
-    /// A `__consumer_offsets` partition is loaded (every record replayed): as Kafka's
+    /// A `__consumer_offsets` partition is loaded (every record replayed): its groups'
+    /// offsets may expire from now on (see `Group::loading`), and, as Kafka's
     /// `onGroupLoaded`, each of its groups with more members than group.max.size (the
     /// limit was lowered since the record was written) starts a rebalance at once. Its
     /// members learn of it from their heartbeats and rejoin; the first group.max.size
     /// of them back are kept, later ones are refused and removed ([`Coordinator::join`]),
-    /// and members that do not rejoin are dropped when the join phase ends (KIP-389).
+    /// and members that do not rejoin are dropped (KIP-389): dynamic ones when the join
+    /// phase ends, static ones when the sync phase expires.
     pub fn loaded(&mut self, now_ms: i64, in_partition: impl Fn(&str) -> bool, fx: &mut Effects) {
         let max = self.config.group_max_size;
         let initial_delay = self.config.initial_rebalance_delay_ms;
         for group in self.groups.values_mut() {
-            if !in_partition(&group.id) || group.state != GroupState::Stable {
+            if !in_partition(&group.id) {
+                continue;
+            }
+            group.loading = false;
+            if group.state != GroupState::Stable {
                 continue;
             }
             if group.members.len() > max {
@@ -2229,7 +2294,8 @@ impl Coordinator {
     }
 
     /// Replays one `__consumer_offsets` record (in log order) into memory. `now_ms` is
-    /// the load time: restored members' session timers start from it.
+    /// the load time: restored members' session timers start from it. The group is
+    /// loading until [`Coordinator::loaded`] is called for its partition.
     pub fn load_record(
         &mut self,
         now_ms: i64,
@@ -2248,6 +2314,7 @@ impl Coordinator {
                         .groups
                         .entry(group.clone())
                         .or_insert_with(|| Group::new(&group, v.commit_timestamp_ms));
+                    g.loading = true;
                     self.log_seq += 1;
                     g.offset_seq
                         .insert((topic.clone(), partition), self.log_seq);
@@ -2274,6 +2341,7 @@ impl Coordinator {
                         .groups
                         .entry(group.clone())
                         .or_insert_with(|| Group::new(&group, v.state_timestamp_ms));
+                    g.loading = true;
                     g.restore(v, now_ms);
                 }
                 None => {
@@ -2327,5 +2395,297 @@ fn group_tombstone(group: &str) -> Record {
         }
         .encode(),
         value: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Static membership across join and sync phases, and offset expiry while a
+    //! partition loads (the helpers follow `group_tests.rs`).
+
+    use super::*;
+    use kafka_protocol::error::ResponseError as E;
+    use kafka_protocol::messages::JoinGroupResponse;
+
+    const REBALANCE: i32 = 10_000;
+
+    fn coord() -> Coordinator {
+        Coordinator::new(CoordinatorConfig {
+            initial_rebalance_delay_ms: 0,
+            ..CoordinatorConfig::default()
+        })
+    }
+
+    /// A JoinGroup of static member `instance` (`member` "" for a new incarnation).
+    fn join(
+        c: &mut Coordinator,
+        token: u64,
+        now: i64,
+        member: &str,
+        instance: &str,
+        session_ms: i32,
+    ) -> Effects {
+        let mut fx = Effects::default();
+        let a = JoinArgs {
+            group_id: "g".into(),
+            member_id: member.into(),
+            instance_id: Some(instance.into()),
+            client_id: "client".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: session_ms,
+            rebalance_timeout_ms: REBALANCE,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from("meta-range"))],
+            require_known_member_id: true,
+            supports_skip_assignment: false,
+        };
+        c.join(JoinToken(token), now, a, &mut fx);
+        fx
+    }
+
+    fn join_reply(fx: &Effects, token: u64) -> Option<JoinGroupResponse> {
+        fx.replies.iter().find_map(|r| match r {
+            Deferred::Join(t, j) if *t == JoinToken(token) => Some(j.clone()),
+            _ => None,
+        })
+    }
+
+    fn sync_reply(fx: &Effects, token: u64) -> Option<SyncGroupResponse> {
+        fx.replies.iter().find_map(|r| match r {
+            Deferred::Sync(t, s) if *t == SyncToken(token) => Some(s.clone()),
+            _ => None,
+        })
+    }
+
+    fn sync(
+        c: &mut Coordinator,
+        token: u64,
+        now: i64,
+        member: &str,
+        instance: &str,
+        gen: i32,
+        asg: &[(&str, &str)],
+    ) -> Effects {
+        let mut fx = Effects::default();
+        let a = SyncArgs {
+            group_id: "g".into(),
+            generation: gen,
+            member_id: member.into(),
+            instance_id: Some(instance.into()),
+            protocol_type: Some("consumer".into()),
+            protocol_name: None,
+            assignments: asg
+                .iter()
+                .map(|(m, a)| (m.to_string(), Bytes::from(a.to_string())))
+                .collect(),
+        };
+        c.sync(SyncToken(token), now, a, &mut fx);
+        fx
+    }
+
+    /// Static members i1 (the leader) and i2, Stable at generation 2 with assignments
+    /// "A" and "B", all at time 0; returns their member ids.
+    fn stable_two_static(c: &mut Coordinator, session_ms: i32) -> (String, String) {
+        let fx = join(c, 1, 0, "", "i1", session_ms);
+        let a = join_reply(&fx, 1).unwrap().member_id.to_string();
+        sync(c, 2, 0, &a, "i1", 1, &[(&a, "A")]);
+        let mut fx = join(c, 3, 0, "", "i2", session_ms);
+        fx.replies
+            .extend(join(c, 4, 0, &a, "i1", session_ms).replies);
+        let b = join_reply(&fx, 3).unwrap().member_id.to_string();
+        assert_eq!(join_reply(&fx, 4).unwrap().generation_id, 2);
+        sync(c, 5, 0, &a, "i1", 2, &[(&a, "A"), (&b, "B")]);
+        let fx = sync(c, 6, 0, &b, "i2", 2, &[]);
+        assert_eq!(sync_reply(&fx, 6).unwrap().assignment, Bytes::from("B"));
+        assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+        (a, b)
+    }
+
+    /// Kafka rebalances when a static member restarts while the group waits for its
+    /// assignment: the leader was given the old member id and would assign the
+    /// instance's partitions to it, leaving the new incarnation with nothing.
+    #[test]
+    fn static_member_restarting_in_completing_rebalance_rebalances() {
+        let mut c = coord();
+        let (a, b) = stable_two_static(&mut c, 6_000);
+        // i3 joins; i1 and i2 rejoin: generation 3 waits for the leader's assignment.
+        let mut fx = join(&mut c, 10, 100, "", "i3", 6_000);
+        fx.replies
+            .extend(join(&mut c, 11, 100, &a, "i1", 6_000).replies);
+        fx.replies
+            .extend(join(&mut c, 12, 100, &b, "i2", 6_000).replies);
+        let r = join_reply(&fx, 11).unwrap();
+        assert_eq!(r.generation_id, 3);
+        assert!(r.members.iter().any(|m| m.member_id.as_str() == b));
+        let d = join_reply(&fx, 10).unwrap().member_id.to_string();
+        assert_eq!(c.group("g").unwrap().state, GroupState::CompletingRebalance);
+        // i2's process restarts before syncing: it joins with no member id.
+        let fx = join(&mut c, 13, 200, "", "i2", 6_000);
+        assert!(
+            join_reply(&fx, 13).is_none(),
+            "waits for the new join phase"
+        );
+        let g = c.group("g").unwrap();
+        assert_eq!(g.state, GroupState::PreparingRebalance);
+        let b2 = g.static_members["i2"].clone();
+        assert_ne!(b2, b);
+        // The members of generation 3 must rejoin.
+        assert_eq!(
+            c.heartbeat(300, "g", 3, &a, Some("i1")),
+            Err(E::RebalanceInProgress)
+        );
+        let mut fx = join(&mut c, 14, 300, &a, "i1", 6_000);
+        fx.replies
+            .extend(join(&mut c, 15, 300, &d, "i3", 6_000).replies);
+        let r = join_reply(&fx, 14).unwrap();
+        assert_eq!(r.generation_id, 4);
+        let ids: BTreeSet<String> = r.members.iter().map(|m| m.member_id.to_string()).collect();
+        assert_eq!(ids, BTreeSet::from([a.clone(), b2.clone(), d.clone()]));
+        // The leader's assignment reaches the new incarnation.
+        sync(
+            &mut c,
+            16,
+            300,
+            &a,
+            "i1",
+            4,
+            &[(&a, "A"), (&b2, "B"), (&d, "C")],
+        );
+        let fx = sync(&mut c, 17, 300, &b2, "i2", 4, &[]);
+        assert_eq!(sync_reply(&fx, 17).unwrap().assignment, Bytes::from("B"));
+    }
+
+    /// Kafka's `completeClassicGroupJoin` drops only dynamic members that did not
+    /// rejoin; a static one stays in the generation until its sync phase expires, in
+    /// CompletingRebalance or Stable.
+    #[test]
+    fn static_member_that_does_not_rejoin_stays_until_the_sync_phase_expires() {
+        let mut c = coord();
+        let (a, b) = stable_two_static(&mut c, 30_000);
+        // i3 joins and i1 rejoins; i2 stays silent.
+        let mut fx = join(&mut c, 10, 0, "", "i3", 30_000);
+        fx.replies
+            .extend(join(&mut c, 11, 0, &a, "i1", 30_000).replies);
+        assert!(join_reply(&fx, 11).is_none(), "waits for i2");
+        let mut fx = Effects::default();
+        c.tick(10_000, &mut fx);
+        let g = c.group("g").unwrap();
+        assert_eq!(
+            (g.state, g.generation, g.members.len()),
+            (GroupState::CompletingRebalance, 3, 3)
+        );
+        assert_eq!(g.static_members.get("i2"), Some(&b));
+        let r = join_reply(&fx, 11).unwrap();
+        assert_eq!((r.generation_id, r.leader.as_str()), (3, a.as_str()));
+        assert_eq!(r.members.len(), 3, "the leader assigns i2's share too");
+        let d = join_reply(&fx, 10).unwrap().member_id.to_string();
+        // The leader and i3 sync; i2 never does.
+        sync(&mut c, 12, 10_000, &d, "i3", 3, &[]);
+        let fx = sync(
+            &mut c,
+            13,
+            10_000,
+            &a,
+            "i1",
+            3,
+            &[(&a, "A"), (&b, "B"), (&d, "C")],
+        );
+        assert_eq!(sync_reply(&fx, 13).unwrap().assignment, Bytes::from("A"));
+        assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+        let mut fx = Effects::default();
+        c.tick(19_999, &mut fx);
+        assert!(c.group("g").unwrap().members.contains_key(&b));
+        // One rebalance timeout after the join phase ended: i2 goes (its session has
+        // 20 s left) and the group rebalances.
+        c.tick(20_000, &mut fx);
+        let g = c.group("g").unwrap();
+        assert!(!g.members.contains_key(&b));
+        assert!(!g.static_members.contains_key("i2"));
+        assert_eq!(g.state, GroupState::PreparingRebalance);
+    }
+
+    /// If no member rejoined (all are static), Kafka does not complete an empty
+    /// generation: the join phase waits another rebalance timeout.
+    #[test]
+    fn join_phase_that_no_member_rejoined_waits_again() {
+        let mut c = coord();
+        let (a, b) = stable_two_static(&mut c, 30_000);
+        // i3 joins and leaves again: i1 and i2 must rejoin, and neither does.
+        let fx = join(&mut c, 10, 0, "", "i3", 30_000);
+        assert!(join_reply(&fx, 10).is_none());
+        let mut fx = Effects::default();
+        let (_, r) = c.leave(
+            0,
+            "g",
+            &[Leaving {
+                member_id: String::new(),
+                instance_id: Some("i3".into()),
+            }],
+            &mut fx,
+        );
+        assert_eq!(r, vec![Ok(())]);
+        let mut fx = Effects::default();
+        c.tick(10_000, &mut fx);
+        let g = c.group("g").unwrap();
+        assert_eq!(
+            (g.state, g.generation, g.members.len()),
+            (GroupState::PreparingRebalance, 2, 2)
+        );
+        assert!(fx.records.is_empty(), "no empty generation is written");
+        // i2 rejoins: it becomes the leader of generation 3 at the next deadline, and
+        // i1 stays in it.
+        let fx = join(&mut c, 11, 15_000, &b, "i2", 30_000);
+        assert!(join_reply(&fx, 11).is_none());
+        let mut fx = Effects::default();
+        c.tick(20_000, &mut fx);
+        let r = join_reply(&fx, 11).unwrap();
+        assert_eq!((r.generation_id, r.leader.as_str()), (3, b.as_str()));
+        assert_eq!(r.members.len(), 2);
+        assert!(c.group("g").unwrap().members.contains_key(&a));
+    }
+
+    /// A tick while a `__consumer_offsets` partition is half replayed: the group's
+    /// offsets are in, its latest GroupMetadata record (with members) is not yet. The
+    /// group must not expire then (Kafka expires only fully loaded groups).
+    #[test]
+    fn offsets_of_a_partition_being_loaded_do_not_expire() {
+        let mut src = coord();
+        let (a, _) = stable_two_static(&mut src, 6_000);
+        let old = Committed {
+            offset: 7,
+            leader_epoch: -1,
+            metadata: String::new(),
+            commit_timestamp_ms: 0,
+        };
+        let offset = offset_record("g", "t", 0, &old);
+        let metadata = src.group("g").unwrap().metadata_record();
+        // Another group of the partition holds nothing but an old offset.
+        let other = offset_record("h", "t", 0, &old);
+        let mut c = Coordinator::new(CoordinatorConfig {
+            initial_rebalance_delay_ms: 0,
+            offsets_retention_ms: 1_000,
+            offsets_retention_check_interval_ms: 100,
+            ..CoordinatorConfig::default()
+        });
+        let now = 5_000;
+        for r in [&offset, &other] {
+            c.load_record(now, &r.key, r.value.as_deref()).unwrap();
+        }
+        let mut fx = Effects::default();
+        c.tick(now, &mut fx);
+        assert!(fx.records.is_empty(), "no tombstones: {:?}", fx.records);
+        c.load_record(now, &metadata.key, metadata.value.as_deref())
+            .unwrap();
+        c.loaded(now, |_| true, &mut fx);
+        let g = c.group("g").unwrap();
+        assert_eq!((g.state, g.generation), (GroupState::Stable, 2));
+        assert!(g.members.contains_key(&a));
+        assert_eq!(c.fetch_offsets("g", None)[0].1.as_ref().unwrap().offset, 7);
+        // Loaded: the empty group's offsets expire at the next check, g's do not.
+        c.tick(now + 100, &mut fx);
+        assert!(c.group("h").is_none());
+        assert_eq!(fx.records.len(), 2, "h's offset and group tombstones");
+        assert!(fx.records.iter().all(|r| r.group == "h"));
+        assert_eq!(c.fetch_offsets("g", None).len(), 1);
     }
 }

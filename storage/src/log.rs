@@ -1205,6 +1205,11 @@ enum Judge {
     /// A client's batch on the leader: the sequence rules, and with `txn` the
     /// transaction rule too.
     Client { txn: bool },
+    /// A batch of the broker's own coordinators (group offsets and metadata, transaction
+    /// state): only the producer-epoch rule, as Kafka's coordinator-origin appends. A
+    /// transactional offset commit of a producer fenced since (a newer epoch's marker
+    /// is in the log) is refused, and cannot reopen a transaction nobody will end.
+    Coordinator,
     /// An end-transaction marker written by this leader: the epoch rules.
     Marker {
         producer_id: i64,
@@ -1699,13 +1704,16 @@ impl PartitionLog {
         self.check_size(batch)?;
         let header = batch::validate(batch, true)?;
         let batch = Bytes::copy_from_slice(batch);
-        self.guarded(self.append_validated(batch, header, leader_epoch, true))
+        self.guarded(self.append_validated(batch, header, leader_epoch, Judge::Trusted))
             .await
     }
 
     /// [`Self::append`] bounded by `max_bytes` instead of the topic's
     /// `max.message.bytes`: for the broker's own coordinators, whose records grow with
     /// their state (a group's members and assignments), not with what a client sends.
+    /// A transactional batch of a producer epoch older than the partition has seen is
+    /// refused ([`Error::Sequence`] with `StaleEpoch`); sequences are not checked (the
+    /// coordinators' batches carry none).
     pub async fn append_bounded(
         &self,
         batch: &[u8],
@@ -1721,7 +1729,7 @@ impl PartitionLog {
         }
         let header = batch::validate(batch, true)?;
         let batch = Bytes::copy_from_slice(batch);
-        self.guarded(self.append_validated(batch, header, leader_epoch, true))
+        self.guarded(self.append_validated(batch, header, leader_epoch, Judge::Coordinator))
             .await
     }
 
@@ -1883,10 +1891,10 @@ impl PartitionLog {
         batch: Bytes,
         header: batch::BatchHeader,
         leader_epoch: i32,
-        assign_offsets: bool,
+        judge: Judge,
     ) -> Result<AppendInfo, Error> {
         match self
-            .append_inner(batch, header, leader_epoch, assign_offsets, Judge::Trusted)
+            .append_inner(batch, header, leader_epoch, true, judge)
             .await?
         {
             Judged::Appended(info) => Ok(info),
@@ -1900,6 +1908,11 @@ impl PartitionLog {
         let table = self.producers.borrow();
         match judge {
             Judge::Trusted => {}
+            Judge::Coordinator => {
+                if header.is_transactional() {
+                    table.check_marker_epoch(header.producer_id, header.producer_epoch)?;
+                }
+            }
             Judge::Client { txn } => {
                 if let Verdict::Duplicate(meta) = table.check(header)? {
                     return Ok(Some(Judged::Duplicate(meta)));

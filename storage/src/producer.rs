@@ -354,7 +354,8 @@ impl ProducerStateTable {
         }
     }
 
-    /// The producer-epoch rule for a marker (Kafka's `checkProducerEpoch`).
+    /// The producer-epoch rule for a marker or a coordinator's transactional batch
+    /// (Kafka's `checkProducerEpoch`).
     pub fn check_marker_epoch(&self, producer_id: i64, epoch: i16) -> Result<(), SequenceError> {
         match self.producers.get(&producer_id) {
             Some(e) if epoch < e.epoch => Err(SequenceError::StaleEpoch {

@@ -143,6 +143,43 @@ fn transaction_rules_refuse_plain_batches_stale_and_fenced_markers() {
     });
 }
 
+/// The broker's coordinators write transactional offset commits with `append_bounded`:
+/// no sequence rules, but the epoch rule, as Kafka's coordinator-origin appends. A
+/// producer fenced since (the abort marker of its successor's epoch is in the log)
+/// cannot put a late commit in, which would reopen a transaction nobody ends.
+#[test]
+fn a_coordinators_transactional_batch_of_a_fenced_epoch_is_refused() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, StorageLimits::default()).await;
+        let log = s.open_log("c", LogConfig::default()).await.unwrap();
+        let late = producer_batch(5, 0, 0, true, 1);
+        log.append_bounded(&late, 0, 1 << 20).await.unwrap();
+        // The producer's successor fenced it: its transaction aborted at epoch 1.
+        appended(log.append_marker(5, 1, false, 0, 0).await.unwrap());
+        let end = log.log_end_offset();
+        assert!(matches!(
+            log.append_bounded(&late, 0, 1 << 20).await,
+            Err(Error::Sequence(SequenceError::StaleEpoch {
+                epoch: 0,
+                current: 1,
+                ..
+            }))
+        ));
+        assert_eq!(log.log_end_offset(), end, "the refusal appended nothing");
+        assert_eq!(log.first_unstable_offset(), None, "no transaction reopened");
+        // The current epoch's commit goes in, and plain coordinator batches are not
+        // judged at all.
+        log.append_bounded(&producer_batch(5, 1, 0, true, 1), 0, 1 << 20)
+            .await
+            .unwrap();
+        log.append_bounded(&batch(0, 1, 1), 0, 1 << 20)
+            .await
+            .unwrap();
+    });
+}
+
 /// Interleaved transactions of four producers across many small segments.
 async fn interleaved(log: &PartitionLog) {
     let mut seq = [0i32; 5];

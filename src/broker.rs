@@ -873,6 +873,14 @@ impl Broker {
         let (log, _) = self.log(&topic, partition)?;
         let replica = self.replica(&topic, partition)?;
         let (_, hw, _) = replica.fetch_bound(-1, current_leader_epoch, 0)?;
+        // A new leader's high watermark below its epoch's start is older than what the
+        // previous leader answered: "latest", and a lookup it hides, would go back.
+        let lagging = replica.high_watermark_lags_epoch_start().then(|| {
+            ApiError::with(
+                ResponseError::OffsetNotAvailable,
+                format!("the high watermark {hw} lags the start of this leader's epoch"),
+            )
+        });
         // read_committed: "latest" is the last stable offset.
         let hw = if read_committed {
             log.first_unstable_offset().map_or(hw, |u| u.min(hw))
@@ -883,18 +891,18 @@ impl Broker {
             // Earliest, and earliest-local (-4, v8): the same without tiered storage.
             -2 | -4 => Ok((log.log_start_offset(), -1)),
             // Latest is the high watermark.
-            -1 => Ok((hw, -1)),
+            -1 => lagging.map_or(Ok((hw, -1)), Err),
             // Max-timestamp (KIP-734): the first record with the largest timestamp, if
             // it is below the high watermark, as the search by timestamp below.
             -3 => match log.max_timestamp() {
-                -1 => Ok((-1, -1)),
-                max => self.offset_at_timestamp(&log, max, hw).await,
+                -1 => lagging.map_or(Ok((-1, -1)), Err),
+                max => self.offset_at_timestamp(&log, max, hw, lagging).await,
             },
             ts if ts < 0 => Err(ApiError::with(
                 ResponseError::InvalidRequest,
                 format!("bad timestamp {ts}"),
             )),
-            ts => self.offset_at_timestamp(&log, ts, hw).await,
+            ts => self.offset_at_timestamp(&log, ts, hw, lagging).await,
         }
     }
 
@@ -928,16 +936,19 @@ impl Broker {
         })
     }
 
-    /// The first record at or after timestamp `ts` below `hw`, or (-1, -1).
+    /// The first record at or after timestamp `ts` below `hw`; else `lagging` (the
+    /// answer while a new leader's high watermark lags its epoch, see
+    /// [`Replica::high_watermark_lags_epoch_start`]) or (-1, -1).
     async fn offset_at_timestamp(
         &self,
         log: &PartitionLog,
         ts: i64,
         hw: i64,
+        lagging: Option<ApiError>,
     ) -> Result<(i64, i64), ApiError> {
         match log.offset_for_timestamp(ts).await {
             Ok(Some((o, t))) if o < hw => Ok((o, t)),
-            Ok(Some(_)) | Ok(None) => Ok((-1, -1)),
+            Ok(Some(_)) | Ok(None) => lagging.map_or(Ok((-1, -1)), Err),
             Err(e) => Err(error::from_storage(&e)),
         }
     }

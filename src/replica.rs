@@ -331,6 +331,19 @@ impl Replica {
         self.state.borrow().leader_epoch()
     }
 
+    /// Whether this replica leads with a high watermark still below the start of its
+    /// leader epoch (a new leader whose followers have not fetched in its epoch yet):
+    /// its high watermark is then older than what the previous leader reported, and
+    /// Kafka answers a client's ListOffsets for "latest", or a lookup past the high
+    /// watermark, with the retriable OFFSET_NOT_AVAILABLE
+    /// (`Partition.fetchOffsetForTimestamp`).
+    pub fn high_watermark_lags_epoch_start(&self) -> bool {
+        self.state
+            .borrow()
+            .leader()
+            .is_some_and(|l| l.epoch_start_offset() > l.high_watermark())
+    }
+
     /// Schedules a write of the leader-epoch history (never blocks; see the module docs).
     pub(crate) fn persist_epochs(self: &Rc<Self>) {
         let st = &self.checkpoint_state;
@@ -955,6 +968,35 @@ mod tests {
         );
         assert_eq!(end, 2, "the refused append took no offsets");
         assert!(copied, "a follower's copy is not fenced");
+    }
+
+    /// A new leader whose high watermark is below its epoch's start (records the old
+    /// leader may have reported as committed) says so until a follower's fetch in its
+    /// epoch moves the high watermark up to it.
+    #[test]
+    fn a_new_leaders_high_watermark_lags_its_epoch_start_until_a_follower_fetches() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let seen = on_executor(move || {
+            Box::pin(async move {
+                let log = new_log(&path).await;
+                let r = Replica::open("t", 0, log.clone());
+                let batch = sluice_storage::batch::build::simple(1, 2, 10);
+                r.reconcile(1, &leads(3), 0);
+                log.append(&batch, 3).await.unwrap();
+                let mut seen = vec![r.high_watermark_lags_epoch_start()];
+                let mut with_follower = leads(4);
+                with_follower.replicas = vec![1, 2];
+                with_follower.isr = vec![1, 2];
+                r.reconcile(1, &with_follower, 0);
+                seen.push(r.high_watermark_lags_epoch_start());
+                r.flush_tail(4).await.unwrap();
+                r.fetch_bound(2, 4, 2).unwrap();
+                seen.push(r.high_watermark_lags_epoch_start());
+                (seen, r.high_watermark())
+            })
+        });
+        assert_eq!(seen, (vec![false, true, false], 2));
     }
 
     /// A leader's tail that no produce flushed is found by two periodic checks in a

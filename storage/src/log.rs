@@ -3438,10 +3438,14 @@ impl PartitionLog {
     }
 
     /// Kafka's first unstable offset: the lowest first offset of the transactions still
-    /// open (no marker yet); `None` when none is. The broker's last stable offset is
-    /// `min(this, high watermark)`; `read_committed` fetches stop there.
+    /// open (no marker yet), raised to the log start (DeleteRecords or retention may
+    /// have removed the start of an open transaction, and nothing below the log start
+    /// can be read: Kafka's `updateFirstUnstableOffset`); `None` when none is open. The
+    /// broker's last stable offset is `min(this, high watermark)`; `read_committed`
+    /// fetches stop there.
     pub fn first_unstable_offset(&self) -> Option<i64> {
-        self.producers.borrow().first_unstable_offset()
+        let open = self.producers.borrow().first_unstable_offset()?;
+        Some(open.max(self.log_start_offset()))
     }
 
     /// The aborted transactions a `read_committed` fetch of `[fetch_offset,

@@ -80,6 +80,13 @@ fn markers_close_transactions_and_move_the_first_unstable_offset() {
         // A retried marker (nothing open) is written and closes nothing.
         assert_eq!(marker(&log, 2, false).await, 7);
         assert_eq!(log.aborted_index().len(), 1);
+        // A transaction whose start DeleteRecords removed: the first unstable offset
+        // is never below the log start (nothing below it can be read).
+        assert_eq!(txn_data(&log, 3, 0, 1).await, 8);
+        log.append(&batch(1, 2, 1), 0).await.unwrap(); // 9-10: plain
+        assert_eq!(log.first_unstable_offset(), Some(8));
+        log.delete_records_before(10).await.unwrap();
+        assert_eq!(log.first_unstable_offset(), Some(10));
     });
 }
 

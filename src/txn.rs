@@ -26,9 +26,9 @@ use kafka_protocol::messages::write_txn_markers_request::{
 use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
 use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
-    AddOffsetsToken, AddPartitionsToken, EndToken, InitArgs, InitToken, ListFilter, MarkerResult,
-    MarkerWrite, ProducerIdAndEpoch, ProducerIds, TxnConfig, TxnCoordinator, TxnEffects, TxnReply,
-    Verified, TXN_STATE_TOPIC,
+    AddOffsetsToken, AddPartitionsToken, AppendId, EndToken, InitArgs, InitToken, ListFilter,
+    MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, TxnConfig, TxnCoordinator,
+    TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
 };
 
 use crate::broker::{Broker, PartitionEvents};
@@ -363,7 +363,7 @@ impl TxnShell {
         while let Some(fx) = queue.pop() {
             for a in fx.appends {
                 let result = self
-                    .append(broker, a.partition, &a.key, a.value.as_deref())
+                    .append(broker, a.id, a.partition, &a.key, a.value.as_deref())
                     .await;
                 let mut next = TxnEffects::default();
                 self.coord.borrow_mut().append_done(
@@ -421,9 +421,13 @@ impl TxnShell {
 
     /// Appends one record to `__transaction_state-{partition}` and waits until every
     /// in-sync replica has it. Records reach the log in the order they were produced.
+    /// An append whose partition was unloaded while it waited its turn (the coordinator
+    /// no longer waits for it), or that this broker no longer leads in the epoch it was
+    /// loaded at, is not written: NOT_COORDINATOR.
     async fn append(
         &self,
         broker: &Broker,
+        id: AppendId,
         partition: i32,
         key: &[u8],
         value: Option<&[u8]>,
@@ -433,6 +437,17 @@ impl TxnShell {
             .acquire_permit(1)
             .await
             .expect("append lock never closes");
+        let loaded_at = self.coord.borrow().append_epoch(id);
+        let leads_at = broker
+            .replica(TXN_STATE_TOPIC, partition)
+            .ok()
+            .and_then(|r| r.leader_epoch());
+        if loaded_at.is_none() || loaded_at != leads_at {
+            return Err(ApiError::with(
+                ResponseError::NotCoordinator,
+                format!("{TXN_STATE_TOPIC}-{partition} was loaded at epoch {loaded_at:?}, led at {leads_at:?}"),
+            ));
+        }
         let batch = sluice_storage::batch::build::batch_nullable(now_ms(), &[(Some(key), value)]);
         broker
             .append_replicated(TXN_STATE_TOPIC, partition, bytes::Bytes::from(batch))
@@ -474,6 +489,20 @@ impl TxnShell {
                 }
             })
             .await?;
+        // Leadership may have moved during the replay, where `leadership_changed` does
+        // not see the partition (not loaded yet): a load at a stale epoch is dropped.
+        let leads_at = broker
+            .replica(TXN_STATE_TOPIC, partition)
+            .ok()
+            .and_then(|r| r.leader_epoch());
+        if leads_at != Some(epoch) {
+            self.coord.borrow_mut().unload(partition, &mut fx);
+            self.deliver(fx.replies);
+            return Err(ApiError::with(
+                ResponseError::NotCoordinator,
+                format!("{TXN_STATE_TOPIC}-{partition}: leadership moved while loading"),
+            ));
+        }
         self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
         let fresh = self.loaded.borrow_mut().insert(partition);
         // Loads run one at a time under the load lock, each after checking the

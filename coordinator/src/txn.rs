@@ -1022,6 +1022,19 @@ impl TxnCoordinator {
 
     // ------------------------------------------------------------ durability
 
+    /// The coordinator epoch (the partition's leader epoch when it was loaded) under
+    /// which append `id` of [`TxnEffects::appends`] may still be written; `None` once its
+    /// partition was unloaded (and perhaps loaded again) since. The shell checks this
+    /// right before it writes a queued append, as Kafka's `appendTransactionToLog`
+    /// checks the coordinator epoch: a write queued before an unload must not land
+    /// after the reload replayed the log, or the log and the state disagree.
+    pub fn append_epoch(&self, id: AppendId) -> Option<i32> {
+        let f = self.out.appends.get(&id)?;
+        self.partitions
+            .get(&f.partition)
+            .map(|p| p.coordinator_epoch)
+    }
+
     /// The shell reports an append of [`TxnEffects::appends`]: `Ok` once durable, or the
     /// append's error. A success applies the transition and answers; a failure rolls it
     /// back and answers with [`append_error`] of it. Appends of a partition that was

@@ -574,6 +574,39 @@ fn ids_of_partitions_not_owned_or_loading_are_refused() {
     assert_eq!(fx.appends[0].partition, p);
 }
 
+/// An append queued before its partition was unloaded and loaded again (the broker
+/// lost and regained the partition) must not be written after the reload replayed
+/// the log: the coordinator no longer knows it, so the shell drops it.
+#[test]
+fn an_append_queued_before_a_reload_is_no_longer_writable() {
+    let mut c = TxnCoordinator::new(config());
+    let mut fx = TxnEffects::default();
+    c.begin_load(0, 1, &mut fx);
+    c.loaded(0, 0, &mut fx);
+    let a = InitArgs {
+        transactional_id: Some("t".into()),
+        transaction_timeout_ms: TIMEOUT,
+        producer_id: -1,
+        producer_epoch: -1,
+    };
+    c.init_producer_id(InitToken(1), 0, a, &mut Ids(0), &mut fx);
+    let queued = fx.appends.pop().expect("the init's record");
+    assert_eq!(c.append_epoch(queued.id), Some(1));
+    // Unloaded, then loaded again in a newer epoch.
+    let mut fx = TxnEffects::default();
+    c.unload(0, &mut fx);
+    c.begin_load(0, 2, &mut fx);
+    c.loaded(0, 0, &mut fx);
+    assert_eq!(c.append_epoch(queued.id), None);
+    assert_eq!(
+        fx.replies,
+        vec![TxnReply::InitProducerId(
+            InitToken(1),
+            Err(E::NotCoordinator)
+        )]
+    );
+}
+
 #[test]
 fn commit_writes_prepare_then_markers_then_complete() {
     let mut h = H::new();

@@ -158,14 +158,16 @@ fn publish_sessions(broker: &Broker) {
         .store(cache.evictions(), std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The most a fetch response carries whatever its request asks (Kafka's
+/// fetch.max.bytes default, 55 MiB); a larger first batch still goes out (KIP-74).
+const FETCH_MAX_BYTES: i32 = 55 << 20;
+
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
     let start = Instant::now();
     let deadline = start + Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT_CAP);
-    let max_bytes = if req.max_bytes <= 0 {
-        usize::MAX
-    } else {
-        req.max_bytes as usize
-    };
+    // As Kafka: the request's limit, within the broker's fetch.max.bytes; 0 (or less)
+    // still returns the first batch found (KIP-74), not everything.
+    let max_bytes = req.max_bytes.clamp(0, FETCH_MAX_BYTES) as usize;
     let min_bytes = req.min_bytes.max(0) as usize;
     let image = broker.image();
     // A follower broker fetching for replication (v14 and below carry its id here).

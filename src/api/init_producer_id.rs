@@ -22,11 +22,26 @@ pub async fn handle(
     version: i16,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    let txn_id = req
-        .transactional_id
-        .as_ref()
-        .map(|t| t.0.to_string())
-        .filter(|t| !t.is_empty());
+    let txn_id = req.transactional_id.as_ref().map(|t| t.0.to_string());
+    // As Kafka (KafkaApis, TransactionCoordinator.handleInitProducerId): a producer id
+    // without its epoch (or the reverse), and an empty transactional id, are invalid.
+    let (id, epoch) = (req.producer_id.0, req.producer_epoch);
+    let invalid = if (id == -1) != (epoch == -1) {
+        Some(format!(
+            "producer id {id} with epoch {epoch}: both or neither"
+        ))
+    } else if txn_id.as_deref() == Some("") {
+        Some("empty transactional id".to_string())
+    } else {
+        None
+    };
+    if let Some(why) = invalid {
+        tracing::debug!(why, "InitProducerId refused");
+        return InitProducerIdResponse::default()
+            .with_error_code(ResponseError::InvalidRequest.code())
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1);
+    }
     let result = match txn_id {
         // A transactional producer: its coordinator (crate::txn) keeps the id's epoch.
         Some(id) => {

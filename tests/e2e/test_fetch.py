@@ -53,6 +53,11 @@ def test_max_bytes_limits_and_at_least_one_batch(broker):
     _, body = c.recv()
     [(_, _, err, _, recs)] = parse_fetch_v4(body)
     assert err == 0 and batch_count(recs) == 1 and b"D" * 1000 in recs
+    # A response limit of 0 is not "no limit": one batch, as Kafka answers (KIP-74).
+    c.send(fetch_v4("mb", 0, 5, max_wait_ms=0, max_bytes=0, corr=4))
+    _, body = c.recv()
+    [(_, _, err, _, recs)] = parse_fetch_v4(body)
+    assert err == 0 and batch_count(recs) == 1 and b"F" * 1000 in recs
     # Out of range.
     c.send(fetch_v4("mb", 0, 99, max_wait_ms=0, corr=3))
     _, body = c.recv()

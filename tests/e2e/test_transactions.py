@@ -268,6 +268,16 @@ def test_consume_transform_produce_through_processor_sigkills_is_exactly_once(br
         f"{len(out)} records, {len(set(out))} distinct: every input exactly once, in order"
 
 
+def test_init_producer_id_with_an_empty_transactional_id_is_invalid(broker):
+    """Kafka answers INVALID_REQUEST (42) to an empty transactional id rather than
+    treating it as an idempotent producer; null still is one."""
+    from kafka_wire import init_producer_id
+    pid, epoch = init_producer_id(broker.addr, transactional_id=None)
+    assert pid >= 0 and epoch == 0
+    with pytest.raises(RuntimeError, match="InitProducerId error 42"):
+        init_producer_id(broker.addr, transactional_id="")
+
+
 def test_transactional_produce_outside_its_transaction_is_refused(broker):
     """KIP-890 part 1: a transactional batch for a partition its producer never added
     to a transaction (a late retry, a zombie) is refused by the partition's leader

@@ -106,6 +106,11 @@ pub struct TxnShell {
     next_token: Cell<u64>,
     /// Marker rounds being written, so a tick does not start the same one twice.
     markers_in_flight: RefCell<HashSet<(u64, String, i32)>>,
+    /// A producer id from this broker's block kept for the next InitProducerId that
+    /// needs a new one (a new transactional id, or an exhausted epoch): most inits
+    /// (an existing id's epoch bump, retries while markers are written) need none, so
+    /// an id is asked for only once this one is used.
+    spare_id: Cell<Option<i64>>,
     broker: Weak<Broker>,
     /// This shell, for the tasks that write markers.
     this: Weak<TxnShell>,
@@ -145,6 +150,7 @@ impl TxnShell {
             pending_ends: RefCell::new(HashMap::new()),
             next_token: Cell::new(1),
             markers_in_flight: RefCell::new(HashSet::new()),
+            spare_id: Cell::new(None),
             broker: Rc::downgrade(broker),
             this: this.clone(),
         });
@@ -190,18 +196,22 @@ impl TxnShell {
     pub async fn init(&self, b: &Broker, c: rpc::TxnInit) -> Result<ProducerIdAndEpoch, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
         // A fresh id for the coordinator to hand out if it needs one (new id, fencing
-        // with an exhausted epoch).
-        let fresh = b.control(rpc::AllocateProducerId).await.and_then(|r| r)?;
+        // with an exhausted epoch): the spare, else one from the controller.
+        let fresh = match self.spare_id.take() {
+            Some(id) => id,
+            None => b.control(rpc::AllocateProducerId).await.and_then(|r| r)?,
+        };
         let token = InitToken(self.new_token());
         let rx = waiter(&self.pending_inits, token);
         let mut fx = TxnEffects::default();
-        self.coord.borrow_mut().init_producer_id(
-            token,
-            now_ms(),
-            c.args,
-            &mut OneId(Some(fresh)),
-            &mut fx,
-        );
+        let mut ids = OneId(Some(fresh));
+        self.coord
+            .borrow_mut()
+            .init_producer_id(token, now_ms(), c.args, &mut ids, &mut fx);
+        // Unused: kept for the next init (ids are unique, not dense).
+        if let Some(unused) = ids.0 {
+            self.spare_id.set(Some(unused));
+        }
         self.run_effects(b, fx).await;
         wait(rx).await
     }

@@ -61,7 +61,9 @@ pub struct CoordinatorConfig {
     /// members before its first generation.
     pub initial_rebalance_delay_ms: i64,
     /// offsets.retention.minutes, in ms: offsets of an empty group expire this long
-    /// after the later of the group becoming empty and the commit.
+    /// after the later of the group becoming empty and the commit; those of a Stable
+    /// consumer group expire this long after the commit if the group no longer
+    /// subscribes to their topic (KIP-496).
     pub offsets_retention_ms: i64,
     /// offsets.retention.check.interval.ms
     pub offsets_retention_check_interval_ms: i64,
@@ -732,7 +734,9 @@ impl Group {
         }
     }
 
-    /// Topics the members subscribe to (consumer protocol only), for OffsetDelete.
+    /// Topics the members subscribe to (consumer protocol only), for OffsetDelete and
+    /// the expiry of a Stable group's offsets; `None` if unknown (another protocol type,
+    /// no protocol chosen yet, or a subscription that cannot be decoded).
     fn subscribed_topics(&self) -> Option<Vec<String>> {
         use kafka_protocol::messages::ConsumerProtocolSubscription;
         use kafka_protocol::protocol::Decodable;
@@ -865,6 +869,14 @@ fn txn_commit_error(group: &Group, a: &TxnCommitArgs) -> Option<ResponseError> {
     None
 }
 
+/// Kafka's `validateOffsetMetadataLength`: offset.metadata.max.bytes bounds the Java
+/// string's `length()`, its UTF-16 code units, not its UTF-8 bytes. (At Kafka's 4096
+/// that is at most 12,288 bytes, well inside the record's i16 string length.)
+fn metadata_too_large(metadata: &str, max: usize) -> bool {
+    // Only strings of more than `max` bytes can have more than `max` units.
+    metadata.len() > max && metadata.encode_utf16().count() > max
+}
+
 /// A validated commit: append `records`, then [`Coordinator::apply_commit`].
 #[derive(Debug)]
 pub struct CommitPlan {
@@ -894,6 +906,11 @@ pub struct Coordinator {
     next_expiry_check_ms: i64,
     /// Counts offset records in the order they became durable (or were loaded).
     log_seq: u64,
+    /// Per group, the partitions with an OffsetCommit being written (planned, not yet
+    /// applied or failed): expiry leaves them (and their group) alone, or its tombstone
+    /// would land after the new commit in the log while memory keeps the commit
+    /// (Kafka skips partitions with pending commits the same way).
+    committing: HashMap<String, HashMap<(String, i32), u32>>,
 }
 
 impl Coordinator {
@@ -903,6 +920,7 @@ impl Coordinator {
             groups: HashMap::new(),
             member_seq: 0,
             log_seq: 0,
+            committing: HashMap::new(),
             // The first check runs at the first tick (offsets loaded from the log may
             // have expired while the broker was down).
             next_expiry_check_ms: 0,
@@ -1437,7 +1455,8 @@ impl Coordinator {
                 return;
             }
         }
-        group.pending_members.clear();
+        // Pending member ids stay (Kafka's `completeClassicGroupJoin` keeps them): one
+        // that comes back joins as a new member, or it expires with its session.
         group.join_deadline_ms = None;
         group.initial_delay_limit_ms = None;
         group.generation += 1;
@@ -1742,7 +1761,8 @@ impl Coordinator {
     // ---------------------------------------------------------------- timers
 
     /// Fires due timers: expired sessions and pending member ids, the end of a join or
-    /// sync phase, and offset expiry of empty groups (not of groups of a partition still
+    /// sync phase, and offset expiry of empty groups and, for topics they no longer
+    /// subscribe to, of Stable consumer groups (not of groups of a partition still
     /// being loaded: see `Group::loading`).
     pub fn tick(&mut self, now_ms: i64, fx: &mut Effects) {
         let initial_delay = self.config.initial_rebalance_delay_ms;
@@ -1797,25 +1817,57 @@ impl Coordinator {
     fn expire_offsets(&mut self, now_ms: i64, fx: &mut Effects) {
         let retention = self.config.offsets_retention_ms;
         let mut dead = Vec::new();
+        let none = HashMap::new();
         for group in self.groups.values_mut() {
             // A loading group may look empty and old only because its latest
             // GroupMetadata record is not replayed yet.
-            if group.state != GroupState::Empty || group.loading {
+            if group.loading {
                 continue;
             }
-            let since = group.state_timestamp_ms;
-            let expired: Vec<(String, i32)> = group
-                .offsets
-                .iter()
-                .filter(|(_, c)| c.commit_timestamp_ms.max(since) + retention <= now_ms)
-                .map(|(k, _)| k.clone())
-                .collect();
+            let committing = self.committing.get(&group.id).unwrap_or(&none);
+            let expired: Vec<(String, i32)> = match group.state {
+                GroupState::Empty => {
+                    let since = group.state_timestamp_ms;
+                    group
+                        .offsets
+                        .iter()
+                        .filter(|(_, c)| c.commit_timestamp_ms.max(since) + retention <= now_ms)
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                }
+                GroupState::Stable => {
+                    // KIP-496: a Stable consumer group whose subscriptions are known
+                    // loses the offsets of topics it no longer subscribes to, a
+                    // retention after their commit (Kafka's `removeExpiredOffsets`).
+                    let Some(subscribed) = group.subscribed_topics() else {
+                        continue;
+                    };
+                    let subscribed: BTreeSet<String> = subscribed.into_iter().collect();
+                    group
+                        .offsets
+                        .iter()
+                        .filter(|((topic, _), c)| {
+                            !subscribed.contains(topic)
+                                && c.commit_timestamp_ms + retention <= now_ms
+                        })
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                }
+                _ => continue,
+            };
             for (topic, partition) in expired {
-                group.remove_offset(&(topic.clone(), partition));
-                fx.records
-                    .push(offset_tombstone(&group.id, &topic, partition));
+                let tp = (topic, partition);
+                if committing.contains_key(&tp) {
+                    continue;
+                }
+                group.remove_offset(&tp);
+                fx.records.push(offset_tombstone(&group.id, &tp.0, tp.1));
+            }
+            if group.state != GroupState::Empty {
+                continue;
             }
             if group.offsets.is_empty()
+                && committing.is_empty()
                 && group.pending_members.is_empty()
                 && !group.has_txn_offsets()
             {
@@ -1849,7 +1901,7 @@ impl Coordinator {
                 plan.results.push((tp, Err(e)));
                 continue;
             }
-            if c.metadata.len() > self.config.offset_metadata_max_bytes {
+            if metadata_too_large(&c.metadata, self.config.offset_metadata_max_bytes) {
                 plan.results
                     .push((tp, Err(ResponseError::OffsetMetadataTooLarge)));
                 continue;
@@ -1859,11 +1911,40 @@ impl Coordinator {
             plan.results.push((tp.clone(), Ok(())));
             plan.accepted.push((tp, c));
         }
+        self.count_committing(&plan, true);
         plan
     }
 
+    /// Counts a plan's accepted partitions as being written (`start`) or done.
+    fn count_committing(&mut self, plan: &CommitPlan, start: bool) {
+        if plan.accepted.is_empty() {
+            return;
+        }
+        let group = self.committing.entry(plan.group_id.clone()).or_default();
+        for (tp, _) in &plan.accepted {
+            let n = group.entry(tp.clone()).or_insert(0);
+            if start {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    group.remove(tp);
+                }
+            }
+        }
+        if group.is_empty() {
+            self.committing.remove(&plan.group_id);
+        }
+    }
+
+    /// A plan whose records could not be written: nothing changes, and its partitions
+    /// are no longer being written.
+    pub fn fail_commit(&mut self, plan: &CommitPlan) {
+        self.count_committing(plan, false);
+    }
+
     fn commit_error(&mut self, now_ms: i64, a: &CommitArgs) -> Option<ResponseError> {
-        let Some(group) = self.groups.get(&a.group_id) else {
+        let Some(group) = self.groups.get_mut(&a.group_id) else {
             if a.generation < 0 {
                 // A client managing its own partitions (or an admin tool): the group
                 // exists from now on, empty.
@@ -1891,6 +1972,11 @@ impl Coordinator {
                 // The member has its new generation but not yet its assignment.
                 return Some(ResponseError::RebalanceInProgress);
             }
+            // Kafka's `doCommitOffsets`: a member's commit counts as a heartbeat (in
+            // Stable and PreparingRebalance, the states left here).
+            if let Some(m) = group.members.get_mut(&a.member_id) {
+                m.session_deadline_ms = now_ms + i64::from(m.session_timeout_ms);
+            }
             return None;
         }
         if group.state != GroupState::Empty {
@@ -1902,6 +1988,7 @@ impl Coordinator {
 
     /// Makes a plan's offsets visible (after its records are durable).
     pub fn apply_commit(&mut self, now_ms: i64, plan: CommitPlan) {
+        self.count_committing(&plan, false);
         let group = self
             .groups
             .entry(plan.group_id.clone())
@@ -1946,17 +2033,17 @@ impl Coordinator {
         let Some(group) = self.groups.get_mut(group_id) else {
             return Err(ResponseError::GroupIdNotFound);
         };
+        // `None`: subscribed to every topic (Kafka's `isSubscribedToTopic` for a consumer
+        // group whose subscriptions are unknown or cannot be decoded).
         let subscribed = match group.state {
             GroupState::Dead => return Err(ResponseError::GroupIdNotFound),
-            GroupState::Empty => Vec::new(),
-            _ => match group.subscribed_topics() {
-                Some(t) => t,
-                None => return Err(ResponseError::NonEmptyGroup),
-            },
+            GroupState::Empty => Some(Vec::new()),
+            _ if group.protocol_type.as_deref() == Some("consumer") => group.subscribed_topics(),
+            _ => return Err(ResponseError::NonEmptyGroup),
         };
         let mut out = Vec::with_capacity(partitions.len());
         for (topic, partition) in partitions {
-            if subscribed.contains(topic) {
+            if subscribed.as_ref().is_none_or(|s| s.contains(topic)) {
                 out.push(Err(ResponseError::GroupSubscribedToTopic));
                 continue;
             }
@@ -2085,7 +2172,7 @@ impl Coordinator {
                 plan.results.push((tp, Err(e)));
                 continue;
             }
-            if c.metadata.len() > self.config.offset_metadata_max_bytes {
+            if metadata_too_large(&c.metadata, self.config.offset_metadata_max_bytes) {
                 plan.results
                     .push((tp, Err(ResponseError::OffsetMetadataTooLarge)));
                 continue;

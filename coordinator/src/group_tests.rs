@@ -686,10 +686,11 @@ fn delete_groups_and_offsets() {
     let p = commit(&mut c, 0, 1, &a, 4);
     c.apply_commit(0, p);
     assert_eq!(c.delete_group(0, "g", &mut fx), Err(E::NonEmptyGroup));
-    // Stable, but the members subscribe to nothing decodable: Kafka's NON_EMPTY_GROUP.
+    // Stable, but the members subscribe to nothing decodable: Kafka counts the group
+    // as subscribed to every topic.
     assert_eq!(
         c.delete_offsets("g", &[("t".into(), 0)], &mut fx),
-        Err(E::NonEmptyGroup)
+        Ok(vec![Err(E::GroupSubscribedToTopic)])
     );
     let _ = c.leave(
         0,
@@ -754,6 +755,42 @@ fn offsets_of_empty_groups_expire() {
     assert_eq!(c.fetch_offsets("g", None).len(), 1);
     c.tick(1_000, &mut fx);
     assert!(c.group("g").is_none());
+    assert_eq!(fx.records.len(), 2, "offset and group tombstones");
+}
+
+/// An expiry check that runs while a commit of an expired offset is being written
+/// leaves that offset and its group alone: its tombstone would land after the commit
+/// in the log while memory keeps the commit, and a reload would lose the offset.
+#[test]
+fn an_offset_being_committed_does_not_expire_under_the_commit() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        offsets_retention_ms: 1_000,
+        offsets_retention_check_interval_ms: 100,
+        ..CoordinatorConfig::default()
+    });
+    let p = commit(&mut c, 0, -1, "", 4);
+    c.apply_commit(0, p);
+    // A new commit of the same partition is being written when the check runs.
+    let writing = commit(&mut c, 1_000, -1, "", 5);
+    let mut fx = Effects::default();
+    c.tick(1_000, &mut fx);
+    assert!(
+        fx.records.is_empty(),
+        "tombstones under a commit: {:?}",
+        fx.records
+    );
+    c.apply_commit(1_000, writing);
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+    // A commit that failed to be written leaves nothing in the way either.
+    let failed = commit(&mut c, 1_500, -1, "", 6);
+    c.fail_commit(&failed);
+    let mut fx = Effects::default();
+    c.tick(2_000, &mut fx);
+    assert!(
+        c.group("g").is_none(),
+        "expired once no commit is being written"
+    );
     assert_eq!(fx.records.len(), 2, "offset and group tombstones");
 }
 
@@ -1480,4 +1517,317 @@ fn a_new_member_that_would_outgrow_the_metadata_record_is_refused() {
         "two members, 999 more bytes each"
     );
     assert_tally_exact(&c);
+}
+
+// ------------------------------------------------------------ Kafka parity (review)
+
+/// Kafka's `doCommitOffsets`: a member's OffsetCommit counts as a heartbeat in Stable
+/// and in PreparingRebalance.
+#[test]
+fn a_members_commit_refreshes_its_session() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    // Session 6 s from the sync at 0; the commit at 5 s moves it to 11 s.
+    assert_eq!(commit(&mut c, 5_000, 1, &a, 3).results[0].1, Ok(()));
+    let mut fx = Effects::default();
+    c.tick(8_000, &mut fx);
+    let g = c.group("g").unwrap();
+    assert!(g.members.contains_key(&a), "the commit was a heartbeat");
+    assert_eq!(g.state, GroupState::Stable);
+    c.tick(11_000, &mut fx);
+    assert!(!c.group("g").unwrap().members.contains_key(&a));
+
+    // In PreparingRebalance too: b's join starts a phase that ends at 10.1 s; a, which
+    // has not rejoined, commits at 5 s and is still a member at 8 s.
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    let _ = join_new(&mut c, 10, 100, &["range"]);
+    assert_eq!(c.group("g").unwrap().state, GroupState::PreparingRebalance);
+    // A refused commit (an old generation) is no heartbeat.
+    assert_eq!(
+        commit(&mut c, 4_000, 0, &a, 3).results[0].1,
+        Err(E::IllegalGeneration)
+    );
+    assert_eq!(commit(&mut c, 5_000, 1, &a, 3).results[0].1, Ok(()));
+    let mut fx = Effects::default();
+    c.tick(8_000, &mut fx);
+    assert!(c.group("g").unwrap().members.contains_key(&a));
+}
+
+/// KIP-394 as Kafka has it: pending member ids are not dropped when a join phase
+/// completes; one that comes back later joins as a new member (rebalancing the group),
+/// and one that does not expires with its session timeout.
+#[test]
+fn a_pending_member_id_outlives_the_join_phase_and_still_expires() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c);
+    // b joins at 100: the phase ends when a rejoins, or at 10.1 s.
+    let (b, _) = join_new(&mut c, 10, 100, &["range"]);
+    // Two clients get MEMBER_ID_REQUIRED meanwhile: p (30 s session) and q (12 s).
+    let pending = |c: &mut Coordinator, token: Token, session_ms: i32| {
+        let mut a = args("", None, &["range"]);
+        a.session_timeout_ms = session_ms;
+        let mut fx = Effects::default();
+        c.join(JoinToken(token), 200, a, &mut fx);
+        let r = join_reply(&fx, token).unwrap();
+        assert_eq!(r.error_code, E::MemberIdRequired.code());
+        r.member_id.to_string()
+    };
+    let p = pending(&mut c, 20, 30_000);
+    let q = pending(&mut c, 21, 12_000);
+    let mut fx = Effects::default();
+    c.join(JoinToken(30), 300, args(&a, None, &["range"]), &mut fx);
+    assert!(join_reply(&fx, 30).is_none(), "waits for the pending ids");
+    let mut fx = Effects::default();
+    c.tick(10_100, &mut fx);
+    assert_eq!(join_reply(&fx, 30).unwrap().generation_id, 2);
+    assert_eq!(join_reply(&fx, 1010).unwrap().generation_id, 2);
+    let g = c.group("g").unwrap();
+    assert_eq!(g.state, GroupState::CompletingRebalance);
+    assert_eq!(
+        g.pending_member_count(),
+        2,
+        "the phase's end keeps pending ids"
+    );
+    // p comes back with its id: it joins, and the group rebalances for it.
+    let mut fx = Effects::default();
+    c.join(JoinToken(40), 10_200, args(&p, None, &["range"]), &mut fx);
+    assert!(
+        join_reply(&fx, 40).is_none(),
+        "p waits in the new join phase"
+    );
+    let g = c.group("g").unwrap();
+    assert_eq!(g.state, GroupState::PreparingRebalance);
+    assert!(g.members.contains_key(&p));
+    assert_eq!(g.pending_member_count(), 1);
+    // q never comes back: its id expires 12 s after it was handed out.
+    let mut fx = Effects::default();
+    c.tick(12_199, &mut fx);
+    assert_eq!(c.group("g").unwrap().pending_member_count(), 1);
+    c.tick(12_200, &mut fx);
+    assert_eq!(c.group("g").unwrap().pending_member_count(), 0);
+    let mut fx = Effects::default();
+    c.join(JoinToken(50), 12_300, args(&q, None, &["range"]), &mut fx);
+    assert_eq!(
+        join_reply(&fx, 50).unwrap().error_code,
+        E::UnknownMemberId.code()
+    );
+    // a and b rejoin: generation 3 has the three members.
+    let mut fx = Effects::default();
+    c.join(JoinToken(60), 12_300, args(&a, None, &["range"]), &mut fx);
+    c.join(JoinToken(61), 12_300, args(&b, None, &["range"]), &mut fx);
+    let r = join_reply(&fx, 40).unwrap();
+    assert_eq!((r.error_code, r.generation_id), (0, 3));
+    assert_eq!(c.group("g").unwrap().members.len(), 3);
+}
+
+/// Kafka's `validateOffsetMetadataLength` compares the Java string's `length()`:
+/// UTF-16 code units, not UTF-8 bytes. For plain and transactional commits.
+#[test]
+fn offset_metadata_limit_counts_utf16_units() {
+    let mut c = Coordinator::new(CoordinatorConfig {
+        offset_metadata_max_bytes: 2_500,
+        ..CoordinatorConfig::default()
+    });
+    let plan = |c: &mut Coordinator, metadata: String| {
+        let mut m = committed(1);
+        m.metadata = metadata;
+        c.plan_commit(
+            0,
+            CommitArgs {
+                group_id: "g".into(),
+                generation: -1,
+                member_id: String::new(),
+                instance_id: None,
+                offsets: vec![(("t".into(), 0), m)],
+            },
+        )
+        .results[0]
+            .1
+    };
+    // 4,000 bytes, 2,000 units.
+    assert_eq!("é".repeat(2_000).len(), 4_000);
+    assert_eq!(plan(&mut c, "é".repeat(2_000)), Ok(()));
+    assert_eq!(plan(&mut c, "é".repeat(2_500)), Ok(()));
+    assert_eq!(
+        plan(&mut c, "é".repeat(2_501)),
+        Err(E::OffsetMetadataTooLarge)
+    );
+    // Outside the BMP a character is two units (and four bytes).
+    assert_eq!(plan(&mut c, "😀".repeat(1_250)), Ok(()));
+    assert_eq!(
+        plan(&mut c, format!("{}x", "😀".repeat(1_250))),
+        Err(E::OffsetMetadataTooLarge)
+    );
+    assert_eq!(
+        plan(&mut c, "x".repeat(2_501)),
+        Err(E::OffsetMetadataTooLarge)
+    );
+    let txn = |c: &mut Coordinator, metadata: String| {
+        let mut m = committed(1);
+        m.metadata = metadata;
+        let p = c.plan_txn_commit(
+            0,
+            TxnCommitArgs {
+                group_id: "g".into(),
+                producer_id: 7,
+                producer_epoch: 0,
+                generation: -1,
+                member_id: String::new(),
+                instance_id: None,
+                offsets: vec![(("t".into(), 0), m)],
+            },
+        );
+        c.fail_txn_commit(&p);
+        p.results[0].1
+    };
+    assert_eq!(txn(&mut c, "é".repeat(2_000)), Ok(()));
+    assert_eq!(
+        txn(&mut c, "é".repeat(2_501)),
+        Err(E::OffsetMetadataTooLarge)
+    );
+}
+
+/// ConsumerProtocolSubscription bytes (version 1) for `topics`.
+fn subscription(topics: &[&str]) -> Bytes {
+    use kafka_protocol::messages::consumer_protocol_subscription::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Encodable;
+    let sub = ConsumerProtocolSubscription::default()
+        .with_topics(topics.iter().map(|t| crate::sb(*t)).collect());
+    let mut meta = bytes::BytesMut::new();
+    meta.extend_from_slice(&1i16.to_be_bytes());
+    sub.encode(&mut meta, 1).unwrap();
+    meta.freeze()
+}
+
+/// Kafka's `isSubscribedToTopic`: a consumer group whose subscriptions cannot be
+/// decoded counts as subscribed to every topic, so OffsetDelete refuses each partition
+/// with GROUP_SUBSCRIBED_TO_TOPIC (no group error); a non-empty group of another
+/// protocol type is NON_EMPTY_GROUP.
+#[test]
+fn offset_delete_in_a_consumer_group_with_unknown_subscriptions_refuses_every_topic() {
+    let mut c = coord(0);
+    let a = stable_one(&mut c); // "meta-range" is no subscription
+    let p = commit(&mut c, 0, 1, &a, 4);
+    c.apply_commit(0, p);
+    let mut fx = Effects::default();
+    let r = c.delete_offsets("g", &[("t".into(), 0), ("u".into(), 0)], &mut fx);
+    assert_eq!(
+        r,
+        Ok(vec![
+            Err(E::GroupSubscribedToTopic),
+            Err(E::GroupSubscribedToTopic)
+        ])
+    );
+    assert!(fx.records.is_empty());
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+    // Another protocol type (Kafka Connect's, say): NON_EMPTY_GROUP.
+    let mut c = coord(0);
+    let mut j = args("", None, &["range"]);
+    j.require_known_member_id = false;
+    j.protocol_type = "connect".into();
+    let mut fx = Effects::default();
+    c.join(JoinToken(1), 0, j, &mut fx);
+    let id = join_reply(&fx, 1).unwrap().member_id.to_string();
+    let mut fx = Effects::default();
+    c.sync(
+        SyncToken(2),
+        0,
+        SyncArgs {
+            group_id: "g".into(),
+            generation: 1,
+            member_id: id,
+            instance_id: None,
+            protocol_type: None,
+            protocol_name: None,
+            assignments: vec![],
+        },
+        &mut fx,
+    );
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    assert_eq!(
+        c.delete_offsets("g", &[("t".into(), 0)], &mut fx),
+        Err(E::NonEmptyGroup)
+    );
+}
+
+/// KIP-496: a Stable consumer group loses the offsets of topics it no longer
+/// subscribes to, a retention after their commit; those of subscribed topics stay.
+/// Not while its partition is loading.
+#[test]
+fn stable_consumer_group_expires_offsets_of_unsubscribed_topics() {
+    let config = CoordinatorConfig {
+        initial_rebalance_delay_ms: 0,
+        offsets_retention_ms: 1_000,
+        offsets_retention_check_interval_ms: 100,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = Coordinator::new(config.clone());
+    let mut j = args("", None, &["range"]);
+    j.require_known_member_id = false;
+    j.protocols = vec![("range".into(), subscription(&["t"]))];
+    let mut fx = Effects::default();
+    c.join(JoinToken(1), 0, j, &mut fx);
+    let a = join_reply(&fx, 1).unwrap().member_id.to_string();
+    let group_record = sync(&mut c, 2, 0, &a, 1, &[(&a, "A")]).records[0].clone();
+    let p = c.plan_commit(
+        0,
+        CommitArgs {
+            group_id: "g".into(),
+            generation: 1,
+            member_id: a.clone(),
+            instance_id: None,
+            offsets: vec![
+                (("t".into(), 0), committed(4)),
+                (("u".into(), 0), committed(5)),
+            ],
+        },
+    );
+    let offset_records = p.records.clone();
+    c.apply_commit(0, p);
+    let mut fx = Effects::default();
+    for t in (100..1_000).step_by(100) {
+        c.heartbeat(t, "g", 1, &a, None).unwrap();
+        c.tick(t, &mut fx);
+    }
+    assert!(fx.records.is_empty());
+    c.heartbeat(1_000, "g", 1, &a, None).unwrap();
+    c.tick(1_000, &mut fx);
+    assert_eq!(fx.records.len(), 1, "u's tombstone only: {:?}", fx.records);
+    assert!(fx.records[0].value.is_none());
+    assert_eq!(
+        Key::decode(&fx.records[0].key).unwrap(),
+        Key::Offset {
+            group: "g".into(),
+            topic: "u".into(),
+            partition: 0
+        }
+    );
+    let offsets = c.fetch_offsets("g", None);
+    assert_eq!(offsets.len(), 1);
+    assert_eq!(offsets[0].0, ("t".into(), 0));
+    let mut fx = Effects::default();
+    for t in (1_500..5_000).step_by(500) {
+        c.heartbeat(t, "g", 1, &a, None).unwrap();
+        c.tick(t, &mut fx);
+    }
+    assert!(fx.records.is_empty());
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+
+    // Replayed while the partition loads: nothing expires until it is loaded.
+    let mut c = Coordinator::new(config);
+    let now = 5_000;
+    for r in std::iter::once(&group_record).chain(&offset_records) {
+        c.load_record(now, &r.key, r.value.as_deref()).unwrap();
+    }
+    let mut fx = Effects::default();
+    c.tick(now, &mut fx);
+    assert!(fx.records.is_empty(), "loading: {:?}", fx.records);
+    c.loaded(now, |_| true, &mut fx);
+    assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+    c.tick(now + 100, &mut fx);
+    assert_eq!(fx.records.len(), 1);
+    assert_eq!(c.fetch_offsets("g", None).len(), 1);
+    assert_eq!(c.fetch_offsets("g", None)[0].0, ("t".into(), 0));
 }

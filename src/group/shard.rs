@@ -187,6 +187,7 @@ impl GroupShell {
         let now = now_ms();
         let plan = self.coord.borrow_mut().plan_commit(now, c.args);
         if let Err(e) = self.append(b, plan.records.clone()).await {
+            self.coord.borrow_mut().fail_commit(&plan);
             // Not durable: refuse every partition, as Kafka does when the append to the
             // offsets topic fails (the client retries).
             let code = if e.code == ResponseError::KafkaStorageError {

@@ -869,9 +869,31 @@ impl Broker {
         ts: i64,
         current_leader_epoch: i32,
         read_committed: bool,
-    ) -> Result<(i64, i64), ApiError> {
+    ) -> Result<(i64, i64, i32), ApiError> {
         let (log, _) = self.log(&topic, partition)?;
         let replica = self.replica(&topic, partition)?;
+        let (offset, timestamp) = self
+            .list_offset_of(&log, &replica, ts, current_leader_epoch, read_committed)
+            .await?;
+        // Kafka answers the leader epoch of the record found (`epochForOffset`, a
+        // batch's epoch), and the current one for "latest".
+        let epoch = match (ts, offset) {
+            (_, -1) => -1,
+            (-1, _) => replica.leader_epoch().unwrap_or(-1),
+            _ => replica.epoch_of(offset),
+        };
+        Ok((offset, timestamp, epoch))
+    }
+
+    /// [`Self::list_offset_local`]'s offset and timestamp.
+    async fn list_offset_of(
+        &self,
+        log: &Rc<PartitionLog>,
+        replica: &Rc<Replica>,
+        ts: i64,
+        current_leader_epoch: i32,
+        read_committed: bool,
+    ) -> Result<(i64, i64), ApiError> {
         let (_, hw, _) = replica.fetch_bound(-1, current_leader_epoch, 0)?;
         // A new leader's high watermark below its epoch's start is older than what the
         // previous leader answered: "latest", and a lookup it hides, would go back.
@@ -896,13 +918,13 @@ impl Broker {
             // it is below the high watermark, as the search by timestamp below.
             -3 => match log.max_timestamp() {
                 -1 => lagging.map_or(Ok((-1, -1)), Err),
-                max => self.offset_at_timestamp(&log, max, hw, lagging).await,
+                max => self.offset_at_timestamp(log, max, hw, lagging).await,
             },
             ts if ts < 0 => Err(ApiError::with(
                 ResponseError::InvalidRequest,
                 format!("bad timestamp {ts}"),
             )),
-            ts => self.offset_at_timestamp(&log, ts, hw, lagging).await,
+            ts => self.offset_at_timestamp(log, ts, hw, lagging).await,
         }
     }
 

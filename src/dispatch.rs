@@ -72,7 +72,7 @@ impl ShardService for ShardServer {
             .await
     }
 
-    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64), ApiError>> {
+    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64, i32), ApiError>> {
         let b = &self.broker;
         let futs = c
             .items

@@ -331,6 +331,13 @@ impl Replica {
         self.state.borrow().leader_epoch()
     }
 
+    /// The leader epoch `offset` was written in, by this replica's epoch history (-1 if
+    /// unknown): what ListOffsets answers beside an offset it found, so that a client
+    /// validating its position (KIP-320) asks about the right epoch.
+    pub fn epoch_of(&self, offset: i64) -> i32 {
+        self.state.borrow().epochs().epoch_for(offset)
+    }
+
     /// Whether this replica leads with a high watermark still below the start of its
     /// leader epoch (a new leader whose followers have not fetched in its epoch yet):
     /// its high watermark is then older than what the previous leader reported, and

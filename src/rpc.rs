@@ -124,7 +124,7 @@ shard_calls! {
     /// Wait until any partition's visible end passes its offset (durable end for a
     /// follower fetch, high watermark for a consumer), or the timeout.
     Wait => wait -> bool;
-    ListOffsets => list_offsets -> Vec<Result<(i64, i64), ApiError>>;
+    ListOffsets => list_offsets -> Vec<Result<(i64, i64, i32), ApiError>>;
     /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
     OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
     DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;

@@ -112,6 +112,16 @@ impl LeaderEpochCache {
         true
     }
 
+    /// The epoch `offset` was written in: the newest entry starting at or below it
+    /// ([`UNDEFINED_EPOCH`] if none does; Kafka's `epochForOffset`).
+    pub fn epoch_for(&self, offset: Offset) -> LeaderEpoch {
+        self.entries
+            .iter()
+            .rev()
+            .find(|e| e.start_offset <= offset)
+            .map_or(UNDEFINED_EPOCH, |e| e.epoch)
+    }
+
     /// The newest epoch, or [`UNDEFINED_EPOCH`] when the cache is empty.
     pub fn latest_epoch(&self) -> LeaderEpoch {
         self.entries.last().map_or(UNDEFINED_EPOCH, |e| e.epoch)

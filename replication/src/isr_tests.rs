@@ -12,6 +12,14 @@ fn cache(entries: &[(LeaderEpoch, Offset)]) -> LeaderEpochCache {
     c
 }
 
+#[test]
+fn epoch_for_an_offset_is_the_newest_epoch_starting_at_or_below_it() {
+    let c = cache(&[(2, 10), (5, 40)]);
+    let got: Vec<_> = [0, 9, 10, 39, 40, 1_000].map(|o| c.epoch_for(o)).to_vec();
+    assert_eq!(got, [UNDEFINED_EPOCH, UNDEFINED_EPOCH, 2, 2, 5, 5]);
+    assert_eq!(LeaderEpochCache::new().epoch_for(0), UNDEFINED_EPOCH);
+}
+
 const LAG_MS: u64 = 30_000;
 
 /// Leader 1, replicas 1,2,3, all in the ISR, epoch 5, partition epoch 10, log end 100.

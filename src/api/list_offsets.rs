@@ -66,7 +66,6 @@ pub async fn handle(
             },
         )
         .await;
-    let image = broker.image();
     let topics = answered
         .into_iter()
         .map(|(name, parts)| {
@@ -75,15 +74,10 @@ pub async fn handle(
                 .map(|(index, r)| {
                     let base = ListOffsetsPartitionResponse::default().with_partition_index(index);
                     match r {
-                        Ok((offset, ts)) => {
+                        Ok((offset, ts, epoch)) => {
                             let b = base.with_offset(offset).with_timestamp(ts);
                             // The field exists from v4; the codec refuses it before.
                             if version >= 4 {
-                                let epoch = image
-                                    .topics
-                                    .get(name.0.as_str())
-                                    .and_then(|m| m.assignment(index))
-                                    .map_or(-1, |a| a.leader_epoch);
                                 b.with_leader_epoch(epoch)
                             } else {
                                 b

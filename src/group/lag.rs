@@ -261,7 +261,7 @@ impl Sampler {
             let Ok(r) = broker.call(shard, call).await else {
                 continue;
             };
-            let (Some(Ok((hw, _))), Some(Ok((start, _)))) = (r.first(), r.get(1)) else {
+            let (Some(Ok((hw, _, _))), Some(Ok((start, _, _)))) = (r.first(), r.get(1)) else {
                 continue;
             };
             let (hw, start) = (*hw, *start);

@@ -152,6 +152,39 @@ def test_list_offsets_by_spec_with_the_admin_client(broker):
     assert offset(OffsetSpec.for_timestamp(9_000))[0] == -1
 
 
+def test_list_offsets_answers_the_leader_epoch_of_the_record_found(broker):
+    """ListOffsets v4+ carries the epoch a record was written in (earliest, by
+    timestamp) and the current one for latest, as Kafka: a consumer validating its
+    position after a seek (KIP-320) asks the leader about that epoch. A restart of the
+    one broker starts a new leader epoch."""
+    from confluent_kafka.admin import OffsetSpec
+    a = create_topic(broker.addr, "epochs", 1)
+    tp = TopicPartition("epochs", 0)
+
+    def produce(value, ts):
+        p = Producer({"bootstrap.servers": broker.addr, "linger.ms": 0})
+        p.produce("epochs", value=value, partition=0, timestamp=ts)
+        assert p.flush(30) == 0
+
+    def listed(spec):
+        r = a.list_offsets({tp: spec}, request_timeout=10)[tp].result(timeout=15)
+        return r.offset, r.leader_epoch
+
+    produce(b"first", 1_000)
+    first_epoch = listed(OffsetSpec.latest())[1]
+    assert first_epoch >= 0
+    broker.stop()
+    broker.start()
+    a = AdminClient({"bootstrap.servers": broker.addr})
+    wait_until(lambda: listed(OffsetSpec.latest())[1] > first_epoch, 30, what="a new leader epoch")
+    produce(b"second", 2_000)
+    latest = listed(OffsetSpec.latest())
+    assert latest[0] == 2 and latest[1] > first_epoch, latest
+    assert listed(OffsetSpec.earliest()) == (0, first_epoch)
+    assert listed(OffsetSpec.for_timestamp(500)) == (0, first_epoch)
+    assert listed(OffsetSpec.for_timestamp(1_500)) == (1, latest[1])
+
+
 def test_every_kafka_topic_config_is_accepted_and_described(broker):
     """Standard topic configs Kafka clients and tools set (they were refused as unknown
     names); DescribeConfigs lists every one; a value Sluice cannot honour is refused

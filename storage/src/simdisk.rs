@@ -312,7 +312,10 @@ impl Rng {
 
 /// What a killed process left on the device: each recorded file's durable image and
 /// its completed writes that no sync covered yet (see [`kill`]).
-pub struct Volatile(Vec<(PathBuf, Vec<u8>, Vec<(u64, Vec<u8>)>)>);
+pub struct Volatile(Vec<LeftFile>);
+
+/// One file a killed process left: its path, durable image and unsynced writes.
+type LeftFile = (PathBuf, Vec<u8>, Vec<(u64, Vec<u8>)>);
 
 impl Volatile {
     /// Files holding writes no sync covered.

@@ -983,6 +983,15 @@ impl Broker {
     ) -> Result<i64, ApiError> {
         let (log, _) = self.log(&topic, partition)?;
         let (_, end, _) = self.replica(&topic, partition)?.fetch_bound(-1, -1, 0)?;
+        // As Kafka (`Partition.deleteRecordsOnLeader`): only a log whose cleanup.policy
+        // deletes may lose records on request (a compacted-only log, such as the group
+        // offsets', keeps its latest record per key).
+        if !log.config().cleanup_delete {
+            return Err(ApiError::with(
+                ResponseError::PolicyViolation,
+                format!("Records of partition {topic}-{partition} can not be deleted due to the configured policy"),
+            ));
+        }
         let offset = if offset == -1 { end } else { offset };
         if offset < 0 || offset > end {
             return Err(ApiError::with(

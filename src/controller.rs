@@ -327,6 +327,16 @@ fn create(
             format!("Topic '{}' already exists.", t.name),
         ));
     }
+    // Kafka's `Topic.hasCollision`: metric names replace '.' with '_', so `a.b` and
+    // `a_b` cannot both exist.
+    let folded = |n: &str| n.replace('.', "_");
+    let mine = folded(&t.name);
+    if let Some(other) = state.topics.keys().find(|n| folded(n) == mine) {
+        return Err(ApiError::with(
+            ResponseError::InvalidTopicException,
+            format!("Topic '{}' collides with existing topic: {other}", t.name),
+        ));
+    }
     let assignments = if t.assignments.is_empty() {
         let partitions = if t.num_partitions == -1 {
             broker.config.default_partitions

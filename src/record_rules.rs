@@ -75,7 +75,9 @@ pub fn check<'a>(
                 .into_iter()
                 .enumerate()
             {
-                if ts < low || ts > high {
+                // A record without a timestamp (-1: a converted magic-0 message) is not
+                // judged, as Kafka's `LogValidator.validateTimestamp`.
+                if ts != -1 && (ts < low || ts > high) {
                     bad_timestamps.push(RecordError {
                         batch_index: index as i32,
                         message: format!(
@@ -212,6 +214,9 @@ mod tests {
             e.record_errors
         );
         assert!(e.record_errors[1].message.contains("Timestamp 1200000 "));
+        // A record without a timestamp (-1, a converted magic-0 message) is not judged.
+        let untimed = build::batch(-1, &[(None, b"v")]);
+        assert_eq!(check("t", 0, &bounded, [untimed.as_slice()]), Ok(()));
         // LogAppendTime topics overwrite timestamps: nothing to check.
         let log_append = Rules {
             create_time: false,

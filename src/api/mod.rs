@@ -107,8 +107,9 @@ pub async fn handle(
             ResponseKind::Metadata(metadata::handle(broker, version, r).await)
         }
         RequestKind::Produce(r) => match produce::handle(broker, version, r, turn).await {
-            Some(resp) => ResponseKind::Produce(resp),
-            None => return Outcome::Silent,
+            produce::Answer::Respond(resp) => ResponseKind::Produce(resp),
+            produce::Answer::Silent => return Outcome::Silent,
+            produce::Answer::Close => return Outcome::Close,
         },
         RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(broker, version, r).await),
         RequestKind::ListOffsets(r) => {

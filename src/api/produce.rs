@@ -82,7 +82,7 @@ pub async fn handle(
     version: i16,
     req: ProduceRequest,
     turn: Option<Turn>,
-) -> Option<ProduceResponse> {
+) -> Answer {
     let acks = req.acks;
     let transactional_id = req
         .transactional_id
@@ -96,7 +96,7 @@ pub async fn handle(
             &req,
             ApiError::new(ResponseError::InvalidRequiredAcks),
         );
-        return (acks != 0).then_some(resp);
+        return Answer::Respond(resp);
     }
     let names: Vec<String> = req
         .topic_data
@@ -120,6 +120,14 @@ pub async fn handle(
                 Some(ApiError::with(
                     ResponseError::InvalidTopicException,
                     m.to_string(),
+                ))
+            } else if super::metadata::is_internal(&name) {
+                // Only the broker's coordinators write there (Kafka's
+                // `ReplicaManager.appendToLocalLog`): a client's records would be
+                // replayed as group offsets or transaction state.
+                Some(ApiError::with(
+                    ResponseError::InvalidTopicException,
+                    format!("Cannot append to internal topic {name}"),
                 ))
             } else {
                 match meta {
@@ -171,7 +179,18 @@ pub async fn handle(
         )
         .await;
     if acks == 0 {
-        return None;
+        // No answer is expected, but a producer must learn of a failure (a moved
+        // leader above all): Kafka closes the connection, and the client refreshes its
+        // metadata and reconnects.
+        let failed = shape
+            .iter()
+            .any(|(_, parts)| parts.iter().any(|(_, e)| e.is_some()))
+            || results.iter().any(Result::is_err);
+        return if failed {
+            Answer::Close
+        } else {
+            Answer::Silent
+        };
     }
     // KIP-890: a transactional batch for a partition not in its transaction. Clients
     // before Produce v11 do not know TRANSACTION_ABORTABLE.
@@ -207,7 +226,16 @@ pub async fn handle(
                 .with_partition_responses(partition_responses)
         })
         .collect();
-    Some(ProduceResponse::default().with_responses(responses))
+    Answer::Respond(ProduceResponse::default().with_responses(responses))
+}
+
+/// What a Produce request gets.
+pub enum Answer {
+    Respond(ProduceResponse),
+    /// acks=0 and every partition appended: nothing.
+    Silent,
+    /// acks=0 and some partition failed: the connection is closed.
+    Close,
 }
 
 /// Produce v0–v2 may carry a message set (magic 0 or 1) instead of a v2 batch: it is

@@ -129,3 +129,62 @@ def test_bad_topic_names_and_configs(broker):
         admin.create_topics([NewTopic("t", 1, 3)])["t"].result(30)
     assert e.value.args[0].code() == 38, "INVALID_REPLICATION_FACTOR"
     assert "t" not in admin.list_topics(timeout=10).topics
+
+
+def test_clients_cannot_write_to_internal_topics(broker):
+    """Only the broker's coordinators append to __consumer_offsets and
+    __transaction_state (records there are replayed as group offsets and transaction
+    state): a client's produce is INVALID_TOPIC_EXCEPTION (17), as in Kafka."""
+    for topic in ("__consumer_offsets", "__transaction_state"):
+        c = Conn(broker.addr)
+        c.send(produce_v3(topic, 0, record_batch([b"forged"])))
+        _, body = c.recv()
+        c.close()
+        [(name, _, err, _)] = parse_produce_v3(body)
+        assert (name, err) == (topic, 17), (name, err)
+
+
+def test_an_acks_0_produce_that_fails_closes_its_connection(broker):
+    """acks=0 gets no answer, so a failure (an unknown partition, a moved leader) is
+    told by closing the connection, as Kafka does: the client refreshes its metadata.
+    A successful one leaves the connection serving."""
+    c = Conn(broker.addr)
+    c.send(produce_v3("acks0", 0, record_batch([b"fine"]), acks=0))
+    err, _ = api_versions_v0(c)
+    assert err == 0, "a successful acks=0 produce keeps the connection"
+    c.send(produce_v3("acks0", 7, record_batch([b"nowhere"]), acks=0))
+    wait_until(c.closed_by_peer, what="connection closed after a failed acks=0 produce")
+    c.close()
+    assert still_serving(broker.addr)
+
+
+def test_delete_records_on_a_compacted_topic_is_a_policy_violation(broker):
+    """Kafka refuses DeleteRecords unless the topic's cleanup.policy deletes
+    (POLICY_VIOLATION): a compacted log keeps the latest record per key."""
+    from confluent_kafka import KafkaError
+    a = AdminClient({"bootstrap.servers": broker.addr})
+    a.create_topics([NewTopic("compacted", 1, 1, config={"cleanup.policy": "compact"})])[
+        "compacted"].result(timeout=30)
+    p = Producer({"bootstrap.servers": broker.addr})
+    for i in range(5):
+        p.produce("compacted", key=b"k%d" % i, value=b"v", partition=0)
+    assert p.flush(30) == 0
+    tp = TopicPartition("compacted", 0, 3)
+    with pytest.raises(KafkaException) as e:
+        a.delete_records([tp])[tp].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.POLICY_VIOLATION, e.value
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": "dr"})
+    assert c.get_watermark_offsets(TopicPartition("compacted", 0), timeout=10) == (0, 5)
+    c.close()
+
+
+def test_topic_names_that_collide_in_metric_names_are_refused(broker):
+    """'.' and '_' are the same character in metric names (Kafka's
+    Topic.hasCollision): with a.b there, a_b is INVALID_TOPIC_EXCEPTION."""
+    from confluent_kafka import KafkaError
+    a = AdminClient({"bootstrap.servers": broker.addr})
+    a.create_topics([NewTopic("a.b", 1, 1)])["a.b"].result(timeout=30)
+    with pytest.raises(KafkaException) as e:
+        a.create_topics([NewTopic("a_b", 1, 1)])["a_b"].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, e.value
+    assert "collides" in e.value.args[0].str()

@@ -5,6 +5,8 @@
 
 use std::rc::Rc;
 
+use uuid::Uuid;
+
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::metadata_request::MetadataRequest;
 use kafka_protocol::messages::metadata_response::{
@@ -90,9 +92,20 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
 
 pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> MetadataResponse {
     // v0 has no flag: an empty list means all topics and auto-creation is implied.
+    // From v12 a topic may be named by its id alone (Kafka: never auto-created, an
+    // unknown id answered UNKNOWN_TOPIC_ID).
+    let mut by_id: Vec<Uuid> = Vec::new();
     let requested: Option<Vec<String>> = req.topics.map(|ts| {
         ts.into_iter()
-            .filter_map(|t| t.name.map(|n| n.0.to_string()))
+            .filter_map(|t| match t.name {
+                Some(n) => Some(n.0.to_string()),
+                None => {
+                    if !t.topic_id.is_nil() {
+                        by_id.push(t.topic_id);
+                    }
+                    None
+                }
+            })
             .collect()
     });
     let requested = match requested {
@@ -119,10 +132,24 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         create_errors = auto_create(broker, &valid).await;
     }
     let image = broker.image();
-    let names: Vec<String> = match requested {
+    let mut names: Vec<String> = match requested {
         Some(n) => n,
         None => image.topics.keys().cloned().collect(),
     };
+    let mut unknown_ids = Vec::new();
+    for id in by_id {
+        match image.topics.iter().find(|(_, t)| t.id == id) {
+            Some((name, _)) if !names.contains(name) => names.push(name.clone()),
+            Some(_) => {}
+            None => unknown_ids.push(id),
+        }
+    }
+    let unknown = unknown_ids.into_iter().map(|id| {
+        MetadataResponseTopic::default()
+            .with_error_code(ResponseError::UnknownTopicId.code())
+            .with_name(None)
+            .with_topic_id(id)
+    });
     let topics = names
         .into_iter()
         .map(|name| {
@@ -171,6 +198,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                 .collect();
             t.with_topic_id(meta.id).with_partitions(partitions)
         })
+        .chain(unknown)
         .collect();
     let me = broker.config.node_id;
     let mut brokers: Vec<MetadataResponseBroker> = image

@@ -224,3 +224,88 @@ def batch_count(records):
         pos += 12 + ln
         n += 1
     return n
+
+
+def compact_string(s):
+    """A compact nullable string (flexible versions): uvarint(len + 1), 0 for null."""
+    if s is None:
+        return uvarint(0)
+    b = s.encode()
+    return uvarint(len(b) + 1) + b
+
+
+def metadata_v12(topics, corr=1, auto=False):
+    """Metadata v12 (flexible) for `topics`: [(name or None, 16-byte topic id)]."""
+    body = struct.pack(">hhi", 3, 12, corr) + string("e2e") + uvarint(0)
+    body += uvarint(len(topics) + 1)
+    for name, topic_id in topics:
+        body += topic_id + compact_string(name) + uvarint(0)
+    body += struct.pack(">??", auto, False) + uvarint(0)
+    return frame(body)
+
+
+class _Reader:
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt):
+        v = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v[0] if len(v) == 1 else v
+
+    def uvarint(self):
+        n = shift = 0
+        while True:
+            b = self.buf[self.pos]
+            self.pos += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+
+    def compact_string(self):
+        n = self.uvarint()
+        if n == 0:
+            return None
+        s = self.buf[self.pos:self.pos + n - 1].decode()
+        self.pos += n - 1
+        return s
+
+    def raw(self, n):
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def tags(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.pos += self.uvarint()
+
+
+def parse_metadata_v12(body):
+    """The body of a Metadata v12 response (after the correlation id) ->
+    [(error code, name or None, 16-byte topic id, partition count)]."""
+    r = _Reader(body)
+    r.tags()  # response header v1
+    r.take(">i")  # throttle
+    for _ in range(r.uvarint() - 1):  # brokers
+        r.take(">i"); r.compact_string(); r.take(">i"); r.compact_string(); r.tags()
+    r.compact_string()  # cluster id
+    r.take(">i")  # controller
+    topics = []
+    for _ in range(r.uvarint() - 1):
+        err = r.take(">h")
+        name = r.compact_string()
+        topic_id = r.raw(16)
+        r.take(">?")
+        n_parts = r.uvarint() - 1
+        for _ in range(n_parts):
+            r.take(">hiii")
+            for _ in range(3):  # replicas, isr, offline
+                for _ in range(r.uvarint() - 1):
+                    r.take(">i")
+            r.tags()
+        r.take(">i")  # authorized operations
+        r.tags()
+        topics.append((err, name, topic_id, n_parts))
+    return topics

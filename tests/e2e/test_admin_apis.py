@@ -691,3 +691,27 @@ def incremental_alter_broker_v0(addr, name, sets):
     assert n == 1
     (err,) = struct.unpack_from(">h", resp, 8)
     return err
+
+
+def test_metadata_v12_by_topic_id(broker):
+    """Metadata v12 may name topics by id alone (the Java AdminClient's
+    describeTopics(TopicCollection.ofTopicIds(..)), kafka-topics.sh --topic-id): a
+    known id is answered with its topic, an unknown one with UNKNOWN_TOPIC_ID (100)."""
+    import os
+    from kafka_wire import Conn, metadata_v12, parse_metadata_v12
+    from test_confluent import create_topic
+    create_topic(broker.addr, "by-id", 3)
+    c = Conn(broker.addr)
+    zero = bytes(16)
+    c.send(metadata_v12([("by-id", zero)], corr=1))
+    _, body = c.recv()
+    [(err, name, topic_id, parts)] = parse_metadata_v12(body)
+    assert (err, name, parts) == (0, "by-id", 3) and topic_id != zero
+    unknown = os.urandom(16)
+    c.send(metadata_v12([(None, topic_id), (None, unknown)], corr=2))
+    _, body = c.recv()
+    got = parse_metadata_v12(body)
+    c.close()
+    assert (0, "by-id", topic_id, 3) in got, got
+    assert (100, None, unknown, 0) in got, got
+    assert len(got) == 2, got

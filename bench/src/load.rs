@@ -837,7 +837,18 @@ pub async fn leader_offsets(
     let mut out = HashMap::new();
     for (addr, parts) in by_leader(leaders) {
         let mut client = Client::connect(addr).await?;
-        out.extend(client.list_offsets(topic, &parts, timestamp).await?);
+        // A leader just elected answers OFFSET_NOT_AVAILABLE (78, retriable) until its
+        // high watermark reaches its epoch's start: ask again for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let offsets = loop {
+            match client.list_offsets(topic, &parts, timestamp).await {
+                Err(e) if e.to_string().ends_with("error 78") && Instant::now() < deadline => {
+                    glommio::timer::sleep(Duration::from_millis(50)).await;
+                }
+                r => break r?,
+            }
+        };
+        out.extend(offsets);
     }
     Ok(out)
 }

@@ -932,6 +932,7 @@ impl Coordinator {
     pub fn unload(&mut self, keep: impl Fn(&str) -> bool) -> usize {
         let before = self.groups.len();
         self.groups.retain(|id, _| keep(id));
+        self.committing.retain(|id, _| keep(id));
         before - self.groups.len()
     }
 
@@ -1310,6 +1311,9 @@ impl Coordinator {
                 .push(Deferred::Sync(t, err_sync(ResponseError::FencedInstanceId)));
         }
         m.id = new_id.clone();
+        // A new incarnation owes no SyncGroup of the old one's generation (Kafka's
+        // replaceStaticMember builds a member that is not pending sync).
+        m.pending_sync = false;
         m.client_id = a.client_id.clone();
         m.client_host = a.client_host.clone();
         m.session_timeout_ms = a.session_timeout_ms;
@@ -1587,6 +1591,10 @@ impl Coordinator {
                     .with_protocol_type(protocol_type)
                     .with_protocol_name(protocol_name)
                     .with_assignment(m.assignment.clone());
+                // The last member the sync phase waited for: it is over.
+                if !group.members.values().any(|m| m.pending_sync) {
+                    group.sync_deadline_ms = None;
+                }
                 reply(fx, r)
             }
             GroupState::CompletingRebalance => {
@@ -2640,6 +2648,33 @@ mod tests {
         );
         let fx = sync(&mut c, 17, 300, &b2, "i2", 4, &[]);
         assert_eq!(sync_reply(&fx, 17).unwrap().assignment, Bytes::from("B"));
+    }
+
+    /// A static member restarting in Stable before it synced is a new incarnation
+    /// that owes no SyncGroup of the old one's generation: the expiring sync phase
+    /// does not remove it (Kafka's replaceStaticMember).
+    #[test]
+    fn a_restarted_static_member_owes_no_sync_of_its_old_incarnation() {
+        let mut c = coord();
+        let fx = join(&mut c, 1, 0, "", "i1", 30_000);
+        let a = join_reply(&fx, 1).unwrap().member_id.to_string();
+        sync(&mut c, 2, 0, &a, "i1", 1, &[(&a, "A")]);
+        // i2 joins, i1 rejoins: generation 2, and only the leader syncs.
+        let mut fx = join(&mut c, 3, 0, "", "i2", 30_000);
+        fx.replies
+            .extend(join(&mut c, 4, 0, &a, "i1", 30_000).replies);
+        let b = join_reply(&fx, 3).unwrap().member_id.to_string();
+        sync(&mut c, 5, 0, &a, "i1", 2, &[(&a, "A"), (&b, "B")]);
+        assert_eq!(c.group("g").unwrap().state, GroupState::Stable);
+        // i2 restarts before it synced: a new member id, no rebalance.
+        let fx = join(&mut c, 6, 100, "", "i2", 30_000);
+        let b2 = join_reply(&fx, 6).unwrap().member_id.to_string();
+        assert_ne!(b2, b);
+        let mut fx = Effects::default();
+        c.tick(i64::from(REBALANCE) + 1_000, &mut fx);
+        let g = c.group("g").unwrap();
+        assert_eq!(g.state, GroupState::Stable);
+        assert!(g.members.contains_key(&b2), "the new incarnation stays");
     }
 
     /// Kafka's `completeClassicGroupJoin` drops only dynamic members that did not

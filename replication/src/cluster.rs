@@ -32,7 +32,8 @@
 //!   changes, though, are [`Command::AlterPartitions`], which a build before it
 //!   refuses as undecodable while newer voters apply it: there is no feature gate
 //!   yet, so every voter must run a build that knows it before a newer leader
-//!   proposes ISR changes.
+//!   proposes ISR changes. The same holds for [`Command::ElectUnclean`] (an unclean
+//!   ElectLeaders): no voter may run an older build when one is asked for.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read

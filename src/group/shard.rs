@@ -186,7 +186,17 @@ impl GroupShell {
         self.ensure_loaded(b, c.partition).await?;
         let now = now_ms();
         let plan = self.coord.borrow_mut().plan_commit(now, c.args);
-        if let Err(e) = self.append(b, plan.records.clone()).await {
+        // Cancelled while its records are written (its connection went away), the
+        // plan is still settled: expiry skips partitions with a commit in flight.
+        let mut unsettled = Unsettled {
+            coord: &self.coord,
+            plan: Some(plan),
+            fail: Coordinator::fail_commit,
+        };
+        let records = unsettled.plan.as_ref().expect("set").records.clone();
+        let written = self.append(b, records).await;
+        let plan = unsettled.plan.take().expect("set");
+        if let Err(e) = written {
             self.coord.borrow_mut().fail_commit(&plan);
             // Not durable: refuse every partition, as Kafka does when the append to the
             // offsets topic fails (the client retries).
@@ -228,14 +238,20 @@ impl GroupShell {
         if plan.records.is_empty() {
             return Ok(plan.results);
         }
+        let mut unsettled = Unsettled {
+            coord: &self.coord,
+            plan: Some(plan),
+            fail: Coordinator::fail_txn_commit,
+        };
+        let pending = unsettled.plan.as_ref().expect("set");
+        let (records, producer) = (
+            pending.records.clone(),
+            (pending.producer_id, pending.producer_epoch),
+        );
         let written = self
-            .append_batch(
-                b,
-                c.partition,
-                &plan.records,
-                Some((plan.producer_id, plan.producer_epoch)),
-            )
+            .append_batch(b, c.partition, &records, Some(producer))
             .await;
+        let plan = unsettled.plan.take().expect("set");
         if let Err(e) = written {
             self.coord.borrow_mut().fail_txn_commit(&plan);
             let code = if e.code == ResponseError::KafkaStorageError {
@@ -499,7 +515,7 @@ impl GroupShell {
         // Restored members' sessions start now (Kafka: onGroupLoaded).
         let now = now_ms();
         let in_partition = |g: &str| partition_for(g) == partition;
-        let loaded = broker
+        let replayed = broker
             .replay(OFFSETS_TOPIC, partition, |rec| {
                 let Some(key) = rec.key else { return };
                 let mut coord = self.coord.borrow_mut();
@@ -520,7 +536,18 @@ impl GroupShell {
                     tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
                 }
             })
-            .await?;
+            .await;
+        let loaded = match replayed {
+            Ok(n) => n,
+            Err(e) => {
+                // What was replayed is partial: forget it (its groups would stay
+                // `loading`, never expiring); the next request loads again.
+                self.coord
+                    .borrow_mut()
+                    .unload(|g| partition_for(g) != partition);
+                return Err(e);
+            }
+        };
         tracing::debug!(
             partition,
             records = loaded,
@@ -540,6 +567,24 @@ impl GroupShell {
             "{OFFSETS_TOPIC} partition {partition} was loaded twice"
         );
         Ok(())
+    }
+}
+
+/// A commit plan whose records are being written: dropped before it was settled (the
+/// request task was cancelled), it is failed, so the coordinator stops counting it.
+struct Unsettled<'a, P> {
+    coord: &'a RefCell<Coordinator>,
+    plan: Option<P>,
+    fail: fn(&mut Coordinator, &P),
+}
+
+impl<P> Drop for Unsettled<'_, P> {
+    fn drop(&mut self) {
+        if let Some(plan) = self.plan.take() {
+            if let Ok(mut coord) = self.coord.try_borrow_mut() {
+                (self.fail)(&mut coord, &plan);
+            }
+        }
     }
 }
 

@@ -13,9 +13,11 @@ pub fn from_storage(e: &sluice_storage::Error) -> ApiError {
         E::Batch(BatchError::TooLarge { .. }) => ResponseError::MessageTooLarge,
         // Control batches (transaction markers) come only from coordinators.
         E::Batch(BatchError::ControlBatchFromClient) => ResponseError::InvalidRecord,
+        // A record count the batch's offsets or bytes cannot hold: Kafka's
+        // LogValidator refuses it as INVALID_RECORD (not retriable).
+        E::Batch(BatchError::BadRecordCount { .. }) => ResponseError::InvalidRecord,
         // Kafka answers CORRUPT_MESSAGE for a bad CRC and for framing it cannot parse
-        // (short batch, length mismatch, wrong magic); it keeps INVALID_RECORD for
-        // records that parse but break a rule, which storage does not check.
+        // (short batch, length mismatch, wrong magic).
         E::Batch(_) => ResponseError::CorruptMessage,
         E::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         // The log failed or is unreadable: the client may retry elsewhere later.
@@ -65,6 +67,11 @@ mod tests {
         assert_eq!(from_storage(&crc).code(), 2);
         let big = sluice_storage::Error::Batch(BatchError::TooLarge { size: 10, max: 5 });
         assert_eq!(from_storage(&big).code(), 10);
+        let count = sluice_storage::Error::Batch(BatchError::BadRecordCount {
+            count: 3,
+            last_offset_delta: 1,
+        });
+        assert_eq!(from_storage(&count).code(), 87);
         let oor = sluice_storage::Error::OffsetOutOfRange {
             offset: 9,
             log_start: 0,

@@ -7,8 +7,10 @@
 //! (and the others of their batch with "another record in the batch was invalid").
 //!
 //! Rules: on a compacted topic (`cleanup.policy` includes `compact`) every record
-//! needs a key (INVALID_RECORD). A batch whose records do not parse (or, compressed, do
-//! not decompress) is CORRUPT_MESSAGE. With `message.timestamp.type=CreateTime`, a
+//! needs a key (INVALID_RECORD). The records of every uncompressed batch are read,
+//! whatever the rules: a batch they do not fill as its header says (record count,
+//! lengths, headers) is INVALID_RECORD, as in Kafka; compressed data that does not
+//! decompress is CORRUPT_MESSAGE. With `message.timestamp.type=CreateTime`, a
 //! record whose timestamp lies more than `message.timestamp.before.max.ms` before now
 //! or `after.max.ms` after it is INVALID_TIMESTAMP (KIP-937). Compressed batches are
 //! decompressed to be checked only when the topic has a rule to check.
@@ -53,20 +55,33 @@ pub fn check<'a>(
     rules: &Rules,
     batches: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<(), ApiError> {
-    if !rules.compacted && !rules.timestamps_bounded() {
-        return Ok(());
-    }
+    let judged = rules.compacted || rules.timestamps_bounded();
     let mut errors = Vec::new();
     let mut bad_timestamps = Vec::new();
     for bytes in batches {
         let plain;
-        let bytes = if compressed_data(bytes) {
+        let bytes = if judged && compressed_data(bytes) {
             plain = codec::recompress_batch(bytes, Codec::None, Levels::default())
                 .map_err(|e| corrupt(topic, partition, &e))?;
             plain.as_slice()
         } else {
             bytes
         };
+        // Every uncompressed batch's records are read, whatever the rules (Kafka's
+        // LogValidator iterates them): a batch whose records do not fill it as its
+        // header says would be stored for consumers that cannot read it.
+        if !compact::records_fill(bytes) {
+            return Err(ApiError::with(
+                ResponseError::InvalidRecord,
+                format!(
+                    "the records of a batch for {topic}-{partition} do not parse as the {} its header counts",
+                    BatchHeader::parse(bytes).map_or(0, |h| h.record_count)
+                ),
+            ));
+        }
+        if !judged {
+            continue;
+        }
         if rules.timestamps_bounded() {
             let low = rules.now_ms.saturating_sub(rules.before_max_ms);
             let high = rules.now_ms.saturating_add(rules.after_max_ms);
@@ -90,13 +105,8 @@ pub fn check<'a>(
         if !rules.compacted {
             continue;
         }
+        // Control batches have no records to judge (the rest parsed above).
         let Some((_, records)) = compact::records(bytes) else {
-            if plain_data(bytes) {
-                return Err(ApiError::with(
-                    ResponseError::CorruptMessage,
-                    format!("the records of a batch for {topic}-{partition} do not parse"),
-                ));
-            }
             continue;
         };
         for (index, r) in records.iter().enumerate() {
@@ -125,11 +135,6 @@ pub fn check<'a>(
         errors[0].message
     );
     Err(ApiError::with_records(code, message, errors))
-}
-
-/// An uncompressed data batch: one whose records [`compact::records`] must parse.
-fn plain_data(bytes: &[u8]) -> bool {
-    BatchHeader::parse(bytes).is_ok_and(|h| h.compression() == 0 && !h.is_control())
 }
 
 /// A compressed data batch (control batches are never compressed).
@@ -308,7 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn keyed_records_pass_and_unparseable_ones_are_corrupt() {
+    fn keyed_records_pass_and_unparseable_ones_are_invalid() {
         let good = build::batch(1_000, &[(Some(b"k"), b"v"), (Some(b""), b"v")]);
         assert_eq!(
             check("t", 0, &compacted(), [good.as_slice(), good.as_slice()]),
@@ -316,7 +321,44 @@ mod tests {
         );
         let mut bad = good.clone();
         bad[HEADER_BYTES] = 0x7e; // the first record's length now runs past the batch
-        let e = check("t", 0, &compacted(), [bad.as_slice()]).unwrap_err();
-        assert_eq!(e.code, ResponseError::CorruptMessage);
+        for rules in [compacted(), UNBOUNDED] {
+            let e = check("t", 0, &rules, [good.as_slice(), bad.as_slice()]).unwrap_err();
+            assert_eq!(e.code, ResponseError::InvalidRecord, "{rules:?}");
+        }
+    }
+
+    /// A batch whose header counts more (or fewer) records than it holds, or whose
+    /// record runs past its own length into a header, is refused on any topic.
+    #[test]
+    fn records_that_do_not_fill_their_batch_are_invalid_on_every_topic() {
+        let good = build::batch(1_000, &[(None, b"a"), (None, b"b")]);
+        assert_eq!(check("t", 0, &UNBOUNDED, [good.as_slice()]), Ok(()));
+        // Three records counted (count and last offset delta agree), two held.
+        let mut short = good.clone();
+        short[sluice_storage::batch::OFF_LAST_OFFSET_DELTA + 3] = 2;
+        short[HEADER_BYTES - 1] = 3;
+        let e = check("t", 0, &UNBOUNDED, [short.as_slice()]).unwrap_err();
+        assert_eq!(e.code, ResponseError::InvalidRecord);
+        assert!(e.message.unwrap().contains("the 3 its header counts"));
+        // One record counted, two held: bytes left over.
+        let mut long = good.clone();
+        long[sluice_storage::batch::OFF_LAST_OFFSET_DELTA + 3] = 0;
+        long[HEADER_BYTES - 1] = 1;
+        assert_eq!(
+            check("t", 0, &UNBOUNDED, [long.as_slice()])
+                .unwrap_err()
+                .code,
+            ResponseError::InvalidRecord
+        );
+        // A record claiming one header it does not hold.
+        let one = build::batch(1_000, &[(None, b"a")]);
+        let mut header = one.clone();
+        *header.last_mut().unwrap() = 2; // header count varint 1
+        assert_eq!(
+            check("t", 0, &UNBOUNDED, [header.as_slice()])
+                .unwrap_err()
+                .code,
+            ResponseError::InvalidRecord
+        );
     }
 }

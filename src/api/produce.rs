@@ -240,8 +240,8 @@ pub enum Answer {
 
 /// Produce v0–v2 may carry a message set (magic 0 or 1) instead of a v2 batch: it is
 /// appended as one v2 batch of the same records. Kafka checks nothing more for these
-/// versions, so v2 batches pass as they are. From v3 on only v2 batches are valid:
-/// Kafka refuses a message set there with INVALID_RECORD.
+/// versions, so v2 batches pass as they are. From v3 on only one v2 batch is valid:
+/// Kafka refuses a message set, or more than one batch, there with INVALID_RECORD.
 fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
     let message_set = message_set::looks_like_message_set(&records);
     if version > 2 && message_set {
@@ -251,6 +251,9 @@ fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
         ));
     }
     if !message_set {
+        if version > 2 {
+            one_batch(version, &records)?;
+        }
         if version < 7 && has_zstd(&records) {
             return Err(ApiError::with(
                 ResponseError::UnsupportedCompressionType,
@@ -268,6 +271,30 @@ fn up_convert(version: i16, records: Bytes) -> Result<Bytes, ApiError> {
             };
             ApiError::with(code, e.to_string())
         })
+}
+
+/// Produce v3+ carries exactly one batch per partition (Kafka's
+/// `ProduceRequest.validateRecords`): none, or a second one, is INVALID_RECORD, so a
+/// partition's write is one batch, appended whole or not at all. (A second batch that
+/// is cut short is left to the batch checks: CORRUPT_MESSAGE.)
+fn one_batch(version: i16, records: &[u8]) -> Result<(), ApiError> {
+    let Some(first) = batch::peek_total_bytes(records) else {
+        if records.is_empty() {
+            return Err(ApiError::with(
+                ResponseError::InvalidRecord,
+                format!("Produce requests with version {version} must have at least one record batch per partition"),
+            ));
+        }
+        return Ok(());
+    };
+    let second = records.get(first..).and_then(batch::peek_total_bytes);
+    if second.is_some_and(|n| n <= records.len() - first) {
+        return Err(ApiError::with(
+            ResponseError::InvalidRecord,
+            format!("Produce requests with version {version} are only allowed to contain exactly one record batch per partition"),
+        ));
+    }
+    Ok(())
 }
 
 /// True if a batch of `records` (concatenated v2 batches) is zstd-compressed.

@@ -116,11 +116,38 @@ pub fn decode(batch_bytes: &[u8]) -> Option<Decoded<'_>> {
     })
 }
 
-/// Walks `h.record_count` records filling `body` exactly.
+/// Whether an uncompressed, non-control batch holds what its header says: exactly
+/// `record_count` records, each well formed (key, value and headers within its
+/// length), filling the batch to its end. Kafka's record iterator refuses a batch that
+/// does not (INVALID_RECORD); consumers could not read it. Compressed and control
+/// batches are `true` here (their records are not read).
+pub fn records_fill(batch_bytes: &[u8]) -> bool {
+    match BatchHeader::parse(batch_bytes) {
+        Ok(h) if h.compression() == 0 && !h.is_control() => {
+            walk_records(&h, &batch_bytes[HEADER_BYTES..], |_| {}).is_some()
+        }
+        Ok(_) => true,
+        Err(_) => false,
+    }
+}
+
+/// The records of `body` as [`walk_records`] reads them.
 fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a>>> {
+    let mut out = Vec::with_capacity((h.record_count.max(0) as usize).min(body.len() / 7));
+    walk_records(h, body, |r| out.push(r))?;
+    Some(out)
+}
+
+/// Walks `h.record_count` records filling `body` exactly, each read whole (Kafka's
+/// `DefaultRecord.readFrom`: a record's fields, headers included, fill its length);
+/// `None` at the first that does not.
+fn walk_records<'a>(
+    h: &BatchHeader,
+    body: &'a [u8],
+    mut each: impl FnMut(RecordRef<'a>),
+) -> Option<()> {
     let log_append = h.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0;
     let mut buf = body;
-    let mut out = Vec::with_capacity((h.record_count.max(0) as usize).min(buf.len() / 7));
     for _ in 0..h.record_count {
         let start = buf;
         let len = usize::try_from(get_varint(&mut buf)?).ok()?;
@@ -133,16 +160,21 @@ fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a
         r = r.get(1..)?; // attributes
         let ts_delta = get_varint(&mut r)?;
         let off_delta = get_varint(&mut r)?;
-        let klen = get_varint(&mut r)?;
-        let key = if klen < 0 {
-            None
-        } else {
-            let k = r.get(..klen as usize)?;
-            r = &r[klen as usize..];
-            Some(k)
-        };
-        let vlen = get_varint(&mut r)?;
-        out.push(RecordRef {
+        let key = take_bytes(&mut r)?;
+        let value = take_bytes(&mut r)?;
+        let headers = get_varint(&mut r)?;
+        if headers < 0 {
+            return None;
+        }
+        for _ in 0..headers {
+            // A header's key is never null; its value may be.
+            take_bytes(&mut r)??;
+            take_bytes(&mut r)?;
+        }
+        if !r.is_empty() {
+            return None;
+        }
+        each(RecordRef {
             offset: h.base_offset + off_delta,
             timestamp: if log_append {
                 h.max_timestamp
@@ -150,14 +182,24 @@ fn parse_records<'a>(h: &BatchHeader, body: &'a [u8]) -> Option<Vec<RecordRef<'a
                 h.base_timestamp + ts_delta
             },
             key,
-            is_tombstone: vlen < 0,
+            is_tombstone: value.is_none(),
             raw: &start[..prefix + len],
         });
     }
-    if !buf.is_empty() {
-        return None;
+    buf.is_empty().then_some(())
+}
+
+/// A varint length and that many bytes (`Some(None)` for a negative length, null, as
+/// Kafka reads it); `None` if they run past `r`.
+fn take_bytes<'a>(r: &mut &'a [u8]) -> Option<Option<&'a [u8]>> {
+    let len = get_varint(r)?;
+    if len < 0 {
+        return Some(None);
     }
-    Some(out)
+    let len = usize::try_from(len).ok()?;
+    let bytes = r.get(..len)?;
+    *r = &r[len..];
+    Some(Some(bytes))
 }
 
 /// The latest offset of every key seen, within a memory budget.

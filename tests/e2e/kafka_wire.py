@@ -39,17 +39,19 @@ def varint(n):
 
 
 def record_batch(values, good_crc=True, producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                 transactional=False):
+                 transactional=False, count=None):
     """An uncompressed v2 batch of records with null keys (sequenced when a producer id
-    is given)."""
+    is given). `count` makes the header count (and last offset delta) say another
+    number of records than it holds."""
     ts = int(time.time() * 1000)
+    count = len(values) if count is None else count
     recs = b""
     for i, v in enumerate(values):
         body = b"\x00" + varint(0) + varint(i) + varint(-1) + varint(len(v)) + v + varint(0)
         recs += varint(len(body)) + body
     attributes = 0x10 if transactional else 0
-    after_crc = struct.pack(">hiqqqhii", attributes, len(values) - 1, ts, ts, producer_id, producer_epoch,
-                            base_sequence, len(values)) + recs
+    after_crc = struct.pack(">hiqqqhii", attributes, count - 1, ts, ts, producer_id, producer_epoch,
+                            base_sequence, count) + recs
     crc = crc32c(after_crc)
     if not good_crc:
         crc ^= 0xDEAD

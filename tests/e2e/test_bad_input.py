@@ -2,6 +2,7 @@
 connection; the broker keeps serving and stored data is untouched."""
 import os
 import struct
+import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -78,6 +79,39 @@ def test_bad_crc_is_corrupt_message_and_stores_nothing(broker):
     _, body = c.recv()
     assert parse_produce_v3(body) == [("crc", 0, 0, 2)]
     c.close()
+
+
+def test_lying_or_paired_batches_are_invalid_record_and_store_nothing(broker):
+    """Kafka reads every record of a batch and takes one batch per partition from
+    Produce v3 on; a batch with a good CRC whose header counts records it does not hold
+    would be stored for consumers that cannot read it."""
+    c = Conn(broker.addr)
+    c.send(produce_v3("lie", 0, record_batch([b"a", b"b"])))
+    _, body = c.recv()
+    assert parse_produce_v3(body) == [("lie", 0, 0, 0)]
+    for corr, records in [
+        (2, record_batch([b"c", b"d"], count=3)),  # three counted, two held
+        (3, record_batch([b"c", b"d", b"e"], count=2)),  # a record left over
+        (4, record_batch([b"c"]) + record_batch([b"d"])),  # two batches
+        (5, b""),  # none
+    ]:
+        c.send(produce_v3("lie", 0, records, corr=corr))
+        got, body = c.recv()
+        assert got == corr and parse_produce_v3(body)[0][2] == 87, ("INVALID_RECORD", corr)
+    c.close()
+    assert watermarks(broker.addr, "lie") == (0, 2)
+    consumer = Consumer({"bootstrap.servers": broker.addr, "group.id": "lie",
+                         "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition("lie", 0, 0)])
+    values = []
+    deadline = time.monotonic() + 30
+    while len(values) < 2 and time.monotonic() < deadline:
+        m = consumer.poll(1)
+        if m is not None:
+            assert m.error() is None, m.error()
+            values.append(m.value())
+    consumer.close()
+    assert values == [b"a", b"b"]
 
 
 def test_batch_over_max_message_bytes_is_message_too_large(broker):

@@ -312,7 +312,7 @@ pub struct NewTopic {
     pub assignments: Vec<(i32, Vec<i32>)>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum TopicRef {
     Name(String),
     Id(Uuid),

@@ -1,9 +1,11 @@
 //! CreatePartitions (key 37): grows a topic's partition count; the new partitions are
 //! placed by the controller or as the request's assignments say (one replica list per
-//! new partition, of the topic's replication factor).
+//! new partition, of the topic's replication factor). A topic named twice grows by
+//! neither entry and is answered once, INVALID_REQUEST.
 
 use std::rc::Rc;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsRequest;
 use kafka_protocol::messages::create_partitions_response::{
     CreatePartitionsResponse, CreatePartitionsTopicResult,
@@ -18,9 +20,9 @@ pub async fn handle(
     _version: i16,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
-    let names: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
-    let items = req
-        .topics
+    let (once, repeated) = super::once_each(req.topics, |t| t.name.clone());
+    let names: Vec<_> = once.iter().map(|t| t.name.clone()).collect();
+    let items = once
         .into_iter()
         .map(|t| NewPartitions {
             topic: t.name.0.to_string(),
@@ -55,6 +57,12 @@ pub async fn handle(
                     .with_error_message(e.message.map(sb)),
             }
         })
+        .chain(repeated.into_iter().map(|name| {
+            CreatePartitionsTopicResult::default()
+                .with_name(name)
+                .with_error_code(ResponseError::InvalidRequest.code())
+                .with_error_message(Some(sb("Duplicate topic name.")))
+        }))
         .collect();
     CreatePartitionsResponse::default().with_results(results)
 }

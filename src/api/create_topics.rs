@@ -1,9 +1,11 @@
 //! CreateTopics (key 19): validated and persisted by the controller; partitions are
 //! placed by the controller or, with `num_partitions` and `replication_factor` -1, as
-//! the request's manual `assignments` say (checked as Kafka checks them).
+//! the request's manual `assignments` say (checked as Kafka checks them). A name given
+//! twice creates nothing and is answered once, INVALID_REQUEST.
 
 use std::rc::Rc;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicResult, CreateTopicsResponse,
@@ -18,9 +20,9 @@ pub async fn handle(
     _version: i16,
     req: CreateTopicsRequest,
 ) -> CreateTopicsResponse {
-    let names: Vec<_> = req.topics.iter().map(|t| t.name.clone()).collect();
-    let topics = req
-        .topics
+    let (once, repeated) = super::once_each(req.topics, |t| t.name.clone());
+    let names: Vec<_> = once.iter().map(|t| t.name.clone()).collect();
+    let topics = once
         .into_iter()
         .map(|t| NewTopic {
             name: t.name.0.to_string(),
@@ -73,6 +75,14 @@ pub async fn handle(
                     .with_replication_factor(-1),
             }
         })
+        .chain(repeated.into_iter().map(|name| {
+            CreatableTopicResult::default()
+                .with_name(name)
+                .with_error_code(ResponseError::InvalidRequest.code())
+                .with_error_message(Some(sb("Duplicate topic name.")))
+                .with_num_partitions(-1)
+                .with_replication_factor(-1)
+        }))
         .collect();
     CreateTopicsResponse::default().with_topics(topics)
 }

@@ -1,7 +1,9 @@
-//! DeleteTopics (key 20): by name (v0-5) or topic id (v6).
+//! DeleteTopics (key 20): by name (v0-5) or topic id (v6). A topic named (or
+//! identified) twice is not deleted and is answered once, INVALID_REQUEST.
 
 use std::rc::Rc;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicsRequest;
 use kafka_protocol::messages::delete_topics_response::{
     DeletableTopicResult, DeleteTopicsResponse,
@@ -31,6 +33,7 @@ pub async fn handle(
             .map(|n| TopicRef::Name(n.0.to_string()))
             .collect()
     };
+    let (refs, repeated) = super::once_each(refs, |r| r.clone());
     let results = match broker
         .control(DeleteTopics {
             topics: refs.clone(),
@@ -57,6 +60,20 @@ pub async fn handle(
                     .with_error_message(e.message.map(sb)),
             }
         })
+        .chain(repeated.into_iter().map(|r| {
+            let (base, what) = match r {
+                TopicRef::Name(n) => (
+                    DeletableTopicResult::default().with_name(Some(TopicName(sb(n)))),
+                    "Duplicate topic name.",
+                ),
+                TopicRef::Id(id) => (
+                    DeletableTopicResult::default().with_topic_id(id),
+                    "Duplicate topic id.",
+                ),
+            };
+            base.with_error_code(ResponseError::InvalidRequest.code())
+                .with_error_message(Some(sb(what)))
+        }))
         .collect();
     DeleteTopicsResponse::default().with_responses(responses)
 }

@@ -229,6 +229,35 @@ pub async fn handle(
 }
 
 pub use crate::util::sb;
+
+/// Splits a request's entries into those whose `key` appears once, in order, and the
+/// keys that appear more than once (in the order they first appear). Kafka's
+/// controller acts on none of a repeated key's entries and answers it once,
+/// INVALID_REQUEST (CreateTopics, DeleteTopics, CreatePartitions).
+pub fn once_each<T, K: Eq + std::hash::Hash + Clone>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> K,
+) -> (Vec<T>, Vec<K>) {
+    let mut seen = std::collections::HashMap::<K, usize>::new();
+    for item in &items {
+        *seen.entry(key(item)).or_default() += 1;
+    }
+    let mut repeated = Vec::new();
+    let mut once = Vec::with_capacity(items.len());
+    for item in items {
+        let k = key(&item);
+        match seen.get_mut(&k) {
+            Some(1) => once.push(item),
+            // The first entry of a repeated key names it; later ones are dropped.
+            Some(n) if *n > 1 => {
+                *n = 0;
+                repeated.push(k);
+            }
+            _ => {}
+        }
+    }
+    (once, repeated)
+}
 pub use sluice_protocol::{
     encode_response, fuzz_decode, lookup, parse, ApiSpec, DecodeError, Parsed, Request, REGISTRY,
 };
@@ -293,6 +322,15 @@ fn unsupported(api_key: i16, version: i16, correlation_id: i32) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_key_is_named_once_and_none_of_its_entries_kept() {
+        let (once, repeated) = once_each(vec!["a", "b", "a", "c", "a", "c"], |s| *s);
+        assert_eq!(once, vec!["b"]);
+        assert_eq!(repeated, vec!["a", "c"]);
+        let (once, repeated) = once_each(vec!["x", "y"], |s| *s);
+        assert_eq!((once, repeated), (vec!["x", "y"], vec![]));
+    }
 
     /// Every registered API has a handler arm: a default request of each reaches one
     /// (an unhandled one closes the connection).

@@ -715,3 +715,51 @@ def test_metadata_v12_by_topic_id(broker):
     assert (0, "by-id", topic_id, 3) in got, got
     assert (100, None, unknown, 0) in got, got
     assert len(got) == 2, got
+
+
+def _name_errors(body, skip=0, with_message=False):
+    """[(name, error_code)] of a CreateTopics v2 / DeleteTopics v1 / CreatePartitions v0
+    answer (`skip` bytes before its array: the throttle time)."""
+    pos = skip
+    (n,) = struct.unpack_from(">i", body, pos); pos += 4
+    out = []
+    for _ in range(n):
+        (ln,) = struct.unpack_from(">h", body, pos); pos += 2
+        name = body[pos:pos + ln].decode(); pos += ln
+        (err,) = struct.unpack_from(">h", body, pos); pos += 2
+        if with_message:
+            (ml,) = struct.unpack_from(">h", body, pos); pos += 2 + max(ml, 0)
+        out.append((name, err))
+    return sorted(out)
+
+
+def test_a_topic_named_twice_in_one_request_is_invalid_request_and_untouched(broker):
+    """Kafka's controller acts on none of the entries of a topic named twice in
+    CreateTopics, DeleteTopics or CreatePartitions and answers it once with
+    INVALID_REQUEST (42); the other topics of the request go ahead."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    c = Conn(broker.addr)
+
+    def new_topic(name):
+        return string(name) + struct.pack(">ihii", 1, 1, 0, 0)
+
+    c.send(frame(header(19, 2, 1) + struct.pack(">i", 3) + new_topic("twice") + new_topic("once")
+                 + new_topic("twice") + struct.pack(">ib", 30000, 0)))
+    _, body = c.recv()
+    assert _name_errors(body, skip=4, with_message=True) == [("once", 0), ("twice", 42)]
+    topics = admin.list_topics(timeout=10).topics
+    assert "once" in topics and "twice" not in topics
+    # CreatePartitions v0: "once" asked to grow twice grows by neither.
+    grow = string("once") + struct.pack(">ii", 2, -1)
+    c.send(frame(header(37, 0, 2) + struct.pack(">i", 2) + grow + grow + struct.pack(">ib", 30000, 0)))
+    _, body = c.recv()
+    assert _name_errors(body, skip=4, with_message=True) == [("once", 42)]
+    assert len(admin.list_topics(timeout=10).topics["once"].partitions) == 1
+    # DeleteTopics v1: "once" named twice is not deleted.
+    c.send(frame(header(20, 1, 3) + struct.pack(">i", 2) + string("once") + string("once")
+                 + struct.pack(">i", 30000)))
+    _, body = c.recv()
+    assert _name_errors(body, skip=4) == [("once", 42)]
+    c.close()
+    assert "once" in admin.list_topics(timeout=10).topics

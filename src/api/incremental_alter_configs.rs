@@ -2,11 +2,18 @@
 //! and on the dynamic broker configs (see [`crate::broker_configs`]): a BROKER resource
 //! named by this broker's id changes its own, the empty name the cluster-wide
 //! defaults; another broker's id is INVALID_REQUEST (clients send it to that broker).
+//!
+//! Checked here first, as Kafka's `ConfigAdminManager.preprocess`: every entry of a
+//! resource named twice, a resource naming a config twice, or a null value on an
+//! operation other than DELETE is INVALID_REQUEST and changes nothing.
 
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::incremental_alter_configs_request::IncrementalAlterConfigsRequest;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, IncrementalAlterConfigsRequest,
+};
 use kafka_protocol::messages::incremental_alter_configs_response::{
     AlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
 };
@@ -15,7 +22,43 @@ use super::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use super::sb;
 use crate::broker::Broker;
 use crate::error::ApiError;
-use crate::rpc::{AlterConfigs, ConfigChange};
+use crate::rpc::{AlterConfigs, ConfigChange, OP_DELETE};
+
+/// The request-shape refusal of each resource, in order (pure; Kafka's preprocess).
+fn shape_errors(resources: &[AlterConfigsResource]) -> Vec<Option<ApiError>> {
+    let invalid = |m: String| Some(ApiError::with(ResponseError::InvalidRequest, m));
+    let mut named = HashMap::<(i8, &str), usize>::new();
+    for r in resources {
+        *named
+            .entry((r.resource_type, r.resource_name.as_str()))
+            .or_default() += 1;
+    }
+    resources
+        .iter()
+        .map(|r| {
+            if named[&(r.resource_type, r.resource_name.as_str())] > 1 {
+                return invalid("Each resource must appear at most once.".into());
+            }
+            let mut keys = HashSet::new();
+            if !r.configs.iter().all(|c| keys.insert(c.name.as_str())) {
+                return invalid("Error due to duplicate config keys".into());
+            }
+            let nulls: Vec<&str> = r
+                .configs
+                .iter()
+                .filter(|c| c.config_operation != OP_DELETE && c.value.is_none())
+                .map(|c| c.name.as_str())
+                .collect();
+            if !nulls.is_empty() {
+                return invalid(format!(
+                    "Null value not supported for : {}",
+                    nulls.join(", ")
+                ));
+            }
+            None
+        })
+        .collect()
+}
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -26,7 +69,12 @@ pub async fn handle(
     let mut brokers = Vec::new();
     let mut shape = Vec::new();
     let me = broker.config.node_id;
-    for r in &req.resources {
+    let refused = shape_errors(&req.resources);
+    for (r, refused) in req.resources.iter().zip(refused) {
+        if let Some(e) = refused {
+            shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
+            continue;
+        }
         let ops = || {
             r.configs
                 .iter()
@@ -101,4 +149,63 @@ pub async fn handle(
         })
         .collect();
     IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig;
+
+    fn resource(name: &str, configs: &[(&str, i8, Option<&str>)]) -> AlterConfigsResource {
+        AlterConfigsResource::default()
+            .with_resource_type(RESOURCE_TOPIC)
+            .with_resource_name(sb(name))
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, op, v)| {
+                        AlterableConfig::default()
+                            .with_name(sb(*k))
+                            .with_config_operation(*op)
+                            .with_value(v.map(sb))
+                    })
+                    .collect(),
+            )
+    }
+
+    #[test]
+    fn repeated_resources_keys_and_null_values_are_invalid_request() {
+        let set = crate::rpc::OP_SET;
+        let errors = shape_errors(&[
+            resource("a", &[("retention.ms", set, Some("1"))]),
+            resource(
+                "b",
+                &[
+                    ("retention.ms", set, Some("1")),
+                    ("retention.ms", OP_DELETE, None),
+                ],
+            ),
+            resource("a", &[]),
+            resource(
+                "c",
+                &[("retention.ms", OP_DELETE, None), ("segment.ms", set, None)],
+            ),
+            resource("d", &[("retention.ms", OP_DELETE, None)]),
+        ]);
+        let messages: Vec<_> = errors
+            .into_iter()
+            .map(|e| e.map(|e| (e.code, e.message.unwrap_or_default())))
+            .collect();
+        let invalid = |m: &str| Some((ResponseError::InvalidRequest, m.to_string()));
+        assert_eq!(
+            messages,
+            vec![
+                invalid("Each resource must appear at most once."),
+                invalid("Error due to duplicate config keys"),
+                invalid("Each resource must appear at most once."),
+                invalid("Null value not supported for : segment.ms"),
+                None,
+            ]
+        );
+    }
 }

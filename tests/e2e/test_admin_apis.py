@@ -659,6 +659,11 @@ def test_broker_configs_are_described_and_dynamic_defaults_change_topics_and_sur
     with pytest.raises(KafkaException) as e:
         admin.incremental_alter_configs([bad])[bad].result(timeout=30)
     assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+    # A config named twice in one resource (Kafka: "Error due to duplicate config
+    # keys") is INVALID_REQUEST, and neither value is taken.
+    assert incremental_alter_broker_v0(b.addr, "", [("log.retention.ms", "1000"),
+                                                    ("log.retention.ms", "2000")]) == 42
+    assert _describe(admin, ResourceType.TOPIC, "dyn")["retention.ms"].value == "3600000"
 
     # Through the metadata quorum: still in force after a restart.
     assert b.stop() == 0

@@ -8,16 +8,17 @@ use std::rc::Rc;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_topics_request::CreateTopicsRequest;
 use kafka_protocol::messages::create_topics_response::{
-    CreatableTopicResult, CreateTopicsResponse,
+    CreatableTopicConfigs, CreatableTopicResult, CreateTopicsResponse,
 };
 
 use super::sb;
 use crate::broker::Broker;
+use crate::broker_configs;
 use crate::rpc::{CreateTopics, NewTopic};
 
 pub async fn handle(
     broker: &Rc<Broker>,
-    _version: i16,
+    version: i16,
     req: CreateTopicsRequest,
 ) -> CreateTopicsResponse {
     let (once, repeated) = super::once_each(req.topics, |t| t.name.clone());
@@ -53,6 +54,7 @@ pub async fn handle(
         Ok(r) => r,
         Err(e) => names.iter().map(|_| Err(e.clone())).collect(),
     };
+    let (image, me) = (broker.image(), broker.config.node_id);
     let topics = names
         .into_iter()
         .zip(results)
@@ -64,9 +66,24 @@ pub async fn handle(
                         .assignments
                         .first()
                         .map_or(-1, |a| a.replicas.len() as i16);
+                    // v5+ (KIP-525): the topic's configs as DescribeConfigs would give
+                    // them, which the Java AdminClient's CreateTopicsResult.config reads.
+                    let configs = (version >= 5).then(|| {
+                        broker_configs::describe_topic(&image, me, &meta.configs)
+                            .into_iter()
+                            .map(|d| {
+                                CreatableTopicConfigs::default()
+                                    .with_name(sb(d.name))
+                                    .with_value(d.value.map(sb))
+                                    .with_read_only(d.read_only)
+                                    .with_config_source(d.source)
+                            })
+                            .collect()
+                    });
                     base.with_topic_id(meta.id)
                         .with_num_partitions(meta.partitions)
                         .with_replication_factor(rf)
+                        .with_configs(configs)
                 }
                 Err(e) => base
                     .with_error_code(e.code())

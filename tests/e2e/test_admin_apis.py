@@ -768,3 +768,37 @@ def test_a_topic_named_twice_in_one_request_is_invalid_request_and_untouched(bro
     assert _name_errors(body, skip=4) == [("once", 42)]
     c.close()
     assert "once" in admin.list_topics(timeout=10).topics
+
+
+def test_create_topics_v5_answers_the_topics_configs(broker):
+    """CreateTopics v5+ (KIP-525) answers each created topic's partitions,
+    replication factor and configs with their sources, as DescribeConfigs would (the
+    Java AdminClient's CreateTopicsResult.config reads them); validate_only too."""
+    for validate_only, name in [(1, "kip525-dry"), (0, "kip525")]:
+        topic = (cstring(name) + struct.pack(">ih", 3, 1) + carray([])
+                 + carray([cstring("retention.ms") + cstring("1234") + NO_TAGS]) + NO_TAGS)
+        r = call_flexible(broker.addr, 19, 5, carray([topic]) + struct.pack(">ib", 30000, validate_only)
+                          + NO_TAGS)
+        r.take("i")  # throttle
+
+        def result(r):
+            got = {"name": r.cstring(), "error": r.take("h")}
+            r.cstring()  # error message
+            got["partitions"], got["rf"] = r.take("ih")
+
+            def config(r):
+                c = (r.cstring(), r.cstring(), r.take("b"), r.take("b"), r.take("b"))
+                r.tags()
+                return c
+            got["configs"] = {c[0]: c[1:] for c in r.carray(config)}
+            r.tags()
+            return got
+        [got] = r.carray(result)
+        assert (got["name"], got["error"], got["partitions"], got["rf"]) == (name, 0, 3, 1), got
+        # (value, read_only, source, sensitive): DYNAMIC_TOPIC_CONFIG is 1, DEFAULT_CONFIG 5.
+        assert got["configs"]["retention.ms"] == ("1234", 0, 1, 0), got["configs"]
+        assert got["configs"]["cleanup.policy"][0] == "delete"
+        assert got["configs"]["cleanup.policy"][2] == 5
+    from confluent_kafka.admin import AdminClient
+    topics = AdminClient({"bootstrap.servers": broker.addr}).list_topics(timeout=10).topics
+    assert "kip525" in topics and "kip525-dry" not in topics

@@ -802,3 +802,16 @@ def test_create_topics_v5_answers_the_topics_configs(broker):
     from confluent_kafka.admin import AdminClient
     topics = AdminClient({"bootstrap.servers": broker.addr}).list_topics(timeout=10).topics
     assert "kip525" in topics and "kip525-dry" not in topics
+
+
+def test_describe_cluster_v1_answers_broker_endpoints_only(broker):
+    """KIP-919: a broker answers DescribeCluster v1 for endpoint type 1 (brokers); the
+    controllers' endpoints (2) are MISMATCHED_ENDPOINT_TYPE (114), an unknown type
+    UNSUPPORTED_ENDPOINT_TYPE (115)."""
+    for endpoint_type, error in [(1, 0), (2, 114), (7, 115)]:
+        r = call_flexible(broker.addr, 60, 1, struct.pack(">bb", 0, endpoint_type) + NO_TAGS)
+        r.take("i")  # throttle
+        got_error, message = r.take("h"), r.cstring()
+        assert (got_error, r.take("b")) == (error, endpoint_type), (endpoint_type, message)
+        cluster_id = r.cstring()
+        assert bool(cluster_id) == (error == 0)

@@ -25,9 +25,10 @@
 //!    cross-shard calls and their messages; a partition's replica state; the raft
 //!    quorum's I/O shell; the data directory's free-space watch; the metrics registry
 //!    and its HTTP endpoint; broker configs by Kafka's names and the dynamic ones.
-//! 3. `broker`, `lag` — the shard context and partition host: logs, replicas, image,
-//!    mesh, partition work on a partition's home shard; the consumer-lag board (its
-//!    metrics, `/v1/groups` routes and alert sinks).
+//! 3. `broker`, `lag`, `loggers` — the shard context and partition host: logs, replicas,
+//!    image, mesh, partition work on a partition's home shard; the consumer-lag board
+//!    (its metrics, `/v1/groups` routes and alert sinks); the process's log levels
+//!    (Kafka's BROKER_LOGGER resource).
 //! 4. `fetcher`, `controller`, `group`, `txn` — replica fetchers and ISR proposals; the
 //!    metadata controller (shard 0); the consumer-group shell; the transaction shell.
 //! 5. `dispatch` — the shard's server: owns the subsystems and answers every call.
@@ -54,6 +55,7 @@ pub mod group_cli;
 pub mod host;
 pub mod lag;
 pub mod lag_cli;
+pub mod loggers;
 pub mod metadata;
 pub mod metrics;
 pub mod node;

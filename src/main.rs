@@ -98,18 +98,22 @@ struct ServeArgs {
 }
 
 /// Starts logging: `text` for people (colours on a terminal) or `json`, one object per
-/// line for log shippers. RUST_LOG sets the filter (default `info`).
+/// line for log shippers. RUST_LOG sets the filter (default `info`); its levels can be
+/// changed while the broker runs (BROKER_LOGGER, see `sluice::loggers`).
 fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_thread_names(true);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|d| tracing_subscriber::EnvFilter::try_new(d).is_ok())
+        .unwrap_or_else(|| "info".to_string());
+    let registry = tracing_subscriber::registry().with(sluice::loggers::install(&directives));
+    let layer = tracing_subscriber::fmt::layer().with_thread_names(true);
     if format == "json" {
-        builder.json().with_current_span(false).init();
+        registry.with(layer.json().with_current_span(false)).init();
     } else {
-        builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        registry
+            .with(layer.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())))
             .init();
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! A BROKER resource names this broker (its id) or is empty: the cluster-wide dynamic
 //! defaults, as Kafka answers both. Another broker's id is INVALID_REQUEST, as in Kafka
-//! (a client sends a broker's resource to that broker).
+//! (a client sends a broker's resource to that broker). A BROKER_LOGGER resource, named
+//! by this broker's id, lists its loggers and their levels ([`crate::loggers`]).
 
 use std::rc::Rc;
 
@@ -22,6 +23,23 @@ use crate::broker_configs::{self, Described};
 
 pub const RESOURCE_TOPIC: i8 = 2;
 pub const RESOURCE_BROKER: i8 = 4;
+/// The broker's log levels ([`crate::loggers`]), named by the broker's id.
+pub const RESOURCE_BROKER_LOGGER: i8 = 8;
+/// Kafka's config source of a logger's level.
+const DYNAMIC_BROKER_LOGGER_CONFIG: i8 = 6;
+
+/// INVALID_REQUEST unless a BROKER or BROKER_LOGGER resource `name` is this broker's
+/// id (`empty_ok`: or empty, the cluster-wide scope of BROKER).
+pub fn this_broker(name: &str, me: i32, empty_ok: bool) -> Result<(), (ResponseError, String)> {
+    if name == me.to_string() || (empty_ok && name.is_empty()) {
+        return Ok(());
+    }
+    let expected = if empty_ok { " or empty string" } else { "" };
+    Err((
+        ResponseError::InvalidRequest,
+        format!("Unexpected broker id, expected {me}{expected}, but received {name}"),
+    ))
+}
 
 /// Kafka's config types (v3+), guessed from the value as Kafka's own type would be.
 fn config_type(value: Option<&str>) -> i8 {
@@ -93,16 +111,23 @@ pub fn handle(
                         format!("Topic {name} does not exist"),
                     )),
                 },
-                RESOURCE_BROKER if name.is_empty() || name == c.node_id.to_string() => {
-                    Ok(broker_configs::describe_broker(c, &image, name.is_empty()))
-                }
-                RESOURCE_BROKER => Err((
-                    ResponseError::InvalidRequest,
-                    format!(
-                        "Unexpected broker id, expected {} or empty string, but received {name}",
-                        c.node_id
-                    ),
-                )),
+                RESOURCE_BROKER => this_broker(name, c.node_id, true)
+                    .map(|()| broker_configs::describe_broker(c, &image, name.is_empty())),
+                RESOURCE_BROKER_LOGGER => this_broker(name, c.node_id, false).and_then(|()| {
+                    let levels = crate::loggers::describe()
+                        .map_err(|e| (e.code, e.message.unwrap_or_default()))?;
+                    Ok(levels
+                        .into_iter()
+                        .map(|(name, level)| Described {
+                            name,
+                            value: Some(level),
+                            source: DYNAMIC_BROKER_LOGGER_CONFIG,
+                            read_only: false,
+                            synonyms: Vec::new(),
+                            documentation: String::new(),
+                        })
+                        .collect())
+                }),
                 other => Err((
                     ResponseError::InvalidRequest,
                     format!("unsupported resource type {other}"),

@@ -2,6 +2,8 @@
 //! and on the dynamic broker configs (see [`crate::broker_configs`]): a BROKER resource
 //! named by this broker's id changes its own, the empty name the cluster-wide
 //! defaults; another broker's id is INVALID_REQUEST (clients send it to that broker).
+//! A BROKER_LOGGER resource (this broker's id) sets or removes log levels of this
+//! process, here and at once ([`crate::loggers`]).
 //!
 //! Checked here first, as Kafka's `ConfigAdminManager.preprocess`: every entry of a
 //! resource named twice, a resource naming a config twice, or a null value on an
@@ -18,7 +20,9 @@ use kafka_protocol::messages::incremental_alter_configs_response::{
     AlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
 };
 
-use super::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
+use super::describe_configs::{
+    this_broker, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC,
+};
 use super::sb;
 use crate::broker::Broker;
 use crate::error::ApiError;
@@ -72,10 +76,10 @@ pub async fn handle(
     let refused = shape_errors(&req.resources);
     for (r, refused) in req.resources.iter().zip(refused) {
         if let Some(e) = refused {
-            shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
             continue;
         }
-        let ops = || {
+        let ops = || -> Vec<crate::rpc::ConfigOp> {
             r.configs
                 .iter()
                 .map(|c| {
@@ -88,7 +92,13 @@ pub async fn handle(
                 .collect()
         };
         let name = r.resource_name.as_str();
-        if r.resource_type == RESOURCE_TOPIC {
+        if r.resource_type == RESOURCE_BROKER_LOGGER {
+            // This process's log levels: answered here, never through the controller.
+            let done = this_broker(name, me, false)
+                .map_err(|(code, m)| ApiError::with(code, m))
+                .and_then(|()| crate::loggers::alter(&ops(), req.validate_only));
+            shape.push((r.resource_type, r.resource_name.clone(), Some(done)));
+        } else if r.resource_type == RESOURCE_TOPIC {
             items.push((name.to_string(), ConfigChange::Incremental(ops())));
             shape.push((r.resource_type, r.resource_name.clone(), None));
         } else if r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string())
@@ -101,7 +111,7 @@ pub async fn handle(
                 ResponseError::InvalidRequest,
                 format!("This is broker {me}, not broker {name}"),
             );
-            shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
         } else {
             let e = ApiError::with(
                 ResponseError::InvalidRequest,
@@ -110,7 +120,7 @@ pub async fn handle(
                     r.resource_type
                 ),
             );
-            shape.push((r.resource_type, r.resource_name.clone(), Some(e)));
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
         }
     }
     let topics_n = items.len();
@@ -133,7 +143,7 @@ pub async fn handle(
         .into_iter()
         .map(|(rt, name, err)| {
             let r = match err {
-                Some(e) => Err(e),
+                Some(answered) => answered,
                 None if rt == RESOURCE_TOPIC => results.next().expect("one per topic"),
                 None => broker_results.next().expect("one per broker scope"),
             };

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import wait_until
-from kafka_wire import (Conn, frame, header, uvarint, init_producer_id, parse_produce_v3, produce_v3,
+from kafka_wire import (Conn, api_versions_v0, frame, header, uvarint, init_producer_id, parse_produce_v3, produce_v3,
                         record_batch, string)
 from test_confluent import create_topic
 
@@ -815,3 +815,101 @@ def test_describe_cluster_v1_answers_broker_endpoints_only(broker):
         assert (got_error, r.take("b")) == (error, endpoint_type), (endpoint_type, message)
         cluster_id = r.cstring()
         assert bool(cluster_id) == (error == 0)
+
+
+# ---- BROKER_LOGGER (config resource type 8) ----
+
+def _describe_loggers_v1(addr, name="1"):
+    """DescribeConfigs v1 of BROKER_LOGGER `name` -> (error code, {logger: level})."""
+    body = header(32, 1, 3) + struct.pack(">i", 1) + struct.pack(">b", 8) + string(name)
+    body += struct.pack(">ib", -1, 0)  # every key, no synonyms
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, resp = conn.recv()
+    finally:
+        conn.close()
+    r = Reader(resp)
+    r.take("i")  # throttle
+    assert r.take("i") == 1
+    err = r.take("h")
+
+    def nullable():
+        n = r.take("h")
+        if n < 0:
+            return None
+        s = r.d[r.pos:r.pos + n].decode()
+        r.pos += n
+        return s
+    nullable()  # error message
+    r.take("b"); nullable()  # resource type, name
+    levels = {}
+    for _ in range(r.take("i")):
+        logger, level = nullable(), nullable()
+        _read_only, source, _sensitive = r.take("bbb")
+        assert source == 6, "DYNAMIC_BROKER_LOGGER_CONFIG"
+        assert r.take("i") == 0  # synonyms
+        levels[logger] = level
+    return err, levels
+
+
+def _alter_loggers_v0(addr, ops, name="1", validate_only=False):
+    """IncrementalAlterConfigs v0 on BROKER_LOGGER `name`: ops of (logger, op, level)."""
+    body = header(44, 0, 4) + struct.pack(">i", 1) + struct.pack(">b", 8) + string(name)
+    body += struct.pack(">i", len(ops))
+    for logger, op, level in ops:
+        body += string(logger) + struct.pack(">b", op) + string(level)
+    body += struct.pack(">b", int(validate_only))
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, resp = conn.recv()
+    finally:
+        conn.close()
+    (n,) = struct.unpack_from(">i", resp, 4)
+    assert n == 1
+    (err,) = struct.unpack_from(">h", resp, 8)
+    return err
+
+
+def test_broker_loggers_are_described_and_changed_at_run_time(broker):
+    """kafka-configs.sh --entity-type broker-loggers: a broker lists its loggers with
+    their levels, and a level set through IncrementalAlterConfigs takes effect at once
+    (the broker's next event of that logger is written) until it is removed."""
+    SET, DELETE, APPEND = 0, 1, 2
+    err, levels = _describe_loggers_v1(broker.addr)
+    assert err == 0 and levels["root"] == "INFO" and levels["sluice"] == "INFO", levels
+    assert "sluice_storage" in levels
+
+    def accepted_lines():
+        return broker.read_log().count("connection accepted")
+
+    def one_request():
+        c = Conn(broker.addr)
+        assert api_versions_v0(c)[0] == 0
+        c.close()
+    one_request()
+    assert accepted_lines() == 0, "debug events are off at INFO"
+    # validate_only checks and changes nothing.
+    assert _alter_loggers_v0(broker.addr, [("sluice::server", SET, "DEBUG")], validate_only=True) == 0
+    assert _describe_loggers_v1(broker.addr)[1].get("sluice::server") is None
+    assert _alter_loggers_v0(broker.addr, [("sluice::server", SET, "DEBUG")]) == 0
+    assert _describe_loggers_v1(broker.addr)[1]["sluice::server"] == "DEBUG"
+    one_request()
+    wait_until(lambda: accepted_lines() >= 1, 10, what="a debug event of sluice::server in the log")
+    # Removed: back to the start-up level; the next connection writes nothing.
+    assert _alter_loggers_v0(broker.addr, [("sluice::server", DELETE, None)]) == 0
+    assert _describe_loggers_v1(broker.addr)[1].get("sluice::server") is None
+    seen = accepted_lines()
+    one_request()
+    assert accepted_lines() == seen
+    # Refused, and nothing of the request applied: an unknown logger or level
+    # (INVALID_CONFIG), removing root's level (INVALID_CONFIG), APPEND
+    # (INVALID_REQUEST), another broker's id (INVALID_REQUEST).
+    assert _alter_loggers_v0(broker.addr, [("sluice", SET, "DEBUG"), ("kafka.server", SET, "DEBUG")]) == 40
+    assert _alter_loggers_v0(broker.addr, [("sluice", SET, "LOUD")]) == 40
+    assert _alter_loggers_v0(broker.addr, [("root", DELETE, None)]) == 40
+    assert _alter_loggers_v0(broker.addr, [("sluice", APPEND, "DEBUG")]) == 42
+    assert _alter_loggers_v0(broker.addr, [("sluice", SET, "DEBUG")], name="7") == 42
+    assert _describe_loggers_v1(broker.addr, name="7")[0] == 42
+    assert _describe_loggers_v1(broker.addr)[1]["sluice"] == "INFO"

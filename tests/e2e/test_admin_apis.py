@@ -679,13 +679,14 @@ def AdminClientFor(addr):
     return AdminClient({"bootstrap.servers": addr})
 
 
-def incremental_alter_broker_v0(addr, name, sets):
-    """IncrementalAlterConfigs v0 SETting `sets` on BROKER resource `name` -> its error code."""
-    body = header(44, 0, 9) + struct.pack(">i", 1) + struct.pack(">b", 4) + string(name)
-    body += struct.pack(">i", len(sets))
-    for k, v in sets:
-        body += string(k) + struct.pack(">b", 0) + string(v)
-    body += struct.pack(">b", 0)
+def incremental_alter_v0(addr, resource_type, name, ops, validate_only=False):
+    """IncrementalAlterConfigs v0 of `ops` (key, operation, value) on one resource ->
+    its error code."""
+    body = header(44, 0, 9) + struct.pack(">i", 1) + struct.pack(">b", resource_type) + string(name)
+    body += struct.pack(">i", len(ops))
+    for key, op, value in ops:
+        body += string(key) + struct.pack(">b", op) + string(value)
+    body += struct.pack(">b", int(validate_only))
     conn = Conn(addr)
     try:
         conn.send(frame(body))
@@ -696,6 +697,11 @@ def incremental_alter_broker_v0(addr, name, sets):
     assert n == 1
     (err,) = struct.unpack_from(">h", resp, 8)
     return err
+
+
+def incremental_alter_broker_v0(addr, name, sets):
+    """SETs `sets` (key, value) on BROKER resource `name` -> its error code."""
+    return incremental_alter_v0(addr, 4, name, [(k, 0, v) for k, v in sets])
 
 
 def test_metadata_v12_by_topic_id(broker):
@@ -855,21 +861,7 @@ def _describe_loggers_v1(addr, name="1"):
 
 def _alter_loggers_v0(addr, ops, name="1", validate_only=False):
     """IncrementalAlterConfigs v0 on BROKER_LOGGER `name`: ops of (logger, op, level)."""
-    body = header(44, 0, 4) + struct.pack(">i", 1) + struct.pack(">b", 8) + string(name)
-    body += struct.pack(">i", len(ops))
-    for logger, op, level in ops:
-        body += string(logger) + struct.pack(">b", op) + string(level)
-    body += struct.pack(">b", int(validate_only))
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, resp = conn.recv()
-    finally:
-        conn.close()
-    (n,) = struct.unpack_from(">i", resp, 4)
-    assert n == 1
-    (err,) = struct.unpack_from(">h", resp, 8)
-    return err
+    return incremental_alter_v0(addr, 8, name, ops, validate_only)
 
 
 def test_broker_loggers_are_described_and_changed_at_run_time(broker):

@@ -72,6 +72,18 @@ class Reader:
             self.pos += self.uvarint()
 
 
+def call(addr, body):
+    """Sends one framed request on a connection of its own; returns the response body
+    (after the correlation id)."""
+    conn = Conn(addr)
+    try:
+        conn.send(frame(body))
+        _, resp = conn.recv()
+    finally:
+        conn.close()
+    return resp
+
+
 def call_flexible(addr, api_key, version, body, corr=5):
     """Sends one flexible request; returns a Reader positioned after the v1 response
     header."""
@@ -687,12 +699,7 @@ def incremental_alter_v0(addr, resource_type, name, ops, validate_only=False):
     for key, op, value in ops:
         body += string(key) + struct.pack(">b", op) + string(value)
     body += struct.pack(">b", int(validate_only))
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, resp = conn.recv()
-    finally:
-        conn.close()
+    resp = call(addr, body)
     (n,) = struct.unpack_from(">i", resp, 4)
     assert n == 1
     (err,) = struct.unpack_from(">h", resp, 8)
@@ -829,12 +836,7 @@ def _describe_loggers_v1(addr, name="1"):
     """DescribeConfigs v1 of BROKER_LOGGER `name` -> (error code, {logger: level})."""
     body = header(32, 1, 3) + struct.pack(">i", 1) + struct.pack(">b", 8) + string(name)
     body += struct.pack(">ib", -1, 0)  # every key, no synonyms
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, resp = conn.recv()
-    finally:
-        conn.close()
+    resp = call(addr, body)
     r = Reader(resp)
     r.take("i")  # throttle
     assert r.take("i") == 1

@@ -13,7 +13,7 @@
 //! [`crate::broker_configs`]), checked by the controller: a read-only config is
 //! INVALID_REQUEST, as Kafka refuses it, an unknown one or a bad value INVALID_CONFIG.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
@@ -46,12 +46,11 @@ fn invalid(message: impl Into<String>) -> ApiError {
 
 /// Plans every resource of the request, in order (pure).
 fn plan(resources: &[AlterConfigsResource], node_id: i32) -> Vec<Plan> {
-    let mut seen = HashSet::new();
-    let duplicated: HashSet<(i8, &str)> = resources
-        .iter()
-        .map(|r| (r.resource_type, r.resource_name.as_str()))
-        .filter(|key| !seen.insert(*key))
-        .collect();
+    let duplicated = super::repeated(
+        resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.as_str())),
+    );
     resources
         .iter()
         .map(|r| {

@@ -9,7 +9,6 @@
 //! resource named twice, a resource naming a config twice, or a null value on an
 //! operation other than DELETE is INVALID_REQUEST and changes nothing.
 
-use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
@@ -31,20 +30,18 @@ use crate::rpc::{AlterConfigs, ConfigChange, OP_DELETE};
 /// The request-shape refusal of each resource, in order (pure; Kafka's preprocess).
 fn shape_errors(resources: &[AlterConfigsResource]) -> Vec<Option<ApiError>> {
     let invalid = |m: String| Some(ApiError::with(ResponseError::InvalidRequest, m));
-    let mut named = HashMap::<(i8, &str), usize>::new();
-    for r in resources {
-        *named
-            .entry((r.resource_type, r.resource_name.as_str()))
-            .or_default() += 1;
-    }
+    let named_twice = super::repeated(
+        resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.as_str())),
+    );
     resources
         .iter()
         .map(|r| {
-            if named[&(r.resource_type, r.resource_name.as_str())] > 1 {
+            if named_twice.contains(&(r.resource_type, r.resource_name.as_str())) {
                 return invalid("Each resource must appear at most once.".into());
             }
-            let mut keys = HashSet::new();
-            if !r.configs.iter().all(|c| keys.insert(c.name.as_str())) {
+            if !super::repeated(r.configs.iter().map(|c| c.name.as_str())).is_empty() {
                 return invalid("Error due to duplicate config keys".into());
             }
             let nulls: Vec<&str> = r

@@ -48,6 +48,7 @@ pub mod produce;
 pub mod sync_group;
 pub mod transactions;
 
+use std::collections::HashSet;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -230,6 +231,19 @@ pub async fn handle(
 
 pub use crate::util::sb;
 
+/// The keys that appear more than once among `keys`.
+pub fn repeated<K: Eq + std::hash::Hash>(keys: impl IntoIterator<Item = K>) -> HashSet<K> {
+    let (mut seen, mut twice) = (HashSet::new(), HashSet::new());
+    for k in keys {
+        if seen.contains(&k) {
+            twice.insert(k);
+        } else {
+            seen.insert(k);
+        }
+    }
+    twice
+}
+
 /// Splits a request's entries into those whose `key` appears once, in order, and the
 /// keys that appear more than once (in the order they first appear). Kafka's
 /// controller acts on none of a repeated key's entries and answers it once,
@@ -238,25 +252,19 @@ pub fn once_each<T, K: Eq + std::hash::Hash + Clone>(
     items: Vec<T>,
     key: impl Fn(&T) -> K,
 ) -> (Vec<T>, Vec<K>) {
-    let mut seen = std::collections::HashMap::<K, usize>::new();
-    for item in &items {
-        *seen.entry(key(item)).or_default() += 1;
-    }
-    let mut repeated = Vec::new();
+    let twice = repeated(items.iter().map(&key));
+    let mut named = Vec::new();
     let mut once = Vec::with_capacity(items.len());
     for item in items {
         let k = key(&item);
-        match seen.get_mut(&k) {
-            Some(1) => once.push(item),
+        if !twice.contains(&k) {
+            once.push(item);
+        } else if !named.contains(&k) {
             // The first entry of a repeated key names it; later ones are dropped.
-            Some(n) if *n > 1 => {
-                *n = 0;
-                repeated.push(k);
-            }
-            _ => {}
+            named.push(k);
         }
     }
-    (once, repeated)
+    (once, named)
 }
 pub use sluice_protocol::{
     encode_response, fuzz_decode, lookup, parse, ApiSpec, DecodeError, Parsed, Request, REGISTRY,

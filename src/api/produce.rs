@@ -6,8 +6,9 @@
 //! policy is met; acks=-1 also waits until the high watermark covers the batch with at
 //! least min.insync.replicas in the ISR (`crate::replica`), bounded by the request's
 //! timeout. Transactional batches are judged by the partition's producer state (a
-//! producer with an open transaction writes only transactional batches); the
-//! coordinator-side verification of KIP-890 part 1 is not done. A partition's data
+//! producer with an open transaction writes only transactional batches), and one that
+//! would open a transaction here is first verified with its coordinator (KIP-890 part
+//! 1, `crate::txn::verify_produce`). A partition's data
 //! that breaks a per-record rule (`crate::record_rules`: keyless records on a compacted
 //! topic) fails as a whole with KIP-467 `record_errors` (v8+). Produce v0–v2 may carry
 //! message sets (message formats v0/v1), up-converted here to one v2 batch

@@ -72,12 +72,12 @@ class Reader:
             self.pos += self.uvarint()
 
 
-def call(addr, body):
-    """Sends one framed request on a connection of its own; returns the response body
+def call(addr, request):
+    """Sends one request (framed) on a connection of its own; returns the response body
     (after the correlation id)."""
     conn = Conn(addr)
     try:
-        conn.send(frame(body))
+        conn.send(request)
         _, resp = conn.recv()
     finally:
         conn.close()
@@ -135,12 +135,7 @@ def add_partitions_to_txn_v0(addr, txn_id, pid, epoch, topic, partition):
     body = struct.pack(">hhi", 24, 0, 3) + string("e2e") + string(txn_id)
     body += struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) + string(topic)
     body += struct.pack(">ii", 1, partition)
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, data = conn.recv()
-    finally:
-        conn.close()
+    data = call(addr, frame(body))
     # throttle, [topic, [partition, error]]: one topic, one partition.
     (ln,) = struct.unpack_from(">h", data, 8)
     _p, err = struct.unpack_from(">ih", data, 10 + ln + 4)
@@ -150,22 +145,12 @@ def add_partitions_to_txn_v0(addr, txn_id, pid, epoch, topic, partition):
 def end_txn_v0(addr, txn_id, pid, epoch, commit):
     body = struct.pack(">hhi", 26, 0, 4) + string("e2e") + string(txn_id)
     body += struct.pack(">qhb", pid, epoch, 1 if commit else 0)
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, data = conn.recv()
-    finally:
-        conn.close()
+    data = call(addr, frame(body))
     return struct.unpack_from(">ih", data, 0)[1]
 
 
 def produce(addr, topic, partition, batch, transactional_id=None):
-    conn = Conn(addr)
-    try:
-        conn.send(produce_v3(topic, partition, batch, transactional_id=transactional_id))
-        _, body = conn.recv()
-    finally:
-        conn.close()
+    body = call(addr, produce_v3(topic, partition, batch, transactional_id=transactional_id))
     [(_, _, err, base)] = parse_produce_v3(body)
     assert err == 0, f"produce error {err}"
     return base
@@ -328,12 +313,7 @@ def test_describe_topic_partitions_pages_with_a_cursor(broker):
 def describe_log_dir(addr, version=1):
     """The broker's (first) log directory from DescribeLogDirs v0 or v1 (the same
     layout)."""
-    conn = Conn(addr)
-    try:
-        conn.send(frame(struct.pack(">hhi", 35, version, 8) + string("e2e") + struct.pack(">i", -1)))
-        _, data = conn.recv()
-    finally:
-        conn.close()
+    data = call(addr, frame(struct.pack(">hhi", 35, version, 8) + string("e2e") + struct.pack(">i", -1)))
     (ln,) = struct.unpack_from(">h", data, 10)
     return data[12:12 + ln].decode()
 
@@ -344,12 +324,7 @@ def alter_replica_log_dirs_v1(addr, moves, version=1):
     body = struct.pack(">hhi", 34, version, 9) + string("e2e") + struct.pack(">i", len(moves))
     for path, topic, p in moves:
         body += string(path) + struct.pack(">i", 1) + string(topic) + struct.pack(">ii", 1, p)
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, data = conn.recv()
-    finally:
-        conn.close()
+    data = call(addr, frame(body))
     pos = 4
     (n,) = struct.unpack_from(">i", data, pos); pos += 4
     out = {}
@@ -413,12 +388,7 @@ def offset_for_leader_epoch_v3(addr, topic, partitions, replica_id=-1):
     body += struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(partitions))
     for p, current, epoch in partitions:
         body += struct.pack(">iii", p, current, epoch)
-    conn = Conn(addr)
-    try:
-        conn.send(frame(body))
-        _, data = conn.recv()
-    finally:
-        conn.close()
+    data = call(addr, frame(body))
     pos = 4
     (n,) = struct.unpack_from(">i", data, pos); pos += 4
     assert n == 1
@@ -434,12 +404,7 @@ def offset_for_leader_epoch_v3(addr, topic, partitions, replica_id=-1):
 def batch_leader_epoch(addr, topic, partition, offset):
     """The partition leader epoch stamped on the batch holding `offset`."""
     from kafka_wire import fetch_v4, parse_fetch_v4
-    conn = Conn(addr)
-    try:
-        conn.send(fetch_v4(topic, partition, offset))
-        _, body = conn.recv()
-    finally:
-        conn.close()
+    body = call(addr, fetch_v4(topic, partition, offset))
     [(_, _, err, _hw, recs)] = parse_fetch_v4(body)
     assert err == 0 and len(recs) >= 16
     return struct.unpack_from(">i", recs, 12)[0]
@@ -699,7 +664,7 @@ def incremental_alter_v0(addr, resource_type, name, ops, validate_only=False):
     for key, op, value in ops:
         body += string(key) + struct.pack(">b", op) + string(value)
     body += struct.pack(">b", int(validate_only))
-    resp = call(addr, body)
+    resp = call(addr, frame(body))
     (n,) = struct.unpack_from(">i", resp, 4)
     assert n == 1
     (err,) = struct.unpack_from(">h", resp, 8)
@@ -836,7 +801,7 @@ def _describe_loggers_v1(addr, name="1"):
     """DescribeConfigs v1 of BROKER_LOGGER `name` -> (error code, {logger: level})."""
     body = header(32, 1, 3) + struct.pack(">i", 1) + struct.pack(">b", 8) + string(name)
     body += struct.pack(">ib", -1, 0)  # every key, no synonyms
-    resp = call(addr, body)
+    resp = call(addr, frame(body))
     r = Reader(resp)
     r.take("i")  # throttle
     assert r.take("i") == 1

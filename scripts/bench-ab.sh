@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2086 # $b is a list of flags, split on purpose
 # A/B benchmark of two broker builds in one run, for changes that must not cost speed
 # (e.g. a refactor): scenarios (a) 100 B acks=1 max throughput, (b) 100 B acks=1 at a
 # fixed 1M records/s and (c) 1 KiB acks=all, against each binary in turn, ROUNDS times
@@ -7,37 +8,43 @@
 # measured in the same run.
 #   usage: scripts/bench-ab.sh A_BIN B_BIN        (e.g. a build of the parent commit,
 #          and ./target/release/sluice)
-#   env: ROUNDS (3), BENCH_SECONDS (8), BENCH_PORT (19492), BROKER_CORES (1)
+#   env: ROUNDS (3), BENCH_SECONDS (8), BENCH_PORT (the first free from 19492, with
+#        its metrics port + 552), BROKER_CORES (1), SLUICE_BENCH_BIN
+# Every process it starts is stopped on any exit; each broker's ports are checked free
+# before it starts and owned by it after (scripts/bench-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
+[ $# -eq 2 ] || bench_die "usage: scripts/bench-ab.sh A_BIN B_BIN"
 A=$1
 B=$2
 ROUNDS=${ROUNDS:-3}
 SECS=${BENCH_SECONDS:-8}
-PORT=${BENCH_PORT:-19492}
 CORES=${BROKER_CORES:-1}
 BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+bench_require_bins "$A" "$B" "$BENCH_BIN"
+bench_pick_port BENCH_PORT 19492 0 552
+PORT=$BENCH_PORT
 OUT=bench/results/ab
 rm -rf "$OUT"
 mkdir -p "$OUT"
 NICE=()
 if [ "$(id -u)" = 0 ]; then NICE=(nice -n -10); fi
-"$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT" >/dev/null
+bench_run "$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT" >/dev/null
 
 run_one() { # label binary round
   local label=$1 bin=$2 round=$3 data="$OUT/data-$1-$3"
-  "${NICE[@]}" "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$data" --cores "$CORES" >"$OUT/broker-$label-$round.log" 2>&1 &
-  local pid=$!
-  local deadline=$((SECONDS + 30))
-  until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { echo "broker $label did not start"; cat "$OUT/broker-$label-$round.log"; kill $pid; exit 1; }
-    sleep 0.2
-  done
+  # Kafka port and the default metrics port (+ 552).
+  bench_require_free_ports "broker $label" "$PORT" $((PORT + 552))
+  bench_spawn "${NICE[@]}" "$bin" serve --listen "127.0.0.1:$PORT" --data-dir "$data" --cores "$CORES" >"$OUT/broker-$label-$round.log" 2>&1
+  local pid=$BENCH_PID
+  bench_wait_broker "$pid" "$OUT/broker-$label-$round.log" 30 "$PORT" $((PORT + 552))
   local b="--bootstrap 127.0.0.1:$PORT --report-dir $OUT"
-  "${NICE[@]}" "$BENCH_BIN" produce $b --name "a-$label-$round" --topic a --partitions 8 --record-size 100 --acks 1 --duration "$SECS" >/dev/null
-  "${NICE[@]}" "$BENCH_BIN" produce $b --name "b-$label-$round" --topic b --partitions 8 --record-size 100 --acks 1 --rate 1000000 --linger-ms 1 --batch-bytes 32768 --duration "$SECS" >/dev/null
-  "${NICE[@]}" "$BENCH_BIN" produce $b --name "c-$label-$round" --topic c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS" >/dev/null
-  kill -TERM $pid; wait $pid 2>/dev/null || true
+  bench_run "${NICE[@]}" "$BENCH_BIN" produce $b --name "a-$label-$round" --topic a --partitions 8 --record-size 100 --acks 1 --duration "$SECS" >/dev/null
+  bench_run "${NICE[@]}" "$BENCH_BIN" produce $b --name "b-$label-$round" --topic b --partitions 8 --record-size 100 --acks 1 --rate 1000000 --linger-ms 1 --batch-bytes 32768 --duration "$SECS" >/dev/null
+  bench_run "${NICE[@]}" "$BENCH_BIN" produce $b --name "c-$label-$round" --topic c --partitions 8 --record-size 1024 --acks -1 --duration "$SECS" >/dev/null
+  bench_check_owner "$pid" "$PORT"
+  bench_stop "$pid"
   rm -rf "$data"
 }
 

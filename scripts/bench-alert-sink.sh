@@ -6,31 +6,34 @@
 # retried. Prints p50/p99/p99.9 of both and their ratios, and how many delivery
 # attempts failed (none would make the comparison meaningless).
 # Called by `make bench` (scripts/bench.sh); runs alone too. Results in $OUT/alert-sink-*.
+# Every process it starts is stopped on any exit; each broker's ports (Kafka and
+# metrics, BENCH_ALERT_PORT and + 1: the first free from 19492 unless set) are checked
+# free before it starts and owned by it after (scripts/bench-lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
 BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
 OUT=${OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
-PORT=${BENCH_ALERT_PORT:-19492}
 RATE=${BENCH_ALERT_RATE:-50000}
+bench_require_bins "$SLUICE" "$BENCH_BIN"
+bench_pick_port BENCH_ALERT_PORT 19492 0 1
+PORT=$BENCH_ALERT_PORT
 mkdir -p "$OUT"
 
 run() { # name extra-flags...
   local name=$1; shift
   local data="$OUT/alert-sink-$name-data"
   rm -rf "$data"
-  "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$data" --cores 1 \
-    --metrics-listen "127.0.0.1:$((PORT + 1))" "$@" >"$OUT/alert-sink-$name.log" 2>&1 &
-  local broker=$!
-  local deadline=$((SECONDS + 30))
-  until (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { echo "broker did not start"; cat "$OUT/alert-sink-$name.log"; kill $broker; exit 1; }
-    sleep 0.2
-  done
+  bench_require_free_ports "the broker" "$PORT" $((PORT + 1))
+  bench_spawn "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$data" --cores 1 \
+    --metrics-listen "127.0.0.1:$((PORT + 1))" "$@" >"$OUT/alert-sink-$name.log" 2>&1
+  local broker=$BENCH_PID
+  bench_wait_broker "$broker" "$OUT/alert-sink-$name.log" 30 "$PORT" $((PORT + 1))
   # A group that lags from its first commit: committed offset 0 on a partition that
   # then receives the whole run.
-  python3 - "$PORT" <<'PY'
+  bench_run python3 - "$PORT" <<'PY'
 import sys
 from confluent_kafka import Consumer, Producer, TopicPartition
 addr = f"127.0.0.1:{sys.argv[1]}"
@@ -41,11 +44,14 @@ c = Consumer({"bootstrap.servers": addr, "group.id": "lagging", "enable.auto.com
 c.commit(offsets=[TopicPartition("alert-bench", 0, 0)], asynchronous=False)
 c.close()
 PY
-  "$BENCH_BIN" produce --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --name "alert-sink-$name" \
+  # Its output goes to a file first: run alone (not in a pipeline), a signal stops it.
+  bench_run "$BENCH_BIN" produce --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --name "alert-sink-$name" \
     --topic alert-bench --partitions 1 --record-size 100 --acks -1 --rate "$RATE" --linger-ms 1 \
-    --batch-bytes 32768 --duration "$SECS" | grep -A1 "latency (ms)" | tail -1
+    --batch-bytes 32768 --duration "$SECS" >"$OUT/alert-sink-$name-bench.txt"
+  grep -A1 "latency (ms)" "$OUT/alert-sink-$name-bench.txt" | tail -1
   echo "failed webhook attempts: $(grep -c 'alert sink unreachable' "$OUT/alert-sink-$name.log" || true)"
-  kill -TERM $broker; wait $broker 2>/dev/null || true
+  bench_check_owner "$broker" "$PORT" $((PORT + 1))
+  bench_stop "$broker"
 }
 
 echo "== alert sink down: fixed $RATE records/s acks=all with a lagging group and a firing lag alert, without a sink, then with a webhook on a closed port =="

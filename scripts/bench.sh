@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2086 # $B, $C, $b, $args and $1 of rf_scenarios are lists of flags, split on purpose
 # `make bench`: the canonical scenarios against a local broker, each beside the
 # machine's own ceiling measured in the same run. Results land in bench/results/
 # (git-ignored); the summary table is bench/results/summary.md, and with
@@ -19,19 +20,23 @@
 # fast day (1 GB/s for 10 s per 1 KiB scenario) and filled the disk, so the last RF=3
 # scenario's appends were refused (KAFKA_STORAGE_ERROR below the free-space floor).
 # scripts/bench-alert-sink.sh alone runs only the alert-sink-down comparison.
+# Every process it starts is stopped on any exit (Ctrl-C included), each broker's ports
+# are checked free before it starts and owned by it after (scripts/bench-lib.sh).
+# BENCH_PORT, BENCH_CLUSTER_PORT and BENCH_SOAK_PORT choose the ports; unset, the
+# first free ones from their defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/bench-lib.sh
 SLUICE=${SLUICE_BIN:-./target/release/sluice}
 BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
 OUT=${BENCH_OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
-PORT=${BENCH_PORT:-19392}
 CORES=${BROKER_CORES:-1}
 RATE=${BENCH_RATE:-1000000}
 LOW_RATE=${BENCH_LOW_RATE:-20000}
 PART=${BENCH_PART:-all}
-# RF=3 scenarios: Kafka ports CLUSTER_PORT+1..3, controllers CLUSTER_PORT+11..13.
-CLUSTER_PORT=${BENCH_CLUSTER_PORT:-19400}
+# RF=3 scenarios: Kafka ports CLUSTER_PORT+1..3, controllers CLUSTER_PORT+11..13,
+# metrics CLUSTER_PORT+553..555 (BENCH_CLUSTER_PORT, from 19400).
 # Fixed rate of the RF=3 open-loop runs and their single-broker baselines: 100,000
 # records/s of 100 B (10 MB/s). The three brokers and the load generator share the
 # machine's 2 cores, and every record is written three times and shipped twice over
@@ -45,37 +50,33 @@ RF_RATE=${BENCH_RF_RATE:-100000}
 # priority when allowed, so that unrelated jobs disturb the latency tail less.
 NICE=()
 if [ "$(id -u)" = 0 ] && [ "${BENCH_NICE:-1}" = 1 ]; then NICE=(nice -n -10); fi
+bench_require_bins "$SLUICE" "$BENCH_BIN"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.hgrm "$OUT"/*.svg
 
 if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== machine ceilings =="
-"$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT"
+bench_run "$BENCH_BIN" ceiling --seconds 3 --dir "$OUT/ceiling-data" --report-dir "$OUT"
 fi
 
 if [ "$PART" = all ]; then
 echo "== storage: partition log append path vs raw O_DIRECT write and fdatasync =="
-"$BENCH_BIN" storage --seconds "${STORAGE_SECONDS:-3}" --dir "$OUT/storage-data" --report-dir "$OUT"
+bench_run "$BENCH_BIN" storage --seconds "${STORAGE_SECONDS:-3}" --dir "$OUT/storage-data" --report-dir "$OUT"
 fi
 
-bench() { "${NICE[@]}" "$BENCH_BIN" "$@"; }
-# Waits up to 30 s for a broker's Kafka port; prints its log and fails if it never opens.
-wait_port() { # port log
-  local deadline=$((SECONDS + 30))
-  until (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || { echo "broker on port $1 did not start"; cat "$2"; exit 1; }
-    sleep 0.2
-  done
-}
+bench() { bench_run "${NICE[@]}" "$BENCH_BIN" "$@"; }
 
 # The soak alone needs none of the shared broker's scenarios.
 if [ "$PART" != soak ]; then
+# Its Kafka port (BENCH_PORT, from 19392) and its default metrics port, + 552.
+bench_pick_port BENCH_PORT 19392 0 552
+PORT=$BENCH_PORT
 DATA="$OUT/broker-data"
 rm -rf "$DATA"
-"${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA" --cores "$CORES" >"$OUT/broker.log" 2>&1 &
-BROKER=$!
-trap 'kill -TERM $BROKER 2>/dev/null || true; wait $BROKER 2>/dev/null || true' EXIT
-wait_port "$PORT" "$OUT/broker.log"
+bench_require_free_ports "the broker" "$PORT" $((PORT + 552))
+bench_spawn "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$PORT" --data-dir "$DATA" --cores "$CORES" >"$OUT/broker.log" 2>&1
+BROKER=$BENCH_PID
+bench_wait_broker "$BROKER" "$OUT/broker.log" 30 "$PORT" $((PORT + 552))
 B="--bootstrap 127.0.0.1:$PORT --report-dir $OUT"
 fi
 
@@ -127,7 +128,7 @@ bench group --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --members 1000 --p
 
 if [ "${CROSS_CHECK:-1}" = 1 ] && python3 -c 'import confluent_kafka' 2>/dev/null; then
   echo "== cross-check: scenario (a) driven by librdkafka (confluent-kafka) =="
-  python3 scripts/bench_librdkafka.py --bootstrap "127.0.0.1:$PORT" --topic bench-a-rdkafka --seconds "$SECS" --out "$OUT/librdkafka-report.json"
+  bench_run python3 scripts/bench_librdkafka.py --bootstrap "127.0.0.1:$PORT" --topic bench-a-rdkafka --seconds "$SECS" --out "$OUT/librdkafka-report.json"
 fi
 fi
 
@@ -162,7 +163,7 @@ if [ "$PART" = all ] || [ "$PART" = replication ]; then
 rf_scenarios "$B --cpu-pid $BROKER" single "single broker"
 fi
 
-if [ "$PART" != soak ]; then kill -TERM $BROKER; wait $BROKER 2>/dev/null || true; trap - EXIT; fi
+if [ "$PART" != soak ]; then bench_check_owner "$BROKER" "$PORT"; bench_stop "$BROKER"; fi
 
 if [ "$PART" = all ] || [ "$PART" = replication ]; then
 # RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
@@ -172,33 +173,49 @@ if [ "$PART" = all ] || [ "$PART" = replication ]; then
 # run; an ISR that shrank mid-run fails the run).
 CDIR="$OUT/cluster"
 rm -rf "$CDIR"
+bench_pick_port BENCH_CLUSTER_PORT 19400 1 2 3 11 12 13 553 554 555
+CLUSTER_PORT=$BENCH_CLUSTER_PORT
 cluster() {
-  CLUSTER_DIR="$CDIR" SLUICE_BIN="$SLUICE" KAFKA_PORT_BASE="$CLUSTER_PORT" \
+  BENCH_RUN_GRACE=60 bench_run env CLUSTER_DIR="$CDIR" SLUICE_BIN="$SLUICE" KAFKA_PORT_BASE="$CLUSTER_PORT" \
     CONTROLLER_PORT_BASE=$((CLUSTER_PORT + 10)) SLUICE_EXTRA_FLAGS="--cores $CORES" \
     bash scripts/cluster.sh "$@"
 }
-trap 'cluster stop >/dev/null 2>&1 || true' EXIT
+cluster_stop_quiet() { cluster stop >/dev/null 2>&1 || true; }
+bench_on_cleanup cluster_stop_quiet
+# Broker n: Kafka CLUSTER_PORT+n, controller CLUSTER_PORT+10+n, metrics CLUSTER_PORT+552+n.
+bench_require_free_ports "the 3-broker cluster" $((CLUSTER_PORT + 1)) $((CLUSTER_PORT + 2)) $((CLUSTER_PORT + 3)) \
+  $((CLUSTER_PORT + 11)) $((CLUSTER_PORT + 12)) $((CLUSTER_PORT + 13)) $((CLUSTER_PORT + 553)) $((CLUSTER_PORT + 554)) $((CLUSTER_PORT + 555))
 cluster start >/dev/null
-if [ ${#NICE[@]} -gt 0 ]; then
-  for f in "$CDIR"/node-*.pid; do renice -n -10 -p "$(cat "$f")" >/dev/null || true; done
-fi
+CLUSTER_PIDS=()
+for n in 1 2 3; do
+  pid=$(cat "$CDIR/node-$n.pid")
+  bench_track "$pid"
+  CLUSTER_PIDS+=("$pid")
+  bench_wait_broker "$pid" "$CDIR/node-$n.log" 30 $((CLUSTER_PORT + n)) $((CLUSTER_PORT + 10 + n)) $((CLUSTER_PORT + 552 + n))
+  if [ ${#NICE[@]} -gt 0 ]; then renice -n -10 -p "$pid" >/dev/null || true; fi
+done
 C="--bootstrap 127.0.0.1:$((CLUSTER_PORT + 1)) --report-dir $OUT --replication-factor 3"
 for f in "$CDIR"/node-*.pid; do C="$C --cpu-pid $(cat "$f")"; done
 
 rf_scenarios "$C" rf3 "RF=3, 3 brokers"
 "$SLUICE" cluster describe --bootstrap-server "127.0.0.1:$((CLUSTER_PORT + 1))" >"$OUT/cluster-describe.txt" 2>&1 || true
-cluster stop >/dev/null; trap - EXIT
+for n in 1 2 3; do
+  bench_check_owner "${CLUSTER_PIDS[$((n - 1))]}" $((CLUSTER_PORT + n)) $((CLUSTER_PORT + 10 + n)) $((CLUSTER_PORT + 552 + n))
+done
+cluster stop >/dev/null
+for pid in "${CLUSTER_PIDS[@]}"; do bench_stop "$pid"; done # gone by now: untracks them
 fi
 # An alert sink that is down must not slow produce (issue 13): same load with and
 # without a failing webhook, side by side.
 if [ "$PART" = all ]; then
-  OUT="$OUT" bash scripts/bench-alert-sink.sh
+  # A nested bench script cleans up after itself on SIGTERM: give it time to.
+  BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-alert-sink.sh
 fi
 # Many partitions (issue 14): 10,000 on one broker and RF=3 on three.
 if [ "$PART" = all ] || [ "$PART" = scale ]; then
   # A scenario that fails (e.g. RF=3 with 10,000 partitions on this 2-core VM) ends
   # this part; the summary then lacks its rows and says so.
-  OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-scale.sh ||
+  BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-scale.sh ||
     echo "bench-scale: a scenario failed (output above); the summary has only the figures measured before it"
 fi
 # Soak (issue 17): one broker of its own, produce + consume at a fixed rate, acks=all,
@@ -210,7 +227,8 @@ fi
 # deleted throughout the run and the disk stays bounded (about 8 partitions x
 # (retention + one segment)) however long it runs.
 if [ "$PART" = all ] || [ "$PART" = soak ]; then
-  SOAK_PORT=${BENCH_SOAK_PORT:-19600}
+  bench_pick_port BENCH_SOAK_PORT 19600 0 1
+  SOAK_PORT=$BENCH_SOAK_PORT
   SOAK_SECONDS=${SOAK_SECONDS:-180}
   SOAK_RATE=${SOAK_RATE:-100000}
   SOAK_SAMPLE=${SOAK_SAMPLE:-15}
@@ -220,17 +238,18 @@ if [ "$PART" = all ] || [ "$PART" = soak ]; then
   SDATA="$OUT/soak-data"
   rm -rf "$SDATA"
   echo "== soak: $SOAK_RECORD_SIZE-byte records at $SOAK_RATE records/s, acks=all, produce and consume for $SOAK_SECONDS s, a sample every $SOAK_SAMPLE s =="
-  "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$SOAK_PORT" --data-dir "$SDATA" --cores "$CORES" \
-    --metrics-listen "127.0.0.1:$((SOAK_PORT + 1))" --log-retention-check-interval-ms 5000 >"$OUT/soak-broker.log" 2>&1 &
-  SOAK_BROKER=$!
-  trap 'kill -TERM $SOAK_BROKER 2>/dev/null || true; wait $SOAK_BROKER 2>/dev/null || true' EXIT
-  wait_port "$SOAK_PORT" "$OUT/soak-broker.log"
+  bench_require_free_ports "the soak's broker" "$SOAK_PORT" $((SOAK_PORT + 1))
+  bench_spawn "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$SOAK_PORT" --data-dir "$SDATA" --cores "$CORES" \
+    --metrics-listen "127.0.0.1:$((SOAK_PORT + 1))" --log-retention-check-interval-ms 5000 >"$OUT/soak-broker.log" 2>&1
+  SOAK_BROKER=$BENCH_PID
+  bench_wait_broker "$SOAK_BROKER" "$OUT/soak-broker.log" 30 "$SOAK_PORT" $((SOAK_PORT + 1))
   bench e2e --bootstrap "127.0.0.1:$SOAK_PORT" --report-dir "$OUT" --name soak --topic bench-soak \
     --partitions 8 --record-size "$SOAK_RECORD_SIZE" --acks -1 --rate "$SOAK_RATE" --linger-ms 1 --batch-bytes 32768 \
     --duration "$SOAK_SECONDS" --sample-secs "$SOAK_SAMPLE" --watch-pid "$SOAK_BROKER" --watch-dir "$SDATA" \
     --topic-config "retention.bytes=$SOAK_RETENTION_BYTES" --topic-config "segment.bytes=$SOAK_SEGMENT_BYTES" ||
     echo "soak: the run failed (output above); the summary has no soak rows"
-  kill -TERM $SOAK_BROKER; wait $SOAK_BROKER 2>/dev/null || true; trap - EXIT
+  bench_check_owner "$SOAK_BROKER" "$SOAK_PORT" $((SOAK_PORT + 1))
+  bench_stop "$SOAK_BROKER"
   rm -rf "$SDATA"
 fi
 # Only a full run replaces the figures in the docs by default: a partial one would

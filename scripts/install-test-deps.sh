@@ -16,13 +16,19 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-aler
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || need_apt+=(golang-github-shopify-sarama-dev)
 [ -d /usr/share/gocode/src/github.com/segmentio/kafka-go ] || need_apt+=(golang-github-segmentio-kafka-go-dev)
+# tests/e2e/test_power_loss.py: a volatile disk (tests/e2e/volatile_disk.py), a FUSE
+# daemon (fusepy, which loads libfuse2; tested with Debian's 2.9.9) under a loop device
+# with ext4 on it.
+ldconfig -p 2>/dev/null | grep 'libfuse\.so\.2' >/dev/null || need_apt+=(libfuse2)
+command -v losetup >/dev/null 2>&1 || need_apt+=(mount)
+command -v e2fsck >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client, snappy, lz4.frame' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client, snappy, lz4.frame, fuse' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

@@ -4,7 +4,7 @@ CARGO ?= cargo
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 
-.PHONY: run build release test lint unit e2e deps bench bench-ab fuzz sim clean cluster cluster-stop cluster-status
+.PHONY: run build release test test-long lint tidy test-build unit e2e deps bench bench-ab fuzz sim clean cluster cluster-stop cluster-status
 
 run: release
 	@echo "Sluice: Kafka API on $(LISTEN), data under $(DATA_DIR). Try: kcat -b $(LISTEN) -L"
@@ -31,30 +31,58 @@ release:
 deps:
 	bash scripts/install-test-deps.sh
 
-# Tests run optimised (profile `unit`: release without LTO and debug info), where
-# debug_assert! never fires: invariants use assert!.
-# src/ imports only downward through the layers listed in src/lib.rs.
-# The shipped Prometheus rules pass promtool's check and their unit tests.
-# The fuzz target lives outside the workspace (it needs nightly to run); check that it
-# still builds against the broker (its corpus is replayed by a unit test).
-lint:
+# The cargo tiers and the e2e brokers share one build, profile `unit` (release without
+# LTO and debug info; see Cargo.toml): the workspace compiles once per `make test`.
+# clippy runs inside that build, as the workspace's compiler wrapper (what `cargo
+# clippy` does, with code generation kept), so linting costs no second compilation.
+# Tests run optimised, where debug_assert! never fires: invariants use assert!.
+CLIPPY_DRIVER := $(shell command -v clippy-driver 2>/dev/null)
+TEST_CARGO = RUSTC_WORKSPACE_WRAPPER="$(CLIPPY_DRIVER)" CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" $(CARGO)
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+
+# What lint checks besides clippy: formatting, no debug_assert!, src/ imports only
+# downward through the layers listed in src/lib.rs, the shipped Prometheus rules pass
+# promtool's check and their unit tests, and the fuzz target (outside the workspace: it
+# needs nightly to run) still builds against the broker (a unit test replays its corpus).
+tidy:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@if grep -rn --include='*.rs' 'debug_assert' src shard storage replication bench; then \
 		echo "lint: use assert! (make unit runs in release, where debug_assert! is off)"; exit 1; fi
-	$(CARGO) check --quiet --manifest-path fuzz/Cargo.toml
+	CARGO_TARGET_DIR=$(TARGET_DIR)/fuzz $(CARGO) check --quiet --manifest-path fuzz/Cargo.toml
 	python3 scripts/check-layers.py
 	bash scripts/check-prometheus-rules.sh
 
-# Tiers: unit + property + crash-recovery tests (cargo), then end-to-end tests
-# against real broker processes with real Kafka clients (tests/).
-unit:
-	$(CARGO) test --workspace --profile unit
+# Standalone lint (a quick check build): `make test` lints inside its one build instead.
+lint: tidy
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-e2e: release
-	bash scripts/run-e2e.sh
+# Every target of the workspace (libraries, binaries, test binaries) in profile `unit`,
+# linted by clippy as it compiles.
+test-build:
+	@test -n "$(CLIPPY_DRIVER)" || { echo "clippy-driver not found: rustup component add clippy"; exit 1; }
+	$(TEST_CARGO) build --workspace --all-targets --profile unit
 
-test: deps lint unit e2e
+# Tiers: unit + property + crash-recovery + simulation tests (cargo, run by
+# cargo-nextest: each test its own process, binaries in parallel, a hang ends at 5 min;
+# .config/nextest.toml), then end-to-end tests against real broker processes with real
+# Kafka clients (tests/e2e, pytest with a per-test timeout; scripts/run-e2e.sh).
+unit: test-build
+	$(TEST_CARGO) nextest run --workspace --cargo-profile unit
+	@python3 scripts/slowest-tests.py "cargo tests (nextest)" $(TARGET_DIR)/nextest/default/junit.xml
+
+e2e: test-build
+	SLUICE_BIN=$(TARGET_DIR)/unit/sluice bash scripts/run-e2e.sh
+	@python3 scripts/slowest-tests.py "end-to-end tests (pytest)" $(TARGET_DIR)/e2e-junit.xml
+
+test: deps tidy unit e2e
+
+# The long runs `make test` takes a slice of: thousands of replication-simulation seeds
+# (make sim), the transaction simulation and the storage property tests at ten times
+# their cases, and the 10,000-partition scale run of one broker and of three (make
+# bench's scale table, scripts/bench-scale.sh).
+test-long: sim test-build release
+	SLUICE_TXN_SIM_SEEDS=1500 PROPTEST_CASES=450 $(TEST_CARGO) nextest run --workspace --cargo-profile unit
+	bash scripts/bench-scale.sh
 
 bench: release
 	bash scripts/bench.sh

@@ -22,13 +22,15 @@ command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 ldconfig -p 2>/dev/null | grep 'libfuse\.so\.2' >/dev/null || need_apt+=(libfuse2)
 command -v losetup >/dev/null 2>&1 || need_apt+=(mount)
 command -v e2fsck >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+# tests/e2e/test_bare_metal.py: systemd-analyze verifies deploy/systemd/sluice.service.
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest, prometheus_client, snappy, lz4.frame, fuse' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, pytest_timeout, xdist, prometheus_client, snappy, lz4.frame, fuse' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

@@ -2,6 +2,7 @@
 //! to itself: with a floor above the file system's free space no step is preallocated
 //! (the file holds only what was written); with the floor off the first step is.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::os::unix::fs::MetadataExt;

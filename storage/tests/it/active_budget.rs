@@ -4,12 +4,10 @@
 //! lost or reordered across the close and reopen, reads are served meanwhile, a roll and
 //! a truncation of a closed log work, and a restart recovers every log.
 
-mod common;
-
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::{stats, LogConfig, PartitionLog, StorageLimits};
 
 /// The tests of this file run one at a time: one of them counts the process's open

@@ -4,11 +4,9 @@
 //! idle log's close (the descriptor budget's) does only the file work it needs: no sync
 //! of bytes already durable, no index file for an index without entries.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::fault::{self, FaultOp, FaultRule};
 use sluice_storage::{simdisk, LogConfig};
 

@@ -2,11 +2,9 @@
 //! tombstones, the lag and dirty-ratio settings, restart, concurrent reads, and the
 //! leftovers of a crash while cleaning.
 
-mod common;
-
 use std::rc::Rc;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::batch::{self, build, BatchHeader};
 use sluice_storage::codec::{self, Codec, Levels};
 use sluice_storage::compact;

@@ -15,14 +15,12 @@
 //!   recovery rebuilt (from a snapshot and the log after it) against a replay of the
 //!   whole surviving log.
 
-mod common;
-
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use sluice_storage::batch::build;
 use sluice_storage::producer::{BatchMeta, ProducerStateTable};
@@ -856,7 +854,7 @@ fn judge(model: &Model, interrupted: Option<&Op>, start: i64, got: &[Rec]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: proptest_cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn crash_anywhere_recovers_a_log_consistent_with_the_model(

@@ -8,13 +8,11 @@
 //! every test arms rules for its own temp dir only (`Armed`, which disarms on drop,
 //! also when an assertion fails).
 
-mod common;
-
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::fault::{self, FaultOp, FaultRule};
 use sluice_storage::file::AppendFile;
 use sluice_storage::{Error, PartitionLog, Storage, StorageLimits};

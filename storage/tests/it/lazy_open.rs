@@ -3,11 +3,9 @@
 //! recovered one by one when first read); any other log is recovered at open. No
 //! opened log holds a descriptor until its first append.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use sluice_storage::fault::{self, FaultOp, FaultRule};
 use sluice_storage::segment::RecoveryReport;
 use sluice_storage::StorageLimits;

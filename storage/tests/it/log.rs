@@ -1,12 +1,10 @@
 //! Unit-tier tests of the partition log through its public API: append, read, roll,
 //! retention, truncation, timestamps, bad input, durability and the glommio trap.
 
-mod common;
-
 use std::rc::Rc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::batch::{self, BatchError};
 use sluice_storage::{Error, FlushPolicy, LogConfig, ManualClock, StorageLimits, TimestampType};
 

@@ -4,12 +4,10 @@
 //! at every flush. A crash after appends past the last index write recovers the same
 //! log, with the same indexes, as a clean close of the same appends.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::{LogConfig, PartitionLog, Storage};
 
 /// Open descriptors of this process pointing into `dir`.

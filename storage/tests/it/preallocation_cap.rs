@@ -3,12 +3,10 @@
 //! together they stay under the cap; appends beyond it extend their files instead and
 //! never fail.
 
-mod common;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use sluice_storage::StorageLimits;
 
 fn allocated_bytes(dir: &Path) -> u64 {

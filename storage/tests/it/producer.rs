@@ -3,9 +3,7 @@
 //! gaps and stale epochs are refused, and the state survives a reopen (rebuilt from
 //! the log), follows replicated appends and forgets what a truncation removed.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use sluice_storage::batch::build;
 use sluice_storage::producer::SequenceError;
 use sluice_storage::{Checked, Error, LogConfig, StorageLimits};

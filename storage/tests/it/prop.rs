@@ -3,9 +3,7 @@
 //! the log must be exactly a prefix of what was appended and hold everything that had
 //! been flushed.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use sluice_storage::batch::{build, OFF_ATTRIBUTES};
 use sluice_storage::LogConfig;
@@ -168,7 +166,7 @@ fn check(ops: Vec<Op>, log_damage: Damage, index_damage: Damage, time_damage: Da
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: proptest_cases(40), ..ProptestConfig::default() })]
 
     #[test]
     fn recovered_log_is_a_prefix_holding_everything_flushed(

@@ -4,11 +4,9 @@
 //! without closing, so the active segment keeps its O_DIRECT page padding) or damages
 //! its files, reopens it and checks what recovery kept and reported.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use sluice_storage::segment::RecoveryReport;
 use sluice_storage::{LogConfig, StorageLimits};
 

@@ -2,9 +2,7 @@
 //! preallocated. (Transactional batches were kept out of compaction until the
 //! transaction index existed; how compaction treats them now is tested in `txn.rs`.)
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// Index files of the active segment hold their entries only: only `.log` files are
 /// preallocated (in steps growing from 1 MiB to 32 MiB), so an index never claims

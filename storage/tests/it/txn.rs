@@ -3,9 +3,7 @@
 //! copy markers, recovery and truncation of the index, compaction of transactional
 //! data, and producer expiry.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use sluice_storage::batch::{self, build, BatchHeader};
 use sluice_storage::index::TxnIndex;
 use sluice_storage::producer::SequenceError;

@@ -178,3 +178,13 @@ pub async fn storage_at(
     let clock = Rc::new(ManualClock(std::cell::Cell::new(now_ms)));
     (storage_with_clock(dir, limits, clock.clone()).await, clock)
 }
+
+/// Cases per proptest: `default` in `make test`, `PROPTEST_CASES` when set (`make
+/// test-long` runs ten times as many). An explicit `cases` in a proptest config would
+/// otherwise override proptest's own reading of that variable.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

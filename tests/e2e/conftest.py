@@ -3,12 +3,14 @@
 No sleeps as synchronisation: every wait is a bounded retry loop with a deadline.
 """
 import os
+import queue
 import re
 import signal
 from signal import SIGTERM
 import random
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,14 +38,30 @@ def _ephemeral_low():
         return 32768
 
 
+def _port_range():
+    """[lo, hi) of the ports this process hands out: 10000 up to the kernel's ephemeral
+    range, split into disjoint slices, one per pytest-xdist worker (PYTEST_XDIST_WORKER
+    gwN of PYTEST_XDIST_WORKER_COUNT), so two workers never hand out the same port. Each
+    slice keeps 600 ports clear at its top: a broker's default metrics port is its Kafka
+    port + 552."""
+    lo, hi = 10000, _ephemeral_low()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and count > 1:
+        width = (hi - lo) // count
+        lo += int(worker[2:]) * width
+        hi = lo + width
+    return lo, hi - 600
+
+
 def free_port():
     """A free loopback port that no earlier call of this run returned, below the
     kernel's ephemeral range: a port from that range (what binding port 0 gives) can be
     taken meanwhile as the source port of some outgoing connection, and once held a
     port a cluster broker was about to listen on for over 30 s."""
-    low = _ephemeral_low()
+    lo, hi = _port_range()
     for _ in range(1000):
-        port = random.randrange(10000, low)
+        port = random.randrange(lo, hi)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:
@@ -157,6 +175,64 @@ def wait_until(pred, timeout=20.0, interval=0.05, what="condition", retry=()):
         time.sleep(interval)
 
 
+class Lines:
+    """The lines a child process writes to a pipe, read by a daemon thread, so that a
+    test waits for them with a deadline: a blocking readline() on a process that hangs
+    would hang the test with it, without a word."""
+
+    def __init__(self, pipe, name="the child process"):
+        self.name = name
+        self.closed = False  # the pipe reached end of file (the process exited)
+        self._q = queue.Queue()
+        threading.Thread(target=self._pump, args=(pipe,), name=f"lines of {name}", daemon=True).start()
+
+    def _pump(self, pipe):
+        try:
+            for line in pipe:
+                self._q.put(line)
+        except (OSError, ValueError):
+            pass  # closed under us: end of the lines all the same
+        self._q.put(None)
+
+    def _take(self, line):
+        if line is None:
+            self.closed = True
+        return line
+
+    def next(self, timeout, what="a line"):
+        """The next line; AssertionError naming `what` if none comes within `timeout`
+        seconds or the pipe is closed (the process exited) first."""
+        if not self.closed:
+            try:
+                line = self._take(self._q.get(timeout=max(0.0, timeout)))
+            except queue.Empty:
+                raise AssertionError(f"{self.name}: no line within {timeout:.1f}s "
+                                     f"while waiting for {what}") from None
+            if line is not None:
+                return line
+        raise AssertionError(f"{self.name} closed its output (exited) while waiting for {what}")
+
+    def until(self, pred, timeout, what="a line"):
+        """The first line for which `pred` is true, within `timeout` seconds in all."""
+        end = time.monotonic() + timeout
+        while True:
+            line = self.next(end - time.monotonic(), what)
+            if pred(line):
+                return line
+
+    def ready(self):
+        """The lines written so far that are not taken yet, without waiting."""
+        out = []
+        while not self.closed:
+            try:
+                line = self._take(self._q.get_nowait())
+            except queue.Empty:
+                break
+            if line is not None:
+                out.append(line)
+        return out
+
+
 # A broker log line that fails the test unless the test declared it expected: an
 # ERROR-level tracing line or a panic (the panic hook logs "fatal: panicked at ...").
 LOG_PROBLEM = re.compile(r"^\S+\s+ERROR\s|panicked|sluice: fatal")
@@ -172,22 +248,36 @@ def http_get(url, timeout=5):
         return e.code, e.read().decode()
 
 
-def read_all(addr, topic):
-    """Every record of partition 0 up to its end: [(offset, key, value or None)]."""
+def read_all(addr, topic, deadline=30):
+    """Every record of partition 0 up to its end: [(offset, key, value or None)].
+
+    The end is the high watermark when the call starts (the last stable offset for
+    this consumer's isolation level, librdkafka's default read_committed); it fails
+    (AssertionError) if the consumer's position has not reached it within `deadline`
+    seconds, rather than returning what it has read by then."""
     from confluent_kafka import Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": addr, "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     try:
         lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         c.assign([TopicPartition(topic, 0, lo)])
         out = []
-        deadline = time.monotonic() + 30
-        while (not out or out[-1][0] < hi - 1) and time.monotonic() < deadline:
+        end = time.monotonic() + deadline
+        # Done once the position passes `hi` (compaction leaves gaps, and the last
+        # offsets may be transaction markers, which are never returned).
+        position = lo
+        while position < hi:
+            if time.monotonic() > end:
+                raise AssertionError(
+                    f"read_all({topic}-0): read {len(out)} records, position {position} after "
+                    f"{deadline}s, waited for the high watermark {hi} (log start {lo})")
             for m in c.consume(num_messages=1000, timeout=0.5):
                 if m.error():
                     check_consumer_error(m.error())
                     continue
                 v = m.value()
                 out.append((m.offset(), m.key().decode(), v.decode() if v is not None else None))
+            [tp] = c.position([TopicPartition(topic, 0)])
+            position = max(position, tp.offset)
         return out
     finally:
         c.close()
@@ -248,9 +338,11 @@ class Broker:
         env.setdefault("RUST_LOG", "info")
         env.update(self.env)
         self.log = open(self.log_path, "ab")
+        # cores=None passes no --cores: the broker's default, a shard per CPU it may use.
+        cores = [] if self.cores is None else ["--cores", str(self.cores)]
         self.proc = subprocess.Popen(
             [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
-             "--cores", str(self.cores), *self.metrics_flags(), *self.extra],
+             *cores, *self.metrics_flags(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits)
         self.runs.append([self.proc, None])
         return self

@@ -9,6 +9,7 @@ import struct
 import threading
 
 PRODUCE = 0
+FETCH = 1
 
 
 def _read_exact(sock, n):
@@ -32,10 +33,12 @@ def _read_frame(sock):
 
 class DroppingProxy:
     """Listens on 127.0.0.1:<port>; drops the answer to every `every`-th Produce
-    request, at most `max_drops` times (so the run always finishes)."""
+    request (or request of API `api_key`), at most `max_drops` times (so the run
+    always finishes)."""
 
-    def __init__(self, upstream_port, every=7, max_drops=20):
+    def __init__(self, upstream_port, every=7, max_drops=20, api_key=PRODUCE):
         self.upstream_port = upstream_port
+        self.api_key = api_key
         self.every = every
         self.max_drops = max_drops
         self.produces = 0
@@ -84,7 +87,7 @@ class DroppingProxy:
                 if frame is None:
                     break
                 api_key, _version, corr = struct.unpack(">hhi", frame[4:12])
-                if api_key == PRODUCE:
+                if api_key == self.api_key:
                     with self.lock:
                         self.produces += 1
                         if self.produces % self.every == 0 and self.dropped < self.max_drops:

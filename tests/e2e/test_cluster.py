@@ -3,8 +3,12 @@ processes"), driven with confluent-kafka. Harness: cluster.py.
 
 Every wait is a bounded retry with a deadline. The brokers run with a 3 s session
 timeout, 300 ms heartbeats and a 5 s replica lag limit (cluster.FAST_FLAGS), so fencing
-takes a few seconds and the whole file a couple of minutes.
+takes a few seconds and the whole file a couple of minutes. They run with the broker's
+default --cores (a shard per CPU), as in production: the three of them share this
+machine's CPUs.
 """
+import os
+import re
 import time
 import uuid
 
@@ -29,21 +33,39 @@ def _dump_logs(c):
         print(f"--- broker {i} ({c.brokers[i].log_path}) ---\n{tail}")
 
 
+def default_shards():
+    """How many shards a broker runs without --cores: one per CPU it may run on (the
+    online CPUs of its affinity mask, inherited from this process)."""
+    return len(os.sched_getaffinity(0))
+
+
+def shards_started(c, i):
+    """The shard counts broker i's runs logged at start ("starting ... shards=N")."""
+    return [int(n) for n in re.findall(r"starting\b.*\bshards=(\d+)", c.log(i))]
+
+
 def _make_cluster(tmp_path, request, proxied):
-    """A started 3-broker cluster. Tests marked @pytest.mark.cores(n) run every broker
-    with n shards (--cores n): their partitions spread over the shards, so replication
-    and the group coordinator cross each broker's channel mesh; the teardown checks
-    that some broker really opened logs on every shard. At teardown every broker must
-    be alive (or ended by the test), stop cleanly and have logged no ERROR or panic
-    beyond the test's @pytest.mark.broker_log_errors patterns."""
+    """A started 3-broker cluster. Its brokers run with the broker's default --cores
+    (none passed: a shard per CPU, two on a 2-CPU machine), so partitions, replication,
+    the group and transaction coordinators and the clients' connections spread over
+    each broker's shards and cross its channel mesh, as they do in production. A test
+    marked @pytest.mark.cores(n) runs them with --cores n instead: n > 1 also checks at
+    teardown that some broker really opened logs on every shard; cores(1) needs a
+    written reason. At teardown every broker must have started with the shards asked
+    for, be alive (or ended by the test), stop cleanly and have logged no ERROR or
+    panic beyond the test's @pytest.mark.broker_log_errors patterns."""
     m = request.node.get_closest_marker("cores")
-    cores = m.args[0] if m else 1
-    env = {"RUST_LOG": "info,sluice::broker=debug"} if cores > 1 else None
+    cores = m.args[0] if m else None
+    shards = cores or default_shards()
+    env = {"RUST_LOG": "info,sluice::broker=debug"} if shards > 1 else None
     c = Cluster(tmp_path / "cluster", n=3, proxied=proxied, cores=cores, env=env).start()
     yield c
     _dump_logs(c)  # shown only when the test failed
     try:
-        if cores > 1:
+        started = {i: shards_started(c, i) for i in c.ids}
+        assert all(runs and set(runs) == {shards} for runs in started.values()), \
+            f"brokers started with shards {started}, wanted {shards}"
+        if m and cores > 1:
             used = {s for i in c.ids for s in c.shards_of(i).values()}
             assert used == set(range(cores)), f"logs opened on shards {used} of {cores}"
     finally:
@@ -290,6 +312,73 @@ def test_isr_shrinks_not_enough_replicas_then_recovers(cluster):
     assert not acks.failed, acks.failed[:3]
     assert len(acks.acked[0]) == 100
     check_log(cluster, topic, [0], acks.acked, absent=[v for (_, v, _) in refused.failed])
+
+
+def test_acks_all_below_min_insync_is_refused_while_the_controller_lives(cluster):
+    """min.insync.replicas=3 on an RF=3 topic and one follower SIGKILLed, while the
+    controller (the metadata quorum's raft leader) and the partition's leader live on:
+    the controller drops the follower from the ISR, and the leader then refuses every
+    acks=all write with NOT_ENOUGH_REPLICAS before appending it (as Kafka's
+    Partition.appendRecordsToLeader does when the ISR is smaller than
+    min.insync.replicas), acknowledging none; acks=1 writes are still taken. Restarted,
+    the follower catches up and rejoins the ISR, and acks=all writes are acknowledged
+    again. No refused record is in the log."""
+    topic = "min-isr-3"
+    cluster.create_topic(topic, partitions=1, rf=3, configs={"min.insync.replicas": "3"})
+    controller = cluster.wait_until(lambda: (lambda cid: cid if cid >= 0 else None)(cluster.controller_id()),
+                                    20, "a controller")
+    leader = cluster.leader_of(topic, 0)
+    # The follower to kill is neither the partition's leader nor the controller.
+    victim = next(i for i in cluster.replicas_of(topic, 0) if i not in (leader, controller))
+    acks = Acks()
+    p = producer(cluster.bootstrap)
+    produce_n(p, topic, [0], 30, acks, "full")
+    assert not acks.failed and len(acks.acked[0]) == 30, acks.failed[:3]
+
+    cluster.kill(victim)
+    survivors = sorted(i for i in cluster.ids if i != victim)
+    # The ISR shrinks in the cluster's metadata: a live controller committed it (the
+    # quorum kept its majority; the controller elected at the start normally stays).
+    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == survivors, 20, f"ISR without broker {victim}")
+    assert cluster.controller_id() in survivors, "a live controller"
+
+    # The leader learns the shrunk ISR from the metadata: until then an acks=all write
+    # may be appended and wait for the dead follower (failing after the append, or
+    # timing out). None is ever acknowledged. No retries: a delivery report carries the
+    # broker's own error.
+    p1 = producer(cluster.bootstrap, retries=0, **{"message.timeout.ms": 3000})
+    on_the_way = {KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.REQUEST_TIMED_OUT,
+                  KafkaError._MSG_TIMED_OUT}
+    probes = []
+
+    def refuses():
+        probe = Acks()
+        produce_n(p1, topic, [0], 1, probe, f"probe{len(probes)}", deadline=10)
+        assert not probe.acked, f"acks=all acknowledged with ISR {survivors} < 3: {probe.acked}"
+        [(_, _, code)] = probe.failed
+        probes.append(KafkaError(code).name())
+        assert code == KafkaError.NOT_ENOUGH_REPLICAS or code in on_the_way, \
+            f"probes failed with {probes}"
+        return code == KafkaError.NOT_ENOUGH_REPLICAS
+    cluster.wait_until(refuses, 30, "acks=all refused with NOT_ENOUGH_REPLICAS")
+    refused = Acks()
+    produce_n(p1, topic, [0], 20, refused, "below")
+    assert not refused.acked, f"acknowledged with ISR {survivors} < min.insync.replicas 3: {refused.acked}"
+    codes = {KafkaError(code).name() for (_, _, code) in refused.failed}
+    assert codes == {"NOT_ENOUGH_REPLICAS"}, codes
+    # acks=1 does not ask for min.insync.replicas.
+    ones = Acks()
+    produce_n(producer(cluster.bootstrap, acks="1"), topic, [0], 5, ones, "one")
+    assert not ones.failed and len(ones.acked[0]) == 5, ones.failed[:3]
+    assert cluster.leader_of(topic, 0) == leader
+    assert cluster.controller_id() in survivors, "a live controller through the refusals"
+
+    cluster.restart(victim)
+    cluster.wait_until(lambda: cluster.isr_of(topic, 0) == sorted(cluster.ids), 40, "ISR back to three")
+    produce_n(p, topic, [0], 30, acks, "again")
+    assert not acks.failed and len(acks.acked[0]) == 60, acks.failed[:3]
+    logs = check_log(cluster, topic, [0], acks.acked, absent=[v for (_, v, _) in refused.failed])
+    assert set(ones.acked[0]) <= set(logs[0]), "acks=1 records kept"
 
 
 # (c) ---------------------------------------------------------------------------------
@@ -773,7 +862,9 @@ def test_new_partitions_and_new_leaders_do_not_wait_for_the_followers_poll(tmp_p
     outlast the producer's 15 s message timeout, so each write below is acknowledged only
     if the new partition's first fetch came before the running poll ended (the order of
     events, whatever the machine's speed)."""
-    c = Cluster(tmp_path / "cluster", n=3, extra=["--replica-fetch-wait-max-ms", "30000"]).start()
+    # cores=None: the broker's default --cores, as the cluster fixture's tests run.
+    c = Cluster(tmp_path / "cluster", n=3, cores=None,
+                extra=["--replica-fetch-wait-max-ms", "30000"]).start()
     try:
         # Every broker leads one partition of "idle" and follows the others: each has a
         # fetcher to each leader, parked in a 30 s poll once these writes are replicated.

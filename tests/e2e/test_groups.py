@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cluster import port_free
-from conftest import read_all, check_consumer_error, wait_until
+from conftest import Lines, read_all, check_consumer_error, wait_until
 
 SESSION_MS = 6000
 
@@ -143,15 +143,18 @@ def test_sigkilled_member_partitions_move_after_session_timeout(make_broker, tmp
     script.write_text(KILLED_MEMBER)
     proc = subprocess.Popen([sys.executable, str(script), broker.addr, group, topic],
                             stdout=subprocess.PIPE, text=True)
+    lines = Lines(proc.stdout, "the member process")
     try:
         me = Member(broker.addr, group, topic)
         other = {"a": []}
 
         def both_own():
-            line = proc.stdout.readline().strip()
-            if line.startswith("ASSIGNED"):
-                parts = line.split(" ", 1)[1] if " " in line else ""
-                other["a"] = [int(x) for x in parts.split(",") if x]
+            for line in lines.ready():
+                line = line.strip()
+                if line.startswith("ASSIGNED"):
+                    parts = line.split(" ", 1)[1] if " " in line else ""
+                    other["a"] = [int(x) for x in parts.split(",") if x]
+            assert not lines.closed, "the member process exited"
             return other["a"] and me.assignment() and \
                 sorted(other["a"] + me.assignment()) == list(range(6))
 
@@ -260,8 +263,8 @@ def test_group_membership_survives_a_broker_restart(make_broker, tmp_path):
     canary = subprocess.Popen([sys.executable, str(script), b.addr, canary_group, topic],
                               stdout=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: canary.stdout.readline().strip() == "ASSIGNED 0,1", timeout=40,
-                   interval=0, what="the canary owns both partitions")
+        Lines(canary.stdout, "the canary").until(lambda line: line.strip() == "ASSIGNED 0,1",
+                                                 timeout=40, what="the canary to own both partitions")
         canary_state = wait_until(lambda: (lambda d: d[0] == "STABLE" and d)(describe(b.addr, canary_group)),
                                   what="canary group stable")
         port = b.port

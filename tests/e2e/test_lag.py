@@ -16,7 +16,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -173,10 +173,17 @@ def commit(bootstrap, group, topic, offsets):
     """Commits {partition: offset} for the group with a consumer that then leaves."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                   "enable.auto.commit": False})
+    tps = [TopicPartition(topic, p, o) for p, o in offsets.items()]
+
+    def committed():
+        # A commit the coordinator refuses raises, or names the error per partition;
+        # wait_until retries only the transient ones (coordinator loading or moving).
+        for tp in c.commit(offsets=tps, asynchronous=False):
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return True
     try:
-        tps = [TopicPartition(topic, p, o) for p, o in offsets.items()]
-        wait_until(lambda: c.commit(offsets=tps, asynchronous=False), timeout=30,
-                   what=f"commit of {group}", retry=(Exception,))
+        wait_until(committed, timeout=30, what=f"commit of {group}")
     finally:
         c.close()
 
@@ -326,7 +333,9 @@ def test_stall_same_offset_committed_while_behind(lag_broker):
         def stalled():
             # The consumer keeps committing the same offset (1.2 s apart: Burrow's
             # min-distance of 1 s makes each a window entry) while 15 records wait.
-            c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+            [tp] = c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+            if tp.error is not None:
+                raise KafkaException(tp.error)  # retried only if transient
             end = time.time() + 1.2
             while time.time() < end:
                 j = partition_status(b, group)
@@ -334,7 +343,7 @@ def test_stall_same_offset_committed_while_behind(lag_broker):
                     return j
                 time.sleep(0.1)
             return None
-        j = wait_until(stalled, timeout=40, interval=0, what="STALL", retry=(Exception,))
+        j = wait_until(stalled, timeout=40, interval=0, what="STALL")
     finally:
         c.close()
     assert j["status"]["partitions"][0]["current_lag"] == 15

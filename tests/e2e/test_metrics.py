@@ -4,6 +4,7 @@ parser (prometheus_client), and a real Prometheus server (Debian's `prometheus`)
 scraping a broker. Every wait is a bounded poll: shards publish partition state every
 500 ms, Prometheus scrapes every second.
 """
+import contextlib
 import os
 import shutil
 import socket
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import http_get, Broker, ROOT, SLUICE_BIN, check_brokers, check_consumer_error, free_port, wait_until
+from conftest import http_get, Broker, ROOT, SLUICE_BIN, _ephemeral_low, check_brokers, check_consumer_error, free_port, wait_until
 from cluster import Cluster
 
 
@@ -231,16 +232,33 @@ def test_explicit_address_in_use_fails_start(tmp_path):
     assert f"cannot serve metrics on --metrics-listen 127.0.0.1:{taken}" in p.stderr, p.stderr
 
 
+@contextlib.contextmanager
+def listening_below_the_ephemeral_range(offset):
+    """(port, port + offset): `port` free (conftest.free_port: below the kernel's
+    ephemeral range, so no outgoing connection takes it meanwhile), and a listener of
+    this test's own on `port + offset`, also below that range, held while in the block."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = free_port()
+        if port + offset >= low:
+            continue
+        blocker = socket.socket()
+        try:
+            blocker.bind(("127.0.0.1", port + offset))
+        except OSError:
+            blocker.close()
+            continue
+        with blocker:
+            blocker.listen()
+            yield port, port + offset
+        return
+    raise AssertionError(f"no free port p below {low} with p + {offset} free too")
+
+
 def test_default_address_in_use_is_a_warning(tmp_path):
     """The default (Kafka port + 552) taken by someone else: the broker starts anyway,
     without metrics, and says so. Also: a bad --metrics-listen is refused."""
-    with socket.socket() as blocker:
-        blocker.bind(("127.0.0.1", 0))
-        blocker.listen()
-        taken = blocker.getsockname()[1]
-        kafka = taken - 552
-        if kafka < 1024:
-            pytest.skip("no room below the ephemeral port for the Kafka port")
+    with listening_below_the_ephemeral_range(552) as (kafka, _):
         b = Broker(tmp_path / "d", port=kafka, metrics_port="default")
         try:
             b.start()

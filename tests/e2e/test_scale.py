@@ -51,31 +51,66 @@ def produce_each(addr, tag, want, names=None, per_topic=PER_TOPIC):
     assert not failed, failed[:5]
 
 
-def open_files(pid):
-    out = []
+def usage(b):
+    """(RSS, allocated bytes of the data directory) of the broker."""
+    with open(f"/proc/{b.proc.pid}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    disk = int(subprocess.check_output(["du", "-sB1", str(b.data_dir)]).split()[0])
+    return rss, disk
+
+
+def segment_files(b):
+    """{path: writable} of the partitions' segment files the broker holds open
+    (<data dir>/<topic>-<partition>/<20-digit base offset>.<ext>): writable for an
+    active log's file, opened read-write; read-only for a read handle."""
+    pid = b.proc.pid
+    data = os.path.realpath(b.data_dir) + os.sep
+    out = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except FileNotFoundError:
-            pass  # closed meanwhile
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # closed meanwhile
+        if path.startswith(data) and re.search(r"/\d{20}\.[a-z]+$", path):
+            out[path] = flags & os.O_ACCMODE != os.O_RDONLY
     return out
 
 
-def usage(b):
-    pid = b.proc.pid
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    disk = int(subprocess.check_output(["du", "-sB1", str(b.data_dir)]).split()[0])
-    return fds, rss, disk
+def descriptor_budget(b):
+    """The broker's split of its open-file limit, from its last "descriptor budget"
+    log line: {"open_files_limit": n, "per_shard_active_logs": n, ...}."""
+    [*_, line] = [ln for ln in b.read_log().splitlines() if "descriptor budget" in ln]
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
 
 
-def assert_budgets(b, when):
-    fds, rss, disk = usage(b)
-    assert fds <= NOFILE, f"{when}: {fds} descriptors open, limit {NOFILE}"
-    # Index files are written whole when a segment is sealed, never held open.
-    held = [t for t in open_files(b.proc.pid) if t.endswith((".index", ".timeindex"))]
+def assert_budgets(b, when, active_logs_max):
+    """`active_logs_max`: the shards' caps on logs with an open active segment, summed
+    (sluice_storage_active_logs_max: each shard's own share plus the shared pool)."""
+    rss, disk = usage(b)
+    # The kernel keeps the process under NOFILE descriptors whatever the broker does;
+    # the budget decides how many of them the logs take. An active log holds its
+    # active segment's .log, read-write, nothing else (index files are written whole
+    # when a segment is sealed, never held open); reads of other segments go through
+    # a bounded set of read-only handles.
+    budget = descriptor_budget(b)
+    assert budget["open_files_limit"] == NOFILE, budget
+    files = segment_files(b)
+    held = [f for f in files if not f.endswith(".log")]
     assert not held, f"{when}: index files held open: {held[:5]}"
+    active = [f for f, writable in files.items() if writable]
+    reading = [f for f, writable in files.items() if not writable]
+    # Every partition has been appended to, so without the budget's closing of idle
+    # logs all PARTITIONS .log files would be open for writing.
+    reserve = max(NOFILE // 20, 1024)  # a twentieth of the limit, at least 1,024
+    assert len(files) <= NOFILE - reserve < PARTITIONS, \
+        f"{when}: {len(files)} segment files open ({len(active)} for writing) for {PARTITIONS} " \
+        f"partitions, more than the open-file limit {NOFILE} less its reserve {reserve}"
+    assert len(active) <= active_logs_max < PARTITIONS, \
+        f"{when}: {len(active)} active segment files open for {PARTITIONS} partitions, cap {active_logs_max}"
+    assert len(reading) <= b.cores * budget["per_shard_read_handles"], \
+        f"{when}: {len(reading)} read handles, cap {b.cores} x {budget['per_shard_read_handles']}"
     assert rss <= RSS_BASE + PARTITIONS * RSS_PER_PARTITION, \
         f"{when}: RSS {rss >> 20} MiB for {PARTITIONS} partitions"
     assert disk <= PREALLOCATED_MAX * b.cores + PARTITIONS * DISK_PER_PARTITION, \
@@ -106,8 +141,9 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
     want = {}
     produce_each(b.addr, "a", want)
     assert read_back(b.addr, want) == want
-    assert_budgets(b, "after a record on each partition")
     m = storage_metrics(b)
+    logs_cap = sum(m["sluice_storage_active_logs_max"])
+    assert_budgets(b, "after a record on each partition", logs_cap)
     for used, cap in zip(m["sluice_storage_active_logs"], m["sluice_storage_active_logs_max"]):
         assert 0 < used <= cap
     for used, cap in zip(m["sluice_storage_preallocated_unwritten_bytes"],
@@ -120,17 +156,18 @@ def test_partitions_beyond_the_open_file_limit_through_a_kill_and_a_restart(make
     b.kill()
     b.start()
     assert read_back(b.addr, want) == want
-    assert_budgets(b, "after SIGKILL and restart")
+    assert_budgets(b, "after SIGKILL and restart", logs_cap)
     # The restart opened no log's files; appends open them on demand.
     assert sum(storage_metrics(b)["sluice_storage_active_logs"]) == 0
     produce_each(b.addr, "b", want)
     assert read_back(b.addr, want) == want
+    assert_budgets(b, "after a record on each partition again", logs_cap)
     assert sum(storage_metrics(b)["sluice_storage_log_reactivations_total"]) >= PARTITIONS
 
     b.stop()
     b.start()
     assert read_back(b.addr, want) == want
-    assert_budgets(b, "after a clean restart")
+    assert_budgets(b, "after a clean restart", logs_cap)
     log = b.read_log()
     assert "Too many open files" not in log
     assert "descriptor budget" in log

@@ -5,6 +5,7 @@ when its transaction commits; aborted ones never; the last stable offset holds
 read_committed readers behind an open transaction; a new instance of a transactional
 id fences the old one; consume-transform-produce commits its input offsets in the
 transaction; a transaction whose producer died is aborted after its timeout."""
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from conftest import SLUICE_BIN, check_consumer_error, wait_until
+from conftest import SLUICE_BIN, Lines, check_consumer_error, wait_until
 from test_confluent import create_topic
 
 
@@ -149,34 +150,92 @@ ABANDONED = textwrap.dedent("""
     import os, sys
     from confluent_kafka import Producer
     p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2],
-                  "transaction.timeout.ms": 3000})
+                  "transaction.timeout.ms": int(sys.argv[4]) if len(sys.argv) > 4 else 3000})
     p.init_transactions(30)
     p.begin_transaction()
+    failed = []
     for i in range(10):
-        p.produce(sys.argv[3], value=b"abandoned-%d" % i)
-    p.flush(10)
-    print("OPEN", flush=True)
+        p.produce(sys.argv[3], value=b"abandoned-%d" % i,
+                  on_delivery=lambda err, m: err and failed.append(err))
+    left = p.flush(30)
+    print("OPEN" if left == 0 and not failed else "UNSENT %d %s" % (left, failed), flush=True)
     sys.stdin.read()  # until SIGKILLed
 """)
 
 
-def test_abandoned_transaction_is_aborted_after_its_timeout(broker):
-    create_topic(broker.addr, "abandon", 1)
-    proc = subprocess.Popen([sys.executable, "-c", ABANDONED, broker.addr, "abandon-id", "abandon"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def abandon(addr, txn_id, topic, timeout_ms=None):
+    """Runs ABANDONED: returns the process once its 10 records are stored in an open
+    transaction."""
+    args = [sys.executable, "-c", ABANDONED, addr, txn_id, topic]
+    if timeout_ms is not None:
+        args.append(str(timeout_ms))
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().strip() == b"OPEN"
-    finally:
+        line = Lines(proc.stdout, "the abandoning producer").next(60, "OPEN")
+        assert line.strip() == b"OPEN", line
+    except BaseException:
         proc.kill()
         proc.wait()
+        raise
+    return proc
+
+
+ABANDON_TIMEOUT_MS = 10000
+
+
+def test_abandoned_transaction_is_aborted_after_its_timeout(broker):
+    """A producer writes 10 records in a transaction and is SIGKILLed without ending
+    it. Until its transaction.timeout.ms has passed, the open transaction holds the
+    last stable offset at its first record: read_committed readers see nothing, not
+    even a later plain record. Then the coordinator's timer aborts it (never before the
+    timeout; it bumps the producer's epoch, fencing the dead instance): read_committed
+    readers see the later record and none of the abandoned ones, which stay stored."""
+    create_topic(broker.addr, "abandon", 1)
+    tp = TopicPartition("abandon", 0)
+    spawned = time.monotonic()  # the transaction starts after this
+    proc = abandon(broker.addr, "abandon-id", "abandon", ABANDON_TIMEOUT_MS)
+    proc.kill()
+    proc.wait()
     plain = Producer({"bootstrap.servers": broker.addr})
     plain.produce("abandon", value="after")
     assert plain.flush(10) == 0
-    # The coordinator aborts the transaction after transaction.timeout.ms: then the
-    # last stable offset passes it, and read_committed readers see the later record
-    # and none of the abandoned ones.
+    # librdkafka asks ListOffsets at the consumer's isolation level: read_committed
+    # gets the last stable offset.
+    committed = Consumer({"bootstrap.servers": broker.addr, "group.id": f"lso-{uuid.uuid4().hex[:6]}",
+                          "isolation.level": "read_committed"})
+    uncommitted = Consumer({"bootstrap.servers": broker.addr, "group.id": f"hw-{uuid.uuid4().hex[:6]}",
+                            "isolation.level": "read_uncommitted"})
+    try:
+        lso = committed.get_watermark_offsets(tp, timeout=10)[1]
+        hw = uncommitted.get_watermark_offsets(tp, timeout=10)[1]
+        held = read(broker.addr, "abandon", "read_committed")
+        looked = time.monotonic() - spawned
+        assert looked < ABANDON_TIMEOUT_MS / 1000, \
+            f"the checks ended {looked:.1f}s after the producer started: too late to see it open"
+        assert (lso, hw) == (0, 11), \
+            f"last stable offset {lso}, high watermark {hw}: wanted 0 (held) and 11 (10 abandoned + 1 plain)"
+        assert held == [], "read_committed held at the open transaction"
+
+        # The coordinator aborts it after transaction.timeout.ms (checked every 10 s).
+        wait_until(lambda: committed.get_watermark_offsets(tp, timeout=10)[1] > 0, timeout=60,
+                   what="the abandoned transaction to be aborted")
+        aborted = time.monotonic() - spawned
+        assert aborted >= ABANDON_TIMEOUT_MS / 1000, \
+            f"aborted {aborted:.1f}s after the producer started, before its {ABANDON_TIMEOUT_MS} ms timeout"
+    finally:
+        committed.close()
+        uncommitted.close()
     got = read(broker.addr, "abandon", "read_committed", expect=1, timeout=60)
     assert got == ["after"]
+    assert read(broker.addr, "abandon", "read_uncommitted", expect=11) == \
+        [f"abandoned-{i}" for i in range(10)] + ["after"], "the aborted records are stored, just not visible"
+    # By the coordinator's timer, which fenced the dead instance (epoch 0 -> 1).
+    assert re.search(r"transaction timed out; aborting.*transactional_id=abandon-id", broker.read_log())
+    out = subprocess.run([SLUICE_BIN, "txn", "describe", "abandon-id", "--bootstrap", broker.addr],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^state:\s+CompleteAbort$", out.stdout, re.M), out.stdout
+    assert re.search(r"\(epoch 1\)", out.stdout), out.stdout
 
 
 def test_open_transaction_survives_a_broker_sigkill_and_is_aborted(make_broker):
@@ -192,10 +251,8 @@ def test_open_transaction_survives_a_broker_sigkill_and_is_aborted(make_broker):
     p.begin_transaction()
     p.produce("crash-tx", value="kept")
     p.commit_transaction(30)
-    proc = subprocess.Popen([sys.executable, "-c", ABANDONED, broker.addr, "crash-open", "crash-tx"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = abandon(broker.addr, "crash-open", "crash-tx")
     try:
-        assert proc.stdout.readline().strip() == b"OPEN"
         broker.kill()
     finally:
         proc.kill()
@@ -255,11 +312,9 @@ def test_consume_transform_produce_through_processor_sigkills_is_exactly_once(br
                 read(broker.addr, "ctpk-out", "read_committed", expect=n, timeout=120)
                 break
             # Let this run commit some transactions, then SIGKILL it mid-stream.
-            while True:
-                line = proc.stdout.readline()
-                assert line, "the processor exited"
-                if line.startswith(b"DONE") and int(line.split()[1]) >= kill_after:
-                    break
+            Lines(proc.stdout, "the processor").until(
+                lambda line: line.startswith(b"DONE") and int(line.split()[1]) >= kill_after,
+                timeout=120, what=f"DONE {kill_after}")
         finally:
             proc.kill()
             proc.wait()

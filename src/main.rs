@@ -174,6 +174,10 @@ fn main() {
             "sluice: fatal in thread {}: {info}",
             thread.name().unwrap_or("?")
         );
+        // Whatever the build profile says: `make test` runs the e2e brokers from profile
+        // `unit`, which unwinds (the cargo test harness needs it), and an unwound shard
+        // thread would leave the rest of the process serving without it.
+        std::process::abort();
     }));
     let args = match cli.command {
         Command::Serve(args) => *args,

@@ -1,10 +1,12 @@
 //! `sluice`: the broker binary. `sluice serve --help` lists the flags.
+mod cli;
+
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use sluice::config::{BrokerConfig, ConfigError, Settings};
+use sluice::base::config::{BrokerConfig, ConfigError, Settings};
 
 #[global_allocator]
 static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Allocator;
@@ -27,10 +29,10 @@ enum Command {
     /// Consumer groups: list, describe (offsets and lag), reset offsets, delete.
     Group(GroupArgs),
     /// Cluster: brokers, controller, partition leaders and ISRs (`describe`).
-    Cluster(sluice::cluster_cli::ClusterArgs),
+    Cluster(crate::cli::cluster::ClusterArgs),
     /// Consumer lag per group and partition (records, age, Burrow status, trend), worst
     /// first, from the brokers' /v1/groups endpoints.
-    Lag(sluice::lag_cli::LagArgs),
+    Lag(crate::cli::lag::LagArgs),
     /// Transactions: list (state, partitions, timeout, age), describe one id.
     Txn(TxnArgs),
     /// Preflight before a first start: io_uring, O_DIRECT on the data directory, memlock
@@ -99,7 +101,7 @@ struct ServeArgs {
 
 /// Starts logging: `text` for people (colours on a terminal) or `json`, one object per
 /// line for log shippers. RUST_LOG sets the filter (default `info`); its levels can be
-/// changed while the broker runs (BROKER_LOGGER, see `sluice::loggers`).
+/// changed while the broker runs (BROKER_LOGGER, see `sluice::observe::loggers`).
 fn init_logging(format: &str) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -107,7 +109,8 @@ fn init_logging(format: &str) {
         .ok()
         .filter(|d| tracing_subscriber::EnvFilter::try_new(d).is_ok())
         .unwrap_or_else(|| "info".to_string());
-    let registry = tracing_subscriber::registry().with(sluice::loggers::install(&directives));
+    let registry =
+        tracing_subscriber::registry().with(sluice::observe::loggers::install(&directives));
     let layer = tracing_subscriber::fmt::layer().with_thread_names(true);
     if format == "json" {
         registry.with(layer.json().with_current_span(false)).init();
@@ -186,8 +189,8 @@ fn main() {
                 .and_then(|s| BrokerConfig::resolve(s, sluice_shard::runtime::online_cpus().len()))
                 .map_err(CliError::from)
                 .and_then(|config| {
-                    let findings = sluice::check::run(&config);
-                    sluice::check::report(&findings, &mut std::io::stdout().lock())
+                    let findings = crate::cli::check::run(&config);
+                    crate::cli::check::report(&findings, &mut std::io::stdout().lock())
                         .map_err(CliError::Report)
                 });
             match ok {
@@ -208,9 +211,9 @@ fn main() {
         }
         Command::Txn(t) => {
             let r = match t.command {
-                TxnCommand::List => sluice::txn_cli::list(&t.bootstrap),
+                TxnCommand::List => crate::cli::txn::list(&t.bootstrap),
                 TxnCommand::Describe { transactional_id } => {
-                    sluice::txn_cli::describe(&t.bootstrap, &transactional_id)
+                    crate::cli::txn::describe(&t.bootstrap, &transactional_id)
                 }
             };
             if let Err(e) = r {
@@ -220,14 +223,14 @@ fn main() {
             return;
         }
         Command::Lag(l) => {
-            if let Err(e) = sluice::lag_cli::run(&l) {
+            if let Err(e) = crate::cli::lag::run(&l) {
                 eprintln!("sluice lag: {e}");
                 std::process::exit(1);
             }
             return;
         }
         Command::Cluster(c) => {
-            if let Err(e) = sluice::cluster_cli::run(c) {
+            if let Err(e) = crate::cli::cluster::run(c) {
                 eprintln!("sluice cluster: {e}");
                 std::process::exit(1);
             }
@@ -248,7 +251,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let settings = args.settings.or(file);
     // `serve` starts logging here: the format comes from its flags or file.
     let format = settings.log_format.as_deref().unwrap_or("text");
-    if !sluice::config::LOG_FORMATS.contains(&format) {
+    if !sluice::base::config::LOG_FORMATS.contains(&format) {
         return Err(ConfigError::Value {
             flag: "--log-format".into(),
             value: format.into(),
@@ -261,7 +264,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     if let Some(p) = &args.config {
         config.add_file_alert_rules(p)?;
     }
-    sluice::host::raise_limits();
+    sluice::base::host::raise_limits();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(CliError::Signal)?;
@@ -273,13 +276,13 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
 #[derive(Debug, thiserror::Error)]
 enum GroupError {
     #[error(transparent)]
-    Cli(#[from] sluice::group_cli::GroupCliError),
+    Cli(#[from] crate::cli::group::GroupCliError),
     #[error("one of --to-earliest, --to-latest, --to-offset N")]
     NoResetTarget,
 }
 
 fn group(g: GroupArgs) -> Result<(), GroupError> {
-    use sluice::group_cli::{self, ResetTo};
+    use crate::cli::group::{self as group_cli, ResetTo};
     let b = &g.bootstrap;
     let done = match g.command {
         GroupCommand::List => group_cli::list(b),

@@ -10,14 +10,14 @@ use std::time::Duration;
 use sluice_shard::{Mesh, MeshBuilders, MeshLimits, RuntimeConfig, ShardId};
 use sluice_storage::{DescriptorPool, Storage, StorageLimits, SystemClock};
 
-use crate::broker::{Broker, ShardLimits};
-use crate::config::BrokerConfig;
-use crate::controller::Controller;
-use crate::dispatch::ShardServer;
-use crate::group::shard::GroupShell;
-use crate::metadata::{FileMetadataStore, MetadataStore};
-use crate::quorum_io::{QuorumConfig, QuorumNode};
-use crate::rpc::{Answered, ShardReq};
+use crate::base::config::BrokerConfig;
+use crate::base::metadata::{FileMetadataStore, MetadataStore};
+use crate::base::rpc::{Answered, ShardReq};
+use crate::cluster::controller::Controller;
+use crate::cluster::quorum_io::{QuorumConfig, QuorumNode};
+use crate::coord::group::shard::GroupShell;
+use crate::partition::broker::{Broker, ShardLimits};
+use crate::serve::dispatch::ShardServer;
 
 /// Why the broker did not start, or stopped on an error; `sluice serve` prints it.
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +25,7 @@ pub enum NodeError {
     /// A listen address held by another process, or the data directory locked by
     /// another broker.
     #[error(transparent)]
-    Host(#[from] crate::host::HostError),
+    Host(#[from] crate::base::host::HostError),
     #[error("creating {}: {source}", path.display())]
     CreateDataDir {
         path: PathBuf,
@@ -73,7 +73,7 @@ pub enum ShardError {
     Mesh(sluice_shard::MeshError),
     /// Shard 0's voter of the metadata quorum did not start.
     #[error(transparent)]
-    Quorum(#[from] crate::quorum_io::QuorumIoError),
+    Quorum(#[from] crate::cluster::quorum_io::QuorumIoError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -89,9 +89,9 @@ const FLUSH_CHECK_MS: u64 = 100;
 
 /// Refuses to start when another process holds the Kafka or controller port, after
 /// waiting a bounded time for one a crashed predecessor still holds (see
-/// [`crate::host::wait_port_free`]).
+/// [`crate::base::host::wait_port_free`]).
 pub fn check_port_free(config: &BrokerConfig) -> Result<(), NodeError> {
-    use crate::host::{wait_port_free, PORT_WAIT_MAX};
+    use crate::base::host::{wait_port_free, PORT_WAIT_MAX};
     wait_port_free(config.listen, "the Kafka listener", PORT_WAIT_MAX)?;
     if let Some(c) = config.controller_listen {
         wait_port_free(c, "the controller listener", PORT_WAIT_MAX)?;
@@ -123,7 +123,8 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     check_port_free(&config)?;
     prepare_data_dir(&config.data_dir)?;
     // Held until the process exits (the kernel drops it then, even on SIGKILL).
-    let _lock = crate::host::lock_data_dir(&config.data_dir, crate::host::PORT_WAIT_MAX)?;
+    let _lock =
+        crate::base::host::lock_data_dir(&config.data_dir, crate::base::host::PORT_WAIT_MAX)?;
     tracing::info!(
         node = config.node_id,
         voters = config.controller_quorum.len(),
@@ -131,10 +132,13 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         "starting"
     );
     let descriptors = descriptor_budget(config.cores);
-    let registry = Arc::new(crate::metrics::Registry::new(config.node_id, config.cores));
-    let metrics_addr = crate::metrics::start(config.metrics_listen, registry.clone())
+    let registry = Arc::new(crate::observe::metrics::Registry::new(
+        config.node_id,
+        config.cores,
+    ));
+    let metrics_addr = crate::observe::metrics::start(config.metrics_listen, registry.clone())
         .map_err(NodeError::Metrics)?;
-    let lag = crate::lag::install(&config, &registry).map_err(NodeError::Alerts)?;
+    let lag = crate::observe::lag::install(&config, &registry).map_err(NodeError::Alerts)?;
     if let Some(addr) = metrics_addr {
         tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
     }
@@ -277,8 +281,8 @@ fn split_descriptors(limit: usize, shards: usize) -> Descriptors {
 /// HTTP thread).
 struct Shared {
     descriptors: Descriptors,
-    registry: Arc<crate::metrics::Registry>,
-    lag: Arc<crate::lag::LagBoard>,
+    registry: Arc<crate::observe::metrics::Registry>,
+    lag: Arc<crate::observe::lag::LagBoard>,
 }
 
 async fn run_shard(
@@ -342,12 +346,12 @@ async fn run_shard(
     let broker = Rc::new(Broker::new(config, mesh.clone(), storage, limits, registry));
     // The layers above the partition host subscribe to its events; the shard's server
     // owns them and answers every cross-shard call.
-    let replication = Rc::new(crate::fetcher::Replication::default());
+    let replication = Rc::new(crate::cluster::fetcher::Replication::default());
     let alters = replication.alters();
     broker.subscribe(replication);
     let groups = GroupShell::start(&broker);
-    crate::group::lag::start(&broker, &groups, lag);
-    let txns = crate::txn::TxnShell::start(&broker);
+    crate::coord::group::lag::start(&broker, &groups, lag);
+    let txns = crate::coord::txn::TxnShell::start(&broker);
     let server = Rc::new(ShardServer {
         broker: broker.clone(),
         controller,
@@ -358,13 +362,20 @@ async fn run_shard(
         receivers,
         Rc::new(move |_from, req| {
             let server = server.clone();
-            Box::pin(async move { crate::rpc::serve(&*server, req).await })
+            Box::pin(async move { crate::base::rpc::serve(&*server, req).await })
         }),
     );
-    glommio::spawn_local(crate::fetcher::isr_checker(Rc::downgrade(&broker), alters)).detach();
+    glommio::spawn_local(crate::cluster::fetcher::isr_checker(
+        Rc::downgrade(&broker),
+        alters,
+    ))
+    .detach();
     // Space preallocated ahead of segment writes stays out of the reserve.
     sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
-    glommio::spawn_local(crate::disk::DiskWatch::run(Rc::downgrade(&broker.disk))).detach();
+    glommio::spawn_local(crate::partition::disk::DiskWatch::run(Rc::downgrade(
+        &broker.disk,
+    )))
+    .detach();
     glommio::spawn_local(offline_tender(Rc::downgrade(&broker))).detach();
     let listening = Rc::new(std::cell::Cell::new(false));
     glommio::spawn_local(metrics_publisher(
@@ -404,23 +415,23 @@ async fn run_shard(
     // without recovery.
     let (clean, recovered) = broker.storage.logs_opened();
     tracing::info!(%shard, clean, recovered, "logs opened: {clean} clean, {recovered} recovered");
-    let listener = crate::server::bind(listen).map_err(|source| ShardError::Bind {
+    let listener = crate::serve::server::bind(listen).map_err(|source| ShardError::Bind {
         addr: listen,
         source,
     })?;
-    let server = glommio::spawn_local(crate::server::serve(broker.clone(), listener));
+    let server = glommio::spawn_local(crate::serve::server::serve(broker.clone(), listener));
     listening.set(true);
     broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
         tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
         // systemd's Type=notify: the unit is started once every shard serves.
-        crate::host::notify(&format!("READY=1\nSTATUS=serving Kafka on {listen}"));
+        crate::base::host::notify(&format!("READY=1\nSTATUS=serving Kafka on {listen}"));
     }
     while !stop.load(Ordering::SeqCst) {
         glommio::timer::sleep(STOP_POLL).await;
     }
     if shard.0 == 0 {
-        crate::host::notify("STOPPING=1\nSTATUS=stopping");
+        crate::base::host::notify("STOPPING=1\nSTATUS=stopping");
     }
     listening.set(false);
     broker.metrics.set_serving(shard.0, false);
@@ -448,7 +459,7 @@ async fn offline_tender(broker: std::rc::Weak<Broker>) {
 /// once a `SNAPSHOT_INTERVAL`. Shard 0 adds the broker-wide facts.
 async fn metrics_publisher(
     broker: std::rc::Weak<Broker>,
-    txns: std::rc::Weak<crate::txn::TxnShell>,
+    txns: std::rc::Weak<crate::coord::txn::TxnShell>,
     quorum: Option<Rc<QuorumNode>>,
     listening: Rc<std::cell::Cell<bool>>,
 ) {
@@ -464,7 +475,7 @@ async fn metrics_publisher(
             let node = quorum.as_ref().map(|q| {
                 let space = b.disk.space();
                 let (raft_term, active_controller) = q.raft_status();
-                crate::metrics::NodeSnapshot {
+                crate::observe::metrics::NodeSnapshot {
                     active_controller,
                     controller_id: image.controller_id,
                     raft_term,
@@ -479,14 +490,14 @@ async fn metrics_publisher(
             });
             b.metrics.publish(
                 b.shard.0,
-                crate::metrics::ShardSnapshot {
+                crate::observe::metrics::ShardSnapshot {
                     partitions,
                     producer_ids,
                     disk_appends_refused: b.disk.refused(),
                     disk_low: b.disk.low(),
                     open_transactions: txns.open_transactions(),
                     node,
-                    storage: crate::metrics::StorageStat {
+                    storage: crate::observe::metrics::StorageStat {
                         active_logs: b.storage.active_logs() as u64,
                         active_logs_max: b.storage.active_logs_allowed() as u64,
                         reactivations: b.storage.reactivations(),
@@ -498,7 +509,7 @@ async fn metrics_publisher(
                 },
             );
         }
-        glommio::timer::sleep(crate::metrics::SNAPSHOT_INTERVAL).await;
+        glommio::timer::sleep(crate::observe::metrics::SNAPSHOT_INTERVAL).await;
     }
 }
 
@@ -537,7 +548,7 @@ const RAFT_TICK: Duration = Duration::from_millis(100);
 async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
     let mut seen = u64::MAX;
     let mut epoch = 0u64;
-    let mut last: Option<Arc<crate::metadata::MetadataImage>> = None;
+    let mut last: Option<Arc<crate::base::metadata::MetadataImage>> = None;
     loop {
         let listener = quorum.changed.listen();
         let count = quorum.change_count();
@@ -550,7 +561,7 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
         epoch += 1;
         let (mut image, version) = quorum.with_state(|s| {
             (
-                crate::quorum_io::image_of(
+                crate::cluster::quorum_io::image_of(
                     s,
                     quorum.leader_id(),
                     epoch,
@@ -568,7 +579,7 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
         }
         let image = Arc::new(image);
         last = Some(image.clone());
-        crate::controller::publish(&b, image).await;
+        crate::cluster::controller::publish(&b, image).await;
         b.set_published(version);
     }
 }
@@ -578,7 +589,10 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
 /// same cluster id) and renames the file.
 async fn import_legacy_metadata(broker: &Rc<Broker>, quorum: &Rc<QuorumNode>) {
     use sluice_replication::cluster::Command;
-    let path = broker.config.data_dir.join(crate::metadata::METADATA_FILE);
+    let path = broker
+        .config
+        .data_dir
+        .join(crate::base::metadata::METADATA_FILE);
     if !path.exists() || broker.config.controller_quorum.len() != 1 {
         return;
     }

@@ -1,6 +1,6 @@
 //! The classic consumer-group coordinator as a sans-I/O state machine: requests and the
 //! time go in, responses, records for `__consumer_offsets` and deferred replies come
-//! out. No sockets, no disk, no clock: the broker's group shell (`src/group/shard.rs`)
+//! out. No sockets, no disk, no clock: the broker's group shell (`src/coord/group/shard.rs`)
 //! is the I/O shell around it.
 //!
 //! It follows Apache Kafka's `GroupCoordinator`/`GroupMetadata` (the classic protocol):

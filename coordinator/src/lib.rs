@@ -8,7 +8,7 @@
 //!
 //! Requests and the time go in as arguments; answers, records to make durable, deferred
 //! replies and transaction markers to write come out: no sockets, no disk, no clock, no
-//! glommio. The broker's shells (`src/group/` for groups; the transaction shell for
+//! glommio. The broker's shells (`src/coord/group/` for groups; the transaction shell for
 //! [`txn`]) own one coordinator of each kind per shard, feed it, and do the I/O; nothing
 //! here may block or await. State changes that need a record are applied only once the
 //! shell reports the record durable.

@@ -973,7 +973,7 @@ struct PendingLeader {
 /// Everything about one partition replica that decides correctness, as one pure state
 /// machine: the role ([`Leader`] / [`Follower`]), the leader-epoch history, the durable
 /// log end, the high watermark kept across roles, and the leader epoch of the latest
-/// metadata. The shell (src/replica.rs, src/fetcher.rs, the simulation) does the I/O and
+/// metadata. The shell (src/partition/replica.rs, src/cluster/fetcher.rs, the simulation) does the I/O and
 /// feeds results in; every transition checks its preconditions and returns an error for
 /// stale input rather than acting on it.
 ///

@@ -1,0 +1,560 @@
+//! Cross-shard calls: every message one shard sends another, each a type of its own
+//! tied to its reply type at compile time.
+//!
+//! A call is a struct implementing [`ShardCall`], whose `Reply` names what the serving
+//! shard answers. [`shard_calls!`] generates, from one table, the request envelope the
+//! mesh carries ([`ShardReq`]: each variant holds the call and its own reply slot, an
+//! [`Answer`] of the call's reply type), the [`ShardService`] trait with one method per
+//! call (implemented by the shard's server, `crate::serve::dispatch`) and [`serve`], which puts
+//! each method's result into the slot that came with the call. Adding a call is one line
+//! in the table; a handler that returned the wrong reply, or a caller that expected
+//! another, does not compile, and no reply is ever matched against its call at run time.
+//!
+//! The mesh itself only carries [`Answered`] back: the token `serve` gets by filling the
+//! slot, which tells the caller (through the mesh's correlation) that its reply is in
+//! its slot. The slot is written before the token is sent, and the token reaches the
+//! caller through a channel, so the caller always finds the reply there.
+//!
+//! The message types live here, below every module that sends or serves them, so the
+//! shard context (`crate::partition::broker`) can carry them without knowing the controller or the
+//! group shell.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{
+    Code, CommitArgs, GroupState, GroupSummary, JoinArgs, Leaving, StableFetch, SyncArgs,
+    TxnCommitArgs,
+};
+use sluice_coordinator::txn::{
+    AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
+    TxnDescription, Verified,
+};
+use sluice_replication::cluster::{Applied, Command};
+use sluice_storage::producer::ActiveProducer;
+use uuid::Uuid;
+
+use crate::base::error::ApiError;
+use crate::base::metadata::{MetadataImage, TopicMeta};
+
+/// A call one shard makes to another over the mesh.
+pub trait ShardCall: Sized {
+    /// What the serving shard answers.
+    type Reply;
+    /// The mesh's envelope for this call, carrying the slot its reply goes into.
+    fn into_request(self, answer: Answer<Self::Reply>) -> ShardReq;
+}
+
+/// The slot a call's reply is put in by the serving shard (which may be another
+/// thread). Made with the call by [`Answer::new`]; the caller keeps the [`Reply`] end.
+pub struct Answer<R>(Arc<Mutex<Option<R>>>);
+
+/// The caller's end of an [`Answer`].
+pub struct Reply<R>(Arc<Mutex<Option<R>>>);
+
+/// What the mesh carries back: proof that [`serve`] filled the call's slot. Only
+/// [`Answer::give`] makes one.
+pub struct Answered(());
+
+impl<R> Answer<R> {
+    pub fn new() -> (Answer<R>, Reply<R>) {
+        let slot = Arc::new(Mutex::new(None));
+        (Answer(slot.clone()), Reply(slot))
+    }
+
+    /// Puts the reply in the caller's slot.
+    pub fn give(self, reply: R) -> Answered {
+        // A poisoned lock means a thread panicked while holding it, and a shard that
+        // panics aborts the process (panic = abort), so this lock is never poisoned.
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(reply);
+        Answered(())
+    }
+}
+
+impl<R> Reply<R> {
+    /// The reply, once the mesh returned the call's [`Answered`]; `None` if the call
+    /// ended without one (its serving task was dropped at shutdown).
+    pub fn take(self) -> Option<R> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+macro_rules! shard_calls {
+    ($( $(#[$doc:meta])* $call:ident => $method:ident -> $reply:ty; )*) => {
+        /// The mesh's request envelope: one variant per call, with its reply slot.
+        pub enum ShardReq {
+            $( $(#[$doc])* $call($call, Answer<$reply>), )*
+        }
+
+        $(
+            impl ShardCall for $call {
+                type Reply = $reply;
+                fn into_request(self, answer: Answer<$reply>) -> ShardReq {
+                    ShardReq::$call(self, answer)
+                }
+            }
+        )*
+
+        /// What a shard serves: one method per call.
+        #[allow(async_fn_in_trait)]
+        pub trait ShardService {
+            $( async fn $method(&self, call: $call) -> $reply; )*
+        }
+
+        /// Answers one call, into its own slot.
+        pub async fn serve<S: ShardService>(service: &S, req: ShardReq) -> Answered {
+            match req {
+                $( ShardReq::$call(c, answer) => answer.give(service.$method(c).await), )*
+            }
+        }
+    };
+}
+
+shard_calls! {
+    /// Produce to partitions of the serving shard.
+    Produce => produce -> Vec<Result<Appended, ApiError>>;
+    /// OffsetForLeaderEpoch for partitions of the serving shard.
+    EpochEnd => epoch_end -> Vec<Result<(i32, i64), ApiError>>;
+    /// Read partitions without waiting.
+    Read => read -> Vec<ReadOut>;
+    /// Wait until any partition's visible end passes its offset (durable end for a
+    /// follower fetch, high watermark for a consumer), or the timeout.
+    Wait => wait -> bool;
+    ListOffsets => list_offsets -> Vec<Result<(i64, i64, i32), ApiError>>;
+    /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
+    OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
+    DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
+    /// The producers each partition's log remembers (DescribeProducers).
+    DescribeProducers => describe_producers -> Vec<Result<Vec<ActiveProducer>, ApiError>>;
+    /// The serving shard's logs: sizes of the open ones, causes of the offline ones.
+    DescribeLogs => describe_logs -> ShardLogs;
+    /// Adopt a new metadata image (from the controller).
+    Apply => apply -> ();
+    // Metadata changes, for the controller on shard 0.
+    CreateTopics => create_topics -> Vec<Result<(String, TopicMeta), ApiError>>;
+    DeleteTopics => delete_topics -> Vec<Result<(String, Uuid), ApiError>>;
+    CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
+    AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
+    ElectLeaders => elect_leaders -> Vec<((String, i32), Result<(), ApiError>)>;
+    /// A command from inside the broker (an ISR change from a partition leader).
+    Propose => propose -> Result<Applied, ApiError>;
+    /// One producer id from this broker's controller-allocated block (InitProducerId).
+    AllocateProducerId => allocate_producer_id -> Result<i64, ApiError>;
+    // Consumer-group requests, for the home shard of the group's `__consumer_offsets`
+    // partition (see `crate::coord::group`).
+    JoinGroup => join_group -> Result<JoinGroupResponse, ApiError>;
+    SyncGroup => sync_group -> Result<SyncGroupResponse, ApiError>;
+    Heartbeat => heartbeat -> Result<Code, ApiError>;
+    LeaveGroup => leave_group -> Result<(Code, Vec<Code>), ApiError>;
+    CommitOffsets => commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
+    FetchOffsets => fetch_offsets -> Result<StableFetch, ApiError>;
+    /// TxnOffsetCommit: offsets pending until the producer's transaction ends.
+    TxnCommitOffsets => txn_commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
+    DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
+    DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
+    /// Every group the serving shard coordinates.
+    ListGroups => list_groups -> Result<Vec<(String, String, GroupState)>, ApiError>;
+    DeleteGroup => delete_group -> Result<Code, ApiError>;
+    // Transaction calls, for the home shard of the transactional id's
+    // `__transaction_state` partition (see `crate::coord::txn`).
+    TxnInit => txn_init -> Result<ProducerIdAndEpoch, ApiError>;
+    TxnAdd => txn_add -> Result<(), ApiError>;
+    TxnAddOffsets => txn_add_offsets -> Result<(), ApiError>;
+    TxnEnd => txn_end -> Result<ProducerIdAndEpoch, ApiError>;
+    TxnDescribe => txn_describe -> Result<TxnDescription, ApiError>;
+    /// KIP-890 verification: are these partitions in the id's ongoing transaction?
+    TxnVerify => txn_verify -> Result<Verified, ApiError>;
+    /// Every transaction the serving shard coordinates.
+    TxnList => txn_list -> Result<ListedTxns, ApiError>;
+    /// Transaction markers for partitions of the serving shard (WriteTxnMarkers).
+    WriteMarkers => write_markers -> Vec<Result<(), ApiError>>;
+}
+
+// ---- partition calls ----
+
+/// Produce work for one partition on its home shard.
+#[derive(Debug)]
+pub struct ProduceItem {
+    pub topic: String,
+    pub partition: i32,
+    /// One or more v2 batches, a zero-copy slice of the request frame.
+    pub records: Bytes,
+    /// The producer's transactional id (transactional batches are verified with its
+    /// coordinator, KIP-890).
+    pub transactional_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub base_offset: i64,
+    pub log_append_time_ms: i64,
+    pub log_start_offset: i64,
+}
+
+pub struct Produce {
+    pub acks: i16,
+    /// How long acks=all may wait for the in-sync replicas.
+    pub timeout: Duration,
+    pub items: Vec<ProduceItem>,
+}
+
+/// (topic, partition, current leader epoch, epoch asked).
+pub struct EpochEnd {
+    pub items: Vec<(String, i32, i32, i32)>,
+}
+
+#[derive(Debug)]
+pub struct ReadItem {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub max_bytes: usize,
+    /// The fetching follower's broker id, or -1 for a consumer.
+    pub replica_id: i32,
+    /// The requester's view of the leader epoch (KIP-320), -1 if none.
+    pub current_leader_epoch: i32,
+    /// isolation_level=1: read only below the last stable offset.
+    pub read_committed: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct ReadOut {
+    pub error: Option<ApiError>,
+    pub high_watermark: i64,
+    /// The last stable offset (the high watermark while no transaction is open).
+    pub last_stable_offset: i64,
+    pub log_start_offset: i64,
+    pub records: Bytes,
+    /// read_committed: the aborted transactions in the returned range, as
+    /// (producer id, first offset).
+    pub aborted: Vec<(i64, i64)>,
+}
+
+pub struct Read {
+    pub items: Vec<ReadItem>,
+}
+
+pub struct Wait {
+    /// (topic, partition, offset to pass).
+    pub items: Vec<(String, i32, i64)>,
+    pub timeout: Duration,
+    pub follower: bool,
+    /// A read_committed consumer: wait for the last stable offset to pass.
+    pub read_committed: bool,
+}
+
+/// (topic, partition, timestamp: -2 earliest, -1 latest, else first at or after,
+/// current leader epoch or -1 (KIP-320)).
+pub struct ListOffsets {
+    pub items: Vec<(String, i32, i64, i32)>,
+    /// isolation_level=1: "latest" is the last stable offset.
+    pub read_committed: bool,
+}
+
+/// (topic, partition) of ListOffsets v0 requests.
+pub struct OffsetsBefore {
+    pub items: Vec<(String, i32)>,
+    /// Only the leader answers (false for Kafka's debugging replica id -2, which any
+    /// replica answers).
+    pub leader_only: bool,
+}
+
+/// A partition's log as ListOffsets v0 sees it (Kafka's "offset-time array"): per
+/// segment, oldest first, its base offset (at least the log start) and the modification
+/// time of its file; then, if the active segment holds data, the log end offset and the
+/// time now. Plus the high watermark when a leader answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentTimes {
+    pub offset_times: Vec<(i64, i64)>,
+    pub high_watermark: Option<i64>,
+}
+
+/// (topic, partition, delete before this offset; -1 = high watermark).
+pub struct DeleteRecords {
+    pub items: Vec<(String, i32, i64)>,
+}
+
+/// (topic, partition) whose producers to describe.
+pub struct DescribeProducers {
+    pub items: Vec<(String, i32)>,
+}
+
+pub struct Apply(pub Arc<MetadataImage>);
+
+pub struct DescribeLogs;
+
+/// One shard's part of DescribeLogDirs.
+#[derive(Debug, Default)]
+pub struct ShardLogs {
+    /// (topic, partition, bytes on disk, log end minus high watermark).
+    pub online: Vec<(String, i32, u64, i64)>,
+    /// (topic, partition, cause).
+    pub offline: Vec<(String, i32, String)>,
+}
+
+// ---- controller calls ----
+
+#[derive(Debug, Clone)]
+pub struct NewTopic {
+    pub name: String,
+    /// -1: the broker default.
+    pub num_partitions: i32,
+    /// -1: the default, min(3, live brokers).
+    pub replication_factor: i16,
+    pub configs: Vec<(String, Option<String>)>,
+    /// Manual replica assignments, (partition index, broker ids) as the client sent
+    /// them; empty: placed by the controller. With them, `num_partitions` and
+    /// `replication_factor` must be -1.
+    pub assignments: Vec<(i32, Vec<i32>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TopicRef {
+    Name(String),
+    Id(Uuid),
+}
+
+/// IncrementalAlterConfigs operations (Kafka's numbering).
+pub const OP_SET: i8 = 0;
+pub const OP_DELETE: i8 = 1;
+pub const OP_APPEND: i8 = 2;
+pub const OP_SUBTRACT: i8 = 3;
+
+/// One IncrementalAlterConfigs operation: (config name, operation, value).
+pub type ConfigOp = (String, i8, Option<String>);
+
+pub struct CreateTopics {
+    pub topics: Vec<NewTopic>,
+    pub validate_only: bool,
+}
+
+pub struct DeleteTopics {
+    pub topics: Vec<TopicRef>,
+}
+
+/// One topic of a CreatePartitions call.
+#[derive(Debug, Clone)]
+pub struct NewPartitions {
+    pub topic: String,
+    /// The new total partition count.
+    pub count: i32,
+    /// Manual replica assignments, one per new partition; `None`: placed by the
+    /// controller.
+    pub assignments: Option<Vec<Vec<i32>>>,
+}
+
+pub struct CreatePartitions {
+    pub items: Vec<NewPartitions>,
+    pub validate_only: bool,
+}
+
+/// ElectLeaders: one election per partition, preferred or (`unclean`) unclean.
+/// `partitions: None` asks for every partition, and is answered only for those that
+/// needed an election (as Kafka's controller does).
+pub struct ElectLeaders {
+    pub unclean: bool,
+    pub partitions: Option<Vec<(String, i32)>>,
+}
+
+/// How an AlterConfigs call changes one topic's explicit configs.
+#[derive(Debug, Clone)]
+pub enum ConfigChange {
+    /// IncrementalAlterConfigs: operations on the current explicit set.
+    Incremental(Vec<ConfigOp>),
+    /// Legacy AlterConfigs: the new explicit set, replacing the current one (a config
+    /// left out goes back to its default).
+    Replace(BTreeMap<String, String>),
+}
+
+/// Config changes: topics' (`items`), then dynamic broker configs' (`brokers`, by scope:
+/// -1 for the cluster-wide defaults, else a broker id). One result per item, then one
+/// per broker change.
+pub struct AlterConfigs {
+    pub items: Vec<(String, ConfigChange)>,
+    pub brokers: Vec<(i32, ConfigChange)>,
+    pub validate_only: bool,
+}
+
+pub struct Propose(pub Command);
+
+pub struct AllocateProducerId;
+
+// ---- group calls: `partition` is the group's `__consumer_offsets` partition ----
+
+pub struct JoinGroup {
+    pub partition: i32,
+    pub args: JoinArgs,
+}
+
+pub struct SyncGroup {
+    pub partition: i32,
+    pub args: SyncArgs,
+}
+
+pub struct Heartbeat {
+    pub partition: i32,
+    pub group: String,
+    pub generation: i32,
+    pub member: String,
+    pub instance: Option<String>,
+}
+
+pub struct LeaveGroup {
+    pub partition: i32,
+    pub group: String,
+    pub members: Vec<Leaving>,
+}
+
+pub struct CommitOffsets {
+    pub partition: i32,
+    pub args: CommitArgs,
+}
+
+pub struct FetchOffsets {
+    pub partition: i32,
+    pub group: String,
+    /// None: every partition the group has committed.
+    pub partitions: Option<Vec<(String, i32)>>,
+    /// KIP-447: UNSTABLE_OFFSET_COMMIT for partitions with a transactional commit
+    /// pending.
+    pub require_stable: bool,
+}
+
+pub struct TxnCommitOffsets {
+    pub partition: i32,
+    pub args: TxnCommitArgs,
+}
+
+pub struct DeleteOffsets {
+    pub partition: i32,
+    pub group: String,
+    pub partitions: Vec<(String, i32)>,
+}
+
+pub struct DescribeGroup {
+    pub partition: i32,
+    pub group: String,
+}
+
+/// `partition`: any partition the serving shard owns (it lists all it leads).
+pub struct ListGroups {
+    pub partition: i32,
+}
+
+pub struct DeleteGroup {
+    pub partition: i32,
+    pub group: String,
+}
+
+/// A group call knows its `__consumer_offsets` partition (so the router can check
+/// leadership and find the owner shard).
+pub trait GroupCall: ShardCall {
+    fn partition(&self) -> i32;
+}
+
+macro_rules! group_calls {
+    ($($call:ident),*) => {
+        $( impl GroupCall for $call {
+            fn partition(&self) -> i32 {
+                self.partition
+            }
+        } )*
+    };
+}
+
+group_calls!(
+    TxnCommitOffsets,
+    JoinGroup,
+    SyncGroup,
+    Heartbeat,
+    LeaveGroup,
+    CommitOffsets,
+    FetchOffsets,
+    DeleteOffsets,
+    DescribeGroup,
+    ListGroups,
+    DeleteGroup
+);
+
+// ---- transaction calls: `partition` is the id's `__transaction_state` partition ----
+
+pub struct TxnInit {
+    pub partition: i32,
+    pub args: InitArgs,
+}
+
+pub struct TxnAdd {
+    pub partition: i32,
+    pub args: AddArgs,
+}
+
+pub struct TxnAddOffsets {
+    pub partition: i32,
+    pub args: AddOffsetsArgs,
+}
+
+pub struct TxnEnd {
+    pub partition: i32,
+    pub args: EndArgs,
+}
+
+pub struct TxnVerify {
+    pub partition: i32,
+    pub transactional_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub partitions: Vec<(String, i32)>,
+}
+
+pub struct TxnDescribe {
+    pub partition: i32,
+    pub transactional_id: String,
+}
+
+pub struct TxnList {
+    pub partition: i32,
+    pub filter: ListFilter,
+}
+
+/// One end-transaction marker for a partition of the serving shard.
+pub struct MarkerItem {
+    pub topic: String,
+    pub partition: i32,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+pub struct WriteMarkers {
+    pub items: Vec<MarkerItem>,
+}
+
+/// A transaction call knows its `__transaction_state` partition.
+pub trait TxnCall: ShardCall {
+    fn partition(&self) -> i32;
+}
+
+macro_rules! txn_calls {
+    ($($call:ident),*) => {
+        $( impl TxnCall for $call {
+            fn partition(&self) -> i32 {
+                self.partition
+            }
+        } )*
+    };
+}
+
+txn_calls!(
+    TxnInit,
+    TxnAdd,
+    TxnAddOffsets,
+    TxnEnd,
+    TxnVerify,
+    TxnDescribe,
+    TxnList
+);

@@ -1,0 +1,9 @@
+//! The admin CLIs and the preflight check, in the `sluice` binary only: the broker's
+//! library does not contain them. Each speaks the Kafka protocol to any broker (through
+//! `sluice-client`) or reads the config; none runs on a shard.
+
+pub mod check;
+pub mod cluster;
+pub mod group;
+pub mod lag;
+pub mod txn;

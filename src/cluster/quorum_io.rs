@@ -1,0 +1,863 @@
+//! The I/O shell of the metadata quorum, on shard 0 of every broker.
+//!
+//! [`QuorumNode`] drives the sans-I/O [`Quorum`] (crate `sluice-replication`): ticks it,
+//! feeds it the peers' messages from the controller listener, makes each Ready durable
+//! in a [`Journal`] (`<data>/__cluster_metadata/journal`) *before* sending the messages
+//! that must wait for persistence, and hands applied commands back to the proposers.
+//!
+//! Controller duties run on whichever node leads the quorum: it fences brokers whose
+//! heartbeats lapse (`broker.session.timeout.ms`), unfences them when heartbeats
+//! return, and moves leadership back to preferred replicas. Every broker proposes its
+//! own registration at start (a new incarnation each start).
+//!
+//! Wire format on the controller port: frames `[len u32 BE][kind u8][payload]`; kind 1
+//! is a raft message (protobuf), kind 2 a broker heartbeat `[node i32 LE][incarnation
+//! u64 LE]`. Each node keeps one outbound connection per peer; inbound connections only
+//! receive. A message that cannot be sent is dropped (raft retransmits).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use event_listener::Event;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::net::TcpStream;
+use glommio::sync::Semaphore;
+use kafka_protocol::error::ResponseError;
+use sluice_replication::cluster::{Applied, ApplyError, ClusterState, Command, ProducerIdBlock};
+use sluice_replication::quorum::{self, Persist, Quorum, Replay};
+use sluice_replication::raft;
+use sluice_storage::journal::Journal;
+
+use crate::base::error::ApiError;
+
+/// Why the quorum node failed: at start-up (the broker does not start), on a journal
+/// write (the process exits), or on one peer connection (it is closed).
+#[derive(Debug, thiserror::Error)]
+pub enum QuorumIoError {
+    #[error("metadata journal: {0}")]
+    OpenJournal(sluice_storage::Error),
+    #[error("metadata journal: unknown record kind {0}")]
+    UnknownRecord(u8),
+    #[error("metadata journal: {0}")]
+    JournalRecord(quorum::DecodeError),
+    /// The restored quorum does not fit this node (or its snapshot does not decode).
+    #[error(transparent)]
+    Start(#[from] quorum::StartError),
+    #[error("binding the controller listener {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// Appending to or rewriting the journal failed.
+    #[error(transparent)]
+    Write(sluice_storage::Error),
+    #[error("unknown controller frame kind {0}")]
+    UnknownFrame(u8),
+    #[error("bad controller frame length {0}")]
+    FrameLength(usize),
+    #[error("controller frame: {0}")]
+    Frame(quorum::DecodeError),
+    /// A peer connection failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+const KIND_RAFT: u8 = 1;
+const KIND_HEARTBEAT: u8 = 2;
+const JOURNAL_ENTRY: u8 = 1;
+const JOURNAL_HARD_STATE: u8 = 2;
+const JOURNAL_SNAPSHOT: u8 = 3;
+/// Largest frame accepted on the controller port.
+const FRAME_MAX: usize = 64 << 20;
+/// Messages queued per peer before new ones are dropped (raft retransmits).
+const PEER_QUEUE: usize = 4096;
+/// How often the preferred-leader check runs on the controller leader.
+const PREFERRED_CHECK: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct QuorumConfig {
+    pub node_id: i32,
+    /// Every voter with its controller address (this node included).
+    pub voters: Vec<(i32, SocketAddr)>,
+    pub listen: Option<SocketAddr>,
+    pub dir: PathBuf,
+    /// One raft tick.
+    pub tick: Duration,
+    pub heartbeat_interval: Duration,
+    pub session_timeout: Duration,
+    /// This broker's Kafka endpoint and rack, for its registration.
+    pub host: String,
+    pub port: i32,
+    pub rack: Option<String>,
+    /// Whether the controller elects preferred replicas by itself (every
+    /// `PREFERRED_CHECK`); without it only ElectLeaders moves leadership back.
+    pub auto_leader_rebalance: bool,
+}
+
+/// Proposals of this node waiting to be applied here, by token, each for one type of
+/// result, with the state version after it.
+type Waiters<T> = RefCell<HashMap<u64, LocalSender<(Result<T, ApplyError>, u64)>>>;
+
+pub struct QuorumNode {
+    cfg: QuorumConfig,
+    incarnation: u64,
+    quorum: RefCell<Quorum>,
+    journal: RefCell<Journal>,
+    /// Entries after the last snapshot, mirrored for journal compaction.
+    tail: RefCell<Vec<raft::prelude::Entry>>,
+    hard_state: RefCell<raft::prelude::HardState>,
+    peers: RefCell<HashMap<u64, Rc<PeerQueue>>>,
+    waiters: Waiters<Applied>,
+    /// Proposals of `AllocateProducerIds`, answered with the block itself.
+    block_waiters: Waiters<ProducerIdBlock>,
+    next_token: Cell<u64>,
+    drive_lock: Semaphore,
+    /// Last heartbeat heard from each broker, with the incarnation it named.
+    last_seen: RefCell<HashMap<i32, (Instant, u64)>>,
+    /// Fence/unfence proposals in flight, so one lapse makes one proposal.
+    proposing: RefCell<HashSet<(i32, bool)>>,
+    was_leader: Cell<bool>,
+    last_leader: Cell<u64>,
+    /// Fires when the state or the leader changed (for the image publisher).
+    pub changed: Event,
+    change_count: Cell<u64>,
+}
+
+fn api_error(e: &ApplyError) -> ApiError {
+    let code = match e {
+        ApplyError::TopicAlreadyExists(_) => ResponseError::TopicAlreadyExists,
+        ApplyError::UnknownTopicOrPartition => ResponseError::UnknownTopicOrPartition,
+        ApplyError::UnknownBroker(_) => ResponseError::BrokerIdNotRegistered,
+        ApplyError::InvalidReplicaAssignment(_) => ResponseError::InvalidReplicaAssignment,
+        ApplyError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
+        ApplyError::FencedLeaderEpoch { .. } => ResponseError::FencedLeaderEpoch,
+        ApplyError::InvalidUpdateVersion { .. } => ResponseError::InvalidUpdateVersion,
+        ApplyError::NotLeader(_) => ResponseError::NotLeaderOrFollower,
+        ApplyError::IneligibleReplica(_) => ResponseError::IneligibleReplica,
+        ApplyError::InvalidRequest(_) => ResponseError::InvalidRequest,
+        ApplyError::ElectionNotNeeded => ResponseError::ElectionNotNeeded,
+        ApplyError::PreferredLeaderNotAvailable => ResponseError::PreferredLeaderNotAvailable,
+        ApplyError::EligibleLeadersNotAvailable => ResponseError::EligibleLeadersNotAvailable,
+    };
+    ApiError::with(code, e.to_string())
+}
+
+pub fn to_api_error(e: &ApplyError) -> ApiError {
+    api_error(e)
+}
+
+impl QuorumNode {
+    /// Opens the journal, restores the quorum and starts the transport and timers.
+    pub fn start(cfg: QuorumConfig) -> Result<Rc<QuorumNode>, QuorumIoError> {
+        let (journal, records) = Journal::open(&cfg.dir).map_err(QuorumIoError::OpenJournal)?;
+        let mut replay = Replay::default();
+        let mut hard_state = raft::prelude::HardState::default();
+        for (kind, payload) in records {
+            match kind {
+                JOURNAL_ENTRY => {
+                    replay.entry(quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?)
+                }
+                JOURNAL_HARD_STATE => {
+                    hard_state = quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?;
+                    replay.hard_state(hard_state.clone());
+                }
+                JOURNAL_SNAPSHOT => {
+                    replay.snapshot(quorum::decode(&payload).map_err(QuorumIoError::JournalRecord)?)
+                }
+                k => return Err(QuorumIoError::UnknownRecord(k)),
+            }
+        }
+        let restored = replay.finish();
+        let tail = restored.entries.clone();
+        let voters: Vec<u64> = cfg.voters.iter().map(|(id, _)| *id as u64).collect();
+        let mut q = Quorum::new(cfg.node_id as u64, &voters, restored)?;
+        if voters.len() == 1 {
+            // A quorum of one need not wait an election timeout to lead.
+            q.campaign();
+        }
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ (u64::from(std::process::id()) << 32);
+        let node = Rc::new(QuorumNode {
+            incarnation,
+            quorum: RefCell::new(q),
+            journal: RefCell::new(journal),
+            tail: RefCell::new(tail),
+            hard_state: RefCell::new(hard_state),
+            peers: RefCell::new(HashMap::new()),
+            waiters: RefCell::new(HashMap::new()),
+            block_waiters: RefCell::new(HashMap::new()),
+            // Tokens of an earlier process may be replayed from the log: start this
+            // process's tokens somewhere else.
+            next_token: Cell::new(incarnation),
+            drive_lock: Semaphore::new(1),
+            last_seen: RefCell::new(HashMap::new()),
+            proposing: RefCell::new(HashSet::new()),
+            was_leader: Cell::new(false),
+            last_leader: Cell::new(0),
+            changed: Event::new(),
+            change_count: Cell::new(0),
+            cfg,
+        });
+        for (id, addr) in node.cfg.voters.clone() {
+            if id != node.cfg.node_id {
+                let q = Rc::new(PeerQueue::default());
+                node.peers.borrow_mut().insert(id as u64, q.clone());
+                glommio::spawn_local(peer_sender(Rc::downgrade(&node), id as u64, addr, q))
+                    .detach();
+            }
+        }
+        if let Some(listen) = node.cfg.listen {
+            let listener =
+                crate::base::util::bind(listen).map_err(|source| QuorumIoError::Bind {
+                    addr: listen,
+                    source,
+                })?;
+            glommio::spawn_local(accept_loop(Rc::downgrade(&node), listener)).detach();
+        }
+        glommio::spawn_local(ticker(Rc::downgrade(&node))).detach();
+        glommio::spawn_local(heartbeater(Rc::downgrade(&node))).detach();
+        glommio::spawn_local(register_self(Rc::downgrade(&node))).detach();
+        Ok(node)
+    }
+
+    pub fn node_id(&self) -> i32 {
+        self.cfg.node_id
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// A copy of the applied state.
+    pub fn state(&self) -> ClusterState {
+        self.quorum.borrow().state().clone()
+    }
+
+    pub fn with_state<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
+        f(self.quorum.borrow().state())
+    }
+
+    /// The controller leader's node id, -1 when none is known.
+    pub fn leader_id(&self) -> i32 {
+        match self.quorum.borrow().leader_id() {
+            0 => -1,
+            id => id as i32,
+        }
+    }
+
+    /// This voter's raft term, and whether it leads the quorum (the active controller).
+    pub fn raft_status(&self) -> (u64, bool) {
+        let q = self.quorum.borrow();
+        (q.term(), q.is_leader())
+    }
+
+    /// Counts state and leader changes; the publisher compares it.
+    pub fn change_count(&self) -> u64 {
+        self.change_count.get()
+    }
+
+    /// True once this broker's registration (this incarnation) is applied.
+    pub fn registered(&self) -> bool {
+        self.with_state(|s| {
+            s.brokers
+                .get(&self.cfg.node_id)
+                .is_some_and(|b| b.incarnation == self.incarnation && !b.fenced)
+        })
+    }
+
+    /// True once the state holds this process's registration (fenced or not): from then
+    /// on it is at least as new as the epochs that registration bumped.
+    pub fn incarnation_known(&self) -> bool {
+        self.with_state(|s| {
+            s.brokers
+                .get(&self.cfg.node_id)
+                .is_some_and(|b| b.incarnation == self.incarnation)
+        })
+    }
+
+    /// Proposes `cmd` and waits until it is applied here, retrying while no leader is
+    /// known, up to `timeout`. Returns the result and the state version after it.
+    pub async fn propose(
+        self: &Rc<Self>,
+        cmd: Command,
+        timeout: Duration,
+    ) -> Result<(Applied, u64), ApiError> {
+        self.propose_to(&cmd, timeout, &self.waiters).await
+    }
+
+    /// Asks the quorum for a block of `count` producer ids for `broker`, waiting as
+    /// [`Self::propose`] does.
+    pub async fn allocate_producer_ids(
+        self: &Rc<Self>,
+        broker: i32,
+        count: i64,
+        timeout: Duration,
+    ) -> Result<ProducerIdBlock, ApiError> {
+        let cmd = Command::AllocateProducerIds { broker, count };
+        let (block, _version) = self.propose_to(&cmd, timeout, &self.block_waiters).await?;
+        Ok(block)
+    }
+
+    /// [`Self::propose`], waiting in `waiters` (see [`Self::answer`]).
+    async fn propose_to<T>(
+        &self,
+        cmd: &Command,
+        timeout: Duration,
+        waiters: &Waiters<T>,
+    ) -> Result<(T, u64), ApiError> {
+        let deadline = Instant::now() + timeout;
+        // One token for every copy: if an earlier copy commits after all, its result is
+        // the one this call returns (a later copy's refusal must not hide it).
+        let token = self.next_token.get();
+        self.next_token.set(token.wrapping_add(1));
+        loop {
+            let (tx, rx) = local_channel::new_bounded(1);
+            waiters.borrow_mut().insert(token, tx);
+            let proposed = self.quorum.borrow_mut().propose(cmd, token);
+            match proposed {
+                Ok(()) => {
+                    self.drive().await;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let got =
+                        futures_lite::future::or(async { rx.recv().await.map(Some) }, async {
+                            glommio::timer::sleep(left.min(Duration::from_secs(5))).await;
+                            Some(None)
+                        })
+                        .await;
+                    waiters.borrow_mut().remove(&token);
+                    match got {
+                        Some(Some((Ok(a), version))) => return Ok((a, version)),
+                        Some(Some((Err(e), _))) => return Err(api_error(&e)),
+                        // Lost (a leader change dropped it): try again if time is left.
+                        _ => {}
+                    }
+                }
+                Err(quorum::QuorumError::NoLeader) => {
+                    waiters.borrow_mut().remove(&token);
+                    glommio::timer::sleep(self.cfg.tick).await;
+                }
+                Err(e) => {
+                    waiters.borrow_mut().remove(&token);
+                    return Err(ApiError::with(
+                        ResponseError::UnknownServerError,
+                        e.to_string(),
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ApiError::with(
+                    ResponseError::RequestTimedOut,
+                    "the metadata quorum did not commit the change in time (no controller leader?)",
+                ));
+            }
+        }
+    }
+
+    fn send(&self, msgs: Vec<raft::prelude::Message>) {
+        for m in msgs {
+            let to = m.to;
+            let mut frame = Vec::new();
+            let payload = quorum::encode(&m);
+            frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
+            frame.push(KIND_RAFT);
+            frame.extend_from_slice(&payload);
+            if let Some(q) = self.peers.borrow().get(&to) {
+                q.push(frame);
+            }
+        }
+    }
+
+    fn persist(&self, p: &Persist) -> Result<(), QuorumIoError> {
+        if let Some(s) = &p.snapshot {
+            // A snapshot from the leader replaces the whole log (raft's storage drops
+            // every entry): rewrite the journal as just that, plus what follows it.
+            if let Some(h) = &p.hard_state {
+                *self.hard_state.borrow_mut() = h.clone();
+            }
+            *self.tail.borrow_mut() = p.entries.clone();
+            return self.compact(s);
+        }
+        let mut records: Vec<(u8, Vec<u8>)> = Vec::new();
+        let mut tail = self.tail.borrow_mut();
+        for e in &p.entries {
+            records.push((JOURNAL_ENTRY, quorum::encode(e)));
+            while tail.last().is_some_and(|l| l.index >= e.index) {
+                tail.pop();
+            }
+            tail.push(e.clone());
+        }
+        if let Some(h) = &p.hard_state {
+            records.push((JOURNAL_HARD_STATE, quorum::encode(h)));
+            *self.hard_state.borrow_mut() = h.clone();
+        }
+        let refs: Vec<(u8, &[u8])> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
+        self.journal
+            .borrow_mut()
+            .append(&refs)
+            .map_err(QuorumIoError::Write)
+    }
+
+    /// Rewrites the journal as the snapshot, the hard state and the entries after it.
+    fn compact(&self, s: &raft::prelude::Snapshot) -> Result<(), QuorumIoError> {
+        let idx = s.get_metadata().index;
+        let mut tail = self.tail.borrow_mut();
+        tail.retain(|e| e.index > idx);
+        let mut records = vec![(JOURNAL_SNAPSHOT, quorum::encode(s))];
+        records.push((
+            JOURNAL_HARD_STATE,
+            quorum::encode(&*self.hard_state.borrow()),
+        ));
+        records.extend(tail.iter().map(|e| (JOURNAL_ENTRY, quorum::encode(e))));
+        let refs: Vec<(u8, &[u8])> = records.iter().map(|(k, b)| (*k, b.as_slice())).collect();
+        self.journal
+            .borrow_mut()
+            .rewrite(&refs)
+            .map_err(QuorumIoError::Write)
+    }
+
+    /// Runs the Ready loop until raft has nothing more to do.
+    pub async fn drive(&self) {
+        let Ok(_guard) = self.drive_lock.acquire_permit(1).await else {
+            return;
+        };
+        loop {
+            let ready = self.quorum.borrow_mut().ready();
+            let Some(mut p) = ready else { break };
+            self.send(std::mem::take(&mut p.send_now));
+            if let Err(e) = self.persist(&p) {
+                // Raft's safety rests on this write: without it the node must stop, and
+                // stop for good (a supervisor restarts it), not linger half alive with
+                // its Kafka port open.
+                exit_on_quorum_io_failure(&e.to_string());
+            }
+            let applied = self.quorum.borrow_mut().advance();
+            self.send(applied.send);
+            if let Some(s) = &applied.snapshot {
+                if let Err(e) = self.compact(s) {
+                    tracing::warn!(error = %e, "compacting the metadata journal failed");
+                }
+            }
+            let version = self.quorum.borrow().state().version;
+            for c in applied.commands {
+                if let Err(e) = &c.result {
+                    tracing::debug!(index = c.index, error = %e, "metadata command refused");
+                }
+                if let Some(t) = c.token {
+                    self.answer(t, c.result, version);
+                }
+            }
+            if applied.state_changed {
+                self.bump_change();
+            }
+        }
+        let leader = self.quorum.borrow().leader_id();
+        if leader != self.last_leader.get() {
+            self.last_leader.set(leader);
+            tracing::info!(node = self.cfg.node_id, leader, "controller leader changed");
+            self.bump_change();
+        }
+    }
+
+    /// Hands a command's result to this node's proposal `token`, if one still waits:
+    /// a producer id block, or a refusal, to [`Self::allocate_producer_ids`] when it
+    /// proposed it, anything else to [`Self::propose`]. Only `AllocateProducerIds`
+    /// applies as a block, so each waiter gets the one type its command yields.
+    fn answer(&self, token: u64, result: Result<Applied, ApplyError>, version: u64) {
+        let block = match &result {
+            Ok(Applied::ProducerIds(block)) => Some(Ok(*block)),
+            Err(e) => Some(Err(e.clone())),
+            Ok(Applied::Done | Applied::Partitions(_)) => None,
+        };
+        if let Some(block) = block {
+            if let Some(w) = self.block_waiters.borrow_mut().remove(&token) {
+                let _ = w.try_send((block, version));
+                return;
+            }
+        }
+        if let Some(w) = self.waiters.borrow_mut().remove(&token) {
+            let _ = w.try_send((result, version));
+        }
+    }
+
+    fn bump_change(&self) {
+        self.change_count.set(self.change_count.get() + 1);
+        self.changed.notify(usize::MAX);
+    }
+
+    /// The leader's periodic duties.
+    fn duties(self: &Rc<Self>, last_preferred: &mut Instant) {
+        let is_leader = self.quorum.borrow().is_leader();
+        if !is_leader {
+            self.was_leader.set(false);
+            return;
+        }
+        let now = Instant::now();
+        if !self.was_leader.get() {
+            // A new leader grants everyone a full session before judging liveness.
+            self.was_leader.set(true);
+            // Only live brokers: a fenced one must prove itself with a heartbeat.
+            let live: Vec<(i32, u64)> = self.with_state(|s| {
+                s.brokers
+                    .values()
+                    .filter(|b| !b.fenced)
+                    .map(|b| (b.id, b.incarnation))
+                    .collect()
+            });
+            let mut seen = self.last_seen.borrow_mut();
+            for (id, inc) in live {
+                seen.insert(id, (now, inc));
+            }
+            if self.with_state(|s| s.cluster_id.is_empty()) {
+                let id = crate::base::metadata::new_cluster_id();
+                self.spawn_propose(Command::Init { cluster_id: id }, None);
+            }
+        }
+        self.last_seen
+            .borrow_mut()
+            .insert(self.cfg.node_id, (now, self.incarnation));
+        let brokers: Vec<(i32, bool, u64)> = self.with_state(|s| {
+            s.brokers
+                .values()
+                .map(|b| (b.id, b.fenced, b.incarnation))
+                .collect()
+        });
+        for (id, fenced, incarnation) in brokers {
+            let seen = self.last_seen.borrow().get(&id).copied();
+            let lapsed = |t: Instant| now.duration_since(t) > self.cfg.session_timeout;
+            if !fenced && seen.is_none_or(|(t, _)| lapsed(t)) {
+                tracing::warn!(broker = id, "broker heartbeats lapsed; fencing it");
+                self.spawn_propose(Command::FenceBroker { id }, Some((id, true)));
+            } else if fenced && seen.is_some_and(|(t, inc)| !lapsed(t) && inc == incarnation) {
+                tracing::info!(broker = id, "fenced broker heartbeats again; unfencing it");
+                self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
+            }
+        }
+        if self.cfg.auto_leader_rebalance && now.duration_since(*last_preferred) >= PREFERRED_CHECK
+        {
+            *last_preferred = now;
+            for (topic, partition) in self.with_state(|s| s.preferred_elections()) {
+                self.spawn_propose(Command::ElectPreferred { topic, partition }, None);
+            }
+        }
+    }
+
+    fn spawn_propose(self: &Rc<Self>, cmd: Command, key: Option<(i32, bool)>) {
+        if let Some(k) = key {
+            if !self.proposing.borrow_mut().insert(k) {
+                return;
+            }
+        }
+        let node = self.clone();
+        glommio::spawn_local(async move {
+            if let Err(e) = node.propose(cmd, node.cfg.session_timeout).await {
+                tracing::debug!(error = %e, "controller proposal failed");
+            }
+            if let Some(k) = key {
+                node.proposing.borrow_mut().remove(&k);
+            }
+        })
+        .detach();
+    }
+
+    fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), QuorumIoError> {
+        match kind {
+            KIND_RAFT => {
+                let m = quorum::decode::<raft::prelude::Message>(payload)
+                    .map_err(QuorumIoError::Frame)?;
+                if let Err(e) = self.quorum.borrow_mut().step(m) {
+                    tracing::debug!(error = %e, "raft refused a message");
+                }
+                Ok(())
+            }
+            KIND_HEARTBEAT if payload.len() == 12 => {
+                let id = i32::from_le_bytes(payload[..4].try_into().unwrap());
+                let incarnation = u64::from_le_bytes(payload[4..].try_into().unwrap());
+                self.last_seen
+                    .borrow_mut()
+                    .insert(id, (Instant::now(), incarnation));
+                Ok(())
+            }
+            k => Err(QuorumIoError::UnknownFrame(k)),
+        }
+    }
+}
+
+async fn ticker(node: std::rc::Weak<QuorumNode>) {
+    let mut last_preferred = Instant::now();
+    loop {
+        let Some(n) = node.upgrade() else { return };
+        let tick = n.cfg.tick;
+        n.quorum.borrow_mut().tick();
+        n.duties(&mut last_preferred);
+        n.drive().await;
+        drop(n);
+        glommio::timer::sleep(tick).await;
+    }
+}
+
+async fn heartbeater(node: std::rc::Weak<QuorumNode>) {
+    loop {
+        let Some(n) = node.upgrade() else { return };
+        let interval = n.cfg.heartbeat_interval;
+        let mut frame = Vec::with_capacity(17);
+        frame.extend_from_slice(&13u32.to_be_bytes());
+        frame.push(KIND_HEARTBEAT);
+        frame.extend_from_slice(&n.cfg.node_id.to_le_bytes());
+        frame.extend_from_slice(&n.incarnation.to_le_bytes());
+        for q in n.peers.borrow().values() {
+            q.push(frame.clone());
+        }
+        n.last_seen
+            .borrow_mut()
+            .insert(n.cfg.node_id, (Instant::now(), n.incarnation));
+        drop(n);
+        glommio::timer::sleep(interval).await;
+    }
+}
+
+/// Proposes this broker's registration until it is applied.
+async fn register_self(node: std::rc::Weak<QuorumNode>) {
+    loop {
+        let Some(n) = node.upgrade() else { return };
+        if n.registered() {
+            tracing::info!(
+                node = n.cfg.node_id,
+                "broker registered with the controller"
+            );
+            return;
+        }
+        // Without a rack, the version-1 command: voters of an older build read it.
+        let cmd = match &n.cfg.rack {
+            None => Command::RegisterBroker {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+            },
+            Some(rack) => Command::RegisterBrokerInRack {
+                id: n.cfg.node_id,
+                host: n.cfg.host.clone(),
+                port: n.cfg.port,
+                incarnation: n.incarnation,
+                rack: rack.clone(),
+            },
+        };
+        if let Err(e) = n.propose(cmd, Duration::from_secs(3)).await {
+            tracing::debug!(error = %e, "registration not committed yet; retrying");
+            let tick = n.cfg.tick;
+            drop(n);
+            glommio::timer::sleep(tick * 3).await;
+        }
+    }
+}
+
+/// Frames waiting for one peer's connection; bounded, oldest kept (raft resends).
+#[derive(Default)]
+struct PeerQueue {
+    frames: RefCell<std::collections::VecDeque<Vec<u8>>>,
+    ready: Event,
+}
+
+impl PeerQueue {
+    fn push(&self, frame: Vec<u8>) {
+        let mut q = self.frames.borrow_mut();
+        if q.len() >= PEER_QUEUE {
+            tracing::debug!("controller queue full; message dropped");
+            return;
+        }
+        q.push_back(frame);
+        drop(q);
+        self.ready.notify(1);
+    }
+
+    fn try_pop(&self) -> Option<Vec<u8>> {
+        self.frames.borrow_mut().pop_front()
+    }
+
+    async fn pop(&self) -> Vec<u8> {
+        loop {
+            let listener = self.ready.listen();
+            if let Some(f) = self.try_pop() {
+                return f;
+            }
+            listener.await;
+        }
+    }
+}
+
+async fn peer_sender(
+    node: std::rc::Weak<QuorumNode>,
+    peer: u64,
+    addr: SocketAddr,
+    rx: Rc<PeerQueue>,
+) {
+    let mut conn: Option<TcpStream> = None;
+    loop {
+        let frame = rx.pop().await;
+        if node.strong_count() == 0 {
+            return;
+        }
+        if conn.is_none() {
+            let connect = TcpStream::connect_timeout(addr, Duration::from_millis(500)).await;
+            match connect {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    conn = Some(s);
+                }
+                Err(e) => {
+                    tracing::trace!(peer, %addr, error = %e, "controller peer unreachable");
+                    if let Some(n) = node.upgrade() {
+                        n.quorum.borrow_mut().report_unreachable(peer);
+                    }
+                    // Drop what is queued: raft resends, and stale heartbeats mislead.
+                    while rx.try_pop().is_some() {}
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            }
+        }
+        let s = conn.as_mut().expect("connected above");
+        let mut buf = frame;
+        // Batch whatever else is queued into one write.
+        while buf.len() < (1 << 20) {
+            match rx.try_pop() {
+                Some(f) => buf.extend_from_slice(&f),
+                None => break,
+            }
+        }
+        if let Err(e) = s.write_all(&buf).await {
+            tracing::debug!(peer, error = %e, "controller connection lost");
+            conn = None;
+            if let Some(n) = node.upgrade() {
+                n.quorum.borrow_mut().report_unreachable(peer);
+            }
+        }
+    }
+}
+
+async fn accept_loop(node: std::rc::Weak<QuorumNode>, listener: glommio::net::TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                let node = node.clone();
+                glommio::spawn_local(async move {
+                    if let Err(e) = receive(node, stream).await {
+                        tracing::debug!(error = %e, "controller connection closed");
+                    }
+                })
+                .detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "controller accept failed");
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn receive(node: std::rc::Weak<QuorumNode>, mut s: TcpStream) -> Result<(), QuorumIoError> {
+    let mut header = [0u8; 5];
+    loop {
+        s.read_exact(&mut header[..4]).await?;
+        let len = u32::from_be_bytes(header[..4].try_into().unwrap()) as usize;
+        if len == 0 || len > FRAME_MAX {
+            return Err(QuorumIoError::FrameLength(len));
+        }
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).await?;
+        let Some(n) = node.upgrade() else {
+            return Ok(());
+        };
+        n.on_frame(body[0], &body[1..])?;
+        if body[0] == KIND_RAFT {
+            n.drive().await;
+        }
+    }
+}
+
+pub use crate::base::config::parse_quorum;
+
+/// The quorum's state as the broker's metadata image.
+pub fn image_of(
+    state: &ClusterState,
+    controller_id: i32,
+    epoch: u64,
+    registered: bool,
+) -> crate::base::metadata::MetadataImage {
+    use crate::base::metadata::{BrokerMeta, MetadataImage, TopicMeta};
+    MetadataImage {
+        epoch,
+        cluster_id: state.cluster_id.clone(),
+        controller_id,
+        registered,
+        brokers: state
+            .brokers
+            .values()
+            .map(|b| {
+                (
+                    b.id,
+                    BrokerMeta {
+                        host: b.host.clone(),
+                        port: b.port,
+                        fenced: b.fenced,
+                        rack: b.rack.clone(),
+                    },
+                )
+            })
+            .collect::<BTreeMap<_, _>>(),
+        broker_configs: state.broker_configs.clone(),
+        topics: state
+            .topics
+            .iter()
+            .map(|(name, t)| {
+                (
+                    name.clone(),
+                    TopicMeta {
+                        id: uuid::Uuid::from_bytes(t.id),
+                        partitions: t.partitions.len() as i32,
+                        configs: t.configs.clone(),
+                        assignments: t.partitions.clone(),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The exit code of a broker whose metadata quorum I/O failed (EX_IOERR of sysexits.h).
+pub const EXIT_QUORUM_IO: i32 = 74;
+
+/// Ends the process after a failed write of the metadata journal, with the cause on
+/// stderr and [`EXIT_QUORUM_IO`]: the node cannot take part in the quorum without it.
+fn exit_on_quorum_io_failure(cause: &str) -> ! {
+    tracing::error!(error = %cause, "persisting the metadata log failed; exiting");
+    eprintln!(
+        "sluice: fatal: writing the metadata journal failed ({cause}); exiting with code {EXIT_QUORUM_IO} so that a supervisor restarts the broker once the disk is fixed"
+    );
+    std::process::exit(EXIT_QUORUM_IO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_flag_parses_and_rejects_nonsense() {
+        let q = parse_quorum("1@127.0.0.1:9192, 2@127.0.0.1:9193").unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[1].0, 2);
+        assert!(parse_quorum("1@127.0.0.1:1,1@127.0.0.1:2").is_err());
+        assert!(parse_quorum("x@127.0.0.1:1").is_err());
+        assert!(parse_quorum("1-127.0.0.1:1").is_err());
+        assert!(parse_quorum("0@127.0.0.1:1").is_err());
+        assert!(parse_quorum("").is_err());
+    }
+}

@@ -1,0 +1,610 @@
+//! The I/O shell around the [`Coordinator`] on one shard: it loads the
+//! `__consumer_offsets` partitions this shard owns (on first use), passes requests and
+//! the time in, appends and flushes the records that come out *before* any answer
+//! leaves, and delivers deferred JoinGroup/SyncGroup answers to the waiting requests.
+//! A ticker fires the coordinator's timers every [`TICK`].
+//!
+//! One [`GroupShell`] per shard, built at start-up (`crate::node`) and owned by the
+//! shard's server (`crate::serve::dispatch`); never shared across cores. It subscribes to the
+//! partition host's leadership changes to forget groups whose `__consumer_offsets`
+//! partition moved. Appends go through one permit so records reach the log in the
+//! order the coordinator produced them.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::sync::Semaphore;
+use kafka_protocol::error::ResponseError;
+
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{
+    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary, JoinToken,
+    Record, StableFetch, SyncToken,
+};
+
+use super::{partition_for, OFFSETS_TOPIC};
+use crate::base::error::ApiError;
+use crate::base::rpc;
+use crate::partition::broker::{Broker, PartitionEvents};
+// Wall-clock time: commit timestamps are stored and compared across restarts.
+use crate::base::util::now_ms;
+
+/// How often timers (session expiry, join/sync deadlines, offset expiry) are checked.
+pub const TICK: Duration = Duration::from_millis(100);
+
+pub struct GroupShell {
+    coord: RefCell<Coordinator>,
+    loaded: RefCell<HashSet<i32>>,
+    load_lock: Semaphore,
+    append_lock: Semaphore,
+    /// Waiting JoinGroup requests: the group and where to send the answer. Joins and
+    /// syncs wait in separate maps keyed by separate token types, so each waiter can
+    /// only receive its own response type.
+    pending_joins: RefCell<Waiters<JoinToken, JoinGroupResponse>>,
+    pending_syncs: RefCell<Waiters<SyncToken, SyncGroupResponse>>,
+    next_token: Cell<u64>,
+}
+
+impl GroupShell {
+    /// The shard's group shell: starts its timer ticker (it ends with the broker) and
+    /// subscribes to the partition host's leadership changes.
+    pub fn start(broker: &Rc<Broker>) -> Rc<GroupShell> {
+        let s = Rc::new(GroupShell {
+            coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
+            loaded: RefCell::new(HashSet::new()),
+            load_lock: Semaphore::new(1),
+            append_lock: Semaphore::new(1),
+            pending_joins: RefCell::new(HashMap::new()),
+            pending_syncs: RefCell::new(HashMap::new()),
+            next_token: Cell::new(1),
+        });
+        broker.subscribe(s.clone());
+        let (b, st) = (Rc::downgrade(broker), Rc::downgrade(&s));
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(TICK).await;
+                // The broker or the shell is gone: the shard is stopping.
+                let (Some(b), Some(st)) = (b.upgrade(), st.upgrade()) else {
+                    return;
+                };
+                let mut fx = Effects::default();
+                st.coord.borrow_mut().tick(now_ms(), &mut fx);
+                st.run_effects(&b, fx).await;
+            }
+        })
+        .detach();
+        s
+    }
+}
+
+impl GroupShell {
+    /// The coordinator, to read (the lag sampler takes the committed offsets).
+    pub fn coordinator(&self) -> std::cell::Ref<'_, Coordinator> {
+        self.coord.borrow()
+    }
+}
+
+/// The coordinator's settings from the broker's (the rest keep Kafka's defaults).
+pub fn coordinator_config(c: &crate::base::config::BrokerConfig) -> CoordinatorConfig {
+    CoordinatorConfig {
+        session_timeout_min_ms: c.group_min_session_timeout_ms,
+        session_timeout_max_ms: c.group_max_session_timeout_ms,
+        initial_rebalance_delay_ms: c.group_initial_rebalance_delay_ms,
+        offsets_retention_ms: c.offsets_retention_minutes * 60_000,
+        // Checked positive by the config (Kafka: at least 1).
+        group_max_size: usize::try_from(c.group_max_size).unwrap_or(1),
+        metadata_batch_bytes_max: crate::partition::broker::INTERNAL_BATCH_BYTES_MAX,
+        ..CoordinatorConfig::default()
+    }
+}
+
+impl PartitionEvents for GroupShell {
+    /// The leadership of a `__consumer_offsets` partition changed on this shard: forget
+    /// its groups, so that they are loaded afresh from the (replicated) log if this
+    /// broker leads the partition again.
+    fn leadership_changed(&self, topic: &str, partition: i32) {
+        if topic != OFFSETS_TOPIC || !self.loaded.borrow_mut().remove(&partition) {
+            return;
+        }
+        // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
+        self.pending_joins
+            .borrow_mut()
+            .retain(|_, (group, _)| partition_for(group) != partition);
+        self.pending_syncs
+            .borrow_mut()
+            .retain(|_, (group, _)| partition_for(group) != partition);
+        let n = self
+            .coord
+            .borrow_mut()
+            .unload(|g| partition_for(g) != partition);
+        tracing::info!(partition, groups = n, "unloaded {OFFSETS_TOPIC} partition");
+    }
+}
+
+/// The group calls, served on the shard owning the group's `__consumer_offsets`
+/// partition (loaded first). Records the coordinator produces are durable before the
+/// answer leaves.
+impl GroupShell {
+    pub async fn join(&self, b: &Broker, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let token = JoinToken(self.new_token());
+        let rx = waiter(&self.pending_joins, token, &c.args.group_id);
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .join(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        wait(rx).await
+    }
+
+    pub async fn sync(&self, b: &Broker, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let token = SyncToken(self.new_token());
+        let rx = waiter(&self.pending_syncs, token, &c.args.group_id);
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .sync(token, now_ms(), c.args, &mut fx);
+        self.run_effects(b, fx).await;
+        wait(rx).await
+    }
+
+    pub async fn heartbeat(&self, b: &Broker, c: rpc::Heartbeat) -> Result<Code, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow_mut().heartbeat(
+            now_ms(),
+            &c.group,
+            c.generation,
+            &c.member,
+            c.instance.as_deref(),
+        ))
+    }
+
+    pub async fn leave(
+        &self,
+        b: &Broker,
+        c: rpc::LeaveGroup,
+    ) -> Result<(Code, Vec<Code>), ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .leave(now_ms(), &c.group, &c.members, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
+
+    pub async fn commit(
+        &self,
+        b: &Broker,
+        c: rpc::CommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let now = now_ms();
+        let plan = self.coord.borrow_mut().plan_commit(now, c.args);
+        // Cancelled while its records are written (its connection went away), the
+        // plan is still settled: expiry skips partitions with a commit in flight.
+        let mut unsettled = Unsettled {
+            coord: &self.coord,
+            plan: Some(plan),
+            fail: Coordinator::fail_commit,
+        };
+        let records = unsettled.plan.as_ref().expect("set").records.clone();
+        let written = self.append(b, records).await;
+        let plan = unsettled.plan.take().expect("set");
+        if let Err(e) = written {
+            self.coord.borrow_mut().fail_commit(&plan);
+            // Not durable: refuse every partition, as Kafka does when the append to the
+            // offsets topic fails (the client retries).
+            let code = if e.code == ResponseError::KafkaStorageError {
+                ResponseError::CoordinatorNotAvailable
+            } else {
+                e.code
+            };
+            let results = plan
+                .results
+                .into_iter()
+                .map(|(tp, r)| (tp, r.and(Err(code))))
+                .collect();
+            return Ok(results);
+        }
+        let results = plan.results.clone();
+        self.coord.borrow_mut().apply_commit(now, plan);
+        Ok(results)
+    }
+
+    pub async fn fetch(&self, b: &Broker, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow().fetch_offsets_stable(
+            &c.group,
+            c.partitions.as_deref(),
+            c.require_stable,
+        ))
+    }
+
+    /// TxnOffsetCommit: the offsets are written as one transactional batch of the
+    /// producer and stay pending until its transaction's marker reaches the partition.
+    pub async fn txn_commit(
+        &self,
+        b: &Broker,
+        c: rpc::TxnCommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let plan = self.coord.borrow_mut().plan_txn_commit(now_ms(), c.args);
+        if plan.records.is_empty() {
+            return Ok(plan.results);
+        }
+        let mut unsettled = Unsettled {
+            coord: &self.coord,
+            plan: Some(plan),
+            fail: Coordinator::fail_txn_commit,
+        };
+        let pending = unsettled.plan.as_ref().expect("set");
+        let (records, producer) = (
+            pending.records.clone(),
+            (pending.producer_id, pending.producer_epoch),
+        );
+        let written = self
+            .append_batch(b, c.partition, &records, Some(producer))
+            .await;
+        let plan = unsettled.plan.take().expect("set");
+        if let Err(e) = written {
+            self.coord.borrow_mut().fail_txn_commit(&plan);
+            let code = if e.code == ResponseError::KafkaStorageError {
+                ResponseError::CoordinatorNotAvailable
+            } else {
+                e.code
+            };
+            return Ok(plan
+                .results
+                .into_iter()
+                .map(|(tp, r)| (tp, r.and(Err(code))))
+                .collect());
+        }
+        let results = plan.results.clone();
+        self.coord.borrow_mut().apply_txn_commit(plan);
+        Ok(results)
+    }
+
+    /// A transaction marker of `producer_id` was written on `__consumer_offsets`
+    /// partition `partition` of this shard: its pending offsets become visible (commit)
+    /// or go (abort).
+    pub fn complete_txn(&self, partition: i32, producer_id: i64, commit: bool) {
+        if !self.loaded.borrow().contains(&partition) {
+            return; // loaded later from the log, marker included
+        }
+        self.coord
+            .borrow_mut()
+            .complete_txn(producer_id, commit, |g| partition_for(g) == partition);
+    }
+
+    pub async fn delete_offsets(
+        &self,
+        b: &Broker,
+        c: rpc::DeleteOffsets,
+    ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .delete_offsets(&c.group, &c.partitions, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
+
+    pub async fn describe(
+        &self,
+        b: &Broker,
+        c: rpc::DescribeGroup,
+    ) -> Result<GroupSummary, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        Ok(self.coord.borrow().describe(&c.group))
+    }
+
+    /// Every group of every `__consumer_offsets` partition this shard leads.
+    pub async fn list(&self, b: &Broker) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+        self.load_all_owned(b).await?;
+        Ok(self.coord.borrow().list())
+    }
+
+    pub async fn delete_group(&self, b: &Broker, c: rpc::DeleteGroup) -> Result<Code, ApiError> {
+        self.ensure_loaded(b, c.partition).await?;
+        let mut fx = Effects::default();
+        let r = self
+            .coord
+            .borrow_mut()
+            .delete_group(now_ms(), &c.group, &mut fx);
+        self.run_effects(b, fx).await;
+        Ok(r)
+    }
+}
+
+/// What a JoinGroup/SyncGroup answer carries when its group's records could not be
+/// appended (Kafka's `storeGroup` mapping): retriable coordinator errors where the
+/// client should find the coordinator again or rejoin, UNKNOWN_SERVER_ERROR for a
+/// record too large to store (the client rejoins; the broker log names the group).
+fn store_error(append: ResponseError) -> ResponseError {
+    use ResponseError as E;
+    match append {
+        E::UnknownTopicOrPartition
+        | E::NotEnoughReplicas
+        | E::NotEnoughReplicasAfterAppend
+        | E::KafkaStorageError => E::CoordinatorNotAvailable,
+        E::NotLeaderOrFollower => E::NotCoordinator,
+        E::RequestTimedOut => E::RebalanceInProgress,
+        E::MessageTooLarge | E::RecordListTooLarge | E::InvalidFetchSize => E::UnknownServerError,
+        other => other,
+    }
+}
+
+/// Requests waiting for a deferred answer: the group and where to send the answer.
+type Waiters<K, R> = HashMap<K, (String, LocalSender<R>)>;
+
+/// Registers a waiter for `token`'s answer.
+fn waiter<K: std::hash::Hash + Eq, R>(
+    pending: &RefCell<Waiters<K, R>>,
+    token: K,
+    group: &str,
+) -> local_channel::LocalReceiver<R> {
+    let (tx, rx) = local_channel::new_bounded(1);
+    let old = pending.borrow_mut().insert(token, (group.to_string(), tx));
+    assert!(old.is_none(), "group waiter tokens are never reused");
+    rx
+}
+
+/// Sends a deferred answer to its waiter, if it still waits.
+fn deliver<K: std::hash::Hash + Eq, R>(pending: &RefCell<Waiters<K, R>>, token: &K, reply: R) {
+    if let Some((_, tx)) = pending.borrow_mut().remove(token) {
+        // The requester may have gone (connection closed): nothing to do.
+        let _ = tx.try_send(reply);
+    }
+}
+
+async fn wait<R>(rx: local_channel::LocalReceiver<R>) -> Result<R, ApiError> {
+    match rx.recv().await {
+        Some(d) => Ok(d),
+        // The group's partition moved to another coordinator while the request waited:
+        // the client finds the new one and retries.
+        None => Err(ApiError::new(ResponseError::NotCoordinator)),
+    }
+}
+
+impl GroupShell {
+    fn new_token(&self) -> u64 {
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        token
+    }
+
+    /// Appends the records, then answers the deferred requests. If a partition's
+    /// records cannot be stored, the answers of their groups carry the append's error
+    /// instead (as Kafka's `storeGroup`) and the coordinator drops the generation the
+    /// records describe ([`Coordinator::metadata_not_stored`]): no member is told of
+    /// an assignment that a restart or a coordinator move would not find.
+    async fn run_effects(&self, broker: &Broker, fx: Effects) {
+        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        for r in fx.records {
+            by_partition
+                .entry(partition_for(&r.group))
+                .or_default()
+                .push(r);
+        }
+        let mut failed: HashMap<String, ResponseError> = HashMap::new();
+        let mut more = Effects::default();
+        for (p, recs) in by_partition {
+            let Err(e) = self.append_batch(broker, p, &recs, None).await else {
+                continue;
+            };
+            let code = store_error(e.code);
+            let groups: HashSet<&str> = recs.iter().map(|r| r.group.as_str()).collect();
+            if code == ResponseError::UnknownServerError {
+                // Not transient: the group's members cannot form a generation until
+                // it shrinks; the operator needs to know which group.
+                tracing::error!(?groups, partition = p, error = %e,
+                    "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
+            } else {
+                tracing::warn!(?groups, partition = p, error = %e,
+                    "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
+            }
+            for r in &recs {
+                failed.insert(r.group.clone(), code);
+                self.coord
+                    .borrow_mut()
+                    .metadata_not_stored(now_ms(), r, &mut more);
+            }
+        }
+        assert!(
+            more.records.is_empty(),
+            "dropping a generation writes nothing"
+        );
+        for reply in fx.replies.into_iter().chain(more.replies) {
+            let group = match &reply {
+                Deferred::Join(t, _) => self.pending_joins.borrow().get(t).map(|w| w.0.clone()),
+                Deferred::Sync(t, _) => self.pending_syncs.borrow().get(t).map(|w| w.0.clone()),
+            };
+            let reply = match group.and_then(|g| failed.get(&g).copied()) {
+                Some(code) => reply.failed(code),
+                None => reply,
+            };
+            match reply {
+                Deferred::Join(token, r) => deliver(&self.pending_joins, &token, r),
+                Deferred::Sync(token, r) => deliver(&self.pending_syncs, &token, r),
+            }
+        }
+    }
+
+    /// Appends records to their partitions and waits until they are durable.
+    async fn append(&self, broker: &Broker, records: Vec<Record>) -> Result<(), ApiError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        for r in records {
+            by_partition
+                .entry(partition_for(&r.group))
+                .or_default()
+                .push(r);
+        }
+        for (p, recs) in by_partition {
+            self.append_batch(broker, p, &recs, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Appends records to one partition as one batch (transactional for a producer, if
+    /// given) and waits until every in-sync replica has it. One append at a time, so
+    /// records reach the log in the order the coordinator produced them.
+    async fn append_batch(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        records: &[Record],
+        producer: Option<(i64, i16)>,
+    ) -> Result<(), ApiError> {
+        let _permit = self
+            .append_lock
+            .acquire_permit(1)
+            .await
+            .expect("append lock never closes");
+        let refs: Vec<sluice_storage::batch::build::NullableRecord<'_>> = records
+            .iter()
+            .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
+            .collect();
+        let mut batch = sluice_storage::batch::build::batch_nullable(now_ms(), &refs);
+        if let Some((producer_id, epoch)) = producer {
+            crate::base::util::mark_transactional(&mut batch, producer_id, epoch);
+        }
+        // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
+        broker
+            .append_replicated(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch))
+            .await
+    }
+
+    async fn load_all_owned(&self, broker: &Broker) -> Result<(), ApiError> {
+        let image = broker.image();
+        let Some(meta) = image.topics.get(OFFSETS_TOPIC) else {
+            return Ok(());
+        };
+        for p in 0..meta.partitions {
+            let leads = meta.assignment(p).map(|a| a.leader) == Some(broker.config.node_id);
+            if leads && broker.owner(meta, p) == broker.shard {
+                self.ensure_loaded(broker, p).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays a partition of `__consumer_offsets` into the coordinator, once.
+    async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
+        if self.loaded.borrow().contains(&partition) {
+            return Ok(());
+        }
+        let _permit = self
+            .load_lock
+            .acquire_permit(1)
+            .await
+            .expect("load lock never closes");
+        if self.loaded.borrow().contains(&partition) {
+            return Ok(());
+        }
+        // Restored members' sessions start now (Kafka: onGroupLoaded).
+        let now = now_ms();
+        let in_partition = |g: &str| partition_for(g) == partition;
+        let replayed = broker
+            .replay(OFFSETS_TOPIC, partition, |rec| {
+                let Some(key) = rec.key else { return };
+                let mut coord = self.coord.borrow_mut();
+                let r = if rec.control {
+                    // An end-transaction marker: key = version i16, type i16
+                    // (0 abort, 1 commit).
+                    if key.len() >= 4 {
+                        let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
+                        coord.load_marker(rec.producer_id, commit, in_partition);
+                    }
+                    Ok(())
+                } else if rec.transactional {
+                    coord.load_txn_record(now, rec.producer_id, &key, rec.value.as_deref())
+                } else {
+                    coord.load_record(now, &key, rec.value.as_deref())
+                };
+                if let Err(e) = r {
+                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
+                }
+            })
+            .await;
+        let loaded = match replayed {
+            Ok(n) => n,
+            Err(e) => {
+                // What was replayed is partial: forget it (its groups would stay
+                // `loading`, never expiring); the next request loads again.
+                self.coord
+                    .borrow_mut()
+                    .unload(|g| partition_for(g) != partition);
+                return Err(e);
+            }
+        };
+        tracing::debug!(
+            partition,
+            records = loaded,
+            "loaded {OFFSETS_TOPIC} partition"
+        );
+        // Groups loaded over group.max.size rebalance now (Kafka's onGroupLoaded).
+        let mut fx = Effects::default();
+        self.coord
+            .borrow_mut()
+            .loaded(now_ms(), in_partition, &mut fx);
+        self.run_effects(broker, fx).await;
+        let fresh = self.loaded.borrow_mut().insert(partition);
+        // Loads run one at a time under the load lock, each after checking the
+        // partition is not loaded; only a load inserts.
+        assert!(
+            fresh,
+            "{OFFSETS_TOPIC} partition {partition} was loaded twice"
+        );
+        Ok(())
+    }
+}
+
+/// A commit plan whose records are being written: dropped before it was settled (the
+/// request task was cancelled), it is failed, so the coordinator stops counting it.
+struct Unsettled<'a, P> {
+    coord: &'a RefCell<Coordinator>,
+    plan: Option<P>,
+    fail: fn(&mut Coordinator, &P),
+}
+
+impl<P> Drop for Unsettled<'_, P> {
+    fn drop(&mut self) {
+        if let Some(plan) = self.plan.take() {
+            if let Ok(mut coord) = self.coord.try_borrow_mut() {
+                (self.fail)(&mut coord, &plan);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_group_writes_answer_with_kafkas_codes() {
+        use ResponseError as E;
+        assert_eq!(store_error(E::MessageTooLarge), E::UnknownServerError);
+        assert_eq!(
+            store_error(E::NotEnoughReplicas),
+            E::CoordinatorNotAvailable
+        );
+        assert_eq!(
+            store_error(E::KafkaStorageError),
+            E::CoordinatorNotAvailable
+        );
+        assert_eq!(store_error(E::NotLeaderOrFollower), E::NotCoordinator);
+        assert_eq!(store_error(E::RequestTimedOut), E::RebalanceInProgress);
+    }
+}

@@ -1,0 +1,627 @@
+//! Fetch (key 1): reads on each partition's home shard, long-poll, byte limits.
+//!
+//! 1. Every partition is read at once on its home shard (one message per shard).
+//! 2. The replies are merged in request order and trimmed to `max_bytes`: the first
+//!    partition with data always keeps at least one whole batch (as Kafka), later ones
+//!    are dropped if they would overflow the budget.
+//! 3. If fewer than `min_bytes` came back and `max_wait_ms` has not passed, the shards
+//!    are asked to wait for an append to any of the partitions (bounded by the
+//!    deadline); then the read is repeated.
+//!
+//! Fetch v0–v3 clients read message sets: the v2 batches read are down-converted to
+//! magic 0 (v0–v1) or magic 1 (v2–v3) by Kafka's rules (`sluice_storage::message_set`:
+//! control batches skipped, records before the fetch offset dropped, at least one
+//! message even past the partition's byte limit). gzip, snappy and lz4 batches are
+//! converted to uncompressed messages; zstd ones cannot be (Kafka allows zstd only in
+//! v2 batches): the partition answers UNSUPPORTED_COMPRESSION_TYPE. As Kafka, a topic
+//! with `compression.type=zstd` answers every Fetch before v10 (KIP-110) that way, and
+//! one with `message.downconversion.enable=false` answers v0–v3 UNSUPPORTED_VERSION.
+//!
+//! Fetch from follower (KIP-392), as Kafka with `replica.selector.class` set to its
+//! rack-aware selector (`--replica-selector rack`, Sluice's default; `leader` turns it
+//! off): a consumer's Fetch v11+ naming its rack (`rack_id`, librdkafka's `client.rack`)
+//! is answered by the partition's leader, when the leader is in another rack and an
+//! in-sync replica is in the consumer's, with that replica as `preferred_read_replica`
+//! and no records (at once, without waiting); the consumer then fetches from it. Every
+//! in-sync follower's log end is at least the high watermark, so it holds any offset a
+//! consumer may fetch. A follower serves consumers' Fetch v11+ up to its own high
+//! watermark (`Replica::fetch_bound`); v0–v10 consumers need the leader
+//! (NOT_LEADER_OR_FOLLOWER elsewhere), as in Kafka.
+//!
+//! Fetch sessions (KIP-227, v7+): the shard's session cache (`crate::base::fetch_session`)
+//! decides whether a request is sessionless, opens a session or is incremental; an
+//! incremental answer lists only the partitions with something new.
+
+use std::collections::HashMap;
+use std::ops::Not;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_request::FetchRequest;
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchResponse, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::BrokerId;
+use sluice_shard::ShardId;
+
+use crate::base::error::{self, ApiError};
+use crate::base::fetch_session::{Cache, Context, PartKey, PartReq, PartResp, TopicKey};
+use crate::base::metadata::MetadataImage;
+use crate::base::rpc::{Read, ReadItem, ReadOut};
+use crate::base::topic_config::{downconversion_enabled, stores_zstd};
+use crate::partition::broker::Broker;
+use crate::partition::replica::ANY_REPLICA_CONSUMER;
+use sluice_replication::cluster::PartitionState;
+use sluice_storage::message_set::{self, MessageSetError};
+use uuid::Uuid;
+
+use crate::base::util::{now_ms, sb};
+
+/// Upper bound on how long one fetch may wait, whatever the client asks.
+const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
+
+struct Slot {
+    topic: kafka_protocol::messages::TopicName,
+    /// The topic's id (answered by Fetch v13+).
+    topic_id: Uuid,
+    /// How the fetch session knows this partition.
+    key: PartKey,
+    /// What the request (or the session) says about it.
+    req: PartReq,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    current_leader_epoch: i32,
+    owner: Option<ShardId>,
+    /// Fetch v13+ named a topic id this broker does not know.
+    unknown_id: bool,
+    /// The topic's `message.downconversion.enable` (looked up for Fetch v0–v3 only,
+    /// true for later versions).
+    downconversion: bool,
+    /// The topic's `compression.type` is zstd (looked up for Fetch before v10 only,
+    /// false for later versions).
+    zstd_topic: bool,
+    /// KIP-392: the replica this consumer should fetch this partition from instead.
+    preferred: Option<i32>,
+}
+
+/// Fetch v13+ names topics by id: each topic's name in the current image (`None`:
+/// unknown id), looked up once per request.
+struct TopicIds<'a> {
+    image: &'a MetadataImage,
+    names: HashMap<Uuid, Option<String>>,
+}
+
+impl TopicIds<'_> {
+    fn name(&mut self, id: Uuid) -> Option<String> {
+        let image = self.image;
+        self.names
+            .entry(id)
+            .or_insert_with(|| image.topic_by_id(id).map(|(n, _)| n.clone()))
+            .clone()
+    }
+}
+
+/// The request's partitions and forgotten partitions as the session cache keys them.
+fn requested(version: i16, req: &FetchRequest) -> (Vec<(PartKey, PartReq)>, Vec<PartKey>) {
+    let topic_key = |name: &kafka_protocol::messages::TopicName, id: Uuid| {
+        if version >= 13 {
+            TopicKey::Id(id)
+        } else {
+            TopicKey::Name(name.0.to_string())
+        }
+    };
+    let parts = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            let key = topic_key(&t.topic, t.topic_id);
+            t.partitions.iter().map(move |p| {
+                let r = PartReq {
+                    fetch_offset: p.fetch_offset,
+                    log_start_offset: p.log_start_offset,
+                    max_bytes: p.partition_max_bytes,
+                    current_leader_epoch: p.current_leader_epoch,
+                    last_fetched_epoch: p.last_fetched_epoch,
+                };
+                ((key.clone(), p.partition), r)
+            })
+        })
+        .collect();
+    let forgotten = req
+        .forgotten_topics_data
+        .iter()
+        .flat_map(|t| {
+            let key = topic_key(&t.topic, t.topic_id);
+            t.partitions.iter().map(move |p| (key.clone(), *p))
+        })
+        .collect();
+    (parts, forgotten)
+}
+
+/// The answer to a Fetch refused as a whole (a fetch session error).
+fn session_error(code: ResponseError) -> FetchResponse {
+    FetchResponse::default()
+        .with_error_code(code.code())
+        .with_session_id(0)
+}
+
+/// Publishes this shard's session count for the metrics endpoint.
+fn publish_sessions(broker: &Broker) {
+    let cache = broker.fetch_sessions.borrow();
+    let m = broker.shard_metrics();
+    m.fetch_sessions
+        .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    m.fetch_session_evictions
+        .store(cache.evictions(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The most a fetch response carries whatever its request asks (Kafka's
+/// fetch.max.bytes default, 55 MiB); a larger first batch still goes out (KIP-74).
+const FETCH_MAX_BYTES: i32 = 55 << 20;
+
+pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> FetchResponse {
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(req.max_wait_ms.max(0) as u64).min(MAX_WAIT_CAP);
+    // As Kafka: the request's limit, within the broker's fetch.max.bytes; 0 (or less)
+    // still returns the first batch found (KIP-74), not everything.
+    let max_bytes = req.max_bytes.clamp(0, FETCH_MAX_BYTES) as usize;
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let image = broker.image();
+    // A follower broker fetching for replication (v14 and below carry its id here).
+    let replica_id = req.replica_id.0;
+    let client_rack = req.rack_id.to_string();
+    let select_for = (version >= 11
+        && replica_id < 0
+        && broker.config.rack_aware_fetch
+        && !client_rack.is_empty())
+    .then_some(client_rack.as_str());
+    let me = broker.config.node_id;
+    let (parts, forgotten) = requested(version, &req);
+    let context = broker.fetch_sessions.borrow_mut().context(
+        version,
+        req.session_id,
+        req.session_epoch,
+        &parts,
+        &forgotten,
+        now_ms().max(0) as u64,
+    );
+    publish_sessions(broker);
+    let parts = match &context {
+        Context::Error(code) => return session_error(*code),
+        Context::Incremental { parts, .. } => parts.clone(),
+        Context::Full | Context::Sessionless => parts,
+    };
+    let mut ids = TopicIds {
+        image: &image,
+        names: HashMap::new(),
+    };
+    let mut slots = Vec::new();
+    for (key, r) in parts {
+        let (name, topic_id, unknown_id) = match &key.0 {
+            TopicKey::Name(n) => {
+                let id = image.topics.get(n.as_str()).map_or(Uuid::nil(), |m| m.id);
+                (n.clone(), id, false)
+            }
+            TopicKey::Id(id) => match ids.name(*id) {
+                Some(n) => (n, *id, false),
+                None => (String::new(), *id, true),
+            },
+        };
+        let meta = image.topics.get(name.as_str()).filter(|_| !unknown_id);
+        let partition = key.1;
+        let owner = meta
+            .filter(|m| (0..m.partitions).contains(&partition))
+            .map(|m| broker.owner(m, partition));
+        let preferred = select_for.and_then(|rack| {
+            let a = meta?.assignment(partition)?;
+            preferred_read_replica(&image, me, a, rack, partition)
+        });
+        slots.push(Slot {
+            topic: kafka_protocol::messages::TopicName(sb(name)),
+            topic_id,
+            req: r,
+            partition,
+            offset: r.fetch_offset,
+            // Redirected: the read only fills in the offsets of the answer.
+            max_bytes: if preferred.is_some() {
+                0
+            } else {
+                r.max_bytes.max(0) as usize
+            },
+            current_leader_epoch: r.current_leader_epoch,
+            owner,
+            unknown_id,
+            // Both flags only for the versions that read them: the effective configs
+            // are a copy of the topic's map, and a follower's fetch of thousands of
+            // partitions made one per partition on every fetch.
+            downconversion: version > 3 || meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+            // The topic's own compression.type, else a dynamic broker default.
+            zstd_topic: version < 10
+                && meta.is_some_and(|m| {
+                    stores_zstd(&crate::base::broker_configs::effective_topic_configs(
+                        &image, me, &m.configs,
+                    ))
+                }),
+            preferred,
+            key,
+        });
+    }
+    let read_committed = replica_id < 0 && req.isolation_level == 1;
+    // Consumers of Fetch v11+ may be served by a follower (KIP-392).
+    let item_replica_id = if replica_id < 0 && version >= 11 {
+        ANY_REPLICA_CONSUMER
+    } else {
+        replica_id
+    };
+    let redirected = slots.iter().any(|s| s.preferred.is_some());
+    let mut outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
+    loop {
+        let total: usize = outs.iter().map(|o| o.records.len()).sum();
+        let any_error = outs.iter().any(|o| o.error.is_some());
+        // A preferred read replica is answered at once, as Kafka does.
+        if total >= min_bytes || any_error || redirected || Instant::now() >= deadline {
+            break;
+        }
+        // Wait for appends past what is there now (not past the fetch offset), so a
+        // partition holding less than min_bytes does not wake the wait at once.
+        let waits = slots
+            .iter()
+            .zip(&outs)
+            .filter_map(|(s, o)| {
+                s.owner.map(|owner| {
+                    (
+                        owner,
+                        (
+                            s.topic.0.to_string(),
+                            s.partition,
+                            // What this fetch may see: up to the last stable
+                            // offset for read_committed, else the high watermark.
+                            s.offset.max(if read_committed {
+                                o.last_stable_offset
+                            } else {
+                                o.high_watermark
+                            }),
+                        ),
+                    )
+                })
+            })
+            .collect();
+        broker
+            .wait_for_data(waits, deadline, replica_id >= 0, read_committed)
+            .await;
+        outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
+    }
+    let mut sessions = broker.fetch_sessions.borrow_mut();
+    let resp = build_response(
+        version,
+        slots,
+        outs,
+        &context,
+        replica_id >= 0,
+        &mut sessions,
+    );
+    drop(sessions);
+    publish_sessions(broker);
+    resp
+}
+
+/// KIP-392's rack-aware selection (Kafka's RackAwareReplicaSelector), made by the
+/// partition's leader only: `None` (read from the leader) unless this broker leads, its
+/// rack is not the consumer's, and a live in-sync replica is in the consumer's rack;
+/// several such replicas share the partitions by partition number.
+fn preferred_read_replica(
+    image: &MetadataImage,
+    me: i32,
+    a: &PartitionState,
+    client_rack: &str,
+    partition: i32,
+) -> Option<i32> {
+    let in_rack = |id: &i32| {
+        image
+            .brokers
+            .get(id)
+            .is_some_and(|b| !b.fenced && b.rack.as_deref() == Some(client_rack))
+    };
+    if a.leader != me || in_rack(&me) {
+        return None;
+    }
+    let candidates: Vec<i32> = a
+        .isr
+        .iter()
+        .copied()
+        .filter(|r| *r != me && in_rack(r))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    Some(candidates[partition.unsigned_abs() as usize % candidates.len()])
+}
+
+async fn read_all(
+    broker: &Rc<Broker>,
+    slots: &[Slot],
+    max_bytes: usize,
+    replica_id: i32,
+    read_committed: bool,
+) -> Vec<ReadOut> {
+    let jobs: Vec<(ShardId, ReadItem)> = slots
+        .iter()
+        .filter_map(|s| {
+            s.owner.map(|o| {
+                (
+                    o,
+                    ReadItem {
+                        topic: s.topic.0.to_string(),
+                        partition: s.partition,
+                        offset: s.offset,
+                        max_bytes: s.max_bytes.min(max_bytes),
+                        replica_id,
+                        current_leader_epoch: s.current_leader_epoch,
+                        read_committed,
+                    },
+                )
+            })
+        })
+        .collect();
+    let mut results = broker
+        .fan_out(
+            jobs,
+            |items| Read { items },
+            |e| ReadOut {
+                error: Some(error::from_mesh(e)),
+                high_watermark: -1,
+                last_stable_offset: -1,
+                log_start_offset: -1,
+                ..Default::default()
+            },
+        )
+        .await
+        .into_iter();
+    let mut outs: Vec<ReadOut> = slots
+        .iter()
+        .map(|s| match s.owner {
+            Some(_) => results.next().expect("one result per job"),
+            None => ReadOut {
+                error: Some(ApiError::new(if s.unknown_id {
+                    ResponseError::UnknownTopicId
+                } else {
+                    ResponseError::UnknownTopicOrPartition
+                })),
+                high_watermark: -1,
+                last_stable_offset: -1,
+                log_start_offset: -1,
+                ..Default::default()
+            },
+        })
+        .collect();
+    trim(&mut outs, max_bytes);
+    outs
+}
+
+/// Enforces the response-wide byte budget in request order.
+fn trim(outs: &mut [ReadOut], max_bytes: usize) {
+    let mut used = 0usize;
+    for o in outs.iter_mut() {
+        let len = o.records.len();
+        if len == 0 {
+            continue;
+        }
+        if used == 0 || used + len <= max_bytes {
+            used += len;
+        } else {
+            o.records = Bytes::new();
+        }
+    }
+}
+
+/// The records of one partition for a Fetch v0–v3 client: message sets of the magic the
+/// version implies.
+fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
+    if version < 10 && s.zstd_topic {
+        *o = ReadOut {
+            error: Some(ApiError::with(
+                ResponseError::UnsupportedCompressionType,
+                "the topic's compression.type is zstd, which Fetch before v10 cannot read",
+            )),
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            ..Default::default()
+        };
+        return;
+    }
+    if version > 3 {
+        return;
+    }
+    if !s.downconversion {
+        *o = ReadOut {
+            error: Some(ApiError::with(
+                ResponseError::UnsupportedVersion,
+                "message.downconversion.enable is false for this topic",
+            )),
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_start_offset: -1,
+            ..Default::default()
+        };
+        return;
+    }
+    if o.records.is_empty() || o.error.is_some() {
+        return;
+    }
+    let magic = if version <= 1 { 0 } else { 1 };
+    match message_set::down_convert(&o.records, magic, s.offset, s.max_bytes) {
+        Ok(set) => o.records = Bytes::from(set),
+        Err(e) => {
+            let code = match e {
+                MessageSetError::Compressed(_) => ResponseError::UnsupportedCompressionType,
+                _ => ResponseError::CorruptMessage,
+            };
+            o.records = Bytes::new();
+            o.error = Some(ApiError::with(code, e.to_string()));
+        }
+    }
+}
+
+/// The response: every partition read for a full fetch (opening a session if asked
+/// and there is room), only those with news for an incremental one.
+fn build_response(
+    version: i16,
+    slots: Vec<Slot>,
+    outs: Vec<ReadOut>,
+    context: &Context,
+    privileged: bool,
+    sessions: &mut Cache,
+) -> FetchResponse {
+    let mut answered: Vec<(Slot, PartitionData)> = slots
+        .into_iter()
+        .zip(outs)
+        .map(|(s, o)| {
+            let pd = partition_data(version, &s, o);
+            (s, pd)
+        })
+        .collect();
+    let session_id = match context {
+        Context::Full => {
+            let cached: Vec<_> = answered
+                .iter()
+                .map(|(s, pd)| (s.key.clone(), s.req, part_resp(pd)))
+                .collect();
+            sessions.open(privileged, version >= 13, &cached, now_ms().max(0) as u64)
+        }
+        Context::Incremental { id, epoch, .. } => {
+            let news: Vec<_> = answered
+                .iter()
+                .map(|(s, pd)| (s.key.clone(), part_resp(pd)))
+                .collect();
+            match sessions.answered(*id, *epoch, &news) {
+                Err(code) => return session_error(code).with_session_id(*id),
+                Ok(Some(keep)) => {
+                    let mut keep = keep.into_iter();
+                    answered.retain(|_| keep.next().unwrap_or(true));
+                }
+                // Evicted meanwhile: everything is answered; the next request learns.
+                Ok(None) => {}
+            }
+            *id
+        }
+        Context::Sessionless | Context::Error(_) => 0,
+    };
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    for (s, pd) in answered {
+        match topics.last_mut() {
+            Some(t) if t.topic == s.topic && t.topic_id == s.topic_id => t.partitions.push(pd),
+            _ => topics.push(
+                FetchableTopicResponse::default()
+                    .with_topic(s.topic)
+                    .with_topic_id(s.topic_id)
+                    .with_partitions(vec![pd]),
+            ),
+        }
+    }
+    FetchResponse::default()
+        .with_session_id(session_id)
+        .with_responses(topics)
+}
+
+/// What a fetch session compares of one partition's answer.
+fn part_resp(pd: &PartitionData) -> PartResp {
+    PartResp {
+        high_watermark: pd.high_watermark,
+        last_stable_offset: pd.last_stable_offset,
+        log_start_offset: pd.log_start_offset,
+        error: pd.error_code != 0,
+        has_records: pd.records.as_ref().is_some_and(|r| !r.is_empty()),
+        preferred_replica: pd.preferred_read_replica.0 >= 0,
+    }
+}
+
+fn partition_data(version: i16, s: &Slot, mut o: ReadOut) -> PartitionData {
+    // An error (the leader moved meanwhile) is answered without a redirect.
+    let preferred = s.preferred.filter(|_| o.error.is_none());
+    if s.preferred.is_some() {
+        o.records = Bytes::new();
+        o.aborted.clear();
+    }
+    down_convert(version, s, &mut o);
+    PartitionData::default()
+        .with_partition_index(s.partition)
+        .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
+        .with_high_watermark(o.high_watermark)
+        .with_last_stable_offset(o.last_stable_offset)
+        .with_log_start_offset(o.log_start_offset)
+        .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
+            o.aborted
+                .iter()
+                .map(|&(pid, first)| {
+                    AbortedTransaction::default()
+                        .with_producer_id(pid.into())
+                        .with_first_offset(first)
+                })
+                .collect()
+        }))
+        .with_preferred_read_replica(BrokerId(preferred.unwrap_or(-1)))
+        .with_records(Some(o.records))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(n: usize) -> ReadOut {
+        ReadOut {
+            records: Bytes::from(vec![0u8; n]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_rack_aware_selector_names_an_in_sync_replica_in_the_consumers_rack() {
+        use crate::base::metadata::BrokerMeta;
+        let mut image = MetadataImage::new_cluster();
+        for (id, rack, fenced) in [
+            (1, "a", false),
+            (2, "b", false),
+            (3, "c", false),
+            (4, "b", true),
+        ] {
+            let b = BrokerMeta {
+                host: "h".into(),
+                port: 1,
+                fenced,
+                rack: Some(rack.into()),
+            };
+            image.brokers.insert(id, b);
+        }
+        let a = PartitionState {
+            replicas: vec![1, 2, 3, 4],
+            isr: vec![1, 2, 4],
+            leader: 1,
+            leader_epoch: 0,
+            partition_epoch: 0,
+            slots: Vec::new(),
+        };
+        assert_eq!(preferred_read_replica(&image, 1, &a, "b", 0), Some(2));
+        // The leader's own rack, a rack whose replica is out of sync, no such rack.
+        assert_eq!(preferred_read_replica(&image, 1, &a, "a", 0), None);
+        assert_eq!(preferred_read_replica(&image, 1, &a, "c", 0), None);
+        assert_eq!(preferred_read_replica(&image, 1, &a, "z", 0), None);
+        // Only the leader selects.
+        assert_eq!(preferred_read_replica(&image, 2, &a, "b", 0), None);
+    }
+
+    #[test]
+    fn trim_keeps_the_first_batch_and_respects_the_budget() {
+        let mut v = vec![out(0), out(100), out(50), out(10)];
+        trim(&mut v, 60);
+        let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
+        assert_eq!(lens, vec![0, 100, 0, 0]);
+        let mut v = vec![out(10), out(20), out(40)];
+        trim(&mut v, 35);
+        let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
+        assert_eq!(lens, vec![10, 20, 0]);
+    }
+}

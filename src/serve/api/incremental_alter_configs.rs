@@ -1,0 +1,218 @@
+//! IncrementalAlterConfigs (key 44): SET / DELETE / APPEND / SUBTRACT on topic configs
+//! and on the dynamic broker configs (see [`crate::base::broker_configs`]): a BROKER resource
+//! named by this broker's id changes its own, the empty name the cluster-wide
+//! defaults; another broker's id is INVALID_REQUEST (clients send it to that broker).
+//! A BROKER_LOGGER resource (this broker's id) sets or removes log levels of this
+//! process, here and at once ([`crate::observe::loggers`]).
+//!
+//! Checked here first, as Kafka's `ConfigAdminManager.preprocess`: every entry of a
+//! resource named twice, a resource naming a config twice, or a null value on an
+//! operation other than DELETE is INVALID_REQUEST and changes nothing.
+
+use std::rc::Rc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, IncrementalAlterConfigsRequest,
+};
+use kafka_protocol::messages::incremental_alter_configs_response::{
+    AlterConfigsResourceResponse, IncrementalAlterConfigsResponse,
+};
+
+use super::describe_configs::{
+    this_broker, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC,
+};
+use super::sb;
+use crate::base::error::ApiError;
+use crate::base::rpc::{AlterConfigs, ConfigChange, OP_DELETE};
+use crate::partition::broker::Broker;
+
+/// The request-shape refusal of each resource, in order (pure; Kafka's preprocess).
+fn shape_errors(resources: &[AlterConfigsResource]) -> Vec<Option<ApiError>> {
+    let invalid = |m: String| Some(ApiError::with(ResponseError::InvalidRequest, m));
+    let named_twice = super::repeated(
+        resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.as_str())),
+    );
+    resources
+        .iter()
+        .map(|r| {
+            if named_twice.contains(&(r.resource_type, r.resource_name.as_str())) {
+                return invalid("Each resource must appear at most once.".into());
+            }
+            if !super::repeated(r.configs.iter().map(|c| c.name.as_str())).is_empty() {
+                return invalid("Error due to duplicate config keys".into());
+            }
+            let nulls: Vec<&str> = r
+                .configs
+                .iter()
+                .filter(|c| c.config_operation != OP_DELETE && c.value.is_none())
+                .map(|c| c.name.as_str())
+                .collect();
+            if !nulls.is_empty() {
+                return invalid(format!(
+                    "Null value not supported for : {}",
+                    nulls.join(", ")
+                ));
+            }
+            None
+        })
+        .collect()
+}
+
+pub async fn handle(
+    broker: &Rc<Broker>,
+    _version: i16,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let mut items = Vec::new();
+    let mut brokers = Vec::new();
+    let mut shape = Vec::new();
+    let me = broker.config.node_id;
+    let refused = shape_errors(&req.resources);
+    for (r, refused) in req.resources.iter().zip(refused) {
+        if let Some(e) = refused {
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
+            continue;
+        }
+        let ops = || -> Vec<crate::base::rpc::ConfigOp> {
+            r.configs
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.to_string(),
+                        c.config_operation,
+                        c.value.as_ref().map(|v| v.to_string()),
+                    )
+                })
+                .collect()
+        };
+        let name = r.resource_name.as_str();
+        if r.resource_type == RESOURCE_BROKER_LOGGER {
+            // This process's log levels: answered here, never through the controller.
+            let done = this_broker(name, me, false)
+                .map_err(|(code, m)| ApiError::with(code, m))
+                .and_then(|()| crate::observe::loggers::alter(&ops(), req.validate_only));
+            shape.push((r.resource_type, r.resource_name.clone(), Some(done)));
+        } else if r.resource_type == RESOURCE_TOPIC {
+            items.push((name.to_string(), ConfigChange::Incremental(ops())));
+            shape.push((r.resource_type, r.resource_name.clone(), None));
+        } else if r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string())
+        {
+            let scope = if name.is_empty() { -1 } else { me };
+            brokers.push((scope, ConfigChange::Incremental(ops())));
+            shape.push((r.resource_type, r.resource_name.clone(), None));
+        } else if r.resource_type == RESOURCE_BROKER {
+            let e = ApiError::with(
+                ResponseError::InvalidRequest,
+                format!("This is broker {me}, not broker {name}"),
+            );
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
+        } else {
+            let e = ApiError::with(
+                ResponseError::InvalidRequest,
+                format!(
+                    "resource type {} cannot be altered on this broker",
+                    r.resource_type
+                ),
+            );
+            shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
+        }
+    }
+    let topics_n = items.len();
+    let n = topics_n + brokers.len();
+    let mut results = match broker
+        .control(AlterConfigs {
+            items,
+            brokers,
+            validate_only: req.validate_only,
+        })
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+    };
+    // The controller answers the topics first, then the broker scopes.
+    let mut broker_results = results.split_off(topics_n.min(results.len())).into_iter();
+    let mut results = results.into_iter();
+    let responses = shape
+        .into_iter()
+        .map(|(rt, name, err)| {
+            let r = match err {
+                Some(answered) => answered,
+                None if rt == RESOURCE_TOPIC => results.next().expect("one per topic"),
+                None => broker_results.next().expect("one per broker scope"),
+            };
+            let base = AlterConfigsResourceResponse::default()
+                .with_resource_type(rt)
+                .with_resource_name(name);
+            match r {
+                Ok(()) => base,
+                Err(e) => base
+                    .with_error_code(e.code())
+                    .with_error_message(e.message.map(sb)),
+            }
+        })
+        .collect();
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig;
+
+    fn resource(name: &str, configs: &[(&str, i8, Option<&str>)]) -> AlterConfigsResource {
+        AlterConfigsResource::default()
+            .with_resource_type(RESOURCE_TOPIC)
+            .with_resource_name(sb(name))
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, op, v)| {
+                        AlterableConfig::default()
+                            .with_name(sb(*k))
+                            .with_config_operation(*op)
+                            .with_value(v.map(sb))
+                    })
+                    .collect(),
+            )
+    }
+
+    #[test]
+    fn repeated_resources_keys_and_null_values_are_invalid_request() {
+        let set = crate::base::rpc::OP_SET;
+        let errors = shape_errors(&[
+            resource("a", &[("retention.ms", set, Some("1"))]),
+            resource(
+                "b",
+                &[
+                    ("retention.ms", set, Some("1")),
+                    ("retention.ms", OP_DELETE, None),
+                ],
+            ),
+            resource("a", &[]),
+            resource(
+                "c",
+                &[("retention.ms", OP_DELETE, None), ("segment.ms", set, None)],
+            ),
+            resource("d", &[("retention.ms", OP_DELETE, None)]),
+        ]);
+        let messages: Vec<_> = errors
+            .into_iter()
+            .map(|e| e.map(|e| (e.code, e.message.unwrap_or_default())))
+            .collect();
+        let invalid = |m: &str| Some((ResponseError::InvalidRequest, m.to_string()));
+        assert_eq!(
+            messages,
+            vec![
+                invalid("Each resource must appear at most once."),
+                invalid("Error due to duplicate config keys"),
+                invalid("Each resource must appear at most once."),
+                invalid("Null value not supported for : segment.ms"),
+                None,
+            ]
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The serving side of cross-shard calls: one [`ShardServer`] per shard owns the
+//! shard's subsystems — the partition host ([`Broker`]), the controller (shard 0 only)
+//! and the group shell — and answers each typed call ([`crate::base::rpc`]) with the
+//! subsystem that owns it. Built at start-up by `crate::node`, which hands it to the
+//! mesh.
+
+use std::rc::Rc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::{Code, GroupState, GroupSummary, StableFetch};
+use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
+use sluice_replication::cluster::Applied;
+use sluice_storage::producer::ActiveProducer;
+use uuid::Uuid;
+
+use crate::base::error::ApiError;
+use crate::base::metadata::TopicMeta;
+use crate::base::rpc::{self, Appended, ReadOut, ShardService};
+use crate::base::util::join_all;
+use crate::cluster::controller::Controller;
+use crate::coord::group::shard::GroupShell;
+use crate::coord::txn::TxnShell;
+use crate::partition::broker::Broker;
+
+pub struct ShardServer {
+    pub broker: Rc<Broker>,
+    /// Present on shard 0 only: control calls are always sent there.
+    pub controller: Option<Controller>,
+    pub groups: Rc<GroupShell>,
+    pub txns: Rc<TxnShell>,
+}
+
+impl ShardServer {
+    fn controller(&self) -> &Controller {
+        // Invariant, not an input: control calls are sent only by `Broker::control`,
+        // which always addresses shard 0, and `crate::node` gives shard 0 (and only
+        // it) the controller.
+        self.controller.as_ref().unwrap_or_else(|| {
+            panic!(
+                "control call served on {}: Broker::control sends them to shard 0 only, which holds the controller",
+                self.broker.shard
+            )
+        })
+    }
+}
+
+impl ShardService for ShardServer {
+    async fn produce(&self, c: rpc::Produce) -> Vec<Result<Appended, ApiError>> {
+        let b = &self.broker;
+        let futs = c.items.into_iter().map(|it| async move {
+            // KIP-890: the first transactional batch of a transaction here is
+            // checked with the coordinator before it opens a transaction.
+            crate::coord::txn::verify_produce(b, &it).await?;
+            b.produce_local(c.acks, c.timeout, it).await
+        });
+        join_all(futs).await
+    }
+
+    async fn epoch_end(&self, c: rpc::EpochEnd) -> Vec<Result<(i32, i64), ApiError>> {
+        self.broker.epoch_end_local(c.items)
+    }
+
+    async fn read(&self, c: rpc::Read) -> Vec<ReadOut> {
+        let b = &self.broker;
+        join_all(c.items.into_iter().map(|it| b.read_local(it))).await
+    }
+
+    async fn wait(&self, c: rpc::Wait) -> bool {
+        self.broker
+            .wait_local(c.items, c.timeout, c.follower, c.read_committed)
+            .await
+    }
+
+    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64, i32), ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed));
+        join_all(futs).await
+    }
+
+    async fn offsets_before(
+        &self,
+        c: rpc::OffsetsBefore,
+    ) -> Vec<Result<rpc::SegmentTimes, ApiError>> {
+        let b = &self.broker;
+        c.items
+            .into_iter()
+            .map(|(t, p)| b.offsets_before_local(&t, p, c.leader_only))
+            .collect()
+    }
+
+    /// Any replica holding the log answers, as Kafka's (a follower's producer state is
+    /// the leader's: it applies the same batches).
+    async fn describe_producers(
+        &self,
+        c: rpc::DescribeProducers,
+    ) -> Vec<Result<Vec<ActiveProducer>, ApiError>> {
+        let b = &self.broker;
+        c.items
+            .into_iter()
+            .map(|(t, p)| b.log(&t, p).map(|(log, _)| log.active_producers()))
+            .collect()
+    }
+
+    async fn describe_logs(&self, _c: rpc::DescribeLogs) -> rpc::ShardLogs {
+        self.broker.describe_logs_local()
+    }
+
+    async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<i64, ApiError>> {
+        let b = &self.broker;
+        let futs = c
+            .items
+            .into_iter()
+            .map(|(t, p, o)| b.delete_records_local(t, p, o));
+        join_all(futs).await
+    }
+
+    async fn apply(&self, c: rpc::Apply) {
+        self.broker.apply(c.0).await
+    }
+
+    async fn create_topics(
+        &self,
+        c: rpc::CreateTopics,
+    ) -> Vec<Result<(String, TopicMeta), ApiError>> {
+        self.controller().create_topics(&self.broker, c).await
+    }
+
+    async fn delete_topics(&self, c: rpc::DeleteTopics) -> Vec<Result<(String, Uuid), ApiError>> {
+        self.controller().delete_topics(&self.broker, c).await
+    }
+
+    async fn create_partitions(&self, c: rpc::CreatePartitions) -> Vec<Result<(), ApiError>> {
+        self.controller().create_partitions(&self.broker, c).await
+    }
+
+    async fn alter_configs(&self, c: rpc::AlterConfigs) -> Vec<Result<(), ApiError>> {
+        self.controller().alter_configs(&self.broker, c).await
+    }
+
+    async fn elect_leaders(
+        &self,
+        c: rpc::ElectLeaders,
+    ) -> Vec<((String, i32), Result<(), ApiError>)> {
+        self.controller().elect_leaders(&self.broker, c).await
+    }
+
+    async fn propose(&self, c: rpc::Propose) -> Result<Applied, ApiError> {
+        self.controller().propose(&self.broker, c.0).await
+    }
+
+    async fn allocate_producer_id(&self, _: rpc::AllocateProducerId) -> Result<i64, ApiError> {
+        self.controller().next_producer_id(&self.broker).await
+    }
+
+    async fn join_group(&self, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
+        self.groups.join(&self.broker, c).await
+    }
+
+    async fn sync_group(&self, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
+        self.groups.sync(&self.broker, c).await
+    }
+
+    async fn heartbeat(&self, c: rpc::Heartbeat) -> Result<Code, ApiError> {
+        self.groups.heartbeat(&self.broker, c).await
+    }
+
+    async fn leave_group(&self, c: rpc::LeaveGroup) -> Result<(Code, Vec<Code>), ApiError> {
+        self.groups.leave(&self.broker, c).await
+    }
+
+    async fn commit_offsets(
+        &self,
+        c: rpc::CommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.groups.commit(&self.broker, c).await
+    }
+
+    async fn fetch_offsets(&self, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
+        self.groups.fetch(&self.broker, c).await
+    }
+
+    async fn txn_commit_offsets(
+        &self,
+        c: rpc::TxnCommitOffsets,
+    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+        self.groups.txn_commit(&self.broker, c).await
+    }
+
+    async fn txn_init(&self, c: rpc::TxnInit) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.txns.init(&self.broker, c).await
+    }
+
+    async fn txn_add(&self, c: rpc::TxnAdd) -> Result<(), ApiError> {
+        self.txns.add_partitions(&self.broker, c).await
+    }
+
+    async fn txn_add_offsets(&self, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
+        self.txns.add_offsets(&self.broker, c).await
+    }
+
+    async fn txn_end(&self, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
+        self.txns.end(&self.broker, c).await
+    }
+
+    async fn txn_verify(&self, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
+        self.txns.verify(&self.broker, c).await
+    }
+
+    async fn txn_describe(&self, c: rpc::TxnDescribe) -> Result<TxnDescription, ApiError> {
+        self.txns.describe(&self.broker, c).await
+    }
+
+    async fn txn_list(&self, c: rpc::TxnList) -> Result<ListedTxns, ApiError> {
+        self.txns.list(&self.broker, c).await
+    }
+
+    /// Markers are appended on the partition; on a `__consumer_offsets` partition the
+    /// group shell then completes the producer's pending transactional offsets.
+    async fn write_markers(&self, c: rpc::WriteMarkers) -> Vec<Result<(), ApiError>> {
+        let b = &self.broker;
+        let futs = c.items.into_iter().map(|it| async move {
+            let r = b.write_marker_local(&it).await;
+            if r.is_ok() && it.topic == crate::coord::group::OFFSETS_TOPIC {
+                self.groups
+                    .complete_txn(it.partition, it.producer_id, it.commit);
+            }
+            r
+        });
+        join_all(futs).await
+    }
+
+    async fn delete_offsets(
+        &self,
+        c: rpc::DeleteOffsets,
+    ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
+        self.groups.delete_offsets(&self.broker, c).await
+    }
+
+    async fn describe_group(&self, c: rpc::DescribeGroup) -> Result<GroupSummary, ApiError> {
+        self.groups.describe(&self.broker, c).await
+    }
+
+    async fn list_groups(
+        &self,
+        _c: rpc::ListGroups,
+    ) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+        self.groups.list(&self.broker).await
+    }
+
+    async fn delete_group(&self, c: rpc::DeleteGroup) -> Result<Code, ApiError> {
+        self.groups.delete_group(&self.broker, c).await
+    }
+}

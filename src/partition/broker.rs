@@ -35,7 +35,7 @@ use crate::base::rpc::{
 };
 use crate::base::topic_config::TopicConfig;
 use crate::base::util::{any_true, join_all};
-use crate::partition::replica::{Fetchers, Replica};
+use crate::partition::replica::{CheckpointWriter, Fetchers, Replica};
 
 /// What the partition host tells the layers above it. Subscribers are installed at
 /// start-up (`crate::node`); every method has a do-nothing default.
@@ -113,6 +113,8 @@ pub struct Broker {
     logs: RefCell<HashMap<TopicPartition, Rc<PartitionLog>>>,
     /// The replica state of every log above.
     replicas: RefCell<HashMap<TopicPartition, Rc<Replica>>>,
+    /// The shard's leader-epoch checkpoint writer, shared by its replicas.
+    checkpoints: Rc<CheckpointWriter>,
     fetchers: Fetchers,
     /// Shard 0: the quorum state version whose image every shard has adopted.
     published_version: Cell<u64>,
@@ -165,6 +167,7 @@ impl Broker {
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),
+            checkpoints: Rc::default(),
             fetchers: Fetchers::default(),
             published_version: Cell::new(0),
             published: event_listener::Event::new(),
@@ -1095,7 +1098,7 @@ impl Broker {
                 match opened {
                     Ok(log) => {
                         tracing::debug!(shard = self.shard.0, topic = %topic, partition = p, "opened log");
-                        let replica = Replica::open(topic, p, log.clone());
+                        let replica = Replica::open(topic, p, log.clone(), &self.checkpoints);
                         let key = TopicPartition::new(topic.clone(), p);
                         self.replicas.borrow_mut().insert(key.clone(), replica);
                         self.logs.borrow_mut().insert(key, log);
@@ -1314,7 +1317,7 @@ impl Broker {
         };
         match reopened {
             Ok(log) => {
-                let replica = Replica::open(name, p, log.clone());
+                let replica = Replica::open(name, p, log.clone(), &self.checkpoints);
                 self.replicas
                     .borrow_mut()
                     .insert(key.clone(), replica.clone());

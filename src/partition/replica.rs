@@ -80,6 +80,8 @@ pub struct Replica {
     /// waiting (see [`Replica::append_turn`]).
     append_order: Sequencer,
     checkpoint: PathBuf,
+    /// The shard's checkpoint writer.
+    checkpoints: Rc<CheckpointWriter>,
     checkpoint_state: CheckpointState,
     /// The log end a leader's periodic check last saw past its durable end
     /// ([`Replica::unflushed_tail`]).
@@ -123,8 +125,12 @@ struct CheckpointQueue {
 /// A replica in a round, the version of its history being written, and the file's bytes.
 type CheckpointWrite = (Rc<Replica>, u64, Vec<u8>);
 
-thread_local! {
-    static CHECKPOINTS: RefCell<CheckpointQueue> = RefCell::new(CheckpointQueue::default());
+/// The shard's leader-epoch checkpoint writer: one per shard, owned by its partition
+/// host (`Broker::checkpoints`) and handed to every replica the shard opens. Its task
+/// ([`write_checkpoints`]) runs while replicas wait and ends when none do.
+#[derive(Default)]
+pub struct CheckpointWriter {
+    queue: RefCell<CheckpointQueue>,
 }
 
 /// The shard's checkpoint writer: rounds while replicas wait. A round takes every
@@ -132,14 +138,14 @@ thread_local! {
 /// file-system sync per data directory (`small_files::write_durably`); a lone one is
 /// written with its own syncs (`file::write_atomic`), which write back nothing else on
 /// the file system. A replica changed during a round waits for the next one.
-async fn write_checkpoints() {
+async fn write_checkpoints(writer: Rc<CheckpointWriter>) {
     loop {
-        let taken: Vec<Rc<Replica>> = CHECKPOINTS.with(|q| {
-            let mut q = q.borrow_mut();
+        let taken: Vec<Rc<Replica>> = {
+            let mut q = writer.queue.borrow_mut();
             let n = q.waiting.len().min(CHECKPOINT_ROUND_MAX);
             q.running = n > 0;
             q.waiting.drain(..n).collect()
-        });
+        };
         if taken.is_empty() {
             return;
         }
@@ -254,7 +260,14 @@ impl Drop for LogOpGuard<'_> {
 }
 
 impl Replica {
-    pub fn open(topic: &str, partition: i32, log: Rc<PartitionLog>) -> Rc<Replica> {
+    /// The replica of `log`, its leader-epoch history read back from its checkpoint;
+    /// `checkpoints` is the shard's writer, which writes that history when it changes.
+    pub fn open(
+        topic: &str,
+        partition: i32,
+        log: Rc<PartitionLog>,
+        checkpoints: &Rc<CheckpointWriter>,
+    ) -> Rc<Replica> {
         let checkpoint = log.dir().join(CHECKPOINT);
         let end = log.log_end_offset();
         let epochs = match std::fs::read_to_string(&checkpoint) {
@@ -274,6 +287,7 @@ impl Replica {
             markers: Cell::new(0),
             append_order: Sequencer::default(),
             checkpoint,
+            checkpoints: checkpoints.clone(),
             checkpoint_state: CheckpointState::default(),
             unflushed_seen: Cell::new(None),
             tail_flushing: Cell::new(false),
@@ -359,13 +373,13 @@ impl Replica {
             return;
         }
         st.queued.set(true);
-        let start = CHECKPOINTS.with(|q| {
-            let mut q = q.borrow_mut();
+        let start = {
+            let mut q = self.checkpoints.queue.borrow_mut();
             q.waiting.push(self.clone());
             !std::mem::replace(&mut q.running, true)
-        });
+        };
         if start {
-            glommio::spawn_local(write_checkpoints()).detach();
+            glommio::spawn_local(write_checkpoints(self.checkpoints.clone())).detach();
         }
     }
 
@@ -920,8 +934,9 @@ mod tests {
         let path = dir.path().to_path_buf();
         let epochs = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
-                let r = Replica::open("t", 0, log.clone());
+                let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 1, 10);
                 r.reconcile(1, &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
@@ -929,7 +944,7 @@ mod tests {
                 log.append(&batch, 5).await.unwrap();
                 r.epochs_durable().await.unwrap();
                 log.flush().await.unwrap();
-                let again = Replica::open("t", 0, log);
+                let again = Replica::open("t", 0, log, &cp);
                 let latest = again.state().epochs().latest_epoch();
                 latest
             })
@@ -950,8 +965,9 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (late, end, copied) = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
-                let r = Replica::open("t", 0, log.clone());
+                let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
                 r.reconcile(1, &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
@@ -986,8 +1002,9 @@ mod tests {
         let path = dir.path().to_path_buf();
         let seen = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
-                let r = Replica::open("t", 0, log.clone());
+                let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
                 r.reconcile(1, &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
@@ -1014,8 +1031,9 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (checks, durable) = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
-                let r = Replica::open("t", 0, log.clone());
+                let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
                 r.reconcile(1, &leads(3), 0);
                 let mut checks = vec![r.unflushed_tail()];
@@ -1042,6 +1060,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (results, reread) = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
                     .await
                     .unwrap();
@@ -1054,7 +1073,7 @@ mod tests {
                     if p == 2 {
                         std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
                     }
-                    replicas.push(Replica::open("t", p, log));
+                    replicas.push(Replica::open("t", p, log, &cp));
                 }
                 for r in &replicas {
                     r.reconcile(1, &leads(7), 0);
@@ -1087,6 +1106,7 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (waited, written, other) = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let s = Storage::open(&path, StorageLimits::default(), Rc::new(SystemClock))
                     .await
                     .unwrap();
@@ -1094,11 +1114,13 @@ mod tests {
                     "t",
                     0,
                     s.open_log("t-0", LogConfig::default()).await.unwrap(),
+                    &cp,
                 );
                 let kept = Replica::open(
                     "t",
                     1,
                     s.open_log("t-1", LogConfig::default()).await.unwrap(),
+                    &cp,
                 );
                 // `kept`'s write starts at once; `gone` waits for the next round.
                 kept.reconcile(1, &leads(4), 0);
@@ -1126,8 +1148,9 @@ mod tests {
         let path = dir.path().to_path_buf();
         let order = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
-                let r = Replica::open("t", 0, log);
+                let r = Replica::open("t", 0, log, &cp);
                 let order = Rc::new(RefCell::new(Vec::new()));
                 let first = r.append_turn();
                 first.wait().await;
@@ -1163,10 +1186,11 @@ mod tests {
         let path = dir.path().to_path_buf();
         let (first, later) = on_executor(move || {
             Box::pin(async move {
+                let cp = Rc::new(CheckpointWriter::default());
                 let log = new_log(&path).await;
                 // A directory where the checkpoint's temp file must go: the write fails.
                 std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
-                let r = Replica::open("t", 0, log);
+                let r = Replica::open("t", 0, log, &cp);
                 r.reconcile(1, &leads(1), 0);
                 let first = r.epochs_durable().await;
                 // Nothing changed since, and still refused.

@@ -24,18 +24,10 @@ pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 /// offsets.topic.num.partitions
 pub const OFFSETS_PARTITIONS: i32 = 50;
 
-/// Java's `String.hashCode` (over UTF-16 code units, wrapping).
-pub fn java_hash(s: &str) -> i32 {
-    s.encode_utf16()
-        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)))
-}
-
-/// The `__consumer_offsets` partition of a group: Kafka's `Utils.abs(hash) % 50`
-/// (`Utils.abs` maps i32::MIN to 0).
+/// The `__consumer_offsets` partition of a group (Kafka's `Utils.abs(hashCode) % 50`;
+/// the hash is the coordinator crate's, shared with the transaction shell).
 pub fn partition_for(group: &str) -> i32 {
-    let h = java_hash(group);
-    let abs = if h == i32::MIN { 0 } else { h.abs() };
-    abs % OFFSETS_PARTITIONS
+    sluice_coordinator::partition_for(group, OFFSETS_PARTITIONS)
 }
 
 /// Creates `__consumer_offsets` if it does not exist yet.
@@ -109,19 +101,12 @@ mod tests {
 
     #[test]
     fn group_partition_matches_kafka() {
-        // Java: "".hashCode() == 0; "a".hashCode() == 97; "hello".hashCode() == 99162322.
-        assert_eq!(java_hash(""), 0);
-        assert_eq!(java_hash("a"), 97);
-        assert_eq!(java_hash("hello"), 99_162_322);
+        // Java: "hello".hashCode() == 99162322; "polygenelubricants".hashCode() ==
+        // Integer.MIN_VALUE, which Utils.abs maps to 0.
         assert_eq!(partition_for("hello"), 99_162_322 % 50);
-        // "polygenelubricants".hashCode() == Integer.MIN_VALUE: Utils.abs gives 0.
-        assert_eq!(java_hash("polygenelubricants"), i32::MIN);
         assert_eq!(partition_for("polygenelubricants"), 0);
-        // Negative hashes use the absolute value.
-        let h = java_hash("my-group-negative-hash-zzzz");
-        assert_eq!(
-            partition_for("my-group-negative-hash-zzzz"),
-            h.unsigned_abs() as i32 % 50
-        );
+        // Negative hashes use the absolute value: "my-group".hashCode() == -1906497762.
+        assert_eq!(sluice_coordinator::java_hash("my-group"), -1_906_497_762);
+        assert_eq!(partition_for("my-group"), 1_906_497_762 % 50);
     }
 }

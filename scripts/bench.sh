@@ -3,7 +3,7 @@
 # `make bench`: the canonical scenarios against a local broker, each beside the
 # machine's own ceiling measured in the same run. Results land in bench/results/
 # (git-ignored); the summary table is bench/results/summary.md, and with
-# UPDATE_DOCS=1 it also replaces the figures in docs/architecture.md.
+# UPDATE_DOCS=1 it also replaces the figures in docs/benchmarks.md.
 # BENCH_PART=replication runs only the RF=3 part (its single-broker baselines and the
 # 3-broker cluster), e.g. to check it alone; BENCH_PART=txn only the ceilings and the
 # exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The

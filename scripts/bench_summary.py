@@ -259,10 +259,12 @@ text = "\n".join(lines)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 print(text)
 if os.environ.get("UPDATE_DOCS") == "1":
-    doc = "docs/architecture.md"
+    doc = "docs/benchmarks.md"
     s = open(doc).read()
     start, end = "<!-- bench:start -->", "<!-- bench:end -->"
     if start in s and end in s:
         s = s[: s.index(start) + len(start)] + "\n" + text + "\n" + s[s.index(end):]
         open(doc, "w").write(s)
         print(f"updated {doc}")
+    else:
+        print(f"UPDATE_DOCS=1 but {doc} has no {start} ... {end} markers: nothing updated")

@@ -4,7 +4,7 @@
 //!
 //! A logger is `root` (the level of every target no other directive names) or a
 //! tracing target: one of the crates the broker logs from ([`CRATES`]) or a module
-//! path under one (`sluice::fetcher`). The process's filter is the directives it
+//! path under one (`sluice::cluster::fetcher`). The process's filter is the directives it
 //! started with (`RUST_LOG`, default `info`) with the levels set here laid over them;
 //! it is swapped in place (tracing-subscriber's reload layer), so every shard's next
 //! event sees it. As in Kafka, the levels are this process's only: not persisted, not
@@ -279,13 +279,13 @@ mod tests {
         assert_eq!(level_of(&l, ROOT), "INFO");
         assert_eq!(level_of(&l, "sluice_storage"), "DEBUG");
         assert_eq!(level_of(&l, "sluice"), "INFO");
-        l.alter(&[set("sluice::server", "debug"), set(ROOT, "WARN")])
+        l.alter(&[set("sluice::serve::server", "debug"), set(ROOT, "WARN")])
             .unwrap();
         assert_eq!(
             l.directives(),
-            "warn,sluice::server=debug,sluice_storage=debug,sluice[conn]=trace"
+            "warn,sluice::serve::server=debug,sluice_storage=debug,sluice[conn]=trace"
         );
-        assert_eq!(level_of(&l, "sluice::server"), "DEBUG");
+        assert_eq!(level_of(&l, "sluice::serve::server"), "DEBUG");
         assert_eq!(level_of(&l, "sluice"), "WARN");
         assert!(EnvFilter::try_new(l.directives()).is_ok());
         // A set level beats the start-up one for the same target; DELETE restores it.

@@ -450,7 +450,7 @@ class Cluster:
 
     def shards_of(self, i):
         """{(topic, partition): shard} of the logs broker i opened, from its
-        `opened log` debug lines (needs RUST_LOG with sluice::broker=debug)."""
+        `opened log` debug lines (needs RUST_LOG with sluice::partition::broker=debug)."""
         return {(t, int(p)): int(s) for s, t, p in
                 re.findall(r"opened log shard=(\d+) topic=(\S+) partition=(\d+)", self.log(i))}
 

@@ -850,15 +850,15 @@ def test_broker_loggers_are_described_and_changed_at_run_time(broker):
     one_request()
     assert accepted_lines() == 0, "debug events are off at INFO"
     # validate_only checks and changes nothing.
-    assert _alter_loggers_v0(broker.addr, [("sluice::server", SET, "DEBUG")], validate_only=True) == 0
-    assert _describe_loggers_v1(broker.addr)[1].get("sluice::server") is None
-    assert _alter_loggers_v0(broker.addr, [("sluice::server", SET, "DEBUG")]) == 0
-    assert _describe_loggers_v1(broker.addr)[1]["sluice::server"] == "DEBUG"
+    assert _alter_loggers_v0(broker.addr, [("sluice::serve::server", SET, "DEBUG")], validate_only=True) == 0
+    assert _describe_loggers_v1(broker.addr)[1].get("sluice::serve::server") is None
+    assert _alter_loggers_v0(broker.addr, [("sluice::serve::server", SET, "DEBUG")]) == 0
+    assert _describe_loggers_v1(broker.addr)[1]["sluice::serve::server"] == "DEBUG"
     one_request()
-    wait_until(lambda: accepted_lines() >= 1, 10, what="a debug event of sluice::server in the log")
+    wait_until(lambda: accepted_lines() >= 1, 10, what="a debug event of sluice::serve::server in the log")
     # Removed: back to the start-up level; the next connection writes nothing.
-    assert _alter_loggers_v0(broker.addr, [("sluice::server", DELETE, None)]) == 0
-    assert _describe_loggers_v1(broker.addr)[1].get("sluice::server") is None
+    assert _alter_loggers_v0(broker.addr, [("sluice::serve::server", DELETE, None)]) == 0
+    assert _describe_loggers_v1(broker.addr)[1].get("sluice::serve::server") is None
     seen = accepted_lines()
     one_request()
     assert accepted_lines() == seen

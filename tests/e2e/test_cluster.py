@@ -57,7 +57,7 @@ def _make_cluster(tmp_path, request, proxied):
     m = request.node.get_closest_marker("cores")
     cores = m.args[0] if m else None
     shards = cores or default_shards()
-    env = {"RUST_LOG": "info,sluice::broker=debug"} if shards > 1 else None
+    env = {"RUST_LOG": "info,sluice::partition::broker=debug"} if shards > 1 else None
     c = Cluster(tmp_path / "cluster", n=3, proxied=proxied, cores=cores, env=env).start()
     yield c
     _dump_logs(c)  # shown only when the test failed

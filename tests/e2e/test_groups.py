@@ -136,7 +136,7 @@ KILLED_MEMBER = textwrap.dedent("""
 
 
 def test_sigkilled_member_partitions_move_after_session_timeout(make_broker, tmp_path):
-    broker = make_broker(env={"RUST_LOG": "info,sluice::group=debug,sluice_coordinator=debug"})
+    broker = make_broker(env={"RUST_LOG": "info,sluice::coord::group=debug,sluice_coordinator=debug"})
     topic, group = "gk", f"grp-{uuid.uuid4().hex[:6]}"
     create_topic(broker.addr, topic, 6)
     script = tmp_path / "member.py"

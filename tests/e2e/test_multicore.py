@@ -15,7 +15,7 @@ from kafka_wire import Conn, api_versions_v0
 
 
 def test_two_shards_serve_like_one(make_broker):
-    b = make_broker(cores=2, env={"RUST_LOG": "info,sluice::server=debug,sluice::broker=debug"})
+    b = make_broker(cores=2, env={"RUST_LOG": "info,sluice::serve::server=debug,sluice::partition::broker=debug"})
     create_topic(b.addr, "mc", 8)
     # Several producers at once: their connections spread over both shards.
     results = [None] * 4

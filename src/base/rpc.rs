@@ -202,9 +202,19 @@ pub struct Produce {
     pub items: Vec<ProduceItem>,
 }
 
-/// (topic, partition, current leader epoch, epoch asked).
+/// One partition of an OffsetForLeaderEpoch call.
+#[derive(Debug, Clone)]
+pub struct EpochEndItem {
+    pub topic: String,
+    pub partition: i32,
+    /// The requester's view of the leader epoch (KIP-320), -1 if none.
+    pub current_leader_epoch: i32,
+    /// The epoch whose end offset is asked for.
+    pub leader_epoch: i32,
+}
+
 pub struct EpochEnd {
-    pub items: Vec<(String, i32, i32, i32)>,
+    pub items: Vec<EpochEndItem>,
 }
 
 #[derive(Debug)]
@@ -247,10 +257,19 @@ pub struct Wait {
     pub read_committed: bool,
 }
 
-/// (topic, partition, timestamp: -2 earliest, -1 latest, else first at or after,
-/// current leader epoch or -1 (KIP-320)).
+/// One partition of a ListOffsets (v1+) call.
+#[derive(Debug, Clone)]
+pub struct ListOffsetsItem {
+    pub topic: String,
+    pub partition: i32,
+    /// -2 earliest, -1 latest, else the first offset at or after this time.
+    pub timestamp: i64,
+    /// The requester's view of the leader epoch (KIP-320), -1 if none.
+    pub current_leader_epoch: i32,
+}
+
 pub struct ListOffsets {
-    pub items: Vec<(String, i32, i64, i32)>,
+    pub items: Vec<ListOffsetsItem>,
     /// isolation_level=1: "latest" is the last stable offset.
     pub read_committed: bool,
 }
@@ -273,9 +292,17 @@ pub struct SegmentTimes {
     pub high_watermark: Option<i64>,
 }
 
-/// (topic, partition, delete before this offset; -1 = high watermark).
+/// One partition of a DeleteRecords call.
+#[derive(Debug, Clone)]
+pub struct DeleteRecordsItem {
+    pub topic: String,
+    pub partition: i32,
+    /// Delete every record before this offset; -1: the high watermark.
+    pub before_offset: i64,
+}
+
 pub struct DeleteRecords {
-    pub items: Vec<(String, i32, i64)>,
+    pub items: Vec<DeleteRecordsItem>,
 }
 
 /// (topic, partition) whose producers to describe.
@@ -290,10 +317,26 @@ pub struct DescribeLogs;
 /// One shard's part of DescribeLogDirs.
 #[derive(Debug, Default)]
 pub struct ShardLogs {
-    /// (topic, partition, bytes on disk, log end minus high watermark).
-    pub online: Vec<(String, i32, u64, i64)>,
-    /// (topic, partition, cause).
-    pub offline: Vec<(String, i32, String)>,
+    pub online: Vec<OnlineLog>,
+    pub offline: Vec<OfflineLog>,
+}
+
+/// A partition log this shard serves, as DescribeLogDirs reports it.
+#[derive(Debug, Clone)]
+pub struct OnlineLog {
+    pub topic: String,
+    pub partition: i32,
+    pub size_bytes: u64,
+    /// The log end offset minus the high watermark.
+    pub offset_lag: i64,
+}
+
+/// A partition log this shard has taken offline, and why.
+#[derive(Debug, Clone)]
+pub struct OfflineLog {
+    pub topic: String,
+    pub partition: i32,
+    pub cause: String,
 }
 
 // ---- controller calls ----
@@ -318,14 +361,52 @@ pub enum TopicRef {
     Id(Uuid),
 }
 
-/// IncrementalAlterConfigs operations (Kafka's numbering).
-pub const OP_SET: i8 = 0;
-pub const OP_DELETE: i8 = 1;
-pub const OP_APPEND: i8 = 2;
-pub const OP_SUBTRACT: i8 = 3;
+/// An IncrementalAlterConfigs operation; [`AlterConfigOp::from_code`] reads Kafka's
+/// numbering on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlterConfigOp {
+    /// Give the config this value.
+    Set,
+    /// Remove the config's explicit value (back to its default).
+    Delete,
+    /// Add items to a list-valued config.
+    Append,
+    /// Remove items from a list-valued config.
+    Subtract,
+}
 
-/// One IncrementalAlterConfigs operation: (config name, operation, value).
-pub type ConfigOp = (String, i8, Option<String>);
+impl AlterConfigOp {
+    /// The operation of a wire code (SET 0, DELETE 1, APPEND 2, SUBTRACT 3); `None`
+    /// for a code Kafka does not define.
+    pub fn from_code(code: i8) -> Option<AlterConfigOp> {
+        match code {
+            0 => Some(AlterConfigOp::Set),
+            1 => Some(AlterConfigOp::Delete),
+            2 => Some(AlterConfigOp::Append),
+            3 => Some(AlterConfigOp::Subtract),
+            _ => None,
+        }
+    }
+}
+
+/// One IncrementalAlterConfigs operation on one config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigOp {
+    pub name: String,
+    pub op: AlterConfigOp,
+    /// The value SET, APPEND or SUBTRACT take; `None` for DELETE.
+    pub value: Option<String>,
+}
+
+impl ConfigOp {
+    pub fn new(name: impl Into<String>, op: AlterConfigOp, value: Option<&str>) -> ConfigOp {
+        ConfigOp {
+            name: name.into(),
+            op,
+            value: value.map(str::to_string),
+        }
+    }
+}
 
 pub struct CreateTopics {
     pub topics: Vec<NewTopic>,
@@ -558,3 +639,24 @@ txn_calls!(
     TxnDescribe,
     TxnList
 );
+
+#[cfg(test)]
+mod tests {
+    use super::AlterConfigOp;
+
+    #[test]
+    fn alter_config_ops_follow_kafkas_numbering() {
+        let ops: Vec<_> = (-1..=4).map(AlterConfigOp::from_code).collect();
+        assert_eq!(
+            ops,
+            [
+                None,
+                Some(AlterConfigOp::Set),
+                Some(AlterConfigOp::Delete),
+                Some(AlterConfigOp::Append),
+                Some(AlterConfigOp::Subtract),
+                None
+            ]
+        );
+    }
+}

@@ -25,8 +25,8 @@ use uuid::Uuid;
 use crate::base::error::ApiError;
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
-    AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics, DeleteTopics,
-    ElectLeaders, NewPartitions, NewTopic, TopicRef, OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT,
+    AlterConfigOp, AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics,
+    DeleteTopics, ElectLeaders, NewPartitions, NewTopic, TopicRef,
 };
 use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
@@ -559,18 +559,20 @@ fn apply_ops(
     mut configs: BTreeMap<String, String>,
     ops: Vec<ConfigOp>,
 ) -> Result<BTreeMap<String, String>, ApiError> {
-    for (name, op, value) in ops {
+    for ConfigOp { name, op, value } in ops {
         let bad = |m: String| ApiError::with(ResponseError::InvalidConfig, m);
         match op {
-            OP_SET => {
+            AlterConfigOp::Set => {
                 let v = value.ok_or_else(|| bad(format!("Null value for config {name}")))?;
                 configs.insert(name, v);
             }
-            OP_DELETE => {
+            AlterConfigOp::Delete => {
                 configs.remove(&name);
             }
             // List-valued configs: only cleanup.policy among the ones Sluice knows.
-            OP_APPEND | OP_SUBTRACT if name == "cleanup.policy" || name == "log.cleanup.policy" => {
+            AlterConfigOp::Append | AlterConfigOp::Subtract
+                if name == "cleanup.policy" || name == "log.cleanup.policy" =>
+            {
                 let v = value.ok_or_else(|| bad(format!("Null value for config {name}")))?;
                 let current = configs
                     .get(&name)
@@ -579,7 +581,7 @@ fn apply_ops(
                 let mut items: Vec<String> =
                     current.split(',').map(|s| s.trim().to_string()).collect();
                 for x in v.split(',').map(str::trim) {
-                    if op == OP_APPEND {
+                    if op == AlterConfigOp::Append {
                         if !items.iter().any(|i| i == x) {
                             items.push(x.to_string());
                         }
@@ -589,12 +591,11 @@ fn apply_ops(
                 }
                 configs.insert(name, items.join(","));
             }
-            OP_APPEND | OP_SUBTRACT => {
+            AlterConfigOp::Append | AlterConfigOp::Subtract => {
                 return Err(bad(format!(
                     "Config {name} is not a list; cannot APPEND or SUBTRACT"
                 )))
             }
-            _ => return Err(bad(format!("Unknown config operation {op}"))),
         }
     }
     Ok(configs)

@@ -22,7 +22,7 @@ use kafka_protocol::error::ResponseError;
 use sluice_protocol::ApiError;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
-use crate::base::rpc::{OP_DELETE, OP_SET};
+use crate::base::rpc::{AlterConfigOp, ConfigOp};
 
 pub const ROOT: &str = "root";
 
@@ -153,9 +153,14 @@ impl Levels {
 
     /// Applies IncrementalAlterConfigs operations (name, operation, value), all or
     /// none: the first that cannot be applied refuses the lot.
-    pub fn alter(&mut self, ops: &[(String, i8, Option<String>)]) -> Result<(), ApiError> {
+    pub fn alter(&mut self, ops: &[ConfigOp]) -> Result<(), ApiError> {
         let mut next = self.clone();
-        for (logger, op, value) in ops {
+        for ConfigOp {
+            name: logger,
+            op,
+            value,
+        } in ops
+        {
             let known = logger == ROOT
                 || CRATES
                     .iter()
@@ -165,7 +170,7 @@ impl Levels {
                 return Err(invalid_config(format!("Logger {logger} does not exist!")));
             }
             match *op {
-                OP_SET => {
+                AlterConfigOp::Set => {
                     let value = value.as_deref().unwrap_or_default();
                     let l = level(value).ok_or_else(|| {
                         invalid_config(format!(
@@ -178,19 +183,16 @@ impl Levels {
                         next.set.insert(logger.clone(), l);
                     }
                 }
-                OP_DELETE if logger == ROOT => {
+                AlterConfigOp::Delete if logger == ROOT => {
                     return Err(invalid_config(
                         "Removing the log level of the root logger is not allowed".into(),
                     ))
                 }
-                OP_DELETE => {
+                AlterConfigOp::Delete => {
                     next.set.remove(logger);
                 }
-                other => {
-                    return Err(ApiError::with(
-                        ResponseError::InvalidRequest,
-                        format!("Operation {other} is not allowed for the BROKER_LOGGER resource"),
-                    ))
+                AlterConfigOp::Append | AlterConfigOp::Subtract => {
+                    return Err(not_for_loggers(&format!("{op:?}").to_uppercase()))
                 }
             }
         }
@@ -239,7 +241,16 @@ pub fn describe() -> Result<Vec<(String, String)>, ApiError> {
 }
 
 /// Applies `ops`, all or none; `validate_only` checks them and changes nothing.
-pub fn alter(ops: &[(String, i8, Option<String>)], validate_only: bool) -> Result<(), ApiError> {
+/// The refusal of an operation BROKER_LOGGER resources do not take (APPEND, SUBTRACT,
+/// or a code Kafka does not define), named as the request named it.
+pub fn not_for_loggers(op: &str) -> ApiError {
+    ApiError::with(
+        ResponseError::InvalidRequest,
+        format!("Operation {op} is not allowed for the BROKER_LOGGER resource"),
+    )
+}
+
+pub fn alter(ops: &[ConfigOp], validate_only: bool) -> Result<(), ApiError> {
     let i = installed()?;
     let mut levels = i.levels.lock().unwrap_or_else(|p| p.into_inner());
     let mut next = levels.clone();
@@ -261,8 +272,8 @@ pub fn alter(ops: &[(String, i8, Option<String>)], validate_only: bool) -> Resul
 mod tests {
     use super::*;
 
-    fn set(logger: &str, value: &str) -> (String, i8, Option<String>) {
-        (logger.to_string(), OP_SET, Some(value.to_string()))
+    fn set(logger: &str, value: &str) -> ConfigOp {
+        ConfigOp::new(logger, AlterConfigOp::Set, Some(value))
     }
 
     fn level_of(l: &Levels, logger: &str) -> String {
@@ -291,7 +302,7 @@ mod tests {
         // A set level beats the start-up one for the same target; DELETE restores it.
         l.alter(&[set("sluice_storage", "FATAL")]).unwrap();
         assert_eq!(level_of(&l, "sluice_storage"), "ERROR");
-        l.alter(&[("sluice_storage".into(), OP_DELETE, None)])
+        l.alter(&[ConfigOp::new("sluice_storage", AlterConfigOp::Delete, None)])
             .unwrap();
         assert_eq!(level_of(&l, "sluice_storage"), "DEBUG");
     }
@@ -310,14 +321,14 @@ mod tests {
             ResponseError::InvalidConfig
         );
         assert_eq!(
-            code(l.alter(&[(ROOT.into(), OP_DELETE, None)])),
+            code(l.alter(&[ConfigOp::new(ROOT, AlterConfigOp::Delete, None)])),
             ResponseError::InvalidConfig
         );
         assert_eq!(
-            code(l.alter(&[(
-                "sluice".into(),
-                crate::base::rpc::OP_APPEND,
-                Some("DEBUG".into())
+            code(l.alter(&[ConfigOp::new(
+                "sluice",
+                AlterConfigOp::Append,
+                Some("DEBUG")
             )])),
             ResponseError::InvalidRequest
         );

@@ -77,7 +77,7 @@ impl ShardService for ShardServer {
         let futs = c
             .items
             .into_iter()
-            .map(|(t, p, ts, epoch)| b.list_offset_local(t, p, ts, epoch, c.read_committed));
+            .map(|it| b.list_offset_local(it, c.read_committed));
         join_all(futs).await
     }
 
@@ -111,10 +111,7 @@ impl ShardService for ShardServer {
 
     async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<i64, ApiError>> {
         let b = &self.broker;
-        let futs = c
-            .items
-            .into_iter()
-            .map(|(t, p, o)| b.delete_records_local(t, p, o));
+        let futs = c.items.into_iter().map(|it| b.delete_records_local(it));
         join_all(futs).await
     }
 

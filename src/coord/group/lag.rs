@@ -25,7 +25,7 @@ use sluice_coordinator::lag::{group_status, PartitionWindow};
 use sluice_protocol::sb;
 
 use super::shard::GroupShell;
-use crate::base::rpc::{ListOffsets, Read, ReadItem};
+use crate::base::rpc::{ListOffsets, ListOffsetsItem, Read, ReadItem};
 use crate::base::util::now_ms;
 use crate::observe::lag::{GroupLag, LagBoard, PartitionLag};
 use crate::partition::broker::Broker;
@@ -255,7 +255,14 @@ impl Sampler {
         // ListOffsets, and the age of the oldest record still in the log.
         for pr in retry {
             let call = ListOffsets {
-                items: vec![(pr.0.clone(), pr.1, -1, -1), (pr.0.clone(), pr.1, -2, -1)],
+                items: [-1, -2]
+                    .map(|timestamp| ListOffsetsItem {
+                        topic: pr.0.clone(),
+                        partition: pr.1,
+                        timestamp,
+                        current_leader_epoch: -1,
+                    })
+                    .into(),
                 read_committed: false,
             };
             let Ok(r) = broker.call(shard, call).await else {

@@ -3,6 +3,7 @@
 //! re-reads it) by a background task once its cause may be gone.
 
 use super::*;
+use crate::base::rpc::{OfflineLog, OnlineLog};
 
 pub(super) fn offline_error(key: TopicPartitionRef<'_>, cause: &str) -> ApiError {
     ApiError::with(
@@ -50,19 +51,23 @@ impl Broker {
                 let lag = replicas
                     .get(key)
                     .map_or(0, |r| (end - r.high_watermark()).max(0));
-                (
-                    key.topic().to_string(),
-                    key.partition(),
-                    log.size_bytes(),
-                    lag,
-                )
+                OnlineLog {
+                    topic: key.topic().to_string(),
+                    partition: key.partition(),
+                    size_bytes: log.size_bytes(),
+                    offset_lag: lag,
+                }
             })
             .collect();
         let offline = self
             .offline
             .borrow()
             .iter()
-            .map(|(key, o)| (key.topic().to_string(), key.partition(), o.cause.clone()))
+            .map(|(key, o)| OfflineLog {
+                topic: key.topic().to_string(),
+                partition: key.partition(),
+                cause: o.cause.clone(),
+            })
             .collect();
         crate::base::rpc::ShardLogs { online, offline }
     }

@@ -4,16 +4,16 @@
 //! runs on the shard that owns the partition's log and replica.
 
 use super::*;
+use crate::base::rpc::{DeleteRecordsItem, EpochEndItem, ListOffsetsItem};
 
 impl Broker {
     /// OffsetForLeaderEpoch on this shard's partitions.
-    pub fn epoch_end_local(
-        &self,
-        items: Vec<(String, i32, i32, i32)>,
-    ) -> Vec<Result<(i32, i64), ApiError>> {
+    pub fn epoch_end_local(&self, items: Vec<EpochEndItem>) -> Vec<Result<(i32, i64), ApiError>> {
         items
             .into_iter()
-            .map(|(t, p, current, epoch)| {
+            .map(|it| {
+                let (t, p) = (it.topic, it.partition);
+                let (current, epoch) = (it.current_leader_epoch, it.leader_epoch);
                 // An offline partition has no replica state left here: as Kafka, a
                 // storage error, not NOT_LEADER_OR_FOLLOWER.
                 let key = TopicPartitionRef::new(&t, p);
@@ -386,12 +386,15 @@ impl Broker {
 
     pub async fn list_offset_local(
         &self,
-        topic: String,
-        partition: i32,
-        ts: i64,
-        current_leader_epoch: i32,
+        item: ListOffsetsItem,
         read_committed: bool,
     ) -> Result<(i64, i64, i32), ApiError> {
+        let ListOffsetsItem {
+            topic,
+            partition,
+            timestamp: ts,
+            current_leader_epoch,
+        } = item;
         let (log, _) = self.log(&topic, partition)?;
         let replica = self.replica(&topic, partition)?;
         let (offset, timestamp) = self
@@ -497,12 +500,12 @@ impl Broker {
         }
     }
 
-    pub async fn delete_records_local(
-        &self,
-        topic: String,
-        partition: i32,
-        offset: i64,
-    ) -> Result<i64, ApiError> {
+    pub async fn delete_records_local(&self, item: DeleteRecordsItem) -> Result<i64, ApiError> {
+        let DeleteRecordsItem {
+            topic,
+            partition,
+            before_offset: offset,
+        } = item;
         let (log, _) = self.log(&topic, partition)?;
         let (_, end, _) = self.replica(&topic, partition)?.fetch_bound(-1, -1, 0)?;
         // As Kafka (`Partition.deleteRecordsOnLeader`): only a log whose cleanup.policy

@@ -58,8 +58,8 @@ pub async fn handle(
     if needs_logs {
         let calls = broker.table.shards().map(|s| broker.call(s, DescribeLogs));
         for shard in join_all(calls).await.into_iter().flatten() {
-            online.extend(shard.online.into_iter().map(|(t, p, _, _)| (t, p)));
-            offline.extend(shard.offline.into_iter().map(|(t, p, _)| (t, p)));
+            online.extend(shard.online.into_iter().map(|l| (l.topic, l.partition)));
+            offline.extend(shard.offline.into_iter().map(|l| (l.topic, l.partition)));
         }
     }
     let image = broker.image();

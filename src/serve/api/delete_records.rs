@@ -7,7 +7,7 @@ use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
 
-use crate::base::rpc::DeleteRecords;
+use crate::base::rpc::{DeleteRecords, DeleteRecordsItem};
 use crate::partition::broker::Broker;
 
 pub async fn handle(
@@ -24,10 +24,12 @@ pub async fn handle(
                 .partitions
                 .iter()
                 .map(|p| {
-                    (
-                        p.partition_index,
-                        (name.clone(), p.partition_index, p.offset),
-                    )
+                    let item = DeleteRecordsItem {
+                        topic: name.clone(),
+                        partition: p.partition_index,
+                        before_offset: p.offset,
+                    };
+                    (p.partition_index, item)
                 })
                 .collect();
             (t.name, parts)

@@ -69,14 +69,21 @@ pub async fn handle(
     let calls = broker.table.shards().map(|s| broker.call(s, DescribeLogs));
     let (mut online, mut offline) = (Listing::new(), Listing::new());
     for shard in join_all(calls).await.into_iter().flatten() {
-        for (t, p, size, lag) in shard.online {
-            if wanted(&t, p) {
-                online.entry(t).or_default().push((p, size as i64, lag));
+        for l in shard.online {
+            if wanted(&l.topic, l.partition) {
+                let size = l.size_bytes as i64;
+                online
+                    .entry(l.topic)
+                    .or_default()
+                    .push((l.partition, size, l.offset_lag));
             }
         }
-        for (t, p, _cause) in shard.offline {
-            if wanted(&t, p) {
-                offline.entry(t).or_default().push((p, -1, -1));
+        for l in shard.offline {
+            if wanted(&l.topic, l.partition) {
+                offline
+                    .entry(l.topic)
+                    .or_default()
+                    .push((l.partition, -1, -1));
             }
         }
     }

@@ -24,7 +24,7 @@ use super::describe_configs::{
 };
 use super::sb;
 use crate::base::error::ApiError;
-use crate::base::rpc::{AlterConfigs, ConfigChange, OP_DELETE};
+use crate::base::rpc::{AlterConfigOp, AlterConfigs, ConfigChange, ConfigOp};
 use crate::partition::broker::Broker;
 
 /// The request-shape refusal of each resource, in order (pure; Kafka's preprocess).
@@ -47,7 +47,10 @@ fn shape_errors(resources: &[AlterConfigsResource]) -> Vec<Option<ApiError>> {
             let nulls: Vec<&str> = r
                 .configs
                 .iter()
-                .filter(|c| c.config_operation != OP_DELETE && c.value.is_none())
+                .filter(|c| {
+                    AlterConfigOp::from_code(c.config_operation) != Some(AlterConfigOp::Delete)
+                        && c.value.is_none()
+                })
                 .map(|c| c.name.as_str())
                 .collect();
             if !nulls.is_empty() {
@@ -76,32 +79,50 @@ pub async fn handle(
             shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
             continue;
         }
-        let ops = || -> Vec<crate::base::rpc::ConfigOp> {
-            r.configs
-                .iter()
-                .map(|c| {
-                    (
-                        c.name.to_string(),
-                        c.config_operation,
-                        c.value.as_ref().map(|v| v.to_string()),
-                    )
-                })
-                .collect()
-        };
+        // The operations, or the first wire code Kafka does not define.
+        let ops = r
+            .configs
+            .iter()
+            .map(|c| {
+                let op = AlterConfigOp::from_code(c.config_operation).ok_or(c.config_operation)?;
+                Ok(ConfigOp::new(c.name.as_str(), op, c.value.as_deref()))
+            })
+            .collect::<Result<Vec<ConfigOp>, i8>>();
         let name = r.resource_name.as_str();
         if r.resource_type == RESOURCE_BROKER_LOGGER {
             // This process's log levels: answered here, never through the controller.
             let done = this_broker(name, me, false)
                 .map_err(|(code, m)| ApiError::with(code, m))
-                .and_then(|()| crate::observe::loggers::alter(&ops(), req.validate_only));
+                .and_then(|()| {
+                    let ops = ops.map_err(|code| {
+                        crate::observe::loggers::not_for_loggers(&code.to_string())
+                    })?;
+                    crate::observe::loggers::alter(&ops, req.validate_only)
+                });
             shape.push((r.resource_type, r.resource_name.clone(), Some(done)));
-        } else if r.resource_type == RESOURCE_TOPIC {
-            items.push((name.to_string(), ConfigChange::Incremental(ops())));
-            shape.push((r.resource_type, r.resource_name.clone(), None));
-        } else if r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string())
-        {
-            let scope = if name.is_empty() { -1 } else { me };
-            brokers.push((scope, ConfigChange::Incremental(ops())));
+            continue;
+        }
+        // A topic's or this broker's configs go to the controller; an operation Kafka
+        // does not define is an invalid config, as the controller judged it before.
+        let to_controller = r.resource_type == RESOURCE_TOPIC
+            || (r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string()));
+        if to_controller {
+            let ops = match ops {
+                Ok(ops) => ConfigChange::Incremental(ops),
+                Err(code) => {
+                    let e = ApiError::with(
+                        ResponseError::InvalidConfig,
+                        format!("Unknown config operation {code}"),
+                    );
+                    shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
+                    continue;
+                }
+            };
+            if r.resource_type == RESOURCE_TOPIC {
+                items.push((name.to_string(), ops));
+            } else {
+                brokers.push((if name.is_empty() { -1 } else { me }, ops));
+            }
             shape.push((r.resource_type, r.resource_name.clone(), None));
         } else if r.resource_type == RESOURCE_BROKER {
             let e = ApiError::with(
@@ -182,22 +203,22 @@ mod tests {
 
     #[test]
     fn repeated_resources_keys_and_null_values_are_invalid_request() {
-        let set = crate::base::rpc::OP_SET;
+        let (set, delete) = (0, 1);
         let errors = shape_errors(&[
             resource("a", &[("retention.ms", set, Some("1"))]),
             resource(
                 "b",
                 &[
                     ("retention.ms", set, Some("1")),
-                    ("retention.ms", OP_DELETE, None),
+                    ("retention.ms", delete, None),
                 ],
             ),
             resource("a", &[]),
             resource(
                 "c",
-                &[("retention.ms", OP_DELETE, None), ("segment.ms", set, None)],
+                &[("retention.ms", delete, None), ("segment.ms", set, None)],
             ),
-            resource("d", &[("retention.ms", OP_DELETE, None)]),
+            resource("d", &[("retention.ms", delete, None)]),
         ]);
         let messages: Vec<_> = errors
             .into_iter()

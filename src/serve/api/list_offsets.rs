@@ -18,7 +18,7 @@ use kafka_protocol::messages::list_offsets_response::{
 };
 use sluice_protocol::legacy;
 
-use crate::base::rpc::{ListOffsets, OffsetsBefore};
+use crate::base::rpc::{ListOffsets, ListOffsetsItem, OffsetsBefore};
 use crate::partition::broker::Broker;
 
 /// Kafka's replica id of a debugging client: any replica answers it (v0).
@@ -44,12 +44,12 @@ pub async fn handle(
                 .partitions
                 .iter()
                 .map(|p| {
-                    let item = (
-                        name.clone(),
-                        p.partition_index,
-                        p.timestamp,
-                        p.current_leader_epoch,
-                    );
+                    let item = ListOffsetsItem {
+                        topic: name.clone(),
+                        partition: p.partition_index,
+                        timestamp: p.timestamp,
+                        current_leader_epoch: p.current_leader_epoch,
+                    };
                     (p.partition_index, item)
                 })
                 .collect();

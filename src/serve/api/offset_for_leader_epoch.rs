@@ -11,7 +11,7 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
 
-use crate::base::rpc::EpochEnd;
+use crate::base::rpc::{EpochEnd, EpochEndItem};
 use crate::partition::broker::Broker;
 
 pub async fn handle(
@@ -28,12 +28,12 @@ pub async fn handle(
                 .partitions
                 .iter()
                 .map(|p| {
-                    let item = (
-                        name.clone(),
-                        p.partition,
-                        p.current_leader_epoch,
-                        p.leader_epoch,
-                    );
+                    let item = EpochEndItem {
+                        topic: name.clone(),
+                        partition: p.partition,
+                        current_leader_epoch: p.current_leader_epoch,
+                        leader_epoch: p.leader_epoch,
+                    };
                     (p.partition, item)
                 })
                 .collect();

@@ -506,6 +506,25 @@ impl Replica {
             let s = self.state.borrow();
             (s.leader_epoch(), s.pending_leader_epoch())
         };
+        // Pair assertions: what the state machine established, checked where the shell
+        // takes it. A replica's leader epoch never goes back (images arrive in order),
+        // and its high watermark never passes what its log holds.
+        if let (Some(was), Some(now)) = (before, leading) {
+            assert!(
+                now >= was,
+                "{}-{}: leader epoch went back from {was} to {now}",
+                self.topic,
+                self.partition
+            );
+        }
+        assert!(
+            self.high_watermark() <= self.log.log_end_offset(),
+            "{}-{}: high watermark {} above the log end {}",
+            self.topic,
+            self.partition,
+            self.high_watermark(),
+            self.log.log_end_offset()
+        );
         if let (Some(epoch), true) = (leading, leading != before) {
             tracing::info!(topic = %self.topic, partition = self.partition, epoch, isr = ?a.isr, "leading");
         } else if let Some(epoch) = pending {

@@ -29,6 +29,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# The cargo tiers run under cargo-nextest (on this project's machines already).
+cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest
 py_missing=0
 python3 -c 'import confluent_kafka, kafka, pytest, pytest_timeout, xdist, prometheus_client, snappy, lz4.frame, fuse' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then

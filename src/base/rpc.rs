@@ -248,9 +248,17 @@ pub struct Read {
     pub items: Vec<ReadItem>,
 }
 
+/// One partition of a Wait call.
+#[derive(Debug, Clone)]
+pub struct WaitItem {
+    pub topic: String,
+    pub partition: i32,
+    /// The wait ends once the partition's visible end is past this offset.
+    pub offset: i64,
+}
+
 pub struct Wait {
-    /// (topic, partition, offset to pass).
-    pub items: Vec<(String, i32, i64)>,
+    pub items: Vec<WaitItem>,
     pub timeout: Duration,
     pub follower: bool,
     /// A read_committed consumer: wait for the last stable offset to pass.

@@ -4,7 +4,7 @@
 //! runs on the shard that owns the partition's log and replica.
 
 use super::*;
-use crate::base::rpc::{DeleteRecordsItem, EpochEndItem, ListOffsetsItem};
+use crate::base::rpc::{DeleteRecordsItem, EpochEndItem, ListOffsetsItem, WaitItem};
 
 impl Broker {
     /// OffsetForLeaderEpoch on this shard's partitions.
@@ -349,14 +349,14 @@ impl Broker {
     /// [`crate::base::util::wait_any`]: no progress between the check and the wait is missed).
     pub async fn wait_local(
         &self,
-        items: Vec<(String, i32, i64)>,
+        items: Vec<WaitItem>,
         timeout: Duration,
         follower: bool,
         read_committed: bool,
     ) -> bool {
         let replicas: Vec<_> = items
             .iter()
-            .filter_map(|(t, p, offset)| Some((self.replica(t, *p).ok()?, *offset)))
+            .filter_map(|it| Some((self.replica(&it.topic, it.partition).ok()?, it.offset)))
             .collect();
         let mut conditions: Vec<crate::base::util::Condition<'_>> = Vec::new();
         for (r, offset) in &replicas {
@@ -533,7 +533,7 @@ impl Broker {
     /// given offset. True if one did.
     pub async fn wait_for_data(
         &self,
-        items: Vec<(ShardId, (String, i32, i64))>,
+        items: Vec<(ShardId, WaitItem)>,
         deadline: Instant,
         follower: bool,
         read_committed: bool,
@@ -542,7 +542,7 @@ impl Broker {
         if timeout.is_zero() || items.is_empty() {
             return false;
         }
-        let mut groups: BTreeMap<ShardId, Vec<(String, i32, i64)>> = BTreeMap::new();
+        let mut groups: BTreeMap<ShardId, Vec<WaitItem>> = BTreeMap::new();
         for (s, it) in items {
             groups.entry(s).or_default().push(it);
         }

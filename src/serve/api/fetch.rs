@@ -49,7 +49,7 @@ use sluice_shard::ShardId;
 use crate::base::error::{self, ApiError};
 use crate::base::fetch_session::{Cache, Context, PartKey, PartReq, PartResp, TopicKey};
 use crate::base::metadata::MetadataImage;
-use crate::base::rpc::{Read, ReadItem, ReadOut};
+use crate::base::rpc::{Read, ReadItem, ReadOut, WaitItem};
 use crate::base::topic_config::{downconversion_enabled, stores_zstd};
 use crate::partition::broker::Broker;
 use crate::partition::replica::ANY_REPLICA_CONSUMER;
@@ -274,17 +274,17 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                 s.owner.map(|owner| {
                     (
                         owner,
-                        (
-                            s.topic.0.to_string(),
-                            s.partition,
+                        WaitItem {
+                            topic: s.topic.0.to_string(),
+                            partition: s.partition,
                             // What this fetch may see: up to the last stable
                             // offset for read_committed, else the high watermark.
-                            s.offset.max(if read_committed {
+                            offset: s.offset.max(if read_committed {
                                 o.last_stable_offset
                             } else {
                                 o.high_watermark
                             }),
-                        ),
+                        },
                     )
                 })
             })

@@ -118,13 +118,13 @@ shard_calls! {
     /// Produce to partitions of the serving shard.
     Produce => produce -> Vec<Result<Appended, ApiError>>;
     /// OffsetForLeaderEpoch for partitions of the serving shard.
-    EpochEnd => epoch_end -> Vec<Result<(i32, i64), ApiError>>;
+    EpochEnd => epoch_end -> Vec<Result<EpochEndOut, ApiError>>;
     /// Read partitions without waiting.
     Read => read -> Vec<ReadOut>;
     /// Wait until any partition's visible end passes its offset (durable end for a
     /// follower fetch, high watermark for a consumer), or the timeout.
     Wait => wait -> bool;
-    ListOffsets => list_offsets -> Vec<Result<(i64, i64, i32), ApiError>>;
+    ListOffsets => list_offsets -> Vec<Result<ListedOffset, ApiError>>;
     /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
     OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
     DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
@@ -217,6 +217,15 @@ pub struct EpochEnd {
     pub items: Vec<EpochEndItem>,
 }
 
+/// The answer for one partition of an OffsetForLeaderEpoch call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochEndOut {
+    /// The largest epoch in the leader's log at or below the one asked for.
+    pub leader_epoch: i32,
+    /// The end offset of that epoch: the start offset of the next one, or the log end.
+    pub end_offset: i64,
+}
+
 #[derive(Debug)]
 pub struct ReadItem {
     pub topic: String,
@@ -280,6 +289,17 @@ pub struct ListOffsets {
     pub items: Vec<ListOffsetsItem>,
     /// isolation_level=1: "latest" is the last stable offset.
     pub read_committed: bool,
+}
+
+/// The answer for one partition of a ListOffsets (v1+) call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedOffset {
+    /// The offset found, -1 if none.
+    pub offset: i64,
+    /// The timestamp of the record found, -1 for earliest and latest (or none found).
+    pub timestamp: i64,
+    /// The leader epoch of the record found (the current one for latest), -1 if none.
+    pub leader_epoch: i32,
 }
 
 /// (topic, partition) of ListOffsets v0 requests.

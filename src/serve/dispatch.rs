@@ -57,7 +57,7 @@ impl ShardService for ShardServer {
         join_all(futs).await
     }
 
-    async fn epoch_end(&self, c: rpc::EpochEnd) -> Vec<Result<(i32, i64), ApiError>> {
+    async fn epoch_end(&self, c: rpc::EpochEnd) -> Vec<Result<rpc::EpochEndOut, ApiError>> {
         self.broker.epoch_end_local(c.items)
     }
 
@@ -72,7 +72,7 @@ impl ShardService for ShardServer {
             .await
     }
 
-    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<(i64, i64, i32), ApiError>> {
+    async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<rpc::ListedOffset, ApiError>> {
         let b = &self.broker;
         let futs = c
             .items

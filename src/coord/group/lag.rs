@@ -268,10 +268,10 @@ impl Sampler {
             let Ok(r) = broker.call(shard, call).await else {
                 continue;
             };
-            let (Some(Ok((hw, _, _))), Some(Ok((start, _, _)))) = (r.first(), r.get(1)) else {
+            let (Some(Ok(latest)), Some(Ok(earliest))) = (r.first(), r.get(1)) else {
                 continue;
             };
-            let (hw, start) = (*hw, *start);
+            let (hw, start) = (latest.offset, earliest.offset);
             let mut ts = None;
             if pr.2 < start && start < hw {
                 let item = ReadItem {

@@ -4,11 +4,13 @@
 //! runs on the shard that owns the partition's log and replica.
 
 use super::*;
-use crate::base::rpc::{DeleteRecordsItem, EpochEndItem, ListOffsetsItem, WaitItem};
+use crate::base::rpc::{
+    DeleteRecordsItem, EpochEndItem, EpochEndOut, ListOffsetsItem, ListedOffset, WaitItem,
+};
 
 impl Broker {
     /// OffsetForLeaderEpoch on this shard's partitions.
-    pub fn epoch_end_local(&self, items: Vec<EpochEndItem>) -> Vec<Result<(i32, i64), ApiError>> {
+    pub fn epoch_end_local(&self, items: Vec<EpochEndItem>) -> Vec<Result<EpochEndOut, ApiError>> {
         items
             .into_iter()
             .map(|it| {
@@ -20,8 +22,13 @@ impl Broker {
                 if let Some(o) = self.offline.borrow().get(key.key()) {
                     return Err(offline_error(key, &o.cause));
                 }
-                self.replica(&t, p)
-                    .and_then(|r| r.epoch_end(current, epoch))
+                let (leader_epoch, end_offset) = self
+                    .replica(&t, p)
+                    .and_then(|r| r.epoch_end(current, epoch))?;
+                Ok(EpochEndOut {
+                    leader_epoch,
+                    end_offset,
+                })
             })
             .collect()
     }
@@ -388,7 +395,7 @@ impl Broker {
         &self,
         item: ListOffsetsItem,
         read_committed: bool,
-    ) -> Result<(i64, i64, i32), ApiError> {
+    ) -> Result<ListedOffset, ApiError> {
         let ListOffsetsItem {
             topic,
             partition,
@@ -402,12 +409,16 @@ impl Broker {
             .await?;
         // Kafka answers the leader epoch of the record found (`epochForOffset`, a
         // batch's epoch), and the current one for "latest".
-        let epoch = match (ts, offset) {
+        let leader_epoch = match (ts, offset) {
             (_, -1) => -1,
             (-1, _) => replica.leader_epoch().unwrap_or(-1),
             _ => replica.epoch_of(offset),
         };
-        Ok((offset, timestamp, epoch))
+        Ok(ListedOffset {
+            offset,
+            timestamp,
+            leader_epoch,
+        })
     }
 
     /// [`Self::list_offset_local`]'s offset and timestamp.

@@ -74,11 +74,13 @@ pub async fn handle(
                 .map(|(index, r)| {
                     let base = ListOffsetsPartitionResponse::default().with_partition_index(index);
                     match r {
-                        Ok((offset, ts, epoch)) => {
-                            let b = base.with_offset(offset).with_timestamp(ts);
+                        Ok(listed) => {
+                            let b = base
+                                .with_offset(listed.offset)
+                                .with_timestamp(listed.timestamp);
                             // The field exists from v4; the codec refuses it before.
                             if version >= 4 {
-                                b.with_leader_epoch(epoch)
+                                b.with_leader_epoch(listed.leader_epoch)
                             } else {
                                 b
                             }

@@ -51,7 +51,9 @@ pub async fn handle(
                 .map(|(index, r)| {
                     let base = EpochEndOffset::default().with_partition(index);
                     match r {
-                        Ok((epoch, end)) => base.with_leader_epoch(epoch).with_end_offset(end),
+                        Ok(out) => base
+                            .with_leader_epoch(out.leader_epoch)
+                            .with_end_offset(out.end_offset),
                         Err(e) => base
                             .with_error_code(e.code())
                             .with_leader_epoch(-1)

@@ -248,9 +248,16 @@ pub struct ReadOut {
     pub last_stable_offset: i64,
     pub log_start_offset: i64,
     pub records: Bytes,
-    /// read_committed: the aborted transactions in the returned range, as
-    /// (producer id, first offset).
-    pub aborted: Vec<(i64, i64)>,
+    /// read_committed: the aborted transactions in the returned range.
+    pub aborted: Vec<AbortedTxn>,
+}
+
+/// An aborted transaction a read_committed fetch must skip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    /// The offset of the transaction's first batch in the partition.
+    pub first_offset: i64,
 }
 
 pub struct Read {
@@ -316,8 +323,17 @@ pub struct OffsetsBefore {
 /// time now. Plus the high watermark when a leader answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentTimes {
-    pub offset_times: Vec<(i64, i64)>,
+    pub offset_times: Vec<SegmentTime>,
     pub high_watermark: Option<i64>,
+}
+
+/// One entry of [`SegmentTimes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentTime {
+    /// A segment's base offset (at least the log start), or the log end offset.
+    pub offset: i64,
+    /// The segment file's modification time, or the time now for the log end (ms).
+    pub time_ms: i64,
 }
 
 /// One partition of a DeleteRecords call.

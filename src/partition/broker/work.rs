@@ -5,7 +5,8 @@
 
 use super::*;
 use crate::base::rpc::{
-    DeleteRecordsItem, EpochEndItem, EpochEndOut, ListOffsetsItem, ListedOffset, WaitItem,
+    AbortedTxn, DeleteRecordsItem, EpochEndItem, EpochEndOut, ListOffsetsItem, ListedOffset,
+    SegmentTime, WaitItem,
 };
 
 impl Broker {
@@ -329,6 +330,12 @@ impl Broker {
             Ok(r) => {
                 let aborted = if item.read_committed && !r.records.is_empty() {
                     log.aborted_transactions(item.offset, r.next_offset)
+                        .into_iter()
+                        .map(|(producer_id, first_offset)| AbortedTxn {
+                            producer_id,
+                            first_offset,
+                        })
+                        .collect()
                 } else {
                     Vec::new()
                 };
@@ -481,12 +488,18 @@ impl Broker {
         };
         let start = log.log_start_offset();
         let segments = log.segment_times();
-        let mut offset_times: Vec<(i64, i64)> = segments
+        let mut offset_times: Vec<SegmentTime> = segments
             .iter()
-            .map(|&(base, _, modified)| (base.max(start), modified))
+            .map(|&(base, _, modified)| SegmentTime {
+                offset: base.max(start),
+                time_ms: modified,
+            })
             .collect();
         if segments.last().is_some_and(|&(_, size, _)| size > 0) {
-            offset_times.push((log.log_end_offset(), crate::base::util::now_ms()));
+            offset_times.push(SegmentTime {
+                offset: log.log_end_offset(),
+                time_ms: crate::base::util::now_ms(),
+            });
         }
         Ok(crate::base::rpc::SegmentTimes {
             offset_times,

@@ -556,10 +556,10 @@ fn partition_data(version: i16, s: &Slot, mut o: ReadOut) -> PartitionData {
         .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
             o.aborted
                 .iter()
-                .map(|&(pid, first)| {
+                .map(|a| {
                     AbortedTransaction::default()
-                        .with_producer_id(pid.into())
-                        .with_first_offset(first)
+                        .with_producer_id(a.producer_id.into())
+                        .with_first_offset(a.first_offset)
                 })
                 .collect()
         }))

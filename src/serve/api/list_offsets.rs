@@ -18,7 +18,7 @@ use kafka_protocol::messages::list_offsets_response::{
 };
 use sluice_protocol::legacy;
 
-use crate::base::rpc::{ListOffsets, ListOffsetsItem, OffsetsBefore};
+use crate::base::rpc::{ListOffsets, ListOffsetsItem, OffsetsBefore, SegmentTime};
 use crate::partition::broker::Broker;
 
 /// Kafka's replica id of a debugging client: any replica answers it (v0).
@@ -189,7 +189,7 @@ async fn handle_v0(broker: &Rc<Broker>, req: ListOffsetsRequest) -> ListOffsetsR
 
 /// Kafka's choice of v0 offsets from a partition's offset-time array (oldest first):
 /// `None` when `max` is negative (Kafka fails the partition).
-fn offsets_before(offset_times: &[(i64, i64)], timestamp: i64, max: i32) -> Option<Vec<i64>> {
+fn offsets_before(offset_times: &[SegmentTime], timestamp: i64, max: i32) -> Option<Vec<i64>> {
     if max < 0 {
         return None;
     }
@@ -199,14 +199,14 @@ fn offsets_before(offset_times: &[(i64, i64)], timestamp: i64, max: i32) -> Opti
         -2 | -4 => offset_times.len().min(1),
         t => offset_times
             .iter()
-            .rposition(|&(_, time)| time <= t)
+            .rposition(|st| st.time_ms <= t)
             .map_or(0, |i| i + 1),
     };
     let mut offsets: Vec<i64> = offset_times[..usable]
         .iter()
         .rev()
         .take(max as usize)
-        .map(|&(offset, _)| offset)
+        .map(|st| st.offset)
         .collect();
     offsets.sort_by(|a, b| b.cmp(a));
     Some(offsets)
@@ -229,7 +229,24 @@ mod tests {
 
     // Three segments (bases 0, 10, 20; the log start is 5, inside the first) modified at
     // 100, 200 and 300, and an active one holding data: the log end 27 "now" (400).
-    const LOG: &[(i64, i64)] = &[(5, 100), (10, 200), (20, 300), (27, 400)];
+    const LOG: &[SegmentTime] = &times(&[(5, 100), (10, 200), (20, 300), (27, 400)]);
+
+    /// An offset-time array from (offset, time) pairs.
+    const fn times<const N: usize>(pairs: &[(i64, i64); N]) -> [SegmentTime; N] {
+        let mut out = [SegmentTime {
+            offset: 0,
+            time_ms: 0,
+        }; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = SegmentTime {
+                offset: pairs[i].0,
+                time_ms: pairs[i].1,
+            };
+            i += 1;
+        }
+        out
+    }
 
     #[test]
     fn latest_and_earliest() {
@@ -260,7 +277,7 @@ mod tests {
         assert_eq!(offsets_before(LOG, -1, -1), None);
         assert_eq!(offsets_before(LOG, 1_000, i32::MIN), None);
         // A log of one empty segment: its base offset, whatever is asked.
-        let empty = &[(0, 100)];
+        let empty = &times(&[(0, 100)]);
         assert_eq!(offsets_before(empty, -1, 10), Some(vec![0]));
         assert_eq!(offsets_before(empty, -2, 10), Some(vec![0]));
         assert_eq!(offsets_before(empty, 100, 10), Some(vec![0]));
@@ -270,7 +287,7 @@ mod tests {
     #[test]
     fn segments_below_the_log_start_repeat_it() {
         // Segments wholly below the log start (not deleted yet) count at the log start.
-        let log = &[(15, 100), (15, 200), (15, 300), (22, 400)];
+        let log = &times(&[(15, 100), (15, 200), (15, 300), (22, 400)]);
         assert_eq!(offsets_before(log, -1, 10), Some(vec![22, 15, 15, 15]));
     }
 

@@ -157,7 +157,7 @@ shard_calls! {
     DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
     DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
     /// Every group the serving shard coordinates.
-    ListGroups => list_groups -> Result<Vec<(String, String, GroupState)>, ApiError>;
+    ListGroups => list_groups -> Result<Vec<GroupListing>, ApiError>;
     DeleteGroup => delete_group -> Result<Code, ApiError>;
     // Transaction calls, for the home shard of the transactional id's
     // `__transaction_state` partition (see `crate::coord::txn`).
@@ -568,6 +568,16 @@ pub struct DescribeGroup {
 /// `partition`: any partition the serving shard owns (it lists all it leads).
 pub struct ListGroups {
     pub partition: i32,
+}
+
+/// One group in a ListGroups reply.
+#[derive(Debug, Clone)]
+pub struct GroupListing {
+    pub group_id: String,
+    /// The protocol type its members joined with ("consumer" for consumers), empty if
+    /// none.
+    pub protocol_type: String,
+    pub state: GroupState,
 }
 
 pub struct DeleteGroup {

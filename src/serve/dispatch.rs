@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
-use sluice_coordinator::group::{Code, GroupState, GroupSummary, StableFetch};
+use sluice_coordinator::group::{Code, GroupSummary, StableFetch};
 use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
 use sluice_replication::cluster::Applied;
 use sluice_storage::producer::ActiveProducer;
@@ -241,10 +241,7 @@ impl ShardService for ShardServer {
         self.groups.describe(&self.broker, c).await
     }
 
-    async fn list_groups(
-        &self,
-        _c: rpc::ListGroups,
-    ) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+    async fn list_groups(&self, _c: rpc::ListGroups) -> Result<Vec<rpc::GroupListing>, ApiError> {
         self.groups.list(&self.broker).await
     }
 

@@ -13,10 +13,9 @@ pub mod lag;
 pub mod shard;
 
 use kafka_protocol::error::ResponseError;
-use sluice_coordinator::group::GroupState;
 
 use crate::base::error::{self, ApiError};
-use crate::base::rpc::{GroupCall, ListGroups};
+use crate::base::rpc::{GroupCall, GroupListing, ListGroups};
 use crate::partition::broker::Broker;
 
 /// The internal topic of offsets and group metadata.
@@ -71,7 +70,7 @@ where
 }
 
 /// Every group of every shard (ListGroups).
-pub async fn list_all(broker: &Broker) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+pub async fn list_all(broker: &Broker) -> Result<Vec<GroupListing>, ApiError> {
     let image = broker.image();
     let Some(meta) = image.topics.get(OFFSETS_TOPIC) else {
         return Ok(Vec::new());
@@ -91,7 +90,7 @@ pub async fn list_all(broker: &Broker) -> Result<Vec<(String, String, GroupState
     for r in crate::base::util::join_all(calls).await {
         out.extend(r?);
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.sort_by(|a, b| a.group_id.cmp(&b.group_id));
     Ok(out)
 }
 

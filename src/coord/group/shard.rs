@@ -21,8 +21,8 @@ use kafka_protocol::error::ResponseError;
 
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
-    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupState, GroupSummary, JoinToken,
-    Record, StableFetch, SyncToken,
+    Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupSummary, JoinToken, Record,
+    StableFetch, SyncToken,
 };
 
 use super::{partition_for, OFFSETS_TOPIC};
@@ -307,9 +307,17 @@ impl GroupShell {
     }
 
     /// Every group of every `__consumer_offsets` partition this shard leads.
-    pub async fn list(&self, b: &Broker) -> Result<Vec<(String, String, GroupState)>, ApiError> {
+    pub async fn list(&self, b: &Broker) -> Result<Vec<rpc::GroupListing>, ApiError> {
         self.load_all_owned(b).await?;
-        Ok(self.coord.borrow().list())
+        let groups = self.coord.borrow().list();
+        Ok(groups
+            .into_iter()
+            .map(|(group_id, protocol_type, state)| rpc::GroupListing {
+                group_id,
+                protocol_type,
+                state,
+            })
+            .collect())
     }
 
     pub async fn delete_group(&self, b: &Broker, c: rpc::DeleteGroup) -> Result<Code, ApiError> {

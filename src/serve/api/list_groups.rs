@@ -21,15 +21,15 @@ pub async fn handle(
     let wanted: Vec<String> = req.states_filter.iter().map(|s| s.to_lowercase()).collect();
     let groups = groups
         .into_iter()
-        .filter(|(_, _, state)| wanted.is_empty() || wanted.contains(&state.name().to_lowercase()))
-        .map(|(id, protocol_type, state)| {
-            let g = ListedGroup::default()
-                .with_group_id(sb(id).into())
-                .with_protocol_type(sb(protocol_type));
+        .filter(|g| wanted.is_empty() || wanted.contains(&g.state.name().to_lowercase()))
+        .map(|g| {
+            let listed = ListedGroup::default()
+                .with_group_id(sb(g.group_id).into())
+                .with_protocol_type(sb(g.protocol_type));
             if version >= 4 {
-                g.with_group_state(sb(state.name()))
+                listed.with_group_state(sb(g.state.name()))
             } else {
-                g
+                listed
             }
         })
         .collect();

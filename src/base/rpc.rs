@@ -392,11 +392,26 @@ pub struct NewTopic {
     pub num_partitions: i32,
     /// -1: the default, min(3, live brokers).
     pub replication_factor: i16,
-    pub configs: Vec<(String, Option<String>)>,
-    /// Manual replica assignments, (partition index, broker ids) as the client sent
-    /// them; empty: placed by the controller. With them, `num_partitions` and
-    /// `replication_factor` must be -1.
-    pub assignments: Vec<(i32, Vec<i32>)>,
+    pub configs: Vec<NewTopicConfig>,
+    /// Manual replica assignments as the client sent them; empty: placed by the
+    /// controller. With them, `num_partitions` and `replication_factor` must be -1.
+    pub assignments: Vec<ManualAssignment>,
+}
+
+/// A config a new topic is created with.
+#[derive(Debug, Clone)]
+pub struct NewTopicConfig {
+    pub name: String,
+    /// `None`: the client sent a null value (the controller refuses it).
+    pub value: Option<String>,
+}
+
+/// A new topic's manual replica assignment for one partition.
+#[derive(Debug, Clone)]
+pub struct ManualAssignment {
+    pub partition: i32,
+    /// The replicas' broker ids, the preferred leader first.
+    pub broker_ids: Vec<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -495,13 +510,27 @@ pub enum ConfigChange {
     Replace(BTreeMap<String, String>),
 }
 
-/// Config changes: topics' (`items`), then dynamic broker configs' (`brokers`, by scope:
-/// -1 for the cluster-wide defaults, else a broker id). One result per item, then one
-/// per broker change.
+/// Config changes: topics' (`items`), then dynamic broker configs' (`brokers`). One
+/// result per item, then one per broker change.
 pub struct AlterConfigs {
-    pub items: Vec<(String, ConfigChange)>,
-    pub brokers: Vec<(i32, ConfigChange)>,
+    pub items: Vec<TopicConfigChange>,
+    pub brokers: Vec<BrokerConfigChange>,
     pub validate_only: bool,
+}
+
+/// A change to one topic's explicit configs.
+#[derive(Debug, Clone)]
+pub struct TopicConfigChange {
+    pub topic: String,
+    pub change: ConfigChange,
+}
+
+/// A change to dynamic broker configs.
+#[derive(Debug, Clone)]
+pub struct BrokerConfigChange {
+    /// -1 for the cluster-wide defaults, else a broker id.
+    pub scope: i32,
+    pub change: ConfigChange,
 }
 
 pub struct Propose(pub Command);

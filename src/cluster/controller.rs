@@ -26,7 +26,8 @@ use crate::base::error::ApiError;
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
     AlterConfigOp, AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics,
-    DeleteTopics, ElectLeaders, NewPartitions, NewTopic, TopicRef,
+    DeleteTopics, ElectLeaders, ManualAssignment, NewPartitions, NewTopic, NewTopicConfig,
+    TopicRef,
 };
 use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
@@ -190,8 +191,8 @@ impl Controller {
         let items = call
             .items
             .into_iter()
-            .map(|(topic, change)| (Ok(topic), change))
-            .chain(call.brokers.into_iter().map(|(id, c)| (Err(id), c)))
+            .map(|t| (Ok(t.topic), t.change))
+            .chain(call.brokers.into_iter().map(|b| (Err(b.scope), b.change)))
             .collect();
         let plan = |state: &ClusterState, (target, change): (Result<String, i32>, ConfigChange)| {
             match target {
@@ -292,11 +293,9 @@ pub async fn publish(broker: &Broker, image: Arc<MetadataImage>) {
     crate::base::util::join_all(calls).await;
 }
 
-fn configs_map(
-    configs: Vec<(String, Option<String>)>,
-) -> Result<BTreeMap<String, String>, ApiError> {
+fn configs_map(configs: Vec<NewTopicConfig>) -> Result<BTreeMap<String, String>, ApiError> {
     let mut map = BTreeMap::new();
-    for (k, v) in configs {
+    for NewTopicConfig { name: k, value: v } in configs {
         match v {
             Some(v) => {
                 map.insert(k, v);
@@ -421,7 +420,11 @@ fn manual_assignments(state: &ClusterState, t: &NewTopic) -> Result<Vec<Vec<Brok
     check_partition_count(t.assignments.len() as i32)?;
     let mut by_index: BTreeMap<i32, Vec<BrokerId>> = BTreeMap::new();
     let mut rf = None;
-    for (index, replicas) in &t.assignments {
+    for ManualAssignment {
+        partition: index,
+        broker_ids: replicas,
+    } in &t.assignments
+    {
         if by_index.contains_key(index) {
             return Err(ApiError::with(
                 ResponseError::InvalidReplicaAssignment,
@@ -625,7 +628,13 @@ mod tests {
             num_partitions: partitions,
             replication_factor: rf,
             configs: Vec::new(),
-            assignments: assignments.iter().map(|(i, r)| (*i, r.to_vec())).collect(),
+            assignments: assignments
+                .iter()
+                .map(|(i, r)| ManualAssignment {
+                    partition: *i,
+                    broker_ids: r.to_vec(),
+                })
+                .collect(),
         }
     }
 

@@ -63,10 +63,15 @@ impl Broker {
             name: name.to_string(),
             num_partitions: partitions,
             replication_factor: -1,
-            configs: vec![
-                ("cleanup.policy".into(), Some("compact".into())),
-                ("segment.bytes".into(), Some("104857600".into())),
-            ],
+            configs: [
+                ("cleanup.policy", "compact"),
+                ("segment.bytes", "104857600"),
+            ]
+            .map(|(name, value)| crate::base::rpc::NewTopicConfig {
+                name: name.into(),
+                value: Some(value.into()),
+            })
+            .into(),
             assignments: Vec::new(),
         };
         let create = crate::base::rpc::CreateTopics {

@@ -25,7 +25,7 @@ use kafka_protocol::messages::alter_configs_response::{
 use super::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use super::sb;
 use crate::base::error::ApiError;
-use crate::base::rpc::{AlterConfigs, ConfigChange};
+use crate::base::rpc::{AlterConfigs, BrokerConfigChange, ConfigChange, TopicConfigChange};
 use crate::partition::broker::Broker;
 
 /// What the broker makes of one resource before the controller sees it.
@@ -113,17 +113,23 @@ pub async fn handle(
     req: AlterConfigsRequest,
 ) -> AlterConfigsResponse {
     let plans = plan(&req.resources, broker.config.node_id);
-    let items: Vec<(String, ConfigChange)> = plans
+    let items: Vec<TopicConfigChange> = plans
         .iter()
         .filter_map(|p| match p {
-            Plan::Topic(name, set) => Some((name.clone(), ConfigChange::Replace(set.clone()))),
+            Plan::Topic(name, set) => Some(TopicConfigChange {
+                topic: name.clone(),
+                change: ConfigChange::Replace(set.clone()),
+            }),
             _ => None,
         })
         .collect();
-    let brokers: Vec<(i32, ConfigChange)> = plans
+    let brokers: Vec<BrokerConfigChange> = plans
         .iter()
         .filter_map(|p| match p {
-            Plan::Broker(scope, set) => Some((*scope, ConfigChange::Replace(set.clone()))),
+            Plan::Broker(scope, set) => Some(BrokerConfigChange {
+                scope: *scope,
+                change: ConfigChange::Replace(set.clone()),
+            }),
             _ => None,
         })
         .collect();

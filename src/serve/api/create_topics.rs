@@ -13,7 +13,7 @@ use kafka_protocol::messages::create_topics_response::{
 
 use super::sb;
 use crate::base::broker_configs;
-use crate::base::rpc::{CreateTopics, NewTopic};
+use crate::base::rpc::{CreateTopics, ManualAssignment, NewTopic, NewTopicConfig};
 use crate::partition::broker::Broker;
 
 pub async fn handle(
@@ -32,15 +32,18 @@ pub async fn handle(
             assignments: t
                 .assignments
                 .into_iter()
-                .map(|a| {
-                    let brokers = a.broker_ids.into_iter().map(|b| b.0).collect();
-                    (a.partition_index, brokers)
+                .map(|a| ManualAssignment {
+                    partition: a.partition_index,
+                    broker_ids: a.broker_ids.into_iter().map(|b| b.0).collect(),
                 })
                 .collect(),
             configs: t
                 .configs
                 .into_iter()
-                .map(|c| (c.name.to_string(), c.value.map(|v| v.to_string())))
+                .map(|c| NewTopicConfig {
+                    name: c.name.to_string(),
+                    value: c.value.map(|v| v.to_string()),
+                })
                 .collect(),
         })
         .collect();

@@ -24,7 +24,9 @@ use super::describe_configs::{
 };
 use super::sb;
 use crate::base::error::ApiError;
-use crate::base::rpc::{AlterConfigOp, AlterConfigs, ConfigChange, ConfigOp};
+use crate::base::rpc::{
+    AlterConfigOp, AlterConfigs, BrokerConfigChange, ConfigChange, ConfigOp, TopicConfigChange,
+};
 use crate::partition::broker::Broker;
 
 /// The request-shape refusal of each resource, in order (pure; Kafka's preprocess).
@@ -107,7 +109,7 @@ pub async fn handle(
         let to_controller = r.resource_type == RESOURCE_TOPIC
             || (r.resource_type == RESOURCE_BROKER && (name.is_empty() || name == me.to_string()));
         if to_controller {
-            let ops = match ops {
+            let change = match ops {
                 Ok(ops) => ConfigChange::Incremental(ops),
                 Err(code) => {
                     let e = ApiError::with(
@@ -119,9 +121,15 @@ pub async fn handle(
                 }
             };
             if r.resource_type == RESOURCE_TOPIC {
-                items.push((name.to_string(), ops));
+                items.push(TopicConfigChange {
+                    topic: name.to_string(),
+                    change,
+                });
             } else {
-                brokers.push((if name.is_empty() { -1 } else { me }, ops));
+                brokers.push(BrokerConfigChange {
+                    scope: if name.is_empty() { -1 } else { me },
+                    change,
+                });
             }
             shape.push((r.resource_type, r.resource_name.clone(), None));
         } else if r.resource_type == RESOURCE_BROKER {

@@ -34,6 +34,7 @@ use sluice_coordinator::txn::{
     AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
     TxnDescription, Verified,
 };
+use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::{Applied, Command};
 use sluice_storage::producer::ActiveProducer;
 use uuid::Uuid;
@@ -139,7 +140,7 @@ shard_calls! {
     DeleteTopics => delete_topics -> Vec<Result<(String, Uuid), ApiError>>;
     CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
-    ElectLeaders => elect_leaders -> Vec<((String, i32), Result<(), ApiError>)>;
+    ElectLeaders => elect_leaders -> Vec<(TopicPartition, Result<(), ApiError>)>;
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
     /// One producer id from this broker's controller-allocated block (InitProducerId).
@@ -309,9 +310,9 @@ pub struct ListedOffset {
     pub leader_epoch: i32,
 }
 
-/// (topic, partition) of ListOffsets v0 requests.
+/// The partitions of ListOffsets v0 requests.
 pub struct OffsetsBefore {
-    pub items: Vec<(String, i32)>,
+    pub items: Vec<TopicPartition>,
     /// Only the leader answers (false for Kafka's debugging replica id -2, which any
     /// replica answers).
     pub leader_only: bool,
@@ -349,9 +350,9 @@ pub struct DeleteRecords {
     pub items: Vec<DeleteRecordsItem>,
 }
 
-/// (topic, partition) whose producers to describe.
+/// The partitions whose producers to describe.
 pub struct DescribeProducers {
-    pub items: Vec<(String, i32)>,
+    pub items: Vec<TopicPartition>,
 }
 
 pub struct Apply(pub Arc<MetadataImage>);
@@ -497,7 +498,7 @@ pub struct CreatePartitions {
 /// needed an election (as Kafka's controller does).
 pub struct ElectLeaders {
     pub unclean: bool,
-    pub partitions: Option<Vec<(String, i32)>>,
+    pub partitions: Option<Vec<TopicPartition>>,
 }
 
 /// How an AlterConfigs call changes one topic's explicit configs.

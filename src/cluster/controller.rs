@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
+use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::{
     Applied, ClusterState, Command, Election, PartitionState, ProducerIdBlock,
 };
@@ -212,7 +213,7 @@ impl Controller {
         &self,
         broker: &Broker,
         call: ElectLeaders,
-    ) -> Vec<((String, i32), Result<(), ApiError>)> {
+    ) -> Vec<(TopicPartition, Result<(), ApiError>)> {
         let _guard = self.admin_lock().await;
         let kind = if call.unclean {
             Election::Unclean
@@ -224,19 +225,23 @@ impl Controller {
             self.quorum.with_state(|s| {
                 s.topics
                     .iter()
-                    .flat_map(|(name, t)| (0..t.partitions.len() as i32).map(|p| (name.clone(), p)))
+                    .flat_map(|(name, t)| {
+                        let name: Arc<str> = name.as_str().into();
+                        (0..t.partitions.len() as i32)
+                            .map(move |p| TopicPartition::new(name.clone(), p))
+                    })
                     .collect()
             })
         });
         let mut out = Vec::with_capacity(partitions.len());
         let mut version = 0;
-        for (topic, partition) in partitions {
+        for tp in partitions {
             let judged = self
                 .quorum
-                .with_state(|s| s.election(&topic, partition, kind).map(|_| ()));
+                .with_state(|s| s.election(tp.topic(), tp.partition(), kind).map(|_| ()));
             let r = match judged {
                 Ok(()) => {
-                    let (topic, partition) = (topic.clone(), partition);
+                    let (topic, partition) = (tp.topic().to_string(), tp.partition());
                     let cmd = match kind {
                         Election::Preferred => Command::ElectPreferred { topic, partition },
                         Election::Unclean => Command::ElectUnclean { topic, partition },
@@ -250,7 +255,7 @@ impl Controller {
             // Asked for every partition, Kafka leaves out those that needed nothing.
             let not_needed = matches!(&r, Err(e) if e.code == ResponseError::ElectionNotNeeded);
             if !(every && not_needed) {
-                out.push(((topic, partition), r));
+                out.push((tp, r));
             }
         }
         broker.wait_published(version).await;

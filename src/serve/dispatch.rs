@@ -10,6 +10,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{Code, GroupSummary, StableFetch};
 use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
+use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::Applied;
 use sluice_storage::producer::ActiveProducer;
 use uuid::Uuid;
@@ -88,7 +89,7 @@ impl ShardService for ShardServer {
         let b = &self.broker;
         c.items
             .into_iter()
-            .map(|(t, p)| b.offsets_before_local(&t, p, c.leader_only))
+            .map(|tp| b.offsets_before_local(tp.topic(), tp.partition(), c.leader_only))
             .collect()
     }
 
@@ -101,7 +102,10 @@ impl ShardService for ShardServer {
         let b = &self.broker;
         c.items
             .into_iter()
-            .map(|(t, p)| b.log(&t, p).map(|(log, _)| log.active_producers()))
+            .map(|tp| {
+                b.log(tp.topic(), tp.partition())
+                    .map(|(log, _)| log.active_producers())
+            })
             .collect()
     }
 
@@ -141,7 +145,7 @@ impl ShardService for ShardServer {
     async fn elect_leaders(
         &self,
         c: rpc::ElectLeaders,
-    ) -> Vec<((String, i32), Result<(), ApiError>)> {
+    ) -> Vec<(TopicPartition, Result<(), ApiError>)> {
         self.controller().elect_leaders(&self.broker, c).await
     }
 

@@ -9,12 +9,14 @@
 //! KAFKA_STORAGE_ERROR, a partition not in the metadata UNKNOWN_TOPIC_OR_PARTITION.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kafka_protocol::messages::describe_producers_request::DescribeProducersRequest;
 use kafka_protocol::messages::describe_producers_response::{
     DescribeProducersResponse, PartitionResponse, ProducerState, TopicResponse,
 };
 use kafka_protocol::messages::ProducerId;
+use sluice_protocol::TopicPartition;
 use sluice_storage::producer::ActiveProducer;
 
 use super::sb;
@@ -40,11 +42,11 @@ pub async fn handle(
         .topics
         .into_iter()
         .map(|t| {
-            let name = t.name.0.to_string();
+            let name: Arc<str> = t.name.0.as_str().into();
             let parts = t
                 .partition_indexes
                 .iter()
-                .map(|&p| (p, (name.clone(), p)))
+                .map(|&p| (p, TopicPartition::new(name.clone(), p)))
                 .collect();
             (t.name, parts)
         })

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::elect_leaders_request::ElectLeadersRequest;
@@ -16,6 +17,7 @@ use kafka_protocol::messages::elect_leaders_response::{
     ElectLeadersResponse, PartitionResult, ReplicaElectionResult,
 };
 use kafka_protocol::messages::TopicName;
+use sluice_protocol::TopicPartition;
 
 use super::sb;
 use crate::base::error::ApiError;
@@ -31,12 +33,14 @@ pub async fn handle(
     _version: i16,
     req: ElectLeadersRequest,
 ) -> ElectLeadersResponse {
-    let asked: Option<Vec<(String, i32)>> = req.topic_partitions.map(|topics| {
+    let asked: Option<Vec<TopicPartition>> = req.topic_partitions.map(|topics| {
         topics
             .into_iter()
             .flat_map(|t| {
-                let name = t.topic.0.to_string();
-                t.partitions.into_iter().map(move |p| (name.clone(), p))
+                let name: Arc<str> = t.topic.0.as_str().into();
+                t.partitions
+                    .into_iter()
+                    .map(move |p| TopicPartition::new(name.clone(), p))
             })
             .collect()
     });
@@ -75,10 +79,11 @@ pub async fn handle(
 }
 
 /// The response for per-partition results, grouped by topic in the order first seen.
-fn answer(results: Vec<((String, i32), Result<(), ApiError>)>) -> ElectLeadersResponse {
+fn answer(results: Vec<(TopicPartition, Result<(), ApiError>)>) -> ElectLeadersResponse {
     let mut order: Vec<String> = Vec::new();
     let mut by_topic: BTreeMap<String, Vec<PartitionResult>> = BTreeMap::new();
-    for ((topic, partition), r) in results {
+    for (tp, r) in results {
+        let (topic, partition) = (tp.topic().to_string(), tp.partition());
         let result = PartitionResult::default().with_partition_id(partition);
         let result = match r {
             Ok(()) => result,

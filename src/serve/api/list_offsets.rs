@@ -10,13 +10,14 @@
 //! to `max_num_offsets` offsets, newest first, taken from segment base offsets.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
-use sluice_protocol::legacy;
+use sluice_protocol::{legacy, TopicPartition};
 
 use crate::base::rpc::{ListOffsets, ListOffsetsItem, OffsetsBefore, SegmentTime};
 use crate::partition::broker::Broker;
@@ -128,11 +129,14 @@ async fn handle_v0(broker: &Rc<Broker>, req: ListOffsetsRequest) -> ListOffsetsR
         .topics
         .into_iter()
         .map(|t| {
-            let name = t.name.0.to_string();
+            let name: Arc<str> = t.name.0.as_str().into();
             let parts = t
                 .partitions
                 .iter()
-                .map(|p| (p.partition_index, (name.clone(), p.partition_index)))
+                .map(|p| {
+                    let tp = TopicPartition::new(name.clone(), p.partition_index);
+                    (p.partition_index, tp)
+                })
                 .collect();
             (t.name, parts)
         })

@@ -136,8 +136,8 @@ shard_calls! {
     /// Adopt a new metadata image (from the controller).
     Apply => apply -> ();
     // Metadata changes, for the controller on shard 0.
-    CreateTopics => create_topics -> Vec<Result<(String, TopicMeta), ApiError>>;
-    DeleteTopics => delete_topics -> Vec<Result<(String, Uuid), ApiError>>;
+    CreateTopics => create_topics -> Vec<Result<CreatedTopic, ApiError>>;
+    DeleteTopics => delete_topics -> Vec<Result<DeletedTopic, ApiError>>;
     CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
     ElectLeaders => elect_leaders -> Vec<(TopicPartition, Result<(), ApiError>)>;
@@ -150,7 +150,7 @@ shard_calls! {
     JoinGroup => join_group -> Result<JoinGroupResponse, ApiError>;
     SyncGroup => sync_group -> Result<SyncGroupResponse, ApiError>;
     Heartbeat => heartbeat -> Result<Code, ApiError>;
-    LeaveGroup => leave_group -> Result<(Code, Vec<Code>), ApiError>;
+    LeaveGroup => leave_group -> Result<LeftGroup, ApiError>;
     CommitOffsets => commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
     FetchOffsets => fetch_offsets -> Result<StableFetch, ApiError>;
     /// TxnOffsetCommit: offsets pending until the producer's transaction ends.
@@ -473,8 +473,23 @@ pub struct CreateTopics {
     pub validate_only: bool,
 }
 
+/// A topic CreateTopics created (or, validating only, would create).
+#[derive(Debug, Clone)]
+pub struct CreatedTopic {
+    pub name: String,
+    /// What the topic starts with: id, partitions, explicit configs and assignments.
+    pub meta: TopicMeta,
+}
+
 pub struct DeleteTopics {
     pub topics: Vec<TopicRef>,
+}
+
+/// A topic DeleteTopics deleted.
+#[derive(Debug, Clone)]
+pub struct DeletedTopic {
+    pub name: String,
+    pub id: Uuid,
 }
 
 /// One topic of a CreatePartitions call.
@@ -562,6 +577,15 @@ pub struct LeaveGroup {
     pub partition: i32,
     pub group: String,
     pub members: Vec<Leaving>,
+}
+
+/// The answer to a LeaveGroup call.
+#[derive(Debug, Clone)]
+pub struct LeftGroup {
+    /// The group's error, if any.
+    pub error: Code,
+    /// One per leaving member, in the call's order.
+    pub members: Vec<Code>,
 }
 
 pub struct CommitOffsets {

@@ -27,8 +27,8 @@ use crate::base::error::ApiError;
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
     AlterConfigOp, AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics,
-    DeleteTopics, ElectLeaders, ManualAssignment, NewPartitions, NewTopic, NewTopicConfig,
-    TopicRef,
+    CreatedTopic, DeleteTopics, DeletedTopic, ElectLeaders, ManualAssignment, NewPartitions,
+    NewTopic, NewTopicConfig, TopicRef,
 };
 use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
@@ -127,7 +127,7 @@ impl Controller {
         &self,
         broker: &Broker,
         call: CreateTopics,
-    ) -> Vec<Result<(String, TopicMeta), ApiError>> {
+    ) -> Vec<Result<CreatedTopic, ApiError>> {
         let _guard = self.admin_lock().await;
         let mut out = Vec::with_capacity(call.topics.len());
         // Each topic is committed in turn (each sees the ones before it), and the answer
@@ -138,11 +138,11 @@ impl Controller {
         for t in call.topics {
             let state = self.quorum.state();
             let r = match create(&state, broker, t) {
-                Ok((name, _, meta)) if call.validate_only => Ok((name, meta)),
+                Ok((name, _, meta)) if call.validate_only => Ok(CreatedTopic { name, meta }),
                 Ok((name, cmd, meta)) => {
                     let (r, v) = self.commit_unpublished(cmd).await;
                     version = version.max(v);
-                    r.map(|_| (name, meta))
+                    r.map(|_| CreatedTopic { name, meta })
                 }
                 Err(e) => Err(e),
             };
@@ -156,7 +156,7 @@ impl Controller {
         &self,
         broker: &Broker,
         call: DeleteTopics,
-    ) -> Vec<Result<(String, Uuid), ApiError>> {
+    ) -> Vec<Result<DeletedTopic, ApiError>> {
         let _guard = self.admin_lock().await;
         let mut out = Vec::with_capacity(call.topics.len());
         for t in call.topics {
@@ -164,7 +164,7 @@ impl Controller {
                 Ok((name, id)) => self
                     .commit(broker, Command::DeleteTopic { name: name.clone() })
                     .await
-                    .map(|_| (name, id)),
+                    .map(|_| DeletedTopic { name, id }),
                 Err(e) => Err(e),
             };
             out.push(r);

@@ -13,10 +13,8 @@ use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Ve
 use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::Applied;
 use sluice_storage::producer::ActiveProducer;
-use uuid::Uuid;
 
 use crate::base::error::ApiError;
-use crate::base::metadata::TopicMeta;
 use crate::base::rpc::{self, Appended, ReadOut, ShardService};
 use crate::base::util::join_all;
 use crate::cluster::controller::Controller;
@@ -126,11 +124,14 @@ impl ShardService for ShardServer {
     async fn create_topics(
         &self,
         c: rpc::CreateTopics,
-    ) -> Vec<Result<(String, TopicMeta), ApiError>> {
+    ) -> Vec<Result<rpc::CreatedTopic, ApiError>> {
         self.controller().create_topics(&self.broker, c).await
     }
 
-    async fn delete_topics(&self, c: rpc::DeleteTopics) -> Vec<Result<(String, Uuid), ApiError>> {
+    async fn delete_topics(
+        &self,
+        c: rpc::DeleteTopics,
+    ) -> Vec<Result<rpc::DeletedTopic, ApiError>> {
         self.controller().delete_topics(&self.broker, c).await
     }
 
@@ -169,8 +170,9 @@ impl ShardService for ShardServer {
         self.groups.heartbeat(&self.broker, c).await
     }
 
-    async fn leave_group(&self, c: rpc::LeaveGroup) -> Result<(Code, Vec<Code>), ApiError> {
-        self.groups.leave(&self.broker, c).await
+    async fn leave_group(&self, c: rpc::LeaveGroup) -> Result<rpc::LeftGroup, ApiError> {
+        let (error, members) = self.groups.leave(&self.broker, c).await?;
+        Ok(rpc::LeftGroup { error, members })
     }
 
     async fn commit_offsets(

@@ -13,7 +13,7 @@ use kafka_protocol::messages::create_topics_response::{
 
 use super::sb;
 use crate::base::broker_configs;
-use crate::base::rpc::{CreateTopics, ManualAssignment, NewTopic, NewTopicConfig};
+use crate::base::rpc::{CreateTopics, CreatedTopic, ManualAssignment, NewTopic, NewTopicConfig};
 use crate::partition::broker::Broker;
 
 pub async fn handle(
@@ -64,7 +64,7 @@ pub async fn handle(
         .map(|(name, r)| {
             let base = CreatableTopicResult::default().with_name(name);
             match r {
-                Ok((_, meta)) => {
+                Ok(CreatedTopic { meta, .. }) => {
                     let rf = meta
                         .assignments
                         .first()

@@ -11,7 +11,7 @@ use kafka_protocol::messages::delete_topics_response::{
 use kafka_protocol::messages::TopicName;
 
 use super::sb;
-use crate::base::rpc::{DeleteTopics, TopicRef};
+use crate::base::rpc::{DeleteTopics, DeletedTopic, TopicRef};
 use crate::partition::broker::Broker;
 
 pub async fn handle(
@@ -54,7 +54,9 @@ pub async fn handle(
                 TopicRef::Id(id) => DeletableTopicResult::default().with_topic_id(*id),
             };
             match res {
-                Ok((name, id)) => base.with_name(Some(TopicName(sb(name)))).with_topic_id(id),
+                Ok(DeletedTopic { name, id }) => {
+                    base.with_name(Some(TopicName(sb(name)))).with_topic_id(id)
+                }
                 Err(e) => base
                     .with_error_code(e.code())
                     .with_error_message(e.message.map(sb)),

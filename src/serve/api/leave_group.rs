@@ -36,7 +36,7 @@ pub async fn handle(
         members: members.clone(),
     };
     let (group_code, codes) = match route(broker, call).await {
-        Ok((g, m)) => (g.err().map_or(0, |e| e.code()), m),
+        Ok(left) => (left.error.err().map_or(0, |e| e.code()), left.members),
         Err(e) => (e.code(), Vec::new()),
     };
     let code_of =

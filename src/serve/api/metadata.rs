@@ -78,7 +78,7 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
         Ok(results) => {
             for (name, r) in missing.into_iter().zip(results) {
                 match r {
-                    Ok((_, _)) => tracing::info!(topic = %name, "auto-created topic"),
+                    Ok(_) => tracing::info!(topic = %name, "auto-created topic"),
                     // Another request created it meanwhile: fine.
                     Err(e) if e.code == ResponseError::TopicAlreadyExists => {}
                     Err(e) => errors.push((name, e)),

@@ -4,4 +4,5 @@
 //! `__transaction_state`).
 
 pub mod group;
+pub mod runtime;
 pub mod txn;

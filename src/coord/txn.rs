@@ -13,11 +13,10 @@
 //! by the coordinator's tick until written. A ticker drives timeouts and retries.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
-use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{
@@ -34,6 +33,7 @@ use sluice_coordinator::txn::{
 use crate::base::error::{self, ApiError};
 use crate::base::rpc::{self, TxnCall};
 use crate::base::util::{now_ms, sb};
+use crate::coord::runtime::{answer, Loads, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 
 /// transaction.state.log.num.partitions
@@ -94,16 +94,15 @@ impl ProducerIds for OneId {
 
 pub struct TxnShell {
     coord: RefCell<TxnCoordinator>,
-    loaded: RefCell<HashSet<i32>>,
-    load_lock: Semaphore,
+    loads: Loads,
     append_lock: Semaphore,
     /// Requests waiting for their deferred answer, one map per call kind keyed by that
     /// kind's token type, so each waiter can only receive its own call's answer.
-    pending_inits: RefCell<Waiters<InitToken, ProducerIdAndEpoch>>,
-    pending_adds: RefCell<Waiters<AddPartitionsToken, ()>>,
-    pending_offsets: RefCell<Waiters<AddOffsetsToken, ()>>,
-    pending_ends: RefCell<Waiters<EndToken, ProducerIdAndEpoch>>,
-    next_token: Cell<u64>,
+    pending_inits: Waiters<InitToken, Deferred<ProducerIdAndEpoch>>,
+    pending_adds: Waiters<AddPartitionsToken, Deferred<()>>,
+    pending_offsets: Waiters<AddOffsetsToken, Deferred<()>>,
+    pending_ends: Waiters<EndToken, Deferred<ProducerIdAndEpoch>>,
+    tokens: Tokens,
     /// Marker rounds being written, so a tick does not start the same one twice.
     markers_in_flight: RefCell<HashSet<(u64, String, i32)>>,
     /// A producer id from this broker's block kept for the next InitProducerId that
@@ -141,14 +140,13 @@ impl TxnShell {
         };
         let s = Rc::new_cyclic(|this| TxnShell {
             coord: RefCell::new(TxnCoordinator::new(config)),
-            loaded: RefCell::new(HashSet::new()),
-            load_lock: Semaphore::new(1),
+            loads: Loads::new(TXN_STATE_TOPIC),
             append_lock: Semaphore::new(1),
-            pending_inits: RefCell::new(HashMap::new()),
-            pending_adds: RefCell::new(HashMap::new()),
-            pending_offsets: RefCell::new(HashMap::new()),
-            pending_ends: RefCell::new(HashMap::new()),
-            next_token: Cell::new(1),
+            pending_inits: Waiters::new(),
+            pending_adds: Waiters::new(),
+            pending_offsets: Waiters::new(),
+            pending_ends: Waiters::new(),
+            tokens: Tokens::new(),
             markers_in_flight: RefCell::new(HashSet::new()),
             spare_id: Cell::new(None),
             broker: Rc::downgrade(broker),
@@ -181,7 +179,7 @@ impl PartitionEvents for TxnShell {
     /// Leadership of a `__transaction_state` partition changed here: unload it; it is
     /// loaded afresh (at the new leader epoch) on next use if this broker leads it.
     fn leadership_changed(&self, topic: &str, partition: i32) {
-        if topic != TXN_STATE_TOPIC || !self.loaded.borrow_mut().remove(&partition) {
+        if topic != TXN_STATE_TOPIC || !self.loads.forget(partition) {
             return;
         }
         let mut fx = TxnEffects::default();
@@ -201,8 +199,8 @@ impl TxnShell {
             Some(id) => id,
             None => b.control(rpc::AllocateProducerId).await.and_then(|r| r)?,
         };
-        let token = InitToken(self.new_token());
-        let rx = waiter(&self.pending_inits, token);
+        let token = InitToken(self.tokens.next());
+        let rx = self.pending_inits.register(token, ());
         let mut fx = TxnEffects::default();
         let mut ids = OneId(Some(fresh));
         self.coord
@@ -213,43 +211,43 @@ impl TxnShell {
             self.spare_id.set(Some(unused));
         }
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn add_partitions(&self, b: &Broker, c: rpc::TxnAdd) -> Result<(), ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let token = AddPartitionsToken(self.new_token());
-        let rx = waiter(&self.pending_adds, token);
+        let token = AddPartitionsToken(self.tokens.next());
+        let rx = self.pending_adds.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .add_partitions(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn add_offsets(&self, b: &Broker, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let token = AddOffsetsToken(self.new_token());
-        let rx = waiter(&self.pending_offsets, token);
+        let token = AddOffsetsToken(self.tokens.next());
+        let rx = self.pending_offsets.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .add_offsets(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn end(&self, b: &Broker, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let token = EndToken(self.new_token());
-        let rx = waiter(&self.pending_ends, token);
+        let token = EndToken(self.tokens.next());
+        let rx = self.pending_ends.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
             .end_txn(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn verify(&self, b: &Broker, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
@@ -286,7 +284,7 @@ impl TxnShell {
         };
         for p in 0..meta.partitions {
             let leads = meta.assignment(p).map(|a| a.leader) == Some(b.config.node_id);
-            if leads && b.owner(meta, p) == b.shard && !self.loaded.borrow().contains(&p) {
+            if leads && b.owner(meta, p) == b.shard && !self.loads.is_loaded(p) {
                 self.ensure_loaded(b, p).await?;
             }
         }
@@ -307,61 +305,18 @@ impl TxnShell {
     }
 }
 
-/// Requests waiting for a deferred answer of one call kind: where to send it.
-type Waiters<K, T> = HashMap<K, LocalSender<Result<T, ResponseError>>>;
-
-/// Registers a waiter for `token`'s answer.
-fn waiter<K: std::hash::Hash + Eq + Copy + std::fmt::Debug, T>(
-    pending: &RefCell<Waiters<K, T>>,
-    token: K,
-) -> local_channel::LocalReceiver<Result<T, ResponseError>> {
-    let (tx, rx) = local_channel::new_bounded(1);
-    let old = pending.borrow_mut().insert(token, tx);
-    assert!(
-        old.is_none(),
-        "transaction waiter token {token:?} reused: tokens only grow"
-    );
-    rx
-}
-
-/// Sends a deferred answer to its waiter, if it still waits.
-fn deliver<K: std::hash::Hash + Eq, T>(
-    pending: &RefCell<Waiters<K, T>>,
-    token: &K,
-    reply: Result<T, ResponseError>,
-) {
-    if let Some(tx) = pending.borrow_mut().remove(token) {
-        // The requester may be gone (connection closed): nothing to do.
-        let _ = tx.try_send(reply);
-    }
-}
-
-async fn wait<T>(
-    rx: local_channel::LocalReceiver<Result<T, ResponseError>>,
-) -> Result<T, ApiError> {
-    match rx.recv().await {
-        Some(r) => r.map_err(ApiError::new),
-        // The partition moved away while the request waited.
-        None => Err(ApiError::new(ResponseError::NotCoordinator)),
-    }
-}
+/// A deferred answer of the transaction coordinator: its reply or its error code.
+type Deferred<T> = Result<T, ResponseError>;
 
 impl TxnShell {
-    /// A token number never used before on this shard (tokens only grow).
-    fn new_token(&self) -> u64 {
-        let token = self.next_token.get();
-        self.next_token.set(token + 1);
-        token
-    }
-
     /// Sends each reply to its waiter, in the map of its call kind.
     fn deliver(&self, replies: Vec<TxnReply>) {
         for reply in replies {
             match reply {
-                TxnReply::InitProducerId(t, r) => deliver(&self.pending_inits, &t, r),
-                TxnReply::AddPartitions(t, r) => deliver(&self.pending_adds, &t, r),
-                TxnReply::AddOffsets(t, r) => deliver(&self.pending_offsets, &t, r),
-                TxnReply::EndTxn(t, r) => deliver(&self.pending_ends, &t, r),
+                TxnReply::InitProducerId(t, r) => self.pending_inits.deliver(&t, r),
+                TxnReply::AddPartitions(t, r) => self.pending_adds.deliver(&t, r),
+                TxnReply::AddOffsets(t, r) => self.pending_offsets.deliver(&t, r),
+                TxnReply::EndTxn(t, r) => self.pending_ends.deliver(&t, r),
             }
         }
     }
@@ -467,17 +422,9 @@ impl TxnShell {
     /// Replays a partition of `__transaction_state` into the coordinator, once per
     /// leadership, then lets it resume transactions left half-way.
     async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
-        if self.loaded.borrow().contains(&partition) {
+        let Some(turn) = self.loads.turn(partition).await else {
             return Ok(());
-        }
-        let _permit = self
-            .load_lock
-            .acquire_permit(1)
-            .await
-            .expect("load lock never closes");
-        if self.loaded.borrow().contains(&partition) {
-            return Ok(());
-        }
+        };
         let epoch = broker
             .replica(TXN_STATE_TOPIC, partition)
             .map_err(|e| ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string()))?
@@ -514,13 +461,7 @@ impl TxnShell {
             ));
         }
         self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
-        let fresh = self.loaded.borrow_mut().insert(partition);
-        // Loads run one at a time under the load lock, each after checking the
-        // partition is not loaded; only a load inserts.
-        assert!(
-            fresh,
-            "{TXN_STATE_TOPIC} partition {partition} was loaded twice"
-        );
+        turn.done();
         tracing::info!(
             partition,
             records = loaded,

@@ -10,12 +10,11 @@
 //! partition moved. Appends go through one permit so records reach the log in the
 //! order the coordinator produced them.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 
@@ -28,6 +27,7 @@ use sluice_coordinator::group::{
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
 use crate::base::rpc;
+use crate::coord::runtime::{answer, Loads, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 // Wall-clock time: commit timestamps are stored and compared across restarts.
 use crate::base::util::now_ms;
@@ -37,15 +37,14 @@ pub const TICK: Duration = Duration::from_millis(100);
 
 pub struct GroupShell {
     coord: RefCell<Coordinator>,
-    loaded: RefCell<HashSet<i32>>,
-    load_lock: Semaphore,
+    loads: Loads,
     append_lock: Semaphore,
     /// Waiting JoinGroup requests: the group and where to send the answer. Joins and
     /// syncs wait in separate maps keyed by separate token types, so each waiter can
     /// only receive its own response type.
-    pending_joins: RefCell<Waiters<JoinToken, JoinGroupResponse>>,
-    pending_syncs: RefCell<Waiters<SyncToken, SyncGroupResponse>>,
-    next_token: Cell<u64>,
+    pending_joins: Waiters<JoinToken, JoinGroupResponse, String>,
+    pending_syncs: Waiters<SyncToken, SyncGroupResponse, String>,
+    tokens: Tokens,
 }
 
 impl GroupShell {
@@ -54,12 +53,11 @@ impl GroupShell {
     pub fn start(broker: &Rc<Broker>) -> Rc<GroupShell> {
         let s = Rc::new(GroupShell {
             coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
-            loaded: RefCell::new(HashSet::new()),
-            load_lock: Semaphore::new(1),
+            loads: Loads::new(OFFSETS_TOPIC),
             append_lock: Semaphore::new(1),
-            pending_joins: RefCell::new(HashMap::new()),
-            pending_syncs: RefCell::new(HashMap::new()),
-            next_token: Cell::new(1),
+            pending_joins: Waiters::new(),
+            pending_syncs: Waiters::new(),
+            tokens: Tokens::new(),
         });
         broker.subscribe(s.clone());
         let (b, st) = (Rc::downgrade(broker), Rc::downgrade(&s));
@@ -106,16 +104,14 @@ impl PartitionEvents for GroupShell {
     /// its groups, so that they are loaded afresh from the (replicated) log if this
     /// broker leads the partition again.
     fn leadership_changed(&self, topic: &str, partition: i32) {
-        if topic != OFFSETS_TOPIC || !self.loaded.borrow_mut().remove(&partition) {
+        if topic != OFFSETS_TOPIC || !self.loads.forget(partition) {
             return;
         }
         // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
         self.pending_joins
-            .borrow_mut()
-            .retain(|_, (group, _)| partition_for(group) != partition);
+            .retain(|group| partition_for(group) != partition);
         self.pending_syncs
-            .borrow_mut()
-            .retain(|_, (group, _)| partition_for(group) != partition);
+            .retain(|group| partition_for(group) != partition);
         let n = self
             .coord
             .borrow_mut()
@@ -130,26 +126,30 @@ impl PartitionEvents for GroupShell {
 impl GroupShell {
     pub async fn join(&self, b: &Broker, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let token = JoinToken(self.new_token());
-        let rx = waiter(&self.pending_joins, token, &c.args.group_id);
+        let token = JoinToken(self.tokens.next());
+        let rx = self
+            .pending_joins
+            .register(token, c.args.group_id.to_string());
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
             .join(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await
     }
 
     pub async fn sync(&self, b: &Broker, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
         self.ensure_loaded(b, c.partition).await?;
-        let token = SyncToken(self.new_token());
-        let rx = waiter(&self.pending_syncs, token, &c.args.group_id);
+        let token = SyncToken(self.tokens.next());
+        let rx = self
+            .pending_syncs
+            .register(token, c.args.group_id.to_string());
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
             .sync(token, now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
-        wait(rx).await
+        answer(rx).await
     }
 
     pub async fn heartbeat(&self, b: &Broker, c: rpc::Heartbeat) -> Result<Code, ApiError> {
@@ -274,7 +274,7 @@ impl GroupShell {
     /// partition `partition` of this shard: its pending offsets become visible (commit)
     /// or go (abort).
     pub fn complete_txn(&self, partition: i32, producer_id: i64, commit: bool) {
-        if !self.loaded.borrow().contains(&partition) {
+        if !self.loads.is_loaded(partition) {
             return; // loaded later from the log, marker included
         }
         self.coord
@@ -350,45 +350,7 @@ fn store_error(append: ResponseError) -> ResponseError {
     }
 }
 
-/// Requests waiting for a deferred answer: the group and where to send the answer.
-type Waiters<K, R> = HashMap<K, (String, LocalSender<R>)>;
-
-/// Registers a waiter for `token`'s answer.
-fn waiter<K: std::hash::Hash + Eq, R>(
-    pending: &RefCell<Waiters<K, R>>,
-    token: K,
-    group: &str,
-) -> local_channel::LocalReceiver<R> {
-    let (tx, rx) = local_channel::new_bounded(1);
-    let old = pending.borrow_mut().insert(token, (group.to_string(), tx));
-    assert!(old.is_none(), "group waiter tokens are never reused");
-    rx
-}
-
-/// Sends a deferred answer to its waiter, if it still waits.
-fn deliver<K: std::hash::Hash + Eq, R>(pending: &RefCell<Waiters<K, R>>, token: &K, reply: R) {
-    if let Some((_, tx)) = pending.borrow_mut().remove(token) {
-        // The requester may have gone (connection closed): nothing to do.
-        let _ = tx.try_send(reply);
-    }
-}
-
-async fn wait<R>(rx: local_channel::LocalReceiver<R>) -> Result<R, ApiError> {
-    match rx.recv().await {
-        Some(d) => Ok(d),
-        // The group's partition moved to another coordinator while the request waited:
-        // the client finds the new one and retries.
-        None => Err(ApiError::new(ResponseError::NotCoordinator)),
-    }
-}
-
 impl GroupShell {
-    fn new_token(&self) -> u64 {
-        let token = self.next_token.get();
-        self.next_token.set(token + 1);
-        token
-    }
-
     /// Appends the records, then answers the deferred requests. If a partition's
     /// records cannot be stored, the answers of their groups carry the append's error
     /// instead (as Kafka's `storeGroup`) and the coordinator drops the generation the
@@ -432,16 +394,16 @@ impl GroupShell {
         );
         for reply in fx.replies.into_iter().chain(more.replies) {
             let group = match &reply {
-                Deferred::Join(t, _) => self.pending_joins.borrow().get(t).map(|w| w.0.clone()),
-                Deferred::Sync(t, _) => self.pending_syncs.borrow().get(t).map(|w| w.0.clone()),
+                Deferred::Join(t, _) => self.pending_joins.tag(t),
+                Deferred::Sync(t, _) => self.pending_syncs.tag(t),
             };
             let reply = match group.and_then(|g| failed.get(&g).copied()) {
                 Some(code) => reply.failed(code),
                 None => reply,
             };
             match reply {
-                Deferred::Join(token, r) => deliver(&self.pending_joins, &token, r),
-                Deferred::Sync(token, r) => deliver(&self.pending_syncs, &token, r),
+                Deferred::Join(token, r) => self.pending_joins.deliver(&token, r),
+                Deferred::Sync(token, r) => self.pending_syncs.deliver(&token, r),
             }
         }
     }
@@ -509,17 +471,9 @@ impl GroupShell {
 
     /// Replays a partition of `__consumer_offsets` into the coordinator, once.
     async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
-        if self.loaded.borrow().contains(&partition) {
+        let Some(turn) = self.loads.turn(partition).await else {
             return Ok(());
-        }
-        let _permit = self
-            .load_lock
-            .acquire_permit(1)
-            .await
-            .expect("load lock never closes");
-        if self.loaded.borrow().contains(&partition) {
-            return Ok(());
-        }
+        };
         // Restored members' sessions start now (Kafka: onGroupLoaded).
         let now = now_ms();
         let in_partition = |g: &str| partition_for(g) == partition;
@@ -567,13 +521,7 @@ impl GroupShell {
             .borrow_mut()
             .loaded(now_ms(), in_partition, &mut fx);
         self.run_effects(broker, fx).await;
-        let fresh = self.loaded.borrow_mut().insert(partition);
-        // Loads run one at a time under the load lock, each after checking the
-        // partition is not loaded; only a load inserts.
-        assert!(
-            fresh,
-            "{OFFSETS_TOPIC} partition {partition} was loaded twice"
-        );
+        turn.done();
         Ok(())
     }
 }

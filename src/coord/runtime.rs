@@ -5,8 +5,11 @@
 //! the state machine defers wait by token ([`Tokens`], [`Waiters`]) and get
 //! NOT_COORDINATOR if the partition moves away meanwhile ([`answer`]).
 //!
-//! Still per shell (a further step of issue 39): the replay of its records, the
-//! append of its effects and its timers.
+//! Both write their records through a [`PartitionWriter`]: one append at a time, one
+//! batch each, durable on every in-sync replica before the answer.
+//!
+//! Still per shell (a further step of issue 39): the replay of its records and its
+//! timers.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -18,6 +21,9 @@ use glommio::sync::{Permit, Semaphore};
 use kafka_protocol::error::ResponseError;
 
 use crate::base::error::ApiError;
+use crate::base::util::{mark_transactional, now_ms};
+use crate::partition::broker::Broker;
+use sluice_storage::batch::build::{batch_nullable, NullableRecord};
 
 /// Token numbers for deferred answers, never reused on this shard (they only grow).
 pub struct Tokens(Cell<u64>);
@@ -168,6 +174,49 @@ impl LoadTurn<'_> {
             "{} partition {} was loaded twice",
             self.loads.topic, self.partition
         );
+    }
+}
+
+/// A shell's writer to its internal topic: one append at a time, so records reach the
+/// log in the order the coordinator produced them; each append is one batch and waits
+/// for every in-sync replica (as Kafka's required acks -1 for both internal topics).
+pub struct PartitionWriter {
+    topic: &'static str,
+    lock: Semaphore,
+}
+
+impl PartitionWriter {
+    pub fn new(topic: &'static str) -> PartitionWriter {
+        PartitionWriter {
+            topic,
+            lock: Semaphore::new(1),
+        }
+    }
+
+    /// Appends `records` (key, value or tombstone) to `partition` as one batch,
+    /// transactional for `producer` if given, once its turn comes and `still_valid`
+    /// (checked then, just before the write) allows it.
+    pub async fn append(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        records: &[NullableRecord<'_>],
+        producer: Option<(i64, i16)>,
+        still_valid: impl FnOnce() -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
+        let _turn = self
+            .lock
+            .acquire_permit(1)
+            .await
+            .expect("append lock never closes");
+        still_valid()?;
+        let mut batch = batch_nullable(now_ms(), records);
+        if let Some((producer_id, epoch)) = producer {
+            mark_transactional(&mut batch, producer_id, epoch);
+        }
+        broker
+            .append_replicated(self.topic, partition, bytes::Bytes::from(batch))
+            .await
     }
 }
 

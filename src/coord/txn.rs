@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
-use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic,
@@ -33,7 +32,7 @@ use sluice_coordinator::txn::{
 use crate::base::error::{self, ApiError};
 use crate::base::rpc::{self, TxnCall};
 use crate::base::util::{now_ms, sb};
-use crate::coord::runtime::{answer, Loads, Tokens, Waiters};
+use crate::coord::runtime::{answer, Loads, PartitionWriter, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 
 /// transaction.state.log.num.partitions
@@ -95,7 +94,7 @@ impl ProducerIds for OneId {
 pub struct TxnShell {
     coord: RefCell<TxnCoordinator>,
     loads: Loads,
-    append_lock: Semaphore,
+    writer: PartitionWriter,
     /// Requests waiting for their deferred answer, one map per call kind keyed by that
     /// kind's token type, so each waiter can only receive its own call's answer.
     pending_inits: Waiters<InitToken, Deferred<ProducerIdAndEpoch>>,
@@ -141,7 +140,7 @@ impl TxnShell {
         let s = Rc::new_cyclic(|this| TxnShell {
             coord: RefCell::new(TxnCoordinator::new(config)),
             loads: Loads::new(TXN_STATE_TOPIC),
-            append_lock: Semaphore::new(1),
+            writer: PartitionWriter::new(TXN_STATE_TOPIC),
             pending_inits: Waiters::new(),
             pending_adds: Waiters::new(),
             pending_offsets: Waiters::new(),
@@ -397,25 +396,22 @@ impl TxnShell {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), ApiError> {
-        let _permit = self
-            .append_lock
-            .acquire_permit(1)
-            .await
-            .expect("append lock never closes");
-        let loaded_at = self.coord.borrow().append_epoch(id);
-        let leads_at = broker
-            .replica(TXN_STATE_TOPIC, partition)
-            .ok()
-            .and_then(|r| r.leader_epoch());
-        if loaded_at.is_none() || loaded_at != leads_at {
-            return Err(ApiError::with(
-                ResponseError::NotCoordinator,
-                format!("{TXN_STATE_TOPIC}-{partition} was loaded at epoch {loaded_at:?}, led at {leads_at:?}"),
-            ));
-        }
-        let batch = sluice_storage::batch::build::batch_nullable(now_ms(), &[(Some(key), value)]);
-        broker
-            .append_replicated(TXN_STATE_TOPIC, partition, bytes::Bytes::from(batch))
+        let still_led = || {
+            let loaded_at = self.coord.borrow().append_epoch(id);
+            let leads_at = broker
+                .replica(TXN_STATE_TOPIC, partition)
+                .ok()
+                .and_then(|r| r.leader_epoch());
+            if loaded_at.is_none() || loaded_at != leads_at {
+                return Err(ApiError::with(
+                    ResponseError::NotCoordinator,
+                    format!("{TXN_STATE_TOPIC}-{partition} was loaded at epoch {loaded_at:?}, led at {leads_at:?}"),
+                ));
+            }
+            Ok(())
+        };
+        self.writer
+            .append(broker, partition, &[(Some(key), value)], None, still_led)
             .await
     }
 

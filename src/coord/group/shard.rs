@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
@@ -27,7 +26,7 @@ use sluice_coordinator::group::{
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
 use crate::base::rpc;
-use crate::coord::runtime::{answer, Loads, Tokens, Waiters};
+use crate::coord::runtime::{answer, Loads, PartitionWriter, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 // Wall-clock time: commit timestamps are stored and compared across restarts.
 use crate::base::util::now_ms;
@@ -38,7 +37,7 @@ pub const TICK: Duration = Duration::from_millis(100);
 pub struct GroupShell {
     coord: RefCell<Coordinator>,
     loads: Loads,
-    append_lock: Semaphore,
+    writer: PartitionWriter,
     /// Waiting JoinGroup requests: the group and where to send the answer. Joins and
     /// syncs wait in separate maps keyed by separate token types, so each waiter can
     /// only receive its own response type.
@@ -54,7 +53,7 @@ impl GroupShell {
         let s = Rc::new(GroupShell {
             coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
             loads: Loads::new(OFFSETS_TOPIC),
-            append_lock: Semaphore::new(1),
+            writer: PartitionWriter::new(OFFSETS_TOPIC),
             pending_joins: Waiters::new(),
             pending_syncs: Waiters::new(),
             tokens: Tokens::new(),
@@ -436,22 +435,13 @@ impl GroupShell {
         records: &[Record],
         producer: Option<(i64, i16)>,
     ) -> Result<(), ApiError> {
-        let _permit = self
-            .append_lock
-            .acquire_permit(1)
-            .await
-            .expect("append lock never closes");
         let refs: Vec<sluice_storage::batch::build::NullableRecord<'_>> = records
             .iter()
             .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
             .collect();
-        let mut batch = sluice_storage::batch::build::batch_nullable(now_ms(), &refs);
-        if let Some((producer_id, epoch)) = producer {
-            crate::base::util::mark_transactional(&mut batch, producer_id, epoch);
-        }
         // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
-        broker
-            .append_replicated(OFFSETS_TOPIC, partition, bytes::Bytes::from(batch))
+        self.writer
+            .append(broker, partition, &refs, producer, || Ok(()))
             .await
     }
 

@@ -8,13 +8,17 @@
 //! Both write their records through a [`PartitionWriter`]: one append at a time, one
 //! batch each, durable on every in-sync replica before the answer.
 //!
-//! Still per shell (a further step of issue 39): the replay of its records and its
-//! timers.
+//! Each ticks its timers with [`every`].
+//!
+//! Still per shell (a further step of issue 39): the replay of its records.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
+use std::future::Future;
 use std::hash::Hash;
+use std::rc::{Rc, Weak};
+use std::time::Duration;
 
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::sync::{Permit, Semaphore};
@@ -218,6 +222,27 @@ impl PartitionWriter {
             .append_replicated(self.topic, partition, bytes::Bytes::from(batch))
             .await
     }
+}
+
+/// Runs `turn` every `period` on this shard while both the broker and the shell live:
+/// the ticker ends once either is dropped (the shard is stopping).
+pub fn every<S, F, Fut>(period: Duration, broker: &Rc<Broker>, shell: &Rc<S>, turn: F)
+where
+    S: 'static,
+    F: Fn(Rc<Broker>, Rc<S>) -> Fut + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (b, st): (Weak<Broker>, Weak<S>) = (Rc::downgrade(broker), Rc::downgrade(shell));
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(period).await;
+            let (Some(b), Some(st)) = (b.upgrade(), st.upgrade()) else {
+                return;
+            };
+            turn(b, st).await;
+        }
+    })
+    .detach();
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use sluice_coordinator::txn::{
 use crate::base::error::{self, ApiError};
 use crate::base::rpc::{self, TxnCall};
 use crate::base::util::{now_ms, sb};
-use crate::coord::runtime::{answer, Loads, PartitionWriter, Tokens, Waiters};
+use crate::coord::runtime::{answer, every, Loads, PartitionWriter, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 
 /// transaction.state.log.num.partitions
@@ -152,24 +152,17 @@ impl TxnShell {
             this: this.clone(),
         });
         broker.subscribe(s.clone());
-        let st = Rc::downgrade(&s);
-        glommio::spawn_local(async move {
-            loop {
-                glommio::timer::sleep(TICK).await;
-                let Some(st) = st.upgrade() else { return };
-                let Some(b) = st.broker.upgrade() else { return };
-                // Load every partition led here at once (not on first use): the
-                // transactions in it time out, and prepared ones complete, even if no
-                // client of theirs comes back.
-                if let Err(e) = st.load_all_led(&b).await {
-                    tracing::debug!(error = %e, "loading {TXN_STATE_TOPIC} partitions");
-                }
-                let mut fx = TxnEffects::default();
-                st.coord.borrow_mut().tick(now_ms(), &mut fx);
-                st.run_effects(&b, fx).await;
+        every(TICK, broker, &s, |b, st: Rc<TxnShell>| async move {
+            // Load every partition led here at once (not on first use): the
+            // transactions in it time out, and prepared ones complete, even if no
+            // client of theirs comes back.
+            if let Err(e) = st.load_all_led(&b).await {
+                tracing::debug!(error = %e, "loading {TXN_STATE_TOPIC} partitions");
             }
-        })
-        .detach();
+            let mut fx = TxnEffects::default();
+            st.coord.borrow_mut().tick(now_ms(), &mut fx);
+            st.run_effects(&b, fx).await;
+        });
         s
     }
 }

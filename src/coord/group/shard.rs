@@ -26,7 +26,7 @@ use sluice_coordinator::group::{
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
 use crate::base::rpc;
-use crate::coord::runtime::{answer, Loads, PartitionWriter, Tokens, Waiters};
+use crate::coord::runtime::{answer, every, Loads, PartitionWriter, Tokens, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
 // Wall-clock time: commit timestamps are stored and compared across restarts.
 use crate::base::util::now_ms;
@@ -59,20 +59,11 @@ impl GroupShell {
             tokens: Tokens::new(),
         });
         broker.subscribe(s.clone());
-        let (b, st) = (Rc::downgrade(broker), Rc::downgrade(&s));
-        glommio::spawn_local(async move {
-            loop {
-                glommio::timer::sleep(TICK).await;
-                // The broker or the shell is gone: the shard is stopping.
-                let (Some(b), Some(st)) = (b.upgrade(), st.upgrade()) else {
-                    return;
-                };
-                let mut fx = Effects::default();
-                st.coord.borrow_mut().tick(now_ms(), &mut fx);
-                st.run_effects(&b, fx).await;
-            }
-        })
-        .detach();
+        every(TICK, broker, &s, |b, st: Rc<GroupShell>| async move {
+            let mut fx = Effects::default();
+            st.coord.borrow_mut().tick(now_ms(), &mut fx);
+            st.run_effects(&b, fx).await;
+        });
         s
     }
 }

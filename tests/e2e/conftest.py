@@ -508,8 +508,13 @@ ALLOWED_SKIPS = {
 _SKIPPED = []  # (nodeid, reason) of every skipped test of this run
 
 
+def _test_name(nodeid):
+    """The test function of a node id (file::name[params] → name)."""
+    return nodeid.split("::")[-1].split("[")[0]
+
+
 def _skip_allowed(nodeid):
-    return nodeid.split("::")[-1].split("[")[0] in ALLOWED_SKIPS
+    return _test_name(nodeid) in ALLOWED_SKIPS
 
 
 def pytest_runtest_logreport(report):
@@ -526,7 +531,7 @@ def pytest_terminal_summary(terminalreporter):
         if group:
             terminalreporter.section(f"{len(group)} {title}")
             for nodeid, reason in group:
-                why = ALLOWED_SKIPS.get(nodeid.split("::")[-1].split("[")[0], "")
+                why = ALLOWED_SKIPS.get(_test_name(nodeid), "")
                 terminalreporter.line(f"{nodeid}: {reason}" + (f" (allowed: {why})" if why else ""))
 
 

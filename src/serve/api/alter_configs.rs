@@ -107,6 +107,38 @@ fn plan_one(r: &AlterConfigsResource, node_id: i32) -> Result<Plan, ApiError> {
     }
 }
 
+/// What the controller answered for config changes (AlterConfigs and
+/// IncrementalAlterConfigs alike): the topics' results, then the broker scopes', each
+/// in the order given. A call that fails answers every change with its error.
+pub(super) async fn through_controller(
+    broker: &Broker,
+    items: Vec<TopicConfigChange>,
+    brokers: Vec<BrokerConfigChange>,
+    validate_only: bool,
+) -> (
+    std::vec::IntoIter<Result<(), ApiError>>,
+    std::vec::IntoIter<Result<(), ApiError>>,
+) {
+    let topics_n = items.len();
+    let n = topics_n + brokers.len();
+    let mut results = if n == 0 {
+        Vec::new()
+    } else {
+        let call = AlterConfigs {
+            items,
+            brokers,
+            validate_only,
+        };
+        match broker.control(call).await {
+            Ok(r) => r,
+            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+        }
+    };
+    // The controller answers the topics first, then the broker scopes.
+    let scopes = results.split_off(topics_n.min(results.len()));
+    (results.into_iter(), scopes.into_iter())
+}
+
 pub async fn handle(
     broker: &Rc<Broker>,
     _version: i16,
@@ -133,26 +165,8 @@ pub async fn handle(
             _ => None,
         })
         .collect();
-    let topics_n = items.len();
-    let n = topics_n + brokers.len();
-    let mut results = if n == 0 {
-        Vec::new()
-    } else {
-        match broker
-            .control(AlterConfigs {
-                items,
-                brokers,
-                validate_only: req.validate_only,
-            })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
-        }
-    };
-    // The controller answers the topics first, then the broker scopes.
-    let mut broker_results = results.split_off(topics_n.min(results.len())).into_iter();
-    let mut results = results.into_iter();
+    let (mut results, mut broker_results) =
+        through_controller(broker, items, brokers, req.validate_only).await;
     let responses = req
         .resources
         .iter()

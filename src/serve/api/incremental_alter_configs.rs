@@ -25,7 +25,7 @@ use super::describe_configs::{
 use super::sb;
 use crate::base::error::ApiError;
 use crate::base::rpc::{
-    AlterConfigOp, AlterConfigs, BrokerConfigChange, ConfigChange, ConfigOp, TopicConfigChange,
+    AlterConfigOp, BrokerConfigChange, ConfigChange, ConfigOp, TopicConfigChange,
 };
 use crate::partition::broker::Broker;
 
@@ -149,22 +149,8 @@ pub async fn handle(
             shape.push((r.resource_type, r.resource_name.clone(), Some(Err(e))));
         }
     }
-    let topics_n = items.len();
-    let n = topics_n + brokers.len();
-    let mut results = match broker
-        .control(AlterConfigs {
-            items,
-            brokers,
-            validate_only: req.validate_only,
-        })
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
-    };
-    // The controller answers the topics first, then the broker scopes.
-    let mut broker_results = results.split_off(topics_n.min(results.len())).into_iter();
-    let mut results = results.into_iter();
+    let (mut results, mut broker_results) =
+        super::alter_configs::through_controller(broker, items, brokers, req.validate_only).await;
     let responses = shape
         .into_iter()
         .map(|(rt, name, err)| {

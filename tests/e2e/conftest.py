@@ -19,7 +19,8 @@ import uuid
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SLUICE_BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "release", "sluice"))
+# The binary `make test` builds (profile unit), as scripts/run-e2e.sh uses.
+SLUICE_BIN = os.environ.get("SLUICE_BIN", os.path.join(ROOT, "target", "unit", "sluice"))
 
 
 # Every port free_port() has handed out in this run. The kernel may give the same free
@@ -216,7 +217,13 @@ class Lines:
         """The first line for which `pred` is true, within `timeout` seconds in all."""
         end = time.monotonic() + timeout
         while True:
-            line = self.next(end - time.monotonic(), what)
+            try:
+                line = self.next(end - time.monotonic(), what)
+            except AssertionError as e:
+                if self.closed:
+                    raise
+                raise AssertionError(f"{self.name}: no line within {timeout:.1f}s "
+                                     f"while waiting for {what}") from e
             if pred(line):
                 return line
 

@@ -57,7 +57,8 @@ def _make_cluster(tmp_path, request, proxied):
     m = request.node.get_closest_marker("cores")
     cores = m.args[0] if m else None
     shards = cores or default_shards()
-    env = {"RUST_LOG": "info,sluice::partition::broker=debug"} if shards > 1 else None
+    # The `opened log` debug lines, for the every-shard-used check of cores(n) tests.
+    env = {"RUST_LOG": "info,sluice::partition::broker=debug"} if cores and cores > 1 else None
     c = Cluster(tmp_path / "cluster", n=3, proxied=proxied, cores=cores, env=env).start()
     yield c
     _dump_logs(c)  # shown only when the test failed

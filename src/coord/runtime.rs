@@ -1,20 +1,29 @@
 //! What the coordinator shells (groups, transactions) share: the frame a coordinator
-//! runs in on its shard, around its pure state machine. A shell keeps, per internal
-//! topic partition it coordinates, whether that partition is loaded ([`Loads`]: one
-//! load at a time, each partition replayed once per leadership); requests whose answer
-//! the state machine defers wait by token ([`Tokens`], [`Waiters`]) and get
-//! NOT_COORDINATOR if the partition moves away meanwhile ([`answer`]).
+//! runs in on its shard, around its pure state machine. Each shell holds one
+//! [`Runtime`]: the loads of its internal topic's partitions, its writer to that topic,
+//! its token numbers and its clock.
+//!
+//! Loads ([`Runtime::load`]): a partition is replayed from its log start to its end
+//! into the coordinator, once per leadership and one load at a time ([`Loads`]); the
+//! shell says how through [`Replay`] (how a load begins, how one record is applied,
+//! what the coordinator does once every record is in).
+//!
+//! Requests whose answer the state machine defers wait by token ([`Tokens`],
+//! [`Waiters`]) and get NOT_COORDINATOR if the partition moves away meanwhile
+//! ([`answer`]).
 //!
 //! Both write their records through a [`PartitionWriter`]: one append at a time, one
 //! batch each, durable on every in-sync replica before the answer.
 //!
-//! Each ticks its timers with [`every`].
+//! Time: the coordinators are pure and take the time as an argument; the shells read
+//! it from their runtime's clock ([`Runtime::now_ms`]) and nowhere else, so a test can
+//! hand a runtime a clock it drives.
 //!
-//! Still per shell (a further step of issue 39): the replay of its records.
+//! Each ticks its timers with [`every`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::fmt::Debug;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
 use std::rc::{Rc, Weak};
@@ -23,11 +32,183 @@ use std::time::Duration;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::sync::{Permit, Semaphore};
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::records::Record;
 
 use crate::base::error::ApiError;
-use crate::base::util::{mark_transactional, now_ms};
+use crate::base::util::mark_transactional;
 use crate::partition::broker::Broker;
 use sluice_storage::batch::build::{batch_nullable, NullableRecord};
+use sluice_storage::Clock;
+
+/// One coordinator shell's frame on its shard: the loads of its internal topic's
+/// partitions, its writer to that topic, its token numbers, and the clock it reads the
+/// time from.
+pub struct Runtime {
+    loads: Loads,
+    writer: PartitionWriter,
+    tokens: Tokens,
+    // Wall-clock time: the coordinators store timestamps (commits, transaction
+    // starts) and compare them across restarts.
+    clock: Rc<dyn Clock>,
+}
+
+/// A shell's part in loading a partition of its internal topic ([`Runtime::load`]):
+/// how a load begins, how one record is applied to the coordinator, and what the
+/// coordinator does once every record is in.
+#[allow(async_fn_in_trait)]
+pub trait Replay {
+    /// What a load carries from its start to its end.
+    type Load;
+    /// What the coordinator asks for once the partition is loaded.
+    type Effects;
+    /// Why a record is skipped.
+    type Skip: Display;
+
+    /// A load of `partition` begins, at `now_ms`, before its first record. An error
+    /// ends the load (the partition stays unloaded).
+    fn begin(&self, broker: &Broker, partition: i32, now_ms: i64) -> Result<Self::Load, ApiError>;
+
+    /// One record of the partition with its `key`, in log order (a record without a
+    /// key is no coordinator's and is not applied). An error skips the record, as
+    /// Kafka's loaders skip what they cannot read; the runtime logs it.
+    fn apply(
+        &self,
+        load: &Self::Load,
+        partition: i32,
+        key: &[u8],
+        record: &Record,
+    ) -> Result<(), Self::Skip>;
+
+    /// Reading the log failed part-way: what was applied is partial.
+    fn abandon(&self, load: Self::Load, partition: i32);
+
+    /// Every record is applied, at `now_ms`: the coordinator takes the partition as
+    /// loaded. An error leaves it unloaded.
+    fn loaded(
+        &self,
+        load: Self::Load,
+        broker: &Broker,
+        partition: i32,
+        now_ms: i64,
+    ) -> Result<Self::Effects, ApiError>;
+
+    /// Runs the effects of [`Replay::loaded`].
+    async fn run(&self, broker: &Broker, fx: Self::Effects);
+}
+
+impl Runtime {
+    pub fn new(topic: &'static str, clock: Rc<dyn Clock>) -> Runtime {
+        Runtime {
+            loads: Loads::new(topic),
+            writer: PartitionWriter::new(topic),
+            tokens: Tokens::new(),
+            clock,
+        }
+    }
+
+    /// The time now, in milliseconds since the epoch: the one time source of the shell
+    /// and its coordinator.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// A token number for a deferred answer ([`Tokens`]).
+    pub fn next_token(&self) -> u64 {
+        self.tokens.next()
+    }
+
+    pub fn is_loaded(&self, partition: i32) -> bool {
+        self.loads.is_loaded(partition)
+    }
+
+    /// Forgets `partition` (its leadership changed here); true if it was loaded.
+    pub fn forget(&self, partition: i32) -> bool {
+        self.loads.forget(partition)
+    }
+
+    /// Loads `partition` into the shell's coordinator unless it is loaded: once its
+    /// turn comes ([`Loads::turn`]), replays its log from start to end through
+    /// `shell`, marks it loaded, then runs what the coordinator asked for on loading.
+    /// A failed load leaves the partition unloaded, for the next request to load.
+    pub async fn load<S: Replay>(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        shell: &S,
+    ) -> Result<(), ApiError> {
+        let Some(turn) = self.loads.turn(partition).await else {
+            return Ok(());
+        };
+        let topic = self.loads.topic;
+        let load = shell.begin(broker, partition, self.now_ms())?;
+        let replayed = broker
+            .replay(topic, partition, |rec| {
+                let Some(key) = rec.key.as_deref() else {
+                    return;
+                };
+                if let Err(e) = shell.apply(&load, partition, key, &rec) {
+                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
+                }
+            })
+            .await;
+        let records = match replayed {
+            Ok(n) => n,
+            Err(e) => {
+                shell.abandon(load, partition);
+                return Err(e);
+            }
+        };
+        let fx = shell.loaded(load, broker, partition, self.now_ms())?;
+        turn.done();
+        tracing::info!(partition, records, "loaded {topic} partition");
+        // Run once the partition is marked loaded, so that a leadership change while
+        // they run (appends wait) unloads it: `forget` only forgets a loaded partition.
+        shell.run(broker, fx).await;
+        Ok(())
+    }
+
+    /// Loads every partition of the shell's topic that this broker leads and whose
+    /// home is this shard.
+    pub async fn load_all_led<S: Replay>(
+        &self,
+        broker: &Broker,
+        shell: &S,
+    ) -> Result<(), ApiError> {
+        let image = broker.image();
+        let Some(meta) = image.topics.get(self.loads.topic) else {
+            return Ok(());
+        };
+        for p in 0..meta.partitions {
+            let leads = meta.assignment(p).map(|a| a.leader) == Some(broker.config.node_id);
+            if leads && broker.owner(meta, p) == broker.shard {
+                self.load(broker, p, shell).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends `records` to `partition` as one batch stamped now, through the shell's
+    /// [`PartitionWriter`].
+    pub async fn append(
+        &self,
+        broker: &Broker,
+        partition: i32,
+        records: &[NullableRecord<'_>],
+        producer: Option<(i64, i16)>,
+        still_valid: impl FnOnce() -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
+        self.writer
+            .append(
+                broker,
+                &*self.clock,
+                partition,
+                records,
+                producer,
+                still_valid,
+            )
+            .await
+    }
+}
 
 /// Token numbers for deferred answers, never reused on this shard (they only grow).
 pub struct Tokens(Cell<u64>);
@@ -199,10 +380,12 @@ impl PartitionWriter {
 
     /// Appends `records` (key, value or tombstone) to `partition` as one batch,
     /// transactional for `producer` if given, once its turn comes and `still_valid`
-    /// (checked then, just before the write) allows it.
+    /// (checked then, just before the write) allows it. The batch is stamped with
+    /// `clock`'s time when it is built.
     pub async fn append(
         &self,
         broker: &Broker,
+        clock: &dyn Clock,
         partition: i32,
         records: &[NullableRecord<'_>],
         producer: Option<(i64, i16)>,
@@ -214,7 +397,7 @@ impl PartitionWriter {
             .await
             .expect("append lock never closes");
         still_valid()?;
-        let mut batch = batch_nullable(now_ms(), records);
+        let mut batch = batch_nullable(clock.now_ms(), records);
         if let Some((producer_id, epoch)) = producer {
             mark_transactional(&mut batch, producer_id, epoch);
         }
@@ -274,6 +457,12 @@ mod tests {
                 assert!(loads.turn(3).await.is_none());
                 assert!(loads.forget(3) && !loads.forget(3));
                 assert!(loads.turn(3).await.is_some());
+                // The runtime's clock is the one it was given.
+                let clock = Rc::new(sluice_storage::ManualClock(Cell::new(7)));
+                let rt = Runtime::new("t", clock.clone());
+                assert_eq!(rt.now_ms(), 7);
+                clock.0.set(9);
+                assert_eq!(rt.now_ms(), 9);
             })
         });
     }

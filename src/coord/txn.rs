@@ -31,9 +31,11 @@ use sluice_coordinator::txn::{
 
 use crate::base::error::{self, ApiError};
 use crate::base::rpc::{self, TxnCall};
-use crate::base::util::{now_ms, sb};
-use crate::coord::runtime::{answer, every, Loads, PartitionWriter, Tokens, Waiters};
+use crate::base::util::sb;
+use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
+use sluice_coordinator::txn_records::TxnRecordError;
+use sluice_storage::SystemClock;
 
 /// transaction.state.log.num.partitions
 pub const TXN_STATE_PARTITIONS: i32 = 50;
@@ -93,15 +95,13 @@ impl ProducerIds for OneId {
 
 pub struct TxnShell {
     coord: RefCell<TxnCoordinator>,
-    loads: Loads,
-    writer: PartitionWriter,
+    rt: Runtime,
     /// Requests waiting for their deferred answer, one map per call kind keyed by that
     /// kind's token type, so each waiter can only receive its own call's answer.
     pending_inits: Waiters<InitToken, Deferred<ProducerIdAndEpoch>>,
     pending_adds: Waiters<AddPartitionsToken, Deferred<()>>,
     pending_offsets: Waiters<AddOffsetsToken, Deferred<()>>,
     pending_ends: Waiters<EndToken, Deferred<ProducerIdAndEpoch>>,
-    tokens: Tokens,
     /// Marker rounds being written, so a tick does not start the same one twice.
     markers_in_flight: RefCell<HashSet<(u64, String, i32)>>,
     /// A producer id from this broker's block kept for the next InitProducerId that
@@ -125,7 +125,7 @@ impl TxnShell {
             producer_ids: Vec::new(),
             min_duration_ms: -1,
         };
-        let listed = self.coord.borrow().list(now_ms(), &f).ok()?;
+        let listed = self.coord.borrow().list(self.rt.now_ms(), &f).ok()?;
         Some(listed.transactions.len() as u64)
     }
 
@@ -139,13 +139,11 @@ impl TxnShell {
         };
         let s = Rc::new_cyclic(|this| TxnShell {
             coord: RefCell::new(TxnCoordinator::new(config)),
-            loads: Loads::new(TXN_STATE_TOPIC),
-            writer: PartitionWriter::new(TXN_STATE_TOPIC),
+            rt: Runtime::new(TXN_STATE_TOPIC, Rc::new(SystemClock)),
             pending_inits: Waiters::new(),
             pending_adds: Waiters::new(),
             pending_offsets: Waiters::new(),
             pending_ends: Waiters::new(),
-            tokens: Tokens::new(),
             markers_in_flight: RefCell::new(HashSet::new()),
             spare_id: Cell::new(None),
             broker: Rc::downgrade(broker),
@@ -156,11 +154,11 @@ impl TxnShell {
             // Load every partition led here at once (not on first use): the
             // transactions in it time out, and prepared ones complete, even if no
             // client of theirs comes back.
-            if let Err(e) = st.load_all_led(&b).await {
+            if let Err(e) = st.rt.load_all_led(&b, &*st).await {
                 tracing::debug!(error = %e, "loading {TXN_STATE_TOPIC} partitions");
             }
             let mut fx = TxnEffects::default();
-            st.coord.borrow_mut().tick(now_ms(), &mut fx);
+            st.coord.borrow_mut().tick(st.rt.now_ms(), &mut fx);
             st.run_effects(&b, fx).await;
         });
         s
@@ -171,7 +169,7 @@ impl PartitionEvents for TxnShell {
     /// Leadership of a `__transaction_state` partition changed here: unload it; it is
     /// loaded afresh (at the new leader epoch) on next use if this broker leads it.
     fn leadership_changed(&self, topic: &str, partition: i32) {
-        if topic != TXN_STATE_TOPIC || !self.loads.forget(partition) {
+        if topic != TXN_STATE_TOPIC || !self.rt.forget(partition) {
             return;
         }
         let mut fx = TxnEffects::default();
@@ -184,20 +182,24 @@ impl PartitionEvents for TxnShell {
 /// The calls, served on the shard owning the id's `__transaction_state` partition.
 impl TxnShell {
     pub async fn init(&self, b: &Broker, c: rpc::TxnInit) -> Result<ProducerIdAndEpoch, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         // A fresh id for the coordinator to hand out if it needs one (new id, fencing
         // with an exhausted epoch): the spare, else one from the controller.
         let fresh = match self.spare_id.take() {
             Some(id) => id,
             None => b.control(rpc::AllocateProducerId).await.and_then(|r| r)?,
         };
-        let token = InitToken(self.tokens.next());
+        let token = InitToken(self.rt.next_token());
         let rx = self.pending_inits.register(token, ());
         let mut fx = TxnEffects::default();
         let mut ids = OneId(Some(fresh));
-        self.coord
-            .borrow_mut()
-            .init_producer_id(token, now_ms(), c.args, &mut ids, &mut fx);
+        self.coord.borrow_mut().init_producer_id(
+            token,
+            self.rt.now_ms(),
+            c.args,
+            &mut ids,
+            &mut fx,
+        );
         // Unused: kept for the next init (ids are unique, not dense).
         if let Some(unused) = ids.0 {
             self.spare_id.set(Some(unused));
@@ -207,43 +209,43 @@ impl TxnShell {
     }
 
     pub async fn add_partitions(&self, b: &Broker, c: rpc::TxnAdd) -> Result<(), ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let token = AddPartitionsToken(self.tokens.next());
+        self.rt.load(b, c.partition, self).await?;
+        let token = AddPartitionsToken(self.rt.next_token());
         let rx = self.pending_adds.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
-            .add_partitions(token, now_ms(), c.args, &mut fx);
+            .add_partitions(token, self.rt.now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
         answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn add_offsets(&self, b: &Broker, c: rpc::TxnAddOffsets) -> Result<(), ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let token = AddOffsetsToken(self.tokens.next());
+        self.rt.load(b, c.partition, self).await?;
+        let token = AddOffsetsToken(self.rt.next_token());
         let rx = self.pending_offsets.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
-            .add_offsets(token, now_ms(), c.args, &mut fx);
+            .add_offsets(token, self.rt.now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
         answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn end(&self, b: &Broker, c: rpc::TxnEnd) -> Result<ProducerIdAndEpoch, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let token = EndToken(self.tokens.next());
+        self.rt.load(b, c.partition, self).await?;
+        let token = EndToken(self.rt.next_token());
         let rx = self.pending_ends.register(token, ());
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
-            .end_txn(token, now_ms(), c.args, &mut fx);
+            .end_txn(token, self.rt.now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
         answer(rx).await?.map_err(ApiError::new)
     }
 
     pub async fn verify(&self, b: &Broker, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         self.coord
             .borrow()
             .verify_partitions(
@@ -260,27 +262,11 @@ impl TxnShell {
         b: &Broker,
         c: rpc::TxnDescribe,
     ) -> Result<sluice_coordinator::txn::TxnDescription, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         self.coord
             .borrow()
             .describe(&c.transactional_id)
             .map_err(ApiError::new)
-    }
-
-    /// Loads every `__transaction_state` partition this broker leads whose home is
-    /// this shard.
-    async fn load_all_led(&self, b: &Broker) -> Result<(), ApiError> {
-        let image = b.image();
-        let Some(meta) = image.topics.get(TXN_STATE_TOPIC) else {
-            return Ok(());
-        };
-        for p in 0..meta.partitions {
-            let leads = meta.assignment(p).map(|a| a.leader) == Some(b.config.node_id);
-            if leads && b.owner(meta, p) == b.shard && !self.loads.is_loaded(p) {
-                self.ensure_loaded(b, p).await?;
-            }
-        }
-        Ok(())
     }
 
     /// Every transaction of the partitions this shard coordinates (loaded first).
@@ -289,10 +275,10 @@ impl TxnShell {
         b: &Broker,
         c: rpc::TxnList,
     ) -> Result<sluice_coordinator::txn::ListedTxns, ApiError> {
-        self.load_all_led(b).await?;
+        self.rt.load_all_led(b, self).await?;
         self.coord
             .borrow()
-            .list(now_ms(), &c.filter)
+            .list(self.rt.now_ms(), &c.filter)
             .map_err(ApiError::new)
     }
 }
@@ -326,7 +312,7 @@ impl TxnShell {
                 self.coord.borrow_mut().append_done(
                     a.id,
                     result.map_err(|e| e.code),
-                    now_ms(),
+                    self.rt.now_ms(),
                     &mut next,
                 );
                 queue.push(next);
@@ -369,7 +355,7 @@ impl TxnShell {
                 shell
                     .coord
                     .borrow_mut()
-                    .marker_done(m.round, &tp, r, now_ms(), &mut fx);
+                    .marker_done(m.round, &tp, r, shell.rt.now_ms(), &mut fx);
             }
             shell.run_effects(&broker, fx).await;
         })
@@ -391,10 +377,7 @@ impl TxnShell {
     ) -> Result<(), ApiError> {
         let still_led = || {
             let loaded_at = self.coord.borrow().append_epoch(id);
-            let leads_at = broker
-                .replica(TXN_STATE_TOPIC, partition)
-                .ok()
-                .and_then(|r| r.leader_epoch());
+            let leads_at = Self::leads_at(broker, partition);
             if loaded_at.is_none() || loaded_at != leads_at {
                 return Err(ApiError::with(
                     ResponseError::NotCoordinator,
@@ -403,17 +386,29 @@ impl TxnShell {
             }
             Ok(())
         };
-        self.writer
+        self.rt
             .append(broker, partition, &[(Some(key), value)], None, still_led)
             .await
     }
 
-    /// Replays a partition of `__transaction_state` into the coordinator, once per
-    /// leadership, then lets it resume transactions left half-way.
-    async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
-        let Some(turn) = self.loads.turn(partition).await else {
-            return Ok(());
-        };
+    /// The leader epoch this broker leads `partition` at, if it leads it.
+    fn leads_at(broker: &Broker, partition: i32) -> Option<i32> {
+        broker
+            .replica(TXN_STATE_TOPIC, partition)
+            .ok()
+            .and_then(|r| r.leader_epoch())
+    }
+}
+
+/// How a `__transaction_state` partition is replayed into the coordinator, once per
+/// leadership, after which the coordinator resumes transactions left half-way.
+impl Replay for TxnShell {
+    /// The leader epoch the load began at, and what beginning it asked for.
+    type Load = (i32, TxnEffects);
+    type Effects = TxnEffects;
+    type Skip = TxnRecordError;
+
+    fn begin(&self, broker: &Broker, partition: i32, _: i64) -> Result<Self::Load, ApiError> {
         let epoch = broker
             .replica(TXN_STATE_TOPIC, partition)
             .map_err(|e| ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string()))?
@@ -423,25 +418,34 @@ impl TxnShell {
         self.coord
             .borrow_mut()
             .begin_load(partition, epoch, &mut fx);
-        let loaded = broker
-            .replay(TXN_STATE_TOPIC, partition, |rec| {
-                let Some(key) = rec.key else { return };
-                if let Err(e) = self
-                    .coord
-                    .borrow_mut()
-                    .load_record(&key, rec.value.as_deref())
-                {
-                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
-                }
-            })
-            .await?;
+        Ok((epoch, fx))
+    }
+
+    fn apply(
+        &self,
+        _: &Self::Load,
+        _: i32,
+        key: &[u8],
+        rec: &kafka_protocol::records::Record,
+    ) -> Result<(), TxnRecordError> {
+        self.coord
+            .borrow_mut()
+            .load_record(key, rec.value.as_deref())
+    }
+
+    /// The partition stays loading in the coordinator; the next load begins afresh.
+    fn abandon(&self, _: Self::Load, _: i32) {}
+
+    fn loaded(
+        &self,
+        (epoch, mut fx): Self::Load,
+        broker: &Broker,
+        partition: i32,
+        now_ms: i64,
+    ) -> Result<TxnEffects, ApiError> {
         // Leadership may have moved during the replay, where `leadership_changed` does
         // not see the partition (not loaded yet): a load at a stale epoch is dropped.
-        let leads_at = broker
-            .replica(TXN_STATE_TOPIC, partition)
-            .ok()
-            .and_then(|r| r.leader_epoch());
-        if leads_at != Some(epoch) {
+        if Self::leads_at(broker, partition) != Some(epoch) {
             self.coord.borrow_mut().unload(partition, &mut fx);
             self.deliver(fx.replies);
             return Err(ApiError::with(
@@ -449,16 +453,13 @@ impl TxnShell {
                 format!("{TXN_STATE_TOPIC}-{partition}: leadership moved while loading"),
             ));
         }
-        self.coord.borrow_mut().loaded(partition, now_ms(), &mut fx);
-        turn.done();
-        tracing::info!(
-            partition,
-            records = loaded,
-            "loaded {TXN_STATE_TOPIC} partition"
-        );
-        // Markers of transactions left in PrepareCommit/PrepareAbort go out now.
+        self.coord.borrow_mut().loaded(partition, now_ms, &mut fx);
+        Ok(fx)
+    }
+
+    /// Markers of transactions left in PrepareCommit/PrepareAbort go out now.
+    async fn run(&self, broker: &Broker, fx: TxnEffects) {
         self.run_effects(broker, fx).await;
-        Ok(())
     }
 }
 

@@ -26,24 +26,22 @@ use sluice_coordinator::group::{
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
 use crate::base::rpc;
-use crate::coord::runtime::{answer, every, Loads, PartitionWriter, Tokens, Waiters};
+use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
 use crate::partition::broker::{Broker, PartitionEvents};
-// Wall-clock time: commit timestamps are stored and compared across restarts.
-use crate::base::util::now_ms;
+use sluice_coordinator::records::RecordError;
+use sluice_storage::SystemClock;
 
 /// How often timers (session expiry, join/sync deadlines, offset expiry) are checked.
 pub const TICK: Duration = Duration::from_millis(100);
 
 pub struct GroupShell {
     coord: RefCell<Coordinator>,
-    loads: Loads,
-    writer: PartitionWriter,
+    rt: Runtime,
     /// Waiting JoinGroup requests: the group and where to send the answer. Joins and
     /// syncs wait in separate maps keyed by separate token types, so each waiter can
     /// only receive its own response type.
     pending_joins: Waiters<JoinToken, JoinGroupResponse, String>,
     pending_syncs: Waiters<SyncToken, SyncGroupResponse, String>,
-    tokens: Tokens,
 }
 
 impl GroupShell {
@@ -52,16 +50,14 @@ impl GroupShell {
     pub fn start(broker: &Rc<Broker>) -> Rc<GroupShell> {
         let s = Rc::new(GroupShell {
             coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
-            loads: Loads::new(OFFSETS_TOPIC),
-            writer: PartitionWriter::new(OFFSETS_TOPIC),
+            rt: Runtime::new(OFFSETS_TOPIC, Rc::new(SystemClock)),
             pending_joins: Waiters::new(),
             pending_syncs: Waiters::new(),
-            tokens: Tokens::new(),
         });
         broker.subscribe(s.clone());
         every(TICK, broker, &s, |b, st: Rc<GroupShell>| async move {
             let mut fx = Effects::default();
-            st.coord.borrow_mut().tick(now_ms(), &mut fx);
+            st.coord.borrow_mut().tick(st.rt.now_ms(), &mut fx);
             st.run_effects(&b, fx).await;
         });
         s
@@ -94,7 +90,7 @@ impl PartitionEvents for GroupShell {
     /// its groups, so that they are loaded afresh from the (replicated) log if this
     /// broker leads the partition again.
     fn leadership_changed(&self, topic: &str, partition: i32) {
-        if topic != OFFSETS_TOPIC || !self.loads.forget(partition) {
+        if topic != OFFSETS_TOPIC || !self.rt.forget(partition) {
             return;
         }
         // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
@@ -115,37 +111,37 @@ impl PartitionEvents for GroupShell {
 /// answer leaves.
 impl GroupShell {
     pub async fn join(&self, b: &Broker, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let token = JoinToken(self.tokens.next());
+        self.rt.load(b, c.partition, self).await?;
+        let token = JoinToken(self.rt.next_token());
         let rx = self
             .pending_joins
             .register(token, c.args.group_id.to_string());
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
-            .join(token, now_ms(), c.args, &mut fx);
+            .join(token, self.rt.now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
         answer(rx).await
     }
 
     pub async fn sync(&self, b: &Broker, c: rpc::SyncGroup) -> Result<SyncGroupResponse, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let token = SyncToken(self.tokens.next());
+        self.rt.load(b, c.partition, self).await?;
+        let token = SyncToken(self.rt.next_token());
         let rx = self
             .pending_syncs
             .register(token, c.args.group_id.to_string());
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
-            .sync(token, now_ms(), c.args, &mut fx);
+            .sync(token, self.rt.now_ms(), c.args, &mut fx);
         self.run_effects(b, fx).await;
         answer(rx).await
     }
 
     pub async fn heartbeat(&self, b: &Broker, c: rpc::Heartbeat) -> Result<Code, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         Ok(self.coord.borrow_mut().heartbeat(
-            now_ms(),
+            self.rt.now_ms(),
             &c.group,
             c.generation,
             &c.member,
@@ -158,12 +154,12 @@ impl GroupShell {
         b: &Broker,
         c: rpc::LeaveGroup,
     ) -> Result<(Code, Vec<Code>), ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         let mut fx = Effects::default();
         let r = self
             .coord
             .borrow_mut()
-            .leave(now_ms(), &c.group, &c.members, &mut fx);
+            .leave(self.rt.now_ms(), &c.group, &c.members, &mut fx);
         self.run_effects(b, fx).await;
         Ok(r)
     }
@@ -173,8 +169,8 @@ impl GroupShell {
         b: &Broker,
         c: rpc::CommitOffsets,
     ) -> Result<Vec<((String, i32), Code)>, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let now = now_ms();
+        self.rt.load(b, c.partition, self).await?;
+        let now = self.rt.now_ms();
         let plan = self.coord.borrow_mut().plan_commit(now, c.args);
         // Cancelled while its records are written (its connection went away), the
         // plan is still settled: expiry skips partitions with a commit in flight.
@@ -208,7 +204,7 @@ impl GroupShell {
     }
 
     pub async fn fetch(&self, b: &Broker, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         Ok(self.coord.borrow().fetch_offsets_stable(
             &c.group,
             c.partitions.as_deref(),
@@ -223,8 +219,11 @@ impl GroupShell {
         b: &Broker,
         c: rpc::TxnCommitOffsets,
     ) -> Result<Vec<((String, i32), Code)>, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
-        let plan = self.coord.borrow_mut().plan_txn_commit(now_ms(), c.args);
+        self.rt.load(b, c.partition, self).await?;
+        let plan = self
+            .coord
+            .borrow_mut()
+            .plan_txn_commit(self.rt.now_ms(), c.args);
         if plan.records.is_empty() {
             return Ok(plan.results);
         }
@@ -264,7 +263,7 @@ impl GroupShell {
     /// partition `partition` of this shard: its pending offsets become visible (commit)
     /// or go (abort).
     pub fn complete_txn(&self, partition: i32, producer_id: i64, commit: bool) {
-        if !self.loads.is_loaded(partition) {
+        if !self.rt.is_loaded(partition) {
             return; // loaded later from the log, marker included
         }
         self.coord
@@ -277,7 +276,7 @@ impl GroupShell {
         b: &Broker,
         c: rpc::DeleteOffsets,
     ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         let mut fx = Effects::default();
         let r = self
             .coord
@@ -292,13 +291,13 @@ impl GroupShell {
         b: &Broker,
         c: rpc::DescribeGroup,
     ) -> Result<GroupSummary, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         Ok(self.coord.borrow().describe(&c.group))
     }
 
     /// Every group of every `__consumer_offsets` partition this shard leads.
     pub async fn list(&self, b: &Broker) -> Result<Vec<rpc::GroupListing>, ApiError> {
-        self.load_all_owned(b).await?;
+        self.rt.load_all_led(b, self).await?;
         let groups = self.coord.borrow().list();
         Ok(groups
             .into_iter()
@@ -311,12 +310,12 @@ impl GroupShell {
     }
 
     pub async fn delete_group(&self, b: &Broker, c: rpc::DeleteGroup) -> Result<Code, ApiError> {
-        self.ensure_loaded(b, c.partition).await?;
+        self.rt.load(b, c.partition, self).await?;
         let mut fx = Effects::default();
         let r = self
             .coord
             .borrow_mut()
-            .delete_group(now_ms(), &c.group, &mut fx);
+            .delete_group(self.rt.now_ms(), &c.group, &mut fx);
         self.run_effects(b, fx).await;
         Ok(r)
     }
@@ -375,7 +374,7 @@ impl GroupShell {
                 failed.insert(r.group.clone(), code);
                 self.coord
                     .borrow_mut()
-                    .metadata_not_stored(now_ms(), r, &mut more);
+                    .metadata_not_stored(self.rt.now_ms(), r, &mut more);
             }
         }
         assert!(
@@ -431,79 +430,65 @@ impl GroupShell {
             .map(|r| (Some(r.key.as_slice()), r.value.as_deref()))
             .collect();
         // As Kafka (offsets.commit.required.acks=-1): on every in-sync replica.
-        self.writer
+        self.rt
             .append(broker, partition, &refs, producer, || Ok(()))
             .await
     }
+}
 
-    async fn load_all_owned(&self, broker: &Broker) -> Result<(), ApiError> {
-        let image = broker.image();
-        let Some(meta) = image.topics.get(OFFSETS_TOPIC) else {
-            return Ok(());
-        };
-        for p in 0..meta.partitions {
-            let leads = meta.assignment(p).map(|a| a.leader) == Some(broker.config.node_id);
-            if leads && broker.owner(meta, p) == broker.shard {
-                self.ensure_loaded(broker, p).await?;
-            }
-        }
-        Ok(())
+/// How a `__consumer_offsets` partition is replayed into the coordinator.
+impl Replay for GroupShell {
+    /// When the load began: restored members' sessions start then (Kafka:
+    /// onGroupLoaded).
+    type Load = i64;
+    type Effects = Effects;
+    type Skip = RecordError;
+
+    fn begin(&self, _: &Broker, _: i32, now_ms: i64) -> Result<i64, ApiError> {
+        Ok(now_ms)
     }
 
-    /// Replays a partition of `__consumer_offsets` into the coordinator, once.
-    async fn ensure_loaded(&self, broker: &Broker, partition: i32) -> Result<(), ApiError> {
-        let Some(turn) = self.loads.turn(partition).await else {
-            return Ok(());
-        };
-        // Restored members' sessions start now (Kafka: onGroupLoaded).
-        let now = now_ms();
-        let in_partition = |g: &str| partition_for(g) == partition;
-        let replayed = broker
-            .replay(OFFSETS_TOPIC, partition, |rec| {
-                let Some(key) = rec.key else { return };
-                let mut coord = self.coord.borrow_mut();
-                let r = if rec.control {
-                    // An end-transaction marker: key = version i16, type i16
-                    // (0 abort, 1 commit).
-                    if key.len() >= 4 {
-                        let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
-                        coord.load_marker(rec.producer_id, commit, in_partition);
-                    }
-                    Ok(())
-                } else if rec.transactional {
-                    coord.load_txn_record(now, rec.producer_id, &key, rec.value.as_deref())
-                } else {
-                    coord.load_record(now, &key, rec.value.as_deref())
-                };
-                if let Err(e) = r {
-                    tracing::warn!(partition, offset = rec.offset, error = %e, "skipping record");
-                }
-            })
-            .await;
-        let loaded = match replayed {
-            Ok(n) => n,
-            Err(e) => {
-                // What was replayed is partial: forget it (its groups would stay
-                // `loading`, never expiring); the next request loads again.
-                self.coord
-                    .borrow_mut()
-                    .unload(|g| partition_for(g) != partition);
-                return Err(e);
+    fn apply(
+        &self,
+        &began_ms: &i64,
+        partition: i32,
+        key: &[u8],
+        rec: &kafka_protocol::records::Record,
+    ) -> Result<(), RecordError> {
+        let mut coord = self.coord.borrow_mut();
+        if rec.control {
+            // An end-transaction marker: key = version i16, type i16 (0 abort, 1 commit).
+            if key.len() >= 4 {
+                let commit = i16::from_be_bytes([key[2], key[3]]) == 1;
+                coord.load_marker(rec.producer_id, commit, |g| partition_for(g) == partition);
             }
-        };
-        tracing::debug!(
-            partition,
-            records = loaded,
-            "loaded {OFFSETS_TOPIC} partition"
-        );
-        // Groups loaded over group.max.size rebalance now (Kafka's onGroupLoaded).
+            Ok(())
+        } else if rec.transactional {
+            coord.load_txn_record(began_ms, rec.producer_id, key, rec.value.as_deref())
+        } else {
+            coord.load_record(began_ms, key, rec.value.as_deref())
+        }
+    }
+
+    /// What was replayed is partial: forget it (its groups would stay `loading`, never
+    /// expiring); the next request loads again.
+    fn abandon(&self, _: i64, partition: i32) {
+        self.coord
+            .borrow_mut()
+            .unload(|g| partition_for(g) != partition);
+    }
+
+    /// Groups loaded over group.max.size rebalance now (Kafka's onGroupLoaded).
+    fn loaded(&self, _: i64, _: &Broker, partition: i32, now_ms: i64) -> Result<Effects, ApiError> {
         let mut fx = Effects::default();
         self.coord
             .borrow_mut()
-            .loaded(now_ms(), in_partition, &mut fx);
+            .loaded(now_ms, |g| partition_for(g) == partition, &mut fx);
+        Ok(fx)
+    }
+
+    async fn run(&self, broker: &Broker, fx: Effects) {
         self.run_effects(broker, fx).await;
-        turn.done();
-        Ok(())
     }
 }
 

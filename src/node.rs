@@ -303,6 +303,9 @@ async fn run_shard(
     let limits = StorageLimits {
         shared_sync_min: config.shared_sync_min,
         dsync_logs_max: config.dsync_logs_max,
+        journal_chunk_bytes: config.journal_chunk_bytes,
+        shard: shard.0,
+        shards: config.cores,
         ..descriptors.storage
     };
     let storage = Storage::open(&config.data_dir, limits, Rc::new(SystemClock))

@@ -311,6 +311,12 @@ settings! {
     /// they complete, no fdatasync after them); logs opened beyond this many are synced
     /// by fdatasync or shared syncfs rounds (0: none write-through).
     dsync_logs_max: u64 = 32;
+    /// Bytes of a chunk of each shard's write-ahead journal, which makes every
+    /// flush=always append durable in one sequential write-through write per round
+    /// for all of the shard's partitions (segment files are written behind it and
+    /// synced at each chunk's checkpoint); 0: no journal, every partition syncs its
+    /// own segment file.
+    journal_chunk_bytes: u64 = 128 << 20;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();
@@ -442,6 +448,8 @@ pub struct BrokerConfig {
     pub shared_sync_min: u64,
     /// `--dsync-logs-max`
     pub dsync_logs_max: u64,
+    /// `--journal-chunk-bytes`
+    pub journal_chunk_bytes: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
 }
@@ -616,6 +624,7 @@ impl BrokerConfig {
             reactor_wake_ms: s.reactor_wake_ms,
             shared_sync_min: s.shared_sync_min,
             dsync_logs_max: s.dsync_logs_max,
+            journal_chunk_bytes: s.journal_chunk_bytes,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
     }
@@ -996,6 +1005,7 @@ mod tests {
             "--reactor-wake-ms=20",
             "--shared-sync-min=0",
             "--dsync-logs-max=3",
+            "--journal-chunk-bytes=65536",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
         ];
@@ -1011,6 +1021,7 @@ mod tests {
             (c.reactor_wake_ms, c.shared_sync_min, c.dsync_logs_max),
             (20, 0, 3)
         );
+        assert_eq!(c.journal_chunk_bytes, 65536);
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(c.group_max_size, 11);
         assert_eq!(

@@ -250,6 +250,22 @@ impl AppendFile {
         res
     }
 
+    /// [`Self::open`] written through (`O_DSYNC`), for the shard journal's chunks
+    /// ([`crate::wal`]): a completed write is durable. Not counted against the shard's
+    /// write-through segment logs, though it gives a place back when dropped like one.
+    pub(crate) async fn open_journal(
+        path: &Path,
+        write_bytes_max: usize,
+        preallocate_bytes: u64,
+    ) -> Result<Rc<AppendFile>, Error> {
+        DSYNC_LOGS.with(|n| n.set(n.get() + 1));
+        let res = Self::open_with(path, 0, write_bytes_max, preallocate_bytes, true).await;
+        if res.is_err() {
+            DSYNC_LOGS.with(|n| n.set(n.get() - 1));
+        }
+        res
+    }
+
     async fn open_with(
         path: &Path,
         valid_len: u64,
@@ -336,6 +352,12 @@ impl AppendFile {
 
     pub fn written_len(&self) -> u64 {
         self.state.borrow().written
+    }
+
+    /// Accepted bytes not yet written to the device.
+    pub fn unwritten(&self) -> u64 {
+        let st = self.state.borrow();
+        st.len - st.written
     }
 
     /// Device writes started so far.

@@ -46,6 +46,7 @@ pub mod segment;
 pub mod simdisk;
 pub mod small_files;
 pub mod stats;
+pub mod wal;
 
 use std::path::Path;
 
@@ -364,6 +365,15 @@ pub struct StorageLimits {
     /// read are dropped from memory and read back from their files on next use. The
     /// active segments' indexes are not counted (they are written only when sealed).
     pub index_memory_max: u64,
+    /// Bytes of a chunk of the shard's journal ([`wal`]) before the next one starts;
+    /// 0 turns the journal off (every `flush=always` append then syncs its own
+    /// segment file, as before issue 40).
+    pub journal_chunk_bytes: u64,
+    /// This shard's index and the process's shard count: which journal is this
+    /// shard's, and (on shard 0) which left-over journals of a run with more shards
+    /// it replays.
+    pub shard: usize,
+    pub shards: usize,
 }
 
 /// The default of [`StorageLimits::index_memory_max`]: 128 MiB per shard holds the
@@ -385,6 +395,11 @@ impl Default for StorageLimits {
             dsync_logs_max: file::DEFAULT_DSYNC_LOGS_MAX,
             atomic_writes_max: file::DEFAULT_ATOMIC_WRITES_MAX,
             index_memory_max: DEFAULT_INDEX_MEMORY_MAX,
+            // Off unless asked for (the broker asks, `--journal-chunk-bytes`): the
+            // storage crate's own tests exercise segment files' durability by default.
+            journal_chunk_bytes: 0,
+            shard: 0,
+            shards: 1,
         }
     }
 }

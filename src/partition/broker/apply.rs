@@ -218,6 +218,13 @@ impl Broker {
         for (log, error) in &report.failed {
             tracing::error!(log = %log, error = %error, "closing log failed");
         }
+        // Every log synced: the journal holds nothing they lack (a failure keeps it
+        // for the next start's replay).
+        if report.failed.is_empty() {
+            if let Err(e) = self.storage.stop_journal().await {
+                tracing::error!(error = %e, "removing the shard journal after a clean close failed; the next start replays it");
+            }
+        }
         tracing::info!(
             shard = self.shard.0,
             logs = count,

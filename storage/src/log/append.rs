@@ -368,6 +368,11 @@ impl PartitionLog {
         } else {
             header.last_offset() - self.log_end_offset()
         };
+        // The journal's chunk is open before the critical section (a push never awaits).
+        let journal = self.journaling();
+        if let Some(j) = &journal {
+            j.ready().await?;
+        }
         self.maybe_roll(batch.len() as u64, span).await?;
         // No await from here to the push: the files stay open for it.
         self.ensure_active().await?;
@@ -388,7 +393,7 @@ impl PartitionLog {
         }
         let config = self.config.borrow().clone();
         let now = self.storage.now_ms();
-        let (info, log_file, target) = {
+        let (info, log_file, target, pushed) = {
             if let Some(answer) = self.judge(&header, judge)? {
                 return Ok((answer, None));
             }
@@ -426,6 +431,15 @@ impl PartitionLog {
             let len = (head.len() + body.len()) as u64;
             seg.track_batch(&h, position, len, config.index_interval_bytes);
             // Two pushes with no await between them: nothing else lands in between.
+            // The journal first: a refused push leaves the segment as it was.
+            let pushed = match &journal {
+                Some(j) => Some(j.push(
+                    self,
+                    &crate::wal::Op::Append(Bytes::new()),
+                    &[head.clone(), body.clone()],
+                )?),
+                None => None,
+            };
             log_file.push_bytes(head.clone())?;
             let target = log_file.push_bytes(body.clone())?;
             assert_eq!(target, seg.size, "appended position is the segment size");
@@ -448,12 +462,27 @@ impl PartitionLog {
                 log_append_time_ms: append_time.unwrap_or(-1),
                 record_count: h.record_count,
             };
-            (info, log_file, target)
+            (info, log_file, target, pushed)
         };
         self.append_event.notify(usize::MAX);
-        let staged = Staged {
-            file: log_file,
-            target,
+        // Journaled: acknowledged once the journal's record is written (write-through),
+        // the segment file written behind it. Otherwise once the segment file's is.
+        let staged = match pushed {
+            Some(p) => {
+                self.write_behind(&log_file);
+                self.journaled(p.clone());
+                Staged {
+                    file: p.file,
+                    target: p.target,
+                }
+            }
+            None => {
+                self.unjournaled.set(true);
+                Staged {
+                    file: log_file,
+                    target,
+                }
+            }
         };
         Ok((Judged::Appended(info), Some(staged)))
     }
@@ -466,12 +495,24 @@ impl PartitionLog {
     }
 
     async fn flush_unguarded(&self) -> Result<(), Error> {
-        let file = {
-            let st = self.state.borrow();
-            st.active().active.as_ref().map(|a| a.log.clone())
-        };
-        let Some(f) = file else { return Ok(()) };
-        f.sync_all().await?;
+        // Journaled appends are durable with their journal record; the segment file
+        // is synced here only for appends that bypassed the journal.
+        let pushed = self.last_journaled.borrow().clone();
+        if let Some(p) = pushed {
+            p.durable().await?;
+        }
+        if self.storage.journal().is_none() || self.unjournaled.replace(false) {
+            let file = {
+                let st = self.state.borrow();
+                st.active().active.as_ref().map(|a| a.log.clone())
+            };
+            if let Some(f) = file {
+                if let Err(e) = f.sync_all().await {
+                    self.unjournaled.set(true);
+                    return Err(e);
+                }
+            }
+        }
         self.last_flush_ms.set(self.storage.now_ms());
         Ok(())
     }

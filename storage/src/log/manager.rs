@@ -22,6 +22,7 @@ use crate::file;
 use crate::producer::{ProducerStateTable, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS_DEFAULT};
 use crate::segment::{self, RecoveryReport};
 use crate::small_files;
+use crate::wal::{self, Wal};
 use crate::{Clock, DescriptorPool, Error, FlushPolicy, LogConfig, StorageLimits};
 
 use super::recovery::{read_meta_key, recover_dir};
@@ -173,6 +174,8 @@ pub struct Storage {
     pub(super) index_tick: Cell<u64>,
     /// Closed segments' in-memory index bytes as the last such pass left them.
     index_memory: Cell<u64>,
+    /// The shard's journal ([`crate::wal`]), unless turned off.
+    pub(super) wal: RefCell<Option<Rc<Wal>>>,
 }
 
 /// What one [`Storage::limit_index_memory`] pass found and did.
@@ -219,7 +222,7 @@ impl Storage {
         // then unknown), though the kernel reports a write-back error once: a second
         // start would not see it.
         small_files::FileSystem::open(&dir).await.sync().await?;
-        Ok(Rc::new(Storage {
+        let storage = Rc::new(Storage {
             dir,
             cache: RefCell::new(TailCache::new(limits.tail_cache_bytes)),
             handles: RefCell::new(ReadHandles {
@@ -248,7 +251,26 @@ impl Storage {
             index_tick: Cell::new(1),
             index_memory: Cell::new(0),
             clock,
-        }))
+            wal: RefCell::new(None),
+        });
+        // The previous run's journals, before any log opens for use (a log opened
+        // meanwhile would not see what they hold).
+        storage.replay_journals().await?;
+        if storage.limits.journal_chunk_bytes > 0 {
+            let dir = wal::dir_of(&storage.dir, storage.limits.shard);
+            let journal = Wal::new(
+                dir,
+                storage.limits.journal_chunk_bytes,
+                storage.limits.write_bytes_max,
+            )?;
+            *storage.wal.borrow_mut() = Some(journal);
+        }
+        Ok(storage)
+    }
+
+    /// The shard's journal, if it keeps one.
+    pub fn journal(&self) -> Option<Rc<Wal>> {
+        self.wal.borrow().clone()
     }
 
     /// Logs whose active segment's files are open now.
@@ -460,14 +482,28 @@ impl Storage {
             producers: RefCell::new(ProducerStateTable::default()),
             snapshots: RefCell::new(found.snapshots),
             clean_marker: Cell::new(found.clean),
+            last_journaled: RefCell::new(None),
+            unjournaled: Cell::new(false),
         });
         // R15–R19: the producer state and the `.txnindex` entries it derives.
         let limit = found.txn_damaged_from.unwrap_or(i64::MAX);
         log.rebuild_producer_state(limit, &mut report).await?;
         log.touch_active();
-        let mut logs = self.logs.borrow_mut();
-        logs.retain(|w| w.strong_count() > 0);
-        logs.push(Rc::downgrade(&log));
+        {
+            let mut logs = self.logs.borrow_mut();
+            logs.retain(|w| w.strong_count() > 0);
+            logs.push(Rc::downgrade(&log));
+        }
+        // Reopened after a failure: what this run's journal holds for it and its
+        // segment files may lack.
+        if let Some(journal) = self.journal() {
+            let ops = journal.records_for(name).await?;
+            if !ops.is_empty() {
+                let r = log.replay(ops).await?;
+                tracing::info!(log = name, appended = r.appended, already_there = r.skipped, cuts = r.cut, "replayed the shard journal into a reopened log");
+            }
+            journal.forget_failed(name);
+        }
         Ok((log, report))
     }
 
@@ -475,6 +511,11 @@ impl Storage {
     /// [`PartitionLog::failure`]) is deleted too: deleting a topic must free its space
     /// even when its disk is full or failing.
     pub async fn delete_log(&self, log: &Rc<PartitionLog>) -> Result<(), Error> {
+        // Recorded before the directory goes: a replay must not put what the journal
+        // holds for it into a new log of the same name.
+        if let Err(e) = log.journal_op(crate::wal::Op::Delete).await {
+            tracing::warn!(log = %log.name, error = %e, "the deletion could not be journaled; the directory goes anyway (a replay skips logs whose directory is gone)");
+        }
         if let Err(e) = log.close().await {
             if log.failure().is_none() {
                 return Err(e);

@@ -71,6 +71,7 @@ mod active;
 mod append;
 mod cleaner;
 mod close;
+mod journaled;
 mod manager;
 mod producers;
 mod read;
@@ -80,6 +81,7 @@ mod retention;
 pub use append::{AppendInfo, Checked, Judged, LeaderFence, Staged, UNCOPIED_BATCH_BYTES_MIN};
 pub use cleaner::CompactStats;
 pub use close::CloseReport;
+pub use journaled::Replayed;
 pub use manager::{IndexSweep, Storage, INDEX_SWEEP_MS};
 pub use producers::{parse_snapshot_name, snapshot_file_name};
 pub use read::ReadResult;
@@ -182,6 +184,12 @@ pub struct PartitionLog {
     snapshots: RefCell<std::collections::BTreeSet<i64>>,
     /// `partition.clean` exists and describes the files (see [`CLEAN_FILE`]).
     clean_marker: Cell<bool>,
+    /// The shard journal's record of the last append that went there: durable before
+    /// [`PartitionLog::flush`] returns.
+    last_journaled: RefCell<Option<crate::wal::Pushed>>,
+    /// Some append since the last flush did not go to the journal (its policy was not
+    /// `flush=always`, or the shard keeps none): a flush syncs the segment file.
+    unjournaled: Cell<bool>,
 }
 
 /// Clears a flag when dropped, even if the holder's future is cancelled.
@@ -338,6 +346,11 @@ impl PartitionLog {
             a.fail(&cause);
         }
         *self.failure.borrow_mut() = Some(cause);
+        if self.last_journaled.borrow().is_some() {
+            if let Some(journal) = self.storage.journal() {
+                journal.note_failed(&self.name);
+            }
+        }
         // Nothing is served from a failed log: free its cached batches.
         self.storage.cache.borrow_mut().invalidate(self.id);
         self.append_event.notify(usize::MAX);

@@ -31,6 +31,8 @@ impl PartitionLog {
         }
         {
             let _guard = self.lock().await;
+            // Recorded first: a replay must not stop at the gap the reset leaves.
+            self.journal_op(crate::wal::Op::Reset(offset)).await?;
             self.flush().await?;
             self.roll_locked_at(Some(offset)).await?;
             // Nothing below the new start stays: forget the producers and their
@@ -64,6 +66,8 @@ impl PartitionLog {
                 log_end,
             });
         }
+        // Recorded before anything is cut: a replay must not bring the cut back.
+        self.journal_op(crate::wal::Op::Truncate(offset)).await?;
         self.drop_clean_marker().await?;
         self.storage.cache.borrow_mut().invalidate(self.id);
         // Snapshots of states that include batches about to go go first (R18 would

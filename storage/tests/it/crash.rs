@@ -40,6 +40,26 @@ fn limits(write_through: bool) -> StorageLimits {
     }
 }
 
+/// Storage limits without a tail cache whose appends are made durable by the shard
+/// journal (`sluice_storage::wal`), in chunks this small so that crashes land around
+/// chunk rolls and checkpoints too.
+fn journal_limits() -> StorageLimits {
+    StorageLimits {
+        journal_chunk_bytes: 8 << 10,
+        ..limits(false)
+    }
+}
+
+/// The three ways an acknowledged append is made durable, by seed: its segment file
+/// written through, its segment file synced, or the shard journal.
+fn limits_by_seed(seed: u64) -> StorageLimits {
+    match seed % 3 {
+        0 => limits(true),
+        1 => limits(false),
+        _ => journal_limits(),
+    }
+}
+
 /// A record's identity: its offset and its bytes (which compaction keeps verbatim).
 type Rec = (i64, Vec<u8>);
 
@@ -186,7 +206,8 @@ fn acknowledged_appends_survive_crashes_that_drop_or_tear_unsynced_writes() {
         let dir = d.path().to_path_buf();
         // Small segments: crashes also land around rolls.
         let config = small_segments(16 << 10);
-        let mode = if seed % 3 == 0 {
+        // Every pairing of durability (seed % 3) and crash mode (seed % 2).
+        let mode = if seed % 2 == 0 {
             CrashMode::LoseUnsynced
         } else {
             CrashMode::Torn { seed }
@@ -195,7 +216,7 @@ fn acknowledged_appends_survive_crashes_that_drop_or_tear_unsynced_writes() {
             let (dir, config) = (dir.clone(), config.clone());
             run(move || async move {
                 simdisk::enable();
-                let s = storage(&dir, limits(seed.is_multiple_of(2))).await;
+                let s = storage(&dir, limits_by_seed(seed)).await;
                 let log = s.open_log("p", config).await.unwrap();
                 let acks = 10 + (seed as usize * 23) % 120;
                 produce_then_crash(log, 160, acks, mode).await
@@ -650,8 +671,9 @@ fn check(ops: Vec<Op>, crash_at: usize, delay_us: u64, seed: u64) {
         let (dir, config) = (dir.clone(), config.clone());
         run(move || async move {
             simdisk::enable();
-            // Both ways a segment log is made durable: written through, or fdatasync.
-            let (s, _) = storage_at(&dir, limits(seed.is_multiple_of(2)), PROP_NOW_MS).await;
+            // Every way an append is made durable: its segment written through or
+            // fdatasync'ed, or the shard journal.
+            let (s, _) = storage_at(&dir, limits_by_seed(seed), PROP_NOW_MS).await;
             let log = s.open_log("p", config).await.unwrap();
             let mut model = Model::default();
             let mut interrupted = None;

@@ -1,0 +1,230 @@
+//! A log's side of the shard journal ([`crate::wal`]): what it pushes there besides
+//! appends (truncations, resets, deletion), the sync of its segment file a checkpoint
+//! asks for, and the replay of the journal into the log — at start-up for the previous
+//! run's journals, and when a log that failed is reopened.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use crate::batch::BatchHeader;
+use crate::file;
+use crate::wal::{self, Op, Pushed};
+use crate::{Error, FlushPolicy, LogConfig};
+
+use super::{PartitionLog, Storage};
+
+/// What a replay did to one log.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Replayed {
+    pub appended: u64,
+    pub skipped: u64,
+    pub cut: u64,
+    /// A batch that would have left a gap was skipped.
+    pub gap: bool,
+}
+
+impl PartitionLog {
+    pub(crate) fn id(&self) -> crate::cache::LogId {
+        self.id
+    }
+
+    pub(crate) fn me(&self) -> std::rc::Weak<PartitionLog> {
+        self.me.clone()
+    }
+
+    /// Whether this log's appends go to the shard journal now.
+    pub(super) fn journaling(&self) -> Option<Rc<wal::Wal>> {
+        if self.config.borrow().flush != FlushPolicy::Always {
+            return None;
+        }
+        self.storage.journal()
+    }
+
+    /// Pushes `op` (not an append) to the shard journal, if the shard keeps one, and
+    /// waits until it is durable: before the change it records touches any file, so a
+    /// replay never brings back what it removed.
+    pub(super) async fn journal_op(&self, op: Op) -> Result<(), Error> {
+        let Some(journal) = self.storage.journal() else {
+            return Ok(());
+        };
+        journal.ready().await?;
+        let pushed = journal.push(self, &op, &[])?;
+        pushed.durable().await
+    }
+
+    /// Notes an append's journal record: what [`PartitionLog::flush`] waits for.
+    pub(super) fn journaled(&self, pushed: Pushed) {
+        *self.last_journaled.borrow_mut() = Some(pushed);
+    }
+
+    /// Starts writing the active segment's unwritten bytes once
+    /// [`wal::WRITE_BEHIND_BYTES`] are pending (the journal made them durable; the
+    /// segment file receives them behind it).
+    pub(super) fn write_behind(&self, file: &Rc<file::AppendFile>) {
+        if file.unwritten() < wal::WRITE_BEHIND_BYTES {
+            return;
+        }
+        let f = file.clone();
+        let target = f.len();
+        glommio::spawn_local(async move {
+            // An error fails the file; the log reports it at its next operation.
+            let _ = f.wait_written(target).await;
+        })
+        .detach();
+    }
+
+    /// Makes the active segment's bytes durable in its own file (a journal checkpoint):
+    /// the sealed segments were synced when they were sealed.
+    pub(crate) async fn sync_segment(&self) -> Result<(), Error> {
+        if self.closed.get() {
+            return Ok(());
+        }
+        self.guarded(async {
+            let file = {
+                let st = self.state.borrow();
+                st.active().active.as_ref().map(|a| a.log.clone())
+            };
+            match file {
+                Some(f) => f.sync_all().await,
+                None => Ok(()),
+            }
+        })
+        .await
+    }
+
+    /// Applies a journal's records for this log, in order (see [`crate::wal`]).
+    pub(super) async fn replay(&self, ops: Vec<Op>) -> Result<Replayed, Error> {
+        let mut done = Replayed::default();
+        let ops = without_cut_appends(ops);
+        let last = ops.len().saturating_sub(1);
+        for (i, op) in ops.into_iter().enumerate() {
+            let end = self.log_end_offset();
+            match op {
+                Op::Append(batch) => {
+                    let h = BatchHeader::parse(&batch)?;
+                    if h.last_offset() < end {
+                        done.skipped += 1;
+                        continue;
+                    }
+                    if h.base_offset != end {
+                        tracing::warn!(log = %self.name, base = h.base_offset, end, "journal replay skips a batch that does not continue the log");
+                        done.gap = true;
+                        continue;
+                    }
+                    self.append_with_offsets(batch).await?;
+                    done.appended += 1;
+                }
+                // A truncation is durable once done, and the log's appends wait for
+                // it: only one that is the log's last record may not have completed.
+                // (Redoing an earlier one would cut what compaction or DeleteRecords
+                // changed since, and put back the journal's originals.)
+                Op::Truncate(offset) => {
+                    if i == last && end > offset && offset >= self.log_start_offset() {
+                        self.truncate_to(offset).await?;
+                        done.cut += 1;
+                    }
+                }
+                Op::Reset(offset) => {
+                    if end < offset {
+                        self.reset_to(offset).await?;
+                        done.cut += 1;
+                    }
+                }
+                Op::Delete => {}
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// `ops` without the appends a later truncation or reset of the log removed: the
+/// segment files may hold the log as it was after that change, where such a batch
+/// would seem to continue the log, and a truncation below the log start is not
+/// redone (it completed before the start moved past it).
+fn without_cut_appends(ops: Vec<Op>) -> Vec<Op> {
+    let mut cut_from = i64::MAX;
+    let mut kept: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops.into_iter().rev() {
+        match &op {
+            Op::Append(batch) => {
+                let last = BatchHeader::parse(batch).map_or(i64::MAX, |h| h.last_offset());
+                if last >= cut_from {
+                    continue;
+                }
+            }
+            Op::Truncate(offset) => cut_from = cut_from.min(*offset),
+            Op::Reset(_) => cut_from = i64::MIN,
+            Op::Delete => {}
+        }
+        kept.push(op);
+    }
+    kept.reverse();
+    kept
+}
+
+impl Storage {
+    /// After a clean stop closed every log ([`Storage::close_logs`]) without failures:
+    /// the journal's chunks hold nothing the segment files lack, so they go, and the
+    /// next start replays nothing.
+    pub async fn stop_journal(&self) -> Result<(), Error> {
+        match self.journal() {
+            Some(j) => j.clear().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Replays the previous run's journals (see [`crate::wal`]): this shard's, and on
+    /// shard 0 those of shards beyond the current count. Then deletes them.
+    pub(super) async fn replay_journals(self: &Rc<Self>) -> Result<(), Error> {
+        let (shard, shards) = (self.limits.shard, self.limits.shards);
+        let dirs: Vec<_> = wal::dirs_in(&self.dir)?
+            .into_iter()
+            .filter(|(s, _)| *s == shard || (shard == 0 && *s >= shards))
+            .collect();
+        for (_, dir) in dirs {
+            let chunks = wal::chunks_in(&dir)?;
+            let mut records = Vec::new();
+            for (_, path) in &chunks {
+                let buf = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+                records.extend(wal::decode(&Bytes::from(buf)));
+            }
+            let count = records.len();
+            let mut replayed = Replayed::default();
+            let mut logs = Vec::new();
+            for (name, ops) in wal::by_log(records) {
+                // A log whose directory is gone was deleted (its deletion's record may
+                // not have been written before the directory went).
+                if ops.is_empty() || !self.dir.join(&name).is_dir() {
+                    continue;
+                }
+                let config = LogConfig {
+                    max_message_bytes: u32::MAX as usize,
+                    ..LogConfig::default()
+                };
+                let log = self.open_log(&name, config).await?;
+                let r = log.replay(ops).await?;
+                replayed.appended += r.appended;
+                replayed.skipped += r.skipped;
+                replayed.cut += r.cut;
+                replayed.gap |= r.gap;
+                logs.push(log);
+            }
+            let opened = logs.len();
+            let report = self.close_logs(logs).await;
+            if let Some((name, e)) = report.failed.into_iter().next() {
+                return Err(Error::Config(format!(
+                    "replaying the journal {} into {name} failed: {e}",
+                    dir.display()
+                )));
+            }
+            for (_, path) in &chunks {
+                file::remove(path).await.map_err(|e| Error::io(path, e))?;
+            }
+            std::fs::remove_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+            file::sync_dir(&self.dir).await?;
+            tracing::info!(journal = %dir.display(), records = count, logs = opened, appended = replayed.appended, already_there = replayed.skipped, cuts = replayed.cut, "replayed the previous run's journal");
+        }
+        Ok(())
+    }
+}

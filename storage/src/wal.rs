@@ -1,0 +1,524 @@
+//! The shard's write-ahead journal: the unit of durable write for partition data.
+//!
+//! Every append of a `flush=always` log on a shard is also pushed, as one record, to
+//! the shard's journal: one sequential O_DIRECT stream written through (`O_DSYNC`), so
+//! one device write makes a whole group-commit round of appends durable, whatever
+//! partitions they went to. An append is acknowledged once its journal record is
+//! written; the partition's segment file receives the same bytes *behind* it (queued
+//! in memory, written when a reader needs them, when a quarter MiB is pending, or at
+//! the latest by the journal's checkpoint) and is synced lazily. At 10,000 partitions
+//! and a record or two per append this turns one write and one sync per partition
+//! into one write per round (issue 40; docs/architecture.md, "The shard journal").
+//!
+//! ## Files
+//!
+//! `<data>/wal@<shard>/<seq, 20 digits>.wal`: chunks of records
+//! `[len u32 LE][crc32c u32 LE][kind u8][name len u16 LE][name][payload]`, where `len`
+//! counts what follows the CRC and the CRC covers it. `name` is the log's directory
+//! name; the payload of an append is the batch as stored (offsets assigned), of a
+//! truncation or reset the offset (i64 LE), of a deletion nothing. Topic names cannot
+//! contain `@`, so no partition directory is ever taken for a journal.
+//!
+//! ## Checkpoints
+//!
+//! A chunk that reaches [`DEFAULT_CHUNK_BYTES`] is closed and a new one started. A
+//! closed chunk's checkpoint then syncs the segment file of every log that appended to
+//! it (which covers those appends and everything before them) and deletes the chunk.
+//! At most [`CLOSED_CHUNKS_MAX`] chunks wait for their checkpoint; appends wait beyond
+//! that, which bounds both the memory the segment files hold unwritten and the replay.
+//! A clean stop of the shard closes (syncs) every log and then deletes every chunk.
+//!
+//! ## Replay
+//!
+//! [`crate::Storage::open`] replays the journals of the previous run before any log is
+//! opened for use: its own shard's, and, on shard 0, those of shards that no longer
+//! exist. Each chunk is read up to its first torn or corrupt record. Per log, in order:
+//! an append whose batch starts at the recovered log end is appended again, one that
+//! ends at or below it is already there; a truncation or reset is done again; a
+//! deletion forgets what came before it. A batch that would leave a gap stops that
+//! log's replay (nothing after it can be in order). Logs whose directory is gone are
+//! skipped. The replayed logs are closed (synced), then the chunks deleted.
+//!
+//! A log that fails while the broker runs (an I/O error) and is reopened replays what
+//! this shard's current chunks hold for it the same way ([`Wal::records_for`]).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+
+use bytes::Bytes;
+use event_listener::Event;
+
+use crate::cache::LogId;
+use crate::file::{self, AppendFile};
+use crate::log::PartitionLog;
+use crate::Error;
+
+/// Bytes a chunk holds before the journal starts the next one (the default of
+/// [`crate::StorageLimits::journal_chunk_bytes`]).
+pub const DEFAULT_CHUNK_BYTES: u64 = 128 << 20;
+
+/// Closed chunks waiting for their checkpoint before appends wait for one to finish.
+pub const CLOSED_CHUNKS_MAX: usize = 2;
+
+/// Logs whose segment files a checkpoint syncs at once.
+const CHECKPOINT_CONCURRENCY: usize = 32;
+
+/// Segment bytes a log keeps unwritten before a write of them starts on its own.
+pub const WRITE_BEHIND_BYTES: u64 = 256 << 10;
+
+const HEADER: usize = 8;
+const PREFIX: &str = "wal@";
+const SUFFIX: &str = ".wal";
+
+/// What a journal record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// A batch as stored, offsets assigned.
+    Append(Bytes),
+    /// The log was truncated to this end.
+    Truncate(i64),
+    /// The log was emptied and restarted at this offset.
+    Reset(i64),
+    /// The log was deleted.
+    Delete,
+}
+
+impl Op {
+    fn kind(&self) -> u8 {
+        match self {
+            Op::Append(_) => 1,
+            Op::Truncate(_) => 2,
+            Op::Reset(_) => 3,
+            Op::Delete => 4,
+        }
+    }
+}
+
+/// The journal directory of `shard` under `data`.
+pub fn dir_of(data: &Path, shard: usize) -> PathBuf {
+    data.join(format!("{PREFIX}{shard}"))
+}
+
+/// The journal directories under `data`, by shard.
+pub fn dirs_in(data: &Path) -> Result<Vec<(usize, PathBuf)>, Error> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(data).map_err(|e| Error::io(data, e))?;
+    for e in entries {
+        let e = e.map_err(|e| Error::io(data, e))?;
+        let name = e.file_name();
+        let Some(shard) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        if let Ok(shard) = shard.parse() {
+            out.push((shard, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The chunk files of a journal directory, oldest first.
+pub fn chunks_in(dir: &Path) -> Result<Vec<(u64, PathBuf)>, Error> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    for e in entries {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name();
+        let Some(seq) = name.to_str().and_then(|n| n.strip_suffix(SUFFIX)) else {
+            continue;
+        };
+        if let Ok(seq) = seq.parse() {
+            out.push((seq, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The record's header, kind, name and fixed payload (an append's batch follows as
+/// `pieces`), CRC computed over all of it.
+fn encode(name: &str, op: &Op, pieces: &[&[u8]]) -> Vec<u8> {
+    let mut fixed = Vec::with_capacity(HEADER + 3 + name.len() + 8);
+    fixed.extend_from_slice(&[0; HEADER]);
+    fixed.push(op.kind());
+    fixed.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    fixed.extend_from_slice(name.as_bytes());
+    match op {
+        Op::Truncate(o) | Op::Reset(o) => fixed.extend_from_slice(&o.to_le_bytes()),
+        Op::Append(_) | Op::Delete => {}
+    }
+    let mut crc = crc32c::crc32c(&fixed[HEADER..]);
+    let mut len = fixed.len() - HEADER;
+    for p in pieces {
+        crc = crc32c::crc32c_append(crc, p);
+        len += p.len();
+    }
+    fixed[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    fixed[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+    fixed
+}
+
+/// The records of one chunk's bytes, up to the first torn or corrupt one.
+pub fn decode(buf: &Bytes) -> Vec<(String, Op)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + HEADER <= buf.len() {
+        let len = u32::from_le_bytes(buf[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(buf[pos + 4..pos + 8].try_into().expect("4 bytes"));
+        let start = pos + HEADER;
+        if len < 3 || start + len > buf.len() || crc32c::crc32c(&buf[start..start + len]) != crc
+        {
+            break;
+        }
+        let body = buf.slice(start..start + len);
+        let kind = body[0];
+        let name_len = u16::from_le_bytes([body[1], body[2]]) as usize;
+        let Some(name) = body
+            .get(3..3 + name_len)
+            .and_then(|n| std::str::from_utf8(n).ok())
+        else {
+            break;
+        };
+        let rest = body.slice(3 + name_len..);
+        let offset = || rest.get(..8).map(|b| i64::from_le_bytes(b.try_into().expect("8")));
+        let op = match kind {
+            1 => Op::Append(rest.clone()),
+            2 => match offset() {
+                Some(o) => Op::Truncate(o),
+                None => break,
+            },
+            3 => match offset() {
+                Some(o) => Op::Reset(o),
+                None => break,
+            },
+            4 => Op::Delete,
+            _ => break,
+        };
+        out.push((name.to_string(), op));
+        pos = start + len;
+    }
+    out
+}
+
+/// What a chunk's bytes say per log, in order, a deletion forgetting what came before
+/// it; logs in the order they first appear.
+pub fn by_log(records: Vec<(String, Op)>) -> Vec<(String, Vec<Op>)> {
+    let mut order: Vec<String> = Vec::new();
+    let mut ops: HashMap<String, Vec<Op>> = HashMap::new();
+    for (name, op) in records {
+        let list = ops.entry(name.clone()).or_insert_with(|| {
+            order.push(name.clone());
+            Vec::new()
+        });
+        if op == Op::Delete {
+            list.clear();
+        } else {
+            list.push(op);
+        }
+    }
+    order
+        .into_iter()
+        .map(|n| {
+            let list = ops.remove(&n).unwrap_or_default();
+            (n, list)
+        })
+        .collect()
+}
+
+/// A journal record on its way to the device: durable once its chunk's write reaches
+/// `target` (the chunk is written through).
+#[derive(Clone)]
+pub struct Pushed {
+    pub(crate) file: Rc<AppendFile>,
+    pub(crate) target: u64,
+}
+
+impl Pushed {
+    pub async fn durable(&self) -> Result<(), Error> {
+        self.file.wait_durable(self.target).await
+    }
+}
+
+struct Chunk {
+    seq: u64,
+    path: PathBuf,
+    file: Rc<AppendFile>,
+    /// The logs with records in this chunk.
+    logs: HashMap<LogId, Weak<PartitionLog>>,
+    /// Names of those logs (a reopened log has a new id).
+    names: std::collections::HashSet<String>,
+}
+
+/// A shard's journal (see the module documentation).
+pub struct Wal {
+    dir: PathBuf,
+    chunk_bytes: u64,
+    write_bytes_max: usize,
+    active: RefCell<Option<Chunk>>,
+    next_seq: Cell<u64>,
+    /// A chunk is being opened: pushes wait.
+    opening: Cell<bool>,
+    closed: RefCell<VecDeque<Chunk>>,
+    /// Chunks whose checkpoint failed (a log's segment could not be synced): kept for
+    /// the next start's replay.
+    kept: RefCell<Vec<Chunk>>,
+    checkpointing: Cell<bool>,
+    changed: Event,
+    stopped: Cell<bool>,
+    /// Logs with records here that failed and were not reopened since: a clean stop
+    /// keeps the chunks for them.
+    failed: RefCell<std::collections::HashSet<String>>,
+}
+
+impl Wal {
+    /// A journal in `dir` (created empty; the caller has replayed and removed what was
+    /// there).
+    pub fn new(dir: PathBuf, chunk_bytes: u64, write_bytes_max: usize) -> Result<Rc<Wal>, Error> {
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        Ok(Rc::new(Wal {
+            dir,
+            chunk_bytes: chunk_bytes.max(file::ALIGN),
+            write_bytes_max,
+            active: RefCell::new(None),
+            next_seq: Cell::new(0),
+            opening: Cell::new(false),
+            closed: RefCell::new(VecDeque::new()),
+            kept: RefCell::new(Vec::new()),
+            checkpointing: Cell::new(false),
+            changed: Event::new(),
+            stopped: Cell::new(false),
+            failed: RefCell::new(Default::default()),
+        }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Device writes of the chunk being written (each carries every record pushed
+    /// while the previous one was in flight: a group-commit round).
+    pub fn active_writes(&self) -> u64 {
+        self.active.borrow().as_ref().map_or(0, |c| c.file.writes())
+    }
+
+    /// Waits until a push can go to an open chunk: opens the first (or, after a failure
+    /// or once the active one is full, the next) and waits while too many closed chunks
+    /// wait for their checkpoint. Call before a push, with no await between this and it.
+    pub async fn ready(self: &Rc<Self>) -> Result<(), Error> {
+        loop {
+            if self.stopped.get() {
+                return Err(Error::Config("the shard's journal is stopped".into()));
+            }
+            let listener = self.changed.listen();
+            if self.opening.get() {
+                listener.await;
+                continue;
+            }
+            let (full, failed) = match &*self.active.borrow() {
+                Some(c) => (c.file.len() >= self.chunk_bytes, c.file.failure().is_some()),
+                None => (true, false),
+            };
+            if !full && !failed {
+                return Ok(());
+            }
+            if self.closed.borrow().len() >= CLOSED_CHUNKS_MAX {
+                listener.await;
+                continue;
+            }
+            self.open_next(failed).await?;
+        }
+    }
+
+    async fn open_next(self: &Rc<Self>, failed: bool) -> Result<(), Error> {
+        self.opening.set(true);
+        let _opening = Opening(self);
+        // Everything of the full chunk is durable before anything of the next one is
+        // written: a replay reads each chunk up to its first torn record and goes on
+        // with the next, which must not hold records whose predecessors were torn.
+        let full = self.active.borrow().as_ref().map(|c| c.file.clone());
+        if let (Some(f), false) = (full, failed) {
+            f.sync_all().await?;
+        }
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        let path = self.dir.join(format!("{seq:020}{SUFFIX}"));
+        let file =
+            AppendFile::open_journal(&path, self.write_bytes_max, file::PREALLOCATE_BYTES).await?;
+        file::sync_dir(&self.dir).await?;
+        let old = self.active.replace(Some(Chunk {
+            seq,
+            path,
+            file,
+            logs: HashMap::new(),
+            names: Default::default(),
+        }));
+        if let Some(old) = old {
+            if failed {
+                // Its records up to the failure may be all a log has: kept for replay.
+                self.kept.borrow_mut().push(old);
+            } else {
+                self.closed.borrow_mut().push_back(old);
+                self.start_checkpoints();
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes a record of `log` to the open chunk (see [`Self::ready`]); never awaits.
+    pub fn push(&self, log: &PartitionLog, op: &Op, pieces: &[Bytes]) -> Result<Pushed, Error> {
+        let mut active = self.active.borrow_mut();
+        let Some(chunk) = active.as_mut() else {
+            return Err(Error::Config("the shard's journal has no open chunk".into()));
+        };
+        let refs: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+        let head = encode(log.name(), op, &refs);
+        let mut target = chunk.file.push_bytes(Bytes::from(head))?;
+        for p in pieces {
+            target = chunk.file.push_bytes(p.clone())?;
+        }
+        chunk.logs.insert(log.id(), log.me());
+        if !chunk.names.contains(log.name()) {
+            chunk.names.insert(log.name().to_string());
+        }
+        Ok(Pushed {
+            file: chunk.file.clone(),
+            target,
+        })
+    }
+
+    fn start_checkpoints(self: &Rc<Self>) {
+        if self.checkpointing.replace(true) {
+            return;
+        }
+        let me = Rc::downgrade(self);
+        glommio::spawn_local(async move {
+            loop {
+                let Some(wal) = me.upgrade() else { return };
+                let Some(chunk) = wal.closed.borrow_mut().pop_front() else {
+                    wal.checkpointing.set(false);
+                    return;
+                };
+                // Once a chunk is kept, every later one is too: a replay must find
+                // what follows its records.
+                let kept = !wal.kept.borrow().is_empty() || checkpoint(&chunk).await;
+                if kept {
+                    wal.kept.borrow_mut().push(chunk);
+                }
+                wal.changed.notify(usize::MAX);
+            }
+        })
+        .detach();
+    }
+
+    /// Every record for `name` in this shard's current chunks (closed, kept and active,
+    /// each up to what is durable), in order: what a log reopened after a failure
+    /// replays.
+    pub async fn records_for(&self, name: &str) -> Result<Vec<Op>, Error> {
+        let mut files: Vec<(u64, PathBuf, Rc<AppendFile>)> = Vec::new();
+        let chunks = self.kept.borrow();
+        let closed = self.closed.borrow();
+        let active = self.active.borrow();
+        for c in chunks.iter().chain(closed.iter()).chain(active.iter()) {
+            if c.names.contains(name) {
+                files.push((c.seq, c.path.clone(), c.file.clone()));
+            }
+        }
+        drop((chunks, closed, active));
+        files.sort_by_key(|f| f.0);
+        let mut records = Vec::new();
+        for (_, path, file) in files {
+            let durable = file.durable_len() as usize;
+            let mut buf = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            buf.truncate(durable);
+            records.extend(decode(&Bytes::from(buf)).into_iter().filter(|(n, _)| n == name));
+        }
+        Ok(by_log(records).into_iter().flat_map(|(_, ops)| ops).collect())
+    }
+
+    /// A log with records here failed (its segment files may lack what they hold).
+    pub fn note_failed(&self, name: &str) {
+        self.failed.borrow_mut().insert(name.to_string());
+    }
+
+    /// A log of that name was reopened and replayed what is here for it.
+    pub fn forget_failed(&self, name: &str) {
+        self.failed.borrow_mut().remove(name);
+    }
+
+    /// After a clean stop closed (synced) every log: deletes every chunk, unless a log
+    /// that failed was not reopened since (its records wait for the next start's
+    /// replay). Appends are refused from now on.
+    pub async fn clear(&self) -> Result<(), Error> {
+        self.stopped.set(true);
+        self.changed.notify(usize::MAX);
+        if !self.failed.borrow().is_empty() {
+            tracing::warn!(logs = self.failed.borrow().len(), "the shard journal is kept for the next start: logs with records in it failed and were not reopened");
+            return Ok(());
+        }
+        let mut paths: Vec<PathBuf> = Vec::new();
+        if let Some(c) = self.active.borrow_mut().take() {
+            paths.push(c.path);
+        }
+        paths.extend(self.closed.borrow_mut().drain(..).map(|c| c.path));
+        paths.extend(self.kept.borrow_mut().drain(..).map(|c| c.path));
+        for p in paths {
+            file::remove(&p).await.map_err(|e| Error::io(&p, e))?;
+        }
+        self.changed.notify(usize::MAX);
+        file::sync_dir(&self.dir).await
+    }
+}
+
+struct Opening<'a>(&'a Wal);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.opening.set(false);
+        self.0.changed.notify(usize::MAX);
+    }
+}
+
+/// Makes a closed chunk's records durable in their segment files, then deletes it.
+/// True if it must be kept (a log's segment could not be synced).
+async fn checkpoint(chunk: &Chunk) -> bool {
+    if let Err(e) = chunk.file.seal().await {
+        tracing::error!(chunk = %chunk.path.display(), error = %e, "the shard journal's closed chunk could not be sealed; kept for the next start's replay");
+        return true;
+    }
+    let logs: Vec<Rc<PartitionLog>> = chunk.logs.values().filter_map(Weak::upgrade).collect();
+    let mut kept = false;
+    for group in logs.chunks(CHECKPOINT_CONCURRENCY) {
+        // Synced together: each is a different file (shared `syncfs` rounds once many
+        // wait at once).
+        let tasks: Vec<_> = group
+            .iter()
+            .map(|log| {
+                let log = log.clone();
+                glommio::spawn_local(async move { log.sync_segment().await }).detach()
+            })
+            .collect();
+        for t in tasks {
+            match t.await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be synced; the chunk is kept for the next start's replay");
+                    kept = true;
+                }
+                None => kept = true,
+            }
+        }
+    }
+    if kept {
+        return true;
+    }
+    if let Err(e) = file::remove(&chunk.path).await {
+        tracing::warn!(chunk = %chunk.path.display(), error = %e, "could not delete a checkpointed journal chunk");
+    }
+    false
+}

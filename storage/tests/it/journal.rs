@@ -1,0 +1,195 @@
+//! The shard journal (`sluice_storage::wal`, issue 40): appends of many logs become
+//! durable through one sequential write-through stream, with no fdatasync, and every
+//! acknowledged one survives a crash that drops what was not synced (the crash
+//! simulation); checkpoints delete chunks whose records the segment files hold; a clean
+//! stop leaves no journal to replay; a deleted log's records never reach a new log of
+//! the same name. The crash property test (`crash.rs`) runs a third of its cases with
+//! the journal, small chunks included.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use sluice_storage::simdisk::{self, CrashMode};
+use sluice_storage::{wal, LogConfig, StorageLimits};
+
+/// An acknowledged append: the log's index, its base offset, its batch past the header.
+type Acked = (usize, i64, Vec<u8>);
+
+fn journal(chunk_bytes: u64) -> StorageLimits {
+    StorageLimits {
+        journal_chunk_bytes: chunk_bytes,
+        // No write-through segment logs: every durable write here is the journal's.
+        dsync_logs_max: 0,
+        ..no_cache()
+    }
+}
+
+/// Reopens `names` in `dir` (a new process: the journal's replay, then recovery) and
+/// returns each log's batches.
+fn recover_all(dir: std::path::PathBuf, names: Vec<String>) -> Vec<Vec<(i64, Vec<u8>)>> {
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let mut out = Vec::new();
+        for n in &names {
+            let log = s.open_log(n, LogConfig::default()).await.expect("recovery");
+            out.push(read_all(&log).await);
+        }
+        out
+    })
+}
+
+#[test]
+fn appends_to_many_logs_share_journal_writes_and_survive_a_crash() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let names: Vec<String> = (0..200).map(|i| format!("t-{i}")).collect();
+    let (acked, writes, syncs) = {
+        let (dir, names) = (dir.clone(), names.clone());
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, journal(64 << 20)).await;
+            let mut logs = Vec::new();
+            for n in &names {
+                logs.push(s.open_log(n, LogConfig::default()).await.unwrap());
+            }
+            let before = simdisk::syncs();
+            let acked: Rc<RefCell<Vec<Acked>>> = Rc::default();
+            let tasks: Vec<_> = logs
+                .iter()
+                .enumerate()
+                .map(|(i, log)| {
+                    let (log, acked) = (log.clone(), acked.clone());
+                    glommio::spawn_local(async move {
+                        let b = batch(1_000, 1 + i % 3, i as u64);
+                        let info = log.append(&b, 0).await.unwrap();
+                        log.flush_for_ack().await.unwrap();
+                        let (_, body) = batches_of(&b).remove(0);
+                        acked.borrow_mut().push((i, info.base_offset, body));
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+            let writes = s.journal().expect("a journal").active_writes();
+            let syncs = simdisk::syncs() - before;
+            simdisk::crash(CrashMode::LoseUnsynced).await;
+            let acked = acked.borrow().clone();
+            (acked, writes, syncs)
+        })
+    };
+    assert_eq!(acked.len(), 200, "every append was acknowledged");
+    assert_eq!(syncs, 0, "acknowledging journaled appends took fdatasyncs");
+    assert!(
+        writes <= 50,
+        "{writes} journal writes for 200 concurrent appends to 200 logs: rounds are not shared"
+    );
+    let got = recover_all(dir, names);
+    for (i, base, body) in acked {
+        assert_eq!(
+            got[i],
+            vec![(base, body)],
+            "log t-{i} lost its acknowledged append"
+        );
+    }
+}
+
+#[test]
+fn checkpoints_delete_chunks_and_a_crash_after_them_loses_nothing_acknowledged() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let (acked, chunks_left) = {
+        let dir = dir.clone();
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, journal(16 << 10)).await;
+            let log = s.open_log("c", LogConfig::default()).await.unwrap();
+            let mut acked = Vec::new();
+            for i in 0..300u64 {
+                let b = batch(1_000, 4, i);
+                let info = log.append(&b, 0).await.unwrap();
+                log.flush_for_ack().await.unwrap();
+                acked.push((info.base_offset, batches_of(&b).remove(0).1));
+            }
+            // ~100 KiB through 16 KiB chunks: the checkpoints delete all but the last
+            // few (bounded wait, they run in the background).
+            let jdir = s.journal().unwrap().dir().to_path_buf();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let left = loop {
+                let left = wal::chunks_in(&jdir).unwrap().len();
+                if left <= wal::CLOSED_CHUNKS_MAX + 1 || Instant::now() > deadline {
+                    break left;
+                }
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            };
+            simdisk::crash(CrashMode::Torn { seed: 7 }).await;
+            (acked, left)
+        })
+    };
+    assert!(
+        chunks_left <= wal::CLOSED_CHUNKS_MAX + 1,
+        "{chunks_left} journal chunks left: checkpoints did not delete them"
+    );
+    let got = recover_all(dir, vec!["c".into()]).remove(0);
+    assert_eq!(got, acked, "the log after checkpoints and a crash");
+}
+
+#[test]
+fn a_clean_stop_leaves_no_journal_and_the_restart_replays_nothing() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let jdir = wal::dir_of(&dir, 0);
+    {
+        let dir = dir.clone();
+        run(move || async move {
+            let s = storage(&dir, journal(64 << 20)).await;
+            let log = s.open_log("s", LogConfig::default()).await.unwrap();
+            for i in 0..20 {
+                log.append(&batch(1_000, 2, i), 0).await.unwrap();
+                log.flush_for_ack().await.unwrap();
+            }
+            let report = s.close_logs(vec![log]).await;
+            assert!(report.failed.is_empty());
+            s.stop_journal().await.unwrap();
+        });
+    }
+    assert_eq!(
+        wal::chunks_in(&jdir).unwrap().len(),
+        0,
+        "a clean stop left journal chunks"
+    );
+    let got = recover_all(dir, vec!["s".into()]).remove(0);
+    assert_eq!(got.len(), 20);
+}
+
+#[test]
+fn a_deleted_logs_records_never_reach_a_new_log_of_the_same_name() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let fresh = batch(2_000, 1, 99);
+    {
+        let (dir, fresh) = (dir.clone(), fresh.clone());
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, journal(64 << 20)).await;
+            let old = s.open_log("d", LogConfig::default()).await.unwrap();
+            for i in 0..5 {
+                old.append(&batch(1_000, 3, i), 0).await.unwrap();
+                old.flush_for_ack().await.unwrap();
+            }
+            s.delete_log(&old).await.unwrap();
+            let new = s.open_log("d", LogConfig::default()).await.unwrap();
+            new.append(&fresh, 0).await.unwrap();
+            new.flush_for_ack().await.unwrap();
+            simdisk::crash(CrashMode::LoseUnsynced).await;
+        });
+    }
+    let got = recover_all(dir, vec!["d".into()]).remove(0);
+    assert_eq!(
+        got,
+        vec![(0, batches_of(&fresh).remove(0).1)],
+        "the new log holds exactly its own record"
+    );
+}

@@ -27,12 +27,12 @@ use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
-    Code, CommitArgs, GroupState, GroupSummary, JoinArgs, Leaving, StableFetch, SyncArgs,
+    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
     TxnCommitArgs,
 };
 use sluice_coordinator::txn::{
     AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
-    TxnDescription, Verified,
+    TxnDescription,
 };
 use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::{Applied, Command};
@@ -140,7 +140,7 @@ shard_calls! {
     DeleteTopics => delete_topics -> Vec<Result<DeletedTopic, ApiError>>;
     CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
-    ElectLeaders => elect_leaders -> Vec<(TopicPartition, Result<(), ApiError>)>;
+    ElectLeaders => elect_leaders -> Vec<ElectedPartition>;
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
     /// One producer id from this broker's controller-allocated block (InitProducerId).
@@ -151,10 +151,10 @@ shard_calls! {
     SyncGroup => sync_group -> Result<SyncGroupResponse, ApiError>;
     Heartbeat => heartbeat -> Result<Code, ApiError>;
     LeaveGroup => leave_group -> Result<LeftGroup, ApiError>;
-    CommitOffsets => commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
-    FetchOffsets => fetch_offsets -> Result<StableFetch, ApiError>;
+    CommitOffsets => commit_offsets -> Result<Vec<PartitionCode>, ApiError>;
+    FetchOffsets => fetch_offsets -> Result<Vec<FetchedOffset>, ApiError>;
     /// TxnOffsetCommit: offsets pending until the producer's transaction ends.
-    TxnCommitOffsets => txn_commit_offsets -> Result<Vec<((String, i32), Code)>, ApiError>;
+    TxnCommitOffsets => txn_commit_offsets -> Result<Vec<PartitionCode>, ApiError>;
     DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
     DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
     /// Every group the serving shard coordinates.
@@ -168,7 +168,7 @@ shard_calls! {
     TxnEnd => txn_end -> Result<ProducerIdAndEpoch, ApiError>;
     TxnDescribe => txn_describe -> Result<TxnDescription, ApiError>;
     /// KIP-890 verification: are these partitions in the id's ongoing transaction?
-    TxnVerify => txn_verify -> Result<Verified, ApiError>;
+    TxnVerify => txn_verify -> Result<Vec<PartitionCode>, ApiError>;
     /// Every transaction the serving shard coordinates.
     TxnList => txn_list -> Result<ListedTxns, ApiError>;
     /// Transaction markers for partitions of the serving shard (WriteTxnMarkers).
@@ -516,6 +516,14 @@ pub struct ElectLeaders {
     pub partitions: Option<Vec<TopicPartition>>,
 }
 
+/// One partition's election in an ElectLeaders reply.
+#[derive(Debug, Clone)]
+pub struct ElectedPartition {
+    pub partition: TopicPartition,
+    /// Elected, or why not (ELECTION_NOT_NEEDED, no eligible replica, ...).
+    pub result: Result<(), ApiError>,
+}
+
 /// How an AlterConfigs call changes one topic's explicit configs.
 #[derive(Debug, Clone)]
 pub enum ConfigChange {
@@ -593,14 +601,31 @@ pub struct CommitOffsets {
     pub args: CommitArgs,
 }
 
+/// One partition's answer in a group or transaction call that answers per partition
+/// (offset commits, transaction verification).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionCode {
+    pub partition: TopicPartition,
+    pub code: Code,
+}
+
 pub struct FetchOffsets {
     pub partition: i32,
     pub group: String,
     /// None: every partition the group has committed.
-    pub partitions: Option<Vec<(String, i32)>>,
+    pub partitions: Option<Vec<TopicPartition>>,
     /// KIP-447: UNSTABLE_OFFSET_COMMIT for partitions with a transactional commit
     /// pending.
     pub require_stable: bool,
+}
+
+/// One partition's answer to a FetchOffsets call.
+#[derive(Debug, Clone)]
+pub struct FetchedOffset {
+    pub partition: TopicPartition,
+    /// The committed offset (`None`: nothing committed), or UNSTABLE_OFFSET_COMMIT
+    /// while a transactional commit is pending and the call asked for stable offsets.
+    pub offset: Result<Option<Committed>, ResponseError>,
 }
 
 pub struct TxnCommitOffsets {
@@ -611,7 +636,7 @@ pub struct TxnCommitOffsets {
 pub struct DeleteOffsets {
     pub partition: i32,
     pub group: String,
-    pub partitions: Vec<(String, i32)>,
+    pub partitions: Vec<TopicPartition>,
 }
 
 pub struct DescribeGroup {
@@ -696,7 +721,7 @@ pub struct TxnVerify {
     pub transactional_id: String,
     pub producer_id: i64,
     pub producer_epoch: i16,
-    pub partitions: Vec<(String, i32)>,
+    pub partitions: Vec<TopicPartition>,
 }
 
 pub struct TxnDescribe {

@@ -27,8 +27,8 @@ use crate::base::error::ApiError;
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
     AlterConfigOp, AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics,
-    CreatedTopic, DeleteTopics, DeletedTopic, ElectLeaders, ManualAssignment, NewPartitions,
-    NewTopic, NewTopicConfig, TopicRef,
+    CreatedTopic, DeleteTopics, DeletedTopic, ElectLeaders, ElectedPartition, ManualAssignment,
+    NewPartitions, NewTopic, NewTopicConfig, TopicRef,
 };
 use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
@@ -213,7 +213,7 @@ impl Controller {
         &self,
         broker: &Broker,
         call: ElectLeaders,
-    ) -> Vec<(TopicPartition, Result<(), ApiError>)> {
+    ) -> Vec<ElectedPartition> {
         let _guard = self.admin_lock().await;
         let kind = if call.unclean {
             Election::Unclean
@@ -255,7 +255,10 @@ impl Controller {
             // Asked for every partition, Kafka leaves out those that needed nothing.
             let not_needed = matches!(&r, Err(e) if e.code == ResponseError::ElectionNotNeeded);
             if !(every && not_needed) {
-                out.push((tp, r));
+                out.push(ElectedPartition {
+                    partition: tp,
+                    result: r,
+                });
             }
         }
         broker.wait_published(version).await;

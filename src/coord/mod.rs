@@ -6,3 +6,28 @@
 pub mod group;
 pub mod runtime;
 pub mod txn;
+
+use sluice_coordinator::group::Code;
+use sluice_protocol::TopicPartition;
+
+use crate::base::rpc::PartitionCode;
+
+/// The pure coordinators key partitions by `(topic, partition)` tuples, the shard calls
+/// by [`TopicPartition`]: the shells convert at their edge, with these two.
+fn coordinator_keys(partitions: &[TopicPartition]) -> Vec<(String, i32)> {
+    partitions
+        .iter()
+        .map(|tp| (tp.topic().to_string(), tp.partition()))
+        .collect()
+}
+
+/// A coordinator's per-partition answers as the shard calls carry them.
+fn partition_codes(results: Vec<((String, i32), Code)>) -> Vec<PartitionCode> {
+    results
+        .into_iter()
+        .map(|(tp, code)| PartitionCode {
+            partition: tp.into(),
+            code,
+        })
+        .collect()
+}

@@ -26,15 +26,17 @@ use sluice_client::aio::{self, Conn};
 use sluice_coordinator::txn::{
     AddOffsetsToken, AddPartitionsToken, AppendId, EndToken, InitArgs, InitToken, ListFilter,
     MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, TxnConfig, TxnCoordinator,
-    TxnEffects, TxnReply, Verified, TXN_STATE_TOPIC,
+    TxnEffects, TxnReply, TXN_STATE_TOPIC,
 };
 
 use crate::base::error::{self, ApiError};
-use crate::base::rpc::{self, TxnCall};
+use crate::base::rpc::{self, PartitionCode, TxnCall};
 use crate::base::util::sb;
 use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
+use crate::coord::{coordinator_keys, partition_codes};
 use crate::partition::broker::{Broker, PartitionEvents};
 use sluice_coordinator::txn_records::TxnRecordError;
+use sluice_protocol::TopicPartition;
 use sluice_storage::SystemClock;
 
 /// transaction.state.log.num.partitions
@@ -244,7 +246,11 @@ impl TxnShell {
         answer(rx).await?.map_err(ApiError::new)
     }
 
-    pub async fn verify(&self, b: &Broker, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
+    pub async fn verify(
+        &self,
+        b: &Broker,
+        c: rpc::TxnVerify,
+    ) -> Result<Vec<PartitionCode>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
         self.coord
             .borrow()
@@ -252,8 +258,9 @@ impl TxnShell {
                 &c.transactional_id,
                 c.producer_id,
                 c.producer_epoch,
-                &c.partitions,
+                &coordinator_keys(&c.partitions),
             )
+            .map(partition_codes)
             .map_err(ApiError::new)
     }
 
@@ -655,10 +662,10 @@ async fn verify(
                 transactional_id: txn_id.to_string(),
                 producer_id,
                 producer_epoch: epoch,
-                partitions: vec![(topic.to_string(), partition)],
+                partitions: vec![TopicPartition::new(topic, partition)],
             };
             match route(broker, call).await {
-                Ok(v) => v.into_iter().next().map_or(Ok(()), |(_, r)| r),
+                Ok(v) => v.into_iter().next().map_or(Ok(()), |v| v.code),
                 Err(e) => Err(e.code),
             }
         }

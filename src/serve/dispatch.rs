@@ -8,9 +8,8 @@ use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
-use sluice_coordinator::group::{Code, GroupSummary, StableFetch};
-use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription, Verified};
-use sluice_protocol::TopicPartition;
+use sluice_coordinator::group::{Code, GroupSummary};
+use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription};
 use sluice_replication::cluster::Applied;
 use sluice_storage::producer::ActiveProducer;
 
@@ -143,10 +142,7 @@ impl ShardService for ShardServer {
         self.controller().alter_configs(&self.broker, c).await
     }
 
-    async fn elect_leaders(
-        &self,
-        c: rpc::ElectLeaders,
-    ) -> Vec<(TopicPartition, Result<(), ApiError>)> {
+    async fn elect_leaders(&self, c: rpc::ElectLeaders) -> Vec<rpc::ElectedPartition> {
         self.controller().elect_leaders(&self.broker, c).await
     }
 
@@ -178,18 +174,21 @@ impl ShardService for ShardServer {
     async fn commit_offsets(
         &self,
         c: rpc::CommitOffsets,
-    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+    ) -> Result<Vec<rpc::PartitionCode>, ApiError> {
         self.groups.commit(&self.broker, c).await
     }
 
-    async fn fetch_offsets(&self, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
+    async fn fetch_offsets(
+        &self,
+        c: rpc::FetchOffsets,
+    ) -> Result<Vec<rpc::FetchedOffset>, ApiError> {
         self.groups.fetch(&self.broker, c).await
     }
 
     async fn txn_commit_offsets(
         &self,
         c: rpc::TxnCommitOffsets,
-    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+    ) -> Result<Vec<rpc::PartitionCode>, ApiError> {
         self.groups.txn_commit(&self.broker, c).await
     }
 
@@ -209,7 +208,7 @@ impl ShardService for ShardServer {
         self.txns.end(&self.broker, c).await
     }
 
-    async fn txn_verify(&self, c: rpc::TxnVerify) -> Result<Verified, ApiError> {
+    async fn txn_verify(&self, c: rpc::TxnVerify) -> Result<Vec<rpc::PartitionCode>, ApiError> {
         self.txns.verify(&self.broker, c).await
     }
 

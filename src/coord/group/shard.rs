@@ -20,13 +20,14 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
 use sluice_coordinator::group::{
     Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupSummary, JoinToken, Record,
-    StableFetch, SyncToken,
+    SyncToken,
 };
 
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
-use crate::base::rpc;
+use crate::base::rpc::{self, FetchedOffset, PartitionCode};
 use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
+use crate::coord::{coordinator_keys, partition_codes};
 use crate::partition::broker::{Broker, PartitionEvents};
 use sluice_coordinator::records::RecordError;
 use sluice_storage::SystemClock;
@@ -168,7 +169,7 @@ impl GroupShell {
         &self,
         b: &Broker,
         c: rpc::CommitOffsets,
-    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+    ) -> Result<Vec<PartitionCode>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
         let now = self.rt.now_ms();
         let plan = self.coord.borrow_mut().plan_commit(now, c.args);
@@ -196,20 +197,31 @@ impl GroupShell {
                 .into_iter()
                 .map(|(tp, r)| (tp, r.and(Err(code))))
                 .collect();
-            return Ok(results);
+            return Ok(partition_codes(results));
         }
-        let results = plan.results.clone();
+        let results = partition_codes(plan.results.clone());
         self.coord.borrow_mut().apply_commit(now, plan);
         Ok(results)
     }
 
-    pub async fn fetch(&self, b: &Broker, c: rpc::FetchOffsets) -> Result<StableFetch, ApiError> {
+    pub async fn fetch(
+        &self,
+        b: &Broker,
+        c: rpc::FetchOffsets,
+    ) -> Result<Vec<FetchedOffset>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
-        Ok(self.coord.borrow().fetch_offsets_stable(
-            &c.group,
-            c.partitions.as_deref(),
-            c.require_stable,
-        ))
+        let asked = c.partitions.as_deref().map(coordinator_keys);
+        let fetched =
+            self.coord
+                .borrow()
+                .fetch_offsets_stable(&c.group, asked.as_deref(), c.require_stable);
+        Ok(fetched
+            .into_iter()
+            .map(|(tp, offset)| FetchedOffset {
+                partition: tp.into(),
+                offset,
+            })
+            .collect())
     }
 
     /// TxnOffsetCommit: the offsets are written as one transactional batch of the
@@ -218,14 +230,14 @@ impl GroupShell {
         &self,
         b: &Broker,
         c: rpc::TxnCommitOffsets,
-    ) -> Result<Vec<((String, i32), Code)>, ApiError> {
+    ) -> Result<Vec<PartitionCode>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
         let plan = self
             .coord
             .borrow_mut()
             .plan_txn_commit(self.rt.now_ms(), c.args);
         if plan.records.is_empty() {
-            return Ok(plan.results);
+            return Ok(partition_codes(plan.results));
         }
         let mut unsettled = Unsettled {
             coord: &self.coord,
@@ -248,13 +260,14 @@ impl GroupShell {
             } else {
                 e.code
             };
-            return Ok(plan
-                .results
-                .into_iter()
-                .map(|(tp, r)| (tp, r.and(Err(code))))
-                .collect());
+            return Ok(partition_codes(
+                plan.results
+                    .into_iter()
+                    .map(|(tp, r)| (tp, r.and(Err(code))))
+                    .collect(),
+            ));
         }
-        let results = plan.results.clone();
+        let results = partition_codes(plan.results.clone());
         self.coord.borrow_mut().apply_txn_commit(plan);
         Ok(results)
     }
@@ -278,10 +291,11 @@ impl GroupShell {
     ) -> Result<Result<Vec<Code>, ResponseError>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
         let mut fx = Effects::default();
-        let r = self
-            .coord
-            .borrow_mut()
-            .delete_offsets(&c.group, &c.partitions, &mut fx);
+        let r = self.coord.borrow_mut().delete_offsets(
+            &c.group,
+            &coordinator_keys(&c.partitions),
+            &mut fx,
+        );
         self.run_effects(b, fx).await;
         Ok(r)
     }

@@ -21,7 +21,7 @@ use sluice_protocol::TopicPartition;
 
 use super::sb;
 use crate::base::error::ApiError;
-use crate::base::rpc::ElectLeaders;
+use crate::base::rpc::{ElectLeaders, ElectedPartition};
 use crate::partition::broker::Broker;
 
 /// ElectLeaders' election types (Kafka's `ElectionType`).
@@ -55,7 +55,10 @@ pub async fn handle(
             let results = asked
                 .unwrap_or_default()
                 .into_iter()
-                .map(|tp| (tp, Err(e.clone())))
+                .map(|partition| ElectedPartition {
+                    partition,
+                    result: Err(e.clone()),
+                })
                 .collect();
             return answer(results).with_error_code(e.code());
         }
@@ -72,20 +75,24 @@ pub async fn handle(
         Err(e) => asked
             .unwrap_or_default()
             .into_iter()
-            .map(|tp| (tp, Err(e.clone())))
+            .map(|partition| ElectedPartition {
+                partition,
+                result: Err(e.clone()),
+            })
             .collect(),
     };
     answer(results)
 }
 
 /// The response for per-partition results, grouped by topic in the order first seen.
-fn answer(results: Vec<(TopicPartition, Result<(), ApiError>)>) -> ElectLeadersResponse {
+fn answer(results: Vec<ElectedPartition>) -> ElectLeadersResponse {
     let mut order: Vec<String> = Vec::new();
     let mut by_topic: BTreeMap<String, Vec<PartitionResult>> = BTreeMap::new();
-    for (tp, r) in results {
+    for elected in results {
+        let tp = &elected.partition;
         let (topic, partition) = (tp.topic().to_string(), tp.partition());
         let result = PartitionResult::default().with_partition_id(partition);
-        let result = match r {
+        let result = match elected.result {
             Ok(()) => result,
             Err(e) => result
                 .with_error_code(e.code())

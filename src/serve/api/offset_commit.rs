@@ -18,9 +18,6 @@ use crate::coord::group::{partition_for, route};
 use crate::partition::broker::Broker;
 use sluice_coordinator::group::{CommitArgs, Committed};
 
-/// (topic, partition)
-type TopicPartition = (String, i32);
-
 pub async fn handle(
     broker: &Rc<Broker>,
     version: i16,
@@ -81,7 +78,8 @@ pub async fn handle(
         },
         offsets,
     };
-    let results: Result<Vec<(TopicPartition, i16)>, i16> = if args.offsets.is_empty() {
+    // The coordinator's codes, one per partition sent to it, in the order sent.
+    let results: Result<Vec<i16>, i16> = if args.offsets.is_empty() {
         Ok(Vec::new())
     } else {
         let call = CommitOffsets {
@@ -91,13 +89,13 @@ pub async fn handle(
         match route(broker, call).await {
             Ok(r) => Ok(r
                 .into_iter()
-                .map(|(tp, c)| (tp, c.err().map_or(0, |e| e.code())))
+                .map(|p| p.code.err().map_or(0, |e| e.code()))
                 .collect()),
             Err(e) => Err(e.code()),
         }
     };
     let mut coordinator_codes = match &results {
-        Ok(r) => r.iter().map(|(_, c)| *c).collect::<Vec<_>>().into_iter(),
+        Ok(r) => r.clone().into_iter(),
         Err(_) => Vec::new().into_iter(),
     };
     let mut topics: Vec<OffsetCommitResponseTopic> = Vec::new();

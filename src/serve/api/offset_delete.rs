@@ -2,6 +2,7 @@
 //! consume.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
@@ -11,6 +12,7 @@ use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 use crate::base::rpc::DeleteOffsets;
 use crate::coord::group::{partition_for, route};
 use crate::partition::broker::Broker;
+use sluice_protocol::TopicPartition;
 
 pub async fn handle(
     broker: &Rc<Broker>,
@@ -18,14 +20,14 @@ pub async fn handle(
     req: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     let group = req.group_id.to_string();
-    let partitions: Vec<(String, i32)> = req
+    let partitions: Vec<TopicPartition> = req
         .topics
         .iter()
         .flat_map(|t| {
-            let name = t.name.to_string();
+            let name: Arc<str> = t.name.0.as_str().into();
             t.partitions
                 .iter()
-                .map(move |p| (name.clone(), p.partition_index))
+                .map(move |p| TopicPartition::new(name.clone(), p.partition_index))
         })
         .collect();
     let call = DeleteOffsets {
@@ -39,15 +41,15 @@ pub async fn handle(
         Err(e) => return OffsetDeleteResponse::default().with_error_code(e.code()),
     };
     let mut topics: Vec<OffsetDeleteResponseTopic> = Vec::new();
-    for ((topic, p), c) in partitions.into_iter().zip(codes) {
+    for (tp, c) in partitions.into_iter().zip(codes) {
         let part = OffsetDeleteResponsePartition::default()
-            .with_partition_index(p)
+            .with_partition_index(tp.partition())
             .with_error_code(c.err().map_or(0, |e| e.code()));
         match topics.last_mut() {
-            Some(t) if t.name.0.as_str() == topic => t.partitions.push(part),
+            Some(t) if t.name.0.as_str() == tp.topic() => t.partitions.push(part),
             _ => topics.push(
                 OffsetDeleteResponseTopic::default()
-                    .with_name(crate::serve::api::sb(topic).into())
+                    .with_name(crate::serve::api::sb(tp.topic()).into())
                     .with_partitions(vec![part]),
             ),
         }

@@ -4,6 +4,7 @@
 //! UNSUPPORTED_VERSION for every requested partition, and so does Sluice.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_fetch_response::{
@@ -12,21 +13,22 @@ use kafka_protocol::messages::offset_fetch_response::{
 };
 use kafka_protocol::messages::{OffsetFetchRequest, OffsetFetchResponse};
 
-use crate::base::rpc::FetchOffsets;
+use crate::base::rpc::{FetchOffsets, FetchedOffset};
 use crate::coord::group::{partition_for, route};
 use crate::partition::broker::Broker;
 use crate::serve::api::sb;
 use sluice_coordinator::group::Committed;
+use sluice_protocol::TopicPartition;
 
 /// A partition's committed offset, or its error (UNSTABLE_OFFSET_COMMIT while a
 /// transactional commit is pending and the client asked for stable offsets).
 type Item = Result<Option<Committed>, ResponseError>;
-type Fetched = Result<Vec<((String, i32), Item)>, i16>;
+type Fetched = Result<Vec<FetchedOffset>, i16>;
 
 async fn fetch(
     broker: &Broker,
     group: String,
-    partitions: Option<Vec<(String, i32)>>,
+    partitions: Option<Vec<TopicPartition>>,
     require_stable: bool,
 ) -> Fetched {
     let call = FetchOffsets {
@@ -47,17 +49,17 @@ fn value(c: &Item) -> (i64, i32, String, i16) {
     }
 }
 
-/// Groups consecutive (topic, partition) results by topic.
+/// Groups consecutive partitions' results by topic.
 fn by_topic<T>(
-    items: Vec<((String, i32), Item)>,
+    items: Vec<FetchedOffset>,
     mut make: impl FnMut(i32, &Item) -> T,
 ) -> Vec<(String, Vec<T>)> {
     let mut out: Vec<(String, Vec<T>)> = Vec::new();
-    for ((topic, p), c) in items {
-        let part = make(p, &c);
+    for FetchedOffset { partition, offset } in items {
+        let part = make(partition.partition(), &offset);
         match out.last_mut() {
-            Some((t, ps)) if *t == topic => ps.push(part),
-            _ => out.push((topic, vec![part])),
+            Some((t, ps)) if t.as_str() == partition.topic() => ps.push(part),
+            _ => out.push((partition.topic().to_string(), vec![part])),
         }
     }
     out
@@ -74,10 +76,10 @@ pub async fn handle(
             let parts = g.topics.map(|ts| {
                 ts.into_iter()
                     .flat_map(|t| {
-                        let name = t.name.to_string();
+                        let name: Arc<str> = t.name.0.as_str().into();
                         t.partition_indexes
                             .into_iter()
-                            .map(move |p| (name.clone(), p))
+                            .map(move |p| TopicPartition::new(name.clone(), p))
                     })
                     .collect()
             });
@@ -116,10 +118,10 @@ pub async fn handle(
     let parts = req.topics.map(|ts| {
         ts.into_iter()
             .flat_map(|t| {
-                let name = t.name.to_string();
+                let name: Arc<str> = t.name.0.as_str().into();
                 t.partition_indexes
                     .into_iter()
-                    .map(move |p| (name.clone(), p))
+                    .map(move |p| TopicPartition::new(name.clone(), p))
             })
             .collect::<Vec<_>>()
     });
@@ -159,7 +161,10 @@ pub async fn handle(
             let items = requested
                 .unwrap_or_default()
                 .into_iter()
-                .map(|tp| (tp, Ok(None)))
+                .map(|partition| FetchedOffset {
+                    partition,
+                    offset: Ok(None),
+                })
                 .collect();
             let topics = by_topic(items, |p, _| {
                 OffsetFetchResponsePartition::default()

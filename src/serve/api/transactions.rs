@@ -20,6 +20,7 @@ use kafka_protocol::messages::write_txn_markers_response::{
 use kafka_protocol::messages::*;
 use sluice_coordinator::group::{Committed, TxnCommitArgs};
 use sluice_coordinator::txn::{AddArgs, AddOffsetsArgs, EndArgs, ListFilter};
+use sluice_protocol::TopicPartition;
 use sluice_shard::ShardId;
 
 use super::sb;
@@ -89,21 +90,23 @@ pub async fn add_partitions(
             .iter()
             .flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p)))
             .collect();
-        let per_partition: Vec<((String, i32), i16)> = if verify_only {
+        let per_partition: Vec<(TopicPartition, i16)> = if verify_only {
             // KIP-890 verification from a partition leader: membership only.
+            let asked: Vec<TopicPartition> =
+                partitions.into_iter().map(TopicPartition::from).collect();
             let call = rpc::TxnVerify {
                 partition: partition_for(&txn_id),
                 transactional_id: txn_id.clone(),
                 producer_id,
                 producer_epoch: epoch,
-                partitions: partitions.clone(),
+                partitions: asked.clone(),
             };
             match route(broker, call).await {
                 Ok(v) => v
                     .into_iter()
-                    .map(|(tp, r)| (tp, r.err().map_or(0, |c| c.code())))
+                    .map(|p| (p.partition, p.code.err().map_or(0, |c| c.code())))
                     .collect(),
-                Err(e) => partitions.into_iter().map(|tp| (tp, e.code())).collect(),
+                Err(e) => asked.into_iter().map(|tp| (tp, e.code())).collect(),
             }
         } else {
             let call = rpc::TxnAdd {
@@ -117,18 +120,18 @@ pub async fn add_partitions(
             };
             let r = route(broker, call).await;
             let code = error_code(&r).map_or(0, |c| fenced_for(version, 2, c));
-            partitions.into_iter().map(|tp| (tp, code)).collect()
+            partitions.into_iter().map(|tp| (tp.into(), code)).collect()
         };
         let mut topic_results: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
-        for ((t, p), code) in per_partition {
+        for (tp, code) in per_partition {
             let pr = AddPartitionsToTxnPartitionResult::default()
-                .with_partition_index(p)
+                .with_partition_index(tp.partition())
                 .with_partition_error_code(code);
             match topic_results.last_mut() {
-                Some(tr) if tr.name.0.as_str() == t => tr.results_by_partition.push(pr),
+                Some(tr) if tr.name.0.as_str() == tp.topic() => tr.results_by_partition.push(pr),
                 _ => topic_results.push(
                     AddPartitionsToTxnTopicResult::default()
-                        .with_name(TopicName(sb(t)))
+                        .with_name(TopicName(sb(tp.topic())))
                         .with_results_by_partition(vec![pr]),
                 ),
             }
@@ -308,23 +311,31 @@ pub async fn txn_offset_commit(
             offsets: offsets.clone(),
         },
     };
-    let results: Vec<((String, i32), i16)> = match crate::coord::group::route(broker, call).await {
+    let results: Vec<(TopicPartition, i16)> = match crate::coord::group::route(broker, call).await {
         Ok(rs) => rs
             .into_iter()
-            .map(|(tp, r)| (tp, r.err().map_or(0, |c| fenced_for(version, 3, c))))
+            .map(|p| {
+                (
+                    p.partition,
+                    p.code.err().map_or(0, |c| fenced_for(version, 3, c)),
+                )
+            })
             .collect(),
-        Err(e) => offsets.into_iter().map(|(tp, _)| (tp, e.code())).collect(),
+        Err(e) => offsets
+            .into_iter()
+            .map(|(tp, _)| (tp.into(), e.code()))
+            .collect(),
     };
     let mut topics: Vec<TxnOffsetCommitResponseTopic> = Vec::new();
-    for ((t, p), code) in results {
+    for (tp, code) in results {
         let pr = TxnOffsetCommitResponsePartition::default()
-            .with_partition_index(p)
+            .with_partition_index(tp.partition())
             .with_error_code(code);
         match topics.last_mut() {
-            Some(tr) if tr.name.0.as_str() == t => tr.partitions.push(pr),
+            Some(tr) if tr.name.0.as_str() == tp.topic() => tr.partitions.push(pr),
             _ => topics.push(
                 TxnOffsetCommitResponseTopic::default()
-                    .with_name(TopicName(sb(t)))
+                    .with_name(TopicName(sb(tp.topic())))
                     .with_partitions(vec![pr]),
             ),
         }

@@ -172,8 +172,7 @@ pub fn decode(buf: &Bytes) -> Vec<(String, Op)> {
         let len = u32::from_le_bytes(buf[pos..pos + 4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(buf[pos + 4..pos + 8].try_into().expect("4 bytes"));
         let start = pos + HEADER;
-        if len < 3 || start + len > buf.len() || crc32c::crc32c(&buf[start..start + len]) != crc
-        {
+        if len < 3 || start + len > buf.len() || crc32c::crc32c(&buf[start..start + len]) != crc {
             break;
         }
         let body = buf.slice(start..start + len);
@@ -186,7 +185,10 @@ pub fn decode(buf: &Bytes) -> Vec<(String, Op)> {
             break;
         };
         let rest = body.slice(3 + name_len..);
-        let offset = || rest.get(..8).map(|b| i64::from_le_bytes(b.try_into().expect("8")));
+        let offset = || {
+            rest.get(..8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8")))
+        };
         let op = match kind {
             1 => Op::Append(rest.clone()),
             2 => match offset() {
@@ -374,7 +376,9 @@ impl Wal {
     pub fn push(&self, log: &PartitionLog, op: &Op, pieces: &[Bytes]) -> Result<Pushed, Error> {
         let mut active = self.active.borrow_mut();
         let Some(chunk) = active.as_mut() else {
-            return Err(Error::Config("the shard's journal has no open chunk".into()));
+            return Err(Error::Config(
+                "the shard's journal has no open chunk".into(),
+            ));
         };
         let refs: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
         let head = encode(log.name(), op, &refs);
@@ -436,9 +440,16 @@ impl Wal {
             let durable = file.durable_len() as usize;
             let mut buf = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
             buf.truncate(durable);
-            records.extend(decode(&Bytes::from(buf)).into_iter().filter(|(n, _)| n == name));
+            records.extend(
+                decode(&Bytes::from(buf))
+                    .into_iter()
+                    .filter(|(n, _)| n == name),
+            );
         }
-        Ok(by_log(records).into_iter().flat_map(|(_, ops)| ops).collect())
+        Ok(by_log(records)
+            .into_iter()
+            .flat_map(|(_, ops)| ops)
+            .collect())
     }
 
     /// A log with records here failed (its segment files may lack what they hold).

@@ -500,7 +500,13 @@ impl Storage {
             let ops = journal.records_for(name).await?;
             if !ops.is_empty() {
                 let r = log.replay(ops).await?;
-                tracing::info!(log = name, appended = r.appended, already_there = r.skipped, cuts = r.cut, "replayed the shard journal into a reopened log");
+                tracing::info!(
+                    log = name,
+                    appended = r.appended,
+                    already_there = r.skipped,
+                    cuts = r.cut,
+                    "replayed the shard journal into a reopened log"
+                );
             }
             journal.forget_failed(name);
         }

@@ -267,9 +267,12 @@ pub struct Wal {
     /// A chunk is being opened: pushes wait.
     opening: Cell<bool>,
     closed: RefCell<VecDeque<Chunk>>,
-    /// Chunks whose checkpoint failed (a log's segment could not be synced): kept for
-    /// the next start's replay.
-    kept: RefCell<Vec<Chunk>>,
+    /// Chunks kept for the next start's replay (their checkpoint failed, or the chunk
+    /// itself did): their files closed, what they held durably recorded.
+    kept: RefCell<Vec<Kept>>,
+    /// When a chunk last failed: a new one is opened at most once a second after that,
+    /// so a full or failing disk does not get a new chunk per refused append.
+    failed_at: Cell<Option<std::time::Instant>>,
     checkpointing: Cell<bool>,
     changed: Event,
     stopped: Cell<bool>,
@@ -292,6 +295,7 @@ impl Wal {
             opening: Cell::new(false),
             closed: RefCell::new(VecDeque::new()),
             kept: RefCell::new(Vec::new()),
+            failed_at: Cell::new(None),
             checkpointing: Cell::new(false),
             changed: Event::new(),
             stopped: Cell::new(false),
@@ -329,6 +333,17 @@ impl Wal {
             if !full && !failed {
                 return Ok(());
             }
+            if failed {
+                let recent = self
+                    .failed_at
+                    .get()
+                    .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1));
+                if recent {
+                    return Err(Error::Failed(
+                        "the shard journal's last chunk failed less than a second ago".into(),
+                    ));
+                }
+            }
             if self.closed.borrow().len() >= CLOSED_CHUNKS_MAX {
                 listener.await;
                 continue;
@@ -363,7 +378,8 @@ impl Wal {
         if let Some(old) = old {
             if failed {
                 // Its records up to the failure may be all a log has: kept for replay.
-                self.kept.borrow_mut().push(old);
+                self.failed_at.set(Some(std::time::Instant::now()));
+                self.kept.borrow_mut().push(Kept::of(old));
             } else {
                 self.closed.borrow_mut().push_back(old);
                 self.start_checkpoints();
@@ -412,7 +428,7 @@ impl Wal {
                 // what follows its records.
                 let kept = !wal.kept.borrow().is_empty() || checkpoint(&chunk).await;
                 if kept {
-                    wal.kept.borrow_mut().push(chunk);
+                    wal.kept.borrow_mut().push(Kept::of(chunk));
                 }
                 wal.changed.notify(usize::MAX);
             }
@@ -424,22 +440,23 @@ impl Wal {
     /// each up to what is durable), in order: what a log reopened after a failure
     /// replays.
     pub async fn records_for(&self, name: &str) -> Result<Vec<Op>, Error> {
-        let mut files: Vec<(u64, PathBuf, Rc<AppendFile>)> = Vec::new();
-        let chunks = self.kept.borrow();
-        let closed = self.closed.borrow();
-        let active = self.active.borrow();
-        for c in chunks.iter().chain(closed.iter()).chain(active.iter()) {
-            if c.names.contains(name) {
-                files.push((c.seq, c.path.clone(), c.file.clone()));
+        // (sequence, file, bytes durable in it)
+        let mut files: Vec<(u64, PathBuf, u64)> = Vec::new();
+        for k in self.kept.borrow().iter() {
+            if k.names.contains(name) {
+                files.push((k.seq, k.path.clone(), k.durable));
             }
         }
-        drop((chunks, closed, active));
+        for c in self.closed.borrow().iter().chain(self.active.borrow().iter()) {
+            if c.names.contains(name) {
+                files.push((c.seq, c.path.clone(), c.file.durable_len()));
+            }
+        }
         files.sort_by_key(|f| f.0);
         let mut records = Vec::new();
-        for (_, path, file) in files {
-            let durable = file.durable_len() as usize;
+        for (_, path, durable) in files {
             let mut buf = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-            buf.truncate(durable);
+            buf.truncate(durable as usize);
             records.extend(
                 decode(&Bytes::from(buf))
                     .into_iter()
@@ -483,6 +500,25 @@ impl Wal {
         }
         self.changed.notify(usize::MAX);
         file::sync_dir(&self.dir).await
+    }
+}
+
+/// A chunk kept for the next start's replay, its file closed.
+struct Kept {
+    seq: u64,
+    path: PathBuf,
+    names: std::collections::HashSet<String>,
+    durable: u64,
+}
+
+impl Kept {
+    fn of(chunk: Chunk) -> Kept {
+        Kept {
+            seq: chunk.seq,
+            durable: chunk.file.durable_len(),
+            path: chunk.path,
+            names: chunk.names,
+        }
     }
 }
 

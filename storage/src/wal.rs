@@ -447,7 +447,12 @@ impl Wal {
                 files.push((k.seq, k.path.clone(), k.durable));
             }
         }
-        for c in self.closed.borrow().iter().chain(self.active.borrow().iter()) {
+        for c in self
+            .closed
+            .borrow()
+            .iter()
+            .chain(self.active.borrow().iter())
+        {
             if c.names.contains(name) {
                 files.push((c.seq, c.path.clone(), c.file.durable_len()));
             }

@@ -354,10 +354,23 @@ impl AppendFile {
         self.state.borrow().written
     }
 
-    /// Accepted bytes not yet written to the device.
-    pub fn unwritten(&self) -> u64 {
-        let st = self.state.borrow();
-        st.len - st.written
+    /// Starts a write of everything accepted so far if at least `min` bytes are
+    /// unwritten and no write is in flight (the shard journal's segment files are
+    /// written behind it: nothing waits for this write).
+    pub fn write_behind(self: &Rc<Self>, min: u64) {
+        let target = {
+            let st = self.state.borrow();
+            if st.writing || st.failed.is_some() || st.len - st.written < min {
+                return;
+            }
+            st.len
+        };
+        let this = self.clone();
+        glommio::spawn_local(async move {
+            // An error fails the file; its log reports it at its next operation.
+            let _ = this.wait_written(target).await;
+        })
+        .detach();
     }
 
     /// Device writes started so far.

@@ -85,16 +85,11 @@ pub enum Op {
     Delete,
 }
 
-impl Op {
-    fn kind(&self) -> u8 {
-        match self {
-            Op::Append(_) => 1,
-            Op::Truncate(_) => 2,
-            Op::Reset(_) => 3,
-            Op::Delete => 4,
-        }
-    }
-}
+/// Record kinds on disk.
+const APPEND: u8 = 1;
+const TRUNCATE: u8 = 2;
+const RESET: u8 = 3;
+const DELETE: u8 = 4;
 
 /// The journal directory of `shard` under `data`.
 pub fn dir_of(data: &Path, shard: usize) -> PathBuf {
@@ -103,24 +98,19 @@ pub fn dir_of(data: &Path, shard: usize) -> PathBuf {
 
 /// The journal directories under `data`, by shard.
 pub fn dirs_in(data: &Path) -> Result<Vec<(usize, PathBuf)>, Error> {
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(data).map_err(|e| Error::io(data, e))?;
-    for e in entries {
-        let e = e.map_err(|e| Error::io(data, e))?;
-        let name = e.file_name();
-        let Some(shard) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
-            continue;
-        };
-        if let Ok(shard) = shard.parse() {
-            out.push((shard, e.path()));
-        }
-    }
-    out.sort();
-    Ok(out)
+    numbered(data, |n| n.strip_prefix(PREFIX))
 }
 
-/// The chunk files of a journal directory, oldest first.
+/// The chunk files of a journal directory, oldest first (none if it does not exist).
 pub fn chunks_in(dir: &Path) -> Result<Vec<(u64, PathBuf)>, Error> {
+    numbered(dir, |n| n.strip_suffix(SUFFIX))
+}
+
+/// The entries of `dir` whose name `number` cuts to a number, by that number.
+fn numbered<N: std::str::FromStr + Ord>(
+    dir: &Path,
+    number: impl Fn(&str) -> Option<&str>,
+) -> Result<Vec<(N, PathBuf)>, Error> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -130,38 +120,32 @@ pub fn chunks_in(dir: &Path) -> Result<Vec<(u64, PathBuf)>, Error> {
     for e in entries {
         let e = e.map_err(|e| Error::io(dir, e))?;
         let name = e.file_name();
-        let Some(seq) = name.to_str().and_then(|n| n.strip_suffix(SUFFIX)) else {
-            continue;
-        };
-        if let Ok(seq) = seq.parse() {
-            out.push((seq, e.path()));
+        if let Some(n) = name.to_str().and_then(&number).and_then(|n| n.parse().ok()) {
+            out.push((n, e.path()));
         }
     }
-    out.sort();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
 
-/// The record's header, kind, name and fixed payload (an append's batch follows as
-/// `pieces`), CRC computed over all of it.
-fn encode(name: &str, op: &Op, pieces: &[&[u8]]) -> Vec<u8> {
-    let mut fixed = Vec::with_capacity(HEADER + 3 + name.len() + 8);
-    fixed.extend_from_slice(&[0; HEADER]);
-    fixed.push(op.kind());
-    fixed.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    fixed.extend_from_slice(name.as_bytes());
-    match op {
-        Op::Truncate(o) | Op::Reset(o) => fixed.extend_from_slice(&o.to_le_bytes()),
-        Op::Append(_) | Op::Delete => {}
-    }
-    let mut crc = crc32c::crc32c(&fixed[HEADER..]);
-    let mut len = fixed.len() - HEADER;
+/// A record's header, kind, name and `fixed` payload, its CRC and length covering the
+/// `pieces` that follow it (an append's batch as stored).
+fn encode(name: &str, kind: u8, fixed: &[u8], pieces: &[Bytes]) -> Vec<u8> {
+    let mut head = Vec::with_capacity(HEADER + 3 + name.len() + fixed.len());
+    head.extend_from_slice(&[0; HEADER]);
+    head.push(kind);
+    head.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    head.extend_from_slice(name.as_bytes());
+    head.extend_from_slice(fixed);
+    let mut crc = crc32c::crc32c(&head[HEADER..]);
+    let mut len = head.len() - HEADER;
     for p in pieces {
         crc = crc32c::crc32c_append(crc, p);
         len += p.len();
     }
-    fixed[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    fixed[4..HEADER].copy_from_slice(&crc.to_le_bytes());
-    fixed
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    head[4..HEADER].copy_from_slice(&crc.to_le_bytes());
+    head
 }
 
 /// The records of one chunk's bytes, up to the first torn or corrupt one.
@@ -190,16 +174,16 @@ pub fn decode(buf: &Bytes) -> Vec<(String, Op)> {
                 .map(|b| i64::from_le_bytes(b.try_into().expect("8")))
         };
         let op = match kind {
-            1 => Op::Append(rest.clone()),
-            2 => match offset() {
+            APPEND => Op::Append(rest.clone()),
+            TRUNCATE => match offset() {
                 Some(o) => Op::Truncate(o),
                 None => break,
             },
-            3 => match offset() {
+            RESET => match offset() {
                 Some(o) => Op::Reset(o),
                 None => break,
             },
-            4 => Op::Delete,
+            DELETE => Op::Delete,
             _ => break,
         };
         out.push((name.to_string(), op));
@@ -388,22 +372,44 @@ impl Wal {
         Ok(())
     }
 
-    /// Pushes a record of `log` to the open chunk (see [`Self::ready`]); never awaits.
-    pub fn push(&self, log: &PartitionLog, op: &Op, pieces: &[Bytes]) -> Result<Pushed, Error> {
+    /// Pushes an append of `log` (its batch as stored, in pieces) to the open chunk
+    /// (see [`Self::ready`]); never awaits.
+    pub fn push_append(&self, log: &PartitionLog, batch: &[Bytes]) -> Result<Pushed, Error> {
+        self.push(log, APPEND, &[], batch)
+    }
+
+    /// Pushes a change of `log` other than an append (see [`Self::ready`]).
+    pub fn push_change(&self, log: &PartitionLog, op: &Op) -> Result<Pushed, Error> {
+        match op {
+            Op::Truncate(o) => self.push(log, TRUNCATE, &o.to_le_bytes(), &[]),
+            Op::Reset(o) => self.push(log, RESET, &o.to_le_bytes(), &[]),
+            Op::Delete => self.push(log, DELETE, &[], &[]),
+            Op::Append(_) => Err(Error::Config(
+                "an append goes to the journal through push_append".into(),
+            )),
+        }
+    }
+
+    fn push(
+        &self,
+        log: &PartitionLog,
+        kind: u8,
+        fixed: &[u8],
+        pieces: &[Bytes],
+    ) -> Result<Pushed, Error> {
         let mut active = self.active.borrow_mut();
         let Some(chunk) = active.as_mut() else {
             return Err(Error::Config(
                 "the shard's journal has no open chunk".into(),
             ));
         };
-        let refs: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
-        let head = encode(log.name(), op, &refs);
+        let head = encode(log.name(), kind, fixed, pieces);
         let mut target = chunk.file.push_bytes(Bytes::from(head))?;
         for p in pieces {
             target = chunk.file.push_bytes(p.clone())?;
         }
-        chunk.logs.insert(log.id(), log.me());
-        if !chunk.names.contains(log.name()) {
+        if let std::collections::hash_map::Entry::Vacant(v) = chunk.logs.entry(log.id()) {
+            v.insert(log.me());
             chunk.names.insert(log.name().to_string());
         }
         Ok(Pushed {

@@ -36,9 +36,24 @@ def consume_to_end(addr, topic, partitions, timeout=120):
     return got
 
 
-def produce_until_stopped(addr, topic, acked, stop):
-    p = Producer({"bootstrap.servers": addr, "acks": "all", "linger.ms": 2, "enable.idempotence": False,
-                  "message.timeout.ms": 5000, "retries": 0})
+def assert_acknowledged_stored(addr, topic, partitions, acked):
+    """Every acknowledged (partition, offset, value) is stored there; returns what is
+    stored (consume_to_end)."""
+    got = consume_to_end(addr, topic, partitions)
+    stored = {(p, o): v for _, v, p, o in got}
+    missing = [(p, o, v) for p, o, v in acked if stored.get((p, o)) != v]
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged records lost, e.g. {missing[:5]}"
+    return got
+
+
+NO_RETRIES = {"acks": "all", "linger.ms": 2, "enable.idempotence": False, "message.timeout.ms": 5000,
+              "retries": 0}
+
+
+def produce_until_stopped(addr, topic, acked, stop, conf=NO_RETRIES, keys=13):
+    """Produces `v<i>` under key `k<i % keys>` (every key distinct if `keys` is None)
+    until `stop`, appending (partition, offset, value) of each acknowledged record."""
+    p = Producer({"bootstrap.servers": addr, **conf})
 
     def cb(err, msg):
         if err is None:
@@ -47,7 +62,7 @@ def produce_until_stopped(addr, topic, acked, stop):
     i = 0
     while not stop.is_set():
         try:
-            p.produce(topic, key=f"k{i % 13}", value=f"v{i}", on_delivery=cb)
+            p.produce(topic, key=f"k{i if keys is None else i % keys}", value=f"v{i}", on_delivery=cb)
             i += 1
         except BufferError:
             pass
@@ -74,11 +89,8 @@ def test_stop_mid_stream_loses_nothing_acknowledged(make_broker, tmp_path, how):
         t.join(timeout=60)
     snapshot = acked[:n_acked]
     b2 = make_broker(data_dir=tmp_path / "d", port=b.port)
-    got = consume_to_end(b2.addr, "dur", 4)
+    got = assert_acknowledged_stored(b2.addr, "dur", 4, snapshot)
     assert len(got) >= n_acked
-    stored = {(p, o): v for _, v, p, o in got}
-    missing = [(p, o, v) for p, o, v in snapshot if stored.get((p, o)) != v]
-    assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
 
 
 def test_sigterm_then_restart_keeps_topics_and_data(make_broker, tmp_path):
@@ -107,25 +119,10 @@ def test_sigkill_under_load_over_1000_partitions_loses_nothing_acknowledged(make
     b = make_broker(data_dir=data, cores=2, extra=journal)
     create_topic(b.addr, "wide", 1000)
     acked, stop = [], threading.Event()
-
-    def produce():
-        p = Producer({"bootstrap.servers": b.addr, "linger.ms": 5})
-
-        def cb(err, msg):
-            if err is None:
-                acked.append((msg.partition(), msg.offset(), msg.value().decode()))
-
-        i = 0
-        while not stop.is_set():
-            try:
-                p.produce("wide", key=f"k{i}", value=f"v{i}", on_delivery=cb)
-                i += 1
-            except BufferError:
-                p.poll(0.01)
-            p.poll(0)
-        p.flush(10)
-
-    t = threading.Thread(target=produce)
+    # librdkafka's defaults (acks=all, idempotence as it ships), keys spread over every
+    # partition.
+    t = threading.Thread(target=produce_until_stopped,
+                         args=(b.addr, "wide", acked, stop, {"linger.ms": 5}, None))
     t.start()
     try:
         wait_until(lambda: len({a[0] for a in acked}) >= 900 and len(acked) >= 20000, timeout=120,
@@ -139,7 +136,4 @@ def test_sigkill_under_load_over_1000_partitions_loses_nothing_acknowledged(make
     snapshot = acked[:n_acked]
     b2 = make_broker(data_dir=data, port=b.port, cores=2, extra=journal)
     assert "replayed the previous run's journal" in b2.read_log()
-    got = consume_to_end(b2.addr, "wide", 1000)
-    stored = {(p, o): v for _, v, p, o in got}
-    missing = [(p, o, v) for p, o, v in snapshot if stored.get((p, o)) != v]
-    assert not missing, f"{len(missing)} of {n_acked} acknowledged records lost, e.g. {missing[:5]}"
+    assert_acknowledged_stored(b2.addr, "wide", 1000, snapshot)

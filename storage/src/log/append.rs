@@ -433,11 +433,7 @@ impl PartitionLog {
             // Two pushes with no await between them: nothing else lands in between.
             // The journal first: a refused push leaves the segment as it was.
             let pushed = match &journal {
-                Some(j) => Some(j.push(
-                    self,
-                    &crate::wal::Op::Append(Bytes::new()),
-                    &[head.clone(), body.clone()],
-                )?),
+                Some(j) => Some(j.push_append(self, &[head.clone(), body.clone()])?),
                 None => None,
             };
             log_file.push_bytes(head.clone())?;
@@ -469,12 +465,13 @@ impl PartitionLog {
         // the segment file written behind it. Otherwise once the segment file's is.
         let staged = match pushed {
             Some(p) => {
-                self.write_behind(&log_file);
-                self.journaled(p.clone());
-                Staged {
-                    file: p.file,
+                log_file.write_behind(crate::wal::WRITE_BEHIND_BYTES);
+                let staged = Staged {
+                    file: p.file.clone(),
                     target: p.target,
-                }
+                };
+                self.journaled(p);
+                staged
             }
             None => {
                 self.unjournaled.set(true);

@@ -49,29 +49,13 @@ impl PartitionLog {
             return Ok(());
         };
         journal.ready().await?;
-        let pushed = journal.push(self, &op, &[])?;
+        let pushed = journal.push_change(self, &op)?;
         pushed.durable().await
     }
 
     /// Notes an append's journal record: what [`PartitionLog::flush`] waits for.
     pub(super) fn journaled(&self, pushed: Pushed) {
         *self.last_journaled.borrow_mut() = Some(pushed);
-    }
-
-    /// Starts writing the active segment's unwritten bytes once
-    /// [`wal::WRITE_BEHIND_BYTES`] are pending (the journal made them durable; the
-    /// segment file receives them behind it).
-    pub(super) fn write_behind(&self, file: &Rc<file::AppendFile>) {
-        if file.unwritten() < wal::WRITE_BEHIND_BYTES {
-            return;
-        }
-        let f = file.clone();
-        let target = f.len();
-        glommio::spawn_local(async move {
-            // An error fails the file; the log reports it at its next operation.
-            let _ = f.wait_written(target).await;
-        })
-        .detach();
     }
 
     /// Makes the active segment's bytes durable in its own file (a journal checkpoint):

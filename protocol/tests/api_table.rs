@@ -1,4 +1,4 @@
-//! The API table of docs/architecture.md ("## Kafka APIs served") against the registry:
+//! The API table of docs/kafka-apis.md ("# Kafka APIs served") against the registry:
 //! every registered API has its row with the registered versions in the Sluice column,
 //! and every other row says "not served", so the documentation cannot drift from what
 //! ApiVersions answers.
@@ -8,15 +8,17 @@ use sluice_protocol::{lookup, REGISTRY};
 
 /// (key, API name, Sluice column) of each table row.
 fn rows() -> Vec<(i16, String, String)> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/architecture.md");
-    let doc = std::fs::read_to_string(path).expect("docs/architecture.md");
-    let section = doc
-        .split("\n## Kafka APIs served\n")
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kafka-apis.md");
+    let doc = std::fs::read_to_string(path).expect("docs/kafka-apis.md");
+    // The table: from its header row to the first line that is not a table row.
+    let table = doc
+        .split("\n| key | API | Kafka 3.9 | Sluice |")
         .nth(1)
-        .expect("a \"## Kafka APIs served\" section");
-    let section = section.split("\n## ").next().unwrap_or(section);
-    section
+        .expect("a table headed \"| key | API | Kafka 3.9 | Sluice | ...\"");
+    table
         .lines()
+        .skip(1)
+        .take_while(|line| line.starts_with('|'))
         .filter_map(|line| {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             // "| key | API | Kafka 3.9 | Sluice | differences |" splits into 7 cells.

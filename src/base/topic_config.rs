@@ -58,10 +58,10 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("unclean.leader.election.enable", "false"),
 ];
 
-/// Accepted with Kafka's validation, but without effect in Sluice (docs/architecture.md
-/// lists why): index spacing, file deletion delay, per-message flush counts, follower
-/// throttles and tiered storage off, preallocation (Sluice always preallocates). Each
-/// with the rule its value must follow.
+/// Accepted with Kafka's validation, but without effect in Sluice (docs/operations.md,
+/// "Topic configs", lists why): index spacing, file deletion delay, per-message flush
+/// counts, follower throttles and tiered storage off, preallocation (Sluice always
+/// preallocates). Each with the rule its value must follow.
 const ACCEPTED_WITHOUT_EFFECT: &[(&str, Rule)] = &[
     // lz4_flex has one level (Kafka's levels pick LZ4 HC above 2).
     ("compression.lz4.level", Rule::Range(1, 17)),

@@ -983,7 +983,7 @@ pub const DEFAULT_SHARED_SYNC_MIN: u64 = 32;
 /// the write itself returns once its data, and the metadata needed to read it back
 /// (extent conversion of the preallocated space), are durable: one operation. On this
 /// project's 2-core VM (ext4 without a journal) A/B runs showed less broker CPU per
-/// record and more throughput (docs/architecture.md, "Write-through segment logs").
+/// record and more throughput (docs/benchmarks.md, "Write-through segment logs").
 /// With many busy partitions the opposite holds: each write-through write flushes the
 /// device cache on its own, while shared `syncfs` rounds flush once for dozens of
 /// files, so beyond this many open logs, new ones are not write-through.

@@ -24,7 +24,8 @@ TOPICS = 20
 PER_TOPIC = 100
 PARTITIONS = TOPICS * PER_TOPIC
 NOFILE = 2048
-# Budgets (docs/architecture.md): a fixed base plus a per-partition share.
+# Budgets (docs/architecture.md, "Memory and disk per partition"): a fixed base plus
+# a per-partition share.
 RSS_BASE = 160 << 20
 RSS_PER_PARTITION = 32 << 10
 PREALLOCATED_MAX = 512 << 20  # per shard (StorageLimits::preallocated_bytes_max)

@@ -533,8 +533,8 @@ impl PartitionLog {
 /// smaller ones are copied whole. A kept slice keeps its whole Produce frame allocated
 /// until the tail cache frees or joins the batch, and small batches kept so made a 100 B
 /// soak's RSS creep (+8.9 MiB over its last 75 s against +2.7 with copies;
-/// docs/architecture.md), while their copy costs little: the copy's cost is per byte,
-/// and large batches are where it showed.
+/// docs/benchmarks.md, "Appends without the second copy"), while their copy costs
+/// little: the copy's cost is per byte, and large batches are where it showed.
 pub const UNCOPIED_BATCH_BYTES_MIN: usize = 16 << 10;
 
 /// The bytes a batch is stored as, in two pieces written one after the other: a
@@ -543,7 +543,7 @@ pub const UNCOPIED_BATCH_BYTES_MIN: usize = 16 << 10;
 /// A client's batch (offsets to assign) of [`UNCOPIED_BATCH_BYTES_MIN`] or more keeps
 /// the client's bytes, a slice of its Produce frame: only the header is copied and
 /// rewritten. A whole copy per batch cost 16-28% of the broker's CPU per record at
-/// 1 KiB acks=all in 64 KiB and 1 MiB batches (docs/architecture.md). The tail cache
+/// 1 KiB acks=all in 64 KiB and 1 MiB batches (docs/benchmarks.md). The tail cache
 /// holds the two pieces until the batch is first read, when it joins them (see
 /// [`crate::cache::TailCache::read`]); its budget counts the batch, not the frame.
 /// Everything else is copied whole, as one piece: smaller batches; control batches

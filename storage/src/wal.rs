@@ -68,6 +68,13 @@ const CHECKPOINT_CONCURRENCY: usize = 32;
 /// Segment bytes a log keeps unwritten before a write of them starts on its own.
 pub const WRITE_BEHIND_BYTES: u64 = 256 << 10;
 
+/// A log with no append for this long has its unwritten segment bytes written behind
+/// the journal without waiting for the checkpoint ([`Wal::write_behind_idle`]).
+pub const IDLE_WRITE_BEHIND_MS: i64 = 1000;
+
+/// How often the shard looks for such logs.
+pub const IDLE_CHECK_MS: u64 = 250;
+
 const HEADER: usize = 8;
 const PREFIX: &str = "wal@";
 const SUFFIX: &str = ".wal";
@@ -289,6 +296,22 @@ impl Wal {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Starts writing the unwritten segment bytes of every log in the open chunk that
+    /// had no append for `idle_ms`. A log appended to steadily keeps its bytes for one
+    /// write at the checkpoint (a write per round would rewrite its tail block each
+    /// time); one whose producers paused has its file show what it acknowledged within
+    /// about `idle_ms`, for whatever reads the files directly (tools, tests), and holds
+    /// no memory for it until the checkpoint.
+    pub fn write_behind_idle(&self, now_ms: i64, idle_ms: i64) {
+        let logs: Vec<Rc<PartitionLog>> = match &*self.active.borrow() {
+            Some(c) => c.logs.values().filter_map(Weak::upgrade).collect(),
+            None => return,
+        };
+        for log in logs {
+            log.write_behind_if_idle(now_ms, idle_ms);
+        }
     }
 
     /// Device writes of the chunk being written (each carries every record pushed

@@ -471,6 +471,7 @@ impl PartitionLog {
                     target: p.target,
                 };
                 self.journaled(p);
+                self.last_journaled_ms.set(now);
                 staged
             }
             None => {

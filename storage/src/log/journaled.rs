@@ -58,6 +58,21 @@ impl PartitionLog {
         *self.last_journaled.borrow_mut() = Some(pushed);
     }
 
+    /// Starts writing the active segment's unwritten bytes behind the journal if the
+    /// log had no journaled append for `idle_ms` (see [`crate::wal::Wal::write_behind_idle`]).
+    pub(crate) fn write_behind_if_idle(&self, now_ms: i64, idle_ms: i64) {
+        if self.closed.get() || now_ms - self.last_journaled_ms.get() < idle_ms {
+            return;
+        }
+        let file = {
+            let st = self.state.borrow();
+            st.active().active.as_ref().map(|a| a.log.clone())
+        };
+        if let Some(f) = file {
+            f.write_behind(1);
+        }
+    }
+
     /// Makes the active segment's bytes durable in its own file (a journal checkpoint):
     /// the sealed segments were synced when they were sealed.
     pub(crate) async fn sync_segment(&self) -> Result<(), Error> {

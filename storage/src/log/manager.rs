@@ -484,6 +484,7 @@ impl Storage {
             clean_marker: Cell::new(found.clean),
             last_journaled: RefCell::new(None),
             unjournaled: Cell::new(false),
+            last_journaled_ms: Cell::new(0),
         });
         // R15–R19: the producer state and the `.txnindex` entries it derives.
         let limit = found.txn_damaged_from.unwrap_or(i64::MAX);
@@ -769,6 +770,21 @@ impl Storage {
             tq,
         )
         .map_err(|e| Error::Config(format!("spawning index-memory task: {e}")))?
+        .detach();
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    glommio::timer::sleep(Duration::from_millis(wal::IDLE_CHECK_MS)).await;
+                    let Some(s) = weak.upgrade() else { break };
+                    if let Some(j) = s.journal() {
+                        j.write_behind_idle(s.now_ms(), wal::IDLE_WRITE_BEHIND_MS);
+                    }
+                }
+            },
+            tq,
+        )
+        .map_err(|e| Error::Config(format!("spawning journal write-behind task: {e}")))?
         .detach();
         Ok(())
     }

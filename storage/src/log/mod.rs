@@ -190,6 +190,9 @@ pub struct PartitionLog {
     /// Some append since the last flush did not go to the journal (its policy was not
     /// `flush=always`, or the shard keeps none): a flush syncs the segment file.
     unjournaled: Cell<bool>,
+    /// When the last journaled append was pushed (the storage clock, ms): see
+    /// [`PartitionLog::write_behind_if_idle`].
+    last_journaled_ms: Cell<i64>,
 }
 
 /// Clears a flag when dropped, even if the holder's future is cancelled.

@@ -193,3 +193,40 @@ fn a_deleted_logs_records_never_reach_a_new_log_of_the_same_name() {
         "the new log holds exactly its own record"
     );
 }
+
+/// A log's journaled bytes reach its segment file only once the log has had no append
+/// for the idle time (before the checkpoint), and then without another append.
+#[test]
+fn an_idle_logs_segment_file_is_written_behind_the_journal() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, journal(64 << 20)).await;
+        let log = s.open_log("idle", LogConfig::default()).await.unwrap();
+        let b = batch(1_000, 2, 7);
+        log.append(&b, 0).await.unwrap();
+        log.flush_for_ack().await.unwrap();
+        let (_, body) = batches_of(&b).remove(0);
+        let segment = dir.join("idle").join(format!("{:020}.log", 0));
+        let on_disk = || {
+            let bytes = std::fs::read(&segment).unwrap();
+            bytes.windows(body.len()).any(|w| w == body.as_slice())
+        };
+        let j = s.journal().expect("a journal");
+        let now = s.now_ms();
+        // Appended just now: not idle, so its bytes wait (well under the write-behind size).
+        j.write_behind_idle(now, wal::IDLE_WRITE_BEHIND_MS);
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+        assert!(!on_disk(), "written behind before the log was idle");
+        // Idle: written behind, with no further append.
+        j.write_behind_idle(now + wal::IDLE_WRITE_BEHIND_MS, wal::IDLE_WRITE_BEHIND_MS);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !on_disk() {
+            assert!(
+                Instant::now() < deadline,
+                "an idle log's bytes never reached its segment file"
+            );
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    });
+}

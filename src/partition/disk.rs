@@ -9,7 +9,12 @@
 //!
 //! Each shard samples `statvfs` every [`SAMPLE_INTERVAL`] (a syscall of a few µs, no
 //! I/O) and counts the bytes it admitted since, so a fast producer cannot write far past
-//! the minimum between two samples. Nothing is shared between shards.
+//! the minimum between two samples. Nothing is shared between shards. The usable free
+//! space counts what the shard's files hold preallocated but unwritten as free (room
+//! for their appends), and what the shard journals may still take of their largest
+//! footprint as used ([`journal_margin`]): neither a journal chunk deleted at its
+//! checkpoint nor a restart that releases preallocated tails lets appends in that
+//! would be refused again a moment later.
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -36,10 +41,31 @@ pub struct DiskWatch {
     low: Cell<bool>,
     /// Appends refused since start.
     refused: Cell<u64>,
+    /// The most the shard journals take ([`journal_margin`]) and the shards whose
+    /// journals these are: what they take and give back as chunks come and go is kept
+    /// free for them, so appends are not let in by a chunk deleted (or a restart's
+    /// replay) only to be refused when the next chunk is written.
+    journal_margin: u64,
+    shards: usize,
+    /// What the journals do not take now of their margin (at the last sample).
+    journal_reserve: Cell<u64>,
+}
+
+/// The most the shard journals of `shards` shards take on a file system of
+/// `total` bytes (their chunks open and waiting for the checkpoint, see
+/// `sluice_storage::wal`); 0 without a journal.
+pub fn journal_margin(journal_chunk_bytes: u64, total: u64, shards: usize) -> u64 {
+    if journal_chunk_bytes == 0 {
+        return 0;
+    }
+    let chunk = sluice_storage::wal::chunk_bytes_for(journal_chunk_bytes, total, shards);
+    sluice_storage::wal::chunk_footprint(chunk)
+        * (1 + sluice_storage::wal::CLOSED_CHUNKS_MAX as u64)
+        * shards as u64
 }
 
 impl DiskWatch {
-    pub fn new(dir: &Path, minimum: DiskMinimum) -> DiskWatch {
+    pub fn new(dir: &Path, minimum: DiskMinimum, journal_margin: u64, shards: usize) -> DiskWatch {
         let w = DiskWatch {
             dir: dir.to_path_buf(),
             minimum,
@@ -47,6 +73,9 @@ impl DiskWatch {
             admitted: Cell::new(0),
             low: Cell::new(false),
             refused: Cell::new(0),
+            journal_margin,
+            shards,
+            journal_reserve: Cell::new(journal_margin),
         };
         w.refresh();
         w
@@ -57,11 +86,15 @@ impl DiskWatch {
         self.minimum.threshold(self.sample.get().total)
     }
 
-    /// The last sample, less what this shard admitted since.
+    /// The usable free space: the last sample, less what this shard admitted since and
+    /// what the shard journals may still take of their margin.
     pub fn space(&self) -> Space {
         let s = self.sample.get();
         Space {
-            free: s.free.saturating_sub(self.admitted.get()),
+            free: s
+                .free
+                .saturating_sub(self.admitted.get())
+                .saturating_sub(self.journal_reserve.get()),
             ..s
         }
     }
@@ -79,9 +112,17 @@ impl DiskWatch {
     /// data directory itself failing shows up on the logs' own I/O.
     pub fn refresh(&self) {
         match space_of(&self.dir) {
-            Ok(s) => {
+            Ok(mut s) => {
+                // What this shard's files hold preallocated but unwritten is room for
+                // their appends, not used space (a restart gives it back).
+                s.free += sluice_storage::file::preallocated_unwritten();
                 self.sample.set(s);
                 self.admitted.set(0);
+                if self.journal_margin > 0 {
+                    let taken = sluice_storage::wal::allocated_bytes(&self.dir, self.shards);
+                    self.journal_reserve
+                        .set(self.journal_margin.saturating_sub(taken));
+                }
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot read the data directory's free space")
@@ -94,6 +135,7 @@ impl DiskWatch {
                 free = self.space().free,
                 minimum = self.threshold(),
                 refused = self.refused.get(),
+                journal_reserve = self.journal_reserve.get(),
                 "free space is back above the minimum: appends resume"
             );
         }
@@ -156,7 +198,7 @@ mod tests {
             percent: 100,
         };
         assert_eq!(minimum.threshold(total), free - 64 * MIB);
-        let w = DiskWatch::new(dir.path(), minimum);
+        let w = DiskWatch::new(dir.path(), minimum, 0, 1);
         w.admit(40 << 20).unwrap();
         w.admit(16 << 20).unwrap();
         // 8 MiB above the minimum: admitted, and then the space is below it.
@@ -184,7 +226,55 @@ mod tests {
                 bytes: 0,
                 percent: 5,
             },
+            1 << 40,
+            1,
         );
         off.admit(usize::MAX / 2).unwrap();
+    }
+
+    /// The journals' margin counts against the free space, less what they take: a
+    /// journal chunk deleted does not let appends in.
+    #[test]
+    fn the_space_the_journals_may_still_take_is_kept_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = space_of(dir.path()).unwrap().free;
+        const MIB: u64 = 1 << 20;
+        assert!(free > 128 * MIB, "the test needs some free space");
+        let minimum = DiskMinimum {
+            bytes: free - 64 * MIB,
+            percent: 100,
+        };
+        // A 32 MiB margin, no journal file yet: 32 MiB of the 64 above the minimum
+        // are the journals'.
+        let w = DiskWatch::new(dir.path(), minimum, 32 * MIB, 1);
+        w.admit(24 << 20).unwrap();
+        w.admit(16 << 20).unwrap();
+        assert!(w.admit(1).is_err() && w.low());
+        // A journal chunk of 8 MiB appears: it takes from the margin, not from the free
+        // space for appends (the sample sees both).
+        let journal = sluice_storage::wal::dir_of(dir.path(), 0);
+        std::fs::create_dir_all(&journal).unwrap();
+        let f = std::fs::File::create(journal.join(format!("{:020}.wal", 0))).unwrap();
+        f.set_len(8 * MIB).unwrap();
+        // (set_len allocates nothing on most file systems: write it.)
+        std::io::Write::write_all(&mut &f, &vec![1u8; (8 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
+        w.refresh();
+        assert_eq!(w.journal_reserve.get(), 24 * MIB);
+        drop(f);
+    }
+
+    #[test]
+    fn the_journal_margin_is_every_shards_chunks() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(journal_margin(0, 1 << 40, 4), 0);
+        // A chunk and one preallocation step (a quarter of it, at most 32 MiB), three
+        // chunks a shard.
+        assert_eq!(
+            journal_margin(128 * MIB, 1 << 40, 2),
+            (128 + 32) * MIB * 3 * 2
+        );
+        // A small file system: smaller chunks, within an eighth of it.
+        assert!(journal_margin(128 * MIB, 128 * MIB, 1) <= 128 * MIB / 8);
     }
 }

@@ -59,6 +59,31 @@ use crate::Error;
 /// [`crate::StorageLimits::journal_chunk_bytes`]).
 pub const DEFAULT_CHUNK_BYTES: u64 = 128 << 20;
 
+/// The chunk size a shard's journal uses: `configured`, but at most a share of the file
+/// system (`fs_bytes`) such that the journals of all `shards`, each up to
+/// 1 + [`CLOSED_CHUNKS_MAX`] chunks, take at most a tenth of it (an eighth with their preallocation, see
+/// [`chunk_footprint`]), and at least 1 MiB each.
+/// A small disk then fills with partition data, not with journal chunks waiting for
+/// their checkpoint.
+pub fn chunk_bytes_for(configured: u64, fs_bytes: u64, shards: usize) -> u64 {
+    let copies = (1 + CLOSED_CHUNKS_MAX as u64) * shards.max(1) as u64;
+    let share = (fs_bytes / 10 / copies).max(1 << 20);
+    configured.min(share / file::ALIGN * file::ALIGN)
+}
+
+/// The largest preallocation step of a chunk of `chunk_bytes`: a quarter of it (at
+/// most [`file::PREALLOCATE_BYTES`]), so a chunk takes at most [`chunk_footprint`].
+fn preallocate_step_max(chunk_bytes: u64) -> u64 {
+    (chunk_bytes / 4 / file::ALIGN * file::ALIGN).clamp(file::ALIGN, file::PREALLOCATE_BYTES)
+}
+
+/// The most a chunk of `chunk_bytes` takes on the device: filled, with one
+/// preallocation step beyond (a write may end past the size, and a chunk is only
+/// closed once it is full).
+pub fn chunk_footprint(chunk_bytes: u64) -> u64 {
+    chunk_bytes + preallocate_step_max(chunk_bytes)
+}
+
 /// Closed chunks waiting for their checkpoint before appends wait for one to finish.
 pub const CLOSED_CHUNKS_MAX: usize = 2;
 
@@ -97,6 +122,18 @@ const APPEND: u8 = 1;
 const TRUNCATE: u8 = 2;
 const RESET: u8 = 3;
 const DELETE: u8 = 4;
+
+/// Bytes the journals of shards `0..shards` under `data_dir` take on the device now
+/// (their chunks' allocated blocks; a chunk is preallocated as it grows).
+pub fn allocated_bytes(data_dir: &Path, shards: usize) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (0..shards)
+        .filter_map(|shard| std::fs::read_dir(dir_of(data_dir, shard)).ok())
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
 
 /// The journal directory of `shard` under `data`.
 pub fn dir_of(data: &Path, shard: usize) -> PathBuf {
@@ -372,8 +409,12 @@ impl Wal {
         let seq = self.next_seq.get();
         self.next_seq.set(seq + 1);
         let path = self.dir.join(format!("{seq:020}{SUFFIX}"));
-        let file =
-            AppendFile::open_journal(&path, self.write_bytes_max, file::PREALLOCATE_BYTES).await?;
+        let file = AppendFile::open_journal(
+            &path,
+            self.write_bytes_max,
+            preallocate_step_max(self.chunk_bytes),
+        )
+        .await?;
         file::sync_dir(&self.dir).await?;
         let old = self.active.replace(Some(Chunk {
             seq,
@@ -602,4 +643,25 @@ async fn checkpoint(chunk: &Chunk) -> bool {
         tracing::warn!(chunk = %chunk.path.display(), error = %e, "could not delete a checkpointed journal chunk");
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_take_at_most_a_tenth_of_a_small_file_system() {
+        const MIB: u64 = 1 << 20;
+        // A large disk: the configured size.
+        assert_eq!(chunk_bytes_for(128 * MIB, 1 << 40, 2), 128 * MIB);
+        // 128 MiB, one shard: three chunks within 12.8 MiB, aligned.
+        let c = chunk_bytes_for(128 * MIB, 128 * MIB, 1);
+        assert!(
+            c * 3 <= 128 * MIB / 10 && c % file::ALIGN == 0 && c > 4 * MIB - file::ALIGN,
+            "{c}"
+        );
+        // Never below 1 MiB, and never above what is configured.
+        assert_eq!(chunk_bytes_for(128 * MIB, 8 * MIB, 4), MIB);
+        assert_eq!(chunk_bytes_for(64 << 10, 128 * MIB, 1), 64 << 10);
+    }
 }

@@ -169,12 +169,25 @@ def disk_end(c, i, topic, partition):
     return b[-1][1] + 1 if b else 0
 
 
-def identical_on_disk(c, topic, partition, deadline=30):
+def disk_end_reaches(c, i, topic, partition, end):
+    """Waits until broker i's segment files of topic-partition reach offset `end` (the
+    shard journal writes them behind the acknowledgement, within about a second of the
+    partition's last append); returns the end on disk then."""
+    return wait_until(lambda: (lambda e: e if e >= end else None)(disk_end(c, i, topic, partition)),
+                      15, f"broker {i}'s {topic}-{partition} on disk up to {end}", retry=(OSError,))
+
+
+def identical_on_disk(c, topic, partition, end, deadline=30):
     """Waits until every broker holds the same batches (offsets, epochs, CRCs) of
-    topic-partition on disk; returns them."""
+    topic-partition on disk, up to log end offset `end` (segment files are written
+    behind the shard journal: without it, copies that all lack the same tail would
+    pass); returns them."""
     def same():
         copies = {tuple(disk_batches(c.data_dir(i), topic, partition)) for i in c.ids}
-        return len(copies) == 1 and list(copies.pop())
+        if len(copies) != 1:
+            return None
+        batches = list(copies.pop())
+        return batches and batches[-1][1] + 1 == end and batches
     return wait_until(same, deadline, f"{topic}-{partition} identical on every broker",
                       retry=(OSError,))
 
@@ -434,7 +447,7 @@ def test_isolated_broker_is_fenced_truncates_and_rejoins(proxied_cluster):
     produce_n(producer(c.bootstrap), topic, parts, 200, acks, "pre")
     assert acks.count() == 200
     before = check_log(c, topic, parts, acks.acked)
-    common = identical_on_disk(c, topic, 0)
+    common = identical_on_disk(c, topic, 0, end=100)
     end_before = disk_end(c, victim, topic, 0)
     assert end_before == len(acks.acked[0]) == 100, (end_before, len(acks.acked[0]))
 
@@ -450,8 +463,7 @@ def test_isolated_broker_is_fenced_truncates_and_rejoins(proxied_cluster):
     # replicas shared, and holds them on disk: a tail that has to be truncated.
     assert diverged.offsets.get(0) == list(range(end_before, end_before + 20)), \
         (diverged.offsets, diverged.failed[:3])
-    iso_end = disk_end(c, victim, topic, 0)
-    assert iso_end >= end_before + 20, (end_before, iso_end)
+    iso_end = disk_end_reaches(c, victim, topic, 0, end_before + 20)
     div_batches = [b for b in disk_batches(c.data_dir(victim), topic, 0) if b[0] >= end_before]
     assert disk_batches(c.data_dir(victim), topic, 0)[:len(common)] == common
 
@@ -479,7 +491,7 @@ def test_isolated_broker_is_fenced_truncates_and_rejoins(proxied_cluster):
     lost = [v for v in stale_all.acked.get(0, []) if v not in after[0]]
     assert not lost, f"acks=all acknowledged by the isolated broker, then lost: {lost}"
     # All three replicas hold the same batches (same offsets, epochs, CRCs) on disk.
-    final = {p: identical_on_disk(c, topic, p) for p in parts}
+    final = {p: identical_on_disk(c, topic, p, end=len(after[p])) for p in parts}
     # The victim truncated its diverged tail: none of those batches is left, the
     # shared prefix is, and past it sit the new leader's batches (a newer epoch).
     assert final[0][:len(common)] == common
@@ -501,7 +513,7 @@ def test_sigkilled_leader_with_unreplicated_tail_truncates_it_on_restart(proxied
     acks = Acks()
     produce_n(producer(c.bootstrap), topic, [0], 50, acks, "rep")
     assert acks.count() == 50 and not acks.failed
-    common = identical_on_disk(c, topic, 0)
+    common = identical_on_disk(c, topic, 0, end=50)
     assert disk_end(c, old, topic, 0) == 50
 
     links_through_proxies(c, old)
@@ -509,8 +521,8 @@ def test_sigkilled_leader_with_unreplicated_tail_truncates_it_on_restart(proxied
     tail = Acks()
     produce_n(producer(c.addr(old), acks="1", **SOLO), topic, [0], 30, tail, "tail", deadline=15)
     assert tail.offsets.get(0) == list(range(50, 80)), (tail.offsets, tail.failed[:3])
+    end_before = disk_end_reaches(c, old, topic, 0, 80)
     tail_batches = [b for b in disk_batches(c.data_dir(old), topic, 0) if b[0] >= 50]
-    end_before = disk_end(c, old, topic, 0)
     assert end_before == 80 and tail_batches, (end_before, tail_batches)
     assert [disk_end(c, i, topic, 0) for i in others] == [50, 50], "followers got the tail"
     c.kill(old)  # SIGKILL with the unreplicated tail on disk
@@ -529,7 +541,7 @@ def test_sigkilled_leader_with_unreplicated_tail_truncates_it_on_restart(proxied
 
     c.restart(old)
     wait_until(lambda: old in c.isr_of(topic, 0), 40, f"broker {old} back in the ISR")
-    final = identical_on_disk(c, topic, 0)
+    final = identical_on_disk(c, topic, 0, end=60)
     end_after = disk_end(c, old, topic, 0)
     assert end_after == 60 < end_before, (end_before, end_after)
     assert final[:len(common)] == common

@@ -34,8 +34,16 @@ def create(admin, name, config=None):
     admin.create_topics([NewTopic(name, 1, 1, config=config or {})])[name].result(timeout=30)
 
 
-def stored_codecs(broker, topic):
-    """The codec id of every batch in partition 0's segment files, in offset order."""
+def stored_codecs(broker, topic, batches):
+    """The codec id of every batch in partition 0's segment files, in offset order, once
+    they hold at least `batches` batches: the shard journal writes a partition's
+    segment file behind the acknowledgement (within about a second of its last append,
+    docs/architecture.md, "The shard journal")."""
+    return wait_until(lambda: (lambda c: c if len(c) >= batches else None)(codecs_on_disk(broker, topic)),
+                      timeout=20, what=f"{batches} batches of {topic}-0 in its segment files")
+
+
+def codecs_on_disk(broker, topic):
     files = sorted(glob.glob(os.path.join(broker.data_dir, "**", f"{topic}-0", "*.log"), recursive=True))
     assert files, f"no segment of {topic}-0 under {broker.data_dir}"
     codecs = []
@@ -117,7 +125,7 @@ def test_every_producer_codec_on_every_topic_codec(broker):
         lines = kcat("-b", broker.addr, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-q",
                      "-f", "%k=%s\n").splitlines()
         assert lines == [f"{k.decode()}={v.decode()}" for k, v, _, _ in sent], topic_codec
-        codecs = stored_codecs(broker, topic)
+        codecs = stored_codecs(broker, topic, len(PRODUCER_CODECS))
         assert len(codecs) == len(PRODUCER_CODECS), codecs
         if topic_codec == "producer":
             assert codecs == [CODEC_IDS[c] for c in PRODUCER_CODECS]
@@ -134,7 +142,7 @@ def test_zstd_producer_on_an_lz4_topic_read_by_kcat(broker):
     sent = produce(broker.addr, topic, "zstd", 50, "z")
     out = kcat("-b", broker.addr, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k %s %T\n")
     assert out.splitlines() == [f"{k.decode()} {v.decode()} {ts}" for k, v, _, ts in sent]
-    assert stored_codecs(broker, topic) == [CODEC_IDS["lz4"]]
+    assert stored_codecs(broker, topic, 1) == [CODEC_IDS["lz4"]]
 
 
 def test_fetch_before_v10_of_a_zstd_topic_is_unsupported_compression(broker):
@@ -190,7 +198,7 @@ def test_old_clients_produce_and_read_compressed_message_sets(broker, codec):
             break
     c.close()
     assert got == want
-    codecs = stored_codecs(broker, topic)
+    codecs = stored_codecs(broker, topic, 3)
     assert len(codecs) >= 3 and set(codecs) == {CODEC_IDS[codec]}, codecs
 
 
@@ -202,7 +210,7 @@ def test_old_client_cannot_read_zstd_batches(broker):
     topic = unique("old-zstd")
     create(admin, topic)
     produce(broker.addr, topic, "zstd", 3, "z")
-    assert stored_codecs(broker, topic) == [CODEC_IDS["zstd"]]
+    assert stored_codecs(broker, topic, 1) == [CODEC_IDS["zstd"]]
     c = kw.Conn(broker.addr)
     try:
         # Fetch v3: v4's layout without isolation level; records as message sets (magic 1).
@@ -238,7 +246,7 @@ def test_incremental_alter_configs_sets_compression_type(broker):
     entries = admin.describe_configs([res])[res].result(timeout=30)
     assert entries["compression.type"].value == "zstd"
     produce(broker.addr, topic, "snappy", 3, "after")
-    assert stored_codecs(broker, topic) == [CODEC_IDS["gzip"], CODEC_IDS["zstd"]]
+    assert stored_codecs(broker, topic, 2) == [CODEC_IDS["gzip"], CODEC_IDS["zstd"]]
     with pytest.raises(KafkaException) as info:
         alter("brotli").result(timeout=30)
     assert info.value.args[0].code() == 40, "INVALID_CONFIG"

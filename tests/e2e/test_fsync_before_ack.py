@@ -1,11 +1,14 @@
 """Fsync before ack, observed at the broker (issue 38, item 3): when the sync that an
 append waits for fails, the append is refused, never acknowledged, for acks=all and for
-acks=1, whichever way the log makes its writes durable (write-through O_DSYNC writes,
-the default for a shard's first 32 logs, or write + fdatasync, `--dsync-logs-max 0`).
+acks=1, whichever way the log makes its writes durable: the shard journal's
+write-through writes (the default), or with the journal off (`--journal-chunk-bytes 0`)
+the partition's own write-through O_DSYNC writes (a shard's first 32 logs) or write +
+fdatasync (`--dsync-logs-max 0`).
 
-The failure is a storage fault (`--fault-rules`, a test-only flag: `sync eio <dir>`
-fails every fdatasync of the partition's files, and every write of a write-through
-file, whose sync is part of the write). The broker answers KAFKA_STORAGE_ERROR and
+The failure is a storage fault (`--fault-rules`, a test-only flag: `sync eio <path>`
+fails every fdatasync of the matching files, and every write of a write-through file,
+whose sync is part of the write): the shard journal's chunks (`wal@0/`), or the two
+partitions' directories when the journal is off. The broker answers KAFKA_STORAGE_ERROR and
 takes the partition offline; once the fault is gone it reopens the partition,
 re-reading its files, and the test checks that what each client was told matches what
 is stored: every acknowledged record is at its offset, and a refused record is at most
@@ -65,7 +68,13 @@ class Probe:
         return out[0]
 
 
-DURABILITY = {"write-through": [], "fdatasync": ["--dsync-logs-max", "0"]}
+# How appends become durable: broker flags, and the fault rules that fail that sync.
+PARTITIONS_FAIL = f"sync eio {TOPIC}-0/\nsync eio {TOPIC}-1/\n"
+DURABILITY = {
+    "journal": ([], "sync eio wal@0/\n"),
+    "write-through": (["--journal-chunk-bytes", "0"], PARTITIONS_FAIL),
+    "fdatasync": (["--journal-chunk-bytes", "0", "--dsync-logs-max", "0"], PARTITIONS_FAIL),
+}
 
 
 @pytest.mark.parametrize("how", list(DURABILITY))
@@ -77,7 +86,8 @@ def test_append_whose_sync_fails_is_refused_and_storage_matches_what_clients_wer
     # One shard: the rules file watcher arms the rules on the shard that serves the
     # produce requests, right after logging it, with no await in between; so once the
     # line is in the log, the next request sees the rules armed.
-    b = make_broker(cores=1, extra=["--fault-rules", str(rules), *DURABILITY[how]])
+    flags, fault = DURABILITY[how]
+    b = make_broker(cores=1, extra=["--fault-rules", str(rules), *flags])
     create_topic(b.addr, TOPIC, partitions=2)
     conn = kw.Conn(b.addr, timeout=30)
     probe = Probe(b.addr, acks)
@@ -93,8 +103,9 @@ def test_append_whose_sync_fails_is_refused_and_storage_matches_what_clients_wer
         assert err is None, f"append before the fault: {err}"
         told_ok[1][off] = value("before", i)
 
-    write_rules(rules, f"sync eio {TOPIC}-0/\nsync eio {TOPIC}-1/\n")
-    wait_until(lambda: f'"{TOPIC}-1/"' in last_armed(b), timeout=10, what="the sync fault armed")
+    write_rules(rules, fault)
+    last_path = fault.split()[-1]
+    wait_until(lambda: f'"{last_path}"' in last_armed(b), timeout=10, what="the sync fault armed")
     try:
         probe_and_recover(b, rules, conn, probe, acks, told_ok, refused)
     finally:

@@ -74,7 +74,9 @@ def segment_files(b):
                 flags = next(int(ln.split()[1], 8) for ln in f if ln.startswith("flags:"))
         except (FileNotFoundError, ProcessLookupError):
             continue  # closed meanwhile
-        if path.startswith(data) and re.search(r"/\d{20}\.[a-z]+$", path):
+        # Partition directories only: the shard journal's chunks (wal@<shard>/) are not
+        # segment files.
+        if path.startswith(data) and re.search(r"/[^/@]+/\d{20}\.[a-z]+$", path):
             out[path] = flags & os.O_ACCMODE != os.O_RDONLY
     return out
 

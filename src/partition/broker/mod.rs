@@ -190,6 +190,12 @@ impl Broker {
             disk: Rc::new(crate::partition::disk::DiskWatch::new(
                 &config.data_dir,
                 config.disk_min_free,
+                crate::partition::disk::journal_margin(
+                    config.journal_chunk_bytes,
+                    crate::partition::disk::space_of(&config.data_dir).map_or(0, |s| s.total),
+                    shards,
+                ),
+                shards,
             )),
             config,
         }

@@ -258,11 +258,22 @@ impl Storage {
         storage.replay_journals().await?;
         if storage.limits.journal_chunk_bytes > 0 {
             let dir = wal::dir_of(&storage.dir, storage.limits.shard);
-            let journal = Wal::new(
-                dir,
+            let total = file::space_of(&storage.dir)
+                .map_err(|e| Error::io(&storage.dir, e))?
+                .total;
+            let chunk_bytes = wal::chunk_bytes_for(
                 storage.limits.journal_chunk_bytes,
-                storage.limits.write_bytes_max,
-            )?;
+                total,
+                storage.limits.shards,
+            );
+            if chunk_bytes < storage.limits.journal_chunk_bytes {
+                tracing::info!(
+                    chunk_bytes,
+                    file_system_bytes = total,
+                    "shard journal chunks made smaller to fit the data directory's file system"
+                );
+            }
+            let journal = Wal::new(dir, chunk_bytes, storage.limits.write_bytes_max)?;
             *storage.wal.borrow_mut() = Some(journal);
         }
         Ok(storage)

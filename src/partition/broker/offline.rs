@@ -50,7 +50,7 @@ impl Broker {
                 let end = log.log_end_offset();
                 let lag = replicas
                     .get(key)
-                    .map_or(0, |r| (end - r.high_watermark()).max(0));
+                    .map_or(0, |r| (end - r.high_watermark().get()).max(0));
                 OnlineLog {
                     topic: key.topic().to_string(),
                     partition: key.partition(),
@@ -149,7 +149,7 @@ impl Broker {
         let led_in = self.offline.borrow().get(key).and_then(|o| o.led_in);
         let same_leadership = led_in.is_some_and(|e| {
             image.topics[name].assignment(p).is_some_and(|a| {
-                a.leader == self.config.node_id && a.leader_epoch <= e && a.replicas.len() > 1
+                a.leader == self.config.node_id && a.leader_epoch <= e.get() && a.replicas.len() > 1
             })
         });
         if same_leadership {
@@ -166,7 +166,7 @@ impl Broker {
         }
         let effective = crate::base::broker_configs::effective_topic_configs(
             &image,
-            self.config.node_id,
+            self.config.broker_id(),
             &image.topics[name].configs,
         );
         let tc = TopicConfig::parse(&effective)

@@ -137,6 +137,14 @@ impl Broker {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }
         if let Some(f) = follow {
+            // Pair assertion: the replica follows the leader the assignment it just
+            // adopted names, never this broker.
+            assert!(
+                f.leader.get() == a.leader && f.leader != self.config.broker_id(),
+                "{name}-{p}: follows {} but the assignment names leader {}",
+                f.leader,
+                a.leader
+            );
             // A partition that starts following wakes the running fetcher (or starts
             // one); one that already followed needs only a fetcher to be running.
             let start = if f.joined || self.fetchers.wake(f.leader).is_none() {

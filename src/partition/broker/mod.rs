@@ -528,6 +528,36 @@ impl Broker {
                 );
             }
         }
+        // Pair assertions on what adoption set (`adopt_role` through
+        // `Replica::reconcile`): a replica leads only in the epoch the adopted image
+        // names this broker leader in, and that leader is in the ISR it publishes; no
+        // replica reports a high watermark past its log.
+        let me = self.config.node_id;
+        for (key, r) in replicas.iter() {
+            assert!(
+                r.high_watermark() <= r.log_end(),
+                "{key:?}: high watermark {} past the log end {}",
+                r.high_watermark(),
+                r.log_end()
+            );
+            let (Some(epoch), true) = (r.leader_epoch(), image.registered) else {
+                continue;
+            };
+            let Some(a) = image
+                .topics
+                .get(key.topic())
+                .and_then(|m| m.assignment(key.partition()))
+            else {
+                continue;
+            };
+            assert!(
+                a.leader == me && a.leader_epoch == epoch.get() && a.isr.contains(&me),
+                "{key:?} leads in epoch {epoch}, the image says leader {} epoch {} ISR {:?}",
+                a.leader,
+                a.leader_epoch,
+                a.isr
+            );
+        }
     }
 
     /// Asks the controller (shard 0) to make a metadata change.

@@ -613,6 +613,15 @@ impl Replica {
         );
         match ended {
             Ok(ended) => {
+                // Pair assertion: a log operation that moved the durable end moved it
+                // to the end its caller made durable.
+                assert!(
+                    !ended.durable_moved || durable_end == Some(self.durable_end()),
+                    "{}-{}: {kind:?} ended at {durable_end:?}, durable end {}",
+                    self.topic,
+                    self.partition,
+                    self.durable_end()
+                );
                 if ended.epochs_changed {
                     self.persist_epochs();
                 }
@@ -650,6 +659,17 @@ impl Replica {
             self.persist_epochs();
         }
         Ok(op.map(|op| {
+            // Pair assertion: a cut the state machine begins is at or below the log end,
+            // and the high watermark followed it down.
+            let log_end = self.log_end();
+            assert!(
+                matches!(op.kind, LogOpKind::Truncate { to } if Offset::new(to) <= log_end)
+                    && self.high_watermark() <= log_end,
+                "{}-{}: truncation {:?} of a log ending at {log_end}",
+                self.topic,
+                self.partition,
+                op.kind
+            );
             // The history was cut (lazily written) and the high watermark may have moved.
             self.persist_epochs();
             self.notify();
@@ -671,6 +691,14 @@ impl Replica {
             fetch_offset.get(),
             self.log.log_end_offset(),
         )?;
+        // Pair assertion: an append begins only where the log ends.
+        assert_eq!(
+            self.log_end(),
+            fetch_offset,
+            "{}-{}: append begun away from the log end",
+            self.topic,
+            self.partition
+        );
         Ok(LogOpGuard {
             replica: self,
             op: Some(op),
@@ -763,7 +791,19 @@ impl Replica {
             let listener = self.progress.listen();
             match self.state.borrow().leader() {
                 Some(l) if l.leader_epoch() == epoch => match l.acked(end, min_insync) {
-                    isr::AckState::Acked => return Ok(()),
+                    isr::AckState::Acked => {
+                        // Pair assertion: acknowledged means covered by the high
+                        // watermark, with enough in-sync replicas.
+                        assert!(
+                            l.high_watermark() >= end && l.isr().len() >= min_insync,
+                            "{}-{}: acked up to {end} with high watermark {} and ISR {:?}",
+                            self.topic,
+                            self.partition,
+                            l.high_watermark(),
+                            l.isr()
+                        );
+                        return Ok(());
+                    }
                     isr::AckState::NotEnoughReplicasAfterAppend => {
                         return Err(ApiError::with(
                             ResponseError::NotEnoughReplicasAfterAppend,

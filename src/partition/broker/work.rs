@@ -281,6 +281,14 @@ impl Broker {
                 Duration::from_secs(10),
             )
             .await?;
+        // Pair assertion: a marker is answered once the high watermark covers it.
+        assert!(
+            replica.high_watermark() > Offset::new(last_offset),
+            "{}-{}: marker at {last_offset} acknowledged below the high watermark {}",
+            it.topic,
+            it.partition,
+            replica.high_watermark()
+        );
         Ok(())
     }
 

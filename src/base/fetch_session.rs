@@ -308,6 +308,15 @@ impl Cache {
         let id = self.new_id();
         self.last_used.insert((now_ms, id));
         self.sessions.insert(id, session);
+        // Room was made above; every session is in the recency order once, under an
+        // id of this shard's residue class.
+        assert!(
+            self.sessions.len() <= self.max_entries
+                && self.last_used.len() == self.sessions.len()
+                && self.is_mine(id),
+            "fetch session cache over its {} entries, or out of step with its recency order",
+            self.max_entries
+        );
         id
     }
 
@@ -388,12 +397,22 @@ impl Cache {
             s.last_used_ms = now_ms;
             self.last_used.insert((now_ms, id));
         }
+        assert_eq!(
+            self.last_used.len(),
+            self.sessions.len(),
+            "recency order out of step"
+        );
     }
 
     fn remove(&mut self, id: i32) -> bool {
         match self.sessions.remove(&id) {
             Some(s) => {
                 self.last_used.remove(&(s.last_used_ms, id));
+                assert_eq!(
+                    self.last_used.len(),
+                    self.sessions.len(),
+                    "recency order out of step"
+                );
                 true
             }
             None => false,

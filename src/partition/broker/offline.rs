@@ -21,6 +21,12 @@ impl Broker {
     pub(super) fn take_offline(&self, key: TopicPartitionRef<'_>, cause: String) -> ApiError {
         let log = self.logs.borrow_mut().remove_entry(key.key());
         let replica = self.replicas.borrow_mut().remove(key.key());
+        // A partition's log and replica enter and leave the maps together.
+        assert_eq!(
+            log.is_some(),
+            replica.is_some(),
+            "{key}: log and replica were not both open"
+        );
         let led_in = replica.and_then(|r| r.leader_epoch());
         if let Some((owned, log)) = log {
             tracing::error!(topic = %key.topic, partition = key.partition, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");

@@ -408,7 +408,7 @@ async fn run_shard(
     // listeners only once the broker is unfenced). Before, shards other than 0 answered
     // Metadata from their first image, with no brokers and no controller, which
     // librdkafka rejects as a partial answer and backs off from for seconds.
-    while !broker.image().complete_for(broker.config.node_id) {
+    while !broker.image().complete_for(broker.config.broker_id()) {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -472,7 +472,7 @@ async fn metrics_publisher(
                 return;
             };
             let image = b.image();
-            let serving = listening.get() && image.complete_for(b.config.node_id);
+            let serving = listening.get() && image.complete_for(b.config.broker_id());
             b.metrics.set_serving(b.shard.0, serving);
             let (partitions, producer_ids) = b.partition_stats();
             let node = quorum.as_ref().map(|q| {
@@ -480,7 +480,7 @@ async fn metrics_publisher(
                 let (raft_term, active_controller) = q.raft_status();
                 crate::observe::metrics::NodeSnapshot {
                     active_controller,
-                    controller_id: image.controller_id,
+                    controller_id: image.controller_id.get(),
                     raft_term,
                     raft_leader: q.leader_id(),
                     metadata_epoch: image.epoch,

@@ -23,6 +23,7 @@ use kafka_protocol::error::ResponseError;
 
 use crate::base::config::BrokerConfig;
 use crate::base::error::ApiError;
+use crate::base::ids::BrokerId;
 use crate::base::metadata::MetadataImage;
 use crate::base::topic_config::{TopicConfig, KNOWN};
 
@@ -122,7 +123,7 @@ fn topic_default(topic_config: &str) -> &'static str {
 /// value, else the cluster-wide one).
 pub fn effective_topic_configs(
     image: &MetadataImage,
-    me: i32,
+    me: BrokerId,
     own: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut out = own.clone();
@@ -144,7 +145,7 @@ pub fn effective_topic_configs(
 /// its own dynamic value, the cluster-wide one, then Sluice's default.
 fn log_default_synonyms(
     image: &MetadataImage,
-    me: i32,
+    me: BrokerId,
     broker: &str,
     topic: &str,
 ) -> Vec<(String, Option<String>, i8)> {
@@ -152,12 +153,16 @@ fn log_default_synonyms(
     let scopes = [
         (me, SOURCE_DYNAMIC_BROKER),
         (
-            sluice_replication::cluster::CLUSTER_DEFAULT,
+            BrokerId::new(sluice_replication::cluster::CLUSTER_DEFAULT),
             SOURCE_DYNAMIC_DEFAULT_BROKER,
         ),
     ];
     for (scope, source) in scopes {
-        if let Some(v) = image.broker_configs.get(&scope).and_then(|c| c.get(broker)) {
+        if let Some(v) = image
+            .broker_configs
+            .get(&scope.get())
+            .and_then(|c| c.get(broker))
+        {
             out.push((broker.to_string(), Some(v.clone()), source));
         }
     }
@@ -174,7 +179,7 @@ fn log_default_synonyms(
 /// names).
 pub fn describe_topic(
     image: &MetadataImage,
-    me: i32,
+    me: BrokerId,
     own: &BTreeMap<String, String>,
 ) -> Vec<Described> {
     TopicConfig::describe(own)
@@ -314,7 +319,7 @@ pub fn describe_broker(
         })
         .collect();
     for (broker, topic) in LOG_DEFAULTS {
-        let synonyms = log_default_synonyms(image, me, broker, topic);
+        let synonyms = log_default_synonyms(image, BrokerId::new(me), broker, topic);
         let (_, value, source) = synonyms[0].clone();
         out.push(Described {
             name: broker.to_string(),
@@ -452,15 +457,15 @@ mod tests {
             [("log.retention.ms".to_string(), "7".to_string())].into(),
         );
         let own = BTreeMap::from([("max.message.bytes".to_string(), "9".to_string())]);
-        let eff = effective_topic_configs(&image, 1, &own);
+        let eff = effective_topic_configs(&image, BrokerId::new(1), &own);
         assert_eq!(eff["retention.ms"], "1000");
         assert_eq!(eff["max.message.bytes"], "9", "the topic's own value wins");
         assert_eq!(
-            effective_topic_configs(&image, 2, &own)["retention.ms"],
+            effective_topic_configs(&image, BrokerId::new(2), &own)["retention.ms"],
             "7"
         );
 
-        let d = describe_topic(&image, 1, &own);
+        let d = describe_topic(&image, BrokerId::new(1), &own);
         let retention = d.iter().find(|x| x.name == "retention.ms").unwrap();
         assert_eq!(
             (retention.value.as_deref(), retention.source),

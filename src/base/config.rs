@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::base::ids::BrokerId;
+
 /// Why a configuration is refused. The text names the flag (the file's key is the flag's
 /// name with `_`), as `sluice serve` and `sluice check` print it.
 #[derive(Debug, thiserror::Error)]
@@ -490,6 +492,11 @@ fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListe
 }
 
 impl BrokerConfig {
+    /// This broker's id ([`Self::node_id`]) as the broker's own structs carry it.
+    pub fn broker_id(&self) -> BrokerId {
+        BrokerId::new(self.node_id)
+    }
+
     /// Applies the defaults to `settings` (the flags `.or(` the file `)`) and validates
     /// the result; errors name the flag.
     pub fn resolve(settings: Settings, online_cpus: usize) -> Result<BrokerConfig, ConfigError> {

@@ -40,6 +40,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use kafka_protocol::error::ResponseError;
 use uuid::Uuid;
 
+use crate::base::ids::{LeaderEpoch, Offset};
+
 /// Kafka's `max.incremental.fetch.session.cache.slots` default.
 pub const DEFAULT_CACHE_SLOTS: usize = 1000;
 /// Kafka's `min.incremental.fetch.session.eviction.ms` (a session this old, or unused
@@ -58,19 +60,19 @@ pub type PartKey = (TopicKey, i32);
 /// What a request says about one partition (what the session remembers of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartReq {
-    pub fetch_offset: i64,
-    pub log_start_offset: i64,
+    pub fetch_offset: Offset,
+    pub log_start_offset: Offset,
     pub max_bytes: i32,
-    pub current_leader_epoch: i32,
-    pub last_fetched_epoch: i32,
+    pub current_leader_epoch: LeaderEpoch,
+    pub last_fetched_epoch: LeaderEpoch,
 }
 
 /// What one partition's answer says, as far as sessions care.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartResp {
-    pub high_watermark: i64,
-    pub last_stable_offset: i64,
-    pub log_start_offset: i64,
+    pub high_watermark: Offset,
+    pub last_stable_offset: Offset,
+    pub log_start_offset: Offset,
     pub error: bool,
     pub has_records: bool,
     pub preferred_replica: bool,
@@ -81,9 +83,9 @@ struct Cached {
     /// Position in the session's order.
     seq: u64,
     /// As last answered (-1: never, or the last answer was an error: answer again).
-    high_watermark: i64,
-    last_stable_offset: i64,
-    log_start_offset: i64,
+    high_watermark: Offset,
+    last_stable_offset: Offset,
+    log_start_offset: Offset,
 }
 
 struct Session {
@@ -112,9 +114,9 @@ impl Session {
             Cached {
                 req,
                 seq,
-                high_watermark: -1,
-                last_stable_offset: -1,
-                log_start_offset: -1,
+                high_watermark: Offset::NONE,
+                last_stable_offset: Offset::NONE,
+                log_start_offset: Offset::NONE,
             },
         );
     }
@@ -306,6 +308,15 @@ impl Cache {
         let id = self.new_id();
         self.last_used.insert((now_ms, id));
         self.sessions.insert(id, session);
+        // Room was made above; every session is in the recency order once, under an
+        // id of this shard's residue class.
+        assert!(
+            self.sessions.len() <= self.max_entries
+                && self.last_used.len() == self.sessions.len()
+                && self.is_mine(id),
+            "fetch session cache over its {} entries, or out of step with its recency order",
+            self.max_entries
+        );
         id
     }
 
@@ -386,12 +397,22 @@ impl Cache {
             s.last_used_ms = now_ms;
             self.last_used.insert((now_ms, id));
         }
+        assert_eq!(
+            self.last_used.len(),
+            self.sessions.len(),
+            "recency order out of step"
+        );
     }
 
     fn remove(&mut self, id: i32) -> bool {
         match self.sessions.remove(&id) {
             Some(s) => {
                 self.last_used.remove(&(s.last_used_ms, id));
+                assert_eq!(
+                    self.last_used.len(),
+                    self.sessions.len(),
+                    "recency order out of step"
+                );
                 true
             }
             None => false,
@@ -419,7 +440,11 @@ impl Cache {
 /// Records what was answered; an error clears the high watermark so the partition is
 /// answered again once the error is gone.
 fn remember(c: &mut Cached, resp: &PartResp) {
-    c.high_watermark = if resp.error { -1 } else { resp.high_watermark };
+    c.high_watermark = if resp.error {
+        Offset::NONE
+    } else {
+        resp.high_watermark
+    };
     c.last_stable_offset = resp.last_stable_offset;
     c.log_start_offset = resp.log_start_offset;
 }
@@ -517,20 +542,22 @@ mod tests {
 
     fn req(offset: i64) -> PartReq {
         PartReq {
-            fetch_offset: offset,
-            log_start_offset: 0,
+            fetch_offset: Offset::new(offset),
+            log_start_offset: Offset::ZERO,
             max_bytes: 1 << 20,
-            current_leader_epoch: 0,
-            last_fetched_epoch: -1,
+            current_leader_epoch: LeaderEpoch::new(0),
+            last_fetched_epoch: LeaderEpoch::NONE,
         }
     }
 
     fn resp(hw: i64) -> PartResp {
         PartResp {
-            high_watermark: hw,
-            last_stable_offset: hw,
-            log_start_offset: 0,
-            ..Default::default()
+            high_watermark: Offset::new(hw),
+            last_stable_offset: Offset::new(hw),
+            log_start_offset: Offset::ZERO,
+            error: false,
+            has_records: false,
+            preferred_replica: false,
         }
     }
 
@@ -637,9 +664,9 @@ mod tests {
             panic!()
         };
         let mut lso = resp(5);
-        lso.last_stable_offset = 4;
+        lso.last_stable_offset = Offset::new(4);
         let mut start = resp(6);
-        start.log_start_offset = 2;
+        start.log_start_offset = Offset::new(2);
         let answers = vec![(key("t", 0), lso), (key("t", 2), start)];
         let keep = c.answered(id, epoch, &answers).unwrap().unwrap();
         assert_eq!(keep, vec![true, true]);
@@ -840,7 +867,7 @@ mod tests {
                         .unwrap()
                         .1
                         .fetch_offset;
-                    assert_eq!(offset7, if round >= 3 { 10 } else { 0 });
+                    assert_eq!(offset7.get(), if round >= 3 { 10 } else { 0 });
                     let news: Vec<_> = read.iter().map(|(k, _)| (k.clone(), resp(5))).collect();
                     let keep = c.answered(id, epoch, &news).unwrap().unwrap();
                     (r.to_send.len(), (id, keep.iter().filter(|k| **k).count()))

@@ -15,6 +15,8 @@ use sluice_replication::cluster::{PartitionState, CLUSTER_DEFAULT};
 use sluice_shard::{ShardId, ShardTable};
 use uuid::Uuid;
 
+use crate::base::ids::BrokerId;
+
 /// A registered broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerMeta {
@@ -46,8 +48,8 @@ impl TopicMeta {
 
     /// The home shard of `partition` in broker `me`'s process: by the slot of `me`'s
     /// replica, else hashed (see `sluice_shard::ShardTable`).
-    pub fn owner(&self, table: &ShardTable, me: i32, partition: i32) -> ShardId {
-        match self.assignment(partition).and_then(|a| a.slot_of(me)) {
+    pub fn owner(&self, table: &ShardTable, me: BrokerId, partition: i32) -> ShardId {
+        match self.assignment(partition).and_then(|a| a.slot_of(me.get())) {
             Some(slot) => table.owner_of_slot(slot),
             None => table.owner(self.id.as_u128(), partition),
         }
@@ -63,10 +65,10 @@ pub struct MetadataImage {
     #[serde(default)]
     pub topics: BTreeMap<String, TopicMeta>,
     #[serde(skip)]
-    pub brokers: BTreeMap<i32, BrokerMeta>,
-    /// The metadata quorum's leader, -1 when unknown.
-    #[serde(skip)]
-    pub controller_id: i32,
+    pub brokers: BTreeMap<BrokerId, BrokerMeta>,
+    /// The metadata quorum's leader, [`BrokerId::NONE`] when unknown.
+    #[serde(skip, default = "no_controller")]
+    pub controller_id: BrokerId,
     /// This broker's registration (this process) is in the state: only then may it act
     /// on the assignments (before, they may be a stale replay from its own journal).
     #[serde(skip)]
@@ -77,12 +79,17 @@ pub struct MetadataImage {
     pub broker_configs: BTreeMap<i32, BTreeMap<String, String>>,
 }
 
+/// An image read back from the old per-broker file knows no controller.
+fn no_controller() -> BrokerId {
+    BrokerId::NONE
+}
+
 impl MetadataImage {
     /// True when a broker (`me`) can answer clients completely from this image: its
     /// own registration is in it, unfenced, and a controller is known.
-    pub fn complete_for(&self, me: i32) -> bool {
+    pub fn complete_for(&self, me: BrokerId) -> bool {
         self.registered
-            && self.controller_id >= 0
+            && self.controller_id.is_some()
             && self.brokers.get(&me).is_some_and(|b| !b.fenced)
     }
 
@@ -92,7 +99,7 @@ impl MetadataImage {
             cluster_id: new_cluster_id(),
             topics: BTreeMap::new(),
             brokers: BTreeMap::new(),
-            controller_id: -1,
+            controller_id: BrokerId::NONE,
             registered: false,
             broker_configs: BTreeMap::new(),
         }
@@ -100,8 +107,8 @@ impl MetadataImage {
 
     /// The dynamic broker config `name` in effect on broker `me`: its own value, else
     /// the cluster-wide default (Kafka's precedence), with the scope it came from.
-    pub fn dynamic_broker_config(&self, me: i32, name: &str) -> Option<(&str, DynamicScope)> {
-        let own = self.broker_configs.get(&me).and_then(|c| c.get(name));
+    pub fn dynamic_broker_config(&self, me: BrokerId, name: &str) -> Option<(&str, DynamicScope)> {
+        let own = self.broker_configs.get(&me.get()).and_then(|c| c.get(name));
         if let Some(v) = own {
             return Some((v, DynamicScope::Broker));
         }
@@ -305,12 +312,17 @@ mod tests {
             ],
         );
         // Broker 1: slots 7 and 8 -> shards 1 and 0; broker 2: slots 0 and 1.
-        let owners = |me| -> Vec<ShardId> { (0..2).map(|p| t.owner(&table, me, p)).collect() };
+        let owners = |me| -> Vec<ShardId> {
+            (0..2)
+                .map(|p| t.owner(&table, BrokerId::new(me), p))
+                .collect()
+        };
         assert_eq!(owners(1), vec![ShardId(1), ShardId(0)]);
         assert_eq!(owners(2), vec![ShardId(0), ShardId(1)]);
         // Not hosted here, no slots (an old partition), or no such partition: hashed.
         for (me, p) in [(3, 0), (1, 2), (1, 5)] {
-            assert_eq!(t.owner(&table, me, p), table.owner(id, p), "{me} {p}");
+            let owner = t.owner(&table, BrokerId::new(me), p);
+            assert_eq!(owner, table.owner(id, p), "{me} {p}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! Layer 1, the base: what every layer above uses and nothing here serves on its own.
-//! Helpers and clocks (`util`), the broker's errors and their Kafka codes (`error`), the
+//! Helpers and clocks (`util`), the broker's number types (`ids`: offsets, leader
+//! epochs, producer and broker ids), the broker's errors and their Kafka codes (`error`), the
 //! one config struct (`config`), topic configs by Kafka's names (`topic_config`) and
 //! broker configs with the dynamic ones (`broker_configs`), the rules a produced record
 //! must pass (`record_rules`), the metadata image every shard reads (`metadata`), the
@@ -14,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod fetch_session;
 pub mod host;
+pub mod ids;
 pub mod metadata;
 pub mod record_rules;
 pub mod rpc;

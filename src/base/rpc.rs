@@ -40,6 +40,7 @@ use sluice_storage::producer::ActiveProducer;
 use uuid::Uuid;
 
 use crate::base::error::ApiError;
+use crate::base::ids::{BrokerId, LeaderEpoch, Offset, ProducerId};
 use crate::base::metadata::{MetadataImage, TopicMeta};
 
 /// A call one shard makes to another over the mesh.
@@ -128,7 +129,7 @@ shard_calls! {
     ListOffsets => list_offsets -> Vec<Result<ListedOffset, ApiError>>;
     /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
     OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
-    DeleteRecords => delete_records -> Vec<Result<i64, ApiError>>;
+    DeleteRecords => delete_records -> Vec<Result<Offset, ApiError>>;
     /// The producers each partition's log remembers (DescribeProducers).
     DescribeProducers => describe_producers -> Vec<Result<Vec<ActiveProducer>, ApiError>>;
     /// The serving shard's logs: sizes of the open ones, causes of the offline ones.
@@ -144,7 +145,7 @@ shard_calls! {
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
     /// One producer id from this broker's controller-allocated block (InitProducerId).
-    AllocateProducerId => allocate_producer_id -> Result<i64, ApiError>;
+    AllocateProducerId => allocate_producer_id -> Result<ProducerId, ApiError>;
     // Consumer-group requests, for the home shard of the group's `__consumer_offsets`
     // partition (see `crate::coord::group`).
     JoinGroup => join_group -> Result<JoinGroupResponse, ApiError>;
@@ -191,9 +192,9 @@ pub struct ProduceItem {
 
 #[derive(Debug, Clone, Copy)]
 pub struct Appended {
-    pub base_offset: i64,
+    pub base_offset: Offset,
     pub log_append_time_ms: i64,
-    pub log_start_offset: i64,
+    pub log_start_offset: Offset,
 }
 
 pub struct Produce {
@@ -209,9 +210,9 @@ pub struct EpochEndItem {
     pub topic: String,
     pub partition: i32,
     /// The requester's view of the leader epoch (KIP-320), -1 if none.
-    pub current_leader_epoch: i32,
+    pub current_leader_epoch: LeaderEpoch,
     /// The epoch whose end offset is asked for.
-    pub leader_epoch: i32,
+    pub leader_epoch: LeaderEpoch,
 }
 
 pub struct EpochEnd {
@@ -222,43 +223,57 @@ pub struct EpochEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EpochEndOut {
     /// The largest epoch in the leader's log at or below the one asked for.
-    pub leader_epoch: i32,
+    pub leader_epoch: LeaderEpoch,
     /// The end offset of that epoch: the start offset of the next one, or the log end.
-    pub end_offset: i64,
+    pub end_offset: Offset,
 }
 
 #[derive(Debug)]
 pub struct ReadItem {
     pub topic: String,
     pub partition: i32,
-    pub offset: i64,
+    pub offset: Offset,
     pub max_bytes: usize,
     /// The fetching follower's broker id, or -1 for a consumer.
-    pub replica_id: i32,
+    pub replica_id: BrokerId,
     /// The requester's view of the leader epoch (KIP-320), -1 if none.
-    pub current_leader_epoch: i32,
+    pub current_leader_epoch: LeaderEpoch,
     /// isolation_level=1: read only below the last stable offset.
     pub read_committed: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReadOut {
     pub error: Option<ApiError>,
-    pub high_watermark: i64,
+    pub high_watermark: Offset,
     /// The last stable offset (the high watermark while no transaction is open).
-    pub last_stable_offset: i64,
-    pub log_start_offset: i64,
+    pub last_stable_offset: Offset,
+    pub log_start_offset: Offset,
     pub records: Bytes,
     /// read_committed: the aborted transactions in the returned range.
     pub aborted: Vec<AbortedTxn>,
 }
 
+impl Default for ReadOut {
+    /// No error, nothing read, every offset 0.
+    fn default() -> ReadOut {
+        ReadOut {
+            error: None,
+            high_watermark: Offset::ZERO,
+            last_stable_offset: Offset::ZERO,
+            log_start_offset: Offset::ZERO,
+            records: Bytes::new(),
+            aborted: Vec::new(),
+        }
+    }
+}
+
 /// An aborted transaction a read_committed fetch must skip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AbortedTxn {
-    pub producer_id: i64,
+    pub producer_id: ProducerId,
     /// The offset of the transaction's first batch in the partition.
-    pub first_offset: i64,
+    pub first_offset: Offset,
 }
 
 pub struct Read {
@@ -271,7 +286,7 @@ pub struct WaitItem {
     pub topic: String,
     pub partition: i32,
     /// The wait ends once the partition's visible end is past this offset.
-    pub offset: i64,
+    pub offset: Offset,
 }
 
 pub struct Wait {
@@ -290,7 +305,7 @@ pub struct ListOffsetsItem {
     /// -2 earliest, -1 latest, else the first offset at or after this time.
     pub timestamp: i64,
     /// The requester's view of the leader epoch (KIP-320), -1 if none.
-    pub current_leader_epoch: i32,
+    pub current_leader_epoch: LeaderEpoch,
 }
 
 pub struct ListOffsets {
@@ -303,11 +318,11 @@ pub struct ListOffsets {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListedOffset {
     /// The offset found, -1 if none.
-    pub offset: i64,
+    pub offset: Offset,
     /// The timestamp of the record found, -1 for earliest and latest (or none found).
     pub timestamp: i64,
     /// The leader epoch of the record found (the current one for latest), -1 if none.
-    pub leader_epoch: i32,
+    pub leader_epoch: LeaderEpoch,
 }
 
 /// The partitions of ListOffsets v0 requests.
@@ -325,14 +340,14 @@ pub struct OffsetsBefore {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentTimes {
     pub offset_times: Vec<SegmentTime>,
-    pub high_watermark: Option<i64>,
+    pub high_watermark: Option<Offset>,
 }
 
 /// One entry of [`SegmentTimes`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentTime {
     /// A segment's base offset (at least the log start), or the log end offset.
-    pub offset: i64,
+    pub offset: Offset,
     /// The segment file's modification time, or the time now for the log end (ms).
     pub time_ms: i64,
 }
@@ -343,7 +358,7 @@ pub struct DeleteRecordsItem {
     pub topic: String,
     pub partition: i32,
     /// Delete every record before this offset; -1: the high watermark.
-    pub before_offset: i64,
+    pub before_offset: Offset,
 }
 
 pub struct DeleteRecords {
@@ -412,7 +427,7 @@ pub struct NewTopicConfig {
 pub struct ManualAssignment {
     pub partition: i32,
     /// The replicas' broker ids, the preferred leader first.
-    pub broker_ids: Vec<i32>,
+    pub broker_ids: Vec<BrokerId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -719,7 +734,7 @@ pub struct TxnEnd {
 pub struct TxnVerify {
     pub partition: i32,
     pub transactional_id: String,
-    pub producer_id: i64,
+    pub producer_id: ProducerId,
     pub producer_epoch: i16,
     pub partitions: Vec<TopicPartition>,
 }
@@ -738,7 +753,7 @@ pub struct TxnList {
 pub struct MarkerItem {
     pub topic: String,
     pub partition: i32,
-    pub producer_id: i64,
+    pub producer_id: ProducerId,
     pub producer_epoch: i16,
     pub commit: bool,
     pub coordinator_epoch: i32,

@@ -439,11 +439,12 @@ fn manual_assignments(state: &ClusterState, t: &NewTopic) -> Result<Vec<Vec<Brok
                 format!("partition {index} is assigned more than once"),
             ));
         }
+        let replicas: Vec<BrokerId> = replicas.iter().map(|b| b.get()).collect();
         state
-            .check_manual_assignment(*index, replicas, rf)
+            .check_manual_assignment(*index, &replicas, rf)
             .map_err(|e| to_api_error(&e))?;
         rf = Some(replicas.len());
-        by_index.insert(*index, replicas.clone());
+        by_index.insert(*index, replicas);
     }
     // Indexes are distinct: they are 0..n exactly when the largest is n - 1.
     let n = by_index.len() as i32;
@@ -640,7 +641,10 @@ mod tests {
                 .iter()
                 .map(|(i, r)| ManualAssignment {
                     partition: *i,
-                    broker_ids: r.to_vec(),
+                    broker_ids: r
+                        .iter()
+                        .map(|b| crate::base::ids::BrokerId::new(*b))
+                        .collect(),
                 })
                 .collect(),
         }

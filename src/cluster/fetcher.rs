@@ -20,7 +20,7 @@ use kafka_protocol::messages::fetch_request::{
 use kafka_protocol::messages::offset_for_leader_epoch_request::{
     OffsetForLeaderEpochRequest, OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
-use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::messages::TopicName;
 use sluice_client::aio::{self, Conn};
 use sluice_replication::cluster::{Applied, Command, IsrChange};
 use sluice_replication::isr::{self, FollowerPhase, LogOpKind};
@@ -28,6 +28,7 @@ use sluice_storage::batch;
 
 use crate::base::error::ApiError;
 use crate::base::fetch_session::{self, PartKey, PartReq, TopicKey};
+use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::rpc::Propose;
 use crate::base::util::{join_all, sb};
 use crate::partition::broker::{Broker, PartitionEvents};
@@ -60,7 +61,7 @@ impl Replication {
 }
 
 impl PartitionEvents for Replication {
-    fn follow(&self, broker: &Rc<Broker>, leader: i32) {
+    fn follow(&self, broker: &Rc<Broker>, leader: NodeId) {
         glommio::spawn_local(fetcher(Rc::downgrade(broker), leader)).detach();
     }
 
@@ -338,7 +339,7 @@ enum Round {
 }
 
 /// Fetches for every partition this shard follows from `leader`, until there are none.
-pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
+pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
     let mut conn: Option<Conn> = None;
     // The incremental fetch session with the leader (KIP-227): full fetch first, then
     // only the partitions whose fetch position changed, joined or left.
@@ -353,7 +354,11 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
         let parts: Vec<Rc<Replica>> = b
             .replicas()
             .into_iter()
-            .filter(|r| r.state().follower().is_some_and(|f| f.leader() == leader))
+            .filter(|r| {
+                r.state()
+                    .follower()
+                    .is_some_and(|f| f.leader() == leader.get())
+            })
             .collect();
         if parts.is_empty() {
             b.fetcher_stopped(leader);
@@ -370,7 +375,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             match connect(&addr.host, addr.port, max_wait).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
-                    tracing::debug!(leader, error = %e, "replica fetcher cannot reach the leader");
+                    tracing::debug!(%leader, error = %e, "replica fetcher cannot reach the leader");
                     drop(b);
                     glommio::timer::sleep(RETRY).await;
                     continue;
@@ -378,7 +383,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             }
         }
         let c = conn.as_mut().expect("connected");
-        let me = b.config.node_id;
+        let me = b.config.broker_id();
         drop(b);
         let joined = async {
             match &wake {
@@ -403,7 +408,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
             Ok(Round::Fetched) => backoff = RETRY_FIRST,
             Ok(Round::Interrupted) => {
                 tracing::debug!(
-                    leader,
+                    %leader,
                     "a partition joined during the poll; fetching again at once"
                 );
                 conn = None;
@@ -415,7 +420,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: i32) {
                 backoff = (backoff * 2).min(RETRY);
             }
             Err(e) => {
-                tracing::debug!(leader, error = %e, "replica fetch failed; reconnecting");
+                tracing::debug!(%leader, error = %e, "replica fetch failed; reconnecting");
                 conn = None;
                 session.failed();
                 glommio::timer::sleep(RETRY).await;
@@ -442,8 +447,10 @@ fn by_topic<P>(parts: impl Iterator<Item = (String, P)>) -> impl Iterator<Item =
     out.into_iter()
 }
 
-fn follower_state(r: &Replica) -> Option<(FollowerPhase, i32)> {
-    r.state().follower().map(|f| (f.phase(), f.leader_epoch()))
+fn follower_state(r: &Replica) -> Option<(FollowerPhase, LeaderEpoch)> {
+    r.state()
+        .follower()
+        .map(|f| (f.phase(), LeaderEpoch::new(f.leader_epoch())))
 }
 
 /// OffsetForLeaderEpoch for the partitions that must truncate, then the truncations.
@@ -456,14 +463,14 @@ fn follower_state(r: &Replica) -> Option<(FollowerPhase, i32)> {
 /// operation still running) is skipped and asked again next round.
 async fn truncate_phase(
     c: &mut Conn,
-    me: i32,
+    me: NodeId,
     parts: &[Rc<Replica>],
 ) -> Result<bool, FetcherError> {
-    let todo: Vec<(&Rc<Replica>, i32, i32)> = parts
+    let todo: Vec<(&Rc<Replica>, LeaderEpoch, LeaderEpoch)> = parts
         .iter()
         .filter_map(|r| {
             let (epoch, latest) = r.state().epoch_request()?;
-            Some((r, epoch, latest))
+            Some((r, LeaderEpoch::new(epoch), LeaderEpoch::new(latest)))
         })
         .collect();
     if todo.is_empty() {
@@ -472,8 +479,8 @@ async fn truncate_phase(
     let topics = by_topic(todo.iter().map(|(r, epoch, latest)| {
         let p = OffsetForLeaderPartition::default()
             .with_partition(r.partition)
-            .with_current_leader_epoch(*epoch)
-            .with_leader_epoch(*latest);
+            .with_current_leader_epoch(epoch.get())
+            .with_leader_epoch(latest.get());
         (r.topic.clone(), p)
     }))
     .map(|(topic, partitions)| {
@@ -483,7 +490,7 @@ async fn truncate_phase(
     })
     .collect();
     let req = OffsetForLeaderEpochRequest::default()
-        .with_replica_id(BrokerId(me))
+        .with_replica_id(me.into())
         .with_topics(topics);
     let resp = c.call(4, &req).await.map_err(FetcherError::Call)?;
     // Found by index: a search per answered partition was quadratic when thousands of
@@ -503,8 +510,10 @@ async fn truncate_phase(
                 tracing::debug!(topic = %r.topic, partition = r.partition, code = p.error_code, "OffsetForLeaderEpoch refused");
                 continue;
             }
-            let local_end = r.log.log_end_offset();
-            let op = match r.begin_truncation(*epoch, p.leader_epoch, p.end_offset) {
+            let local_end = r.log_end();
+            let (leader_epoch, leader_end) =
+                (LeaderEpoch::new(p.leader_epoch), Offset::new(p.end_offset));
+            let op = match r.begin_truncation(*epoch, leader_epoch, leader_end) {
                 Ok(Some(op)) => op,
                 Ok(None) => continue,
                 Err(e) => {
@@ -515,7 +524,7 @@ async fn truncate_phase(
             let LogOpKind::Truncate { to } = op.kind() else {
                 unreachable!("begin_truncation began {:?}", op.kind())
             };
-            tracing::warn!(topic = %r.topic, partition = r.partition, from = local_end, to, "truncating to the leader's log");
+            tracing::warn!(topic = %r.topic, partition = r.partition, from = %local_end, to, "truncating to the leader's log");
             if let Err(e) = r.log.truncate_to(to).await {
                 // Not truncated: ending it as not done sends the follower (if it still
                 // follows) back to truncating; it must not fetch from a divergent end.
@@ -526,7 +535,16 @@ async fn truncate_phase(
                     source: e,
                 });
             }
-            op.finish(Some(to));
+            op.finish(Some(Offset::new(to)));
+            // Pair assertion: the log now ends at or below the cut the state machine
+            // asked for (a cut is rounded down to a batch start) and where it ended.
+            assert!(
+                r.log_end() <= Offset::new(to).min(local_end),
+                "{}-{}: truncated from {local_end} to {to}, the log ends at {}",
+                r.topic,
+                r.partition,
+                r.log_end()
+            );
         }
     }
     Ok(todo
@@ -539,22 +557,19 @@ async fn truncate_phase(
 /// what changed and the answer only partitions with news.
 async fn fetch_phase(
     c: &mut Conn,
-    me: i32,
+    me: NodeId,
     parts: &[Rc<Replica>],
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
 ) -> Result<Round, FetcherError> {
-    for r in parts
-        .iter()
-        .filter(|r| r.log.log_end_offset() > r.durable_end())
-    {
+    for r in parts.iter().filter(|r| r.log_end() > r.durable_end()) {
         if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
             sync_tail(r, epoch).await?;
         }
     }
     // With the fetch offset each partition asks from (its durable end).
-    let fetching: Vec<(&Rc<Replica>, i32, i64)> = parts
+    let fetching: Vec<(&Rc<Replica>, LeaderEpoch, Offset)> = parts
         .iter()
         .filter_map(|r| match follower_state(r) {
             Some((FollowerPhase::Fetching, epoch)) => Some((r, epoch, r.durable_end())),
@@ -569,17 +584,26 @@ async fn fetch_phase(
         .map(|(r, epoch, fetch_offset)| {
             let req = PartReq {
                 fetch_offset: *fetch_offset,
-                log_start_offset: r.log.log_start_offset(),
+                log_start_offset: r.log_start(),
                 max_bytes: FETCH_PARTITION_BYTES,
                 current_leader_epoch: *epoch,
-                last_fetched_epoch: -1,
+                last_fetched_epoch: LeaderEpoch::NONE,
             };
+            // A follower asks from what it holds durably: never past its log.
+            assert!(
+                *fetch_offset <= r.log_end() && req.log_start_offset <= *fetch_offset,
+                "{}-{}: fetch from {fetch_offset} outside its log [{}, {}]",
+                r.topic,
+                r.partition,
+                req.log_start_offset,
+                r.log_end()
+            );
             ((TopicKey::Name(r.topic.clone()), r.partition), req)
         })
         .collect();
     let built = session.build(&next);
     let req = FetchRequest::default()
-        .with_replica_id(BrokerId(me))
+        .with_replica_id(me.into())
         .with_max_wait_ms(wait.as_millis() as i32)
         .with_min_bytes(1)
         .with_max_bytes(FETCH_BYTES)
@@ -621,17 +645,18 @@ async fn fetch_phase(
                 let code = ResponseError::try_from_code(p.error_code);
                 tracing::debug!(topic = %r.topic, partition = r.partition, ?code, "replica fetch refused");
                 if code == Some(ResponseError::OffsetOutOfRange) {
-                    let reset = match p.log_start_offset > *fetch_offset {
-                        true => r.begin_reset(*epoch, p.log_start_offset).ok(),
+                    let leader_start = Offset::new(p.log_start_offset);
+                    let reset = match leader_start > *fetch_offset {
+                        true => r.begin_reset(*epoch, leader_start).ok(),
                         false => None,
                     };
                     if let Some(op) = reset {
                         // Behind the leader's log start (it deleted what we lack, by
                         // retention or DeleteRecords): drop our log and resume at its
                         // log start, as Kafka's truncate-fully-and-start-at does.
-                        let start = p.log_start_offset;
-                        tracing::warn!(topic = %r.topic, partition = r.partition, from = *fetch_offset, to = start, "behind the leader's log start; starting over there");
-                        if let Err(e) = r.log.reset_to(start).await {
+                        let start = leader_start;
+                        tracing::warn!(topic = %r.topic, partition = r.partition, from = %fetch_offset, to = %start, "behind the leader's log start; starting over there");
+                        if let Err(e) = r.log.reset_to(start.get()).await {
                             tracing::error!(topic = %r.topic, partition = r.partition, error = %e, "cannot move the log to the leader's start");
                             op.finish(None);
                             continue;
@@ -645,7 +670,11 @@ async fn fetch_phase(
                 continue;
             }
             let records = p.records.unwrap_or_default();
-            answered.push((i, records, p.high_watermark, p.log_start_offset));
+            let (hw, start) = (
+                Offset::new(p.high_watermark),
+                Offset::new(p.log_start_offset),
+            );
+            answered.push((i, records, hw, start));
         }
     }
     // The partitions' appends and syncs run side by side: one after the other, a round
@@ -684,8 +713,8 @@ async fn fetch_phase(
         // The leader's log start moved (DeleteRecords, retention): follow it as far
         // as this log reaches, so deleted records do not come back after a failover.
         let start = log_start.min(r.durable_end());
-        if start > r.log.log_start_offset() && r.follows_in(*epoch) {
-            match r.log.delete_records_before(start).await {
+        if start > r.log_start() && r.follows_in(*epoch) {
+            match r.log.delete_records_before(start.get()).await {
                 Ok(_) => r.log_start_moved(start),
                 Err(e) => {
                     tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "following the leader's log start failed");
@@ -713,9 +742,9 @@ fn fetch_topics(parts: Vec<(PartKey, PartReq)>) -> Vec<FetchTopic> {
     by_topic(parts.into_iter().map(|((topic, partition), r)| {
         let p = FetchPartition::default()
             .with_partition(partition)
-            .with_current_leader_epoch(r.current_leader_epoch)
-            .with_fetch_offset(r.fetch_offset)
-            .with_log_start_offset(r.log_start_offset)
+            .with_current_leader_epoch(r.current_leader_epoch.get())
+            .with_fetch_offset(r.fetch_offset.get())
+            .with_log_start_offset(r.log_start_offset.get())
             .with_partition_max_bytes(r.max_bytes);
         (topic_name(topic), p)
     }))
@@ -748,7 +777,7 @@ fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
 /// appends (its successor holds them too). Without it the fetch would ask from the
 /// durable end, where the log does not end, and the follower would truncate again,
 /// forever. A tail that grew since that check is sent back to truncation.
-async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
+async fn sync_tail(r: &Rc<Replica>, epoch: LeaderEpoch) -> Result<(), FetcherError> {
     let op = match r.begin_tail_sync(epoch) {
         Ok(Some(op)) => op,
         // Grown since the truncation kept it (nothing should append to a follower's
@@ -760,8 +789,8 @@ async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
         }
         Ok(None) | Err(_) => return Ok(()),
     };
-    let (from, end) = (r.durable_end(), r.log.log_end_offset());
-    tracing::info!(topic = %r.topic, partition = r.partition, from, to = end, "syncing the log's tail past its durable end before fetching");
+    let (from, end) = (r.durable_end(), r.log_end());
+    tracing::info!(topic = %r.topic, partition = r.partition, %from, to = %end, "syncing the log's tail past its durable end before fetching");
     r.log.flush().await.map_err(|e| FetcherError::Append {
         topic: r.topic.clone(),
         partition: r.partition,
@@ -779,8 +808,8 @@ async fn sync_tail(r: &Rc<Replica>, epoch: i32) -> Result<(), FetcherError> {
 /// report anything.
 async fn append_fetched(
     r: &Rc<Replica>,
-    epoch: i32,
-    fetch_offset: i64,
+    epoch: LeaderEpoch,
+    fetch_offset: Offset,
     records: &Bytes,
 ) -> Result<bool, FetcherError> {
     let batches = batch::split_batches(records).map_err(|e| FetcherError::Parse {
@@ -806,19 +835,20 @@ async fn append_fetched(
         // Anything else appended (the leader fence refuses a deposed leader's late
         // write; this is the second guard): truncate again.
         // (Returning drops `op`: the operation ends as not done.)
-        if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
+        if !r.follows_in(epoch) || r.log_end() != expected_end {
             return Ok(false);
         }
-        if h.base_offset < expected_end {
+        if Offset::new(h.base_offset) < expected_end {
             return Ok(false);
         }
-        let Ok(new_epoch) = op.fetched_batch(h.leader_epoch, h.base_offset) else {
+        let batch_epoch = LeaderEpoch::new(h.leader_epoch);
+        let Ok(new_epoch) = op.fetched_batch(batch_epoch, Offset::new(h.base_offset)) else {
             return Ok(false);
         };
         if new_epoch {
             // The new epoch's entry is durable before any batch of that epoch.
             r.epochs_durable().await.map_err(FetcherError::Checkpoint)?;
-            if !r.follows_in(epoch) || r.log.log_end_offset() != expected_end {
+            if !r.follows_in(epoch) || r.log_end() != expected_end {
                 return Ok(false);
             }
         }
@@ -828,7 +858,7 @@ async fn append_fetched(
             .await
             .map_err(append_error)?;
         writes.extend(staged);
-        expected_end = h.last_offset() + 1;
+        expected_end = Offset::new(h.last_offset()).next();
     }
     for staged in writes {
         r.log.written(staged).await.map_err(append_error)?;
@@ -837,6 +867,15 @@ async fn append_fetched(
     // Flushed: the state machine counts it if the log still ends there, whatever the
     // role is now; the follower reports it only if it still follows in `epoch`.
     let ended = op.finish(Some(expected_end));
+    // Pair assertion: an append counted as held moved the durable end to where the
+    // fetched batches end.
+    assert!(
+        !ended.durable_moved || r.durable_end() == expected_end,
+        "{}-{}: appended up to {expected_end}, durable end {}",
+        r.topic,
+        r.partition,
+        r.durable_end()
+    );
     Ok(ended.durable_moved && r.follows_in(epoch))
 }
 

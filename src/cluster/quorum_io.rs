@@ -796,14 +796,14 @@ pub fn image_of(
     MetadataImage {
         epoch,
         cluster_id: state.cluster_id.clone(),
-        controller_id,
+        controller_id: crate::base::ids::BrokerId::new(controller_id),
         registered,
         brokers: state
             .brokers
             .values()
             .map(|b| {
                 (
-                    b.id,
+                    crate::base::ids::BrokerId::new(b.id),
                     BrokerMeta {
                         host: b.host.clone(),
                         port: b.port,

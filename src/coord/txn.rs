@@ -30,6 +30,7 @@ use sluice_coordinator::txn::{
 };
 
 use crate::base::error::{self, ApiError};
+use crate::base::ids::{BrokerId, LeaderEpoch, ProducerId};
 use crate::base::rpc::{self, PartitionCode, TxnCall};
 use crate::base::util::sb;
 use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
@@ -189,7 +190,11 @@ impl TxnShell {
         // with an exhausted epoch): the spare, else one from the controller.
         let fresh = match self.spare_id.take() {
             Some(id) => id,
-            None => b.control(rpc::AllocateProducerId).await.and_then(|r| r)?,
+            None => b
+                .control(rpc::AllocateProducerId)
+                .await
+                .and_then(|r| r)?
+                .get(),
         };
         let token = InitToken(self.rt.next_token());
         let rx = self.pending_inits.register(token, ());
@@ -256,7 +261,7 @@ impl TxnShell {
             .borrow()
             .verify_partitions(
                 &c.transactional_id,
-                c.producer_id,
+                c.producer_id.get(),
                 c.producer_epoch,
                 &coordinator_keys(&c.partitions),
             )
@@ -404,6 +409,7 @@ impl TxnShell {
             .replica(TXN_STATE_TOPIC, partition)
             .ok()
             .and_then(|r| r.leader_epoch())
+            .map(LeaderEpoch::get)
     }
 }
 
@@ -420,7 +426,8 @@ impl Replay for TxnShell {
             .replica(TXN_STATE_TOPIC, partition)
             .map_err(|e| ApiError::with(ResponseError::CoordinatorLoadInProgress, e.to_string()))?
             .leader_epoch()
-            .ok_or_else(|| ApiError::new(ResponseError::NotCoordinator))?;
+            .ok_or_else(|| ApiError::new(ResponseError::NotCoordinator))?
+            .get();
         let mut fx = TxnEffects::default();
         self.coord
             .borrow_mut()
@@ -522,7 +529,7 @@ async fn send_markers(
 ) -> Result<Vec<((String, i32), MarkerResult)>, String> {
     let node = image
         .brokers
-        .get(&leader)
+        .get(&BrokerId::new(leader))
         .ok_or_else(|| format!("broker {leader} is not registered"))?;
     let addr = aio::resolve(&node.host, node.port).await?;
     let mut conn = Conn::connect(addr, "sluice-txn-markers", Some(Duration::from_secs(1)))
@@ -660,7 +667,7 @@ async fn verify(
             let call = rpc::TxnVerify {
                 partition: state_partition,
                 transactional_id: txn_id.to_string(),
-                producer_id,
+                producer_id: ProducerId::new(producer_id),
                 producer_epoch: epoch,
                 partitions: vec![TopicPartition::new(topic, partition)],
             };
@@ -710,7 +717,7 @@ async fn verify_remote(
     use kafka_protocol::messages::{AddPartitionsToTxnRequest, TransactionalId};
     let node = image
         .brokers
-        .get(&leader)
+        .get(&BrokerId::new(leader))
         .ok_or_else(|| format!("broker {leader} is not registered"))?;
     let addr = aio::resolve(&node.host, node.port).await?;
     let mut conn = Conn::connect(addr, "sluice-txn-verify", Some(Duration::from_secs(1)))

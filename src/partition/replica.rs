@@ -51,6 +51,7 @@ use sluice_replication::isr::{
 use sluice_storage::PartitionLog;
 
 use crate::base::error::{self, ApiError};
+use crate::base::ids::{BrokerId, LeaderEpoch, Offset};
 use crate::base::util::{Sequencer, Turn};
 
 const CHECKPOINT: &str = "leader-epoch-checkpoint";
@@ -58,7 +59,7 @@ const CHECKPOINT: &str = "leader-epoch-checkpoint";
 /// The `replica_id` of a read by a consumer that may be served by a follower (Kafka's
 /// `-2`, and any consumer's Fetch v11+, KIP-392): a follower answers it up to its own
 /// high watermark. A plain consumer read (`-1`, Fetch v0–v10) needs the leader.
-pub const ANY_REPLICA_CONSUMER: i32 = -2;
+pub const ANY_REPLICA_CONSUMER: BrokerId = BrokerId::new(-2);
 
 pub struct Replica {
     pub topic: String,
@@ -85,7 +86,7 @@ pub struct Replica {
     checkpoint_state: CheckpointState,
     /// The log end a leader's periodic check last saw past its durable end
     /// ([`Replica::unflushed_tail`]).
-    unflushed_seen: Cell<Option<i64>>,
+    unflushed_seen: Cell<Option<Offset>>,
     /// A flush that check asked for runs ([`Replica::flush_tail`]).
     tail_flushing: Cell<bool>,
 }
@@ -212,7 +213,7 @@ fn not_leader() -> ApiError {
 /// (new replica, new leader or new leader epoch: it must truncate, then fetch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Follow {
-    pub leader: i32,
+    pub leader: BrokerId,
     pub joined: bool,
 }
 
@@ -231,13 +232,17 @@ impl LogOpGuard<'_> {
 
     /// During an append: a fetched batch of `batch_epoch` starts at `base`. True if the
     /// epoch history changed: its checkpoint must be durable before the batch goes in.
-    pub(crate) fn fetched_batch(&self, batch_epoch: i32, base: i64) -> Result<bool, ReplicaError> {
+    pub(crate) fn fetched_batch(
+        &self,
+        batch_epoch: LeaderEpoch,
+        base: Offset,
+    ) -> Result<bool, ReplicaError> {
         let op = self.op.as_ref().expect("an unfinished operation");
-        let changed = self
-            .replica
-            .state
-            .borrow_mut()
-            .fetched_batch(op, batch_epoch, base)?;
+        let changed =
+            self.replica
+                .state
+                .borrow_mut()
+                .fetched_batch(op, batch_epoch.get(), base.get())?;
         if changed {
             self.replica.persist_epochs();
         }
@@ -245,7 +250,7 @@ impl LogOpGuard<'_> {
     }
 
     /// Ends the operation: `durable_end` as [`ReplicaState::end_op`] takes it.
-    pub(crate) fn finish(mut self, durable_end: Option<i64>) -> OpEnded {
+    pub(crate) fn finish(mut self, durable_end: Option<Offset>) -> OpEnded {
         let op = self.op.take().expect("an unfinished operation");
         self.replica.end_op(op, durable_end)
     }
@@ -332,24 +337,34 @@ impl Replica {
         Ref::map(self.state.borrow(), |s| s.role())
     }
 
-    pub fn durable_end(&self) -> i64 {
-        self.state.borrow().durable()
+    pub fn durable_end(&self) -> Offset {
+        Offset::new(self.state.borrow().durable())
     }
 
-    pub fn high_watermark(&self) -> i64 {
-        self.state.borrow().high_watermark()
+    pub fn high_watermark(&self) -> Offset {
+        Offset::new(self.state.borrow().high_watermark())
+    }
+
+    /// The log end offset (what the log holds, durable or not).
+    pub fn log_end(&self) -> Offset {
+        Offset::new(self.log.log_end_offset())
+    }
+
+    /// The log start offset.
+    pub fn log_start(&self) -> Offset {
+        Offset::new(self.log.log_start_offset())
     }
 
     /// The leader epoch if this replica leads.
-    pub fn leader_epoch(&self) -> Option<i32> {
-        self.state.borrow().leader_epoch()
+    pub fn leader_epoch(&self) -> Option<LeaderEpoch> {
+        self.state.borrow().leader_epoch().map(LeaderEpoch::new)
     }
 
     /// The leader epoch `offset` was written in, by this replica's epoch history (-1 if
     /// unknown): what ListOffsets answers beside an offset it found, so that a client
     /// validating its position (KIP-320) asks about the right epoch.
-    pub fn epoch_of(&self, offset: i64) -> i32 {
-        self.state.borrow().epochs().epoch_for(offset)
+    pub fn epoch_of(&self, offset: Offset) -> LeaderEpoch {
+        LeaderEpoch::new(self.state.borrow().epochs().epoch_for(offset.get()))
     }
 
     /// Whether this replica leads with a high watermark still below the start of its
@@ -468,8 +483,8 @@ impl Replica {
     /// Makes a leader's appends so far durable (as the topic's flush policy asks) and
     /// counts them, if this replica still leads in `epoch`: a deposed leader's late
     /// appends must never count as held (the fetcher truncates them away).
-    pub async fn flush(&self, epoch: i32) -> Result<(), ApiError> {
-        let end = self.log.log_end_offset();
+    pub async fn flush(&self, epoch: LeaderEpoch) -> Result<(), ApiError> {
+        let end = self.log_end();
         self.log
             .flush_for_ack()
             .await
@@ -477,8 +492,18 @@ impl Replica {
         let moved = self
             .state
             .borrow_mut()
-            .leader_flushed(epoch, end, self.log.log_end_offset())
+            .leader_flushed(epoch.get(), end.get(), self.log.log_end_offset())
             .map_err(|_| not_leader())?;
+        // Pair assertion: a leader that counted its flush holds durably what it had
+        // before the flush, and its high watermark stays within that.
+        let durable = self.durable_end();
+        assert!(
+            durable >= end.min(self.log_end()) && self.high_watermark() <= durable,
+            "{}-{}: flushed to {end}, durable end {durable}, high watermark {}",
+            self.topic,
+            self.partition,
+            self.high_watermark()
+        );
         if moved {
             self.notify();
         }
@@ -489,22 +514,26 @@ impl Replica {
     /// just became (or stays) a follower.
     pub fn reconcile(
         self: &Rc<Self>,
-        me: i32,
+        me: BrokerId,
         a: &PartitionState,
         lag_max_ms: u64,
     ) -> Option<Follow> {
         let end = self.log.log_end_offset();
         let before = self.leader_epoch();
+        let hw_before = self.high_watermark();
         let r = self
             .state
             .borrow_mut()
-            .reconcile(me, a, end, now_ms(), lag_max_ms);
+            .reconcile(me.get(), a, end, now_ms(), lag_max_ms);
         if r.epochs_changed {
             self.persist_epochs();
         }
         let (leading, pending) = {
             let s = self.state.borrow();
-            (s.leader_epoch(), s.pending_leader_epoch())
+            (
+                s.leader_epoch().map(LeaderEpoch::new),
+                s.pending_leader_epoch(),
+            )
         };
         // Pair assertions: what the state machine established, checked where the shell
         // takes it. A replica's leader epoch never goes back (images arrive in order),
@@ -518,15 +547,47 @@ impl Replica {
             );
         }
         assert!(
-            self.high_watermark() <= self.log.log_end_offset(),
+            self.high_watermark() <= self.log_end(),
             "{}-{}: high watermark {} above the log end {}",
             self.topic,
             self.partition,
             self.high_watermark(),
-            self.log.log_end_offset()
+            self.log_end()
         );
+        // Adopting an assignment moves no log: a leader that stays leader in the same
+        // epoch keeps its high watermark (it never goes back under a leader).
+        if leading.is_some() && leading == before {
+            assert!(
+                self.high_watermark() >= hw_before,
+                "{}-{}: high watermark went back from {hw_before} to {} in epoch {:?}",
+                self.topic,
+                self.partition,
+                self.high_watermark(),
+                leading
+            );
+        }
+        // The assignment adopted is the one this replica now acts on: leading means the
+        // assignment names it leader in that epoch; following means it does not lead.
+        if let Some(epoch) = leading {
+            assert!(
+                a.leader == me.get() && a.leader_epoch == epoch.get(),
+                "{}-{}: leads in epoch {epoch} but the assignment says leader {} epoch {}",
+                self.topic,
+                self.partition,
+                a.leader,
+                a.leader_epoch
+            );
+        }
+        if let Some((leader, _)) = r.follow {
+            assert!(
+                leading.is_none() && leader != me.get(),
+                "{}-{}: follows {leader} while leading in {leading:?}",
+                self.topic,
+                self.partition
+            );
+        }
         if let (Some(epoch), true) = (leading, leading != before) {
-            tracing::info!(topic = %self.topic, partition = self.partition, epoch, isr = ?a.isr, "leading");
+            tracing::info!(topic = %self.topic, partition = self.partition, %epoch, isr = ?a.isr, "leading");
         } else if let Some(epoch) = pending {
             tracing::info!(topic = %self.topic, partition = self.partition, epoch, "leading once the fetcher's log operation on this partition ends");
         } else if let Some((leader, true)) = r.follow {
@@ -535,18 +596,32 @@ impl Replica {
         if r.changed {
             self.notify();
         }
-        r.follow.map(|(leader, joined)| Follow { leader, joined })
+        r.follow.map(|(leader, joined)| Follow {
+            leader: BrokerId::new(leader),
+            joined,
+        })
     }
 
     /// Ends a log operation (through its [`LogOpGuard`]).
-    fn end_op(self: &Rc<Self>, op: LogOp, durable_end: Option<i64>) -> OpEnded {
+    fn end_op(self: &Rc<Self>, op: LogOp, durable_end: Option<Offset>) -> OpEnded {
         let kind = op.kind;
-        let ended =
-            self.state
-                .borrow_mut()
-                .end_op(op, durable_end, self.log.log_end_offset(), now_ms());
+        let ended = self.state.borrow_mut().end_op(
+            op,
+            durable_end.map(Offset::get),
+            self.log.log_end_offset(),
+            now_ms(),
+        );
         match ended {
             Ok(ended) => {
+                // Pair assertion: a log operation that moved the durable end moved it
+                // to the end its caller made durable.
+                assert!(
+                    !ended.durable_moved || durable_end == Some(self.durable_end()),
+                    "{}-{}: {kind:?} ended at {durable_end:?}, durable end {}",
+                    self.topic,
+                    self.partition,
+                    self.durable_end()
+                );
                 if ended.epochs_changed {
                     self.persist_epochs();
                 }
@@ -568,22 +643,33 @@ impl Replica {
     /// nothing to cut; `Ok(Some(guard))`: truncate the log to the guard's offset.
     pub(crate) fn begin_truncation(
         self: &Rc<Self>,
-        epoch: i32,
-        response_epoch: i32,
-        response_end: i64,
+        epoch: LeaderEpoch,
+        response_epoch: LeaderEpoch,
+        response_end: Offset,
     ) -> Result<Option<LogOpGuard<'_>>, ReplicaError> {
         let entries = self.state.borrow().epochs().entries().len();
         let op = self.state.borrow_mut().begin_truncation(
-            epoch,
+            epoch.get(),
             self.log.log_end_offset(),
-            response_epoch,
-            response_end,
+            response_epoch.get(),
+            response_end.get(),
         )?;
         if op.is_none() && self.state.borrow().epochs().entries().len() != entries {
             // Nothing cut, but epochs past the log end forgotten (KIP-279's next round).
             self.persist_epochs();
         }
         Ok(op.map(|op| {
+            // Pair assertion: a cut the state machine begins is at or below the log end,
+            // and the high watermark followed it down.
+            let log_end = self.log_end();
+            assert!(
+                matches!(op.kind, LogOpKind::Truncate { to } if Offset::new(to) <= log_end)
+                    && self.high_watermark() <= log_end,
+                "{}-{}: truncation {:?} of a log ending at {log_end}",
+                self.topic,
+                self.partition,
+                op.kind
+            );
             // The history was cut (lazily written) and the high watermark may have moved.
             self.persist_epochs();
             self.notify();
@@ -597,13 +683,22 @@ impl Replica {
     /// A fetching follower in `epoch` appends what its fetch from `fetch_offset` got.
     pub(crate) fn begin_append(
         self: &Rc<Self>,
-        epoch: i32,
-        fetch_offset: i64,
+        epoch: LeaderEpoch,
+        fetch_offset: Offset,
     ) -> Result<LogOpGuard<'_>, ReplicaError> {
-        let op =
-            self.state
-                .borrow_mut()
-                .begin_append(epoch, fetch_offset, self.log.log_end_offset())?;
+        let op = self.state.borrow_mut().begin_append(
+            epoch.get(),
+            fetch_offset.get(),
+            self.log.log_end_offset(),
+        )?;
+        // Pair assertion: an append begins only where the log ends.
+        assert_eq!(
+            self.log_end(),
+            fetch_offset,
+            "{}-{}: append begun away from the log end",
+            self.topic,
+            self.partition
+        );
         Ok(LogOpGuard {
             replica: self,
             op: Some(op),
@@ -615,12 +710,12 @@ impl Replica {
     /// sync.
     pub(crate) fn begin_tail_sync(
         self: &Rc<Self>,
-        epoch: i32,
+        epoch: LeaderEpoch,
     ) -> Result<Option<LogOpGuard<'_>>, ReplicaError> {
         let op = self
             .state
             .borrow_mut()
-            .begin_tail_sync(epoch, self.log.log_end_offset())?;
+            .begin_tail_sync(epoch.get(), self.log.log_end_offset())?;
         Ok(op.map(|op| LogOpGuard {
             replica: self,
             op: Some(op),
@@ -630,13 +725,14 @@ impl Replica {
     /// A follower behind the leader's log start starts its log over at `start`.
     pub(crate) fn begin_reset(
         self: &Rc<Self>,
-        epoch: i32,
-        start: i64,
+        epoch: LeaderEpoch,
+        start: Offset,
     ) -> Result<LogOpGuard<'_>, ReplicaError> {
-        let op = self
-            .state
-            .borrow_mut()
-            .begin_reset(epoch, start, self.log.log_end_offset())?;
+        let op = self.state.borrow_mut().begin_reset(
+            epoch.get(),
+            start.get(),
+            self.log.log_end_offset(),
+        )?;
         Ok(LogOpGuard {
             replica: self,
             op: Some(op),
@@ -644,25 +740,38 @@ impl Replica {
     }
 
     /// A fetch response in `epoch` carried the leader's high watermark.
-    pub(crate) fn fetched_high_watermark(&self, epoch: i32, leader_hw: i64) {
-        let _ = self
+    pub(crate) fn fetched_high_watermark(&self, epoch: LeaderEpoch, leader_hw: Offset) {
+        let before = self.high_watermark();
+        let taken = self
             .state
             .borrow_mut()
-            .fetched_high_watermark(epoch, leader_hw);
+            .fetched_high_watermark(epoch.get(), leader_hw.get());
+        // Pair assertion: the high watermark a follower takes from its leader is what
+        // it reports from then on, and never above what it holds durably.
+        if let Ok(hw) = taken {
+            let hw = Offset::new(hw);
+            assert!(
+                hw == self.high_watermark() && hw <= self.durable_end().max(before),
+                "{}-{}: took high watermark {hw} (leader's {leader_hw}, durable end {}, was {before})",
+                self.topic,
+                self.partition,
+                self.durable_end()
+            );
+        }
     }
 
     /// The log's start moved (the leader's, followed): the epoch history follows.
-    pub(crate) fn log_start_moved(&self, start: i64) {
-        self.state.borrow_mut().log_start_moved(start);
+    pub(crate) fn log_start_moved(&self, start: Offset) {
+        self.state.borrow_mut().log_start_moved(start.get());
     }
 
     /// acks=all gate before appending.
-    pub fn check_min_isr(&self, min_insync: usize) -> Result<i32, ApiError> {
+    pub fn check_min_isr(&self, min_insync: usize) -> Result<LeaderEpoch, ApiError> {
         match self.state.borrow().leader() {
             Some(l) => {
                 l.check_min_isr(min_insync)
                     .map_err(|e| ApiError::with(ResponseError::NotEnoughReplicas, e.to_string()))?;
-                Ok(l.leader_epoch())
+                Ok(LeaderEpoch::new(l.leader_epoch()))
             }
             None => Err(not_leader()),
         }
@@ -671,17 +780,30 @@ impl Replica {
     /// Waits until the high watermark covers `end` (acks=all), or the deadline.
     pub async fn wait_acked(
         &self,
-        end: i64,
-        epoch: i32,
+        end: Offset,
+        epoch: LeaderEpoch,
         min_insync: usize,
         timeout: Duration,
     ) -> Result<(), ApiError> {
+        let (end, epoch) = (end.get(), epoch.get());
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let listener = self.progress.listen();
             match self.state.borrow().leader() {
                 Some(l) if l.leader_epoch() == epoch => match l.acked(end, min_insync) {
-                    isr::AckState::Acked => return Ok(()),
+                    isr::AckState::Acked => {
+                        // Pair assertion: acknowledged means covered by the high
+                        // watermark, with enough in-sync replicas.
+                        assert!(
+                            l.high_watermark() >= end && l.isr().len() >= min_insync,
+                            "{}-{}: acked up to {end} with high watermark {} and ISR {:?}",
+                            self.topic,
+                            self.partition,
+                            l.high_watermark(),
+                            l.isr()
+                        );
+                        return Ok(());
+                    }
                     isr::AckState::NotEnoughReplicasAfterAppend => {
                         return Err(ApiError::with(
                             ResponseError::NotEnoughReplicasAfterAppend,
@@ -721,7 +843,40 @@ impl Replica {
     /// checks.
     pub fn fetch_bound(
         &self,
-        replica_id: i32,
+        replica_id: BrokerId,
+        current_leader_epoch: LeaderEpoch,
+        fetch_offset: Offset,
+    ) -> Result<(Offset, Offset, Option<isr::AlterIsr>), ApiError> {
+        let (bound, hw, alter) =
+            self.fetch_bound_raw(replica_id, current_leader_epoch.get(), fetch_offset.get())?;
+        // Pair assertion: a read never goes past the log, nor past the high watermark
+        // it reports unless it is a follower's (which reads the whole log); an ISR
+        // change proposed on a fetch names this leader's epoch and the fetching replica.
+        let (bound, hw) = (Offset::new(bound), Offset::new(hw));
+        assert!(
+            bound <= self.log_end()
+                && hw <= self.log_end()
+                && (replica_id.is_some() || bound <= hw),
+            "{}-{}: fetch bound {bound}, high watermark {hw}, log end {} (replica {replica_id})",
+            self.topic,
+            self.partition,
+            self.log_end()
+        );
+        if let Some(a) = &alter {
+            self.assert_isr_proposal(a);
+            assert!(
+                a.new_isr.contains(&replica_id.get()),
+                "{}-{}: ISR expansion {a:?} on a fetch by {replica_id} leaves it out",
+                self.topic,
+                self.partition
+            );
+        }
+        Ok((bound, hw, alter))
+    }
+
+    fn fetch_bound_raw(
+        &self,
+        replica_id: BrokerId,
         current_leader_epoch: i32,
         fetch_offset: i64,
     ) -> Result<(i64, i64, Option<isr::AlterIsr>), ApiError> {
@@ -735,7 +890,7 @@ impl Replica {
         let Some(l) = state.leader_mut() else {
             return Err(not_leader());
         };
-        if replica_id >= 0 {
+        if replica_id.is_some() {
             // Never record progress the follower cannot have: past our log end (a
             // divergent log) it must truncate first.
             let (start, end) = (self.log.log_start_offset(), self.log.log_end_offset());
@@ -747,7 +902,12 @@ impl Replica {
             }
             let before = l.high_watermark();
             let ok = l
-                .on_follower_fetch(replica_id, current_leader_epoch, fetch_offset, now_ms())
+                .on_follower_fetch(
+                    replica_id.get(),
+                    current_leader_epoch,
+                    fetch_offset,
+                    now_ms(),
+                )
                 .map_err(|e| fetch_error(&e))?;
             if ok.high_watermark != before {
                 drop(state);
@@ -784,19 +944,47 @@ impl Replica {
     }
 
     /// OffsetForLeaderEpoch on the leader: the end offset of `epoch` in this log.
-    pub fn epoch_end(&self, current_leader_epoch: i32, epoch: i32) -> Result<(i32, i64), ApiError> {
-        self.state
+    pub fn epoch_end(
+        &self,
+        current_leader_epoch: LeaderEpoch,
+        epoch: LeaderEpoch,
+    ) -> Result<(LeaderEpoch, Offset), ApiError> {
+        let (found, end) = self
+            .state
             .borrow()
-            .epoch_end(current_leader_epoch, epoch, self.log.log_end_offset())
+            .epoch_end(
+                current_leader_epoch.get(),
+                epoch.get(),
+                self.log.log_end_offset(),
+            )
             .map_err(|e| match e {
                 ReplicaError::Fetch(f) => fetch_error(&f),
                 _ => not_leader(),
-            })
+            })?;
+        Ok((LeaderEpoch::new(found), Offset::new(end)))
     }
 
     /// The leader's periodic ISR check.
     pub fn isr_tick(&self) -> Option<isr::AlterIsr> {
-        self.state.borrow_mut().leader_mut()?.tick(now_ms())
+        let alter = self.state.borrow_mut().leader_mut()?.tick(now_ms());
+        if let Some(a) = &alter {
+            self.assert_isr_proposal(a);
+        }
+        alter
+    }
+
+    /// Pair assertion on an ISR change this leader proposes (what the state machine
+    /// sets, checked before the controller is asked): it is in this leader's current
+    /// epoch, and the leader is in the ISR it publishes.
+    fn assert_isr_proposal(&self, a: &isr::AlterIsr) {
+        let state = self.state.borrow();
+        let leader = state.leader();
+        assert!(
+            leader.is_some_and(|l| l.leader_epoch() == a.leader_epoch && a.new_isr.contains(&l.me())),
+            "{}-{}: ISR change {a:?} proposed by a replica not leading in its epoch, or leaving the leader out",
+            self.topic,
+            self.partition
+        );
     }
 
     /// The leader's periodic check for a tail past its durable end that no produce is
@@ -807,12 +995,12 @@ impl Replica {
     /// log, so only an idle partition keeps such a tail, unacknowledged, below no high
     /// watermark; its records become readable once it is flushed.
     /// While that flush ([`Self::flush_tail`]) runs, none more is asked for.
-    pub(crate) fn unflushed_tail(&self) -> Option<i32> {
+    pub(crate) fn unflushed_tail(&self) -> Option<LeaderEpoch> {
         let epoch = self.leader_epoch()?;
         if self.tail_flushing.get() {
             return None;
         }
-        let end = self.log.log_end_offset();
+        let end = self.log_end();
         let stale = (end > self.durable_end()).then_some(end);
         let again = stale.is_some() && self.unflushed_seen.get() == stale;
         self.unflushed_seen.set(stale);
@@ -821,7 +1009,7 @@ impl Replica {
     }
 
     /// The flush [`Self::unflushed_tail`] asked for.
-    pub(crate) async fn flush_tail(&self, epoch: i32) -> Result<(), ApiError> {
+    pub(crate) async fn flush_tail(&self, epoch: LeaderEpoch) -> Result<(), ApiError> {
         struct Done<'a>(&'a Cell<bool>);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
@@ -833,13 +1021,13 @@ impl Replica {
     }
 
     /// True while this replica follows in leader epoch `epoch`.
-    pub(crate) fn follows_in(&self, epoch: i32) -> bool {
-        self.state.borrow().follows_in(epoch)
+    pub(crate) fn follows_in(&self, epoch: LeaderEpoch) -> bool {
+        self.state.borrow().follows_in(epoch.get())
     }
 
     /// Back to OffsetForLeaderEpoch before any further fetch (same leader and epoch).
-    pub(crate) fn restart_truncation(&self, epoch: i32) {
-        self.state.borrow_mut().restart_truncation(epoch);
+    pub(crate) fn restart_truncation(&self, epoch: LeaderEpoch) {
+        self.state.borrow_mut().restart_truncation(epoch.get());
     }
 
     pub(crate) fn alter_rejected(&self, alter: &isr::AlterIsr) {
@@ -858,7 +1046,7 @@ impl Replica {
 /// end (acks=all on a new topic, or after a leader change, waits for that fetch).
 #[derive(Default)]
 pub struct Fetchers {
-    running: RefCell<HashMap<i32, Rc<FetcherWake>>>,
+    running: RefCell<HashMap<BrokerId, Rc<FetcherWake>>>,
 }
 
 /// Counts the partitions that joined a fetcher, and wakes it when one does.
@@ -889,7 +1077,7 @@ impl FetcherWake {
 impl Fetchers {
     /// A partition of this shard started following `leader`. True if a fetcher for it
     /// must be started; otherwise the running one is woken.
-    pub fn joined(&self, leader: i32) -> bool {
+    pub fn joined(&self, leader: BrokerId) -> bool {
         let mut running = self.running.borrow_mut();
         match running.get(&leader) {
             Some(wake) => {
@@ -905,11 +1093,11 @@ impl Fetchers {
     }
 
     /// The wake-up of the running fetcher for `leader`.
-    pub fn wake(&self, leader: i32) -> Option<Rc<FetcherWake>> {
+    pub fn wake(&self, leader: BrokerId) -> Option<Rc<FetcherWake>> {
         self.running.borrow().get(&leader).cloned()
     }
 
-    pub fn release(&self, leader: i32) {
+    pub fn release(&self, leader: BrokerId) {
         self.running.borrow_mut().remove(&leader);
     }
 }
@@ -957,9 +1145,9 @@ mod tests {
                 let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 1, 10);
-                r.reconcile(1, &leads(3), 0);
+                r.reconcile(BrokerId::new(1), &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
-                r.reconcile(1, &leads(5), 0);
+                r.reconcile(BrokerId::new(1), &leads(5), 0);
                 log.append(&batch, 5).await.unwrap();
                 r.epochs_durable().await.unwrap();
                 log.flush().await.unwrap();
@@ -988,13 +1176,13 @@ mod tests {
                 let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
-                r.reconcile(1, &leads(3), 0);
+                r.reconcile(BrokerId::new(1), &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
                 let mut follows = leads(4);
                 follows.leader = 2;
                 follows.replicas = vec![1, 2];
                 follows.isr = vec![1, 2];
-                r.reconcile(1, &follows, 0);
+                r.reconcile(BrokerId::new(1), &follows, 0);
                 assert!(r.state().follower().is_some());
                 let late = log.append(&batch, 3).await.map(|_| ());
                 let end = log.log_end_offset();
@@ -1025,21 +1213,22 @@ mod tests {
                 let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
-                r.reconcile(1, &leads(3), 0);
+                r.reconcile(BrokerId::new(1), &leads(3), 0);
                 log.append(&batch, 3).await.unwrap();
                 let mut seen = vec![r.high_watermark_lags_epoch_start()];
                 let mut with_follower = leads(4);
                 with_follower.replicas = vec![1, 2];
                 with_follower.isr = vec![1, 2];
-                r.reconcile(1, &with_follower, 0);
+                r.reconcile(BrokerId::new(1), &with_follower, 0);
                 seen.push(r.high_watermark_lags_epoch_start());
-                r.flush_tail(4).await.unwrap();
-                r.fetch_bound(2, 4, 2).unwrap();
+                r.flush_tail(LeaderEpoch::new(4)).await.unwrap();
+                r.fetch_bound(BrokerId::new(2), LeaderEpoch::new(4), Offset::new(2))
+                    .unwrap();
                 seen.push(r.high_watermark_lags_epoch_start());
                 (seen, r.high_watermark())
             })
         });
-        assert_eq!(seen, (vec![false, true, false], 2));
+        assert_eq!(seen, (vec![false, true, false], Offset::new(2)));
     }
 
     /// A leader's tail that no produce flushed is found by two periodic checks in a
@@ -1054,7 +1243,7 @@ mod tests {
                 let log = new_log(&path).await;
                 let r = Replica::open("t", 0, log.clone(), &cp);
                 let batch = sluice_storage::batch::build::simple(1, 2, 10);
-                r.reconcile(1, &leads(3), 0);
+                r.reconcile(BrokerId::new(1), &leads(3), 0);
                 let mut checks = vec![r.unflushed_tail()];
                 // Appended, and its produce gone before the flush.
                 log.append(&batch, 3).await.unwrap();
@@ -1064,13 +1253,14 @@ mod tests {
                 checks.push(r.unflushed_tail());
                 // None more while that flush runs.
                 checks.push(r.unflushed_tail());
-                r.flush_tail(3).await.unwrap();
+                r.flush_tail(LeaderEpoch::new(3)).await.unwrap();
                 checks.push(r.unflushed_tail());
                 (checks, r.durable_end())
             })
         });
-        assert_eq!(checks, [None, None, None, Some(3), None, None]);
-        assert_eq!(durable, 4);
+        let three = Some(LeaderEpoch::new(3));
+        assert_eq!(checks, [None, None, None, three, None, None]);
+        assert_eq!(durable, Offset::new(4));
     }
 
     #[test]
@@ -1095,7 +1285,7 @@ mod tests {
                     replicas.push(Replica::open("t", p, log, &cp));
                 }
                 for r in &replicas {
-                    r.reconcile(1, &leads(7), 0);
+                    r.reconcile(BrokerId::new(1), &leads(7), 0);
                 }
                 let mut results = Vec::new();
                 for r in &replicas {
@@ -1142,8 +1332,8 @@ mod tests {
                     &cp,
                 );
                 // `kept`'s write starts at once; `gone` waits for the next round.
-                kept.reconcile(1, &leads(4), 0);
-                gone.reconcile(1, &leads(4), 0);
+                kept.reconcile(BrokerId::new(1), &leads(4), 0);
+                gone.reconcile(BrokerId::new(1), &leads(4), 0);
                 gone.retire().await;
                 let waited = gone.epochs_durable().await.map_err(|e| e.code);
                 // The writer takes the next round as `kept`'s write ends.
@@ -1210,7 +1400,7 @@ mod tests {
                 // A directory where the checkpoint's temp file must go: the write fails.
                 std::fs::create_dir(log.dir().join("leader-epoch-checkpoint.tmp")).unwrap();
                 let r = Replica::open("t", 0, log, &cp);
-                r.reconcile(1, &leads(1), 0);
+                r.reconcile(BrokerId::new(1), &leads(1), 0);
                 let first = r.epochs_durable().await;
                 // Nothing changed since, and still refused.
                 let later = r.epochs_durable().await;

@@ -14,6 +14,7 @@ use sluice_replication::cluster::Applied;
 use sluice_storage::producer::ActiveProducer;
 
 use crate::base::error::ApiError;
+use crate::base::ids::{Offset, ProducerId};
 use crate::base::rpc::{self, Appended, ReadOut, ShardService};
 use crate::base::util::join_all;
 use crate::cluster::controller::Controller;
@@ -110,7 +111,7 @@ impl ShardService for ShardServer {
         self.broker.describe_logs_local()
     }
 
-    async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<i64, ApiError>> {
+    async fn delete_records(&self, c: rpc::DeleteRecords) -> Vec<Result<Offset, ApiError>> {
         let b = &self.broker;
         let futs = c.items.into_iter().map(|it| b.delete_records_local(it));
         join_all(futs).await
@@ -150,8 +151,14 @@ impl ShardService for ShardServer {
         self.controller().propose(&self.broker, c.0).await
     }
 
-    async fn allocate_producer_id(&self, _: rpc::AllocateProducerId) -> Result<i64, ApiError> {
-        self.controller().next_producer_id(&self.broker).await
+    async fn allocate_producer_id(
+        &self,
+        _: rpc::AllocateProducerId,
+    ) -> Result<ProducerId, ApiError> {
+        self.controller()
+            .next_producer_id(&self.broker)
+            .await
+            .map(ProducerId::new)
     }
 
     async fn join_group(&self, c: rpc::JoinGroup) -> Result<JoinGroupResponse, ApiError> {
@@ -228,7 +235,7 @@ impl ShardService for ShardServer {
             let r = b.write_marker_local(&it).await;
             if r.is_ok() && it.topic == crate::coord::group::OFFSETS_TOPIC {
                 self.groups
-                    .complete_txn(it.partition, it.producer_id, it.commit);
+                    .complete_txn(it.partition, it.producer_id.get(), it.commit);
             }
             r
         });

@@ -25,6 +25,7 @@ use sluice_coordinator::lag::{group_status, PartitionWindow};
 use sluice_protocol::sb;
 
 use super::shard::GroupShell;
+use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::rpc::{ListOffsets, ListOffsetsItem, Read, ReadItem};
 use crate::base::util::now_ms;
 use crate::observe::lag::{GroupLag, LagBoard, PartitionLag};
@@ -231,11 +232,11 @@ impl Sampler {
             .map(|(t, p, o)| ReadItem {
                 topic: t.clone(),
                 partition: *p,
-                offset: *o,
+                offset: Offset::new(*o),
                 // At least one whole batch comes back: the one holding the offset.
                 max_bytes: 1,
-                replica_id: -1,
-                current_leader_epoch: -1,
+                replica_id: NodeId::NONE,
+                current_leader_epoch: LeaderEpoch::NONE,
                 read_committed: false,
             })
             .collect();
@@ -246,7 +247,8 @@ impl Sampler {
         for (pr, out) in prs.into_iter().zip(outs) {
             if out.error.is_none() {
                 let ts = first_timestamp(&out.records, pr.2);
-                seen.insert(pr, seen_of(out.high_watermark, out.last_stable_offset, ts));
+                let (hw, lso) = (out.high_watermark.get(), out.last_stable_offset.get());
+                seen.insert(pr, seen_of(hw, lso, ts));
             } else {
                 retry.push(pr);
             }
@@ -260,7 +262,7 @@ impl Sampler {
                         topic: pr.0.clone(),
                         partition: pr.1,
                         timestamp,
-                        current_leader_epoch: -1,
+                        current_leader_epoch: LeaderEpoch::NONE,
                     })
                     .into(),
                 read_committed: false,
@@ -271,16 +273,16 @@ impl Sampler {
             let (Some(Ok(latest)), Some(Ok(earliest))) = (r.first(), r.get(1)) else {
                 continue;
             };
-            let (hw, start) = (latest.offset, earliest.offset);
+            let (hw, start) = (latest.offset.get(), earliest.offset.get());
             let mut ts = None;
             if pr.2 < start && start < hw {
                 let item = ReadItem {
                     topic: pr.0.clone(),
                     partition: pr.1,
-                    offset: start,
+                    offset: Offset::new(start),
                     max_bytes: 1,
-                    replica_id: -1,
-                    current_leader_epoch: -1,
+                    replica_id: NodeId::NONE,
+                    current_leader_epoch: LeaderEpoch::NONE,
                     read_committed: false,
                 };
                 if let Ok(outs) = broker.call(shard, Read { items: vec![item] }).await {
@@ -306,7 +308,7 @@ impl Sampler {
                 let image = broker.image();
                 let node = image
                     .brokers
-                    .get(&leader)
+                    .get(&NodeId::new(leader))
                     .ok_or(ProbeError::Unregistered(leader))?;
                 let addr = aio::resolve(&node.host, node.port).await?;
                 let conn = Conn::connect(addr, "sluice-lag", Some(REMOTE_TIMEOUT))

@@ -33,8 +33,11 @@ impl Broker {
         let me = self.config.node_id;
         for (name, meta) in &image.topics {
             // The topic's own configs over the dynamic broker defaults.
-            let effective =
-                crate::base::broker_configs::effective_topic_configs(&image, me, &meta.configs);
+            let effective = crate::base::broker_configs::effective_topic_configs(
+                &image,
+                BrokerId::new(me),
+                &meta.configs,
+            );
             let tc = match TopicConfig::parse(&effective) {
                 Ok(tc) => tc,
                 Err(e) => {
@@ -125,11 +128,23 @@ impl Broker {
             return;
         };
         let epoch_before = replica.leader_epoch();
-        let follow = replica.reconcile(self.config.node_id, a, self.config.replica_lag_time_max_ms);
+        let follow = replica.reconcile(
+            self.config.broker_id(),
+            a,
+            self.config.replica_lag_time_max_ms,
+        );
         if replica.leader_epoch() != epoch_before {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }
         if let Some(f) = follow {
+            // Pair assertion: the replica follows the leader the assignment it just
+            // adopted names, never this broker.
+            assert!(
+                f.leader.get() == a.leader && f.leader != self.config.broker_id(),
+                "{name}-{p}: follows {} but the assignment names leader {}",
+                f.leader,
+                a.leader
+            );
             // A partition that starts following wakes the running fetcher (or starts
             // one); one that already followed needs only a fetcher to be running.
             let start = if f.joined || self.fetchers.wake(f.leader).is_none() {

@@ -41,6 +41,7 @@ use sluice_storage::{batch, LogConfig, PartitionLog, Storage};
 
 use crate::base::config::BrokerConfig;
 use crate::base::error::{self, ApiError};
+use crate::base::ids::{BrokerId, LeaderEpoch};
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
     Answer, Answered, Appended, ProduceItem, ReadItem, ReadOut, ShardCall, ShardReq, Wait,
@@ -54,7 +55,7 @@ use crate::partition::replica::{CheckpointWriter, Fetchers, Replica};
 pub trait PartitionEvents {
     /// This shard now follows `leader` for some partition and no fetcher of this shard
     /// fetches from it yet (the replica fetchers start one).
-    fn follow(&self, _broker: &Rc<Broker>, _leader: i32) {}
+    fn follow(&self, _broker: &Rc<Broker>, _leader: BrokerId) {}
     /// A leader here wants its ISR changed (the fetchers' layer proposes it).
     fn propose_isr(&self, _broker: &Rc<Broker>, _replica: &Rc<Replica>, _alter: isr::AlterIsr) {}
     /// The leader epoch of a partition on this shard changed (the group shell forgets
@@ -76,7 +77,7 @@ struct Offline {
     /// batches of that epoch its recovered log lost (a leader serves batches whose
     /// write is still running), so it reopens only once the metadata moved past that
     /// epoch (`Command::ReplicaOffline` bumps it) or another broker leads.
-    led_in: Option<i32>,
+    led_in: Option<LeaderEpoch>,
     attempts: u32,
     next_attempt: Instant,
 }
@@ -164,7 +165,7 @@ impl Broker {
                 cluster_id: String::new(),
                 topics: BTreeMap::new(),
                 brokers: BTreeMap::new(),
-                controller_id: -1,
+                controller_id: BrokerId::NONE,
                 registered: false,
                 broker_configs: BTreeMap::new(),
             })),
@@ -210,7 +211,7 @@ impl Broker {
     /// published partition's slots (`MetadataImage::keep_slots_of`), so its owner never
     /// changes while the process runs.
     pub fn owner(&self, topic: &TopicMeta, partition: i32) -> ShardId {
-        topic.owner(&self.table, self.config.node_id, partition)
+        topic.owner(&self.table, self.config.broker_id(), partition)
     }
 
     /// Installs a subscriber to partition events (start-up only).
@@ -466,7 +467,7 @@ impl Broker {
                 topic: r.topic.clone(),
                 partition: r.partition,
                 leader,
-                high_watermark: r.high_watermark(),
+                high_watermark: r.high_watermark().get(),
                 log_start_offset: r.log.log_start_offset(),
                 log_end_offset: r.log.log_end_offset(),
                 size_bytes: r.log.size_bytes(),
@@ -495,12 +496,15 @@ impl Broker {
     }
 
     /// A follower fetcher found nothing left to fetch from `leader` and stopped.
-    pub fn fetcher_stopped(&self, leader: i32) {
+    pub fn fetcher_stopped(&self, leader: BrokerId) {
         self.fetchers.release(leader);
     }
 
     /// Wakes the running fetcher for `leader` when a partition joins it.
-    pub fn fetcher_wake(&self, leader: i32) -> Option<Rc<crate::partition::replica::FetcherWake>> {
+    pub fn fetcher_wake(
+        &self,
+        leader: BrokerId,
+    ) -> Option<Rc<crate::partition::replica::FetcherWake>> {
         self.fetchers.wake(leader)
     }
 
@@ -529,6 +533,36 @@ impl Broker {
                     "{key:?} open on a shard that does not own it"
                 );
             }
+        }
+        // Pair assertions on what adoption set (`adopt_role` through
+        // `Replica::reconcile`): a replica leads only in the epoch the adopted image
+        // names this broker leader in, and that leader is in the ISR it publishes; no
+        // replica reports a high watermark past its log.
+        let me = self.config.node_id;
+        for (key, r) in replicas.iter() {
+            assert!(
+                r.high_watermark() <= r.log_end(),
+                "{key:?}: high watermark {} past the log end {}",
+                r.high_watermark(),
+                r.log_end()
+            );
+            let (Some(epoch), true) = (r.leader_epoch(), image.registered) else {
+                continue;
+            };
+            let Some(a) = image
+                .topics
+                .get(key.topic())
+                .and_then(|m| m.assignment(key.partition()))
+            else {
+                continue;
+            };
+            assert!(
+                a.leader == me && a.leader_epoch == epoch.get() && a.isr.contains(&me),
+                "{key:?} leads in epoch {epoch}, the image says leader {} epoch {} ISR {:?}",
+                a.leader,
+                a.leader_epoch,
+                a.isr
+            );
         }
     }
 

@@ -21,6 +21,12 @@ impl Broker {
     pub(super) fn take_offline(&self, key: TopicPartitionRef<'_>, cause: String) -> ApiError {
         let log = self.logs.borrow_mut().remove_entry(key.key());
         let replica = self.replicas.borrow_mut().remove(key.key());
+        // A partition's log and replica enter and leave the maps together.
+        assert_eq!(
+            log.is_some(),
+            replica.is_some(),
+            "{key}: log and replica were not both open"
+        );
         let led_in = replica.and_then(|r| r.leader_epoch());
         if let Some((owned, log)) = log {
             tracing::error!(topic = %key.topic, partition = key.partition, error = %cause, "partition offline after an I/O error: its log is closed and reopened (re-read) once its files can be read and written again");
@@ -50,7 +56,7 @@ impl Broker {
                 let end = log.log_end_offset();
                 let lag = replicas
                     .get(key)
-                    .map_or(0, |r| (end - r.high_watermark()).max(0));
+                    .map_or(0, |r| (end - r.high_watermark().get()).max(0));
                 OnlineLog {
                     topic: key.topic().to_string(),
                     partition: key.partition(),
@@ -149,7 +155,7 @@ impl Broker {
         let led_in = self.offline.borrow().get(key).and_then(|o| o.led_in);
         let same_leadership = led_in.is_some_and(|e| {
             image.topics[name].assignment(p).is_some_and(|a| {
-                a.leader == self.config.node_id && a.leader_epoch <= e && a.replicas.len() > 1
+                a.leader == self.config.node_id && a.leader_epoch <= e.get() && a.replicas.len() > 1
             })
         });
         if same_leadership {
@@ -166,7 +172,7 @@ impl Broker {
         }
         let effective = crate::base::broker_configs::effective_topic_configs(
             &image,
-            self.config.node_id,
+            self.config.broker_id(),
             &image.topics[name].configs,
         );
         let tc = TopicConfig::parse(&effective)

@@ -4,6 +4,7 @@
 //! runs on the shard that owns the partition's log and replica.
 
 use super::*;
+use crate::base::ids::{Offset, ProducerId};
 use crate::base::rpc::{
     AbortedTxn, DeleteRecordsItem, EpochEndItem, EpochEndOut, ListOffsetsItem, ListedOffset,
     SegmentTime, WaitItem,
@@ -42,7 +43,7 @@ impl Broker {
         };
         let set = meta.configs.contains_key("min.insync.replicas")
             || image
-                .dynamic_broker_config(self.config.node_id, "min.insync.replicas")
+                .dynamic_broker_config(self.config.broker_id(), "min.insync.replicas")
                 .is_some();
         if set {
             return tc.min_insync_replicas.max(1) as usize;
@@ -182,13 +183,13 @@ impl Broker {
         let mut writes = Vec::with_capacity(stored.len());
         for batch in &stored {
             let info = if trusted {
-                log.append_bounded(batch, epoch, INTERNAL_BATCH_BYTES_MAX)
+                log.append_bounded(batch, epoch.get(), INTERNAL_BATCH_BYTES_MAX)
                     .await
                     .map_err(|e| error::from_storage(&e))?
             } else {
                 let started = Instant::now();
                 let (info, staged) =
-                    append_in_sequence(&log, &replica, batch, epoch, gap_deadline, &mut turn)
+                    append_in_sequence(&log, &replica, batch, epoch.get(), gap_deadline, &mut turn)
                         .await?;
                 writes.extend(staged.map(|s| (started, s)));
                 let m = self.shard_metrics();
@@ -219,14 +220,25 @@ impl Broker {
         replica.flush(epoch).await?;
         if acks == -1 {
             replica
-                .wait_acked(last_offset + 1, epoch, min_insync, timeout)
+                .wait_acked(Offset::new(last_offset).next(), epoch, min_insync, timeout)
                 .await?;
         }
         let first = first.expect("at least one batch");
+        // Pair assertion: what an acknowledged produce reports was appended in this
+        // leader's epoch, and acks=all returned only once the high watermark covered it.
+        let base_offset = Offset::new(first.base_offset);
+        assert!(
+            base_offset <= Offset::new(last_offset)
+                && (acks != -1 || replica.high_watermark() > Offset::new(last_offset)),
+            "{}-{}: appended [{base_offset}, {last_offset}] acks={acks}, high watermark {}",
+            item.topic,
+            item.partition,
+            replica.high_watermark()
+        );
         Ok(Appended {
-            base_offset: first.base_offset,
+            base_offset,
             log_append_time_ms: first.log_append_time_ms,
-            log_start_offset: log.log_start_offset(),
+            log_start_offset: replica.log_start(),
         })
     }
 
@@ -244,11 +256,11 @@ impl Broker {
         replica.epochs_durable().await?;
         let judged = log
             .append_marker(
-                it.producer_id,
+                it.producer_id.get(),
                 it.producer_epoch,
                 it.commit,
                 it.coordinator_epoch,
-                epoch,
+                epoch.get(),
             )
             .await
             .map_err(|e| error::from_storage(&e))?;
@@ -262,17 +274,30 @@ impl Broker {
         replica.appended.notify(usize::MAX);
         replica.flush(epoch).await?;
         replica
-            .wait_acked(last_offset + 1, epoch, min_insync, Duration::from_secs(10))
+            .wait_acked(
+                Offset::new(last_offset).next(),
+                epoch,
+                min_insync,
+                Duration::from_secs(10),
+            )
             .await?;
+        // Pair assertion: a marker is answered once the high watermark covers it.
+        assert!(
+            replica.high_watermark() > Offset::new(last_offset),
+            "{}-{}: marker at {last_offset} acknowledged below the high watermark {}",
+            it.topic,
+            it.partition,
+            replica.high_watermark()
+        );
         Ok(())
     }
 
     pub async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
         let failed = |e: ApiError| ReadOut {
             error: Some(e),
-            high_watermark: -1,
-            last_stable_offset: -1,
-            log_start_offset: -1,
+            high_watermark: Offset::NONE,
+            last_stable_offset: Offset::NONE,
+            log_start_offset: Offset::NONE,
             ..Default::default()
         };
         // One lookup: a partition with a replica here has its log open (`apply` and
@@ -294,7 +319,7 @@ impl Broker {
                 // The log start tells a follower below it where to resume.
                 Err(e) => {
                     return ReadOut {
-                        log_start_offset: log.log_start_offset(),
+                        log_start_offset: replica.log_start(),
                         ..failed(e)
                     }
                 }
@@ -303,7 +328,9 @@ impl Broker {
             self.each_subscriber(|s| s.propose_isr(self, &replica, alter.clone()));
         }
         // Kafka's last stable offset: below the first offset of any open transaction.
-        let lso = log.first_unstable_offset().map_or(hw, |u| u.min(hw));
+        let lso = log
+            .first_unstable_offset()
+            .map_or(hw, |u| Offset::new(u).min(hw));
         let bound = if item.read_committed {
             bound.min(lso)
         } else {
@@ -312,7 +339,7 @@ impl Broker {
         // Nothing new to read (most partitions of a fetch session most of the time):
         // what the read would answer, without it. Below the log start the read answers
         // OFFSET_OUT_OF_RANGE.
-        let log_start = log.log_start_offset();
+        let log_start = replica.log_start();
         if item.offset == bound && item.offset >= log_start {
             return ReadOut {
                 error: None,
@@ -324,16 +351,16 @@ impl Broker {
             };
         }
         match log
-            .read(item.offset, item.max_bytes.max(1), Some(bound))
+            .read(item.offset.get(), item.max_bytes.max(1), Some(bound.get()))
             .await
         {
             Ok(r) => {
                 let aborted = if item.read_committed && !r.records.is_empty() {
-                    log.aborted_transactions(item.offset, r.next_offset)
+                    log.aborted_transactions(item.offset.get(), r.next_offset)
                         .into_iter()
                         .map(|(producer_id, first_offset)| AbortedTxn {
-                            producer_id,
-                            first_offset,
+                            producer_id: ProducerId::new(producer_id),
+                            first_offset: Offset::new(first_offset),
                         })
                         .collect()
                 } else {
@@ -343,7 +370,7 @@ impl Broker {
                     error: None,
                     high_watermark: hw,
                     last_stable_offset: lso,
-                    log_start_offset: r.log_start_offset,
+                    log_start_offset: Offset::new(r.log_start_offset),
                     records: r.records,
                     aborted,
                 }
@@ -352,7 +379,7 @@ impl Broker {
                 error: Some(error::from_storage(&e)),
                 high_watermark: hw,
                 last_stable_offset: lso,
-                log_start_offset: log.log_start_offset(),
+                log_start_offset: replica.log_start(),
                 ..Default::default()
             },
         }
@@ -378,7 +405,7 @@ impl Broker {
                 // Woken by the append itself, not its write (see `Replica::fetch_bound`),
                 // and by `progress`, which also fires when the role changes.
                 for event in [r.log.append_event(), &r.progress] {
-                    conditions.push((event, Box::new(move || r.log.log_end_offset() > *offset)));
+                    conditions.push((event, Box::new(move || r.log_end() > *offset)));
                 }
                 continue;
             }
@@ -387,7 +414,9 @@ impl Broker {
                     // The last stable offset moves only with a marker, whose
                     // replication moves the high watermark: `progress` fires.
                     let hw = r.high_watermark();
-                    r.log.first_unstable_offset().map_or(hw, |u| u.min(hw))
+                    r.log
+                        .first_unstable_offset()
+                        .map_or(hw, |u| Offset::new(u).min(hw))
                 } else {
                     r.high_watermark()
                 };
@@ -417,8 +446,8 @@ impl Broker {
         // Kafka answers the leader epoch of the record found (`epochForOffset`, a
         // batch's epoch), and the current one for "latest".
         let leader_epoch = match (ts, offset) {
-            (_, -1) => -1,
-            (-1, _) => replica.leader_epoch().unwrap_or(-1),
+            (_, Offset::NONE) => LeaderEpoch::NONE,
+            (-1, _) => replica.leader_epoch().unwrap_or(LeaderEpoch::NONE),
             _ => replica.epoch_of(offset),
         };
         Ok(ListedOffset {
@@ -434,10 +463,10 @@ impl Broker {
         log: &Rc<PartitionLog>,
         replica: &Rc<Replica>,
         ts: i64,
-        current_leader_epoch: i32,
+        current_leader_epoch: LeaderEpoch,
         read_committed: bool,
-    ) -> Result<(i64, i64), ApiError> {
-        let (_, hw, _) = replica.fetch_bound(-1, current_leader_epoch, 0)?;
+    ) -> Result<(Offset, i64), ApiError> {
+        let (_, hw, _) = replica.fetch_bound(BrokerId::NONE, current_leader_epoch, Offset::ZERO)?;
         // A new leader's high watermark below its epoch's start is older than what the
         // previous leader answered: "latest", and a lookup it hides, would go back.
         let lagging = replica.high_watermark_lags_epoch_start().then(|| {
@@ -448,19 +477,20 @@ impl Broker {
         });
         // read_committed: "latest" is the last stable offset.
         let hw = if read_committed {
-            log.first_unstable_offset().map_or(hw, |u| u.min(hw))
+            log.first_unstable_offset()
+                .map_or(hw, |u| Offset::new(u).min(hw))
         } else {
             hw
         };
         match ts {
             // Earliest, and earliest-local (-4, v8): the same without tiered storage.
-            -2 | -4 => Ok((log.log_start_offset(), -1)),
+            -2 | -4 => Ok((replica.log_start(), -1)),
             // Latest is the high watermark.
             -1 => lagging.map_or(Ok((hw, -1)), Err),
             // Max-timestamp (KIP-734): the first record with the largest timestamp, if
             // it is below the high watermark, as the search by timestamp below.
             -3 => match log.max_timestamp() {
-                -1 => lagging.map_or(Ok((-1, -1)), Err),
+                -1 => lagging.map_or(Ok((Offset::NONE, -1)), Err),
                 max => self.offset_at_timestamp(log, max, hw, lagging).await,
             },
             ts if ts < 0 => Err(ApiError::with(
@@ -481,23 +511,24 @@ impl Broker {
     ) -> Result<crate::base::rpc::SegmentTimes, ApiError> {
         let (log, _) = self.log(topic, partition)?;
         let replica = self.replica(topic, partition)?;
-        let high_watermark = match replica.fetch_bound(-1, -1, 0) {
-            Ok((_, hw, _)) => Some(hw),
-            Err(e) if leader_only => return Err(e),
-            Err(_) => None,
-        };
+        let high_watermark =
+            match replica.fetch_bound(BrokerId::NONE, LeaderEpoch::NONE, Offset::ZERO) {
+                Ok((_, hw, _)) => Some(hw),
+                Err(e) if leader_only => return Err(e),
+                Err(_) => None,
+            };
         let start = log.log_start_offset();
         let segments = log.segment_times();
         let mut offset_times: Vec<SegmentTime> = segments
             .iter()
             .map(|&(base, _, modified)| SegmentTime {
-                offset: base.max(start),
+                offset: Offset::new(base.max(start)),
                 time_ms: modified,
             })
             .collect();
         if segments.last().is_some_and(|&(_, size, _)| size > 0) {
             offset_times.push(SegmentTime {
-                offset: log.log_end_offset(),
+                offset: replica.log_end(),
                 time_ms: crate::base::util::now_ms(),
             });
         }
@@ -514,24 +545,28 @@ impl Broker {
         &self,
         log: &PartitionLog,
         ts: i64,
-        hw: i64,
+        hw: Offset,
         lagging: Option<ApiError>,
-    ) -> Result<(i64, i64), ApiError> {
+    ) -> Result<(Offset, i64), ApiError> {
         match log.offset_for_timestamp(ts).await {
-            Ok(Some((o, t))) if o < hw => Ok((o, t)),
-            Ok(Some(_)) | Ok(None) => lagging.map_or(Ok((-1, -1)), Err),
+            Ok(Some((o, t))) if Offset::new(o) < hw => Ok((Offset::new(o), t)),
+            Ok(Some(_)) | Ok(None) => lagging.map_or(Ok((Offset::NONE, -1)), Err),
             Err(e) => Err(error::from_storage(&e)),
         }
     }
 
-    pub async fn delete_records_local(&self, item: DeleteRecordsItem) -> Result<i64, ApiError> {
+    pub async fn delete_records_local(&self, item: DeleteRecordsItem) -> Result<Offset, ApiError> {
         let DeleteRecordsItem {
             topic,
             partition,
             before_offset: offset,
         } = item;
         let (log, _) = self.log(&topic, partition)?;
-        let (_, end, _) = self.replica(&topic, partition)?.fetch_bound(-1, -1, 0)?;
+        let (_, end, _) = self.replica(&topic, partition)?.fetch_bound(
+            BrokerId::NONE,
+            LeaderEpoch::NONE,
+            Offset::ZERO,
+        )?;
         // As Kafka (`Partition.deleteRecordsOnLeader`): only a log whose cleanup.policy
         // deletes may lose records on request (a compacted-only log, such as the group
         // offsets', keeps its latest record per key).
@@ -541,15 +576,16 @@ impl Broker {
                 format!("Records of partition {topic}-{partition} can not be deleted due to the configured policy"),
             ));
         }
-        let offset = if offset == -1 { end } else { offset };
-        if offset < 0 || offset > end {
+        let offset = if offset == Offset::NONE { end } else { offset };
+        if !offset.is_some() || offset > end {
             return Err(ApiError::with(
                 ResponseError::OffsetOutOfRange,
                 format!("offset {offset} is beyond the high watermark {end}"),
             ));
         }
-        log.delete_records_before(offset)
+        log.delete_records_before(offset.get())
             .await
+            .map(Offset::new)
             .map_err(|e| error::from_storage(&e))
     }
 

@@ -34,7 +34,7 @@ pub async fn handle(
                 .into_iter()
                 .map(|a| ManualAssignment {
                     partition: a.partition_index,
-                    broker_ids: a.broker_ids.into_iter().map(|b| b.0).collect(),
+                    broker_ids: a.broker_ids.into_iter().map(Into::into).collect(),
                 })
                 .collect(),
             configs: t
@@ -72,16 +72,20 @@ pub async fn handle(
                     // v5+ (KIP-525): the topic's configs as DescribeConfigs would give
                     // them, which the Java AdminClient's CreateTopicsResult.config reads.
                     let configs = (version >= 5).then(|| {
-                        broker_configs::describe_topic(&image, me, &meta.configs)
-                            .into_iter()
-                            .map(|d| {
-                                CreatableTopicConfigs::default()
-                                    .with_name(sb(d.name))
-                                    .with_value(d.value.map(sb))
-                                    .with_read_only(d.read_only)
-                                    .with_config_source(d.source)
-                            })
-                            .collect()
+                        broker_configs::describe_topic(
+                            &image,
+                            crate::base::ids::BrokerId::new(me),
+                            &meta.configs,
+                        )
+                        .into_iter()
+                        .map(|d| {
+                            CreatableTopicConfigs::default()
+                                .with_name(sb(d.name))
+                                .with_value(d.value.map(sb))
+                                .with_read_only(d.read_only)
+                                .with_config_source(d.source)
+                        })
+                        .collect()
                     });
                     base.with_topic_id(meta.id)
                         .with_num_partitions(meta.partitions)

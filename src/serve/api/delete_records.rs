@@ -7,6 +7,7 @@ use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsResponse, DeleteRecordsTopicResult,
 };
 
+use crate::base::ids::Offset;
 use crate::base::rpc::{DeleteRecords, DeleteRecordsItem};
 use crate::partition::broker::Broker;
 
@@ -27,7 +28,7 @@ pub async fn handle(
                     let item = DeleteRecordsItem {
                         topic: name.clone(),
                         partition: p.partition_index,
-                        before_offset: p.offset,
+                        before_offset: Offset::new(p.offset),
                     };
                     (p.partition_index, item)
                 })
@@ -46,7 +47,7 @@ pub async fn handle(
                 .map(|(index, r)| {
                     let base = DeleteRecordsPartitionResult::default().with_partition_index(index);
                     match r {
-                        Ok(low) => base.with_low_watermark(low),
+                        Ok(low) => base.with_low_watermark(low.get()),
                         Err(e) => base.with_error_code(e.code()).with_low_watermark(-1),
                     }
                 })

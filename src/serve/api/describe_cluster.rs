@@ -12,7 +12,6 @@ use kafka_protocol::messages::describe_cluster_request::DescribeClusterRequest;
 use kafka_protocol::messages::describe_cluster_response::{
     DescribeClusterBroker, DescribeClusterResponse,
 };
-use kafka_protocol::messages::BrokerId;
 
 use super::authorized_ops::{when_asked, CLUSTER_ALL};
 use super::sb;
@@ -50,7 +49,7 @@ pub fn handle(
             CLUSTER_ALL,
         ))
         .with_cluster_id(sb(image.cluster_id.clone()))
-        .with_controller_id(BrokerId(image.controller_id))
+        .with_controller_id(image.controller_id.into())
         .with_brokers(
             image
                 .brokers
@@ -58,7 +57,7 @@ pub fn handle(
                 .filter(|(_, b)| !b.fenced)
                 .map(|(id, b)| {
                     DescribeClusterBroker::default()
-                        .with_broker_id(BrokerId(*id))
+                        .with_broker_id((*id).into())
                         .with_host(sb(b.host.clone()))
                         .with_port(b.port)
                         .with_rack(b.rack.clone().map(sb))

@@ -103,7 +103,7 @@ pub fn handle(
                 RESOURCE_TOPIC => match image.topics.get(name) {
                     Some(meta) => Ok(broker_configs::describe_topic(
                         &image,
-                        c.node_id,
+                        c.broker_id(),
                         &meta.configs,
                     )),
                     None => Err((

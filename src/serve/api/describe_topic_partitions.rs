@@ -35,6 +35,7 @@ use uuid::Uuid;
 use super::authorized_ops::TOPIC_ALL;
 use super::metadata::is_internal;
 use super::sb;
+use crate::base::ids::BrokerId as NodeId;
 use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::topic_config::validate_topic_name;
 use crate::partition::broker::Broker;
@@ -158,7 +159,7 @@ fn partition_entry(
     let a = meta.assignment(p)?;
     let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
     // Kafka names the leader only while it is registered.
-    let leader = if image.brokers.contains_key(&a.leader) {
+    let leader = if image.brokers.contains_key(&NodeId::new(a.leader)) {
         a.leader
     } else {
         -1
@@ -167,7 +168,7 @@ fn partition_entry(
         .replicas
         .iter()
         .copied()
-        .filter(|r| image.brokers.get(r).is_none_or(|b| b.fenced))
+        .filter(|r| image.brokers.get(&NodeId::new(*r)).is_none_or(|b| b.fenced))
         .collect();
     Some(
         DescribeTopicPartitionsResponsePartition::default()
@@ -195,7 +196,7 @@ mod tests {
     fn image(topics: &[(&str, i32)]) -> MetadataImage {
         let mut img = MetadataImage::new_cluster();
         img.brokers.insert(
-            1,
+            NodeId::new(1),
             BrokerMeta {
                 host: "h".into(),
                 port: 1,

@@ -48,6 +48,7 @@ use sluice_shard::ShardId;
 
 use crate::base::error::{self, ApiError};
 use crate::base::fetch_session::{Cache, Context, PartKey, PartReq, PartResp, TopicKey};
+use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::metadata::MetadataImage;
 use crate::base::rpc::{Read, ReadItem, ReadOut, WaitItem};
 use crate::base::topic_config::{downconversion_enabled, stores_zstd};
@@ -71,9 +72,9 @@ struct Slot {
     /// What the request (or the session) says about it.
     req: PartReq,
     partition: i32,
-    offset: i64,
+    offset: Offset,
     max_bytes: usize,
-    current_leader_epoch: i32,
+    current_leader_epoch: LeaderEpoch,
     owner: Option<ShardId>,
     /// Fetch v13+ named a topic id this broker does not know.
     unknown_id: bool,
@@ -120,11 +121,11 @@ fn requested(version: i16, req: &FetchRequest) -> (Vec<(PartKey, PartReq)>, Vec<
             let key = topic_key(&t.topic, t.topic_id);
             t.partitions.iter().map(move |p| {
                 let r = PartReq {
-                    fetch_offset: p.fetch_offset,
-                    log_start_offset: p.log_start_offset,
+                    fetch_offset: Offset::new(p.fetch_offset),
+                    log_start_offset: Offset::new(p.log_start_offset),
                     max_bytes: p.partition_max_bytes,
-                    current_leader_epoch: p.current_leader_epoch,
-                    last_fetched_epoch: p.last_fetched_epoch,
+                    current_leader_epoch: LeaderEpoch::new(p.current_leader_epoch),
+                    last_fetched_epoch: LeaderEpoch::new(p.last_fetched_epoch),
                 };
                 ((key.clone(), p.partition), r)
             })
@@ -242,7 +243,9 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             zstd_topic: version < 10
                 && meta.is_some_and(|m| {
                     stores_zstd(&crate::base::broker_configs::effective_topic_configs(
-                        &image, me, &m.configs,
+                        &image,
+                        NodeId::new(me),
+                        &m.configs,
                     ))
                 }),
             preferred,
@@ -254,7 +257,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
     let item_replica_id = if replica_id < 0 && version >= 11 {
         ANY_REPLICA_CONSUMER
     } else {
-        replica_id
+        NodeId::new(replica_id)
     };
     let redirected = slots.iter().any(|s| s.preferred.is_some());
     let mut outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
@@ -322,7 +325,7 @@ fn preferred_read_replica(
     let in_rack = |id: &i32| {
         image
             .brokers
-            .get(id)
+            .get(&NodeId::new(*id))
             .is_some_and(|b| !b.fenced && b.rack.as_deref() == Some(client_rack))
     };
     if a.leader != me || in_rack(&me) {
@@ -344,7 +347,7 @@ async fn read_all(
     broker: &Rc<Broker>,
     slots: &[Slot],
     max_bytes: usize,
-    replica_id: i32,
+    replica_id: NodeId,
     read_committed: bool,
 ) -> Vec<ReadOut> {
     let jobs: Vec<(ShardId, ReadItem)> = slots
@@ -372,9 +375,9 @@ async fn read_all(
             |items| Read { items },
             |e| ReadOut {
                 error: Some(error::from_mesh(e)),
-                high_watermark: -1,
-                last_stable_offset: -1,
-                log_start_offset: -1,
+                high_watermark: Offset::NONE,
+                last_stable_offset: Offset::NONE,
+                log_start_offset: Offset::NONE,
                 ..Default::default()
             },
         )
@@ -390,9 +393,9 @@ async fn read_all(
                 } else {
                     ResponseError::UnknownTopicOrPartition
                 })),
-                high_watermark: -1,
-                last_stable_offset: -1,
-                log_start_offset: -1,
+                high_watermark: Offset::NONE,
+                last_stable_offset: Offset::NONE,
+                log_start_offset: Offset::NONE,
                 ..Default::default()
             },
         })
@@ -426,9 +429,9 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
                 ResponseError::UnsupportedCompressionType,
                 "the topic's compression.type is zstd, which Fetch before v10 cannot read",
             )),
-            high_watermark: -1,
-            last_stable_offset: -1,
-            log_start_offset: -1,
+            high_watermark: Offset::NONE,
+            last_stable_offset: Offset::NONE,
+            log_start_offset: Offset::NONE,
             ..Default::default()
         };
         return;
@@ -442,9 +445,9 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
                 ResponseError::UnsupportedVersion,
                 "message.downconversion.enable is false for this topic",
             )),
-            high_watermark: -1,
-            last_stable_offset: -1,
-            log_start_offset: -1,
+            high_watermark: Offset::NONE,
+            last_stable_offset: Offset::NONE,
+            log_start_offset: Offset::NONE,
             ..Default::default()
         };
         return;
@@ -453,7 +456,7 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
         return;
     }
     let magic = if version <= 1 { 0 } else { 1 };
-    match message_set::down_convert(&o.records, magic, s.offset, s.max_bytes) {
+    match message_set::down_convert(&o.records, magic, s.offset.get(), s.max_bytes) {
         Ok(set) => o.records = Bytes::from(set),
         Err(e) => {
             let code = match e {
@@ -530,9 +533,9 @@ fn build_response(
 /// What a fetch session compares of one partition's answer.
 fn part_resp(pd: &PartitionData) -> PartResp {
     PartResp {
-        high_watermark: pd.high_watermark,
-        last_stable_offset: pd.last_stable_offset,
-        log_start_offset: pd.log_start_offset,
+        high_watermark: Offset::new(pd.high_watermark),
+        last_stable_offset: Offset::new(pd.last_stable_offset),
+        log_start_offset: Offset::new(pd.log_start_offset),
         error: pd.error_code != 0,
         has_records: pd.records.as_ref().is_some_and(|r| !r.is_empty()),
         preferred_replica: pd.preferred_read_replica.0 >= 0,
@@ -550,16 +553,16 @@ fn partition_data(version: i16, s: &Slot, mut o: ReadOut) -> PartitionData {
     PartitionData::default()
         .with_partition_index(s.partition)
         .with_error_code(o.error.as_ref().map(|e| e.code()).unwrap_or(0))
-        .with_high_watermark(o.high_watermark)
-        .with_last_stable_offset(o.last_stable_offset)
-        .with_log_start_offset(o.log_start_offset)
+        .with_high_watermark(o.high_watermark.get())
+        .with_last_stable_offset(o.last_stable_offset.get())
+        .with_log_start_offset(o.log_start_offset.get())
         .with_aborted_transactions(o.aborted.is_empty().not().then(|| {
             o.aborted
                 .iter()
                 .map(|a| {
                     AbortedTransaction::default()
                         .with_producer_id(a.producer_id.into())
-                        .with_first_offset(a.first_offset)
+                        .with_first_offset(a.first_offset.get())
                 })
                 .collect()
         }))
@@ -594,7 +597,7 @@ mod tests {
                 fenced,
                 rack: Some(rack.into()),
             };
-            image.brokers.insert(id, b);
+            image.brokers.insert(NodeId::new(id), b);
         }
         let a = PartitionState {
             replicas: vec![1, 2, 3, 4],

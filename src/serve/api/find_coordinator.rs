@@ -48,7 +48,7 @@ pub async fn handle(
                     .get(topic)
                     .and_then(|m| m.assignment(partition))
                     .map_or(-1, |a| a.leader);
-                match image.brokers.get(&leader) {
+                match image.brokers.get(&crate::base::ids::BrokerId::new(leader)) {
                     Some(b) if !b.fenced => Ok((leader, b.host.clone(), b.port)),
                     _ => Err((
                         ResponseError::CoordinatorNotAvailable,

@@ -62,7 +62,7 @@ pub async fn handle(
             .control(AllocateProducerId)
             .await
             .and_then(|r| r)
-            .map(|id| (id, 0)),
+            .map(|id| (id.get(), 0)),
     };
     match result {
         Ok((id, epoch)) => InitProducerIdResponse::default()

@@ -19,6 +19,7 @@ use kafka_protocol::messages::list_offsets_response::{
 };
 use sluice_protocol::{legacy, TopicPartition};
 
+use crate::base::ids::LeaderEpoch;
 use crate::base::rpc::{ListOffsets, ListOffsetsItem, OffsetsBefore, SegmentTime};
 use crate::partition::broker::Broker;
 
@@ -49,7 +50,7 @@ pub async fn handle(
                         topic: name.clone(),
                         partition: p.partition_index,
                         timestamp: p.timestamp,
-                        current_leader_epoch: p.current_leader_epoch,
+                        current_leader_epoch: LeaderEpoch::new(p.current_leader_epoch),
                     };
                     (p.partition_index, item)
                 })
@@ -77,11 +78,11 @@ pub async fn handle(
                     match r {
                         Ok(listed) => {
                             let b = base
-                                .with_offset(listed.offset)
+                                .with_offset(listed.offset.get())
                                 .with_timestamp(listed.timestamp);
                             // The field exists from v4; the codec refuses it before.
                             if version >= 4 {
-                                b.with_leader_epoch(listed.leader_epoch)
+                                b.with_leader_epoch(listed.leader_epoch.get())
                             } else {
                                 b
                             }
@@ -177,7 +178,7 @@ async fn handle_v0(broker: &Rc<Broker>, req: ListOffsetsRequest) -> ListOffsetsR
                     };
                     if replica_id == CONSUMER_REPLICA_ID {
                         if let Some(hw) = times.high_watermark {
-                            offsets = below_high_watermark(offsets, hw);
+                            offsets = below_high_watermark(offsets, hw.get());
                         }
                     }
                     legacy::with_old_style_offsets(base, &offsets)
@@ -210,7 +211,7 @@ fn offsets_before(offset_times: &[SegmentTime], timestamp: i64, max: i32) -> Opt
         .iter()
         .rev()
         .take(max as usize)
-        .map(|st| st.offset)
+        .map(|st| st.offset.get())
         .collect();
     offsets.sort_by(|a, b| b.cmp(a));
     Some(offsets)
@@ -230,6 +231,7 @@ fn below_high_watermark(offsets: Vec<i64>, hw: i64) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::ids::Offset;
 
     // Three segments (bases 0, 10, 20; the log start is 5, inside the first) modified at
     // 100, 200 and 300, and an active one holding data: the log end 27 "now" (400).
@@ -238,13 +240,13 @@ mod tests {
     /// An offset-time array from (offset, time) pairs.
     const fn times<const N: usize>(pairs: &[(i64, i64); N]) -> [SegmentTime; N] {
         let mut out = [SegmentTime {
-            offset: 0,
+            offset: Offset::ZERO,
             time_ms: 0,
         }; N];
         let mut i = 0;
         while i < N {
             out[i] = SegmentTime {
-                offset: pairs[i].0,
+                offset: Offset::new(pairs[i].0),
                 time_ms: pairs[i].1,
             };
             i += 1;

@@ -17,6 +17,7 @@ use kafka_protocol::messages::{BrokerId, TopicName};
 use super::authorized_ops::{when_asked, CLUSTER_ALL, TOPIC_ALL};
 use super::sb;
 use crate::base::error::ApiError;
+use crate::base::ids::BrokerId as NodeId;
 use crate::base::rpc::{CreateTopics, NewTopic};
 use crate::base::topic_config::validate_topic_name;
 use crate::partition::broker::Broker;
@@ -179,7 +180,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
                         .replicas
                         .iter()
                         .copied()
-                        .filter(|r| image.brokers.get(r).is_none_or(|b| b.fenced))
+                        .filter(|r| image.brokers.get(&NodeId::new(*r)).is_none_or(|b| b.fenced))
                         .collect();
                     let mut mp = MetadataResponsePartition::default()
                         .with_partition_index(p as i32)
@@ -200,14 +201,14 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         })
         .chain(unknown)
         .collect();
-    let me = broker.config.node_id;
+    let me = broker.config.broker_id();
     let mut brokers: Vec<MetadataResponseBroker> = image
         .brokers
         .iter()
         .filter(|(id, b)| !b.fenced || **id == me)
         .map(|(id, b)| {
             MetadataResponseBroker::default()
-                .with_node_id(BrokerId(*id))
+                .with_node_id((*id).into())
                 .with_host(sb(b.host.clone()))
                 .with_port(b.port)
                 .with_rack(b.rack.clone().map(sb))
@@ -219,7 +220,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
     if !image.brokers.contains_key(&me) {
         brokers.push(
             MetadataResponseBroker::default()
-                .with_node_id(BrokerId(me))
+                .with_node_id(me.into())
                 .with_host(sb(broker.config.advertised_host.clone()))
                 .with_port(broker.config.advertised_port)
                 .with_rack(broker.config.rack.clone().map(sb)),
@@ -228,7 +229,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(sb(image.cluster_id.clone())))
-        .with_controller_id(BrokerId(image.controller_id))
+        .with_controller_id(image.controller_id.into())
         .with_topics(topics)
         .with_cluster_authorized_operations(cluster_ops)
 }

@@ -11,6 +11,7 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderEpochResponse, OffsetForLeaderTopicResult,
 };
 
+use crate::base::ids::LeaderEpoch;
 use crate::base::rpc::{EpochEnd, EpochEndItem};
 use crate::partition::broker::Broker;
 
@@ -31,8 +32,8 @@ pub async fn handle(
                     let item = EpochEndItem {
                         topic: name.clone(),
                         partition: p.partition,
-                        current_leader_epoch: p.current_leader_epoch,
-                        leader_epoch: p.leader_epoch,
+                        current_leader_epoch: LeaderEpoch::new(p.current_leader_epoch),
+                        leader_epoch: LeaderEpoch::new(p.leader_epoch),
                     };
                     (p.partition, item)
                 })
@@ -52,8 +53,8 @@ pub async fn handle(
                     let base = EpochEndOffset::default().with_partition(index);
                     match r {
                         Ok(out) => base
-                            .with_leader_epoch(out.leader_epoch)
-                            .with_end_offset(out.end_offset),
+                            .with_leader_epoch(out.leader_epoch.get())
+                            .with_end_offset(out.end_offset.get()),
                         Err(e) => base
                             .with_error_code(e.code())
                             .with_leader_epoch(-1)

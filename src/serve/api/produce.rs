@@ -45,9 +45,9 @@ fn partition_response(
     let base = PartitionProduceResponse::default().with_index(index);
     match r {
         Ok(a) => base
-            .with_base_offset(a.base_offset)
+            .with_base_offset(a.base_offset.get())
             .with_log_append_time_ms(a.log_append_time_ms)
-            .with_log_start_offset(a.log_start_offset),
+            .with_log_start_offset(a.log_start_offset.get()),
         Err(e) => {
             let failed = base
                 .with_error_code(e.code())

@@ -25,6 +25,7 @@ use sluice_shard::ShardId;
 
 use super::sb;
 use crate::base::error::ApiError;
+use crate::base::ids::ProducerId;
 use crate::base::rpc::{self, MarkerItem, WriteMarkers};
 use crate::coord::txn::{partition_for, route};
 use crate::partition::broker::Broker;
@@ -97,7 +98,7 @@ pub async fn add_partitions(
             let call = rpc::TxnVerify {
                 partition: partition_for(&txn_id),
                 transactional_id: txn_id.clone(),
-                producer_id,
+                producer_id: ProducerId::new(producer_id),
                 producer_epoch: epoch,
                 partitions: asked.clone(),
             };
@@ -214,7 +215,7 @@ pub async fn write_markers(
                             MarkerItem {
                                 topic: name.clone(),
                                 partition: p,
-                                producer_id: m.producer_id.0,
+                                producer_id: m.producer_id.into(),
                                 producer_epoch: m.producer_epoch,
                                 commit: m.transaction_result,
                                 coordinator_epoch: m.coordinator_epoch,

@@ -657,7 +657,7 @@ mod tests {
         // 128 MiB, one shard: three chunks within 12.8 MiB, aligned.
         let c = chunk_bytes_for(128 * MIB, 128 * MIB, 1);
         assert!(
-            c * 3 <= 128 * MIB / 10 && c % file::ALIGN == 0 && c > 4 * MIB - file::ALIGN,
+            c * 3 <= 128 * MIB / 10 && c.is_multiple_of(file::ALIGN) && c > 4 * MIB - file::ALIGN,
             "{c}"
         );
         // Never below 1 MiB, and never above what is configured.

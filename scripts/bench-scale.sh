@@ -4,7 +4,10 @@
 #   $SCALE_PARTITIONS (100 x 100 = 10,000): create time, one acks=all record to every
 #   partition, sustained acks=all produce at $SCALE_RATE records/s spread over all of
 #   them (p99), RSS, open descriptors and allocated disk, and after SIGKILL the time
-#   from restart until every partition serves its records again;
+#   from restart until every partition serves its records again; then (issue 40) the
+#   same at $SCALE_FULL_RATE records/s (1,000,000: the design's per-broker rate) and
+#   confluent-kafka at $SCALE_RDKAFKA_RATE records/s (scripts/bench_scale_rdkafka.py),
+#   and for every sustained load the bytes written to the device (*-device.json);
 #   three brokers (--cores 1 each), the same two sizes with replication factor 3:
 #   create to a full ISR, sustained acks=all produce at $SCALE_RF3_RATE records/s
 #   (30,000: three brokers sharing this machine's cores do three times the work of
@@ -25,6 +28,10 @@ OUT=${OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 RATE=${SCALE_RATE:-100000}
 RF3_RATE=${SCALE_RF3_RATE:-30000}
+# Issue 40's further single-broker loads: the design's per-broker rate, and the
+# client most users run (confluent-kafka, librdkafka) at its defaults plus linger.ms=5.
+FULL_RATE=${SCALE_FULL_RATE:-1000000}
+RDKAFKA_RATE=${SCALE_RDKAFKA_RATE:-50000}
 TOPICS=${SCALE_TOPICS:-100}
 PARTS=${SCALE_PARTITIONS:-100}
 CORES=${SCALE_CORES:-2}
@@ -33,6 +40,25 @@ mkdir -p "$OUT"
 rm -f "$OUT"/scale-*.json
 
 now_ms() { date +%s%3N; }
+
+# Bytes written to the block device that holds $OUT (/proc/diskstats, sectors of 512
+# bytes): read before and after a sustained load, beside the bytes it acknowledged.
+# Whatever else writes to that device meanwhile counts too (this machine runs
+# nothing else heavy during `make bench`).
+DEV=$(basename "$(df --output=source "$OUT" | tail -1)")
+device_bytes() { local s; s=$(awk -v d="$DEV" '$3 == d { print $10 }' /proc/diskstats); [ -n "$s" ] && echo $((s * 512)); }
+# Runs a sustain phase (args after the report name) and writes the device bytes it
+# caused to $OUT/<name>-device.json.
+sustain_measured() { # name args...
+  local name=$1 w0 w1
+  shift
+  w0=$(device_bytes)
+  bench_run "$BENCH_BIN" scale "$@" --name "$name" --phases sustain
+  w1=$(device_bytes)
+  if [ -n "$w0" ] && [ -n "$w1" ]; then
+    echo "{\"device\": \"$DEV\", \"device_bytes\": $((w1 - w0))}" >"$OUT/$name-device.json"
+  fi
+}
 
 # Resident memory, open descriptors and allocated disk of brokers (pids) over their
 # data dirs, summed, as $OUT/<name>-resources.json.
@@ -56,9 +82,16 @@ single() { # label topics partitions
   serve "$label" "$dir"
   pid=$BENCH_PID
   bench_wait_broker "$pid" "$OUT/scale-$label.log" 60 "$PORT"
-  bench_run "$BENCH_BIN" scale "${args[@]}" --name "scale-1b-$label" --phases create,one,sustain --rate "$RATE" --duration "$SECS" --acks -1
+  bench_run "$BENCH_BIN" scale "${args[@]}" --name "scale-1b-$label-setup" --phases create,one --acks -1
+  sustain_measured "scale-1b-$label" "${args[@]}" --rate "$RATE" --duration "$SECS" --acks -1
   bench_check_owner "$pid" "$PORT"
   resources "scale-1b-$label" "$pid" "$dir"
+  echo "== scale: one broker, $topics x $parts partitions: $FULL_RATE records/s acks=all =="
+  sustain_measured "scale-1b-$label-full" "${args[@]}" --rate "$FULL_RATE" --duration "$SECS" --acks -1
+  echo "== scale: one broker, $topics x $parts partitions: confluent-kafka, $RDKAFKA_RATE records/s acks=all, linger.ms=5 =="
+  bench_run python3 scripts/bench_scale_rdkafka.py --bootstrap "127.0.0.1:$PORT" --prefix "$label" --topics "$topics" \
+    --partitions "$parts" --rate "$RDKAFKA_RATE" --seconds "$SECS" --out "$OUT/scale-1b-$label-rdkafka.json"
+  bench_check_owner "$pid" "$PORT"
   bench_kill "$pid"
   echo "== scale: one broker, $topics x $parts partitions: SIGKILL, restart, until every partition serves its records =="
   bench_require_free_ports "the single broker's Kafka port" "$PORT"
@@ -107,7 +140,8 @@ replicated() { # label topics partitions
   cluster start >/dev/null
   track_cluster
   echo "== scale: 3 brokers, $topics x $parts partitions RF=3: create to a full ISR, one record each, $RF3_RATE records/s acks=all =="
-  bench_run "$BENCH_BIN" scale "${args[@]}" --name "scale-rf3-$label" --phases create,one,sustain --rate "$RF3_RATE" --duration "$SECS" --acks -1 --timeout 300
+  bench_run "$BENCH_BIN" scale "${args[@]}" --name "scale-rf3-$label-setup" --phases create,one --acks -1 --timeout 300
+  sustain_measured "scale-rf3-$label" "${args[@]}" --rate "$RF3_RATE" --duration "$SECS" --acks -1 --timeout 300
   resources "scale-rf3-$label" "$(cat "$CDIR"/node-*.pid)" "$CDIR/node-1 $CDIR/node-2 $CDIR/node-3"
   echo "== scale: 3 brokers, $topics x $parts partitions RF=3: SIGKILL broker $victim, until every partition has a leader elsewhere =="
   vpid=$(cat "$CDIR/node-$victim.pid")

@@ -169,7 +169,22 @@ if rrows:
 
 # Issue 14: many partitions (scripts/bench-scale.sh), each beside the 8-partition run.
 def scale(kind, label):
-    return load(f"scale-{kind}-{label}-scale.json"), load(f"scale-{kind}-{label}-resources.json")
+    """(the sustain report with the setup's figures merged in, its resources)."""
+    run, setup = load(f"scale-{kind}-{label}-scale.json"), load(f"scale-{kind}-{label}-setup-scale.json")
+    if run and setup:
+        for k, v in (setup.get("result") or {}).items():
+            run["result"].setdefault(k, v)
+    return run, load(f"scale-{kind}-{label}-resources.json")
+
+
+def device_per_acked(name):
+    """Bytes written to the device per byte acknowledged in sustain run `name`."""
+    dev, run = load(f"{name}-device.json"), load(f"{name}-scale.json")
+    if not dev or not run:
+        return None
+    sus = (run.get("result") or {}).get("sustain") or {}
+    acked = sus.get("records", 0) * run["config"].get("record_size", 0)
+    return dev["device_bytes"] / acked if acked else None
 
 
 def fmt_ms(v):
@@ -200,6 +215,26 @@ for kind, who in (("1b", "1 broker"), ("rf3", "3 brokers, RF=3")):
     asked = big["config"]["rate"]
     srows.append(f"| {who}: {asked:,.0f} records/s acks=all over all partitions: achieved | {sus.get('records_per_sec', 0):,.0f} records/s, {sus.get('errors', 0)} errors |")
     srows.append(f"| {who}: same, produce p99 | {both('sustain', 'p99')} |")
+    db, da = device_per_acked(f"scale-{kind}-p10k"), device_per_acked(f"scale-{kind}-p8")
+    if db is not None:
+        srows.append(f"| {who}: same, bytes written to the device per byte acknowledged | {db:.1f}"
+                     + (f" (8 partitions: {da:.1f})" if da is not None else "") + " |")
+    if kind == "1b":
+        fb, fa = load("scale-1b-p10k-full-scale.json"), load("scale-1b-p8-full-scale.json")
+        if fb:
+            sb, sa = fb["result"].get("sustain") or {}, ((fa or {}).get("result") or {}).get("sustain") or {}
+            pb, pa = (sb.get("latency_ms") or {}).get("p99"), (sa.get("latency_ms") or {}).get("p99")
+            fdb, fda = device_per_acked("scale-1b-p10k-full"), device_per_acked("scale-1b-p8-full")
+            srows.append(f"| {who}: {fb['config']['rate']:,.0f} records/s acks=all asked: achieved, p99, device bytes per acked byte | "
+                         f"{sb.get('records_per_sec', 0):,.0f} records/s, p99 {pb:.1f} ms, {fdb or 0:.1f}"
+                         + (f" (8 partitions: {sa.get('records_per_sec', 0):,.0f} records/s, p99 {pa:.1f} ms, {fda or 0:.1f}; p99 {times(pb, pa)})" if pa is not None else "") + " |")
+        kb, ka = load("scale-1b-p10k-rdkafka.json"), load("scale-1b-p8-rdkafka.json")
+        if kb:
+            rb_, ra_ = kb["result"], (ka or {}).get("result") or {}
+            lb, la = rb_["latency_ms"], ra_.get("latency_ms") or {}
+            srows.append(f"| {who}: confluent-kafka (linger.ms=5, acks=all) {kb['config']['rate']:,.0f} records/s: achieved, p50, p99 | "
+                         f"{rb_['records_per_sec']:,.0f} records/s, p50 {lb['p50']:.1f} ms, p99 {lb['p99']:.1f} ms, {rb_['errors']} errors"
+                         + (f" (8 partitions: p50 {la['p50']:.1f} ms, p99 {la['p99']:.1f} ms; p99 {times(lb['p99'], la['p99'])})" if la.get("p99") else "") + " |")
     if big_res:
         per = lambda k: big_res[k] / max(n, 1)
         srows.append(f"| {who}: RSS / open descriptors / allocated disk after the load | {big_res['rss_kb'] / 1024:,.0f} MiB / {big_res['open_fds']:,} / {big_res['disk_kb'] / 1024:,.0f} MiB ({per('rss_kb'):.1f} KiB, {per('open_fds'):.2f}, {per('disk_kb'):.0f} KiB per partition) |")

@@ -35,8 +35,8 @@
 //! exist. Each chunk is read up to its first torn or corrupt record. Per log, in order:
 //! an append whose batch starts at the recovered log end is appended again, one that
 //! ends at or below it is already there; a truncation or reset is done again; a
-//! deletion forgets what came before it. A batch that would leave a gap stops that
-//! log's replay (nothing after it can be in order). Logs whose directory is gone are
+//! deletion forgets what came before it. A batch that would leave a gap is skipped and
+//! logged (no later batch of that log can continue it either). Logs whose directory is gone are
 //! skipped. The replayed logs are closed (synced), then the chunks deleted.
 //!
 //! A log that fails while the broker runs (an I/O error) and is reopened replays what

@@ -3,7 +3,8 @@
 # A/B benchmark of two broker builds in one run, for changes that must not cost speed
 # (e.g. a refactor): scenarios (a) 100 B acks=1 max throughput, (b) 100 B acks=1 at a
 # fixed 1M records/s and (c) 1 KiB acks=all, against each binary in turn, ROUNDS times
-# interleaved (A, B, A, B, ...) so that drift of the shared machine hits both alike.
+# interleaved (A B, B A, A B, ...) so that drift of the shared machine and the order within
+# a round hit both alike.
 # Prints a table of medians and B/A ratios, beside the machine's O_DIRECT ceiling
 # measured in the same run.
 #   usage: scripts/bench-ab.sh A_BIN B_BIN        (e.g. a build of the parent commit,
@@ -48,9 +49,17 @@ run_one() { # label binary round
   rm -rf "$data"
 }
 
+# A B, B A, A B, ...: the build that runs second in a round was measured faster (a
+# position effect of this VM, about 5-10% on (a) and (c), issue 39's A/B), so each
+# build runs first in half the rounds.
 for round in $(seq 1 "$ROUNDS"); do
-  echo "== round $round: A =="; run_one A "$A" "$round"
-  echo "== round $round: B =="; run_one B "$B" "$round"
+  if [ $((round % 2)) = 1 ]; then
+    echo "== round $round: A =="; run_one A "$A" "$round"
+    echo "== round $round: B =="; run_one B "$B" "$round"
+  else
+    echo "== round $round: B =="; run_one B "$B" "$round"
+    echo "== round $round: A =="; run_one A "$A" "$round"
+  fi
 done
 
 python3 - "$OUT" "$ROUNDS" "$A" "$B" <<'PY'

@@ -115,7 +115,8 @@ def test_sigkill_under_load_over_1000_partitions_loses_nothing_acknowledged(make
     acks=all records over 1,000 partitions; the restart replays the journal, and every
     acknowledged record is read back at its offset."""
     data = tmp_path / "d"
-    b = make_broker(data_dir=data, cores=2)  # the journal is on by default
+    journal = ["--journal-chunk-bytes", str(128 << 20)]  # off by default
+    b = make_broker(data_dir=data, cores=2, extra=journal)
     create_topic(b.addr, "wide", 1000)
     acked, stop = [], threading.Event()
     # librdkafka's defaults (acks=all, idempotence as it ships), keys spread over every
@@ -133,6 +134,6 @@ def test_sigkill_under_load_over_1000_partitions_loses_nothing_acknowledged(make
         t.join(timeout=60)
     assert any((data / f"wal@{s}").is_dir() for s in (0, 1)), "the killed broker left no journal"
     snapshot = acked[:n_acked]
-    b2 = make_broker(data_dir=data, port=b.port, cores=2)
+    b2 = make_broker(data_dir=data, port=b.port, cores=2, extra=journal)
     assert "replayed the previous run's journal" in b2.read_log()
     assert_acknowledged_stored(b2.addr, "wide", 1000, snapshot)

@@ -1,7 +1,7 @@
 """Fsync before ack, observed at the broker (issue 38, item 3): when the sync that an
 append waits for fails, the append is refused, never acknowledged, for acks=all and for
 acks=1, whichever way the log makes its writes durable: the shard journal's
-write-through writes (the default), or with the journal off (`--journal-chunk-bytes 0`)
+write-through writes (`--journal-chunk-bytes 134217728`), or without it (the default)
 the partition's own write-through O_DSYNC writes (a shard's first 32 logs) or write +
 fdatasync (`--dsync-logs-max 0`).
 
@@ -71,7 +71,7 @@ class Probe:
 # How appends become durable: broker flags, and the fault rules that fail that sync.
 PARTITIONS_FAIL = f"sync eio {TOPIC}-0/\nsync eio {TOPIC}-1/\n"
 DURABILITY = {
-    "journal": ([], "sync eio wal@0/\n"),
+    "journal": (["--journal-chunk-bytes", str(128 << 20)], "sync eio wal@0/\n"),
     "write-through": (["--journal-chunk-bytes", "0"], PARTITIONS_FAIL),
     "fdatasync": (["--journal-chunk-bytes", "0", "--dsync-logs-max", "0"], PARTITIONS_FAIL),
 }

@@ -549,6 +549,9 @@ def test_partition_apis_on_a_partition_offline_after_an_io_error(make_broker, tm
         f.write("write eio off-0/\nopen eio off-0/\nread eio off-0/\n")
     os.replace(tmp, rules)
 
+    wait_until(lambda: any("storage fault rules armed" in ln and "off-0/" in ln
+                           for ln in b.read_log().splitlines()),
+               timeout=10, what="the fault rules armed")
     # One more append: refused at once when it writes off-0's file itself (the
     # default), or, with the shard journal on, acknowledged through it and failing when
     # off-0's segment file is written behind it, within about a second.

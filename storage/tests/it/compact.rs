@@ -763,3 +763,50 @@ fn batches_over_max_message_bytes_from_the_broker_are_stored_read_and_compacted(
         assert_eq!(contents(&again).await, want, "the same after a reopen");
     });
 }
+
+/// A truncation into a compacted segment, where compaction removed the batches just
+/// below the cut, leaves the log end recovery derives from the files (the end of the
+/// last batch kept): a clean close and reopen then read the segment back instead of
+/// refusing it as changed since the close.
+#[test]
+fn a_truncation_after_a_compaction_gap_survives_a_clean_reopen() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let log = s.open_log("g", compacted(1024)).await.unwrap();
+        // Keys overwritten every round, and one key per round written once: compaction
+        // removes the overwritten records between the single ones, leaving gaps.
+        for round in 0..20 {
+            put(&log, 1, &format!("once-{round}"), Some("kept")).await;
+            for k in 0..5 {
+                put(&log, 1, &format!("k{k}"), Some(&format!("v{round}"))).await;
+            }
+        }
+        log.compact().await.unwrap().expect("a pass ran");
+        // A batch whose base lies above the previous batch's end: a gap compaction made.
+        let batches: Vec<BatchHeader> = stored(&log).await.into_iter().map(|(h, _)| h).collect();
+        let after_gap = batches
+            .windows(2)
+            .find(|w| w[1].base_offset > w[0].last_offset() + 1)
+            .map(|w| (w[0].last_offset() + 1, w[1].base_offset))
+            .expect("compaction left a gap between two batches");
+        let (gap_start, next_base) = after_gap;
+        log.truncate_to(next_base).await.unwrap();
+        let end = log.log_end_offset();
+        assert!(
+            end <= next_base && end >= gap_start,
+            "log end {end} after cutting at {next_base}"
+        );
+        let kept = contents(&log).await;
+        log.close().await.unwrap();
+        drop(log);
+        let again = s.open_log("g", compacted(1024)).await.unwrap();
+        assert_eq!(
+            contents(&again).await,
+            kept,
+            "the log read back after a clean reopen"
+        );
+        assert_eq!(again.log_end_offset(), end);
+    });
+}

@@ -313,15 +313,13 @@ settings! {
     /// they complete, no fdatasync after them); logs opened beyond this many are synced
     /// by fdatasync or shared syncfs rounds (0: none write-through).
     dsync_logs_max: u64 = 32;
-    /// Bytes of a chunk of each shard's write-ahead journal (off by default: 0), which
-    /// makes every flush=always append durable in one sequential write-through write
-    /// per round for all of the shard's partitions (segment files are written behind it
-    /// and synced at each chunk's checkpoint; 134217728 is a sensible size). Turn it on
-    /// for thousands of partitions with small batches; it halves the throughput of
-    /// large batches on few partitions (every byte written twice through one stream);
-    /// 0: no journal, every partition syncs its own segment file (fdatasync, shared
-    /// syncfs rounds or O_DSYNC as set above).
-    journal_chunk_bytes: u64 = 0;
+    /// Bytes of a chunk of each shard's write-ahead journal, which makes every
+    /// flush=always append of up to 4 KiB durable in one sequential write-through
+    /// write per round for all of the shard's partitions (segment files are written
+    /// behind it and synced at each chunk's checkpoint; larger batches are written and
+    /// synced in their segment file); 0: no journal, every partition syncs its own
+    /// segment file (fdatasync, shared syncfs rounds or O_DSYNC as set above).
+    journal_chunk_bytes: u64 = 134217728;
     /// Log lines: `text` (for people) or `json` (one JSON object per line, for log
     /// shippers). RUST_LOG sets the level (default info).
     log_format: String = "text".into();

@@ -369,6 +369,9 @@ pub struct StorageLimits {
     /// 0 turns the journal off (every `flush=always` append then syncs its own
     /// segment file, as before issue 40).
     pub journal_chunk_bytes: u64,
+    /// Batches larger than this bypass the journal (written and synced in their segment
+    /// file): [`wal::JOURNAL_BATCH_MAX`] by default.
+    pub journal_batch_max: usize,
     /// This shard's index and the process's shard count: which journal is this
     /// shard's, and (on shard 0) which left-over journals of a run with more shards
     /// it replays.
@@ -398,6 +401,7 @@ impl Default for StorageLimits {
             // Off unless asked for (the broker asks, `--journal-chunk-bytes`): the
             // storage crate's own tests exercise segment files' durability by default.
             journal_chunk_bytes: 0,
+            journal_batch_max: wal::JOURNAL_BATCH_MAX,
             shard: 0,
             shards: 1,
         }

@@ -90,6 +90,16 @@ pub const CLOSED_CHUNKS_MAX: usize = 2;
 /// Logs whose segment files a checkpoint syncs at once.
 const CHECKPOINT_CONCURRENCY: usize = 32;
 
+/// Batches larger than this are not journaled: they are written to their segment file
+/// and synced there, as without a journal. A few records a partition per round (many
+/// partitions, small batches) is what the journal is for; a large batch is one
+/// efficient write already, and through the journal it would be written twice, every
+/// large append of the shard through its one stream (halving 100 B acks=1 throughput
+/// and 1 KiB acks=all throughput at 8 partitions in `make bench-ab`; at 16 KiB the
+/// 100 B acks=1 batches at 1M records/s still went through it, p99 6.9×). A page: what
+/// a partition's own write costs at least anyway.
+pub const JOURNAL_BATCH_MAX: usize = 4 << 10;
+
 /// Segment bytes a log keeps unwritten before a write of them starts on its own.
 pub const WRITE_BEHIND_BYTES: u64 = 256 << 10;
 
@@ -333,6 +343,21 @@ impl Wal {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether `name` may have records in a chunk not yet deleted (conservatively also
+    /// while a checkpoint runs or a chunk is kept). Such a log journals every append,
+    /// whatever its size: a replay must never put a journaled change (a truncation,
+    /// redone when it is a log's last record) after an append the journal did not see.
+    pub fn may_hold(&self, name: &str) -> bool {
+        self.checkpointing.get()
+            || !self.kept.borrow().is_empty()
+            || self
+                .active
+                .borrow()
+                .as_ref()
+                .is_some_and(|c| c.names.contains(name))
+            || self.closed.borrow().iter().any(|c| c.names.contains(name))
     }
 
     /// Starts writing the unwritten segment bytes of every log in the open chunk that

@@ -552,9 +552,10 @@ def test_partition_apis_on_a_partition_offline_after_an_io_error(make_broker, tm
     wait_until(lambda: any("storage fault rules armed" in ln and "off-0/" in ln
                            for ln in b.read_log().splitlines()),
                timeout=10, what="the fault rules armed")
-    # One more append: refused at once when it writes off-0's file itself (the
-    # default), or, with the shard journal on, acknowledged through it and failing when
-    # off-0's segment file is written behind it, within about a second.
+    # One more append: refused at once when it writes off-0's file itself (the shard
+    # journal off), or acknowledged through the journal (the default for a batch this
+    # small) and failing when off-0's segment file is written behind it, within about
+    # a second.
     conn = Conn(addr)
     try:
         conn.send(produce_v3("off", 0, record_batch([b"b"])))

@@ -115,7 +115,7 @@ def test_sigkill_under_load_over_1000_partitions_loses_nothing_acknowledged(make
     acks=all records over 1,000 partitions; the restart replays the journal, and every
     acknowledged record is read back at its offset."""
     data = tmp_path / "d"
-    journal = ["--journal-chunk-bytes", str(128 << 20)]  # off by default
+    journal = ["--journal-chunk-bytes", str(128 << 20)]  # the default, made explicit
     b = make_broker(data_dir=data, cores=2, extra=journal)
     create_topic(b.addr, "wide", 1000)
     acked, stop = [], threading.Event()

@@ -1,9 +1,10 @@
 """Fsync before ack, observed at the broker (issue 38, item 3): when the sync that an
 append waits for fails, the append is refused, never acknowledged, for acks=all and for
 acks=1, whichever way the log makes its writes durable: the shard journal's
-write-through writes (`--journal-chunk-bytes 134217728`), or without it (the default)
-the partition's own write-through O_DSYNC writes (a shard's first 32 logs) or write +
-fdatasync (`--dsync-logs-max 0`).
+write-through writes (the default for batches up to 4 KiB; these probes are small), or
+without it (`--journal-chunk-bytes 0`, and for larger batches) the partition's own
+write-through O_DSYNC writes (a shard's first 32 logs) or write + fdatasync
+(`--dsync-logs-max 0`).
 
 The failure is a storage fault (`--fault-rules`, a test-only flag: `sync eio <path>`
 fails every fdatasync of the matching files, and every write of a write-through file,

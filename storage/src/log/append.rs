@@ -370,6 +370,7 @@ impl PartitionLog {
         };
         // The journal's chunk is open before the critical section (a push never awaits).
         let journal = self.journaling();
+        let batch_len = batch.len();
         if let Some(j) = &journal {
             j.ready().await?;
         }
@@ -430,6 +431,13 @@ impl PartitionLog {
             let position = seg.size;
             let len = (head.len() + body.len()) as u64;
             seg.track_batch(&h, position, len, config.index_interval_bytes);
+            // A large batch is written to its segment file directly (the journal would
+            // write it twice, through the shard's one stream, and one write of it is
+            // efficient already), unless the log has records in the journal's chunks:
+            // decided here, with no await before the push.
+            let journal = journal.filter(|j| {
+                batch_len <= self.storage.limits.journal_batch_max || j.may_hold(&self.name)
+            });
             // Two pushes with no await between them: nothing else lands in between.
             // The journal first: a refused push leaves the segment as it was.
             let pushed = match &journal {
@@ -475,7 +483,7 @@ impl PartitionLog {
                 staged
             }
             None => {
-                self.unjournaled.set(true);
+                self.unjournaled.set(self.unjournaled.get() + 1);
                 Staged {
                     file: log_file,
                     target,
@@ -499,17 +507,19 @@ impl PartitionLog {
         if let Some(p) = pushed {
             p.durable().await?;
         }
-        if self.storage.journal().is_none() || self.unjournaled.replace(false) {
+        let unjournaled = self.unjournaled.get();
+        if self.storage.journal().is_none() || unjournaled > self.unjournaled_synced.get() {
             let file = {
                 let st = self.state.borrow();
                 st.active().active.as_ref().map(|a| a.log.clone())
             };
             if let Some(f) = file {
-                if let Err(e) = f.sync_all().await {
-                    self.unjournaled.set(true);
-                    return Err(e);
-                }
+                // Covers every byte pushed before it (sealed segments were synced when
+                // sealed). Concurrent flushes each wait for a sync that covers theirs.
+                f.sync_all().await?;
             }
+            self.unjournaled_synced
+                .set(self.unjournaled_synced.get().max(unjournaled));
         }
         self.last_flush_ms.set(self.storage.now_ms());
         Ok(())

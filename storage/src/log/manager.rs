@@ -494,7 +494,8 @@ impl Storage {
             snapshots: RefCell::new(found.snapshots),
             clean_marker: Cell::new(found.clean),
             last_journaled: RefCell::new(None),
-            unjournaled: Cell::new(false),
+            unjournaled: Cell::new(0),
+            unjournaled_synced: Cell::new(0),
             last_journaled_ms: Cell::new(0),
         });
         // R15–R19: the producer state and the `.txnindex` entries it derives.

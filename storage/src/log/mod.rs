@@ -187,9 +187,15 @@ pub struct PartitionLog {
     /// The shard journal's record of the last append that went there: durable before
     /// [`PartitionLog::flush`] returns.
     last_journaled: RefCell<Option<crate::wal::Pushed>>,
-    /// Some append since the last flush did not go to the journal (its policy was not
-    /// `flush=always`, or the shard keeps none): a flush syncs the segment file.
-    unjournaled: Cell<bool>,
+    /// Appends that did not go to the journal (a batch larger than
+    /// [`crate::wal::JOURNAL_BATCH_MAX`], a policy other than `flush=always`, or no
+    /// journal on the shard), counted; and how many of them a completed segment sync
+    /// covered. A flush syncs the segment file while the first is ahead: a journaled
+    /// append after an unjournaled one is acknowledged only once the segment holds the
+    /// unjournaled one durably (else a crash could leave the journal's batch after a
+    /// gap, which replay must skip).
+    unjournaled: Cell<u64>,
+    unjournaled_synced: Cell<u64>,
     /// When the last journaled append was pushed (the storage clock, ms): see
     /// [`PartitionLog::write_behind_if_idle`].
     last_journaled_ms: Cell<i64>,

@@ -42,10 +42,12 @@ fn limits(write_through: bool) -> StorageLimits {
 
 /// Storage limits without a tail cache whose appends are made durable by the shard
 /// journal (`sluice_storage::wal`), in chunks this small so that crashes land around
-/// chunk rolls and checkpoints too.
+/// chunk rolls and checkpoints too; batches over 600 bytes bypass it (synced in their
+/// segment file), so a log mixes both kinds of append.
 fn journal_limits() -> StorageLimits {
     StorageLimits {
         journal_chunk_bytes: 8 << 10,
+        journal_batch_max: 600,
         ..limits(false)
     }
 }

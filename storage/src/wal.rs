@@ -1,12 +1,15 @@
 //! The shard's write-ahead journal: the unit of durable write for partition data.
 //!
-//! Every append of a `flush=always` log on a shard is also pushed, as one record, to
-//! the shard's journal: one sequential O_DIRECT stream written through (`O_DSYNC`), so
+//! Every append of up to [`JOURNAL_BATCH_MAX`] bytes of a `flush=always` log on a shard
+//! (and every append of a log that has records in the journal's live chunks,
+//! [`Wal::may_hold`]) is also pushed, as one record, to the shard's journal: one sequential O_DIRECT stream written through (`O_DSYNC`), so
 //! one device write makes a whole group-commit round of appends durable, whatever
 //! partitions they went to. An append is acknowledged once its journal record is
 //! written; the partition's segment file receives the same bytes *behind* it (queued
-//! in memory, written when a reader needs them, when a quarter MiB is pending, or at
-//! the latest by the journal's checkpoint) and is synced lazily. At 10,000 partitions
+//! in memory, written when a reader needs them, when a quarter MiB is pending, once the
+//! log is idle for [`IDLE_WRITE_BEHIND_MS`], or at the latest by the journal's
+//! checkpoint) and is synced lazily. A larger batch is written and synced in its
+//! segment file, as without a journal. At 10,000 partitions
 //! and a record or two per append this turns one write and one sync per partition
 //! into one write per round (issue 40; docs/architecture.md, "The shard journal").
 //!
@@ -21,7 +24,7 @@
 //!
 //! ## Checkpoints
 //!
-//! A chunk that reaches [`DEFAULT_CHUNK_BYTES`] is closed and a new one started. A
+//! A chunk that reaches its size ([`chunk_bytes_for`]) is closed and a new one started. A
 //! closed chunk's checkpoint then syncs the segment file of every log that appended to
 //! it (which covers those appends and everything before them) and deletes the chunk.
 //! At most [`CLOSED_CHUNKS_MAX`] chunks wait for their checkpoint; appends wait beyond
@@ -36,8 +39,8 @@
 //! an append whose batch starts at the recovered log end is appended again, one that
 //! ends at or below it is already there; a truncation or reset is done again; a
 //! deletion forgets what came before it. A batch that would leave a gap is skipped and
-//! logged (no later batch of that log can continue it either). Logs whose directory is gone are
-//! skipped. The replayed logs are closed (synced), then the chunks deleted.
+//! logged (no later batch of that log can continue it either). Logs whose directory is
+//! gone are skipped. The replayed logs are closed (synced), then the chunks deleted.
 //!
 //! A log that fails while the broker runs (an I/O error) and is reopened replays what
 //! this shard's current chunks hold for it the same way ([`Wal::records_for`]).
@@ -61,8 +64,8 @@ pub const DEFAULT_CHUNK_BYTES: u64 = 128 << 20;
 
 /// The chunk size a shard's journal uses: `configured`, but at most a share of the file
 /// system (`fs_bytes`) such that the journals of all `shards`, each up to
-/// 1 + [`CLOSED_CHUNKS_MAX`] chunks, take at most a tenth of it (an eighth with their preallocation, see
-/// [`chunk_footprint`]), and at least 1 MiB each.
+/// 1 + [`CLOSED_CHUNKS_MAX`] chunks, take at most a tenth of it (an eighth with their
+/// preallocation, see [`chunk_footprint`]), and at least 1 MiB each.
 /// A small disk then fills with partition data, not with journal chunks waiting for
 /// their checkpoint.
 pub fn chunk_bytes_for(configured: u64, fs_bytes: u64, shards: usize) -> u64 {

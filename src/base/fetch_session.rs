@@ -8,7 +8,8 @@
 //! - epoch > 0: an incremental fetch in session `id`: the request lists only the
 //!   partitions added or changed (fetch offset, log start, max bytes, leader epochs)
 //!   and `forgotten_topics_data` the ones removed; the broker reads every partition of
-//!   the session and answers only those with something new: records, a high watermark,
+//!   the session (a large follower session: only those that changed, see [`Reads`])
+//!   and answers only those with something new: records, a high watermark,
 //!   last stable offset or log start offset that changed since the last answer, an
 //!   error, or a preferred read replica. An unknown id is FETCH_SESSION_ID_NOT_FOUND, an
 //!   epoch other than the expected one INVALID_FETCH_SESSION_EPOCH, a Fetch version on
@@ -35,7 +36,7 @@
 //! FETCH_SESSION_ID_NOT_FOUND (and opens a new session there), and closing an id of
 //! another shard closes nothing. Time is an argument (milliseconds).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kafka_protocol::error::ResponseError;
 use uuid::Uuid;
@@ -47,6 +48,12 @@ pub const DEFAULT_CACHE_SLOTS: usize = 1000;
 /// Kafka's `min.incremental.fetch.session.eviction.ms` (a session this old, or unused
 /// this long, may be evicted).
 pub const EVICTION_MS: u64 = 120_000;
+/// A follower's session of this many partitions or more reads, on an incremental
+/// fetch, only what changed (see [`Reads::Changed`]).
+pub const FEED_MIN_PARTS: usize = 32;
+/// Such a session still reads all its partitions this often: a net under the change
+/// feed, and how a follower's progress on partitions it did not list is refreshed.
+pub const FEED_SWEEP_MS: u64 = 1_000;
 
 /// A partition of a session: by topic name (Fetch v7–v12) or topic id (v13+).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +83,8 @@ pub struct PartResp {
     pub error: bool,
     pub has_records: bool,
     pub preferred_replica: bool,
+    /// Records were there for this fetch but the response had no room for them.
+    pub pending: bool,
 }
 
 struct Cached {
@@ -98,6 +107,14 @@ struct Session {
     parts: HashMap<PartKey, Cached>,
     order: BTreeMap<u64, PartKey>,
     next_seq: u64,
+    /// A large follower session's position in each shard's change feed as of its last
+    /// answer (`None`: the next incremental fetch reads every partition).
+    feed: Option<Vec<u64>>,
+    /// When it last read every partition.
+    swept_ms: u64,
+    /// Partitions the next incremental fetch reads whatever the feed says: their last
+    /// answer was an error, carried records, or had no room for records.
+    sticky: HashSet<PartKey>,
 }
 
 impl Session {
@@ -125,6 +142,14 @@ impl Session {
         if let Some(c) = self.parts.remove(key) {
             self.order.remove(&c.seq);
         }
+        self.sticky.remove(key);
+    }
+
+    /// Whether an incremental fetch reads only what changed.
+    fn reads_changes(&self) -> bool {
+        self.privileged
+            && self.parts.len() >= FEED_MIN_PARTS
+            && std::env::var_os("SLUICE_FEED_OFF").is_none()
     }
 
     fn move_to_end(&mut self, key: &PartKey) {
@@ -150,16 +175,49 @@ pub enum Context {
     Sessionless,
     /// A full fetch that may open a session: call [`Cache::open`] with its answers.
     Full,
-    /// An incremental fetch: read these partitions (the whole session, in its order),
-    /// then filter the answers with [`Cache::answered`].
+    /// An incremental fetch: read the partitions `reads` says, then filter the
+    /// answers with [`Cache::answered`].
     Incremental {
         id: i32,
         /// The session's epoch after this request (checked again when answering).
         epoch: i32,
-        parts: Vec<(PartKey, PartReq)>,
+        reads: Reads,
     },
     /// The whole request fails with this error (no partitions, session id 0).
     Error(ResponseError),
+}
+
+/// What an incremental fetch reads.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// Every partition of the session, in its order (as Kafka). `mark`: a large
+    /// follower session's sweep: note the shards' change-feed positions before the
+    /// read and give them to [`Cache::answered`].
+    All {
+        parts: Vec<(PartKey, PartReq)>,
+        mark: bool,
+    },
+    /// A large follower session between sweeps: `must` (the partitions the request
+    /// listed, and those whose last answer had more to say) and the partitions of the
+    /// session that changed on their shard after `positions` (the shards' change
+    /// feeds, by shard index; see `crate::partition::changes`). A partition that did
+    /// not change answers what it answered last, so leaving it out is what an
+    /// incremental answer does anyway. [`Cache::select`] turns keys into partitions
+    /// to read.
+    Changed {
+        positions: Vec<u64>,
+        must: Vec<PartKey>,
+        /// The session keys topics by id (Fetch v13+).
+        by_id: bool,
+    },
+}
+
+/// A large follower session's feed positions to remember with its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedMark {
+    pub positions: Vec<u64>,
+    /// Every partition was read (a sweep).
+    pub swept: bool,
 }
 
 /// Kafka's next epoch: 1 after `i32::MAX`.
@@ -264,16 +322,38 @@ impl Cache {
         }
         session.epoch = next_epoch(session.epoch);
         let epoch = session.epoch;
-        let parts = session
-            .order
-            .values()
-            .map(|k| (k.clone(), session.parts[k].req))
-            .collect();
+        let reads = match &session.feed {
+            Some(positions)
+                if session.reads_changes()
+                    && now_ms.saturating_sub(session.swept_ms) < FEED_SWEEP_MS =>
+            {
+                let mut must: Vec<PartKey> = parts
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| session.parts.contains_key(*k))
+                    .cloned()
+                    .collect();
+                must.extend(session.sticky.iter().cloned());
+                Reads::Changed {
+                    positions: positions.clone(),
+                    must,
+                    by_id: session.uses_topic_ids,
+                }
+            }
+            _ => Reads::All {
+                parts: session
+                    .order
+                    .values()
+                    .map(|k| (k.clone(), session.parts[k].req))
+                    .collect(),
+                mark: session.reads_changes(),
+            },
+        };
         self.touch(session_id, now_ms);
         Context::Incremental {
             id: session_id,
             epoch,
-            parts,
+            reads,
         }
     }
 
@@ -300,6 +380,9 @@ impl Cache {
             parts: HashMap::new(),
             order: BTreeMap::new(),
             next_seq: 0,
+            feed: None,
+            swept_ms: now_ms,
+            sticky: HashSet::new(),
         };
         for (key, req, resp) in answered {
             session.add(key.clone(), *req);
@@ -324,11 +407,15 @@ impl Cache {
     /// have nothing new. Remembers what is sent. Err(INVALID_FETCH_SESSION_EPOCH) if
     /// another request of the session came in meanwhile (a duplicate); `None` if the
     /// session is gone (evicted meanwhile): send everything.
+    /// `feed`: the feed positions noted before a large follower session's read
+    /// ([`Reads`]); `None` makes its next incremental fetch read everything.
     pub fn answered(
         &mut self,
         id: i32,
         epoch: i32,
         answers: &[(PartKey, PartResp)],
+        feed: Option<FeedMark>,
+        now_ms: u64,
     ) -> Result<Option<Vec<bool>>, ResponseError> {
         let Some(session) = self.sessions.get_mut(&id) else {
             return Ok(None);
@@ -336,6 +423,10 @@ impl Cache {
         if session.epoch != epoch {
             return Err(ResponseError::InvalidFetchSessionEpoch);
         }
+        if feed.as_ref().is_some_and(|f| f.swept) {
+            session.swept_ms = now_ms;
+        }
+        session.feed = feed.map(|f| f.positions);
         let mut keep = Vec::with_capacity(answers.len());
         for (key, resp) in answers {
             let Some(c) = session.parts.get_mut(key) else {
@@ -352,9 +443,33 @@ impl Cache {
             if resp.has_records {
                 session.move_to_end(key);
             }
+            if resp.error || resp.has_records || resp.pending {
+                session.sticky.insert(key.clone());
+            } else {
+                session.sticky.remove(key);
+            }
             keep.push(send);
         }
         Ok(Some(keep))
+    }
+
+    /// The partitions of session `id` among `keys` (each once), in the session's
+    /// order, with what the session remembers of their requests.
+    pub fn select(
+        &self,
+        id: i32,
+        keys: impl IntoIterator<Item = PartKey>,
+    ) -> Vec<(PartKey, PartReq)> {
+        let Some(session) = self.sessions.get(&id) else {
+            return Vec::new();
+        };
+        let mut picked: BTreeMap<u64, (PartKey, PartReq)> = BTreeMap::new();
+        for key in keys {
+            if let Some(c) = session.parts.get(&key) {
+                picked.entry(c.seq).or_insert((key, c.req));
+            }
+        }
+        picked.into_values().collect()
     }
 
     /// Kafka's tryEvict (see the module docs). True if a slot was freed.
@@ -501,6 +616,37 @@ impl Handler {
         }
     }
 
+    /// Whether the next request is full: [`Self::build`] must be given every partition.
+    pub fn is_full(&self) -> bool {
+        self.epoch == 0
+    }
+
+    /// The next incremental request when the caller knows which partitions differ from
+    /// what the leader was last told: `changed` (added, or a new fetch position) and
+    /// `forgotten` (left); every other partition stays as sent. What [`Self::build`]
+    /// would make of the whole list, without going over it (a follower's session has
+    /// thousands of partitions and a few change per round).
+    pub fn build_changed(
+        &mut self,
+        changed: Vec<(PartKey, PartReq)>,
+        mut forgotten: Vec<PartKey>,
+    ) -> Request {
+        assert!(!self.is_full(), "a full request needs every partition");
+        for key in &forgotten {
+            self.sent.remove(key);
+        }
+        for (key, req) in &changed {
+            self.sent.insert(key.clone(), *req);
+        }
+        forgotten.sort();
+        Request {
+            session_id: self.session_id,
+            epoch: self.epoch,
+            to_send: changed,
+            forgotten,
+        }
+    }
+
     /// The leader's answer: its top-level error code and session id. False if the
     /// answer is an error: the next request is full.
     pub fn answered(&mut self, error_code: i16, session_id: i32) -> bool {
@@ -558,6 +704,7 @@ mod tests {
             error: false,
             has_records: false,
             preferred_replica: false,
+            pending: false,
         }
     }
 
@@ -581,7 +728,12 @@ mod tests {
         let id = open(&mut c, "t", 3, false, 0);
         assert!(id > 0);
         assert_eq!(c.len(), 1);
-        let Context::Incremental { epoch, parts, .. } = incremental(&mut c, id, 1, 1) else {
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { parts, .. },
+            ..
+        } = incremental(&mut c, id, 1, 1)
+        else {
             panic!("expected an incremental context");
         };
         assert_eq!(epoch, 2);
@@ -627,7 +779,12 @@ mod tests {
     fn only_changed_partitions_are_answered() {
         let mut c = Cache::new(10, EVICTION_MS, 0, 1);
         let id = open(&mut c, "t", 4, true, 0);
-        let Context::Incremental { epoch, parts, .. } = incremental(&mut c, id, 1, 1) else {
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { parts, .. },
+            ..
+        } = incremental(&mut c, id, 1, 1)
+        else {
             panic!()
         };
         let keys: Vec<PartKey> = parts.iter().map(|(k, _)| k.clone()).collect();
@@ -642,11 +799,16 @@ mod tests {
             (keys[2].clone(), resp(6)),
             (keys[3].clone(), failed),
         ];
-        let keep = c.answered(id, epoch, &answers).unwrap().unwrap();
+        let keep = c.answered(id, epoch, &answers, None, 0).unwrap().unwrap();
         assert_eq!(keep, vec![false, true, true, true]);
         // Next time: the errored one is answered again once healthy, the rest are quiet;
         // the partition that returned records moved to the end of the order.
-        let Context::Incremental { epoch, parts, .. } = incremental(&mut c, id, 2, 2) else {
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { parts, .. },
+            ..
+        } = incremental(&mut c, id, 2, 2)
+        else {
             panic!()
         };
         let order: Vec<i32> = parts.iter().map(|(k, _)| k.1).collect();
@@ -657,7 +819,7 @@ mod tests {
             (key("t", 3), resp(5)),
             (key("t", 1), resp(5)),
         ];
-        let keep = c.answered(id, epoch, &answers).unwrap().unwrap();
+        let keep = c.answered(id, epoch, &answers, None, 0).unwrap().unwrap();
         assert_eq!(keep, vec![false, false, true, false]);
         // The last stable offset or the log start moving is news too.
         let Context::Incremental { epoch, .. } = incremental(&mut c, id, 3, 3) else {
@@ -668,8 +830,130 @@ mod tests {
         let mut start = resp(6);
         start.log_start_offset = Offset::new(2);
         let answers = vec![(key("t", 0), lso), (key("t", 2), start)];
-        let keep = c.answered(id, epoch, &answers).unwrap().unwrap();
+        let keep = c.answered(id, epoch, &answers, None, 0).unwrap().unwrap();
         assert_eq!(keep, vec![true, true]);
+    }
+
+    #[test]
+    fn a_large_follower_session_reads_what_changed_between_sweeps() {
+        let mut c = Cache::new(10, EVICTION_MS, 0, 1);
+        let n = FEED_MIN_PARTS as i32;
+        // A consumer's session, however large, and a small follower's read everything.
+        let consumer = open(&mut c, "c", n, false, 0);
+        let small = open(&mut c, "s", n - 1, true, 0);
+        for id in [consumer, small] {
+            let ctx = incremental(&mut c, id, 1, 1);
+            assert!(
+                matches!(
+                    ctx,
+                    Context::Incremental {
+                        reads: Reads::All { mark: false, .. },
+                        ..
+                    }
+                ),
+                "{ctx:?}"
+            );
+        }
+        let id = open(&mut c, "t", n, true, 0);
+        // No feed position yet: everything, positions to be noted.
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { parts, mark: true },
+            ..
+        } = incremental(&mut c, id, 1, 10)
+        else {
+            panic!("expected a sweep");
+        };
+        assert_eq!(parts.len(), n as usize);
+        let mut answers: Vec<_> = parts.iter().map(|(k, _)| (k.clone(), resp(5))).collect();
+        answers[3].1.has_records = true;
+        answers[4].1.error = true;
+        answers[5].1.pending = true;
+        let mark = FeedMark {
+            positions: vec![7, 9],
+            swept: true,
+        };
+        c.answered(id, epoch, &answers, Some(mark), 10)
+            .unwrap()
+            .unwrap();
+        // Next: the positions, the listed partition and the three with more to say.
+        let listed = (key("t", 20), req(3));
+        let ctx = c.context(12, id, epoch, std::slice::from_ref(&listed), &[], 20);
+        let Context::Incremental {
+            epoch,
+            reads:
+                Reads::Changed {
+                    positions,
+                    must,
+                    by_id: false,
+                },
+            ..
+        } = ctx
+        else {
+            panic!("expected a read of changes: {ctx:?}");
+        };
+        assert_eq!(positions, vec![7, 9]);
+        let mut must_sorted = must.clone();
+        must_sorted.sort();
+        assert_eq!(
+            must_sorted,
+            vec![key("t", 3), key("t", 4), key("t", 5), key("t", 20)]
+        );
+        // Selected in the session's order (partition 3 moved to its end with its
+        // records), each once, unknown keys dropped, with the session's requests.
+        let picked = c.select(
+            id,
+            must.into_iter()
+                .chain([key("t", 1), key("t", 1), key("nope", 0)]),
+        );
+        let order: Vec<i32> = picked.iter().map(|(k, _)| k.1).collect();
+        assert_eq!(order, vec![1, 4, 5, 20, 3]);
+        assert_eq!(picked[3].1.fetch_offset.get(), 3);
+        // Answered quietly: nothing sticks, and without a mark the next reads all.
+        let quiet: Vec<_> = picked.iter().map(|(k, _)| (k.clone(), resp(5))).collect();
+        let mark = FeedMark {
+            positions: vec![8, 9],
+            swept: false,
+        };
+        c.answered(id, epoch, &quiet, Some(mark), 20)
+            .unwrap()
+            .unwrap();
+        let Context::Incremental {
+            epoch,
+            reads: Reads::Changed { must, .. },
+            ..
+        } = incremental(&mut c, id, epoch, 30)
+        else {
+            panic!("expected a read of changes");
+        };
+        assert!(must.is_empty(), "{must:?}");
+        c.answered(id, epoch, &[], None, 30).unwrap().unwrap();
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { mark: true, .. },
+            ..
+        } = incremental(&mut c, id, epoch, 40)
+        else {
+            panic!("expected a sweep after an answer without positions");
+        };
+        // And a sweep once FEED_SWEEP_MS passed since the last one.
+        let mark = FeedMark {
+            positions: vec![9, 9],
+            swept: false,
+        };
+        c.answered(id, epoch, &[], Some(mark), 40).unwrap().unwrap();
+        let later = 10 + FEED_SWEEP_MS;
+        let ctx = incremental(&mut c, id, epoch, later);
+        assert!(
+            matches!(
+                ctx,
+                Context::Incremental {
+                    reads: Reads::All { mark: true, .. },
+                    ..
+                }
+            ),
+            "{ctx:?}"
+        );
     }
 
     #[test]
@@ -685,7 +969,7 @@ mod tests {
             Context::Incremental { .. }
         ));
         assert_eq!(
-            c.answered(id, first, &[(key("t", 0), resp(5))]),
+            c.answered(id, first, &[(key("t", 0), resp(5))], None, 0),
             Err(ResponseError::InvalidFetchSessionEpoch)
         );
     }
@@ -702,13 +986,18 @@ mod tests {
             &[key("t", 1)],
             1,
         );
-        let Context::Incremental { epoch, parts, .. } = ctx else {
+        let Context::Incremental {
+            epoch,
+            reads: Reads::All { parts, .. },
+            ..
+        } = ctx
+        else {
             panic!()
         };
         assert_eq!(parts, vec![(key("t", 0), req(7)), (key("u", 0), req(0))]);
         // The added partition is answered the first time even with nothing new.
         let answers = vec![(key("t", 0), resp(5)), (key("u", 0), resp(0))];
-        let keep = c.answered(id, epoch, &answers).unwrap().unwrap();
+        let keep = c.answered(id, epoch, &answers, None, 0).unwrap().unwrap();
         assert_eq!(keep, vec![false, true]);
         assert_eq!(c.partitions(), 2);
         // Forgetting every partition closes the session.
@@ -798,6 +1087,35 @@ mod tests {
     }
 
     #[test]
+    fn building_from_the_changes_is_building_from_the_whole_list() {
+        let (mut whole, mut changes) = (Handler::default(), Handler::default());
+        let all: Vec<_> = (0..5).map(|p| (key("t", p), req(0))).collect();
+        assert_eq!(whole.build(&all), changes.build(&all));
+        for h in [&mut whole, &mut changes] {
+            assert!(h.answered(0, 42));
+            assert!(!h.is_full());
+        }
+        // Partition 1 moved on, 3 left, u-0 joined.
+        let mut next = all.clone();
+        next[1].1 = req(7);
+        next.remove(3);
+        next.push((key("u", 0), req(0)));
+        let by_whole = whole.build(&next);
+        let by_changes = changes.build_changed(
+            vec![(key("t", 1), req(7)), (key("u", 0), req(0))],
+            vec![key("t", 3)],
+        );
+        assert_eq!(by_whole, by_changes);
+        for h in [&mut whole, &mut changes] {
+            assert!(h.answered(0, 42));
+        }
+        // And the two remember the same: nothing to send for the same list.
+        let (a, b) = (whole.build(&next), changes.build(&next));
+        assert_eq!(a, b);
+        assert!(a.to_send.is_empty() && a.forgotten.is_empty());
+    }
+
+    #[test]
     fn the_handler_sends_only_changes_and_falls_back_to_full() {
         let mut h = Handler::default();
         let all = vec![(key("t", 0), req(0)), (key("t", 1), req(0))];
@@ -858,7 +1176,7 @@ mod tests {
                 Context::Incremental {
                     id,
                     epoch,
-                    parts: read,
+                    reads: Reads::All { parts: read, .. },
                 } => {
                     assert_eq!(read.len(), 100);
                     let offset7 = read
@@ -869,7 +1187,7 @@ mod tests {
                         .fetch_offset;
                     assert_eq!(offset7.get(), if round >= 3 { 10 } else { 0 });
                     let news: Vec<_> = read.iter().map(|(k, _)| (k.clone(), resp(5))).collect();
-                    let keep = c.answered(id, epoch, &news).unwrap().unwrap();
+                    let keep = c.answered(id, epoch, &news, None, 0).unwrap().unwrap();
                     (r.to_send.len(), (id, keep.iter().filter(|k| **k).count()))
                 }
                 other => panic!("{other:?}"),

@@ -126,6 +126,11 @@ shard_calls! {
     /// Wait until any partition's visible end passes its offset (durable end for a
     /// follower fetch, high watermark for a consumer), or the timeout.
     Wait => wait -> bool;
+    /// The serving shard's change feed after a position: the new position and the
+    /// partitions changed since (`crate::partition::changes`).
+    Changes => changes -> (u64, Vec<(String, i32)>);
+    /// Wait until the serving shard's change feed moves past a position, or the timeout.
+    WaitChange => wait_change -> bool;
     ListOffsets => list_offsets -> Vec<Result<ListedOffset, ApiError>>;
     /// ListOffsets v0: each partition's segments as Kafka's "offsets before" sees them.
     OffsetsBefore => offsets_before -> Vec<Result<SegmentTimes, ApiError>>;
@@ -295,6 +300,17 @@ pub struct Wait {
     pub follower: bool,
     /// A read_committed consumer: wait for the last stable offset to pass.
     pub read_committed: bool,
+}
+
+/// See [`ShardReq::Changes`].
+pub struct Changes {
+    pub since: u64,
+}
+
+/// See [`ShardReq::WaitChange`].
+pub struct WaitChange {
+    pub since: u64,
+    pub timeout: Duration,
 }
 
 /// One partition of a ListOffsets (v1+) call.

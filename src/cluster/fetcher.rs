@@ -33,6 +33,7 @@ use crate::base::rpc::Propose;
 use crate::base::util::{join_all, sb};
 use crate::partition::broker::{Broker, PartitionEvents};
 use crate::partition::replica::Replica;
+use sluice_protocol::{TopicPartition, TopicPartitionRef};
 
 /// Follower fetch parameters (the longest wait is `--replica-fetch-wait-max-ms`).
 const FETCH_PARTITION_BYTES: i32 = 4 << 20;
@@ -344,6 +345,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
     // The incremental fetch session with the leader (KIP-227): full fetch first, then
     // only the partitions whose fetch position changed, joined or left.
     let mut session = fetch_session::Handler::default();
+    let mut following = Following::default();
     let mut backoff = RETRY_FIRST;
     loop {
         let Some(b) = broker.upgrade() else { return };
@@ -351,16 +353,20 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
         // the round's poll.
         let wake = b.fetcher_wake(leader);
         let seen = wake.as_ref().map_or(0, |w| w.joined());
-        let parts: Vec<Rc<Replica>> = b
-            .replicas()
-            .into_iter()
-            .filter(|r| {
-                r.state()
-                    .follower()
-                    .is_some_and(|f| f.leader() == leader.get())
-            })
-            .collect();
-        if parts.is_empty() {
+        let version = b.hosting_version();
+        if following.version != Some(version) {
+            let parts: Vec<Rc<Replica>> = b
+                .replicas()
+                .into_iter()
+                .filter(|r| {
+                    r.state()
+                        .follower()
+                        .is_some_and(|f| f.leader() == leader.get())
+                })
+                .collect();
+            following.relist(version, parts);
+        }
+        if following.parts.is_empty() {
             b.fetcher_stopped(leader);
             return;
         }
@@ -392,11 +398,12 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
             }
         };
         let result = async {
-            let truncating = truncate_phase(c, me, &parts).await?;
+            let truncating = truncate_phase(c, me, &following.parts).await?;
             // A partition still truncating (its leader does not know it yet) is retried
             // soon: this round's fetch must not wait at the leader.
             let wait = if truncating { Duration::ZERO } else { max_wait };
-            let round = fetch_phase(c, me, &parts, wait, joined, &mut session).await?;
+            let round =
+                fetch_phase(c, me, leader, &mut following, wait, joined, &mut session).await?;
             Ok::<_, FetcherError>(if truncating && round == Round::Fetched {
                 Round::Refused
             } else {
@@ -427,6 +434,41 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
             }
         }
     }
+}
+
+/// The partitions a fetcher follows from its leader: listed again only when the
+/// shard's partitions or roles change (`Broker::hosting_version`), so a round of a
+/// follower of thousands of partitions allocates nothing per partition and tells the
+/// leader only what changed ([`fetch_session::Handler::build_changed`]).
+#[derive(Default)]
+struct Following {
+    /// The hosting version `parts` was listed at.
+    version: Option<u64>,
+    parts: Vec<Rc<Replica>>,
+    /// What the session last told the leader of each (`None`: not in the session).
+    sent: Vec<Option<PartReq>>,
+    /// Each partition's place in `parts`.
+    index: HashMap<TopicPartition, usize>,
+    /// Listed again since the last request: the next one compares the whole list.
+    relisted: bool,
+}
+
+impl Following {
+    fn relist(&mut self, version: u64, parts: Vec<Rc<Replica>>) {
+        self.index = parts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (TopicPartition::new(r.topic.as_str(), r.partition), i))
+            .collect();
+        self.sent = vec![None; parts.len()];
+        self.parts = parts;
+        self.version = Some(version);
+        self.relisted = true;
+    }
+}
+
+fn part_key(r: &Replica) -> PartKey {
+    (TopicKey::Name(r.topic.clone()), r.partition)
 }
 
 /// Per-partition request parts grouped by topic, topics in first-seen order.
@@ -558,50 +600,81 @@ async fn truncate_phase(
 async fn fetch_phase(
     c: &mut Conn,
     me: NodeId,
-    parts: &[Rc<Replica>],
+    leader: NodeId,
+    following: &mut Following,
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
 ) -> Result<Round, FetcherError> {
+    let parts = &following.parts;
     for r in parts.iter().filter(|r| r.log_end() > r.durable_end()) {
         if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
             sync_tail(r, epoch).await?;
         }
     }
-    // With the fetch offset each partition asks from (its durable end).
-    let fetching: Vec<(&Rc<Replica>, LeaderEpoch, Offset)> = parts
+    // Each partition's request while it fetches from this leader, from its durable
+    // end (a partition that moved on since the list was made is left out).
+    let current: Vec<Option<(LeaderEpoch, PartReq)>> = parts
         .iter()
-        .filter_map(|r| match follower_state(r) {
-            Some((FollowerPhase::Fetching, epoch)) => Some((r, epoch, r.durable_end())),
-            _ => None,
-        })
-        .collect();
-    if fetching.is_empty() {
-        return Ok(Round::Refused);
-    }
-    let next: Vec<(PartKey, PartReq)> = fetching
-        .iter()
-        .map(|(r, epoch, fetch_offset)| {
+        .map(|r| {
+            let (epoch, follows) = {
+                let state = r.state();
+                let f = state.follower()?;
+                (
+                    LeaderEpoch::new(f.leader_epoch()),
+                    f.phase() == FollowerPhase::Fetching && f.leader() == leader.get(),
+                )
+            };
+            if !follows {
+                return None;
+            }
+            let fetch_offset = r.durable_end();
             let req = PartReq {
-                fetch_offset: *fetch_offset,
+                fetch_offset,
                 log_start_offset: r.log_start(),
                 max_bytes: FETCH_PARTITION_BYTES,
-                current_leader_epoch: *epoch,
+                current_leader_epoch: epoch,
                 last_fetched_epoch: LeaderEpoch::NONE,
             };
             // A follower asks from what it holds durably: never past its log.
             assert!(
-                *fetch_offset <= r.log_end() && req.log_start_offset <= *fetch_offset,
+                fetch_offset <= r.log_end() && req.log_start_offset <= fetch_offset,
                 "{}-{}: fetch from {fetch_offset} outside its log [{}, {}]",
                 r.topic,
                 r.partition,
                 req.log_start_offset,
                 r.log_end()
             );
-            ((TopicKey::Name(r.topic.clone()), r.partition), req)
+            Some((epoch, req))
         })
         .collect();
-    let built = session.build(&next);
+    if current.iter().all(Option::is_none) {
+        return Ok(Round::Refused);
+    }
+    let built = if session.is_full() || following.relisted {
+        let next: Vec<(PartKey, PartReq)> = parts
+            .iter()
+            .zip(&current)
+            .filter_map(|(r, c)| c.map(|(_, req)| (part_key(r), req)))
+            .collect();
+        session.build(&next)
+    } else {
+        let (mut changed, mut forgotten) = (Vec::new(), Vec::new());
+        for ((r, c), sent) in parts.iter().zip(&current).zip(&following.sent) {
+            let now = c.map(|(_, req)| req);
+            if now != *sent {
+                match now {
+                    Some(req) => changed.push((part_key(r), req)),
+                    None => forgotten.push(part_key(r)),
+                }
+            }
+        }
+        session.build_changed(changed, forgotten)
+    };
+    following.relisted = false;
+    for (sent, c) in following.sent.iter_mut().zip(&current) {
+        *sent = c.map(|(_, req)| req);
+    }
     let req = FetchRequest::default()
         .with_replica_id(me.into())
         .with_max_wait_ms(wait.as_millis() as i32)
@@ -627,19 +700,18 @@ async fn fetch_phase(
     }
     let mut got_data = false;
     let mut had_error = false;
-    let index: HashMap<(&str, i32), usize> = fetching
-        .iter()
-        .enumerate()
-        .map(|(i, (r, _, _))| ((r.topic.as_str(), r.partition), i))
-        .collect();
     // Partitions answered without error, with their records (maybe none).
     let mut answered = Vec::new();
     for t in resp.responses {
         for p in t.partitions {
-            let Some(&i) = index.get(&(t.topic.0.as_str(), p.partition_index)) else {
+            let key = TopicPartitionRef::new(t.topic.0.as_str(), p.partition_index);
+            let Some(&i) = following.index.get(key.key()) else {
                 continue;
             };
-            let (r, epoch, fetch_offset) = &fetching[i];
+            let Some((epoch, req)) = &current[i] else {
+                continue;
+            };
+            let (r, fetch_offset) = (&parts[i], &req.fetch_offset);
             if p.error_code != 0 {
                 had_error = true;
                 let code = ResponseError::try_from_code(p.error_code);
@@ -684,8 +756,13 @@ async fn fetch_phase(
         .iter()
         .filter(|(_, records, _, _)| !records.is_empty())
         .map(|(i, records, _, _)| {
-            let (r, epoch, fetch_offset) = &fetching[*i];
-            async move { (*i, append_fetched(r, *epoch, *fetch_offset, records).await) }
+            let (r, (epoch, req)) = (&parts[*i], current[*i].expect("answered while fetching"));
+            async move {
+                (
+                    *i,
+                    append_fetched(r, epoch, req.fetch_offset, records).await,
+                )
+            }
         });
     let mut appended: HashMap<usize, bool> = HashMap::new();
     let mut failure = None;
@@ -701,7 +778,8 @@ async fn fetch_phase(
         return Err(e);
     }
     for (i, records, high_watermark, log_start) in answered {
-        let (r, epoch, _) = &fetching[i];
+        let (r, (epoch, _)) = (&parts[i], current[i].expect("answered while fetching"));
+        let epoch = &epoch;
         if !records.is_empty() {
             if !appended[&i] {
                 r.restart_truncation(*epoch);

@@ -89,6 +89,9 @@ pub struct Replica {
     unflushed_seen: Cell<Option<Offset>>,
     /// A flush that check asked for runs ([`Replica::flush_tail`]).
     tail_flushing: Cell<bool>,
+    /// Told with every `progress` notification (the shard's change feed:
+    /// `crate::partition::changes`).
+    on_change: RefCell<Option<Rc<dyn Fn()>>>,
 }
 
 /// The leader-epoch checkpoint's writer state (see the module docs).
@@ -296,6 +299,7 @@ impl Replica {
             checkpoint_state: CheckpointState::default(),
             unflushed_seen: Cell::new(None),
             tail_flushing: Cell::new(false),
+            on_change: RefCell::new(None),
         });
         // A leader's append takes its offsets only while this replica leads in the
         // append's epoch (see `PartitionLog::set_leader_fence`).
@@ -325,6 +329,17 @@ impl Replica {
 
     pub(crate) fn notify(&self) {
         self.progress.notify(usize::MAX);
+        if let Some(hook) = &*self.on_change.borrow() {
+            hook();
+        }
+    }
+
+    /// Installs the hook told whenever this replica or its log may answer a fetch
+    /// differently (progress notifications and [`PartitionLog::set_on_change`]).
+    pub fn set_on_change(&self, hook: Rc<dyn Fn()>) {
+        let h = hook.clone();
+        self.log.set_on_change(move || h());
+        *self.on_change.borrow_mut() = Some(hook);
     }
 
     /// The replica's state machine, to read (never held across an await).

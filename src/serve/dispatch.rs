@@ -71,6 +71,14 @@ impl ShardService for ShardServer {
             .await
     }
 
+    async fn changes(&self, c: rpc::Changes) -> (u64, Vec<(String, i32)>) {
+        self.broker.changes.since(c.since)
+    }
+
+    async fn wait_change(&self, c: rpc::WaitChange) -> bool {
+        self.broker.changes.wait_past(c.since, c.timeout).await
+    }
+
     async fn list_offsets(&self, c: rpc::ListOffsets) -> Vec<Result<rpc::ListedOffset, ApiError>> {
         let b = &self.broker;
         let futs = c

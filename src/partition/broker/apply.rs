@@ -93,9 +93,7 @@ impl Broker {
                     Ok(log) => {
                         tracing::debug!(shard = self.shard.0, topic = %topic, partition = p, "opened log");
                         let replica = Replica::open(topic, p, log.clone(), &self.checkpoints);
-                        let key = TopicPartition::new(topic.clone(), p);
-                        self.replicas.borrow_mut().insert(key.clone(), replica);
-                        self.logs.borrow_mut().insert(key, log);
+                        self.host(TopicPartition::new(topic.clone(), p), replica, log);
                     }
                     Err(e) => {
                         tracing::error!(topic = %topic, partition = p, error = %e, "cannot open log")
@@ -128,6 +126,7 @@ impl Broker {
             return;
         };
         let epoch_before = replica.leader_epoch();
+        self.hosting_changed();
         let follow = replica.reconcile(
             self.config.broker_id(),
             a,
@@ -175,6 +174,9 @@ impl Broker {
                 if let Some(r) = replicas.remove(k) {
                     retired.push(r);
                 }
+                // A session naming it learns that it is gone.
+                self.changes.changed(k.topic_arc(), k.partition());
+                self.hosting_changed();
             }
             keys.into_iter().filter_map(|k| logs.remove(&k)).collect()
         };
@@ -221,6 +223,7 @@ impl Broker {
         self.closing.set(true);
         let replicas: Vec<Rc<Replica>> =
             self.replicas.borrow_mut().drain().map(|(_, r)| r).collect();
+        self.hosting_changed();
         for r in replicas {
             r.retire().await;
         }

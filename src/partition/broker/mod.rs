@@ -140,6 +140,12 @@ pub struct Broker {
     /// This shard's incremental fetch sessions (KIP-227): a connection's fetches are
     /// handled on its shard, so its session lives there.
     pub fetch_sessions: RefCell<crate::base::fetch_session::Cache>,
+    /// Which of this shard's partitions changed, in order: large fetch sessions read
+    /// only those (`crate::partition::changes`).
+    pub changes: Rc<crate::partition::changes::ChangeFeed>,
+    /// Bumped whenever a partition comes or goes on this shard or a replica adopts a
+    /// role: the replica fetchers list the partitions they follow again only then.
+    hosting: Cell<u64>,
 }
 
 impl Broker {
@@ -180,6 +186,8 @@ impl Broker {
             subscribers: RefCell::new(Vec::new()),
             closing: Cell::new(false),
             offline: RefCell::new(BTreeMap::new()),
+            changes: Rc::default(),
+            hosting: Cell::new(0),
             fetch_sessions: RefCell::new(crate::base::fetch_session::Cache::new(
                 config
                     .max_incremental_fetch_session_cache_slots
@@ -200,6 +208,35 @@ impl Broker {
             )),
             config,
         }
+    }
+
+    /// Hosts a partition's log and replica on this shard (the two enter the maps
+    /// together), its changes told to the shard's change feed from now on.
+    pub(crate) fn host(&self, key: TopicPartition, replica: Rc<Replica>, log: Rc<PartitionLog>) {
+        let topic = key.topic_arc().clone();
+        let partition = key.partition();
+        let feed = Rc::downgrade(&self.changes);
+        let t = topic.clone();
+        replica.set_on_change(Rc::new(move || {
+            if let Some(feed) = feed.upgrade() {
+                feed.changed(&t, partition);
+            }
+        }));
+        self.replicas.borrow_mut().insert(key.clone(), replica);
+        self.logs.borrow_mut().insert(key, log);
+        self.changes.changed(&topic, partition);
+        self.hosting_changed();
+    }
+
+    /// See [`Self::hosting_version`].
+    pub(crate) fn hosting_changed(&self) {
+        self.hosting.set(self.hosting.get() + 1);
+    }
+
+    /// Changes whenever the set of this shard's partitions or any replica's role may
+    /// have changed (partitions opened, closed, taken offline; roles adopted).
+    pub fn hosting_version(&self) -> u64 {
+        self.hosting.get()
     }
 
     pub fn image(&self) -> Arc<MetadataImage> {

@@ -21,6 +21,8 @@ impl Broker {
     pub(super) fn take_offline(&self, key: TopicPartitionRef<'_>, cause: String) -> ApiError {
         let log = self.logs.borrow_mut().remove_entry(key.key());
         let replica = self.replicas.borrow_mut().remove(key.key());
+        self.changes.changed(&key.topic.into(), key.partition);
+        self.hosting_changed();
         // A partition's log and replica enter and leave the maps together.
         assert_eq!(
             log.is_some(),
@@ -191,10 +193,7 @@ impl Broker {
         match reopened {
             Ok(log) => {
                 let replica = Replica::open(name, p, log.clone(), &self.checkpoints);
-                self.replicas
-                    .borrow_mut()
-                    .insert(key.clone(), replica.clone());
-                self.logs.borrow_mut().insert(key.clone(), log);
+                self.host(key.clone(), replica.clone(), log);
                 self.offline.borrow_mut().remove(key);
                 tracing::warn!(topic = %name, partition = p, "partition back online: its log reopened and recovered");
                 if image.registered {

@@ -47,10 +47,12 @@ use kafka_protocol::messages::BrokerId;
 use sluice_shard::ShardId;
 
 use crate::base::error::{self, ApiError};
-use crate::base::fetch_session::{Cache, Context, PartKey, PartReq, PartResp, TopicKey};
+use crate::base::fetch_session::{
+    Cache, Context, FeedMark, PartKey, PartReq, PartResp, Reads, TopicKey,
+};
 use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::metadata::MetadataImage;
-use crate::base::rpc::{Read, ReadItem, ReadOut, WaitItem};
+use crate::base::rpc::{Changes, Read, ReadItem, ReadOut, WaitChange, WaitItem};
 use crate::base::topic_config::{downconversion_enabled, stores_zstd};
 use crate::partition::broker::Broker;
 use crate::partition::replica::ANY_REPLICA_CONSUMER;
@@ -58,7 +60,7 @@ use sluice_replication::cluster::PartitionState;
 use sluice_storage::message_set::{self, MessageSetError};
 use uuid::Uuid;
 
-use crate::base::util::{now_ms, sb};
+use crate::base::util::{any_true, join_all, now_ms, sb};
 
 /// Upper bound on how long one fetch may wait, whatever the client asks.
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
@@ -179,9 +181,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         && broker.config.rack_aware_fetch
         && !client_rack.is_empty())
     .then_some(client_rack.as_str());
-    let me = broker.config.node_id;
     let (parts, forgotten) = requested(version, &req);
-    let context = broker.fetch_sessions.borrow_mut().context(
+    let mut context = broker.fetch_sessions.borrow_mut().context(
         version,
         req.session_id,
         req.session_epoch,
@@ -190,68 +191,54 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         now_ms().max(0) as u64,
     );
     publish_sessions(broker);
-    let parts = match &context {
+    // A large follower session reads only what changed (`Reads::Changed`); `feed` is
+    // where it stands in the shards' change feeds, noted before reading.
+    let mut feed: Option<FeedMark> = None;
+    let (parts, changed_reads) = match &mut context {
         Context::Error(code) => return session_error(*code),
-        Context::Incremental { parts, .. } => parts.clone(),
-        Context::Full | Context::Sessionless => parts,
+        Context::Incremental {
+            reads: Reads::All { parts, mark },
+            ..
+        } => {
+            if *mark {
+                feed = Some(FeedMark {
+                    positions: feed_positions(broker).await,
+                    swept: true,
+                });
+            }
+            (std::mem::take(parts), None)
+        }
+        Context::Incremental {
+            id,
+            reads:
+                Reads::Changed {
+                    positions,
+                    must,
+                    by_id,
+                },
+            ..
+        } => {
+            let (positions, changed) = feed_changes(broker, positions).await;
+            let keys = std::mem::take(must)
+                .into_iter()
+                .chain(changed_keys(&image, *by_id, changed));
+            let parts = broker.fetch_sessions.borrow().select(*id, keys);
+            feed = Some(FeedMark {
+                positions,
+                swept: false,
+            });
+            (parts, Some((*id, *by_id)))
+        }
+        Context::Full | Context::Sessionless => (parts, None),
     };
     let mut ids = TopicIds {
         image: &image,
         names: HashMap::new(),
     };
-    let mut slots = Vec::new();
-    for (key, r) in parts {
-        let (name, topic_id, unknown_id) = match &key.0 {
-            TopicKey::Name(n) => {
-                let id = image.topics.get(n.as_str()).map_or(Uuid::nil(), |m| m.id);
-                (n.clone(), id, false)
-            }
-            TopicKey::Id(id) => match ids.name(*id) {
-                Some(n) => (n, *id, false),
-                None => (String::new(), *id, true),
-            },
-        };
-        let meta = image.topics.get(name.as_str()).filter(|_| !unknown_id);
-        let partition = key.1;
-        let owner = meta
-            .filter(|m| (0..m.partitions).contains(&partition))
-            .map(|m| broker.owner(m, partition));
-        let preferred = select_for.and_then(|rack| {
-            let a = meta?.assignment(partition)?;
-            preferred_read_replica(&image, me, a, rack, partition)
-        });
-        slots.push(Slot {
-            topic: kafka_protocol::messages::TopicName(sb(name)),
-            topic_id,
-            req: r,
-            partition,
-            offset: r.fetch_offset,
-            // Redirected: the read only fills in the offsets of the answer.
-            max_bytes: if preferred.is_some() {
-                0
-            } else {
-                r.max_bytes.max(0) as usize
-            },
-            current_leader_epoch: r.current_leader_epoch,
-            owner,
-            unknown_id,
-            // Both flags only for the versions that read them: the effective configs
-            // are a copy of the topic's map, and a follower's fetch of thousands of
-            // partitions made one per partition on every fetch.
-            downconversion: version > 3 || meta.is_none_or(|m| downconversion_enabled(&m.configs)),
-            // The topic's own compression.type, else a dynamic broker default.
-            zstd_topic: version < 10
-                && meta.is_some_and(|m| {
-                    stores_zstd(&crate::base::broker_configs::effective_topic_configs(
-                        &image,
-                        NodeId::new(me),
-                        &m.configs,
-                    ))
-                }),
-            preferred,
-            key,
-        });
-    }
+    let mut slots: Vec<Slot> = parts
+        .into_iter()
+        .map(|(key, r)| slot(broker, &image, &mut ids, version, select_for, key, r))
+        .collect();
     let read_committed = replica_id < 0 && req.isolation_level == 1;
     // Consumers of Fetch v11+ may be served by a follower (KIP-392).
     let item_replica_id = if replica_id < 0 && version >= 11 {
@@ -260,13 +247,31 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         NodeId::new(replica_id)
     };
     let redirected = slots.iter().any(|s| s.preferred.is_some());
-    let mut outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
+    let (mut outs, mut pending) =
+        read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
     loop {
         let total: usize = outs.iter().map(|o| o.records.len()).sum();
         let any_error = outs.iter().any(|o| o.error.is_some());
         // A preferred read replica is answered at once, as Kafka does.
         if total >= min_bytes || any_error || redirected || Instant::now() >= deadline {
             break;
+        }
+        if let (Some((id, by_id)), Some(mark)) = (changed_reads, feed.as_mut()) {
+            // Wait for the next change on any shard, then read what changed since
+            // along with what was read already (the answer is the last read's).
+            wait_for_changes(broker, &mark.positions, deadline).await;
+            let (positions, changed) = feed_changes(broker, &mark.positions).await;
+            mark.positions = positions;
+            let fresh: Vec<PartKey> = changed_keys(&image, by_id, changed)
+                .filter(|k| !slots.iter().any(|s| s.key == *k))
+                .collect();
+            let added = broker.fetch_sessions.borrow().select(id, fresh);
+            for (key, r) in added {
+                slots.push(slot(broker, &image, &mut ids, version, select_for, key, r));
+            }
+            (outs, pending) =
+                read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
+            continue;
         }
         // Wait for appends past what is there now (not past the fetch offset), so a
         // partition holding less than min_bytes does not wake the wait at once.
@@ -295,20 +300,153 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         broker
             .wait_for_data(waits, deadline, replica_id >= 0, read_committed)
             .await;
-        outs = read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
+        (outs, pending) =
+            read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
     }
     let mut sessions = broker.fetch_sessions.borrow_mut();
     let resp = build_response(
         version,
         slots,
         outs,
+        &pending,
         &context,
+        feed,
         replica_id >= 0,
         &mut sessions,
     );
     drop(sessions);
     publish_sessions(broker);
     resp
+}
+
+/// What the handler needs of one partition to read and answer it.
+fn slot(
+    broker: &Rc<Broker>,
+    image: &MetadataImage,
+    ids: &mut TopicIds<'_>,
+    version: i16,
+    select_for: Option<&str>,
+    key: PartKey,
+    r: PartReq,
+) -> Slot {
+    let me = broker.config.node_id;
+    let (name, topic_id, unknown_id) = match &key.0 {
+        TopicKey::Name(n) => {
+            let id = image.topics.get(n.as_str()).map_or(Uuid::nil(), |m| m.id);
+            (n.clone(), id, false)
+        }
+        TopicKey::Id(id) => match ids.name(*id) {
+            Some(n) => (n, *id, false),
+            None => (String::new(), *id, true),
+        },
+    };
+    let meta = image.topics.get(name.as_str()).filter(|_| !unknown_id);
+    let partition = key.1;
+    let owner = meta
+        .filter(|m| (0..m.partitions).contains(&partition))
+        .map(|m| broker.owner(m, partition));
+    let preferred = select_for.and_then(|rack| {
+        let a = meta?.assignment(partition)?;
+        preferred_read_replica(image, me, a, rack, partition)
+    });
+    Slot {
+        topic: kafka_protocol::messages::TopicName(sb(name)),
+        topic_id,
+        req: r,
+        partition,
+        offset: r.fetch_offset,
+        // Redirected: the read only fills in the offsets of the answer.
+        max_bytes: if preferred.is_some() {
+            0
+        } else {
+            r.max_bytes.max(0) as usize
+        },
+        current_leader_epoch: r.current_leader_epoch,
+        owner,
+        unknown_id,
+        // Both flags only for the versions that read them: the effective configs are
+        // a copy of the topic's map, and a follower's fetch of thousands of partitions
+        // made one per partition on every fetch.
+        downconversion: version > 3 || meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+        // The topic's own compression.type, else a dynamic broker default.
+        zstd_topic: version < 10
+            && meta.is_some_and(|m| {
+                stores_zstd(&crate::base::broker_configs::effective_topic_configs(
+                    image,
+                    NodeId::new(me),
+                    &m.configs,
+                ))
+            }),
+        preferred,
+        key,
+    }
+}
+
+/// Every shard's change-feed position now (see `crate::partition::changes`), by
+/// shard index.
+async fn feed_positions(broker: &Rc<Broker>) -> Vec<u64> {
+    let shards = broker.mesh.shard_count();
+    feed_changes(broker, &vec![u64::MAX; shards]).await.0
+}
+
+/// The partitions changed on every shard after `positions` (by shard index), and the
+/// new positions. A shard that does not answer reads as unchanged, at position 0 (its
+/// every partition counts as changed next time).
+async fn feed_changes(broker: &Rc<Broker>, positions: &[u64]) -> (Vec<u64>, Vec<(String, i32)>) {
+    let shards = broker.mesh.shard_count();
+    let calls = (0..shards).map(|i| {
+        let since = positions.get(i).copied().unwrap_or(0);
+        async move {
+            broker
+                .call(ShardId(i), Changes { since })
+                .await
+                .unwrap_or((0, Vec::new()))
+        }
+    });
+    let answers = join_all(calls).await;
+    let mut changed = Vec::new();
+    let mut at = Vec::with_capacity(shards);
+    for (position, parts) in answers {
+        at.push(position);
+        changed.extend(parts);
+    }
+    (at, changed)
+}
+
+/// Waits until any shard's change feed moves past its position, or the deadline.
+async fn wait_for_changes(broker: &Rc<Broker>, positions: &[u64], deadline: Instant) {
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    if timeout.is_zero() {
+        return;
+    }
+    let calls = (0..broker.mesh.shard_count())
+        .map(|i| {
+            let since = positions.get(i).copied().unwrap_or(0);
+            async move {
+                matches!(
+                    broker.call(ShardId(i), WaitChange { since, timeout }).await,
+                    Ok(true)
+                )
+            }
+        })
+        .collect();
+    any_true(calls).await;
+}
+
+/// Changed partitions as a session keys them (by topic id for Fetch v13+).
+fn changed_keys<'a>(
+    image: &'a MetadataImage,
+    by_id: bool,
+    changed: Vec<(String, i32)>,
+) -> impl Iterator<Item = PartKey> + 'a {
+    changed.into_iter().filter_map(move |(topic, p)| {
+        let key = if by_id {
+            TopicKey::Id(image.topics.get(topic.as_str())?.id)
+        } else {
+            TopicKey::Name(topic)
+        };
+        Some((key, p))
+    })
 }
 
 /// KIP-392's rack-aware selection (Kafka's RackAwareReplicaSelector), made by the
@@ -343,13 +481,15 @@ fn preferred_read_replica(
     Some(candidates[partition.unsigned_abs() as usize % candidates.len()])
 }
 
+/// Reads every slot; the answers, and for each whether records it had were left out
+/// for the response's byte budget.
 async fn read_all(
     broker: &Rc<Broker>,
     slots: &[Slot],
     max_bytes: usize,
     replica_id: NodeId,
     read_committed: bool,
-) -> Vec<ReadOut> {
+) -> (Vec<ReadOut>, Vec<bool>) {
     let jobs: Vec<(ShardId, ReadItem)> = slots
         .iter()
         .filter_map(|s| {
@@ -400,14 +540,16 @@ async fn read_all(
             },
         })
         .collect();
-    trim(&mut outs, max_bytes);
-    outs
+    let pending = trim(&mut outs, max_bytes);
+    (outs, pending)
 }
 
-/// Enforces the response-wide byte budget in request order.
-fn trim(outs: &mut [ReadOut], max_bytes: usize) {
+/// Enforces the response-wide byte budget in request order; says which answers lost
+/// their records to it.
+fn trim(outs: &mut [ReadOut], max_bytes: usize) -> Vec<bool> {
     let mut used = 0usize;
-    for o in outs.iter_mut() {
+    let mut dropped = vec![false; outs.len()];
+    for (o, dropped) in outs.iter_mut().zip(dropped.iter_mut()) {
         let len = o.records.len();
         if len == 0 {
             continue;
@@ -416,8 +558,10 @@ fn trim(outs: &mut [ReadOut], max_bytes: usize) {
             used += len;
         } else {
             o.records = Bytes::new();
+            *dropped = true;
         }
     }
+    dropped
 }
 
 /// The records of one partition for a Fetch v0–v3 client: message sets of the magic the
@@ -471,36 +615,40 @@ fn down_convert(version: i16, s: &Slot, o: &mut ReadOut) {
 
 /// The response: every partition read for a full fetch (opening a session if asked
 /// and there is room), only those with news for an incremental one.
+#[allow(clippy::too_many_arguments)]
 fn build_response(
     version: i16,
     slots: Vec<Slot>,
     outs: Vec<ReadOut>,
+    pending: &[bool],
     context: &Context,
+    feed: Option<FeedMark>,
     privileged: bool,
     sessions: &mut Cache,
 ) -> FetchResponse {
-    let mut answered: Vec<(Slot, PartitionData)> = slots
+    let mut answered: Vec<(Slot, PartitionData, bool)> = slots
         .into_iter()
         .zip(outs)
-        .map(|(s, o)| {
+        .zip(pending)
+        .map(|((s, o), pending)| {
             let pd = partition_data(version, &s, o);
-            (s, pd)
+            (s, pd, *pending)
         })
         .collect();
     let session_id = match context {
         Context::Full => {
             let cached: Vec<_> = answered
                 .iter()
-                .map(|(s, pd)| (s.key.clone(), s.req, part_resp(pd)))
+                .map(|(s, pd, pending)| (s.key.clone(), s.req, part_resp(pd, *pending)))
                 .collect();
             sessions.open(privileged, version >= 13, &cached, now_ms().max(0) as u64)
         }
         Context::Incremental { id, epoch, .. } => {
             let news: Vec<_> = answered
                 .iter()
-                .map(|(s, pd)| (s.key.clone(), part_resp(pd)))
+                .map(|(s, pd, pending)| (s.key.clone(), part_resp(pd, *pending)))
                 .collect();
-            match sessions.answered(*id, *epoch, &news) {
+            match sessions.answered(*id, *epoch, &news, feed, now_ms().max(0) as u64) {
                 Err(code) => return session_error(code).with_session_id(*id),
                 Ok(Some(keep)) => {
                     let mut keep = keep.into_iter();
@@ -514,7 +662,7 @@ fn build_response(
         Context::Sessionless | Context::Error(_) => 0,
     };
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
-    for (s, pd) in answered {
+    for (s, pd, _) in answered {
         match topics.last_mut() {
             Some(t) if t.topic == s.topic && t.topic_id == s.topic_id => t.partitions.push(pd),
             _ => topics.push(
@@ -531,8 +679,9 @@ fn build_response(
 }
 
 /// What a fetch session compares of one partition's answer.
-fn part_resp(pd: &PartitionData) -> PartResp {
+fn part_resp(pd: &PartitionData, pending: bool) -> PartResp {
     PartResp {
+        pending,
         high_watermark: Offset::new(pd.high_watermark),
         last_stable_offset: Offset::new(pd.last_stable_offset),
         log_start_offset: Offset::new(pd.log_start_offset),
@@ -619,11 +768,11 @@ mod tests {
     #[test]
     fn trim_keeps_the_first_batch_and_respects_the_budget() {
         let mut v = vec![out(0), out(100), out(50), out(10)];
-        trim(&mut v, 60);
+        assert_eq!(trim(&mut v, 60), vec![false, false, true, true]);
         let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
         assert_eq!(lens, vec![0, 100, 0, 0]);
         let mut v = vec![out(10), out(20), out(40)];
-        trim(&mut v, 35);
+        assert_eq!(trim(&mut v, 35), vec![false, false, true]);
         let lens: Vec<usize> = v.iter().map(|o| o.records.len()).collect();
         assert_eq!(lens, vec![10, 20, 0]);
     }

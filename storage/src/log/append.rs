@@ -39,6 +39,10 @@ pub enum Checked {
 /// [`PartitionLog::set_leader_fence`]).
 pub type LeaderFence = Box<dyn Fn(i32) -> bool>;
 
+/// Told whenever what a read of the log answers may have changed (see
+/// [`PartitionLog::set_on_change`]).
+pub type ChangeHook = Box<dyn Fn()>;
+
 /// An appended batch on its way to the device: [`PartitionLog::written`] waits for
 /// (and, if no write is in flight, starts) the write that carries it. Dropped
 /// unawaited, the bytes stay accepted and go out with the next write of the log.
@@ -201,6 +205,21 @@ impl PartitionLog {
     /// with [`Error::NotLeader`] otherwise. A follower's copies are not checked.
     pub fn set_leader_fence(&self, leads_in: impl Fn(i32) -> bool + 'static) {
         *self.leader_fence.borrow_mut() = Some(Box::new(leads_in));
+    }
+
+    /// Installs the hook told whenever what a read answers may have changed: an append
+    /// (as soon as it has its offsets, with [`Self::append_event`]), a failure, a
+    /// truncation, and a move of the log start (DeleteRecords, retention). The broker's
+    /// change feed uses it, so a fetch session reads only the partitions that changed.
+    pub fn set_on_change(&self, hook: impl Fn() + 'static) {
+        *self.on_change.borrow_mut() = Some(Box::new(hook));
+    }
+
+    /// Tells the change hook, if any.
+    pub(crate) fn changed(&self) {
+        if let Some(hook) = &*self.on_change.borrow() {
+            hook();
+        }
     }
 
     /// Waits until a staged append is written to the device (not yet synced, unless
@@ -469,6 +488,7 @@ impl PartitionLog {
             (info, log_file, target, pushed)
         };
         self.append_event.notify(usize::MAX);
+        self.changed();
         // Journaled: acknowledged once the journal's record is written (write-through),
         // the segment file written behind it. Otherwise once the segment file's is.
         let staged = match pushed {

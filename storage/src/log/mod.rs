@@ -78,7 +78,9 @@ mod read;
 mod recovery;
 mod retention;
 
-pub use append::{AppendInfo, Checked, Judged, LeaderFence, Staged, UNCOPIED_BATCH_BYTES_MIN};
+pub use append::{
+    AppendInfo, ChangeHook, Checked, Judged, LeaderFence, Staged, UNCOPIED_BATCH_BYTES_MIN,
+};
 pub use cleaner::CompactStats;
 pub use close::CloseReport;
 pub use journaled::Replayed;
@@ -169,6 +171,8 @@ pub struct PartitionLog {
     failure: RefCell<Option<String>>,
     /// See [`PartitionLog::set_leader_fence`].
     leader_fence: RefCell<Option<LeaderFence>>,
+    /// See [`PartitionLog::set_on_change`].
+    on_change: RefCell<Option<append::ChangeHook>>,
     /// The closed segment whose files compaction is swapping right now.
     swapping: Cell<Option<i64>>,
     /// A compaction pass is running (one at a time per log).
@@ -363,6 +367,7 @@ impl PartitionLog {
         // Nothing is served from a failed log: free its cached batches.
         self.storage.cache.borrow_mut().invalidate(self.id);
         self.append_event.notify(usize::MAX);
+        self.changed();
     }
 
     fn check_open(&self) -> Result<(), Error> {

@@ -18,7 +18,9 @@ impl PartitionLog {
     /// lacks (Kafka's truncate-fully-and-start-at); crash-safe like a roll followed by
     /// `delete_records_before` (recovery keeps an empty last segment, R10).
     pub async fn reset_to(&self, offset: i64) -> Result<(), Error> {
-        self.guarded(self.reset_to_unguarded(offset)).await
+        let r = self.guarded(self.reset_to_unguarded(offset)).await;
+        self.changed();
+        r
     }
 
     async fn reset_to_unguarded(&self, offset: i64) -> Result<(), Error> {
@@ -49,7 +51,9 @@ impl PartitionLog {
     /// Removes every offset at or after `offset` (rounded down to the start of the batch
     /// containing it). For followers whose log diverged from their leader's.
     pub async fn truncate_to(&self, offset: i64) -> Result<(), Error> {
-        self.guarded(self.truncate_to_unguarded(offset)).await
+        let r = self.guarded(self.truncate_to_unguarded(offset)).await;
+        self.changed();
+        r
     }
 
     async fn truncate_to_unguarded(&self, offset: i64) -> Result<(), Error> {
@@ -193,8 +197,11 @@ impl PartitionLog {
     /// Advances the log start offset to `offset` (Kafka DeleteRecords) and deletes the
     /// segments wholly below it. `offset` must not pass the log end.
     pub async fn delete_records_before(&self, offset: i64) -> Result<i64, Error> {
-        self.guarded(self.delete_records_before_unguarded(offset))
-            .await
+        let r = self
+            .guarded(self.delete_records_before_unguarded(offset))
+            .await;
+        self.changed();
+        r
     }
 
     async fn delete_records_before_unguarded(&self, offset: i64) -> Result<i64, Error> {
@@ -300,7 +307,11 @@ impl PartitionLog {
     /// Deletes closed segments past `retention.ms` (by their newest timestamp) or
     /// beyond `retention.bytes`, oldest first; never the active segment.
     pub async fn enforce_retention(&self) -> Result<u32, Error> {
-        self.guarded(self.enforce_retention_unguarded()).await
+        let r = self.guarded(self.enforce_retention_unguarded()).await;
+        if !matches!(r, Ok(0)) {
+            self.changed();
+        }
+        r
     }
 
     async fn enforce_retention_unguarded(&self) -> Result<u32, Error> {

@@ -146,8 +146,30 @@ fn settings_of(args: ServeArgs) -> Result<Settings, ConfigError> {
     Ok(args.settings.or(file))
 }
 
+/// Tells glibc's allocator to keep what a shard frees for its next round instead of
+/// handing it back to the kernel at once. A fetch or produce round over thousands of
+/// partitions allocates one boxed future per partition and frees them all together;
+/// with glibc's defaults (a heap top over 128 KiB trimmed on free, allocations over
+/// 128 KiB, rising with use, mapped and unmapped each time) every round grew the heap
+/// again and the kernel zeroed fresh pages for it: with three brokers at 10,000
+/// partitions (RF=3, 30k records/s) a tenth of the CPU went to clearing pages, and
+/// p50/p99 were about twice what they are with these limits (one run each; noisy).
+/// Freed memory kept this way is bounded by the trim threshold (128 MiB) per arena;
+/// allocations of 32 MiB or more are still mapped and returned when freed.
+fn keep_freed_memory() {
+    // SAFETY: mallopt only changes allocator tunables; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        keep_freed_memory();
+    }
     // `serve` logs in the format its flags or file ask for; the rest log as text.
     if !matches!(cli.command, Command::Serve(_)) {
         init_logging("text");

@@ -32,7 +32,7 @@
 //! decides whether a request is sessionless, opens a session or is incremental; an
 //! incremental answer lists only the partitions with something new.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Not;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -262,9 +262,11 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             wait_for_changes(broker, &mark.positions, deadline).await;
             let (positions, changed) = feed_changes(broker, &mark.positions).await;
             mark.positions = positions;
+            let read: HashSet<&PartKey> = slots.iter().map(|s| &s.key).collect();
             let fresh: Vec<PartKey> = changed_keys(&image, by_id, changed)
-                .filter(|k| !slots.iter().any(|s| s.key == *k))
+                .filter(|k| !read.contains(k))
                 .collect();
+            drop(read);
             let added = broker.fetch_sessions.borrow().select(id, fresh);
             for (key, r) in added {
                 slots.push(slot(broker, &image, &mut ids, version, select_for, key, r));

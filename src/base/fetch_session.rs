@@ -147,9 +147,7 @@ impl Session {
 
     /// Whether an incremental fetch reads only what changed.
     fn reads_changes(&self) -> bool {
-        self.privileged
-            && self.parts.len() >= FEED_MIN_PARTS
-            && std::env::var_os("SLUICE_FEED_OFF").is_none()
+        self.privileged && self.parts.len() >= FEED_MIN_PARTS
     }
 
     fn move_to_end(&mut self, key: &PartKey) {

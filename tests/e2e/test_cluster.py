@@ -666,12 +666,16 @@ def test_group_consumes_across_coordinator_failover(cluster):
 # DeleteRecords reaches the followers ------------------------------------------------
 
 @pytest.mark.cores(2)
-def test_deleted_records_stay_deleted_after_failover(cluster):
+@pytest.mark.parametrize("partitions", [2, 120])
+def test_deleted_records_stay_deleted_after_failover(cluster, partitions):
     from confluent_kafka import Consumer, TopicPartition
     topic = "trimmed"
-    # Two partitions (only 0 is used) so that, with --cores 2, each broker has a log on
-    # each shard (a topic's partitions go round-robin over the shards).
-    cluster.create_topic(topic, partitions=2, rf=3, configs=DURABLE)
+    # At least two partitions (only 0 is used) so that, with --cores 2, each broker has
+    # a log on each shard (a topic's partitions go round-robin over the shards). With
+    # 120, each follower's session with each leader holds about 40 partitions, over
+    # FEED_MIN_PARTS: its fetches read only what changed (src/partition/changes.rs),
+    # and the log start must still reach it.
+    cluster.create_topic(topic, partitions=partitions, rf=3, configs=DURABLE)
     acks = Acks()
     produce_n(producer(cluster.bootstrap), topic, [0], 40, acks, "t")
     assert acks.count() == 40 and not acks.failed

@@ -470,6 +470,16 @@ impl Cache {
         picked.into_values().collect()
     }
 
+    /// Every partition of session `id`, in its order.
+    pub fn all(&self, id: i32) -> Vec<(PartKey, PartReq)> {
+        self.sessions.get(&id).map_or_else(Vec::new, |s| {
+            s.order
+                .values()
+                .map(|k| (k.clone(), s.parts[k].req))
+                .collect()
+        })
+    }
+
     /// Kafka's tryEvict (see the module docs). True if a slot was freed.
     fn try_evict(&mut self, privileged: bool, size: usize, now_ms: u64) -> bool {
         let Some(&(used, oldest)) = self.last_used.first() else {

@@ -14,7 +14,9 @@
 //! when its replica notifies progress (high watermark, role, leader epoch, ISR), and
 //! when it comes or goes on this shard. Each partition is in the feed once, at its
 //! latest change; a change costs a map update, and a position never becomes too old
-//! to read from.
+//! to read from. The feed records nothing until it is first read (a broker with no
+//! large follower session, as a single broker, pays one counter per change); a
+//! position from before that reads as unknown: the reader reads everything.
 //!
 //! [`PartitionLog::set_on_change`]: sluice_storage::log::PartitionLog::set_on_change
 
@@ -32,6 +34,8 @@ type Key = (Arc<str>, i32);
 pub struct ChangeFeed {
     /// The position of the latest change (0: none yet).
     seq: Cell<u64>,
+    /// The position recording began at (`None`: not read yet, nothing recorded).
+    start: Cell<Option<u64>>,
     /// Each partition's latest change.
     at: RefCell<HashMap<Key, u64>>,
     /// The same, by position.
@@ -51,6 +55,10 @@ impl ChangeFeed {
     pub fn changed(&self, topic: &Arc<str>, partition: i32) {
         let seq = self.seq.get() + 1;
         self.seq.set(seq);
+        if self.start.get().is_none() {
+            self.event.notify(usize::MAX);
+            return;
+        }
         let key = (topic.clone(), partition);
         let mut order = self.order.borrow_mut();
         if let Some(before) = self.at.borrow_mut().insert(key.clone(), seq) {
@@ -67,15 +75,30 @@ impl ChangeFeed {
     }
 
     /// The partitions changed after position `since`, each once, and the position
-    /// they bring the reader to.
-    pub fn since(&self, since: u64) -> (u64, Vec<(String, i32)>) {
+    /// they bring the reader to; `None` if the feed cannot say (it was not recording
+    /// then). `u64::MAX` asks for the position alone (and starts the recording).
+    pub fn since(&self, since: u64) -> (u64, Option<Vec<(String, i32)>>) {
+        let seq = self.seq.get();
+        let start = match self.start.get() {
+            Some(start) => start,
+            None => {
+                self.start.set(Some(seq));
+                seq
+            }
+        };
+        if since == u64::MAX {
+            return (seq, Some(Vec::new()));
+        }
+        if since < start {
+            return (seq, None);
+        }
         let parts = self
             .order
             .borrow()
             .range(since.saturating_add(1)..)
             .map(|(_, (t, p))| (t.to_string(), *p))
             .collect();
-        (self.seq.get(), parts)
+        (seq, Some(parts))
     }
 
     /// Waits until something changes after position `since`, or `timeout` (then
@@ -116,19 +139,28 @@ mod tests {
     fn a_reader_sees_each_changed_partition_once_from_its_position() {
         let feed = ChangeFeed::default();
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        assert_eq!(feed.since(0), (0, vec![]));
+        // Nothing recorded before the first read: a change then is unknown to a reader
+        // at an older position.
+        feed.changed(&a, 9);
+        assert_eq!(feed.len(), 0);
+        assert_eq!(feed.since(u64::MAX), (1, Some(vec![])));
+        assert_eq!(feed.since(0), (1, None));
+        assert_eq!(feed.since(1), (1, Some(vec![])));
         feed.changed(&a, 0);
         feed.changed(&b, 1);
         feed.changed(&a, 0);
-        let (pos, parts) = feed.since(0);
-        assert_eq!(pos, 3);
-        assert_eq!(parts, vec![("b".to_string(), 1), ("a".to_string(), 0)]);
+        let (pos, parts) = feed.since(1);
+        assert_eq!(pos, 4);
+        assert_eq!(
+            parts.unwrap(),
+            vec![("b".to_string(), 1), ("a".to_string(), 0)]
+        );
         // From the position a reader had after the first change: both again (a changed
         // since), in the order of their latest change.
-        assert_eq!(feed.since(1).1.len(), 2);
-        assert_eq!(feed.since(3), (3, vec![]));
+        assert_eq!(feed.since(2).1.unwrap().len(), 2);
+        assert_eq!(feed.since(4), (4, Some(vec![])));
         feed.changed(&b, 2);
-        assert_eq!(feed.since(pos), (4, vec![("b".to_string(), 2)]));
+        assert_eq!(feed.since(pos), (5, Some(vec![("b".to_string(), 2)])));
         assert_eq!(feed.len(), 3);
     }
 

@@ -71,7 +71,7 @@ impl ShardService for ShardServer {
             .await
     }
 
-    async fn changes(&self, c: rpc::Changes) -> (u64, Vec<(String, i32)>) {
+    async fn changes(&self, c: rpc::Changes) -> (u64, Option<Vec<(String, i32)>>) {
         self.broker.changes.since(c.since)
     }
 

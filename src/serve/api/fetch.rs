@@ -197,16 +197,20 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
     let (parts, changed_reads) = match &mut context {
         Context::Error(code) => return session_error(*code),
         Context::Incremental {
+            id,
             reads: Reads::All { parts, mark },
             ..
         } => {
+            // A large follower session's sweep: its long poll waits on the feeds too.
+            let mut changed_reads = None;
             if *mark {
                 feed = Some(FeedMark {
                     positions: feed_positions(broker).await,
                     swept: true,
                 });
+                changed_reads = Some((*id, version >= 13));
             }
-            (std::mem::take(parts), None)
+            (std::mem::take(parts), changed_reads)
         }
         Context::Incremental {
             id,
@@ -219,14 +223,17 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             ..
         } => {
             let (positions, changed) = feed_changes(broker, positions).await;
-            let keys = std::mem::take(must)
-                .into_iter()
-                .chain(changed_keys(&image, *by_id, changed));
-            let parts = broker.fetch_sessions.borrow().select(*id, keys);
-            feed = Some(FeedMark {
-                positions,
-                swept: false,
-            });
+            let swept = changed.is_none();
+            let parts = match changed {
+                Some(changed) => {
+                    let keys = std::mem::take(must)
+                        .into_iter()
+                        .chain(changed_keys(&image, *by_id, changed));
+                    broker.fetch_sessions.borrow().select(*id, keys)
+                }
+                None => broker.fetch_sessions.borrow().all(*id),
+            };
+            feed = Some(FeedMark { positions, swept });
             (parts, Some((*id, *by_id)))
         }
         Context::Full | Context::Sessionless => (parts, None),
@@ -263,11 +270,20 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             let (positions, changed) = feed_changes(broker, &mark.positions).await;
             mark.positions = positions;
             let read: HashSet<&PartKey> = slots.iter().map(|s| &s.key).collect();
-            let fresh: Vec<PartKey> = changed_keys(&image, by_id, changed)
-                .filter(|k| !read.contains(k))
-                .collect();
+            let added = match changed {
+                Some(changed) => {
+                    let fresh: Vec<PartKey> = changed_keys(&image, by_id, changed)
+                        .filter(|k| !read.contains(k))
+                        .collect();
+                    broker.fetch_sessions.borrow().select(id, fresh)
+                }
+                None => {
+                    let mut all = broker.fetch_sessions.borrow().all(id);
+                    all.retain(|(k, _)| !read.contains(k));
+                    all
+                }
+            };
             drop(read);
-            let added = broker.fetch_sessions.borrow().select(id, fresh);
             for (key, r) in added {
                 slots.push(slot(broker, &image, &mut ids, version, select_for, key, r));
             }
@@ -392,9 +408,12 @@ async fn feed_positions(broker: &Rc<Broker>) -> Vec<u64> {
 }
 
 /// The partitions changed on every shard after `positions` (by shard index), and the
-/// new positions. A shard that does not answer reads as unchanged, at position 0 (its
-/// every partition counts as changed next time).
-async fn feed_changes(broker: &Rc<Broker>, positions: &[u64]) -> (Vec<u64>, Vec<(String, i32)>) {
+/// new positions; `None` if some shard cannot say (its feed was not recording then, or
+/// it did not answer): read everything.
+async fn feed_changes(
+    broker: &Rc<Broker>,
+    positions: &[u64],
+) -> (Vec<u64>, Option<Vec<(String, i32)>>) {
     let shards = broker.mesh.shard_count();
     let calls = (0..shards).map(|i| {
         let since = positions.get(i).copied().unwrap_or(0);
@@ -402,15 +421,18 @@ async fn feed_changes(broker: &Rc<Broker>, positions: &[u64]) -> (Vec<u64>, Vec<
             broker
                 .call(ShardId(i), Changes { since })
                 .await
-                .unwrap_or((0, Vec::new()))
+                .unwrap_or((0, None))
         }
     });
     let answers = join_all(calls).await;
-    let mut changed = Vec::new();
+    let mut changed = Some(Vec::new());
     let mut at = Vec::with_capacity(shards);
     for (position, parts) in answers {
         at.push(position);
-        changed.extend(parts);
+        match (parts, changed.as_mut()) {
+            (Some(parts), Some(all)) => all.extend(parts),
+            _ => changed = None,
+        }
     }
     (at, changed)
 }

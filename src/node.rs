@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_shard::{Mesh, MeshBuilders, MeshLimits, RuntimeConfig, ShardId};
 use sluice_storage::{DescriptorPool, Storage, StorageLimits, SystemClock};
@@ -145,6 +145,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     let builders: MeshBuilders<ShardReq, Answered> =
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
+    let handed_over = Arc::new(AtomicBool::new(false));
     let mut runtime = RuntimeConfig::new(config.cores);
     runtime.pin = sluice_shard::runtime::pin_shards(config.cores);
     runtime.wake_period = std::time::Duration::from_millis(config.reactor_wake_ms);
@@ -160,6 +161,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 descriptors: descriptors.clone(),
                 registry: registry.clone(),
                 lag: lag.clone(),
+                handed_over: handed_over.clone(),
             };
             move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
@@ -283,6 +285,18 @@ struct Shared {
     descriptors: Descriptors,
     registry: Arc<crate::observe::metrics::Registry>,
     lag: Arc<crate::observe::lag::LagBoard>,
+    /// Set by shard 0 once a stop's controlled shutdown is over (the leaderships moved,
+    /// or there was nothing to move); the other shards serve until then.
+    handed_over: Arc<AtomicBool>,
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 async fn run_shard(
@@ -297,7 +311,10 @@ async fn run_shard(
         descriptors,
         registry,
         lag,
+        handed_over,
     } = shared;
+    // However shard 0 ends, the other shards do not wait for its hand-over after that.
+    let _handed_over_on_exit = (shard.0 == 0).then(|| SetOnDrop(handed_over.clone()));
     let mesh_limits = mesh_limits(&descriptors, config.cores);
     // Storage first: it must be the first DMA-file user on this executor.
     let limits = StorageLimits {
@@ -435,6 +452,47 @@ async fn run_shard(
     }
     if shard.0 == 0 {
         crate::base::host::notify("STOPPING=1\nSTATUS=stopping");
+    }
+    // Controlled shutdown: every shard keeps serving (answering NOT_LEADER_OR_FOLLOWER
+    // once its partitions moved, so clients find the new leaders at once) until shard 0
+    // has the quorum move this broker's leaderships and every shard adopted that.
+    let hand_over_max = Duration::from_millis(broker.config.broker_session_timeout_ms);
+    match &quorum {
+        Some(q) => {
+            let started = Instant::now();
+            if let Some(version) = q.controlled_shutdown(hand_over_max).await {
+                let left = hand_over_max.saturating_sub(started.elapsed());
+                let adopted = futures_lite::future::or(
+                    async {
+                        broker.wait_published(version).await;
+                        true
+                    },
+                    async {
+                        glommio::timer::sleep(left).await;
+                        false
+                    },
+                )
+                .await;
+                let led = broker
+                    .replicas()
+                    .iter()
+                    .filter(|r| r.leader_epoch().is_some())
+                    .count();
+                tracing::info!(
+                    adopted,
+                    led_here = led,
+                    ms = started.elapsed().as_millis() as u64,
+                    "controlled shutdown: leaderships moved to other in-sync replicas"
+                );
+            }
+            handed_over.store(true, Ordering::SeqCst);
+        }
+        None => {
+            let started = Instant::now();
+            while !handed_over.load(Ordering::SeqCst) && started.elapsed() < hand_over_max * 2 {
+                glommio::timer::sleep(STOP_POLL).await;
+            }
+        }
     }
     listening.set(false);
     broker.metrics.set_serving(shard.0, false);

@@ -10,10 +10,18 @@
 //! return, and moves leadership back to preferred replicas. Every broker proposes its
 //! own registration at start (a new incarnation each start).
 //!
+//! Controlled shutdown (Kafka's, through the broker heartbeat): a broker told to stop
+//! sends "shutting down" instead of heartbeats and proposes its own fencing, which moves
+//! its leaderships to other in-sync replicas and takes it out of the ISRs; every node
+//! remembers the incarnation that is shutting down and never unfences it (a restart is
+//! a new incarnation, which registers and is unfenced as usual).
+//!
 //! Wire format on the controller port: frames `[len u32 BE][kind u8][payload]`; kind 1
 //! is a raft message (protobuf), kind 2 a broker heartbeat `[node i32 LE][incarnation
-//! u64 LE]`. Each node keeps one outbound connection per peer; inbound connections only
-//! receive. A message that cannot be sent is dropped (raft retransmits).
+//! u64 LE]`, kind 3 the same payload for a broker shutting down. Each node keeps one
+//! outbound connection per peer; inbound connections only receive. A message that
+//! cannot be sent is dropped (raft retransmits; kind 3 is sent every heartbeat
+//! interval until the broker stops).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -69,6 +77,7 @@ pub enum QuorumIoError {
 
 const KIND_RAFT: u8 = 1;
 const KIND_HEARTBEAT: u8 = 2;
+const KIND_SHUTTING_DOWN: u8 = 3;
 const JOURNAL_ENTRY: u8 = 1;
 const JOURNAL_HARD_STATE: u8 = 2;
 const JOURNAL_SNAPSHOT: u8 = 3;
@@ -121,6 +130,11 @@ pub struct QuorumNode {
     last_seen: RefCell<HashMap<i32, (Instant, u64)>>,
     /// Fence/unfence proposals in flight, so one lapse makes one proposal.
     proposing: RefCell<HashSet<(i32, bool)>>,
+    /// Brokers in controlled shutdown, by the incarnation that is stopping: never
+    /// unfenced (see the module docs).
+    shutting_down: RefCell<HashMap<i32, u64>>,
+    /// This broker is in controlled shutdown: it sends kind 3 instead of heartbeats.
+    stopping: Cell<bool>,
     was_leader: Cell<bool>,
     last_leader: Cell<u64>,
     /// Fires when the state or the leader changed (for the image publisher).
@@ -199,6 +213,8 @@ impl QuorumNode {
             next_token: Cell::new(incarnation),
             drive_lock: Semaphore::new(1),
             last_seen: RefCell::new(HashMap::new()),
+            shutting_down: RefCell::new(HashMap::new()),
+            stopping: Cell::new(false),
             proposing: RefCell::new(HashSet::new()),
             was_leader: Cell::new(false),
             last_leader: Cell::new(0),
@@ -262,6 +278,56 @@ impl QuorumNode {
     /// Counts state and leader changes; the publisher compares it.
     pub fn change_count(&self) -> u64 {
         self.change_count.get()
+    }
+
+    /// Sends this broker's heartbeat to every peer, or, in controlled shutdown, that
+    /// this incarnation is shutting down.
+    fn send_heartbeat(&self) {
+        let kind = if self.stopping.get() {
+            KIND_SHUTTING_DOWN
+        } else {
+            KIND_HEARTBEAT
+        };
+        let mut frame = Vec::with_capacity(17);
+        frame.extend_from_slice(&13u32.to_be_bytes());
+        frame.push(kind);
+        frame.extend_from_slice(&self.cfg.node_id.to_le_bytes());
+        frame.extend_from_slice(&self.incarnation.to_le_bytes());
+        for q in self.peers.borrow().values() {
+            q.push(frame.clone());
+        }
+        if !self.stopping.get() {
+            self.last_seen
+                .borrow_mut()
+                .insert(self.cfg.node_id, (Instant::now(), self.incarnation));
+        }
+    }
+
+    /// Controlled shutdown: moves this broker's leaderships to other in-sync replicas
+    /// and takes it out of the ISRs before it stops, by proposing its own fencing (see
+    /// the module docs). Returns the state version that holds it, for the caller to wait
+    /// until every shard adopted it; `None` when there is nothing to move to (not
+    /// registered, or no other live broker: a single node, the last of a cluster) or the
+    /// quorum did not apply it within `timeout` (then the broker stops as it would on a
+    /// crash: the others fence it after the session timeout).
+    pub async fn controlled_shutdown(self: &Rc<Self>, timeout: Duration) -> Option<u64> {
+        let me = self.cfg.node_id;
+        let others_live = self.with_state(|s| s.brokers.values().any(|b| b.id != me && !b.fenced));
+        if !self.registered() || !others_live {
+            return None;
+        }
+        self.stopping.set(true);
+        self.shutting_down.borrow_mut().insert(me, self.incarnation);
+        // Ahead of the proposal on each peer's connection: the controller knows not to
+        // unfence this incarnation before it applies the fencing.
+        self.send_heartbeat();
+        match self.propose(Command::FenceBroker { id: me }, timeout).await {
+            Ok((_, version)) => Some(version),
+            Err(e) => {
+                tracing::warn!(error = %e, "controlled shutdown: the quorum did not fence this broker; stopping without moving its leaderships");
+                None
+            }
+        }
     }
 
     /// True once this broker's registration (this incarnation) is applied.
@@ -520,9 +586,11 @@ impl QuorumNode {
                 self.spawn_propose(Command::Init { cluster_id: id }, None);
             }
         }
-        self.last_seen
-            .borrow_mut()
-            .insert(self.cfg.node_id, (now, self.incarnation));
+        if !self.stopping.get() {
+            self.last_seen
+                .borrow_mut()
+                .insert(self.cfg.node_id, (now, self.incarnation));
+        }
         let brokers: Vec<(i32, bool, u64)> = self.with_state(|s| {
             s.brokers
                 .values()
@@ -535,7 +603,10 @@ impl QuorumNode {
             if !fenced && seen.is_none_or(|(t, _)| lapsed(t)) {
                 tracing::warn!(broker = id, "broker heartbeats lapsed; fencing it");
                 self.spawn_propose(Command::FenceBroker { id }, Some((id, true)));
-            } else if fenced && seen.is_some_and(|(t, inc)| !lapsed(t) && inc == incarnation) {
+            } else if fenced
+                && seen.is_some_and(|(t, inc)| !lapsed(t) && inc == incarnation)
+                && self.shutting_down.borrow().get(&id) != Some(&incarnation)
+            {
                 tracing::info!(broker = id, "fenced broker heartbeats again; unfencing it");
                 self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
             }
@@ -585,6 +656,14 @@ impl QuorumNode {
                     .insert(id, (Instant::now(), incarnation));
                 Ok(())
             }
+            KIND_SHUTTING_DOWN if payload.len() == 12 => {
+                let id = i32::from_le_bytes(payload[..4].try_into().unwrap());
+                let incarnation = u64::from_le_bytes(payload[4..].try_into().unwrap());
+                if self.shutting_down.borrow_mut().insert(id, incarnation) != Some(incarnation) {
+                    tracing::info!(broker = id, "broker in controlled shutdown");
+                }
+                Ok(())
+            }
             k => Err(QuorumIoError::UnknownFrame(k)),
         }
     }
@@ -607,17 +686,7 @@ async fn heartbeater(node: std::rc::Weak<QuorumNode>) {
     loop {
         let Some(n) = node.upgrade() else { return };
         let interval = n.cfg.heartbeat_interval;
-        let mut frame = Vec::with_capacity(17);
-        frame.extend_from_slice(&13u32.to_be_bytes());
-        frame.push(KIND_HEARTBEAT);
-        frame.extend_from_slice(&n.cfg.node_id.to_le_bytes());
-        frame.extend_from_slice(&n.incarnation.to_le_bytes());
-        for q in n.peers.borrow().values() {
-            q.push(frame.clone());
-        }
-        n.last_seen
-            .borrow_mut()
-            .insert(n.cfg.node_id, (Instant::now(), n.incarnation));
+        n.send_heartbeat();
         drop(n);
         glommio::timer::sleep(interval).await;
     }

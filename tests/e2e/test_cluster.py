@@ -663,6 +663,65 @@ def test_group_consumes_across_coordinator_failover(cluster):
     assert not committed_values.intersection(v for (_, _, v) in got_b)
 
 
+# Controlled shutdown and a rolling restart (issue 41) ---------------------------------
+
+def test_sigterm_hands_leaderships_over_and_a_rolling_restart_loses_no_delivery(cluster):
+    """SIGTERM makes a broker have the quorum move its leaderships to other in-sync
+    replicas before it stops (Kafka's controlled shutdown): its own log says it led
+    nothing once every shard adopted that, so clients never wait for the session
+    timeout to find the new leaders. Restarting every broker in turn under an acks=all
+    producer at the client's defaults fails no delivery, and every acknowledged record
+    reads back. The longest delivery latency is reported, not asserted."""
+    import threading
+    topic = "rolling"
+    parts = list(range(6))
+    cluster.create_topic(topic, partitions=len(parts), rf=3, configs=DURABLE)
+    acks = Acks()
+    latencies = []
+
+    def report(err, msg):
+        acks(err, msg)
+        if err is None:
+            latencies.append(msg.latency())
+    p = Producer({"bootstrap.servers": cluster.bootstrap})
+    done = threading.Event()
+
+    def run():
+        i = 0
+        while not done.is_set():
+            part = parts[i % len(parts)]
+            try:
+                p.produce(topic, value=f"r-{part}-{i}".encode(), partition=part, on_delivery=report)
+                i += 1
+            except BufferError:
+                pass
+            p.poll(0.002)
+    writer = threading.Thread(target=run, daemon=True)
+    writer.start()
+    try:
+        for i in cluster.ids:
+            before = acks.count()
+            cluster.wait_until(lambda: acks.count() > before + 50, 30, "deliveries before the stop")
+            assert cluster.brokers[i].stop() == 0, f"broker {i} did not stop cleanly"
+            handed = re.findall(r"controlled shutdown: leaderships moved.*adopted=(\w+) led_here=(\d+)",
+                                cluster.log(i))
+            assert handed and handed[-1] == ("true", "0"), \
+                f"broker {i} stopped without handing its leaderships over: {handed}"
+            cluster.restart(i)
+            cluster.wait_until(lambda: all(len(cluster.isr_of(topic, q)) == 3 for q in parts), 60,
+                               f"full ISRs after broker {i} came back")
+        before = acks.count()
+        cluster.wait_until(lambda: acks.count() > before + 50, 30, "deliveries after the last restart")
+    finally:
+        done.set()
+        writer.join(10)
+    assert p.flush(60) == 0
+    assert not acks.failed, f"{len(acks.failed)} failed deliveries, e.g. {acks.failed[:3]}"
+    print(f"rolling restart: {acks.count()} records acknowledged, longest delivery "
+          f"{max(latencies) * 1000:.0f} ms")
+    check_log(cluster, topic, parts, acks.acked)
+
+
 # DeleteRecords reaches the followers ------------------------------------------------
 
 @pytest.mark.cores(2)

@@ -546,6 +546,34 @@ def test_cooperative_sticky_rebalances_incrementally(broker):
     b.close()
 
 
+def test_partitions_added_to_a_live_topic_are_consumed_by_the_running_group(broker):
+    """CreatePartitions on a topic a group consumes (issue 41): the members notice the
+    new partition count (librdkafka's metadata refresh), rebalance onto the new
+    partitions, and consume what is written there."""
+    from confluent_kafka.admin import NewPartitions
+    topic, group = "grows", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(broker.addr, topic, 2)
+    conf = {"topic.metadata.refresh.interval.ms": 1000}
+    a, b = Member(broker.addr, group, topic, **conf), Member(broker.addr, group, topic, **conf)
+    poll_until([a, b], lambda: balanced([a, b], 2), what="two members on two partitions")
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=30)
+    poll_until([a, b], lambda: balanced([a, b], 4), what="the group rebalanced onto 4 partitions")
+    p = Producer({"bootstrap.servers": broker.addr})
+    for part in range(4):
+        for i in range(25):
+            p.produce(topic, value=f"n{part}-{i}", partition=part)
+    assert p.flush(30) == 0
+    poll_until([a, b], lambda: len(a.records) + len(b.records) >= 100, what="100 records")
+    got = sorted(v for m in (a, b) for (_, _, v) in m.records)
+    assert got == sorted(f"n{part}-{i}" for part in range(4) for i in range(25))
+    # Each new partition was read by the member that owns it.
+    for m in (a, b):
+        assert {q for (q, _, _) in m.records} <= set(m.assignment())
+    a.close()
+    b.close()
+
+
 def test_two_groups_each_see_all_data(broker):
     topic = "g2"
     create_topic(broker.addr, topic, 4)

@@ -257,6 +257,13 @@ impl Quorum {
         let _ = self.node.campaign();
     }
 
+    /// Asks raft to hand this leader's role to voter `to` (once it is caught up, raft
+    /// tells it to campaign at once); proposals are dropped meanwhile. A controlled
+    /// shutdown of the leader uses it, so the others need not wait an election timeout.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.node.transfer_leader(to);
+    }
+
     /// Advances raft's logical clock by one tick.
     pub fn tick(&mut self) {
         self.node.tick();

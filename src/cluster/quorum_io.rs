@@ -321,13 +321,48 @@ impl QuorumNode {
         // Ahead of the proposal on each peer's connection: the controller knows not to
         // unfence this incarnation before it applies the fencing.
         self.send_heartbeat();
-        match self.propose(Command::FenceBroker { id: me }, timeout).await {
-            Ok((_, version)) => Some(version),
+        let started = Instant::now();
+        let version = match self.propose(Command::FenceBroker { id: me }, timeout).await {
+            Ok((_, version)) => version,
             Err(e) => {
                 tracing::warn!(error = %e, "controlled shutdown: the quorum did not fence this broker; stopping without moving its leaderships");
-                None
+                return None;
             }
+        };
+        self.hand_over_leadership(timeout.saturating_sub(started.elapsed()))
+            .await;
+        Some(version)
+    }
+
+    /// The active controller stopping: hands the raft leadership to a live voter, so
+    /// the quorum goes on without waiting an election timeout (a rolling restart's next
+    /// broker hands its own leaderships over through it). Waits until another node
+    /// leads or `timeout` (at most a second: after that the others elect one anyway).
+    async fn hand_over_leadership(&self, timeout: Duration) {
+        let me = self.cfg.node_id;
+        if !self.quorum.borrow().is_leader() {
+            return;
         }
+        let voters: Vec<i32> = self.peers.borrow().keys().map(|id| *id as i32).collect();
+        let Some(to) = self.with_state(|s| {
+            voters
+                .into_iter()
+                .filter(|v| *v != me && s.brokers.get(v).is_some_and(|b| !b.fenced))
+                .min()
+        }) else {
+            return;
+        };
+        self.quorum.borrow_mut().transfer_leader(to as u64);
+        self.drive().await;
+        let deadline = Instant::now() + timeout.min(Duration::from_secs(1));
+        while self.quorum.borrow().is_leader() && Instant::now() < deadline {
+            glommio::timer::sleep(self.cfg.tick).await;
+        }
+        tracing::info!(
+            to,
+            moved = !self.quorum.borrow().is_leader(),
+            "controlled shutdown: controller leadership handed over"
+        );
     }
 
     /// True once this broker's registration (this incarnation) is applied.

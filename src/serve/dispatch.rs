@@ -62,7 +62,28 @@ impl ShardService for ShardServer {
 
     async fn read(&self, c: rpc::Read) -> Vec<ReadOut> {
         let b = &self.broker;
-        join_all(c.items.into_iter().map(|it| b.read_local(it))).await
+        // Most reads are answered at once (nothing new, or the tail cache); only those
+        // that go to the disk become futures.
+        let mut outs: Vec<Option<ReadOut>> = Vec::with_capacity(c.items.len());
+        let mut pending = Vec::new();
+        for (i, it) in c.items.into_iter().enumerate() {
+            match b.read_start(it) {
+                Ok(out) => outs.push(Some(out)),
+                Err(p) => {
+                    outs.push(None);
+                    pending.push((i, p));
+                }
+            }
+        }
+        let reads = pending
+            .into_iter()
+            .map(|(i, p)| async move { (i, b.read_finish(p).await) });
+        for (i, out) in join_all(reads).await {
+            outs[i] = Some(out);
+        }
+        outs.into_iter()
+            .map(|o| o.expect("every read answered"))
+            .collect()
     }
 
     async fn wait(&self, c: rpc::Wait) -> bool {

@@ -293,6 +293,17 @@ impl Broker {
     }
 
     pub async fn read_local(self: &Rc<Self>, item: ReadItem) -> ReadOut {
+        match self.read_start(item) {
+            Ok(out) => out,
+            Err(pending) => self.read_finish(pending).await,
+        }
+    }
+
+    /// The part of a read that needs no disk: the answer (an error, nothing new, or
+    /// records from the tail cache), or the read to finish with [`Self::read_finish`].
+    /// A follower's fetch reads thousands of partitions per shard call, almost all from
+    /// the tail cache: only the rest get a future.
+    pub fn read_start(self: &Rc<Self>, item: ReadItem) -> Result<ReadOut, PendingRead> {
         let failed = |e: ApiError| ReadOut {
             error: Some(e),
             high_watermark: Offset::NONE,
@@ -306,22 +317,26 @@ impl Broker {
         // lookups (image, topic, log, config) are left to the partitions that fail.
         let replica = match self.replica(&item.topic, item.partition) {
             Ok(r) => r,
-            Err(e) => return failed(self.log(&item.topic, item.partition).err().unwrap_or(e)),
+            Err(e) => {
+                return Ok(failed(
+                    self.log(&item.topic, item.partition).err().unwrap_or(e),
+                ))
+            }
         };
         let log = replica.log.clone();
         if let Some(cause) = log.failure() {
             let key = TopicPartitionRef::new(&item.topic, item.partition);
-            return failed(self.take_offline(key, cause));
+            return Ok(failed(self.take_offline(key, cause)));
         }
         let (bound, hw, alter) =
             match replica.fetch_bound(item.replica_id, item.current_leader_epoch, item.offset) {
                 Ok(x) => x,
                 // The log start tells a follower below it where to resume.
                 Err(e) => {
-                    return ReadOut {
+                    return Ok(ReadOut {
                         log_start_offset: replica.log_start(),
                         ..failed(e)
-                    }
+                    })
                 }
             };
         if let Some(alter) = alter {
@@ -341,48 +356,44 @@ impl Broker {
         // OFFSET_OUT_OF_RANGE.
         let log_start = replica.log_start();
         if item.offset == bound && item.offset >= log_start {
-            return ReadOut {
+            return Ok(ReadOut {
                 error: None,
                 high_watermark: hw,
                 last_stable_offset: lso,
                 log_start_offset: log_start,
                 records: Bytes::new(),
                 aborted: Vec::new(),
-            };
+            });
         }
-        match log
-            .read(item.offset.get(), item.max_bytes.max(1), Some(bound.get()))
-            .await
-        {
-            Ok(r) => {
-                let aborted = if item.read_committed && !r.records.is_empty() {
-                    log.aborted_transactions(item.offset.get(), r.next_offset)
-                        .into_iter()
-                        .map(|(producer_id, first_offset)| AbortedTxn {
-                            producer_id: ProducerId::new(producer_id),
-                            first_offset: Offset::new(first_offset),
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                ReadOut {
-                    error: None,
-                    high_watermark: hw,
-                    last_stable_offset: lso,
-                    log_start_offset: Offset::new(r.log_start_offset),
-                    records: r.records,
-                    aborted,
-                }
-            }
-            Err(e) => ReadOut {
-                error: Some(error::from_storage(&e)),
-                high_watermark: hw,
-                last_stable_offset: lso,
-                log_start_offset: replica.log_start(),
-                ..Default::default()
-            },
+        let pending = PendingRead {
+            replica,
+            item,
+            bound,
+            hw,
+            lso,
+        };
+        match pending.replica.log.read_cached(
+            pending.item.offset.get(),
+            pending.item.max_bytes.max(1),
+            Some(bound.get()),
+        ) {
+            Some(r) => Ok(pending.answer(r)),
+            None => Err(pending),
         }
+    }
+
+    /// The rest of a read [`Self::read_start`] could not answer: from the segment files.
+    pub async fn read_finish(&self, pending: PendingRead) -> ReadOut {
+        let r = pending
+            .replica
+            .log
+            .read(
+                pending.item.offset.get(),
+                pending.item.max_bytes.max(1),
+                Some(pending.bound.get()),
+            )
+            .await;
+        pending.answer(r)
     }
 
     /// Waits until any partition's visible end (log end for a follower, high
@@ -683,6 +694,52 @@ async fn append_in_sequence(
         .await;
         if !woke {
             return Err(error::from_storage(&err));
+        }
+    }
+}
+
+/// A read that must go to the segment files (see [`Broker::read_start`]).
+pub struct PendingRead {
+    replica: Rc<Replica>,
+    item: ReadItem,
+    bound: Offset,
+    hw: Offset,
+    lso: Offset,
+}
+
+impl PendingRead {
+    /// The answer from the log's read.
+    fn answer(&self, r: Result<sluice_storage::log::ReadResult, sluice_storage::Error>) -> ReadOut {
+        let (item, log) = (&self.item, &self.replica.log);
+        match r {
+            Ok(r) => {
+                let aborted = if item.read_committed && !r.records.is_empty() {
+                    log.aborted_transactions(item.offset.get(), r.next_offset)
+                        .into_iter()
+                        .map(|(producer_id, first_offset)| AbortedTxn {
+                            producer_id: ProducerId::new(producer_id),
+                            first_offset: Offset::new(first_offset),
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                ReadOut {
+                    error: None,
+                    high_watermark: self.hw,
+                    last_stable_offset: self.lso,
+                    log_start_offset: Offset::new(r.log_start_offset),
+                    records: r.records,
+                    aborted,
+                }
+            }
+            Err(e) => ReadOut {
+                error: Some(error::from_storage(&e)),
+                high_watermark: self.hw,
+                last_stable_offset: self.lso,
+                log_start_offset: self.replica.log_start(),
+                ..Default::default()
+            },
         }
     }
 }

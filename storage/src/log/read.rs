@@ -100,12 +100,41 @@ impl PartitionLog {
             .await
     }
 
-    async fn read_unguarded(
+    /// [`Self::read`] when it needs no segment file: `Some` with its answer if the log
+    /// is failed or closed, the offset out of range, nothing is to be read, or the tail
+    /// cache holds the range; `None` if the read must go to the disk (call
+    /// [`Self::read`]). Lets a caller that reads thousands of partitions at once (a
+    /// follower's fetch) start a future only for the few that need the disk.
+    pub fn read_cached(
         &self,
         offset: i64,
         max_bytes: usize,
         max_offset: Option<i64>,
-    ) -> Result<ReadResult, Error> {
+    ) -> Option<Result<ReadResult, Error>> {
+        if let Some(cause) = self.failure() {
+            return Some(Err(Error::Failed(cause)));
+        }
+        let answer = match self.read_from_memory(offset, max_bytes, max_offset) {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(_)) => return None,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &answer {
+            self.note_failure(e);
+        }
+        Some(answer)
+    }
+
+    /// The checks and the tail-cache read of [`Self::read`]: the answer, or (inner
+    /// `Err`) the range `[offset, upper)` to read from the segment files with the
+    /// result's other fields.
+    #[allow(clippy::type_complexity)]
+    fn read_from_memory(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: Option<i64>,
+    ) -> Result<Result<ReadResult, (i64, ReadResult)>, Error> {
         self.check_open()?;
         let (log_start, log_end) = {
             let st = self.state.borrow();
@@ -119,30 +148,39 @@ impl PartitionLog {
             });
         }
         let upper = max_offset.unwrap_or(log_end).min(log_end);
-        let mut result = ReadResult {
+        let result = ReadResult {
             records: Bytes::new(),
             next_offset: offset,
             log_start_offset: log_start,
             log_end_offset: log_end,
         };
         if offset >= upper {
-            return Ok(result);
+            return Ok(Ok(result));
         }
         let cached = self
             .storage
             .cache
             .borrow_mut()
             .read(self.id, offset, max_bytes, upper);
-        let chunks = match cached {
-            Some(c) if !c.is_empty() => c,
-            _ => self.read_from_disk(offset, max_bytes, upper).await?,
-        };
-        if let Some(last) = chunks.last() {
-            let h = batch::BatchHeader::parse(last)?;
-            result.next_offset = h.last_offset() + 1;
+        match cached {
+            Some(chunks) if !chunks.is_empty() => Ok(Ok(with_chunks(result, chunks)?)),
+            _ => Ok(Err((upper, result))),
         }
-        result.records = concat(chunks);
-        Ok(result)
+    }
+
+    async fn read_unguarded(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        max_offset: Option<i64>,
+    ) -> Result<ReadResult, Error> {
+        match self.read_from_memory(offset, max_bytes, max_offset)? {
+            Ok(result) => Ok(result),
+            Err((upper, result)) => {
+                let chunks = self.read_from_disk(offset, max_bytes, upper).await?;
+                with_chunks(result, chunks)
+            }
+        }
     }
 
     async fn read_from_disk(
@@ -327,6 +365,16 @@ impl PartitionLog {
             offset = r.next_offset;
         }
     }
+}
+
+/// `result` with the batches read: its records and the offset after the last one.
+fn with_chunks(mut result: ReadResult, chunks: Vec<Bytes>) -> Result<ReadResult, Error> {
+    if let Some(last) = chunks.last() {
+        let h = batch::BatchHeader::parse(last)?;
+        result.next_offset = h.last_offset() + 1;
+    }
+    result.records = concat(chunks);
+    Ok(result)
 }
 
 fn concat(chunks: Vec<Bytes>) -> Bytes {

@@ -986,6 +986,22 @@ impl ClusterState {
         }
     }
 
+    /// Whether fencing `id` now would elect, for some partition it leads, a replica
+    /// outside the ISR (no other live in-sync replica, unclean election allowed): a
+    /// controlled shutdown must not do that to a broker that still holds the only
+    /// in-sync copy.
+    pub fn fencing_elects_unclean(&self, id: BrokerId) -> bool {
+        let alive = self.live_brokers();
+        let default_unclean =
+            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
+        self.topics.values().any(|t| {
+            unclean_allowed(&t.configs, default_unclean)
+                && t.partitions
+                    .iter()
+                    .any(|p| p.leader == id && !p.isr.iter().any(|r| *r != id && alive.contains(r)))
+        })
+    }
+
     /// Marks `id` fenced, takes it out of every ISR it is not the last member of, and
     /// moves its leaderships to live ISR members (or leaves the partition leaderless).
     fn fence(&mut self, id: BrokerId) {
@@ -1414,10 +1430,38 @@ mod tests {
             new_isr: vec![1],
         })
         .unwrap();
+        // A controlled shutdown of broker 1 would elect out of the ISR: it is told so.
+        assert!(s.fencing_elects_unclean(1));
+        assert!(!s.fencing_elects_unclean(2), "2 leads nothing");
         s.apply(&Command::FenceBroker { id: 1 }).unwrap();
         let p = s.partition("u", 0).unwrap();
         assert_eq!(p.leader, 2);
         assert_eq!(p.isr, vec![2]);
+        // With another live in-sync replica, or unclean election off, it would not.
+        let mut s = cluster(2);
+        for (name, id, unclean) in [("u", [1; 16], "true"), ("c", [2; 16], "false")] {
+            s.apply(&Command::CreateTopic {
+                name: name.into(),
+                id,
+                configs: [(UNCLEAN_ELECTION.to_string(), unclean.to_string())].into(),
+                assignments: vec![vec![1, 2]],
+            })
+            .unwrap();
+        }
+        assert!(!s.fencing_elects_unclean(1), "ISR [1, 2]");
+        s.apply(&Command::AlterPartition {
+            from: 1,
+            topic: "c".into(),
+            partition: 0,
+            leader_epoch: 0,
+            partition_epoch: 0,
+            new_isr: vec![1],
+        })
+        .unwrap();
+        assert!(
+            !s.fencing_elects_unclean(1),
+            "unclean election is off for c"
+        );
     }
 
     fn elect(s: &mut ClusterState, kind: Election, partition: i32) -> Result<Applied, ApplyError> {

@@ -10,18 +10,16 @@
 //! return, and moves leadership back to preferred replicas. Every broker proposes its
 //! own registration at start (a new incarnation each start).
 //!
-//! Controlled shutdown (Kafka's, through the broker heartbeat): a broker told to stop
-//! sends "shutting down" instead of heartbeats and proposes its own fencing, which moves
-//! its leaderships to other in-sync replicas and takes it out of the ISRs; every node
-//! remembers the incarnation that is shutting down and never unfences it (a restart is
-//! a new incarnation, which registers and is unfenced as usual).
+//! A fenced broker is unfenced only by a heartbeat heard after the controller saw it
+//! fenced. Controlled shutdown (Kafka's) rests on that: a broker told to stop stops
+//! heartbeating, then proposes its own fencing, which moves its leaderships to other
+//! in-sync replicas and takes it out of the ISRs; no controller unfences it again (a
+//! restart is a new incarnation, which registers and heartbeats as usual).
 //!
 //! Wire format on the controller port: frames `[len u32 BE][kind u8][payload]`; kind 1
 //! is a raft message (protobuf), kind 2 a broker heartbeat `[node i32 LE][incarnation
-//! u64 LE]`, kind 3 the same payload for a broker shutting down. Each node keeps one
-//! outbound connection per peer; inbound connections only receive. A message that
-//! cannot be sent is dropped (raft retransmits; kind 3 is sent every heartbeat
-//! interval until the broker stops).
+//! u64 LE]`. Each node keeps one outbound connection per peer; inbound connections only
+//! receive. A message that cannot be sent is dropped (raft retransmits).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -77,7 +75,6 @@ pub enum QuorumIoError {
 
 const KIND_RAFT: u8 = 1;
 const KIND_HEARTBEAT: u8 = 2;
-const KIND_SHUTTING_DOWN: u8 = 3;
 const JOURNAL_ENTRY: u8 = 1;
 const JOURNAL_HARD_STATE: u8 = 2;
 const JOURNAL_SNAPSHOT: u8 = 3;
@@ -130,10 +127,10 @@ pub struct QuorumNode {
     last_seen: RefCell<HashMap<i32, (Instant, u64)>>,
     /// Fence/unfence proposals in flight, so one lapse makes one proposal.
     proposing: RefCell<HashSet<(i32, bool)>>,
-    /// Brokers in controlled shutdown, by the incarnation that is stopping: never
-    /// unfenced (see the module docs).
-    shutting_down: RefCell<HashMap<i32, u64>>,
-    /// This broker is in controlled shutdown: it sends kind 3 instead of heartbeats.
+    /// When this node first saw each fenced broker fenced: only a heartbeat heard
+    /// after that unfences it (see the module docs).
+    fenced_since: RefCell<HashMap<i32, Instant>>,
+    /// This broker is in controlled shutdown: it heartbeats no more.
     stopping: Cell<bool>,
     was_leader: Cell<bool>,
     last_leader: Cell<u64>,
@@ -213,7 +210,7 @@ impl QuorumNode {
             next_token: Cell::new(incarnation),
             drive_lock: Semaphore::new(1),
             last_seen: RefCell::new(HashMap::new()),
-            shutting_down: RefCell::new(HashMap::new()),
+            fenced_since: RefCell::new(HashMap::new()),
             stopping: Cell::new(false),
             proposing: RefCell::new(HashSet::new()),
             was_leader: Cell::new(false),
@@ -280,27 +277,22 @@ impl QuorumNode {
         self.change_count.get()
     }
 
-    /// Sends this broker's heartbeat to every peer, or, in controlled shutdown, that
-    /// this incarnation is shutting down.
+    /// Sends this broker's heartbeat to every peer (none once it is stopping).
     fn send_heartbeat(&self) {
-        let kind = if self.stopping.get() {
-            KIND_SHUTTING_DOWN
-        } else {
-            KIND_HEARTBEAT
-        };
+        if self.stopping.get() {
+            return;
+        }
         let mut frame = Vec::with_capacity(17);
         frame.extend_from_slice(&13u32.to_be_bytes());
-        frame.push(kind);
+        frame.push(KIND_HEARTBEAT);
         frame.extend_from_slice(&self.cfg.node_id.to_le_bytes());
         frame.extend_from_slice(&self.incarnation.to_le_bytes());
         for q in self.peers.borrow().values() {
             q.push(frame.clone());
         }
-        if !self.stopping.get() {
-            self.last_seen
-                .borrow_mut()
-                .insert(self.cfg.node_id, (Instant::now(), self.incarnation));
-        }
+        self.last_seen
+            .borrow_mut()
+            .insert(self.cfg.node_id, (Instant::now(), self.incarnation));
     }
 
     /// Controlled shutdown: moves this broker's leaderships to other in-sync replicas
@@ -309,18 +301,29 @@ impl QuorumNode {
     /// until every shard adopted it; `None` when there is nothing to move to (not
     /// registered, or no other live broker: a single node, the last of a cluster) or the
     /// quorum did not apply it within `timeout` (then the broker stops as it would on a
-    /// crash: the others fence it after the session timeout).
+    /// crash: the others fence it after the session timeout). Also `None`, moving
+    /// nothing, when fencing would elect a replica outside the ISR for a partition this
+    /// broker leads alone (unclean election allowed): as Kafka's controlled shutdown,
+    /// it never elects unclean.
     pub async fn controlled_shutdown(self: &Rc<Self>, timeout: Duration) -> Option<u64> {
         let me = self.cfg.node_id;
-        let others_live = self.with_state(|s| s.brokers.values().any(|b| b.id != me && !b.fenced));
+        let (others_live, unclean) = self.with_state(|s| {
+            (
+                s.brokers.values().any(|b| b.id != me && !b.fenced),
+                s.fencing_elects_unclean(me),
+            )
+        });
         if !self.registered() || !others_live {
             return None;
         }
+        if unclean {
+            tracing::warn!("controlled shutdown: this broker is the only in-sync replica of a partition whose topic allows unclean election; stopping without moving its leaderships");
+            return None;
+        }
+        // No heartbeat from now on: none reaches a controller after it sees the fencing,
+        // so none unfences this incarnation (heartbeats and the proposal share each
+        // peer's connection, in order).
         self.stopping.set(true);
-        self.shutting_down.borrow_mut().insert(me, self.incarnation);
-        // Ahead of the proposal on each peer's connection: the controller knows not to
-        // unfence this incarnation before it applies the fencing.
-        self.send_heartbeat();
         let started = Instant::now();
         let version = match self.propose(Command::FenceBroker { id: me }, timeout).await {
             Ok((_, version)) => version,
@@ -602,8 +605,11 @@ impl QuorumNode {
         }
         let now = Instant::now();
         if !self.was_leader.get() {
-            // A new leader grants everyone a full session before judging liveness.
+            // A new leader grants everyone a full session before judging liveness, and
+            // forgets when it saw brokers fenced in an earlier term (a broker may have been
+            // unfenced and fenced again meanwhile).
             self.was_leader.set(true);
+            self.fenced_since.borrow_mut().clear();
             // Only live brokers: a fenced one must prove itself with a heartbeat.
             let live: Vec<(i32, u64)> = self.with_state(|s| {
                 s.brokers
@@ -635,12 +641,19 @@ impl QuorumNode {
         for (id, fenced, incarnation) in brokers {
             let seen = self.last_seen.borrow().get(&id).copied();
             let lapsed = |t: Instant| now.duration_since(t) > self.cfg.session_timeout;
+            let since = if fenced {
+                Some(*self.fenced_since.borrow_mut().entry(id).or_insert(now))
+            } else {
+                self.fenced_since.borrow_mut().remove(&id);
+                None
+            };
             if !fenced && seen.is_none_or(|(t, _)| lapsed(t)) {
                 tracing::warn!(broker = id, "broker heartbeats lapsed; fencing it");
                 self.spawn_propose(Command::FenceBroker { id }, Some((id, true)));
             } else if fenced
-                && seen.is_some_and(|(t, inc)| !lapsed(t) && inc == incarnation)
-                && self.shutting_down.borrow().get(&id) != Some(&incarnation)
+                && seen.is_some_and(|(t, inc)| {
+                    !lapsed(t) && inc == incarnation && since.is_some_and(|f| t > f)
+                })
             {
                 tracing::info!(broker = id, "fenced broker heartbeats again; unfencing it");
                 self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
@@ -689,14 +702,6 @@ impl QuorumNode {
                 self.last_seen
                     .borrow_mut()
                     .insert(id, (Instant::now(), incarnation));
-                Ok(())
-            }
-            KIND_SHUTTING_DOWN if payload.len() == 12 => {
-                let id = i32::from_le_bytes(payload[..4].try_into().unwrap());
-                let incarnation = u64::from_le_bytes(payload[4..].try_into().unwrap());
-                if self.shutting_down.borrow_mut().insert(id, incarnation) != Some(incarnation) {
-                    tracing::info!(broker = id, "broker in controlled shutdown");
-                }
                 Ok(())
             }
             k => Err(QuorumIoError::UnknownFrame(k)),

@@ -126,7 +126,6 @@ impl Broker {
             return;
         };
         let epoch_before = replica.leader_epoch();
-        self.hosting_changed();
         let follow = replica.reconcile(
             self.config.broker_id(),
             a,
@@ -134,6 +133,11 @@ impl Broker {
         );
         if replica.leader_epoch() != epoch_before {
             self.each_subscriber(|s| s.leadership_changed(name, p));
+        }
+        // The fetchers list their partitions again only when one may have come to or left
+        // one of them: it starts or stops leading, or follows another leader.
+        if replica.leader_epoch() != epoch_before || follow.as_ref().is_some_and(|f| f.joined) {
+            self.hosting_changed();
         }
         if let Some(f) = follow {
             // Pair assertion: the replica follows the leader the assignment it just

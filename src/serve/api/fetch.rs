@@ -223,12 +223,11 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             ..
         } => {
             let (positions, changed) = feed_changes(broker, positions).await;
-            let swept = changed.is_none();
-            let parts = match changed {
-                Some(changed) => {
-                    let keys = std::mem::take(must)
-                        .into_iter()
-                        .chain(changed_keys(&image, *by_id, changed));
+            let keys = changed.and_then(|c| changed_keys(&image, *by_id, c));
+            let swept = keys.is_none();
+            let parts = match keys {
+                Some(keys) => {
+                    let keys = std::mem::take(must).into_iter().chain(keys);
                     broker.fetch_sessions.borrow().select(*id, keys)
                 }
                 None => broker.fetch_sessions.borrow().all(*id),
@@ -264,25 +263,26 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             break;
         }
         if let (Some((id, by_id)), Some(mark)) = (changed_reads, feed.as_mut()) {
-            // Wait for the next change on any shard, then read what changed since
-            // along with what was read already (the answer is the last read's).
+            // Wait for the next change on any shard; read again only if it touched the
+            // session (what was read already, and what changed since).
             wait_for_changes(broker, &mark.positions, deadline).await;
             let (positions, changed) = feed_changes(broker, &mark.positions).await;
             mark.positions = positions;
-            let read: HashSet<&PartKey> = slots.iter().map(|s| &s.key).collect();
-            let added = match changed {
-                Some(changed) => {
-                    let fresh: Vec<PartKey> = changed_keys(&image, by_id, changed)
-                        .filter(|k| !read.contains(k))
-                        .collect();
-                    broker.fetch_sessions.borrow().select(id, fresh)
-                }
-                None => {
-                    let mut all = broker.fetch_sessions.borrow().all(id);
-                    all.retain(|(k, _)| !read.contains(k));
-                    all
+            let touched = {
+                let sessions = broker.fetch_sessions.borrow();
+                match changed.and_then(|c| changed_keys(&image, by_id, c)) {
+                    Some(keys) => sessions.select(id, keys),
+                    None => sessions.all(id),
                 }
             };
+            if touched.is_empty() {
+                continue;
+            }
+            let read: HashSet<&PartKey> = slots.iter().map(|s| &s.key).collect();
+            let added: Vec<(PartKey, PartReq)> = touched
+                .into_iter()
+                .filter(|(k, _)| !read.contains(k))
+                .collect();
             drop(read);
             for (key, r) in added {
                 slots.push(slot(broker, &image, &mut ids, version, select_for, key, r));
@@ -417,11 +417,13 @@ async fn feed_changes(
     let shards = broker.mesh.shard_count();
     let calls = (0..shards).map(|i| {
         let since = positions.get(i).copied().unwrap_or(0);
+        // A shard that does not answer keeps its position (none if it was asked for one)
+        // and reads as unknown.
         async move {
             broker
                 .call(ShardId(i), Changes { since })
                 .await
-                .unwrap_or((0, None))
+                .unwrap_or((if since == u64::MAX { 0 } else { since }, None))
         }
     });
     let answers = join_all(calls).await;
@@ -457,20 +459,25 @@ async fn wait_for_changes(broker: &Rc<Broker>, positions: &[u64], deadline: Inst
     any_true(calls).await;
 }
 
-/// Changed partitions as a session keys them (by topic id for Fetch v13+).
-fn changed_keys<'a>(
-    image: &'a MetadataImage,
+/// Changed partitions as a session keys them (by topic id for Fetch v13+); `None` if
+/// a changed topic has no id in the image (deleted: the session reads everything and
+/// learns it).
+fn changed_keys(
+    image: &MetadataImage,
     by_id: bool,
     changed: Vec<(String, i32)>,
-) -> impl Iterator<Item = PartKey> + 'a {
-    changed.into_iter().filter_map(move |(topic, p)| {
-        let key = if by_id {
-            TopicKey::Id(image.topics.get(topic.as_str())?.id)
-        } else {
-            TopicKey::Name(topic)
-        };
-        Some((key, p))
-    })
+) -> Option<Vec<PartKey>> {
+    changed
+        .into_iter()
+        .map(|(topic, p)| {
+            let key = if by_id {
+                TopicKey::Id(image.topics.get(topic.as_str())?.id)
+            } else {
+                TopicKey::Name(topic)
+            };
+            Some((key, p))
+        })
+        .collect()
 }
 
 /// KIP-392's rack-aware selection (Kafka's RackAwareReplicaSelector), made by the

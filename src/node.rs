@@ -473,10 +473,15 @@ async fn run_shard(
                     },
                 )
                 .await;
+                // Partitions the adopted image still names this broker leader of (every
+                // shard's, unlike its own replicas): none once the hand-over is done.
+                let me = broker.config.node_id;
                 let led = broker
-                    .replicas()
-                    .iter()
-                    .filter(|r| r.leader_epoch().is_some())
+                    .image()
+                    .topics
+                    .values()
+                    .flat_map(|t| t.assignments.iter())
+                    .filter(|a| a.leader == me)
                     .count();
                 tracing::info!(
                     adopted,

@@ -145,6 +145,14 @@ impl Session {
         self.sticky.remove(key);
     }
 
+    /// Every partition with what the session remembers of its request, in order.
+    fn in_order(&self) -> Vec<(PartKey, PartReq)> {
+        self.order
+            .values()
+            .map(|k| (k.clone(), self.parts[k].req))
+            .collect()
+    }
+
     /// Whether an incremental fetch reads only what changed.
     fn reads_changes(&self) -> bool {
         self.privileged && self.parts.len() >= FEED_MIN_PARTS
@@ -339,11 +347,7 @@ impl Cache {
                 }
             }
             _ => Reads::All {
-                parts: session
-                    .order
-                    .values()
-                    .map(|k| (k.clone(), session.parts[k].req))
-                    .collect(),
+                parts: session.in_order(),
                 mark: session.reads_changes(),
             },
         };
@@ -472,12 +476,9 @@ impl Cache {
 
     /// Every partition of session `id`, in its order.
     pub fn all(&self, id: i32) -> Vec<(PartKey, PartReq)> {
-        self.sessions.get(&id).map_or_else(Vec::new, |s| {
-            s.order
-                .values()
-                .map(|k| (k.clone(), s.parts[k].req))
-                .collect()
-        })
+        self.sessions
+            .get(&id)
+            .map_or_else(Vec::new, Session::in_order)
     }
 
     /// Kafka's tryEvict (see the module docs). True if a slot was freed.
@@ -842,6 +843,17 @@ mod tests {
         assert_eq!(keep, vec![true, true]);
     }
 
+    /// Whether `ctx` is an incremental read of every partition, and if so its mark.
+    fn reads_all(ctx: &Context) -> Option<bool> {
+        match ctx {
+            Context::Incremental {
+                reads: Reads::All { mark, .. },
+                ..
+            } => Some(*mark),
+            _ => None,
+        }
+    }
+
     #[test]
     fn a_large_follower_session_reads_what_changed_between_sweeps() {
         let mut c = Cache::new(10, EVICTION_MS, 0, 1);
@@ -851,16 +863,7 @@ mod tests {
         let small = open(&mut c, "s", n - 1, true, 0);
         for id in [consumer, small] {
             let ctx = incremental(&mut c, id, 1, 1);
-            assert!(
-                matches!(
-                    ctx,
-                    Context::Incremental {
-                        reads: Reads::All { mark: false, .. },
-                        ..
-                    }
-                ),
-                "{ctx:?}"
-            );
+            assert_eq!(reads_all(&ctx), Some(false), "{ctx:?}");
         }
         let id = open(&mut c, "t", n, true, 0);
         // No feed position yet: everything, positions to be noted.
@@ -952,16 +955,7 @@ mod tests {
         c.answered(id, epoch, &[], Some(mark), 40).unwrap().unwrap();
         let later = 10 + FEED_SWEEP_MS;
         let ctx = incremental(&mut c, id, epoch, later);
-        assert!(
-            matches!(
-                ctx,
-                Context::Incremental {
-                    reads: Reads::All { mark: true, .. },
-                    ..
-                }
-            ),
-            "{ctx:?}"
-        );
+        assert_eq!(reads_all(&ctx), Some(true), "{ctx:?}");
     }
 
     #[test]

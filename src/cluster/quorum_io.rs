@@ -309,7 +309,7 @@ impl QuorumNode {
         let me = self.cfg.node_id;
         let (others_live, unclean) = self.with_state(|s| {
             (
-                s.brokers.values().any(|b| b.id != me && !b.fenced),
+                s.live_brokers().iter().any(|b| *b != me),
                 s.fencing_elects_unclean(me),
             )
         });
@@ -350,7 +350,7 @@ impl QuorumNode {
         let Some(to) = self.with_state(|s| {
             voters
                 .into_iter()
-                .filter(|v| *v != me && s.brokers.get(v).is_some_and(|b| !b.fenced))
+                .filter(|v| *v != me && s.is_alive(*v))
                 .min()
         }) else {
             return;

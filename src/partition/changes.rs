@@ -104,21 +104,8 @@ impl ChangeFeed {
     /// Waits until something changes after position `since`, or `timeout` (then
     /// false).
     pub async fn wait_past(&self, since: u64, timeout: Duration) -> bool {
-        let listener = self.event.listen();
-        if self.seq.get() > since {
-            return true;
-        }
-        futures_lite::future::or(
-            async {
-                listener.await;
-                true
-            },
-            async {
-                glommio::timer::sleep(timeout).await;
-                false
-            },
-        )
-        .await
+        let moved: Box<dyn Fn() -> bool + '_> = Box::new(move || self.seq.get() > since);
+        crate::base::util::wait_any(vec![(&self.event, moved)], timeout).await
     }
 
     /// Partitions the feed remembers (each one hosted on the shard at some time).

@@ -223,15 +223,8 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             ..
         } => {
             let (positions, changed) = feed_changes(broker, positions).await;
-            let keys = changed.and_then(|c| changed_keys(&image, *by_id, c));
-            let swept = keys.is_none();
-            let parts = match keys {
-                Some(keys) => {
-                    let keys = std::mem::take(must).into_iter().chain(keys);
-                    broker.fetch_sessions.borrow().select(*id, keys)
-                }
-                None => broker.fetch_sessions.borrow().all(*id),
-            };
+            let (parts, swept) =
+                changed_parts(broker, &image, *id, *by_id, changed, std::mem::take(must));
             feed = Some(FeedMark { positions, swept });
             (parts, Some((*id, *by_id)))
         }
@@ -268,13 +261,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
             wait_for_changes(broker, &mark.positions, deadline).await;
             let (positions, changed) = feed_changes(broker, &mark.positions).await;
             mark.positions = positions;
-            let touched = {
-                let sessions = broker.fetch_sessions.borrow();
-                match changed.and_then(|c| changed_keys(&image, by_id, c)) {
-                    Some(keys) => sessions.select(id, keys),
-                    None => sessions.all(id),
-                }
-            };
+            let (touched, _) = changed_parts(broker, &image, id, by_id, changed, Vec::new());
             if touched.is_empty() {
                 continue;
             }
@@ -457,6 +444,24 @@ async fn wait_for_changes(broker: &Rc<Broker>, positions: &[u64], deadline: Inst
         })
         .collect();
     any_true(calls).await;
+}
+
+/// The partitions of session `id` to read after the feeds said `changed`: those
+/// changed and `must`, in the session's order; every partition when a feed could not
+/// say (then true: a sweep).
+fn changed_parts(
+    broker: &Broker,
+    image: &MetadataImage,
+    id: i32,
+    by_id: bool,
+    changed: Option<Vec<(String, i32)>>,
+    must: Vec<PartKey>,
+) -> (Vec<(PartKey, PartReq)>, bool) {
+    let sessions = broker.fetch_sessions.borrow();
+    match changed.and_then(|c| changed_keys(image, by_id, c)) {
+        Some(keys) => (sessions.select(id, must.into_iter().chain(keys)), false),
+        None => (sessions.all(id), true),
+    }
 }
 
 /// Changed partitions as a session keys them (by topic id for Fetch v13+); `None` if

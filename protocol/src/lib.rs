@@ -65,6 +65,9 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::CreatePartitions, 0, 3),
     // Preferred and unclean elections on request (KIP-460).
     spec(ApiKey::ElectLeaders, 0, 2),
+    // Moving replicas between brokers (KIP-455; v1: KIP-860's replication factor guard).
+    spec(ApiKey::AlterPartitionReassignments, 0, 1),
+    spec(ApiKey::ListPartitionReassignments, 0, 0),
     spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
@@ -317,6 +320,12 @@ mod tests {
                 RequestKind::CreatePartitions(CreatePartitionsRequest::default())
             }
             ApiKey::ElectLeaders => RequestKind::ElectLeaders(ElectLeadersRequest::default()),
+            ApiKey::AlterPartitionReassignments => RequestKind::AlterPartitionReassignments(
+                AlterPartitionReassignmentsRequest::default(),
+            ),
+            ApiKey::ListPartitionReassignments => {
+                RequestKind::ListPartitionReassignments(ListPartitionReassignmentsRequest::default())
+            }
             ApiKey::AlterConfigs => RequestKind::AlterConfigs(AlterConfigsRequest::default()),
             ApiKey::IncrementalAlterConfigs => {
                 RequestKind::IncrementalAlterConfigs(IncrementalAlterConfigsRequest::default())

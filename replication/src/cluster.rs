@@ -33,12 +33,14 @@
 //!   refuses as undecodable while newer voters apply it: there is no feature gate
 //!   yet, so every voter must run a build that knows it before a newer leader
 //!   proposes ISR changes. The same holds for [`Command::ElectUnclean`] (an unclean
-//!   ElectLeaders): no voter may run an older build when one is asked for.
+//!   ElectLeaders): no voter may run an older build when one is asked for, nor
+//!   when a partition reassignment ([`Command::Reassign`]) is.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
-//!   through [`legacy::ClusterStateV2`]. Fixtures written by the version-1 and
-//!   version-2 builds (`replication/testdata/*-v1.hex`, `state-v2.hex`) are decoded by
+//!   through [`legacy::ClusterStateV2`], version 3 (before reassignments) through
+//!   [`legacy::ClusterStateV3`]. Fixtures written by the version-1, -2 and -3 builds
+//!   (`replication/testdata/*-v1.hex`, `state-v2.hex`, `state-v3.hex`) are decoded by
 //!   the unit tests.
 //!
 //! ## Replica slots
@@ -52,6 +54,21 @@
 //! [`ClusterState::apply`] from the state, so the journal's commands carry none;
 //! partitions restored from a snapshot older than version 3 have none, and their
 //! brokers fall back to hashing.
+//!
+//! ## Reassignments
+//!
+//! A partition's replicas move as Kafka's controller moves them (KIP-455):
+//! [`Command::Reassign`] with target replicas `T` over current replicas `R` makes the
+//! replica set `T` followed by `R - T`, and records the ongoing move in
+//! [`ClusterState::reassignments`]: `adding = T - R` (new replicas, outside the ISR
+//! until their leader finds them caught up), `removing = R - T`. The leader and ISR do
+//! not change then. Once every target replica is in the ISR (checked after every
+//! command), the move completes: the replica set becomes `T`, the ISR loses the
+//! removed replicas, and a leader outside `T` hands over to the first target replica
+//! in the ISR (a new leader epoch). Cancelling (a `None` target) reverts to `R`
+//! without the added replicas, which also leave the ISR; if the ISR held only added
+//! replicas, that would be an unclean election, refused unless the topic allows one.
+//! New replicas get new slots; a replica keeps its slot while it stays.
 
 use std::collections::BTreeMap;
 
@@ -59,10 +76,11 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 3: replica slots;
-/// version 2 added racks and broker configs); a snapshot without them is version 1.
+/// The first bytes of a snapshot in the current format (version 4: reassignments;
+/// version 3 added replica slots, version 2 racks and broker configs); a snapshot
+/// without them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x03\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x04\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -119,6 +137,33 @@ pub struct TopicState {
     pub partitions: Vec<PartitionState>,
 }
 
+/// An ongoing reassignment of one partition (see the module doc): the replica set is
+/// the target followed by `removing`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reassignment {
+    /// Target replicas that were not replicas when the move began.
+    pub adding: Vec<BrokerId>,
+    /// Replicas the target leaves out; they stay until the move completes.
+    pub removing: Vec<BrokerId>,
+}
+
+impl Reassignment {
+    /// The replicas the move ends with: `replicas` without the removed ones.
+    pub fn target(&self, replicas: &[BrokerId]) -> Vec<BrokerId> {
+        without(replicas, &self.removing)
+    }
+
+    /// The replicas before the move: `replicas` without the added ones.
+    pub fn original(&self, replicas: &[BrokerId]) -> Vec<BrokerId> {
+        without(replicas, &self.adding)
+    }
+}
+
+/// `list` in its order, without the members of `gone`.
+fn without(list: &[BrokerId], gone: &[BrokerId]) -> Vec<BrokerId> {
+    list.iter().copied().filter(|b| !gone.contains(b)).collect()
+}
+
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterState {
     /// Set by the first command of a new cluster ([`Command::Init`]).
@@ -134,6 +179,8 @@ pub struct ClusterState {
     /// Per broker: replicas ever placed on it since slots exist, deleted ones
     /// included, which is the next slot it hands out (see the module doc).
     pub replicas_placed: BTreeMap<BrokerId, u64>,
+    /// Ongoing reassignments, by topic and partition (see the module doc).
+    pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
 }
 
 /// A change to [`ClusterState`], proposed to the quorum and applied once committed.
@@ -242,6 +289,21 @@ pub enum Command {
         topic: String,
         partition: i32,
     },
+    /// AlterPartitionReassignments: each change starts, replaces or cancels one
+    /// partition's reassignment (see the module doc), judged on its own and answered
+    /// in [`Applied::Partitions`].
+    Reassign {
+        changes: Vec<Reassign>,
+    },
+}
+
+/// One partition's reassignment in [`Command::Reassign`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Reassign {
+    pub topic: String,
+    pub partition: i32,
+    /// The replicas to move to, in preference order; `None` cancels the ongoing move.
+    pub target: Option<Vec<BrokerId>>,
 }
 
 /// The kinds of election ElectLeaders asks for (see [`ClusterState::election`]).
@@ -274,7 +336,8 @@ pub enum Applied {
     Done,
     /// [`Command::AllocateProducerIds`] (and only it): the block handed out.
     ProducerIds(ProducerIdBlock),
-    /// [`Command::AlterPartitions`]: each change's own result, in the command's order.
+    /// [`Command::AlterPartitions`] and [`Command::Reassign`]: each change's own
+    /// result, in the command's order.
     Partitions(Vec<Result<(), ApplyError>>),
 }
 
@@ -332,6 +395,8 @@ pub enum ApplyError {
     PreferredLeaderNotAvailable,
     #[error("no live replica can lead the partition")]
     EligibleLeadersNotAvailable,
+    #[error("no reassignment of the partition is in progress")]
+    NoReassignmentInProgress,
 }
 
 impl Command {
@@ -376,6 +441,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            3 => rkyv::from_bytes::<legacy::ClusterStateV3, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             2 => rkyv::from_bytes::<legacy::ClusterStateV2, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -646,6 +714,7 @@ impl ClusterState {
             r => r.is_ok(),
         };
         if changed {
+            self.complete_reassignments();
             self.version += 1;
         }
         r
@@ -723,6 +792,11 @@ impl ClusterState {
                 self.topics
                     .remove(name)
                     .ok_or(ApplyError::UnknownTopicOrPartition)?;
+                self.reassignments.remove(name);
+            }
+            Command::Reassign { changes } => {
+                let results = changes.iter().map(|c| self.reassign(c)).collect();
+                return Ok(Applied::Partitions(results));
             }
             Command::CreatePartitions {
                 name,
@@ -974,16 +1048,172 @@ impl ClusterState {
     /// the next slot of its broker (see the module doc).
     fn give_slots(&mut self, partitions: &mut [PartitionState]) {
         for p in partitions {
-            p.slots = p
-                .replicas
+            p.slots = p.replicas.iter().map(|b| self.next_slot(*b)).collect();
+        }
+    }
+
+    /// The next slot of broker `b` (see the module doc).
+    fn next_slot(&mut self, b: BrokerId) -> u64 {
+        let next = self.replicas_placed.entry(b).or_insert(0);
+        *next += 1;
+        *next - 1
+    }
+
+    /// The ongoing reassignment of a partition, if any.
+    pub fn reassignment(&self, topic: &str, partition: i32) -> Option<&Reassignment> {
+        self.reassignments.get(topic)?.get(&partition)
+    }
+
+    /// Starts, replaces or cancels one partition's reassignment (see the module doc).
+    fn reassign(&mut self, change: &Reassign) -> Result<(), ApplyError> {
+        let Reassign {
+            topic,
+            partition,
+            target,
+        } = change;
+        let mut p = self
+            .partition(topic, *partition)
+            .ok_or(ApplyError::UnknownTopicOrPartition)?
+            .clone();
+        let ongoing = self.reassignment(topic, *partition).cloned();
+        let moving = match target {
+            Some(target) => {
+                self.check_target(*partition, target)?;
+                let removing = without(&p.replicas, target);
+                let adding = without(target, &p.replicas);
+                let merged: Vec<BrokerId> = target.iter().chain(&removing).copied().collect();
+                if removing.is_empty() && merged == p.replicas && ongoing.is_none() {
+                    return Ok(()); // already there
+                }
+                self.set_replicas(&mut p, merged);
+                (!adding.is_empty() || !removing.is_empty())
+                    .then_some(Reassignment { adding, removing })
+            }
+            None => {
+                let ongoing = ongoing.ok_or(ApplyError::NoReassignmentInProgress)?;
+                let original = ongoing.original(&p.replicas);
+                let mut isr = without(&p.isr, &ongoing.adding);
+                if isr.is_empty() {
+                    // Only added replicas were in sync: going back means electing
+                    // outside the ISR (as Kafka's revert, refused unless allowed).
+                    let configs = &self.topics[topic].configs;
+                    if !unclean_allowed(configs, self.default_unclean()) {
+                        return Err(ApplyError::InvalidReplicaAssignment(format!(
+                            "reverting partition {partition}'s reassignment would need an unclean leader election"
+                        )));
+                    }
+                    isr = vec![original[0]];
+                }
+                p.isr = isr;
+                self.set_replicas(&mut p, original);
+                None
+            }
+        };
+        self.elect_within_replicas(&mut p);
+        p.partition_epoch += 1;
+        let (_, stored) = self.partition_mut(topic, *partition)?;
+        *stored = p;
+        let ongoing = self.reassignments.entry(topic.clone()).or_default();
+        match moving {
+            Some(m) => {
+                ongoing.insert(*partition, m);
+            }
+            None => {
+                ongoing.remove(partition);
+                if ongoing.is_empty() {
+                    self.reassignments.remove(topic);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A reassignment's target, by Kafka's rules for one: not empty, no broker twice,
+    /// every broker registered.
+    fn check_target(&self, partition: i32, target: &[BrokerId]) -> Result<(), ApplyError> {
+        let bad = |m: String| Err(ApplyError::InvalidReplicaAssignment(m));
+        if target.is_empty() {
+            return bad(format!(
+                "partition {partition}: the target replica list is empty"
+            ));
+        }
+        for (i, b) in target.iter().enumerate() {
+            if target[..i].contains(b) {
+                return bad(format!("partition {partition}: broker {b} is listed twice"));
+            }
+            if !self.brokers.contains_key(b) {
+                return bad(format!(
+                    "partition {partition}: broker {b} is not registered"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `p` the replica set `replicas`, each replica keeping its slot and each new
+    /// one taking its broker's next (partitions without slots stay without).
+    fn set_replicas(&mut self, p: &mut PartitionState, replicas: Vec<BrokerId>) {
+        if !p.slots.is_empty() {
+            p.slots = replicas
                 .iter()
-                .map(|b| {
-                    let next = self.replicas_placed.entry(*b).or_insert(0);
-                    *next += 1;
-                    *next - 1
-                })
+                .map(|b| p.slot_of(*b).unwrap_or_else(|| self.next_slot(*b)))
                 .collect();
         }
+        p.isr.retain(|b| replicas.contains(b));
+        p.replicas = replicas;
+    }
+
+    /// A partition whose leader is no longer one of its replicas (or left the ISR)
+    /// takes the first live ISR member in replica order, else none, in a new epoch.
+    fn elect_within_replicas(&self, p: &mut PartitionState) {
+        if p.leader != NO_BROKER && p.replicas.contains(&p.leader) && p.isr.contains(&p.leader) {
+            return;
+        }
+        let next = p
+            .replicas
+            .iter()
+            .copied()
+            .find(|r| p.isr.contains(r) && self.is_alive(*r));
+        p.leader = next.unwrap_or(NO_BROKER);
+        p.leader_epoch += 1;
+    }
+
+    /// Completes every reassignment whose target replicas are all in the ISR.
+    fn complete_reassignments(&mut self) {
+        let done: Vec<(String, i32, Vec<BrokerId>)> = self
+            .reassignments
+            .iter()
+            .flat_map(|(topic, parts)| parts.iter().map(move |(p, r)| (topic, *p, r)))
+            .filter_map(|(topic, i, r)| {
+                let p = self.partition(topic, i)?;
+                let target = r.target(&p.replicas);
+                target
+                    .iter()
+                    .all(|b| p.isr.contains(b))
+                    .then(|| (topic.clone(), i, target))
+            })
+            .collect();
+        for (topic, i, target) in done {
+            if let Some(mut p) = self.partition(&topic, i).cloned() {
+                self.set_replicas(&mut p, target);
+                self.elect_within_replicas(&mut p);
+                p.partition_epoch += 1;
+                if let Ok((_, stored)) = self.partition_mut(&topic, i) {
+                    *stored = p;
+                }
+            }
+            if let Some(parts) = self.reassignments.get_mut(&topic) {
+                parts.remove(&i);
+                if parts.is_empty() {
+                    self.reassignments.remove(&topic);
+                }
+            }
+        }
+    }
+
+    /// The cluster-wide `unclean.leader.election.enable`.
+    fn default_unclean(&self) -> bool {
+        self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true")
     }
 
     /// Whether fencing `id` now would elect, for some partition it leads, a replica
@@ -992,8 +1222,7 @@ impl ClusterState {
     /// in-sync copy.
     pub fn fencing_elects_unclean(&self, id: BrokerId) -> bool {
         let alive = self.live_brokers();
-        let default_unclean =
-            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
+        let default_unclean = self.default_unclean();
         self.topics.values().any(|t| {
             unclean_allowed(&t.configs, default_unclean)
                 && t.partitions
@@ -1009,8 +1238,7 @@ impl ClusterState {
             b.fenced = true;
         }
         let alive = self.live_brokers();
-        let default_unclean =
-            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
+        let default_unclean = self.default_unclean();
         for t in self.topics.values_mut() {
             let unclean = unclean_allowed(&t.configs, default_unclean);
             for p in &mut t.partitions {
@@ -1055,8 +1283,7 @@ impl ClusterState {
             Some(b) => b.fenced = false,
             None => return,
         }
-        let default_unclean =
-            self.dynamic_broker_config(CLUSTER_DEFAULT, UNCLEAN_ELECTION) == Some("true");
+        let default_unclean = self.default_unclean();
         for t in self.topics.values_mut() {
             let unclean = unclean_allowed(&t.configs, default_unclean);
             for p in &mut t.partitions {
@@ -1174,8 +1401,8 @@ fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> b
     }
 }
 
-/// The snapshot layouts of format versions 1 (before racks and broker configs) and 2
-/// (before replica slots), kept to read snapshots written by older builds. Never
+/// The snapshot layouts of format versions 1 (before racks and broker configs), 2
+/// (before replica slots) and 3 (before reassignments), kept to read snapshots written by older builds. Never
 /// written.
 pub mod legacy {
     use std::collections::BTreeMap;
@@ -1241,6 +1468,33 @@ pub mod legacy {
         pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
     }
 
+    /// Version 3: no reassignments.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV3 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+    }
+
+    impl From<ClusterStateV3> for ClusterState {
+        fn from(v3: ClusterStateV3) -> ClusterState {
+            ClusterState {
+                cluster_id: v3.cluster_id,
+                brokers: v3.brokers,
+                topics: v3.topics,
+                next_producer_id: v3.next_producer_id,
+                version: v3.version,
+                broker_configs: v3.broker_configs,
+                replicas_placed: v3.replicas_placed,
+                reassignments: BTreeMap::new(),
+            }
+        }
+    }
+
     /// Its partitions get no slots, and slot counting starts from zero.
     impl From<ClusterStateV2> for ClusterState {
         fn from(v2: ClusterStateV2) -> ClusterState {
@@ -1252,6 +1506,7 @@ pub mod legacy {
                 version: v2.version,
                 broker_configs: v2.broker_configs,
                 replicas_placed: BTreeMap::new(),
+                reassignments: BTreeMap::new(),
             }
         }
     }
@@ -1298,6 +1553,7 @@ pub mod legacy {
                 version: v1.version,
                 broker_configs: BTreeMap::new(),
                 replicas_placed: BTreeMap::new(),
+                reassignments: BTreeMap::new(),
             }
         }
     }
@@ -1762,7 +2018,7 @@ mod tests {
         let bytes = s.encode();
         assert!(matches!(
             ClusterState::decode(&bytes[..bytes.len() / 2]),
-            Err(DecodeError::Snapshot { version: 3, .. })
+            Err(DecodeError::Snapshot { version: 4, .. })
         ));
     }
 
@@ -1834,6 +2090,199 @@ mod tests {
                 configs: [("retention.ms".to_string(), "5".to_string())].into(),
             }
         );
+    }
+
+    /// A topic "t" of one partition on `replicas`, all in the ISR, led by the first.
+    fn placed_on(replicas: &[BrokerId]) -> ClusterState {
+        let mut s = cluster(4);
+        s.apply(&Command::CreateTopic {
+            name: "t".into(),
+            id: [7; 16],
+            configs: BTreeMap::new(),
+            assignments: vec![replicas.to_vec()],
+        })
+        .unwrap();
+        s
+    }
+
+    fn reassign(s: &mut ClusterState, target: Option<&[BrokerId]>) -> Result<(), ApplyError> {
+        let cmd = Command::Reassign {
+            changes: vec![Reassign {
+                topic: "t".into(),
+                partition: 0,
+                target: target.map(<[BrokerId]>::to_vec),
+            }],
+        };
+        match s.apply(&cmd) {
+            Ok(Applied::Partitions(mut r)) => r.remove(0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn isr_of(
+        s: &mut ClusterState,
+        leader: BrokerId,
+        new_isr: &[BrokerId],
+    ) -> Result<(), ApplyError> {
+        let p = s.partition("t", 0).unwrap().clone();
+        s.apply(&Command::AlterPartition {
+            from: leader,
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            new_isr: new_isr.to_vec(),
+        })
+        .map(|_| ())
+    }
+
+    #[test]
+    fn a_reassignment_adds_then_waits_for_the_isr_then_drops_and_moves_leadership() {
+        let mut s = placed_on(&[1, 2]);
+        let before = s.partition("t", 0).unwrap().clone();
+        assert_eq!(before.slots, vec![0, 0]);
+        reassign(&mut s, Some(&[2, 3])).unwrap();
+        let p = s.partition("t", 0).unwrap().clone();
+        // Target first, then the leaving replica; leader and ISR unchanged.
+        assert_eq!(p.replicas, vec![2, 3, 1]);
+        assert_eq!(
+            (p.isr.clone(), p.leader, p.leader_epoch),
+            (vec![1, 2], 1, 0)
+        );
+        assert_eq!(p.partition_epoch, before.partition_epoch + 1);
+        // Replicas keep their slots; broker 3's new replica takes its next one.
+        assert_eq!(
+            (p.slot_of(2), p.slot_of(1), p.slot_of(3)),
+            (Some(0), Some(0), Some(0))
+        );
+        let r = s.reassignment("t", 0).unwrap().clone();
+        assert_eq!((r.adding.clone(), r.removing.clone()), (vec![3], vec![1]));
+        assert_eq!(r.target(&p.replicas), vec![2, 3]);
+        assert_eq!(r.original(&p.replicas), vec![2, 1]);
+        // The ISR snapshot survives a snapshot round trip with the move in it.
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        // The new replica catches up: the leader adds it to the ISR, and the move
+        // completes in the same command.
+        isr_of(&mut s, 1, &[1, 2, 3]).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        assert_eq!(p.replicas, vec![2, 3]);
+        assert_eq!(p.isr, vec![2, 3]);
+        assert_eq!(
+            (p.leader, p.leader_epoch),
+            (2, 1),
+            "the leaving leader handed over"
+        );
+        assert_eq!(p.slots, vec![0, 0]);
+        assert!(s.reassignment("t", 0).is_none());
+        assert!(s.reassignments.is_empty());
+        // Nothing in progress now: cancelling says so.
+        assert_eq!(
+            reassign(&mut s, None),
+            Err(ApplyError::NoReassignmentInProgress)
+        );
+    }
+
+    #[test]
+    fn a_reassignment_that_only_removes_or_reorders_completes_at_once() {
+        let mut s = placed_on(&[1, 2, 3]);
+        reassign(&mut s, Some(&[1, 2])).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        assert_eq!(
+            (p.replicas.clone(), p.isr.clone(), p.leader),
+            (vec![1, 2], vec![1, 2], 1)
+        );
+        assert!(s.reassignments.is_empty());
+        reassign(&mut s, Some(&[2, 1])).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        assert_eq!((p.replicas.clone(), p.leader), (vec![2, 1], 1));
+        // Asking for what is already there changes nothing, not even the version.
+        let version = s.version;
+        reassign(&mut s, Some(&[2, 1])).unwrap();
+        assert_eq!(s.version, version + 1, "a command that succeeded counts");
+        assert_eq!(s.partition("t", 0).unwrap().replicas, vec![2, 1]);
+    }
+
+    #[test]
+    fn cancelling_reverts_to_the_original_replicas_and_drops_added_ones_from_the_isr() {
+        let mut s = placed_on(&[1, 2]);
+        reassign(&mut s, Some(&[3, 4])).unwrap();
+        assert_eq!(s.partition("t", 0).unwrap().replicas, vec![3, 4, 1, 2]);
+        // Broker 3 caught up and joined the ISR; 4 has not: still moving.
+        isr_of(&mut s, 1, &[1, 2, 3]).unwrap();
+        assert!(s.reassignment("t", 0).is_some());
+        reassign(&mut s, None).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        assert_eq!(
+            (p.replicas.clone(), p.isr.clone(), p.leader),
+            (vec![1, 2], vec![1, 2], 1)
+        );
+        assert_eq!(p.slots, vec![0, 0]);
+        assert!(s.reassignments.is_empty());
+    }
+
+    #[test]
+    fn a_revert_that_would_elect_outside_the_isr_is_refused_unless_unclean_is_allowed() {
+        let mut s = placed_on(&[1]);
+        reassign(&mut s, Some(&[2, 3])).unwrap();
+        isr_of(&mut s, 1, &[1, 2]).unwrap();
+        // Broker 1 dies: its leadership goes to 2, which only the move added.
+        s.apply(&Command::FenceBroker { id: 1 }).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        assert_eq!((p.leader, p.isr.clone()), (2, vec![2]));
+        assert!(matches!(
+            reassign(&mut s, None),
+            Err(ApplyError::InvalidReplicaAssignment(_))
+        ));
+        s.apply(&Command::AlterConfigs {
+            name: "t".into(),
+            configs: [(UNCLEAN_ELECTION.to_string(), "true".to_string())].into(),
+        })
+        .unwrap();
+        reassign(&mut s, None).unwrap();
+        let p = s.partition("t", 0).unwrap();
+        // Back on broker 1 alone, which is fenced: leaderless until it returns.
+        assert_eq!(
+            (p.replicas.clone(), p.isr.clone(), p.leader),
+            (vec![1], vec![1], NO_BROKER)
+        );
+    }
+
+    #[test]
+    fn reassignment_targets_are_checked_and_deleting_the_topic_ends_the_move() {
+        let mut s = placed_on(&[1, 2]);
+        let bad = |r| matches!(r, Err(ApplyError::InvalidReplicaAssignment(_)));
+        assert!(bad(reassign(&mut s, Some(&[]))));
+        assert!(bad(reassign(&mut s, Some(&[2, 2]))));
+        assert!(bad(reassign(&mut s, Some(&[2, 9]))));
+        let unknown = Command::Reassign {
+            changes: vec![Reassign {
+                topic: "nope".into(),
+                partition: 0,
+                target: Some(vec![1]),
+            }],
+        };
+        assert_eq!(
+            s.apply(&unknown).unwrap(),
+            Applied::Partitions(vec![Err(ApplyError::UnknownTopicOrPartition)])
+        );
+        reassign(&mut s, Some(&[3, 4])).unwrap();
+        s.apply(&Command::DeleteTopic { name: "t".into() }).unwrap();
+        assert!(s.reassignments.is_empty());
+    }
+
+    #[test]
+    fn version_3_snapshots_decode_without_reassignments() {
+        let s =
+            ClusterState::decode(&hex_fixture(include_str!("../testdata/state-v3.hex"))).unwrap();
+        assert_eq!(s.cluster_id, "v3-cluster-id");
+        assert_eq!(s.topics["orders"].partitions[1].replicas, vec![2, 3]);
+        assert_eq!(s.topics["orders"].partitions[2].slots, vec![1, 1]);
+        assert_eq!(s.replicas_placed[&3], 2);
+        assert_eq!(s.dynamic_broker_config(2, "log.retention.ms"), Some("5000"));
+        assert_eq!((s.next_producer_id, s.version), (42, 7));
+        assert!(s.reassignments.is_empty());
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
     }
 
     #[test]

@@ -135,8 +135,18 @@ impl MetadataImage {
                 continue;
             };
             for (new, old) in t.assignments.iter_mut().zip(&old.assignments) {
-                if new.slots != old.slots {
-                    new.slots = old.slots.clone();
+                // A reassignment changes the replica set: each replica that was
+                // published keeps its slot, a new one has its own.
+                let kept = if new.replicas == old.replicas {
+                    old.slots.clone()
+                } else if new.slots.len() == new.replicas.len() {
+                    let slots = new.replicas.iter().zip(&new.slots);
+                    slots.map(|(b, s)| old.slot_of(*b).unwrap_or(*s)).collect()
+                } else {
+                    continue;
+                };
+                if new.slots != kept {
+                    new.slots = kept;
                     differed += 1;
                 }
             }
@@ -363,6 +373,12 @@ mod tests {
         assert_eq!(slots("b"), vec![vec![4], vec![10]]);
         assert_eq!(slots("c"), vec![vec![11]]);
         assert_eq!(next.topics["d"], recreated);
+        // A reassignment moved "b"-0 from [1] to [2, 1]: broker 1 keeps its published
+        // slot, broker 2's new replica has the slot the state gave it.
+        let mut moved = next.clone();
+        moved.topics.get_mut("b").unwrap().assignments[0] = assigned(&[2, 1], &[5, 9]);
+        assert_eq!(moved.keep_slots_of(&next), 1);
+        assert_eq!(moved.topics["b"].assignments[0].slots, vec![5, 4]);
     }
 
     #[test]

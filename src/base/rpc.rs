@@ -147,6 +147,10 @@ shard_calls! {
     CreatePartitions => create_partitions -> Vec<Result<(), ApiError>>;
     AlterConfigs => alter_configs -> Vec<Result<(), ApiError>>;
     ElectLeaders => elect_leaders -> Vec<ElectedPartition>;
+    /// AlterPartitionReassignments: one result per partition, in the call's order.
+    Reassign => reassign -> Vec<Result<(), ApiError>>;
+    /// ListPartitionReassignments: the ongoing moves asked about.
+    ListReassignments => list_reassignments -> Vec<OngoingReassignment>;
     /// A command from inside the broker (an ISR change from a partition leader).
     Propose => propose -> Result<Applied, ApiError>;
     /// One producer id from this broker's controller-allocated block (InitProducerId).
@@ -545,6 +549,29 @@ pub struct CreatePartitions {
 pub struct ElectLeaders {
     pub unclean: bool,
     pub partitions: Option<Vec<TopicPartition>>,
+}
+
+/// AlterPartitionReassignments: per partition, the target replicas (`None` cancels
+/// the ongoing move). With `keep_replication_factor` (v1's
+/// `allow_replication_factor_change` false) a target of another size is refused.
+pub struct Reassign {
+    pub moves: Vec<(TopicPartition, Option<Vec<i32>>)>,
+    pub keep_replication_factor: bool,
+}
+
+/// ListPartitionReassignments: the partitions asked about (`None`: every partition).
+pub struct ListReassignments {
+    pub partitions: Option<Vec<TopicPartition>>,
+}
+
+/// One partition's ongoing reassignment: its replica set now (the target, then the
+/// replicas leaving), and which are being added and removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OngoingReassignment {
+    pub partition: TopicPartition,
+    pub replicas: Vec<i32>,
+    pub adding: Vec<i32>,
+    pub removing: Vec<i32>,
 }
 
 /// One partition's election in an ElectLeaders reply.

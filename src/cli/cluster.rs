@@ -58,6 +58,46 @@ enum ClusterCommand {
         #[arg(long, value_delimiter = ',')]
         metrics: Vec<String>,
     },
+    /// Moves partitions' replicas to other brokers: a kafka-reassign-partitions JSON
+    /// plan (--plan), or one partition (--partition TOPIC:N --replicas 2,3).
+    Reassign {
+        /// A file with Kafka's reassignment JSON.
+        #[arg(long, conflicts_with_all = ["partition", "replicas"])]
+        plan: Option<std::path::PathBuf>,
+        /// TOPIC:PARTITION to move.
+        #[arg(long, requires = "replicas")]
+        partition: Option<String>,
+        /// The target replicas, preferred leader first.
+        #[arg(long, value_delimiter = ',')]
+        replicas: Vec<i32>,
+        /// Wait for the moves to complete.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+    /// Lists the reassignments in progress (replicas, adding, removing); --cancel
+    /// cancels them.
+    Reassignments {
+        /// Only this topic's.
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long)]
+        cancel: bool,
+    },
+    /// Moves every replica off a broker onto the other live brokers (same replica
+    /// count, racks spread), and waits for the moves.
+    Decommission {
+        #[arg(long)]
+        broker: i32,
+        /// Print the plan only.
+        #[arg(long)]
+        dry_run: bool,
+        /// How long to wait for the moves, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
 }
 
 /// Runs `sluice cluster …`; the error is the message to print.
@@ -73,6 +113,97 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             }
             view.shards = fetch_shards(&view.brokers, &metrics);
             print!("{}", render(&view));
+            Ok(())
+        }
+        ClusterCommand::Reassign {
+            plan,
+            partition,
+            replicas,
+            wait,
+            timeout,
+        } => {
+            use super::reassign::{parse_plan, render_moves, submit, Move};
+            let moves = match (plan, partition) {
+                (Some(path), _) => {
+                    let text = std::fs::read_to_string(&path)
+                        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                    parse_plan(&text)?
+                }
+                (None, Some(tp)) => {
+                    let (topic, p) = tp
+                        .rsplit_once(':')
+                        .and_then(|(t, p)| Some((t, p.parse::<i32>().ok()?)))
+                        .ok_or(format!("--partition {tp}: expected TOPIC:PARTITION"))?;
+                    vec![Move {
+                        topic: topic.to_string(),
+                        partition: p,
+                        target: Some(replicas),
+                    }]
+                }
+                (None, None) => {
+                    return Err("give --plan FILE or --partition TOPIC:N --replicas IDS".into())
+                }
+            };
+            let view = fetch(&args.bootstrap_server).ok();
+            print!("{}", render_moves(view.as_ref(), &moves));
+            submit(&args.bootstrap_server, &moves)?;
+            println!("started {} moves", moves.len());
+            if wait {
+                super::reassign::wait(
+                    &args.bootstrap_server,
+                    &moves,
+                    Duration::from_secs(timeout),
+                )?;
+            }
+            Ok(())
+        }
+        ClusterCommand::Reassignments { topic, cancel } => {
+            use super::reassign::{list, submit, Move};
+            let ongoing = list(&args.bootstrap_server, topic.as_deref())?;
+            if ongoing.is_empty() {
+                println!("no reassignments in progress");
+                return Ok(());
+            }
+            for o in &ongoing {
+                println!(
+                    "{}-{}: replicas {} adding {} removing {}",
+                    o.partition.topic(),
+                    o.partition.partition(),
+                    ids(&o.replicas),
+                    ids(&o.adding),
+                    ids(&o.removing)
+                );
+            }
+            if cancel {
+                let moves: Vec<Move> = ongoing
+                    .iter()
+                    .map(|o| Move {
+                        topic: o.partition.topic().to_string(),
+                        partition: o.partition.partition(),
+                        target: None,
+                    })
+                    .collect();
+                submit(&args.bootstrap_server, &moves)?;
+                println!("cancelled {} reassignments", moves.len());
+            }
+            Ok(())
+        }
+        ClusterCommand::Decommission {
+            broker,
+            dry_run,
+            timeout,
+        } => {
+            use super::reassign::{plan_decommission, render_moves, submit, wait};
+            let view = fetch(&args.bootstrap_server)?;
+            let moves = plan_decommission(&view, broker)?;
+            print!("{}", render_moves(Some(&view), &moves));
+            println!("{} replicas to move off broker {broker}", moves.len());
+            if dry_run || moves.is_empty() {
+                return Ok(());
+            }
+            submit(&args.bootstrap_server, &moves)?;
+            wait(&args.bootstrap_server, &moves, Duration::from_secs(timeout))?;
+            println!("broker {broker} holds no replica");
             Ok(())
         }
     }

@@ -6,4 +6,5 @@ pub mod check;
 pub mod cluster;
 pub mod group;
 pub mod lag;
+pub mod reassign;
 pub mod txn;

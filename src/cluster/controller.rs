@@ -17,7 +17,7 @@ use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use sluice_protocol::TopicPartition;
 use sluice_replication::cluster::{
-    Applied, ClusterState, Command, Election, PartitionState, ProducerIdBlock,
+    Applied, ClusterState, Command, Election, PartitionState, ProducerIdBlock, Reassign as Move,
 };
 use sluice_replication::BrokerId;
 use sluice_shard::ShardId;
@@ -28,7 +28,7 @@ use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{
     AlterConfigOp, AlterConfigs, Apply, ConfigChange, ConfigOp, CreatePartitions, CreateTopics,
     CreatedTopic, DeleteTopics, DeletedTopic, ElectLeaders, ElectedPartition, ManualAssignment,
-    NewPartitions, NewTopic, NewTopicConfig, TopicRef,
+    NewPartitions, NewTopic, NewTopicConfig, OngoingReassignment, Reassign, TopicRef,
 };
 use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
@@ -263,6 +263,92 @@ impl Controller {
         }
         broker.wait_published(version).await;
         out
+    }
+
+    /// AlterPartitionReassignments: every partition's move checked against the latest
+    /// state here (unknown partitions, a replication factor that must not change), the
+    /// rest proposed as one [`Command::Reassign`], whose per-partition verdicts the
+    /// quorum gives (see `sluice_replication::cluster`, "Reassignments"). Answered once
+    /// every shard here runs the resulting image.
+    pub async fn reassign(&self, broker: &Broker, call: Reassign) -> Vec<Result<(), ApiError>> {
+        let _guard = self.admin_lock().await;
+        let state = self.quorum.state();
+        let mut out: Vec<Result<(), ApiError>> = Vec::with_capacity(call.moves.len());
+        let mut changes = Vec::new();
+        for (tp, target) in call.moves {
+            let Some(p) = state.partition(tp.topic(), tp.partition()) else {
+                out.push(Err(ApiError::new(ResponseError::UnknownTopicOrPartition)));
+                continue;
+            };
+            if let Some(t) = target.as_ref().filter(|_| call.keep_replication_factor) {
+                let rf = match state.reassignment(tp.topic(), tp.partition()) {
+                    Some(r) => r.original(&p.replicas).len(),
+                    None => p.replicas.len(),
+                };
+                if t.len() != rf {
+                    out.push(Err(ApiError::with(
+                        ResponseError::InvalidReplicationFactor,
+                        format!("The replication factor is changed from {rf} to {}, which is not allowed", t.len()),
+                    )));
+                    continue;
+                }
+            }
+            out.push(Ok(()));
+            changes.push(Move {
+                topic: tp.topic().to_string(),
+                partition: tp.partition(),
+                target,
+            });
+        }
+        if changes.is_empty() {
+            return out;
+        }
+        let verdicts = match self.commit(broker, Command::Reassign { changes }).await {
+            Ok(Applied::Partitions(v)) => v
+                .into_iter()
+                .map(|r| r.map_err(|e| to_api_error(&e)))
+                .collect(),
+            Ok(other) => {
+                unreachable!("a reassignment applies as per-partition results, not {other:?}")
+            }
+            Err(e) => vec![Err(e); out.iter().filter(|r| r.is_ok()).count()],
+        };
+        let mut verdicts = verdicts.into_iter();
+        for r in out.iter_mut().filter(|r| r.is_ok()) {
+            *r = verdicts.next().expect("one verdict per proposed move");
+        }
+        out
+    }
+
+    /// ListPartitionReassignments, from the state this broker has applied.
+    pub fn list_reassignments(
+        &self,
+        call: crate::base::rpc::ListReassignments,
+    ) -> Vec<OngoingReassignment> {
+        self.quorum.with_state(|s| {
+            let ongoing = |topic: &str, partition: i32| {
+                let r = s.reassignment(topic, partition)?;
+                let p = s.partition(topic, partition)?;
+                Some(OngoingReassignment {
+                    partition: TopicPartition::new(topic, partition),
+                    replicas: p.replicas.clone(),
+                    adding: r.adding.clone(),
+                    removing: r.removing.clone(),
+                })
+            };
+            match call.partitions {
+                Some(asked) => asked
+                    .iter()
+                    .filter_map(|tp| ongoing(tp.topic(), tp.partition()))
+                    .collect(),
+                None => s
+                    .reassignments
+                    .iter()
+                    .flat_map(|(t, parts)| parts.keys().map(move |p| (t, *p)))
+                    .filter_map(|(t, p)| ongoing(t, p))
+                    .collect(),
+            }
+        })
     }
 
     /// Plans each item's command against the latest state (each sees the ones before

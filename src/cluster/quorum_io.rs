@@ -154,6 +154,7 @@ fn api_error(e: &ApplyError) -> ApiError {
         ApplyError::ElectionNotNeeded => ResponseError::ElectionNotNeeded,
         ApplyError::PreferredLeaderNotAvailable => ResponseError::PreferredLeaderNotAvailable,
         ApplyError::EligibleLeadersNotAvailable => ResponseError::EligibleLeadersNotAvailable,
+        ApplyError::NoReassignmentInProgress => ResponseError::NoReassignmentInProgress,
     };
     ApiError::with(code, e.to_string())
 }

@@ -176,6 +176,14 @@ impl ShardService for ShardServer {
         self.controller().elect_leaders(&self.broker, c).await
     }
 
+    async fn reassign(&self, c: rpc::Reassign) -> Vec<Result<(), ApiError>> {
+        self.controller().reassign(&self.broker, c).await
+    }
+
+    async fn list_reassignments(&self, c: rpc::ListReassignments) -> Vec<rpc::OngoingReassignment> {
+        self.controller().list_reassignments(c)
+    }
+
     async fn propose(&self, c: rpc::Propose) -> Result<Applied, ApiError> {
         self.controller().propose(&self.broker, c.0).await
     }

@@ -107,9 +107,33 @@ impl Broker {
                 self.adopt_role(&image, key.topic(), key.partition(), replica);
             }
         }
+        // Replicas a reassignment took off this broker (only once the image is this
+        // run's: before, it may be a stale replay that a later entry contradicts).
+        let moved_away: Vec<TopicPartition> = if image.registered {
+            let assigned = |k: &TopicPartition| {
+                let meta = image.topics.get(k.topic());
+                let a = meta.and_then(|m| m.assignment(k.partition()));
+                a.is_some_and(|a| a.replicas.contains(&me))
+            };
+            let logs = self.logs.borrow();
+            logs.keys()
+                .filter(|k| image.topics.contains_key(k.topic()) && !assigned(k))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;
+        if !moved_away.is_empty() {
+            tracing::info!(
+                shard = self.shard.0,
+                partitions = moved_away.len(),
+                "deleting replicas reassigned to other brokers"
+            );
+            self.delete_logs(moved_away).await;
+        }
         self.check_invariants();
     }
 
@@ -165,14 +189,21 @@ impl Broker {
         if topics.is_empty() {
             return;
         }
+        let keys: Vec<TopicPartition> = self
+            .logs
+            .borrow()
+            .keys()
+            .filter(|k| topics.iter().any(|t| t == k.topic()))
+            .cloned()
+            .collect();
+        self.delete_logs(keys).await;
+    }
+
+    /// Retires the replicas of `keys` and deletes their logs.
+    async fn delete_logs(&self, keys: Vec<TopicPartition>) {
         let mut retired = Vec::new();
         let doomed: Vec<Rc<PartitionLog>> = {
             let mut logs = self.logs.borrow_mut();
-            let keys: Vec<TopicPartition> = logs
-                .keys()
-                .filter(|k| topics.iter().any(|t| t == k.topic()))
-                .cloned()
-                .collect();
             let mut replicas = self.replicas.borrow_mut();
             for k in &keys {
                 if let Some(r) = replicas.remove(k) {

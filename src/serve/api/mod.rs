@@ -45,6 +45,7 @@ pub mod offset_delete;
 pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
+pub mod reassignments;
 pub mod sync_group;
 pub mod transactions;
 
@@ -127,6 +128,12 @@ pub async fn handle(
         }
         RequestKind::ElectLeaders(r) => {
             ResponseKind::ElectLeaders(elect_leaders::handle(broker, version, r).await)
+        }
+        RequestKind::AlterPartitionReassignments(r) => ResponseKind::AlterPartitionReassignments(
+            reassignments::alter(broker, version, r).await,
+        ),
+        RequestKind::ListPartitionReassignments(r) => {
+            ResponseKind::ListPartitionReassignments(reassignments::list(broker, version, r).await)
         }
         RequestKind::DescribeConfigs(r) => {
             ResponseKind::DescribeConfigs(describe_configs::handle(broker, version, r))

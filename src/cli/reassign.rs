@@ -1,0 +1,379 @@
+//! `sluice cluster reassign`, `reassignments` and `decommission`: moving replicas
+//! between brokers with AlterPartitionReassignments and following the moves with
+//! ListPartitionReassignments (KIP-455), as Kafka's `kafka-reassign-partitions.sh`
+//! does. A plan is Kafka's JSON (`{"version":1,"partitions":[{"topic":"t",
+//! "partition":0,"replicas":[2,3]}]}`); a decommission plans it from the metadata:
+//! every replica on the broker goes to the live broker holding the fewest replicas
+//! that the partition does not use yet (one in a rack the partition does not use yet
+//! while there is such a one), at the leaving replica's place in the list. The broker
+//! itself stays registered (UnregisterBroker is not served yet).
+//!
+//! Planning ([`plan_decommission`]) and parsing ([`parse_plan`]) are pure and
+//! unit-tested; the rest talks to a broker.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::alter_partition_reassignments_request::{
+    ReassignablePartition, ReassignableTopic,
+};
+use kafka_protocol::messages::list_partition_reassignments_request::ListPartitionReassignmentsTopics;
+use kafka_protocol::messages::{
+    AlterPartitionReassignmentsRequest, ApiKey, BrokerId, ListPartitionReassignmentsRequest,
+    TopicName,
+};
+use sluice::base::rpc::OngoingReassignment;
+use sluice_client::blocking::Conn;
+use sluice_client::{code_err, error_name};
+use sluice_protocol::TopicPartition;
+
+use super::cluster::{fetch, ClusterView, Res};
+
+const CLIENT_ID: &str = "sluice-cli";
+
+/// One partition's move: its target replicas, or `None` to cancel its move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub topic: String,
+    pub partition: i32,
+    pub target: Option<Vec<i32>>,
+}
+
+/// Kafka's reassignment JSON (the `partitions` list; `log_dirs` are ignored, as one
+/// data directory per broker leaves nothing to choose).
+pub fn parse_plan(text: &str) -> Res<Vec<Move>> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("the plan is not JSON: {e}"))?;
+    let parts = v
+        .get("partitions")
+        .and_then(|p| p.as_array())
+        .ok_or("the plan has no \"partitions\" list")?;
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let topic = p.get("topic").and_then(|t| t.as_str());
+            let partition = p.get("partition").and_then(|t| t.as_i64());
+            let replicas = p.get("replicas").and_then(|r| r.as_array());
+            match (topic, partition, replicas) {
+                (Some(topic), Some(partition), Some(replicas)) => {
+                    let target = replicas
+                        .iter()
+                        .map(|b| b.as_i64().map(|b| b as i32))
+                        .collect::<Option<Vec<i32>>>()
+                        .ok_or(format!("plan entry {i}: replicas must be broker ids"))?;
+                    Ok(Move {
+                        topic: topic.to_string(),
+                        partition: partition as i32,
+                        target: Some(target),
+                    })
+                }
+                _ => Err(format!(
+                    "plan entry {i} needs \"topic\", \"partition\" and \"replicas\""
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The moves that take every replica off broker `leaving` (see the module doc).
+pub fn plan_decommission(view: &ClusterView, leaving: i32) -> Res<Vec<Move>> {
+    if !view.brokers.iter().any(|b| b.id == leaving) {
+        return Err(format!("broker {leaving} is not registered"));
+    }
+    let live: Vec<&super::cluster::BrokerRow> = view
+        .brokers
+        .iter()
+        .filter(|b| b.id != leaving && b.fenced != Some(true))
+        .collect();
+    let rack = |id: i32| {
+        view.brokers
+            .iter()
+            .find(|b| b.id == id)
+            .and_then(|b| b.rack.clone())
+    };
+    let mut load: BTreeMap<i32, usize> = live.iter().map(|b| (b.id, 0)).collect();
+    for p in &view.partitions {
+        for r in &p.replicas {
+            if let Some(n) = load.get_mut(r) {
+                *n += 1;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for p in view
+        .partitions
+        .iter()
+        .filter(|p| p.replicas.contains(&leaving))
+    {
+        let staying: Vec<i32> = p
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| *r != leaving)
+            .collect();
+        let racks_used: Vec<Option<String>> = staying.iter().map(|r| rack(*r)).collect();
+        let candidates = live.iter().filter(|b| !p.replicas.contains(&b.id));
+        let pick = candidates
+            .min_by_key(|b| (racks_used.contains(&b.rack), load[&b.id], b.id))
+            .ok_or(format!(
+                "{}-{}: no live broker left to take broker {leaving}'s replica (replicas {:?})",
+                p.topic, p.partition, p.replicas
+            ))?;
+        *load.get_mut(&pick.id).expect("a live broker") += 1;
+        let target = p
+            .replicas
+            .iter()
+            .map(|r| if *r == leaving { pick.id } else { *r })
+            .collect();
+        out.push(Move {
+            topic: p.topic.clone(),
+            partition: p.partition,
+            target: Some(target),
+        });
+    }
+    Ok(out)
+}
+
+/// Sends the moves in one AlterPartitionReassignments; the per-partition failures as
+/// one message (every partition's), or nothing.
+pub fn submit(bootstrap: &str, moves: &[Move]) -> Res<()> {
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
+    let v = c
+        .api_versions()?
+        .pick(ApiKey::AlterPartitionReassignments, (0, 1))
+        .ok_or("the broker does not serve AlterPartitionReassignments")?;
+    let mut topics: BTreeMap<&str, Vec<ReassignablePartition>> = BTreeMap::new();
+    for m in moves {
+        let replicas = m
+            .target
+            .as_ref()
+            .map(|t| t.iter().map(|b| BrokerId(*b)).collect());
+        topics.entry(&m.topic).or_default().push(
+            ReassignablePartition::default()
+                .with_partition_index(m.partition)
+                .with_replicas(replicas),
+        );
+    }
+    let req = AlterPartitionReassignmentsRequest::default()
+        .with_timeout_ms(60_000)
+        .with_allow_replication_factor_change(true)
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(t, ps)| {
+                    ReassignableTopic::default()
+                        .with_name(TopicName(t.to_string().into()))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        );
+    let r = c.call(v, &req)?;
+    code_err("AlterPartitionReassignments", r.error_code)?;
+    let failed: Vec<String> = r
+        .responses
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .filter(|p| p.error_code != 0)
+                .map(move |p| {
+                    format!(
+                        "{}-{}: {} {}",
+                        t.name.0,
+                        p.partition_index,
+                        error_name(p.error_code),
+                        p.error_message.as_deref().unwrap_or("")
+                    )
+                })
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
+/// The reassignments in progress (of `topic`, or all).
+pub fn list(bootstrap: &str, topic: Option<&str>) -> Res<Vec<OngoingReassignment>> {
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
+    c.api_versions()?
+        .pick(ApiKey::ListPartitionReassignments, (0, 0))
+        .ok_or("the broker does not serve ListPartitionReassignments")?;
+    let topics = match topic {
+        None => None,
+        Some(t) => {
+            let view = fetch(bootstrap)?;
+            let parts: Vec<i32> = view
+                .partitions
+                .iter()
+                .filter(|p| p.topic == t)
+                .map(|p| p.partition)
+                .collect();
+            Some(vec![ListPartitionReassignmentsTopics::default()
+                .with_name(TopicName(t.to_string().into()))
+                .with_partition_indexes(parts)])
+        }
+    };
+    let r = c.call(
+        0,
+        &ListPartitionReassignmentsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(topics),
+    )?;
+    code_err("ListPartitionReassignments", r.error_code)?;
+    let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<i32>>();
+    Ok(r.topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(move |p| OngoingReassignment {
+                partition: TopicPartition::new(t.name.0.as_str(), p.partition_index),
+                replicas: ids(&p.replicas),
+                adding: ids(&p.adding_replicas),
+                removing: ids(&p.removing_replicas),
+            })
+        })
+        .collect())
+}
+
+/// Waits until none of `moves` is still in progress, printing the count as it falls.
+pub fn wait(bootstrap: &str, moves: &[Move], timeout: Duration) -> Res<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = usize::MAX;
+    loop {
+        let ongoing = list(bootstrap, None)?;
+        let left = moves
+            .iter()
+            .filter(|m| {
+                ongoing.iter().any(|o| {
+                    o.partition.topic() == m.topic && o.partition.partition() == m.partition
+                })
+            })
+            .count();
+        if left == 0 {
+            println!("all {} moves completed", moves.len());
+            return Ok(());
+        }
+        if left != last {
+            println!("{left} of {} moves in progress", moves.len());
+            last = left;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{left} moves still in progress after {} s (they go on; `sluice cluster reassignments` follows them)",
+                timeout.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// One line per move, as the plan prints it.
+pub fn render_moves(view: Option<&ClusterView>, moves: &[Move]) -> String {
+    let mut out = String::new();
+    for m in moves {
+        let now = view.and_then(|v| {
+            v.partitions
+                .iter()
+                .find(|p| p.topic == m.topic && p.partition == m.partition)
+                .map(|p| format!("{:?}", p.replicas))
+        });
+        let to = m
+            .target
+            .as_ref()
+            .map_or("(cancel)".to_string(), |t| format!("{t:?}"));
+        out.push_str(&format!(
+            "{}-{}: {} -> {}\n",
+            m.topic,
+            m.partition,
+            now.unwrap_or_else(|| "?".into()),
+            to
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::cluster::{BrokerRow, PartitionRow};
+
+    fn broker(id: i32, rack: Option<&str>) -> BrokerRow {
+        BrokerRow {
+            id,
+            host: "127.0.0.1".into(),
+            port: 9091 + id,
+            rack: rack.map(str::to_string),
+            fenced: Some(false),
+        }
+    }
+
+    fn part(topic: &str, partition: i32, replicas: &[i32]) -> PartitionRow {
+        PartitionRow {
+            topic: topic.into(),
+            partition,
+            internal: false,
+            leader: replicas[0],
+            leader_epoch: 0,
+            replicas: replicas.to_vec(),
+            isr: replicas.to_vec(),
+            offline_replicas: Vec::new(),
+            error: 0,
+        }
+    }
+
+    #[test]
+    fn a_kafka_plan_parses_and_a_bad_one_is_named() {
+        let plan = r#"{"version":1,"partitions":[{"topic":"t","partition":1,"replicas":[2,3],"log_dirs":["any","any"]}]}"#;
+        assert_eq!(
+            parse_plan(plan).unwrap(),
+            vec![Move {
+                topic: "t".into(),
+                partition: 1,
+                target: Some(vec![2, 3])
+            }]
+        );
+        assert!(parse_plan("{").unwrap_err().contains("not JSON"));
+        assert!(parse_plan(r#"{"version":1}"#)
+            .unwrap_err()
+            .contains("partitions"));
+        let e = parse_plan(r#"{"partitions":[{"topic":"t","replicas":[1]}]}"#).unwrap_err();
+        assert!(e.contains("entry 0"), "{e}");
+    }
+
+    #[test]
+    fn decommissioning_moves_each_replica_to_the_least_loaded_broker_in_a_new_rack() {
+        let view = ClusterView {
+            brokers: vec![
+                broker(1, Some("a")),
+                broker(2, Some("b")),
+                broker(3, Some("a")),
+                broker(4, Some("c")),
+            ],
+            partitions: vec![
+                part("t", 0, &[1, 2]),
+                part("t", 1, &[2, 1]),
+                part("t", 2, &[3, 4]),
+                part("u", 0, &[2, 3]),
+            ],
+            ..ClusterView::default()
+        };
+        let moves = plan_decommission(&view, 1).unwrap();
+        let targets: Vec<(i32, Vec<i32>)> = moves
+            .iter()
+            .map(|m| (m.partition, m.target.clone().unwrap()))
+            .collect();
+        // t-0: racks in use b; 3 (a) and 4 (c) are both new racks, 4 and 3 hold one
+        // and two replicas: 4. t-1: racks in use b; 3 holds 2, 4 now 2: 3 (lower id).
+        assert_eq!(targets, vec![(0, vec![4, 2]), (1, vec![2, 3])]);
+        assert!(plan_decommission(&view, 9).is_err());
+        let two = ClusterView {
+            brokers: vec![broker(1, None), broker(2, None)],
+            partitions: vec![part("t", 0, &[1, 2])],
+            ..ClusterView::default()
+        };
+        let e = plan_decommission(&two, 1).unwrap_err();
+        assert!(e.contains("no live broker left"), "{e}");
+    }
+}

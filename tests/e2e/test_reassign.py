@@ -1,0 +1,224 @@
+"""Tier: moving replicas between brokers (issue 41, "Reassignment"): Kafka's
+AlterPartitionReassignments / ListPartitionReassignments through `sluice cluster
+reassign`, `reassignments` and `decommission`, on real broker processes with an acks=all
+producer at the client's defaults and a consumer group running throughout.
+
+Every wait is a bounded retry with a deadline; nothing is timed.
+"""
+import json
+import signal
+import subprocess
+import threading
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import NewTopic
+
+from cluster import Cluster
+from conftest import SLUICE_BIN, check_consumer_error
+from test_cluster import Acks, check_log
+
+DURABLE = {"min.insync.replicas": "2"}
+
+
+def cli(c, *args, via=1, timeout=120):
+    """`sluice cluster ARGS` against broker `via`; (exit code, stdout + stderr)."""
+    r = subprocess.run([SLUICE_BIN, "cluster", *args, "--bootstrap-server", c.addr(via)],
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def create_placed(c, topic, assignment, configs=None):
+    """Creates `topic` with the given replicas per partition and waits for full ISRs."""
+    fut = c.admin().create_topics(
+        [NewTopic(topic, len(assignment), replica_assignment=assignment, config=configs or {})],
+        request_timeout=15)[topic]
+    fut.result(timeout=20)
+    c.wait_until(lambda: all(c.isr_of(topic, p) == sorted(r) for p, r in enumerate(assignment)),
+                 30, f"{topic}: full ISRs")
+
+
+def ongoing(c, via=1):
+    """The reassignments in progress, as `sluice cluster reassignments` lists them."""
+    code, out = cli(c, "reassignments", via=via)
+    assert code == 0, out
+    return [line.split(":")[0] for line in out.splitlines() if ": replicas " in line]
+
+
+class Traffic:
+    """An acks=all producer at the client's defaults writing round-robin over
+    `partitions`, and a consumer group member reading the topic, both in threads."""
+
+    def __init__(self, c, topic, partitions):
+        self.acks = Acks()
+        self.consumed = []
+        self.done = threading.Event()
+        self.p = Producer({"bootstrap.servers": c.bootstrap})
+        self.cons = Consumer({"bootstrap.servers": c.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                              "auto.offset.reset": "earliest"})
+        self.cons.subscribe([topic])
+        self.errors = []
+
+        def produce():
+            i = 0
+            while not self.done.is_set():
+                part = partitions[i % len(partitions)]
+                try:
+                    self.p.produce(topic, value=f"m-{part}-{i}".encode(), partition=part,
+                                   on_delivery=self.acks)
+                    i += 1
+                except BufferError:
+                    pass
+                self.p.poll(0.002)
+
+        def consume():
+            while not self.done.is_set():
+                m = self.cons.poll(0.2)
+                if m is None:
+                    continue
+                if m.error() is not None:
+                    try:
+                        check_consumer_error(m.error())
+                    except AssertionError as e:
+                        self.errors.append(e)
+                    continue
+                self.consumed.append(m.value())
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (produce, consume)]
+        for t in self.threads:
+            t.start()
+
+    def stop(self, c):
+        """Stops producing, waits for every delivery report, then until the group has
+        read every acknowledged record."""
+        self.done.set()
+        for t in self.threads:
+            t.join(10)
+        assert self.p.flush(60) == 0
+        want = {v for vs in self.acks.acked.values() for v in vs}
+        more = []
+
+        def all_read():
+            m = self.cons.poll(0.2)
+            if m is not None and m.error() is None:
+                more.append(m.value())
+            return want <= set(self.consumed) | set(more)
+        c.wait_until(all_read, 60, "the group read every acknowledged record", interval=0)
+        self.cons.close()
+        got = self.consumed + more
+        assert not self.errors, self.errors
+        return len(got) - len(set(got))
+
+
+def test_partitions_move_off_a_broker_under_load_and_nothing_is_lost(tmp_path):
+    """A kafka-reassign-partitions plan moves every partition of a topic off broker 1
+    while an acks=all producer and a consumer group run: the new replicas catch up,
+    join the ISR, leadership leaves broker 1, broker 1 deletes its copies, no delivery
+    fails, every acknowledged record reads back and the group read them all
+    (duplicates, which at-least-once allows, are counted)."""
+    c = Cluster(tmp_path / "c", n=3, cores=None).start()
+    try:
+        topic, parts = "moving", [0, 1, 2, 3]
+        create_placed(c, topic, [[1, 2], [2, 1], [1, 3], [3, 1]], DURABLE)
+        t = Traffic(c, topic, parts)
+        c.wait_until(lambda: t.acks.count() > 200, 30, "deliveries before the move")
+        targets = {0: [3, 2], 1: [2, 3], 2: [2, 3], 3: [3, 2]}
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": topic, "partition": p, "replicas": r} for p, r in targets.items()]}))
+        code, out = cli(c, "reassign", "--plan", str(plan), "--wait", "--timeout", "120")
+        assert code == 0, out
+        assert "all 4 moves completed" in out, out
+        for p, r in targets.items():
+            assert c.replicas_of(topic, p) == r
+            c.wait_until(lambda: c.isr_of(topic, p) == sorted(r), 30, f"{topic}-{p} ISR {r}")
+            assert c.leader_of(topic, p) in r
+        assert ongoing(c) == []
+        # Broker 1 no longer holds the topic: its directories go once it adopts the move.
+        c.wait_until(lambda: not list((tmp_path / "c" / "node-1").glob(f"{topic}-*")), 30,
+                     "broker 1's copies deleted")
+        before = t.acks.count()
+        c.wait_until(lambda: t.acks.count() > before + 200, 30, "deliveries after the move")
+        dups = t.stop(c)
+        assert not t.acks.failed, f"{len(t.acks.failed)} failed deliveries, e.g. {t.acks.failed[:3]}"
+        print(f"moved under load: {t.acks.count()} acknowledged, the group read {dups} duplicates")
+        check_log(c, topic, parts, t.acks.acked)
+    finally:
+        c.stop()
+
+
+def test_moves_are_cancelled_or_completed_across_a_controller_kill_and_a_broker_decommissions(tmp_path):
+    """Five brokers. A move onto a stopped broker stays in progress (listed with what
+    it adds and removes); cancelling one puts its original replicas back; the other
+    completes after the controller leader is SIGKILLed and the broker resumes. Then
+    `sluice cluster decommission` empties a broker of every replica (internal topics
+    too), keeping each partition's replica count. Bad requests get Kafka's errors."""
+    c = Cluster(tmp_path / "c", n=5, cores=1).start()
+    paused = None
+    try:
+        topic = "held"
+        create_placed(c, topic, [[1, 2], [2, 1]], DURABLE)
+        acks = Acks()
+        p = Producer({"bootstrap.servers": c.bootstrap})
+        for i in range(200):
+            p.produce(topic, value=f"h-{i}".encode(), partition=i % 2, on_delivery=acks)
+        assert p.flush(30) == 0
+
+        # Kafka's answers to bad moves.
+        code, out = cli(c, "reassign", "--partition", f"{topic}:0", "--replicas", "2,2")
+        assert code != 0 and "InvalidReplicaAssignment" in out, out
+        code, out = cli(c, "reassign", "--partition", "nosuch:0", "--replicas", "1")
+        assert code != 0 and "UnknownTopicOrPartition" in out, out
+        assert ongoing(c) == []
+
+        create_placed(c, "cancelled", [[1, 2]], DURABLE)
+        c.brokers[5].proc.send_signal(signal.SIGSTOP)
+        paused = 5
+        for move in (f"{topic}:0", "cancelled:0"):
+            code, out = cli(c, "reassign", "--partition", move, "--replicas", "2,5")
+            assert code == 0, out
+        code, out = cli(c, "reassignments")
+        assert code == 0 and f"{topic}-0: replicas 2,5,1 adding 5 removing 1" in out, out
+        assert "cancelled-0: replicas 2,5,1 adding 5 removing 1" in out, out
+
+        # Cancelling one topic's moves puts its original replicas back.
+        code, out = cli(c, "reassignments", "--topic", "cancelled", "--cancel")
+        assert code == 0 and "cancelled 1 reassignments" in out, out
+        # (In the order the move listed them, target first, as Kafka's revert does.)
+        c.wait_until(lambda: c.replicas_of("cancelled", 0) == [2, 1], 30, "cancelled-0 back on [2, 1]")
+        assert c.isr_of("cancelled", 0) == [1, 2]
+        assert ongoing(c) == [f"{topic}-0"]
+
+        # The controller leader dies mid-move (never the paused broker: the others
+        # elect among themselves once it stops answering).
+        victim = c.wait_until(lambda: (lambda v: v if v not in (-1, 5) else None)(c.controller_id()),
+                              30, "a controller other than the paused broker")
+        c.kill(victim)
+        via = 3 if victim != 3 else 4
+        c.wait_until(lambda: c.controller_id() not in (-1, victim), 30, "a new controller")
+        assert ongoing(c, via=via) == [f"{topic}-0"], "the move survives the controller's death"
+        c.restart(victim)
+        c.brokers[5].proc.send_signal(signal.SIGCONT)
+        paused = None
+        c.wait_until(lambda: c.replicas_of(topic, 0) == [2, 5] and c.isr_of(topic, 0) == [2, 5],
+                     60, "partition 0's move completed on [2, 5]")
+        assert ongoing(c) == []
+        code, out = cli(c, "reassignments", "--cancel")
+        assert code == 0 and "no reassignments in progress" in out, out
+        check_log(c, topic, [0, 1], acks.acked)
+
+        # Decommission broker 4: every replica it holds (the internal topics' too)
+        # moves to the others.
+        code, out = cli(c, "decommission", "--broker", "4", "--timeout", "120", timeout=180)
+        assert code == 0, out
+        md = c.admin().list_topics(timeout=10)
+        for name, t in md.topics.items():
+            for q in t.partitions.values():
+                assert 4 not in q.replicas, f"{name}-{q.id} still on broker 4: {q.replicas}"
+        rf = {name: {len(q.replicas) for q in t.partitions.values()} for name, t in md.topics.items()}
+        assert rf[topic] == {2} and rf.get("__consumer_offsets", {3}) == {3}, rf
+        check_log(c, topic, [0, 1], acks.acked)
+    finally:
+        if paused is not None:
+            c.brokers[paused].proc.send_signal(signal.SIGCONT)
+        c.stop()

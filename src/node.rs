@@ -615,6 +615,7 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
     let mut seen = u64::MAX;
     let mut epoch = 0u64;
     let mut last: Option<Arc<crate::base::metadata::MetadataImage>> = None;
+    let mut strays_checked = false;
     loop {
         let listener = quorum.changed.listen();
         let count = quorum.change_count();
@@ -645,7 +646,17 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
         }
         let image = Arc::new(image);
         last = Some(image.clone());
-        crate::cluster::controller::publish(&b, image).await;
+        crate::cluster::controller::publish(&b, image.clone()).await;
+        // Once per run, the first image this broker may act on (its registration is
+        // in it) and no other being adopted meanwhile: directories of replicas it no
+        // longer holds go.
+        if image.registered && !strays_checked {
+            strays_checked = true;
+            let removed = b.remove_stray_logs(&image);
+            if removed > 0 {
+                tracing::info!(removed, "deleted stray partition directories");
+            }
+        }
         b.set_published(version);
     }
 }

@@ -1076,6 +1076,7 @@ impl ClusterState {
             .ok_or(ApplyError::UnknownTopicOrPartition)?
             .clone();
         let ongoing = self.reassignment(topic, *partition).cloned();
+        let before = p.replicas.clone();
         let moving = match target {
             Some(target) => {
                 self.check_target(*partition, target)?;
@@ -1109,7 +1110,9 @@ impl ClusterState {
                 None
             }
         };
-        self.elect_within_replicas(&mut p);
+        let dropped =
+            p.replicas.len() < before.len() || !before.iter().all(|b| p.replicas.contains(b));
+        self.elect_within_replicas(&mut p, dropped);
         p.partition_epoch += 1;
         let (_, stored) = self.partition_mut(topic, *partition)?;
         *stored = p;
@@ -1165,8 +1168,16 @@ impl ClusterState {
 
     /// A partition whose leader is no longer one of its replicas (or left the ISR)
     /// takes the first live ISR member in replica order, else none, in a new epoch.
-    fn elect_within_replicas(&self, p: &mut PartitionState) {
-        if p.leader != NO_BROKER && p.replicas.contains(&p.leader) && p.isr.contains(&p.leader) {
+    /// `dropped`: replicas left the set, which also takes a new leader epoch (as
+    /// Kafka's controller does), so that nothing a removed replica asked under the old
+    /// epoch (a fetch still on its way) counts once it is added back with an empty log.
+    fn elect_within_replicas(&self, p: &mut PartitionState, dropped: bool) {
+        let keeps =
+            p.leader != NO_BROKER && p.replicas.contains(&p.leader) && p.isr.contains(&p.leader);
+        if keeps {
+            if dropped {
+                p.leader_epoch += 1;
+            }
             return;
         }
         let next = p
@@ -1195,8 +1206,9 @@ impl ClusterState {
             .collect();
         for (topic, i, target) in done {
             if let Some(mut p) = self.partition(&topic, i).cloned() {
+                let dropped = target.len() < p.replicas.len();
                 self.set_replicas(&mut p, target);
-                self.elect_within_replicas(&mut p);
+                self.elect_within_replicas(&mut p, dropped);
                 p.partition_epoch += 1;
                 if let Ok((_, stored)) = self.partition_mut(&topic, i) {
                     *stored = p;
@@ -2191,11 +2203,17 @@ mod tests {
             (p.replicas.clone(), p.isr.clone(), p.leader),
             (vec![1, 2], vec![1, 2], 1)
         );
+        // A replica left: a new leader epoch, though the leader stays.
+        assert_eq!(p.leader_epoch, 1);
         assert!(s.reassignments.is_empty());
         reassign(&mut s, Some(&[2, 1])).unwrap();
         let p = s.partition("t", 0).unwrap();
-        assert_eq!((p.replicas.clone(), p.leader), (vec![2, 1], 1));
-        // Asking for what is already there changes nothing, not even the version.
+        assert_eq!(
+            (p.replicas.clone(), p.leader, p.leader_epoch),
+            (vec![2, 1], 1, 1)
+        );
+        // Asking for what is already there changes nothing (the command still counts
+        // as one that succeeded).
         let version = s.version;
         reassign(&mut s, Some(&[2, 1])).unwrap();
         assert_eq!(s.version, version + 1, "a command that succeeded counts");
@@ -2215,6 +2233,10 @@ mod tests {
         assert_eq!(
             (p.replicas.clone(), p.isr.clone(), p.leader),
             (vec![1, 2], vec![1, 2], 1)
+        );
+        assert_eq!(
+            p.leader_epoch, 1,
+            "the added replicas left: a new leader epoch"
         );
         assert_eq!(p.slots, vec![0, 0]);
         assert!(s.reassignments.is_empty());

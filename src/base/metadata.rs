@@ -134,16 +134,20 @@ impl MetadataImage {
             let Some(old) = previous.topics.get(name).filter(|o| o.id == t.id) else {
                 continue;
             };
-            for (new, old) in t.assignments.iter_mut().zip(&old.assignments) {
+            for (i, (new, old)) in t.assignments.iter_mut().zip(&old.assignments).enumerate() {
                 // A reassignment changes the replica set: each replica that was
-                // published keeps its slot, a new one has its own.
-                let kept = if new.replicas == old.replicas {
+                // published keeps its slot, a new one has its own. A partition
+                // published without slots stays without (its replicas here hash); one
+                // published with them keeps them even if the state now has none (a
+                // replica new to it then takes the partition's index: any value that
+                // stays put will do, as only this broker's own slot matters here).
+                let kept: Vec<u64> = if new.replicas == old.replicas || old.slots.is_empty() {
                     old.slots.clone()
-                } else if new.slots.len() == new.replicas.len() {
-                    let slots = new.replicas.iter().zip(&new.slots);
-                    slots.map(|(b, s)| old.slot_of(*b).unwrap_or(*s)).collect()
                 } else {
-                    continue;
+                    let fallback = |j: usize| new.slots.get(j).copied().unwrap_or(i as u64);
+                    let each = new.replicas.iter().enumerate();
+                    each.map(|(j, b)| old.slot_of(*b).unwrap_or_else(|| fallback(j)))
+                        .collect()
                 };
                 if new.slots != kept {
                     new.slots = kept;
@@ -379,6 +383,14 @@ mod tests {
         moved.topics.get_mut("b").unwrap().assignments[0] = assigned(&[2, 1], &[5, 9]);
         assert_eq!(moved.keep_slots_of(&next), 1);
         assert_eq!(moved.topics["b"].assignments[0].slots, vec![5, 4]);
+        // States of mixed snapshot formats: published without slots stays without;
+        // published with them keeps them when the state has none.
+        let mut slotless = moved.clone();
+        slotless.topics.get_mut("a").unwrap().assignments[0] = assigned(&[2, 1], &[3, 3]);
+        slotless.topics.get_mut("b").unwrap().assignments[0] = assigned(&[1, 3], &[]);
+        assert_eq!(slotless.keep_slots_of(&moved), 2);
+        assert!(slotless.topics["a"].assignments[0].slots.is_empty());
+        assert_eq!(slotless.topics["b"].assignments[0].slots, vec![4, 0]);
     }
 
     #[test]

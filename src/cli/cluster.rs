@@ -193,7 +193,20 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             dry_run,
             timeout,
         } => {
-            use super::reassign::{plan_decommission, render_moves, submit, wait};
+            use super::reassign::{list, plan_decommission, render_moves, submit, wait};
+            // A partition moving now lists its leaving replicas too: planning from that
+            // would undo the move. Those moves finish (or are cancelled) first.
+            let moving: Vec<String> = list(&args.bootstrap_server, None)?
+                .iter()
+                .filter(|o| o.replicas.contains(&broker))
+                .map(|o| format!("{}-{}", o.partition.topic(), o.partition.partition()))
+                .collect();
+            if !moving.is_empty() {
+                return Err(format!(
+                    "partitions on broker {broker} are being moved ({}): wait for them (`sluice cluster reassignments`) or cancel them first",
+                    moving.join(", ")
+                ));
+            }
             let view = fetch(&args.bootstrap_server)?;
             let moves = plan_decommission(&view, broker)?;
             print!("{}", render_moves(Some(&view), &moves));

@@ -281,8 +281,9 @@ impl Controller {
                 continue;
             };
             if let Some(t) = target.as_ref().filter(|_| call.keep_replication_factor) {
+                // Against the size the partition is moving to, as Kafka compares.
                 let rf = match state.reassignment(tp.topic(), tp.partition()) {
-                    Some(r) => r.original(&p.replicas).len(),
+                    Some(r) => r.target(&p.replicas).len(),
                     None => p.replicas.len(),
                 };
                 if t.len() != rf {

@@ -226,6 +226,55 @@ impl Broker {
         }
     }
 
+    /// Shard 0, once at start, right after every shard adopted the first image of this
+    /// run's registration (and before the next image is published, so no shard opens
+    /// a log meanwhile): deletes the partition directories the committed metadata
+    /// does not give this broker — replicas reassigned away or topics deleted while it
+    /// was down. Only directories named like a partition's (`<topic>-<n>`, a valid
+    /// topic name) are considered. Returns how many went.
+    pub fn remove_stray_logs(&self, image: &MetadataImage) -> usize {
+        if !image.registered {
+            return 0;
+        }
+        let me = self.config.node_id;
+        let dir = self.storage.dir().to_path_buf();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some((topic, p)) = name.rsplit_once('-') else {
+                continue;
+            };
+            let Ok(p) = p.parse::<i32>() else { continue };
+            if p < 0
+                || crate::base::topic_config::validate_topic_name(topic).is_err()
+                || !e.file_type().is_ok_and(|t| t.is_dir())
+            {
+                continue;
+            }
+            let assigned = image
+                .topics
+                .get(topic)
+                .and_then(|m| m.assignment(p))
+                .is_some_and(|a| a.replicas.contains(&me));
+            if assigned {
+                continue;
+            }
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => {
+                    removed += 1;
+                    tracing::info!(log = %name, "deleted a partition directory the metadata no longer assigns to this broker");
+                }
+                Err(err) => {
+                    tracing::warn!(log = %name, error = %err, "could not delete a stray partition directory")
+                }
+            }
+        }
+        removed
+    }
+
     /// Shard 0: every shard runs an image of state `version` or newer.
     pub fn set_published(&self, version: u64) {
         if version > self.published_version.get() {

@@ -421,6 +421,19 @@ impl Broker {
             .get(topic)
             .filter(|t| (0..t.partitions).contains(&partition))
             .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
+        let me = self.config.node_id;
+        // Not a replica here: the client must ask the leader (as Kafka answers). A
+        // partition reassigned away has no home shard here any more (a call routed by
+        // the image before may reach the shard that held it).
+        if meta
+            .assignment(partition)
+            .is_some_and(|a| !a.replicas.contains(&me))
+        {
+            return Err(ApiError::with(
+                ResponseError::NotLeaderOrFollower,
+                format!("broker {me} holds no replica of {topic}-{partition}"),
+            ));
+        }
         assert_eq!(
             self.owner(meta, partition),
             self.shard,
@@ -428,19 +441,8 @@ impl Broker {
         );
         let key = TopicPartitionRef::new(topic, partition);
         let log = self.logs.borrow().get(key.key()).cloned();
-        let me = self.config.node_id;
         let log = log.ok_or_else(|| match self.offline.borrow().get(key.key()) {
             Some(o) => offline_error(key, &o.cause),
-            // Not a replica here: the client must ask the leader (as Kafka answers).
-            None if meta
-                .assignment(partition)
-                .is_some_and(|a| !a.replicas.contains(&me)) =>
-            {
-                ApiError::with(
-                    ResponseError::NotLeaderOrFollower,
-                    format!("broker {me} holds no replica of {topic}-{partition}"),
-                )
-            }
             None => ApiError::with(
                 ResponseError::KafkaStorageError,
                 format!("log of {topic}-{partition} is not open on {}", self.shard),
@@ -563,7 +565,13 @@ impl Broker {
                 "log {key:?} has no replica on {}",
                 self.shard
             );
-            if let Some(meta) = image.topics.get(key.topic()) {
+            // (A replica reassigned away stays open until an image of this run's
+            // registration lets it go: it has no home shard meanwhile.)
+            let hosted = |meta: &&crate::base::metadata::TopicMeta| {
+                let a = meta.assignment(key.partition());
+                a.is_some_and(|a| a.replicas.contains(&self.config.node_id))
+            };
+            if let Some(meta) = image.topics.get(key.topic()).filter(hosted) {
                 assert_eq!(
                     self.owner(meta, key.partition()),
                     self.shard,

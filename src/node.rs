@@ -31,6 +31,8 @@ pub enum NodeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Directory(#[from] crate::base::directory::DirectoryError),
     #[error("writing {}: {source}", path.display())]
     WriteProbe {
         path: PathBuf,
@@ -125,6 +127,12 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     // Held until the process exits (the kernel drops it then, even on SIGKILL).
     let _lock =
         crate::base::host::lock_data_dir(&config.data_dir, crate::base::host::PORT_WAIT_MAX)?;
+    let directory = crate::base::directory::identify(&config.data_dir, config.node_id)?;
+    tracing::info!(
+        directory_id = %directory.id,
+        formatted_now = directory.formatted_now,
+        "data directory"
+    );
     tracing::info!(
         node = config.node_id,
         voters = config.controller_quorum.len(),
@@ -162,6 +170,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 registry: registry.clone(),
                 lag: lag.clone(),
                 handed_over: handed_over.clone(),
+                directory: directory.id.clone(),
             };
             move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
@@ -288,6 +297,8 @@ struct Shared {
     /// Set by shard 0 once a stop's controlled shutdown is over (the leaderships moved,
     /// or there was nothing to move); the other shards serve until then.
     handed_over: Arc<AtomicBool>,
+    /// The data directory's id (`crate::base::directory`).
+    directory: String,
 }
 
 /// Sets its flag when dropped.
@@ -312,6 +323,7 @@ async fn run_shard(
         registry,
         lag,
         handed_over,
+        directory,
     } = shared;
     // However shard 0 ends, the other shards do not wait for its hand-over after that.
     let _handed_over_on_exit = (shard.0 == 0).then(|| SetOnDrop(handed_over.clone()));
@@ -349,6 +361,7 @@ async fn run_shard(
             host: advertised.0,
             port: advertised.1,
             rack: config.rack.clone(),
+            directory: directory.clone(),
             auto_leader_rebalance: config.auto_leader_rebalance_enable,
         })?)
     } else {

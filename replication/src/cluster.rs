@@ -76,7 +76,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 4: reassignments;
+/// The first bytes of a snapshot in the current format (version 4: reassignments and
+/// directory ids;
 /// version 3 added replica slots, version 2 racks and broker configs); a snapshot
 /// without them is version 1.
 /// Byte 6 is the version.
@@ -181,6 +182,10 @@ pub struct ClusterState {
     pub replicas_placed: BTreeMap<BrokerId, u64>,
     /// Ongoing reassignments, by topic and partition (see the module doc).
     pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+    /// Per broker, the identity of the data directory it last ran on (KIP-858's
+    /// directory id, written when the directory was formatted): see
+    /// [`Command::RecordDirectory`].
+    pub directories: BTreeMap<BrokerId, String>,
 }
 
 /// A change to [`ClusterState`], proposed to the quorum and applied once committed.
@@ -295,6 +300,17 @@ pub enum Command {
     Reassign {
         changes: Vec<Reassign>,
     },
+    /// A broker starting on a data directory the state does not record for it,
+    /// before it registers. The first record is just kept. A different one means the
+    /// directory it ran on is lost (wiped, replaced): its replicas hold nothing, so
+    /// it is fenced (leaderships move) and leaves every ISR — even where it was the
+    /// last member, which leaves that partition leaderless rather than led by an
+    /// empty log (an unclean election can still choose it). It rejoins each ISR
+    /// once it has fetched what the leader has.
+    RecordDirectory {
+        id: BrokerId,
+        directory: String,
+    },
 }
 
 /// One partition's reassignment in [`Command::Reassign`].
@@ -336,6 +352,9 @@ pub enum Applied {
     Done,
     /// [`Command::AllocateProducerIds`] (and only it): the block handed out.
     ProducerIds(ProducerIdBlock),
+    /// [`Command::RecordDirectory`] of a directory other than the recorded one: the
+    /// broker's replicas were taken out of every ISR.
+    DirectoryReplaced,
     /// [`Command::AlterPartitions`] and [`Command::Reassign`]: each change's own
     /// result, in the command's order.
     Partitions(Vec<Result<(), ApplyError>>),
@@ -797,6 +816,19 @@ impl ClusterState {
             Command::Reassign { changes } => {
                 let results = changes.iter().map(|c| self.reassign(c)).collect();
                 return Ok(Applied::Partitions(results));
+            }
+            Command::RecordDirectory { id, directory } => {
+                if directory.is_empty() {
+                    return Err(ApplyError::InvalidRequest("an empty directory id".into()));
+                }
+                let replaced = self.directories.get(id).is_some_and(|d| d != directory);
+                if replaced {
+                    self.lose_replicas(*id);
+                }
+                self.directories.insert(*id, directory.clone());
+                if replaced {
+                    return Ok(Applied::DirectoryReplaced);
+                }
             }
             Command::CreatePartitions {
                 name,
@@ -1288,6 +1320,25 @@ impl ClusterState {
         }
     }
 
+    /// Broker `id`'s data directory is lost (see [`Command::RecordDirectory`]).
+    fn lose_replicas(&mut self, id: BrokerId) {
+        if self.brokers.contains_key(&id) {
+            self.fence(id);
+        }
+        for t in self.topics.values_mut() {
+            for p in &mut t.partitions {
+                if p.isr == [id] {
+                    p.isr.clear();
+                    if p.leader == id {
+                        p.leader = NO_BROKER;
+                        p.leader_epoch += 1;
+                    }
+                    p.partition_epoch += 1;
+                }
+            }
+        }
+    }
+
     /// Marks `id` live and makes it leader of the leaderless partitions whose ISR
     /// holds it (clean election). Unclean topics also take it if it is any replica.
     fn unfence(&mut self, id: BrokerId) {
@@ -1480,7 +1531,7 @@ pub mod legacy {
         pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
     }
 
-    /// Version 3: no reassignments.
+    /// Version 3: no reassignments, no directory ids.
     #[derive(Archive, Serialize, Deserialize, Debug)]
     pub struct ClusterStateV3 {
         pub cluster_id: String,
@@ -1503,6 +1554,7 @@ pub mod legacy {
                 broker_configs: v3.broker_configs,
                 replicas_placed: v3.replicas_placed,
                 reassignments: BTreeMap::new(),
+                directories: BTreeMap::new(),
             }
         }
     }
@@ -1519,6 +1571,7 @@ pub mod legacy {
                 broker_configs: v2.broker_configs,
                 replicas_placed: BTreeMap::new(),
                 reassignments: BTreeMap::new(),
+                directories: BTreeMap::new(),
             }
         }
     }
@@ -1566,6 +1619,7 @@ pub mod legacy {
                 broker_configs: BTreeMap::new(),
                 replicas_placed: BTreeMap::new(),
                 reassignments: BTreeMap::new(),
+                directories: BTreeMap::new(),
             }
         }
     }
@@ -2290,6 +2344,67 @@ mod tests {
         reassign(&mut s, Some(&[3, 4])).unwrap();
         s.apply(&Command::DeleteTopic { name: "t".into() }).unwrap();
         assert!(s.reassignments.is_empty());
+    }
+
+    #[test]
+    fn a_broker_back_on_another_directory_leaves_every_isr_and_is_never_elected_empty() {
+        let mut s = cluster(3);
+        let record = |s: &mut ClusterState, id, d: &str| {
+            s.apply(&Command::RecordDirectory {
+                id,
+                directory: d.into(),
+            })
+            .unwrap()
+        };
+        for id in 1..=3 {
+            record(&mut s, id, &format!("dir-{id}"));
+        }
+        // "a"-0 on [3, 1] (3 leads), "b"-0 on [2, 3] whose ISR shrinks to [3] (2 is
+        // fenced a while).
+        for (name, replicas) in [("a", vec![3, 1]), ("b", vec![2, 3])] {
+            s.apply(&Command::CreateTopic {
+                name: name.into(),
+                id: [1; 16],
+                configs: BTreeMap::new(),
+                assignments: vec![replicas],
+            })
+            .unwrap();
+        }
+        s.apply(&Command::FenceBroker { id: 2 }).unwrap();
+        assert_eq!(s.partition("b", 0).unwrap().isr, vec![3]);
+        s.apply(&Command::UnfenceBroker { id: 2 }).unwrap();
+        // The same directory again changes nothing.
+        let before = s.clone();
+        record(&mut s, 3, "dir-3");
+        assert_eq!(s.topics, before.topics);
+        // Broker 3 comes back on a wiped directory.
+        assert_eq!(record(&mut s, 3, "dir-3-new"), Applied::DirectoryReplaced);
+        assert_eq!(s.directories[&3], "dir-3-new");
+        let a = s.partition("a", 0).unwrap().clone();
+        assert_eq!(
+            (a.leader, a.isr.clone()),
+            (1, vec![1]),
+            "leadership moved, 3 left the ISR"
+        );
+        let b = s.partition("b", 0).unwrap().clone();
+        assert_eq!(
+            (b.leader, b.isr.clone()),
+            (NO_BROKER, vec![]),
+            "no one may lead b"
+        );
+        // Registering (a new incarnation) elects it nowhere.
+        register(&mut s, 3, 2);
+        assert_eq!(s.partition("b", 0).unwrap().leader, NO_BROKER);
+        assert_eq!(s.partition("a", 0).unwrap().isr, vec![1]);
+        // It rejoins "a"'s ISR as any follower does; "b" waits for an unclean election.
+        assert_eq!(s.election("b", 0, Election::Unclean).unwrap().0, 2);
+        assert!(s
+            .apply(&Command::RecordDirectory {
+                id: 3,
+                directory: String::new()
+            })
+            .is_err());
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
     }
 
     #[test]

@@ -15,6 +15,26 @@
 //! the in-memory log compacted; [`Applied::snapshot`] hands the snapshot to the caller
 //! so it can compact its durable log too. Voters are fixed at bootstrap (no membership
 //! changes yet).
+//!
+//! ## A voter that lost its log
+//!
+//! Raft's safety assumes a voter never forgets what it acknowledged. A voter whose
+//! journal is gone (a wiped or replaced disk) and that rejoins under the same id would
+//! break that: its vote could elect a candidate lacking entries committed with its
+//! help, and a leader that remembers it as holding entries it lacks sends it a commit
+//! index past its log (raft-rs aborts on that) and takes its refusals as stale. So:
+//! - A voter of a multi-voter quorum that starts with nothing restored is *amnesiac*:
+//!   it grants no vote to a candidate whose log is not empty (a brand-new cluster,
+//!   where every log is empty, still elects) until it has applied an entry of the
+//!   current leader's term — by then it holds every entry committed before that term,
+//!   whatever it once acknowledged. (It may campaign: with an empty log no voter that
+//!   holds anything votes for it.)
+//! - A heartbeat's commit index is clamped to the follower's log end (the commit index
+//!   is advisory; raft-rs aborts on one past the log); an amnesiac voter takes such a
+//!   heartbeat as an append it cannot accept, and its refusal names its log end.
+//! - A leader that sees a follower refuse an append with a log end below what it
+//!   counted as replicated there knows the follower lost its log: it resets that
+//!   follower's progress to the log end it reported and probes from there.
 
 use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
@@ -153,6 +173,10 @@ pub struct Quorum {
     pub snapshot_every: u64,
     pending: Option<(raft::Ready, Vec<Entry>)>,
     snapshots_out: Vec<u64>,
+    /// Started with nothing restored among other voters (see the module doc).
+    amnesiac: bool,
+    /// Followers found to have lost their log (see [`Quorum::take_forgotten`]).
+    forgotten: Vec<u64>,
 }
 
 /// Peers a snapshot was just handed out for. raft-rs keeps a peer in its snapshot state
@@ -178,6 +202,10 @@ impl Quorum {
                 voters: voters.to_vec(),
             });
         }
+        let amnesiac = voters.len() > 1
+            && restored.snapshot.is_none()
+            && restored.entries.is_empty()
+            && restored.hard_state.is_none();
         let mem = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
         let mut state = ClusterState::default();
         let mut snapshot = Snapshot::default();
@@ -224,7 +252,16 @@ impl Quorum {
             snapshot_every: 1000,
             pending: None,
             snapshots_out: Vec::new(),
+            amnesiac,
+            forgotten: Vec::new(),
         })
+    }
+
+    /// True while this voter started with nothing restored and has not yet caught up
+    /// with a leader of the current term (see the module doc): it grants no vote to a
+    /// candidate with a non-empty log.
+    pub fn amnesiac(&self) -> bool {
+        self.amnesiac
     }
 
     pub fn id(&self) -> u64 {
@@ -271,8 +308,50 @@ impl Quorum {
 
     /// A message from a peer. Messages from unknown nodes or stale terms are dropped by
     /// raft itself; a malformed one is an error for the caller to log.
-    pub fn step(&mut self, msg: Message) -> Result<(), QuorumError> {
+    pub fn step(&mut self, mut msg: Message) -> Result<(), QuorumError> {
+        match msg.get_msg_type() {
+            MessageType::MsgHeartbeat => {
+                let last = self.node.raft.raft_log.last_index();
+                if msg.commit > last && self.amnesiac {
+                    // The leader counts on entries this voter lost. Taken as an append
+                    // after the leader's commit index, it is refused with this log's
+                    // end, which tells the leader where to start again.
+                    // (raft-rs reads the term of an index past the log as 0: a
+                    // non-zero term never matches there.)
+                    msg.set_msg_type(MessageType::MsgAppend);
+                    msg.index = msg.commit;
+                    msg.log_term = msg.term.max(1);
+                }
+                msg.commit = msg.commit.min(last);
+            }
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+                if self.amnesiac && (msg.index > 0 || msg.log_term > 0) =>
+            {
+                return Ok(()); // no vote: it may lack what this voter forgot
+            }
+            MessageType::MsgAppendResponse if msg.reject && self.is_leader() => {
+                let from = msg.from;
+                let hint = msg.reject_hint;
+                if let Some(pr) = self.node.raft.mut_prs().get_mut(from) {
+                    // (A delayed rejection from before the follower had caught up
+                    // also reads so; the reset then only resends what it has.)
+                    if hint < pr.matched {
+                        pr.matched = hint;
+                        pr.next_idx = hint + 1;
+                        pr.become_probe();
+                        self.forgotten.push(from);
+                    }
+                }
+            }
+            _ => {}
+        }
         Ok(self.node.step(msg)?)
+    }
+
+    /// Voters this leader found to have lost their log since the last call (each
+    /// time one did): for the caller to log.
+    pub fn take_forgotten(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// Proposes `cmd`; on a follower raft forwards it to the leader. The result comes
@@ -366,6 +445,12 @@ impl Quorum {
         out.send.extend(light.take_messages());
         self.apply_entries(light.take_committed_entries(), &mut out);
         self.node.advance_apply();
+        if self.amnesiac && self.applied > 0 {
+            let term = self.node.raft.raft_log.term(self.applied);
+            if term.is_ok_and(|t| t == self.node.raft.term) && self.leader_id() != 0 {
+                self.amnesiac = false;
+            }
+        }
         let targets: Vec<u64> = snapshot_targets(&out.send)
             .chain(std::mem::take(&mut self.snapshots_out))
             .collect();
@@ -686,6 +771,121 @@ mod tests {
             net.drive();
         }
         assert_eq!(net.nodes[&leader].state().brokers, expect.brokers);
+    }
+
+    #[test]
+    fn a_voter_that_lost_its_log_never_elects_a_stale_candidate_and_catches_up() {
+        let mut net = Net::new(3);
+        let leader = net.tick_until_leader();
+        for i in 0..5 {
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose(&register(10 + i), 0)
+                .unwrap();
+            net.drive();
+        }
+        for _ in 0..HEARTBEAT_TICKS * 2 {
+            net.nodes.get_mut(&leader).unwrap().tick();
+            net.drive();
+        }
+        assert!(
+            net.nodes.values().all(|q| !q.amnesiac()),
+            "a healthy cluster has caught up"
+        );
+        let wiped = (1..=3).find(|i| *i != leader).unwrap();
+        // The wiped voter comes back with nothing: the leader remembers it as holding
+        // the log, and its heartbeats carry a commit index past the empty log.
+        net.disks.insert(wiped, Vec::new());
+        net.restart(wiped);
+        assert!(net.nodes[&wiped].amnesiac());
+        for _ in 0..HEARTBEAT_TICKS * 4 {
+            net.nodes.get_mut(&leader).unwrap().tick();
+            net.drive();
+        }
+        assert_eq!(
+            net.nodes.get_mut(&leader).unwrap().take_forgotten(),
+            vec![wiped]
+        );
+        let expect = net.nodes[&leader].state().brokers.clone();
+        assert_eq!(
+            net.nodes[&wiped].state().brokers,
+            expect,
+            "it fetched the log again"
+        );
+        // Applying entries of an older term is not enough to vote again: only one of
+        // the current leader's term is.
+        assert!(!net.nodes[&wiped].amnesiac() || net.nodes[&wiped].applied_index() > 0);
+        net.nodes
+            .get_mut(&leader)
+            .unwrap()
+            .propose(&register(99), 0)
+            .unwrap();
+        net.drive();
+        for _ in 0..HEARTBEAT_TICKS * 2 {
+            net.nodes.get_mut(&leader).unwrap().tick();
+            net.drive();
+        }
+        assert!(!net.nodes[&wiped].amnesiac());
+
+        // Now the unsafe case: the voter is wiped again and the leader goes down
+        // before it caught up. The wiped voter cannot tell whether `other` has what
+        // it once acknowledged, so it votes for no one: no leader (safety over
+        // liveness) until the old leader is back.
+        net.disks.insert(wiped, Vec::new());
+        net.restart(wiped);
+        net.down.push(leader);
+        for _ in 0..ELECTION_TICKS * 6 {
+            for (id, q) in net.nodes.iter_mut() {
+                if *id != leader {
+                    q.tick();
+                }
+            }
+            net.drive();
+        }
+        assert!(net
+            .nodes
+            .iter()
+            .all(|(id, q)| *id == leader || !q.is_leader()));
+        net.restart(leader);
+        net.tick_until_leader();
+        for _ in 0..ELECTION_TICKS * 2 {
+            for q in net.nodes.values_mut() {
+                q.tick();
+            }
+            net.drive();
+        }
+        for q in net.nodes.values() {
+            assert_eq!(q.state().brokers.len(), expect.len() + 1, "node {}", q.id());
+        }
+        // An amnesiac voter refuses a candidate with a log, not one without.
+        let mut fresh = Quorum::new(1, &[1, 2, 3], Restored::default()).unwrap();
+        assert!(fresh.amnesiac());
+        let vote = |index, log_term| Message {
+            msg_type: MessageType::MsgRequestVote.into(),
+            from: 2,
+            to: 1,
+            term: 5,
+            index,
+            log_term,
+            ..Default::default()
+        };
+        fresh.step(vote(7, 3)).unwrap();
+        assert!(
+            fresh.ready().is_none(),
+            "no answer to a candidate with a log"
+        );
+        fresh.step(vote(0, 0)).unwrap();
+        let answer = fresh.ready().map(|p| {
+            let mut all = p.send_now;
+            all.extend(fresh.advance().send);
+            all
+        });
+        let granted = answer
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgRequestVoteResponse && !m.reject);
+        assert!(granted, "a brand-new cluster still elects");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 pub mod broker_configs;
 pub mod config;
+pub mod directory;
 pub mod error;
 pub mod fetch_session;
 pub mod host;

@@ -100,6 +100,9 @@ pub struct QuorumConfig {
     pub host: String,
     pub port: i32,
     pub rack: Option<String>,
+    /// The data directory's id, recorded before registering
+    /// (`sluice_replication::cluster::Command::RecordDirectory`).
+    pub directory: String,
     /// Whether the controller elects preferred replicas by itself (every
     /// `PREFERRED_CHECK`); without it only ElectLeaders moves leadership back.
     pub auto_leader_rebalance: bool,
@@ -188,6 +191,9 @@ impl QuorumNode {
         let tail = restored.entries.clone();
         let voters: Vec<u64> = cfg.voters.iter().map(|(id, _)| *id as u64).collect();
         let mut q = Quorum::new(cfg.node_id as u64, &voters, restored)?;
+        if q.amnesiac() {
+            tracing::info!("no metadata log here yet (a new cluster, or a lost disk): this voter votes only for candidates with none either until it has caught up with a leader");
+        }
         if voters.len() == 1 {
             // A quorum of one need not wait an election timeout to lead.
             q.campaign();
@@ -543,7 +549,16 @@ impl QuorumNode {
                 // its Kafka port open.
                 exit_on_quorum_io_failure(&e.to_string());
             }
-            let applied = self.quorum.borrow_mut().advance();
+            let (applied, caught_up) = {
+                let mut q = self.quorum.borrow_mut();
+                let amnesiac = q.amnesiac();
+                (q.advance(), amnesiac && !q.amnesiac())
+            };
+            if caught_up {
+                tracing::info!(
+                    "this voter caught up with the metadata log's leader: it votes again"
+                );
+            }
             self.send(applied.send);
             if let Some(s) = &applied.snapshot {
                 if let Err(e) = self.compact(s) {
@@ -579,7 +594,7 @@ impl QuorumNode {
         let block = match &result {
             Ok(Applied::ProducerIds(block)) => Some(Ok(*block)),
             Err(e) => Some(Err(e.clone())),
-            Ok(Applied::Done | Applied::Partitions(_)) => None,
+            Ok(Applied::Done | Applied::Partitions(_) | Applied::DirectoryReplaced) => None,
         };
         if let Some(block) = block {
             if let Some(w) = self.block_waiters.borrow_mut().remove(&token) {
@@ -692,8 +707,12 @@ impl QuorumNode {
             KIND_RAFT => {
                 let m = quorum::decode::<raft::prelude::Message>(payload)
                     .map_err(QuorumIoError::Frame)?;
-                if let Err(e) = self.quorum.borrow_mut().step(m) {
+                let mut q = self.quorum.borrow_mut();
+                if let Err(e) = q.step(m) {
                     tracing::debug!(error = %e, "raft refused a message");
+                }
+                for voter in q.take_forgotten() {
+                    tracing::warn!(voter, "a controller voter lost its metadata log (a wiped or replaced disk): sending it the log again; it votes only once it has caught up");
                 }
                 Ok(())
             }
@@ -733,7 +752,9 @@ async fn heartbeater(node: std::rc::Weak<QuorumNode>) {
     }
 }
 
-/// Proposes this broker's registration until it is applied.
+/// Proposes this broker's registration until it is applied, after its data
+/// directory's id, unless the state already records that one for it: a broker back on
+/// a lost directory must leave the ISRs before it registers (and is elected anywhere).
 async fn register_self(node: std::rc::Weak<QuorumNode>) {
     loop {
         let Some(n) = node.upgrade() else { return };
@@ -743,6 +764,29 @@ async fn register_self(node: std::rc::Weak<QuorumNode>) {
                 "broker registered with the controller"
             );
             return;
+        }
+        let (id, dir) = (n.cfg.node_id, n.cfg.directory.clone());
+        let recorded = n.with_state(|s| s.directories.get(&id).cloned());
+        if recorded.as_ref() != Some(&dir) {
+            let cmd = Command::RecordDirectory {
+                id,
+                directory: dir.clone(),
+            };
+            match n.propose(cmd, Duration::from_secs(3)).await {
+                Ok((Applied::DirectoryReplaced, _)) => tracing::warn!(
+                    node = id,
+                    directory = %dir,
+                    "this broker runs on another data directory than it did: its replicas hold nothing, so it left every ISR and fetches them again"
+                ),
+                Ok(_) => tracing::info!(node = id, directory = %dir, "data directory recorded"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "directory record not committed yet; retrying");
+                    let tick = n.cfg.tick;
+                    drop(n);
+                    glommio::timer::sleep(tick * 3).await;
+                }
+            }
+            continue;
         }
         // Without a rack, the version-1 command: voters of an older build read it.
         let cmd = match &n.cfg.rack {

@@ -251,3 +251,53 @@ def test_moves_are_cancelled_or_completed_across_a_controller_kill_and_a_broker_
         if paused is not None:
             c.brokers[paused].proc.send_signal(signal.SIGCONT)
         c.stop()
+
+
+def test_a_broker_back_on_a_wiped_directory_holds_nothing_until_it_has_fetched_it(tmp_path):
+    """A lost disk is a new directory, never a trusted replica (KIP-858's directory
+    ids): broker 3 is SIGKILLed under an acks=all stream, its data directory wiped and
+    it is restarted with the same flags. It records its new directory before it
+    registers, so it leaves every ISR at once: where it was the last in-sync replica
+    the partition stays leaderless (never led by an empty log) until an unclean
+    election is asked for; elsewhere it fetches everything, rejoins the ISR, and once
+    leadership moves onto it every acknowledged record reads back."""
+    import shutil
+    from confluent_kafka import ElectionType, TopicPartition
+    from test_elect_leaders import elect
+    c = Cluster(tmp_path / "c", n=3, cores=1,
+                extra=["--auto-leader-rebalance-enable", "false"]).start()
+    try:
+        topic, parts = "disk", [0, 1, 2]
+        create_placed(c, topic, [[3, 1, 2], [1, 2, 3], [2, 3, 1]], DURABLE)
+        # "last"-0 lives on broker 3 alone: its only in-sync copy goes with the disk.
+        create_placed(c, "last", [[3]])
+        acks = Acks()
+        p = Producer({"bootstrap.servers": c.bootstrap})
+        for i in range(300):
+            p.produce(topic, value=f"d-{i}".encode(), partition=i % 3, on_delivery=acks)
+        p.produce("last", value=b"only-on-3", partition=0)
+        assert p.flush(30) == 0 and not acks.failed
+
+        c.kill(3)
+        shutil.rmtree(c.data_dir(3))
+        c.restart(3)
+        log3 = c.log(3)
+        assert "formatted_now=true" in log3, log3[-2000:]
+        c.wait_until(lambda: "runs on another data directory" in c.log(3), 30,
+                     "broker 3 recorded its new directory")
+        # Where it was the last in-sync replica, nobody leads: not an empty log.
+        assert (c.leader_of("last", 0), c.isr_of("last", 0)) == (-1, [])
+        # Elsewhere it fetches what the leaders have and rejoins the ISRs.
+        for q in parts:
+            c.wait_until(lambda: c.isr_of(topic, q) == [1, 2, 3], 60, f"{topic}-{q}: 3 back in the ISR")
+        assert c.leader_of("last", 0) == -1
+        # Only an unclean election, asked for, brings "last" back (empty).
+        res = elect(c, ElectionType.UNCLEAN, [TopicPartition("last", 0)])
+        assert res[("last", 0)] is None, res
+        c.wait_until(lambda: c.leader_of("last", 0) == 3, 30, "last-0 led again after the unclean election")
+        res = elect(c, ElectionType.PREFERRED, [TopicPartition(topic, 0)])
+        assert res[(topic, 0)] in (None, 84), res  # 84: ELECTION_NOT_NEEDED
+        c.wait_until(lambda: c.leader_of(topic, 0) == 3, 30, "broker 3 leads disk-0 again")
+        check_log(c, topic, parts, {q: v for q, v in acks.acked.items()})
+    finally:
+        c.stop()

@@ -862,7 +862,7 @@ mod tests {
         let mut fresh = Quorum::new(1, &[1, 2, 3], Restored::default()).unwrap();
         assert!(fresh.amnesiac());
         let vote = |index, log_term| Message {
-            msg_type: MessageType::MsgRequestVote.into(),
+            msg_type: MessageType::MsgRequestVote,
             from: 2,
             to: 1,
             term: 5,

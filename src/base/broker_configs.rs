@@ -85,6 +85,21 @@ pub const LOG_DEFAULTS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Dynamic broker configs that are no topic's default: (name, default, doc). The
+/// replication throttles of partition moves (`crate::cluster::throttle`).
+pub const BROKER_DYNAMIC: &[(&str, &str, &str)] = &[
+    (
+        "follower.replication.throttled.rate",
+        "9223372036854775807",
+        "Bytes/s this broker's followers may fetch for the replicas topics list in follower.replication.throttled.replicas while those are outside the ISR (partition moves).",
+    ),
+    (
+        "leader.replication.throttled.rate",
+        "9223372036854775807",
+        "Bytes/s of leader.replication.throttled.replicas a leader sends (accepted without effect: the follower side throttles the same traffic).",
+    ),
+];
+
 /// One described config: the response entry of DescribeConfigs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Described {
@@ -147,7 +162,7 @@ fn log_default_synonyms(
     image: &MetadataImage,
     me: BrokerId,
     broker: &str,
-    topic: &str,
+    default: &str,
 ) -> Vec<(String, Option<String>, i8)> {
     let mut out = Vec::new();
     let scopes = [
@@ -168,7 +183,7 @@ fn log_default_synonyms(
     }
     out.push((
         broker.to_string(),
-        Some(topic_default(topic).to_string()),
+        Some(default.to_string()),
         SOURCE_DEFAULT,
     ));
     out
@@ -318,8 +333,16 @@ pub fn describe_broker(
             }
         })
         .collect();
-    for (broker, topic) in LOG_DEFAULTS {
-        let synonyms = log_default_synonyms(image, BrokerId::new(me), broker, topic);
+    let dynamic = LOG_DEFAULTS
+        .iter()
+        .map(|(broker, topic)| (*broker, topic_default(topic), log_doc(topic)))
+        .chain(
+            BROKER_DYNAMIC
+                .iter()
+                .map(|(n, d, doc)| (*n, *d, doc.to_string())),
+        );
+    for (broker, default, documentation) in dynamic {
+        let synonyms = log_default_synonyms(image, BrokerId::new(me), broker, default);
         let (_, value, source) = synonyms[0].clone();
         out.push(Described {
             name: broker.to_string(),
@@ -327,7 +350,7 @@ pub fn describe_broker(
             source,
             read_only: false,
             synonyms,
-            documentation: log_doc(topic),
+            documentation,
         });
     }
     out
@@ -354,6 +377,15 @@ pub fn check_dynamic(c: &BrokerConfig, set: &BTreeMap<String, String>) -> Result
         ));
     }
     for (name, v) in set {
+        if BROKER_DYNAMIC.iter().any(|(n, ..)| n == name) {
+            if !v.trim().parse::<i64>().is_ok_and(|r| r >= 0) {
+                return Err(ApiError::with(
+                    ResponseError::InvalidConfig,
+                    format!("Invalid value {v} for configuration {name}: Value must be at least 0"),
+                ));
+            }
+            continue;
+        }
         let Some(topic) = topic_name_of(name) else {
             return Err(ApiError::with(
                 ResponseError::InvalidConfig,
@@ -390,9 +422,9 @@ pub fn topic_doc(name: &str) -> String {
         "file.delete.delay.ms" => "Delay before a deleted segment's file is removed (accepted without effect).",
         "flush.messages" => "Records between forced flushes (accepted without effect).",
         "flush.ms" => "Longest time before appended data is fsynced; 0 syncs before every acknowledgement.",
-        "follower.replication.throttled.replicas" => "Replicas throttled as followers (accepted without effect).",
+        "follower.replication.throttled.replicas" => "Replicas (partition:broker,... or *) whose followers fetch within their broker's follower.replication.throttled.rate while outside the ISR (partition moves).",
         "index.interval.bytes" => "Bytes between offset index entries (accepted without effect).",
-        "leader.replication.throttled.replicas" => "Replicas throttled as leaders (accepted without effect).",
+        "leader.replication.throttled.replicas" => "Replicas throttled as leaders (accepted without effect: the follower side throttles the same traffic).",
         "local.retention.bytes" | "local.retention.ms" => "Tiered storage's local retention (no tiered storage in Sluice).",
         "max.compaction.lag.ms" => "Longest time a record may stay uncompacted.",
         "max.message.bytes" => "The largest record batch the topic accepts.",
@@ -505,5 +537,25 @@ mod tests {
         assert!(e.message.unwrap().contains("log.retention.ms"));
         let e = check_dynamic(&c, &set(&[("no.such.config", "1")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidConfig.code());
+        // The replication throttles: a byte rate, at least 0.
+        let rate = "follower.replication.throttled.rate";
+        assert!(check_dynamic(&c, &set(&[(rate, "1048576")])).is_ok());
+        let e = check_dynamic(&c, &set(&[(rate, "-1")])).unwrap_err();
+        assert_eq!(e.code(), ResponseError::InvalidConfig.code());
+        assert!(e.message.unwrap().contains(rate));
+        let image = image_with(2, &[(rate, "1000")]);
+        let described = describe_broker(&c, &image, false);
+        let d = described.iter().find(|d| d.name == rate).unwrap();
+        assert_eq!(
+            (d.value.as_deref(), d.read_only),
+            (Some("9223372036854775807"), false)
+        );
+        let image = image_with(1, &[(rate, "1000")]);
+        let described = describe_broker(&c, &image, false);
+        let d = described.iter().find(|d| d.name == rate).unwrap();
+        assert_eq!(
+            (d.value.as_deref(), d.source),
+            (Some("1000"), SOURCE_DYNAMIC_BROKER)
+        );
     }
 }

@@ -31,6 +31,7 @@ use crate::base::fetch_session::{self, PartKey, PartReq, TopicKey};
 use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::rpc::Propose;
 use crate::base::util::{join_all, sb};
+use crate::cluster::throttle;
 use crate::partition::broker::{Broker, PartitionEvents};
 use crate::partition::replica::Replica;
 use sluice_protocol::{TopicPartition, TopicPartitionRef};
@@ -390,6 +391,16 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
         }
         let c = conn.as_mut().expect("connected");
         let me = b.config.broker_id();
+        // Replication throttles (partition moves): only when a rate is set, which
+        // partitions it bounds this round.
+        let throttle = {
+            let image = b.image();
+            throttle::follower_rate(&image, me, b.config.cores).map(|rate| {
+                let each = following.parts.iter();
+                let flags = each.map(|r| throttle::throttled(&image, me, &r.topic, r.partition));
+                (rate, flags.collect::<Vec<bool>>())
+            })
+        };
         drop(b);
         let joined = async {
             match &wake {
@@ -402,8 +413,16 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
             // A partition still truncating (its leader does not know it yet) is retried
             // soon: this round's fetch must not wait at the leader.
             let wait = if truncating { Duration::ZERO } else { max_wait };
-            let round =
-                fetch_phase(c, me, leader, &mut following, wait, joined, &mut session).await?;
+            let round = fetch_phase(
+                c,
+                (me, leader),
+                &mut following,
+                wait,
+                joined,
+                &mut session,
+                throttle,
+            )
+            .await?;
             Ok::<_, FetcherError>(if truncating && round == Round::Fetched {
                 Round::Refused
             } else {
@@ -597,16 +616,27 @@ async fn truncate_phase(
 /// One Fetch for the partitions that are fetching, waiting at most `wait` at the leader,
 /// abandoned if `joined` completes first. In the fetch session, the request carries only
 /// what changed and the answer only partitions with news.
+/// `throttle`: the shard's follower rate and, per partition of `following`, whether
+/// it is throttled (see [`throttle`]); while the shard's meter is over, the throttled
+/// partitions are left out of the round.
 async fn fetch_phase(
     c: &mut Conn,
-    me: NodeId,
-    leader: NodeId,
+    (me, leader): (NodeId, NodeId),
     following: &mut Following,
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
+    throttle: Option<(f64, Vec<bool>)>,
 ) -> Result<Round, FetcherError> {
     let parts = &following.parts;
+    let held = |i: usize| -> bool {
+        throttle
+            .as_ref()
+            .is_some_and(|(_, flags)| flags.get(i).copied().unwrap_or(false))
+    };
+    let over = throttle
+        .as_ref()
+        .is_some_and(|(rate, flags)| flags.contains(&true) && throttle::follower_exceeded(*rate));
     for r in parts.iter().filter(|r| r.log_end() > r.durable_end()) {
         if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
             sync_tail(r, epoch).await?;
@@ -616,7 +646,11 @@ async fn fetch_phase(
     // end (a partition that moved on since the list was made is left out).
     let current: Vec<Option<(LeaderEpoch, PartReq)>> = parts
         .iter()
-        .map(|r| {
+        .enumerate()
+        .map(|(i, r)| {
+            if over && held(i) {
+                return None;
+            }
             let (epoch, follows) = {
                 let state = r.state();
                 let f = state.follower()?;
@@ -629,10 +663,18 @@ async fn fetch_phase(
                 return None;
             }
             let fetch_offset = r.durable_end();
+            // A throttled partition asks for at most a second's worth at the rate, so
+            // one round cannot take megabytes past it.
+            let max_bytes = match &throttle {
+                Some((rate, _)) if held(i) => {
+                    (*rate as i64).clamp(1, FETCH_PARTITION_BYTES as i64) as i32
+                }
+                _ => FETCH_PARTITION_BYTES,
+            };
             let req = PartReq {
                 fetch_offset,
                 log_start_offset: r.log_start(),
-                max_bytes: FETCH_PARTITION_BYTES,
+                max_bytes,
                 current_leader_epoch: epoch,
                 last_fetched_epoch: LeaderEpoch::NONE,
             };
@@ -742,6 +784,9 @@ async fn fetch_phase(
                 continue;
             }
             let records = p.records.unwrap_or_default();
+            if let Some((rate, _)) = throttle.as_ref().filter(|_| held(i)) {
+                throttle::follower_fetched(records.len(), *rate);
+            }
             let (hw, start) = (
                 Offset::new(p.high_watermark),
                 Offset::new(p.log_start_offset),

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic
 
-from cluster import Cluster
+from cluster import Cluster, disk_batches
 from conftest import SLUICE_BIN, check_consumer_error
 from test_cluster import Acks, check_log
 
@@ -299,5 +299,68 @@ def test_a_broker_back_on_a_wiped_directory_holds_nothing_until_it_has_fetched_i
         assert res[(topic, 0)] in (None, 84), res  # 84: ELECTION_NOT_NEEDED
         c.wait_until(lambda: c.leader_of(topic, 0) == 3, 30, "broker 3 leads disk-0 again")
         check_log(c, topic, parts, {q: v for q, v in acks.acked.items()})
+    finally:
+        c.stop()
+
+
+def test_a_throttled_move_copies_within_the_rate_and_finishes_once_it_is_lifted(tmp_path):
+    """Kafka's replication throttles: with `follower.replication.throttled.rate` set on
+    the broker a move adds a replica to, and the topic listing that replica in
+    `follower.replication.throttled.replicas`, the new replica copies the partition
+    within the rate (the move of 8 MB at 200 kB/s cannot be done within seconds, while
+    unthrottled it takes well under one), and completes once the throttle is lifted.
+    The broker config is described as a dynamic one, and a negative rate is refused."""
+    import time
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    c = Cluster(tmp_path / "c", n=3, cores=1).start()
+    try:
+        create_placed(c, "slow", [[1]])
+        p = Producer({"bootstrap.servers": c.bootstrap, "linger.ms": 20})
+        for i in range(8000):
+            while True:
+                try:
+                    p.produce("slow", value=b"%06d" % i + b"x" * 1018, partition=0)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        assert p.flush(60) == 0
+        admin = c.admin()
+        rate = "follower.replication.throttled.rate"
+
+        def alter(resource, name, op, value=None):
+            r = ConfigResource(resource, name, incremental_configs=[
+                ConfigEntry(rate if resource == ResourceType.BROKER else name_of(resource), value,
+                            incremental_operation=op)])
+            admin.incremental_alter_configs([r])[r].result(timeout=30)
+
+        def name_of(_):
+            return "follower.replication.throttled.replicas"
+        with pytest.raises(KafkaException) as e:
+            alter(ResourceType.BROKER, "2", AlterConfigOpType.SET, "-5")
+        assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+        alter(ResourceType.BROKER, "2", AlterConfigOpType.SET, "200000")
+        alter(ResourceType.TOPIC, "slow", AlterConfigOpType.SET, "0:2")
+        described = admin.describe_configs([ConfigResource(ResourceType.BROKER, "2")])
+        cfg = list(described.values())[0].result(timeout=30)
+        assert cfg[rate].value == "200000" and not cfg[rate].is_read_only
+
+        started = time.monotonic()
+        code, out = cli(c, "reassign", "--partition", "slow:0", "--replicas", "1,2")
+        assert code == 0, out
+        def copied():
+            # Records broker 2's new replica holds on disk.
+            b = disk_batches(c.data_dir(2), "slow", 0)
+            return b[-1][1] + 1 if b else 0
+        c.wait_until(lambda: copied() > 0, 30, "the new replica copying", retry=(OSError,))
+        # Throttled: 8,000 records of 1 kB at 200 kB/s take ~40 s. Two seconds in, it
+        # is still moving, with at most a few seconds' worth copied.
+        c.wait_until(lambda: time.monotonic() - started >= 2, 10, "two seconds")
+        assert ongoing(c) == ["slow-0"], "the throttled move finished too soon"
+        assert copied() < 4000, copied()
+        # Lifted: it finishes.
+        alter(ResourceType.BROKER, "2", AlterConfigOpType.DELETE)
+        c.wait_until(lambda: ongoing(c) == [] and c.isr_of("slow", 0) == [1, 2], 60,
+                     "the move completed once the throttle was lifted")
     finally:
         c.stop()

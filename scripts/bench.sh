@@ -9,6 +9,7 @@
 # exactly-once scenarios with their plain baseline (c, c-idem, c-txn, ctp). The
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
+# BENCH_PART=move runs only the partition-move scenarios (scripts/bench-move.sh).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
 # of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) of
 # SOAK_RECORD_SIZE bytes (default 100; 1024 at SOAK_RATE=200000 is issue 17's 200 MB/s
@@ -67,7 +68,7 @@ fi
 bench() { bench_run "${NICE[@]}" "$BENCH_BIN" "$@"; }
 
 # The soak alone needs none of the shared broker's scenarios.
-if [ "$PART" != soak ]; then
+if [ "$PART" != soak ] && [ "$PART" != move ]; then
 # Its Kafka port (BENCH_PORT, from 19392) and its default metrics port, + 552.
 bench_pick_port BENCH_PORT 19392 0 552
 PORT=$BENCH_PORT
@@ -163,7 +164,7 @@ if [ "$PART" = all ] || [ "$PART" = replication ]; then
 rf_scenarios "$B --cpu-pid $BROKER" single "single broker"
 fi
 
-if [ "$PART" != soak ]; then bench_check_owner "$BROKER" "$PORT"; bench_stop "$BROKER"; fi
+if [ "$PART" != soak ] && [ "$PART" != move ]; then bench_check_owner "$BROKER" "$PORT"; bench_stop "$BROKER"; fi
 
 if [ "$PART" = all ] || [ "$PART" = replication ]; then
 # RF=3: a 3-broker cluster on this machine (scripts/cluster.sh on the bench's own
@@ -217,6 +218,12 @@ if [ "$PART" = all ] || [ "$PART" = scale ]; then
   # this part; the summary then lacks its rows and says so.
   BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-scale.sh ||
     echo "bench-scale: a scenario failed (output above); the summary has only the figures measured before it"
+fi
+# Partition moves (issue 41): produce p99 while 1 GiB moves between brokers, at full
+# speed and throttled, beside the same load with no move (scripts/bench-move.sh).
+if [ "$PART" = all ] || [ "$PART" = move ]; then
+  BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-move.sh ||
+    echo "bench-move: a scenario failed (output above); the summary has only the figures measured before it"
 fi
 # Soak (issue 17): one broker of its own, produce + consume at a fixed rate, acks=all,
 # for SOAK_SECONDS; every SOAK_SAMPLE s a row of the interval (records/s produced and

@@ -247,6 +247,31 @@ for kind, who in (("1b", "1 broker"), ("rf3", "3 brokers, RF=3")):
 if srows:
     lines += ["", "Many partitions (`scripts/bench-scale.sh`, issue 14): 100 topics × 100 partitions on one broker (`--cores 2`) and on 3 brokers (`--cores 1` each, RF=3), each figure beside the same scenario with 8 partitions in this run.", "",
               "| scenario | figure |", "|---|---|"] + srows
+# Issue 41: produce latency while a partition's data moves between brokers
+# (scripts/bench-move.sh), each run beside the same load with no move.
+mt = load("move-times.json")
+m0 = load("move-m0-none-report.json")
+if mt and m0:
+    def p99(r):
+        return (r.get("latency_ms") or {}).get("p99")
+    gib = mt["bytes"] / 2**30
+    lines += ["", f"Partition moves (issue 41): three brokers (--cores 1 each), an acks=all producer of 100 B records at "
+              f"{mt['rate']:,} records/s over 8 partitions (RF=3) for {mt['seconds']} s, while one partition holding {gib:.2f} GiB "
+              "moves to another broker (sluice cluster reassign); p99 beside the run with no move; the move's time is until it "
+              "completed (it may outlast the load).", "",
+              "| run | records/s | p50 ms | p99 ms | max ms | p99 vs no move | move took |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    runs = [("(m0) no move", m0, None),
+            ("(m1) moving, unthrottled", load("move-m1-unthrottled-report.json"), mt.get("unthrottled_ms")),
+            (f"(m2) moving, follower.replication.throttled.rate {mt['throttle_bytes_per_sec'] / 2**20:.0f} MiB/s",
+             load("move-m2-throttled-report.json"), mt.get("throttled_ms"))]
+    for label, r, took in runs:
+        if not r:
+            continue
+        ratio = f"{p99(r) / p99(m0):.2f}×" if p99(r) and p99(m0) else "–"
+        t = f"{took / 1000:.1f} s ({mt['bytes'] / 2**20 / (took / 1000):.0f} MiB/s)" if took else "–"
+        lines.append(f"| {label} | {r['records_per_sec']:,.0f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'max')} | {ratio} | {t} |")
+
 # Issue 17: the soak, a row per sample interval of the broker's resources beside the
 # interval's rates and latency; facts about growth, no verdict of pass or fail.
 soak = load("soak-report.json")

@@ -1320,21 +1320,29 @@ impl ClusterState {
         }
     }
 
-    /// Broker `id`'s data directory is lost (see [`Command::RecordDirectory`]).
+    /// Broker `id`'s data directory is lost (see [`Command::RecordDirectory`]): fenced,
+    /// out of every ISR, and every partition it is a replica of in new epochs.
     fn lose_replicas(&mut self, id: BrokerId) {
         if self.brokers.contains_key(&id) {
             self.fence(id);
         }
         for t in self.topics.values_mut() {
             for p in &mut t.partitions {
+                if !p.replicas.contains(&id) {
+                    continue;
+                }
                 if p.isr == [id] {
                     p.isr.clear();
                     if p.leader == id {
                         p.leader = NO_BROKER;
-                        p.leader_epoch += 1;
                     }
-                    p.partition_epoch += 1;
                 }
+                // Every partition it holds a replica of takes new epochs: an ISR
+                // change its leader computed from the lost replica's fetches (or a
+                // fetch of the old process still on its way) must not count for the
+                // empty one.
+                p.leader_epoch += 1;
+                p.partition_epoch += 1;
             }
         }
     }
@@ -2377,6 +2385,7 @@ mod tests {
         let before = s.clone();
         record(&mut s, 3, "dir-3");
         assert_eq!(s.topics, before.topics);
+        let a_before = s.partition("a", 0).unwrap().clone();
         // Broker 3 comes back on a wiped directory.
         assert_eq!(record(&mut s, 3, "dir-3-new"), Applied::DirectoryReplaced);
         assert_eq!(s.directories[&3], "dir-3-new");
@@ -2386,6 +2395,19 @@ mod tests {
             (1, vec![1]),
             "leadership moved, 3 left the ISR"
         );
+        assert!(
+            a.leader_epoch > a_before.leader_epoch && a.partition_epoch > a_before.partition_epoch
+        );
+        // A stale ISR change (computed from the lost replica's fetches) is refused.
+        let stale = Command::AlterPartition {
+            from: 1,
+            topic: "a".into(),
+            partition: 0,
+            leader_epoch: a_before.leader_epoch,
+            partition_epoch: a_before.partition_epoch,
+            new_isr: vec![1, 3],
+        };
+        assert!(s.clone().apply(&stale).is_err());
         let b = s.partition("b", 0).unwrap().clone();
         assert_eq!(
             (b.leader, b.isr.clone()),

@@ -25,16 +25,25 @@
 //! index past its log (raft-rs aborts on that) and takes its refusals as stale. So:
 //! - A voter of a multi-voter quorum that starts with nothing restored is *amnesiac*:
 //!   it grants no vote to a candidate whose log is not empty (a brand-new cluster,
-//!   where every log is empty, still elects) until it has applied an entry of the
-//!   current leader's term — by then it holds every entry committed before that term,
-//!   whatever it once acknowledged. (It may campaign: with an empty log no voter that
-//!   holds anything votes for it.)
+//!   where every log is empty, still elects) until it has applied both an entry of the
+//!   current leader's term (so it holds every entry committed before that term) and
+//!   everything up to the commit index of the first append or heartbeat it had from
+//!   that leader (a heartbeat's is the part of the log the leader counted as this
+//!   voter's, an append's the leader's own: either covers every entry committed with
+//!   this voter's lost acknowledgements, in this term too). If that leader goes, the
+//!   next one's first message sets the mark again. It may campaign (with an empty log
+//!   no voter that holds anything votes for it) and, elected, is amnesiac no more.
+//!   This guards against one lost log among the voters holding it, not a majority of
+//!   them (no rule can). The price: in a brand-new cluster, a
+//!   voter that starts only after the others committed entries cannot tell it from a
+//!   wiped one, so if one of only two voters holding the log is lost before it has
+//!   caught up, no controller is elected until that one returns.
 //! - A heartbeat's commit index is clamped to the follower's log end (the commit index
 //!   is advisory; raft-rs aborts on one past the log); an amnesiac voter takes such a
 //!   heartbeat as an append it cannot accept, and its refusal names its log end.
 //! - A leader that sees a follower refuse an append with a log end below what it
-//!   counted as replicated there knows the follower lost its log: it resets that
-//!   follower's progress to the log end it reported and probes from there.
+//!   counted as replicated there knows the follower lost its log: it forgets what it
+//!   counted there and probes from the log end the follower reported.
 
 use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
@@ -175,6 +184,9 @@ pub struct Quorum {
     snapshots_out: Vec<u64>,
     /// Started with nothing restored among other voters (see the module doc).
     amnesiac: bool,
+    /// While amnesiac: the current leader's term and the commit index of its first
+    /// message here, which the applied index must reach.
+    catch_up: Option<(u64, u64)>,
     /// Followers found to have lost their log (see [`Quorum::take_forgotten`]).
     forgotten: Vec<u64>,
 }
@@ -253,6 +265,7 @@ impl Quorum {
             pending: None,
             snapshots_out: Vec::new(),
             amnesiac,
+            catch_up: None,
             forgotten: Vec::new(),
         })
     }
@@ -309,6 +322,16 @@ impl Quorum {
     /// A message from a peer. Messages from unknown nodes or stale terms are dropped by
     /// raft itself; a malformed one is an error for the caller to log.
     pub fn step(&mut self, mut msg: Message) -> Result<(), QuorumError> {
+        let from_leader = matches!(
+            msg.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat
+        );
+        if self.amnesiac && from_leader && msg.term >= self.node.raft.term {
+            // The first word of each leader (a new term) sets the mark to reach.
+            if self.catch_up.is_none_or(|(term, _)| term != msg.term) {
+                self.catch_up = Some((msg.term, msg.commit));
+            }
+        }
         match msg.get_msg_type() {
             MessageType::MsgHeartbeat => {
                 let last = self.node.raft.raft_log.last_index();
@@ -335,10 +358,11 @@ impl Quorum {
                 if let Some(pr) = self.node.raft.mut_prs().get_mut(from) {
                     // (A delayed rejection from before the follower had caught up
                     // also reads so; the reset then only resends what it has.)
+                    // Nothing there counts as matched until a probe confirms it.
                     if hint < pr.matched {
-                        pr.matched = hint;
-                        pr.next_idx = hint + 1;
+                        pr.matched = 0;
                         pr.become_probe();
+                        pr.next_idx = hint + 1;
                         self.forgotten.push(from);
                     }
                 }
@@ -445,10 +469,21 @@ impl Quorum {
         out.send.extend(light.take_messages());
         self.apply_entries(light.take_committed_entries(), &mut out);
         self.node.advance_apply();
+        if self.amnesiac && self.is_leader() {
+            // Elected: the voters that chose it found its log complete enough, and
+            // from now on the log is what it writes.
+            self.amnesiac = false;
+            self.catch_up = None;
+        }
         if self.amnesiac && self.applied > 0 {
             let term = self.node.raft.raft_log.term(self.applied);
-            if term.is_ok_and(|t| t == self.node.raft.term) && self.leader_id() != 0 {
+            let current = self.node.raft.term;
+            let reached = self
+                .catch_up
+                .is_some_and(|(t, commit)| t == current && self.applied >= commit);
+            if term.is_ok_and(|t| t == current) && reached && self.leader_id() != 0 {
                 self.amnesiac = false;
+                self.catch_up = None;
             }
         }
         let targets: Vec<u64> = snapshot_targets(&out.send)
@@ -886,6 +921,52 @@ mod tests {
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgRequestVoteResponse && !m.reject);
         assert!(granted, "a brand-new cluster still elects");
+    }
+
+    /// Drives one node's Ready loop until quiet (its output is dropped).
+    fn settle(q: &mut Quorum) {
+        while q.ready().is_some() {
+            q.advance();
+        }
+    }
+
+    #[test]
+    fn an_amnesiac_voter_votes_again_only_past_the_first_commit_index_its_leader_sent() {
+        let mut q = Quorum::new(3, &[1, 2, 3], Restored::default()).unwrap();
+        let entries = |from: u64, to: u64| -> Vec<Entry> {
+            (from..=to)
+                .map(|index| Entry {
+                    index,
+                    term: 2,
+                    data: register(index as i32).encode().into(),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let append = |index, log_term, ents: Vec<Entry>, commit| Message {
+            msg_type: MessageType::MsgAppend,
+            from: 1,
+            to: 3,
+            term: 2,
+            index,
+            log_term,
+            entries: ents.into(),
+            commit,
+            ..Default::default()
+        };
+        // Leader 1 of term 2 has committed up to 10 (with this voter's help, before
+        // its disk was wiped); the first batch brings entries 1-5 of term 2.
+        q.step(append(0, 0, entries(1, 5), 10)).unwrap();
+        settle(&mut q);
+        assert_eq!(q.applied_index(), 5);
+        assert!(
+            q.amnesiac(),
+            "entries of the current term, but short of what was committed"
+        );
+        q.step(append(5, 2, entries(6, 10), 10)).unwrap();
+        settle(&mut q);
+        assert_eq!(q.applied_index(), 10);
+        assert!(!q.amnesiac());
     }
 
     #[test]

@@ -205,7 +205,9 @@ pub fn describe_topic(
                 synonyms.push((name.to_string(), Some(v.clone()), SOURCE_DYNAMIC_TOPIC));
             }
             match broker_name_of(name) {
-                Some(broker) => synonyms.extend(log_default_synonyms(image, me, broker, name)),
+                Some(broker) => {
+                    synonyms.extend(log_default_synonyms(image, me, broker, topic_default(name)))
+                }
                 None if synonyms.is_empty() => synonyms.push((
                     name.to_string(),
                     Some(topic_default(name).to_string()),

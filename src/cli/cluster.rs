@@ -86,6 +86,20 @@ enum ClusterCommand {
         #[arg(long)]
         cancel: bool,
     },
+    /// Prints a plan evening out replicas, then preferred leaders, over the live
+    /// brokers (racks kept spread) with the bytes it copies; --execute applies it.
+    Rebalance {
+        /// Apply the plan and wait for it.
+        #[arg(long)]
+        execute: bool,
+        /// While the copies run, the rate (bytes/s) each receiving broker may fetch
+        /// them at (follower.replication.throttled.rate), removed once done.
+        #[arg(long)]
+        throttle: Option<u64>,
+        /// How long --execute waits, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
     /// Moves every replica off a broker onto the other live brokers (same replica
     /// count, racks spread), and waits for the moves.
     Decommission {
@@ -186,6 +200,50 @@ pub fn run(args: ClusterArgs) -> Res<()> {
                 submit(&args.bootstrap_server, &moves)?;
                 println!("cancelled {} reassignments", moves.len());
             }
+            Ok(())
+        }
+        ClusterCommand::Rebalance {
+            execute,
+            throttle,
+            timeout,
+        } => {
+            use super::reassign::{
+                bytes_to_copy, list, plan_rebalance, render_moves, submit, wait,
+            };
+            let bs = &args.bootstrap_server;
+            let moving: Vec<(String, i32)> = list(bs, None)?
+                .iter()
+                .map(|o| (o.partition.topic().to_string(), o.partition.partition()))
+                .collect();
+            let view = fetch(bs)?;
+            let moves = plan_rebalance(&view, &moving);
+            print!("{}", render_moves(Some(&view), &moves));
+            println!(
+                "{} partitions to change, {} bytes to copy{}",
+                moves.len(),
+                bytes_to_copy(&view, &moves),
+                if moving.is_empty() {
+                    ""
+                } else {
+                    " (partitions moving now are left alone)"
+                }
+            );
+            if moves.is_empty() {
+                return Ok(());
+            }
+            if !execute {
+                println!("(a plan only: --execute applies it)");
+                return Ok(());
+            }
+            if let Some(rate) = throttle {
+                super::reassign::throttle(bs, &view, &moves, Some(rate))?;
+            }
+            submit(bs, &moves)?;
+            wait(bs, &moves, Duration::from_secs(timeout))?;
+            if throttle.is_some() {
+                super::reassign::throttle(bs, &view, &moves, None)?;
+            }
+            println!("rebalanced");
             Ok(())
         }
         ClusterCommand::Decommission {
@@ -362,6 +420,8 @@ pub struct DiskRow {
     pub minimum: Option<u64>,
     /// Partitions offline on this broker after an I/O error.
     pub offline: Vec<(String, i32)>,
+    /// Each partition's size on this broker, bytes.
+    pub sizes: BTreeMap<(String, i32), i64>,
     /// The broker could not be asked.
     pub error: Option<String>,
 }
@@ -394,6 +454,12 @@ fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
             row.dir = d.log_dir.to_string();
             row.free = d.usable_bytes;
             row.total = d.total_bytes;
+            for t in &d.topics {
+                for p in &t.partitions {
+                    row.sizes
+                        .insert((t.name.to_string(), p.partition_index), p.partition_size);
+                }
+            }
         } else {
             for t in &d.topics {
                 for p in &t.partitions {
@@ -1007,6 +1073,7 @@ Topic errors (1):
             minimum: Some(gib as u64),
             offline: offline.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
             error: error.map(String::from),
+            sizes: BTreeMap::new(),
         };
         let v = ClusterView {
             disks: vec![

@@ -1,4 +1,4 @@
-//! `sluice cluster reassign`, `reassignments` and `decommission`: moving replicas
+//! `sluice cluster reassign`, `reassignments`, `decommission` and `rebalance`: moving replicas
 //! between brokers with AlterPartitionReassignments and following the moves with
 //! ListPartitionReassignments (KIP-455), as Kafka's `kafka-reassign-partitions.sh`
 //! does. A plan is Kafka's JSON (`{"version":1,"partitions":[{"topic":"t",
@@ -6,9 +6,11 @@
 //! every replica on the broker goes to the live broker holding the fewest replicas
 //! that the partition does not use yet (one in a rack the partition does not use yet
 //! while there is such a one), at the leaving replica's place in the list. The broker
-//! itself stays registered (UnregisterBroker is not served yet).
+//! itself stays registered (UnregisterBroker is not served yet). A rebalance plans moves
+//! that even out replicas and then preferred leaders ([`plan_rebalance`]) and can
+//! throttle the copies with Kafka's reassignment throttle configs ([`throttle`]).
 //!
-//! Planning ([`plan_decommission`]) and parsing ([`parse_plan`]) are pure and
+//! Planning ([`plan_decommission`], [`plan_rebalance`]) and parsing ([`parse_plan`]) are pure and
 //! unit-tested; the rest talks to a broker.
 
 use std::collections::BTreeMap;
@@ -23,6 +25,7 @@ use kafka_protocol::messages::{
     TopicName,
 };
 use sluice::base::rpc::OngoingReassignment;
+use sluice::cluster::throttle::{FOLLOWER_RATE, FOLLOWER_REPLICAS};
 use sluice_client::blocking::Conn;
 use sluice_client::{code_err, error_name};
 use sluice_protocol::TopicPartition;
@@ -294,6 +297,228 @@ pub fn render_moves(view: Option<&ClusterView>, moves: &[Move]) -> String {
     out
 }
 
+/// The moves that even out the live brokers' replica counts, then their preferred
+/// leaderships (first replicas), as `sluice cluster rebalance` plans them. Replicas go
+/// from the busiest broker to the least busy one that does not hold the partition yet,
+/// only where that leaves the partition's racks at least as spread, the smallest
+/// partitions first (fewest bytes to copy); then preferred leaderships move by
+/// reordering replicas (no copy). Each broker ends within one replica (and one
+/// preferred leadership) of every other where the racks allow it. Partitions moving
+/// now are left alone.
+pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move> {
+    let live: Vec<i32> = view
+        .brokers
+        .iter()
+        .filter(|b| b.fenced != Some(true))
+        .map(|b| b.id)
+        .collect();
+    if live.len() < 2 {
+        return Vec::new();
+    }
+    let rack = |id: i32| {
+        view.brokers
+            .iter()
+            .find(|b| b.id == id)
+            .and_then(|b| b.rack.clone())
+    };
+    let size = |p: &super::cluster::PartitionRow| partition_bytes(view, &p.topic, p.partition);
+    let mut parts: Vec<(&super::cluster::PartitionRow, Vec<i32>)> = view
+        .partitions
+        .iter()
+        .filter(|p| {
+            !moving
+                .iter()
+                .any(|(t, q)| *t == p.topic && *q == p.partition)
+        })
+        .filter(|p| p.replicas.iter().all(|r| live.contains(r)))
+        .map(|p| (p, p.replicas.clone()))
+        .collect();
+    // Smallest first: the first partition found for a move copies the fewest bytes.
+    parts.sort_by_key(|(p, _)| (size(p), p.topic.clone(), p.partition));
+    let count = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
+        let mut c: BTreeMap<i32, usize> = live.iter().map(|b| (*b, 0)).collect();
+        for (_, t) in parts {
+            let held = if leaders { &t[..1] } else { &t[..] };
+            for r in held {
+                *c.entry(*r).or_default() += 1;
+            }
+        }
+        c
+    };
+    // Replicas: the busiest broker gives one to the least busy one that can take it.
+    for _ in 0..view.partitions.len() * 4 {
+        let c = count(&parts, false);
+        let mut by_load: Vec<(usize, i32)> = c.iter().map(|(b, n)| (*n, *b)).collect();
+        by_load.sort();
+        let (most, from) = *by_load.last().expect("two live brokers");
+        let moved = by_load
+            .iter()
+            .take_while(|(n, _)| n + 1 < most)
+            .find_map(|&(_, to)| {
+                let i = parts.iter().position(|(_, t)| {
+                    let others: Vec<Option<String>> =
+                        t.iter().filter(|r| **r != from).map(|r| rack(*r)).collect();
+                    t.contains(&from)
+                        && !t.contains(&to)
+                        && (rack(to) == rack(from) || !others.contains(&rack(to)))
+                })?;
+                Some((i, to))
+            });
+        let Some((i, to)) = moved else { break };
+        for r in parts[i].1.iter_mut().filter(|r| **r == from) {
+            *r = to;
+        }
+    }
+    // Preferred leaderships: reorder a partition's replicas to put a less busy one first.
+    for _ in 0..view.partitions.len() * 2 {
+        let c = count(&parts, true);
+        let mut by_load: Vec<(usize, i32)> = c.iter().map(|(b, n)| (*n, *b)).collect();
+        by_load.sort();
+        let (most, from) = *by_load.last().expect("two live brokers");
+        let moved = by_load
+            .iter()
+            .take_while(|(n, _)| n + 1 < most)
+            .find_map(|&(_, to)| {
+                let i = parts
+                    .iter()
+                    .position(|(_, t)| t[0] == from && t.contains(&to))?;
+                Some((i, to))
+            });
+        let Some((i, to)) = moved else { break };
+        let t = &mut parts[i].1;
+        let j = t.iter().position(|r| *r == to).expect("checked above");
+        t.swap(0, j);
+    }
+    let mut out: Vec<Move> = parts
+        .into_iter()
+        .filter(|(p, t)| p.replicas != *t)
+        .map(|(p, t)| Move {
+            topic: p.topic.clone(),
+            partition: p.partition,
+            target: Some(t),
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    out
+}
+
+/// The partition's size on its leader (DescribeLogDirs), 0 when unknown.
+pub fn partition_bytes(view: &ClusterView, topic: &str, partition: i32) -> i64 {
+    let leader = view
+        .partitions
+        .iter()
+        .find(|p| p.topic == topic && p.partition == partition)
+        .map(|p| p.leader);
+    view.disks
+        .iter()
+        .find(|d| Some(d.broker) == leader)
+        .and_then(|d| d.sizes.get(&(topic.to_string(), partition)).copied())
+        .unwrap_or(0)
+}
+
+/// Bytes a plan copies: each added replica's partition size.
+pub fn bytes_to_copy(view: &ClusterView, moves: &[Move]) -> i64 {
+    moves
+        .iter()
+        .map(|m| {
+            let now = view
+                .partitions
+                .iter()
+                .find(|p| p.topic == m.topic && p.partition == m.partition);
+            let added = match (now, &m.target) {
+                (Some(p), Some(t)) => t.iter().filter(|b| !p.replicas.contains(b)).count(),
+                _ => 0,
+            };
+            added as i64 * partition_bytes(view, &m.topic, m.partition)
+        })
+        .sum()
+}
+
+/// Sets (`Some`) or deletes (`None`) one config of a resource (IncrementalAlterConfigs;
+/// resource type 2 topic, 4 broker).
+pub fn alter_config(
+    bootstrap: &str,
+    resource_type: i8,
+    name: &str,
+    key: &str,
+    value: Option<&str>,
+) -> Res<()> {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::IncrementalAlterConfigsRequest;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
+    let v = c
+        .api_versions()?
+        .pick(ApiKey::IncrementalAlterConfigs, (0, 1))
+        .ok_or("the broker does not serve IncrementalAlterConfigs")?;
+    let op = if value.is_some() { 0 } else { 1 }; // SET, DELETE
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(name.to_string().into())
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(key.to_string().into())
+                .with_config_operation(op)
+                .with_value(value.map(|v| v.to_string().into()))]),
+    ]);
+    let r = c.call(v, &req)?;
+    for res in &r.responses {
+        if res.error_code != 0 {
+            return Err(format!(
+                "{key} of {name}: {} {}",
+                error_name(res.error_code),
+                res.error_message.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Throttles the replicas `moves` add (Kafka's reassignment throttle): each receiving
+/// broker's `follower.replication.throttled.rate`, each topic's
+/// `follower.replication.throttled.replicas` listing its added replicas. `rate: None`
+/// removes both again.
+pub fn throttle(bootstrap: &str, view: &ClusterView, moves: &[Move], rate: Option<u64>) -> Res<()> {
+    let mut brokers: Vec<i32> = Vec::new();
+    let mut topics: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for m in moves {
+        let now = view
+            .partitions
+            .iter()
+            .find(|p| p.topic == m.topic && p.partition == m.partition);
+        let (Some(p), Some(t)) = (now, &m.target) else {
+            continue;
+        };
+        for b in t.iter().filter(|b| !p.replicas.contains(b)) {
+            if !brokers.contains(b) {
+                brokers.push(*b);
+            }
+            topics
+                .entry(&m.topic)
+                .or_default()
+                .push(format!("{}:{b}", m.partition));
+        }
+    }
+    let rate = rate.map(|r| r.to_string());
+    for b in brokers {
+        // A broker's own config is changed through that broker (as Kafka requires).
+        let addr = view
+            .brokers
+            .iter()
+            .find(|r| r.id == b)
+            .map(|r| format!("{}:{}", r.host, r.port))
+            .ok_or(format!("broker {b} is not in the cluster's metadata"))?;
+        alter_config(&addr, 4, &b.to_string(), FOLLOWER_RATE, rate.as_deref())?;
+    }
+    for (t, list) in topics {
+        let list = list.join(",");
+        let value = rate.as_ref().map(|_| list.as_str());
+        alter_config(bootstrap, 2, t, FOLLOWER_REPLICAS, value)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,5 +600,55 @@ mod tests {
         };
         let e = plan_decommission(&two, 1).unwrap_err();
         assert!(e.contains("no live broker left"), "{e}");
+    }
+
+    #[test]
+    fn a_rebalance_evens_replicas_then_preferred_leaders_and_keeps_racks_spread() {
+        let mut view = ClusterView {
+            brokers: vec![broker(1, None), broker(2, None), broker(3, None)],
+            partitions: (0..6)
+                .map(|p| part("t", p, if p % 2 == 0 { &[1, 2] } else { &[2, 1] }))
+                .collect(),
+            ..ClusterView::default()
+        };
+        let moves = plan_rebalance(&view, &[]);
+        let mut after: Vec<Vec<i32>> = view.partitions.iter().map(|p| p.replicas.clone()).collect();
+        for m in &moves {
+            after[m.partition as usize] = m.target.clone().unwrap();
+        }
+        let count = |leaders: bool| {
+            let mut c = [0usize; 4];
+            for t in &after {
+                for r in if leaders { &t[..1] } else { &t[..] } {
+                    c[*r as usize] += 1;
+                }
+            }
+            c
+        };
+        assert_eq!(&count(false)[1..], &[4, 4, 4], "{after:?}");
+        assert_eq!(&count(true)[1..], &[2, 2, 2], "{after:?}");
+        assert!(after.iter().all(|t| t.len() == 2 && t[0] != t[1]));
+        // A partition moving now is left alone; a balanced cluster needs nothing.
+        let moving: Vec<(String, i32)> = (0..6).map(|p| ("t".to_string(), p)).collect();
+        assert!(plan_rebalance(&view, &moving).is_empty());
+        for (p, t) in view.partitions.iter_mut().zip(&after) {
+            p.replicas = t.clone();
+        }
+        assert!(plan_rebalance(&view, &[]).is_empty());
+        // Racks: a, a, b. A replica never joins a rack its partition already uses
+        // while it leaves one the partition keeps using otherwise.
+        let racked = ClusterView {
+            brokers: vec![
+                broker(1, Some("a")),
+                broker(2, Some("b")),
+                broker(3, Some("a")),
+            ],
+            partitions: (0..4).map(|p| part("t", p, &[1, 2])).collect(),
+            ..ClusterView::default()
+        };
+        for m in plan_rebalance(&racked, &[]) {
+            let t = m.target.unwrap();
+            assert!(t.contains(&2) || t.len() < 2, "{t:?} lost rack b");
+        }
     }
 }

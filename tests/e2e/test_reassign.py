@@ -364,3 +364,51 @@ def test_a_throttled_move_copies_within_the_rate_and_finishes_once_it_is_lifted(
                      "the move completed once the throttle was lifted")
     finally:
         c.stop()
+
+
+def test_rebalance_spreads_replicas_and_leaders_over_every_broker_throttled(tmp_path):
+    """`sluice cluster rebalance` prints a plan evening replicas and preferred leaders
+    over the brokers (with the bytes it copies) and changes nothing; with --execute
+    and --throttle it sets the reassignment throttle, moves, waits, and removes the
+    throttle: a topic placed on brokers 1 and 2 only ends with a third of its replicas
+    and preferred leaders on each broker, every acknowledged record still there."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+    c = Cluster(tmp_path / "c", n=3, cores=1).start()
+    try:
+        topic = "skewed"
+        create_placed(c, topic, [[1, 2] if p % 2 == 0 else [2, 1] for p in range(6)], DURABLE)
+        acks = Acks()
+        p = Producer({"bootstrap.servers": c.bootstrap})
+        for i in range(600):
+            p.produce(topic, value=f"s-{i}".encode(), partition=i % 6, on_delivery=acks)
+        assert p.flush(30) == 0 and not acks.failed
+
+        def spread():
+            md = c.admin().list_topics(topic=topic, timeout=10).topics[topic]
+            replicas, leaders = {1: 0, 2: 0, 3: 0}, {1: 0, 2: 0, 3: 0}
+            for q in md.partitions.values():
+                for r in q.replicas:
+                    replicas[r] += 1
+                leaders[q.replicas[0]] += 1
+            return replicas, leaders
+        code, out = cli(c, "rebalance")
+        assert code == 0 and "bytes to copy" in out and "--execute applies it" in out, out
+        assert spread()[0] == {1: 6, 2: 6, 3: 0}, "a plan alone changes nothing"
+        code, out = cli(c, "rebalance", "--execute", "--throttle", "100000000", "--timeout", "120")
+        assert code == 0 and "rebalanced" in out, out
+        assert spread() == ({1: 4, 2: 4, 3: 4}, {1: 2, 2: 2, 3: 2}), spread()
+        assert ongoing(c) == []
+        # The throttle is gone again.
+        res = ConfigResource(ResourceType.BROKER, "3")
+        cfg = list(c.admin().describe_configs([res]).values())[0].result(timeout=30)
+        assert cfg["follower.replication.throttled.rate"].value == "9223372036854775807"
+        res = ConfigResource(ResourceType.TOPIC, topic)
+        cfg = list(c.admin().describe_configs([res]).values())[0].result(timeout=30)
+        assert cfg["follower.replication.throttled.replicas"].value in ("", None)
+        for q in range(6):
+            c.wait_until(lambda: len(c.isr_of(topic, q)) == 2, 30, f"{topic}-{q} in sync")
+        check_log(c, topic, list(range(6)), acks.acked)
+        code, out = cli(c, "rebalance")
+        assert code == 0 and "0 partitions to change" in out, out
+    finally:
+        c.stop()

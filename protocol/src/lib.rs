@@ -68,6 +68,8 @@ pub const REGISTRY: &[ApiSpec] = &[
     // Moving replicas between brokers (KIP-455; v1: KIP-860's replication factor guard).
     spec(ApiKey::AlterPartitionReassignments, 0, 1),
     spec(ApiKey::ListPartitionReassignments, 0, 0),
+    // A stopped, emptied broker leaves the cluster (its controller voter stays one).
+    spec(ApiKey::UnregisterBroker, 0, 0),
     spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
     spec(ApiKey::DescribeCluster, 0, 1),
@@ -325,6 +327,9 @@ mod tests {
             ),
             ApiKey::ListPartitionReassignments => {
                 RequestKind::ListPartitionReassignments(ListPartitionReassignmentsRequest::default())
+            }
+            ApiKey::UnregisterBroker => {
+                RequestKind::UnregisterBroker(UnregisterBrokerRequest::default())
             }
             ApiKey::AlterConfigs => RequestKind::AlterConfigs(AlterConfigsRequest::default()),
             ApiKey::IncrementalAlterConfigs => {

@@ -311,6 +311,13 @@ pub enum Command {
         id: BrokerId,
         directory: String,
     },
+    /// UnregisterBroker: a broker taken out of the cluster for good. Refused while it
+    /// is live (stop it first) or still holds a replica (move them first); its
+    /// registration, directory record and broker configs go. (Its controller voter
+    /// stays a voter: the quorum has no membership changes yet.)
+    UnregisterBroker {
+        id: BrokerId,
+    },
 }
 
 /// One partition's reassignment in [`Command::Reassign`].
@@ -816,6 +823,28 @@ impl ClusterState {
             Command::Reassign { changes } => {
                 let results = changes.iter().map(|c| self.reassign(c)).collect();
                 return Ok(Applied::Partitions(results));
+            }
+            Command::UnregisterBroker { id } => {
+                let b = self.brokers.get(id).ok_or(ApplyError::UnknownBroker(*id))?;
+                if !b.fenced {
+                    return Err(ApplyError::InvalidRequest(format!(
+                        "broker {id} is live: stop it before unregistering it"
+                    )));
+                }
+                let holding = self
+                    .topics
+                    .values()
+                    .flat_map(|t| &t.partitions)
+                    .filter(|p| p.replicas.contains(id))
+                    .count();
+                if holding > 0 {
+                    return Err(ApplyError::InvalidRequest(format!(
+                        "broker {id} still holds replicas of {holding} partitions: move them first (sluice cluster decommission)"
+                    )));
+                }
+                self.brokers.remove(id);
+                self.directories.remove(id);
+                self.broker_configs.remove(id);
             }
             Command::RecordDirectory { id, directory } => {
                 if directory.is_empty() {
@@ -2426,6 +2455,24 @@ mod tests {
                 directory: String::new()
             })
             .is_err());
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn a_broker_is_unregistered_only_stopped_and_empty() {
+        let mut s = placed_on(&[1, 2]);
+        let unregister = |s: &mut ClusterState, id| s.apply(&Command::UnregisterBroker { id });
+        assert!(
+            matches!(unregister(&mut s, 3), Err(ApplyError::InvalidRequest(m)) if m.contains("live"))
+        );
+        s.apply(&Command::FenceBroker { id: 3 }).unwrap();
+        s.apply(&Command::FenceBroker { id: 2 }).unwrap();
+        assert!(
+            matches!(unregister(&mut s, 2), Err(ApplyError::InvalidRequest(m)) if m.contains("holds replicas"))
+        );
+        unregister(&mut s, 3).unwrap();
+        assert!(!s.brokers.contains_key(&3));
+        assert_eq!(unregister(&mut s, 3), Err(ApplyError::UnknownBroker(3)));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
     }
 

@@ -149,6 +149,8 @@ shard_calls! {
     ElectLeaders => elect_leaders -> Vec<ElectedPartition>;
     /// AlterPartitionReassignments: one result per partition, in the call's order.
     Reassign => reassign -> Vec<Result<(), ApiError>>;
+    /// UnregisterBroker: a stopped broker that holds no replica leaves the cluster.
+    Unregister => unregister -> Result<(), ApiError>;
     /// ListPartitionReassignments: the ongoing moves asked about.
     ListReassignments => list_reassignments -> Vec<OngoingReassignment>;
     /// A command from inside the broker (an ISR change from a partition leader).
@@ -558,6 +560,9 @@ pub struct Reassign {
     pub moves: Vec<(TopicPartition, Option<Vec<i32>>)>,
     pub keep_replication_factor: bool,
 }
+
+/// UnregisterBroker of broker `0`.
+pub struct Unregister(pub i32);
 
 /// ListPartitionReassignments: the partitions asked about (`None`: every partition).
 pub struct ListReassignments {

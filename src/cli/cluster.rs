@@ -100,6 +100,12 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
     },
+    /// Takes a stopped broker that holds no replica out of the cluster
+    /// (UnregisterBroker).
+    Unregister {
+        #[arg(long)]
+        broker: i32,
+    },
     /// Moves every replica off a broker onto the other live brokers (same replica
     /// count, racks spread), and waits for the moves.
     Decommission {
@@ -202,6 +208,11 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             }
             Ok(())
         }
+        ClusterCommand::Unregister { broker } => {
+            super::reassign::unregister(&args.bootstrap_server, broker)?;
+            println!("broker {broker} unregistered");
+            Ok(())
+        }
         ClusterCommand::Rebalance {
             execute,
             throttle,
@@ -274,7 +285,7 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             }
             submit(&args.bootstrap_server, &moves)?;
             wait(&args.bootstrap_server, &moves, Duration::from_secs(timeout))?;
-            println!("broker {broker} holds no replica");
+            println!("broker {broker} holds no replica: stop it, then `sluice cluster unregister --broker {broker}`");
             Ok(())
         }
     }

@@ -6,7 +6,8 @@
 //! every replica on the broker goes to the live broker holding the fewest replicas
 //! that the partition does not use yet (one in a rack the partition does not use yet
 //! while there is such a one), at the leaving replica's place in the list. The broker
-//! itself stays registered (UnregisterBroker is not served yet). A rebalance plans moves
+//! itself stays registered until it is stopped and `sluice cluster unregister`ed
+//! (UnregisterBroker, [`unregister`]). A rebalance plans moves
 //! that even out replicas and then preferred leaders ([`plan_rebalance`]) and can
 //! throttle the copies with Kafka's reassignment throttle configs ([`throttle`]).
 //!
@@ -432,6 +433,27 @@ pub fn bytes_to_copy(view: &ClusterView, moves: &[Move]) -> i64 {
             added as i64 * partition_bytes(view, &m.topic, m.partition)
         })
         .sum()
+}
+
+/// UnregisterBroker of `broker`; the controller's reason as the error.
+pub fn unregister(bootstrap: &str, broker: i32) -> Res<()> {
+    use kafka_protocol::messages::UnregisterBrokerRequest;
+    let mut c = Conn::open(bootstrap, CLIENT_ID)?;
+    c.api_versions()?
+        .pick(ApiKey::UnregisterBroker, (0, 0))
+        .ok_or("the broker does not serve UnregisterBroker")?;
+    let r = c.call(
+        0,
+        &UnregisterBrokerRequest::default().with_broker_id(BrokerId(broker)),
+    )?;
+    if r.error_code != 0 {
+        return Err(format!(
+            "unregistering broker {broker}: {} {}",
+            error_name(r.error_code),
+            r.error_message.as_deref().unwrap_or("")
+        ));
+    }
+    Ok(())
 }
 
 /// Sets (`Some`) or deletes (`None`) one config of a resource (IncrementalAlterConfigs;

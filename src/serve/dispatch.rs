@@ -180,6 +180,14 @@ impl ShardService for ShardServer {
         self.controller().reassign(&self.broker, c).await
     }
 
+    async fn unregister(&self, c: rpc::Unregister) -> Result<(), ApiError> {
+        let cmd = sluice_replication::cluster::Command::UnregisterBroker { id: c.0 };
+        self.controller()
+            .propose(&self.broker, cmd)
+            .await
+            .map(|_| ())
+    }
+
     async fn list_reassignments(&self, c: rpc::ListReassignments) -> Vec<rpc::OngoingReassignment> {
         self.controller().list_reassignments(c)
     }

@@ -247,6 +247,18 @@ def test_moves_are_cancelled_or_completed_across_a_controller_kill_and_a_broker_
         rf = {name: {len(q.replicas) for q in t.partitions.values()} for name, t in md.topics.items()}
         assert rf[topic] == {2} and rf.get("__consumer_offsets", {3}) == {3}, rf
         check_log(c, topic, [0, 1], acks.acked)
+        # Then it leaves the cluster: refused while it runs, or for a broker that
+        # still holds replicas; done once it is stopped.
+        code, out = cli(c, "unregister", "--broker", "4")
+        assert code != 0 and "is live: stop it" in out, out
+        code, out = cli(c, "unregister", "--broker", "2")
+        assert code != 0 and "InvalidRequest" in out, out
+        assert c.brokers[4].stop() == 0
+        c.wait_until(lambda: (lambda r: r if "unregistered" in r[1] else None)(cli(c, "unregister", "--broker", "4")),
+                     30, "broker 4 unregistered once fenced")
+        c.wait_until(lambda: c.registered() == {1, 2, 3, 5}, 30, "broker 4 gone from the metadata")
+        code, out = cli(c, "unregister", "--broker", "4")
+        assert code != 0 and "BrokerIdNotRegistered" in out, out
     finally:
         if paused is not None:
             c.brokers[paused].proc.send_signal(signal.SIGCONT)

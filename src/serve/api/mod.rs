@@ -135,6 +135,9 @@ pub async fn handle(
         RequestKind::ListPartitionReassignments(r) => {
             ResponseKind::ListPartitionReassignments(reassignments::list(broker, version, r).await)
         }
+        RequestKind::UnregisterBroker(r) => {
+            ResponseKind::UnregisterBroker(reassignments::unregister(broker, version, r).await)
+        }
         RequestKind::DescribeConfigs(r) => {
             ResponseKind::DescribeConfigs(describe_configs::handle(broker, version, r))
         }

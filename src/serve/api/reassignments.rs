@@ -6,7 +6,8 @@
 //! empty or duplicate target, an unregistered broker, a revert that needs an unclean
 //! election), INVALID_REPLICATION_FACTOR (v1 with `allow_replication_factor_change`
 //! false and a target of another size), NO_REASSIGNMENT_IN_PROGRESS (cancelling none).
-//! A listing leaves out partitions with no move in progress and unknown ones.
+//! A listing leaves out partitions with no move in progress and unknown ones. Also
+//! UnregisterBroker (key 64), the last step of taking a broker out.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -19,11 +20,13 @@ use kafka_protocol::messages::list_partition_reassignments_request::ListPartitio
 use kafka_protocol::messages::list_partition_reassignments_response::{
     ListPartitionReassignmentsResponse, OngoingPartitionReassignment, OngoingTopicReassignment,
 };
-use kafka_protocol::messages::{BrokerId, TopicName};
+use kafka_protocol::messages::{
+    BrokerId, TopicName, UnregisterBrokerRequest, UnregisterBrokerResponse,
+};
 use sluice_protocol::TopicPartition;
 
 use super::sb;
-use crate::base::rpc::{ListReassignments, Reassign};
+use crate::base::rpc::{ListReassignments, Reassign, Unregister};
 use crate::partition::broker::Broker;
 
 pub async fn alter(
@@ -73,6 +76,26 @@ pub async fn alter(
         })
         .collect();
     AlterPartitionReassignmentsResponse::default().with_responses(responses)
+}
+
+/// UnregisterBroker (key 64): a stopped broker holding no replica leaves the cluster
+/// (`Command::UnregisterBroker`): BROKER_ID_NOT_REGISTERED for an unknown one,
+/// INVALID_REQUEST with the reason for a live one or one that still holds replicas.
+pub async fn unregister(
+    broker: &Rc<Broker>,
+    _version: i16,
+    req: UnregisterBrokerRequest,
+) -> UnregisterBrokerResponse {
+    match broker
+        .control(Unregister(req.broker_id.0))
+        .await
+        .and_then(|r| r)
+    {
+        Ok(()) => UnregisterBrokerResponse::default(),
+        Err(e) => UnregisterBrokerResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(e.message.map(sb)),
+    }
 }
 
 pub async fn list(

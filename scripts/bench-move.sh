@@ -11,6 +11,8 @@
 #   (m2) while it moves on to broker 3 with broker 3's
 #        follower.replication.throttled.rate at $MOVE_THROTTLE bytes/s and the topic's
 #        follower.replication.throttled.replicas naming it.
+# Then (roll) a rolling restart of the three brokers under confluent-kafka at its
+# defaults: the longest delivery and the failed ones ($OUT/move-rolling.json).
 # Reports: $OUT/move-m{0,1,2}-*-report.json (sluice-bench produce) and
 # $OUT/move-times.json (bytes moved, each move's duration); bench_summary.py puts each
 # p99 beside m0's. A move still running when its load ends is waited for (its time
@@ -119,6 +121,66 @@ move 2,3 "$OUT/move-m2.ms"
 load move-m2-throttled
 wait "$MOVE_WAITER"
 echo "moved in $(cat "$OUT/move-m2.ms") ms"
+# A rolling restart under a real client (confluent-kafka at its defaults, acks=all,
+# ROLL_RATE records/s): each broker in turn gets SIGTERM (a controlled shutdown), is
+# started again, and the next waits until no partition is under-replicated. The
+# longest delivery (the longest stall a producer saw) and the failed deliveries.
+echo "== (roll) rolling restart of the three brokers under a confluent-kafka producer =="
+ROLL_RATE=${ROLL_RATE:-2000}
+python3 - "$BOOT" "$ROLL_RATE" "$OUT/move-rolling.json" "$CDIR" "$SLUICE" <<'PY' &
+import json, sys, threading, time
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+boot, rate, out, cdir, sluice = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+admin = AdminClient({"bootstrap.servers": boot})
+admin.create_topics([NewTopic("bench-roll", 6, 3, config={"min.insync.replicas": "2"})])["bench-roll"].result(30)
+p = Producer({"bootstrap.servers": boot})
+lat, failed, done = [], [], threading.Event()
+def report(err, msg):
+    (failed.append(err.code()) if err else lat.append(msg.latency()))
+def run():
+    i, t0 = 0, time.monotonic()
+    while not done.is_set():
+        if i < (time.monotonic() - t0) * rate:
+            try:
+                p.produce("bench-roll", b"r" * 100, partition=i % 6, on_delivery=report)
+                i += 1
+            except BufferError:
+                pass
+        p.poll(0.001)
+t = threading.Thread(target=run)
+t.start()
+open(out + ".ready", "w").close()
+while not __import__("os").path.exists(out + ".stop"):
+    time.sleep(0.1)
+done.set()
+t.join()
+p.flush(60)
+json.dump({"acked": len(lat), "failed": len(failed), "max_ms": max(lat) * 1000 if lat else None,
+           "p99_ms": sorted(lat)[int(len(lat) * 0.99)] * 1000 if lat else None, "rate": rate}, open(out, "w"))
+PY
+ROLLER=$!
+for _ in $(seq 300); do [ -e "$OUT/move-rolling.json.ready" ] && break; sleep 0.1; done
+sleep 2
+for n in 1 2 3; do
+  pid=$(cat "$CDIR/node-$n.pid")
+  kill -TERM "$pid"
+  for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  cluster start >/dev/null
+  newpid=$(cat "$CDIR/node-$n.pid")
+  bench_track "$newpid"
+  PIDS[$((n - 1))]=$newpid
+  for _ in $(seq 600); do
+    "$SLUICE" cluster describe --bootstrap-server "$BOOT" 2>/dev/null | grep -q "^Under-replicated partitions (0)" && break
+    sleep 0.2
+  done
+done
+sleep 2
+touch "$OUT/move-rolling.json.stop"
+wait "$ROLLER"
+rm -f "$OUT"/move-rolling.json.ready "$OUT"/move-rolling.json.stop
+cat "$OUT/move-rolling.json"; echo
+
 cat >"$OUT/move-times.json" <<EOF
 {"bytes": $BYTES, "rate": $RATE, "throttle_bytes_per_sec": $THROTTLE, "seconds": $SECS,
  "unthrottled_ms": $(cat "$OUT/move-m1.ms"), "throttled_ms": $(cat "$OUT/move-m2.ms")}

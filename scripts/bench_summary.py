@@ -271,6 +271,14 @@ if mt and m0:
         ratio = f"{p99(r) / p99(m0):.2f}×" if p99(r) and p99(m0) else "–"
         t = f"{took / 1000:.1f} s ({mt['bytes'] / 2**20 / (took / 1000):.0f} MiB/s)" if took else "–"
         lines.append(f"| {label} | {r['records_per_sec']:,.0f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'max')} | {ratio} | {t} |")
+roll = load("move-rolling.json")
+if roll:
+    num = lambda v: f"{v:,.0f}" if isinstance(v, (int, float)) else "–"
+    lines += ["", f"Rolling restart (issue 41): the same three brokers restarted one at a time (SIGTERM, start, "
+              f"until no partition is under-replicated) under confluent-kafka at its defaults, acks=all, "
+              f"{roll['rate']:,} records/s over 6 partitions RF=3: {roll['acked']:,} records acknowledged, "
+              f"{roll['failed']} failed; longest delivery (the longest stall) {num(roll['max_ms'])} ms, "
+              f"p99 {num(roll['p99_ms'])} ms."]
 
 # Issue 17: the soak, a row per sample interval of the broker's resources beside the
 # interval's rates and latency; facts about growth, no verdict of pass or fail.

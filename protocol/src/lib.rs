@@ -69,6 +69,7 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::AlterPartitionReassignments, 0, 1),
     spec(ApiKey::ListPartitionReassignments, 0, 0),
     // A stopped, emptied broker leaves the cluster (its controller voter stays one).
+    spec(ApiKey::DescribeQuorum, 0, 1),
     spec(ApiKey::UnregisterBroker, 0, 0),
     spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
@@ -328,6 +329,7 @@ mod tests {
             ApiKey::ListPartitionReassignments => {
                 RequestKind::ListPartitionReassignments(ListPartitionReassignmentsRequest::default())
             }
+            ApiKey::DescribeQuorum => RequestKind::DescribeQuorum(DescribeQuorumRequest::default()),
             ApiKey::UnregisterBroker => {
                 RequestKind::UnregisterBroker(UnregisterBrokerRequest::default())
             }

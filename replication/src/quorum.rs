@@ -298,6 +298,29 @@ impl Quorum {
         self.node.raft.term
     }
 
+    /// The highest log index known committed here.
+    pub fn commit_index(&self) -> u64 {
+        self.node.raft.raft_log.committed
+    }
+
+    /// On the leader, each voter's log end as far as the leader knows it replicated
+    /// (its own included), ascending by id; `None` elsewhere (DescribeQuorum).
+    pub fn voter_log_ends(&self) -> Option<Vec<(u64, u64)>> {
+        if !self.is_leader() {
+            return None;
+        }
+        let last = self.node.raft.raft_log.last_index();
+        let mut out: Vec<(u64, u64)> = self
+            .node
+            .raft
+            .prs()
+            .iter()
+            .map(|(id, pr)| (*id, if *id == self.id { last } else { pr.matched }))
+            .collect();
+        out.sort_unstable();
+        Some(out)
+    }
+
     pub fn applied_index(&self) -> u64 {
         self.applied
     }

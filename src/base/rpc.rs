@@ -149,6 +149,9 @@ shard_calls! {
     ElectLeaders => elect_leaders -> Vec<ElectedPartition>;
     /// AlterPartitionReassignments: one result per partition, in the call's order.
     Reassign => reassign -> Vec<Result<(), ApiError>>;
+    /// DescribeQuorum: the metadata quorum as this broker's voter sees it if it leads
+    /// (else the leader's id, -1 if none is known).
+    DescribeQuorum => describe_quorum -> Result<crate::cluster::quorum_io::QuorumView, i32>;
     /// UnregisterBroker: a stopped broker that holds no replica leaves the cluster.
     Unregister => unregister -> Result<(), ApiError>;
     /// ListPartitionReassignments: the ongoing moves asked about.
@@ -560,6 +563,9 @@ pub struct Reassign {
     pub moves: Vec<(TopicPartition, Option<Vec<i32>>)>,
     pub keep_replication_factor: bool,
 }
+
+/// DescribeQuorum.
+pub struct DescribeQuorum;
 
 /// UnregisterBroker of broker `0`.
 pub struct Unregister(pub i32);

@@ -100,6 +100,9 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
     },
+    /// The metadata quorum as its leader sees it: leader, epoch, high watermark, each
+    /// voter's log end, lag and last contact (DescribeQuorum).
+    Quorum,
     /// Takes a stopped broker that holds no replica out of the cluster
     /// (UnregisterBroker).
     Unregister {
@@ -206,6 +209,13 @@ pub fn run(args: ClusterArgs) -> Res<()> {
                 submit(&args.bootstrap_server, &moves)?;
                 println!("cancelled {} reassignments", moves.len());
             }
+            Ok(())
+        }
+        ClusterCommand::Quorum => {
+            print!(
+                "{}",
+                super::reassign::describe_quorum(&args.bootstrap_server)?
+            );
             Ok(())
         }
         ClusterCommand::Unregister { broker } => {

@@ -112,6 +112,18 @@ pub struct QuorumConfig {
 /// result, with the state version after it.
 type Waiters<T> = RefCell<HashMap<u64, LocalSender<(Result<T, ApplyError>, u64)>>>;
 
+/// The metadata quorum as its leader sees it (DescribeQuorum).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumView {
+    pub leader: i32,
+    /// The raft term (Kafka's leader epoch of `__cluster_metadata`).
+    pub term: i32,
+    /// The commit index.
+    pub high_watermark: i64,
+    /// (voter id, replicated log end, last heard from in ms since the epoch or -1).
+    pub voters: Vec<(i32, i64, i64)>,
+}
+
 pub struct QuorumNode {
     cfg: QuorumConfig,
     incarnation: u64,
@@ -263,6 +275,37 @@ impl QuorumNode {
 
     pub fn with_state<R>(&self, f: impl FnOnce(&ClusterState) -> R) -> R {
         f(self.quorum.borrow().state())
+    }
+
+    /// DescribeQuorum: the leader's view (this node must lead; else `None`): term,
+    /// high watermark (commit index) and per voter its replicated log end and when
+    /// this controller last heard from it (ms since the epoch; its broker heartbeats).
+    pub fn describe(&self) -> Option<QuorumView> {
+        let q = self.quorum.borrow();
+        let ends = q.voter_log_ends()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let seen = self.last_seen.borrow();
+        let voters = ends
+            .into_iter()
+            .map(|(id, end)| {
+                let id = id as i32;
+                let heard = if id == self.cfg.node_id {
+                    Some(now)
+                } else {
+                    seen.get(&id)
+                        .map(|(at, _)| now - at.elapsed().as_millis() as i64)
+                };
+                (id, end as i64, heard.unwrap_or(-1))
+            })
+            .collect();
+        Some(QuorumView {
+            leader: self.cfg.node_id,
+            term: q.term() as i32,
+            high_watermark: q.commit_index() as i64,
+            voters,
+        })
     }
 
     /// The controller leader's node id, -1 when none is known.

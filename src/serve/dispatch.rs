@@ -180,6 +180,14 @@ impl ShardService for ShardServer {
         self.controller().reassign(&self.broker, c).await
     }
 
+    async fn describe_quorum(
+        &self,
+        _: rpc::DescribeQuorum,
+    ) -> Result<crate::cluster::quorum_io::QuorumView, i32> {
+        let q = &self.controller().quorum;
+        q.describe().ok_or_else(|| q.leader_id())
+    }
+
     async fn unregister(&self, c: rpc::Unregister) -> Result<(), ApiError> {
         let cmd = sluice_replication::cluster::Command::UnregisterBroker { id: c.0 };
         self.controller()

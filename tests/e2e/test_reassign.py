@@ -424,3 +424,34 @@ def test_rebalance_spreads_replicas_and_leaders_over_every_broker_throttled(tmp_
         assert code == 0 and "0 partitions to change" in out, out
     finally:
         c.stop()
+
+
+def test_describe_quorum_shows_each_voters_lag_from_any_broker(tmp_path):
+    """DescribeQuorum (`sluice cluster quorum`): asked of any broker (one whose voter
+    does not lead points to the leader), it shows the leader, epoch, high watermark and
+    every voter's log end and lag; a killed voter falls behind while metadata changes,
+    and is back at lag 0 once restarted."""
+    import re as _re
+    c = Cluster(tmp_path / "c", n=3, cores=1).start()
+    try:
+        def quorum(via):
+            code, out = cli(c, "quorum", via=via)
+            assert code == 0, out
+            head = _re.search(r"Metadata quorum: leader (\d+), epoch (\d+), high watermark (\d+)", out)
+            assert head, out
+            lags = {int(v): int(l) for v, l in _re.findall(r"voter (\d+): log end \d+ \(lag (\d+)\)", out)}
+            return int(head.group(1)), int(head.group(3)), lags
+        leader = c.wait_until(lambda: (lambda q: q[0] if set(q[2]) == {1, 2, 3} and not any(q[2].values()) else None)(quorum(1)),
+                              30, "every voter at lag 0")
+        other = next(i for i in (1, 2, 3) if i != leader)
+        assert quorum(other)[0] == leader, "a non-leader's broker points to the leader"
+        victim = next(i for i in (1, 2, 3) if i not in (leader, other))
+        c.kill(victim)
+        for n in range(3):
+            create_placed(c, f"q{n}", [[leader, other]])
+        _, hw, lags = quorum(other)
+        assert lags[victim] > 0 and lags[leader] == 0, lags
+        c.restart(victim)
+        c.wait_until(lambda: quorum(other)[2][victim] == 0, 30, "the restarted voter caught up")
+    finally:
+        c.stop()

@@ -28,6 +28,7 @@ pub mod describe_configs;
 pub mod describe_groups;
 pub mod describe_log_dirs;
 pub mod describe_producers;
+pub mod describe_quorum;
 pub mod describe_topic_partitions;
 pub mod elect_leaders;
 pub mod fetch;
@@ -134,6 +135,9 @@ pub async fn handle(
         ),
         RequestKind::ListPartitionReassignments(r) => {
             ResponseKind::ListPartitionReassignments(reassignments::list(broker, version, r).await)
+        }
+        RequestKind::DescribeQuorum(r) => {
+            ResponseKind::DescribeQuorum(describe_quorum::handle(broker, version, r).await)
         }
         RequestKind::UnregisterBroker(r) => {
             ResponseKind::UnregisterBroker(reassignments::unregister(broker, version, r).await)

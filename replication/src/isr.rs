@@ -354,6 +354,10 @@ pub struct Leader {
     /// Simulation knob: compute the high watermark over the committed ISR only, ignoring
     /// a pending change (breaks KIP-497; lets the simulation prove it catches it).
     unsafe_ignore_pending_isr: bool,
+    /// Brokers the metadata says are fenced (dead, or stopping with a controlled
+    /// shutdown): never proposed into the ISR (KIP-841), since the controller refuses
+    /// them and, pending, they would hold the high watermark back.
+    ineligible: Vec<BrokerId>,
 }
 
 impl Leader {
@@ -395,6 +399,7 @@ impl Leader {
             high_watermark: init.high_watermark.min(init.durable_log_end).max(0),
             replica_lag_time_max_ms: init.replica_lag_time_max_ms,
             unsafe_ignore_pending_isr: false,
+            ineligible: Vec::new(),
         };
         leader.maybe_advance_high_watermark();
         leader
@@ -584,6 +589,24 @@ impl Leader {
         self.maybe_advance_high_watermark();
     }
 
+    /// Adopts the brokers the metadata says are fenced (see `ineligible`). A pending
+    /// change that adds one of them is forgotten: the controller refuses it (the fence
+    /// is committed before any later copy of it), and counted in the maximal ISR it
+    /// would hold the high watermark for a broker that is gone or going (a controlled
+    /// shutdown's fetches made it look caught up).
+    pub fn set_ineligible(&mut self, ineligible: &[BrokerId]) {
+        self.ineligible = ineligible.to_vec();
+        let adds_ineligible = self.pending.as_ref().is_some_and(|p| {
+            p.new_isr
+                .iter()
+                .any(|b| !self.isr.contains(b) && self.ineligible.contains(b))
+        });
+        if adds_ineligible {
+            self.pending = None;
+            self.maybe_advance_high_watermark();
+        }
+    }
+
     /// The controller refused `rejected` (stale epochs, or an ineligible replica): if it is
     /// the pending change, forget it so that a fresh proposal can be computed.
     ///
@@ -652,7 +675,10 @@ impl Leader {
     /// and has gone past the start of this leader's epoch (so it truncated away any
     /// divergent suffix from older epochs).
     fn maybe_expand(&mut self, follower: BrokerId) -> Option<AlterIsr> {
-        if self.pending.is_some() || self.isr.contains(&follower) {
+        if self.pending.is_some()
+            || self.isr.contains(&follower)
+            || self.ineligible.contains(&follower)
+        {
             return None;
         }
         let end = self.followers[&follower].log_end?;
@@ -1025,6 +1051,9 @@ pub struct ReplicaState {
     /// [`Follower::set_unsafe_skip_truncation`]); never set in the broker.
     unsafe_ignore_pending_isr: bool,
     unsafe_skip_truncation: bool,
+    /// Fenced brokers, for the leader this replica is or becomes
+    /// ([`Leader::set_ineligible`]).
+    ineligible: Vec<BrokerId>,
 }
 
 impl ReplicaState {
@@ -1046,9 +1075,23 @@ impl ReplicaState {
             pending_leader: None,
             unsafe_ignore_pending_isr: false,
             unsafe_skip_truncation: false,
+            ineligible: Vec::new(),
         };
         s.check();
         s
+    }
+
+    /// The brokers the latest metadata says are fenced: a leader proposes none of
+    /// them into the ISR, and forgets a pending change that would add one
+    /// ([`Leader::set_ineligible`]).
+    pub fn set_ineligible(&mut self, fenced: &[BrokerId]) {
+        if self.ineligible != fenced {
+            self.ineligible = fenced.to_vec();
+        }
+        if let Role::Leader(l) = &mut self.role {
+            l.set_ineligible(fenced);
+        }
+        self.check();
     }
 
     /// Simulation only: break KIP-497 / KIP-101 in the roles this state creates.
@@ -1264,6 +1307,7 @@ impl ReplicaState {
             replica_lag_time_max_ms: p.lag_max_ms,
         });
         l.set_unsafe_ignore_pending_isr(self.unsafe_ignore_pending_isr);
+        l.set_ineligible(&self.ineligible);
         l.on_local_durable(self.durable);
         self.role = Role::Leader(Box::new(l));
         epochs_changed

@@ -466,6 +466,38 @@ fn pending_expansion_counts_the_new_member() {
     assert_eq!(broken.high_watermark(), 150);
 }
 
+/// KIP-841: a fenced broker (dead, or stopping with a controlled shutdown and still
+/// fetching) is never proposed into the ISR, and a pending change that would add one
+/// is forgotten once the metadata says it is fenced: the high watermark then no
+/// longer waits for it (a rolling restart stalled acks=all producers ~2 s on it).
+#[test]
+fn fenced_followers_are_never_proposed_and_a_pending_addition_of_one_is_dropped() {
+    let mut l = Leader::new(LeaderInit {
+        isr: vec![1, 2],
+        ..leader3(100).init_for_test()
+    });
+    l.set_ineligible(&[3]);
+    l.on_follower_fetch(2, 5, 100, 1).unwrap();
+    let ok = l.on_follower_fetch(3, 5, 100, 1).unwrap();
+    assert!(ok.alter_isr.is_none() && l.pending_alter().is_none(), "3 is fenced");
+    // Unfenced, it is proposed; fenced again while that is pending, it is dropped.
+    l.set_ineligible(&[]);
+    let ok = l.on_follower_fetch(3, 5, 100, 2).unwrap();
+    assert_eq!(ok.alter_isr.map(|a| a.new_isr), Some(vec![1, 2, 3]));
+    l.on_local_durable(150);
+    l.on_follower_fetch(2, 5, 150, 3).unwrap();
+    assert_eq!(l.high_watermark(), 100, "the pending addition of 3 holds it");
+    l.set_ineligible(&[3]);
+    assert!(l.pending_alter().is_none());
+    assert_eq!(l.high_watermark(), 150, "3 no longer counts");
+    // A pending change that adds no fenced broker stays.
+    l.set_ineligible(&[]);
+    let ok = l.on_follower_fetch(3, 5, 150, 4).unwrap();
+    assert!(ok.alter_isr.is_some());
+    l.set_ineligible(&[2]);
+    assert!(l.pending_alter().is_some(), "2 is in the committed ISR: not an addition");
+}
+
 #[test]
 fn expansion_needs_the_high_watermark_and_the_epoch_start() {
     let mut l = Leader::new(LeaderInit {

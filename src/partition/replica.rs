@@ -327,6 +327,16 @@ impl Replica {
         self.append_order.turn()
     }
 
+    /// Adopts the brokers the metadata says are fenced ([`isr::ReplicaState::set_ineligible`]);
+    /// wakes the waiters if the high watermark moved.
+    pub fn set_ineligible(&self, fenced: &[i32]) {
+        let before = self.high_watermark();
+        self.state.borrow_mut().set_ineligible(fenced);
+        if self.high_watermark() != before {
+            self.notify();
+        }
+    }
+
     pub(crate) fn notify(&self) {
         self.progress.notify(usize::MAX);
         if let Some(hook) = &*self.on_change.borrow() {

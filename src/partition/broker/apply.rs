@@ -155,6 +155,14 @@ impl Broker {
             a,
             self.config.replica_lag_time_max_ms,
         );
+        // Fenced brokers never join an ISR this replica's leader proposes.
+        let fenced: Vec<i32> = image
+            .brokers
+            .iter()
+            .filter(|(_, b)| b.fenced)
+            .map(|(id, _)| id.get())
+            .collect();
+        replica.set_ineligible(&fenced);
         if replica.leader_epoch() != epoch_before {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }

@@ -1304,8 +1304,9 @@ impl ClusterState {
         })
     }
 
-    /// Marks `id` fenced, takes it out of every ISR it is not the last member of, and
-    /// moves its leaderships to live ISR members (or leaves the partition leaderless).
+    /// Marks `id` fenced, takes it out of every ISR it is not the last member of, moves
+    /// its leaderships to live ISR members (or leaves the partition leaderless), and
+    /// gives every partition it is a replica of a new partition epoch.
     fn fence(&mut self, id: BrokerId) {
         if let Some(b) = self.brokers.get_mut(&id) {
             b.fenced = true;
@@ -1342,7 +1343,12 @@ impl ClusterState {
                     p.leader_epoch += 1;
                     changed = true;
                 }
-                if changed {
+                // Every partition it is a replica of takes a new partition epoch, even
+                // one it was only catching up on: an ISR change that would add it,
+                // computed before the fence (its leader drops such a pending change
+                // and stops counting it), must be refused if a copy arrives after it
+                // registers again (KIP-497).
+                if changed || p.replicas.contains(&id) {
                     p.partition_epoch += 1;
                 }
             }
@@ -1955,16 +1961,23 @@ mod tests {
         assert!(s.apply(&alter(p.leader, 0, 0, vec![p.leader, 9])).is_err());
         assert_eq!(s.version, version, "a refused command changes nothing");
         s.apply(&alter(p.leader, 0, 0, vec![p.leader])).unwrap();
-        // A fenced broker cannot rejoin; an unfenced one can.
+        // A fenced broker cannot rejoin; an unfenced one can. Fencing gives every
+        // partition it is a replica of a new partition epoch, even outside the ISR:
+        // a change computed before the fence is refused after the unfence too.
         s.apply(&Command::FenceBroker { id: follower }).unwrap();
+        assert_eq!(s.partition("t", 0).unwrap().partition_epoch, 2);
         assert_eq!(
-            s.apply(&alter(p.leader, 0, 1, vec![p.leader, follower])),
+            s.apply(&alter(p.leader, 0, 2, vec![p.leader, follower])),
             Err(ApplyError::IneligibleReplica(follower))
         );
         s.apply(&Command::UnfenceBroker { id: follower }).unwrap();
-        s.apply(&alter(p.leader, 0, 1, vec![p.leader, follower]))
+        assert!(matches!(
+            s.apply(&alter(p.leader, 0, 1, vec![p.leader, follower])),
+            Err(ApplyError::InvalidUpdateVersion { .. })
+        ));
+        s.apply(&alter(p.leader, 0, 2, vec![p.leader, follower]))
             .unwrap();
-        assert_eq!(s.partition("t", 0).unwrap().partition_epoch, 2);
+        assert_eq!(s.partition("t", 0).unwrap().partition_epoch, 3);
     }
 
     #[test]

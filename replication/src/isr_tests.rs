@@ -479,14 +479,21 @@ fn fenced_followers_are_never_proposed_and_a_pending_addition_of_one_is_dropped(
     l.set_ineligible(&[3]);
     l.on_follower_fetch(2, 5, 100, 1).unwrap();
     let ok = l.on_follower_fetch(3, 5, 100, 1).unwrap();
-    assert!(ok.alter_isr.is_none() && l.pending_alter().is_none(), "3 is fenced");
+    assert!(
+        ok.alter_isr.is_none() && l.pending_alter().is_none(),
+        "3 is fenced"
+    );
     // Unfenced, it is proposed; fenced again while that is pending, it is dropped.
     l.set_ineligible(&[]);
     let ok = l.on_follower_fetch(3, 5, 100, 2).unwrap();
     assert_eq!(ok.alter_isr.map(|a| a.new_isr), Some(vec![1, 2, 3]));
     l.on_local_durable(150);
     l.on_follower_fetch(2, 5, 150, 3).unwrap();
-    assert_eq!(l.high_watermark(), 100, "the pending addition of 3 holds it");
+    assert_eq!(
+        l.high_watermark(),
+        100,
+        "the pending addition of 3 holds it"
+    );
     l.set_ineligible(&[3]);
     assert!(l.pending_alter().is_none());
     assert_eq!(l.high_watermark(), 150, "3 no longer counts");
@@ -495,7 +502,10 @@ fn fenced_followers_are_never_proposed_and_a_pending_addition_of_one_is_dropped(
     let ok = l.on_follower_fetch(3, 5, 150, 4).unwrap();
     assert!(ok.alter_isr.is_some());
     l.set_ineligible(&[2]);
-    assert!(l.pending_alter().is_some(), "2 is in the committed ISR: not an addition");
+    assert!(
+        l.pending_alter().is_some(),
+        "2 is in the committed ISR: not an addition"
+    );
 }
 
 #[test]

@@ -331,7 +331,7 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
                 .iter()
                 .any(|(t, q)| *t == p.topic && *q == p.partition)
         })
-        .filter(|p| p.replicas.iter().all(|r| live.contains(r)))
+        .filter(|p| !p.replicas.is_empty() && p.replicas.iter().all(|r| live.contains(r)))
         .map(|p| (p, p.replicas.clone()))
         .collect();
     // Smallest first: the first partition found for a move copies the fewest bytes.

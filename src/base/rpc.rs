@@ -151,7 +151,7 @@ shard_calls! {
     Reassign => reassign -> Vec<Result<(), ApiError>>;
     /// DescribeQuorum: the metadata quorum as this broker's voter sees it if it leads
     /// (else the leader's id, -1 if none is known).
-    DescribeQuorum => describe_quorum -> Result<crate::cluster::quorum_io::QuorumView, i32>;
+    DescribeQuorum => describe_quorum -> Result<QuorumView, i32>;
     /// UnregisterBroker: a stopped broker that holds no replica leaves the cluster.
     Unregister => unregister -> Result<(), ApiError>;
     /// ListPartitionReassignments: the ongoing moves asked about.
@@ -566,6 +566,18 @@ pub struct Reassign {
 
 /// DescribeQuorum.
 pub struct DescribeQuorum;
+
+/// The metadata quorum as its leader sees it (DescribeQuorum).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumView {
+    pub leader: i32,
+    /// The raft term (Kafka's leader epoch of `__cluster_metadata`).
+    pub term: i32,
+    /// The commit index.
+    pub high_watermark: i64,
+    /// (voter id, replicated log end, last heard from in ms since the epoch or -1).
+    pub voters: Vec<(i32, i64, i64)>,
+}
 
 /// UnregisterBroker of broker `0`.
 pub struct Unregister(pub i32);

@@ -35,6 +35,8 @@ use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
 use kafka_protocol::error::ResponseError;
 use sluice_replication::cluster::{Applied, ApplyError, ClusterState, Command, ProducerIdBlock};
+
+use crate::base::rpc::QuorumView;
 use sluice_replication::quorum::{self, Persist, Quorum, Replay};
 use sluice_replication::raft;
 use sluice_storage::journal::Journal;
@@ -111,18 +113,6 @@ pub struct QuorumConfig {
 /// Proposals of this node waiting to be applied here, by token, each for one type of
 /// result, with the state version after it.
 type Waiters<T> = RefCell<HashMap<u64, LocalSender<(Result<T, ApplyError>, u64)>>>;
-
-/// The metadata quorum as its leader sees it (DescribeQuorum).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuorumView {
-    pub leader: i32,
-    /// The raft term (Kafka's leader epoch of `__cluster_metadata`).
-    pub term: i32,
-    /// The commit index.
-    pub high_watermark: i64,
-    /// (voter id, replicated log end, last heard from in ms since the epoch or -1).
-    pub voters: Vec<(i32, i64, i64)>,
-}
 
 pub struct QuorumNode {
     cfg: QuorumConfig,

@@ -180,10 +180,7 @@ impl ShardService for ShardServer {
         self.controller().reassign(&self.broker, c).await
     }
 
-    async fn describe_quorum(
-        &self,
-        _: rpc::DescribeQuorum,
-    ) -> Result<crate::cluster::quorum_io::QuorumView, i32> {
+    async fn describe_quorum(&self, _: rpc::DescribeQuorum) -> Result<rpc::QuorumView, i32> {
         let q = &self.controller().quorum;
         q.describe().ok_or_else(|| q.leader_id())
     }

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::alter_partition_reassignments_request::{
     ReassignablePartition, ReassignableTopic,
 };
-use kafka_protocol::messages::list_partition_reassignments_request::ListPartitionReassignmentsTopics;
 use kafka_protocol::messages::{
     AlterPartitionReassignmentsRequest, ApiKey, BrokerId, ListPartitionReassignmentsRequest,
     TopicName,
@@ -205,31 +204,19 @@ pub fn list(bootstrap: &str, topic: Option<&str>) -> Res<Vec<OngoingReassignment
     c.api_versions()?
         .pick(ApiKey::ListPartitionReassignments, (0, 0))
         .ok_or("the broker does not serve ListPartitionReassignments")?;
-    let topics = match topic {
-        None => None,
-        Some(t) => {
-            let view = fetch(bootstrap)?;
-            let parts: Vec<i32> = view
-                .partitions
-                .iter()
-                .filter(|p| p.topic == t)
-                .map(|p| p.partition)
-                .collect();
-            Some(vec![ListPartitionReassignmentsTopics::default()
-                .with_name(TopicName(t.to_string().into()))
-                .with_partition_indexes(parts)])
-        }
-    };
+    // Every move, filtered here by topic: naming a topic's partitions would need its
+    // partition count first (another request, to every broker for their disks).
     let r = c.call(
         0,
         &ListPartitionReassignmentsRequest::default()
             .with_timeout_ms(30_000)
-            .with_topics(topics),
+            .with_topics(None),
     )?;
     code_err("ListPartitionReassignments", r.error_code)?;
     let ids = |v: &[BrokerId]| v.iter().map(|b| b.0).collect::<Vec<i32>>();
     Ok(r.topics
         .iter()
+        .filter(|t| topic.is_none_or(|name| t.name.0.as_str() == name))
         .flat_map(|t| {
             t.partitions.iter().map(move |p| OngoingReassignment {
                 partition: TopicPartition::new(t.name.0.as_str(), p.partition_index),

@@ -323,7 +323,9 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
         .collect();
     // Smallest first: the first partition found for a move copies the fewest bytes.
     parts.sort_by_key(|(p, _)| (size(p), p.topic.clone(), p.partition));
-    let count = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
+    // The busiest broker (by replicas, or by preferred leaderships) and the brokers
+    // holding at least two fewer, least busy first: the only moves that even out.
+    let loads = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
         let mut c: BTreeMap<i32, usize> = live.iter().map(|b| (*b, 0)).collect();
         for (_, t) in parts {
             let held = if leaders { &t[..1] } else { &t[..] };
@@ -331,27 +333,29 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
                 *c.entry(*r).or_default() += 1;
             }
         }
-        c
-    };
-    // Replicas: the busiest broker gives one to the least busy one that can take it.
-    for _ in 0..view.partitions.len() * 4 {
-        let c = count(&parts, false);
         let mut by_load: Vec<(usize, i32)> = c.iter().map(|(b, n)| (*n, *b)).collect();
         by_load.sort();
         let (most, from) = *by_load.last().expect("two live brokers");
-        let moved = by_load
+        let takers: Vec<i32> = by_load
             .iter()
             .take_while(|(n, _)| n + 1 < most)
-            .find_map(|&(_, to)| {
-                let i = parts.iter().position(|(_, t)| {
-                    let others: Vec<Option<String>> =
-                        t.iter().filter(|r| **r != from).map(|r| rack(*r)).collect();
-                    t.contains(&from)
-                        && !t.contains(&to)
-                        && (rack(to) == rack(from) || !others.contains(&rack(to)))
-                })?;
-                Some((i, to))
-            });
+            .map(|(_, b)| *b)
+            .collect();
+        (from, takers)
+    };
+    // Replicas: the busiest broker gives one to the least busy one that can take it.
+    for _ in 0..view.partitions.len() * 4 {
+        let (from, takers) = loads(&parts, false);
+        let moved = takers.iter().find_map(|&to| {
+            let i = parts.iter().position(|(_, t)| {
+                let others: Vec<Option<String>> =
+                    t.iter().filter(|r| **r != from).map(|r| rack(*r)).collect();
+                t.contains(&from)
+                    && !t.contains(&to)
+                    && (rack(to) == rack(from) || !others.contains(&rack(to)))
+            })?;
+            Some((i, to))
+        });
         let Some((i, to)) = moved else { break };
         for r in parts[i].1.iter_mut().filter(|r| **r == from) {
             *r = to;
@@ -359,19 +363,13 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
     }
     // Preferred leaderships: reorder a partition's replicas to put a less busy one first.
     for _ in 0..view.partitions.len() * 2 {
-        let c = count(&parts, true);
-        let mut by_load: Vec<(usize, i32)> = c.iter().map(|(b, n)| (*n, *b)).collect();
-        by_load.sort();
-        let (most, from) = *by_load.last().expect("two live brokers");
-        let moved = by_load
-            .iter()
-            .take_while(|(n, _)| n + 1 < most)
-            .find_map(|&(_, to)| {
-                let i = parts
-                    .iter()
-                    .position(|(_, t)| t[0] == from && t.contains(&to))?;
-                Some((i, to))
-            });
+        let (from, takers) = loads(&parts, true);
+        let moved = takers.iter().find_map(|&to| {
+            let i = parts
+                .iter()
+                .position(|(_, t)| t[0] == from && t.contains(&to))?;
+            Some((i, to))
+        });
         let Some((i, to)) = moved else { break };
         let t = &mut parts[i].1;
         let j = t.iter().position(|r| *r == to).expect("checked above");

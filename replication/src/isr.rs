@@ -595,6 +595,9 @@ impl Leader {
     /// would hold the high watermark for a broker that is gone or going (a controlled
     /// shutdown's fetches made it look caught up).
     pub fn set_ineligible(&mut self, ineligible: &[BrokerId]) {
+        if self.ineligible == ineligible {
+            return; // a pending change never adds one of them (`maybe_expand`)
+        }
         self.ineligible = ineligible.to_vec();
         let adds_ineligible = self.pending.as_ref().is_some_and(|p| {
             p.new_isr
@@ -1090,8 +1093,8 @@ impl ReplicaState {
         }
         if let Role::Leader(l) = &mut self.role {
             l.set_ineligible(fenced);
+            self.check();
         }
-        self.check();
     }
 
     /// Simulation only: break KIP-497 / KIP-101 in the roles this state creates.

@@ -116,6 +116,12 @@ impl MetadataImage {
         Some((default, DynamicScope::ClusterDefault))
     }
 
+    /// The ids of the brokers this image says are fenced.
+    pub fn fenced_brokers(&self) -> Vec<i32> {
+        let fenced = self.brokers.iter().filter(|(_, b)| b.fenced);
+        fenced.map(|(id, _)| id.get()).collect()
+    }
+
     pub fn topic_by_id(&self, id: Uuid) -> Option<(&String, &TopicMeta)> {
         self.topics.iter().find(|(_, t)| t.id == id)
     }

@@ -103,8 +103,9 @@ impl Broker {
         }
         // Roles follow the committed assignments (leader epochs, ISR).
         if image.registered {
+            let fenced = image.fenced_brokers();
             for (key, replica) in self.replicas.borrow().iter() {
-                self.adopt_role(&image, key.topic(), key.partition(), replica);
+                self.adopt_role(&image, &fenced, key.topic(), key.partition(), replica);
             }
         }
         // Replicas a reassignment took off this broker (only once the image is this
@@ -139,9 +140,12 @@ impl Broker {
 
     /// Gives a replica the role its committed assignment in `image` says (leader
     /// epoch, ISR, whom to follow).
+    /// `fenced`: the image's fenced brokers (`MetadataImage::fenced_brokers`), which
+    /// the replica's leader never proposes into the ISR.
     pub(super) fn adopt_role(
         self: &Rc<Self>,
         image: &MetadataImage,
+        fenced: &[i32],
         name: &str,
         p: i32,
         replica: &Rc<Replica>,
@@ -156,13 +160,7 @@ impl Broker {
             self.config.replica_lag_time_max_ms,
         );
         // Fenced brokers never join an ISR this replica's leader proposes.
-        let fenced: Vec<i32> = image
-            .brokers
-            .iter()
-            .filter(|(_, b)| b.fenced)
-            .map(|(id, _)| id.get())
-            .collect();
-        replica.set_ineligible(&fenced);
+        replica.set_ineligible(fenced);
         if replica.leader_epoch() != epoch_before {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }

@@ -197,7 +197,7 @@ impl Broker {
                 self.offline.borrow_mut().remove(key);
                 tracing::warn!(topic = %name, partition = p, "partition back online: its log reopened and recovered");
                 if image.registered {
-                    self.adopt_role(&image, name, p, &replica);
+                    self.adopt_role(&image, &image.fenced_brokers(), name, p, &replica);
                 }
             }
             Err(e) => {

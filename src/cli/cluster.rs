@@ -10,6 +10,9 @@
 //!
 //! Fetching ([`fetch`]) and printing ([`render`]) are separate so that the printing is
 //! unit-tested without a broker.
+//!
+//! `sluice cluster quorum` ([`describe_quorum`]) asks DescribeQuorum of the metadata
+//! quorum's leader; the partition-move commands are in `crate::cli::reassign`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -212,10 +215,7 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             Ok(())
         }
         ClusterCommand::Quorum => {
-            print!(
-                "{}",
-                super::reassign::describe_quorum(&args.bootstrap_server)?
-            );
+            print!("{}", describe_quorum(&args.bootstrap_server)?);
             Ok(())
         }
         ClusterCommand::Unregister { broker } => {
@@ -516,6 +516,72 @@ fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
 }
 
 /// Asks the broker at `bootstrap`.
+/// `sluice cluster quorum`: DescribeQuorum, asked of the leader (found through the
+/// bootstrap broker's answer), as text.
+pub fn describe_quorum(bootstrap: &str) -> Res<String> {
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    use kafka_protocol::messages::DescribeQuorumRequest;
+    let ask =
+        |addr: &str| -> Res<kafka_protocol::messages::describe_quorum_response::PartitionData> {
+            let mut c = Conn::open(addr, CLIENT_ID)?;
+            let v = c
+                .api_versions()?
+                .pick(ApiKey::DescribeQuorum, (0, 1))
+                .ok_or("the broker does not serve DescribeQuorum")?;
+            let req = DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+                .with_topic_name(kafka_protocol::messages::TopicName(
+                    "__cluster_metadata".to_string().into(),
+                ))
+                .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+            let r = c.call(v, &req)?;
+            code_err("DescribeQuorum", r.error_code)?;
+            r.topics
+                .into_iter()
+                .flat_map(|t| t.partitions)
+                .next()
+                .ok_or_else(|| "DescribeQuorum answered no partition".to_string())
+        };
+    let mut p = ask(bootstrap)?;
+    if p.error_code != 0 && p.leader_id.0 >= 0 {
+        let view = fetch(bootstrap)?;
+        let leader = view
+            .brokers
+            .iter()
+            .find(|b| b.id == p.leader_id.0)
+            .ok_or(format!(
+                "the quorum's leader {} is not in the metadata",
+                p.leader_id.0
+            ))?;
+        p = ask(&format!("{}:{}", leader.host, leader.port))?;
+    }
+    code_err("DescribeQuorum", p.error_code)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut out = format!(
+        "Metadata quorum: leader {}, epoch {}, high watermark {}\n",
+        p.leader_id.0, p.leader_epoch, p.high_watermark
+    );
+    for v in &p.current_voters {
+        let lag = (p.high_watermark - v.log_end_offset).max(0);
+        let heard = if v.replica_id == p.leader_id {
+            "(leader)".to_string()
+        } else if v.last_fetch_timestamp < 0 {
+            "never heard from".to_string()
+        } else {
+            format!(
+                "last heard {} ms ago",
+                (now - v.last_fetch_timestamp).max(0)
+            )
+        };
+        out.push_str(&format!(
+            "  voter {}: log end {} (lag {lag}), {heard}\n",
+            v.replica_id.0, v.log_end_offset
+        ));
+    }
+    Ok(out)
+}
+
 pub fn fetch(bootstrap: &str) -> Res<ClusterView> {
     let mut c = Conn::open(bootstrap, CLIENT_ID)?;
     let versions = c.api_versions()?;

@@ -347,19 +347,15 @@ def test_a_throttled_move_copies_within_the_rate_and_finishes_once_it_is_lifted(
         admin = c.admin()
         rate = "follower.replication.throttled.rate"
 
-        def alter(resource, name, op, value=None):
+        def alter(resource, name, key, op, value=None):
             r = ConfigResource(resource, name, incremental_configs=[
-                ConfigEntry(rate if resource == ResourceType.BROKER else name_of(resource), value,
-                            incremental_operation=op)])
+                ConfigEntry(key, value, incremental_operation=op)])
             admin.incremental_alter_configs([r])[r].result(timeout=30)
-
-        def name_of(_):
-            return "follower.replication.throttled.replicas"
         with pytest.raises(KafkaException) as e:
-            alter(ResourceType.BROKER, "2", AlterConfigOpType.SET, "-5")
+            alter(ResourceType.BROKER, "2", rate, AlterConfigOpType.SET, "-5")
         assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
-        alter(ResourceType.BROKER, "2", AlterConfigOpType.SET, "200000")
-        alter(ResourceType.TOPIC, "slow", AlterConfigOpType.SET, "0:2")
+        alter(ResourceType.BROKER, "2", rate, AlterConfigOpType.SET, "200000")
+        alter(ResourceType.TOPIC, "slow", "follower.replication.throttled.replicas", AlterConfigOpType.SET, "0:2")
         described = admin.describe_configs([ConfigResource(ResourceType.BROKER, "2")])
         cfg = list(described.values())[0].result(timeout=30)
         assert cfg[rate].value == "200000" and not cfg[rate].is_read_only
@@ -378,7 +374,7 @@ def test_a_throttled_move_copies_within_the_rate_and_finishes_once_it_is_lifted(
         assert ongoing(c) == ["slow-0"], "the throttled move finished too soon"
         assert copied() < 4000, copied()
         # Lifted: it finishes.
-        alter(ResourceType.BROKER, "2", AlterConfigOpType.DELETE)
+        alter(ResourceType.BROKER, "2", rate, AlterConfigOpType.DELETE)
         c.wait_until(lambda: ongoing(c) == [] and c.isr_of("slow", 0) == [1, 2], 60,
                      "the move completed once the throttle was lifted")
     finally:

@@ -13,8 +13,26 @@
 //!
 //! Every [`Quorum::snapshot_every`] applied entries the state is snapshotted (rkyv) and
 //! the in-memory log compacted; [`Applied::snapshot`] hands the snapshot to the caller
-//! so it can compact its durable log too. Voters are fixed at bootstrap (no membership
-//! changes yet).
+//! so it can compact its durable log too.
+//!
+//! ## Membership
+//!
+//! The voters a cluster is born with are its bootstrap list (`--controller-quorum`):
+//! the configuration at index 0, the same on every node of that list. Any other node
+//! starts with no configuration at all and waits to be added: the leader proposes it as
+//! a *learner* (raft-rs' non-voting member; KRaft's observer), which receives the log
+//! and applies it, and may later be promoted to voter or removed
+//! ([`Quorum::propose_membership`], KIP-853's AddRaftVoter and RemoveRaftVoter), one
+//! change at a time, each a simple raft conf change (one voter in or out). Committed
+//! changes are applied in log order on every node ([`Applied::membership_changed`]),
+//! and snapshots carry the configuration they were taken at.
+//!
+//! A node that starts with neither the bootstrap configuration nor a snapshot must
+//! never replay the log from index 1: it would apply the changes since birth to an
+//! empty configuration and miss the bootstrap voters. So it takes no entries until a
+//! snapshot reached it, and a leader whose log still starts at index 1 takes a
+//! snapshot as soon as a member answers with an empty log (then raft-rs sends that
+//! snapshot instead of entries).
 //!
 //! ## A voter that lost its log
 //!
@@ -45,7 +63,10 @@
 //!   counted as replicated there knows the follower lost its log: it forgets what it
 //!   counted there and probes from the log end the follower reported.
 
-use raft::prelude::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
+use raft::prelude::{
+    ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState,
+    Entry, EntryType, HardState, Message, MessageType, Snapshot,
+};
 use raft::storage::MemStorage;
 use raft::{
     GetEntriesContext, RaftState, RawNode, SnapshotStatus, StateRole, Storage, StorageError,
@@ -95,13 +116,33 @@ pub struct Applied {
     pub state_changed: bool,
     /// A snapshot taken of the state: persist it, then drop log entries up to its index.
     pub snapshot: Option<Snapshot>,
+    /// A membership change applied (the voters or learners changed).
+    pub membership_changed: bool,
 }
 
-/// Why [`Quorum::new`] could not resume a voter from what it restored.
+/// One change of the quorum's membership ([`Quorum::propose_membership`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    /// A node joins as a learner: it receives and applies the log, does not vote.
+    AddLearner(u64),
+    /// A learner becomes a voter (KIP-853's AddRaftVoter).
+    Promote(u64),
+    /// A voter or learner leaves the configuration (RemoveRaftVoter).
+    Remove(u64),
+}
+
+/// The quorum's members as this node's applied configuration has them, ascending.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Members {
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+}
+
+/// Why [`Quorum::new`] could not resume a node from what it restored.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("node {id} is not among the voters {voters:?}")]
-    NotAVoter { id: u64, voters: Vec<u64> },
+    #[error("node id 0 is not a raft id")]
+    ZeroId,
     #[error(transparent)]
     Snapshot(#[from] cluster::DecodeError),
     #[error("metadata snapshot: {0}")]
@@ -127,6 +168,8 @@ pub struct DecodeError {
 pub enum QuorumError {
     #[error("no controller leader is known; retry")]
     NoLeader,
+    #[error("another membership change is not applied yet; retry")]
+    MembershipChangePending,
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
 }
@@ -189,6 +232,12 @@ pub struct Quorum {
     catch_up: Option<(u64, u64)>,
     /// Followers found to have lost their log (see [`Quorum::take_forgotten`]).
     forgotten: Vec<u64>,
+    /// Started outside the bootstrap voters with nothing restored: takes no entries
+    /// before a snapshot (see "Membership" in the module doc).
+    awaiting_snapshot: bool,
+    /// A snapshot taken outside `advance` (for a member with an empty log), handed to
+    /// the caller with the next [`Applied`].
+    snapshot_out: Option<Snapshot>,
 }
 
 /// Peers a snapshot was just handed out for. raft-rs keeps a peer in its snapshot state
@@ -206,19 +255,25 @@ fn logger() -> slog::Logger {
 }
 
 impl Quorum {
-    /// A voter `id` among `voters` (all ids ≥ 1), resuming from `restored`.
-    pub fn new(id: u64, voters: &[u64], restored: Restored) -> Result<Quorum, StartError> {
-        if id == 0 || !voters.contains(&id) {
-            return Err(StartError::NotAVoter {
-                id,
-                voters: voters.to_vec(),
-            });
+    /// Node `id` (≥ 1) of a cluster born with the voters `bootstrap`, resuming from
+    /// `restored`. A node outside `bootstrap` starts with no configuration: a learner
+    /// once the leader adds it (see "Membership" in the module doc).
+    pub fn new(id: u64, bootstrap: &[u64], restored: Restored) -> Result<Quorum, StartError> {
+        if id == 0 {
+            return Err(StartError::ZeroId);
         }
-        let amnesiac = voters.len() > 1
-            && restored.snapshot.is_none()
+        let member = bootstrap.contains(&id);
+        let nothing = restored.snapshot.is_none()
             && restored.entries.is_empty()
             && restored.hard_state.is_none();
-        let mem = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        let amnesiac = nothing && (bootstrap.len() > 1 || !member);
+        let awaiting_snapshot = !member && restored.snapshot.is_none();
+        let initial = if member {
+            ConfState::from((bootstrap.to_vec(), vec![]))
+        } else {
+            ConfState::default()
+        };
+        let mem = MemStorage::new_with_conf_state(initial);
         let mut state = ClusterState::default();
         let mut snapshot = Snapshot::default();
         let mut applied = 0;
@@ -267,7 +322,85 @@ impl Quorum {
             amnesiac,
             catch_up: None,
             forgotten: Vec::new(),
+            awaiting_snapshot,
+            snapshot_out: None,
         })
+    }
+
+    /// The applied configuration's voters and learners.
+    pub fn members(&self) -> Members {
+        let cs = self.node.raft.prs().conf().to_conf_state();
+        let mut m = Members {
+            voters: cs.voters,
+            learners: cs.learners,
+        };
+        m.voters.sort_unstable();
+        m.learners.sort_unstable();
+        m
+    }
+
+    /// Whether a membership change was proposed and is not applied yet.
+    pub fn membership_change_pending(&self) -> bool {
+        self.node.raft.has_pending_conf()
+    }
+
+    /// Proposes one membership change (a simple raft conf change); its result comes
+    /// back from [`Quorum::advance`] with `token`, as a command's. Refused while
+    /// another is pending (raft-rs would turn it into an empty entry silently).
+    pub fn propose_membership(
+        &mut self,
+        change: Membership,
+        token: u64,
+    ) -> Result<(), QuorumError> {
+        if self.leader_id() == 0 {
+            return Err(QuorumError::NoLeader);
+        }
+        if self.membership_change_pending() {
+            return Err(QuorumError::MembershipChangePending);
+        }
+        let (change_type, node_id) = match change {
+            Membership::AddLearner(id) => (ConfChangeType::AddLearnerNode, id),
+            Membership::Promote(id) => (ConfChangeType::AddNode, id),
+            Membership::Remove(id) => (ConfChangeType::RemoveNode, id),
+        };
+        let mut single = ConfChangeSingle::default();
+        single.set_change_type(change_type);
+        single.node_id = node_id;
+        let mut cc = ConfChangeV2::default();
+        cc.set_transition(ConfChangeTransition::Auto);
+        cc.set_changes(vec![single].into());
+        self.node
+            .propose_conf_change(self.context(token), cc)
+            .map_err(|e| match e {
+                raft::Error::ProposalDropped => QuorumError::NoLeader,
+                e => QuorumError::Raft(e),
+            })
+    }
+
+    /// A proposal's entry context: this node and its token.
+    fn context(&self, token: u64) -> Vec<u8> {
+        let mut context = Vec::with_capacity(16);
+        context.extend_from_slice(&self.id.to_le_bytes());
+        context.extend_from_slice(&token.to_le_bytes());
+        context
+    }
+
+    /// On the leader: the log end each learner is known to hold (raft's progress).
+    pub fn learner_log_ends(&self) -> Option<Vec<(u64, u64)>> {
+        if !self.is_leader() {
+            return None;
+        }
+        let learners = self.node.raft.prs().conf().learners();
+        let mut out: Vec<(u64, u64)> = self
+            .node
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| learners.contains(id))
+            .map(|(id, pr)| (*id, pr.matched))
+            .collect();
+        out.sort_unstable();
+        Some(out)
     }
 
     /// True while this voter started with nothing restored and has not yet caught up
@@ -310,11 +443,13 @@ impl Quorum {
             return None;
         }
         let last = self.node.raft.raft_log.last_index();
+        let learners = self.node.raft.prs().conf().learners();
         let mut out: Vec<(u64, u64)> = self
             .node
             .raft
             .prs()
             .iter()
+            .filter(|(id, _)| !learners.contains(id))
             .map(|(id, pr)| (*id, if *id == self.id { last } else { pr.matched }))
             .collect();
         out.sort_unstable();
@@ -356,6 +491,9 @@ impl Quorum {
             }
         }
         match msg.get_msg_type() {
+            MessageType::MsgAppend if self.awaiting_snapshot && msg.index == 0 => {
+                return Ok(()); // entries from index 1: see "Membership" in the module doc
+            }
             MessageType::MsgHeartbeat => {
                 let last = self.node.raft.raft_log.last_index();
                 if msg.commit > last && self.amnesiac {
@@ -378,6 +516,10 @@ impl Quorum {
             MessageType::MsgAppendResponse if msg.reject && self.is_leader() => {
                 let from = msg.from;
                 let hint = msg.reject_hint;
+                if hint == 0 && self.snapshot_index == 0 && self.applied > 0 {
+                    // A member with an empty log: it must start from a snapshot.
+                    self.snapshot_out = Some(self.take_snapshot());
+                }
                 if let Some(pr) = self.node.raft.mut_prs().get_mut(from) {
                     // (A delayed rejection from before the follower had caught up
                     // also reads so; the reset then only resends what it has.)
@@ -408,11 +550,8 @@ impl Quorum {
         if self.leader_id() == 0 {
             return Err(QuorumError::NoLeader);
         }
-        let mut context = Vec::with_capacity(16);
-        context.extend_from_slice(&self.id.to_le_bytes());
-        context.extend_from_slice(&token.to_le_bytes());
         self.node
-            .propose(context, cmd.encode())
+            .propose(self.context(token), cmd.encode())
             .map_err(|e| match e {
                 raft::Error::ProposalDropped => QuorumError::NoLeader,
                 e => QuorumError::Raft(e),
@@ -439,6 +578,7 @@ impl Quorum {
         self.snapshots_out = snapshot_targets(&out.send_now).collect();
         if !rd.snapshot().is_empty() {
             let s = rd.snapshot().clone();
+            self.awaiting_snapshot = false;
             let store = self.node.mut_store();
             store
                 .mem
@@ -518,6 +658,12 @@ impl Quorum {
         if self.applied >= self.snapshot_index + self.snapshot_every {
             out.snapshot = Some(self.take_snapshot());
         }
+        // One taken in `step` is handed out unless a newer one replaced it.
+        if let Some(s) = self.snapshot_out.take() {
+            if out.snapshot.is_none() && s.get_metadata().index == self.snapshot_index {
+                out.snapshot = Some(s);
+            }
+        }
         out
     }
 
@@ -531,13 +677,22 @@ impl Quorum {
                 continue;
             }
             self.applied = e.index;
-            if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
-                // The leader's empty entry of a new term; no conf changes are proposed.
-                continue;
-            }
             let token = (e.context.len() == 16
                 && u64::from_le_bytes(e.context[..8].try_into().unwrap()) == self.id)
                 .then(|| u64::from_le_bytes(e.context[8..].try_into().unwrap()));
+            if e.get_entry_type() != EntryType::EntryNormal {
+                let result = self.apply_membership(&e);
+                out.membership_changed |= result.is_ok();
+                out.commands.push(AppliedCommand {
+                    index: e.index,
+                    token,
+                    result,
+                });
+                continue;
+            }
+            if e.data.is_empty() {
+                continue; // the leader's empty entry of a new term
+            }
             let result = match Command::decode(&e.data) {
                 Ok(cmd) => self.state.apply(&cmd),
                 Err(err) => Err(cluster::ApplyError::InvalidRequest(format!(
@@ -552,6 +707,33 @@ impl Quorum {
                 result,
             });
         }
+    }
+
+    /// Applies a committed conf change entry to raft's configuration and the storage's
+    /// (which the next snapshot records). A change raft refuses is refused the same
+    /// way on every node (it depends only on the configuration before it).
+    fn apply_membership(&mut self, e: &Entry) -> Result<cluster::Applied, cluster::ApplyError> {
+        let refused = |why: String| {
+            cluster::ApplyError::InvalidRequest(format!("membership change {}: {why}", e.index))
+        };
+        let cc = if e.get_entry_type() == EntryType::EntryConfChange {
+            // Version 1 (never proposed here): one change, as its version 2.
+            let v1 = decode::<ConfChange>(&e.data).map_err(|err| refused(err.to_string()))?;
+            let mut single = ConfChangeSingle::default();
+            single.set_change_type(v1.get_change_type());
+            single.node_id = v1.node_id;
+            let mut cc = ConfChangeV2::default();
+            cc.set_changes(vec![single].into());
+            cc
+        } else {
+            decode::<ConfChangeV2>(&e.data).map_err(|err| refused(err.to_string()))?
+        };
+        let cs = self
+            .node
+            .apply_conf_change(&cc)
+            .map_err(|err| refused(err.to_string()))?;
+        self.node.mut_store().mem.wl().set_conf_state(cs);
+        Ok(cluster::Applied::Done)
     }
 
     /// Snapshots the state at the applied index and compacts the in-memory log.
@@ -636,6 +818,8 @@ mod tests {
         inflight: VecDeque<Message>,
         down: Vec<u64>,
         results: Vec<(u64, AppliedCommand)>,
+        /// The voters the cluster was born with.
+        bootstrap: Vec<u64>,
     }
 
     #[derive(Clone)]
@@ -658,7 +842,47 @@ mod tests {
                 inflight: VecDeque::new(),
                 down: Vec::new(),
                 results: Vec::new(),
+                bootstrap: voters,
             }
+        }
+
+        /// A node outside the bootstrap voters starts with an empty disk.
+        fn join(&mut self, id: u64) {
+            let q = Quorum::new(id, &self.bootstrap, Restored::default()).unwrap();
+            assert!(
+                q.members().voters.is_empty(),
+                "a joiner knows no configuration"
+            );
+            self.nodes.insert(id, q);
+            self.disks.insert(id, Vec::new());
+        }
+
+        fn ticks(&mut self, n: usize) {
+            for _ in 0..n {
+                for (id, q) in self.nodes.iter_mut() {
+                    if !self.down.contains(id) {
+                        q.tick();
+                    }
+                }
+                self.drive();
+            }
+        }
+
+        /// Proposes a membership change at the leader and drives it to be applied there.
+        fn change(&mut self, leader: u64, change: Membership) {
+            self.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose_membership(change, 99)
+                .unwrap();
+            self.drive();
+            self.ticks(HEARTBEAT_TICKS * 2);
+            let applied = self
+                .results
+                .iter()
+                .any(|(n, c)| *n == leader && c.token == Some(99) && c.result.is_ok());
+            assert!(applied, "{change:?} applied at the leader");
+            self.results.clear();
         }
 
         fn drive(&mut self) {
@@ -731,11 +955,19 @@ mod tests {
                     Record::Hs(h) => replay.hard_state(h),
                 }
             }
-            let voters: Vec<u64> = self.nodes.keys().copied().collect();
-            self.nodes
-                .insert(id, Quorum::new(id, &voters, replay.finish()).unwrap());
+            self.nodes.insert(
+                id,
+                Quorum::new(id, &self.bootstrap, replay.finish()).unwrap(),
+            );
             self.down.retain(|d| *d != id);
         }
+    }
+
+    /// The first log record written is a snapshot (hard states may come before).
+    fn starts_from_a_snapshot(disk: &[Record]) -> bool {
+        disk.iter()
+            .find(|r| !matches!(r, Record::Hs(_)))
+            .is_some_and(|r| matches!(r, Record::Snap(_)))
     }
 
     fn register(id: i32) -> Command {
@@ -745,6 +977,131 @@ mod tests {
             port: 9092,
             incarnation: 1,
         }
+    }
+
+    #[test]
+    fn a_node_joins_as_a_learner_from_a_snapshot_is_promoted_and_replaces_a_voter() {
+        let mut net = Net::new(3);
+        let leader = net.tick_until_leader();
+        for i in 0..10 {
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose(&register(10 + i), 0)
+                .unwrap();
+            net.drive();
+        }
+        net.join(4);
+        // Not in the configuration: nobody sends it anything.
+        net.ticks(20);
+        assert!(net.nodes[&4].state().brokers.is_empty());
+        net.change(leader, Membership::AddLearner(4));
+        net.ticks(HEARTBEAT_TICKS * 4);
+        let expect = net.nodes[&leader].state().brokers.clone();
+        assert_eq!(expect.len(), 10);
+        assert_eq!(
+            net.nodes[&4].state().brokers,
+            expect,
+            "the learner applies the log"
+        );
+        assert!(
+            starts_from_a_snapshot(&net.disks[&4]),
+            "a joiner starts from a snapshot, never from index 1"
+        );
+        let members = net.nodes[&4].members();
+        assert_eq!(
+            members.voters,
+            vec![1, 2, 3],
+            "the snapshot carried the voters"
+        );
+        assert_eq!(members.learners, vec![4]);
+        assert_eq!(net.nodes[&leader].learner_log_ends().unwrap().len(), 1);
+        // A learner never campaigns, even with the voters gone.
+        net.down.extend([1, 2, 3]);
+        net.ticks(ELECTION_TICKS * 5);
+        assert!(!net.nodes[&4].is_leader());
+        net.down.clear();
+        let leader = net.tick_until_leader();
+        assert!(matches!(
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose_membership(Membership::Promote(4), 1),
+            Ok(())
+        ));
+        assert!(matches!(
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose_membership(Membership::Remove(1), 2),
+            Err(QuorumError::MembershipChangePending)
+        ));
+        net.drive();
+        net.ticks(HEARTBEAT_TICKS * 2);
+        for q in net.nodes.values() {
+            assert_eq!(q.members().voters, vec![1, 2, 3, 4], "node {}", q.id());
+        }
+        // Replace voter 1 (its machine is dead): remove it, and 2 going down as well
+        // leaves 3 and 4, a majority of {2, 3, 4}.
+        net.down.push(1);
+        let leader = net.tick_until_leader();
+        net.change(leader, Membership::Remove(1));
+        net.down.push(2);
+        let leader = net.tick_until_leader();
+        assert!([3, 4].contains(&leader), "leader {leader}");
+        net.nodes
+            .get_mut(&leader)
+            .unwrap()
+            .propose(&register(42), 5)
+            .unwrap();
+        net.drive();
+        net.ticks(HEARTBEAT_TICKS * 2);
+        assert!(net.nodes[&3].state().brokers.contains_key(&42));
+        assert!(net.nodes[&4].state().brokers.contains_key(&42));
+        // Node 4 restarts from its journal: still a voter, same state.
+        net.restart(4);
+        net.ticks(ELECTION_TICKS * 3);
+        assert_eq!(net.nodes[&4].members().voters, vec![2, 3, 4]);
+        assert!(net.nodes[&4].state().brokers.contains_key(&42));
+        // Voter 1 comes back with its old journal (it missed its removal): the shell's
+        // leader adds it as a learner when it hears it, it learns of its removal and
+        // never leads, though it starts out believing it votes.
+        net.down.retain(|d| *d != 2);
+        net.restart(1);
+        let leader = net.tick_until_leader();
+        net.change(leader, Membership::AddLearner(1));
+        net.ticks(ELECTION_TICKS * 3);
+        let members = net.nodes[&1].members();
+        assert_eq!((members.voters, members.learners), (vec![2, 3, 4], vec![1]));
+        assert!(net.nodes[&1].state().brokers.contains_key(&42));
+        assert!(!net.nodes[&1].is_leader());
+    }
+
+    #[test]
+    fn a_learner_promoted_and_then_wiped_starts_again_from_a_snapshot() {
+        let mut net = Net::new(3);
+        let leader = net.tick_until_leader();
+        net.join(4);
+        net.change(leader, Membership::AddLearner(4));
+        net.change(leader, Membership::Promote(4));
+        for i in 0..5 {
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose(&register(10 + i), 0)
+                .unwrap();
+            net.drive();
+        }
+        net.ticks(HEARTBEAT_TICKS * 2);
+        // Its disk is wiped: with no snapshot it must not replay from index 1 (it would
+        // apply AddLearner(4), Promote(4) to an empty configuration: voters {4}).
+        net.disks.insert(4, Vec::new());
+        net.restart(4);
+        net.ticks(ELECTION_TICKS * 3);
+        let q = &net.nodes[&4];
+        assert_eq!(q.members().voters, vec![1, 2, 3, 4]);
+        assert_eq!(q.state().brokers.len(), 5);
+        assert!(starts_from_a_snapshot(&net.disks[&4]));
     }
 
     #[test]
@@ -1185,8 +1542,8 @@ mod tests {
             Err(QuorumError::NoLeader)
         ));
         assert!(matches!(
-            Quorum::new(4, &[1, 2, 3], Restored::default()),
-            Err(StartError::NotAVoter { id: 4, .. })
+            Quorum::new(0, &[1, 2, 3], Restored::default()),
+            Err(StartError::ZeroId)
         ));
     }
 

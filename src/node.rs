@@ -354,6 +354,7 @@ async fn run_shard(
             node_id: config.node_id,
             voters: config.controller_quorum.clone(),
             listen: config.controller_listen,
+            controller: config.controller_role,
             dir: config.data_dir.join(METADATA_DIR),
             tick: RAFT_TICK,
             heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),

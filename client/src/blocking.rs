@@ -55,6 +55,12 @@ impl Conn {
         Err(unreachable(last))
     }
 
+    /// How long a call waits for its answer from now on (a request the broker answers
+    /// only once something happened, as AddRaftVoter).
+    pub fn set_read_timeout(&mut self, timeout: std::time::Duration) {
+        self.s.set_read_timeout(Some(timeout)).ok();
+    }
+
     /// Sends `req` at `version` and decodes the response.
     pub fn call<R: Request>(&mut self, version: i16, req: &R) -> Result<R::Response> {
         self.correlation = self.correlation.wrapping_add(1);

@@ -68,8 +68,11 @@ pub const REGISTRY: &[ApiSpec] = &[
     // Moving replicas between brokers (KIP-455; v1: KIP-860's replication factor guard).
     spec(ApiKey::AlterPartitionReassignments, 0, 1),
     spec(ApiKey::ListPartitionReassignments, 0, 0),
-    // A stopped, emptied broker leaves the cluster (its controller voter stays one).
     spec(ApiKey::DescribeQuorum, 0, 1),
+    // Voters change one at a time while the quorum runs (KIP-853).
+    spec(ApiKey::AddRaftVoter, 0, 0),
+    spec(ApiKey::RemoveRaftVoter, 0, 0),
+    // A stopped, emptied broker leaves the cluster (a voter stays one: RemoveRaftVoter).
     spec(ApiKey::UnregisterBroker, 0, 0),
     spec(ApiKey::AlterConfigs, 0, 2),
     spec(ApiKey::IncrementalAlterConfigs, 0, 1),
@@ -332,6 +335,10 @@ mod tests {
             ApiKey::DescribeQuorum => RequestKind::DescribeQuorum(DescribeQuorumRequest::default()),
             ApiKey::UnregisterBroker => {
                 RequestKind::UnregisterBroker(UnregisterBrokerRequest::default())
+            }
+            ApiKey::AddRaftVoter => RequestKind::AddRaftVoter(AddRaftVoterRequest::default()),
+            ApiKey::RemoveRaftVoter => {
+                RequestKind::RemoveRaftVoter(RemoveRaftVoterRequest::default())
             }
             ApiKey::AlterConfigs => RequestKind::AlterConfigs(AlterConfigsRequest::default()),
             ApiKey::IncrementalAlterConfigs => {

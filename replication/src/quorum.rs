@@ -30,9 +30,10 @@
 //! A node that starts with neither the bootstrap configuration nor a snapshot must
 //! never replay the log from index 1: it would apply the changes since birth to an
 //! empty configuration and miss the bootstrap voters. So it takes no entries until a
-//! snapshot reached it, and a leader whose log still starts at index 1 takes a
-//! snapshot as soon as a member answers with an empty log (then raft-rs sends that
-//! snapshot instead of entries).
+//! snapshot reached it. A leader takes a snapshot when a member answers with an empty
+//! log and the last snapshot (if any) does not name it (raft-rs installs no snapshot
+//! whose configuration lacks the receiver): then raft-rs sends that snapshot, as the
+//! log it compacted no longer holds index 1.
 //!
 //! ## A voter that lost its log
 //!
@@ -250,8 +251,46 @@ fn snapshot_targets(msgs: &[Message]) -> impl Iterator<Item = u64> + '_ {
         .map(|m| m.to)
 }
 
+/// raft-rs' log lines as `tracing` events of target `raft` (debug, or warn for
+/// raft's warnings and errors): `RUST_LOG=raft=debug` shows elections, conf
+/// changes and rejected appends.
 fn logger() -> slog::Logger {
-    slog::Logger::root(slog::Discard, slog::o!())
+    slog::Logger::root(RaftLog, slog::o!())
+}
+
+struct RaftLog;
+
+impl slog::Drain for RaftLog {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record, values: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        let warn = record.level().is_at_least(slog::Level::Warning);
+        if !(warn && tracing::enabled!(target: "raft", tracing::Level::WARN))
+            && !tracing::enabled!(target: "raft", tracing::Level::DEBUG)
+        {
+            return Ok(());
+        }
+        let mut kv = KvText(String::new());
+        let _ = slog::KV::serialize(&record.kv(), record, &mut kv);
+        let _ = slog::KV::serialize(values, record, &mut kv);
+        if warn {
+            tracing::warn!(target: "raft", "{}{}", record.msg(), kv.0);
+        } else {
+            tracing::debug!(target: "raft", "{}{}", record.msg(), kv.0);
+        }
+        Ok(())
+    }
+}
+
+struct KvText(String);
+
+impl slog::Serializer for KvText {
+    fn emit_arguments(&mut self, key: slog::Key, val: &std::fmt::Arguments) -> slog::Result {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {key}={val}");
+        Ok(())
+    }
 }
 
 impl Quorum {
@@ -516,8 +555,9 @@ impl Quorum {
             MessageType::MsgAppendResponse if msg.reject && self.is_leader() => {
                 let from = msg.from;
                 let hint = msg.reject_hint;
-                if hint == 0 && self.snapshot_index == 0 && self.applied > 0 {
-                    // A member with an empty log: it must start from a snapshot.
+                if hint == 0 && self.applied > self.snapshot_index && !self.snapshot_holds(from) {
+                    // A member with an empty log must start from a snapshot, and
+                    // raft-rs installs none whose configuration lacks the receiver.
                     self.snapshot_out = Some(self.take_snapshot());
                 }
                 if let Some(pr) = self.node.raft.mut_prs().get_mut(from) {
@@ -707,6 +747,13 @@ impl Quorum {
                 result,
             });
         }
+    }
+
+    /// Whether the last snapshot exists and its configuration names `id`.
+    fn snapshot_holds(&self, id: u64) -> bool {
+        let snapshot = &self.node.store().snapshot;
+        let cs = snapshot.get_metadata().get_conf_state();
+        snapshot.get_metadata().index > 0 && (cs.voters.contains(&id) || cs.learners.contains(&id))
     }
 
     /// Applies a committed conf change entry to raft's configuration and the storage's
@@ -1015,7 +1062,14 @@ mod tests {
             "the snapshot carried the voters"
         );
         assert_eq!(members.learners, vec![4]);
-        assert_eq!(net.nodes[&leader].learner_log_ends().unwrap().len(), 1);
+        // A second joiner needs a newer snapshot: raft-rs installs none whose
+        // configuration lacks the receiver.
+        net.join(5);
+        net.change(leader, Membership::AddLearner(5));
+        net.ticks(HEARTBEAT_TICKS * 4);
+        assert_eq!(net.nodes[&5].state().brokers, expect);
+        assert!(starts_from_a_snapshot(&net.disks[&5]));
+        assert_eq!(net.nodes[&leader].learner_log_ends().unwrap().len(), 2);
         // A learner never campaigns, even with the voters gone.
         net.down.extend([1, 2, 3]);
         net.ticks(ELECTION_TICKS * 5);
@@ -1072,7 +1126,10 @@ mod tests {
         net.change(leader, Membership::AddLearner(1));
         net.ticks(ELECTION_TICKS * 3);
         let members = net.nodes[&1].members();
-        assert_eq!((members.voters, members.learners), (vec![2, 3, 4], vec![1]));
+        assert_eq!(
+            (members.voters, members.learners),
+            (vec![2, 3, 4], vec![1, 5])
+        );
         assert!(net.nodes[&1].state().brokers.contains_key(&42));
         assert!(!net.nodes[&1].is_leader());
     }

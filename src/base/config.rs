@@ -283,10 +283,17 @@ settings! {
     /// Tests only: a file of storage fault rules (`write eio PATH-PART` per line, see
     /// `sluice_storage::fault`), re-read while the broker runs [default: none].
     fault_rules: PathBuf, example = "faults.txt".into();
-    /// Metadata quorum listener, HOST:PORT [default: none; needed with more than one voter].
+    /// Metadata quorum listener, HOST:PORT [default: none; needed with more than one voter
+    /// and on a node that joins].
     controller_listen: String, example = "127.0.0.1:9192".into();
-    /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...` [default: this node alone].
+    /// The controller voters, `1@HOST:PORT,2@HOST:PORT,...`: those the cluster was born
+    /// with, the same on every node; a node not listed joins the quorum as a learner
+    /// through them [default: this node alone].
     controller_quorum: String, example = "1@127.0.0.1:9192".into();
+    /// This node's roles (process.roles): `broker,controller` (a voter, or one
+    /// AddRaftVoter may make a voter) or `broker` (never votes) [default:
+    /// broker,controller if --controller-quorum lists this node, else broker].
+    process_roles: String, example = "broker,controller".into();
     /// A broker whose heartbeats lapse this long is fenced (broker.session.timeout.ms).
     broker_session_timeout_ms: u64 = 9_000;
     /// How often a broker heartbeats to the controller (broker.heartbeat.interval.ms; at
@@ -433,8 +440,10 @@ pub struct BrokerConfig {
     pub fault_rules: Option<PathBuf>,
     /// The metadata quorum's listener (absent: a quorum of this node alone).
     pub controller_listen: Option<SocketAddr>,
-    /// The controller voters and their addresses (this node included).
+    /// The bootstrap voters and their addresses (this node among them unless it joins).
     pub controller_quorum: Vec<(i32, SocketAddr)>,
+    /// process.roles has `controller`: this node votes or may be made a voter.
+    pub controller_role: bool,
     /// broker.session.timeout.ms
     pub broker_session_timeout_ms: u64,
     /// broker.heartbeat.interval.ms
@@ -504,7 +513,7 @@ impl BrokerConfig {
         let settings_given = settings.given();
         let s = settings.with_defaults();
         check_group_settings(&s)?;
-        let (controller_listen, controller_quorum) = check_cluster_settings(&s)?;
+        let (controller_listen, controller_quorum, controller_role) = check_cluster_settings(&s)?;
         let listen: SocketAddr = s
             .listen
             .parse()
@@ -624,6 +633,7 @@ impl BrokerConfig {
             fault_rules: s.fault_rules,
             controller_listen,
             controller_quorum,
+            controller_role,
             broker_session_timeout_ms: s.broker_session_timeout_ms,
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
@@ -782,7 +792,7 @@ type Voters = Vec<(i32, SocketAddr)>;
 
 /// The metadata quorum and replication settings, validated together: the controller
 /// listener and the voters.
-fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), ConfigError> {
+fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters, bool), ConfigError> {
     let node_id = s.node_id;
     if node_id < 1 {
         return Err(bad_value("--node-id", node_id, "must be at least 1"));
@@ -802,16 +812,41 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), 
             vec![(node_id, addr)]
         }
     };
-    if !quorum.iter().any(|(id, _)| *id == node_id) {
+    let listed = quorum.iter().any(|(id, _)| *id == node_id);
+    let controller =
+        match s.process_roles.as_deref().map(str::trim) {
+            None => listed,
+            Some("broker,controller" | "controller,broker") => true,
+            Some("broker") => false,
+            Some("controller") => return Err(bad_value(
+                "--process-roles",
+                "controller",
+                "a controller without the broker role is not supported yet: use broker,controller",
+            )),
+            Some(other) => {
+                return Err(bad_value(
+                    "--process-roles",
+                    other,
+                    "expected broker or broker,controller",
+                ))
+            }
+        };
+    if listed && !controller {
         return Err(broken_rule(
-            "--controller-quorum",
-            format!("does not list this node (--node-id {node_id})"),
+            "--process-roles",
+            format!("broker alone, but --controller-quorum lists this node ({node_id}) as a voter"),
         ));
     }
-    if quorum.len() > 1 && listen.is_none() {
+    if (quorum.len() > 1 || !listed) && listen.is_none() {
         return Err(broken_rule(
             "--controller-listen",
-            "is required with more than one controller voter",
+            "is required with more than one controller voter, and on a node that joins",
+        ));
+    }
+    if !listed && listen.is_some_and(|l| l.ip().is_unspecified()) {
+        return Err(broken_rule(
+            "--controller-listen",
+            "must be an address the voters can reach on a node that joins (not 0.0.0.0)",
         ));
     }
     let (heartbeat, session) = (s.broker_heartbeat_interval_ms, s.broker_session_timeout_ms);
@@ -836,7 +871,7 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters), 
             "must be between 1 and 30000",
         ));
     }
-    Ok((listen, quorum))
+    Ok((listen, quorum, controller))
 }
 
 /// The group coordinator's settings, validated together (min <= max).
@@ -954,6 +989,32 @@ mod tests {
     }
 
     #[test]
+    fn a_node_outside_the_bootstrap_voters_joins_as_a_broker_unless_told_otherwise() {
+        let joiner = |roles: Option<&str>| {
+            let mut args = vec![
+                "--node-id",
+                "4",
+                "--controller-quorum",
+                "1@127.0.0.1:9192,2@127.0.0.1:9292",
+                "--controller-listen",
+                "127.0.0.1:9492",
+            ];
+            if let Some(r) = roles {
+                args.extend(["--process-roles", r]);
+            }
+            BrokerConfig::resolve(flags(&args), 2).unwrap()
+        };
+        assert!(!joiner(None).controller_role);
+        assert!(!joiner(Some("broker")).controller_role);
+        assert!(joiner(Some("broker,controller")).controller_role);
+        assert!(
+            BrokerConfig::resolve(Settings::default(), 2)
+                .unwrap()
+                .controller_role
+        );
+    }
+
+    #[test]
     fn every_setting_is_one_flag_and_one_key_with_its_help() {
         let cmd = Flags::command();
         let args: Vec<_> = cmd
@@ -1005,6 +1066,7 @@ mod tests {
             "--fault-rules=f",
             "--controller-listen=127.0.0.1:2",
             "--controller-quorum=2@127.0.0.1:2",
+            "--process-roles=broker,controller",
             "--broker-session-timeout-ms=1000",
             "--broker-heartbeat-interval-ms=100",
             "--replica-lag-time-max-ms=6",
@@ -1020,6 +1082,7 @@ mod tests {
         let s = flags(&every);
         let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
         assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
+        assert!(c.controller_role);
         assert_eq!(c.socket_request_max_bytes, 2048);
         assert!(!c.auto_leader_rebalance_enable);
         assert_eq!(c.replica_lag_time_max_ms, 6);
@@ -1220,9 +1283,26 @@ mod tests {
             ),
             (&["--controller-listen", "x"], "--controller-listen"),
             (
-                &["--controller-quorum", "2@127.0.0.1:1"],
+                &["--controller-quorum", "1@127.0.0.1:1,1@127.0.0.1:2"],
                 "--controller-quorum",
             ),
+            // A node that joins needs an address the voters can reach.
+            (
+                &["--controller-quorum", "2@127.0.0.1:1"],
+                "--controller-listen",
+            ),
+            (
+                &[
+                    "--controller-quorum",
+                    "2@127.0.0.1:1",
+                    "--controller-listen",
+                    "0.0.0.0:9193",
+                ],
+                "--controller-listen",
+            ),
+            (&["--process-roles", "broker"], "--process-roles"),
+            (&["--process-roles", "controller"], "--process-roles"),
+            (&["--process-roles", "voter"], "--process-roles"),
             (
                 &["--broker-heartbeat-interval-ms", "5000"],
                 "--broker-heartbeat-interval-ms",

@@ -154,6 +154,8 @@ shard_calls! {
     DescribeQuorum => describe_quorum -> Result<QuorumView, i32>;
     /// UnregisterBroker: a stopped broker that holds no replica leaves the cluster.
     Unregister => unregister -> Result<(), ApiError>;
+    /// AddRaftVoter / RemoveRaftVoter, on the controller leader's node.
+    ChangeVoters => change_voters -> Result<(), ApiError>;
     /// ListPartitionReassignments: the ongoing moves asked about.
     ListReassignments => list_reassignments -> Vec<OngoingReassignment>;
     /// A command from inside the broker (an ISR change from a partition leader).
@@ -577,6 +579,16 @@ pub struct QuorumView {
     pub high_watermark: i64,
     /// (voter id, replicated log end, last heard from in ms since the epoch or -1).
     pub voters: Vec<(i32, i64, i64)>,
+    /// The learners (KRaft's observers), as the voters.
+    pub observers: Vec<(i32, i64, i64)>,
+}
+
+/// AddRaftVoter (`add`) or RemoveRaftVoter of node `node`.
+pub struct ChangeVoters {
+    pub node: i32,
+    pub add: bool,
+    /// How long AddRaftVoter waits for the node to catch up.
+    pub timeout_ms: i32,
 }
 
 /// UnregisterBroker of broker `0`.

@@ -106,6 +106,22 @@ enum ClusterCommand {
     /// The metadata quorum as its leader sees it: leader, epoch, high watermark, each
     /// voter's log end, lag and last contact (DescribeQuorum).
     Quorum,
+    /// Makes a node that joined the metadata quorum as a learner (started with
+    /// --process-roles broker,controller, not in --controller-quorum) a voter, once it
+    /// has caught up (AddRaftVoter).
+    AddVoter {
+        #[arg(long)]
+        node: i32,
+        /// How long to wait for the node to catch up, in seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Takes a voter out of the metadata quorum (RemoveRaftVoter): a dead machine's,
+    /// or one a new voter replaces. A running node carries on as a learner.
+    RemoveVoter {
+        #[arg(long)]
+        node: i32,
+    },
     /// Takes a stopped broker that holds no replica out of the cluster
     /// (UnregisterBroker).
     Unregister {
@@ -216,6 +232,16 @@ pub fn run(args: ClusterArgs) -> Res<()> {
         }
         ClusterCommand::Quorum => {
             print!("{}", describe_quorum(&args.bootstrap_server)?);
+            Ok(())
+        }
+        ClusterCommand::AddVoter { node, timeout } => {
+            change_voter(&args.bootstrap_server, node, Some(timeout))?;
+            println!("node {node} is a voter");
+            Ok(())
+        }
+        ClusterCommand::RemoveVoter { node } => {
+            change_voter(&args.bootstrap_server, node, None)?;
+            println!("node {node} is no longer a voter");
             Ok(())
         }
         ClusterCommand::Unregister { broker } => {
@@ -516,43 +542,107 @@ fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
 }
 
 /// Asks the broker at `bootstrap`.
+/// AddRaftVoter (`timeout` given, in seconds) or RemoveRaftVoter of `node`, asked of
+/// the metadata quorum's leader (asked again if the leader moved meanwhile).
+fn change_voter(bootstrap: &str, node: i32, timeout: Option<u64>) -> Res<()> {
+    use kafka_protocol::messages::{AddRaftVoterRequest, RemoveRaftVoterRequest};
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let addr = quorum_leader(bootstrap)?;
+        let mut c = Conn::open(&addr, CLIENT_ID)?;
+        let versions = c.api_versions()?;
+        let (code, message) = match timeout {
+            Some(secs) => {
+                let v = versions
+                    .pick(ApiKey::AddRaftVoter, (0, 0))
+                    .ok_or("the broker does not serve AddRaftVoter")?;
+                let req = AddRaftVoterRequest::default()
+                    .with_voter_id(node)
+                    .with_timeout_ms((secs * 1000).min(i32::MAX as u64) as i32);
+                c.set_read_timeout(Duration::from_secs(secs + 10));
+                let r = c.call(v, &req)?;
+                (r.error_code, r.error_message)
+            }
+            None => {
+                let v = versions
+                    .pick(ApiKey::RemoveRaftVoter, (0, 0))
+                    .ok_or("the broker does not serve RemoveRaftVoter")?;
+                let r = c.call(v, &RemoveRaftVoterRequest::default().with_voter_id(node))?;
+                (r.error_code, r.error_message)
+            }
+        };
+        let not_leader = kafka_protocol::error::ResponseError::NotLeaderOrFollower.code();
+        if code == not_leader && attempts < 5 {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        if code != 0 {
+            let name = if timeout.is_some() {
+                "AddRaftVoter"
+            } else {
+                "RemoveRaftVoter"
+            };
+            return Err(format!(
+                "{name}: {}{}",
+                error_name(code),
+                message
+                    .map(|m| format!(": {}", m.as_str()))
+                    .unwrap_or_default()
+            ));
+        }
+        return Ok(());
+    }
+}
+
+/// The Kafka address of the node leading the metadata quorum.
+fn quorum_leader(bootstrap: &str) -> Res<String> {
+    let p = ask_quorum(bootstrap)?;
+    if p.leader_id.0 < 0 {
+        return Err("no metadata quorum leader is known; retry".into());
+    }
+    let view = fetch(bootstrap)?;
+    view.brokers
+        .iter()
+        .find(|b| b.id == p.leader_id.0)
+        .map(|b| format!("{}:{}", b.host, b.port))
+        .ok_or(format!(
+            "the quorum's leader {} is not in the metadata",
+            p.leader_id.0
+        ))
+}
+
+/// DescribeQuorum of `__cluster_metadata` partition 0, asked of `addr`.
+fn ask_quorum(
+    addr: &str,
+) -> Res<kafka_protocol::messages::describe_quorum_response::PartitionData> {
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    use kafka_protocol::messages::DescribeQuorumRequest;
+    let mut c = Conn::open(addr, CLIENT_ID)?;
+    let v = c
+        .api_versions()?
+        .pick(ApiKey::DescribeQuorum, (0, 1))
+        .ok_or("the broker does not serve DescribeQuorum")?;
+    let req = DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+        .with_topic_name(kafka_protocol::messages::TopicName(
+            "__cluster_metadata".to_string().into(),
+        ))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    let r = c.call(v, &req)?;
+    code_err("DescribeQuorum", r.error_code)?;
+    r.topics
+        .into_iter()
+        .flat_map(|t| t.partitions)
+        .next()
+        .ok_or_else(|| "DescribeQuorum answered no partition".to_string())
+}
+
 /// `sluice cluster quorum`: DescribeQuorum, asked of the leader (found through the
 /// bootstrap broker's answer), as text.
 pub fn describe_quorum(bootstrap: &str) -> Res<String> {
-    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
-    use kafka_protocol::messages::DescribeQuorumRequest;
-    let ask =
-        |addr: &str| -> Res<kafka_protocol::messages::describe_quorum_response::PartitionData> {
-            let mut c = Conn::open(addr, CLIENT_ID)?;
-            let v = c
-                .api_versions()?
-                .pick(ApiKey::DescribeQuorum, (0, 1))
-                .ok_or("the broker does not serve DescribeQuorum")?;
-            let req = DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
-                .with_topic_name(kafka_protocol::messages::TopicName(
-                    "__cluster_metadata".to_string().into(),
-                ))
-                .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
-            let r = c.call(v, &req)?;
-            code_err("DescribeQuorum", r.error_code)?;
-            r.topics
-                .into_iter()
-                .flat_map(|t| t.partitions)
-                .next()
-                .ok_or_else(|| "DescribeQuorum answered no partition".to_string())
-        };
-    let mut p = ask(bootstrap)?;
+    let mut p = ask_quorum(bootstrap)?;
     if p.error_code != 0 && p.leader_id.0 >= 0 {
-        let view = fetch(bootstrap)?;
-        let leader = view
-            .brokers
-            .iter()
-            .find(|b| b.id == p.leader_id.0)
-            .ok_or(format!(
-                "the quorum's leader {} is not in the metadata",
-                p.leader_id.0
-            ))?;
-        p = ask(&format!("{}:{}", leader.host, leader.port))?;
+        p = ask_quorum(&quorum_leader(bootstrap)?)?;
     }
     code_err("DescribeQuorum", p.error_code)?;
     let now = std::time::SystemTime::now()
@@ -562,7 +652,8 @@ pub fn describe_quorum(bootstrap: &str) -> Res<String> {
         "Metadata quorum: leader {}, epoch {}, high watermark {}\n",
         p.leader_id.0, p.leader_epoch, p.high_watermark
     );
-    for v in &p.current_voters {
+    let voters = p.current_voters.iter().map(|v| ("voter", v));
+    for (role, v) in voters.chain(p.observers.iter().map(|v| ("observer", v))) {
         let lag = (p.high_watermark - v.log_end_offset).max(0);
         let heard = if v.replica_id == p.leader_id {
             "(leader)".to_string()
@@ -575,7 +666,7 @@ pub fn describe_quorum(bootstrap: &str) -> Res<String> {
             )
         };
         out.push_str(&format!(
-            "  voter {}: log end {} (lag {lag}), {heard}\n",
+            "  {role} {}: log end {} (lag {lag}), {heard}\n",
             v.replica_id.0, v.log_end_offset
         ));
     }

@@ -18,8 +18,27 @@
 //!
 //! Wire format on the controller port: frames `[len u32 BE][kind u8][payload]`; kind 1
 //! is a raft message (protobuf), kind 2 a broker heartbeat `[node i32 LE][incarnation
-//! u64 LE]`. Each node keeps one outbound connection per peer; inbound connections only
-//! receive. A message that cannot be sent is dropped (raft retransmits).
+//! u64 LE]`, kind 3 a hello (below). Each node keeps one outbound connection per peer;
+//! inbound connections only receive. A message that cannot be sent is dropped (raft
+//! retransmits).
+//!
+//! ## Nodes that join
+//!
+//! The voters named in `--controller-quorum` are the cluster's bootstrap voters, their
+//! addresses known to all from the flag. Any other node (a broker-only node, or a
+//! controller waiting to be made a voter) announces itself: every heartbeat interval
+//! it sends a *hello* to every peer it knows — entries `[id i32 LE][flags u8][len
+//! u8][controller address]`, the sender first (bit 0 of flags: it has the controller
+//! role), then every other joined node it knows, so a joiner also learns of voters that
+//! joined after the flag was written. A node that knows of any joined node sends hellos
+//! too (a cluster of bootstrap voters alone sends none, as builds before this one). The
+//! controller leader adds every node it hears from (hello or broker heartbeat) and
+//! whose address it knows, but which is not in the quorum's configuration, as a raft
+//! learner; it receives the log from then on. A learner not heard from for three
+//! session timeouts is removed (it is added again when it returns). AddRaftVoter
+//! promotes a caught-up learner with the controller role; RemoveRaftVoter removes a
+//! voter (after handing the leadership over if it is the leader's own), which then
+//! carries on as a learner while it runs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -37,7 +56,7 @@ use kafka_protocol::error::ResponseError;
 use sluice_replication::cluster::{Applied, ApplyError, ClusterState, Command, ProducerIdBlock};
 
 use crate::base::rpc::QuorumView;
-use sluice_replication::quorum::{self, Persist, Quorum, Replay};
+use sluice_replication::quorum::{self, Membership, Persist, Quorum, Replay};
 use sluice_replication::raft;
 use sluice_storage::journal::Journal;
 
@@ -77,6 +96,9 @@ pub enum QuorumIoError {
 
 const KIND_RAFT: u8 = 1;
 const KIND_HEARTBEAT: u8 = 2;
+const KIND_HELLO: u8 = 3;
+/// Hello flags: the node has the controller role (may become a voter).
+const HELLO_CONTROLLER: u8 = 1;
 const JOURNAL_ENTRY: u8 = 1;
 const JOURNAL_HARD_STATE: u8 = 2;
 const JOURNAL_SNAPSHOT: u8 = 3;
@@ -90,9 +112,13 @@ const PREFERRED_CHECK: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct QuorumConfig {
     pub node_id: i32,
-    /// Every voter with its controller address (this node included).
+    /// The bootstrap voters with their controller addresses (`--controller-quorum`;
+    /// this node is among them unless it joins).
     pub voters: Vec<(i32, SocketAddr)>,
     pub listen: Option<SocketAddr>,
+    /// This node has the controller role (`--process-roles`): a voter, or a learner
+    /// that AddRaftVoter may promote.
+    pub controller: bool,
     pub dir: PathBuf,
     /// One raft tick.
     pub tick: Duration,
@@ -110,6 +136,21 @@ pub struct QuorumConfig {
     pub auto_leader_rebalance: bool,
 }
 
+/// One peer's controller address and the queue of its connection.
+struct Peer {
+    addr: SocketAddr,
+    queue: Rc<PeerQueue>,
+}
+
+/// A node outside the bootstrap voters.
+#[derive(Debug, Clone, Copy)]
+struct Joined {
+    addr: SocketAddr,
+    controller: bool,
+    /// When its own hello last arrived here (`None`: only relayed by others).
+    heard: Option<Instant>,
+}
+
 /// Proposals of this node waiting to be applied here, by token, each for one type of
 /// result, with the state version after it.
 type Waiters<T> = RefCell<HashMap<u64, LocalSender<(Result<T, ApplyError>, u64)>>>;
@@ -122,7 +163,10 @@ pub struct QuorumNode {
     /// Entries after the last snapshot, mirrored for journal compaction.
     tail: RefCell<Vec<raft::prelude::Entry>>,
     hard_state: RefCell<raft::prelude::HardState>,
-    peers: RefCell<HashMap<u64, Rc<PeerQueue>>>,
+    peers: RefCell<HashMap<u64, Peer>>,
+    /// Nodes outside the bootstrap voters (this one included if it is), as hellos
+    /// announced them.
+    joined: RefCell<HashMap<i32, Joined>>,
     waiters: Waiters<Applied>,
     /// Proposals of `AllocateProducerIds`, answered with the block itself.
     block_waiters: Waiters<ProducerIdBlock>,
@@ -138,6 +182,8 @@ pub struct QuorumNode {
     /// This broker is in controlled shutdown: it heartbeats no more.
     stopping: Cell<bool>,
     was_leader: Cell<bool>,
+    /// When this node last became the controller leader.
+    leader_since: Cell<Instant>,
     last_leader: Cell<u64>,
     /// Fires when the state or the leader changed (for the image publisher).
     pub changed: Event,
@@ -192,11 +238,14 @@ impl QuorumNode {
         let restored = replay.finish();
         let tail = restored.entries.clone();
         let voters: Vec<u64> = cfg.voters.iter().map(|(id, _)| *id as u64).collect();
+        let bootstrap_voter = voters.contains(&(cfg.node_id as u64));
         let mut q = Quorum::new(cfg.node_id as u64, &voters, restored)?;
-        if q.amnesiac() {
+        if !bootstrap_voter && q.members().learners.is_empty() && q.members().voters.is_empty() {
+            tracing::info!(voters = ?cfg.voters, "not a bootstrap voter: joining the metadata quorum as a learner");
+        } else if q.amnesiac() {
             tracing::info!("no metadata log here yet (a new cluster, or a lost disk): this voter votes only for candidates with none either until it has caught up with a leader");
         }
-        if voters.len() == 1 {
+        if voters.len() == 1 && bootstrap_voter {
             // A quorum of one need not wait an election timeout to lead.
             q.campaign();
         }
@@ -212,6 +261,7 @@ impl QuorumNode {
             tail: RefCell::new(tail),
             hard_state: RefCell::new(hard_state),
             peers: RefCell::new(HashMap::new()),
+            joined: RefCell::new(HashMap::new()),
             waiters: RefCell::new(HashMap::new()),
             block_waiters: RefCell::new(HashMap::new()),
             // Tokens of an earlier process may be replayed from the log: start this
@@ -223,17 +273,25 @@ impl QuorumNode {
             stopping: Cell::new(false),
             proposing: RefCell::new(HashSet::new()),
             was_leader: Cell::new(false),
+            leader_since: Cell::new(Instant::now()),
             last_leader: Cell::new(0),
             changed: Event::new(),
             change_count: Cell::new(0),
             cfg,
         });
         for (id, addr) in node.cfg.voters.clone() {
-            if id != node.cfg.node_id {
-                let q = Rc::new(PeerQueue::default());
-                node.peers.borrow_mut().insert(id as u64, q.clone());
-                glommio::spawn_local(peer_sender(Rc::downgrade(&node), id as u64, addr, q))
-                    .detach();
+            node.learn_peer(id, addr);
+        }
+        if !bootstrap_voter {
+            if let Some(addr) = node.cfg.listen {
+                node.joined.borrow_mut().insert(
+                    node.cfg.node_id,
+                    Joined {
+                        addr,
+                        controller: node.cfg.controller,
+                        heard: None,
+                    },
+                );
             }
         }
         if let Some(listen) = node.cfg.listen {
@@ -268,33 +326,35 @@ impl QuorumNode {
     }
 
     /// DescribeQuorum: the leader's view (this node must lead; else `None`): term,
-    /// high watermark (commit index) and per voter its replicated log end and when
-    /// this controller last heard from it (ms since the epoch; its broker heartbeats).
+    /// high watermark (commit index) and per voter and per learner (observer) its
+    /// replicated log end and when this controller last heard from it (ms since the
+    /// epoch; its broker heartbeats or hellos).
     pub fn describe(&self) -> Option<QuorumView> {
         let q = self.quorum.borrow();
         let ends = q.voter_log_ends()?;
+        let learners = q.learner_log_ends().unwrap_or_default();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let seen = self.last_seen.borrow();
-        let voters = ends
-            .into_iter()
-            .map(|(id, end)| {
-                let id = id as i32;
-                let heard = if id == self.cfg.node_id {
-                    Some(now)
-                } else {
-                    seen.get(&id)
-                        .map(|(at, _)| now - at.elapsed().as_millis() as i64)
-                };
-                (id, end as i64, heard.unwrap_or(-1))
-            })
-            .collect();
+        let joined = self.joined.borrow();
+        let row = |(id, end): (u64, u64)| {
+            let id = id as i32;
+            let heard = if id == self.cfg.node_id {
+                Some(Instant::now())
+            } else {
+                let beat = seen.get(&id).map(|(at, _)| *at);
+                beat.max(joined.get(&id).and_then(|j| j.heard))
+            };
+            let heard = heard.map(|at| now - at.elapsed().as_millis() as i64);
+            (id, end as i64, heard.unwrap_or(-1))
+        };
         Some(QuorumView {
             leader: self.cfg.node_id,
             term: q.term() as i32,
             high_watermark: q.commit_index() as i64,
-            voters,
+            voters: ends.into_iter().map(row).collect(),
+            observers: learners.into_iter().map(row).collect(),
         })
     }
 
@@ -327,12 +387,287 @@ impl QuorumNode {
         frame.push(KIND_HEARTBEAT);
         frame.extend_from_slice(&self.cfg.node_id.to_le_bytes());
         frame.extend_from_slice(&self.incarnation.to_le_bytes());
-        for q in self.peers.borrow().values() {
-            q.push(frame.clone());
+        for p in self.peers.borrow().values() {
+            p.queue.push(frame.clone());
         }
         self.last_seen
             .borrow_mut()
             .insert(self.cfg.node_id, (Instant::now(), self.incarnation));
+    }
+
+    /// Sends to `id` at `addr` from now on (a new connection if the address changed).
+    fn learn_peer(self: &Rc<Self>, id: i32, addr: SocketAddr) {
+        if id == self.cfg.node_id {
+            return;
+        }
+        let mut peers = self.peers.borrow_mut();
+        if peers.get(&(id as u64)).is_some_and(|p| p.addr == addr) {
+            return;
+        }
+        let queue = Rc::new(PeerQueue::default());
+        if let Some(old) = peers.insert(
+            id as u64,
+            Peer {
+                addr,
+                queue: queue.clone(),
+            },
+        ) {
+            tracing::info!(node = id, from = %old.addr, to = %addr, "controller peer moved");
+            old.queue.close();
+        }
+        glommio::spawn_local(peer_sender(Rc::downgrade(self), id as u64, addr, queue)).detach();
+    }
+
+    /// Sends a hello to every peer if any node outside the bootstrap voters is known
+    /// (see "Nodes that join" in the module doc).
+    fn send_hello(&self) {
+        let joined = self.joined.borrow();
+        if joined.is_empty() {
+            return;
+        }
+        let me = self.cfg.node_id;
+        let mut payload = Vec::new();
+        let entries = joined.get(&me).map(|j| (me, j)).into_iter().chain(
+            joined
+                .iter()
+                .filter(|(id, _)| **id != me)
+                .map(|(id, j)| (*id, j)),
+        );
+        let mut first = true;
+        for (id, j) in entries {
+            if first && id != me {
+                // A bootstrap voter relaying: its own entry first, address from the flag.
+                let addr = self
+                    .cfg
+                    .voters
+                    .iter()
+                    .find(|(v, _)| *v == me)
+                    .map(|(_, a)| *a)
+                    .or(self.cfg.listen);
+                let Some(addr) = addr else { return };
+                push_hello_entry(&mut payload, me, self.cfg.controller, addr);
+            }
+            first = false;
+            push_hello_entry(&mut payload, id, j.controller, j.addr);
+        }
+        let mut frame = Vec::with_capacity(payload.len() + 5);
+        frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
+        frame.push(KIND_HELLO);
+        frame.extend_from_slice(&payload);
+        for p in self.peers.borrow().values() {
+            p.queue.push(frame.clone());
+        }
+    }
+
+    /// A hello: the sender's entry is its own word, the others fill in nodes not known
+    /// here yet. Bootstrap voters keep the addresses of the flag.
+    fn on_hello(self: &Rc<Self>, payload: &[u8]) -> Result<(), QuorumIoError> {
+        let entries = parse_hello(payload).ok_or(QuorumIoError::UnknownFrame(KIND_HELLO))?;
+        let now = Instant::now();
+        for (i, (id, controller, addr)) in entries.into_iter().enumerate() {
+            if id == self.cfg.node_id || self.cfg.voters.iter().any(|(v, _)| *v == id) {
+                continue;
+            }
+            let direct = i == 0;
+            let mut joined = self.joined.borrow_mut();
+            match joined.get_mut(&id) {
+                Some(j) if direct => {
+                    j.addr = addr;
+                    j.controller = controller;
+                    j.heard = Some(now);
+                }
+                Some(_) => continue,
+                None => {
+                    joined.insert(
+                        id,
+                        Joined {
+                            addr,
+                            controller,
+                            heard: direct.then_some(now),
+                        },
+                    );
+                }
+            }
+            drop(joined);
+            self.learn_peer(id, addr);
+        }
+        Ok(())
+    }
+
+    /// The leader's membership duties: a node heard from but outside the configuration
+    /// becomes a learner; a learner silent for three session timeouts is removed. One
+    /// change at a time.
+    fn membership_upkeep(self: &Rc<Self>) {
+        let (members, pending) = {
+            let q = self.quorum.borrow();
+            (q.members(), q.membership_change_pending())
+        };
+        if pending || self.proposing.borrow().iter().any(|(id, _)| *id < 0) {
+            return;
+        }
+        let now = Instant::now();
+        let session = self.cfg.session_timeout;
+        let heard = |id: i32| -> Option<Instant> {
+            let hello = self.joined.borrow().get(&id).and_then(|j| j.heard);
+            let beat = self.last_seen.borrow().get(&id).map(|(t, _)| *t);
+            hello.max(beat)
+        };
+        let member = |id: i32| {
+            members.voters.contains(&(id as u64)) || members.learners.contains(&(id as u64))
+        };
+        let reachable: Vec<i32> = self.peers.borrow().keys().map(|id| *id as i32).collect();
+        let join = reachable
+            .into_iter()
+            .filter(|id| !member(*id))
+            .find(|id| heard(*id).is_some_and(|t| now.duration_since(t) < session));
+        let change = if let Some(id) = join {
+            tracing::info!(
+                node = id,
+                "adding a node to the metadata quorum as a learner"
+            );
+            Some((id, Membership::AddLearner(id as u64)))
+        } else {
+            members
+                .learners
+                .iter()
+                .map(|id| *id as i32)
+                .find(|id| {
+                    let since = heard(*id).unwrap_or(self.leader_since.get());
+                    now.duration_since(since.max(self.leader_since.get())) > session * 3
+                })
+                .map(|id| {
+                    tracing::info!(
+                        node = id,
+                        "removing a silent learner from the metadata quorum"
+                    );
+                    (id, Membership::Remove(id as u64))
+                })
+        };
+        let Some((id, change)) = change else { return };
+        // Keyed by the negated id so a fence/unfence proposal of the broker does not
+        // block it.
+        self.proposing.borrow_mut().insert((-id, true));
+        let node = self.clone();
+        glommio::spawn_local(async move {
+            if let Err(e) = node.change_membership(change, session).await {
+                tracing::debug!(error = %e, ?change, "membership change failed");
+            }
+            node.proposing.borrow_mut().remove(&(-id, true));
+        })
+        .detach();
+    }
+
+    /// Proposes a membership change and waits until it is applied here.
+    async fn change_membership(
+        self: &Rc<Self>,
+        change: Membership,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
+        self.submit(timeout, &self.waiters, |q, token| {
+            q.propose_membership(change, token)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// AddRaftVoter on the controller leader: promotes learner `id`, which must have
+    /// the controller role and hold the committed log, waiting up to `timeout` for it
+    /// to catch up.
+    pub async fn add_voter(self: &Rc<Self>, id: i32, timeout: Duration) -> Result<(), ApiError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (members, caught_up, leader) = {
+                let q = self.quorum.borrow();
+                let commit = q.commit_index();
+                let caught_up = q
+                    .learner_log_ends()
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|&(l, end)| l == id as u64 && end >= commit);
+                (q.members(), caught_up, q.is_leader())
+            };
+            if !leader {
+                return Err(not_leader(self.leader_id()));
+            }
+            if members.voters.contains(&(id as u64)) {
+                return Err(ApiError::with(
+                    ResponseError::DuplicateVoter,
+                    format!("node {id} is already a voter"),
+                ));
+            }
+            let controller = self.joined.borrow().get(&id).map(|j| j.controller);
+            match controller {
+                Some(false) => {
+                    return Err(ApiError::with(
+                        ResponseError::InvalidRequest,
+                        format!("node {id} runs without the controller role (--process-roles broker): it cannot vote"),
+                    ))
+                }
+                None if !members.learners.contains(&(id as u64)) => {
+                    return Err(ApiError::with(
+                        ResponseError::InvalidRequest,
+                        format!("node {id} has not joined the metadata quorum: start it with --node-id {id} --process-roles broker,controller --controller-quorum naming the voters, then ask again"),
+                    ))
+                }
+                _ => {}
+            }
+            if caught_up && members.learners.contains(&(id as u64)) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(ApiError::with(
+                    ResponseError::RequestTimedOut,
+                    format!("node {id} has not caught up with the metadata log yet"),
+                ));
+            }
+            glommio::timer::sleep(self.cfg.tick).await;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.change_membership(Membership::Promote(id as u64), left.max(self.cfg.tick * 20))
+            .await?;
+        tracing::info!(node = id, "node promoted to voter of the metadata quorum");
+        Ok(())
+    }
+
+    /// RemoveRaftVoter on the controller leader: voter `id` leaves the voters. The
+    /// leader removing itself first hands its role to another voter, then proposes
+    /// the removal through it.
+    pub async fn remove_voter(self: &Rc<Self>, id: i32, timeout: Duration) -> Result<(), ApiError> {
+        let (members, leader) = {
+            let q = self.quorum.borrow();
+            (q.members(), q.is_leader())
+        };
+        if !leader {
+            return Err(not_leader(self.leader_id()));
+        }
+        if !members.voters.contains(&(id as u64)) {
+            return Err(ApiError::with(
+                ResponseError::VoterNotFound,
+                format!("node {id} is not a voter"),
+            ));
+        }
+        if members.voters.len() == 1 {
+            return Err(ApiError::with(
+                ResponseError::InvalidRequest,
+                format!("node {id} is the only voter"),
+            ));
+        }
+        if id == self.cfg.node_id {
+            self.hand_over_leadership(timeout).await;
+            if self.quorum.borrow().is_leader() {
+                return Err(ApiError::with(
+                    ResponseError::RequestTimedOut,
+                    "the controller leader could not hand its role over before leaving the voters",
+                ));
+            }
+        }
+        self.change_membership(Membership::Remove(id as u64), timeout)
+            .await?;
+        tracing::info!(
+            node = id,
+            "node removed from the voters of the metadata quorum"
+        );
+        Ok(())
     }
 
     /// Controlled shutdown: moves this broker's leaderships to other in-sync replicas
@@ -386,7 +721,14 @@ impl QuorumNode {
         if !self.quorum.borrow().is_leader() {
             return;
         }
-        let voters: Vec<i32> = self.peers.borrow().keys().map(|id| *id as i32).collect();
+        let voters: Vec<i32> = self
+            .quorum
+            .borrow()
+            .members()
+            .voters
+            .iter()
+            .map(|id| *id as i32)
+            .collect();
         let Some(to) = self.with_state(|s| {
             voters
                 .into_iter()
@@ -457,6 +799,18 @@ impl QuorumNode {
         timeout: Duration,
         waiters: &Waiters<T>,
     ) -> Result<(T, u64), ApiError> {
+        self.submit(timeout, waiters, |q, token| q.propose(cmd, token))
+            .await
+    }
+
+    /// Proposes with `submit` until applied here (a retry keeps the token), while no
+    /// leader is known or a membership change is pending, up to `timeout`.
+    async fn submit<T>(
+        &self,
+        timeout: Duration,
+        waiters: &Waiters<T>,
+        submit: impl Fn(&mut Quorum, u64) -> Result<(), quorum::QuorumError>,
+    ) -> Result<(T, u64), ApiError> {
         let deadline = Instant::now() + timeout;
         // One token for every copy: if an earlier copy commits after all, its result is
         // the one this call returns (a later copy's refusal must not hide it).
@@ -465,7 +819,7 @@ impl QuorumNode {
         loop {
             let (tx, rx) = local_channel::new_bounded(1);
             waiters.borrow_mut().insert(token, tx);
-            let proposed = self.quorum.borrow_mut().propose(cmd, token);
+            let proposed = submit(&mut self.quorum.borrow_mut(), token);
             match proposed {
                 Ok(()) => {
                     self.drive().await;
@@ -484,7 +838,9 @@ impl QuorumNode {
                         _ => {}
                     }
                 }
-                Err(quorum::QuorumError::NoLeader) => {
+                Err(
+                    quorum::QuorumError::NoLeader | quorum::QuorumError::MembershipChangePending,
+                ) => {
                     waiters.borrow_mut().remove(&token);
                     glommio::timer::sleep(self.cfg.tick).await;
                 }
@@ -513,8 +869,8 @@ impl QuorumNode {
             frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
             frame.push(KIND_RAFT);
             frame.extend_from_slice(&payload);
-            if let Some(q) = self.peers.borrow().get(&to) {
-                q.push(frame);
+            if let Some(p) = self.peers.borrow().get(&to) {
+                p.queue.push(frame);
             }
         }
     }
@@ -658,6 +1014,7 @@ impl QuorumNode {
             // forgets when it saw brokers fenced in an earlier term (a broker may have been
             // unfenced and fenced again meanwhile).
             self.was_leader.set(true);
+            self.leader_since.set(now);
             self.fenced_since.borrow_mut().clear();
             // Only live brokers: a fenced one must prove itself with a heartbeat.
             let live: Vec<(i32, u64)> = self.with_state(|s| {
@@ -708,6 +1065,7 @@ impl QuorumNode {
                 self.spawn_propose(Command::UnfenceBroker { id }, Some((id, false)));
             }
         }
+        self.membership_upkeep();
         if self.cfg.auto_leader_rebalance && now.duration_since(*last_preferred) >= PREFERRED_CHECK
         {
             *last_preferred = now;
@@ -735,7 +1093,7 @@ impl QuorumNode {
         .detach();
     }
 
-    fn on_frame(&self, kind: u8, payload: &[u8]) -> Result<(), QuorumIoError> {
+    fn on_frame(self: &Rc<Self>, kind: u8, payload: &[u8]) -> Result<(), QuorumIoError> {
         match kind {
             KIND_RAFT => {
                 let m = quorum::decode::<raft::prelude::Message>(payload)
@@ -757,9 +1115,43 @@ impl QuorumNode {
                     .insert(id, (Instant::now(), incarnation));
                 Ok(())
             }
+            KIND_HELLO => self.on_hello(payload),
             k => Err(QuorumIoError::UnknownFrame(k)),
         }
     }
+}
+
+/// NOT_LEADER_OR_FOLLOWER naming the controller leader.
+fn not_leader(leader: i32) -> ApiError {
+    ApiError::with(
+        ResponseError::NotLeaderOrFollower,
+        format!("this node does not lead the metadata quorum; the leader is {leader}"),
+    )
+}
+
+fn push_hello_entry(out: &mut Vec<u8>, id: i32, controller: bool, addr: SocketAddr) {
+    let text = addr.to_string();
+    out.extend_from_slice(&id.to_le_bytes());
+    out.push(if controller { HELLO_CONTROLLER } else { 0 });
+    out.push(text.len() as u8);
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// A hello's entries, `None` if it is malformed.
+fn parse_hello(mut b: &[u8]) -> Option<Vec<(i32, bool, SocketAddr)>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        if b.len() < 6 {
+            return None;
+        }
+        let id = i32::from_le_bytes(b[..4].try_into().ok()?);
+        let controller = b[4] & HELLO_CONTROLLER != 0;
+        let len = b[5] as usize;
+        let text = std::str::from_utf8(b.get(6..6 + len)?).ok()?;
+        out.push((id, controller, text.parse().ok()?));
+        b = &b[6 + len..];
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 async fn ticker(node: std::rc::Weak<QuorumNode>) {
@@ -780,6 +1172,7 @@ async fn heartbeater(node: std::rc::Weak<QuorumNode>) {
         let Some(n) = node.upgrade() else { return };
         let interval = n.cfg.heartbeat_interval;
         n.send_heartbeat();
+        n.send_hello();
         drop(n);
         glommio::timer::sleep(interval).await;
     }
@@ -851,6 +1244,8 @@ async fn register_self(node: std::rc::Weak<QuorumNode>) {
 struct PeerQueue {
     frames: RefCell<std::collections::VecDeque<Vec<u8>>>,
     ready: Event,
+    /// The peer moved to another address: its sender stops.
+    closed: Cell<bool>,
 }
 
 impl PeerQueue {
@@ -869,14 +1264,23 @@ impl PeerQueue {
         self.frames.borrow_mut().pop_front()
     }
 
-    async fn pop(&self) -> Vec<u8> {
+    /// The next frame, `None` once the queue is closed.
+    async fn pop(&self) -> Option<Vec<u8>> {
         loop {
             let listener = self.ready.listen();
+            if self.closed.get() {
+                return None;
+            }
             if let Some(f) = self.try_pop() {
-                return f;
+                return Some(f);
             }
             listener.await;
         }
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.ready.notify(usize::MAX);
     }
 }
 
@@ -888,7 +1292,7 @@ async fn peer_sender(
 ) {
     let mut conn: Option<TcpStream> = None;
     loop {
-        let frame = rx.pop().await;
+        let Some(frame) = rx.pop().await else { return };
         if node.strong_count() == 0 {
             return;
         }

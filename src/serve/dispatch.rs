@@ -185,6 +185,16 @@ impl ShardService for ShardServer {
         q.describe().ok_or_else(|| q.leader_id())
     }
 
+    async fn change_voters(&self, c: rpc::ChangeVoters) -> Result<(), ApiError> {
+        let q = &self.controller().quorum;
+        let timeout = std::time::Duration::from_millis(c.timeout_ms.clamp(1_000, 300_000) as u64);
+        if c.add {
+            q.add_voter(c.node, timeout).await
+        } else {
+            q.remove_voter(c.node, timeout).await
+        }
+    }
+
     async fn unregister(&self, c: rpc::Unregister) -> Result<(), ApiError> {
         let cmd = sluice_replication::cluster::Command::UnregisterBroker { id: c.0 };
         self.controller()

@@ -329,6 +329,7 @@ class Cluster:
             self.kafka_front = dict(self.kafka_port)
             self.controller_front = dict(self.controller_port)
         quorum = ",".join(f"{i}@127.0.0.1:{self.controller_front[i]}" for i in self.ids)
+        self._node_args = (quorum, cores, fast, tuple(extra), env)
         for i in self.ids:
             flags = ["--node-id", str(i),
                      "--controller-listen", f"127.0.0.1:{self.controller_port[i]}",
@@ -381,6 +382,29 @@ class Cluster:
                 print(e)
             raise
         return self
+
+    def add_node(self, i, roles=None, deadline=60):
+        """Starts node i outside the bootstrap voters (`--controller-quorum` names the
+        cluster's first voters, not it): it joins the metadata quorum as a learner and
+        registers as a broker. Waits until the cluster metadata lists it."""
+        assert i not in self.ids and not self.proxied
+        quorum, cores, fast, extra, env = self._node_args
+        self.kafka_port[i], self.controller_port[i] = free_ports(2)
+        self.kafka_front[i] = self.kafka_port[i]
+        self.controller_front[i] = self.controller_port[i]
+        flags = ["--node-id", str(i),
+                 "--controller-listen", f"127.0.0.1:{self.controller_port[i]}",
+                 "--controller-quorum", quorum]
+        if roles is not None:
+            flags += ["--process-roles", roles]
+        flags += (FAST_FLAGS if fast else []) + list(extra)
+        self.brokers[i] = Broker(os.path.join(self.root, f"node-{i}"), port=self.kafka_port[i],
+                                 cores=cores, extra=flags, env=env)
+        self.ids.append(i)
+        self.n += 1
+        self._spawn(i, deadline)
+        self._wait_answering(i, deadline)
+        self.wait_until(lambda: i in self.registered(), deadline, f"node {i} registered")
 
     def _spawn(self, i, deadline=30):
         # A SIGKILLed broker's listening sockets can outlive the process for a moment

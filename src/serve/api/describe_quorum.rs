@@ -4,8 +4,9 @@
 //! log end and last contact. The leader's broker answers; another one answers the
 //! partition NOT_LEADER_OR_FOLLOWER with the leader's id, as a Kafka controller that
 //! does not lead does (so the client asks there). Another topic or partition is
-//! UNKNOWN_TOPIC_OR_PARTITION. No observers (every broker is a voter). A voter's last
-//! contact is the controller's last broker heartbeat from it; its last caught-up time
+//! UNKNOWN_TOPIC_OR_PARTITION. Observers are the quorum's learners: the nodes that
+//! joined outside the bootstrap voters and are not voters (yet). A node's last contact
+//! is the controller's last broker heartbeat or hello from it; its last caught-up time
 //! is that contact when its log end has reached the high watermark, else -1 (no
 //! history of it is kept).
 
@@ -51,23 +52,25 @@ pub async fn handle(
                             .with_error_code(ResponseError::NotLeaderOrFollower.code())
                             .with_leader_id(BrokerId(*leader)),
                         Ok(Ok(q)) => {
-                            let voters = q
-                                .voters
-                                .iter()
-                                .map(|&(id, end, heard)| {
-                                    let caught_up =
-                                        if end >= q.high_watermark { heard } else { -1 };
-                                    ReplicaState::default()
-                                        .with_replica_id(BrokerId(id))
-                                        .with_log_end_offset(end)
-                                        .with_last_fetch_timestamp(heard)
-                                        .with_last_caught_up_timestamp(caught_up)
-                                })
-                                .collect();
+                            let states = |nodes: &[(i32, i64, i64)]| {
+                                nodes
+                                    .iter()
+                                    .map(|&(id, end, heard)| {
+                                        let caught_up =
+                                            if end >= q.high_watermark { heard } else { -1 };
+                                        ReplicaState::default()
+                                            .with_replica_id(BrokerId(id))
+                                            .with_log_end_offset(end)
+                                            .with_last_fetch_timestamp(heard)
+                                            .with_last_caught_up_timestamp(caught_up)
+                                    })
+                                    .collect()
+                            };
                             out.with_leader_id(BrokerId(q.leader))
                                 .with_leader_epoch(q.term)
                                 .with_high_watermark(q.high_watermark)
-                                .with_current_voters(voters)
+                                .with_current_voters(states(&q.voters))
+                                .with_observers(states(&q.observers))
                         }
                     }
                 })

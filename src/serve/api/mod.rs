@@ -49,6 +49,7 @@ pub mod produce;
 pub mod reassignments;
 pub mod sync_group;
 pub mod transactions;
+pub mod voters;
 
 use std::collections::HashSet;
 use std::rc::Rc;
@@ -138,6 +139,12 @@ pub async fn handle(
         }
         RequestKind::DescribeQuorum(r) => {
             ResponseKind::DescribeQuorum(describe_quorum::handle(broker, version, r).await)
+        }
+        RequestKind::AddRaftVoter(r) => {
+            ResponseKind::AddRaftVoter(voters::add(broker, version, r).await)
+        }
+        RequestKind::RemoveRaftVoter(r) => {
+            ResponseKind::RemoveRaftVoter(voters::remove(broker, version, r).await)
         }
         RequestKind::UnregisterBroker(r) => {
             ResponseKind::UnregisterBroker(reassignments::unregister(broker, version, r).await)

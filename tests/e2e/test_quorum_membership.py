@@ -1,0 +1,144 @@
+"""Tier: a cluster that grows, shrinks and replaces machines (issue 41, "Roles and
+joining"): nodes started outside `--controller-quorum` join the metadata quorum as
+learners (DescribeQuorum's observers) and serve as brokers; AddRaftVoter and
+RemoveRaftVoter (`sluice cluster add-voter`, `remove-voter`) change the voters while the
+cluster runs, without restarting anyone. Real broker processes, SIGKILL, and an acks=all
+producer at the client's defaults.
+
+Every wait is a bounded retry with a deadline; nothing is timed.
+"""
+import re
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
+from cluster import Cluster, metadata_from
+from test_cluster import Acks, check_log
+from test_reassign import DURABLE, cli, create_placed
+
+
+def quorum(c, via):
+    """(leader, voters, observers) as `sluice cluster quorum` asked of node `via` shows
+    them; None while it cannot answer (no leader)."""
+    code, out = cli(c, "quorum", via=via, timeout=60)
+    if code != 0:
+        return None
+    head = re.search(r"Metadata quorum: leader (\d+)", out)
+    voters = {int(v) for v in re.findall(r"voter (\d+):", out)}
+    observers = {int(v) for v in re.findall(r"observer (\d+):", out)}
+    return int(head.group(1)), voters, observers
+
+
+def wait_quorum(c, via, voters, observers=None, deadline=40):
+    def match():
+        q = quorum(c, via)
+        if q and q[1] == set(voters) and (observers is None or q[2] == set(observers)):
+            return q
+        return None
+    return c.wait_until(match, deadline, f"voters {sorted(voters)}, observers {observers}")
+
+
+def produce(c, topic, n, tag):
+    acks = Acks()
+    p = Producer({"bootstrap.servers": c.bootstrap})
+    for i in range(n):
+        p.produce(topic, f"{tag}-{i}".encode(), partition=i % 2, on_delivery=acks)
+    assert p.flush(60) == 0
+    assert not acks.failed, acks.failed[:5]
+    assert acks.count() == n
+    return acks
+
+
+def create_via(c, via, topic):
+    """Creates `topic` (RF=2 over the live brokers) through broker `via`: only commits
+    if the metadata quorum has a working majority. First waits until `via`'s metadata
+    names a live controller: librdkafka's admin client sends CreateTopics to the
+    controller its first metadata named and, that one dead, times out without asking
+    again."""
+    from confluent_kafka.admin import AdminClient
+    def live_controller():
+        ctl = metadata_from(c.addr(via), topics=[])["controller"]
+        return ctl in c.brokers and c.alive(ctl)
+    c.wait_until(live_controller, 30, f"broker {via} naming a live controller")
+    admin = AdminClient({"bootstrap.servers": c.addr(via)})
+    admin.create_topics([NewTopic(topic, 1, replication_factor=2)],
+                        request_timeout=20)[topic].result(timeout=30)
+    c.wait_until(lambda: topic in metadata_from(c.addr(via), topics=[topic])["topics"], 20,
+                 f"{topic} in the metadata")
+
+
+def test_a_broker_only_node_joins_takes_partitions_restarts_and_leaves(tmp_path):
+    """Node 4, started with only the voters' addresses, joins as a learner and a
+    broker; it cannot be made a voter (no controller role); partitions move onto it and
+    it serves them across a SIGKILL; decommissioned, stopped and unregistered, it
+    leaves the broker list, and the quorum drops the silent learner."""
+    c = Cluster(tmp_path / "c", n=3, cores=1).start()
+    try:
+        topic = "grow"
+        create_placed(c, topic, [[1, 2, 3], [2, 3, 1]], DURABLE)
+        acks = produce(c, topic, 200, "before")
+        c.add_node(4)
+        wait_quorum(c, 1, {1, 2, 3}, {4})
+        code, out = cli(c, "add-voter", "--node", "4", "--timeout", "5")
+        assert code != 0 and "controller role" in out, out
+        code, out = cli(c, "reassign", "--partition", f"{topic}:0", "--replicas", "4,2,3", "--wait",
+                        timeout=180)
+        assert code == 0, out
+        c.wait_until(lambda: c.isr_of(topic, 0) == [2, 3, 4], 30, "node 4 in the ISR")
+        c.kill(4)
+        c.restart(4)
+        c.wait_until(lambda: c.isr_of(topic, 0) == [2, 3, 4], 40, "node 4 back in the ISR")
+        more = produce(c, topic, 200, "after")
+        for p, vs in more.acked.items():
+            acks.acked.setdefault(p, []).extend(vs)
+        check_log(c, topic, [0, 1], acks.acked)
+        code, out = cli(c, "decommission", "--broker", "4", "--timeout", "120", timeout=180)
+        assert code == 0, out
+        assert c.brokers[4].stop() == 0
+        c.wait_until(lambda: (lambda r: r if "unregistered" in r[1] else None)(cli(c, "unregister", "--broker", "4")),
+                     30, "node 4 unregistered once fenced")
+        c.wait_until(lambda: 4 not in c.registered(), 20, "node 4 out of the broker list")
+        # Three session timeouts (3 s each here) after its last word.
+        wait_quorum(c, 1, {1, 2, 3}, set(), deadline=40)
+        check_log(c, topic, [0, 1], acks.acked)
+    finally:
+        c.stop()
+
+
+def test_three_voters_become_five_and_dead_voters_are_replaced_without_a_restart(tmp_path):
+    """Nodes 4 and 5 join with the controller role and are made voters (3 -> 5);
+    voters 1 and 2 are SIGKILLed and the five-voter quorum goes on with three; they are
+    removed (their machines are gone), and with voter 3 killed too the quorum {3, 4, 5}
+    still has its majority. Node 1, back with its old disk, finds itself out of the
+    voters and carries on as a learner and a broker."""
+    c = Cluster(tmp_path / "c", n=3, cores=1).start()
+    try:
+        c.add_node(4, roles="broker,controller")
+        c.add_node(5, roles="broker,controller")
+        wait_quorum(c, 1, {1, 2, 3}, {4, 5})
+        code, out = cli(c, "add-voter", "--node", "1")
+        assert code != 0 and "DuplicateVoter" in out, out
+        for n in (4, 5):
+            code, out = cli(c, "add-voter", "--node", str(n), timeout=90)
+            assert code == 0, out
+        wait_quorum(c, 4, {1, 2, 3, 4, 5}, set())
+        create_placed(c, "five", [[3, 4], [4, 5]], {"min.insync.replicas": "1"})
+        acks = produce(c, "five", 100, "five")
+        c.kill(1)
+        c.kill(2)
+        create_via(c, 3, "after-two-died")
+        for n in (1, 2):
+            code, out = cli(c, "remove-voter", "--node", str(n), via=3, timeout=90)
+            assert code == 0, out
+        wait_quorum(c, 3, {3, 4, 5})
+        code, out = cli(c, "remove-voter", "--node", "2", via=3)
+        assert code != 0 and "VoterNotFound" in out, out
+        c.kill(3)
+        create_via(c, 4, "after-three-died")
+        c.restart(1)
+        wait_quorum(c, 4, {3, 4, 5}, {1})
+        c.restart(3)
+        create_via(c, 1, "with-the-old-voter-back")
+        check_log(c, "five", [0, 1], acks.acked)
+    finally:
+        c.stop()

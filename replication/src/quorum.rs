@@ -30,11 +30,10 @@
 //! A node that starts with neither the bootstrap configuration nor a snapshot must
 //! never replay the log from index 1: it would apply the changes since birth to an
 //! empty configuration and miss the bootstrap voters. So it takes no entries until a
-//! snapshot reached it. A leader takes a snapshot when a member answers with an empty
-//! log, or one ending before the compacted log starts, and the last snapshot (if any)
-//! does not name it (raft-rs installs no snapshot whose configuration lacks the
-//! receiver): then raft-rs sends that snapshot, as the log it compacted no longer
-//! holds what the member needs.
+//! snapshot reached it. A leader takes a snapshot when a member refuses an append and
+//! the last snapshot (if any) does not name it (raft-rs installs no snapshot whose
+//! configuration lacks the receiver): an empty log then gets that snapshot, as the
+//! log it compacted no longer holds index 1, and so does any member behind it.
 //!
 //! ## A voter that lost its log
 //!
@@ -425,6 +424,24 @@ impl Quorum {
         context
     }
 
+    /// On the leader: whether the voters left after removing `id` would still have a
+    /// majority holding this leader's whole log (else they could elect no one until a
+    /// lagging voter caught up: one that never did would vote for no one, see "A voter
+    /// that lost its log"). RemoveRaftVoter waits for it.
+    pub fn removal_leaves_a_caught_up_majority(&self, id: u64) -> bool {
+        let Some(ends) = self.voter_log_ends() else {
+            return false;
+        };
+        let last = self.node.raft.raft_log.last_index();
+        let left: Vec<u64> = ends
+            .iter()
+            .filter(|(v, _)| *v != id)
+            .map(|(_, e)| *e)
+            .collect();
+        let caught_up = left.iter().filter(|end| **end >= last).count();
+        !left.is_empty() && caught_up * 2 > left.len()
+    }
+
     /// On the leader: the log end each learner is known to hold (raft's progress).
     pub fn learner_log_ends(&self) -> Option<Vec<(u64, u64)>> {
         if !self.is_leader() {
@@ -556,16 +573,11 @@ impl Quorum {
             MessageType::MsgAppendResponse if msg.reject && self.is_leader() => {
                 let from = msg.from;
                 let hint = msg.reject_hint;
-                let first = self.node.store().mem.first_index().unwrap_or(1);
-                let needs_snapshot = hint == 0 || hint + 1 < first;
-                if needs_snapshot
-                    && self.applied > self.snapshot_index
-                    && !self.snapshot_holds(from)
-                {
-                    // A member with an empty log, or behind the compacted log, starts
-                    // from a snapshot, and raft-rs installs none whose configuration
-                    // lacks the receiver (one added after the last snapshot, or
-                    // removed and added again).
+                if self.applied > self.snapshot_index && !self.snapshot_holds(from) {
+                    // A member behind the log may need a snapshot (an empty log always
+                    // does), and raft-rs installs none whose configuration lacks the
+                    // receiver (a member added after the last snapshot, or removed and
+                    // added again): take one that names it (once: then it does).
                     self.snapshot_out = Some(self.take_snapshot());
                 }
                 if let Some(pr) = self.node.raft.mut_prs().get_mut(from) {
@@ -787,6 +799,15 @@ impl Quorum {
             .node
             .apply_conf_change(&cc)
             .map_err(|err| refused(err.to_string()))?;
+        if cfg!(test) && std::env::var("CHAOS_DEBUG").is_ok() {
+            eprintln!(
+                "  node {} applies {} {:?} -> {:?}",
+                self.id,
+                e.index,
+                cc.get_changes(),
+                cs
+            );
+        }
         let removed = !cs.voters.contains(&self.id);
         self.node.mut_store().mem.wl().set_conf_state(cs);
         if removed && self.is_leader() {
@@ -999,10 +1020,13 @@ mod tests {
                     }
                 }
                 self.drive();
+                // The newest term's: a node that was cut off while leading still
+                // believes it leads until it hears of a newer term.
                 if let Some((id, _)) = self
                     .nodes
                     .iter()
-                    .find(|(id, q)| !self.down.contains(id) && q.is_leader())
+                    .filter(|(id, q)| !self.down.contains(id) && q.is_leader())
+                    .max_by_key(|(_, q)| q.term())
                 {
                     return *id;
                 }
@@ -1557,15 +1581,27 @@ mod tests {
                 }
                 83..=84 => cut = if cut.is_some() { None } else { Some(id) },
                 85..=88 if joiners > 0 => {
-                    // A membership change proposed at node `id` about a random node
-                    // (the leader's own removal included: the shell hands over first,
-                    // but leadership may move to the removed voter meanwhile).
+                    // A membership change about a random node (the leader's own
+                    // removal included: the shell hands over first, but leadership may
+                    // move to the removed voter meanwhile).
+                    // Proposed at the leader, as the shell does, and a learner
+                    // promoted only once it holds the committed log (AddRaftVoter's
+                    // check: a voter with nothing would vote for no one), a voter
+                    // removed only if a caught-up majority remains (RemoveRaftVoter's).
                     let target = ids[(next() % ids.len() as u64) as usize];
                     let members = nodes[&id].members();
-                    let change = if members.voters.contains(&target) {
-                        (members.voters.len() > 1).then_some(Membership::Remove(target))
+                    let caught_up = nodes[&id].learner_log_ends().is_some_and(|ends| {
+                        let commit = nodes[&id].commit_index();
+                        ends.iter().any(|&(l, end)| l == target && end >= commit)
+                    });
+                    let change = if !nodes[&id].is_leader() {
+                        None
+                    } else if members.voters.contains(&target) {
+                        let q = &nodes[&id];
+                        (members.voters.len() > 1 && q.removal_leaves_a_caught_up_majority(target))
+                            .then_some(Membership::Remove(target))
                     } else if members.learners.contains(&target) {
-                        Some(Membership::Promote(target))
+                        caught_up.then_some(Membership::Promote(target))
                     } else {
                         Some(Membership::AddLearner(target))
                     };
@@ -1617,7 +1653,10 @@ mod tests {
             leader.unwrap_or(&nodes[&1]).state().clone()
         });
         for q in nodes.values() {
-            if std::env::var("CHAOS_DEBUG").is_ok() && nodes.values().any(|o| o.state() != &first) {
+            if std::env::var("CHAOS_DEBUG").is_ok()
+                && (nodes.values().any(|o| o.state() != &first)
+                    || !nodes.values().any(|o| o.is_leader()))
+            {
                 let st = q.node.status();
                 eprintln!("node {} role {:?} term {} leader {} applied {} commit {} last {} first {:?} snap {} awaiting {} members {:?} prs {:?}", q.id, st.ss.raft_state, st.hs.term, st.ss.leader_id, q.applied, st.hs.commit, q.node.raft.raft_log.last_index(), q.node.store().mem.first_index(), q.node.store().snapshot.get_metadata().index, q.awaiting_snapshot, q.members(), st.progress.map(|p| p.iter().map(|(id, pr)| (*id, pr.matched, pr.next_idx, format!("{:?}", pr.state), pr.pending_snapshot)).collect::<Vec<_>>()));
             }
@@ -1666,7 +1705,7 @@ mod tests {
         }
         // Voters added, promoted and removed meanwhile (nodes 4 and 5 start outside).
         let changes: usize = (2000..=2300).map(|seed| chaos(seed, 3, 2, 1500)).sum();
-        assert!(changes > 300, "membership changes applied: {changes}");
+        assert!(changes > 150, "membership changes applied: {changes}");
     }
 
     #[test]

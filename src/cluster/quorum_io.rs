@@ -652,6 +652,20 @@ impl QuorumNode {
                 format!("node {id} is the only voter"),
             ));
         }
+        let deadline = Instant::now() + timeout;
+        while !self
+            .quorum
+            .borrow()
+            .removal_leaves_a_caught_up_majority(id as u64)
+        {
+            if Instant::now() >= deadline || !self.quorum.borrow().is_leader() {
+                return Err(ApiError::with(
+                    ResponseError::RequestTimedOut,
+                    format!("without node {id}, fewer than a majority of the voters hold the metadata log: they could elect no leader; bring a lagging voter back or let it catch up first (sluice cluster quorum shows the lag)"),
+                ));
+            }
+            glommio::timer::sleep(self.cfg.tick).await;
+        }
         if id == self.cfg.node_id {
             self.hand_over_leadership(timeout).await;
             if self.quorum.borrow().is_leader() {

@@ -128,9 +128,14 @@ pub enum Membership {
     AddLearner(u64),
     /// A learner becomes a voter (KIP-853's AddRaftVoter).
     Promote(u64),
-    /// A voter or learner leaves the configuration (RemoveRaftVoter).
+    /// A voter leaves the configuration (RemoveRaftVoter).
     Remove(u64),
+    /// A learner leaves it (one silent too long); refused if it is a voter by then.
+    RemoveLearner(u64),
 }
+
+/// A conf change's context marking [`Membership::RemoveLearner`].
+const LEARNER_ONLY: &[u8] = b"learner";
 
 /// The quorum's members as this node's applied configuration has them, ascending.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -171,6 +176,8 @@ pub enum QuorumError {
     NoLeader,
     #[error("another membership change is not applied yet; retry")]
     MembershipChangePending,
+    #[error("membership changes are proposed by the leader only")]
+    NotLeader,
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
 }
@@ -383,9 +390,12 @@ impl Quorum {
         self.node.raft.has_pending_conf()
     }
 
-    /// Proposes one membership change (a simple raft conf change); its result comes
-    /// back from [`Quorum::advance`] with `token`, as a command's. Refused while
-    /// another is pending (raft-rs would turn it into an empty entry silently).
+    /// Proposes one membership change (a simple raft conf change) on the leader; its
+    /// result comes back from [`Quorum::advance`] with `token`, as a command's.
+    /// Refused while another is pending (raft-rs would turn it into an empty entry
+    /// silently) and on a follower (its view of the members may be stale). Each change
+    /// is checked again where it applies, against the configuration before it (see
+    /// `apply_membership`), so a stale one is refused the same way on every node.
     pub fn propose_membership(
         &mut self,
         change: Membership,
@@ -394,13 +404,18 @@ impl Quorum {
         if self.leader_id() == 0 {
             return Err(QuorumError::NoLeader);
         }
+        if !self.is_leader() {
+            return Err(QuorumError::NotLeader);
+        }
         if self.membership_change_pending() {
             return Err(QuorumError::MembershipChangePending);
         }
         let (change_type, node_id) = match change {
             Membership::AddLearner(id) => (ConfChangeType::AddLearnerNode, id),
             Membership::Promote(id) => (ConfChangeType::AddNode, id),
-            Membership::Remove(id) => (ConfChangeType::RemoveNode, id),
+            Membership::Remove(id) | Membership::RemoveLearner(id) => {
+                (ConfChangeType::RemoveNode, id)
+            }
         };
         let mut single = ConfChangeSingle::default();
         single.set_change_type(change_type);
@@ -408,6 +423,9 @@ impl Quorum {
         let mut cc = ConfChangeV2::default();
         cc.set_transition(ConfChangeTransition::Auto);
         cc.set_changes(vec![single].into());
+        if matches!(change, Membership::RemoveLearner(_)) {
+            cc.set_context(LEARNER_ONLY.to_vec().into());
+        }
         self.node
             .propose_conf_change(self.context(token), cc)
             .map_err(|e| match e {
@@ -795,19 +813,29 @@ impl Quorum {
         } else {
             decode::<ConfChangeV2>(&e.data).map_err(|err| refused(err.to_string()))?
         };
+        let before = self.members();
+        for c in cc.get_changes() {
+            let id = c.node_id;
+            let (voter, learner) = (before.voters.contains(&id), before.learners.contains(&id));
+            let fits = match c.get_change_type() {
+                ConfChangeType::AddNode => learner,
+                ConfChangeType::AddLearnerNode => !voter,
+                ConfChangeType::RemoveNode if cc.get_context() == LEARNER_ONLY => learner,
+                ConfChangeType::RemoveNode => voter,
+            };
+            if !fits {
+                // Proposed on a view the log has moved past (a promotion of a node
+                // removed meanwhile, a learner's removal once it votes, ...).
+                return Err(refused(format!(
+                    "{:?} of node {id} does not fit the configuration {before:?}",
+                    c.get_change_type()
+                )));
+            }
+        }
         let cs = self
             .node
             .apply_conf_change(&cc)
             .map_err(|err| refused(err.to_string()))?;
-        if cfg!(test) && std::env::var("CHAOS_DEBUG").is_ok() {
-            eprintln!(
-                "  node {} applies {} {:?} -> {:?}",
-                self.id,
-                e.index,
-                cc.get_changes(),
-                cs
-            );
-        }
         let removed = !cs.voters.contains(&self.id);
         self.node.mut_store().mem.wl().set_conf_state(cs);
         if removed && self.is_leader() {
@@ -951,6 +979,17 @@ mod tests {
                 }
                 self.drive();
             }
+        }
+
+        /// Proposes a membership change at the leader and drives it.
+        fn change_unchecked(&mut self, leader: u64, change: Membership) {
+            self.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose_membership(change, 98)
+                .unwrap();
+            self.drive();
+            self.ticks(HEARTBEAT_TICKS * 2);
         }
 
         /// Proposes a membership change at the leader and drives it to be applied there.
@@ -1173,6 +1212,50 @@ mod tests {
         );
         assert!(net.nodes[&1].state().brokers.contains_key(&42));
         assert!(!net.nodes[&1].is_leader());
+    }
+
+    #[test]
+    fn membership_changes_are_the_leaders_and_a_stale_one_is_refused_where_it_applies() {
+        let mut net = Net::new(3);
+        let leader = net.tick_until_leader();
+        let follower = (1..=3).find(|i| *i != leader).unwrap();
+        assert!(matches!(
+            net.nodes
+                .get_mut(&follower)
+                .unwrap()
+                .propose_membership(Membership::AddLearner(4), 1),
+            Err(QuorumError::NotLeader)
+        ));
+        // A promotion of a node that is no learner, a learner's removal of a voter:
+        // both refused on every node, the configuration unchanged.
+        for (token, change) in [
+            (7, Membership::Promote(4)),
+            (8, Membership::RemoveLearner(follower)),
+        ] {
+            net.nodes
+                .get_mut(&leader)
+                .unwrap()
+                .propose_membership(change, token)
+                .unwrap();
+            net.drive();
+            net.ticks(HEARTBEAT_TICKS * 2);
+            let refused = net
+                .results
+                .iter()
+                .any(|(n, c)| *n == leader && c.token == Some(token) && c.result.is_err());
+            assert!(refused, "{change:?} refused");
+        }
+        for q in net.nodes.values() {
+            assert_eq!(q.members().voters, vec![1, 2, 3]);
+            assert!(q.members().learners.is_empty());
+        }
+        // The leader removing itself steps down; the others elect one of them.
+        net.results.clear();
+        net.change_unchecked(leader, Membership::Remove(leader));
+        let next = net.tick_until_leader();
+        assert_ne!(next, leader);
+        assert_eq!(net.nodes[&next].members().voters.len(), 2);
+        assert!(!net.nodes[&leader].is_leader());
     }
 
     #[test]

@@ -37,8 +37,18 @@
 //! learner; it receives the log from then on. A learner not heard from for three
 //! session timeouts is removed (it is added again when it returns). AddRaftVoter
 //! promotes a caught-up learner with the controller role; RemoveRaftVoter removes a
-//! voter (after handing the leadership over if it is the leader's own), which then
-//! carries on as a learner while it runs.
+//! voter once the voters left hold the log with a majority (a leader removing itself
+//! steps down when that applies); a removed node carries on as a learner while it
+//! runs. Only the leader proposes membership changes, and each is checked again where
+//! it applies (`sluice_replication::quorum`, "Membership").
+//!
+//! A hello also says whether its sender holds metadata. That guards a cluster born
+//! with one voter that then grew: if that voter's disk is lost, its own view is still
+//! a quorum of one with an empty log, and electing itself would start a second, empty
+//! cluster. So a lone bootstrap voter with a controller listener that starts with an
+//! empty log waits a few heartbeat intervals for hellos before electing itself, and
+//! if one comes from a node that holds metadata it never does: it waits for a leader
+//! of the real configuration to send it the log (or for its disk to come back).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -99,6 +109,8 @@ const KIND_HEARTBEAT: u8 = 2;
 const KIND_HELLO: u8 = 3;
 /// Hello flags: the node has the controller role (may become a voter).
 const HELLO_CONTROLLER: u8 = 1;
+/// Hello flags, the sender's own entry: it has applied metadata (holds a log).
+const HELLO_HOLDS_LOG: u8 = 2;
 const JOURNAL_ENTRY: u8 = 1;
 const JOURNAL_HARD_STATE: u8 = 2;
 const JOURNAL_SNAPSHOT: u8 = 3;
@@ -182,6 +194,12 @@ pub struct QuorumNode {
     /// This broker is in controlled shutdown: it heartbeats no more.
     stopping: Cell<bool>,
     was_leader: Cell<bool>,
+    /// A lone bootstrap voter with an empty log elects itself only after this, unless
+    /// a hello from a node that holds the metadata log arrives first (then
+    /// `lone_voter_lost_log`).
+    lone_hold: Cell<Option<Instant>>,
+    /// This lone voter lost its log while other nodes hold one: it never elects itself.
+    lone_voter_lost_log: Cell<bool>,
     /// When this node last became the controller leader.
     leader_since: Cell<Instant>,
     last_leader: Cell<u64>,
@@ -236,6 +254,9 @@ impl QuorumNode {
             }
         }
         let restored = replay.finish();
+        let restored_nothing = restored.snapshot.is_none()
+            && restored.entries.is_empty()
+            && restored.hard_state.is_none();
         let tail = restored.entries.clone();
         let voters: Vec<u64> = cfg.voters.iter().map(|(id, _)| *id as u64).collect();
         let bootstrap_voter = voters.contains(&(cfg.node_id as u64));
@@ -245,9 +266,20 @@ impl QuorumNode {
         } else if q.amnesiac() {
             tracing::info!("no metadata log here yet (a new cluster, or a lost disk): this voter votes only for candidates with none either until it has caught up with a leader");
         }
+        let mut lone_hold = None;
         if voters.len() == 1 && bootstrap_voter {
-            // A quorum of one need not wait an election timeout to lead.
-            q.campaign();
+            if restored_nothing && cfg.listen.is_some() {
+                // A lone voter with an empty log may be a new cluster, or one whose
+                // disk was lost while other nodes joined: hellos tell them apart.
+                // Long enough for the others' connections to notice the restart and
+                // their next hellos to arrive; within a session timeout.
+                let wait =
+                    (cfg.heartbeat_interval * 4 + Duration::from_secs(1)).min(cfg.session_timeout);
+                lone_hold = Some(Instant::now() + wait);
+            } else {
+                // A quorum of one need not wait an election timeout to lead.
+                q.campaign();
+            }
         }
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -273,6 +305,8 @@ impl QuorumNode {
             stopping: Cell::new(false),
             proposing: RefCell::new(HashSet::new()),
             was_leader: Cell::new(false),
+            lone_hold: Cell::new(lone_hold),
+            lone_voter_lost_log: Cell::new(false),
             leader_since: Cell::new(Instant::now()),
             last_leader: Cell::new(0),
             changed: Event::new(),
@@ -445,10 +479,15 @@ impl QuorumNode {
                     .map(|(_, a)| *a)
                     .or(self.cfg.listen);
                 let Some(addr) = addr else { return };
-                push_hello_entry(&mut payload, me, self.cfg.controller, addr);
+                push_hello_entry(&mut payload, me, self.own_hello_flags(), addr);
             }
+            let flags = if id == me {
+                self.own_hello_flags()
+            } else {
+                u8::from(j.controller) * HELLO_CONTROLLER
+            };
             first = false;
-            push_hello_entry(&mut payload, id, j.controller, j.addr);
+            push_hello_entry(&mut payload, id, flags, j.addr);
         }
         let mut frame = Vec::with_capacity(payload.len() + 5);
         frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
@@ -459,16 +498,35 @@ impl QuorumNode {
         }
     }
 
+    /// This node's flags in its hellos: its role, and whether it holds metadata.
+    fn own_hello_flags(&self) -> u8 {
+        let holds = self.quorum.borrow().applied_index() > 0;
+        u8::from(self.cfg.controller) * HELLO_CONTROLLER + u8::from(holds) * HELLO_HOLDS_LOG
+    }
+
+    /// The only voter of its configuration, with nothing applied and not leading.
+    fn lone_and_empty(&self) -> bool {
+        let q = self.quorum.borrow();
+        q.applied_index() == 0 && !q.is_leader() && q.members().voters == [self.cfg.node_id as u64]
+    }
+
     /// A hello: the sender's entry is its own word, the others fill in nodes not known
     /// here yet. Bootstrap voters keep the addresses of the flag.
     fn on_hello(self: &Rc<Self>, payload: &[u8]) -> Result<(), QuorumIoError> {
         let entries = parse_hello(payload).ok_or(QuorumIoError::UnknownFrame(KIND_HELLO))?;
         let now = Instant::now();
-        for (i, (id, controller, addr)) in entries.into_iter().enumerate() {
+        tracing::trace!(?entries, "hello");
+        for (i, (id, flags, addr)) in entries.into_iter().enumerate() {
+            let direct = i == 0;
+            let controller = flags & HELLO_CONTROLLER != 0;
+            if direct && flags & HELLO_HOLDS_LOG != 0 && self.lone_and_empty() {
+                if !self.lone_voter_lost_log.replace(true) {
+                    tracing::warn!(node = id, "this node is the metadata quorum's only voter as far as it knows and has no metadata log, but node {id} holds one: this voter's disk was lost. It will not elect itself (that would start a second, empty cluster beside the nodes that hold the metadata): it waits for a leader of the real quorum, or for its data directory to be restored");
+                }
+            }
             if id == self.cfg.node_id || self.cfg.voters.iter().any(|(v, _)| *v == id) {
                 continue;
             }
-            let direct = i == 0;
             let mut joined = self.joined.borrow_mut();
             match joined.get_mut(&id) {
                 Some(j) if direct => {
@@ -492,6 +550,28 @@ impl QuorumNode {
             self.learn_peer(id, addr);
         }
         Ok(())
+    }
+
+    /// Whether raft's clock stays stopped: a lone voter that lost its log, or one with
+    /// an empty log still waiting for hellos (when that wait ends it elects itself).
+    fn lone_voter_holds(&self) -> bool {
+        if self.lone_voter_lost_log.get() {
+            if self.lone_and_empty() {
+                return true;
+            }
+            // A leader of the real configuration sent it the log.
+            self.lone_voter_lost_log.set(false);
+            tracing::info!("the metadata log reached this node from the quorum's leader: it takes part in elections again");
+        }
+        match self.lone_hold.get() {
+            Some(until) if Instant::now() < until => true,
+            Some(_) => {
+                self.lone_hold.set(None);
+                self.quorum.borrow_mut().campaign();
+                false
+            }
+            None => false,
+        }
     }
 
     /// The leader's membership duties: a node heard from but outside the configuration
@@ -540,7 +620,7 @@ impl QuorumNode {
                         node = id,
                         "removing a silent learner from the metadata quorum"
                     );
-                    (id, Membership::Remove(id as u64))
+                    (id, Membership::RemoveLearner(id as u64))
                 })
         };
         let Some((id, change)) = change else { return };
@@ -609,15 +689,16 @@ impl QuorumNode {
                         format!("node {id} has not joined the metadata quorum: start it with --node-id {id} --process-roles broker,controller --controller-quorum naming the voters, then ask again"),
                     ))
                 }
-                _ => {}
-            }
-            if caught_up && members.learners.contains(&(id as u64)) {
-                break;
+                // A learner whose hello (with its roles) has not reached this leader
+                // yet: wait for one.
+                None => {}
+                Some(true) if caught_up && members.learners.contains(&(id as u64)) => break,
+                Some(true) => {}
             }
             if Instant::now() >= deadline {
                 return Err(ApiError::with(
                     ResponseError::RequestTimedOut,
-                    format!("node {id} has not caught up with the metadata log yet"),
+                    format!("node {id} has not caught up with the metadata log (or announced its roles) yet"),
                 ));
             }
             glommio::timer::sleep(self.cfg.tick).await;
@@ -629,9 +710,9 @@ impl QuorumNode {
         Ok(())
     }
 
-    /// RemoveRaftVoter on the controller leader: voter `id` leaves the voters. The
-    /// leader removing itself first hands its role to another voter, then proposes
-    /// the removal through it.
+    /// RemoveRaftVoter on the controller leader: voter `id` leaves the voters, once the
+    /// others left hold the log with a majority. A leader that removes itself steps
+    /// down when the removal applies, and the voters elect another.
     pub async fn remove_voter(self: &Rc<Self>, id: i32, timeout: Duration) -> Result<(), ApiError> {
         let (members, leader) = {
             let q = self.quorum.borrow();
@@ -665,15 +746,6 @@ impl QuorumNode {
                 ));
             }
             glommio::timer::sleep(self.cfg.tick).await;
-        }
-        if id == self.cfg.node_id {
-            self.hand_over_leadership(timeout).await;
-            if self.quorum.borrow().is_leader() {
-                return Err(ApiError::with(
-                    ResponseError::RequestTimedOut,
-                    "the controller leader could not hand its role over before leaving the voters",
-                ));
-            }
         }
         self.change_membership(Membership::Remove(id as u64), timeout)
             .await?;
@@ -857,6 +929,10 @@ impl QuorumNode {
                 ) => {
                     waiters.borrow_mut().remove(&token);
                     glommio::timer::sleep(self.cfg.tick).await;
+                }
+                Err(quorum::QuorumError::NotLeader) => {
+                    waiters.borrow_mut().remove(&token);
+                    return Err(not_leader(self.leader_id()));
                 }
                 Err(e) => {
                     waiters.borrow_mut().remove(&token);
@@ -1143,26 +1219,30 @@ fn not_leader(leader: i32) -> ApiError {
     )
 }
 
-fn push_hello_entry(out: &mut Vec<u8>, id: i32, controller: bool, addr: SocketAddr) {
+fn push_hello_entry(out: &mut Vec<u8>, id: i32, flags: u8, addr: SocketAddr) {
     let text = addr.to_string();
     out.extend_from_slice(&id.to_le_bytes());
-    out.push(if controller { HELLO_CONTROLLER } else { 0 });
+    out.push(flags);
     out.push(text.len() as u8);
     out.extend_from_slice(text.as_bytes());
 }
 
 /// A hello's entries, `None` if it is malformed.
-fn parse_hello(mut b: &[u8]) -> Option<Vec<(i32, bool, SocketAddr)>> {
+/// A hello's entries `(id, flags, controller address)`, `None` if it is malformed.
+fn parse_hello(mut b: &[u8]) -> Option<Vec<(i32, u8, SocketAddr)>> {
     let mut out = Vec::new();
     while !b.is_empty() {
         if b.len() < 6 {
             return None;
         }
         let id = i32::from_le_bytes(b[..4].try_into().ok()?);
-        let controller = b[4] & HELLO_CONTROLLER != 0;
+        if id < 1 {
+            return None; // not a node id
+        }
+        let flags = b[4];
         let len = b[5] as usize;
         let text = std::str::from_utf8(b.get(6..6 + len)?).ok()?;
-        out.push((id, controller, text.parse().ok()?));
+        out.push((id, flags, text.parse().ok()?));
         b = &b[6 + len..];
     }
     (!out.is_empty()).then_some(out)
@@ -1173,7 +1253,9 @@ async fn ticker(node: std::rc::Weak<QuorumNode>) {
     loop {
         let Some(n) = node.upgrade() else { return };
         let tick = n.cfg.tick;
-        n.quorum.borrow_mut().tick();
+        if !n.lone_voter_holds() {
+            n.quorum.borrow_mut().tick();
+        }
         n.duties(&mut last_preferred);
         n.drive().await;
         drop(n);

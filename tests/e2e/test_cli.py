@@ -42,8 +42,9 @@ def test_bad_config_is_refused(tmp_path):
 
 @pytest.mark.parametrize("flags,expect", [
     (["--controller-quorum", "1@127.0.0.1:1,1@127.0.0.1:2"], "listed twice"),
-    (["--controller-quorum", "2@127.0.0.1:1,3@127.0.0.1:2", "--controller-listen", "127.0.0.1:3"],
-     "does not list this node"),
+    (["--controller-quorum", "1@127.0.0.1:1", "--controller-listen", "127.0.0.1:1",
+      "--process-roles", "broker"], "lists this node (1) as a voter"),
+    (["--controller-quorum", "2@127.0.0.1:1,3@127.0.0.1:2"], "on a node that joins"),
     (["--controller-quorum", "1@127.0.0.1:1,2@127.0.0.1:2"], "--controller-listen is required"),
     (["--controller-quorum", "one@127.0.0.1:1"], "bad node id"),
     (["--broker-session-timeout-ms", "1000", "--broker-heartbeat-interval-ms", "800"],

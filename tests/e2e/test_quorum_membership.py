@@ -142,3 +142,37 @@ def test_three_voters_become_five_and_dead_voters_are_replaced_without_a_restart
         check_log(c, "five", [0, 1], acks.acked)
     finally:
         c.stop()
+
+
+def test_a_lone_voter_that_lost_its_disk_never_elects_itself_beside_the_cluster_it_grew(tmp_path):
+    """A cluster born with one voter grows to three (nodes 2 and 3 join and are made
+    voters). Node 1's disk is wiped: restarted with the same flags, its own view is
+    still a quorum of one with an empty log, which must not elect itself (a second,
+    empty cluster): it hears the nodes that hold the log, waits, and rejoins the real
+    quorum; every topic is still there."""
+    import shutil
+    c = Cluster(tmp_path / "c", n=1, cores=1).start()
+    try:
+        c.add_node(2, roles="broker,controller")
+        c.add_node(3, roles="broker,controller")
+        for n in (2, 3):
+            code, out = cli(c, "add-voter", "--node", str(n), timeout=90)
+            assert code == 0, out
+        wait_quorum(c, 2, {1, 2, 3}, set())
+        create_placed(c, "kept", [[2, 3]], {"min.insync.replicas": "1"})
+        c.kill(1)
+        shutil.rmtree(c.data_dir(1))
+        c.brokers[1].spawn()
+        c.wait_until(lambda: "It will not elect itself" in c.log(1), 30,
+                     "node 1 refusing to elect itself alone")
+        # The real quorum {1, 2, 3} still leads and commits without it...
+        create_via(c, 2, "while-one-was-wiped")
+        # ...and node 1, sent the log by its leader, is a voter of it again.
+        c.wait_until(lambda: "takes part in elections again" in c.log(1), 30, "node 1 rejoined")
+        c.wait_until(lambda: 1 in c.registered(), 30, "node 1 registered again")
+        q = wait_quorum(c, 2, {1, 2, 3}, set())
+        assert q[0] in (1, 2, 3)
+        m = metadata_from(c.addr(1), topics=["kept", "while-one-was-wiped"])
+        assert set(m["topics"]) >= {"kept", "while-one-was-wiped"}, m
+    finally:
+        c.stop()

@@ -273,9 +273,12 @@ impl slog::Drain for RaftLog {
 
     fn log(&self, record: &slog::Record, values: &slog::OwnedKVList) -> Result<(), slog::Never> {
         let warn = record.level().is_at_least(slog::Level::Warning);
-        if !(warn && tracing::enabled!(target: "raft", tracing::Level::WARN))
-            && !tracing::enabled!(target: "raft", tracing::Level::DEBUG)
-        {
+        let enabled = if warn {
+            tracing::enabled!(target: "raft", tracing::Level::WARN)
+        } else {
+            tracing::enabled!(target: "raft", tracing::Level::DEBUG)
+        };
+        if !enabled {
             return Ok(());
         }
         let mut kv = KvText(String::new());

@@ -519,10 +519,12 @@ impl QuorumNode {
         for (i, (id, flags, addr)) in entries.into_iter().enumerate() {
             let direct = i == 0;
             let controller = flags & HELLO_CONTROLLER != 0;
-            if direct && flags & HELLO_HOLDS_LOG != 0 && self.lone_and_empty() {
-                if !self.lone_voter_lost_log.replace(true) {
-                    tracing::warn!(node = id, "this node is the metadata quorum's only voter as far as it knows and has no metadata log, but node {id} holds one: this voter's disk was lost. It will not elect itself (that would start a second, empty cluster beside the nodes that hold the metadata): it waits for a leader of the real quorum, or for its data directory to be restored");
-                }
+            if direct
+                && flags & HELLO_HOLDS_LOG != 0
+                && self.lone_and_empty()
+                && !self.lone_voter_lost_log.replace(true)
+            {
+                tracing::warn!(node = id, "this node is the metadata quorum's only voter as far as it knows and has no metadata log, but node {id} holds one: this voter's disk was lost. It will not elect itself (that would start a second, empty cluster beside the nodes that hold the metadata): it waits for a leader of the real quorum, or for its data directory to be restored");
             }
             if id == self.cfg.node_id || self.cfg.voters.iter().any(|(v, _)| *v == id) {
                 continue;

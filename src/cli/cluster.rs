@@ -285,8 +285,21 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             if let Some(rate) = throttle {
                 super::reassign::throttle(bs, &view, &moves, Some(rate))?;
             }
-            submit(bs, &moves)?;
-            wait(bs, &moves, Duration::from_secs(timeout))?;
+            if let Err(e) = submit(bs, &moves) {
+                // Nothing moves: take the throttle off again.
+                if throttle.is_some() {
+                    super::reassign::throttle(bs, &view, &moves, None)?;
+                }
+                return Err(e);
+            }
+            if let Err(e) = wait(bs, &moves, Duration::from_secs(timeout)) {
+                // The moves go on, still throttled, as kafka-reassign-partitions leaves
+                // them until --verify: say how to lift it.
+                return Err(match throttle {
+                    Some(_) => format!("{e}\nthe moves go on, throttled; once `sluice cluster reassignments` lists none, delete follower.replication.throttled.rate on the receiving brokers and follower.replication.throttled.replicas on the moved topics (kafka-configs --alter --delete-config)"),
+                    None => e,
+                });
+            }
             if throttle.is_some() {
                 super::reassign::throttle(bs, &view, &moves, None)?;
             }

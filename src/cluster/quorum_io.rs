@@ -35,7 +35,9 @@
 //! controller leader adds every node it hears from (hello or broker heartbeat) and
 //! whose address it knows, but which is not in the quorum's configuration, as a raft
 //! learner; it receives the log from then on. A learner not heard from for three
-//! session timeouts is removed (it is added again when it returns). AddRaftVoter
+//! session timeouts is removed (it is added again when it returns), and a node
+//! outside the configuration silent that long is forgotten by everyone (relays carry
+//! only members, so a departed node does not live on in them). AddRaftVoter
 //! promotes a caught-up learner with the controller role; RemoveRaftVoter removes a
 //! voter once the voters left hold the log with a majority (a leader removing itself
 //! steps down when that applies); a removed node carries on as a learner while it
@@ -161,6 +163,8 @@ struct Joined {
     controller: bool,
     /// When its own hello last arrived here (`None`: only relayed by others).
     heard: Option<Instant>,
+    /// When this node first learned of it.
+    learned: Instant,
 }
 
 /// Proposals of this node waiting to be applied here, by token, each for one type of
@@ -324,6 +328,7 @@ impl QuorumNode {
                         addr,
                         controller: node.cfg.controller,
                         heard: None,
+                        learned: Instant::now(),
                     },
                 );
             }
@@ -455,6 +460,7 @@ impl QuorumNode {
     /// Sends a hello to every peer if any node outside the bootstrap voters is known
     /// (see "Nodes that join" in the module doc).
     fn send_hello(&self) {
+        self.forget_departed();
         let joined = self.joined.borrow();
         if joined.is_empty() {
             return;
@@ -510,6 +516,37 @@ impl QuorumNode {
         q.applied_index() == 0 && !q.is_leader() && q.members().voters == [self.cfg.node_id as u64]
     }
 
+    fn is_member(&self, id: i32) -> bool {
+        let m = self.quorum.borrow().members();
+        m.voters.contains(&(id as u64)) || m.learners.contains(&(id as u64))
+    }
+
+    /// Forgets joined nodes outside the configuration not heard from (nor learned of)
+    /// for three session timeouts, and stops dialling them.
+    fn forget_departed(&self) {
+        let now = Instant::now();
+        let horizon = self.cfg.session_timeout * 3;
+        let gone: Vec<i32> = self
+            .joined
+            .borrow()
+            .iter()
+            .filter(|(id, j)| {
+                let last = j.heard.map_or(j.learned, |h| h.max(j.learned));
+                **id != self.cfg.node_id
+                    && now.duration_since(last) > horizon
+                    && !self.is_member(**id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.joined.borrow_mut().remove(&id);
+            if let Some(p) = self.peers.borrow_mut().remove(&(id as u64)) {
+                p.queue.close();
+            }
+            tracing::info!(node = id, "forgot a node that left the metadata quorum");
+        }
+    }
+
     /// A hello: the sender's entry is its own word, the others fill in nodes not known
     /// here yet. Bootstrap voters keep the addresses of the flag.
     fn on_hello(self: &Rc<Self>, payload: &[u8]) -> Result<(), QuorumIoError> {
@@ -537,6 +574,9 @@ impl QuorumNode {
                     j.heard = Some(now);
                 }
                 Some(_) => continue,
+                // Relayed: only a member's address is taken (a node that left must not
+                // live on in the others' relays).
+                None if !direct && !self.is_member(id) => continue,
                 None => {
                     joined.insert(
                         id,
@@ -544,6 +584,7 @@ impl QuorumNode {
                             addr,
                             controller,
                             heard: direct.then_some(now),
+                            learned: now,
                         },
                     );
                 }

@@ -71,7 +71,8 @@ def test_a_broker_only_node_joins_takes_partitions_restarts_and_leaves(tmp_path)
     """Node 4, started with only the voters' addresses, joins as a learner and a
     broker; it cannot be made a voter (no controller role); partitions move onto it and
     it serves them across a SIGKILL; decommissioned, stopped and unregistered, it
-    leaves the broker list, and the quorum drops the silent learner."""
+    leaves the broker list, the quorum drops the silent learner, and the voters stop
+    dialling it."""
     c = Cluster(tmp_path / "c", n=3, cores=1).start()
     try:
         topic = "grow"
@@ -100,6 +101,9 @@ def test_a_broker_only_node_joins_takes_partitions_restarts_and_leaves(tmp_path)
         c.wait_until(lambda: 4 not in c.registered(), 20, "node 4 out of the broker list")
         # Three session timeouts (3 s each here) after its last word.
         wait_quorum(c, 1, {1, 2, 3}, set(), deadline=40)
+        # ...and, three more later, nobody dials it any more.
+        c.wait_until(lambda: all("forgot a node that left the metadata quorum node=4" in c.log(i)
+                                 for i in (1, 2, 3)), 40, "node 4 forgotten")
         check_log(c, topic, [0, 1], acks.acked)
     finally:
         c.stop()

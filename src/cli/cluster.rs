@@ -128,6 +128,22 @@ enum ClusterCommand {
         #[arg(long)]
         broker: i32,
     },
+    /// Spreads replicas and preferred leaders onto a broker that joined (waits until
+    /// it is registered and live, then rebalances as `rebalance --execute` does).
+    AddBroker {
+        #[arg(long)]
+        broker: i32,
+        /// Print the plan only.
+        #[arg(long)]
+        dry_run: bool,
+        /// While the copies run, the rate (bytes/s) each receiving broker may fetch
+        /// them at (follower.replication.throttled.rate), removed once done.
+        #[arg(long)]
+        throttle: Option<u64>,
+        /// How long to wait for the moves, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
     /// Moves every replica off a broker onto the other live brokers (same replica
     /// count, racks spread), and waits for the moves.
     Decommission {
@@ -253,58 +269,30 @@ pub fn run(args: ClusterArgs) -> Res<()> {
             execute,
             throttle,
             timeout,
+        } => rebalance(&args.bootstrap_server, execute, throttle, timeout),
+        ClusterCommand::AddBroker {
+            broker,
+            dry_run,
+            throttle,
+            timeout,
         } => {
-            use super::reassign::{
-                bytes_to_copy, list, plan_rebalance, render_moves, submit, wait,
-            };
             let bs = &args.bootstrap_server;
-            let moving: Vec<(String, i32)> = list(bs, None)?
-                .iter()
-                .map(|o| (o.partition.topic().to_string(), o.partition.partition()))
-                .collect();
-            let view = fetch(bs)?;
-            let moves = plan_rebalance(&view, &moving);
-            print!("{}", render_moves(Some(&view), &moves));
-            println!(
-                "{} partitions to change, {} bytes to copy{}",
-                moves.len(),
-                bytes_to_copy(&view, &moves),
-                if moving.is_empty() {
-                    ""
-                } else {
-                    " (partitions moving now are left alone)"
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let view = fetch(bs)?;
+                if view
+                    .brokers
+                    .iter()
+                    .any(|b| b.id == broker && b.fenced != Some(true))
+                {
+                    break;
                 }
-            );
-            if moves.is_empty() {
-                return Ok(());
-            }
-            if !execute {
-                println!("(a plan only: --execute applies it)");
-                return Ok(());
-            }
-            if let Some(rate) = throttle {
-                super::reassign::throttle(bs, &view, &moves, Some(rate))?;
-            }
-            if let Err(e) = submit(bs, &moves) {
-                // Nothing moves: take the throttle off again.
-                if throttle.is_some() {
-                    super::reassign::throttle(bs, &view, &moves, None)?;
+                if std::time::Instant::now() >= deadline {
+                    return Err(format!("broker {broker} is not registered and live: start it (a node not in --controller-quorum joins by itself) and ask again"));
                 }
-                return Err(e);
+                std::thread::sleep(Duration::from_millis(500));
             }
-            if let Err(e) = wait(bs, &moves, Duration::from_secs(timeout)) {
-                // The moves go on, still throttled, as kafka-reassign-partitions leaves
-                // them until --verify: say how to lift it.
-                return Err(match throttle {
-                    Some(_) => format!("{e}\nthe moves go on, throttled; once `sluice cluster reassignments` lists none, delete follower.replication.throttled.rate on the receiving brokers and follower.replication.throttled.replicas on the moved topics (kafka-configs --alter --delete-config)"),
-                    None => e,
-                });
-            }
-            if throttle.is_some() {
-                super::reassign::throttle(bs, &view, &moves, None)?;
-            }
-            println!("rebalanced");
-            Ok(())
+            rebalance(bs, !dry_run, throttle, timeout)
         }
         ClusterCommand::Decommission {
             broker,
@@ -555,6 +543,60 @@ fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
 }
 
 /// Asks the broker at `bootstrap`.
+/// `sluice cluster rebalance`: prints the plan evening out replicas, then preferred
+/// leaders, over the live brokers; with `execute` applies it (throttled while it runs
+/// when `throttle` is given) and waits up to `timeout` seconds.
+fn rebalance(bs: &str, execute: bool, throttle: Option<u64>, timeout: u64) -> Res<()> {
+    use super::reassign::{bytes_to_copy, list, plan_rebalance, render_moves, submit, wait};
+    let moving: Vec<(String, i32)> = list(bs, None)?
+        .iter()
+        .map(|o| (o.partition.topic().to_string(), o.partition.partition()))
+        .collect();
+    let view = fetch(bs)?;
+    let moves = plan_rebalance(&view, &moving);
+    print!("{}", render_moves(Some(&view), &moves));
+    println!(
+        "{} partitions to change, {} bytes to copy{}",
+        moves.len(),
+        bytes_to_copy(&view, &moves),
+        if moving.is_empty() {
+            ""
+        } else {
+            " (partitions moving now are left alone)"
+        }
+    );
+    if moves.is_empty() {
+        return Ok(());
+    }
+    if !execute {
+        println!("(a plan only: --execute applies it)");
+        return Ok(());
+    }
+    if let Some(rate) = throttle {
+        super::reassign::throttle(bs, &view, &moves, Some(rate))?;
+    }
+    if let Err(e) = submit(bs, &moves) {
+        // Nothing moves: take the throttle off again.
+        if throttle.is_some() {
+            super::reassign::throttle(bs, &view, &moves, None)?;
+        }
+        return Err(e);
+    }
+    if let Err(e) = wait(bs, &moves, Duration::from_secs(timeout)) {
+        // The moves go on, still throttled, as kafka-reassign-partitions leaves
+        // them until --verify: say how to lift it.
+        return Err(match throttle {
+            Some(_) => format!("{e}\nthe moves go on, throttled; once `sluice cluster reassignments` lists none, delete follower.replication.throttled.rate on the receiving brokers and follower.replication.throttled.replicas on the moved topics (kafka-configs --alter --delete-config)"),
+            None => e,
+        });
+    }
+    if throttle.is_some() {
+        super::reassign::throttle(bs, &view, &moves, None)?;
+    }
+    println!("rebalanced");
+    Ok(())
+}
+
 /// AddRaftVoter (`timeout` given, in seconds) or RemoveRaftVoter of `node`, asked of
 /// the metadata quorum's leader (asked again if the leader moved meanwhile).
 fn change_voter(bootstrap: &str, node: i32, timeout: Option<u64>) -> Res<()> {

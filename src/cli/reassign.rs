@@ -321,8 +321,43 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
         .filter(|p| !p.replicas.is_empty() && p.replicas.iter().all(|r| live.contains(r)))
         .map(|p| (p, p.replicas.clone()))
         .collect();
-    // Smallest first: the first partition found for a move copies the fewest bytes.
-    parts.sort_by_key(|(p, _)| (size(p), p.topic.clone(), p.partition));
+    // Topic by topic (each topic's load spread, not only the brokers' totals: a busy
+    // topic must not stay on the old brokers while empty internal partitions fill the
+    // new ones); within one, smallest first: the first partition found for a move
+    // copies the fewest bytes.
+    parts.sort_by_key(|(p, _)| (p.topic.clone(), size(p), p.partition));
+    let mut start = 0;
+    while start < parts.len() {
+        let topic = parts[start].0.topic.clone();
+        let end = start
+            + parts[start..]
+                .iter()
+                .take_while(|(p, _)| p.topic == topic)
+                .count();
+        even_out(&mut parts[start..end], &live, &rack);
+        start = end;
+    }
+    let mut out: Vec<Move> = parts
+        .into_iter()
+        .filter(|(p, t)| p.replicas != *t)
+        .map(|(p, t)| Move {
+            topic: p.topic.clone(),
+            partition: p.partition,
+            target: Some(t),
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    out
+}
+
+/// Evens out one topic's replicas, then its preferred leaders, over the `live`
+/// brokers (a move never puts two replicas of a partition in one rack where it can
+/// avoid it): `parts` are its partitions with their replica lists, changed in place.
+fn even_out(
+    parts: &mut [(&super::cluster::PartitionRow, Vec<i32>)],
+    live: &[i32],
+    rack: &dyn Fn(i32) -> Option<String>,
+) {
     // The busiest broker (by replicas, or by preferred leaderships) and the brokers
     // holding at least two fewer, least busy first: the only moves that even out.
     let loads = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
@@ -344,8 +379,8 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
         (from, takers)
     };
     // Replicas: the busiest broker gives one to the least busy one that can take it.
-    for _ in 0..view.partitions.len() * 4 {
-        let (from, takers) = loads(&parts, false);
+    for _ in 0..parts.len() * 4 {
+        let (from, takers) = loads(parts, false);
         let moved = takers.iter().find_map(|&to| {
             let i = parts.iter().position(|(_, t)| {
                 let others: Vec<Option<String>> =
@@ -362,8 +397,8 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
         }
     }
     // Preferred leaderships: reorder a partition's replicas to put a less busy one first.
-    for _ in 0..view.partitions.len() * 2 {
-        let (from, takers) = loads(&parts, true);
+    for _ in 0..parts.len() * 2 {
+        let (from, takers) = loads(parts, true);
         let moved = takers.iter().find_map(|&to| {
             let i = parts
                 .iter()
@@ -375,17 +410,6 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
         let j = t.iter().position(|r| *r == to).expect("checked above");
         t.swap(0, j);
     }
-    let mut out: Vec<Move> = parts
-        .into_iter()
-        .filter(|(p, t)| p.replicas != *t)
-        .map(|(p, t)| Move {
-            topic: p.topic.clone(),
-            partition: p.partition,
-            target: Some(t),
-        })
-        .collect();
-    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-    out
 }
 
 /// The partition's size on its leader (DescribeLogDirs), 0 when unknown.

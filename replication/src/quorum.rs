@@ -315,7 +315,9 @@ impl Quorum {
         let nothing = restored.snapshot.is_none()
             && restored.entries.is_empty()
             && restored.hard_state.is_none();
-        let amnesiac = nothing && (bootstrap.len() > 1 || !member);
+        // Even a lone bootstrap voter: the cluster may have grown since (its own vote
+        // for itself never passes through `step`, and leading clears the flag).
+        let amnesiac = nothing;
         let awaiting_snapshot = !member && restored.snapshot.is_none();
         let initial = if member {
             ConfState::from((bootstrap.to_vec(), vec![]))
@@ -446,20 +448,24 @@ impl Quorum {
     }
 
     /// On the leader: whether the voters left after removing `id` would still have a
-    /// majority holding this leader's whole log (else they could elect no one until a
+    /// majority holding the committed log (else they could elect no one until a
     /// lagging voter caught up: one that never did would vote for no one, see "A voter
     /// that lost its log"). RemoveRaftVoter waits for it.
     pub fn removal_leaves_a_caught_up_majority(&self, id: u64) -> bool {
         let Some(ends) = self.voter_log_ends() else {
             return false;
         };
-        let last = self.node.raft.raft_log.last_index();
+        // A leader knows the committed log once it committed an entry of its own term.
+        let commit = self.commit_index();
+        if self.node.raft.raft_log.term(commit).ok() != Some(self.term()) {
+            return false;
+        }
         let left: Vec<u64> = ends
             .iter()
             .filter(|(v, _)| *v != id)
             .map(|(_, e)| *e)
             .collect();
-        let caught_up = left.iter().filter(|end| **end >= last).count();
+        let caught_up = left.iter().filter(|end| **end >= commit).count();
         !left.is_empty() && caught_up * 2 > left.len()
     }
 
@@ -594,7 +600,15 @@ impl Quorum {
             MessageType::MsgAppendResponse if msg.reject && self.is_leader() => {
                 let from = msg.from;
                 let hint = msg.reject_hint;
-                if self.applied > self.snapshot_index && !self.snapshot_holds(from) {
+                let member = self.node.raft.prs().get(from).is_some();
+                // Before the first snapshot the log starts at index 1: only an empty
+                // log (a joiner, a wiped voter) needs one then.
+                let behind = self.snapshot_index > 0 || hint == 0;
+                if member
+                    && behind
+                    && self.applied > self.snapshot_index
+                    && !self.snapshot_holds(from)
+                {
                     // A member behind the log may need a snapshot (an empty log always
                     // does), and raft-rs installs none whose configuration lacks the
                     // receiver (a member added after the last snapshot, or removed and
@@ -1242,11 +1256,21 @@ mod tests {
                 .unwrap();
             net.drive();
             net.ticks(HEARTBEAT_TICKS * 2);
-            let refused = net
+            let at = net
                 .results
                 .iter()
-                .any(|(n, c)| *n == leader && c.token == Some(token) && c.result.is_err());
-            assert!(refused, "{change:?} refused");
+                .find(|(n, c)| *n == leader && c.token == Some(token))
+                .map(|(_, c)| (c.index, c.result.is_err()));
+            let Some((index, true)) = at else {
+                panic!("{change:?} refused at the leader")
+            };
+            for id in 1..=3 {
+                let refused = net
+                    .results
+                    .iter()
+                    .any(|(n, c)| *n == id && c.index == index && c.result.is_err());
+                assert!(refused, "{change:?} refused by node {id} too");
+            }
         }
         for q in net.nodes.values() {
             assert_eq!(q.members().voters, vec![1, 2, 3]);

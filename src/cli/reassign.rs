@@ -334,9 +334,13 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
                 .iter()
                 .take_while(|(p, _)| p.topic == topic)
                 .count();
-        even_out(&mut parts[start..end], &live, &rack);
+        even_out(&mut parts[start..end], &live, &rack, false);
         start = end;
     }
+    // Then the brokers' totals (topics with fewer partitions than brokers never move
+    // in their own pass), keeping each topic's own spread; smallest first again.
+    parts.sort_by_key(|(p, _)| (size(p), p.topic.clone(), p.partition));
+    even_out(&mut parts, &live, &rack, true);
     let mut out: Vec<Move> = parts
         .into_iter()
         .filter(|(p, t)| p.replicas != *t)
@@ -350,14 +354,35 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
     out
 }
 
-/// Evens out one topic's replicas, then its preferred leaders, over the `live`
-/// brokers (a move never puts two replicas of a partition in one rack where it can
-/// avoid it): `parts` are its partitions with their replica lists, changed in place.
+/// Evens out the replicas, then the preferred leaders, of `parts` (partitions with
+/// their replica lists, changed in place) over the `live` brokers; a move never puts
+/// two replicas of a partition in one rack where it can avoid it. With `keep_topics`,
+/// a move must also go to a broker holding fewer of that topic's replicas (or
+/// preferred leaderships) than the one giving it, so no topic's spread widens.
 fn even_out(
     parts: &mut [(&super::cluster::PartitionRow, Vec<i32>)],
     live: &[i32],
     rack: &dyn Fn(i32) -> Option<String>,
+    keep_topics: bool,
 ) {
+    let topic_holds = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)],
+                       topic: &str,
+                       b: i32,
+                       leaders: bool| {
+        parts
+            .iter()
+            .filter(|(p, t)| p.topic == topic && if leaders { t[0] == b } else { t.contains(&b) })
+            .count()
+    };
+    let spread_kept = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)],
+                       i: usize,
+                       from: i32,
+                       to: i32,
+                       leaders: bool| {
+        let topic = &parts[i].0.topic;
+        !keep_topics
+            || topic_holds(parts, topic, to, leaders) < topic_holds(parts, topic, from, leaders)
+    };
     // The busiest broker (by replicas, or by preferred leaderships) and the brokers
     // holding at least two fewer, least busy first: the only moves that even out.
     let loads = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
@@ -382,12 +407,14 @@ fn even_out(
     for _ in 0..parts.len() * 4 {
         let (from, takers) = loads(parts, false);
         let moved = takers.iter().find_map(|&to| {
-            let i = parts.iter().position(|(_, t)| {
+            let i = (0..parts.len()).find(|&i| {
+                let t = &parts[i].1;
                 let others: Vec<Option<String>> =
                     t.iter().filter(|r| **r != from).map(|r| rack(*r)).collect();
                 t.contains(&from)
                     && !t.contains(&to)
                     && (rack(to) == rack(from) || !others.contains(&rack(to)))
+                    && spread_kept(parts, i, from, to, false)
             })?;
             Some((i, to))
         });
@@ -400,9 +427,10 @@ fn even_out(
     for _ in 0..parts.len() * 2 {
         let (from, takers) = loads(parts, true);
         let moved = takers.iter().find_map(|&to| {
-            let i = parts
-                .iter()
-                .position(|(_, t)| t[0] == from && t.contains(&to))?;
+            let i = (0..parts.len()).find(|&i| {
+                let t = &parts[i].1;
+                t[0] == from && t.contains(&to) && spread_kept(parts, i, from, to, true)
+            })?;
             Some((i, to))
         });
         let Some((i, to)) = moved else { break };
@@ -631,6 +659,44 @@ mod tests {
         };
         let e = plan_decommission(&two, 1).unwrap_err();
         assert!(e.contains("no live broker left"), "{e}");
+    }
+
+    #[test]
+    fn a_rebalance_evens_each_topic_and_then_the_brokers_totals() {
+        // A 6-partition topic and six 1-partition topics, all on brokers 1 and 2; a
+        // third broker joined.
+        let mut partitions: Vec<PartitionRow> = (0..6)
+            .map(|p| part("big", p, if p % 2 == 0 { &[1, 2] } else { &[2, 1] }))
+            .collect();
+        partitions.extend((0..6).map(|t| part(&format!("small{t}"), 0, &[1, 2])));
+        let view = ClusterView {
+            brokers: vec![broker(1, None), broker(2, None), broker(3, None)],
+            partitions,
+            ..ClusterView::default()
+        };
+        let moves = plan_rebalance(&view, &[]);
+        let mut after: BTreeMap<(String, i32), Vec<i32>> = view
+            .partitions
+            .iter()
+            .map(|p| ((p.topic.clone(), p.partition), p.replicas.clone()))
+            .collect();
+        for m in &moves {
+            after.insert((m.topic.clone(), m.partition), m.target.clone().unwrap());
+        }
+        let holds = |b: i32, topic: Option<&str>| {
+            after
+                .iter()
+                .filter(|((t, _), r)| topic.is_none_or(|x| x == t) && r.contains(&b))
+                .count()
+        };
+        // The big topic spread on its own: 4 replicas each.
+        assert_eq!(
+            [1, 2, 3].map(|b| holds(b, Some("big"))),
+            [4, 4, 4],
+            "{after:?}"
+        );
+        // And the totals (24 replicas): 8 each, which the small topics alone give.
+        assert_eq!([1, 2, 3].map(|b| holds(b, None)), [8, 8, 8], "{after:?}");
     }
 
     #[test]

@@ -37,7 +37,9 @@
 //! learner; it receives the log from then on. A learner not heard from for three
 //! session timeouts is removed (it is added again when it returns), and a node
 //! outside the configuration silent that long is forgotten by everyone (relays carry
-//! only members, so a departed node does not live on in them). AddRaftVoter
+//! members and nodes heard from directly within a session timeout, so a departed node
+//! does not live on in them, while a joiner reaches a leader that joined after the
+//! flag was written through the voters it names). AddRaftVoter
 //! promotes a caught-up learner with the controller role; RemoveRaftVoter removes a
 //! voter once the voters left hold the log with a majority (a leader removing itself
 //! steps down when that applies); a removed node carries on as a learner while it
@@ -467,10 +469,18 @@ impl QuorumNode {
         }
         let me = self.cfg.node_id;
         let mut payload = Vec::new();
+        // Relayed: members, and nodes heard from directly within a session timeout (a
+        // joiner the leader cannot hear yet); a node that left stops being relayed.
+        let now = Instant::now();
+        let relayable = |id: i32, j: &Joined| {
+            self.is_member(id)
+                || j.heard
+                    .is_some_and(|h| now.duration_since(h) < self.cfg.session_timeout)
+        };
         let entries = joined.get(&me).map(|j| (me, j)).into_iter().chain(
             joined
                 .iter()
-                .filter(|(id, _)| **id != me)
+                .filter(|(id, j)| **id != me && relayable(**id, j))
                 .map(|(id, j)| (*id, j)),
         );
         let mut first = true;
@@ -501,6 +511,15 @@ impl QuorumNode {
         frame.extend_from_slice(&payload);
         for p in self.peers.borrow().values() {
             p.queue.push(frame.clone());
+        }
+    }
+
+    /// This lone voter with an empty log heard from `node`, which holds metadata: it
+    /// never elects itself alone (see the module doc).
+    fn lone_refuses(&self, node: i32) {
+        self.lone_hold.set(None);
+        if !self.lone_voter_lost_log.replace(true) {
+            tracing::warn!(node, "this node is the metadata quorum's only voter as far as it knows and has no metadata log, but node {node} holds one: this voter's disk was lost. It will not elect itself (that would start a second, empty cluster beside the nodes that hold the metadata): it waits for a leader of the real quorum, or for its data directory to be restored");
         }
     }
 
@@ -556,12 +575,8 @@ impl QuorumNode {
         for (i, (id, flags, addr)) in entries.into_iter().enumerate() {
             let direct = i == 0;
             let controller = flags & HELLO_CONTROLLER != 0;
-            if direct
-                && flags & HELLO_HOLDS_LOG != 0
-                && self.lone_and_empty()
-                && !self.lone_voter_lost_log.replace(true)
-            {
-                tracing::warn!(node = id, "this node is the metadata quorum's only voter as far as it knows and has no metadata log, but node {id} holds one: this voter's disk was lost. It will not elect itself (that would start a second, empty cluster beside the nodes that hold the metadata): it waits for a leader of the real quorum, or for its data directory to be restored");
+            if direct && flags & HELLO_HOLDS_LOG != 0 && self.lone_and_empty() {
+                self.lone_refuses(id);
             }
             if id == self.cfg.node_id || self.cfg.voters.iter().any(|(v, _)| *v == id) {
                 continue;
@@ -574,9 +589,6 @@ impl QuorumNode {
                     j.heard = Some(now);
                 }
                 Some(_) => continue,
-                // Relayed: only a member's address is taken (a node that left must not
-                // live on in the others' relays).
-                None if !direct && !self.is_member(id) => continue,
                 None => {
                     joined.insert(
                         id,
@@ -604,6 +616,7 @@ impl QuorumNode {
             }
             // A leader of the real configuration sent it the log.
             self.lone_voter_lost_log.set(false);
+            self.lone_hold.set(None);
             tracing::info!("the metadata log reached this node from the quorum's leader: it takes part in elections again");
         }
         match self.lone_hold.get() {
@@ -686,11 +699,25 @@ impl QuorumNode {
         change: Membership,
         timeout: Duration,
     ) -> Result<(), ApiError> {
-        self.submit(timeout, &self.waiters, |q, token| {
-            q.propose_membership(change, token)
-        })
-        .await
-        .map(|_| ())
+        let result = self
+            .submit(timeout, &self.waiters, |q, token| {
+                q.propose_membership(change, token)
+            })
+            .await
+            .map(|_| ());
+        // A copy retried after its first one applied unheard is refused as not fitting
+        // any more: what was asked is done.
+        let m = self.quorum.borrow().members();
+        let done = match change {
+            Membership::AddLearner(id) => m.learners.contains(&id) || m.voters.contains(&id),
+            Membership::Promote(id) => m.voters.contains(&id),
+            Membership::Remove(id) => !m.voters.contains(&id),
+            Membership::RemoveLearner(id) => !m.learners.contains(&id),
+        };
+        match result {
+            Err(_) if done => Ok(()),
+            r => r,
+        }
     }
 
     /// AddRaftVoter on the controller leader: promotes learner `id`, which must have
@@ -1231,6 +1258,17 @@ impl QuorumNode {
             KIND_RAFT => {
                 let m = quorum::decode::<raft::prelude::Message>(payload)
                     .map_err(QuorumIoError::Frame)?;
+                let from_leader = matches!(
+                    m.get_msg_type(),
+                    raft::prelude::MessageType::MsgAppend
+                        | raft::prelude::MessageType::MsgHeartbeat
+                        | raft::prelude::MessageType::MsgSnapshot
+                );
+                if from_leader && self.lone_and_empty() {
+                    // A leader of a configuration this lone voter does not know of yet:
+                    // the cluster grew, and this voter lost its log.
+                    self.lone_refuses(m.from as i32);
+                }
                 let mut q = self.quorum.borrow_mut();
                 if let Err(e) = q.step(m) {
                     tracing::debug!(error = %e, "raft refused a message");

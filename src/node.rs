@@ -355,6 +355,7 @@ async fn run_shard(
             voters: config.controller_quorum.clone(),
             listen: config.controller_listen,
             controller: config.controller_role,
+            broker: config.broker_role,
             dir: config.data_dir.join(METADATA_DIR),
             tick: RAFT_TICK,
             heartbeat_interval: Duration::from_millis(config.broker_heartbeat_interval_ms),
@@ -421,6 +422,27 @@ async fn run_shard(
     .detach();
     if let (0, Some(path)) = (shard.0, broker.config.fault_rules.clone()) {
         glommio::spawn_local(fault_rules_watcher(path)).detach();
+    }
+    if !broker.config.broker_role {
+        // A controller without the broker role: its quorum member (on shard 0) is all
+        // it runs; no registration, no partitions, no Kafka listener.
+        if shard.0 == 0 {
+            tracing::info!(
+                controller = ?broker.config.controller_listen,
+                "sluice ready: a controller only (metadata quorum member, no Kafka API)"
+            );
+            crate::base::host::notify("READY=1\nSTATUS=controller only");
+        }
+        while !stop.load(Ordering::SeqCst) {
+            glommio::timer::sleep(STOP_POLL).await;
+        }
+        if let Some(q) = &quorum {
+            q.step_down(Duration::from_secs(1)).await;
+        }
+        handed_over.store(true, Ordering::SeqCst);
+        broker.close_all().await;
+        tracing::info!(%shard, "shard stopped");
+        return Ok(());
     }
     if let Some(q) = &quorum {
         glommio::spawn_local(publisher(Rc::downgrade(&broker), q.clone())).detach();

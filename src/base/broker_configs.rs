@@ -256,7 +256,7 @@ fn static_configs(
         ("broker.rack", c.rack.clone(), Some("rack"), "The rack or zone of this broker (--rack): replica placement spreads partitions over racks, and consumers in a rack may read from its replicas."),
         ("listeners", Some(format!("PLAINTEXT://{}", c.listen)), Some("listen"), "The Kafka listener (--listen)."),
         ("advertised.listeners", Some(format!("PLAINTEXT://{}:{}", c.advertised_host, c.advertised_port)), Some("advertised"), "The address clients are told to use (--advertised)."),
-        ("process.roles", s(&if c.controller_role { "broker,controller" } else { "broker" }), Some("process_roles"), "broker,controller: a metadata quorum voter or one AddRaftVoter may make one; broker: never votes (--process-roles)."),
+        ("process.roles", s(&match (c.broker_role, c.controller_role) { (true, true) => "broker,controller", (true, false) => "broker", _ => "controller" }), Some("process_roles"), "broker,controller: a metadata quorum voter or one AddRaftVoter may make one; broker: never votes (--process-roles)."),
         ("controller.quorum.voters", Some(voters), Some("controller_quorum"), "The metadata quorum's bootstrap voters (--controller-quorum); the current ones: DescribeQuorum."),
         ("log.dirs", s(&c.data_dir.display()), Some("data_dir"), "The data directory (--data-dir)."),
         ("num.partitions", s(&c.default_partitions), Some("default_partitions"), "Partitions of an auto-created topic (--default-partitions)."),

@@ -291,8 +291,9 @@ settings! {
     /// through them [default: this node alone].
     controller_quorum: String, example = "1@127.0.0.1:9192".into();
     /// This node's roles (process.roles): `broker,controller` (a voter, or one
-    /// AddRaftVoter may make a voter) or `broker` (never votes) [default:
-    /// broker,controller if --controller-quorum lists this node, else broker].
+    /// AddRaftVoter may make a voter), `broker` (never votes) or `controller` (a quorum
+    /// member only: no partitions, no Kafka listener) [default: broker,controller if
+    /// --controller-quorum lists this node, else broker].
     process_roles: String, example = "broker,controller".into();
     /// A broker whose heartbeats lapse this long is fenced (broker.session.timeout.ms).
     broker_session_timeout_ms: u64 = 9_000;
@@ -444,6 +445,9 @@ pub struct BrokerConfig {
     pub controller_quorum: Vec<(i32, SocketAddr)>,
     /// process.roles has `controller`: this node votes or may be made a voter.
     pub controller_role: bool,
+    /// process.roles has `broker`: this node registers, holds partitions and serves
+    /// the Kafka API (a controller without it runs only its quorum member).
+    pub broker_role: bool,
     /// broker.session.timeout.ms
     pub broker_session_timeout_ms: u64,
     /// broker.heartbeat.interval.ms
@@ -513,7 +517,8 @@ impl BrokerConfig {
         let settings_given = settings.given();
         let s = settings.with_defaults();
         check_group_settings(&s)?;
-        let (controller_listen, controller_quorum, controller_role) = check_cluster_settings(&s)?;
+        let (controller_listen, controller_quorum, (controller_role, broker_role)) =
+            check_cluster_settings(&s)?;
         let listen: SocketAddr = s
             .listen
             .parse()
@@ -634,6 +639,7 @@ impl BrokerConfig {
             controller_listen,
             controller_quorum,
             controller_role,
+            broker_role,
             broker_session_timeout_ms: s.broker_session_timeout_ms,
             broker_heartbeat_interval_ms: s.broker_heartbeat_interval_ms,
             replica_lag_time_max_ms: s.replica_lag_time_max_ms,
@@ -792,7 +798,10 @@ type Voters = Vec<(i32, SocketAddr)>;
 
 /// The metadata quorum and replication settings, validated together: the controller
 /// listener and the voters.
-fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters, bool), ConfigError> {
+/// The controller listener, the bootstrap voters and the roles (controller, broker).
+type ClusterSettings = (Option<SocketAddr>, Voters, (bool, bool));
+
+fn check_cluster_settings(s: &Resolved) -> Result<ClusterSettings, ConfigError> {
     let node_id = s.node_id;
     if node_id < 1 {
         return Err(bad_value("--node-id", node_id, "must be at least 1"));
@@ -813,24 +822,25 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters, b
         }
     };
     let listed = quorum.iter().any(|(id, _)| *id == node_id);
-    let controller =
-        match s.process_roles.as_deref().map(str::trim) {
-            None => listed,
-            Some("broker,controller" | "controller,broker") => true,
-            Some("broker") => false,
-            Some("controller") => return Err(bad_value(
+    let (controller, broker) = match s.process_roles.as_deref().map(str::trim) {
+        None => (listed, true),
+        Some("broker,controller" | "controller,broker") => (true, true),
+        Some("broker") => (false, true),
+        Some("controller") => (true, false),
+        Some(other) => {
+            return Err(bad_value(
                 "--process-roles",
-                "controller",
-                "a controller without the broker role is not supported yet: use broker,controller",
-            )),
-            Some(other) => {
-                return Err(bad_value(
-                    "--process-roles",
-                    other,
-                    "expected broker or broker,controller",
-                ))
-            }
-        };
+                other,
+                "expected broker, controller or broker,controller",
+            ))
+        }
+    };
+    if !broker && listen.is_none() {
+        return Err(broken_rule(
+            "--controller-listen",
+            "is required on a controller without the broker role",
+        ));
+    }
     if listed && !controller {
         return Err(broken_rule(
             "--process-roles",
@@ -871,7 +881,7 @@ fn check_cluster_settings(s: &Resolved) -> Result<(Option<SocketAddr>, Voters, b
             "must be between 1 and 30000",
         ));
     }
-    Ok((listen, quorum, controller))
+    Ok((listen, quorum, (controller, broker)))
 }
 
 /// The group coordinator's settings, validated together (min <= max).
@@ -1007,6 +1017,8 @@ mod tests {
         assert!(!joiner(None).controller_role);
         assert!(!joiner(Some("broker")).controller_role);
         assert!(joiner(Some("broker,controller")).controller_role);
+        let c = joiner(Some("controller"));
+        assert!(c.controller_role && !c.broker_role);
         assert!(
             BrokerConfig::resolve(Settings::default(), 2)
                 .unwrap()
@@ -1301,7 +1313,7 @@ mod tests {
                 "--controller-listen",
             ),
             (&["--process-roles", "broker"], "--process-roles"),
-            (&["--process-roles", "controller"], "--process-roles"),
+            (&["--process-roles", "controller"], "--controller-listen"),
             (&["--process-roles", "voter"], "--process-roles"),
             (
                 &["--broker-heartbeat-interval-ms", "5000"],

@@ -87,6 +87,17 @@ fn no_controller() -> BrokerId {
 impl MetadataImage {
     /// True when a broker (`me`) can answer clients completely from this image: its
     /// own registration is in it, unfenced, and a controller is known.
+    /// The controller clients are told of: the quorum's leader if it is a broker, else
+    /// (a controller without the broker role leads) `me`, which takes their admin
+    /// requests and proposes them to the quorum, as KRaft brokers name a broker.
+    pub fn controller_for_clients(&self, me: BrokerId) -> BrokerId {
+        if self.controller_id.is_some() && !self.brokers.contains_key(&self.controller_id) {
+            me
+        } else {
+            self.controller_id
+        }
+    }
+
     pub fn complete_for(&self, me: BrokerId) -> bool {
         self.registered
             && self.controller_id.is_some()

@@ -598,14 +598,14 @@ fn rebalance(bs: &str, execute: bool, throttle: Option<u64>, timeout: u64) -> Re
 }
 
 /// AddRaftVoter (`timeout` given, in seconds) or RemoveRaftVoter of `node`, asked of
-/// the metadata quorum's leader (asked again if the leader moved meanwhile).
+/// the bootstrap broker (it forwards to the metadata quorum's leader; asked again if
+/// no leader was known).
 fn change_voter(bootstrap: &str, node: i32, timeout: Option<u64>) -> Res<()> {
     use kafka_protocol::messages::{AddRaftVoterRequest, RemoveRaftVoterRequest};
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let addr = quorum_leader(bootstrap)?;
-        let mut c = Conn::open(&addr, CLIENT_ID)?;
+        let mut c = Conn::open(bootstrap, CLIENT_ID)?;
         let versions = c.api_versions()?;
         let (code, message) = match timeout {
             Some(secs) => {

@@ -18,7 +18,10 @@
 //!
 //! Wire format on the controller port: frames `[len u32 BE][kind u8][payload]`; kind 1
 //! is a raft message (protobuf), kind 2 a broker heartbeat `[node i32 LE][incarnation
-//! u64 LE]`, kind 3 a hello (below). Each node keeps one outbound connection per peer;
+//! u64 LE]`, kind 3 a hello (below), kinds 4 and 5 a quorum request forwarded to the
+//! leader and its answer (DescribeQuorum, AddRaftVoter and RemoveRaftVoter asked of a
+//! broker whose node does not lead; the leader may be a controller without the
+//! broker role, which has no Kafka listener). Each node keeps one outbound connection per peer;
 //! inbound connections only receive. A message that cannot be sent is dropped (raft
 //! retransmits).
 //!
@@ -111,6 +114,12 @@ pub enum QuorumIoError {
 const KIND_RAFT: u8 = 1;
 const KIND_HEARTBEAT: u8 = 2;
 const KIND_HELLO: u8 = 3;
+/// A quorum request forwarded to the leader: `[req u64][from i32][op u8][node
+/// i32][timeout_ms u32]` (op: 0 DescribeQuorum, 1 AddRaftVoter, 2 RemoveRaftVoter).
+const KIND_ASK: u8 = 4;
+/// Its answer: `[req u64][error code i16][message len u16][message]` then, for a
+/// description, the view (see `encode_view`).
+const KIND_ANSWER: u8 = 5;
 /// Hello flags: the node has the controller role (may become a voter).
 const HELLO_CONTROLLER: u8 = 1;
 /// Hello flags, the sender's own entry: it has applied metadata (holds a log).
@@ -135,6 +144,8 @@ pub struct QuorumConfig {
     /// This node has the controller role (`--process-roles`): a voter, or a learner
     /// that AddRaftVoter may promote.
     pub controller: bool,
+    /// This node has the broker role: it registers (a controller without it does not).
+    pub broker: bool,
     pub dir: PathBuf,
     /// One raft tick.
     pub tick: Duration,
@@ -151,6 +162,9 @@ pub struct QuorumConfig {
     /// `PREFERRED_CHECK`); without it only ElectLeaders moves leadership back.
     pub auto_leader_rebalance: bool,
 }
+
+/// A forwarded request's answer: its payload, or the leader's refusal.
+type Answer = Result<Vec<u8>, ApiError>;
 
 /// One peer's controller address and the queue of its connection.
 struct Peer {
@@ -186,6 +200,8 @@ pub struct QuorumNode {
     /// announced them.
     joined: RefCell<HashMap<i32, Joined>>,
     waiters: Waiters<Applied>,
+    /// Forwarded requests of this node waiting for the leader's answer, by request id.
+    asks: RefCell<HashMap<u64, LocalSender<Answer>>>,
     /// Proposals of `AllocateProducerIds`, answered with the block itself.
     block_waiters: Waiters<ProducerIdBlock>,
     next_token: Cell<u64>,
@@ -301,6 +317,7 @@ impl QuorumNode {
             peers: RefCell::new(HashMap::new()),
             joined: RefCell::new(HashMap::new()),
             waiters: RefCell::new(HashMap::new()),
+            asks: RefCell::new(HashMap::new()),
             block_waiters: RefCell::new(HashMap::new()),
             // Tokens of an earlier process may be replayed from the log: start this
             // process's tokens somewhere else.
@@ -345,7 +362,9 @@ impl QuorumNode {
         }
         glommio::spawn_local(ticker(Rc::downgrade(&node))).detach();
         glommio::spawn_local(heartbeater(Rc::downgrade(&node))).detach();
-        glommio::spawn_local(register_self(Rc::downgrade(&node))).detach();
+        if node.cfg.broker {
+            glommio::spawn_local(register_self(Rc::downgrade(&node))).detach();
+        }
         Ok(node)
     }
 
@@ -826,6 +845,104 @@ impl QuorumNode {
         Ok(())
     }
 
+    /// Sends a forwarded request's answer back to node `to`.
+    fn answer_ask(&self, to: i32, req: u64, answer: Result<Vec<u8>, ApiError>) {
+        let mut payload = req.to_le_bytes().to_vec();
+        match answer {
+            Ok(rest) => {
+                payload.extend_from_slice(&0i16.to_le_bytes());
+                payload.extend_from_slice(&0u16.to_le_bytes());
+                payload.extend_from_slice(&rest);
+            }
+            Err(e) => {
+                let message = e.message.clone().unwrap_or_default();
+                let message = &message.as_bytes()[..message.len().min(4096)];
+                payload.extend_from_slice(&e.code().to_le_bytes());
+                payload.extend_from_slice(&(message.len() as u16).to_le_bytes());
+                payload.extend_from_slice(message);
+            }
+        }
+        self.send_frame(to as u64, KIND_ANSWER, &payload);
+    }
+
+    fn send_frame(&self, to: u64, kind: u8, payload: &[u8]) {
+        let mut frame = Vec::with_capacity(payload.len() + 5);
+        frame.extend_from_slice(&((payload.len() + 1) as u32).to_be_bytes());
+        frame.push(kind);
+        frame.extend_from_slice(payload);
+        if let Some(p) = self.peers.borrow().get(&to) {
+            p.queue.push(frame);
+        }
+    }
+
+    /// Forwards a quorum request to the controller leader (a controller without the
+    /// broker role has no Kafka listener to ask) and waits for its answer.
+    async fn ask_leader(&self, op: u8, node: i32, timeout: Duration) -> Result<Vec<u8>, ApiError> {
+        let leader = self.leader_id();
+        if leader < 0 || leader == self.cfg.node_id {
+            return Err(ApiError::with(
+                ResponseError::NotLeaderOrFollower,
+                "no controller leader is known; retry",
+            ));
+        }
+        let req = self.next_token.get();
+        self.next_token.set(req.wrapping_add(1));
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.asks.borrow_mut().insert(req, tx);
+        let mut payload = req.to_le_bytes().to_vec();
+        payload.extend_from_slice(&self.cfg.node_id.to_le_bytes());
+        payload.push(op);
+        payload.extend_from_slice(&node.to_le_bytes());
+        payload
+            .extend_from_slice(&(timeout.as_millis().min(u32::MAX as u128) as u32).to_le_bytes());
+        self.send_frame(leader as u64, KIND_ASK, &payload);
+        let wait = timeout + Duration::from_secs(5);
+        let got = futures_lite::future::or(async { rx.recv().await }, async {
+            glommio::timer::sleep(wait).await;
+            None
+        })
+        .await;
+        self.asks.borrow_mut().remove(&req);
+        got.unwrap_or_else(|| {
+            Err(ApiError::with(
+                ResponseError::RequestTimedOut,
+                format!("the controller leader {leader} did not answer in time"),
+            ))
+        })
+    }
+
+    /// DescribeQuorum from any node: this one's view if it leads, else the leader's,
+    /// forwarded; `Err(leader)` when neither answers.
+    pub async fn describe_anywhere(&self) -> Result<QuorumView, i32> {
+        if let Some(v) = self.describe() {
+            return Ok(v);
+        }
+        let leader = self.leader_id();
+        match self.ask_leader(0, 0, Duration::from_secs(5)).await {
+            Ok(b) => decode_view(&b).ok_or(leader),
+            Err(_) => Err(leader),
+        }
+    }
+
+    /// AddRaftVoter / RemoveRaftVoter from any node: here if it leads, else forwarded.
+    pub async fn change_voters_anywhere(
+        self: &Rc<Self>,
+        node: i32,
+        add: bool,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
+        if self.quorum.borrow().is_leader() {
+            return if add {
+                self.add_voter(node, timeout).await
+            } else {
+                self.remove_voter(node, timeout).await
+            };
+        }
+        self.ask_leader(if add { 1 } else { 2 }, node, timeout)
+            .await
+            .map(|_| ())
+    }
+
     /// Controlled shutdown: moves this broker's leaderships to other in-sync replicas
     /// and takes it out of the ISRs before it stops, by proposing its own fencing (see
     /// the module docs). Returns the state version that holds it, for the caller to wait
@@ -868,6 +985,13 @@ impl QuorumNode {
         Some(version)
     }
 
+    /// A controller without the broker role stopping: hands its raft leadership over
+    /// if it leads (a broker does so in its controlled shutdown).
+    pub async fn step_down(&self, timeout: Duration) {
+        self.stopping.set(true);
+        self.hand_over_leadership(timeout).await;
+    }
+
     /// The active controller stopping: hands the raft leadership to a live voter, so
     /// the quorum goes on without waiting an election timeout (a rolling restart's next
     /// broker hands its own leaderships over through it). Waits until another node
@@ -885,10 +1009,20 @@ impl QuorumNode {
             .iter()
             .map(|id| *id as i32)
             .collect();
+        // Live: a broker registered and unfenced, or a controller without the broker
+        // role heard from within a session timeout.
+        let heard = |v: i32| {
+            self.last_seen
+                .borrow()
+                .get(&v)
+                .is_some_and(|(t, _)| t.elapsed() < self.cfg.session_timeout)
+        };
         let Some(to) = self.with_state(|s| {
             voters
                 .into_iter()
-                .filter(|v| *v != me && s.is_alive(*v))
+                .filter(|v| {
+                    *v != me && (s.is_alive(*v) || (!s.brokers.contains_key(v) && heard(*v)))
+                })
                 .min()
         }) else {
             return;
@@ -1287,9 +1421,108 @@ impl QuorumNode {
                 Ok(())
             }
             KIND_HELLO => self.on_hello(payload),
+            KIND_ASK if payload.len() == 21 => {
+                let req = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                let from = i32::from_le_bytes(payload[8..12].try_into().unwrap());
+                let op = payload[12];
+                let node = i32::from_le_bytes(payload[13..17].try_into().unwrap());
+                let timeout = u32::from_le_bytes(payload[17..21].try_into().unwrap());
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    let timeout = Duration::from_millis(u64::from(timeout));
+                    let answer = match op {
+                        0 => me
+                            .describe()
+                            .map(|v| encode_view(&v))
+                            .ok_or_else(|| not_leader(me.leader_id())),
+                        1 => me.add_voter(node, timeout).await.map(|()| Vec::new()),
+                        2 => me.remove_voter(node, timeout).await.map(|()| Vec::new()),
+                        _ => Err(ApiError::with(
+                            ResponseError::InvalidRequest,
+                            "unknown quorum request",
+                        )),
+                    };
+                    me.answer_ask(from, req, answer);
+                })
+                .detach();
+                Ok(())
+            }
+            KIND_ANSWER if payload.len() >= 12 => {
+                let req = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                let code = i16::from_le_bytes(payload[8..10].try_into().unwrap());
+                let len = u16::from_le_bytes(payload[10..12].try_into().unwrap()) as usize;
+                let Some(message) = payload.get(12..12 + len) else {
+                    return Err(QuorumIoError::UnknownFrame(KIND_ANSWER));
+                };
+                let rest = payload[12 + len..].to_vec();
+                let answer = if code == 0 {
+                    Ok(rest)
+                } else {
+                    let code = ResponseError::try_from_code(code)
+                        .unwrap_or(ResponseError::UnknownServerError);
+                    Err(ApiError::with(
+                        code,
+                        String::from_utf8_lossy(message).into_owned(),
+                    ))
+                };
+                if let Some(w) = self.asks.borrow_mut().remove(&req) {
+                    let _ = w.try_send(answer);
+                }
+                Ok(())
+            }
             k => Err(QuorumIoError::UnknownFrame(k)),
         }
     }
+}
+
+/// A [`QuorumView`] as a forwarded DescribeQuorum's answer carries it.
+fn encode_view(v: &QuorumView) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&v.leader.to_le_bytes());
+    out.extend_from_slice(&v.term.to_le_bytes());
+    out.extend_from_slice(&v.high_watermark.to_le_bytes());
+    for nodes in [&v.voters, &v.observers] {
+        out.extend_from_slice(&(nodes.len() as u32).to_le_bytes());
+        for (id, end, heard) in nodes {
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
+            out.extend_from_slice(&heard.to_le_bytes());
+        }
+    }
+    out
+}
+
+fn decode_view(b: &[u8]) -> Option<QuorumView> {
+    let mut at = 0;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let s = b.get(at..at + n)?;
+        at += n;
+        Some(s)
+    };
+    let leader = i32::from_le_bytes(take(4)?.try_into().ok()?);
+    let term = i32::from_le_bytes(take(4)?.try_into().ok()?);
+    let high_watermark = i64::from_le_bytes(take(8)?.try_into().ok()?);
+    let mut lists = Vec::new();
+    for _ in 0..2 {
+        let n = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let mut nodes = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            let id = i32::from_le_bytes(take(4)?.try_into().ok()?);
+            let end = i64::from_le_bytes(take(8)?.try_into().ok()?);
+            let heard = i64::from_le_bytes(take(8)?.try_into().ok()?);
+            nodes.push((id, end, heard));
+        }
+        lists.push(nodes);
+    }
+    let observers = lists.pop()?;
+    let voters = lists.pop()?;
+    Some(QuorumView {
+        leader,
+        term,
+        high_watermark,
+        voters,
+        observers,
+    })
 }
 
 /// NOT_LEADER_OR_FOLLOWER naming the controller leader.
@@ -1616,6 +1849,25 @@ fn exit_on_quorum_io_failure(cause: &str) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forwarded_description_round_trips_and_truncation_is_refused() {
+        let v = QuorumView {
+            leader: 2,
+            term: 7,
+            high_watermark: 99,
+            voters: vec![(1, 98, 5), (2, 99, -1)],
+            observers: vec![(4, 90, 3)],
+        };
+        let b = encode_view(&v);
+        assert_eq!(decode_view(&b), Some(v));
+        assert_eq!(decode_view(&b[..b.len() - 1]), None);
+        assert_eq!(
+            parse_hello(&[0, 0, 0, 0, 1, 0]),
+            None,
+            "node id 0 is malformed"
+        );
+    }
 
     #[test]
     fn quorum_flag_parses_and_rejects_nonsense() {

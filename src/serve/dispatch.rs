@@ -181,18 +181,13 @@ impl ShardService for ShardServer {
     }
 
     async fn describe_quorum(&self, _: rpc::DescribeQuorum) -> Result<rpc::QuorumView, i32> {
-        let q = &self.controller().quorum;
-        q.describe().ok_or_else(|| q.leader_id())
+        self.controller().quorum.describe_anywhere().await
     }
 
     async fn change_voters(&self, c: rpc::ChangeVoters) -> Result<(), ApiError> {
         let q = &self.controller().quorum;
         let timeout = std::time::Duration::from_millis(c.timeout_ms.clamp(1_000, 300_000) as u64);
-        if c.add {
-            q.add_voter(c.node, timeout).await
-        } else {
-            q.remove_voter(c.node, timeout).await
-        }
+        q.change_voters_anywhere(c.node, c.add, timeout).await
     }
 
     async fn unregister(&self, c: rpc::Unregister) -> Result<(), ApiError> {

@@ -312,7 +312,7 @@ def disk_batches(data_dir, topic, partition):
 # --- the cluster ------------------------------------------------------------------------
 
 class Cluster:
-    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None):
+    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None, roles=None):
         self.root = str(root)
         self.n = n
         self.ids = list(range(1, n + 1))
@@ -334,6 +334,8 @@ class Cluster:
             flags = ["--node-id", str(i),
                      "--controller-listen", f"127.0.0.1:{self.controller_port[i]}",
                      "--controller-quorum", quorum]
+            if roles is not None:
+                flags += ["--process-roles", roles]
             if proxied:
                 flags += ["--advertised", f"127.0.0.1:{self.kafka_front[i]}"]
             flags += (FAST_FLAGS if fast else []) + list(extra)
@@ -386,7 +388,8 @@ class Cluster:
     def add_node(self, i, roles=None, deadline=60):
         """Starts node i outside the bootstrap voters (`--controller-quorum` names the
         cluster's first voters, not it): it joins the metadata quorum as a learner and
-        registers as a broker. Waits until the cluster metadata lists it."""
+        registers as a broker. Waits until the cluster metadata lists it (a controller
+        without the broker role: until it says it runs)."""
         assert i not in self.ids and not self.proxied
         quorum, cores, fast, extra, env = self._node_args
         self.kafka_port[i], self.controller_port[i] = free_ports(2)
@@ -403,6 +406,9 @@ class Cluster:
         self.ids.append(i)
         self.n += 1
         self._spawn(i, deadline)
+        if roles == "controller":
+            self.wait_until(lambda: "a controller only" in self.log(i), deadline, f"controller {i} running")
+            return
         self._wait_answering(i, deadline)
         self.wait_until(lambda: i in self.registered(), deadline, f"node {i} registered")
 

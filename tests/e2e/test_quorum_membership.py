@@ -245,3 +245,59 @@ def test_two_broker_only_nodes_join_under_load_and_take_their_share(tmp_path):
         if t is not None:
             t.done.set()
         c.stop()
+
+
+def test_controllers_without_the_broker_role_run_the_quorum_for_broker_only_nodes(tmp_path):
+    """KRaft's split roles: three controller-only voters (no Kafka listener, no
+    partitions) and two broker-only nodes that join. Clients see only the brokers, and
+    a broker as the controller (it proposes their admin requests); DescribeQuorum,
+    AddRaftVoter and RemoveRaftVoter asked of a broker are forwarded to the leader. The
+    controller leader is SIGKILLed: another leads, topics are still created; a fourth
+    controller replaces it as a voter."""
+    from confluent_kafka import Consumer
+    c = Cluster(tmp_path / "c", n=3, cores=1, roles="controller")
+    try:
+        for i in c.ids:
+            c._spawn(i)
+        for i in list(c.ids):
+            c.wait_until(lambda: "a controller only" in c.log(i), 30, f"controller {i} running")
+        c.add_node(4)
+        c.add_node(5)
+        bootstrap = f"{c.addr(4)},{c.addr(5)}"
+        m = metadata_from(c.addr(4), topics=[])
+        assert set(m["brokers"]) == {4, 5} and m["controller"] in (4, 5), m
+        leader, voters, observers = wait_quorum(c, 4, {1, 2, 3}, {4, 5})
+        assert leader in (1, 2, 3)
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("split", 2, replication_factor=2)],
+                            request_timeout=20)["split"].result(timeout=30)
+        acks = Acks()
+        p = Producer({"bootstrap.servers": bootstrap})
+        for i in range(200):
+            p.produce("split", f"v-{i}".encode(), partition=i % 2, on_delivery=acks)
+        assert p.flush(60) == 0 and not acks.failed and acks.count() == 200
+        cons = Consumer({"bootstrap.servers": bootstrap, "group.id": "split-g",
+                         "auto.offset.reset": "earliest"})
+        cons.subscribe(["split"])
+        got = set()
+        c.wait_until(lambda: (lambda m: got.add(m.value()) if m is not None and m.error() is None else None)(cons.poll(0.5)) or len(got) == 200,
+                     60, "the group read every record")
+        cons.close()
+        # The controller leader dies: another controller leads; brokers go on.
+        c.kill(leader)
+        new, _, _ = wait_quorum(c, 5, {1, 2, 3}, {4, 5})
+        assert new != leader
+        admin.create_topics([NewTopic("after", 1, replication_factor=2)],
+                            request_timeout=20)["after"].result(timeout=30)
+        # A fourth controller takes the dead one's place, through a broker.
+        c.add_node(6, roles="controller")
+        wait_quorum(c, 4, {1, 2, 3}, {4, 5, 6})
+        code, out = cli(c, "add-voter", "--node", "6", via=4, timeout=90)
+        assert code == 0, out
+        code, out = cli(c, "remove-voter", "--node", str(leader), via=5, timeout=90)
+        assert code == 0, out
+        wait_quorum(c, 4, {1, 2, 3, 6} - {leader}, {4, 5})
+        check_log(c, "split", [0, 1], acks.acked)
+    finally:
+        c.stop()

@@ -49,7 +49,11 @@ pub fn handle(
             CLUSTER_ALL,
         ))
         .with_cluster_id(sb(image.cluster_id.clone()))
-        .with_controller_id(image.controller_id.into())
+        .with_controller_id(
+            image
+                .controller_for_clients(broker.config.broker_id())
+                .into(),
+        )
         .with_brokers(
             image
                 .brokers

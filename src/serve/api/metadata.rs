@@ -229,7 +229,11 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(sb(image.cluster_id.clone())))
-        .with_controller_id(image.controller_id.into())
+        .with_controller_id(
+            image
+                .controller_for_clients(broker.config.broker_id())
+                .into(),
+        )
         .with_topics(topics)
         .with_cluster_authorized_operations(cluster_ops)
 }

@@ -469,6 +469,31 @@ impl Quorum {
         !left.is_empty() && caught_up * 2 > left.len()
     }
 
+    /// On the leader: whether a majority of the voters report a commit index of at
+    /// least `index` (in their append and heartbeat answers). A configuration change
+    /// takes effect where it applies: until a majority of the new voters know it is
+    /// committed, losing this leader can leave them counting votes in the old
+    /// configuration (for dead voters just removed: no majority at all).
+    pub fn committed_on_majority(&self, index: u64) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let voters = self.members().voters;
+        let knows = |v: u64| {
+            if v == self.id {
+                self.commit_index() >= index
+            } else {
+                self.node
+                    .raft
+                    .prs()
+                    .get(v)
+                    .is_some_and(|p| p.committed_index >= index)
+            }
+        };
+        let n = voters.iter().filter(|v| knows(**v)).count();
+        n * 2 > voters.len()
+    }
+
     /// On the leader: the log end each learner is known to hold (raft's progress).
     pub fn learner_log_ends(&self) -> Option<Vec<(u64, u64)>> {
         if !self.is_leader() {
@@ -1192,6 +1217,12 @@ mod tests {
         for q in net.nodes.values() {
             assert_eq!(q.members().voters, vec![1, 2, 3, 4], "node {}", q.id());
         }
+        // Every voter learns the promotion is committed: the leader sees it.
+        let leader = net.tick_until_leader();
+        let commit = net.nodes[&leader].commit_index();
+        net.ticks(HEARTBEAT_TICKS * 2);
+        assert!(net.nodes[&leader].committed_on_majority(commit));
+        assert!(!net.nodes[&leader].committed_on_majority(commit + 1));
         // Replace voter 1 (its machine is dead): remove it, and 2 going down as well
         // leaves 3 and 4, a majority of {2, 3, 4}.
         net.down.push(1);

@@ -733,10 +733,24 @@ impl QuorumNode {
             Membership::Remove(id) => !m.voters.contains(&id),
             Membership::RemoveLearner(id) => !m.learners.contains(&id),
         };
-        match result {
+        let result = match result {
             Err(_) if done => Ok(()),
             r => r,
+        };
+        if result.is_ok() {
+            // Answer once a majority of the voters know the change committed (see
+            // `Quorum::committed_on_majority`): a dead voter removed and the leader
+            // lost right after must not leave the others in the old configuration.
+            let index = self.quorum.borrow().commit_index();
+            let deadline = Instant::now() + timeout.min(Duration::from_secs(10));
+            while !self.quorum.borrow().committed_on_majority(index)
+                && self.quorum.borrow().is_leader()
+                && Instant::now() < deadline
+            {
+                glommio::timer::sleep(self.cfg.tick).await;
+            }
         }
+        result
     }
 
     /// AddRaftVoter on the controller leader: promotes learner `id`, which must have

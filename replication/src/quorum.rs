@@ -1001,6 +1001,18 @@ mod tests {
             }
         }
 
+        /// Proposes the registration of brokers `ids` at `at`, one at a time.
+        fn register_at(&mut self, at: u64, ids: std::ops::Range<i32>) {
+            for id in ids {
+                self.nodes
+                    .get_mut(&at)
+                    .unwrap()
+                    .propose(&register(id), 0)
+                    .unwrap();
+                self.drive();
+            }
+        }
+
         /// A node outside the bootstrap voters starts with an empty disk.
         fn join(&mut self, id: u64) {
             let q = Quorum::new(id, &self.bootstrap, Restored::default()).unwrap();
@@ -1152,14 +1164,7 @@ mod tests {
     fn a_node_joins_as_a_learner_from_a_snapshot_is_promoted_and_replaces_a_voter() {
         let mut net = Net::new(3);
         let leader = net.tick_until_leader();
-        for i in 0..10 {
-            net.nodes
-                .get_mut(&leader)
-                .unwrap()
-                .propose(&register(10 + i), 0)
-                .unwrap();
-            net.drive();
-        }
+        net.register_at(leader, 10..10 + 10);
         net.join(4);
         // Not in the configuration: nobody sends it anything.
         net.ticks(20);
@@ -1323,14 +1328,7 @@ mod tests {
         net.join(4);
         net.change(leader, Membership::AddLearner(4));
         net.change(leader, Membership::Promote(4));
-        for i in 0..5 {
-            net.nodes
-                .get_mut(&leader)
-                .unwrap()
-                .propose(&register(10 + i), 0)
-                .unwrap();
-            net.drive();
-        }
+        net.register_at(leader, 10..10 + 5);
         net.ticks(HEARTBEAT_TICKS * 2);
         // Its disk is wiped: with no snapshot it must not replay from index 1 (it would
         // apply AddLearner(4), Promote(4) to an empty configuration: voters {4}).
@@ -1431,14 +1429,7 @@ mod tests {
     fn a_voter_that_lost_its_log_never_elects_a_stale_candidate_and_catches_up() {
         let mut net = Net::new(3);
         let leader = net.tick_until_leader();
-        for i in 0..5 {
-            net.nodes
-                .get_mut(&leader)
-                .unwrap()
-                .propose(&register(10 + i), 0)
-                .unwrap();
-            net.drive();
-        }
+        net.register_at(leader, 10..10 + 5);
         for _ in 0..HEARTBEAT_TICKS * 2 {
             net.nodes.get_mut(&leader).unwrap().tick();
             net.drive();

@@ -12,12 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-SLUICE=${SLUICE_BIN:-./target/release/sluice}
-BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+bench_bins
 OUT=${OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 RATE=${BENCH_ALERT_RATE:-50000}
-bench_require_bins "$SLUICE" "$BENCH_BIN"
 bench_pick_port BENCH_ALERT_PORT 19492 0 1
 PORT=$BENCH_ALERT_PORT
 mkdir -p "$OUT"

@@ -31,6 +31,8 @@
 #   bench_check_owner PID PORT...  the same check once, for after a measurement
 #   bench_resources OUTFILE NAME "PIDS" "DIRS"  RSS, descriptors and allocated disk
 #   bench_require_bins BIN...   fail with a hint when a binary is not built
+#   bench_bins                  set SLUICE and BENCH_BIN (from SLUICE_BIN and
+#                               SLUICE_BENCH_BIN, else the release builds) and check them
 # Environment: BENCH_STOP_TIMEOUT (default 30), seconds between SIGTERM and SIGKILL;
 # BENCH_RUN_GRACE, the same for one bench_run call (a nested bench script needs time
 # to stop its own brokers); BENCH_PORT_WAIT (default 10), seconds to wait for a port
@@ -53,6 +55,12 @@ bench_require_bins() {
   for b in "$@"; do
     [ -x "$b" ] || bench_die "$b not found or not executable: build it first (cargo build --release --workspace), or point SLUICE_BIN / SLUICE_BENCH_BIN at the binaries"
   done
+}
+
+bench_bins() {
+  SLUICE=${SLUICE_BIN:-./target/release/sluice}
+  BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+  bench_require_bins "$SLUICE" "$BENCH_BIN"
 }
 
 # --- processes -------------------------------------------------------------------

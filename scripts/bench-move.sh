@@ -20,15 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-SLUICE=${SLUICE_BIN:-./target/release/sluice}
-BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+bench_bins
 OUT=${OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 RATE=${MOVE_RATE:-30000}
 BYTES=${MOVE_BYTES:-1073741824}
 THROTTLE=${MOVE_THROTTLE:-52428800}
 CORES=${MOVE_CORES:-1}
-bench_require_bins "$SLUICE" "$BENCH_BIN"
 mkdir -p "$OUT"
 rm -f "$OUT"/move-*.json
 

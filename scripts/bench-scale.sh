@@ -22,8 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-SLUICE=${SLUICE_BIN:-./target/release/sluice}
-BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+bench_bins
 OUT=${OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 RATE=${SCALE_RATE:-100000}
@@ -35,7 +34,6 @@ RDKAFKA_RATE=${SCALE_RDKAFKA_RATE:-50000}
 TOPICS=${SCALE_TOPICS:-100}
 PARTS=${SCALE_PARTITIONS:-100}
 CORES=${SCALE_CORES:-2}
-bench_require_bins "$SLUICE" "$BENCH_BIN"
 mkdir -p "$OUT"
 rm -f "$OUT"/scale-*.json
 

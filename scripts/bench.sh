@@ -28,8 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench-lib.sh
-SLUICE=${SLUICE_BIN:-./target/release/sluice}
-BENCH_BIN=${SLUICE_BENCH_BIN:-./target/release/sluice-bench}
+bench_bins
 OUT=${BENCH_OUT:-bench/results}
 SECS=${BENCH_SECONDS:-10}
 CORES=${BROKER_CORES:-1}
@@ -51,7 +50,6 @@ RF_RATE=${BENCH_RF_RATE:-100000}
 # priority when allowed, so that unrelated jobs disturb the latency tail less.
 NICE=()
 if [ "$(id -u)" = 0 ] && [ "${BENCH_NICE:-1}" = 1 ]; then NICE=(nice -n -10); fi
-bench_require_bins "$SLUICE" "$BENCH_BIN"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.hgrm "$OUT"/*.svg
 

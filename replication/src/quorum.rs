@@ -496,20 +496,7 @@ impl Quorum {
 
     /// On the leader: the log end each learner is known to hold (raft's progress).
     pub fn learner_log_ends(&self) -> Option<Vec<(u64, u64)>> {
-        if !self.is_leader() {
-            return None;
-        }
-        let learners = self.node.raft.prs().conf().learners();
-        let mut out: Vec<(u64, u64)> = self
-            .node
-            .raft
-            .prs()
-            .iter()
-            .filter(|(id, _)| learners.contains(id))
-            .map(|(id, pr)| (*id, pr.matched))
-            .collect();
-        out.sort_unstable();
-        Some(out)
+        self.log_ends(true)
     }
 
     /// True while this voter started with nothing restored and has not yet caught up
@@ -548,6 +535,12 @@ impl Quorum {
     /// On the leader, each voter's log end as far as the leader knows it replicated
     /// (its own included), ascending by id; `None` elsewhere (DescribeQuorum).
     pub fn voter_log_ends(&self) -> Option<Vec<(u64, u64)>> {
+        self.log_ends(false)
+    }
+
+    /// On the leader, the learners' or the voters' log ends (raft's progress; the
+    /// leader's own is its last index), ascending by id.
+    fn log_ends(&self, of_learners: bool) -> Option<Vec<(u64, u64)>> {
         if !self.is_leader() {
             return None;
         }
@@ -558,7 +551,7 @@ impl Quorum {
             .raft
             .prs()
             .iter()
-            .filter(|(id, _)| !learners.contains(id))
+            .filter(|(id, _)| learners.contains(id) == of_learners)
             .map(|(id, pr)| (*id, if *id == self.id { last } else { pr.matched }))
             .collect();
         out.sort_unstable();

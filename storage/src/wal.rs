@@ -90,7 +90,7 @@ pub fn chunk_footprint(chunk_bytes: u64) -> u64 {
 /// Closed chunks waiting for their checkpoint before appends wait for one to finish.
 pub const CLOSED_CHUNKS_MAX: usize = 2;
 
-/// Logs whose segment files a checkpoint syncs at once.
+/// Logs whose segment files a checkpoint writes at once.
 const CHECKPOINT_CONCURRENCY: usize = 32;
 
 /// Batches larger than this are not journaled: they are written to their segment file
@@ -389,38 +389,42 @@ impl Wal {
     /// or once the active one is full, the next) and waits while too many closed chunks
     /// wait for their checkpoint. Call before a push, with no await between this and it.
     pub async fn ready(self: &Rc<Self>) -> Result<(), Error> {
+        // A listener only once it must wait (then the state is looked at again before
+        // the wait): every journaled append comes here, and a listener allocates.
+        let mut listener = None;
         loop {
             if self.stopped.get() {
                 return Err(Error::Config("the shard's journal is stopped".into()));
             }
-            let listener = self.changed.listen();
-            if self.opening.get() {
-                listener.await;
-                continue;
-            }
-            let (full, failed) = match &*self.active.borrow() {
-                Some(c) => (c.file.len() >= self.chunk_bytes, c.file.failure().is_some()),
-                None => (true, false),
-            };
-            if !full && !failed {
-                return Ok(());
-            }
-            if failed {
-                let recent = self
-                    .failed_at
-                    .get()
-                    .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1));
-                if recent {
-                    return Err(Error::Failed(
-                        "the shard journal's last chunk failed less than a second ago".into(),
-                    ));
+            if !self.opening.get() {
+                let (full, failed) = match &*self.active.borrow() {
+                    Some(c) => (c.file.len() >= self.chunk_bytes, c.file.failure().is_some()),
+                    None => (true, false),
+                };
+                if !full && !failed {
+                    return Ok(());
+                }
+                if failed {
+                    let recent = self
+                        .failed_at
+                        .get()
+                        .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1));
+                    if recent {
+                        return Err(Error::Failed(
+                            "the shard journal's last chunk failed less than a second ago".into(),
+                        ));
+                    }
+                }
+                if self.closed.borrow().len() < CLOSED_CHUNKS_MAX {
+                    self.open_next(failed).await?;
+                    continue;
                 }
             }
-            if self.closed.borrow().len() >= CLOSED_CHUNKS_MAX {
-                listener.await;
-                continue;
+            // Another task opens the next chunk, or too many wait for a checkpoint.
+            match listener.take() {
+                Some(l) => l.await,
+                None => listener = Some(self.changed.listen()),
             }
-            self.open_next(failed).await?;
         }
     }
 
@@ -643,25 +647,32 @@ async fn checkpoint(chunk: &Chunk) -> bool {
     }
     let logs: Vec<Rc<PartitionLog>> = chunk.logs.values().filter_map(Weak::upgrade).collect();
     let mut kept = false;
+    // Every log's segment bytes written (a bounded number at once), then made durable
+    // together: one shared `syncfs` round instead of an `fdatasync` per file.
+    let mut files = Vec::with_capacity(logs.len());
     for group in logs.chunks(CHECKPOINT_CONCURRENCY) {
-        // Synced together: each is a different file (shared `syncfs` rounds once many
-        // wait at once).
         let tasks: Vec<_> = group
             .iter()
             .map(|log| {
                 let log = log.clone();
-                glommio::spawn_local(async move { log.sync_segment().await }).detach()
+                glommio::spawn_local(async move { log.write_segment().await }).detach()
             })
             .collect();
         for t in tasks {
             match t.await {
-                Some(Ok(())) => {}
+                Some(Ok(f)) => files.extend(f),
                 Some(Err(e)) => {
-                    tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be synced; the chunk is kept for the next start's replay");
+                    tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be written; the chunk is kept for the next start's replay");
                     kept = true;
                 }
                 None => kept = true,
             }
+        }
+    }
+    for r in file::sync_written_together(&files).await {
+        if let Err(e) = r {
+            tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be synced; the chunk is kept for the next start's replay");
+            kept = true;
         }
     }
     if kept {

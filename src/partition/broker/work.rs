@@ -60,7 +60,7 @@ impl Broker {
         records: Bytes,
     ) -> Result<(), ApiError> {
         let item = ProduceItem {
-            topic: topic.to_string(),
+            topic: topic.into(),
             partition,
             records,
             transactional_id: None,
@@ -647,9 +647,11 @@ async fn append_in_sequence(
 ) -> Result<(sluice_storage::AppendInfo, Option<sluice_storage::Staged>), ApiError> {
     use sluice_storage::producer::SequenceError;
     use sluice_storage::Judged;
+    // Listened for only once a try finds the batch ahead, then tried again before
+    // waiting, so an append between the try and the wait is seen (a listener per
+    // append was an allocation each at 10,000 partitions).
+    let mut appended = None;
     loop {
-        // Listen before trying, so an append between the try and the wait is seen.
-        let appended = replica.appended.listen();
         let err = match log.append_judged_staged(batch.clone(), epoch).await {
             Ok((Judged::Appended(info), staged)) => {
                 replica.appended.notify(usize::MAX);
@@ -677,6 +679,10 @@ async fn append_in_sequence(
         if !ahead || left.is_zero() {
             return Err(error::from_storage(&err));
         }
+        let Some(appended) = appended.take() else {
+            appended = Some(replica.appended.listen());
+            continue;
+        };
         // A batch ahead of its sequence has its place by sequence, not by arrival: it
         // gives up its turn so that the batches before it (from another connection,
         // after a reconnect) can append.

@@ -88,8 +88,8 @@ pub async fn handle(
     let transactional_id = req
         .transactional_id
         .as_ref()
-        .map(|t| t.0.to_string())
-        .filter(|t| !t.is_empty());
+        .filter(|t| !t.0.is_empty())
+        .map(|t| std::sync::Arc::<str>::from(t.0.as_str()));
     let timeout = std::time::Duration::from_millis(req.timeout_ms.clamp(0, 300_000) as u64);
     if !matches!(acks, -1..=1) {
         let resp = reject_all(
@@ -114,6 +114,7 @@ pub async fn handle(
     let mut jobs = Vec::new();
     for topic in req.topic_data {
         let name = topic.name.0.to_string();
+        let shared: std::sync::Arc<str> = std::sync::Arc::from(name.as_str());
         let meta = image.topics.get(&name);
         let mut parts = Vec::new();
         for p in topic.partition_data {
@@ -139,7 +140,7 @@ pub async fn handle(
                                 jobs.push((
                                     broker.owner(m, p.index),
                                     ProduceItem {
-                                        topic: name.clone(),
+                                        topic: shared.clone(),
                                         partition: p.index,
                                         records,
                                         transactional_id: transactional_id.clone(),

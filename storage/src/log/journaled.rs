@@ -73,21 +73,23 @@ impl PartitionLog {
         }
     }
 
-    /// Makes the active segment's bytes durable in its own file (a journal checkpoint):
-    /// the sealed segments were synced when they were sealed.
-    pub(crate) async fn sync_segment(&self) -> Result<(), Error> {
+    /// Writes the active segment's bytes accepted so far to its own file, unsynced (a
+    /// journal checkpoint, which then syncs every log's file in one round:
+    /// [`crate::file::sync_written_together`]); the sealed segments were synced when
+    /// they were sealed. The file written, if the log is open with an active segment.
+    pub(crate) async fn write_segment(&self) -> Result<Option<Rc<file::AppendFile>>, Error> {
         if self.closed.get() {
-            return Ok(());
+            return Ok(None);
         }
         self.guarded(async {
             let file = {
                 let st = self.state.borrow();
                 st.active().active.as_ref().map(|a| a.log.clone())
             };
-            match file {
-                Some(f) => f.sync_all().await,
-                None => Ok(()),
+            if let Some(f) = &file {
+                f.wait_written(f.len()).await?;
             }
+            Ok(file)
         })
         .await
     }

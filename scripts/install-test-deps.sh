@@ -3,6 +3,8 @@
 set -euo pipefail
 need_apt=()
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+# test_tls.py makes its certificates with the openssl command.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # promtool checks deploy/prometheus/; the e2e tests run a real Prometheus server.
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # tests/e2e/test_burrow.py: Burrow reading Sluice, with ZooKeeper for its coordination

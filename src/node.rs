@@ -44,6 +44,9 @@ pub enum NodeError {
     /// The alert sink did not start (the lag module's words).
     #[error("{0}")]
     Alerts(String),
+    /// The SSL listener's certificate, key or authorities could not be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] sluice_client::tls::TlsError),
     /// Every shard that failed, in shard order.
     #[error("{}", join_failures(.0))]
     Shards(Vec<ShardFailure>),
@@ -139,6 +142,16 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         shards = config.cores,
         "starting"
     );
+    // An SSL listener: its configuration read once (a bad file stops the start here),
+    // and this process's connections to other brokers made TLS as theirs are.
+    let tls = match &config.tls {
+        Some(t) => {
+            let server = t.server_config()?;
+            sluice_client::tls::set_peer_tls(t.peer_config()?)?;
+            Some(server)
+        }
+        None => None,
+    };
     let descriptors = descriptor_budget(config.cores);
     let registry = Arc::new(crate::observe::metrics::Registry::new(
         config.node_id,
@@ -171,6 +184,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 lag: lag.clone(),
                 handed_over: handed_over.clone(),
                 directory: directory.id.clone(),
+                tls: tls.clone(),
             };
             move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
@@ -299,6 +313,8 @@ struct Shared {
     handed_over: Arc<AtomicBool>,
     /// The data directory's id (`crate::base::directory`).
     directory: String,
+    /// The Kafka listener's TLS (`--security-protocol SSL`).
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Sets its flag when dropped.
@@ -324,6 +340,7 @@ async fn run_shard(
         lag,
         handed_over,
         directory,
+        tls,
     } = shared;
     // However shard 0 ends, the other shards do not wait for its hand-over after that.
     let _handed_over_on_exit = (shard.0 == 0).then(|| SetOnDrop(handed_over.clone()));
@@ -475,7 +492,11 @@ async fn run_shard(
         addr: listen,
         source,
     })?;
-    let server = glommio::spawn_local(crate::serve::server::serve(broker.clone(), listener));
+    let server = glommio::spawn_local(crate::serve::server::serve(
+        broker.clone(),
+        listener,
+        tls.clone(),
+    ));
     listening.set(true);
     broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {

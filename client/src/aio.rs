@@ -2,9 +2,12 @@
 //! connection, one request at a time, each call optionally bounded by a timeout (a
 //! half-open connection must not hold a fetcher forever). Nothing here blocks the
 //! reactor: the socket is glommio's, and [`resolve`] sends a host name that is not an
-//! IP literal to glommio's blocking-thread pool.
+//! IP literal to glommio's blocking-thread pool. When the process's peers speak TLS
+//! ([`crate::tls::set_peer_tls`]), every connection is wrapped in it.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_lite::AsyncWriteExt;
@@ -40,9 +43,56 @@ pub async fn resolve(host: &str, port: i32) -> Result<SocketAddr> {
     }
 }
 
+/// A connection's socket: plain, or TLS when the process's peers speak it
+/// ([`crate::tls::set_peer_tls`]).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<futures_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl futures_lite::AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl futures_lite::AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_close(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_close(cx),
+        }
+    }
+}
+
 /// One glommio connection to a broker.
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     client_id: &'static str,
     correlation: i32,
     call_timeout: Option<Duration>,
@@ -64,6 +114,32 @@ impl Conn {
             reason: e.to_string(),
         })?;
         stream.set_nodelay(true).map_err(|e| Error::Io(e.into()))?;
+        let stream = match crate::tls::peer_tls() {
+            None => Stream::Plain(stream),
+            Some(config) => {
+                // The peer's certificate must name the address connected to.
+                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+                let handshake = futures_rustls::TlsConnector::from(config).connect(name, stream);
+                let tls = match connect_timeout {
+                    Some(t) => {
+                        futures_lite::future::or(handshake, async move {
+                            glommio::timer::sleep(t).await;
+                            Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "TLS handshake timed out",
+                            ))
+                        })
+                        .await
+                    }
+                    None => handshake.await,
+                }
+                .map_err(|e| Error::Unreachable {
+                    addr: addr.to_string(),
+                    reason: format!("TLS: {e}"),
+                })?;
+                Stream::Tls(Box::new(tls))
+            }
+        };
         Ok(Conn {
             stream,
             client_id,

@@ -22,6 +22,7 @@ pub mod aio;
 pub mod blocking;
 mod error;
 pub mod frame;
+pub mod tls;
 mod versions;
 
 pub use error::{code_err, error_name, Error, Result};

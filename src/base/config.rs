@@ -205,6 +205,25 @@ settings! {
     listen: String = "127.0.0.1:9092".into();
     /// HOST:PORT clients are told to use [default: the listen address].
     advertised: String, example = "127.0.0.1:9092".into();
+    /// The Kafka listener's security protocol: `PLAINTEXT`, or `SSL` (TLS with
+    /// --ssl-certificate and --ssl-key; this broker's own connections to other brokers,
+    /// which go to their Kafka listeners, are TLS too and need --ssl-ca) [default:
+    /// PLAINTEXT].
+    security_protocol: String, example = "SSL".into();
+    /// PEM file of the listener's certificate chain, leaf first (Kafka's
+    /// ssl.keystore.location with ssl.keystore.type=PEM) [default: none].
+    ssl_certificate: String, example = "/etc/sluice/broker.pem".into();
+    /// PEM file of the certificate's private key (PKCS#8, PKCS#1 or SEC1) [default:
+    /// none].
+    ssl_key: String, example = "/etc/sluice/broker.key".into();
+    /// PEM file of the certificate authorities trusted (Kafka's
+    /// ssl.truststore.location): client certificates are checked against them, and
+    /// this broker verifies the brokers it connects to with them [default: none].
+    ssl_ca: String, example = "/etc/sluice/ca.pem".into();
+    /// Client certificates (Kafka's ssl.client.auth): `none`, `requested` (checked when
+    /// a client presents one) or `required`. With `requested` or `required` this
+    /// broker presents its own certificate to the brokers it connects to.
+    ssl_client_auth: String = "none".into();
     /// This broker's rack or zone (Kafka's broker.rack): replicas of a partition are
     /// spread over racks, and consumers that set client.rack may read from a replica in
     /// their rack [default: none].
@@ -397,6 +416,8 @@ pub struct BrokerConfig {
     /// Host and port clients are told to connect to (Metadata, DescribeCluster).
     pub advertised_host: String,
     pub advertised_port: i32,
+    /// The Kafka listener's TLS (`--security-protocol SSL`); `None`: PLAINTEXT.
+    pub tls: Option<TlsSettings>,
     /// broker.rack
     pub rack: Option<String>,
     /// The settings given by flag or config file (the others are defaults): Kafka's
@@ -600,11 +621,13 @@ impl BrokerConfig {
                 "must be between 1 and 1000",
             ));
         }
+        let tls = tls_settings(&s)?;
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
+            tls,
             rack: s.rack,
             given: settings_given,
             rack_aware_fetch,
@@ -651,6 +674,94 @@ impl BrokerConfig {
             journal_chunk_bytes: s.journal_chunk_bytes,
             metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
         })
+    }
+}
+
+/// The files and client-certificate policy of an `SSL` listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    pub client_auth: sluice_client::tls::ClientAuth,
+}
+
+impl TlsSettings {
+    /// What the listener serves with (reads and checks the files).
+    pub fn server_config(
+        &self,
+    ) -> Result<std::sync::Arc<rustls::ServerConfig>, sluice_client::tls::TlsError> {
+        sluice_client::tls::server_config(
+            &self.certificate,
+            &self.key,
+            Some(&self.ca),
+            self.client_auth,
+        )
+    }
+
+    /// What this broker connects to other brokers with: their certificates checked
+    /// against the CA file, its own presented when client certificates are asked for.
+    pub fn peer_config(
+        &self,
+    ) -> Result<std::sync::Arc<rustls::ClientConfig>, sluice_client::tls::TlsError> {
+        let identity = (self.client_auth != sluice_client::tls::ClientAuth::None)
+            .then_some((self.certificate.as_path(), self.key.as_path()));
+        sluice_client::tls::client_config(&self.ca, identity)
+    }
+}
+
+/// `--security-protocol` and the `--ssl-*` settings, checked together.
+fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
+    let given = [
+        ("--ssl-certificate", &s.ssl_certificate),
+        ("--ssl-key", &s.ssl_key),
+        ("--ssl-ca", &s.ssl_ca),
+    ];
+    let protocol = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
+    match protocol.to_ascii_uppercase().as_str() {
+        "PLAINTEXT" => {
+            if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
+                return Err(bad_value(
+                    flag,
+                    "given",
+                    "only an SSL listener uses it (--security-protocol SSL)",
+                ));
+            }
+            Ok(None)
+        }
+        "SSL" => {
+            let auth =
+                sluice_client::tls::ClientAuth::parse(&s.ssl_client_auth).ok_or_else(|| {
+                    bad_value(
+                        "--ssl-client-auth",
+                        &s.ssl_client_auth,
+                        "expected none, requested or required",
+                    )
+                })?;
+            let need = |flag: &str, v: &Option<String>| {
+                v.clone()
+                    .map(PathBuf::from)
+                    .ok_or_else(|| bad_value(flag, "missing", "an SSL listener needs it"))
+            };
+            Ok(Some(TlsSettings {
+                certificate: need("--ssl-certificate", &s.ssl_certificate)?,
+                key: need("--ssl-key", &s.ssl_key)?,
+                // Always: this broker verifies the brokers whose SSL listeners it
+                // connects to (the files are read when the broker starts).
+                ca: need("--ssl-ca", &s.ssl_ca)?,
+                client_auth: auth,
+            }))
+        }
+        "SASL_PLAINTEXT" | "SASL_SSL" => Err(bad_value(
+            "--security-protocol",
+            protocol,
+            "SASL listeners are not built yet (PLAINTEXT or SSL)",
+        )),
+        _ => Err(bad_value(
+            "--security-protocol",
+            protocol,
+            "expected PLAINTEXT or SSL",
+        )),
     }
 }
 
@@ -1049,6 +1160,11 @@ mod tests {
             "--node-id=2",
             "--listen=127.0.0.1:1",
             "--advertised=h:1",
+            "--security-protocol=SSL",
+            "--ssl-certificate=c.pem",
+            "--ssl-key=k.pem",
+            "--ssl-ca=ca.pem",
+            "--ssl-client-auth=required",
             "--rack=zone-b",
             "--replica-selector=leader",
             "--data-dir=d",
@@ -1115,6 +1231,15 @@ mod tests {
             }
         );
         assert_eq!(c.fault_rules.as_deref(), Some(Path::new("f")));
+        assert_eq!(
+            c.tls,
+            Some(TlsSettings {
+                certificate: "c.pem".into(),
+                key: "k.pem".into(),
+                ca: "ca.pem".into(),
+                client_auth: sluice_client::tls::ClientAuth::Required,
+            })
+        );
         assert_eq!(
             (c.rack.as_deref(), c.rack_aware_fetch),
             (Some("zone-b"), false)

@@ -74,8 +74,14 @@ async fn next_slot(own: &Rc<Semaphore>, pool: Option<&Arc<DescriptorPool>>) -> O
         .map(Slot::Own)
 }
 
-/// Accepts connections until the listener fails (or the shard stops).
-pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
+/// Accepts connections until the listener fails (or the shard stops); with `tls`, each
+/// connection is TLS (`--security-protocol SSL`).
+pub async fn serve(
+    broker: Rc<Broker>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let acceptor = tls.map(futures_rustls::TlsAcceptor::from);
     let slots = Rc::new(Semaphore::new(broker.limits.connections_max));
     let pool = broker.storage.shared_descriptors();
     loop {
@@ -86,13 +92,14 @@ pub async fn serve(broker: Rc<Broker>, listener: TcpListener) {
         match listener.accept().await {
             Ok(stream) => {
                 let b = broker.clone();
+                let acceptor = acceptor.clone();
                 glommio::spawn_local(async move {
                     let _slot = slot;
                     let peer = stream.peer_addr().ok();
                     tracing::debug!(shard = b.shard.0, ?peer, "connection accepted");
                     let m = b.shard_metrics();
                     ShardMetrics::add(&m.connections_accepted, 1);
-                    if let Err(e) = connection(b.clone(), stream).await {
+                    if let Err(e) = connection(b.clone(), stream, acceptor).await {
                         tracing::debug!(?peer, error = %e, "connection closed");
                     }
                     ShardMetrics::add(&b.shard_metrics().connections_closed, 1);
@@ -122,13 +129,20 @@ enum ConnError {
     FrameSize(i64, usize),
     #[error(transparent)]
     Decode(#[from] api::DecodeError),
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
 }
 
 /// One direction of a connection's socket: the reader task and the writer task each
 /// hold one over the same stream (glommio polls reads and writes on separate sources,
 /// so a pending read and a pending write do not disturb each other). The stream is
-/// borrowed only inside a poll, never across an await.
-struct Half(Rc<RefCell<TcpStream<Preallocated>>>);
+/// borrowed only inside a poll, never across an await. `S`: the buffered socket, or TLS
+/// over it (whose state lives here, on the connection's shard); `fd`: the socket's
+/// descriptor, open while the stream is.
+struct Half<S> {
+    stream: Rc<RefCell<S>>,
+    fd: std::os::fd::RawFd,
+}
 
 /// A connection's receive buffer. A small request (a produce at linger 0, a fetch, a
 /// heartbeat) arrives whole in one `recv` into it, where an unbuffered read took one
@@ -136,54 +150,92 @@ struct Half(Rc<RefCell<TcpStream<Preallocated>>>);
 /// least this large are read past it, straight into their own buffer.
 const RECEIVE_BUFFER_BYTES: usize = 16 << 10;
 
-impl Half {
+impl<S> Half<S> {
     /// Shuts both directions of the socket down now (wakes a pending read or write).
     fn shutdown(&self) {
         // SAFETY: shutdown(2) on the descriptor the shared stream owns, which is open
         // while `self` holds the stream.
-        unsafe { libc::shutdown(self.0.borrow().as_raw_fd(), libc::SHUT_RDWR) };
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
     }
 }
 
-impl AsyncRead for Half {
+impl<S: AsyncRead + Unpin> AsyncRead for Half<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_read(cx, buf)
+        Pin::new(&mut *self.stream.borrow_mut()).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for Half {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Half<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_write(cx, buf)
+        Pin::new(&mut *self.stream.borrow_mut()).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_flush(cx)
+        Pin::new(&mut *self.stream.borrow_mut()).poll_flush(cx)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut *self.0.borrow_mut()).poll_close(cx)
+        Pin::new(&mut *self.stream.borrow_mut()).poll_close(cx)
     }
 }
 
-async fn connection(broker: Rc<Broker>, stream: TcpStream) -> Result<(), ConnError> {
+/// How long a client has to complete its TLS handshake.
+const TLS_HANDSHAKE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn connection(
+    broker: Rc<Broker>,
+    stream: TcpStream,
+    tls: Option<futures_rustls::TlsAcceptor>,
+) -> Result<(), ConnError> {
     stream
         .set_nodelay(true)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     // The client's address, as group members report it (DescribeGroups' client host).
     let peer = stream.peer_addr().ok().map(|a| a.ip());
-    let stream = Rc::new(RefCell::new(
-        stream.buffered_with(Preallocated::new(RECEIVE_BUFFER_BYTES)),
-    ));
-    let mut reader = Half(stream.clone());
-    let writer = Half(stream);
+    let fd = stream.as_raw_fd();
+    let stream = stream.buffered_with(Preallocated::new(RECEIVE_BUFFER_BYTES));
+    let Some(acceptor) = tls else {
+        return talk(broker, stream, fd, peer).await;
+    };
+    let handshake = futures_lite::future::or(acceptor.accept(stream), async {
+        glommio::timer::sleep(TLS_HANDSHAKE_MAX).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no TLS handshake within 10 s",
+        ))
+    });
+    match handshake.await {
+        Ok(tls) => talk(broker, tls, fd, peer).await,
+        Err(e) => {
+            // The audit trail of refused clients (an unknown or missing certificate,
+            // plaintext on a TLS port).
+            tracing::info!(target: "sluice::audit", ?peer, error = %e, "TLS handshake failed: connection refused");
+            Err(ConnError::Tls(e))
+        }
+    }
+}
+
+/// Serves requests on an accepted (and, for TLS, handshaken) connection.
+async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+    broker: Rc<Broker>,
+    stream: S,
+    fd: std::os::fd::RawFd,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(), ConnError> {
+    let stream = Rc::new(RefCell::new(stream));
+    let mut reader = Half {
+        stream: stream.clone(),
+        fd,
+    };
+    let writer = Half { stream, fd };
     let (tx, rx) = local_channel::new_bounded::<Task<(Outcome, Permits)>>(
         broker.limits.connection_inflight_max,
     );
@@ -200,9 +252,9 @@ async fn connection(broker: Rc<Broker>, stream: TcpStream) -> Result<(), ConnErr
     result
 }
 
-async fn read_requests(
+async fn read_requests<S: AsyncRead + Unpin>(
     broker: &Rc<Broker>,
-    reader: &mut Half,
+    reader: &mut Half<S>,
     peer: Option<std::net::IpAddr>,
     tx: &local_channel::LocalSender<Task<(Outcome, Permits)>>,
 ) -> Result<(), ConnError> {
@@ -261,9 +313,9 @@ async fn read_requests(
     }
 }
 
-async fn write_responses(
+async fn write_responses<S: AsyncWrite + Unpin>(
     broker: Rc<Broker>,
-    mut writer: Half,
+    mut writer: Half<S>,
     rx: local_channel::LocalReceiver<Task<(Outcome, Permits)>>,
 ) {
     while let Some(task) = rx.recv().await {

@@ -222,9 +222,10 @@ def _str(b, i):
     return b[i:i + n].decode(), i + n
 
 
-def metadata_from(addr, topics=None, timeout=5.0):
+def metadata_from(addr, topics=None, timeout=5.0, tls=None):
     """Metadata v1 asked of exactly the broker at `addr` (librdkafka picks any broker,
-    which is no good for "what does broker N believe"). Returns
+    which is no good for "what does broker N believe"); over TLS with the
+    `ssl.SSLContext` `tls` when given. Returns
     {"controller": id, "brokers": {id: "host:port"},
      "topics": {name: {p: {"leader", "replicas", "isr", "error"}}}}."""
     body = struct.pack(">hhi", 3, 1, 7) + struct.pack(">h", 5) + b"e2e-m"
@@ -236,7 +237,8 @@ def metadata_from(addr, topics=None, timeout=5.0):
             tb = t.encode()
             body += struct.pack(">h", len(tb)) + tb
     host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+    with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+        s = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
         s.settimeout(timeout)
         s.sendall(struct.pack(">i", len(body)) + body)
         hdr = b""
@@ -312,8 +314,12 @@ def disk_batches(data_dir, topic, partition):
 # --- the cluster ------------------------------------------------------------------------
 
 class Cluster:
-    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None, roles=None):
+    def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None, roles=None,
+                 tls=None):
+        """`tls`: an `ssl.SSLContext` the harness's own Metadata requests use (the
+        brokers' listeners are SSL, as `extra` configures them)."""
         self.root = str(root)
+        self.tls = tls
         self.n = n
         self.ids = list(range(1, n + 1))
         self.proxied = proxied
@@ -429,7 +435,7 @@ class Cluster:
         def answers():
             if not b.alive():
                 raise AssertionError(f"broker {i} exited: {b.read_log()[-2000:]}")
-            metadata_from(f"127.0.0.1:{self.kafka_port[i]}", topics=[], timeout=2)
+            metadata_from(f"127.0.0.1:{self.kafka_port[i]}", topics=[], timeout=2, tls=self.tls)
             return True
         self.wait_until(answers, deadline, f"broker {i} answering Metadata")
 
@@ -440,7 +446,7 @@ class Cluster:
             if not self.alive(i):
                 continue
             try:
-                m = metadata_from(self.addr(i), topics=[])
+                m = metadata_from(self.addr(i), topics=[], tls=self.tls)
             except OSError:
                 continue
             if m["controller"] >= 0:

@@ -1,0 +1,164 @@
+//! TLS for Kafka connections (rustls, ring; no OpenSSL): the configurations a broker's
+//! `SSL` listener serves with and its own connections to other brokers use, read from
+//! PEM files as Kafka's `ssl.keystore.type=PEM` / `ssl.truststore.type=PEM` give them.
+//!
+//! The broker's connections to other brokers (replica fetchers, transaction markers,
+//! the lag collector) go to their one Kafka listener, so when that listener is `SSL`
+//! every such connection is TLS: [`set_peer_tls`] installs the process's client
+//! configuration once at start, and [`crate::aio::Conn::connect`] wraps each
+//! connection in it. Peers are verified against the configured authorities and by
+//! the address connected to (its IP must be a subject alternative name of the peer's
+//! certificate, Kafka's default `ssl.endpoint.identification.algorithm=https`).
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Why a TLS configuration could not be built: the file and what was wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn file_err(path: &Path, reason: impl std::fmt::Display) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Kafka's `ssl.client.auth`: whether a client must present a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    None,
+    /// Checked against the authorities if presented; a client without one is let in.
+    Requested,
+    Required,
+}
+
+impl ClientAuth {
+    pub fn parse(s: &str) -> Option<ClientAuth> {
+        match s.to_ascii_lowercase().as_str() {
+            "none" => Some(ClientAuth::None),
+            "requested" => Some(ClientAuth::Requested),
+            "required" => Some(ClientAuth::Required),
+            _ => None,
+        }
+    }
+}
+
+/// The certificates of a PEM file, in order (a chain: the leaf first).
+pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_err(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_err(path, e))?;
+    if certs.is_empty() {
+        return Err(file_err(path, "holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+/// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| file_err(path, e))
+}
+
+/// The authorities of a PEM file as a root store.
+pub fn authorities(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in certificates(path)? {
+        roots.add(c).map_err(|e| file_err(path, e))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// ring's provider. rustls 0.23.48 deprecates it for lacking post-quantum key
+/// exchange (aws-lc-rs has it, at the cost of building AWS-LC's C sources in every
+/// build); Kafka's clients negotiate the classical groups ring offers.
+#[allow(deprecated)]
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// What a listener serves with: `cert` (chain) and `key`; client certificates checked
+/// against `ca` as `auth` asks (`ca` is needed unless `auth` is [`ClientAuth::None`]).
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    ca: Option<&Path>,
+    auth: ClientAuth,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let chain = certificates(cert)?;
+    let key = private_key(key)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match (auth, ca) {
+        (ClientAuth::None, _) => builder.with_no_client_auth(),
+        (_, None) => {
+            return Err(TlsError::Config(
+                "client certificates are checked against the authorities of a CA file: none given"
+                    .into(),
+            ))
+        }
+        (auth, Some(ca)) => {
+            let v = WebPkiClientVerifier::builder_with_provider(authorities(ca)?, provider());
+            let v = match auth {
+                ClientAuth::Requested => v.allow_unauthenticated(),
+                _ => v,
+            };
+            builder
+                .with_client_cert_verifier(v.build().map_err(|e| TlsError::Config(e.to_string()))?)
+        }
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(format!("{}: {e}", cert.display())))?;
+    Ok(Arc::new(config))
+}
+
+/// What a client connects with: peers verified against `ca`; `identity` (certificate
+/// chain and key files) presented when a listener asks for one.
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let verifier = WebPkiServerVerifier::builder_with_provider(authorities(ca)?, provider())
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_webpki_verifier(verifier);
+    let config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(certificates(cert)?, private_key(key)?)
+            .map_err(|e| TlsError::Config(format!("{}: {e}", cert.display())))?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+static PEER_TLS: OnceLock<Arc<ClientConfig>> = OnceLock::new();
+
+/// Makes every later [`crate::aio::Conn`] of this process TLS with `config` (a broker
+/// whose listener is `SSL`, at start). Set once; a second call is refused.
+pub fn set_peer_tls(config: Arc<ClientConfig>) -> Result<(), TlsError> {
+    PEER_TLS.set(config).map_err(|_| {
+        TlsError::Config("the process's TLS client configuration is already set".into())
+    })
+}
+
+/// The process's TLS client configuration, if set.
+pub fn peer_tls() -> Option<Arc<ClientConfig>> {
+    PEER_TLS.get().cloned()
+}

@@ -1,0 +1,258 @@
+"""Tier: TLS on the Kafka listener (issue 42's first part): `--security-protocol SSL`.
+
+Certificates are made by the test with the openssl command: a cluster CA, a broker
+certificate for 127.0.0.1 and a client certificate from it, and a second, unrelated CA
+with a broker and a client certificate of its own (what must be refused). Real clients
+at their defaults plus the TLS settings a user gives them: confluent-kafka
+(librdkafka), kafka-python and kcat.
+"""
+import os
+import ssl
+import subprocess
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cluster import Cluster, metadata_from
+from conftest import wait_until
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(d, name):
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=d)
+
+
+def _signed(d, ca, name, san=None):
+    """A v3 certificate signed by `ca`: a broker's (`san` given; it serves and, to other
+    brokers, is a client too) or a client's."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+             f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+    with open(os.path.join(d, f"{name}.ext"), "w") as f:
+        if san:
+            f.write(f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        else:
+            f.write("extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("certs"))
+    _ca(d, "ca")
+    _signed(d, "ca", "broker", san="IP:127.0.0.1,DNS:localhost")
+    _signed(d, "ca", "alice")
+    _ca(d, "other-ca")
+    _signed(d, "other-ca", "rogue-broker", san="IP:127.0.0.1,DNS:localhost")
+    _signed(d, "other-ca", "mallory")
+    return lambda name: os.path.join(d, name)
+
+
+def ssl_flags(certs, client_auth="none", cert="broker"):
+    return ["--security-protocol", "SSL", "--ssl-certificate", certs(f"{cert}.pem"),
+            "--ssl-key", certs(f"{cert}.key"), "--ssl-ca", certs("ca.pem"),
+            "--ssl-client-auth", client_auth]
+
+
+def client_conf(certs, addr, who=None, ca="ca"):
+    conf = {"bootstrap.servers": addr, "security.protocol": "ssl",
+            "ssl.ca.location": certs(f"{ca}.pem")}
+    if who:
+        conf["ssl.certificate.location"] = certs(f"{who}.pem")
+        conf["ssl.key.location"] = certs(f"{who}.key")
+    return conf
+
+
+def tls_context(certs, who=None):
+    ctx = ssl.create_default_context(cafile=certs("ca.pem"))
+    if who:
+        ctx.load_cert_chain(certs(f"{who}.pem"), certs(f"{who}.key"))
+    return ctx
+
+
+def produce(conf, topic, n, timeout=30):
+    """Produces `n` records at the client's defaults (acks=all, idempotence); returns
+    how many were acknowledged and the errors of the rest."""
+    p = Producer(dict(conf, **{"message.timeout.ms": timeout * 1000}))
+    acked, errors = [], []
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode(),
+                  on_delivery=lambda e, m: (errors if e else acked).append(e or m.offset()))
+    left = p.flush(timeout + 10)
+    assert left == 0, f"{left} records neither acknowledged nor failed"
+    return len(acked), errors
+
+
+def consume_all(conf, topic, n, timeout=30):
+    c = Consumer(dict(conf, **{"group.id": f"g-{uuid.uuid4().hex[:8]}",
+                               "auto.offset.reset": "earliest"}))
+    c.subscribe([topic])
+    got = []
+
+    def more():
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+        return len(got) >= n
+
+    try:
+        wait_until(more, timeout=timeout, interval=0, what=f"{n} records over TLS")
+    finally:
+        c.close()
+    return got
+
+
+def log_end(conf, topic, partitions=1):
+    c = Consumer(dict(conf, **{"group.id": "watermarks"}))
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in range(partitions))
+    finally:
+        c.close()
+
+
+def create(conf, topic, partitions=1, rf=1):
+    a = AdminClient(conf)
+    for f in a.create_topics([NewTopic(topic, partitions, rf)]).values():
+        f.result(30)
+
+
+def test_clients_over_tls(make_broker, certs):
+    """Server-verified TLS: confluent-kafka, kafka-python and kcat produce and consume
+    (a consumer group included); a plaintext client and a client that does not trust the
+    broker's CA get nothing in and nothing out, and the broker keeps serving."""
+    b = make_broker(extra=ssl_flags(certs))
+    conf = client_conf(certs, b.addr)
+    create(conf, "t")
+    assert produce(conf, "t", 500) == (500, [])
+    assert len(consume_all(conf, "t", 500)) == 500
+
+    # kafka-python at its defaults, with the CA.
+    from kafka import KafkaConsumer, KafkaProducer
+    kp = KafkaProducer(bootstrap_servers=b.addr, security_protocol="SSL", ssl_cafile=certs("ca.pem"))
+    for i in range(100):
+        kp.send("t", value=f"kp{i}".encode())
+    kp.flush(30)
+    kp.close()
+    kc = KafkaConsumer("t", bootstrap_servers=b.addr, security_protocol="SSL",
+                       ssl_cafile=certs("ca.pem"), auto_offset_reset="earliest",
+                       group_id="kp-group", consumer_timeout_ms=15000)
+    seen = [m.value for m in kc]
+    kc.close()
+    assert sum(v.startswith(b"kp") for v in seen) == 100 and len(seen) == 600, len(seen)
+
+    # kcat, as users test a listener.
+    kcat = ["kcat", "-b", b.addr, "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={certs('ca.pem')}"]
+    subprocess.run(kcat + ["-t", "t", "-P"], input=b"from-kcat\n", check=True, timeout=30)
+    out = subprocess.run(kcat + ["-t", "t", "-C", "-e", "-o", "beginning", "-q"], check=True,
+                         capture_output=True, timeout=30).stdout
+    assert out.count(b"\n") == 601 and b"from-kcat" in out
+
+    # Refused: plaintext on the TLS port, and a client trusting another CA.
+    plain = {"bootstrap.servers": b.addr, "socket.timeout.ms": 3000}
+    assert produce(plain, "t", 5, timeout=5)[0] == 0
+    distrusting = client_conf(certs, b.addr, ca="other-ca")
+    assert produce(distrusting, "t", 5, timeout=5)[0] == 0
+    assert log_end(conf, "t") == 601
+    assert "TLS handshake failed" in b.read_log()
+
+
+def test_mutual_tls(make_broker, certs):
+    """`--ssl-client-auth required`: a client with a certificate from the cluster's CA
+    gets in; one without a certificate, or with one from another CA, writes nothing."""
+    b = make_broker(extra=ssl_flags(certs, client_auth="required"))
+    alice = client_conf(certs, b.addr, who="alice")
+    create(alice, "m", partitions=3)
+    assert produce(alice, "m", 300) == (300, [])
+    assert len(consume_all(alice, "m", 300)) == 300
+    for conf in (client_conf(certs, b.addr), client_conf(certs, b.addr, who="mallory")):
+        assert produce(conf, "m", 5, timeout=5)[0] == 0
+        with pytest.raises(KafkaException):
+            AdminClient(conf).list_topics(timeout=3)
+    assert log_end(alice, "m", partitions=3) == 300
+
+
+def test_requested_client_auth_lets_anonymous_clients_in(make_broker, certs):
+    """`requested`: a client without a certificate is let in, as is one with a
+    certificate from the cluster's CA."""
+    b = make_broker(extra=ssl_flags(certs, client_auth="requested"))
+    anonymous = client_conf(certs, b.addr)
+    create(anonymous, "r")
+    assert produce(anonymous, "r", 50) == (50, [])
+    assert produce(client_conf(certs, b.addr, who="alice"), "r", 50) == (50, [])
+    assert log_end(anonymous, "r") == 100
+
+
+def test_bad_tls_settings_are_refused_at_start(tmp_path, certs):
+    from conftest import SLUICE_BIN
+    base = [SLUICE_BIN, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")]
+    cases = {
+        "an SSL listener needs it": ["--security-protocol", "SSL", "--ssl-certificate", certs("broker.pem"),
+                                     "--ssl-ca", certs("ca.pem")],
+        "only an SSL listener uses it": ["--ssl-certificate", certs("broker.pem")],
+        "expected none, requested or required": ssl_flags(certs, client_auth="sometimes"),
+        "holds no PEM certificate": ssl_flags(certs)[:2] + ["--ssl-certificate", certs("broker.key"),
+                                                             "--ssl-key", certs("broker.key"),
+                                                             "--ssl-ca", certs("ca.pem")],
+        "SASL listeners are not built yet": ["--security-protocol", "SASL_SSL"],
+    }
+    for want, flags in cases.items():
+        r = subprocess.run(base + flags, capture_output=True, timeout=30, text=True)
+        assert r.returncode != 0 and want in r.stderr, (flags, r.returncode, r.stderr[-500:])
+
+
+def test_replication_over_mutual_tls(tmp_path, certs):
+    """Three brokers whose listeners require client certificates replicate over TLS
+    (their fetchers present the broker certificate): RF=3 acks=all works and every ISR is
+    full. A broker holding a certificate from another CA registers (the controller port
+    is not TLS yet) but cannot fetch as a replica, nor be fetched from: it never holds
+    the others' records, and partitions it leads are not replicated."""
+    ctx = tls_context(certs, who="alice")
+    c = Cluster(tmp_path / "ok", n=3, extra=ssl_flags(certs, client_auth="required"), tls=ctx)
+    c.start()
+    try:
+        conf = client_conf(certs, c.bootstrap, who="alice")
+        create(conf, "rep", partitions=6, rf=3)
+        assert produce(conf, "rep", 600) == (600, [])
+
+        def full_isr():
+            md = metadata_from(c.addr(1), ["rep"], tls=ctx)["topics"]["rep"]["partitions"]
+            return len(md) == 6 and all(len(p["isr"]) == 3 for p in md.values())
+        wait_until(full_isr, timeout=30, what="every ISR full over TLS")
+        assert len(consume_all(conf, "rep", 600)) == 600
+    finally:
+        c.stop()
+
+    rogue = Cluster(tmp_path / "rogue", n=3, extra=ssl_flags(certs, client_auth="required"), tls=ctx)
+    flags = rogue.brokers[3].extra
+    flags[flags.index(certs("broker.pem"))] = certs("rogue-broker.pem")
+    flags[flags.index(certs("broker.key"))] = certs("rogue-broker.key")
+    for i in rogue.ids:
+        rogue._spawn(i)
+    try:
+        def led_by_good_brokers_unreplicated_to_3():
+            md = metadata_from(rogue.addr(1), ["rep"], tls=ctx)
+            parts = md["topics"].get("rep", {}).get("partitions", {})
+            return len(parts) == 6 and all(3 not in p["isr"] for p in parts.values() if p["leader"] in (1, 2))
+        wait_until(lambda: _answers(rogue, ctx), timeout=60, what="the good brokers answering")
+        create(client_conf(certs, f"{rogue.addr(1)},{rogue.addr(2)}", who="alice"), "rep", partitions=6, rf=3)
+        wait_until(led_by_good_brokers_unreplicated_to_3, timeout=60,
+                   what="broker 3 out of the ISR of every partition it follows")
+        assert "TLS" in rogue.brokers[1].read_log() + rogue.brokers[2].read_log() + rogue.brokers[3].read_log()
+    finally:
+        # The refused handshakes and fetches are what this part is about.
+        rogue.stop(expected_errors=["TLS", "handshake", "certificate", "fetch", "reach"])
+
+
+def _answers(cluster, ctx):
+    try:
+        m = metadata_from(cluster.addr(1), topics=[], tls=ctx)
+    except OSError:
+        return False
+    return m["controller"] >= 0 and {1, 2, 3} <= set(m["brokers"])

@@ -20,6 +20,11 @@ static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Al
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Kafka client properties for the connections of `group`, `cluster` and `txn`, as
+    /// Kafka's own tools take them: security.protocol (PLAINTEXT or SSL),
+    /// ssl.ca.location, ssl.certificate.location, ssl.key.location.
+    #[arg(long, global = true, value_name = "FILE")]
+    command_config: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -204,6 +209,24 @@ fn main() {
         // thread would leave the rest of the process serving without it.
         std::process::abort();
     }));
+    if let Some(path) = &cli.command_config {
+        let name = match &cli.command {
+            Command::Group(_) | Command::Cluster(_) | Command::Txn(_) => None,
+            Command::Serve(_) => Some("serve"),
+            Command::Check(_) => Some("check"),
+            Command::Lag(_) => Some("lag"),
+        };
+        if let Some(name) = name {
+            eprintln!("sluice {name}: --command-config is for group, cluster and txn (their Kafka connections)");
+            std::process::exit(2);
+        }
+        let applied = sluice_client::tls::command_config(path)
+            .and_then(|tls| tls.map_or(Ok(()), sluice_client::tls::set_peer_tls));
+        if let Err(e) = applied {
+            eprintln!("sluice: --command-config {e}");
+            std::process::exit(2);
+        }
+    }
     let args = match cli.command {
         Command::Serve(args) => *args,
         Command::Check(args) => {

@@ -1,6 +1,6 @@
-//! The blocking transport, for the admin CLIs: one `std::net::TcpStream` per broker,
-//! one request at a time, connect and read bounded by timeouts. Never use it on a
-//! glommio shard.
+//! The blocking transport, for the admin CLIs: one `std::net::TcpStream` per broker
+//! (TLS over it when `--command-config` asks for SSL), one request at a time, connect
+//! and read bounded by timeouts. Never use it on a glommio shard.
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -18,9 +18,50 @@ use crate::versions::Versions;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A blocking connection's socket: plain, or TLS when the process's peers speak it
+/// ([`crate::tls::set_peer_tls`]: the admin CLIs' `--command-config`).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref(),
+        }
+    }
+}
+
+impl std::io::Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// One blocking connection.
 pub struct Conn {
-    s: TcpStream,
+    s: Stream,
     client_id: &'static str,
     correlation: i32,
 }
@@ -43,6 +84,24 @@ impl Conn {
                 Ok(s) => {
                     s.set_read_timeout(Some(READ_TIMEOUT)).ok();
                     s.set_nodelay(true).ok();
+                    let s = match crate::tls::peer_tls() {
+                        None => Stream::Plain(s),
+                        Some(config) => {
+                            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                            let name = crate::tls::server_name(host)
+                                .map_err(|e| unreachable(e.to_string()))?;
+                            let conn = rustls::ClientConnection::new(config, name)
+                                .map_err(|e| unreachable(format!("TLS: {e}")))?;
+                            let mut tls = rustls::StreamOwned::new(conn, s);
+                            // The handshake now, so a refused one reads as such.
+                            while tls.conn.is_handshaking() {
+                                tls.conn
+                                    .complete_io(&mut tls.sock)
+                                    .map_err(|e| unreachable(format!("TLS: {e}")))?;
+                            }
+                            Stream::Tls(Box::new(tls))
+                        }
+                    };
                     return Ok(Conn {
                         s,
                         client_id,
@@ -58,7 +117,7 @@ impl Conn {
     /// How long a call waits for its answer from now on (a request the broker answers
     /// only once something happened, as AddRaftVoter).
     pub fn set_read_timeout(&mut self, timeout: std::time::Duration) {
-        self.s.set_read_timeout(Some(timeout)).ok();
+        self.s.tcp().set_read_timeout(Some(timeout)).ok();
     }
 
     /// Sends `req` at `version` and decodes the response.

@@ -220,11 +220,12 @@ fn main() {
             eprintln!("sluice {name}: --command-config is for group, cluster and txn (their Kafka connections)");
             std::process::exit(2);
         }
-        let applied = sluice_client::tls::command_config(path)
-            .and_then(|tls| tls.map_or(Ok(()), sluice_client::tls::set_peer_tls));
-        if let Err(e) = applied {
-            eprintln!("sluice: --command-config {e}");
-            std::process::exit(2);
+        match sluice_client::tls::command_config(path) {
+            Ok(tls) => tls.into_iter().for_each(sluice_client::tls::set_peer_tls),
+            Err(e) => {
+                eprintln!("sluice: --command-config {e}");
+                std::process::exit(2);
+            }
         }
     }
     let args = match cli.command {

@@ -146,8 +146,9 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     // and this process's connections to other brokers made TLS as theirs are.
     let tls = match &config.tls {
         Some(t) => {
-            let server = t.server_config()?;
-            sluice_client::tls::set_peer_tls(t.peer_config()?)?;
+            let server = sluice_client::tls::ListenerTls::new(t.server_config()?);
+            sluice_client::tls::set_peer_tls(t.peer_config()?);
+            watch_tls_files(t.clone(), server.clone(), stop.clone());
             Some(server)
         }
         None => None,
@@ -314,7 +315,73 @@ struct Shared {
     /// The data directory's id (`crate::base::directory`).
     directory: String,
     /// The Kafka listener's TLS (`--security-protocol SSL`).
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+}
+
+/// How often the TLS files are looked at for a change.
+const TLS_FILES_CHECK: Duration = Duration::from_secs(1);
+
+/// Reloads the SSL listener's certificate, key and CA file, and this broker's TLS
+/// configuration for its connections to other brokers, on SIGHUP and whenever one of
+/// the files changes (a new modification time, size or inode: certificates rotated by
+/// a tool that replaces them). New connections use the new files; open ones keep
+/// theirs. Files that do not load (a half-written pair, a bad PEM) leave the old
+/// configuration in place, with a warning, until they change again. A thread of its
+/// own: it reads files with blocking calls and touches no shard.
+fn watch_tls_files(
+    settings: crate::base::config::TlsSettings,
+    listener: Arc<sluice_client::tls::ListenerTls>,
+    stop: Arc<AtomicBool>,
+) {
+    let hup = Arc::new(AtomicBool::new(false));
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()) {
+        tracing::warn!(error = %e, "SIGHUP cannot reload the TLS files; file changes still do");
+    }
+    let paths = [
+        settings.certificate.clone(),
+        settings.key.clone(),
+        settings.ca.clone(),
+    ];
+    let stamp = move || {
+        use std::os::unix::fs::MetadataExt;
+        paths
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .map(|m| (m.mtime(), m.mtime_nsec(), m.size(), m.ino()))
+                    .ok()
+            })
+            .collect::<Vec<_>>()
+    };
+    let files = settings;
+    let spawned = std::thread::Builder::new()
+        .name("tls-files".into())
+        .spawn(move || {
+            let mut seen = stamp();
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(TLS_FILES_CHECK);
+                let now = stamp();
+                let signalled = hup.swap(false, Ordering::SeqCst);
+                if now == seen && !signalled {
+                    continue;
+                }
+                seen = now;
+                let why = if signalled { "SIGHUP" } else { "a file changed" };
+                match files.server_config().and_then(|s| Ok((s, files.peer_config()?))) {
+                    Ok((server, peer)) => {
+                        listener.replace(server);
+                        sluice_client::tls::set_peer_tls(peer);
+                        tracing::info!(why, certificate = %files.certificate.display(), "TLS files reloaded: new connections use them");
+                    }
+                    Err(e) => {
+                        tracing::warn!(why, error = %e, "TLS files could not be reloaded; the listener keeps the ones it has");
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no thread to reload the TLS files: they are read at start only");
+    }
 }
 
 /// Sets its flag when dropped.

@@ -5,13 +5,14 @@
 //! The broker's connections to other brokers (replica fetchers, transaction markers,
 //! the lag collector) go to their one Kafka listener, so when that listener is `SSL`
 //! every such connection is TLS: [`set_peer_tls`] installs the process's client
-//! configuration once at start, and [`crate::aio::Conn::connect`] wraps each
-//! connection in it. Peers are verified against the configured authorities and by
+//! configuration at start (and again when the files are reloaded), and
+//! [`crate::aio::Conn::connect`] wraps each connection in it. [`ListenerTls`] holds the
+//! listener's configuration, replaced the same way. Peers are verified against the configured authorities and by
 //! the address connected to (its IP must be a subject alternative name of the peer's
 //! certificate, Kafka's default `ssl.endpoint.identification.algorithm=https`).
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::server::WebPkiClientVerifier;
@@ -148,19 +149,38 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
-static PEER_TLS: OnceLock<Arc<ClientConfig>> = OnceLock::new();
+static PEER_TLS: RwLock<Option<Arc<ClientConfig>>> = RwLock::new(None);
 
-/// Makes every later [`crate::aio::Conn`] of this process TLS with `config` (a broker
-/// whose listener is `SSL`, at start). Set once; a second call is refused.
-pub fn set_peer_tls(config: Arc<ClientConfig>) -> Result<(), TlsError> {
-    PEER_TLS.set(config).map_err(|_| {
-        TlsError::Config("the process's TLS client configuration is already set".into())
-    })
+/// Makes every later [`crate::aio::Conn`] and [`crate::blocking::Conn`] of this process
+/// TLS with `config` (a broker whose listener is `SSL`, at start and whenever its files
+/// are reloaded; an admin CLI given `--command-config`). Connections open already keep
+/// theirs.
+pub fn set_peer_tls(config: Arc<ClientConfig>) {
+    *PEER_TLS.write().unwrap_or_else(|e| e.into_inner()) = Some(config);
 }
 
 /// The process's TLS client configuration, if set.
 pub fn peer_tls() -> Option<Arc<ClientConfig>> {
-    PEER_TLS.get().cloned()
+    PEER_TLS.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// A listener's TLS configuration, replaceable while the broker runs (certificates
+/// rotated on disk): each accepted connection handshakes with the configuration
+/// current when it arrived; connections open already keep theirs.
+pub struct ListenerTls(RwLock<Arc<ServerConfig>>);
+
+impl ListenerTls {
+    pub fn new(config: Arc<ServerConfig>) -> Arc<ListenerTls> {
+        Arc::new(ListenerTls(RwLock::new(config)))
+    }
+
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, config: Arc<ServerConfig>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
+    }
 }
 
 /// The security settings of a Kafka client properties file (the admin CLIs'

@@ -75,13 +75,13 @@ async fn next_slot(own: &Rc<Semaphore>, pool: Option<&Arc<DescriptorPool>>) -> O
 }
 
 /// Accepts connections until the listener fails (or the shard stops); with `tls`, each
-/// connection is TLS (`--security-protocol SSL`).
+/// connection is TLS (`--security-protocol SSL`), with the configuration current when
+/// it is accepted (the files may be reloaded meanwhile).
 pub async fn serve(
     broker: Rc<Broker>,
     listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Arc<sluice_client::tls::ListenerTls>>,
 ) {
-    let acceptor = tls.map(futures_rustls::TlsAcceptor::from);
     let slots = Rc::new(Semaphore::new(broker.limits.connections_max));
     let pool = broker.storage.shared_descriptors();
     loop {
@@ -92,7 +92,9 @@ pub async fn serve(
         match listener.accept().await {
             Ok(stream) => {
                 let b = broker.clone();
-                let acceptor = acceptor.clone();
+                let acceptor = tls
+                    .as_ref()
+                    .map(|t| futures_rustls::TlsAcceptor::from(t.current()));
                 glommio::spawn_local(async move {
                     let _slot = slot;
                     let peer = stream.peer_addr().ok();

@@ -283,3 +283,49 @@ def test_replication_over_mutual_tls(tmp_path, certs):
     finally:
         # The refused handshakes and fetches are what this part is about.
         rogue.stop(expected_errors=["TLS", "handshake", "certificate", "fetch", "reach"])
+
+
+def _install(certs, live, name):
+    """Replaces the broker's live key and certificate with `name`'s, each by a rename
+    (key first), as certificate tools rotate them."""
+    import shutil
+    for ext in ("key", "pem"):
+        tmp = os.path.join(live, f"next.{ext}")
+        shutil.copyfile(certs(f"{name}.{ext}"), tmp)
+        os.replace(tmp, os.path.join(live, f"broker.{ext}"))
+
+
+def test_certificates_reload_on_sighup_and_on_change(make_broker, certs, tmp_path):
+    """Rotated files are taken without a restart: on SIGHUP, and when the files change.
+    Files that do not load leave the listener serving with the ones it has."""
+    import signal
+    live = str(tmp_path / "live")
+    os.makedirs(live)
+    _install(certs, live, "broker")
+    flags = ["--security-protocol", "SSL", "--ssl-certificate", os.path.join(live, "broker.pem"),
+             "--ssl-key", os.path.join(live, "broker.key"), "--ssl-ca", certs("ca.pem")]
+    b = make_broker(extra=flags)
+    ours, theirs = client_conf(certs, b.addr), client_conf(certs, b.addr, ca="other-ca")
+    create(ours, "rl")
+    assert produce(ours, "rl", 5) == (5, [])
+
+    # A bad certificate file: still served with the old one.
+    with open(os.path.join(live, "broker.pem"), "w") as f:
+        f.write("not a certificate\n")
+    b.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "TLS files could not be reloaded" in b.read_log(), timeout=20,
+               what="the failed reload logged")
+    assert produce(ours, "rl", 5) == (5, [])
+
+    # Another CA's certificate, announced by SIGHUP: clients trusting only that CA get in.
+    _install(certs, live, "rogue-broker")
+    b.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: produce(theirs, "rl", 1, timeout=3)[0] == 1, timeout=40,
+               what="the new certificate served")
+    assert produce(ours, "rl", 1, timeout=3)[0] == 0
+
+    # Back to the cluster's certificate with no signal: the file change is enough.
+    _install(certs, live, "broker")
+    wait_until(lambda: produce(ours, "rl", 1, timeout=3)[0] == 1, timeout=40,
+               what="the original certificate served again")
+    assert log_end(ours, "rl") == 12

@@ -10,6 +10,7 @@
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # BENCH_PART=move runs only the partition-move scenarios (scripts/bench-move.sh).
+# BENCH_PART=tls runs only (b) and (b) over TLS to an SSL listener (b-tls, issue 42).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
 # of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) of
 # SOAK_RECORD_SIZE bytes (default 100; 1024 at SOAK_RATE=200000 is issue 17's 200 MB/s
@@ -82,10 +83,39 @@ fi
 if [ "$PART" = all ]; then
 echo "== (a) 100-byte records, acks=1, 8 partitions, maximum throughput =="
 bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
+fi
 
+# BENCH_PART=tls runs (b) and (b-tls) alone.
+if [ "$PART" = all ] || [ "$PART" = tls ]; then
 echo "== (b) 100-byte records, acks=1, 8 partitions, fixed $RATE records/s (open loop) =="
 bench produce $B --name b-fixed-rate --topic bench-b --delete-topic --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
 
+# (b-tls) (issue 42): (b) again over TLS, to a broker of its own whose listener is SSL
+# (certificates made here with openssl), beside (b)'s plaintext in the same run. The
+# goal: >= 0.8x (b)'s throughput, p99 within 1.5x.
+TLS_DIR="$OUT/tls"
+rm -rf "$TLS_DIR" "$OUT/tls-broker-data"
+mkdir -p "$TLS_DIR"
+(
+  cd "$TLS_DIR"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=bench-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr -subj /CN=broker 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' >broker.ext
+  openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile broker.ext -out broker.pem 2>/dev/null
+  printf 'security.protocol=SSL\nssl.ca.location=%s\n' "$TLS_DIR/ca.pem" >client.properties
+)
+bench_pick_port TLS_PORT 19492 0 552
+bench_require_free_ports "the TLS broker" "$TLS_PORT" $((TLS_PORT + 552))
+bench_spawn "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$TLS_PORT" --data-dir "$OUT/tls-broker-data" --cores "$CORES" \
+  --security-protocol SSL --ssl-certificate "$TLS_DIR/broker.pem" --ssl-key "$TLS_DIR/broker.key" --ssl-ca "$TLS_DIR/ca.pem" >"$OUT/tls-broker.log" 2>&1
+TLS_BROKER=$BENCH_PID
+bench_wait_broker "$TLS_BROKER" "$OUT/tls-broker.log" 30 "$TLS_PORT" $((TLS_PORT + 552))
+echo "== (b-tls) (b) over TLS: 100-byte records, acks=1, 8 partitions, fixed $RATE records/s =="
+bench produce --command-config "$TLS_DIR/client.properties" --bootstrap "127.0.0.1:$TLS_PORT" --report-dir "$OUT" --name b-tls-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+bench_stop "$TLS_BROKER"
+fi
+
+if [ "$PART" = all ]; then
 # (b-low): acks=all at a low rate with linger 0, as a latency-minded producer sends
 # (issue 17's goal: p99 <= 1 ms). Each request carries a record or two for most of the
 # 8 partitions, and acks once every partition it touched has made its write durable.

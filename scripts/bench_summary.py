@@ -37,6 +37,7 @@ def add(label, r, ceiling_name, ceiling):
 
 add("(a) produce 100 B, acks=1, 8 partitions, max throughput", load("a-max-throughput-report.json"), "disk write", disk)
 add("(b) produce 100 B, acks=1, fixed rate (open loop)", load("b-fixed-rate-report.json"), "disk write", disk)
+add("(b-tls) (b) over TLS", load("b-tls-fixed-rate-report.json"), "disk write", disk)
 add("(b-low) produce 100 B, acks=all, linger 0, low fixed rate", load("b-low-acks-all-report.json"), "disk write", disk)
 add("(c) produce 1 KiB, acks=all", load("c-1k-acks-all-report.json"), "disk write", disk)
 c_1m = load("c-1k-acks-all-1m-batches-report.json")
@@ -97,6 +98,9 @@ if b:
 if c_1m:
     vs_c = f", {c_1m['records_per_sec'] / c_plain['records_per_sec']:.2f}x (c) with its 64 KiB batches" if c_plain else ""
     lines += ["", f"(c-1m) 1 KiB acks=all in 1 MiB batches (librdkafka's default batch.size): {c_1m['mb_per_sec']:,.0f} MB/s on one broker core{vs_c}, {c_1m['mb_per_sec'] / disk * 100 if disk else 0:.0f}% of the O_DIRECT ceiling (issue 17's goal: >= 1 GB/s)."]
+b_tls = load("b-tls-fixed-rate-report.json")
+if b and b_tls:
+    lines += ["", f"(b-tls) over TLS against (b) plaintext, same run: throughput {b_tls['records_per_sec'] / b['records_per_sec']:.2f}x, p99 {ms(b_tls, 'p99')} ms against {ms(b, 'p99')} ms (issue 42's goal: >= 0.8x, p99 within 1.5x)."]
 b_low = load("b-low-acks-all-report.json")
 if b_low:
     target = b_low["config"].get("rate")

@@ -18,12 +18,12 @@ use bytes::Bytes;
 use event_listener::Event;
 use futures_lite::io::{split, ReadHalf, WriteHalf};
 use futures_lite::AsyncWriteExt;
-use glommio::net::TcpStream;
 use hdrhistogram::Histogram;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, ProduceRequest, TransactionalId};
+use sluice_client::aio::Stream;
 
 use crate::kafka::{self, err, BatchBuilder, Client};
 use crate::txn::{self, Txn};
@@ -157,7 +157,7 @@ struct InFlight {
 /// One producer connection: a writer, and a reader task that matches responses (which
 /// Kafka returns in request order) to the requests in flight.
 pub struct ProducerConn {
-    writer: RefCell<Option<WriteHalf<TcpStream>>>,
+    writer: RefCell<Option<WriteHalf<Stream>>>,
     inflight: RefCell<VecDeque<InFlight>>,
     window: Event,
     max_in_flight: usize,
@@ -177,8 +177,10 @@ impl ProducerConn {
         acks: i16,
         transactional_id: Option<&str>,
     ) -> io::Result<Rc<ProducerConn>> {
-        let stream = TcpStream::connect(addr).await.map_err(io::Error::from)?;
-        stream.set_nodelay(true).map_err(io::Error::from)?;
+        // TLS when `--command-config` asks for SSL (the process's peer configuration).
+        let stream = sluice_client::aio::connect_stream(addr, None)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
         let (reader, writer) = split(stream);
         let conn = Rc::new(ProducerConn {
             writer: RefCell::new(Some(writer)),
@@ -303,7 +305,7 @@ pub async fn flush_and_commit<'a>(
 
 async fn read_produce_responses(
     conn: Rc<ProducerConn>,
-    mut reader: ReadHalf<TcpStream>,
+    mut reader: ReadHalf<Stream>,
     stats: Rc<Stats>,
 ) {
     loop {

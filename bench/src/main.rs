@@ -36,6 +36,11 @@ use serde_json::json;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Kafka client properties for every connection to the brokers (security.protocol
+    /// PLAINTEXT or SSL, ssl.ca.location, ssl.certificate.location, ssl.key.location), as
+    /// `sluice`'s admin commands take them.
+    #[arg(long, global = true, value_name = "FILE")]
+    command_config: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -642,7 +647,17 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Some(path) = &cli.command_config {
+        match sluice_client::tls::command_config(path) {
+            Ok(tls) => tls.into_iter().for_each(sluice_client::tls::set_peer_tls),
+            Err(e) => {
+                eprintln!("sluice-bench: --command-config {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    match cli.command {
         Command::Produce(a) => {
             let opts = produce_opts(&a);
             let before = replicas_before(&opts);

@@ -45,7 +45,7 @@ pub async fn resolve(host: &str, port: i32) -> Result<SocketAddr> {
 
 /// A connection's socket: plain, or TLS when the process's peers speak it
 /// ([`crate::tls::set_peer_tls`]).
-enum Stream {
+pub enum Stream {
     Plain(TcpStream),
     Tls(Box<futures_rustls::client::TlsStream<TcpStream>>),
 }
@@ -98,6 +98,47 @@ pub struct Conn {
     call_timeout: Option<Duration>,
 }
 
+/// Connects to `addr` (bounded by `connect_timeout` if given) with no delay, TLS when
+/// the process's peers speak it: what [`Conn`] and the load generator's pipelined
+/// connections talk over.
+pub async fn connect_stream(addr: SocketAddr, connect_timeout: Option<Duration>) -> Result<Stream> {
+    let stream = match connect_timeout {
+        Some(t) => TcpStream::connect_timeout(addr, t).await,
+        None => TcpStream::connect(addr).await,
+    }
+    .map_err(|e| Error::Unreachable {
+        addr: addr.to_string(),
+        reason: e.to_string(),
+    })?;
+    stream.set_nodelay(true).map_err(|e| Error::Io(e.into()))?;
+    Ok(match crate::tls::peer_tls() {
+        None => Stream::Plain(stream),
+        Some(config) => {
+            // The peer's certificate must name the address connected to.
+            let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+            let handshake = futures_rustls::TlsConnector::from(config).connect(name, stream);
+            let tls = match connect_timeout {
+                Some(t) => {
+                    futures_lite::future::or(handshake, async move {
+                        glommio::timer::sleep(t).await;
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "TLS handshake timed out",
+                        ))
+                    })
+                    .await
+                }
+                None => handshake.await,
+            }
+            .map_err(|e| Error::Unreachable {
+                addr: addr.to_string(),
+                reason: format!("TLS: {e}"),
+            })?;
+            Stream::Tls(Box::new(tls))
+        }
+    })
+}
+
 impl Conn {
     /// Connects to `addr` (bounded by `connect_timeout` if given), with no delay.
     pub async fn connect(
@@ -105,43 +146,8 @@ impl Conn {
         client_id: &'static str,
         connect_timeout: Option<Duration>,
     ) -> Result<Conn> {
-        let stream = match connect_timeout {
-            Some(t) => TcpStream::connect_timeout(addr, t).await,
-            None => TcpStream::connect(addr).await,
-        }
-        .map_err(|e| Error::Unreachable {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
-        stream.set_nodelay(true).map_err(|e| Error::Io(e.into()))?;
-        let stream = match crate::tls::peer_tls() {
-            None => Stream::Plain(stream),
-            Some(config) => {
-                // The peer's certificate must name the address connected to.
-                let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
-                let handshake = futures_rustls::TlsConnector::from(config).connect(name, stream);
-                let tls = match connect_timeout {
-                    Some(t) => {
-                        futures_lite::future::or(handshake, async move {
-                            glommio::timer::sleep(t).await;
-                            Err(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                "TLS handshake timed out",
-                            ))
-                        })
-                        .await
-                    }
-                    None => handshake.await,
-                }
-                .map_err(|e| Error::Unreachable {
-                    addr: addr.to_string(),
-                    reason: format!("TLS: {e}"),
-                })?;
-                Stream::Tls(Box::new(tls))
-            }
-        };
         Ok(Conn {
-            stream,
+            stream: connect_stream(addr, connect_timeout).await?,
             client_id,
             correlation: 0,
             call_timeout: None,

@@ -267,7 +267,12 @@ impl ProducerConn {
             .borrow_mut()
             .take()
             .ok_or_else(|| err("connection closed"))?;
-        let res = w.write_all(&frame).await;
+        // The flush sends TLS records a full socket left in the session (a no-op for
+        // a plain socket).
+        let res = match w.write_all(&frame).await {
+            Ok(()) => w.flush().await,
+            Err(e) => Err(e),
+        };
         *self.writer.borrow_mut() = Some(w);
         res
     }

@@ -179,6 +179,9 @@ impl Conn {
         self.correlation = self.correlation.wrapping_add(1);
         let frame = encode_request(self.client_id, self.correlation, version, req)?;
         self.stream.write_all(&frame).await?;
+        // TLS: records a full socket left in the session go out now (see
+        // `Stream`); a plain socket's flush is a no-op.
+        self.stream.flush().await?;
         let resp = read_frame(&mut self.stream).await?;
         decode_answer::<R>(self.correlation, version, resp)
     }

@@ -327,7 +327,15 @@ async fn write_responses<S: AsyncWrite + Unpin>(
             Outcome::Silent => continue,
             Outcome::Close => break,
         };
-        if let Err(e) = writer.write_all(&bytes).await {
+        // The flush matters for TLS only (a plain socket's is a no-op): a write that
+        // met a full socket leaves encrypted records in the TLS session, sent by the
+        // next write or a flush, so without it a response's tail could wait for the
+        // next response.
+        let written = match writer.write_all(&bytes).await {
+            Ok(()) => writer.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             tracing::debug!(error = %e, "write failed");
             break;
         }

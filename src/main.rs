@@ -20,8 +20,8 @@ static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Al
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Kafka client properties for the connections of `group`, `cluster` and `txn`, as
-    /// Kafka's own tools take them: security.protocol (PLAINTEXT or SSL),
+    /// Kafka client properties for the Kafka connections of `group`, `cluster`, `txn`
+    /// and `lag`, as Kafka's own tools take them: security.protocol (PLAINTEXT or SSL),
     /// ssl.ca.location, ssl.certificate.location, ssl.key.location.
     #[arg(long, global = true, value_name = "FILE")]
     command_config: Option<std::path::PathBuf>,
@@ -211,13 +211,12 @@ fn main() {
     }));
     if let Some(path) = &cli.command_config {
         let name = match &cli.command {
-            Command::Group(_) | Command::Cluster(_) | Command::Txn(_) => None,
+            Command::Group(_) | Command::Cluster(_) | Command::Txn(_) | Command::Lag(_) => None,
             Command::Serve(_) => Some("serve"),
             Command::Check(_) => Some("check"),
-            Command::Lag(_) => Some("lag"),
         };
         if let Some(name) = name {
-            eprintln!("sluice {name}: --command-config is for group, cluster and txn (their Kafka connections)");
+            eprintln!("sluice {name}: --command-config is for group, cluster, txn and lag (their Kafka connections)");
             std::process::exit(2);
         }
         match sluice_client::tls::command_config(path) {

@@ -146,9 +146,11 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     // and this process's connections to other brokers made TLS as theirs are.
     let tls = match &config.tls {
         Some(t) => {
+            // Stamped before they are read: a change meanwhile is reloaded.
+            let stamp = tls_files_stamp(t);
             let server = sluice_client::tls::ListenerTls::new(t.server_config()?);
             sluice_client::tls::set_peer_tls(t.peer_config()?);
-            watch_tls_files(t.clone(), server.clone(), stop.clone());
+            watch_tls_files(t.clone(), stamp, server.clone(), stop.clone());
             Some(server)
         }
         None => None,
@@ -318,18 +320,36 @@ struct Shared {
     tls: Option<Arc<sluice_client::tls::ListenerTls>>,
 }
 
+/// What tells a file changed: modification time (s, ns) and inode (a file replaced by
+/// a rename is a new inode); `None` while it cannot be read.
+type FileStamp = Option<(i64, i64, u64)>;
+
+/// The stamps of the certificate, key and CA files.
+fn tls_files_stamp(t: &crate::base::config::TlsSettings) -> Vec<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    [&t.certificate, &t.key, &t.ca]
+        .iter()
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| (m.mtime(), m.mtime_nsec(), m.ino()))
+                .ok()
+        })
+        .collect()
+}
+
 /// How often the TLS files are looked at for a change.
 const TLS_FILES_CHECK: Duration = Duration::from_secs(1);
 
 /// Reloads the SSL listener's certificate, key and CA file, and this broker's TLS
 /// configuration for its connections to other brokers, on SIGHUP and whenever one of
-/// the files changes (a new modification time, size or inode: certificates rotated by
-/// a tool that replaces them). New connections use the new files; open ones keep
+/// the files changes (a new modification time or inode: certificates rotated by a tool
+/// that replaces them). New connections use the new files; open ones keep
 /// theirs. Files that do not load (a half-written pair, a bad PEM) leave the old
 /// configuration in place, with a warning, until they change again. A thread of its
 /// own: it reads files with blocking calls and touches no shard.
 fn watch_tls_files(
     settings: crate::base::config::TlsSettings,
+    mut seen: Vec<FileStamp>,
     listener: Arc<sluice_client::tls::ListenerTls>,
     stop: Arc<AtomicBool>,
 ) {
@@ -337,30 +357,13 @@ fn watch_tls_files(
     if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGHUP, hup.clone()) {
         tracing::warn!(error = %e, "SIGHUP cannot reload the TLS files; file changes still do");
     }
-    let paths = [
-        settings.certificate.clone(),
-        settings.key.clone(),
-        settings.ca.clone(),
-    ];
-    let stamp = move || {
-        use std::os::unix::fs::MetadataExt;
-        paths
-            .iter()
-            .map(|p| {
-                std::fs::metadata(p)
-                    .map(|m| (m.mtime(), m.mtime_nsec(), m.size(), m.ino()))
-                    .ok()
-            })
-            .collect::<Vec<_>>()
-    };
     let files = settings;
     let spawned = std::thread::Builder::new()
         .name("tls-files".into())
         .spawn(move || {
-            let mut seen = stamp();
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(TLS_FILES_CHECK);
-                let now = stamp();
+                let now = tls_files_stamp(&files);
                 let signalled = hup.swap(false, Ordering::SeqCst);
                 if now == seen && !signalled {
                     continue;

@@ -221,8 +221,8 @@ settings! {
     /// this broker verifies the brokers it connects to with them [default: none].
     ssl_ca: String, example = "/etc/sluice/ca.pem".into();
     /// Client certificates (Kafka's ssl.client.auth): `none`, `requested` (checked when
-    /// a client presents one) or `required`. With `requested` or `required` this
-    /// broker presents its own certificate to the brokers it connects to.
+    /// a client presents one) or `required`. This broker presents its own certificate
+    /// to the brokers it connects to whenever they ask for one.
     ssl_client_auth: String = "none".into();
     /// This broker's rack or zone (Kafka's broker.rack): replicas of a partition are
     /// spread over racks, and consumers that set client.rack may read from a replica in
@@ -700,12 +700,13 @@ impl TlsSettings {
     }
 
     /// What this broker connects to other brokers with: their certificates checked
-    /// against the CA file, its own presented when client certificates are asked for.
+    /// against the CA file, its own presented whenever a listener asks for one (also
+    /// when its own listener asks for none: brokers moved to `required` one at a time
+    /// must get it from those not moved yet).
     pub fn peer_config(
         &self,
     ) -> Result<std::sync::Arc<rustls::ClientConfig>, sluice_client::tls::TlsError> {
-        let identity = (self.client_auth != sluice_client::tls::ClientAuth::None)
-            .then_some((self.certificate.as_path(), self.key.as_path()));
+        let identity = Some((self.certificate.as_path(), self.key.as_path()));
         sluice_client::tls::client_config(&self.ca, identity)
     }
 }

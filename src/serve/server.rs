@@ -218,8 +218,13 @@ async fn connection(
         Ok(tls) => talk(broker, tls, fd, peer).await,
         Err(e) => {
             // The audit trail of refused clients (an unknown or missing certificate,
-            // plaintext on a TLS port).
-            tracing::info!(target: "sluice::audit", ?peer, error = %e, "TLS handshake failed: connection refused");
+            // plaintext on a TLS port). A connection closed before it said anything
+            // (a load balancer's TCP probe) is not one.
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                tracing::debug!(target: "sluice::audit", ?peer, error = %e, "connection closed before its TLS handshake");
+            } else {
+                tracing::info!(target: "sluice::audit", ?peer, error = %e, "TLS handshake failed: connection refused");
+            }
             Err(ConnError::Tls(e))
         }
     }

@@ -646,32 +646,38 @@ async fn checkpoint(chunk: &Chunk) -> bool {
         return true;
     }
     let logs: Vec<Rc<PartitionLog>> = chunk.logs.values().filter_map(Weak::upgrade).collect();
-    let mut kept = false;
     // Every log's segment bytes written (a bounded number at once), then made durable
     // together: one shared `syncfs` round instead of an `fdatasync` per file.
     let mut files = Vec::with_capacity(logs.len());
+    // Logs whose write or sync was refused: their file refuses work while a truncation
+    // or a close runs (until the cut or the seal is durable), or it failed.
+    let mut again = Vec::new();
     for group in logs.chunks(CHECKPOINT_CONCURRENCY) {
         let tasks: Vec<_> = group
             .iter()
             .map(|log| {
                 let log = log.clone();
-                glommio::spawn_local(async move { log.write_segment().await }).detach()
+                glommio::spawn_local(async move { (log.write_segment().await, log) }).detach()
             })
             .collect();
-        for t in tasks {
+        for (t, log) in tasks.into_iter().zip(group) {
             match t.await {
-                Some(Ok(f)) => files.extend(f),
-                Some(Err(e)) => {
-                    tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be written; the chunk is kept for the next start's replay");
-                    kept = true;
-                }
-                None => kept = true,
+                Some((Ok(f), log)) => files.extend(f.map(|f| (log, f))),
+                Some((Err(_), log)) => again.push(log),
+                None => again.push(log.clone()),
             }
         }
     }
-    for r in file::sync_written_together(&files).await {
-        if let Err(e) = r {
-            tracing::warn!(chunk = %chunk.path.display(), error = %e, "a log of the shard journal's chunk could not be synced; the chunk is kept for the next start's replay");
+    let only: Vec<_> = files.iter().map(|(_, f)| f.clone()).collect();
+    for ((log, _), r) in files.iter().zip(file::sync_written_together(&only).await) {
+        if r.is_err() {
+            again.push(log.clone());
+        }
+    }
+    let mut kept = false;
+    for log in again {
+        if let Err(e) = settle(&log).await {
+            tracing::warn!(chunk = %chunk.path.display(), log = %log.name(), error = %e, "a log of the shard journal's chunk could not be made durable in its segment file; the chunk is kept for the next start's replay");
             kept = true;
         }
     }
@@ -682,6 +688,34 @@ async fn checkpoint(chunk: &Chunk) -> bool {
         tracing::warn!(chunk = %chunk.path.display(), error = %e, "could not delete a checkpointed journal chunk");
     }
     false
+}
+
+/// Tries of [`settle`], [`SETTLE_PAUSE`] apart.
+const SETTLE_TRIES: u32 = 40;
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Makes `log`'s segment bytes durable on its own, once a truncation or close that
+/// refused the checkpoint's write or round has ended (its own cut or seal makes
+/// durable what it keeps); an error once the log reports a failure of its own, or
+/// after [`SETTLE_TRIES`]. Without this, a truncation that happened to run during a
+/// checkpoint kept its chunk, and so every later chunk, until the next start.
+async fn settle(log: &PartitionLog) -> Result<(), Error> {
+    let mut last = None;
+    for _ in 0..SETTLE_TRIES {
+        if let Some(cause) = log.failure() {
+            return Err(Error::Failed(cause));
+        }
+        match log.write_segment().await {
+            Ok(None) => return Ok(()),
+            Ok(Some(f)) => match f.sync_all().await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+        glommio::timer::sleep(SETTLE_PAUSE).await;
+    }
+    Err(last.unwrap_or_else(|| Error::Failed("not settled".into())))
 }
 
 #[cfg(test)]

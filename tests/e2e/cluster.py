@@ -237,8 +237,8 @@ def metadata_from(addr, topics=None, timeout=5.0, tls=None):
             tb = t.encode()
             body += struct.pack(">h", len(tb)) + tb
     host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as raw:
-        s = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
+    with socket.create_connection((host, int(port)), timeout=timeout) as raw, \
+            (tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw) as s:
         s.settimeout(timeout)
         s.sendall(struct.pack(">i", len(body)) + body)
         hdr = b""

@@ -7,6 +7,7 @@ at their defaults plus the TLS settings a user gives them: confluent-kafka
 (librdkafka), kafka-python and kcat.
 """
 import os
+import re
 import ssl
 import subprocess
 import uuid
@@ -195,7 +196,8 @@ def admin_cli_over_tls(addr, certs, scratch):
         return subprocess.run([SLUICE_BIN, *args, "--bootstrap-server" if args[0] == "cluster" else "--bootstrap",
                                addr, *flags], capture_output=True, text=True, timeout=60)
     r = cli("cluster", "describe")
-    assert r.returncode == 0 and "m" in r.stdout, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\s+m\s+2\s+1\s", r.stdout, re.M) and addr in r.stdout, r.stdout
     assert cli("group", "list").returncode == 0
     r = cli("cluster", "describe", config=None)
     assert r.returncode != 0 and r.stderr, r
@@ -271,13 +273,16 @@ def test_replication_over_mutual_tls(tmp_path, certs):
         rogue._node_args = (quorum, cores, fast, tuple(flags), env)
         rogue.add_node(3, roles="broker")
 
-        def led_by_good_brokers_unreplicated_to_3():
+        def broker_3_cut_off():
+            # Out of the ISR of what 1 and 2 lead (it cannot fetch), alone in the ISR
+            # of what it leads (they cannot fetch from it).
             md = metadata_from(rogue.addr(1), ["rep"], tls=ctx)
             parts = md["topics"].get("rep", {}).get("partitions", {})
-            return len(parts) == 6 and all(3 not in p["isr"] for p in parts.values() if p["leader"] in (1, 2))
+            return len(parts) == 6 and all(
+                (3 not in p["isr"]) if p["leader"] in (1, 2) else p["isr"] == [3] for p in parts.values())
         create(client_conf(certs, f"{rogue.addr(1)},{rogue.addr(2)}", who="alice"), "rep", partitions=6, rf=3)
-        wait_until(led_by_good_brokers_unreplicated_to_3, timeout=60,
-                   what="broker 3 out of the ISR of every partition it follows")
+        wait_until(broker_3_cut_off, timeout=60,
+                   what="broker 3 out of every ISR it follows, alone in those it leads")
         logs = rogue.log(1) + rogue.log(2) + rogue.log(3)
         assert "UnknownIssuer" in logs and "UnknownCA" in logs
     finally:
@@ -296,8 +301,10 @@ def _install(certs, live, name):
 
 
 def test_certificates_reload_on_sighup_and_on_change(make_broker, certs, tmp_path):
-    """Rotated files are taken without a restart: on SIGHUP, and when the files change.
-    Files that do not load leave the listener serving with the ones it has."""
+    """Rotated files are taken without a restart: on SIGHUP (the files rewritten in
+    place with their modification times put back, which only the signal can reveal),
+    and when the files change. Files that do not load leave the listener serving with
+    the ones it has."""
     import signal
     live = str(tmp_path / "live")
     os.makedirs(live)
@@ -317,8 +324,16 @@ def test_certificates_reload_on_sighup_and_on_change(make_broker, certs, tmp_pat
                what="the failed reload logged")
     assert produce(ours, "rl", 5) == (5, [])
 
-    # Another CA's certificate, announced by SIGHUP: clients trusting only that CA get in.
-    _install(certs, live, "rogue-broker")
+    # Another CA's certificate written over the files in place, their modification
+    # times put back (the file watch sees no change), announced by SIGHUP: clients
+    # trusting only that CA get in.
+    for ext in ("key", "pem"):
+        path = os.path.join(live, f"broker.{ext}")
+        before = os.stat(path)
+        with open(certs(f"rogue-broker.{ext}"), "rb") as src, open(path, "r+b") as dst:
+            dst.truncate(0)
+            dst.write(src.read())
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     b.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: produce(theirs, "rl", 1, timeout=3)[0] == 1, timeout=40,
                what="the new certificate served")
@@ -328,4 +343,5 @@ def test_certificates_reload_on_sighup_and_on_change(make_broker, certs, tmp_pat
     _install(certs, live, "broker")
     wait_until(lambda: produce(ours, "rl", 1, timeout=3)[0] == 1, timeout=40,
                what="the original certificate served again")
-    assert log_end(ours, "rl") == 12
+    # At least: a record whose delivery timed out may still have been appended.
+    assert log_end(ours, "rl") >= 12

@@ -76,11 +76,10 @@ impl PartitionLog {
     /// Writes the active segment's bytes accepted so far to its own file, unsynced (a
     /// journal checkpoint, which then syncs every log's file in one round:
     /// [`crate::file::sync_written_together`]); the sealed segments were synced when
-    /// they were sealed. The file written, if the log is open with an active segment.
+    /// they were sealed. The file written, if the log has an active segment file: a log
+    /// being closed still has it until its seal made it durable, and the checkpoint must
+    /// not count it done before that.
     pub(crate) async fn write_segment(&self) -> Result<Option<Rc<file::AppendFile>>, Error> {
-        if self.closed.get() {
-            return Ok(None);
-        }
         self.guarded(async {
             let file = {
                 let st = self.state.borrow();

@@ -178,7 +178,7 @@ impl ProducerConn {
         transactional_id: Option<&str>,
     ) -> io::Result<Rc<ProducerConn>> {
         // TLS when `--command-config` asks for SSL (the process's peer configuration).
-        let stream = sluice_client::aio::connect_stream(addr, None)
+        let stream = sluice_client::aio::connect_stream(addr, None, None)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         let (reader, writer) = split(stream);

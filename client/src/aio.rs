@@ -100,8 +100,13 @@ pub struct Conn {
 
 /// Connects to `addr` (bounded by `connect_timeout` if given) with no delay, TLS when
 /// the process's peers speak it: what [`Conn`] and the load generator's pipelined
-/// connections talk over.
-pub async fn connect_stream(addr: SocketAddr, connect_timeout: Option<Duration>) -> Result<Stream> {
+/// connections talk over. Over TLS the peer's certificate must name `host` (a DNS name
+/// or an IP literal, as advertised) or, without one, `addr`'s IP.
+pub async fn connect_stream(
+    addr: SocketAddr,
+    host: Option<&str>,
+    connect_timeout: Option<Duration>,
+) -> Result<Stream> {
     let stream = match connect_timeout {
         Some(t) => TcpStream::connect_timeout(addr, t).await,
         None => TcpStream::connect(addr).await,
@@ -114,8 +119,13 @@ pub async fn connect_stream(addr: SocketAddr, connect_timeout: Option<Duration>)
     Ok(match crate::tls::peer_tls() {
         None => Stream::Plain(stream),
         Some(config) => {
-            // The peer's certificate must name the address connected to.
-            let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
+            let name = match host {
+                Some(h) => crate::tls::server_name(h).map_err(|e| Error::Unreachable {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })?,
+                None => rustls_pki_types::ServerName::IpAddress(addr.ip().into()),
+            };
             let handshake = futures_rustls::TlsConnector::from(config).connect(name, stream);
             let tls = match connect_timeout {
                 Some(t) => {
@@ -147,7 +157,24 @@ impl Conn {
         connect_timeout: Option<Duration>,
     ) -> Result<Conn> {
         Ok(Conn {
-            stream: connect_stream(addr, connect_timeout).await?,
+            stream: connect_stream(addr, None, connect_timeout).await?,
+            client_id,
+            correlation: 0,
+            call_timeout: None,
+        })
+    }
+
+    /// Connects to a broker by its advertised `host` and `port` ([`resolve`]d off the
+    /// reactor); over TLS its certificate must name `host`.
+    pub async fn connect_to(
+        host: &str,
+        port: i32,
+        client_id: &'static str,
+        connect_timeout: Option<Duration>,
+    ) -> Result<Conn> {
+        let addr = resolve(host, port).await?;
+        Ok(Conn {
+            stream: connect_stream(addr, Some(host), connect_timeout).await?,
             client_id,
             correlation: 0,
             call_timeout: None,

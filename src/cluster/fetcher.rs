@@ -21,7 +21,7 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
     OffsetForLeaderEpochRequest, OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
 use kafka_protocol::messages::TopicName;
-use sluice_client::aio::{self, Conn};
+use sluice_client::aio::Conn;
 use sluice_replication::cluster::{Applied, Command, IsrChange};
 use sluice_replication::isr::{self, FollowerPhase, LogOpKind};
 use sluice_storage::batch;
@@ -318,10 +318,7 @@ pub enum FetcherError {
 /// A half-open connection (the leader died or is cut off) must not hold the fetcher
 /// forever: each call is bounded by the longest fetch wait plus a margin.
 async fn connect(host: &str, port: i32, max_wait: Duration) -> Result<Conn, FetcherError> {
-    let addr = aio::resolve(host, port)
-        .await
-        .map_err(FetcherError::Connect)?;
-    let conn = Conn::connect(addr, CLIENT_ID, Some(Duration::from_secs(1)))
+    let conn = Conn::connect_to(host, port, CLIENT_ID, Some(Duration::from_secs(1)))
         .await
         .map_err(FetcherError::Connect)?;
     Ok(conn.with_call_timeout(max_wait + Duration::from_secs(10)))

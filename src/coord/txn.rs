@@ -22,7 +22,7 @@ use kafka_protocol::messages::write_txn_markers_request::{
     WritableTxnMarker, WritableTxnMarkerTopic,
 };
 use kafka_protocol::messages::{TopicName, WriteTxnMarkersRequest};
-use sluice_client::aio::{self, Conn};
+use sluice_client::aio::Conn;
 use sluice_coordinator::txn::{
     AddOffsetsToken, AddPartitionsToken, AppendId, EndToken, InitArgs, InitToken, ListFilter,
     MarkerResult, MarkerWrite, ProducerIdAndEpoch, ProducerIds, TxnConfig, TxnCoordinator,
@@ -531,10 +531,14 @@ async fn send_markers(
         .brokers
         .get(&BrokerId::new(leader))
         .ok_or_else(|| format!("broker {leader} is not registered"))?;
-    let addr = aio::resolve(&node.host, node.port).await?;
-    let mut conn = Conn::connect(addr, "sluice-txn-markers", Some(Duration::from_secs(1)))
-        .await?
-        .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let mut conn = Conn::connect_to(
+        &node.host,
+        node.port,
+        "sluice-txn-markers",
+        Some(Duration::from_secs(1)),
+    )
+    .await?
+    .with_call_timeout(MARKER_CALL_TIMEOUT);
     let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (t, p) in tps {
         topics.entry(t.as_str()).or_default().push(*p);
@@ -719,10 +723,14 @@ async fn verify_remote(
         .brokers
         .get(&BrokerId::new(leader))
         .ok_or_else(|| format!("broker {leader} is not registered"))?;
-    let addr = aio::resolve(&node.host, node.port).await?;
-    let mut conn = Conn::connect(addr, "sluice-txn-verify", Some(Duration::from_secs(1)))
-        .await?
-        .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let mut conn = Conn::connect_to(
+        &node.host,
+        node.port,
+        "sluice-txn-verify",
+        Some(Duration::from_secs(1)),
+    )
+    .await?
+    .with_call_timeout(MARKER_CALL_TIMEOUT);
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
         AddPartitionsToTxnTransaction::default()
             .with_transactional_id(TransactionalId(sb(txn_id)))

@@ -49,6 +49,7 @@ def certs(tmp_path_factory):
     _ca(d, "ca")
     _signed(d, "ca", "broker", san="IP:127.0.0.1,DNS:localhost")
     _signed(d, "ca", "alice")
+    _signed(d, "ca", "dns-broker", san="DNS:localhost")
     _ca(d, "other-ca")
     _signed(d, "other-ca", "rogue-broker", san="IP:127.0.0.1,DNS:localhost")
     _signed(d, "other-ca", "mallory")
@@ -345,3 +346,28 @@ def test_certificates_reload_on_sighup_and_on_change(make_broker, certs, tmp_pat
                what="the original certificate served again")
     # At least: a record whose delivery timed out may still have been appended.
     assert log_end(ours, "rl") >= 12
+
+
+def test_brokers_verify_each_other_by_advertised_host_name(tmp_path, certs):
+    """Certificates that name brokers by DNS name only (as Kafka's usually do): the
+    brokers advertise `localhost`, and their connections to each other check the peer's
+    certificate against that name, not the IP it resolved to, so replication works."""
+    harness = tls_context(certs, who="alice")
+    harness.check_hostname = False  # the harness asks by IP; the brokers are what is tested
+    c = Cluster(tmp_path / "dns", n=3, extra=ssl_flags(certs, client_auth="required", cert="dns-broker"),
+                tls=harness)
+    for i in c.ids:
+        c.brokers[i].extra += ["--advertised", f"localhost:{c.kafka_port[i]}"]
+    c.start()
+    try:
+        conf = client_conf(certs, ",".join(f"localhost:{c.kafka_port[i]}" for i in c.ids), who="alice")
+        create(conf, "named", partitions=3, rf=3)
+        assert produce(conf, "named", 300) == (300, [])
+
+        def full_isr():
+            md = metadata_from(c.addr(1), ["named"], tls=harness)["topics"]["named"]["partitions"]
+            return len(md) == 3 and all(len(p["isr"]) == 3 for p in md.values())
+        wait_until(full_isr, timeout=30, what="every ISR full, peers verified by host name")
+    finally:
+        c.stop()
+

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchRequest, FetchTopic};
 use kafka_protocol::messages::{BrokerId, TopicName};
-use sluice_client::aio::{self, Conn};
+use sluice_client::aio::Conn;
 use sluice_coordinator::alert::{Alerts, Observation};
 use sluice_coordinator::lag::{group_status, PartitionWindow};
 use sluice_protocol::sb;
@@ -310,10 +310,10 @@ impl Sampler {
                     .brokers
                     .get(&NodeId::new(leader))
                     .ok_or(ProbeError::Unregistered(leader))?;
-                let addr = aio::resolve(&node.host, node.port).await?;
-                let conn = Conn::connect(addr, "sluice-lag", Some(REMOTE_TIMEOUT))
-                    .await?
-                    .with_call_timeout(REMOTE_TIMEOUT);
+                let conn =
+                    Conn::connect_to(&node.host, node.port, "sluice-lag", Some(REMOTE_TIMEOUT))
+                        .await?
+                        .with_call_timeout(REMOTE_TIMEOUT);
                 v.insert(conn)
             }
         };

@@ -165,6 +165,34 @@ def test_clients_over_tls(make_broker, certs):
     assert "TLS handshake failed" in b.read_log()
 
 
+def test_garbage_on_the_tls_port(make_broker, certs):
+    """Random bytes, truncated and replayed handshakes and a Kafka request in the clear
+    on the TLS port: each connection is refused alone, and the broker keeps serving."""
+    import random
+    import socket
+    b = make_broker(extra=ssl_flags(certs))
+    conf = client_conf(certs, b.addr)
+    create(conf, "g")
+    rng = random.Random(42)
+    # A real ClientHello's first bytes (TLS record header, handshake type 1), then noise.
+    hello = bytes([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03])
+    inputs = [rng.randbytes(rng.randrange(1, 4096)) for _ in range(40)]
+    inputs += [hello + rng.randbytes(rng.randrange(0, 600)) for _ in range(40)]
+    inputs += [hello[:n] for n in range(1, len(hello))]
+    inputs.append(bytes.fromhex("0000001a0012000300000001000c6b61666b612d707974686f6e00"))
+    for data in inputs:
+        with socket.create_connection(("127.0.0.1", b.port), timeout=5) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            try:
+                while s.recv(4096):
+                    pass
+            except (ConnectionResetError, socket.timeout):
+                pass
+    assert produce(conf, "g", 20) == (20, [])
+    assert b.alive()
+
+
 def test_mutual_tls(make_broker, certs):
     """`--ssl-client-auth required`: a client with a certificate from the cluster's CA
     gets in; one without a certificate, or with one from another CA, writes nothing."""

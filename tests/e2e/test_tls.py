@@ -266,6 +266,15 @@ def test_bad_tls_settings_are_refused_at_start(tmp_path, certs):
         assert r.returncode != 0 and want in r.stderr, (flags, r.returncode, r.stderr[-500:])
 
 
+def wait_full_isr(cluster, topic, partitions, tls, what):
+    """Waits until broker 1's metadata shows every partition of `topic` with 3 in-sync
+    replicas (its Metadata asked over TLS with `tls`)."""
+    def full():
+        md = metadata_from(cluster.addr(1), [topic], tls=tls)["topics"][topic]["partitions"]
+        return len(md) == partitions and all(len(p["isr"]) == 3 for p in md.values())
+    wait_until(full, timeout=30, what=what)
+
+
 def test_replication_over_mutual_tls(tmp_path, certs):
     """Three brokers whose listeners require client certificates replicate over TLS
     (their fetchers present the broker certificate): RF=3 acks=all works and every ISR is
@@ -279,11 +288,7 @@ def test_replication_over_mutual_tls(tmp_path, certs):
         conf = client_conf(certs, c.bootstrap, who="alice")
         create(conf, "rep", partitions=6, rf=3)
         assert produce(conf, "rep", 600) == (600, [])
-
-        def full_isr():
-            md = metadata_from(c.addr(1), ["rep"], tls=ctx)["topics"]["rep"]["partitions"]
-            return len(md) == 6 and all(len(p["isr"]) == 3 for p in md.values())
-        wait_until(full_isr, timeout=30, what="every ISR full over TLS")
+        wait_full_isr(c, "rep", 6, ctx, what="every ISR full over TLS")
         assert len(consume_all(conf, "rep", 600)) == 600
     finally:
         c.stop()
@@ -391,11 +396,7 @@ def test_brokers_verify_each_other_by_advertised_host_name(tmp_path, certs):
         conf = client_conf(certs, ",".join(f"localhost:{c.kafka_port[i]}" for i in c.ids), who="alice")
         create(conf, "named", partitions=3, rf=3)
         assert produce(conf, "named", 300) == (300, [])
-
-        def full_isr():
-            md = metadata_from(c.addr(1), ["named"], tls=harness)["topics"]["named"]["partitions"]
-            return len(md) == 3 and all(len(p["isr"]) == 3 for p in md.values())
-        wait_until(full_isr, timeout=30, what="every ISR full, peers verified by host name")
+        wait_full_isr(c, "named", 3, harness, what="every ISR full, peers verified by host name")
     finally:
         c.stop()
 

@@ -59,6 +59,24 @@ impl Write for Stream {
     }
 }
 
+/// `s`, connected to `addr` (`host:port`), in TLS when the process's peers speak it,
+/// its handshake done (so a refused one reads as such); why not otherwise.
+fn secure(addr: &str, s: TcpStream) -> std::result::Result<Stream, String> {
+    let Some(config) = crate::tls::peer_tls() else {
+        return Ok(Stream::Plain(s));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let name = crate::tls::server_name(host).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(config, name).map_err(|e| format!("TLS: {e}"))?;
+    let mut tls = rustls::StreamOwned::new(conn, s);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .map_err(|e| format!("TLS: {e}"))?;
+    }
+    Ok(Stream::Tls(Box::new(tls)))
+}
+
 /// One blocking connection.
 pub struct Conn {
     s: Stream,
@@ -84,29 +102,17 @@ impl Conn {
                 Ok(s) => {
                     s.set_read_timeout(Some(READ_TIMEOUT)).ok();
                     s.set_nodelay(true).ok();
-                    let s = match crate::tls::peer_tls() {
-                        None => Stream::Plain(s),
-                        Some(config) => {
-                            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-                            let name = crate::tls::server_name(host)
-                                .map_err(|e| unreachable(e.to_string()))?;
-                            let conn = rustls::ClientConnection::new(config, name)
-                                .map_err(|e| unreachable(format!("TLS: {e}")))?;
-                            let mut tls = rustls::StreamOwned::new(conn, s);
-                            // The handshake now, so a refused one reads as such.
-                            while tls.conn.is_handshaking() {
-                                tls.conn
-                                    .complete_io(&mut tls.sock)
-                                    .map_err(|e| unreachable(format!("TLS: {e}")))?;
-                            }
-                            Stream::Tls(Box::new(tls))
+                    // A refused handshake tries the next address, as a refused connect.
+                    match secure(addr, s) {
+                        Ok(s) => {
+                            return Ok(Conn {
+                                s,
+                                client_id,
+                                correlation: 0,
+                            })
                         }
-                    };
-                    return Ok(Conn {
-                        s,
-                        client_id,
-                        correlation: 0,
-                    });
+                        Err(e) => last = e,
+                    }
                 }
                 Err(e) => last = e.to_string(),
             }

@@ -520,6 +520,28 @@ async fn write_markers(
     out
 }
 
+/// A connection to partition leader `leader` as the image registers it, each call
+/// bounded by [`MARKER_CALL_TIMEOUT`].
+async fn leader_conn(
+    image: &crate::base::metadata::MetadataImage,
+    leader: i32,
+    client_id: &'static str,
+) -> Result<Conn, String> {
+    let node = image
+        .brokers
+        .get(&BrokerId::new(leader))
+        .ok_or_else(|| format!("broker {leader} is not registered"))?;
+    let conn = Conn::connect_to(
+        &node.host,
+        node.port,
+        client_id,
+        Some(Duration::from_secs(1)),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(conn.with_call_timeout(MARKER_CALL_TIMEOUT))
+}
+
 async fn send_markers(
     _broker: &Broker,
     image: &crate::base::metadata::MetadataImage,
@@ -527,18 +549,7 @@ async fn send_markers(
     m: &MarkerWrite,
     tps: &[(String, i32)],
 ) -> Result<Vec<((String, i32), MarkerResult)>, String> {
-    let node = image
-        .brokers
-        .get(&BrokerId::new(leader))
-        .ok_or_else(|| format!("broker {leader} is not registered"))?;
-    let mut conn = Conn::connect_to(
-        &node.host,
-        node.port,
-        "sluice-txn-markers",
-        Some(Duration::from_secs(1)),
-    )
-    .await?
-    .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let mut conn = leader_conn(image, leader, "sluice-txn-markers").await?;
     let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (t, p) in tps {
         topics.entry(t.as_str()).or_default().push(*p);
@@ -719,18 +730,7 @@ async fn verify_remote(
         AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
     };
     use kafka_protocol::messages::{AddPartitionsToTxnRequest, TransactionalId};
-    let node = image
-        .brokers
-        .get(&BrokerId::new(leader))
-        .ok_or_else(|| format!("broker {leader} is not registered"))?;
-    let mut conn = Conn::connect_to(
-        &node.host,
-        node.port,
-        "sluice-txn-verify",
-        Some(Duration::from_secs(1)),
-    )
-    .await?
-    .with_call_timeout(MARKER_CALL_TIMEOUT);
+    let mut conn = leader_conn(image, leader, "sluice-txn-verify").await?;
     let req = AddPartitionsToTxnRequest::default().with_transactions(vec![
         AddPartitionsToTxnTransaction::default()
             .with_transactional_id(TransactionalId(sb(txn_id)))

@@ -34,13 +34,15 @@
 //!   yet, so every voter must run a build that knows it before a newer leader
 //!   proposes ISR changes. The same holds for [`Command::ElectUnclean`] (an unclean
 //!   ElectLeaders): no voter may run an older build when one is asked for, nor
-//!   when a partition reassignment ([`Command::Reassign`]) is.
+//!   when a partition reassignment ([`Command::Reassign`]) or a SCRAM credential
+//!   change ([`Command::AlterScramCredentials`]) is.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
 //!   through [`legacy::ClusterStateV2`], version 3 (before reassignments) through
-//!   [`legacy::ClusterStateV3`]. Fixtures written by the version-1, -2 and -3 builds
-//!   (`replication/testdata/*-v1.hex`, `state-v2.hex`, `state-v3.hex`) are decoded by
+//!   [`legacy::ClusterStateV3`], version 4 (before SCRAM credentials) through
+//!   [`legacy::ClusterStateV4`]. Fixtures written by the version-1 to -4 builds
+//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v4.hex`) are decoded by
 //!   the unit tests.
 //!
 //! ## Replica slots
@@ -76,12 +78,11 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 4: reassignments and
-/// directory ids;
-/// version 3 added replica slots, version 2 racks and broker configs); a snapshot
-/// without them is version 1.
+/// The first bytes of a snapshot in the current format (version 5: SCRAM credentials;
+/// version 4 added reassignments and directory ids, version 3 replica slots, version 2
+/// racks and broker configs); a snapshot without them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x04\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x05\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -186,6 +187,34 @@ pub struct ClusterState {
     /// directory id, written when the directory was formatted): see
     /// [`Command::RecordDirectory`].
     pub directories: BTreeMap<BrokerId, String>,
+    /// SASL/SCRAM credentials by user name and mechanism (Kafka's ScramMechanism code:
+    /// 1 SCRAM-SHA-256, 2 SCRAM-SHA-512): see [`Command::AlterScramCredentials`].
+    pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+}
+
+/// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
+/// salt, the iteration count, StoredKey and ServerKey — never the password or the
+/// salted password, so the state does not let anyone log in as the user.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ScramCredential {
+    pub salt: Vec<u8>,
+    pub iterations: i32,
+    pub stored_key: Vec<u8>,
+    pub server_key: Vec<u8>,
+}
+
+/// One change of [`Command::AlterScramCredentials`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ScramChange {
+    pub user: String,
+    /// Kafka's ScramMechanism code (1 SCRAM-SHA-256, 2 SCRAM-SHA-512).
+    pub mechanism: i8,
+    /// The new credential; `None` deletes the user's credential of this mechanism
+    /// (nothing if it has none).
+    pub credential: Option<ScramCredential>,
+    /// Set only if the user has no credential of this mechanism yet (a broker's
+    /// bootstrap user, proposed on every start, must not undo a later password change).
+    pub only_if_absent: bool,
 }
 
 /// A change to [`ClusterState`], proposed to the quorum and applied once committed.
@@ -317,6 +346,11 @@ pub enum Command {
     /// stays a voter: the quorum has no membership changes yet.)
     UnregisterBroker {
         id: BrokerId,
+    },
+    /// AlterUserScramCredentials (validated by the broker before proposing): each
+    /// change upserts or deletes one user's credential of one mechanism, in order.
+    AlterScramCredentials {
+        changes: Vec<ScramChange>,
     },
 }
 
@@ -467,6 +501,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            4 => rkyv::from_bytes::<legacy::ClusterStateV4, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             3 => rkyv::from_bytes::<legacy::ClusterStateV3, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -845,6 +882,28 @@ impl ClusterState {
                 self.brokers.remove(id);
                 self.directories.remove(id);
                 self.broker_configs.remove(id);
+            }
+            Command::AlterScramCredentials { changes } => {
+                for c in changes {
+                    if c.user.is_empty() {
+                        return Err(ApplyError::InvalidRequest("an empty user name".into()));
+                    }
+                }
+                for c in changes {
+                    let creds = self.scram.entry(c.user.clone()).or_default();
+                    match &c.credential {
+                        Some(_) if c.only_if_absent && creds.contains_key(&c.mechanism) => {}
+                        Some(cred) => {
+                            creds.insert(c.mechanism, cred.clone());
+                        }
+                        None => {
+                            creds.remove(&c.mechanism);
+                        }
+                    }
+                    if creds.is_empty() {
+                        self.scram.remove(&c.user);
+                    }
+                }
             }
             Command::RecordDirectory { id, directory } => {
                 if directory.is_empty() {
@@ -1508,14 +1567,14 @@ fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> b
 }
 
 /// The snapshot layouts of format versions 1 (before racks and broker configs), 2
-/// (before replica slots) and 3 (before reassignments), kept to read snapshots written by older builds. Never
-/// written.
+/// (before replica slots), 3 (before reassignments) and 4 (before SCRAM credentials),
+/// kept to read snapshots written by older builds. Never written.
 pub mod legacy {
     use std::collections::BTreeMap;
 
     use rkyv::{Archive, Deserialize, Serialize};
 
-    use super::{BrokerInfo, ClusterState, PartitionState, TopicState};
+    use super::{BrokerInfo, ClusterState, PartitionState, Reassignment, TopicState};
     use crate::BrokerId;
 
     /// A partition in versions 1 and 2: no slots.
@@ -1586,6 +1645,37 @@ pub mod legacy {
         pub replicas_placed: BTreeMap<BrokerId, u64>,
     }
 
+    /// Version 4: before SCRAM credentials.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV4 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+        pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+        pub directories: BTreeMap<BrokerId, String>,
+    }
+
+    impl From<ClusterStateV4> for ClusterState {
+        fn from(v4: ClusterStateV4) -> ClusterState {
+            ClusterState {
+                cluster_id: v4.cluster_id,
+                brokers: v4.brokers,
+                topics: v4.topics,
+                next_producer_id: v4.next_producer_id,
+                version: v4.version,
+                broker_configs: v4.broker_configs,
+                replicas_placed: v4.replicas_placed,
+                reassignments: v4.reassignments,
+                directories: v4.directories,
+                scram: BTreeMap::new(),
+            }
+        }
+    }
+
     impl From<ClusterStateV3> for ClusterState {
         fn from(v3: ClusterStateV3) -> ClusterState {
             ClusterState {
@@ -1598,6 +1688,7 @@ pub mod legacy {
                 replicas_placed: v3.replicas_placed,
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
+                scram: BTreeMap::new(),
             }
         }
     }
@@ -1615,6 +1706,7 @@ pub mod legacy {
                 replicas_placed: BTreeMap::new(),
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
+                scram: BTreeMap::new(),
             }
         }
     }
@@ -1663,6 +1755,7 @@ pub mod legacy {
                 replicas_placed: BTreeMap::new(),
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
+                scram: BTreeMap::new(),
             }
         }
     }
@@ -2134,7 +2227,7 @@ mod tests {
         let bytes = s.encode();
         assert!(matches!(
             ClusterState::decode(&bytes[..bytes.len() / 2]),
-            Err(DecodeError::Snapshot { version: 4, .. })
+            Err(DecodeError::Snapshot { version: 5, .. })
         ));
     }
 
@@ -2487,6 +2580,83 @@ mod tests {
         assert!(!s.brokers.contains_key(&3));
         assert_eq!(unregister(&mut s, 3), Err(ApplyError::UnknownBroker(3)));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn version_4_snapshots_decode_without_scram_credentials() {
+        let s =
+            ClusterState::decode(&hex_fixture(include_str!("../testdata/state-v4.hex"))).unwrap();
+        assert_eq!(s.cluster_id, "v4-cluster-id");
+        assert_eq!(s.topics["orders"].partitions[1].replicas, vec![2, 3]);
+        assert_eq!(s.topics["orders"].configs["retention.ms"], "1000");
+        assert_eq!(s.dynamic_broker_config(2, "log.retention.ms"), Some("5000"));
+        assert_eq!(s.directories[&1], "dir-one");
+        assert_eq!(s.reassignments["orders"][&0].adding, vec![3]);
+        assert_eq!(s.reassignments["orders"][&0].removing, vec![2]);
+        assert!(s.scram.is_empty());
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    fn credential(byte: u8) -> ScramCredential {
+        ScramCredential {
+            salt: vec![byte; 16],
+            iterations: 4096,
+            stored_key: vec![byte; 32],
+            server_key: vec![byte ^ 1; 32],
+        }
+    }
+
+    fn scram_change(user: &str, mechanism: i8, credential: Option<ScramCredential>) -> ScramChange {
+        ScramChange {
+            user: user.into(),
+            mechanism,
+            credential,
+            only_if_absent: false,
+        }
+    }
+
+    #[test]
+    fn scram_credentials_are_set_replaced_deleted_and_kept_in_snapshots() {
+        let mut s = cluster(1);
+        let set = |changes| Command::AlterScramCredentials { changes };
+        s.apply(&set(vec![
+            scram_change("alice", 1, Some(credential(1))),
+            scram_change("alice", 2, Some(credential(2))),
+            scram_change("bob", 1, Some(credential(3))),
+        ]))
+        .unwrap();
+        assert_eq!(s.scram["alice"].len(), 2);
+        // A bootstrap proposal does not undo a later change; a plain upsert replaces.
+        let mut bootstrap = scram_change("alice", 1, Some(credential(9)));
+        bootstrap.only_if_absent = true;
+        s.apply(&set(vec![bootstrap.clone()])).unwrap();
+        assert_eq!(s.scram["alice"][&1], credential(1));
+        bootstrap.user = "carol".into();
+        s.apply(&set(vec![bootstrap])).unwrap();
+        assert_eq!(s.scram["carol"][&1], credential(9));
+        s.apply(&set(vec![scram_change("alice", 1, Some(credential(5)))]))
+            .unwrap();
+        assert_eq!(s.scram["alice"][&1], credential(5));
+        // Deleting the last credential removes the user; deleting nothing is no change.
+        s.apply(&set(vec![scram_change("bob", 1, None), scram_change("bob", 2, None)]))
+            .unwrap();
+        assert!(!s.scram.contains_key("bob"));
+        // An empty user name refuses the whole command.
+        let before = s.clone();
+        assert!(matches!(
+            s.apply(&set(vec![
+                scram_change("dave", 1, Some(credential(4))),
+                scram_change("", 1, Some(credential(4))),
+            ])),
+            Err(ApplyError::InvalidRequest(_))
+        ));
+        assert_eq!(s.scram, before.scram);
+        let decoded = ClusterState::decode(&s.encode()).unwrap();
+        assert_eq!(decoded, s);
+        assert_eq!(decoded.scram["alice"][&2], credential(2));
+        let cmd = set(vec![scram_change("x", 2, Some(credential(7)))]);
+        assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
     }
 
     #[test]

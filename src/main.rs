@@ -20,9 +20,11 @@ static ALLOCATOR: sluice_protocol::alloc::Allocator = sluice_protocol::alloc::Al
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Kafka client properties for the Kafka connections of `group`, `cluster`, `txn`
-    /// and `lag`, as Kafka's own tools take them: security.protocol (PLAINTEXT or SSL),
-    /// ssl.ca.location, ssl.certificate.location, ssl.key.location.
+    /// Kafka client properties for the Kafka connections of `group`, `cluster`, `txn`,
+    /// `lag` and `user`, as Kafka's own tools take them: security.protocol (PLAINTEXT,
+    /// SSL, SASL_PLAINTEXT or SASL_SSL), ssl.ca.location, ssl.certificate.location,
+    /// ssl.key.location, sasl.mechanism, sasl.username, sasl.password (or
+    /// sasl.jaas.config).
     #[arg(long, global = true, value_name = "FILE")]
     command_config: Option<std::path::PathBuf>,
 }
@@ -40,6 +42,8 @@ enum Command {
     Lag(crate::cli::lag::LagArgs),
     /// Transactions: list (state, partitions, timeout, age), describe one id.
     Txn(TxnArgs),
+    /// SASL/SCRAM users: add (or change a password), remove, list.
+    User(UserArgs),
     /// Preflight before a first start: io_uring, O_DIRECT on the data directory, memlock
     /// and open-file limits, free disk, clock sync, free ports. Takes `serve`'s flags;
     /// exits 1 on a blocker.
@@ -61,6 +65,39 @@ enum TxnCommand {
     List,
     /// One transactional id.
     Describe { transactional_id: String },
+}
+
+#[derive(clap::Args)]
+struct UserArgs {
+    /// Any broker of the cluster.
+    #[arg(long, global = true, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    #[command(subcommand)]
+    command: UserCommand,
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Creates a user, or sets its password: SCRAM credentials salted here (the
+    /// password is read from the first line of standard input unless --password).
+    Add {
+        user: String,
+        #[arg(long)]
+        password: Option<String>,
+        /// SCRAM-SHA-256 or SCRAM-SHA-512 (repeat for both) [default: both].
+        #[arg(long = "mechanism")]
+        mechanisms: Vec<String>,
+        #[arg(long, default_value_t = 4096)]
+        iterations: i32,
+    },
+    /// Removes a user's credentials (of the mechanisms named, else all).
+    Remove {
+        user: String,
+        #[arg(long = "mechanism")]
+        mechanisms: Vec<String>,
+    },
+    /// Every user with its mechanisms and iterations.
+    List,
 }
 
 #[derive(clap::Args)]
@@ -211,16 +248,20 @@ fn main() {
     }));
     if let Some(path) = &cli.command_config {
         let name = match &cli.command {
-            Command::Group(_) | Command::Cluster(_) | Command::Txn(_) | Command::Lag(_) => None,
+            Command::Group(_)
+            | Command::Cluster(_)
+            | Command::Txn(_)
+            | Command::Lag(_)
+            | Command::User(_) => None,
             Command::Serve(_) => Some("serve"),
             Command::Check(_) => Some("check"),
         };
         if let Some(name) = name {
-            eprintln!("sluice {name}: --command-config is for group, cluster, txn and lag (their Kafka connections)");
+            eprintln!("sluice {name}: --command-config is for group, cluster, txn, lag and user (their Kafka connections)");
             std::process::exit(2);
         }
-        match sluice_client::tls::command_config(path) {
-            Ok(tls) => tls.into_iter().for_each(sluice_client::tls::set_peer_tls),
+        match sluice_client::security::apply_command_config(path) {
+            Ok(()) => {}
             Err(e) => {
                 eprintln!("sluice: --command-config {e}");
                 std::process::exit(2);
@@ -263,6 +304,30 @@ fn main() {
             };
             if let Err(e) = r {
                 eprintln!("sluice txn: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::User(u) => {
+            use crate::cli::user;
+            let r = match u.command {
+                UserCommand::Add {
+                    user: name,
+                    password,
+                    mechanisms,
+                    iterations,
+                } => user::mechanisms(&mechanisms).and_then(|ms| {
+                    let p = user::password(password)?;
+                    user::add(&u.bootstrap, &name, &p, &ms, iterations)
+                }),
+                UserCommand::Remove {
+                    user: name,
+                    mechanisms,
+                } => user::remove(&u.bootstrap, &name, &mechanisms),
+                UserCommand::List => user::list(&u.bootstrap),
+            };
+            if let Err(e) = r {
+                eprintln!("sluice user: {e}");
                 std::process::exit(1);
             }
             return;

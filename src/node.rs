@@ -155,6 +155,15 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         }
         None => None,
     };
+    // A SASL listener: this process's connections to other brokers log in as the
+    // bootstrap user.
+    if let Some(sasl) = &config.sasl {
+        sluice_client::sasl::set_peer_sasl(sluice_client::sasl::Credentials {
+            mechanism: sasl.peer_mechanism(),
+            user: sasl.bootstrap_user.clone(),
+            password: sasl.bootstrap_password.clone(),
+        });
+    }
     let descriptors = descriptor_budget(config.cores);
     let registry = Arc::new(crate::observe::metrics::Registry::new(
         config.node_id,
@@ -323,6 +332,67 @@ struct Shared {
 /// What tells a file changed: modification time (s, ns) and inode (a file replaced by
 /// a rename is a new inode); `None` while it cannot be read.
 type FileStamp = Option<(i64, i64, u64)>;
+
+/// Creates the bootstrap user's SCRAM credentials (both mechanisms) where it has
+/// none, retrying until the quorum takes the command; an existing credential is kept
+/// (`only_if_absent`), so a password changed later stays changed.
+async fn bootstrap_sasl_user(
+    broker: std::rc::Weak<Broker>,
+    sasl: crate::base::config::SaslSettings,
+) {
+    use sluice_client::sasl::{Mechanism, ScramCredential, ITERATIONS_MIN};
+    use sluice_replication::cluster::{Command, ScramChange};
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let image = b.image();
+        let have = image.scram.get(&sasl.bootstrap_user);
+        let changes: Vec<ScramChange> = [Mechanism::ScramSha256, Mechanism::ScramSha512]
+            .into_iter()
+            .filter_map(|m| {
+                let code = m.scram_type()?;
+                if have.is_some_and(|h| h.contains_key(&code)) {
+                    return None;
+                }
+                let c = ScramCredential::generate(m, &sasl.bootstrap_password, ITERATIONS_MIN);
+                Some(ScramChange {
+                    user: sasl.bootstrap_user.clone(),
+                    mechanism: code,
+                    credential: Some(sluice_replication::cluster::ScramCredential {
+                        salt: c.salt,
+                        iterations: c.iterations,
+                        stored_key: c.stored_key,
+                        server_key: c.server_key,
+                    }),
+                    only_if_absent: true,
+                })
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        match b
+            .control(crate::base::rpc::Propose(Command::AlterScramCredentials {
+                changes,
+            }))
+            .await
+        {
+            Ok(Ok(_)) => {
+                tracing::info!(
+                    user = sasl.bootstrap_user,
+                    "SASL bootstrap user has its SCRAM credentials"
+                );
+                return;
+            }
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(error = %e, "creating the SASL bootstrap user's credentials failed; retrying")
+            }
+        }
+        drop(b);
+        glommio::timer::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
 
 /// The stamps of the certificate, key and CA files.
 fn tls_files_stamp(t: &crate::base::config::TlsSettings) -> Vec<FileStamp> {
@@ -542,13 +612,26 @@ async fn run_shard(
             glommio::timer::sleep(STOP_POLL).await;
         }
         import_legacy_metadata(&broker, q).await;
+        if let Some(sasl) = broker.config.sasl.clone() {
+            glommio::spawn_local(bootstrap_sasl_user(Rc::downgrade(&broker), sasl)).detach();
+        }
     }
     // Every shard listens only once its own image can answer a client completely: this
     // broker registered and unfenced in it, a controller known (as Kafka opens its
     // listeners only once the broker is unfenced). Before, shards other than 0 answered
     // Metadata from their first image, with no brokers and no controller, which
     // librdkafka rejects as a partial answer and backs off from for seconds.
-    while !broker.image().complete_for(broker.config.broker_id()) {
+    // On a SASL listener, also once the bootstrap user exists (a broker could not
+    // authenticate to this one before).
+    let ready_to_serve = |image: &crate::base::metadata::MetadataImage| {
+        image.complete_for(broker.config.broker_id())
+            && broker
+                .config
+                .sasl
+                .as_ref()
+                .is_none_or(|s| image.scram.contains_key(&s.bootstrap_user))
+    };
+    while !ready_to_serve(&broker.image()) {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }

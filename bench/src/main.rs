@@ -649,8 +649,8 @@ fn main() {
         .init();
     let cli = Cli::parse();
     if let Some(path) = &cli.command_config {
-        match sluice_client::tls::command_config(path) {
-            Ok(tls) => tls.into_iter().for_each(sluice_client::tls::set_peer_tls),
+        match sluice_client::security::apply_command_config(path) {
+            Ok(()) => {}
             Err(e) => {
                 eprintln!("sluice-bench: --command-config {e}");
                 std::process::exit(2);

@@ -3,7 +3,8 @@
 //! half-open connection must not hold a fetcher forever). Nothing here blocks the
 //! reactor: the socket is glommio's, and [`resolve`] sends a host name that is not an
 //! IP literal to glommio's blocking-thread pool. When the process's peers speak TLS
-//! ([`crate::tls::set_peer_tls`]), every connection is wrapped in it.
+//! ([`crate::tls::set_peer_tls`]), every connection is wrapped in it; when they speak
+//! SASL ([`crate::sasl::set_peer_sasl`]), every connection logs in first.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
@@ -99,10 +100,74 @@ pub struct Conn {
 }
 
 /// Connects to `addr` (bounded by `connect_timeout` if given) with no delay, TLS when
-/// the process's peers speak it: what [`Conn`] and the load generator's pipelined
+/// the process's peers speak it, then logged in with SASL when they do
+/// ([`crate::sasl::set_peer_sasl`]): what [`Conn`] and the load generator's pipelined
 /// connections talk over. Over TLS the peer's certificate must name `host` (a DNS name
 /// or an IP literal, as advertised) or, without one, `addr`'s IP.
 pub async fn connect_stream(
+    addr: SocketAddr,
+    host: Option<&str>,
+    connect_timeout: Option<Duration>,
+) -> Result<Stream> {
+    let mut stream = secure_stream(addr, host, connect_timeout).await?;
+    if let Some(c) = crate::sasl::peer_sasl() {
+        let login = login(&mut stream, &c);
+        match connect_timeout {
+            Some(t) => {
+                futures_lite::future::or(login, async move {
+                    glommio::timer::sleep(t).await;
+                    Err(Error::Authentication("timed out".into()))
+                })
+                .await?
+            }
+            None => login.await?,
+        }
+    }
+    Ok(stream)
+}
+
+/// Authenticates a new connection with SASL ([`crate::login`]).
+async fn login(stream: &mut Stream, c: &crate::sasl::Credentials) -> Result<()> {
+    use crate::login;
+    let mut correlation = 0;
+    let r = exchange(
+        stream,
+        "sluice-login",
+        &mut correlation,
+        login::HANDSHAKE_VERSION,
+        &login::handshake(c),
+    )
+    .await?;
+    login::check_handshake(c, &r)?;
+    let mut state = crate::sasl::Login::new(c);
+    let mut answer = None;
+    while let Some(req) = login::next(&mut state, c, answer.as_ref())? {
+        let v = login::AUTHENTICATE_VERSION;
+        answer = Some(exchange(stream, "sluice-login", &mut correlation, v, &req).await?);
+    }
+    Ok(())
+}
+
+/// Sends `req` and reads the response that answers it.
+async fn exchange<R: Request>(
+    stream: &mut Stream,
+    client_id: &'static str,
+    correlation: &mut i32,
+    version: i16,
+    req: &R,
+) -> Result<R::Response> {
+    *correlation = correlation.wrapping_add(1);
+    let frame = encode_request(client_id, *correlation, version, req)?;
+    stream.write_all(&frame).await?;
+    // TLS: records a full socket left in the session go out now (see `Stream`); a
+    // plain socket's flush is a no-op.
+    stream.flush().await?;
+    let resp = read_frame(stream).await?;
+    decode_answer::<R>(*correlation, version, resp)
+}
+
+/// [`connect_stream`] up to the end of the TLS handshake.
+async fn secure_stream(
     addr: SocketAddr,
     host: Option<&str>,
     connect_timeout: Option<Duration>,
@@ -203,14 +268,14 @@ impl Conn {
     }
 
     async fn call_inner<R: Request>(&mut self, version: i16, req: &R) -> Result<R::Response> {
-        self.correlation = self.correlation.wrapping_add(1);
-        let frame = encode_request(self.client_id, self.correlation, version, req)?;
-        self.stream.write_all(&frame).await?;
-        // TLS: records a full socket left in the session go out now (see
-        // `Stream`); a plain socket's flush is a no-op.
-        self.stream.flush().await?;
-        let resp = read_frame(&mut self.stream).await?;
-        decode_answer::<R>(self.correlation, version, resp)
+        exchange(
+            &mut self.stream,
+            self.client_id,
+            &mut self.correlation,
+            version,
+            req,
+        )
+        .await
     }
 
     /// The broker's supported version range per API key (ApiVersions v0).

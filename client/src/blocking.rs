@@ -1,5 +1,6 @@
 //! The blocking transport, for the admin CLIs: one `std::net::TcpStream` per broker
-//! (TLS over it when `--command-config` asks for SSL), one request at a time, connect
+//! (TLS over it when `--command-config` asks for SSL, a SASL login first when it asks
+//! for SASL), one request at a time, connect
 //! and read bounded by timeouts. Never use it on a glommio shard.
 
 use std::net::{TcpStream, ToSocketAddrs};
@@ -105,11 +106,17 @@ impl Conn {
                     // A refused handshake tries the next address, as a refused connect.
                     match secure(addr, s) {
                         Ok(s) => {
-                            return Ok(Conn {
+                            let mut conn = Conn {
                                 s,
                                 client_id,
                                 correlation: 0,
-                            })
+                            };
+                            // A refused login is the answer, not a reason to try
+                            // another address.
+                            if let Some(c) = crate::sasl::peer_sasl() {
+                                conn.login(&c)?;
+                            }
+                            return Ok(conn);
                         }
                         Err(e) => last = e,
                     }
@@ -118,6 +125,19 @@ impl Conn {
             }
         }
         Err(unreachable(last))
+    }
+
+    /// Authenticates with SASL ([`crate::login`]).
+    fn login(&mut self, c: &crate::sasl::Credentials) -> Result<()> {
+        use crate::login;
+        let r = self.call(login::HANDSHAKE_VERSION, &login::handshake(c))?;
+        login::check_handshake(c, &r)?;
+        let mut state = crate::sasl::Login::new(c);
+        let mut answer = None;
+        while let Some(req) = login::next(&mut state, c, answer.as_ref())? {
+            answer = Some(self.call(login::AUTHENTICATE_VERSION, &req)?);
+        }
+        Ok(())
     }
 
     /// How long a call waits for its answer from now on (a request the broker answers

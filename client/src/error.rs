@@ -37,6 +37,9 @@ pub enum Error {
         ours: (i16, i16),
         broker: (i16, i16),
     },
+    /// SASL authentication was refused or could not be completed.
+    #[error("SASL authentication failed: {0}")]
+    Authentication(String),
     /// The broker answered with an error code.
     #[error("{what}: {}", error_name(*code))]
     Kafka { what: String, code: i16 },

@@ -22,6 +22,9 @@ pub mod aio;
 pub mod blocking;
 mod error;
 pub mod frame;
+mod login;
+pub mod sasl;
+pub mod security;
 pub mod tls;
 mod versions;
 

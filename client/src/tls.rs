@@ -29,7 +29,7 @@ pub enum TlsError {
     Config(String),
 }
 
-fn file_err(path: &Path, reason: impl std::fmt::Display) -> TlsError {
+pub(crate) fn file_err(path: &Path, reason: impl std::fmt::Display) -> TlsError {
     TlsError::File {
         path: path.display().to_string(),
         reason: reason.to_string(),
@@ -180,62 +180,6 @@ impl ListenerTls {
 
     pub fn replace(&self, config: Arc<ServerConfig>) {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = config;
-    }
-}
-
-/// The security settings of a Kafka client properties file (the admin CLIs'
-/// `--command-config`, as Kafka's own tools take one): `security.protocol` (PLAINTEXT
-/// or SSL), `ssl.ca.location` (needed for SSL), `ssl.certificate.location` and
-/// `ssl.key.location` (librdkafka's names); `#` and `!` start comments. Returns the
-/// TLS client configuration for SSL, `None` for PLAINTEXT. A key it does not know is
-/// refused by name, so a setting meant to secure the connection is never ignored.
-pub fn command_config(path: &Path) -> Result<Option<Arc<ClientConfig>>, TlsError> {
-    let text = std::fs::read_to_string(path).map_err(|e| file_err(path, e))?;
-    let mut protocol = String::from("PLAINTEXT");
-    let (mut ca, mut cert, mut key) = (None, None, None);
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=').or_else(|| line.split_once(':')) else {
-            return Err(file_err(path, format!("not a key=value line: {line}")));
-        };
-        let (k, v) = (k.trim(), v.trim().to_string());
-        match k {
-            "security.protocol" => protocol = v.to_ascii_uppercase(),
-            "ssl.ca.location" => ca = Some(v),
-            "ssl.certificate.location" => cert = Some(v),
-            "ssl.key.location" => key = Some(v),
-            other => {
-                return Err(file_err(
-                    path,
-                    format!("unknown key {other} (known: security.protocol, ssl.ca.location, ssl.certificate.location, ssl.key.location)"),
-                ))
-            }
-        }
-    }
-    match protocol.as_str() {
-        "PLAINTEXT" => Ok(None),
-        "SSL" => {
-            let ca =
-                ca.ok_or_else(|| file_err(path, "security.protocol=SSL needs ssl.ca.location"))?;
-            let identity = match (&cert, &key) {
-                (Some(c), Some(k)) => Some((Path::new(c), Path::new(k))),
-                (None, None) => None,
-                _ => {
-                    return Err(file_err(
-                        path,
-                        "ssl.certificate.location and ssl.key.location go together",
-                    ))
-                }
-            };
-            client_config(Path::new(&ca), identity).map(Some)
-        }
-        other => Err(file_err(
-            path,
-            format!("security.protocol {other}: PLAINTEXT or SSL (SASL is not built yet)"),
-        )),
     }
 }
 

@@ -112,6 +112,13 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeGroups, 0, 5),
     spec(ApiKey::ListGroups, 0, 4),
     spec(ApiKey::DeleteGroups, 0, 2),
+    // SASL (PLAIN, SCRAM-SHA-256/512) on SASL listeners; v0 handshakes carry the tokens
+    // in bare frames, v1 in SaslAuthenticate. v2 adds KIP-368 re-authentication.
+    spec(ApiKey::SaslHandshake, 0, 1),
+    spec(ApiKey::SaslAuthenticate, 0, 2),
+    // SCRAM credentials in the metadata quorum (KIP-554).
+    spec(ApiKey::DescribeUserScramCredentials, 0, 0),
+    spec(ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
@@ -363,6 +370,16 @@ mod tests {
             ApiKey::DescribeGroups => RequestKind::DescribeGroups(DescribeGroupsRequest::default()),
             ApiKey::ListGroups => RequestKind::ListGroups(ListGroupsRequest::default()),
             ApiKey::DeleteGroups => RequestKind::DeleteGroups(DeleteGroupsRequest::default()),
+            ApiKey::SaslHandshake => RequestKind::SaslHandshake(SaslHandshakeRequest::default()),
+            ApiKey::SaslAuthenticate => {
+                RequestKind::SaslAuthenticate(SaslAuthenticateRequest::default())
+            }
+            ApiKey::DescribeUserScramCredentials => RequestKind::DescribeUserScramCredentials(
+                DescribeUserScramCredentialsRequest::default(),
+            ),
+            ApiKey::AlterUserScramCredentials => {
+                RequestKind::AlterUserScramCredentials(AlterUserScramCredentialsRequest::default())
+            }
             ApiKey::OffsetForLeaderEpoch => {
                 RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
             }

@@ -2639,8 +2639,11 @@ mod tests {
             .unwrap();
         assert_eq!(s.scram["alice"][&1], credential(5));
         // Deleting the last credential removes the user; deleting nothing is no change.
-        s.apply(&set(vec![scram_change("bob", 1, None), scram_change("bob", 2, None)]))
-            .unwrap();
+        s.apply(&set(vec![
+            scram_change("bob", 1, None),
+            scram_change("bob", 2, None),
+        ]))
+        .unwrap();
         assert!(!s.scram.contains_key("bob"));
         // An empty user name refuses the whole command.
         let before = s.clone();

@@ -205,11 +205,18 @@ settings! {
     listen: String = "127.0.0.1:9092".into();
     /// HOST:PORT clients are told to use [default: the listen address].
     advertised: String, example = "127.0.0.1:9092".into();
-    /// The Kafka listener's security protocol: `PLAINTEXT`, or `SSL` (TLS with
+    /// The Kafka listener's security protocol: `PLAINTEXT`, `SSL` (TLS with
     /// --ssl-certificate and --ssl-key; this broker's own connections to other brokers,
-    /// which go to their Kafka listeners, are TLS too and need --ssl-ca) [default:
+    /// which go to their Kafka listeners, are TLS too and need --ssl-ca),
+    /// `SASL_PLAINTEXT` (clients authenticate with SASL; the environment variable
+    /// SLUICE_SASL_BOOTSTRAP_USER=name:password names the user brokers authenticate to
+    /// each other as, created if it has no credentials) or `SASL_SSL` (both) [default:
     /// PLAINTEXT].
     security_protocol: String, example = "SSL".into();
+    /// The SASL mechanisms a SASL listener offers (Kafka's sasl.enabled.mechanisms):
+    /// any of SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN (checked against the users' SCRAM
+    /// credentials; its password crosses the wire, so use it over SASL_SSL).
+    sasl_enabled_mechanisms: String = "SCRAM-SHA-256,SCRAM-SHA-512".into();
     /// PEM file of the listener's certificate chain, leaf first (Kafka's
     /// ssl.keystore.location with ssl.keystore.type=PEM) [default: none].
     ssl_certificate: String, example = "/etc/sluice/broker.pem".into();
@@ -416,8 +423,10 @@ pub struct BrokerConfig {
     /// Host and port clients are told to connect to (Metadata, DescribeCluster).
     pub advertised_host: String,
     pub advertised_port: i32,
-    /// The Kafka listener's TLS (`--security-protocol SSL`); `None`: PLAINTEXT.
+    /// The Kafka listener's TLS (`--security-protocol SSL` or `SASL_SSL`).
     pub tls: Option<TlsSettings>,
+    /// The Kafka listener's SASL (`--security-protocol SASL_PLAINTEXT` or `SASL_SSL`).
+    pub sasl: Option<SaslSettings>,
     /// broker.rack
     pub rack: Option<String>,
     /// The settings given by flag or config file (the others are defaults): Kafka's
@@ -622,12 +631,14 @@ impl BrokerConfig {
             ));
         }
         let tls = tls_settings(&s)?;
+        let sasl = sasl_settings(&s, std::env::var(SASL_BOOTSTRAP_ENV).ok())?;
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
             advertised_host: host,
             advertised_port: i32::from(port),
             tls,
+            sasl,
             rack: s.rack,
             given: settings_given,
             rack_aware_fetch,
@@ -720,17 +731,17 @@ fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
     ];
     let protocol = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
     match protocol.to_ascii_uppercase().as_str() {
-        "PLAINTEXT" => {
+        "PLAINTEXT" | "SASL_PLAINTEXT" => {
             if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
                 return Err(bad_value(
                     flag,
                     "given",
-                    "only an SSL listener uses it (--security-protocol SSL)",
+                    "only a TLS listener uses it (--security-protocol SSL or SASL_SSL)",
                 ));
             }
             Ok(None)
         }
-        "SSL" => {
+        "SSL" | "SASL_SSL" => {
             let auth =
                 sluice_client::tls::ClientAuth::parse(&s.ssl_client_auth).ok_or_else(|| {
                     bad_value(
@@ -753,17 +764,98 @@ fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
                 client_auth: auth,
             }))
         }
-        "SASL_PLAINTEXT" | "SASL_SSL" => Err(bad_value(
-            "--security-protocol",
-            protocol,
-            "SASL listeners are not built yet (PLAINTEXT or SSL)",
-        )),
         _ => Err(bad_value(
             "--security-protocol",
             protocol,
-            "expected PLAINTEXT or SSL",
+            "expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
         )),
     }
+}
+
+/// The environment variable naming the user a SASL cluster's brokers authenticate to
+/// each other as, `name:password` (Redpanda's RP_BOOTSTRAP_USER): each broker creates
+/// its SCRAM credentials when the user has none, so the first user exists without a
+/// user to create it. Not a flag or file setting: a password does not belong in
+/// either.
+pub const SASL_BOOTSTRAP_ENV: &str = "SLUICE_SASL_BOOTSTRAP_USER";
+
+/// The SASL side of a `SASL_PLAINTEXT` or `SASL_SSL` listener.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SaslSettings {
+    /// `--sasl-enabled-mechanisms`, in the order given.
+    pub mechanisms: Vec<sluice_client::sasl::Mechanism>,
+    /// From [`SASL_BOOTSTRAP_ENV`].
+    pub bootstrap_user: String,
+    pub bootstrap_password: String,
+}
+
+impl std::fmt::Debug for SaslSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaslSettings")
+            .field("mechanisms", &self.mechanisms)
+            .field("bootstrap_user", &self.bootstrap_user)
+            .field("bootstrap_password", &"<hidden>")
+            .finish()
+    }
+}
+
+impl SaslSettings {
+    /// The mechanism this broker authenticates to other brokers with: the first
+    /// enabled SCRAM one (the bootstrap user has credentials for both).
+    pub fn peer_mechanism(&self) -> sluice_client::sasl::Mechanism {
+        self.mechanisms
+            .iter()
+            .copied()
+            .find(|m| m.is_scram())
+            .unwrap_or(sluice_client::sasl::Mechanism::ScramSha512)
+    }
+}
+
+/// `--sasl-enabled-mechanisms` and the bootstrap user, for a SASL listener; a SASL
+/// setting given to another listener is refused.
+fn sasl_settings(
+    s: &Resolved,
+    bootstrap: Option<String>,
+) -> Result<Option<SaslSettings>, ConfigError> {
+    let protocol = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
+    if !protocol.to_ascii_uppercase().starts_with("SASL_") {
+        return Ok(None);
+    }
+    let mut mechanisms = Vec::new();
+    for name in s.sasl_enabled_mechanisms.split(',').map(str::trim) {
+        let m = sluice_client::sasl::Mechanism::parse(name).ok_or_else(|| {
+            bad_value(
+                "--sasl-enabled-mechanisms",
+                name,
+                "expected SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN",
+            )
+        })?;
+        if !mechanisms.contains(&m) {
+            mechanisms.push(m);
+        }
+    }
+    let Some(bootstrap) = bootstrap else {
+        return Err(bad_value(
+            "--security-protocol",
+            protocol,
+            &format!("a SASL listener needs the environment variable {SASL_BOOTSTRAP_ENV}=name:password (the user brokers authenticate to each other as, created if it has no credentials)"),
+        ));
+    };
+    let (user, password) = bootstrap
+        .split_once(':')
+        .filter(|(u, p)| !u.is_empty() && !p.is_empty())
+        .ok_or_else(|| {
+            bad_value(
+                SASL_BOOTSTRAP_ENV,
+                "<hidden>",
+                "expected name:password, both non-empty",
+            )
+        })?;
+    Ok(Some(SaslSettings {
+        mechanisms,
+        bootstrap_user: user.to_string(),
+        bootstrap_password: password.to_string(),
+    }))
 }
 
 /// One `[[alert]]` table of the config file: a lag alert rule for the groups whose id
@@ -1139,6 +1231,46 @@ mod tests {
     }
 
     #[test]
+    fn sasl_listeners_need_the_bootstrap_user_and_known_mechanisms() {
+        let resolved = |args: &[&str]| flags(args).with_defaults();
+        let sasl = resolved(&["--security-protocol=SASL_SSL"]);
+        let s = sasl_settings(&sasl, Some("admin:pw:with:colons".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            s.mechanisms,
+            vec![
+                sluice_client::sasl::Mechanism::ScramSha256,
+                sluice_client::sasl::Mechanism::ScramSha512
+            ]
+        );
+        assert_eq!(
+            (s.bootstrap_user.as_str(), s.bootstrap_password.as_str()),
+            ("admin", "pw:with:colons")
+        );
+        assert!(
+            !format!("{s:?}").contains("pw:with"),
+            "the password is not printed"
+        );
+        let missing = sasl_settings(&sasl, None).unwrap_err().to_string();
+        assert!(missing.contains(SASL_BOOTSTRAP_ENV), "{missing}");
+        for bad in ["admin", ":pw", "admin:"] {
+            assert!(sasl_settings(&sasl, Some(bad.into())).is_err(), "{bad}");
+        }
+        let unknown = resolved(&[
+            "--security-protocol=SASL_PLAINTEXT",
+            "--sasl-enabled-mechanisms=PLAIN,GSSAPI",
+        ]);
+        let e = sasl_settings(&unknown, Some("a:b".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("GSSAPI"), "{e}");
+        // Not a SASL listener: no SASL, whatever the environment says.
+        let plain = resolved(&["--security-protocol=SSL"]);
+        assert_eq!(sasl_settings(&plain, Some("a:b".into())).unwrap(), None);
+    }
+
+    #[test]
     fn every_setting_is_one_flag_and_one_key_with_its_help() {
         let cmd = Flags::command();
         let args: Vec<_> = cmd
@@ -1162,6 +1294,7 @@ mod tests {
             "--listen=127.0.0.1:1",
             "--advertised=h:1",
             "--security-protocol=SSL",
+            "--sasl-enabled-mechanisms=PLAIN",
             "--ssl-certificate=c.pem",
             "--ssl-key=k.pem",
             "--ssl-ca=ca.pem",

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_replication::cluster::{PartitionState, CLUSTER_DEFAULT};
+use sluice_replication::cluster::{PartitionState, ScramCredential, CLUSTER_DEFAULT};
 use sluice_shard::{ShardId, ShardTable};
 use uuid::Uuid;
 
@@ -77,6 +77,10 @@ pub struct MetadataImage {
     /// cluster-wide defaults, else a broker id.
     #[serde(skip)]
     pub broker_configs: BTreeMap<i32, BTreeMap<String, String>>,
+    /// SASL/SCRAM credentials by user and mechanism code (the quorum's, see
+    /// `sluice_replication::cluster::ScramCredential`): what SASL listeners check.
+    #[serde(skip)]
+    pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
 }
 
 /// An image read back from the old per-broker file knows no controller.
@@ -113,6 +117,7 @@ impl MetadataImage {
             controller_id: BrokerId::NONE,
             registered: false,
             broker_configs: BTreeMap::new(),
+            scram: BTreeMap::new(),
         }
     }
 

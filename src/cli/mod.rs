@@ -8,3 +8,4 @@ pub mod group;
 pub mod lag;
 pub mod reassign;
 pub mod txn;
+pub mod user;

@@ -1829,6 +1829,7 @@ pub fn image_of(
             })
             .collect::<BTreeMap<_, _>>(),
         broker_configs: state.broker_configs.clone(),
+        scram: state.scram.clone(),
         topics: state
             .topics
             .iter()

@@ -133,6 +133,8 @@ enum ConnError {
     Decode(#[from] api::DecodeError),
     #[error("TLS handshake: {0}")]
     Tls(std::io::Error),
+    #[error("SASL: {0}")]
+    Sasl(#[from] crate::serve::sasl::Refused),
 }
 
 /// One direction of a connection's socket: the reader task and the writer task each
@@ -230,13 +232,17 @@ async fn connection(
     }
 }
 
-/// Serves requests on an accepted (and, for TLS, handshaken) connection.
+/// Serves requests on an accepted (and, for TLS, handshaken) connection; on a SASL
+/// listener once the client has authenticated ([`crate::serve::sasl`]).
 async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
     broker: Rc<Broker>,
-    stream: S,
+    mut stream: S,
     fd: std::os::fd::RawFd,
     peer: Option<std::net::IpAddr>,
 ) -> Result<(), ConnError> {
+    if broker.config.sasl.is_some() {
+        crate::serve::sasl::authenticate(&broker, &mut stream, peer).await?;
+    }
     let stream = Rc::new(RefCell::new(stream));
     let mut reader = Half {
         stream: stream.clone(),

@@ -174,6 +174,7 @@ impl Broker {
                 controller_id: BrokerId::NONE,
                 registered: false,
                 broker_configs: BTreeMap::new(),
+                scram: BTreeMap::new(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),

@@ -47,6 +47,7 @@ pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod reassignments;
+pub mod scram;
 pub mod sync_group;
 pub mod transactions;
 pub mod voters;
@@ -233,6 +234,18 @@ pub async fn handle(
         }
         RequestKind::DeleteGroups(r) => {
             ResponseKind::DeleteGroups(delete_groups::handle(broker, version, r).await)
+        }
+        RequestKind::SaslHandshake(_) => {
+            ResponseKind::SaslHandshake(scram::handshake_out_of_place(broker))
+        }
+        RequestKind::SaslAuthenticate(_) => {
+            ResponseKind::SaslAuthenticate(scram::authenticate_out_of_place(broker))
+        }
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ResponseKind::DescribeUserScramCredentials(scram::describe(broker, version, r))
+        }
+        RequestKind::AlterUserScramCredentials(r) => {
+            ResponseKind::AlterUserScramCredentials(scram::alter(broker, version, r).await)
         }
         other => {
             // The registry and this match disagree: a bug, caught by a unit test.

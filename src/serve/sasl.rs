@@ -1,0 +1,498 @@
+//! SASL authentication on a SASL listener (`--security-protocol SASL_PLAINTEXT` or
+//! `SASL_SSL`): the exchange a connection must finish before any other request.
+//!
+//! As Kafka's SaslServerAuthenticator: a client may ask ApiVersions, then names a
+//! mechanism with SaslHandshake. After a v1 handshake the mechanism's tokens travel in
+//! SaslAuthenticate requests; after a v0 handshake they are bare size-prefixed frames
+//! (no request header), as clients before KIP-152 send them. Any other request before
+//! authentication closes the connection, and so does a failed authentication — after
+//! Kafka's `connection.failed.authentication.delay.ms` (100 ms), with
+//! SASL_AUTHENTICATION_FAILED where a response can carry it.
+//!
+//! Credentials are the metadata quorum's SCRAM credentials in the shard's image
+//! (`MetadataImage::scram`): SCRAM-SHA-256/512 check the client's proof against
+//! StoredKey, PLAIN derives StoredKey from the password with the stored salt. Failed
+//! authentications are counted per client address on each shard; an address past its
+//! budget ([`FAILURE_BURST`], refilled at [`FAILURE_REFILL_PER_SECOND`]) is refused
+//! without a check until the budget refills, which bounds password guessing per
+//! address. Refusals are logged on the `sluice::audit` target.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{
+    ApiKey, RequestKind, ResponseKind, SaslAuthenticateResponse, SaslHandshakeResponse,
+};
+use sluice_client::sasl::{
+    parse_plain, ClientFirst, Mechanism, SaslError, ScramCredential, ServerAwaitingFinal,
+};
+use sluice_protocol::{api_versions, encode_response, sb, Parsed};
+
+use crate::base::metadata::MetadataImage;
+use crate::partition::broker::Broker;
+
+/// Largest frame read before authentication (Kafka's SaslServerAuthenticator limit):
+/// an unauthenticated client cannot make the broker hold a large buffer.
+const FRAME_MAX: usize = 512 << 10;
+/// How long the whole exchange may take.
+pub const EXCHANGE_TIME_MAX: Duration = Duration::from_secs(30);
+/// Kafka's `connection.failed.authentication.delay.ms` default: a failure is answered
+/// this late, which slows a guesser's round trips.
+const FAILURE_DELAY: Duration = Duration::from_millis(100);
+/// Failed authentications an address may have in a row on one shard …
+pub const FAILURE_BURST: f64 = 20.0;
+/// … and how fast that budget comes back.
+pub const FAILURE_REFILL_PER_SECOND: f64 = 1.0;
+
+/// Why a connection was not authenticated (it is closed).
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("authentication failed for user {user:?} with {mechanism}: {reason}")]
+    Credentials {
+        user: Option<String>,
+        mechanism: &'static str,
+        reason: String,
+    },
+    #[error("too many failed authentications from this address")]
+    Throttled,
+}
+
+thread_local! {
+    /// This shard's failure budgets, by client address.
+    static FAILURES: RefCell<HashMap<IpAddr, Budget>> = RefCell::new(HashMap::new());
+}
+
+#[derive(Clone, Copy)]
+struct Budget {
+    left: f64,
+    at: Instant,
+}
+
+impl Budget {
+    fn now(self, now: Instant) -> Budget {
+        let refill = now.duration_since(self.at).as_secs_f64() * FAILURE_REFILL_PER_SECOND;
+        Budget {
+            left: (self.left + refill).min(FAILURE_BURST),
+            at: now,
+        }
+    }
+}
+
+/// May `addr` try to authenticate now?
+fn may_try(addr: Option<IpAddr>) -> bool {
+    let Some(addr) = addr else { return true };
+    FAILURES.with(|f| {
+        f.borrow()
+            .get(&addr)
+            .is_none_or(|b| b.now(Instant::now()).left >= 1.0)
+    })
+}
+
+/// Counts a failed authentication of `addr`.
+fn failed(addr: Option<IpAddr>) {
+    let Some(addr) = addr else { return };
+    let now = Instant::now();
+    FAILURES.with(|f| {
+        let mut f = f.borrow_mut();
+        // Addresses whose budget is full again carry no information: forget them
+        // before the map grows large.
+        if f.len() >= 4096 {
+            f.retain(|_, b| b.now(now).left < FAILURE_BURST);
+        }
+        let b = f.entry(addr).or_insert(Budget {
+            left: FAILURE_BURST,
+            at: now,
+        });
+        *b = b.now(now);
+        b.left -= 1.0;
+    });
+}
+
+/// What one token did to the exchange.
+enum Step {
+    /// Send this token and wait for the client's next.
+    Continue(Vec<u8>),
+    /// Authenticated as this user; send the last token.
+    Done(String, Vec<u8>),
+}
+
+/// Where a token is in the chosen mechanism's exchange.
+enum Exchange {
+    Start,
+    ScramFinal(ServerAwaitingFinal),
+}
+
+fn credential(image: &MetadataImage, user: &str, m: Mechanism) -> Option<ScramCredential> {
+    let c = image.scram.get(user)?.get(&m.scram_type()?)?;
+    Some(ScramCredential {
+        salt: c.salt.clone(),
+        iterations: c.iterations,
+        stored_key: c.stored_key.clone(),
+        server_key: c.server_key.clone(),
+    })
+}
+
+/// Takes the client's `token` in the exchange of `mechanism`.
+fn step(
+    image: &MetadataImage,
+    mechanism: Mechanism,
+    exchange: &mut Exchange,
+    token: &[u8],
+) -> Result<Step, Refused> {
+    let refused = |user: Option<String>, e: SaslError| Refused::Credentials {
+        user,
+        mechanism: mechanism.name(),
+        reason: e.0,
+    };
+    match (mechanism, std::mem::replace(exchange, Exchange::Start)) {
+        (Mechanism::Plain, _) => {
+            let (user, password) = parse_plain(token).map_err(|e| refused(None, e))?;
+            // The password is checked against the user's SCRAM credential (either
+            // mechanism: they were made from the same password).
+            let ok = [Mechanism::ScramSha512, Mechanism::ScramSha256]
+                .into_iter()
+                .filter_map(|m| Some((m, credential(image, &user, m)?)))
+                .any(|(m, c)| c.verify_password(m, &password));
+            if ok {
+                Ok(Step::Done(user, Vec::new()))
+            } else {
+                Err(refused(
+                    Some(user),
+                    SaslError("invalid user or password".into()),
+                ))
+            }
+        }
+        (m, Exchange::Start) => {
+            let first = ClientFirst::parse(m, token).map_err(|e| refused(None, e))?;
+            let Some(cred) = credential(image, &first.user, m) else {
+                let user = first.user.clone();
+                return Err(refused(
+                    Some(user),
+                    SaslError("no credential of this mechanism".into()),
+                ));
+            };
+            let (reply, next) = first.respond(&cred);
+            *exchange = Exchange::ScramFinal(next);
+            Ok(Step::Continue(reply))
+        }
+        (_, Exchange::ScramFinal(state)) => {
+            let user = state.user().to_string();
+            let reply = state
+                .finish(token)
+                .map_err(|e| refused(Some(user.clone()), e))?;
+            Ok(Step::Done(user, reply))
+        }
+    }
+}
+
+/// The message a client gets for a failed authentication: Kafka's, naming no cause
+/// (whether the user exists is not the client's to learn).
+fn failure_message(mechanism: Mechanism) -> String {
+    format!(
+        "Authentication failed during authentication due to invalid credentials with SASL mechanism {}",
+        mechanism.name()
+    )
+}
+
+/// Runs the SASL exchange on a new connection of a SASL listener; returns the
+/// authenticated user, or why the connection must close (logged on the audit target).
+pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    broker: &Broker,
+    stream: &mut S,
+    peer: Option<IpAddr>,
+) -> Result<String, Refused> {
+    let timed = futures_lite::future::or(exchange(broker, stream, peer), async {
+        glommio::timer::sleep(EXCHANGE_TIME_MAX).await;
+        Err(Refused::Protocol(format!(
+            "no SASL authentication within {} s",
+            EXCHANGE_TIME_MAX.as_secs()
+        )))
+    });
+    let result = timed.await;
+    match &result {
+        Ok(user) => tracing::debug!(target: "sluice::audit", ?peer, user, "authenticated"),
+        Err(Refused::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(target: "sluice::audit", ?peer, "connection closed before authenticating")
+        }
+        Err(e) => {
+            tracing::info!(target: "sluice::audit", ?peer, error = %e, "SASL authentication refused: connection closed")
+        }
+    }
+    result
+}
+
+async fn read_frame<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Bytes, Refused> {
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size).await?;
+    let size = i32::from_be_bytes(size);
+    if size < 0 || size as usize > FRAME_MAX {
+        return Err(Refused::Protocol(format!(
+            "frame of {size} bytes before authentication (at most {FRAME_MAX})"
+        )));
+    }
+    let mut frame = BytesMut::zeroed(size as usize);
+    stream.read_exact(&mut frame).await?;
+    Ok(frame.freeze())
+}
+
+async fn write_frame<S: AsyncWrite + Unpin>(stream: &mut S, frame: &[u8]) -> Result<(), Refused> {
+    stream.write_all(frame).await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+async fn respond<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    response: ResponseKind,
+) -> Result<(), Refused> {
+    let frame = encode_response(key, version, correlation_id, &response)
+        .map_err(|e| Refused::Protocol(format!("cannot encode {key:?} response: {e}")))?;
+    write_frame(stream, &frame).await
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    broker: &Broker,
+    stream: &mut S,
+    peer: Option<IpAddr>,
+) -> Result<String, Refused> {
+    let offered = broker
+        .config
+        .sasl
+        .as_ref()
+        .map(|s| s.mechanisms.clone())
+        .unwrap_or_default();
+    // The mechanism chosen, and whether its tokens come bare (a v0 handshake).
+    let mut chosen: Option<(Mechanism, bool)> = None;
+    let mut state = Exchange::Start;
+    loop {
+        let frame = read_frame(stream).await?;
+        if let Some((mechanism, true)) = chosen {
+            // A v0 exchange: the frame is the token, and so is the answer (a failure
+            // can only close the connection).
+            match judged(broker, mechanism, &mut state, &frame, peer).await? {
+                Step::Continue(token) => write_frame(stream, &sized(&token)).await?,
+                Step::Done(user, token) => {
+                    write_frame(stream, &sized(&token)).await?;
+                    return Ok(user);
+                }
+            }
+            continue;
+        }
+        let request = match sluice_protocol::parse(frame) {
+            Ok(Parsed::Request(r)) => *r,
+            Ok(Parsed::Unsupported {
+                api_key,
+                version,
+                correlation_id,
+            }) => {
+                // An ApiVersions too new gets Kafka's v0 answer; anything else closes.
+                match sluice_protocol::unsupported_response(api_key, correlation_id) {
+                    Some(frame) => {
+                        write_frame(stream, &frame).await?;
+                        continue;
+                    }
+                    None => {
+                        return Err(Refused::Protocol(format!(
+                            "unsupported API {api_key} v{version} before authentication"
+                        )))
+                    }
+                }
+            }
+            Err(e) => return Err(Refused::Protocol(format!("undecodable request: {e}"))),
+        };
+        let (key, version, id) = (
+            request.api_key,
+            request.version,
+            request.header.correlation_id,
+        );
+        match request.body {
+            RequestKind::ApiVersions(_) => {
+                let r = ResponseKind::ApiVersions(api_versions::handle(version));
+                respond(stream, key, version, id, r).await?;
+            }
+            RequestKind::SaslHandshake(r) if chosen.is_none() => {
+                let asked = Mechanism::parse(r.mechanism.as_str()).filter(|m| offered.contains(m));
+                let mut answer = SaslHandshakeResponse::default();
+                answer.mechanisms = offered.iter().map(|m| sb(m.name())).collect();
+                if asked.is_none() {
+                    answer.error_code = ResponseError::UnsupportedSaslMechanism.code();
+                }
+                respond(
+                    stream,
+                    key,
+                    version,
+                    id,
+                    ResponseKind::SaslHandshake(answer),
+                )
+                .await?;
+                let Some(m) = asked else {
+                    return Err(Refused::Protocol(format!(
+                        "SASL mechanism {:?} is not enabled",
+                        r.mechanism.as_str()
+                    )));
+                };
+                chosen = Some((m, version == 0));
+            }
+            RequestKind::SaslAuthenticate(r) if chosen.is_some() => {
+                let (mechanism, _) = chosen.expect("checked by the guard");
+                let mut answer = SaslAuthenticateResponse::default();
+                match judged(broker, mechanism, &mut state, &r.auth_bytes, peer).await {
+                    Ok(Step::Continue(token)) => {
+                        answer.auth_bytes = token.into();
+                        let r = ResponseKind::SaslAuthenticate(answer);
+                        respond(stream, key, version, id, r).await?;
+                    }
+                    Ok(Step::Done(user, token)) => {
+                        answer.auth_bytes = token.into();
+                        let r = ResponseKind::SaslAuthenticate(answer);
+                        respond(stream, key, version, id, r).await?;
+                        return Ok(user);
+                    }
+                    Err(e) => {
+                        answer.error_code = ResponseError::SaslAuthenticationFailed.code();
+                        answer.error_message = Some(sb(match e {
+                            Refused::Throttled => format!(
+                                "Too many failed authentications from this address; try again in {} s",
+                                (1.0 / FAILURE_REFILL_PER_SECOND).ceil()
+                            ),
+                            _ => failure_message(mechanism),
+                        }));
+                        let r = ResponseKind::SaslAuthenticate(answer);
+                        // The client may have closed already; the refusal is the cause.
+                        let _ = respond(stream, key, version, id, r).await;
+                        return Err(e);
+                    }
+                }
+            }
+            _ => {
+                return Err(Refused::Protocol(format!(
+                    "{key:?} request before SASL authentication completed"
+                )))
+            }
+        }
+    }
+}
+
+/// [`step`] within the address's failure budget; a failure is counted and answered
+/// after [`FAILURE_DELAY`].
+async fn judged(
+    broker: &Broker,
+    mechanism: Mechanism,
+    state: &mut Exchange,
+    token: &[u8],
+    peer: Option<IpAddr>,
+) -> Result<Step, Refused> {
+    let result = if may_try(peer) {
+        step(&broker.image(), mechanism, state, token)
+    } else {
+        Err(Refused::Throttled)
+    };
+    if result.is_err() {
+        failed(peer);
+        glommio::timer::sleep(FAILURE_DELAY).await;
+    }
+    result
+}
+
+/// `token` with its 4-byte size in front (a v0 exchange's frame).
+fn sized(token: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + token.len());
+    out.extend_from_slice(&(token.len() as u32).to_be_bytes());
+    out.extend_from_slice(token);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_past_its_failure_budget_waits_for_it_to_refill() {
+        let addr: IpAddr = "127.0.0.9".parse().unwrap();
+        let other: IpAddr = "127.0.0.10".parse().unwrap();
+        for _ in 0..FAILURE_BURST as usize {
+            assert!(may_try(Some(addr)));
+            failed(Some(addr));
+        }
+        assert!(!may_try(Some(addr)));
+        assert!(may_try(Some(other)), "budgets are per address");
+        assert!(
+            may_try(None),
+            "a connection without an address is never throttled"
+        );
+        // Refilled after a while (moved back in time instead of waiting).
+        FAILURES.with(|f| {
+            let mut f = f.borrow_mut();
+            let b = f.get_mut(&addr).unwrap();
+            b.at -= Duration::from_secs_f64(1.5 / FAILURE_REFILL_PER_SECOND);
+        });
+        assert!(may_try(Some(addr)));
+    }
+
+    #[test]
+    fn scram_and_plain_check_the_quorum_credentials() {
+        let mut image = MetadataImage::new_cluster();
+        let c = ScramCredential::generate(Mechanism::ScramSha256, "pw", 4096);
+        image.scram.entry("alice".into()).or_default().insert(
+            1,
+            sluice_replication::cluster::ScramCredential {
+                salt: c.salt.clone(),
+                iterations: c.iterations,
+                stored_key: c.stored_key.clone(),
+                server_key: c.server_key.clone(),
+            },
+        );
+        let plain = |user: &str, pw: &str| {
+            let mut state = Exchange::Start;
+            let msg = sluice_client::sasl::plain_message(user, pw);
+            step(&image, Mechanism::Plain, &mut state, &msg)
+        };
+        assert!(matches!(plain("alice", "pw"), Ok(Step::Done(u, _)) if u == "alice"));
+        assert!(matches!(
+            plain("alice", "wrong"),
+            Err(Refused::Credentials { .. })
+        ));
+        assert!(matches!(
+            plain("bob", "pw"),
+            Err(Refused::Credentials { .. })
+        ));
+
+        let scram = |m: Mechanism, user: &str, pw: &str| -> Result<String, String> {
+            let mut state = Exchange::Start;
+            let (client, first) = sluice_client::sasl::ScramClient::start(m, user, pw);
+            let Step::Continue(server_first) =
+                step(&image, m, &mut state, &first).map_err(|e| e.to_string())?
+            else {
+                return Err("done after one token".into());
+            };
+            let (last, check) = client.respond(&server_first).map_err(|e| e.0)?;
+            match step(&image, m, &mut state, &last).map_err(|e| e.to_string())? {
+                Step::Done(u, server_final) => {
+                    check.verify(&server_final).map_err(|e| e.0)?;
+                    Ok(u)
+                }
+                Step::Continue(_) => Err("not done after two tokens".into()),
+            }
+        };
+        assert_eq!(
+            scram(Mechanism::ScramSha256, "alice", "pw"),
+            Ok("alice".into())
+        );
+        assert!(scram(Mechanism::ScramSha256, "alice", "wrong").is_err());
+        // Credentials are per mechanism: alice has no SCRAM-SHA-512 one.
+        assert!(scram(Mechanism::ScramSha512, "alice", "pw").is_err());
+        assert!(scram(Mechanism::ScramSha256, "bob", "pw").is_err());
+    }
+}

@@ -86,9 +86,26 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Connects to `addr` (`host:port`, bounded by a timeout per resolved address) or
-    /// says why it could not.
+    /// Connects to `addr` (`host:port`, or several separated by commas as Kafka's
+    /// bootstrap lists are, tried in order; bounded by a timeout per resolved address)
+    /// or says why it could not.
     pub fn open(addr: &str, client_id: &'static str) -> Result<Conn> {
+        let mut last = None;
+        for one in addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            match Conn::open_one(one, client_id) {
+                Ok(c) => return Ok(c),
+                // A refused login is the answer, not a reason to try another broker.
+                Err(e @ Error::Authentication(_)) => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Unreachable {
+            addr: addr.to_string(),
+            reason: "no address".into(),
+        }))
+    }
+
+    fn open_one(addr: &str, client_id: &'static str) -> Result<Conn> {
         let unreachable = |reason: String| Error::Unreachable {
             addr: addr.to_string(),
             reason,

@@ -12,10 +12,13 @@
 //! Credentials are the metadata quorum's SCRAM credentials in the shard's image
 //! (`MetadataImage::scram`): SCRAM-SHA-256/512 check the client's proof against
 //! StoredKey, PLAIN derives StoredKey from the password with the stored salt. Failed
-//! authentications are counted per client address on each shard; an address past its
-//! budget ([`FAILURE_BURST`], refilled at [`FAILURE_REFILL_PER_SECOND`]) is refused
-//! without a check until the budget refills, which bounds password guessing per
-//! address. Refusals are logged on the `sluice::audit` target.
+//! authentications are counted per client address on each shard: an address past its
+//! budget ([`FAILURE_BURST`], refilled at [`FAILURE_REFILL_PER_SECOND`]) has its
+//! attempts checked one at a time, [`FAILURE_REFILL_PER_SECOND`] a second (each waits
+//! for its turn, however many connections it opens), until the budget refills. That
+//! bounds password guessing per address without locking anyone out: a client with the
+//! right password behind the same address (a NAT, a misconfigured neighbour retrying)
+//! still gets in, after its turn. Refusals are logged on the `sluice::audit` target.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -44,8 +47,9 @@ pub const EXCHANGE_TIME_MAX: Duration = Duration::from_secs(30);
 /// Kafka's `connection.failed.authentication.delay.ms` default: a failure is answered
 /// this late, which slows a guesser's round trips.
 const FAILURE_DELAY: Duration = Duration::from_millis(100);
-/// Failed authentications an address may have in a row on one shard …
-pub const FAILURE_BURST: f64 = 20.0;
+/// Failed authentications an address may have in a row on one shard before its
+/// attempts are paced …
+pub const FAILURE_BURST: f64 = 30.0;
 /// … and how fast that budget comes back.
 pub const FAILURE_REFILL_PER_SECOND: f64 = 1.0;
 
@@ -62,8 +66,6 @@ pub enum Refused {
         mechanism: &'static str,
         reason: String,
     },
-    #[error("too many failed authentications from this address")]
-    Throttled,
 }
 
 thread_local! {
@@ -75,6 +77,8 @@ thread_local! {
 struct Budget {
     left: f64,
     at: Instant,
+    /// While the budget is spent: when the next attempt may be checked.
+    next_turn: Instant,
 }
 
 impl Budget {
@@ -83,17 +87,31 @@ impl Budget {
         Budget {
             left: (self.left + refill).min(FAILURE_BURST),
             at: now,
+            next_turn: self.next_turn,
         }
     }
 }
 
-/// May `addr` try to authenticate now?
-fn may_try(addr: Option<IpAddr>) -> bool {
-    let Some(addr) = addr else { return true };
+/// How long an attempt of `addr` waits before it is checked: nothing within the
+/// address's budget; past it, each attempt takes the next turn, turns
+/// 1 / [`FAILURE_REFILL_PER_SECOND`] apart.
+fn turn(addr: Option<IpAddr>) -> Duration {
+    let Some(addr) = addr else {
+        return Duration::ZERO;
+    };
+    let now = Instant::now();
     FAILURES.with(|f| {
-        f.borrow()
-            .get(&addr)
-            .is_none_or(|b| b.now(Instant::now()).left >= 1.0)
+        let mut f = f.borrow_mut();
+        let Some(b) = f.get_mut(&addr) else {
+            return Duration::ZERO;
+        };
+        *b = b.now(now);
+        if b.left >= 1.0 {
+            return Duration::ZERO;
+        }
+        let at = b.next_turn.max(now);
+        b.next_turn = at + Duration::from_secs_f64(1.0 / FAILURE_REFILL_PER_SECOND);
+        at - now
     })
 }
 
@@ -111,9 +129,10 @@ fn failed(addr: Option<IpAddr>) {
         let b = f.entry(addr).or_insert(Budget {
             left: FAILURE_BURST,
             at: now,
+            next_turn: now,
         });
         *b = b.now(now);
-        b.left -= 1.0;
+        b.left = (b.left - 1.0).max(0.0);
     });
 }
 
@@ -362,13 +381,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     Err(e) => {
                         answer.error_code = ResponseError::SaslAuthenticationFailed.code();
-                        answer.error_message = Some(sb(match e {
-                            Refused::Throttled => format!(
-                                "Too many failed authentications from this address; try again in {} s",
-                                (1.0 / FAILURE_REFILL_PER_SECOND).ceil()
-                            ),
-                            _ => failure_message(mechanism),
-                        }));
+                        answer.error_message = Some(sb(failure_message(mechanism)));
                         let r = ResponseKind::SaslAuthenticate(answer);
                         // The client may have closed already; the refusal is the cause.
                         let _ = respond(stream, key, version, id, r).await;
@@ -385,8 +398,8 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// [`step`] within the address's failure budget; a failure is counted and answered
-/// after [`FAILURE_DELAY`].
+/// [`step`] at the address's turn; a failure is counted and answered after
+/// [`FAILURE_DELAY`].
 async fn judged(
     broker: &Broker,
     mechanism: Mechanism,
@@ -394,11 +407,11 @@ async fn judged(
     token: &[u8],
     peer: Option<IpAddr>,
 ) -> Result<Step, Refused> {
-    let result = if may_try(peer) {
-        step(&broker.image(), mechanism, state, token)
-    } else {
-        Err(Refused::Throttled)
-    };
+    let wait = turn(peer);
+    if !wait.is_zero() {
+        glommio::timer::sleep(wait).await;
+    }
+    let result = step(&broker.image(), mechanism, state, token);
     if result.is_err() {
         failed(peer);
         glommio::timer::sleep(FAILURE_DELAY).await;
@@ -419,26 +432,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_address_past_its_failure_budget_waits_for_it_to_refill() {
+    fn an_address_past_its_failure_budget_takes_turns_until_it_refills() {
         let addr: IpAddr = "127.0.0.9".parse().unwrap();
         let other: IpAddr = "127.0.0.10".parse().unwrap();
         for _ in 0..FAILURE_BURST as usize {
-            assert!(may_try(Some(addr)));
+            assert_eq!(turn(Some(addr)), Duration::ZERO);
             failed(Some(addr));
         }
-        assert!(!may_try(Some(addr)));
-        assert!(may_try(Some(other)), "budgets are per address");
+        // Spent: attempts are spaced a turn apart, however many arrive at once.
+        let step = Duration::from_secs_f64(1.0 / FAILURE_REFILL_PER_SECOND);
+        let waits: Vec<Duration> = (0..3).map(|_| turn(Some(addr))).collect();
+        assert!(waits[0] <= step, "{waits:?}");
         assert!(
-            may_try(None),
-            "a connection without an address is never throttled"
+            waits[1] > waits[0] + step / 2 && waits[2] > waits[1] + step / 2,
+            "{waits:?}"
         );
+        assert_eq!(turn(Some(other)), Duration::ZERO, "budgets are per address");
+        assert_eq!(turn(None), Duration::ZERO, "no address, no budget");
         // Refilled after a while (moved back in time instead of waiting).
         FAILURES.with(|f| {
             let mut f = f.borrow_mut();
             let b = f.get_mut(&addr).unwrap();
-            b.at -= Duration::from_secs_f64(1.5 / FAILURE_REFILL_PER_SECOND);
+            b.at -= step.mul_f64(1.5);
+            b.next_turn -= step.mul_f64(10.0);
         });
-        assert!(may_try(Some(addr)));
+        assert_eq!(turn(Some(addr)), Duration::ZERO);
     }
 
     #[test]

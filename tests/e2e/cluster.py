@@ -222,10 +222,44 @@ def _str(b, i):
     return b[i:i + n].decode(), i + n
 
 
-def metadata_from(addr, topics=None, timeout=5.0, tls=None):
+def _call(s, body):
+    """Sends one request frame on socket `s` and returns the response frame's body."""
+    s.sendall(struct.pack(">i", len(body)) + body)
+
+    def take(n):
+        b = b""
+        while len(b) < n:
+            chunk = s.recv(n - len(b))
+            if not chunk:
+                raise ConnectionError("closed")
+            b += chunk
+        return b
+    (n,) = struct.unpack(">i", take(4))
+    return take(n)
+
+
+def sasl_plain_login(s, user, password):
+    """Logs socket `s` in with SASL/PLAIN (SaslHandshake v1, SaslAuthenticate v0), as a
+    client does on a SASL listener; raises PermissionError with the broker's error code
+    when refused."""
+    client = struct.pack(">h", 5) + b"e2e-m"
+    mech = b"PLAIN"
+    r = _call(s, struct.pack(">hhi", 17, 1, 11) + client + struct.pack(">h", len(mech)) + mech)
+    (code,) = struct.unpack_from(">h", r, 4)
+    if code:
+        raise PermissionError(f"SaslHandshake error {code}")
+    token = b"\0" + user.encode() + b"\0" + password.encode()
+    r = _call(s, struct.pack(">hhi", 36, 0, 12) + client + struct.pack(">i", len(token)) + token)
+    (code,) = struct.unpack_from(">h", r, 4)
+    if code:
+        raise PermissionError(f"SaslAuthenticate error {code}")
+
+
+def metadata_from(addr, topics=None, timeout=5.0, tls=None, sasl=None):
     """Metadata v1 asked of exactly the broker at `addr` (librdkafka picks any broker,
     which is no good for "what does broker N believe"); over TLS with the
-    `ssl.SSLContext` `tls` when given. Returns
+    `ssl.SSLContext` `tls` when given, logged in with SASL/PLAIN as `sasl` (user,
+    password) when given. Returns
     {"controller": id, "brokers": {id: "host:port"},
      "topics": {name: {p: {"leader", "replicas", "isr", "error"}}}}."""
     body = struct.pack(">hhi", 3, 1, 7) + struct.pack(">h", 5) + b"e2e-m"
@@ -240,6 +274,8 @@ def metadata_from(addr, topics=None, timeout=5.0, tls=None):
     with socket.create_connection((host, int(port)), timeout=timeout) as raw, \
             (tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw) as s:
         s.settimeout(timeout)
+        if sasl is not None:
+            sasl_plain_login(s, *sasl)
         s.sendall(struct.pack(">i", len(body)) + body)
         hdr = b""
         while len(hdr) < 4:
@@ -315,11 +351,13 @@ def disk_batches(data_dir, topic, partition):
 
 class Cluster:
     def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None, roles=None,
-                 tls=None):
+                 tls=None, sasl=None):
         """`tls`: an `ssl.SSLContext` the harness's own Metadata requests use (the
-        brokers' listeners are SSL, as `extra` configures them)."""
+        brokers' listeners are SSL, as `extra` configures them); `sasl`: the (user,
+        password) they log in with over PLAIN (the listeners are SASL and offer it)."""
         self.root = str(root)
         self.tls = tls
+        self.sasl = sasl
         self.n = n
         self.ids = list(range(1, n + 1))
         self.proxied = proxied
@@ -435,7 +473,7 @@ class Cluster:
         def answers():
             if not b.alive():
                 raise AssertionError(f"broker {i} exited: {b.read_log()[-2000:]}")
-            metadata_from(f"127.0.0.1:{self.kafka_port[i]}", topics=[], timeout=2, tls=self.tls)
+            metadata_from(f"127.0.0.1:{self.kafka_port[i]}", topics=[], timeout=2, tls=self.tls, sasl=self.sasl)
             return True
         self.wait_until(answers, deadline, f"broker {i} answering Metadata")
 
@@ -446,7 +484,7 @@ class Cluster:
             if not self.alive(i):
                 continue
             try:
-                m = metadata_from(self.addr(i), topics=[], tls=self.tls)
+                m = metadata_from(self.addr(i), topics=[], tls=self.tls, sasl=self.sasl)
             except OSError:
                 continue
             if m["controller"] >= 0:

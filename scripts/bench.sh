@@ -10,7 +10,8 @@
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # BENCH_PART=move runs only the partition-move scenarios (scripts/bench-move.sh).
-# BENCH_PART=tls runs only (b) and (b) over TLS to an SSL listener (b-tls, issue 42).
+# BENCH_PART=tls runs only (b), (b) over TLS to an SSL listener (b-tls, issue 42) and
+# (b) over SASL_SSL (b-sasl).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
 # of produce + consume, acks=all, at SOAK_RATE records/s (default 100000) of
 # SOAK_RECORD_SIZE bytes (default 100; 1024 at SOAK_RATE=200000 is issue 17's 200 MB/s
@@ -85,7 +86,7 @@ echo "== (a) 100-byte records, acks=1, 8 partitions, maximum throughput =="
 bench produce $B --name a-max-throughput --topic bench-a --partitions 8 --record-size 100 --acks 1 --duration "$SECS"
 fi
 
-# BENCH_PART=tls runs (b) and (b-tls) alone.
+# BENCH_PART=tls runs (b), (b-tls) and (b-sasl) alone.
 if [ "$PART" = all ] || [ "$PART" = tls ]; then
 echo "== (b) 100-byte records, acks=1, 8 partitions, fixed $RATE records/s (open loop) =="
 bench produce $B --name b-fixed-rate --topic bench-b --delete-topic --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
@@ -113,6 +114,19 @@ bench_wait_broker "$TLS_BROKER" "$OUT/tls-broker.log" 30 "$TLS_PORT" $((TLS_PORT
 echo "== (b-tls) (b) over TLS: 100-byte records, acks=1, 8 partitions, fixed $RATE records/s =="
 bench produce --command-config "$TLS_DIR/client.properties" --bootstrap "127.0.0.1:$TLS_PORT" --report-dir "$OUT" --name b-tls-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
 bench_stop "$TLS_BROKER"
+
+# (b-sasl) (issue 42): (b) again over SASL_SSL (SCRAM-SHA-512 logins, then TLS), to a
+# broker of its own; the same goal against (b).
+printf 'security.protocol=SASL_SSL\nssl.ca.location=%s\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=bench\nsasl.password=bench-secret\n' \
+  "$TLS_DIR/ca.pem" >"$TLS_DIR/sasl.properties"
+rm -rf "$OUT/sasl-broker-data"
+bench_spawn env SLUICE_SASL_BOOTSTRAP_USER=bench:bench-secret "${NICE[@]}" "$SLUICE" serve --listen "127.0.0.1:$TLS_PORT" --data-dir "$OUT/sasl-broker-data" --cores "$CORES" \
+  --security-protocol SASL_SSL --ssl-certificate "$TLS_DIR/broker.pem" --ssl-key "$TLS_DIR/broker.key" --ssl-ca "$TLS_DIR/ca.pem" >"$OUT/sasl-broker.log" 2>&1
+SASL_BROKER=$BENCH_PID
+bench_wait_broker "$SASL_BROKER" "$OUT/sasl-broker.log" 30 "$TLS_PORT" $((TLS_PORT + 552))
+echo "== (b-sasl) (b) over SASL_SSL: 100-byte records, acks=1, 8 partitions, fixed $RATE records/s =="
+bench produce --command-config "$TLS_DIR/sasl.properties" --bootstrap "127.0.0.1:$TLS_PORT" --report-dir "$OUT" --name b-sasl-fixed-rate --topic bench-b --partitions 8 --record-size 100 --acks 1 --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS"
+bench_stop "$SASL_BROKER"
 fi
 
 if [ "$PART" = all ]; then

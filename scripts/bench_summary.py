@@ -38,6 +38,7 @@ def add(label, r, ceiling_name, ceiling):
 add("(a) produce 100 B, acks=1, 8 partitions, max throughput", load("a-max-throughput-report.json"), "disk write", disk)
 add("(b) produce 100 B, acks=1, fixed rate (open loop)", load("b-fixed-rate-report.json"), "disk write", disk)
 add("(b-tls) (b) over TLS", load("b-tls-fixed-rate-report.json"), "disk write", disk)
+add("(b-sasl) (b) over SASL_SSL", load("b-sasl-fixed-rate-report.json"), "disk write", disk)
 add("(b-low) produce 100 B, acks=all, linger 0, low fixed rate", load("b-low-acks-all-report.json"), "disk write", disk)
 add("(c) produce 1 KiB, acks=all", load("c-1k-acks-all-report.json"), "disk write", disk)
 c_1m = load("c-1k-acks-all-1m-batches-report.json")
@@ -101,6 +102,9 @@ if c_1m:
 b_tls = load("b-tls-fixed-rate-report.json")
 if b and b_tls:
     lines += ["", f"(b-tls) over TLS against (b) plaintext, same run: throughput {b_tls['records_per_sec'] / b['records_per_sec']:.2f}x, p99 {ms(b_tls, 'p99')} ms against {ms(b, 'p99')} ms (issue 42's goal: >= 0.8x, p99 within 1.5x)."]
+b_sasl = load("b-sasl-fixed-rate-report.json")
+if b and b_sasl:
+    lines += ["", f"(b-sasl) over SASL_SSL against (b) plaintext, same run: throughput {b_sasl['records_per_sec'] / b['records_per_sec']:.2f}x, p99 {ms(b_sasl, 'p99')} ms against {ms(b, 'p99')} ms (issue 42's goal: >= 0.8x, p99 within 1.5x)."]
 b_low = load("b-low-acks-all-report.json")
 if b_low:
     target = b_low["config"].get("rate")

@@ -27,6 +27,9 @@ use crate::base::ids::BrokerId;
 use crate::base::metadata::MetadataImage;
 use crate::base::topic_config::{TopicConfig, KNOWN};
 
+/// The topic config whose default depends on the topic (see [`describe_topic`]).
+const MIN_INSYNC: &str = "min.insync.replicas";
+
 /// Config sources (Kafka's numbering).
 pub const SOURCE_DYNAMIC_TOPIC: i8 = 1;
 pub const SOURCE_DYNAMIC_BROKER: i8 = 2;
@@ -196,6 +199,7 @@ pub fn describe_topic(
     image: &MetadataImage,
     me: BrokerId,
     own: &BTreeMap<String, String>,
+    replication: Option<usize>,
 ) -> Vec<Described> {
     TopicConfig::describe(own)
         .into_iter()
@@ -214,6 +218,16 @@ pub fn describe_topic(
                     SOURCE_DEFAULT,
                 )),
                 None => {}
+            }
+            // Sluice's own default of min.insync.replicas is min(2, replicas)
+            // (`Broker::min_insync`): described as enforced, so that a tool writing
+            // the described set back does not change it (an RF=1 topic set to 2 would
+            // refuse every acks=all write). A topic whose partitions differ in
+            // replicas is described by its smallest.
+            if let (MIN_INSYNC, Some(rf)) = (name, replication) {
+                for syn in synonyms.iter_mut().filter(|s| s.2 == SOURCE_DEFAULT) {
+                    syn.1 = Some(rf.clamp(1, 2).to_string());
+                }
             }
             let (_, value, source) = synonyms[0].clone();
             Described {
@@ -306,7 +320,15 @@ pub fn describe_broker(
             .map(|(name, v)| {
                 let src = SOURCE_DYNAMIC_DEFAULT_BROKER;
                 Described {
-                    documentation: topic_name_of(&name).map(log_doc).unwrap_or_default(),
+                    documentation: topic_name_of(&name)
+                        .map(log_doc)
+                        .or_else(|| {
+                            BROKER_DYNAMIC
+                                .iter()
+                                .find(|(n, ..)| *n == name)
+                                .map(|(.., doc)| doc.to_string())
+                        })
+                        .unwrap_or_else(|| WITHOUT_EFFECT.to_string()),
                     synonyms: vec![(name.clone(), Some(v.clone()), src)],
                     name,
                     value: Some(v),
@@ -355,28 +377,83 @@ pub fn describe_broker(
             documentation,
         });
     }
+    // Kafka's dynamic configs kept without effect, this broker's value over the
+    // cluster-wide one.
+    let scopes = [
+        (me, SOURCE_DYNAMIC_BROKER),
+        (
+            sluice_replication::cluster::CLUSTER_DEFAULT,
+            SOURCE_DYNAMIC_DEFAULT_BROKER,
+        ),
+    ];
+    for (scope, source) in scopes {
+        for (name, v) in image.broker_configs.get(&scope).into_iter().flatten() {
+            if out.iter().any(|d| d.name == *name) {
+                continue;
+            }
+            out.push(Described {
+                name: name.clone(),
+                value: Some(v.clone()),
+                source,
+                read_only: false,
+                synonyms: vec![(name.clone(), Some(v.clone()), source)],
+                documentation: WITHOUT_EFFECT.to_string(),
+            });
+        }
+    }
     out
 }
 
-/// The new dynamic config set of one scope, validated: every name a dynamic broker
-/// config with a value its topic config accepts (INVALID_CONFIG otherwise); a
-/// read-only broker config is INVALID_REQUEST, as Kafka answers.
-pub fn check_dynamic(c: &BrokerConfig, set: &BTreeMap<String, String>) -> Result<(), ApiError> {
+/// The new dynamic config set of one scope (`scope`: a broker id, or
+/// `CLUSTER_DEFAULT`), validated as Kafka validates it: a read-only broker config (one
+/// of Sluice's settings, or read-only in Kafka) is INVALID_REQUEST, and so is a
+/// per-broker config set cluster-wide; a dynamic config Sluice applies must have a value
+/// its topic config accepts (INVALID_CONFIG otherwise); Kafka's other dynamic broker
+/// configs ([`crate::base::kafka_broker_configs`]) are kept and described without
+/// effect, as the accepted-only topic configs are; a name Kafka does not know is
+/// INVALID_CONFIG.
+pub fn check_dynamic(
+    c: &BrokerConfig,
+    scope: i32,
+    set: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    use crate::base::kafka_broker_configs::{update_mode, Update};
     let image = MetadataImage::new_cluster();
+    let statics = static_configs(c, &image);
+    let applied =
+        |n: &str| topic_name_of(n).is_some() || BROKER_DYNAMIC.iter().any(|(b, ..)| *b == n);
+    let refused = |why: &str, names: Vec<&str>| {
+        ApiError::with(
+            ResponseError::InvalidRequest,
+            format!("{why}: {}", names.join(", ")),
+        )
+    };
     let read_only: Vec<&str> = set
         .keys()
         .map(String::as_str)
-        .filter(|n| topic_name_of(n).is_none())
-        .filter(|n| static_configs(c, &image).iter().any(|(s, ..)| s == n))
+        .filter(|n| !applied(n))
+        .filter(|n| {
+            statics.iter().any(|(s, ..)| s == n) || update_mode(n) == Some(Update::ReadOnly)
+        })
         .collect();
     if !read_only.is_empty() {
-        return Err(ApiError::with(
-            ResponseError::InvalidRequest,
-            format!(
-                "Cannot update these configs dynamically: {}",
-                read_only.join(", ")
-            ),
+        return Err(refused(
+            "Cannot update these configs dynamically",
+            read_only,
         ));
+    }
+    if scope == sluice_replication::cluster::CLUSTER_DEFAULT {
+        let per_broker: Vec<&str> = set
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !applied(n) && update_mode(n) == Some(Update::PerBroker))
+            .collect();
+        if !per_broker.is_empty() {
+            return Err(refused(
+                "Cannot update these configs at default cluster level, broker id must be specified",
+                per_broker,
+            ));
+        }
     }
     for (name, v) in set {
         if BROKER_DYNAMIC.iter().any(|(n, ..)| n == name) {
@@ -389,6 +466,10 @@ pub fn check_dynamic(c: &BrokerConfig, set: &BTreeMap<String, String>) -> Result
             continue;
         }
         let Some(topic) = topic_name_of(name) else {
+            if update_mode(name).is_some() {
+                // Kafka's, dynamic, and nothing in Sluice reads it: kept.
+                continue;
+            }
             return Err(ApiError::with(
                 ResponseError::InvalidConfig,
                 format!("Unknown broker config {name}"),
@@ -404,6 +485,9 @@ pub fn check_dynamic(c: &BrokerConfig, set: &BTreeMap<String, String>) -> Result
     }
     Ok(())
 }
+
+/// The documentation of a dynamic broker config Sluice keeps without effect.
+const WITHOUT_EFFECT: &str = "A Kafka broker config, kept and described as set; Sluice has no use for it (accepted so that tools that set it work).";
 
 fn log_doc(topic: &str) -> String {
     format!(
@@ -480,6 +564,68 @@ mod tests {
         image
     }
 
+    /// A described topic config set written back as the topic's explicit set (what
+    /// legacy AlterConfigs and config-sync tools do) changes nothing that is enforced.
+    #[test]
+    fn described_configs_written_back_change_nothing() {
+        let image = MetadataImage::new_cluster();
+        let me = BrokerId::new(1);
+        let explicit = |d: &[Described]| -> BTreeMap<String, String> {
+            d.iter()
+                .filter_map(|x| Some((x.name.clone(), x.value.clone()?)))
+                .collect()
+        };
+        for (rf, enforced) in [(1, 1), (2, 2), (3, 2)] {
+            let d = describe_topic(&image, me, &BTreeMap::new(), Some(rf));
+            let min = d.iter().find(|x| x.name == MIN_INSYNC).unwrap();
+            assert_eq!(
+                min.value.as_deref(),
+                Some(enforced.to_string().as_str()),
+                "rf {rf}"
+            );
+            assert_eq!(min.source, SOURCE_DEFAULT);
+            let back = TopicConfig::parse(&explicit(&d)).unwrap();
+            assert_eq!(back.min_insync_replicas, enforced, "rf {rf}");
+            assert_eq!(
+                back,
+                TopicConfig::parse(&BTreeMap::new())
+                    .map(|mut t| {
+                        t.min_insync_replicas = enforced;
+                        t
+                    })
+                    .unwrap()
+            );
+        }
+        // An explicit value is described as set.
+        let own = BTreeMap::from([(MIN_INSYNC.to_string(), "3".to_string())]);
+        let d = describe_topic(&image, me, &own, Some(1));
+        let min = d.iter().find(|x| x.name == MIN_INSYNC).unwrap();
+        assert_eq!(
+            (min.value.as_deref(), min.source),
+            (Some("3"), SOURCE_DYNAMIC_TOPIC)
+        );
+        // The deprecated timestamp difference stays in force when the described
+        // before/after bounds (at their default) are written back.
+        let own = BTreeMap::from([(
+            "message.timestamp.difference.max.ms".to_string(),
+            "5000".to_string(),
+        )]);
+        let d = describe_topic(&image, me, &own, Some(1));
+        let back = TopicConfig::parse(&explicit(&d)).unwrap();
+        let direct = TopicConfig::parse(&own).unwrap();
+        assert_eq!(
+            (back.timestamp_before_max_ms, back.timestamp_after_max_ms),
+            (5000, 5000)
+        );
+        assert_eq!(
+            (
+                direct.timestamp_before_max_ms,
+                direct.timestamp_after_max_ms
+            ),
+            (5000, 5000)
+        );
+    }
+
     #[test]
     fn dynamic_defaults_apply_to_topics_that_do_not_set_the_config() {
         let mut image = image_with(
@@ -499,7 +645,7 @@ mod tests {
             "7"
         );
 
-        let d = describe_topic(&image, BrokerId::new(1), &own);
+        let d = describe_topic(&image, BrokerId::new(1), &own, Some(3));
         let retention = d.iter().find(|x| x.name == "retention.ms").unwrap();
         assert_eq!(
             (retention.value.as_deref(), retention.source),
@@ -529,20 +675,55 @@ mod tests {
         };
         assert!(check_dynamic(
             &c,
+            1,
             &set(&[("log.retention.ms", "5"), ("compression.type", "zstd")])
         )
         .is_ok());
-        let e = check_dynamic(&c, &set(&[("broker.id", "5")])).unwrap_err();
+        let e = check_dynamic(&c, 1, &set(&[("broker.id", "5")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidRequest.code());
-        let e = check_dynamic(&c, &set(&[("log.retention.ms", "soon")])).unwrap_err();
+        let e = check_dynamic(&c, 1, &set(&[("log.retention.ms", "soon")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidConfig.code());
         assert!(e.message.unwrap().contains("log.retention.ms"));
-        let e = check_dynamic(&c, &set(&[("no.such.config", "1")])).unwrap_err();
+        let e = check_dynamic(&c, 1, &set(&[("no.such.config", "1")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidConfig.code());
+        // Kafka's other broker configs: dynamic ones kept (per-broker ones only for a
+        // broker), read-only ones refused as Kafka refuses them.
+        let relogin = "sasl.kerberos.min.time.before.relogin";
+        assert!(check_dynamic(&c, 1, &set(&[(relogin, "58000")])).is_ok());
+        assert!(check_dynamic(&c, -1, &set(&[("num.io.threads", "9")])).is_ok());
+        let e = check_dynamic(&c, -1, &set(&[(relogin, "58000")])).unwrap_err();
+        assert_eq!(e.code(), ResponseError::InvalidRequest.code());
+        assert!(e.message.unwrap().contains("broker id must be specified"));
+        for read_only in [
+            "auto.create.topics.enable",
+            "advertised.listeners",
+            "zookeeper.connect",
+        ] {
+            let e = check_dynamic(&c, 1, &set(&[(read_only, "x")])).unwrap_err();
+            assert_eq!(
+                e.code(),
+                ResponseError::InvalidRequest.code(),
+                "{read_only}"
+            );
+        }
+        // No name of Kafka's table is unknown.
+        for (name, _) in crate::base::kafka_broker_configs::KAFKA_BROKER_CONFIGS {
+            if let Err(e) = check_dynamic(&c, 1, &set(&[(name, "1")])) {
+                assert!(!e.message.unwrap_or_default().contains("Unknown"), "{name}");
+            }
+        }
+        // Kept ones are described with their source.
+        let image = image_with(1, &[(relogin, "58000")]);
+        let d = describe_broker(&c, &image, false);
+        let d = d.iter().find(|d| d.name == relogin).unwrap();
+        assert_eq!(
+            (d.value.as_deref(), d.source, d.read_only),
+            (Some("58000"), SOURCE_DYNAMIC_BROKER, false)
+        );
         // The replication throttles: a byte rate, at least 0.
         let rate = "follower.replication.throttled.rate";
-        assert!(check_dynamic(&c, &set(&[(rate, "1048576")])).is_ok());
-        let e = check_dynamic(&c, &set(&[(rate, "-1")])).unwrap_err();
+        assert!(check_dynamic(&c, 1, &set(&[(rate, "1048576")])).is_ok());
+        let e = check_dynamic(&c, 1, &set(&[(rate, "-1")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidConfig.code());
         assert!(e.message.unwrap().contains(rate));
         let image = image_with(2, &[(rate, "1000")]);

@@ -2,7 +2,8 @@
 //! Helpers and clocks (`util`), the broker's number types (`ids`: offsets, leader
 //! epochs, producer and broker ids), the broker's errors and their Kafka codes (`error`), the
 //! one config struct (`config`), topic configs by Kafka's names (`topic_config`) and
-//! broker configs with the dynamic ones (`broker_configs`), the rules a produced record
+//! broker configs with the dynamic ones (`broker_configs`) and Kafka's broker config
+//! names (`kafka_broker_configs`), the rules a produced record
 //! must pass (`record_rules`), the metadata image every shard reads (`metadata`), the
 //! machine (`host`: resource limits, systemd notification, port wait), the fetch session
 //! cache (`fetch_session`, KIP-227, sans I/O) and the typed cross-shard calls with their
@@ -17,6 +18,7 @@ pub mod error;
 pub mod fetch_session;
 pub mod host;
 pub mod ids;
+pub mod kafka_broker_configs;
 pub mod metadata;
 pub mod record_rules;
 pub mod rpc;

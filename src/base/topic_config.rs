@@ -339,8 +339,17 @@ impl TopicConfig {
             log,
             min_insync_replicas,
             cleanup_policy,
-            timestamp_before_max_ms: before.or(difference).unwrap_or(i64::MAX),
-            timestamp_after_max_ms: after.or(difference).unwrap_or(i64::MAX),
+            // As Kafka's LogConfig: the deprecated difference applies while the new
+            // bound is unset or at its default (Long.MAX_VALUE), so a described set
+            // written back (the default included) keeps the difference in force.
+            timestamp_before_max_ms: before
+                .filter(|v| *v != i64::MAX)
+                .or(difference)
+                .unwrap_or(i64::MAX),
+            timestamp_after_max_ms: after
+                .filter(|v| *v != i64::MAX)
+                .or(difference)
+                .unwrap_or(i64::MAX),
             compression,
             compression_levels,
         })

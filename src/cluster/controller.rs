@@ -649,7 +649,7 @@ fn alter_broker(
         ConfigChange::Incremental(ops) => apply_ops(current, ops)?,
         ConfigChange::Replace(set) => set,
     };
-    crate::base::broker_configs::check_dynamic(config, &configs)?;
+    crate::base::broker_configs::check_dynamic(config, scope, &configs)?;
     Ok(Command::AlterBrokerConfigs { scope, configs })
 }
 

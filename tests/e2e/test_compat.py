@@ -105,6 +105,70 @@ def test_alter_configs_of_a_broker_refuses_static_configs(broker):
     assert entries["log.dirs"].value == broker.data_dir
 
 
+def _described(admin, kind, name):
+    res = ConfigResource(kind, name)
+    return admin.describe_configs([res])[res].result(timeout=30)
+
+
+def test_described_topic_configs_written_back_change_nothing(broker):
+    """Issue 43 item 1: what DescribeConfigs shows for a topic, written back whole with
+    legacy AlterConfigs (what librdkafka's test helper, config-sync tools and
+    Terraform-style providers do), enforces the same: an RF=1 topic still takes acks=all
+    writes (it used to be described as min.insync.replicas=2 and then refused them)."""
+    admin = admin_for(broker.addr)
+    topic = unique("mv")
+    create(admin, topic, config={"message.timestamp.difference.max.ms": "600000"})
+    before = _described(admin, "topic", topic)
+    assert before["min.insync.replicas"].value == "1"
+    every = {n: e.value for n, e in before.items() if e.value is not None and not e.is_read_only}
+    res = ConfigResource("topic", topic, set_config=every)
+    admin.alter_configs([res])[res].result(timeout=30)
+    after = _described(admin, "topic", topic)
+    assert {n: e.value for n, e in after.items()} == {n: e.value for n, e in before.items()}
+
+    p = Producer({"bootstrap.servers": broker.addr, "message.timeout.ms": 15000})
+    delivered, errors = [], []
+    # Now, five minutes old (inside the difference still in force) and an hour old
+    # (outside it, refused as before the write-back); one batch each (a batch with a
+    # bad timestamp fails whole).
+    for value, age_ms in ((b"now", 0), (b"old", 300_000), (b"older", 3_600_000)):
+        p.produce(topic, value=value, timestamp=int(time.time() * 1000) - age_ms,
+                  on_delivery=lambda e, m: (errors if e else delivered).append(e or m))
+        assert p.flush(30) == 0
+    assert len(delivered) == 2, errors
+    assert [e.code() for e in errors] == [KafkaError.INVALID_TIMESTAMP]
+
+
+def test_kafka_broker_configs_are_known(broker):
+    """Issue 43 item 3: every broker config Kafka defines is known to AlterConfigs and
+    IncrementalAlterConfigs on a BROKER resource: a dynamic one Sluice has no use for is
+    kept and described, a per-broker one set cluster-wide and a read-only one are
+    INVALID_REQUEST as Kafka answers, and only a name Kafka does not define is unknown."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+    admin = admin_for(broker.addr)
+    relogin = "sasl.kerberos.min.time.before.relogin"
+    res = ConfigResource("broker", "1", set_config={relogin: "58000"})
+    admin.alter_configs([res])[res].result(timeout=30)
+    inc = ConfigResource("broker", "1", incremental_configs=[
+        ConfigEntry("sasl.kerberos.ticket.renew.jitter", "0.06", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([inc])[inc].result(timeout=30)
+    described = _described(admin, "broker", "1")
+    assert described[relogin].value == "58000"
+    assert described[relogin].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    assert described["sasl.kerberos.ticket.renew.jitter"].value == "0.06"
+    for name in ("zookeeper.connect", "advertised.listeners"):
+        res = ConfigResource("broker", "1", set_config={name: "x"})
+        assert error_code(admin.alter_configs([res])[res]) == KafkaError.INVALID_REQUEST, name
+    # Cluster-wide (the empty broker name, which librdkafka does not send: a raw
+    # IncrementalAlterConfigs v0): a per-broker config is refused, a cluster-wide one kept.
+    from test_admin_apis import incremental_alter_broker_v0
+    assert incremental_alter_broker_v0(broker.addr, "", [(relogin, "1")]) == KafkaError.INVALID_REQUEST
+    assert incremental_alter_broker_v0(broker.addr, "", [("num.io.threads", "9")]) == 0
+    res = ConfigResource("broker", "1", set_config={"no.such.broker.config": "1"})
+    assert error_code(admin.alter_configs([res])[res]) == KafkaError.INVALID_CONFIG
+    assert _described(admin, "broker", "1")[relogin].value == "58000"
+
+
 # --- item 5: authorized operations (KIP-430) ------------------------------------------
 
 TOPIC_OPS = {AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,

@@ -76,6 +76,7 @@ pub async fn handle(
                             &image,
                             crate::base::ids::BrokerId::new(me),
                             &meta.configs,
+                            meta.assignments.iter().map(|a| a.replicas.len()).min(),
                         )
                         .into_iter()
                         .map(|d| {

@@ -105,6 +105,7 @@ pub fn handle(
                         &image,
                         c.broker_id(),
                         &meta.configs,
+                        meta.assignments.iter().map(|a| a.replicas.len()).min(),
                     )),
                     None => Err((
                         ResponseError::UnknownTopicOrPartition,

@@ -372,7 +372,15 @@ fn slot(
         // Both flags only for the versions that read them: the effective configs are
         // a copy of the topic's map, and a follower's fetch of thousands of partitions
         // made one per partition on every fetch.
-        downconversion: version > 3 || meta.is_none_or(|m| downconversion_enabled(&m.configs)),
+        // (the topic's own setting, else a dynamic broker default, as described).
+        downconversion: version > 3
+            || meta.is_none_or(|m| {
+                downconversion_enabled(&crate::base::broker_configs::effective_topic_configs(
+                    image,
+                    NodeId::new(me),
+                    &m.configs,
+                ))
+            }),
         // The topic's own compression.type, else a dynamic broker default.
         zstd_topic: version < 10
             && meta.is_some_and(|m| {

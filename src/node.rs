@@ -369,6 +369,34 @@ async fn bootstrap_sasl_user(
             })
             .collect();
         if changes.is_empty() {
+            // The user exists: the password this broker logs in to the others with
+            // must still be its password (it may have been changed in the cluster).
+            let stored = [Mechanism::ScramSha256, Mechanism::ScramSha512]
+                .into_iter()
+                .find_map(|m| {
+                    let c = have?.get(&m.scram_type()?)?;
+                    Some((
+                        m,
+                        ScramCredential {
+                            salt: c.salt.clone(),
+                            iterations: c.iterations,
+                            stored_key: c.stored_key.clone(),
+                            server_key: c.server_key.clone(),
+                        },
+                    ))
+                });
+            if let Some((m, cred)) = stored {
+                let password = sasl.bootstrap_password.clone();
+                let ok = glommio::executor()
+                    .spawn_blocking(move || cred.verify_password(m, &password))
+                    .await;
+                if !ok {
+                    tracing::error!(
+                        user = sasl.bootstrap_user,
+                        "the password in SLUICE_SASL_BOOTSTRAP_USER is not the bootstrap user's password in the cluster (changed since?): this broker cannot log in to the other brokers; give it the current one"
+                    );
+                }
+            }
             return;
         }
         match b

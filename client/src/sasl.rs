@@ -135,12 +135,21 @@ impl Hash {
 }
 
 /// What the broker stores per user and SCRAM mechanism (never the password or salted password).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ScramCredential {
     pub salt: Vec<u8>,
     pub iterations: i32,
     pub stored_key: Vec<u8>,
     pub server_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ScramCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // StoredKey and one overheard exchange give ClientKey: never printed.
+        f.debug_struct("ScramCredential")
+            .field("iterations", &self.iterations)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ScramCredential {
@@ -451,6 +460,7 @@ impl ClientFirst {
             mechanism: self.mechanism,
             user: self.user,
             channel_binding: STANDARD.encode(self.gs2_header.as_bytes()),
+            client_nonce_len: self.client_nonce.len(),
             nonce,
             auth_prefix: format!("{},{server_first}", self.bare),
             stored_key: credential.stored_key.clone(),
@@ -468,6 +478,8 @@ pub struct ServerAwaitingFinal {
     channel_binding: String,
     /// Client nonce + server nonce.
     nonce: String,
+    /// The client nonce's length (in bytes; it is printable ASCII).
+    client_nonce_len: usize,
     /// client-first-message-bare "," server-first-message.
     auth_prefix: String,
     stored_key: Vec<u8>,
@@ -500,10 +512,11 @@ impl ServerAwaitingFinal {
         if channel_binding != self.channel_binding {
             return Err(err("channel binding does not match the gs2 header"));
         }
-        // Kafka checks only that the nonce ends with the one the server sent: librdkafka
-        // puts its own nonce in front of the server's whole nonce (which already starts
-        // with it). The proof covers the message as sent, so this weakens nothing.
-        if !nonce.ends_with(&self.nonce) {
+        // The nonce the server sent, or librdkafka's: its own nonce in front of the
+        // server's whole nonce (which already starts with it), which Kafka brokers
+        // before CVE-2024-56128's fix accepted by checking only the end. Nothing else.
+        let doubled = format!("{}{}", &self.nonce[..self.client_nonce_len], self.nonce);
+        if nonce != self.nonce && nonce != doubled {
             return Err(err("nonce does not match"));
         }
         let hash = self.mechanism.scram_hash();

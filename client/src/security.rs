@@ -24,13 +24,17 @@ pub fn apply_command_config(path: &Path) -> Result<(), TlsError> {
     let mut protocol = String::from("PLAINTEXT");
     let (mut ca, mut cert, mut key) = (None, None, None);
     let (mut mechanism, mut user, mut password) = (None, None, None);
-    for line in text.lines() {
+    for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
             continue;
         }
+        // The line itself is not echoed: it may hold a password.
         let Some((k, v)) = line.split_once('=').or_else(|| line.split_once(':')) else {
-            return Err(file_err(path, format!("not a key=value line: {line}")));
+            return Err(file_err(
+                path,
+                format!("line {}: not a key=value line", n + 1),
+            ));
         };
         let (k, v) = (k.trim(), v.trim().to_string());
         match k {
@@ -91,7 +95,14 @@ pub fn apply_command_config(path: &Path) -> Result<(), TlsError> {
         crate::tls::set_peer_tls(client_config(Path::new(&ca), identity)?);
     }
     if sasl {
-        let name = mechanism.unwrap_or_else(|| "PLAIN".into());
+        // No default: librdkafka's and Java's (GSSAPI) is not built, and guessing PLAIN
+        // would send the password itself to a SASL_PLAINTEXT listener.
+        let name = mechanism.ok_or_else(|| {
+            file_err(
+                path,
+                format!("security.protocol={protocol} needs sasl.mechanism (SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN)"),
+            )
+        })?;
         let mechanism = Mechanism::parse(&name.to_ascii_uppercase()).ok_or_else(|| {
             file_err(
                 path,

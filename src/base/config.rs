@@ -751,9 +751,9 @@ fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
                     )
                 })?;
             let need = |flag: &str, v: &Option<String>| {
-                v.clone()
-                    .map(PathBuf::from)
-                    .ok_or_else(|| bad_value(flag, "missing", "an SSL listener needs it"))
+                v.clone().map(PathBuf::from).ok_or_else(|| {
+                    bad_value(flag, "missing", "a TLS listener (SSL or SASL_SSL) needs it")
+                })
             };
             Ok(Some(TlsSettings {
                 certificate: need("--ssl-certificate", &s.ssl_certificate)?,
@@ -801,13 +801,14 @@ impl std::fmt::Debug for SaslSettings {
 
 impl SaslSettings {
     /// The mechanism this broker authenticates to other brokers with: the first
-    /// enabled SCRAM one (the bootstrap user has credentials for both).
+    /// enabled SCRAM one (the bootstrap user has credentials for both), else PLAIN
+    /// (checked against those credentials).
     pub fn peer_mechanism(&self) -> sluice_client::sasl::Mechanism {
         self.mechanisms
             .iter()
             .copied()
             .find(|m| m.is_scram())
-            .unwrap_or(sluice_client::sasl::Mechanism::ScramSha512)
+            .unwrap_or(sluice_client::sasl::Mechanism::Plain)
     }
 }
 
@@ -838,7 +839,7 @@ fn sasl_settings(
         return Err(bad_value(
             "--security-protocol",
             protocol,
-            &format!("a SASL listener needs the environment variable {SASL_BOOTSTRAP_ENV}=name:password (the user brokers authenticate to each other as, created if it has no credentials)"),
+            format!("a SASL listener needs the environment variable {SASL_BOOTSTRAP_ENV}=name:password (the user brokers authenticate to each other as, created if it has no credentials)"),
         ));
     };
     let (user, password) = bootstrap
@@ -1265,6 +1266,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("GSSAPI"), "{e}");
+        // Brokers log in to each other with the first SCRAM mechanism offered, else
+        // PLAIN (a PLAIN-only listener refuses SCRAM logins).
+        use sluice_client::sasl::Mechanism;
+        let only = |m: &str| {
+            let r = resolved(&[
+                "--security-protocol=SASL_SSL",
+                &format!("--sasl-enabled-mechanisms={m}"),
+            ]);
+            sasl_settings(&r, Some("a:b".into()))
+                .unwrap()
+                .unwrap()
+                .peer_mechanism()
+        };
+        assert_eq!(only("PLAIN"), Mechanism::Plain);
+        assert_eq!(only("PLAIN,SCRAM-SHA-512"), Mechanism::ScramSha512);
+        assert_eq!(only("SCRAM-SHA-256,SCRAM-SHA-512"), Mechanism::ScramSha256);
         // Not a SASL listener: no SASL, whatever the environment says.
         let plain = resolved(&["--security-protocol=SSL"]);
         assert_eq!(sasl_settings(&plain, Some("a:b".into())).unwrap(), None);

@@ -169,8 +169,11 @@ pub fn remove(bootstrap: &str, user: &str, named: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// Users with their (mechanism code, iterations).
-fn described(c: &mut Conn, user: Option<&str>) -> Res<Vec<(String, Vec<(i8, i32)>)>> {
+/// A user with its credentials' (mechanism code, iterations).
+type Described = (String, Vec<(i8, i32)>);
+
+/// Users with their credentials.
+fn described(c: &mut Conn, user: Option<&str>) -> Res<Vec<Described>> {
     let users = user.map(|u| vec![UserName::default().with_name(sbs(u))]);
     let r = c.call(
         0,

@@ -60,18 +60,31 @@ pub enum Refused {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Protocol(String),
-    #[error("authentication failed for user {user:?} with {mechanism}: {reason}")]
+    #[error("authentication failed for user {:?} with {mechanism}: {reason}", user.as_deref().map(|u| u.chars().take(64).collect::<String>()))]
     Credentials {
+        /// The user the client claimed (logged cut to 64 characters).
         user: Option<String>,
         mechanism: &'static str,
         reason: String,
     },
+    #[error("too many failed logins from this address: no turn within 10 s")]
+    Paced,
 }
 
 thread_local! {
-    /// This shard's failure budgets, by client address.
-    static FAILURES: RefCell<HashMap<IpAddr, Budget>> = RefCell::new(HashMap::new());
+    /// This shard's failure budgets, by client address, and the size at which it next
+    /// forgets the full ones (doubling, so that pruning costs O(1) per failure however
+    /// many addresses an attacker rotates through).
+    static FAILURES: RefCell<(HashMap<IpAddr, Budget>, usize)> =
+        RefCell::new((HashMap::new(), PRUNE_AT));
 }
+
+/// The failure map's size that first triggers pruning.
+const PRUNE_AT: usize = 4096;
+/// How far ahead an attempt may be given a turn; past it the attempt is refused at
+/// once (a queue an address built up is bounded, and no attempt outlives the
+/// exchange's time limit waiting).
+const TURNS_AHEAD_MAX: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy)]
 struct Budget {
@@ -94,24 +107,30 @@ impl Budget {
 
 /// How long an attempt of `addr` waits before it is checked: nothing within the
 /// address's budget; past it, each attempt takes the next turn, turns
-/// 1 / [`FAILURE_REFILL_PER_SECOND`] apart.
-fn turn(addr: Option<IpAddr>) -> Duration {
+/// 1 / [`FAILURE_REFILL_PER_SECOND`] apart; `None`: no turn within
+/// [`TURNS_AHEAD_MAX`], refuse now.
+fn turn(addr: Option<IpAddr>) -> Option<Duration> {
     let Some(addr) = addr else {
-        return Duration::ZERO;
+        return Some(Duration::ZERO);
     };
     let now = Instant::now();
     FAILURES.with(|f| {
         let mut f = f.borrow_mut();
-        let Some(b) = f.get_mut(&addr) else {
-            return Duration::ZERO;
+        let Some(b) = f.0.get_mut(&addr) else {
+            return Some(Duration::ZERO);
         };
         *b = b.now(now);
         if b.left >= 1.0 {
-            return Duration::ZERO;
+            // Refilled: turns start over from now.
+            b.next_turn = now;
+            return Some(Duration::ZERO);
         }
         let at = b.next_turn.max(now);
+        if at - now > TURNS_AHEAD_MAX {
+            return None;
+        }
         b.next_turn = at + Duration::from_secs_f64(1.0 / FAILURE_REFILL_PER_SECOND);
-        at - now
+        Some(at - now)
     })
 }
 
@@ -120,11 +139,12 @@ fn failed(addr: Option<IpAddr>) {
     let Some(addr) = addr else { return };
     let now = Instant::now();
     FAILURES.with(|f| {
-        let mut f = f.borrow_mut();
+        let (f, prune_at) = &mut *f.borrow_mut();
         // Addresses whose budget is full again carry no information: forget them
         // before the map grows large.
-        if f.len() >= 4096 {
+        if f.len() >= *prune_at {
             f.retain(|_, b| b.now(now).left < FAILURE_BURST);
+            *prune_at = (f.len() * 2).max(PRUNE_AT);
         }
         let b = f.entry(addr).or_insert(Budget {
             left: FAILURE_BURST,
@@ -173,23 +193,10 @@ fn step(
         reason: e.0,
     };
     match (mechanism, std::mem::replace(exchange, Exchange::Start)) {
-        (Mechanism::Plain, _) => {
-            let (user, password) = parse_plain(token).map_err(|e| refused(None, e))?;
-            // The password is checked against the user's SCRAM credential (either
-            // mechanism: they were made from the same password).
-            let ok = [Mechanism::ScramSha512, Mechanism::ScramSha256]
-                .into_iter()
-                .filter_map(|m| Some((m, credential(image, &user, m)?)))
-                .any(|(m, c)| c.verify_password(m, &password));
-            if ok {
-                Ok(Step::Done(user, Vec::new()))
-            } else {
-                Err(refused(
-                    Some(user),
-                    SaslError("invalid user or password".into()),
-                ))
-            }
-        }
+        (Mechanism::Plain, _) => Err(refused(
+            None,
+            SaslError("PLAIN is checked by `plain`".into()),
+        )),
         (m, Exchange::Start) => {
             let first = ClientFirst::parse(m, token).map_err(|e| refused(None, e))?;
             let Some(cred) = credential(image, &first.user, m) else {
@@ -398,8 +405,36 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// [`step`] at the address's turn; a failure is counted and answered after
-/// [`FAILURE_DELAY`].
+/// The PLAIN token's check: the password against the user's stored SCRAM credential
+/// (SCRAM-SHA-256's if it has one, else SCRAM-SHA-512's: made from the same
+/// password). Deriving it is PBKDF2 with thousands of iterations, so it runs on the
+/// blocking pool, not on the shard.
+async fn plain(image: &MetadataImage, token: &[u8]) -> Result<Step, Refused> {
+    let refused = |user: Option<String>, reason: &str| Refused::Credentials {
+        user,
+        mechanism: Mechanism::Plain.name(),
+        reason: reason.to_string(),
+    };
+    let (user, password) = parse_plain(token).map_err(|e| refused(None, &e.0))?;
+    let Some((m, cred)) = [Mechanism::ScramSha256, Mechanism::ScramSha512]
+        .into_iter()
+        .find_map(|m| Some((m, credential(image, &user, m)?)))
+    else {
+        return Err(refused(Some(user), "no such user"));
+    };
+    let ok = glommio::executor()
+        .spawn_blocking(move || cred.verify_password(m, &password))
+        .await;
+    if ok {
+        Ok(Step::Done(user, Vec::new()))
+    } else {
+        Err(refused(Some(user), "invalid password"))
+    }
+}
+
+/// Takes a token at the address's turn (the tokens that decide: PLAIN's, SCRAM's
+/// final one; SCRAM's first costs nothing to answer); a failure is counted and
+/// answered after [`FAILURE_DELAY`].
 async fn judged(
     broker: &Broker,
     mechanism: Mechanism,
@@ -407,11 +442,21 @@ async fn judged(
     token: &[u8],
     peer: Option<IpAddr>,
 ) -> Result<Step, Refused> {
-    let wait = turn(peer);
-    if !wait.is_zero() {
-        glommio::timer::sleep(wait).await;
-    }
-    let result = step(&broker.image(), mechanism, state, token);
+    let decides = mechanism == Mechanism::Plain || matches!(state, Exchange::ScramFinal(_));
+    let result = match decides.then(|| turn(peer)) {
+        Some(None) => Err(Refused::Paced),
+        Some(Some(wait)) => {
+            if !wait.is_zero() {
+                glommio::timer::sleep(wait).await;
+            }
+            if mechanism == Mechanism::Plain {
+                plain(&broker.image(), token).await
+            } else {
+                step(&broker.image(), mechanism, state, token)
+            }
+        }
+        None => step(&broker.image(), mechanism, state, token),
+    };
     if result.is_err() {
         failed(peer);
         glommio::timer::sleep(FAILURE_DELAY).await;
@@ -435,28 +480,35 @@ mod tests {
     fn an_address_past_its_failure_budget_takes_turns_until_it_refills() {
         let addr: IpAddr = "127.0.0.9".parse().unwrap();
         let other: IpAddr = "127.0.0.10".parse().unwrap();
+        let now = Some(Duration::ZERO);
         for _ in 0..FAILURE_BURST as usize {
-            assert_eq!(turn(Some(addr)), Duration::ZERO);
+            assert_eq!(turn(Some(addr)), now);
             failed(Some(addr));
         }
-        // Spent: attempts are spaced a turn apart, however many arrive at once.
+        // Spent: attempts are spaced a turn apart, however many arrive at once …
         let step = Duration::from_secs_f64(1.0 / FAILURE_REFILL_PER_SECOND);
-        let waits: Vec<Duration> = (0..3).map(|_| turn(Some(addr))).collect();
+        let waits: Vec<Duration> = (0..3).map(|_| turn(Some(addr)).unwrap()).collect();
         assert!(waits[0] <= step, "{waits:?}");
         assert!(
             waits[1] > waits[0] + step / 2 && waits[2] > waits[1] + step / 2,
             "{waits:?}"
         );
-        assert_eq!(turn(Some(other)), Duration::ZERO, "budgets are per address");
-        assert_eq!(turn(None), Duration::ZERO, "no address, no budget");
-        // Refilled after a while (moved back in time instead of waiting).
+        // … up to TURNS_AHEAD_MAX ahead; past it an attempt is refused at once.
+        let queued = (0..100).take_while(|_| turn(Some(addr)).is_some()).count();
+        assert!(queued < 100, "the queue of turns is bounded");
+        assert_eq!(turn(Some(addr)), None);
+        assert_eq!(turn(Some(other)), now, "budgets are per address");
+        assert_eq!(turn(None), now, "no address, no budget");
+        // Refilled after a while (moved back in time instead of waiting): turns start
+        // over from now, whatever was queued.
         FAILURES.with(|f| {
             let mut f = f.borrow_mut();
-            let b = f.get_mut(&addr).unwrap();
+            let b = f.0.get_mut(&addr).unwrap();
             b.at -= step.mul_f64(1.5);
-            b.next_turn -= step.mul_f64(10.0);
         });
-        assert_eq!(turn(Some(addr)), Duration::ZERO);
+        assert_eq!(turn(Some(addr)), now);
+        failed(Some(addr));
+        assert!(turn(Some(addr)).unwrap() <= step);
     }
 
     #[test]
@@ -472,20 +524,27 @@ mod tests {
                 server_key: c.server_key.clone(),
             },
         );
-        let plain = |user: &str, pw: &str| {
-            let mut state = Exchange::Start;
-            let msg = sluice_client::sasl::plain_message(user, pw);
-            step(&image, Mechanism::Plain, &mut state, &msg)
-        };
-        assert!(matches!(plain("alice", "pw"), Ok(Step::Done(u, _)) if u == "alice"));
-        assert!(matches!(
-            plain("alice", "wrong"),
-            Err(Refused::Credentials { .. })
-        ));
-        assert!(matches!(
-            plain("bob", "pw"),
-            Err(Refused::Credentials { .. })
-        ));
+        let checked = sluice_shard::run_unpinned("sasl-test", 1 << 20, {
+            let image = image.clone();
+            move || async move {
+                let mut out = Vec::new();
+                for (user, pw) in [("alice", "pw"), ("alice", "wrong"), ("bob", "pw")] {
+                    let msg = sluice_client::sasl::plain_message(user, pw);
+                    out.push(match plain(&image, &msg).await {
+                        Ok(Step::Done(u, _)) => Ok(u),
+                        Ok(Step::Continue(_)) => Err("continued".to_string()),
+                        Err(e) => Err(e.to_string()),
+                    });
+                }
+                out
+            }
+        });
+        assert_eq!(checked[0], Ok("alice".to_string()));
+        assert!(checked[1]
+            .as_ref()
+            .unwrap_err()
+            .contains("invalid password"));
+        assert!(checked[2].as_ref().unwrap_err().contains("no such user"));
 
         let scram = |m: Mechanism, user: &str, pw: &str| -> Result<String, String> {
             let mut state = Exchange::Start;

@@ -252,14 +252,14 @@ def test_bad_tls_settings_are_refused_at_start(tmp_path, certs):
     from conftest import SLUICE_BIN
     base = [SLUICE_BIN, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d")]
     cases = {
-        "an SSL listener needs it": ["--security-protocol", "SSL", "--ssl-certificate", certs("broker.pem"),
+        "a TLS listener (SSL or SASL_SSL) needs it": ["--security-protocol", "SSL", "--ssl-certificate", certs("broker.pem"),
                                      "--ssl-ca", certs("ca.pem")],
-        "only an SSL listener uses it": ["--ssl-certificate", certs("broker.pem")],
+        "only a TLS listener uses it": ["--ssl-certificate", certs("broker.pem")],
         "expected none, requested or required": ssl_flags(certs, client_auth="sometimes"),
         "holds no PEM certificate": ssl_flags(certs)[:2] + ["--ssl-certificate", certs("broker.key"),
                                                              "--ssl-key", certs("broker.key"),
                                                              "--ssl-ca", certs("ca.pem")],
-        "SASL listeners are not built yet": ["--security-protocol", "SASL_SSL"],
+        "SLUICE_SASL_BOOTSTRAP_USER": ["--security-protocol", "SASL_PLAINTEXT"],
     }
     for want, flags in cases.items():
         r = subprocess.run(base + flags, capture_output=True, timeout=30, text=True)

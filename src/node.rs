@@ -527,7 +527,11 @@ async fn run_shard(
         .map_err(ShardError::OpenStorage)?;
     storage.share_descriptors(descriptors.pool.clone());
     storage
-        .spawn_background(config.log_retention_check_interval_ms, FLUSH_CHECK_MS)
+        .spawn_background(
+            config.log_retention_check_interval_ms,
+            config.log_cleaner_backoff_ms,
+            FLUSH_CHECK_MS,
+        )
         .map_err(ShardError::StorageBackground)?;
     let (mesh, receivers) = Mesh::join(shard, config.cores, builders, mesh_limits)
         .await

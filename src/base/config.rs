@@ -295,9 +295,14 @@ settings! {
     /// POST lag alerts to this Alertmanager (http://HOST:PORT; its /api/v2/alerts)
     /// [default: none].
     alertmanager_url: String, example = "http://127.0.0.1:9093".into();
-    /// How often storage runs its retention and compaction pass (Kafka's
+    /// How often storage runs its retention pass (Kafka's
     /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
     log_retention_check_interval_ms: u64 = 60_000;
+    /// How long the log cleaner rests after a round that found nothing to compact
+    /// (Kafka's log.cleaner.backoff.ms); a round that cleaned something is followed by
+    /// the next at once, so a compacted topic's closed segments are cleaned within this
+    /// of their roll.
+    log_cleaner_backoff_ms: u64 = 15_000;
     /// Appends to partitions are refused (KAFKA_STORAGE_ERROR) while the data
     /// directory's free space is below the smaller of this and --disk-min-free-percent
     /// of its size; the space below is the reserve of the metadata journal, checkpoints
@@ -463,8 +468,10 @@ pub struct BrokerConfig {
     pub alert_repeat_ms: u64,
     pub alert_webhook: Option<String>,
     pub alertmanager_url: Option<String>,
-    /// log.retention.check.interval.ms: the storage retention and compaction pass.
+    /// log.retention.check.interval.ms: the storage retention pass.
     pub log_retention_check_interval_ms: u64,
+    /// log.cleaner.backoff.ms: the compaction loop's rest after an idle round.
+    pub log_cleaner_backoff_ms: u64,
     /// The free-space minimum of the data directory: appends are refused below it.
     pub disk_min_free: DiskMinimum,
     /// Tests only: storage fault rules re-read from this file.
@@ -602,6 +609,13 @@ impl BrokerConfig {
                 format!("must be between 1 and {}", i64::MAX as u64 / 2),
             ));
         }
+        if !(1..=i64::MAX as u64 / 2).contains(&s.log_cleaner_backoff_ms) {
+            return Err(bad_value(
+                "--log-cleaner-backoff-ms",
+                s.log_cleaner_backoff_ms,
+                format!("must be between 1 and {}", i64::MAX as u64 / 2),
+            ));
+        }
         if !LOG_FORMATS.contains(&s.log_format.as_str()) {
             return Err(bad_value(
                 "--log-format",
@@ -665,6 +679,7 @@ impl BrokerConfig {
             alert_webhook: s.alert_webhook.clone(),
             alertmanager_url: s.alertmanager_url.clone(),
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
+            log_cleaner_backoff_ms: s.log_cleaner_backoff_ms,
             disk_min_free: DiskMinimum {
                 bytes: s.disk_min_free_bytes,
                 percent: s.disk_min_free_percent,
@@ -1340,6 +1355,7 @@ mod tests {
             "--alert-webhook=http://h/",
             "--alertmanager-url=http://am/",
             "--log-retention-check-interval-ms=5",
+            "--log-cleaner-backoff-ms=6",
             "--disk-min-free-bytes=8",
             "--disk-min-free-percent=9",
             "--fault-rules=f",

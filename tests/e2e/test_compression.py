@@ -260,7 +260,7 @@ def test_compaction_of_lz4_batches_keeps_one_record_per_key(make_broker):
     their records) and not only drop whole ones. After the cleaner has run (500 ms
     interval), reading from the beginning gives one record per key — its latest value,
     at the offset it was written at — and every stored batch is still lz4."""
-    b = make_broker(extra=["--log-retention-check-interval-ms", "500"])
+    b = make_broker(extra=["--log-cleaner-backoff-ms", "500"])
     admin = AdminClient({"bootstrap.servers": b.addr})
     topic = unique("lz4compact")
     create(admin, topic, {"cleanup.policy": "compact", "segment.bytes": "4096",

@@ -718,15 +718,45 @@ def cleaned_files(part_dir):
     return [f for f in os.listdir(part_dir) if f.endswith(".cleaned")]
 
 
+def test_compaction_cleans_every_closed_segment_soon_after_a_roll(make_broker):
+    """Issue 43 item 2, as librdkafka's test 0077 does it: 4 keys x 250 records into a
+    compacted topic whose segments roll by time (segment.ms=500, dirty ratio 0.01), then
+    one more record after the last segment aged, which rolls it. With retention checked
+    only every ten minutes and the cleaner's backoff at 1 s, the cleaner compacts every
+    closed segment on its own schedule, in one go: reading from the beginning soon gives
+    the latest record of each key and the new record, nothing else."""
+    b = make_broker(extra=["--log-cleaner-backoff-ms", "1000",
+                           "--log-retention-check-interval-ms", "600000"])
+    topic = "rolled-compact"
+    create_topic(b.addr, topic, 1, config={
+        "cleanup.policy": "compact", "segment.ms": "500", "min.cleanable.dirty.ratio": "0.01",
+        "min.compaction.lag.ms": "0"})
+    p = Producer({"bootstrap.servers": b.addr, "linger.ms": 5})
+    for i in range(1000):
+        p.produce(topic, key=f"k{i % 4}", value=f"v{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    # The active segment must be older than segment.ms for the next append to roll it.
+    time.sleep(0.6)
+    p.produce(topic, key="end", value=b"last", partition=0)
+    assert p.flush(30) == 0
+
+    def compacted():
+        recs = read_all(b.addr, topic)
+        return len(recs) == 5 and recs
+    recs = wait_until(compacted, timeout=30, interval=0.2, what="every closed segment compacted")
+    assert [(k, v) for (_, k, v) in recs] == [("k0", "v996"), ("k1", "v997"), ("k2", "v998"),
+                                             ("k3", "v999"), ("end", "last")]
+
+
 def test_compaction_keeps_latest_value_per_key_with_offsets(make_broker, tmp_path):
-    """cleanup.policy=compact with small segments and a 500 ms cleaner interval:
+    """cleanup.policy=compact with small segments and a 500 ms cleaner backoff:
     (1) after cleaning each key keeps only its latest value at its original offset and
     tombstones are still there (delete.retention.ms is a day); (2) with delete.retention.ms
     altered to 0, the next cleaning drops the tombstones and no surviving record moves; (3) a broker SIGKILLed
     while the cleaner is rewriting a segment restarts with a readable log holding the
     latest value of every key, and cleaning then completes."""
     data = tmp_path / "data"
-    extra = ["--log-retention-check-interval-ms", "500"]
+    extra = ["--log-cleaner-backoff-ms", "500"]
     b = make_broker(data_dir=data, extra=extra)
     topic = "gcompact"
     part_dir = os.path.join(str(data), f"{topic}-0")

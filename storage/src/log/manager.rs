@@ -718,12 +718,20 @@ impl Storage {
         self.index_memory.get()
     }
 
-    /// Spawns the background retention-compaction-and-producer-expiry, interval-flush
+    /// Spawns the background retention-and-producer-expiry, compaction, interval-flush
     /// and index-memory loops on a low-share task queue of the current executor, so they
     /// yield to appends and fetches.
+    ///
+    /// Compaction runs as Kafka's log cleaner does: a round over every log (each cleans
+    /// all its closed segments whose dirty ratio calls for it, see
+    /// [`Storage::compact_all`]), the next round at once after one that cleaned
+    /// something, and after an idle one a rest of `cleaner_backoff_ms`
+    /// (log.cleaner.backoff.ms). So a compacted log's segment is cleaned within about
+    /// `cleaner_backoff_ms` of its roll.
     pub fn spawn_background(
         self: &Rc<Self>,
         retention_check_ms: u64,
+        cleaner_backoff_ms: u64,
         flush_check_ms: u64,
     ) -> Result<(), Error> {
         let tq = glommio::executor().create_task_queue(
@@ -740,9 +748,6 @@ impl Storage {
                     if let Err(e) = s.enforce_retention().await {
                         tracing::error!(error = %e, "retention pass failed");
                     }
-                    if let Err(e) = s.compact_all().await {
-                        tracing::error!(error = %e, "compaction pass failed");
-                    }
                     let expired = s.expire_producers_if_due();
                     if expired > 0 {
                         tracing::info!(expired, "expired idle producer ids");
@@ -752,6 +757,35 @@ impl Storage {
             tq,
         )
         .map_err(|e| Error::Config(format!("spawning retention task: {e}")))?
+        .detach();
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local_into(
+            async move {
+                loop {
+                    let cleaned = {
+                        let Some(s) = weak.upgrade() else { break };
+                        match s.compact_all().await {
+                            Ok(n) => n,
+                            Err(e) => {
+                                tracing::error!(error = %e, "compaction pass failed");
+                                0
+                            }
+                        }
+                    };
+                    // After a round that cleaned, the next at once (a round cut
+                    // short by the key map's budget continues); a short pause still
+                    // lets a log that keeps reporting work not spin the task queue.
+                    let rest = if cleaned > 0 {
+                        Duration::from_millis(cleaner_backoff_ms.min(100))
+                    } else {
+                        Duration::from_millis(cleaner_backoff_ms)
+                    };
+                    glommio::timer::sleep(rest).await;
+                }
+            },
+            tq,
+        )
+        .map_err(|e| Error::Config(format!("spawning compaction task: {e}")))?
         .detach();
         let weak = Rc::downgrade(self);
         glommio::spawn_local_into(

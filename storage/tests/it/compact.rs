@@ -810,3 +810,78 @@ fn a_truncation_after_a_compaction_gap_survives_a_clean_reopen() {
         assert_eq!(again.log_end_offset(), end);
     });
 }
+
+/// Closed segments' records and distinct keys (equal once they are cleaned; the
+/// active segment is never cleaned).
+async fn closed_records_and_keys(log: &PartitionLog) -> (usize, usize) {
+    let active = *log.segment_bases().last().unwrap();
+    let closed: Vec<String> = contents(log)
+        .await
+        .into_iter()
+        .filter(|(off, ..)| *off < active)
+        .map(|(_, k, _)| k)
+        .collect();
+    let mut keys = closed.clone();
+    keys.sort();
+    keys.dedup();
+    (closed.len(), keys.len())
+}
+
+/// The background cleaner (`Storage::spawn_background`) compacts on its own schedule,
+/// not retention's: with retention checked hourly and a cleaner backoff of 20 ms,
+/// every closed segment of a compacted log is cleaned in one go shortly after it rolls,
+/// and segments rolled later are cleaned by later rounds (issue 43 item 2).
+#[test]
+fn the_background_cleaner_cleans_every_closed_segment_after_a_roll() {
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&dir, no_cache()).await;
+        let log = s.open_log("bgc", compacted(1024)).await.unwrap();
+        for round in 0..30 {
+            for k in 0..4 {
+                put(&log, 1, &format!("k{k}"), Some(&format!("v{round}"))).await;
+            }
+        }
+        assert!(log.segment_count() > 3);
+        s.spawn_background(3_600_000, 20, 3_600_000).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (records, keys) = closed_records_and_keys(&log).await;
+            if records == keys {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{records} records for {keys} keys"
+            );
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // More rounds roll more segments: cleaned again without anyone asking.
+        let first_active = *log.segment_bases().last().unwrap();
+        for round in 30..60 {
+            for k in 0..4 {
+                put(&log, 1, &format!("k{k}"), Some(&format!("v{round}"))).await;
+            }
+        }
+        assert!(
+            *log.segment_bases().last().unwrap() > first_active,
+            "rolled again"
+        );
+        loop {
+            let (records, keys) = closed_records_and_keys(&log).await;
+            if records == keys {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{records} records for {keys} keys"
+            );
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            contents(&log).await.last().unwrap().2.as_deref(),
+            Some("v59")
+        );
+    });
+}

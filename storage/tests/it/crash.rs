@@ -328,7 +328,7 @@ fn interval_policy_acknowledges_without_syncing_and_its_flusher_makes_data_durab
                 log.flush_for_ack().await.unwrap();
             }
             let before = simdisk::syncs();
-            s.spawn_background(3_600_000, 5).unwrap();
+            s.spawn_background(3_600_000, 3_600_000, 5).unwrap();
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
             while simdisk::syncs() == before {
                 assert!(std::time::Instant::now() < deadline, "no background flush");

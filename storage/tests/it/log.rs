@@ -485,7 +485,7 @@ fn background_retention_task_deletes_expired_segments() {
             log.append(&batch(1, 4, i), 0).await.unwrap();
         }
         assert!(log.segment_count() > 2);
-        s.spawn_background(5, 3_600_000).unwrap();
+        s.spawn_background(5, 3_600_000, 3_600_000).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while log.segment_count() > 1 && std::time::Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(5)).await;

@@ -614,6 +614,30 @@ def test_static_member_restart_keeps_its_partitions_without_rebalance(broker):
     b2.close()
 
 
+def test_static_members_expire_at_their_session_timeout(make_broker):
+    """Issue 43 item 4 (librdkafka's 0081): three static members (group.instance.id,
+    session.timeout.ms=6000, the broker's minimum) close, which for a static member
+    sends no LeaveGroup. A DeleteGroups sent once their session timeout has passed
+    finds the group empty: each expired at its session timeout (checked as an ordering,
+    not a timed assert: the request goes after the timeout, the answer must not be
+    NON_EMPTY_GROUP)."""
+    b = make_broker(cores=2)
+    topic, group = "gexp", f"grp-{uuid.uuid4().hex[:6]}"
+    create_topic(b.addr, topic, 3)
+    members = [Member(b.addr, group, topic, **{"group.instance.id": f"exp-{i}",
+                                               "session.timeout.ms": 6000})
+               for i in range(3)]
+    poll_until(members, lambda: balanced(members, 3), what="three static members")
+    for m in members:
+        m.close()
+    closed = time.monotonic()
+    # The precondition is time itself: the session timeout (6 s) has passed, plus the
+    # coordinator's 100 ms expiry tick.
+    time.sleep(max(0.0, closed + 6.0 + 0.5 - time.monotonic()))
+    admin = AdminClient({"bootstrap.servers": b.addr})
+    admin.delete_consumer_groups([group], request_timeout=10)[group].result(timeout=30)
+
+
 def sluice_group(addr, *args):
     out = subprocess.run([os.environ.get("SLUICE_BIN", "target/release/sluice"), "group",
                           "--bootstrap", addr, *args], capture_output=True, text=True, timeout=60)

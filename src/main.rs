@@ -44,6 +44,17 @@ enum Command {
     Txn(TxnArgs),
     /// SASL/SCRAM users: add (or change a password), remove, list.
     User(UserArgs),
+    /// Topics: create, list, describe (partitions, leaders, ISR, configs),
+    /// alter-config, add-partitions, delete (as kafka-topics.sh).
+    Topic(TopicArgs),
+    /// Configs of a topic, broker or group: describe, alter (as kafka-configs.sh).
+    Config(ConfigArgs),
+    /// Records from standard input, one per line, to a topic (as kcat -P and
+    /// kafka-console-producer.sh).
+    Produce(ProduceCliArgs),
+    /// Records of a topic to standard output (as kcat -C and
+    /// kafka-console-consumer.sh).
+    Consume(ConsumeCliArgs),
     /// Preflight before a first start: io_uring, O_DIRECT on the data directory, memlock
     /// and open-file limits, free disk, clock sync, free ports. Takes `serve`'s flags;
     /// exits 1 on a blocker.
@@ -65,6 +76,174 @@ enum TxnCommand {
     List,
     /// One transactional id.
     Describe { transactional_id: String },
+}
+
+#[derive(clap::Args)]
+struct TopicArgs {
+    /// Any broker of the cluster (several: comma-separated).
+    #[arg(
+        long = "bootstrap-server",
+        alias = "bootstrap",
+        global = true,
+        default_value = "127.0.0.1:9092"
+    )]
+    bootstrap_server: String,
+    #[command(subcommand)]
+    command: TopicCommand,
+}
+
+#[derive(Subcommand)]
+enum TopicCommand {
+    /// Creates a topic (partitions and replication factor default to the broker's).
+    Create {
+        topic: String,
+        #[arg(long)]
+        partitions: Option<i32>,
+        #[arg(long)]
+        replication_factor: Option<i16>,
+        /// Replicas per partition, kafka-topics.sh's form: 1:2:3,2:3:1 (instead of
+        /// --partitions and --replication-factor).
+        #[arg(long, conflicts_with_all = ["partitions", "replication_factor"])]
+        replica_assignment: Option<String>,
+        /// A topic config, key=value (repeat for more).
+        #[arg(long = "config")]
+        configs: Vec<String>,
+    },
+    /// Every topic with its partition count and replication factor.
+    List {
+        /// Leave out internal topics (__consumer_offsets, __transaction_state).
+        #[arg(long)]
+        exclude_internal: bool,
+    },
+    /// Partitions (leader, replicas, ISR) and configs with their sources, of the topics
+    /// named (none: every topic).
+    Describe { topics: Vec<String> },
+    /// Sets and deletes topic configs (IncrementalAlterConfigs).
+    AlterConfig {
+        topic: String,
+        /// key=value to set (repeat for more).
+        #[arg(long = "set")]
+        set: Vec<String>,
+        /// A key to delete, back to its default (repeat for more).
+        #[arg(long = "delete")]
+        delete: Vec<String>,
+    },
+    /// Grows a topic to this many partitions.
+    AddPartitions {
+        topic: String,
+        #[arg(long)]
+        partitions: i32,
+    },
+    /// Deletes topics.
+    Delete {
+        #[arg(required = true)]
+        topics: Vec<String>,
+    },
+}
+
+#[derive(clap::Args)]
+struct ProduceCliArgs {
+    topic: String,
+    /// Any broker of the cluster (several: comma-separated).
+    #[arg(
+        long = "bootstrap-server",
+        alias = "bootstrap",
+        default_value = "127.0.0.1:9092"
+    )]
+    bootstrap_server: String,
+    /// Every record to this partition [default: keyed records by Kafka's partitioner,
+    /// the others in turn].
+    #[arg(long)]
+    partition: Option<i32>,
+    /// Splits each line into key and value at this separator (kcat's -K).
+    #[arg(long)]
+    key_separator: Option<String>,
+    /// A header for every record, key=value (repeat for more).
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// all or 1.
+    #[arg(long, default_value = "all")]
+    acks: String,
+}
+
+#[derive(clap::Args)]
+struct ConsumeCliArgs {
+    topic: String,
+    /// Any broker of the cluster (several: comma-separated).
+    #[arg(
+        long = "bootstrap-server",
+        alias = "bootstrap",
+        default_value = "127.0.0.1:9092"
+    )]
+    bootstrap_server: String,
+    /// Only this partition [default: all].
+    #[arg(long)]
+    partition: Option<i32>,
+    /// beginning, end, stored (the group's committed offset) or an offset [default:
+    /// stored with --group, else beginning].
+    #[arg(long)]
+    offset: Option<String>,
+    /// Start at the first record at or after this time (ms since the epoch).
+    #[arg(long, conflicts_with = "offset")]
+    from_timestamp: Option<i64>,
+    /// Read from this group's committed offsets and commit what was printed (no group
+    /// membership: partitions are assigned, not balanced).
+    #[arg(long)]
+    group: Option<String>,
+    /// read_committed (the default, as librdkafka's) or read_uncommitted.
+    #[arg(long, default_value = "read_committed")]
+    isolation: String,
+    /// Stop after this many records.
+    #[arg(long)]
+    count: Option<usize>,
+    /// Stop at the end of the partitions as they were when reading started (kcat -e).
+    #[arg(short = 'e', long)]
+    exit: bool,
+    /// How each record prints, kcat's -f tokens: %t topic, %p partition, %o offset,
+    /// %k key, %s value, %T timestamp, %h headers, \n, \t.
+    #[arg(short = 'f', long, default_value = "%s\\n")]
+    format: String,
+}
+
+#[derive(clap::Args)]
+struct ConfigArgs {
+    /// Any broker of the cluster (several: comma-separated).
+    #[arg(
+        long = "bootstrap-server",
+        alias = "bootstrap",
+        global = true,
+        default_value = "127.0.0.1:9092"
+    )]
+    bootstrap_server: String,
+    #[command(subcommand)]
+    command: ConfigCommand,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Every config of one resource with its source.
+    Describe {
+        /// topics, brokers or groups.
+        #[arg(long)]
+        entity_type: String,
+        /// The topic, the broker id ("" for the cluster-wide defaults) or the group.
+        #[arg(long)]
+        entity_name: String,
+    },
+    /// Sets and deletes configs of one resource.
+    Alter {
+        #[arg(long)]
+        entity_type: String,
+        #[arg(long)]
+        entity_name: String,
+        /// key=value to set (comma-separated or repeated, as kafka-configs.sh's
+        /// --add-config).
+        #[arg(long = "add-config", value_delimiter = ',')]
+        set: Vec<String>,
+        /// Keys to delete (comma-separated or repeated).
+        #[arg(long = "delete-config", value_delimiter = ',')]
+        delete: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -252,12 +431,16 @@ fn main() {
             | Command::Cluster(_)
             | Command::Txn(_)
             | Command::Lag(_)
-            | Command::User(_) => None,
+            | Command::User(_)
+            | Command::Topic(_)
+            | Command::Config(_)
+            | Command::Produce(_)
+            | Command::Consume(_) => None,
             Command::Serve(_) => Some("serve"),
             Command::Check(_) => Some("check"),
         };
         if let Some(name) = name {
-            eprintln!("sluice {name}: --command-config is for group, cluster, txn, lag and user (their Kafka connections)");
+            eprintln!("sluice {name}: --command-config is for the admin commands (their Kafka connections)");
             std::process::exit(2);
         }
         match sluice_client::security::apply_command_config(path) {
@@ -328,6 +511,144 @@ fn main() {
             };
             if let Err(e) = r {
                 eprintln!("sluice user: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Topic(t) => {
+            use crate::cli::topic;
+            let bs = &t.bootstrap_server;
+            let r = match t.command {
+                TopicCommand::Create {
+                    topic: name,
+                    partitions,
+                    replication_factor,
+                    replica_assignment,
+                    configs,
+                } => topic::pairs(&configs).and_then(|configs| {
+                    let lists = replica_assignment
+                        .as_deref()
+                        .map(topic::assignment)
+                        .transpose()?;
+                    topic::create(bs, &name, partitions, replication_factor, lists, &configs)
+                }),
+                TopicCommand::List { exclude_internal } => topic::describe_topics(bs, &[], false)
+                    .map(|mut ts| {
+                        ts.retain(|t| !(exclude_internal && t.internal));
+                        print!("{}", topic::render_list(&ts));
+                    }),
+                TopicCommand::Describe { topics } => topic::describe_topics(bs, &topics, true)
+                    .and_then(|ts| {
+                        print!("{}", topic::render_topics(&ts));
+                        match ts.iter().find(|t| t.error != 0) {
+                            Some(t) => Err(format!(
+                                "topic {}: {}",
+                                t.name,
+                                sluice_client::error_name(t.error)
+                            )),
+                            None => Ok(()),
+                        }
+                    }),
+                TopicCommand::AlterConfig {
+                    topic: name,
+                    set,
+                    delete,
+                } => topic::pairs(&set).and_then(|set| {
+                    topic::config_alter(bs, topic::RESOURCE_TOPIC, &name, &set, &delete)
+                }),
+                TopicCommand::AddPartitions {
+                    topic: name,
+                    partitions,
+                } => topic::add_partitions(bs, &name, partitions),
+                TopicCommand::Delete { topics } => topic::delete(bs, &topics),
+            };
+            if let Err(e) = r {
+                eprintln!("sluice topic: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Produce(a) => {
+            use crate::cli::{console, topic};
+            let r = topic::pairs(&a.headers).and_then(|headers| {
+                let acks = match a.acks.as_str() {
+                    "all" | "-1" => -1,
+                    "1" => 1,
+                    other => return Err(format!("--acks {other}: all or 1")),
+                };
+                let args = console::ProduceArgs {
+                    topic: a.topic.clone(),
+                    partition: a.partition,
+                    key_separator: a.key_separator.clone(),
+                    headers: headers.into_iter().collect(),
+                    acks,
+                };
+                console::produce(&a.bootstrap_server, &args, std::io::stdin().lock())
+            });
+            match r {
+                Ok(n) => eprintln!("sluice produce: {n} records acknowledged"),
+                Err(e) => {
+                    eprintln!("sluice produce: {e}");
+                    std::process::exit(1);
+                }
+            }
+            return;
+        }
+        Command::Consume(a) => {
+            use crate::cli::console;
+            let start = match (&a.offset, a.from_timestamp, &a.group) {
+                (Some(o), _, _) => console::Start::parse(o),
+                (None, Some(t), _) => Ok(console::Start::Time(t)),
+                (None, None, Some(_)) => Ok(console::Start::Stored),
+                (None, None, None) => Ok(console::Start::Beginning),
+            };
+            let read_committed = match a.isolation.as_str() {
+                "read_committed" => Ok(true),
+                "read_uncommitted" => Ok(false),
+                other => Err(format!(
+                    "--isolation {other}: read_committed or read_uncommitted"
+                )),
+            };
+            let r = start.and_then(|start| {
+                let args = console::ConsumeArgs {
+                    topic: a.topic.clone(),
+                    partition: a.partition,
+                    start,
+                    group: a.group.clone(),
+                    read_committed: read_committed?,
+                    count: a.count,
+                    exit_at_end: a.exit,
+                    format: a.format.clone(),
+                };
+                console::consume(&a.bootstrap_server, &args, &mut std::io::stdout().lock())
+            });
+            if let Err(e) = r {
+                eprintln!("sluice consume: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Config(cfg) => {
+            use crate::cli::topic;
+            let bs = &cfg.bootstrap_server;
+            let r = match cfg.command {
+                ConfigCommand::Describe {
+                    entity_type,
+                    entity_name,
+                } => topic::entity_type(&entity_type)
+                    .and_then(|t| topic::config_describe(bs, t, &entity_name)),
+                ConfigCommand::Alter {
+                    entity_type,
+                    entity_name,
+                    set,
+                    delete,
+                } => topic::entity_type(&entity_type).and_then(|t| {
+                    let set = topic::pairs(&set)?;
+                    topic::config_alter(bs, t, &entity_name, &set, &delete)
+                }),
+            };
+            if let Err(e) = r {
+                eprintln!("sluice config: {e}");
                 std::process::exit(1);
             }
             return;

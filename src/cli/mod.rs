@@ -4,8 +4,10 @@
 
 pub mod check;
 pub mod cluster;
+pub mod console;
 pub mod group;
 pub mod lag;
 pub mod reassign;
+pub mod topic;
 pub mod txn;
 pub mod user;

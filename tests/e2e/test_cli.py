@@ -1,5 +1,6 @@
 """Tier: the CLI contract — config file and flags, port already taken, clean SIGTERM."""
 import subprocess
+import time
 
 import pytest
 
@@ -93,3 +94,89 @@ def test_cluster_describe_unreachable_broker_fails_clearly():
     assert r.returncode != 0
     assert r.stdout == ""
     assert f"sluice cluster: cannot reach broker at {addr}" in r.stderr, r.stderr
+
+
+def sluice(*args, input=None, check=True):
+    r = subprocess.run([SLUICE_BIN, *args], input=input, capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, (args, r.stderr)
+    return r
+
+
+def test_topic_config_produce_and_consume_commands(broker):
+    """Issue 43 item 6: the topic CLI a Kafka user reaches for first, against a real
+    broker and checked against what a real client (confluent-kafka, kcat) sees: topics
+    created (with configs and a replica assignment), listed, described, altered, grown
+    and deleted; broker and topic configs described and altered; records produced with
+    keys and headers and consumed from the beginning, an offset, a time, and a group's
+    committed offsets; bad input refused with a clear message."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    bs = ["--bootstrap-server", broker.addr]
+    sluice("topic", "create", "orders", "--partitions", "3", "--config", "retention.ms=3600000", *bs)
+    sluice("topic", "create", "pinned", "--replica-assignment", "1,1", *bs)
+    again = sluice("topic", "create", "orders", *bs, check=False)
+    assert again.returncode == 1 and "TopicAlreadyExists" in again.stderr
+    listed = sluice("topic", "list", "--exclude-internal", *bs).stdout.split("\n")
+    assert [ln.split() for ln in listed[1:] if ln] == [["orders", "3", "1"], ["pinned", "2", "1"]]
+    admin = AdminClient({"bootstrap.servers": broker.addr})
+    md = admin.list_topics(timeout=10).topics
+    assert len(md["orders"].partitions) == 3 and len(md["pinned"].partitions) == 2
+
+    described = sluice("topic", "describe", "orders", *bs).stdout
+    assert "Topic: orders  PartitionCount: 3  ReplicationFactor: 1" in described
+    assert "  Partition: 2  Leader: 1  Replicas: 1  Isr: 1" in described
+    assert "retention.ms=3600000  (DYNAMIC_TOPIC_CONFIG)" in described
+    sluice("topic", "alter-config", "orders", "--set", "cleanup.policy=compact,delete", "--delete", "retention.ms", *bs)
+    res = ConfigResource("topic", "orders")
+    cfg = admin.describe_configs([res])[res].result(timeout=30)
+    assert cfg["cleanup.policy"].value == "compact,delete" and cfg["retention.ms"].value == "604800000"
+    sluice("config", "alter", "--entity-type", "brokers", "--entity-name", "1",
+           "--add-config", "log.retention.ms=7200000", *bs)
+    brokers = sluice("config", "describe", "--entity-type", "brokers", "--entity-name", "1", *bs).stdout
+    assert "log.retention.ms=7200000  (DYNAMIC_BROKER_CONFIG)" in brokers
+    sluice("topic", "add-partitions", "orders", "--partitions", "4", *bs)
+    assert len(admin.list_topics(timeout=10).topics["orders"].partitions) == 4
+
+    # Produce: keys and headers; keyed records go where Kafka's partitioner puts them.
+    lines = "".join(f"k{i % 5}|v{i}\n" for i in range(40))
+    out = sluice("produce", "orders", "--key-separator", "|", "--header", "origin=cli", *bs, input=lines)
+    assert "40 records acknowledged" in out.stderr
+    c = Consumer({"bootstrap.servers": broker.addr, "group.id": "check", "enable.auto.commit": False})
+    ends = [c.get_watermark_offsets(TopicPartition("orders", p), timeout=10)[1] for p in range(4)]
+    c.close()
+    assert sum(ends) == 40
+    kcat = subprocess.run(["kcat", "-b", broker.addr, "-C", "-t", "orders", "-e", "-q", "-f", "%p %k %s %h\n"],
+                          capture_output=True, text=True, timeout=30).stdout.split("\n")
+    by_key = {}
+    for ln in filter(None, kcat):
+        p, k, v, h = ln.split()
+        assert h == "origin=cli"
+        by_key.setdefault(k, set()).add(p)
+    assert len(by_key) == 5 and all(len(ps) == 1 for ps in by_key.values()), by_key
+
+    # Consume: everything, one partition from an offset, by time, with a group.
+    got = sluice("consume", "orders", "-e", "-f", "%k=%s [%h]\\n", *bs).stdout.split("\n")
+    assert sorted(filter(None, got)) == sorted(f"k{i % 5}=v{i} [origin=cli]" for i in range(40))
+    part = int(next(iter(by_key["k0"])))
+    tail = sluice("consume", "orders", "--partition", str(part), "--offset", "2", "-e", "-f", "%o\\n", *bs).stdout
+    assert tail.split() == [str(o) for o in range(2, ends[part])]
+    later = sluice("consume", "orders", "--from-timestamp", str(int(time.time() * 1000) + 60_000), "-e", *bs)
+    assert later.stdout == ""
+    first = sluice("consume", "orders", "--group", "cli-group", "--count", "15", "-e", *bs).stdout.split()
+    rest = sluice("consume", "orders", "--group", "cli-group", "-e", *bs).stdout.split()
+    assert len(first) == 15 and sorted(first + rest) == sorted(f"v{i}" for i in range(40))
+    offsets = admin.list_consumer_group_offsets(
+        [__import__("confluent_kafka").ConsumerGroupTopicPartitions("cli-group")])["cli-group"].result(timeout=30)
+    assert sum(tp.offset for tp in offsets.topic_partitions) == 40
+
+    # Bad input: named, nothing changed.
+    for args, want in ((["topic", "create", "x", "--config", "retention.ms"], "expected key=value"),
+                       (["consume", "orders", "--offset", "soon"], "--offset soon"),
+                       (["config", "describe", "--entity-type", "users", "--entity-name", "u"], "--entity-type users"),
+                       (["produce", "nosuch", "--partition", "9"], "no partition 9")):
+        r = sluice(*args, *bs, check=False, input="x\n")
+        assert r.returncode != 0 and want in r.stderr, (args, r.stderr)
+    sluice("topic", "delete", "orders", "pinned", *bs)
+    gone = sluice("topic", "describe", "orders", *bs, check=False)
+    assert gone.returncode == 1 and "UnknownTopicOrPartition" in gone.stdout + gone.stderr

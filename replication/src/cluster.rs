@@ -35,14 +35,16 @@
 //!   proposes ISR changes. The same holds for [`Command::ElectUnclean`] (an unclean
 //!   ElectLeaders): no voter may run an older build when one is asked for, nor
 //!   when a partition reassignment ([`Command::Reassign`]) or a SCRAM credential
-//!   change ([`Command::AlterScramCredentials`]) is.
+//!   change ([`Command::AlterScramCredentials`]) or a group config change
+//!   ([`Command::AlterGroupConfigs`]) is.
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
 //!   through [`legacy::ClusterStateV2`], version 3 (before reassignments) through
 //!   [`legacy::ClusterStateV3`], version 4 (before SCRAM credentials) through
-//!   [`legacy::ClusterStateV4`]. Fixtures written by the version-1 to -4 builds
-//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v4.hex`) are decoded by
+//!   [`legacy::ClusterStateV4`], version 5 (before group configs) through
+//!   [`legacy::ClusterStateV5`]. Fixtures written by the version-1 to -5 builds
+//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v5.hex`) are decoded by
 //!   the unit tests.
 //!
 //! ## Replica slots
@@ -78,11 +80,12 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 5: SCRAM credentials;
-/// version 4 added reassignments and directory ids, version 3 replica slots, version 2
-/// racks and broker configs); a snapshot without them is version 1.
+/// The first bytes of a snapshot in the current format (version 6: group configs;
+/// version 5 added SCRAM credentials, version 4 reassignments and directory ids,
+/// version 3 replica slots, version 2 racks and broker configs); a snapshot without
+/// them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x05\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x06\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -190,6 +193,9 @@ pub struct ClusterState {
     /// SASL/SCRAM credentials by user name and mechanism (Kafka's ScramMechanism code:
     /// 1 SCRAM-SHA-256, 2 SCRAM-SHA-512): see [`Command::AlterScramCredentials`].
     pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+    /// Configs set on consumer groups (Kafka's GROUP resource: `consumer.session.timeout.ms`
+    /// …), by group id: see [`Command::AlterGroupConfigs`].
+    pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
@@ -361,6 +367,12 @@ pub enum Command {
     AlterScramCredentials {
         changes: Vec<ScramChange>,
     },
+    /// Replaces a group's explicit configs (validated by the broker before proposing);
+    /// an empty set removes the group's entry.
+    AlterGroupConfigs {
+        group: String,
+        configs: BTreeMap<String, String>,
+    },
 }
 
 /// One partition's reassignment in [`Command::Reassign`].
@@ -510,6 +522,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            5 => rkyv::from_bytes::<legacy::ClusterStateV5, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             4 => rkyv::from_bytes::<legacy::ClusterStateV4, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -912,6 +927,16 @@ impl ClusterState {
                     if creds.is_empty() {
                         self.scram.remove(&c.user);
                     }
+                }
+            }
+            Command::AlterGroupConfigs { group, configs } => {
+                if group.is_empty() {
+                    return Err(ApplyError::InvalidRequest("an empty group id".into()));
+                }
+                if configs.is_empty() {
+                    self.group_configs.remove(group);
+                } else {
+                    self.group_configs.insert(group.clone(), configs.clone());
                 }
             }
             Command::RecordDirectory { id, directory } => {
@@ -1576,14 +1601,17 @@ fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> b
 }
 
 /// The snapshot layouts of format versions 1 (before racks and broker configs), 2
-/// (before replica slots), 3 (before reassignments) and 4 (before SCRAM credentials),
-/// kept to read snapshots written by older builds. Never written.
+/// (before replica slots), 3 (before reassignments), 4 (before SCRAM credentials) and
+/// 5 (before group configs), kept to read snapshots written by older builds. Never
+/// written.
 pub mod legacy {
     use std::collections::BTreeMap;
 
     use rkyv::{Archive, Deserialize, Serialize};
 
-    use super::{BrokerInfo, ClusterState, PartitionState, Reassignment, TopicState};
+    use super::{
+        BrokerInfo, ClusterState, PartitionState, Reassignment, ScramCredential, TopicState,
+    };
     use crate::BrokerId;
 
     /// A partition in versions 1 and 2: no slots.
@@ -1654,6 +1682,39 @@ pub mod legacy {
         pub replicas_placed: BTreeMap<BrokerId, u64>,
     }
 
+    /// Version 5: before group configs.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV5 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+        pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+        pub directories: BTreeMap<BrokerId, String>,
+        pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+    }
+
+    impl From<ClusterStateV5> for ClusterState {
+        fn from(v5: ClusterStateV5) -> ClusterState {
+            ClusterState {
+                cluster_id: v5.cluster_id,
+                brokers: v5.brokers,
+                topics: v5.topics,
+                next_producer_id: v5.next_producer_id,
+                version: v5.version,
+                broker_configs: v5.broker_configs,
+                replicas_placed: v5.replicas_placed,
+                reassignments: v5.reassignments,
+                directories: v5.directories,
+                scram: v5.scram,
+                group_configs: BTreeMap::new(),
+            }
+        }
+    }
+
     /// Version 4: before SCRAM credentials.
     #[derive(Archive, Serialize, Deserialize, Debug)]
     pub struct ClusterStateV4 {
@@ -1681,6 +1742,7 @@ pub mod legacy {
                 reassignments: v4.reassignments,
                 directories: v4.directories,
                 scram: BTreeMap::new(),
+                group_configs: BTreeMap::new(),
             }
         }
     }
@@ -1698,6 +1760,7 @@ pub mod legacy {
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
+                group_configs: BTreeMap::new(),
             }
         }
     }
@@ -1716,6 +1779,7 @@ pub mod legacy {
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
+                group_configs: BTreeMap::new(),
             }
         }
     }
@@ -1765,6 +1829,7 @@ pub mod legacy {
                 reassignments: BTreeMap::new(),
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
+                group_configs: BTreeMap::new(),
             }
         }
     }
@@ -2236,7 +2301,7 @@ mod tests {
         let bytes = s.encode();
         assert!(matches!(
             ClusterState::decode(&bytes[..bytes.len() / 2]),
-            Err(DecodeError::Snapshot { version: 5, .. })
+            Err(DecodeError::Snapshot { version: 6, .. })
         ));
     }
 
@@ -2589,6 +2654,48 @@ mod tests {
         assert!(!s.brokers.contains_key(&3));
         assert_eq!(unregister(&mut s, 3), Err(ApplyError::UnknownBroker(3)));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn version_5_snapshots_decode_without_group_configs() {
+        let s =
+            ClusterState::decode(&hex_fixture(include_str!("../testdata/state-v5.hex"))).unwrap();
+        assert_eq!(s.cluster_id, "v5-cluster-id");
+        assert_eq!(s.topics["orders"].partitions[0].replicas, vec![1, 2]);
+        assert_eq!(s.scram["alice"][&1].iterations, 4096);
+        assert_eq!(s.scram["alice"][&1].stored_key, vec![2; 32]);
+        assert!(s.group_configs.is_empty());
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn group_configs_are_replaced_removed_and_kept_in_snapshots() {
+        let mut s = cluster(1);
+        let set = |group: &str, kv: &[(&str, &str)]| Command::AlterGroupConfigs {
+            group: group.into(),
+            configs: kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        s.apply(&set("g", &[("consumer.session.timeout.ms", "50000")]))
+            .unwrap();
+        s.apply(&set("g", &[("consumer.heartbeat.interval.ms", "6000")]))
+            .unwrap();
+        assert_eq!(
+            s.group_configs["g"].keys().collect::<Vec<_>>(),
+            vec!["consumer.heartbeat.interval.ms"]
+        );
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        let cmd = set("g", &[]);
+        assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
+        s.apply(&cmd).unwrap();
+        assert!(s.group_configs.is_empty());
+        assert!(matches!(
+            s.apply(&set("", &[("a", "b")])),
+            Err(ApplyError::InvalidRequest(_))
+        ));
     }
 
     #[test]

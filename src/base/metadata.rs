@@ -81,6 +81,9 @@ pub struct MetadataImage {
     /// `sluice_replication::cluster::ScramCredential`): what SASL listeners check.
     #[serde(skip)]
     pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+    /// Configs set on consumer groups (Kafka's GROUP resource), by group id.
+    #[serde(skip)]
+    pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// An image read back from the old per-broker file knows no controller.
@@ -118,6 +121,7 @@ impl MetadataImage {
             registered: false,
             broker_configs: BTreeMap::new(),
             scram: BTreeMap::new(),
+            group_configs: BTreeMap::new(),
         }
     }
 

@@ -3,7 +3,8 @@
 //! epochs, producer and broker ids), the broker's errors and their Kafka codes (`error`), the
 //! one config struct (`config`), topic configs by Kafka's names (`topic_config`) and
 //! broker configs with the dynamic ones (`broker_configs`) and Kafka's broker config
-//! names (`kafka_broker_configs`), the rules a produced record
+//! names (`kafka_broker_configs`), consumer group configs (`group_configs`), the rules a
+//! produced record
 //! must pass (`record_rules`), the metadata image every shard reads (`metadata`), the
 //! machine (`host`: resource limits, systemd notification, port wait), the fetch session
 //! cache (`fetch_session`, KIP-227, sans I/O) and the typed cross-shard calls with their
@@ -16,6 +17,7 @@ pub mod config;
 pub mod directory;
 pub mod error;
 pub mod fetch_session;
+pub mod group_configs;
 pub mod host;
 pub mod ids;
 pub mod kafka_broker_configs;

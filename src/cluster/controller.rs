@@ -653,8 +653,9 @@ fn alter_broker(
     Ok(Command::AlterBrokerConfigs { scope, configs })
 }
 
-/// IncrementalAlterConfigs' operations applied in order to an explicit config set.
-fn apply_ops(
+/// IncrementalAlterConfigs' operations applied in order to an explicit config set
+/// (also a group's, by the GROUP resource's handler).
+pub fn apply_ops(
     mut configs: BTreeMap<String, String>,
     ops: Vec<ConfigOp>,
 ) -> Result<BTreeMap<String, String>, ApiError> {

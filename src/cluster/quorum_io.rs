@@ -1830,6 +1830,7 @@ pub fn image_of(
             .collect::<BTreeMap<_, _>>(),
         broker_configs: state.broker_configs.clone(),
         scram: state.scram.clone(),
+        group_configs: state.group_configs.clone(),
         topics: state
             .topics
             .iter()

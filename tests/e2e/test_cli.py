@@ -135,6 +135,15 @@ def test_topic_config_produce_and_consume_commands(broker):
            "--add-config", "log.retention.ms=7200000", *bs)
     brokers = sluice("config", "describe", "--entity-type", "brokers", "--entity-name", "1", *bs).stdout
     assert "log.retention.ms=7200000  (DYNAMIC_BROKER_CONFIG)" in brokers
+    # A group's configs (Kafka 3.8+'s GROUP resource), kept through the quorum.
+    sluice("config", "alter", "--entity-type", "groups", "--entity-name", "g1",
+           "--add-config", "consumer.session.timeout.ms=50000", *bs)
+    groups = sluice("config", "describe", "--entity-type", "groups", "--entity-name", "g1", *bs).stdout
+    assert "consumer.session.timeout.ms=50000  (GROUP_CONFIG)" in groups
+    assert "consumer.heartbeat.interval.ms=5000  (DEFAULT_CONFIG)" in groups
+    bad = sluice("config", "alter", "--entity-type", "groups", "--entity-name", "g1",
+                 "--add-config", "consumer.session.timeout.ms=5", *bs, check=False)
+    assert bad.returncode == 1 and "InvalidConfig" in bad.stderr and "between 45000 and 60000" in bad.stderr
     sluice("topic", "add-partitions", "orders", "--partitions", "4", *bs)
     assert len(admin.list_topics(timeout=10).topics["orders"].partitions) == 4
 

@@ -175,6 +175,7 @@ impl Broker {
                 registered: false,
                 broker_configs: BTreeMap::new(),
                 scram: BTreeMap::new(),
+                group_configs: BTreeMap::new(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),

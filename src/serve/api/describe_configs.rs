@@ -25,6 +25,8 @@ pub const RESOURCE_TOPIC: i8 = 2;
 pub const RESOURCE_BROKER: i8 = 4;
 /// The broker's log levels ([`crate::observe::loggers`]), named by the broker's id.
 pub const RESOURCE_BROKER_LOGGER: i8 = 8;
+/// A consumer group's configs ([`crate::base::group_configs`]), named by its id.
+pub const RESOURCE_GROUP: i8 = 32;
 /// Kafka's config source of a logger's level.
 const DYNAMIC_BROKER_LOGGER_CONFIG: i8 = 6;
 
@@ -129,6 +131,13 @@ pub fn handle(
                         })
                         .collect())
                 }),
+                RESOURCE_GROUP if name.is_empty() => Err((
+                    ResponseError::InvalidRequest,
+                    "Group name must not be empty".to_string(),
+                )),
+                RESOURCE_GROUP => Ok(crate::base::group_configs::describe(
+                    image.group_configs.get(name),
+                )),
                 other => Err((
                     ResponseError::InvalidRequest,
                     format!("unsupported resource type {other}"),

@@ -3,7 +3,9 @@
 //! named by this broker's id changes its own, the empty name the cluster-wide
 //! defaults; another broker's id is INVALID_REQUEST (clients send it to that broker).
 //! A BROKER_LOGGER resource (this broker's id) sets or removes log levels of this
-//! process, here and at once ([`crate::observe::loggers`]).
+//! process, here and at once ([`crate::observe::loggers`]). A GROUP resource changes a
+//! consumer group's configs ([`crate::base::group_configs`]) through the metadata
+//! quorum.
 //!
 //! Checked here first, as Kafka's `ConfigAdminManager.preprocess`: every entry of a
 //! resource named twice, a resource naming a config twice, or a null value on an
@@ -20,7 +22,7 @@ use kafka_protocol::messages::incremental_alter_configs_response::{
 };
 
 use super::describe_configs::{
-    this_broker, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_TOPIC,
+    this_broker, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_GROUP, RESOURCE_TOPIC,
 };
 use super::sb;
 use crate::base::error::ApiError;
@@ -104,6 +106,17 @@ pub async fn handle(
             shape.push((r.resource_type, r.resource_name.clone(), Some(done)));
             continue;
         }
+        if r.resource_type == RESOURCE_GROUP {
+            let done = match ops {
+                Ok(ops) => alter_group(broker, name, ops, req.validate_only).await,
+                Err(code) => Err(ApiError::with(
+                    ResponseError::InvalidConfig,
+                    format!("Unknown config operation {code}"),
+                )),
+            };
+            shape.push((r.resource_type, r.resource_name.clone(), Some(done)));
+            continue;
+        }
         // A topic's or this broker's configs go to the controller; an operation Kafka
         // does not define is an invalid config, as the controller judged it before.
         let to_controller = r.resource_type == RESOURCE_TOPIC
@@ -171,6 +184,41 @@ pub async fn handle(
         })
         .collect();
     IncrementalAlterConfigsResponse::default().with_responses(responses)
+}
+
+/// A GROUP resource: `ops` on the group's explicit configs, checked, then (unless
+/// `validate_only`) the new set through the metadata quorum.
+async fn alter_group(
+    broker: &Broker,
+    group: &str,
+    ops: Vec<ConfigOp>,
+    validate_only: bool,
+) -> Result<(), ApiError> {
+    if group.is_empty() {
+        return Err(ApiError::with(
+            ResponseError::InvalidRequest,
+            "Group name must not be empty",
+        ));
+    }
+    let current = broker
+        .image()
+        .group_configs
+        .get(group)
+        .cloned()
+        .unwrap_or_default();
+    let configs = crate::cluster::controller::apply_ops(current, ops)?;
+    crate::base::group_configs::check(&configs)?;
+    if validate_only {
+        return Ok(());
+    }
+    let cmd = sluice_replication::cluster::Command::AlterGroupConfigs {
+        group: group.to_string(),
+        configs,
+    };
+    match broker.control(crate::base::rpc::Propose(cmd)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) | Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -237,8 +237,8 @@ enum ConfigCommand {
         #[arg(long)]
         entity_name: String,
         /// key=value to set (comma-separated or repeated, as kafka-configs.sh's
-        /// --add-config).
-        #[arg(long = "add-config", value_delimiter = ',')]
+        /// --add-config; a list value in brackets: cleanup.policy=[compact,delete]).
+        #[arg(long = "add-config")]
         set: Vec<String>,
         /// Keys to delete (comma-separated or repeated).
         #[arg(long = "delete-config", value_delimiter = ',')]
@@ -620,7 +620,17 @@ fn main() {
                     exit_at_end: a.exit,
                     format: a.format.clone(),
                 };
-                console::consume(&a.bootstrap_server, &args, &mut std::io::stdout().lock())
+                // SIGINT/SIGTERM end the reading (committing what was printed).
+                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                    let _ = signal_hook::flag::register(sig, stop.clone());
+                }
+                console::consume(
+                    &a.bootstrap_server,
+                    &args,
+                    &mut std::io::stdout().lock(),
+                    &stop,
+                )
             });
             if let Err(e) = r {
                 eprintln!("sluice consume: {e}");
@@ -643,7 +653,9 @@ fn main() {
                     set,
                     delete,
                 } => topic::entity_type(&entity_type).and_then(|t| {
-                    let set = topic::pairs(&set)?;
+                    let items: Vec<String> =
+                        set.iter().flat_map(|s| topic::config_items(s)).collect();
+                    let set = topic::pairs(&items)?;
                     topic::config_alter(bs, t, &entity_name, &set, &delete)
                 }),
             };

@@ -97,7 +97,8 @@ pub struct Mesh<Req: Send + 'static, Resp: Send + 'static> {
     shard_count: usize,
     requests: Option<Senders<Envelope<Req>>>,
     replies: Option<Rc<Senders<Reply<Resp>>>>,
-    pending: RefCell<HashMap<u64, LocalSender<Resp>>>,
+    /// Calls waiting for their reply: the shard each was sent to, and where its reply goes.
+    pending: RefCell<HashMap<u64, (ShardId, LocalSender<Resp>)>>,
     next_correlation: Cell<u64>,
     /// Replies that arrived after their call was dropped (see [`Mesh::abandoned_replies`]).
     abandoned: Cell<u64>,
@@ -215,11 +216,18 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
     }
 
     fn complete(&self, from: ShardId, reply: Reply<Resp>) {
-        let slot = self.pending.borrow_mut().remove(&reply.correlation);
+        let mut pending = self.pending.borrow_mut();
+        let slot = pending.remove(&reply.correlation);
         match slot {
             // The caller may have gone away (its connection closed): drop the reply.
-            Some(tx) => {
+            Some((to, tx)) if to == from => {
                 let _ = tx.try_send(reply.resp);
+            }
+            // A reply from a shard the call was not sent to: a routing bug. The call
+            // keeps waiting for its own reply.
+            Some((to, tx)) => {
+                pending.insert(reply.correlation, (to, tx));
+                tracing::error!(%from, %to, correlation = reply.correlation, "reply from a shard the call was not sent to")
             }
             // A call issued here and dropped before its reply (a long poll whose
             // sibling answered first, a connection that closed): the reply has no one
@@ -308,9 +316,10 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
         let correlation = self.next_correlation.get();
         self.next_correlation.set(correlation + 1);
         let (tx, rx) = local_channel::new_bounded(1);
-        self.pending.borrow_mut().insert(correlation, tx);
+        self.pending.borrow_mut().insert(correlation, (to, tx));
         // Remove the slot however this future ends (reply, error, or cancellation).
-        struct Forget<'a, Resp>(&'a RefCell<HashMap<u64, LocalSender<Resp>>>, u64);
+        type Pending<Resp> = RefCell<HashMap<u64, (ShardId, LocalSender<Resp>)>>;
+        struct Forget<'a, Resp>(&'a Pending<Resp>, u64);
         impl<Resp> Drop for Forget<'_, Resp> {
             fn drop(&mut self) {
                 self.0.borrow_mut().remove(&self.1);

@@ -443,6 +443,21 @@ pub fn check_dynamic(
             read_only,
         ));
     }
+    // Kafka changes these per listener (its `listener.name.<l>.` prefix); Sluice's
+    // listener security is set at start (--security-protocol, --ssl-*,
+    // --sasl-enabled-mechanisms). Kept without effect, they would read as in force, and
+    // a kept password would be described back in clear.
+    let security: Vec<&str> = set
+        .keys()
+        .map(String::as_str)
+        .filter(|n| security_config(n))
+        .collect();
+    if !security.is_empty() {
+        return Err(refused(
+            "These security configs are set when the broker starts (--security-protocol, --ssl-*, --sasl-enabled-mechanisms), not dynamically",
+            security,
+        ));
+    }
     if scope == sluice_replication::cluster::CLUSTER_DEFAULT {
         let per_broker: Vec<&str> = set
             .keys()
@@ -485,6 +500,22 @@ pub fn check_dynamic(
         })?;
     }
     Ok(())
+}
+
+/// A listener security config, or one holding a secret: never kept without effect.
+fn security_config(name: &str) -> bool {
+    name.starts_with("ssl.")
+        || name.starts_with("listener.")
+        || name.contains("password")
+        || name.contains("secret")
+        || name.ends_with("jaas.config")
+        || matches!(
+            name,
+            "sasl.enabled.mechanisms"
+                | "sasl.mechanism.inter.broker.protocol"
+                | "security.inter.broker.protocol"
+                | "principal.builder.class"
+        )
 }
 
 /// The documentation of a dynamic broker config Sluice keeps without effect.
@@ -695,6 +726,16 @@ mod tests {
         let e = check_dynamic(&c, -1, &set(&[(relogin, "58000")])).unwrap_err();
         assert_eq!(e.code(), ResponseError::InvalidRequest.code());
         assert!(e.message.unwrap().contains("broker id must be specified"));
+        // Listener security and secrets are never kept without effect.
+        for security in [
+            "ssl.client.auth",
+            "sasl.enabled.mechanisms",
+            "ssl.keystore.password",
+            "listener.name.external.ssl.keystore.location",
+        ] {
+            let e = check_dynamic(&c, 1, &set(&[(security, "x")])).unwrap_err();
+            assert_eq!(e.code(), ResponseError::InvalidRequest.code(), "{security}");
+        }
         for read_only in [
             "auto.create.topics.enable",
             "advertised.listeners",

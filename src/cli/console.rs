@@ -8,6 +8,10 @@
 //! A consumer with `--group` reads from the group's committed offsets and commits what
 //! it printed, with no group membership (a consumer with assigned partitions, Kafka's
 //! `assign()` + `commitSync()`): it does not take part in a group's rebalances.
+//!
+//! Not built: the producer reads its input to the end before sending (a pipe that never
+//! ends sends nothing), and neither side follows a leader that moves while it runs (it
+//! stops with the partition's error; run it again).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Write};
@@ -34,8 +38,41 @@ use sluice_client::{error_name, sbs, topic_name, Versions};
 pub type Res<T> = Result<T, String>;
 
 const CLIENT_ID: &str = "sluice-console";
-/// Records per produced batch.
+/// Records per produced batch, and the bytes of keys, values and headers in one (under
+/// Kafka's default max.message.bytes, 1 MiB, with room for the records' framing).
 const BATCH_RECORDS: usize = 1000;
+const BATCH_BYTES: usize = 512 << 10;
+
+/// The size of a record's key, value and headers.
+fn payload(r: &Record) -> usize {
+    r.key.as_ref().map_or(0, |k| k.len())
+        + r.value.as_ref().map_or(0, |v| v.len())
+        + r.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+            .sum::<usize>()
+}
+
+/// `records` cut into batches of at most [`BATCH_RECORDS`] records and (unless one
+/// record alone is larger) [`BATCH_BYTES`] bytes.
+fn batches(records: &mut [Record]) -> Vec<&mut [Record]> {
+    let mut out = Vec::new();
+    let mut rest = records;
+    while !rest.is_empty() {
+        let (mut n, mut bytes) = (0, 0);
+        while n < rest.len()
+            && n < BATCH_RECORDS
+            && (n == 0 || bytes + payload(&rest[n]) <= BATCH_BYTES)
+        {
+            bytes += payload(&rest[n]);
+            n += 1;
+        }
+        let (head, tail) = rest.split_at_mut(n);
+        out.push(head);
+        rest = tail;
+    }
+    out
+}
 
 /// A topic's partitions and their leaders' addresses.
 struct Layout {
@@ -193,7 +230,7 @@ pub fn produce(bootstrap: &str, args: &ProduceArgs, input: impl BufRead) -> Res<
         }
         let (c, v) = conns.get_mut(&leader).expect("just opened");
         let version = v.require(ApiKey::Produce, (3, 9)).map_err(String::from)?;
-        for chunk in records.chunks_mut(BATCH_RECORDS) {
+        for chunk in batches(&mut records) {
             // A batch's records carry their offsets relative to its first; the encoder
             // keeps records in one batch while offset - sequence stays the same, and a
             // batch without a producer id has base sequence -1.
@@ -368,15 +405,129 @@ fn list_offsets(
     Ok(out)
 }
 
-/// Reads records and writes them to `out` as `args.format` says; returns how many.
-pub fn consume(bootstrap: &str, args: &ConsumeArgs, out: &mut impl Write) -> Res<usize> {
+/// What one partition's fetched bytes gave: the next offset to fetch, how many
+/// records were printed, and whether the budget ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub next: i64,
+    pub printed: usize,
+    pub budget_spent: bool,
+}
+
+/// Takes one partition's fetched `records` from `position`: hands every record at or
+/// past it to `print` (skipping control records and, `read_committed`, those of the
+/// `aborted` transactions: (first offset, producer id)) until `budget` records are
+/// printed. The position moves by whole batches, as Kafka's consumer does (a batch's
+/// last offset comes from its header: compaction can leave a batch whose last records,
+/// or all of them, are gone); a batch cut at the fetch's size limit is fetched again
+/// next time. A batch that is corrupt or of the old message formats is an error, not a
+/// reason to fetch the same bytes forever.
+pub fn take(
+    records: &Bytes,
+    position: i64,
+    aborted: &[(i64, i64)],
+    read_committed: bool,
+    budget: Option<usize>,
+    mut print: impl FnMut(&Record) -> Res<()>,
+) -> Res<Taken> {
+    let mut buf = records.clone();
+    let mut next = position;
+    let mut printed = 0usize;
+    let mut pending: Vec<(i64, i64)> = aborted.to_vec();
+    pending.sort();
+    let mut active: HashSet<i64> = HashSet::new();
+    let spent = |printed: usize| budget.is_some_and(|n| printed >= n);
+    while buf.len() >= 12 {
+        let base = i64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
+        let length = i32::from_be_bytes(buf[8..12].try_into().expect("4 bytes"));
+        let total = 12
+            + usize::try_from(length)
+                .map_err(|_| format!("a batch of length {length} at offset {base}"))?;
+        if buf.len() < total {
+            break;
+        }
+        let batch = buf.split_to(total);
+        if total < 61 {
+            return Err(format!("a corrupt batch at offset {base} ({total} bytes)"));
+        }
+        if batch[16] != 2 {
+            return Err(format!(
+                "offset {base} is in message format v{} (an old client's message set), which sluice consume does not read",
+                batch[16]
+            ));
+        }
+        let last_delta = i32::from_be_bytes(batch[23..27].try_into().expect("4 bytes"));
+        let batch_end = base + i64::from(last_delta) + 1;
+        if batch_end <= next {
+            continue;
+        }
+        let decompress = |data: &mut Bytes, c: Compression| {
+            use sluice_storage::codec::{self, Codec, Lz4Framing};
+            let codec = Codec::from_id(c as u8)
+                .ok_or_else(|| std::io::Error::other("unknown compression"))?;
+            let plain = codec::decompress(codec, data, Lz4Framing::Standard)
+                .map_err(std::io::Error::other)?;
+            Ok(Bytes::from(plain))
+        };
+        let mut b = batch.clone();
+        let set = RecordBatchDecoder::decode_with_custom_compression(&mut b, Some(decompress))
+            .map_err(|e| format!("an undecodable batch at offset {base}: {e}"))?;
+        for r in set.records {
+            if r.offset < next {
+                continue;
+            }
+            while pending.first().is_some_and(|(first, _)| *first <= r.offset) {
+                active.insert(pending.remove(0).1);
+            }
+            if r.control {
+                active.remove(&r.producer_id);
+                next = r.offset + 1;
+                continue;
+            }
+            if read_committed && r.transactional && active.contains(&r.producer_id) {
+                next = r.offset + 1;
+                continue;
+            }
+            if spent(printed) {
+                return Ok(Taken {
+                    next,
+                    printed,
+                    budget_spent: true,
+                });
+            }
+            print(&r)?;
+            printed += 1;
+            next = r.offset + 1;
+        }
+        next = next.max(batch_end);
+    }
+    Ok(Taken {
+        next,
+        printed,
+        budget_spent: spent(printed),
+    })
+}
+
+/// How often a consumer with `--group` commits what it printed (and once more at the
+/// end, on an error and on SIGINT/SIGTERM), as Kafka's auto-commit interval.
+const COMMIT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads records and writes them to `out` as `args.format` says, until the end (`-e`),
+/// the count, or `stop`; returns how many. With a group, what was printed is committed
+/// every few seconds and when reading ends, however it ends.
+pub fn consume(
+    bootstrap: &str,
+    args: &ConsumeArgs,
+    out: &mut impl Write,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Res<usize> {
     let layout = layout(bootstrap, &args.topic, false)?;
     let partitions: Vec<i32> = match args.partition {
         Some(p) if layout.leaders.contains_key(&p) => vec![p],
         Some(p) => return Err(format!("topic {} has no partition {p}", args.topic)),
         None => layout.leaders.keys().copied().collect(),
     };
-    // Per leader: its connection and the partitions it leads.
+    // Per leader: the partitions it leads.
     let mut leaders: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for p in &partitions {
         let l = layout.leaders[p]
@@ -410,10 +561,12 @@ pub fn consume(bootstrap: &str, args: &ConsumeArgs, out: &mut impl Write) -> Res
                     Some(o) if *o >= 0 => *o,
                     _ => latest[p],
                 },
+                // A committed offset outside the log is reset to its start, as a
+                // consumer's auto.offset.reset=earliest does.
                 Start::Stored => committed
                     .get(p)
                     .copied()
-                    .filter(|o| *o >= 0)
+                    .filter(|o| (earliest[p]..=latest[p]).contains(o))
                     .unwrap_or(earliest[p]),
             };
             position.insert(*p, start);
@@ -422,125 +575,102 @@ pub fn consume(bootstrap: &str, args: &ConsumeArgs, out: &mut impl Write) -> Res
         conns.insert(leader.clone(), (c, v));
     }
     let mut printed = 0usize;
-    loop {
-        let done = |position: &BTreeMap<i32, i64>| {
-            args.exit_at_end && position.iter().all(|(p, o)| *o >= end[p])
-        };
-        if done(&position) || args.count.is_some_and(|n| printed >= n) {
-            break;
-        }
-        for (leader, ps) in &leaders {
-            let (c, v) = conns.get_mut(leader).expect("opened above");
-            let version = v.require(ApiKey::Fetch, (4, 11)).map_err(String::from)?;
-            let wanted: Vec<i32> = ps
-                .iter()
-                .copied()
-                .filter(|p| !(args.exit_at_end && position[p] >= end[p]))
-                .collect();
-            if wanted.is_empty() {
-                continue;
+    let mut last_commit = std::time::Instant::now();
+    let result = (|| -> Res<()> {
+        'reading: loop {
+            let at_end = args.exit_at_end && position.iter().all(|(p, o)| *o >= end[p]);
+            if at_end
+                || args.count.is_some_and(|n| printed >= n)
+                || stop.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                break;
             }
-            let req = FetchRequest::default()
-                .with_replica_id(BrokerId(-1))
-                .with_max_wait_ms(500)
-                .with_min_bytes(1)
-                .with_max_bytes(8 << 20)
-                .with_isolation_level(i8::from(args.read_committed))
-                .with_session_epoch(-1)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(topic_name(&args.topic))
-                    .with_partitions(
-                        wanted
-                            .iter()
-                            .map(|p| {
-                                FetchPartition::default()
-                                    .with_partition(*p)
-                                    .with_fetch_offset(position[p])
-                                    .with_partition_max_bytes(1 << 20)
-                            })
-                            .collect(),
-                    )]);
-            let r = c.call(version, &req).map_err(String::from)?;
-            if r.error_code != 0 {
-                return Err(format!("fetch: {}", error_name(r.error_code)));
-            }
-            for part in r.responses.iter().flat_map(|t| &t.partitions) {
-                let p = part.partition_index;
-                if part.error_code != 0 {
-                    return Err(format!(
-                        "{}-{p}: {}",
-                        args.topic,
-                        error_name(part.error_code)
-                    ));
-                }
-                let aborted: Vec<(i64, i64)> = part
-                    .aborted_transactions
+            for (leader, ps) in &leaders {
+                let (c, v) = conns.get_mut(leader).expect("opened above");
+                let version = v.require(ApiKey::Fetch, (4, 11)).map_err(String::from)?;
+                let wanted: Vec<i32> = ps
                     .iter()
-                    .flatten()
-                    .map(|a| (a.first_offset, a.producer_id.0))
+                    .copied()
+                    .filter(|p| !(args.exit_at_end && position[p] >= end[p]))
                     .collect();
-                let mut records = part.records.clone().unwrap_or_default();
-                let mut active: HashSet<i64> = HashSet::new();
-                let mut pending: Vec<(i64, i64)> = aborted;
-                pending.sort();
-                let mut next = position[&p];
-                while !records.is_empty() {
-                    let decompress = |data: &mut Bytes, c: Compression| {
-                        use sluice_storage::codec::{self, Codec, Lz4Framing};
-                        let codec = Codec::from_id(c as u8)
-                            .ok_or_else(|| std::io::Error::other("unknown compression"))?;
-                        let plain = codec::decompress(codec, data, Lz4Framing::Standard)
-                            .map_err(std::io::Error::other)?;
-                        Ok(Bytes::from(plain))
-                    };
-                    let set = match RecordBatchDecoder::decode_with_custom_compression(
-                        &mut records,
-                        Some(decompress),
-                    ) {
-                        Ok(s) => s,
-                        // A batch cut at the fetch's size limit: fetched again next.
-                        Err(_) => break,
-                    };
-                    for r in set.records {
-                        if r.offset < next {
-                            continue;
-                        }
-                        while pending.first().is_some_and(|(first, _)| *first <= r.offset) {
-                            active.insert(pending.remove(0).1);
-                        }
-                        next = r.offset + 1;
-                        if r.control {
-                            active.remove(&r.producer_id);
-                            continue;
-                        }
-                        if args.read_committed && r.transactional && active.contains(&r.producer_id)
-                        {
-                            continue;
-                        }
-                        if args.count.is_some_and(|n| printed >= n) {
-                            next = r.offset;
-                            break;
-                        }
-                        out.write_all(render(&args.format, &args.topic, p, &r).as_bytes())
-                            .map_err(|e| format!("writing: {e}"))?;
-                        printed += 1;
+                if wanted.is_empty() {
+                    continue;
+                }
+                let req = FetchRequest::default()
+                    .with_replica_id(BrokerId(-1))
+                    .with_max_wait_ms(500)
+                    .with_min_bytes(1)
+                    .with_max_bytes(8 << 20)
+                    .with_isolation_level(i8::from(args.read_committed))
+                    .with_session_epoch(-1)
+                    .with_topics(vec![FetchTopic::default()
+                        .with_topic(topic_name(&args.topic))
+                        .with_partitions(
+                            wanted
+                                .iter()
+                                .map(|p| {
+                                    FetchPartition::default()
+                                        .with_partition(*p)
+                                        .with_fetch_offset(position[p])
+                                        .with_partition_max_bytes(1 << 20)
+                                })
+                                .collect(),
+                        )]);
+                let r = c.call(version, &req).map_err(String::from)?;
+                if r.error_code != 0 {
+                    return Err(format!("fetch: {}", error_name(r.error_code)));
+                }
+                for part in r.responses.iter().flat_map(|t| &t.partitions) {
+                    let p = part.partition_index;
+                    if part.error_code != 0 {
+                        return Err(format!(
+                            "{}-{p}: {}",
+                            args.topic,
+                            error_name(part.error_code)
+                        ));
+                    }
+                    let aborted: Vec<(i64, i64)> = part
+                        .aborted_transactions
+                        .iter()
+                        .flatten()
+                        .map(|a| (a.first_offset, a.producer_id.0))
+                        .collect();
+                    let records = part.records.clone().unwrap_or_default();
+                    let budget = args.count.map(|n| n.saturating_sub(printed));
+                    let taken = take(
+                        &records,
+                        position[&p],
+                        &aborted,
+                        args.read_committed,
+                        budget,
+                        |rec| {
+                            out.write_all(render(&args.format, &args.topic, p, rec).as_bytes())
+                                .map_err(|e| format!("writing: {e}"))
+                        },
+                    )?;
+                    printed += taken.printed;
+                    position.insert(p, taken.next);
+                    if taken.budget_spent {
+                        break 'reading;
                     }
                 }
-                // Past aborted or control records at the end, or a compacted gap, the
-                // position moves on to what the broker says is next.
-                if next == position[&p]
-                    && part.high_watermark > next
-                    && part.records.as_ref().is_some_and(|b| b.is_empty())
-                {
-                    next = part.last_stable_offset.max(next);
+            }
+            out.flush().map_err(|e| format!("writing: {e}"))?;
+            if let Some(g) = &args.group {
+                if last_commit.elapsed() >= COMMIT_EVERY {
+                    commit(bootstrap, g, &args.topic, &position)?;
+                    last_commit = std::time::Instant::now();
                 }
-                position.insert(p, next);
             }
         }
-        out.flush().map_err(|e| format!("writing: {e}"))?;
-    }
+        out.flush().map_err(|e| format!("writing: {e}"))
+    })();
     if let Some(g) = &args.group {
-        commit(bootstrap, g, &args.topic, &position)?;
+        let committed = commit(bootstrap, g, &args.topic, &position);
+        result?;
+        committed?;
+    } else {
+        result?;
     }
     Ok(printed)
 }
@@ -639,6 +769,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn produced_batches_are_bounded_by_records_and_bytes() {
+        let big = |n: usize| -> Vec<Record> {
+            let b = batch(0, &vec!["x"; n]);
+            let mut buf = b.clone();
+            let mut recs = RecordBatchDecoder::decode(&mut buf).unwrap().records;
+            for r in &mut recs {
+                r.value = Some(Bytes::from(vec![b'v'; 100 << 10]));
+            }
+            recs
+        };
+        let mut recs = big(12);
+        let sizes: Vec<usize> = batches(&mut recs).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, vec![5, 5, 2]);
+        let mut small = RecordBatchDecoder::decode(&mut batch(0, &vec!["x"; 2500]))
+            .unwrap()
+            .records;
+        let sizes: Vec<usize> = batches(&mut small).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, vec![1000, 1000, 500]);
+    }
+
+    #[test]
     fn keys_land_where_kafkas_default_partitioner_puts_them() {
         // Values from Kafka's own partitioner tests (Utils.murmur2).
         assert_eq!(murmur2(b"21"), (-973932308i32) as u32);
@@ -648,6 +799,86 @@ mod tests {
         for p in [1, 3, 7] {
             assert!((0..p).contains(&partition_for_key(b"anything", p)));
         }
+    }
+
+    /// A batch of `values` at `base` (offsets base.., a v2 batch as a producer sends).
+    fn batch(base: i64, values: &[&str]) -> Bytes {
+        let records: Vec<Record> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: base + i as i64,
+                sequence: i as i32 - 1,
+                timestamp: 1,
+                key: None,
+                value: Some(Bytes::from(v.to_string())),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            records.iter(),
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        buf.freeze()
+    }
+
+    fn collect(records: &Bytes, position: i64, budget: Option<usize>) -> (Taken, Vec<String>) {
+        let mut seen = Vec::new();
+        let t = take(records, position, &[], false, budget, |r| {
+            seen.push(String::from_utf8(r.value.clone().unwrap().to_vec()).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        (t, seen)
+    }
+
+    #[test]
+    fn positions_move_by_whole_batches_and_stop_at_the_budget() {
+        let mut two = BytesMut::from(&batch(0, &["a", "b", "c"])[..]);
+        two.extend_from_slice(&batch(3, &["d", "e"]));
+        let two = two.freeze();
+        let (t, seen) = collect(&two, 0, None);
+        assert_eq!((t.next, t.printed, t.budget_spent), (5, 5, false));
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        // From inside the first batch.
+        assert_eq!(collect(&two, 2, None).1, ["c", "d", "e"]);
+        // A budget ending inside the second batch leaves the position at the first
+        // record not printed, whatever batches follow.
+        let (t, seen) = collect(&two, 0, Some(4));
+        assert_eq!((t.next, t.printed, t.budget_spent), (4, 4, true));
+        assert_eq!(seen, ["a", "b", "c", "d"]);
+        let (t, _) = collect(&two, 0, Some(3));
+        assert_eq!((t.next, t.budget_spent), (3, true));
+        // A batch cut at the fetch's size limit: what came before counts, the rest is
+        // fetched again.
+        let cut = two.slice(..two.len() - 5);
+        let (t, seen) = collect(&cut, 0, None);
+        assert_eq!((t.next, seen.len()), (3, 3));
+        // A batch whose last records were compacted away still moves past its last
+        // offset (the header's last offset delta).
+        let mut gap = BytesMut::from(&batch(10, &["x", "y", "z"])[..]);
+        gap[23..27].copy_from_slice(&5i32.to_be_bytes());
+        let crc = crc32c::crc32c(&gap[21..]);
+        gap[17..21].copy_from_slice(&crc.to_be_bytes());
+        let (t, _) = collect(&gap.freeze(), 10, None);
+        assert_eq!(t.next, 16);
+        // Corrupt bytes and old message formats are errors, not a loop.
+        let mut bad = BytesMut::from(&batch(0, &["a"])[..]);
+        bad[16] = 1;
+        assert!(take(&bad.freeze(), 0, &[], false, None, |_| Ok(())).is_err());
     }
 
     #[test]

@@ -36,6 +36,35 @@ pub const RESOURCE_TOPIC: i8 = 2;
 pub const RESOURCE_BROKER: i8 = 4;
 pub const RESOURCE_GROUP: i8 = 32;
 
+/// Where a resource's configs are asked: a broker's own at that broker (a broker
+/// answers only for itself, as Kafka's do), anything else at the bootstrap.
+fn open_for(
+    bootstrap: &str,
+    resource_type: i8,
+    name: &str,
+) -> Res<(Conn, sluice_client::Versions)> {
+    if resource_type != RESOURCE_BROKER || name.is_empty() {
+        return open(bootstrap);
+    }
+    let (mut c, v) = open(bootstrap)?;
+    let version = v.require(ApiKey::Metadata, (1, 12)).map_err(String::from)?;
+    let md = c
+        .call(
+            version,
+            &MetadataRequest::default().with_topics(Some(Vec::new())),
+        )
+        .map_err(String::from)?;
+    let id: i32 = name
+        .parse()
+        .map_err(|_| format!("broker {name}: not a broker id"))?;
+    let b = md
+        .brokers
+        .iter()
+        .find(|b| b.node_id.0 == id)
+        .ok_or_else(|| format!("broker {id}: not in the cluster's metadata"))?;
+    open(&format!("{}:{}", b.host, b.port))
+}
+
 fn open(bootstrap: &str) -> Res<(Conn, sluice_client::Versions)> {
     let mut c = Conn::open(bootstrap, CLIENT_ID).map_err(String::from)?;
     let v = c.api_versions().map_err(String::from)?;
@@ -65,6 +94,28 @@ pub fn pairs(items: &[String]) -> Res<BTreeMap<String, String>> {
                 .ok_or_else(|| format!("{p}: expected key=value"))
         })
         .collect()
+}
+
+/// kafka-configs.sh's `--add-config a=1,b=[x,y]`: `key=value` items separated by
+/// commas outside brackets; a bracketed value is a list, given without its brackets.
+pub fn config_items(text: &str) -> Vec<String> {
+    let (mut items, mut cur, mut depth) = (Vec::new(), String::new(), 0usize);
+    for ch in text.chars() {
+        match ch {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                items.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        if ch != '[' && ch != ']' {
+            cur.push(ch);
+        }
+    }
+    items.push(cur);
+    items.into_iter().filter(|i| !i.trim().is_empty()).collect()
 }
 
 /// `--replica-assignment 1:2:3,2:3:1`: per partition, its replicas (kafka-topics.sh's
@@ -432,7 +483,7 @@ pub fn entity_type(name: &str) -> Res<i8> {
 /// `sluice config describe`: every config of one resource with its source (a broker's
 /// `--entity-name` is its id; an empty one is the cluster-wide defaults).
 pub fn config_describe(bootstrap: &str, resource_type: i8, name: &str) -> Res<()> {
-    let (mut c, v) = open(bootstrap)?;
+    let (mut c, v) = open_for(bootstrap, resource_type, name)?;
     let version = v
         .require(ApiKey::DescribeConfigs, (1, 4))
         .map_err(String::from)?;
@@ -456,7 +507,7 @@ pub fn config_alter(
     if set.is_empty() && delete.is_empty() {
         return Err("nothing to change: give --set key=value or --delete key".into());
     }
-    let (mut c, v) = open(bootstrap)?;
+    let (mut c, v) = open_for(bootstrap, resource_type, name)?;
     let version = v
         .require(ApiKey::IncrementalAlterConfigs, (0, 1))
         .map_err(String::from)?;
@@ -512,6 +563,10 @@ mod tests {
             ])
         );
         assert!(pairs(&["retention.ms".into()]).is_err());
+        assert_eq!(
+            config_items("retention.ms=1,cleanup.policy=[compact,delete]"),
+            vec!["retention.ms=1", "cleanup.policy=compact,delete"]
+        );
         assert_eq!(
             assignment("1:2:3,2:3:1").unwrap(),
             vec![vec![1, 2, 3], vec![2, 3, 1]]

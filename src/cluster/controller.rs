@@ -34,6 +34,9 @@ use crate::base::topic_config::{validate_topic_name, TopicConfig};
 use crate::cluster::quorum_io::{to_api_error, QuorumNode};
 use crate::partition::broker::Broker;
 
+/// The config whose default follows a topic's replica count (see [`alter`]).
+const MIN_INSYNC: &str = "min.insync.replicas";
+
 /// Largest partition count a topic may have (a bound on per-topic work).
 pub const PARTITIONS_MAX: i32 = 10_000;
 /// How long a metadata change may take to commit.
@@ -622,7 +625,22 @@ fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Comm
         .ok_or_else(|| ApiError::new(ResponseError::UnknownTopicOrPartition))?;
     let configs = match change {
         ConfigChange::Incremental(ops) => apply_ops(meta.configs.clone(), ops)?,
-        ConfigChange::Replace(set) => set,
+        ConfigChange::Replace(mut set) => {
+            // A described set written back keeps min.insync.replicas unset where it
+            // was and the value is the one described for it (min(2, replicas) by the
+            // smallest partition): pinned, it would stop following the replica count.
+            let described = meta
+                .partitions
+                .iter()
+                .map(|p| p.replicas.len())
+                .min()
+                .map(|rf| rf.clamp(1, 2).to_string());
+            let unset = !meta.configs.contains_key(MIN_INSYNC);
+            if unset && set.get(MIN_INSYNC).cloned() == described {
+                set.remove(MIN_INSYNC);
+            }
+            set
+        }
     };
     TopicConfig::parse(&configs)
         .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?;
@@ -647,7 +665,17 @@ fn alter_broker(
         .unwrap_or_default();
     let configs = match change {
         ConfigChange::Incremental(ops) => apply_ops(current, ops)?,
-        ConfigChange::Replace(set) => set,
+        ConfigChange::Replace(mut set) => {
+            // The broker-level min.insync.replicas is described as 2, Sluice's default,
+            // which applies as min(2, replicas) per topic; written back as an explicit
+            // 2 it would make every RF=1 topic refuse acks=all. Kept unset.
+            if !current.contains_key(MIN_INSYNC)
+                && set.get(MIN_INSYNC).map(String::as_str) == Some("2")
+            {
+                set.remove(MIN_INSYNC);
+            }
+            set
+        }
     };
     crate::base::broker_configs::check_dynamic(config, scope, &configs)?;
     Ok(Command::AlterBrokerConfigs { scope, configs })

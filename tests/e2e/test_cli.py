@@ -148,9 +148,11 @@ def test_topic_config_produce_and_consume_commands(broker):
     assert len(admin.list_topics(timeout=10).topics["orders"].partitions) == 4
 
     # Produce: keys and headers; keyed records go where Kafka's partitioner puts them.
-    lines = "".join(f"k{i % 5}|v{i}\n" for i in range(40))
-    out = sluice("produce", "orders", "--key-separator", "|", "--header", "origin=cli", *bs, input=lines)
-    assert "40 records acknowledged" in out.stderr
+    # Four runs: each partition holds several batches (what --count must stop inside).
+    for run in range(4):
+        lines = "".join(f"k{i % 5}|v{i}\n" for i in range(run * 10, run * 10 + 10))
+        out = sluice("produce", "orders", "--key-separator", "|", "--header", "origin=cli", *bs, input=lines)
+        assert "10 records acknowledged" in out.stderr
     c = Consumer({"bootstrap.servers": broker.addr, "group.id": "check", "enable.auto.commit": False})
     ends = [c.get_watermark_offsets(TopicPartition("orders", p), timeout=10)[1] for p in range(4)]
     c.close()
@@ -172,12 +174,17 @@ def test_topic_config_produce_and_consume_commands(broker):
     assert tail.split() == [str(o) for o in range(2, ends[part])]
     later = sluice("consume", "orders", "--from-timestamp", str(int(time.time() * 1000) + 60_000), "-e", *bs)
     assert later.stdout == ""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    def committed():
+        got = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions("cli-group")])["cli-group"].result(timeout=30)
+        return sum(max(tp.offset, 0) for tp in got.topic_partitions)
     first = sluice("consume", "orders", "--group", "cli-group", "--count", "15", "-e", *bs).stdout.split()
+    assert len(first) == 15 and committed() == 15, "exactly what was printed is committed"
     rest = sluice("consume", "orders", "--group", "cli-group", "-e", *bs).stdout.split()
-    assert len(first) == 15 and sorted(first + rest) == sorted(f"v{i}" for i in range(40))
-    offsets = admin.list_consumer_group_offsets(
-        [__import__("confluent_kafka").ConsumerGroupTopicPartitions("cli-group")])["cli-group"].result(timeout=30)
-    assert sum(tp.offset for tp in offsets.topic_partitions) == 40
+    assert sorted(first + rest) == sorted(f"v{i}" for i in range(40))
+    assert committed() == 40
 
     # Bad input: named, nothing changed.
     for args, want in ((["topic", "create", "x", "--config", "retention.ms"], "expected key=value"),

@@ -595,6 +595,13 @@ impl Storage {
     /// One compaction pass over every open log with `cleanup.policy` compact that is
     /// not failed; errors as in [`Storage::enforce_retention`].
     pub async fn compact_all(&self) -> Result<u32, Error> {
+        let (cleaned, first_err) = self.compact_round().await;
+        first_err.map_or(Ok(cleaned), Err)
+    }
+
+    /// One cleaner round over every log: how many were cleaned, and the first error
+    /// (a failing log does not hide the others' work from the cleaner loop).
+    async fn compact_round(&self) -> (u32, Option<Error>) {
         let mut cleaned = 0;
         let mut first_err = None;
         for log in self.working_logs() {
@@ -606,7 +613,7 @@ impl Storage {
                 }
             }
         }
-        first_err.map_or(Ok(cleaned), Err)
+        (cleaned, first_err)
     }
 
     /// Forgets, in every open log, the producers idle for longer than the log's
@@ -764,13 +771,11 @@ impl Storage {
                 loop {
                     let cleaned = {
                         let Some(s) = weak.upgrade() else { break };
-                        match s.compact_all().await {
-                            Ok(n) => n,
-                            Err(e) => {
-                                tracing::error!(error = %e, "compaction pass failed");
-                                0
-                            }
+                        let (n, failed) = s.compact_round().await;
+                        if let Some(e) = failed {
+                            tracing::error!(error = %e, "compaction pass failed");
                         }
+                        n
                     };
                     // After a round that cleaned, the next at once (a round cut
                     // short by the key map's budget continues); a short pause still

@@ -19,7 +19,8 @@ use kafka_protocol::messages::incremental_alter_configs_request::{
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, BrokerId, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, IncrementalAlterConfigsRequest, MetadataRequest,
+    DescribeConfigsRequest, DescribeLogDirsRequest, IncrementalAlterConfigsRequest,
+    MetadataRequest,
 };
 use sluice_client::blocking::Conn;
 use sluice_client::{error_name, sbs, topic_name};
@@ -250,6 +251,8 @@ pub struct PartitionView {
     pub replicas: Vec<i32>,
     pub isr: Vec<i32>,
     pub error: i16,
+    /// The leader's replica's bytes on disk (DescribeLogDirs), when the leader told.
+    pub size: Option<i64>,
 }
 
 /// One topic: its partitions and configs (name, value, source name, read-only).
@@ -309,6 +312,7 @@ pub fn describe_topics(bootstrap: &str, names: &[String], configs: bool) -> Res<
                     replicas: p.replica_nodes.iter().map(|b| b.0).collect(),
                     isr: p.isr_nodes.iter().map(|b| b.0).collect(),
                     error: p.error_code,
+                    size: None,
                 })
                 .collect();
             partitions.sort_by_key(|p| p.partition);
@@ -323,6 +327,28 @@ pub fn describe_topics(bootstrap: &str, names: &[String], configs: bool) -> Res<
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     if configs {
+        // Sizes: each leader's DescribeLogDirs (a broker that does not answer leaves
+        // its partitions' sizes out).
+        let brokers: BTreeMap<i32, String> = md
+            .brokers
+            .iter()
+            .map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port)))
+            .collect();
+        let leaders: std::collections::BTreeSet<i32> = out
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(|p| p.leader))
+            .filter(|l| *l >= 0)
+            .collect();
+        for id in leaders {
+            let Some(sizes) = brokers.get(&id).and_then(|a| log_sizes(a).ok()) else {
+                continue;
+            };
+            for t in &mut out {
+                for p in t.partitions.iter_mut().filter(|p| p.leader == id) {
+                    p.size = sizes.get(&(t.name.clone(), p.partition)).copied();
+                }
+            }
+        }
         if let Some(cv) = v.pick(ApiKey::DescribeConfigs, (1, 4)) {
             let wanted: Vec<String> = out
                 .iter()
@@ -337,6 +363,30 @@ pub fn describe_topics(bootstrap: &str, names: &[String], configs: bool) -> Res<
         }
     }
     Ok(out)
+}
+
+/// Every partition's bytes on the broker at `addr`.
+fn log_sizes(addr: &str) -> Res<BTreeMap<(String, i32), i64>> {
+    let (mut c, v) = open(addr)?;
+    let version = v
+        .require(ApiKey::DescribeLogDirs, (1, 4))
+        .map_err(String::from)?;
+    let r = c
+        .call(
+            version,
+            &DescribeLogDirsRequest::default().with_topics(None),
+        )
+        .map_err(String::from)?;
+    Ok(r.results
+        .iter()
+        .filter(|d| d.error_code == 0)
+        .flat_map(|d| &d.topics)
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| ((t.name.to_string(), p.partition_index), p.partition_size))
+        })
+        .collect())
 }
 
 type Described = Vec<(String, Option<String>, &'static str)>;
@@ -445,11 +495,12 @@ pub fn render_topics(topics: &[TopicView]) -> String {
                 p.leader.to_string()
             };
             out.push_str(&format!(
-                "  Partition: {}  Leader: {}  Replicas: {}  Isr: {}{}\n",
+                "  Partition: {}  Leader: {}  Replicas: {}  Isr: {}{}{}\n",
                 p.partition,
                 leader,
                 ids(&p.replicas),
                 ids(&p.isr),
+                p.size.map_or(String::new(), |b| format!("  Size: {b}")),
                 if p.error != 0 {
                     format!("  Error: {}", error_name(p.error))
                 } else {
@@ -589,6 +640,7 @@ mod tests {
                     replicas: vec![1, 2],
                     isr: vec![1, 2],
                     error: 0,
+                    size: Some(4096),
                 },
                 PartitionView {
                     partition: 1,
@@ -596,13 +648,14 @@ mod tests {
                     replicas: vec![2, 1],
                     isr: vec![],
                     error: 5,
+                    size: None,
                 },
             ],
             configs: vec![("retention.ms".into(), Some("1000".into()), source_name(1))],
         };
         let text = render_topics(std::slice::from_ref(&t));
         assert!(text.starts_with("Topic: orders  PartitionCount: 2  ReplicationFactor: 2\n"));
-        assert!(text.contains("  Partition: 0  Leader: 1  Replicas: 1,2  Isr: 1,2\n"));
+        assert!(text.contains("  Partition: 0  Leader: 1  Replicas: 1,2  Isr: 1,2  Size: 4096\n"));
         assert!(text.contains("Leader: none  Replicas: 2,1  Isr:   Error: LeaderNotAvailable"));
         assert!(text.contains("    retention.ms=1000  (DYNAMIC_TOPIC_CONFIG)\n"));
         let list = render_list(&[t]);

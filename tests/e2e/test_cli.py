@@ -153,6 +153,9 @@ def test_topic_config_produce_and_consume_commands(broker):
         lines = "".join(f"k{i % 5}|v{i}\n" for i in range(run * 10, run * 10 + 10))
         out = sluice("produce", "orders", "--key-separator", "|", "--header", "origin=cli", *bs, input=lines)
         assert "10 records acknowledged" in out.stderr
+    import re
+    sizes = [int(x) for x in re.findall(r"Size: (\d+)", sluice("topic", "describe", "orders", *bs).stdout)]
+    assert len(sizes) == 4 and sum(sizes) > 40 * 4, sizes
     c = Consumer({"bootstrap.servers": broker.addr, "group.id": "check", "enable.auto.commit": False})
     ends = [c.get_watermark_offsets(TopicPartition("orders", p), timeout=10)[1] for p in range(4)]
     c.close()

@@ -150,6 +150,9 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
             let stamp = tls_files_stamp(t);
             let server = sluice_client::tls::ListenerTls::new(t.server_config()?);
             sluice_client::tls::set_peer_tls(t.peer_config()?);
+            // The controller port too, with mutual authentication: a node without a
+            // certificate of the cluster's CA cannot speak to the metadata quorum.
+            sluice_client::tls::set_controller_tls(t.controller_configs()?);
             watch_tls_files(t.clone(), stamp, server.clone(), stop.clone());
             Some(server)
         }
@@ -468,10 +471,14 @@ fn watch_tls_files(
                 }
                 seen = now;
                 let why = if signalled { "SIGHUP" } else { "a file changed" };
-                match files.server_config().and_then(|s| Ok((s, files.peer_config()?))) {
-                    Ok((server, peer)) => {
+                let loaded = files.server_config().and_then(|s| {
+                    Ok((s, files.peer_config()?, files.controller_configs()?))
+                });
+                match loaded {
+                    Ok((server, peer, controller)) => {
                         listener.replace(server);
                         sluice_client::tls::set_peer_tls(peer);
+                        sluice_client::tls::set_controller_tls(controller);
                         tracing::info!(why, certificate = %files.certificate.display(), "TLS files reloaded: new connections use them");
                     }
                     Err(e) => {

@@ -149,6 +149,114 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// Checks a server's certificate chain against the authorities, not its name: the
+/// controller port's peers are known by address only (`--controller-quorum` resolves
+/// them), and what the port needs is that both ends hold a certificate of the cluster's
+/// CA (the server requires one from the client, too).
+#[derive(Debug)]
+struct ChainOnly {
+    roots: Arc<RootCertStore>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The controller port's TLS, both ends (see [`ChainOnly`]): the server requires a
+/// client certificate from `ca`, the client presents `cert` and checks the server's
+/// chain against `ca`.
+pub fn controller_configs(
+    cert: &Path,
+    key: &Path,
+    ca: &Path,
+) -> Result<(Arc<ServerConfig>, Arc<ClientConfig>), TlsError> {
+    let server = server_config(cert, key, Some(ca), ClientAuth::Required)?;
+    let provider = provider();
+    let verifier = Arc::new(ChainOnly {
+        roots: authorities(ca)?,
+        provider: provider.clone(),
+    });
+    let client = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(certificates(cert)?, private_key(key)?)
+        .map_err(|e| TlsError::Config(format!("{}: {e}", cert.display())))?;
+    Ok((server, Arc::new(client)))
+}
+
+type ControllerTls = (Arc<ServerConfig>, Arc<ClientConfig>);
+
+static CONTROLLER_TLS: RwLock<Option<ControllerTls>> = RwLock::new(None);
+
+/// Makes this process's controller port TLS with mutual authentication (its listener
+/// and its connections to the other controllers), from [`controller_configs`]; set
+/// again when the files are reloaded.
+pub fn set_controller_tls(configs: ControllerTls) {
+    *CONTROLLER_TLS.write().unwrap_or_else(|e| e.into_inner()) = Some(configs);
+}
+
+/// What [`set_controller_tls`] set.
+pub fn controller_tls() -> Option<ControllerTls> {
+    CONTROLLER_TLS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 static PEER_TLS: RwLock<Option<Arc<ClientConfig>>> = RwLock::new(None);
 
 /// Makes every later [`crate::aio::Conn`] and [`crate::blocking::Conn`] of this process

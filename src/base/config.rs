@@ -725,6 +725,20 @@ impl TlsSettings {
         )
     }
 
+    /// The controller port's TLS, both ends (mutual; see
+    /// `sluice_client::tls::controller_configs`).
+    pub fn controller_configs(
+        &self,
+    ) -> Result<
+        (
+            std::sync::Arc<rustls::ServerConfig>,
+            std::sync::Arc<rustls::ClientConfig>,
+        ),
+        sluice_client::tls::TlsError,
+    > {
+        sluice_client::tls::controller_configs(&self.certificate, &self.key, &self.ca)
+    }
+
     /// What this broker connects to other brokers with: their certificates checked
     /// against the CA file, its own presented whenever a listener asks for one (also
     /// when its own listener asks for none: brokers moved to `required` one at a time

@@ -1714,19 +1714,15 @@ async fn peer_sender(
     addr: SocketAddr,
     rx: Rc<PeerQueue>,
 ) {
-    let mut conn: Option<TcpStream> = None;
+    let mut conn: Option<sluice_client::aio::Stream> = None;
     loop {
         let Some(frame) = rx.pop().await else { return };
         if node.strong_count() == 0 {
             return;
         }
         if conn.is_none() {
-            let connect = TcpStream::connect_timeout(addr, Duration::from_millis(500)).await;
-            match connect {
-                Ok(s) => {
-                    let _ = s.set_nodelay(true);
-                    conn = Some(s);
-                }
+            match connect_peer(addr).await {
+                Ok(s) => conn = Some(s),
                 Err(e) => {
                     tracing::trace!(peer, %addr, error = %e, "controller peer unreachable");
                     if let Some(n) = node.upgrade() {
@@ -1748,7 +1744,12 @@ async fn peer_sender(
                 None => break,
             }
         }
-        if let Err(e) = s.write_all(&buf).await {
+        let written = match s.write_all(&buf).await {
+            // TLS: what a full socket left in the session goes out now.
+            Ok(()) => s.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             tracing::debug!(peer, error = %e, "controller connection lost");
             conn = None;
             if let Some(n) = node.upgrade() {
@@ -1758,13 +1759,66 @@ async fn peer_sender(
     }
 }
 
+/// A connection to a controller peer: TLS with this node's certificate when the
+/// cluster's listeners are TLS ([`sluice_client::tls::controller_tls`]), else plain.
+async fn connect_peer(addr: SocketAddr) -> std::io::Result<sluice_client::aio::Stream> {
+    let s = TcpStream::connect_timeout(addr, Duration::from_millis(500))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let _ = s.set_nodelay(true);
+    let Some((_, client)) = sluice_client::tls::controller_tls() else {
+        return Ok(sluice_client::aio::Stream::Plain(s));
+    };
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let handshake = futures_rustls::TlsConnector::from(client).connect(name, s);
+    let tls = futures_lite::future::or(handshake, async {
+        glommio::timer::sleep(CONTROLLER_HANDSHAKE_MAX).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no TLS handshake with the controller peer",
+        ))
+    })
+    .await
+    .inspect_err(|e| {
+        tracing::debug!(target: "sluice::audit", %addr, error = %e, "controller port: TLS handshake with a peer failed")
+    })?;
+    Ok(sluice_client::aio::Stream::Tls(Box::new(tls)))
+}
+
+/// How long a controller connection's TLS handshake may take.
+const CONTROLLER_HANDSHAKE_MAX: Duration = Duration::from_secs(5);
+
 async fn accept_loop(node: std::rc::Weak<QuorumNode>, listener: glommio::net::TcpListener) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
                 let node = node.clone();
+                let tls = sluice_client::tls::controller_tls();
                 glommio::spawn_local(async move {
-                    if let Err(e) = receive(node, stream).await {
+                    let peer = stream.peer_addr().ok();
+                    let result = match tls {
+                        None => receive(node, stream).await,
+                        Some((server, _)) => {
+                            // Mutual TLS: a node without a certificate of the cluster's
+                            // CA cannot speak to the metadata quorum.
+                            let accept = futures_rustls::TlsAcceptor::from(server).accept(stream);
+                            let handshake = futures_lite::future::or(accept, async {
+                                glommio::timer::sleep(CONTROLLER_HANDSHAKE_MAX).await;
+                                Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "no TLS handshake",
+                                ))
+                            });
+                            match handshake.await {
+                                Ok(s) => receive(node, s).await,
+                                Err(e) => {
+                                    tracing::info!(target: "sluice::audit", ?peer, error = %e, "controller port: TLS handshake failed: connection refused");
+                                    Ok(())
+                                }
+                            }
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(error = %e, "controller connection closed");
                     }
                 })
@@ -1778,7 +1832,10 @@ async fn accept_loop(node: std::rc::Weak<QuorumNode>, listener: glommio::net::Tc
     }
 }
 
-async fn receive(node: std::rc::Weak<QuorumNode>, mut s: TcpStream) -> Result<(), QuorumIoError> {
+async fn receive<S: futures_lite::AsyncRead + Unpin>(
+    node: std::rc::Weak<QuorumNode>,
+    mut s: S,
+) -> Result<(), QuorumIoError> {
     let mut header = [0u8; 5];
     loop {
         s.read_exact(&mut header[..4]).await?;

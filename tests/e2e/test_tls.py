@@ -16,7 +16,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cluster import Cluster, metadata_from
+from cluster import FAST_FLAGS, Cluster, free_ports, metadata_from
+from conftest import Broker
 from conftest import wait_until
 
 
@@ -278,9 +279,8 @@ def wait_full_isr(cluster, topic, partitions, tls, what):
 def test_replication_over_mutual_tls(tmp_path, certs):
     """Three brokers whose listeners require client certificates replicate over TLS
     (their fetchers present the broker certificate): RF=3 acks=all works and every ISR is
-    full. A broker holding a certificate from another CA registers (the controller port
-    is not TLS yet) but cannot fetch as a replica, nor be fetched from: it is out of the
-    ISR of every partition another broker leads."""
+    full. The controller port is mutual TLS too: a broker holding a certificate from
+    another CA cannot join the metadata quorum, so it never registers."""
     ctx = tls_context(certs, who="alice")
     c = Cluster(tmp_path / "ok", n=3, extra=ssl_flags(certs, client_auth="required"), tls=ctx)
     c.start()
@@ -293,35 +293,37 @@ def test_replication_over_mutual_tls(tmp_path, certs):
     finally:
         c.stop()
 
-    # Voters 1 and 2 (the controller is always a broker with the cluster's
-    # certificate); broker 3 joins with another CA's certificate and key.
-    both = tls_context(certs, who="alice")
-    both.load_verify_locations(certs("other-ca.pem"))
-    rogue = Cluster(tmp_path / "rogue", n=2, extra=ssl_flags(certs, client_auth="required"), tls=both)
+    # Voters 1 and 2 hold the cluster's certificate; node 3 starts as a broker with
+    # another CA's certificate and key. The controller port is mutual TLS: node 3 cannot
+    # speak to the metadata quorum, so it never registers (and never fetches).
+    rogue = Cluster(tmp_path / "rogue", n=2, extra=ssl_flags(certs, client_auth="required"), tls=ctx)
     rogue.start()
     try:
         quorum, cores, fast, extra, env = rogue._node_args
         flags = list(extra)
         flags[flags.index(certs("broker.pem"))] = certs("rogue-broker.pem")
         flags[flags.index(certs("broker.key"))] = certs("rogue-broker.key")
-        rogue._node_args = (quorum, cores, fast, tuple(flags), env)
-        rogue.add_node(3, roles="broker")
-
-        def broker_3_cut_off():
-            # Out of the ISR of what 1 and 2 lead (it cannot fetch), alone in the ISR
-            # of what it leads (they cannot fetch from it).
-            md = metadata_from(rogue.addr(1), ["rep"], tls=ctx)
-            parts = md["topics"].get("rep", {}).get("partitions", {})
-            return len(parts) == 6 and all(
-                (3 not in p["isr"]) if p["leader"] in (1, 2) else p["isr"] == [3] for p in parts.values())
-        create(client_conf(certs, f"{rogue.addr(1)},{rogue.addr(2)}", who="alice"), "rep", partitions=6, rf=3)
-        wait_until(broker_3_cut_off, timeout=60,
-                   what="broker 3 out of every ISR it follows, alone in those it leads")
-        logs = rogue.log(1) + rogue.log(2) + rogue.log(3)
-        assert "UnknownIssuer" in logs and "UnknownCA" in logs
+        rogue.kafka_port[3], rogue.controller_port[3] = free_ports(2)
+        rogue.kafka_front[3], rogue.controller_front[3] = rogue.kafka_port[3], rogue.controller_port[3]
+        node_flags = ["--node-id", "3", "--controller-listen", f"127.0.0.1:{rogue.controller_port[3]}",
+                      "--controller-quorum", quorum, "--process-roles", "broker"] + FAST_FLAGS + flags
+        rogue.brokers[3] = Broker(os.path.join(rogue.root, "node-3"), port=rogue.kafka_port[3], cores=cores,
+                                  extra=node_flags, env=env)
+        rogue.ids.append(3)
+        rogue.n += 1
+        rogue.brokers[3].spawn()
+        refused = "controller port: TLS handshake failed"
+        wait_until(lambda: refused in rogue.log(1) + rogue.log(2), timeout=60,
+                   what="the voters refusing node 3's controller connections")
+        # Its handshakes keep failing: still not in the cluster afterwards.
+        assert 3 not in rogue.registered()
+        assert "UnknownIssuer" in rogue.log(1) + rogue.log(2)
+        # The two genuine voters serve TLS clients on their own.
+        create(client_conf(certs, f"{rogue.addr(1)},{rogue.addr(2)}", who="alice"), "rep", partitions=2, rf=2)
+        assert produce(client_conf(certs, rogue.addr(1), who="alice"), "rep", 50) == (50, [])
     finally:
-        # The refused handshakes and fetches are what this part is about.
-        rogue.stop(expected_errors=["TLS", "handshake", "certificate", "fetch", "reach"])
+        # The refused handshakes are what this part is about.
+        rogue.stop(expected_errors=["TLS", "handshake", "certificate", "fetch", "reach", "controller"])
 
 
 def _install(certs, live, name):

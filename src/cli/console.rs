@@ -155,6 +155,46 @@ pub fn murmur2(data: &[u8]) -> u32 {
     h
 }
 
+/// A record of no producer (no idempotence, no transaction), as the encoder takes it.
+pub fn plain_record(offset: i64, timestamp: i64, key: Option<Bytes>, value: Bytes) -> Record {
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset,
+        sequence: -1,
+        timestamp,
+        key,
+        value: Some(value),
+        headers: Default::default(),
+    }
+}
+
+/// `records` as one v2 batch. A batch's records carry their offsets relative to its
+/// first; the encoder keeps records in one batch while offset - sequence stays the
+/// same, and a batch without a producer id has base sequence -1.
+pub fn encode_batch(records: &mut [Record]) -> Res<Bytes> {
+    for (i, r) in records.iter_mut().enumerate() {
+        r.offset = i as i64;
+        r.sequence = i as i32 - 1;
+    }
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        records.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .map_err(|e| format!("encoding a batch: {e}"))?;
+    Ok(buf.freeze())
+}
+
 /// What `sluice produce` sends.
 pub struct ProduceArgs {
     pub topic: String,
@@ -191,21 +231,7 @@ pub fn produce(bootstrap: &str, args: &ProduceArgs, input: impl BufRead) -> Res<
             (None, Some(k)) => partition_for_key(k.as_bytes(), count),
             (None, None) => i as i32 % count.max(1),
         };
-        let mut record = Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: now,
-            key: key.map(Bytes::from),
-            value: Some(Bytes::from(value)),
-            headers: Default::default(),
-        };
+        let mut record = plain_record(0, now, key.map(Bytes::from), Bytes::from(value));
         for (k, v) in &args.headers {
             record.headers.insert(
                 StrBytes::from_string(k.clone()),
@@ -231,23 +257,7 @@ pub fn produce(bootstrap: &str, args: &ProduceArgs, input: impl BufRead) -> Res<
         let (c, v) = conns.get_mut(&leader).expect("just opened");
         let version = v.require(ApiKey::Produce, (3, 9)).map_err(String::from)?;
         for chunk in batches(&mut records) {
-            // A batch's records carry their offsets relative to its first; the encoder
-            // keeps records in one batch while offset - sequence stays the same, and a
-            // batch without a producer id has base sequence -1.
-            for (i, r) in chunk.iter_mut().enumerate() {
-                r.offset = i as i64;
-                r.sequence = i as i32 - 1;
-            }
-            let mut buf = BytesMut::new();
-            RecordBatchEncoder::encode(
-                &mut buf,
-                chunk.iter(),
-                &RecordEncodeOptions {
-                    version: 2,
-                    compression: Compression::None,
-                },
-            )
-            .map_err(|e| format!("encoding a batch: {e}"))?;
+            let batch = encode_batch(chunk)?;
             let req = ProduceRequest::default()
                 .with_acks(args.acks)
                 .with_timeout_ms(30_000)
@@ -255,7 +265,7 @@ pub fn produce(bootstrap: &str, args: &ProduceArgs, input: impl BufRead) -> Res<
                     .with_name(topic_name(&args.topic))
                     .with_partition_data(vec![PartitionProduceData::default()
                         .with_index(partition)
-                        .with_records(Some(buf.freeze()))])]);
+                        .with_records(Some(batch))])]);
             let r = c.call(version, &req).map_err(String::from)?;
             for p in r.responses.iter().flat_map(|t| &t.partition_responses) {
                 if p.error_code != 0 {
@@ -803,36 +813,14 @@ mod tests {
 
     /// A batch of `values` at `base` (offsets base.., a v2 batch as a producer sends).
     fn batch(base: i64, values: &[&str]) -> Bytes {
-        let records: Vec<Record> = values
+        let mut records: Vec<Record> = values
             .iter()
-            .enumerate()
-            .map(|(i, v)| Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: base + i as i64,
-                sequence: i as i32 - 1,
-                timestamp: 1,
-                key: None,
-                value: Some(Bytes::from(v.to_string())),
-                headers: Default::default(),
-            })
+            .map(|v| plain_record(0, 1, None, Bytes::from(v.to_string())))
             .collect();
-        let mut buf = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut buf,
-            records.iter(),
-            &RecordEncodeOptions {
-                version: 2,
-                compression: Compression::None,
-            },
-        )
-        .unwrap();
-        buf.freeze()
+        let b = encode_batch(&mut records).unwrap();
+        let mut out = BytesMut::from(&b[..]);
+        out[..8].copy_from_slice(&base.to_be_bytes());
+        out.freeze()
     }
 
     fn collect(records: &Bytes, position: i64, budget: Option<usize>) -> (Taken, Vec<String>) {
@@ -883,21 +871,12 @@ mod tests {
 
     #[test]
     fn formats_print_as_kcats() {
-        let mut r = Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 42,
-            sequence: -1,
-            timestamp: 1000,
-            key: Some(Bytes::from_static(b"k")),
-            value: Some(Bytes::from_static(b"v")),
-            headers: Default::default(),
-        };
+        let mut r = plain_record(
+            42,
+            1000,
+            Some(Bytes::from_static(b"k")),
+            Bytes::from_static(b"v"),
+        );
         r.headers.insert(
             StrBytes::from_static_str("h"),
             Some(Bytes::from_static(b"1")),

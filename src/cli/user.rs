@@ -67,16 +67,19 @@ pub fn password(given: Option<String>) -> Res<String> {
     Ok(p)
 }
 
-fn check(results: Vec<(String, i16, Option<String>)>) -> Res<()> {
-    for (user, code, message) in results {
-        if code != 0 {
-            return Err(UserCliError::Refused {
-                user,
-                message: message.unwrap_or_else(|| sluice_client::error_name(code)),
-            });
-        }
+/// Sends an AlterUserScramCredentials; the first user it refused is the error.
+fn alter(c: &mut Conn, req: AlterUserScramCredentialsRequest) -> Res<()> {
+    let r = c.call(0, &req)?;
+    match r.results.into_iter().find(|x| x.error_code != 0) {
+        None => Ok(()),
+        Some(x) => Err(UserCliError::Refused {
+            user: x.user.to_string(),
+            message: x
+                .error_message
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| sluice_client::error_name(x.error_code)),
+        }),
     }
-    Ok(())
 }
 
 /// Creates `user` or sets its password, for each mechanism.
@@ -108,21 +111,9 @@ pub fn add(
         })
         .collect();
     let mut c = Conn::open(bootstrap, CLIENT_ID)?;
-    let r = c.call(
-        0,
-        &AlterUserScramCredentialsRequest::default().with_upsertions(upsertions),
-    )?;
-    check(
-        r.results
-            .into_iter()
-            .map(|x| {
-                (
-                    x.user.to_string(),
-                    x.error_code,
-                    x.error_message.map(|m| m.to_string()),
-                )
-            })
-            .collect(),
+    alter(
+        &mut c,
+        AlterUserScramCredentialsRequest::default().with_upsertions(upsertions),
     )?;
     let names: Vec<&str> = mechanisms.iter().map(|m| m.name()).collect();
     println!("user {user}: {} set", names.join(", "));
@@ -149,21 +140,9 @@ pub fn remove(bootstrap: &str, user: &str, named: &[String]) -> Res<()> {
                 .with_mechanism(m.scram_type().expect("SCRAM mechanisms only"))
         })
         .collect();
-    let r = c.call(
-        0,
-        &AlterUserScramCredentialsRequest::default().with_deletions(deletions),
-    )?;
-    check(
-        r.results
-            .into_iter()
-            .map(|x| {
-                (
-                    x.user.to_string(),
-                    x.error_code,
-                    x.error_message.map(|m| m.to_string()),
-                )
-            })
-            .collect(),
+    alter(
+        &mut c,
+        AlterUserScramCredentialsRequest::default().with_deletions(deletions),
     )?;
     println!("user {user}: removed");
     Ok(())

@@ -78,8 +78,9 @@ enum TxnCommand {
     Describe { transactional_id: String },
 }
 
+/// `--bootstrap-server` of the topic, config, produce and consume commands.
 #[derive(clap::Args)]
-struct TopicArgs {
+struct Bootstrap {
     /// Any broker of the cluster (several: comma-separated).
     #[arg(
         long = "bootstrap-server",
@@ -88,6 +89,12 @@ struct TopicArgs {
         default_value = "127.0.0.1:9092"
     )]
     bootstrap_server: String,
+}
+
+#[derive(clap::Args)]
+struct TopicArgs {
+    #[command(flatten)]
+    bootstrap: Bootstrap,
     #[command(subcommand)]
     command: TopicCommand,
 }
@@ -144,13 +151,8 @@ enum TopicCommand {
 #[derive(clap::Args)]
 struct ProduceCliArgs {
     topic: String,
-    /// Any broker of the cluster (several: comma-separated).
-    #[arg(
-        long = "bootstrap-server",
-        alias = "bootstrap",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap_server: String,
+    #[command(flatten)]
+    bootstrap: Bootstrap,
     /// Every record to this partition [default: keyed records by Kafka's partitioner,
     /// the others in turn].
     #[arg(long)]
@@ -169,13 +171,8 @@ struct ProduceCliArgs {
 #[derive(clap::Args)]
 struct ConsumeCliArgs {
     topic: String,
-    /// Any broker of the cluster (several: comma-separated).
-    #[arg(
-        long = "bootstrap-server",
-        alias = "bootstrap",
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap_server: String,
+    #[command(flatten)]
+    bootstrap: Bootstrap,
     /// Only this partition [default: all].
     #[arg(long)]
     partition: Option<i32>,
@@ -207,14 +204,8 @@ struct ConsumeCliArgs {
 
 #[derive(clap::Args)]
 struct ConfigArgs {
-    /// Any broker of the cluster (several: comma-separated).
-    #[arg(
-        long = "bootstrap-server",
-        alias = "bootstrap",
-        global = true,
-        default_value = "127.0.0.1:9092"
-    )]
-    bootstrap_server: String,
+    #[command(flatten)]
+    bootstrap: Bootstrap,
     #[command(subcommand)]
     command: ConfigCommand,
 }
@@ -517,7 +508,7 @@ fn main() {
         }
         Command::Topic(t) => {
             use crate::cli::topic;
-            let bs = &t.bootstrap_server;
+            let bs = &t.bootstrap.bootstrap_server;
             let r = match t.command {
                 TopicCommand::Create {
                     topic: name,
@@ -583,7 +574,11 @@ fn main() {
                     headers: headers.into_iter().collect(),
                     acks,
                 };
-                console::produce(&a.bootstrap_server, &args, std::io::stdin().lock())
+                console::produce(
+                    &a.bootstrap.bootstrap_server,
+                    &args,
+                    std::io::stdin().lock(),
+                )
             });
             match r {
                 Ok(n) => eprintln!("sluice produce: {n} records acknowledged"),
@@ -626,7 +621,7 @@ fn main() {
                     let _ = signal_hook::flag::register(sig, stop.clone());
                 }
                 console::consume(
-                    &a.bootstrap_server,
+                    &a.bootstrap.bootstrap_server,
                     &args,
                     &mut std::io::stdout().lock(),
                     &stop,
@@ -640,7 +635,7 @@ fn main() {
         }
         Command::Config(cfg) => {
             use crate::cli::topic;
-            let bs = &cfg.bootstrap_server;
+            let bs = &cfg.bootstrap.bootstrap_server;
             let r = match cfg.command {
                 ConfigCommand::Describe {
                     entity_type,

@@ -361,12 +361,7 @@ async fn bootstrap_sasl_user(
                 Some(ScramChange {
                     user: sasl.bootstrap_user.clone(),
                     mechanism: code,
-                    credential: Some(sluice_replication::cluster::ScramCredential {
-                        salt: c.salt,
-                        iterations: c.iterations,
-                        stored_key: c.stored_key,
-                        server_key: c.server_key,
-                    }),
+                    credential: Some(crate::base::metadata::stored_credential(c)),
                     only_if_absent: true,
                 })
             })
@@ -376,18 +371,7 @@ async fn bootstrap_sasl_user(
             // must still be its password (it may have been changed in the cluster).
             let stored = [Mechanism::ScramSha256, Mechanism::ScramSha512]
                 .into_iter()
-                .find_map(|m| {
-                    let c = have?.get(&m.scram_type()?)?;
-                    Some((
-                        m,
-                        ScramCredential {
-                            salt: c.salt.clone(),
-                            iterations: c.iterations,
-                            stored_key: c.stored_key.clone(),
-                            server_key: c.server_key.clone(),
-                        },
-                    ))
-                });
+                .find_map(|m| Some((m, image.scram_credential(&sasl.bootstrap_user, m)?)));
             if let Some((m, cred)) = stored {
                 let password = sasl.bootstrap_password.clone();
                 let ok = glommio::executor()

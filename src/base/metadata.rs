@@ -91,7 +91,32 @@ fn no_controller() -> BrokerId {
     BrokerId::NONE
 }
 
+/// A SCRAM credential (the client crate's, which checks logins) as the quorum stores it.
+pub fn stored_credential(c: sluice_client::sasl::ScramCredential) -> ScramCredential {
+    ScramCredential {
+        salt: c.salt,
+        iterations: c.iterations,
+        stored_key: c.stored_key,
+        server_key: c.server_key,
+    }
+}
+
 impl MetadataImage {
+    /// `user`'s SCRAM credential of mechanism `m`, as logins are checked against it.
+    pub fn scram_credential(
+        &self,
+        user: &str,
+        m: sluice_client::sasl::Mechanism,
+    ) -> Option<sluice_client::sasl::ScramCredential> {
+        let c = self.scram.get(user)?.get(&m.scram_type()?)?;
+        Some(sluice_client::sasl::ScramCredential {
+            salt: c.salt.clone(),
+            iterations: c.iterations,
+            stored_key: c.stored_key.clone(),
+            server_key: c.server_key.clone(),
+        })
+    }
+
     /// True when a broker (`me`) can answer clients completely from this image: its
     /// own registration is in it, unfenced, and a controller is known.
     /// The controller clients are told of: the quorum's leader if it is a broker, else

@@ -33,11 +33,12 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use sluice_client::blocking::Conn;
+
+use super::topic::open;
 use sluice_client::{error_name, sbs, topic_name, Versions};
 
 pub type Res<T> = Result<T, String>;
 
-const CLIENT_ID: &str = "sluice-console";
 /// Records per produced batch, and the bytes of keys, values and headers in one (under
 /// Kafka's default max.message.bytes, 1 MiB, with room for the records' framing).
 const BATCH_RECORDS: usize = 1000;
@@ -81,8 +82,7 @@ struct Layout {
 }
 
 fn layout(bootstrap: &str, topic: &str, create: bool) -> Res<Layout> {
-    let mut c = Conn::open(bootstrap, CLIENT_ID).map_err(String::from)?;
-    let v = c.api_versions().map_err(String::from)?;
+    let (mut c, v) = open(bootstrap)?;
     let version = v.require(ApiKey::Metadata, (4, 12)).map_err(String::from)?;
     let md = c
         .call(
@@ -250,9 +250,7 @@ pub fn produce(bootstrap: &str, args: &ProduceArgs, input: impl BufRead) -> Res<
             .flatten()
             .ok_or_else(|| format!("{}-{partition}: no leader", args.topic))?;
         if !conns.contains_key(&leader) {
-            let mut c = Conn::open(&leader, CLIENT_ID).map_err(String::from)?;
-            let v = c.api_versions().map_err(String::from)?;
-            conns.insert(leader.clone(), (c, v));
+            conns.insert(leader.clone(), open(&leader)?);
         }
         let (c, v) = conns.get_mut(&leader).expect("just opened");
         let version = v.require(ApiKey::Produce, (3, 9)).map_err(String::from)?;
@@ -554,8 +552,7 @@ pub fn consume(
         _ => BTreeMap::new(),
     };
     for (leader, ps) in &leaders {
-        let mut c = Conn::open(leader, CLIENT_ID).map_err(String::from)?;
-        let v = c.api_versions().map_err(String::from)?;
+        let (mut c, v) = open(leader)?;
         let earliest = list_offsets(&mut c, &v, &args.topic, ps, -2, args.read_committed)?;
         let latest = list_offsets(&mut c, &v, &args.topic, ps, -1, args.read_committed)?;
         let at_time = match args.start {
@@ -687,8 +684,7 @@ pub fn consume(
 
 /// The group's coordinator connection.
 fn coordinator(bootstrap: &str, group: &str) -> Res<(Conn, Versions)> {
-    let mut c = Conn::open(bootstrap, CLIENT_ID).map_err(String::from)?;
-    let v = c.api_versions().map_err(String::from)?;
+    let (mut c, v) = open(bootstrap)?;
     let version = v
         .require(ApiKey::FindCoordinator, (1, 3))
         .map_err(String::from)?;
@@ -701,9 +697,7 @@ fn coordinator(bootstrap: &str, group: &str) -> Res<(Conn, Versions)> {
     if r.error_code != 0 {
         return Err(format!("group {group}: {}", error_name(r.error_code)));
     }
-    let mut co = Conn::open(&format!("{}:{}", r.host, r.port), CLIENT_ID).map_err(String::from)?;
-    let cv = co.api_versions().map_err(String::from)?;
-    Ok((co, cv))
+    open(&format!("{}:{}", r.host, r.port))
 }
 
 fn group_offsets(

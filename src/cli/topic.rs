@@ -66,7 +66,9 @@ fn open_for(
     open(&format!("{}:{}", b.host, b.port))
 }
 
-fn open(bootstrap: &str) -> Res<(Conn, sluice_client::Versions)> {
+/// A connection to `bootstrap` (`host:port`, or a comma-separated list) and the
+/// versions it serves.
+pub fn open(bootstrap: &str) -> Res<(Conn, sluice_client::Versions)> {
     let mut c = Conn::open(bootstrap, CLIENT_ID).map_err(String::from)?;
     let v = c.api_versions().map_err(String::from)?;
     Ok((c, v))

@@ -31,9 +31,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
     ApiKey, RequestKind, ResponseKind, SaslAuthenticateResponse, SaslHandshakeResponse,
 };
-use sluice_client::sasl::{
-    parse_plain, ClientFirst, Mechanism, SaslError, ScramCredential, ServerAwaitingFinal,
-};
+use sluice_client::sasl::{parse_plain, ClientFirst, Mechanism, SaslError, ServerAwaitingFinal};
 use sluice_protocol::{api_versions, encode_response, sb, Parsed};
 
 use crate::base::metadata::MetadataImage;
@@ -170,16 +168,6 @@ enum Exchange {
     ScramFinal(ServerAwaitingFinal),
 }
 
-fn credential(image: &MetadataImage, user: &str, m: Mechanism) -> Option<ScramCredential> {
-    let c = image.scram.get(user)?.get(&m.scram_type()?)?;
-    Some(ScramCredential {
-        salt: c.salt.clone(),
-        iterations: c.iterations,
-        stored_key: c.stored_key.clone(),
-        server_key: c.server_key.clone(),
-    })
-}
-
 /// Takes the client's `token` in the exchange of `mechanism`.
 fn step(
     image: &MetadataImage,
@@ -199,7 +187,7 @@ fn step(
         )),
         (m, Exchange::Start) => {
             let first = ClientFirst::parse(m, token).map_err(|e| refused(None, e))?;
-            let Some(cred) = credential(image, &first.user, m) else {
+            let Some(cred) = image.scram_credential(&first.user, m) else {
                 let user = first.user.clone();
                 return Err(refused(
                     Some(user),
@@ -418,7 +406,7 @@ async fn plain(image: &MetadataImage, token: &[u8]) -> Result<Step, Refused> {
     let (user, password) = parse_plain(token).map_err(|e| refused(None, &e.0))?;
     let Some((m, cred)) = [Mechanism::ScramSha256, Mechanism::ScramSha512]
         .into_iter()
-        .find_map(|m| Some((m, credential(image, &user, m)?)))
+        .find_map(|m| Some((m, image.scram_credential(&user, m)?)))
     else {
         return Err(refused(Some(user), "no such user"));
     };
@@ -514,16 +502,12 @@ mod tests {
     #[test]
     fn scram_and_plain_check_the_quorum_credentials() {
         let mut image = MetadataImage::new_cluster();
-        let c = ScramCredential::generate(Mechanism::ScramSha256, "pw", 4096);
-        image.scram.entry("alice".into()).or_default().insert(
-            1,
-            sluice_replication::cluster::ScramCredential {
-                salt: c.salt.clone(),
-                iterations: c.iterations,
-                stored_key: c.stored_key.clone(),
-                server_key: c.server_key.clone(),
-            },
-        );
+        let c = sluice_client::sasl::ScramCredential::generate(Mechanism::ScramSha256, "pw", 4096);
+        image
+            .scram
+            .entry("alice".into())
+            .or_default()
+            .insert(1, crate::base::metadata::stored_credential(c));
         let checked = sluice_shard::run_unpinned("sasl-test", 1 << 20, {
             let image = image.clone();
             move || async move {

@@ -146,12 +146,7 @@ fn change(
                 iterations,
                 salted_password,
             );
-            Some(ScramCredential {
-                salt: c.salt,
-                iterations: c.iterations,
-                stored_key: c.stored_key,
-                server_key: c.server_key,
-            })
+            Some(crate::base::metadata::stored_credential(c))
         }
     };
     Ok(ScramChange {

@@ -827,6 +827,21 @@ async fn closed_records_and_keys(log: &PartitionLog) -> (usize, usize) {
     (closed.len(), keys.len())
 }
 
+/// Waits (until `deadline`) for every closed segment to hold one record per key.
+async fn until_closed_segments_are_clean(log: &PartitionLog, deadline: std::time::Instant) {
+    loop {
+        let (records, keys) = closed_records_and_keys(log).await;
+        if records == keys {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{records} records for {keys} keys"
+        );
+        glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// The background cleaner (`Storage::spawn_background`) compacts on its own schedule,
 /// not retention's: with retention checked hourly and a cleaner backoff of 20 ms,
 /// every closed segment of a compacted log is cleaned in one go shortly after it rolls,
@@ -846,17 +861,7 @@ fn the_background_cleaner_cleans_every_closed_segment_after_a_roll() {
         assert!(log.segment_count() > 3);
         s.spawn_background(3_600_000, 20, 3_600_000).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        loop {
-            let (records, keys) = closed_records_and_keys(&log).await;
-            if records == keys {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{records} records for {keys} keys"
-            );
-            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        until_closed_segments_are_clean(&log, deadline).await;
         // More rounds roll more segments: cleaned again without anyone asking.
         let first_active = *log.segment_bases().last().unwrap();
         for round in 30..60 {
@@ -868,17 +873,7 @@ fn the_background_cleaner_cleans_every_closed_segment_after_a_roll() {
             *log.segment_bases().last().unwrap() > first_active,
             "rolled again"
         );
-        loop {
-            let (records, keys) = closed_records_and_keys(&log).await;
-            if records == keys {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{records} records for {keys} keys"
-            );
-            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        until_closed_segments_are_clean(&log, deadline).await;
         assert_eq!(
             contents(&log).await.last().unwrap().2.as_deref(),
             Some("v59")

@@ -44,6 +44,9 @@ enum Command {
     Txn(TxnArgs),
     /// SASL/SCRAM users: add (or change a password), remove, list.
     User(UserArgs),
+    /// ACLs (as kafka-acls.sh): add, remove, list bindings of principals to operations
+    /// on topics, groups, transactional ids and the cluster.
+    Acl(AclArgs),
     /// Topics: create, list, describe (partitions, leaders, ISR, configs),
     /// alter-config, add-partitions, delete (as kafka-topics.sh).
     Topic(TopicArgs),
@@ -271,6 +274,74 @@ enum UserCommand {
 }
 
 #[derive(clap::Args)]
+struct AclArgs {
+    #[command(flatten)]
+    bootstrap: Bootstrap,
+    #[command(subcommand)]
+    command: AclCommand,
+}
+
+/// The resources, principals, operations and hosts an acl command names.
+#[derive(clap::Args)]
+struct AclSelection {
+    /// A topic (repeatable; `*` is every topic).
+    #[arg(long = "topic")]
+    topics: Vec<String>,
+    /// A consumer group (repeatable; `*` is every group).
+    #[arg(long = "group")]
+    groups: Vec<String>,
+    /// A transactional id (repeatable).
+    #[arg(long = "transactional-id")]
+    transactional_ids: Vec<String>,
+    /// The cluster resource.
+    #[arg(long)]
+    cluster: bool,
+    /// literal or prefixed (add, remove: literal by default); list and remove also take
+    /// any and match (match: every binding that applies to the named resource).
+    #[arg(long = "resource-pattern-type")]
+    pattern: Option<String>,
+    /// A principal allowed, `Type:name` (User:alice; User:* is everyone; repeatable).
+    #[arg(long = "allow-principal")]
+    allow_principals: Vec<String>,
+    /// A principal denied (repeatable; a DENY beats every ALLOW).
+    #[arg(long = "deny-principal")]
+    deny_principals: Vec<String>,
+    /// Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs,
+    /// AlterConfigs, IdempotentWrite or All (repeatable).
+    #[arg(long = "operation")]
+    operations: Vec<String>,
+    /// A client address the binding applies to (repeatable) [add's default: `*`].
+    #[arg(long = "host")]
+    hosts: Vec<String>,
+}
+
+impl AclSelection {
+    fn selection(self) -> crate::cli::acl::Selection {
+        crate::cli::acl::Selection {
+            topics: self.topics,
+            groups: self.groups,
+            transactional_ids: self.transactional_ids,
+            cluster: self.cluster,
+            pattern: self.pattern,
+            allow_principals: self.allow_principals,
+            deny_principals: self.deny_principals,
+            operations: self.operations,
+            hosts: self.hosts,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Adds a binding per resource, principal, host and operation named.
+    Add(AclSelection),
+    /// Removes the bindings the flags match (flags left out match anything).
+    Remove(AclSelection),
+    /// Lists the bindings the flags match (none given: every binding).
+    List(AclSelection),
+}
+
+#[derive(clap::Args)]
 struct GroupArgs {
     /// Any broker of the cluster.
     #[arg(long, global = true, default_value = "127.0.0.1:9092")]
@@ -423,6 +494,7 @@ fn main() {
             | Command::Txn(_)
             | Command::Lag(_)
             | Command::User(_)
+            | Command::Acl(_)
             | Command::Topic(_)
             | Command::Config(_)
             | Command::Produce(_)
@@ -502,6 +574,20 @@ fn main() {
             };
             if let Err(e) = r {
                 eprintln!("sluice user: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Command::Acl(a) => {
+            use crate::cli::acl;
+            let bootstrap = &a.bootstrap.bootstrap_server;
+            let r = match a.command {
+                AclCommand::Add(s) => acl::add(bootstrap, &s.selection()),
+                AclCommand::Remove(s) => acl::remove(bootstrap, &s.selection()),
+                AclCommand::List(s) => acl::list(bootstrap, &s.selection()),
+            };
+            if let Err(e) = r {
+                eprintln!("sluice acl: {e}");
                 std::process::exit(1);
             }
             return;

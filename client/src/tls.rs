@@ -291,6 +291,64 @@ impl ListenerTls {
     }
 }
 
+/// The subject of a certificate as Kafka's default principal mapping spells it (Java's
+/// `X500Principal.getName()`, RFC 2253): the last RDN first, `TYPE=value` joined by
+/// `,` (several attributes of one RDN by `+`), RFC 2253's special characters escaped;
+/// attribute types without a short name as their dotted OID. `None` if the
+/// certificate does not parse.
+pub fn subject_of(certificate: &CertificateDer<'_>) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(certificate.as_ref()).ok()?;
+    let rdns: Vec<String> = cert
+        .subject()
+        .iter()
+        .map(|rdn| {
+            rdn.iter()
+                .map(|a| {
+                    let oid = a.attr_type().to_id_string();
+                    let value = a.as_str().map(escape_rfc2253).unwrap_or_else(|_| {
+                        let hex: String = a.as_slice().iter().map(|b| format!("{b:02x}")).collect();
+                        format!("#{hex}")
+                    });
+                    format!("{}={value}", short_name(&oid).unwrap_or(&oid))
+                })
+                .collect::<Vec<_>>()
+                .join("+")
+        })
+        .collect();
+    Some(rdns.into_iter().rev().collect::<Vec<_>>().join(","))
+}
+
+/// RFC 2253's keywords (those Java's RFC 2253 output uses).
+fn short_name(oid: &str) -> Option<&'static str> {
+    Some(match oid {
+        "2.5.4.3" => "CN",
+        "2.5.4.6" => "C",
+        "2.5.4.7" => "L",
+        "2.5.4.8" => "ST",
+        "2.5.4.9" => "STREET",
+        "2.5.4.10" => "O",
+        "2.5.4.11" => "OU",
+        "0.9.2342.19200300.100.1.25" => "DC",
+        "0.9.2342.19200300.100.1.1" => "UID",
+        _ => return None,
+    })
+}
+
+/// A value as RFC 2253 writes it: `,+"\<>;` escaped with a backslash, and a leading
+/// `#` or space and a trailing space too.
+fn escape_rfc2253(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let last = value.chars().count().saturating_sub(1);
+    for (i, c) in value.chars().enumerate() {
+        let edge = (i == 0 && (c == '#' || c == ' ')) || (i == last && c == ' ');
+        if edge || matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The name a peer's certificate must hold for `host` (an IP literal or a DNS name).
 pub fn server_name(host: &str) -> Result<rustls_pki_types::ServerName<'static>, TlsError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');

@@ -119,6 +119,11 @@ pub const REGISTRY: &[ApiSpec] = &[
     // SCRAM credentials in the metadata quorum (KIP-554).
     spec(ApiKey::DescribeUserScramCredentials, 0, 0),
     spec(ApiKey::AlterUserScramCredentials, 0, 0),
+    // Kafka ACLs in the metadata quorum, checked by `--authorizer`; v0 (no pattern
+    // type) is gone from Kafka 4 and from the codec.
+    spec(ApiKey::DescribeAcls, 1, 3),
+    spec(ApiKey::CreateAcls, 1, 3),
+    spec(ApiKey::DeleteAcls, 1, 3),
 ];
 
 pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
@@ -380,6 +385,9 @@ mod tests {
             ApiKey::AlterUserScramCredentials => {
                 RequestKind::AlterUserScramCredentials(AlterUserScramCredentialsRequest::default())
             }
+            ApiKey::DescribeAcls => RequestKind::DescribeAcls(DescribeAclsRequest::default()),
+            ApiKey::CreateAcls => RequestKind::CreateAcls(CreateAclsRequest::default()),
+            ApiKey::DeleteAcls => RequestKind::DeleteAcls(DeleteAclsRequest::default()),
             ApiKey::OffsetForLeaderEpoch => {
                 RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
             }

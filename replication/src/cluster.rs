@@ -78,14 +78,16 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::acl::Acl;
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 6: group configs;
+/// The first bytes of a snapshot in the current format (version 7: ACLs; version 6 added
+/// group configs,
 /// version 5 added SCRAM credentials, version 4 reassignments and directory ids,
 /// version 3 replica slots, version 2 racks and broker configs); a snapshot without
 /// them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x06\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x07\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -196,6 +198,8 @@ pub struct ClusterState {
     /// Configs set on consumer groups (Kafka's GROUP resource: `consumer.session.timeout.ms`
     /// …), by group id: see [`Command::AlterGroupConfigs`].
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Kafka ACL bindings, sorted and each once: see [`Command::CreateAcls`].
+    pub acls: Vec<Acl>,
 }
 
 /// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
@@ -373,6 +377,16 @@ pub enum Command {
         group: String,
         configs: BTreeMap<String, String>,
     },
+    /// CreateAcls (each binding validated by the broker before proposing, and again
+    /// here): adds the bindings not already present.
+    CreateAcls {
+        acls: Vec<Acl>,
+    },
+    /// DeleteAcls: removes exactly these bindings (the ones the broker found matching
+    /// the request's filters), any already gone being ignored.
+    DeleteAcls {
+        acls: Vec<Acl>,
+    },
 }
 
 /// One partition's reassignment in [`Command::Reassign`].
@@ -522,6 +536,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            6 => rkyv::from_bytes::<legacy::ClusterStateV6, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             5 => rkyv::from_bytes::<legacy::ClusterStateV5, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -938,6 +955,19 @@ impl ClusterState {
                 } else {
                     self.group_configs.insert(group.clone(), configs.clone());
                 }
+            }
+            Command::CreateAcls { acls } => {
+                if let Some(e) = acls.iter().find_map(|a| a.validate().err()) {
+                    return Err(ApplyError::InvalidRequest(e));
+                }
+                for a in acls {
+                    if let Err(at) = self.acls.binary_search(a) {
+                        self.acls.insert(at, a.clone());
+                    }
+                }
+            }
+            Command::DeleteAcls { acls } => {
+                self.acls.retain(|a| !acls.contains(a));
             }
             Command::RecordDirectory { id, directory } => {
                 if directory.is_empty() {
@@ -1682,6 +1712,41 @@ pub mod legacy {
         pub replicas_placed: BTreeMap<BrokerId, u64>,
     }
 
+    /// Version 6: before ACLs.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV6 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+        pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+        pub directories: BTreeMap<BrokerId, String>,
+        pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+        pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+    }
+
+    impl From<ClusterStateV6> for ClusterState {
+        fn from(v6: ClusterStateV6) -> ClusterState {
+            ClusterState {
+                cluster_id: v6.cluster_id,
+                brokers: v6.brokers,
+                topics: v6.topics,
+                next_producer_id: v6.next_producer_id,
+                version: v6.version,
+                broker_configs: v6.broker_configs,
+                replicas_placed: v6.replicas_placed,
+                reassignments: v6.reassignments,
+                directories: v6.directories,
+                scram: v6.scram,
+                group_configs: v6.group_configs,
+                acls: Vec::new(),
+            }
+        }
+    }
+
     /// Version 5: before group configs.
     #[derive(Archive, Serialize, Deserialize, Debug)]
     pub struct ClusterStateV5 {
@@ -1711,6 +1776,7 @@ pub mod legacy {
                 directories: v5.directories,
                 scram: v5.scram,
                 group_configs: BTreeMap::new(),
+                acls: Vec::new(),
             }
         }
     }
@@ -1743,6 +1809,7 @@ pub mod legacy {
                 directories: v4.directories,
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
+                acls: Vec::new(),
             }
         }
     }
@@ -1761,6 +1828,7 @@ pub mod legacy {
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
+                acls: Vec::new(),
             }
         }
     }
@@ -1780,6 +1848,7 @@ pub mod legacy {
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
+                acls: Vec::new(),
             }
         }
     }
@@ -1830,6 +1899,7 @@ pub mod legacy {
                 directories: BTreeMap::new(),
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
+                acls: Vec::new(),
             }
         }
     }
@@ -2654,6 +2724,95 @@ mod tests {
         assert!(!s.brokers.contains_key(&3));
         assert_eq!(unregister(&mut s, 3), Err(ApplyError::UnknownBroker(3)));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    /// Writes `testdata/state-v6.hex` (run once with SLUICE_WRITE_STATE_V6=1): the
+    /// version-6 layout, [`legacy::ClusterStateV6`], as the version-6 build wrote it.
+    #[test]
+    fn version_6_snapshots_decode_without_acls() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/state-v6.hex");
+        if std::env::var_os("SLUICE_WRITE_STATE_V6").is_some() {
+            let mut s = cluster(1);
+            s.cluster_id = "v6-cluster-id".into();
+            s.group_configs.insert(
+                "g".into(),
+                [(
+                    "consumer.session.timeout.ms".to_string(),
+                    "50000".to_string(),
+                )]
+                .into(),
+            );
+            s.scram
+                .entry("alice".into())
+                .or_default()
+                .insert(1, credential(7));
+            let v6 = legacy::ClusterStateV6 {
+                cluster_id: s.cluster_id,
+                brokers: s.brokers,
+                topics: s.topics,
+                next_producer_id: s.next_producer_id,
+                version: s.version,
+                broker_configs: s.broker_configs,
+                replicas_placed: s.replicas_placed,
+                reassignments: s.reassignments,
+                directories: s.directories,
+                scram: s.scram,
+                group_configs: s.group_configs,
+            };
+            let mut bytes = b"SLCST\x00\x06\x00".to_vec();
+            bytes.extend_from_slice(&rkyv::to_bytes::<rkyv::rancor::Error>(&v6).unwrap());
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            std::fs::write(path, hex + "\n").unwrap();
+        }
+        let s =
+            ClusterState::decode(&hex_fixture(&std::fs::read_to_string(path).unwrap())).unwrap();
+        assert_eq!(s.cluster_id, "v6-cluster-id");
+        assert_eq!(s.group_configs["g"]["consumer.session.timeout.ms"], "50000");
+        assert_eq!(s.scram["alice"][&1], credential(7));
+        assert!(s.acls.is_empty());
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn acls_are_created_once_deleted_exactly_and_kept_in_snapshots() {
+        use crate::acl::{op, pattern, permission, resource};
+        let mut s = cluster(1);
+        let binding = |name: &str, operation| Acl {
+            resource_type: resource::TOPIC,
+            resource_name: name.into(),
+            pattern_type: pattern::LITERAL,
+            principal: "User:alice".into(),
+            host: "*".into(),
+            operation,
+            permission: permission::ALLOW,
+        };
+        let (a, b) = (binding("a", op::READ), binding("b", op::WRITE));
+        let create = Command::CreateAcls {
+            acls: vec![b.clone(), a.clone(), b.clone()],
+        };
+        assert_eq!(Command::decode(&create.encode()).unwrap(), create);
+        s.apply(&create).unwrap();
+        assert_eq!(s.acls, vec![a.clone(), b.clone()], "sorted, each once");
+        let mut invalid = a.clone();
+        invalid.principal = "alice".into();
+        assert!(matches!(
+            s.apply(&Command::CreateAcls {
+                acls: vec![binding("c", op::READ), invalid]
+            }),
+            Err(ApplyError::InvalidRequest(_))
+        ));
+        assert_eq!(
+            s.acls.len(),
+            2,
+            "a refused command creates none of its bindings"
+        );
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        s.apply(&Command::DeleteAcls {
+            acls: vec![a.clone(), binding("gone", op::READ)],
+        })
+        .unwrap();
+        assert_eq!(s.acls, vec![b]);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! Nothing here touches sockets, disks or clocks: inputs come in with the time, outputs
 //! are returned as effects for the broker's I/O shell (src/) to carry out.
 
+pub mod acl;
 pub mod cluster;
 pub mod isr;
 pub mod quorum;

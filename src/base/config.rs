@@ -217,6 +217,19 @@ settings! {
     /// any of SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN (checked against the users' SCRAM
     /// credentials; its password crosses the wire, so use it over SASL_SSL).
     sasl_enabled_mechanisms: String = "SCRAM-SHA-256,SCRAM-SHA-512".into();
+    /// Check Kafka ACLs on every request (Kafka's authorizer.class.name set to its
+    /// StandardAuthorizer): a principal may do only what an ACL allows it (`sluice acl
+    /// add`), super users everything. Principals are `User:<name>` of the SASL login,
+    /// else `User:<certificate subject>` of a TLS client certificate, else
+    /// `User:ANONYMOUS`.
+    authorizer: bool = false;
+    /// Principals allowed everything when --authorizer is on, separated by `;`
+    /// (Kafka's super.users, e.g. `User:admin;User:CN=broker1`). The SASL bootstrap
+    /// user (brokers log in to each other as it) is always one [default: none].
+    super_users: String, example = "User:admin".into();
+    /// With --authorizer, whether a resource that no ACL names is open to everyone
+    /// (Kafka's allow.everyone.if.no.acl.found).
+    allow_everyone_if_no_acl_found: bool = false;
     /// PEM file of the listener's certificate chain, leaf first (Kafka's
     /// ssl.keystore.location with ssl.keystore.type=PEM) [default: none].
     ssl_certificate: String, example = "/etc/sluice/broker.pem".into();
@@ -432,6 +445,9 @@ pub struct BrokerConfig {
     pub tls: Option<TlsSettings>,
     /// The Kafka listener's SASL (`--security-protocol SASL_PLAINTEXT` or `SASL_SSL`).
     pub sasl: Option<SaslSettings>,
+    /// `--authorizer` with its super users (the SASL bootstrap user among them) and
+    /// `--allow-everyone-if-no-acl-found`; `None` when ACLs are not checked.
+    pub authorizer: Option<sluice_replication::acl::AuthorizerConfig>,
     /// broker.rack
     pub rack: Option<String>,
     /// The settings given by flag or config file (the others are defaults): Kafka's
@@ -646,6 +662,7 @@ impl BrokerConfig {
         }
         let tls = tls_settings(&s)?;
         let sasl = sasl_settings(&s, std::env::var(SASL_BOOTSTRAP_ENV).ok())?;
+        let authorizer = authorizer_settings(&s, sasl.as_ref())?;
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
@@ -653,6 +670,7 @@ impl BrokerConfig {
             advertised_port: i32::from(port),
             tls,
             sasl,
+            authorizer,
             rack: s.rack,
             given: settings_given,
             rack_aware_fetch,
@@ -839,6 +857,48 @@ impl SaslSettings {
             .find(|m| m.is_scram())
             .unwrap_or(sluice_client::sasl::Mechanism::Plain)
     }
+}
+
+/// `--authorizer`'s settings: super users parsed as principals (`Type:name`), the SASL
+/// bootstrap user added (the other two settings are without effect, and a warning,
+/// without `--authorizer`).
+fn authorizer_settings(
+    s: &Resolved,
+    sasl: Option<&SaslSettings>,
+) -> Result<Option<sluice_replication::acl::AuthorizerConfig>, ConfigError> {
+    let mut super_users = Vec::new();
+    for p in s
+        .super_users
+        .as_deref()
+        .unwrap_or("")
+        .split(';')
+        .map(str::trim)
+    {
+        if p.is_empty() {
+            continue;
+        }
+        if sluice_replication::acl::parse_principal(p).is_none() {
+            return Err(bad_value(
+                "--super-users",
+                p,
+                "expected principals Type:name separated by ';', e.g. User:admin",
+            ));
+        }
+        super_users.push(p.to_string());
+    }
+    if !s.authorizer {
+        if !super_users.is_empty() || s.allow_everyone_if_no_acl_found {
+            tracing::warn!("--super-users and --allow-everyone-if-no-acl-found take effect only with --authorizer: every client may do everything");
+        }
+        return Ok(None);
+    }
+    if let Some(sasl) = sasl {
+        super_users.push(format!("User:{}", sasl.bootstrap_user));
+    }
+    Ok(Some(sluice_replication::acl::AuthorizerConfig {
+        super_users,
+        allow_if_no_acl: s.allow_everyone_if_no_acl_found,
+    }))
 }
 
 /// `--sasl-enabled-mechanisms` and the bootstrap user, for a SASL listener; a SASL
@@ -1341,6 +1401,9 @@ mod tests {
             "--advertised=h:1",
             "--security-protocol=SSL",
             "--sasl-enabled-mechanisms=PLAIN",
+            "--authorizer=true",
+            "--super-users=User:admin;User:CN=broker",
+            "--allow-everyone-if-no-acl-found=true",
             "--ssl-certificate=c.pem",
             "--ssl-key=k.pem",
             "--ssl-ca=ca.pem",
@@ -1426,6 +1489,9 @@ mod tests {
             (Some("zone-b"), false)
         );
         assert_eq!((c.lag_sample_interval_ms, c.lag_eval.window), (100, 5));
+        let authorizer = c.authorizer.as_ref().expect("--authorizer=true");
+        assert_eq!(authorizer.super_users, vec!["User:admin", "User:CN=broker"]);
+        assert!(authorizer.allow_if_no_acl);
         let rule = &c.alert_rules[0];
         assert_eq!((rule.lag_records, rule.lag_seconds), (Some(10), Some(2.5)));
         assert_eq!(

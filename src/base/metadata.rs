@@ -84,6 +84,9 @@ pub struct MetadataImage {
     /// Configs set on consumer groups (Kafka's GROUP resource), by group id.
     #[serde(skip)]
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// The quorum's ACL bindings, indexed for the authorizer.
+    #[serde(skip)]
+    pub acls: std::sync::Arc<sluice_replication::acl::AclIndex>,
 }
 
 /// An image read back from the old per-broker file knows no controller.
@@ -147,6 +150,7 @@ impl MetadataImage {
             broker_configs: BTreeMap::new(),
             scram: BTreeMap::new(),
             group_configs: BTreeMap::new(),
+            acls: Default::default(),
         }
     }
 

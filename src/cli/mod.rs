@@ -2,6 +2,7 @@
 //! library does not contain them. Each speaks the Kafka protocol to any broker (through
 //! `sluice-client`) or reads the config; none runs on a shard.
 
+pub mod acl;
 pub mod check;
 pub mod cluster;
 pub mod console;

@@ -1888,6 +1888,7 @@ pub fn image_of(
         broker_configs: state.broker_configs.clone(),
         scram: state.scram.clone(),
         group_configs: state.group_configs.clone(),
+        acls: std::sync::Arc::new(sluice_replication::acl::AclIndex::new(&state.acls)),
         topics: state
             .topics
             .iter()

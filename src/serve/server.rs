@@ -41,6 +41,7 @@ use crate::base::util::Sequencer;
 use crate::observe::metrics::ShardMetrics;
 use crate::partition::broker::Broker;
 use crate::serve::api::{self, Outcome};
+use crate::serve::authz::Caller;
 
 pub use crate::base::util::bind;
 
@@ -207,7 +208,7 @@ async fn connection(
     let fd = stream.as_raw_fd();
     let stream = stream.buffered_with(Preallocated::new(RECEIVE_BUFFER_BYTES));
     let Some(acceptor) = tls else {
-        return talk(broker, stream, fd, peer).await;
+        return talk(broker, stream, fd, peer, None).await;
     };
     let handshake = futures_lite::future::or(acceptor.accept(stream), async {
         glommio::timer::sleep(TLS_HANDSHAKE_MAX).await;
@@ -217,7 +218,15 @@ async fn connection(
         ))
     });
     match handshake.await {
-        Ok(tls) => talk(broker, tls, fd, peer).await,
+        Ok(tls) => {
+            let subject = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| sluice_client::tls::subject_of(leaf));
+            talk(broker, tls, fd, peer, subject).await
+        }
         Err(e) => {
             // The audit trail of refused clients (an unknown or missing certificate,
             // plaintext on a TLS port). A connection closed before it said anything
@@ -233,16 +242,23 @@ async fn connection(
 }
 
 /// Serves requests on an accepted (and, for TLS, handshaken) connection; on a SASL
-/// listener once the client has authenticated ([`crate::serve::sasl`]).
+/// listener once the client has authenticated ([`crate::serve::sasl`]). `subject`: the
+/// TLS client certificate's, when one was presented.
 async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
     broker: Rc<Broker>,
     mut stream: S,
     fd: std::os::fd::RawFd,
     peer: Option<std::net::IpAddr>,
+    subject: Option<String>,
 ) -> Result<(), ConnError> {
-    if broker.config.sasl.is_some() {
-        crate::serve::sasl::authenticate(&broker, &mut stream, peer).await?;
-    }
+    let caller = if broker.config.sasl.is_some() {
+        let user = crate::serve::sasl::authenticate(&broker, &mut stream, peer).await?;
+        Caller::user(&user, peer)
+    } else if let Some(subject) = subject {
+        Caller::user(&subject, peer)
+    } else {
+        Caller::anonymous(peer)
+    };
     let stream = Rc::new(RefCell::new(stream));
     let mut reader = Half {
         stream: stream.clone(),
@@ -253,7 +269,7 @@ async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
         broker.limits.connection_inflight_max,
     );
     let writer_task = glommio::spawn_local(write_responses(broker.clone(), writer, rx));
-    let result = read_requests(&broker, &mut reader, peer, &tx).await;
+    let result = read_requests(&broker, &mut reader, Rc::new(caller), &tx).await;
     drop(tx);
     if result.is_err() {
         // Bad input: stop now; the writer's pending responses are dropped with it.
@@ -268,7 +284,7 @@ async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
 async fn read_requests<S: AsyncRead + Unpin>(
     broker: &Rc<Broker>,
     reader: &mut Half<S>,
-    peer: Option<std::net::IpAddr>,
+    caller: Rc<Caller>,
     tx: &local_channel::LocalSender<Task<(Outcome, Permits)>>,
 ) -> Result<(), ConnError> {
     let max = broker.config.socket_request_max_bytes;
@@ -313,9 +329,10 @@ async fn read_requests<S: AsyncRead + Unpin>(
         let turn = matches!(&parsed, api::Parsed::Request(r) if r.api_key == ApiKey::Produce)
             .then(|| produce_order.turn());
         let b = broker.clone();
+        let caller = caller.clone();
         let task = glommio::spawn_local(async move {
             let started = std::time::Instant::now();
-            let out = api::handle(&b, parsed, peer, turn).await;
+            let out = api::handle(&b, parsed, &caller, turn).await;
             b.shard_metrics().request(api_key, started.elapsed());
             (out, permits)
         });

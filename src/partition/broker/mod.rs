@@ -176,6 +176,7 @@ impl Broker {
                 broker_configs: BTreeMap::new(),
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
+                acls: Default::default(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),

@@ -15,6 +15,7 @@
 //! at a version both know); any other unknown API key or unsupported version closes the
 //! connection without a response, as Kafka's request-header check does.
 
+pub mod acls;
 pub mod alter_configs;
 pub mod alter_replica_log_dirs;
 pub mod authorized_ops;
@@ -33,6 +34,7 @@ pub mod describe_topic_partitions;
 pub mod elect_leaders;
 pub mod fetch;
 pub mod find_coordinator;
+pub mod gate;
 pub mod heartbeat;
 pub mod incremental_alter_configs;
 pub mod init_producer_id;
@@ -72,12 +74,13 @@ pub enum Outcome {
     Close,
 }
 
-/// Handles one parsed request from a client at `peer` (when known). `turn`: a produce
-/// request's place in its connection's order of appends ([`produce::handle`]).
+/// Handles one parsed request from `caller` (its principal and address), once the
+/// authorizer let it through ([`gate`]). `turn`: a produce request's place in its
+/// connection's order of appends ([`produce::handle`]).
 pub async fn handle(
     broker: &Rc<Broker>,
     parsed: Parsed,
-    peer: Option<std::net::IpAddr>,
+    caller: &Rc<crate::serve::authz::Caller>,
     turn: Option<crate::base::util::Turn>,
 ) -> Outcome {
     let req = match parsed {
@@ -106,7 +109,15 @@ pub async fn handle(
         client,
         "request"
     );
-    let response = match body {
+    let (body, patch) = match gate::check(broker, caller, version, body) {
+        gate::Gate::Pass(body, patch) => (*body, patch),
+        gate::Gate::Refuse(response) => {
+            return respond(broker, api_key, version, header.correlation_id, *response)
+        }
+        gate::Gate::Close => return Outcome::Close,
+    };
+    let peer = caller.peer;
+    let mut response = match body {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
         RequestKind::Metadata(r) => {
             ResponseKind::Metadata(metadata::handle(broker, version, r).await)
@@ -247,14 +258,36 @@ pub async fn handle(
         RequestKind::AlterUserScramCredentials(r) => {
             ResponseKind::AlterUserScramCredentials(scram::alter(broker, version, r).await)
         }
+        RequestKind::CreateAcls(r) => {
+            ResponseKind::CreateAcls(acls::create(broker, version, r).await)
+        }
+        RequestKind::DescribeAcls(r) => {
+            ResponseKind::DescribeAcls(acls::describe(broker, version, r))
+        }
+        RequestKind::DeleteAcls(r) => {
+            ResponseKind::DeleteAcls(acls::delete(broker, version, r).await)
+        }
         other => {
             // The registry and this match disagree: a bug, caught by a unit test.
             tracing::error!(?api_key, "no handler for a registered API: {other:?}");
             return Outcome::Close;
         }
     };
+    if let Some(patch) = patch {
+        patch(broker, &mut response);
+    }
+    respond(broker, api_key, version, header.correlation_id, response)
+}
+
+fn respond(
+    broker: &Broker,
+    api_key: kafka_protocol::messages::ApiKey,
+    version: i16,
+    correlation_id: i32,
+    response: ResponseKind,
+) -> Outcome {
     observe(broker, api_key as i16, &response);
-    match encode_response(api_key, version, header.correlation_id, &response) {
+    match encode_response(api_key, version, correlation_id, &response) {
         Ok(b) => Outcome::Respond(b),
         Err(e) => {
             tracing::error!(?api_key, version, error = %e, "cannot encode response; closing connection");

@@ -215,21 +215,24 @@ struct ConfigArgs {
 
 #[derive(Subcommand)]
 enum ConfigCommand {
-    /// Every config of one resource with its source.
+    /// Every config of one resource with its source (users and clients: their quotas).
     Describe {
-        /// topics, brokers or groups.
+        /// topics, brokers, groups, users or clients (users and clients together name
+        /// one quota entity: repeat the pair).
         #[arg(long)]
-        entity_type: String,
-        /// The topic, the broker id ("" for the cluster-wide defaults) or the group.
+        entity_type: Vec<String>,
+        /// The topic, the broker id ("" for the cluster-wide defaults), the group, the
+        /// user or the client id (`<default>`: the default user or client).
         #[arg(long)]
-        entity_name: String,
+        entity_name: Vec<String>,
     },
-    /// Sets and deletes configs of one resource.
+    /// Sets and deletes configs of one resource (users and clients: quotas,
+    /// producer_byte_rate and consumer_byte_rate).
     Alter {
         #[arg(long)]
-        entity_type: String,
+        entity_type: Vec<String>,
         #[arg(long)]
-        entity_name: String,
+        entity_name: Vec<String>,
         /// key=value to set (comma-separated or repeated, as kafka-configs.sh's
         /// --add-config; a list value in brackets: cleanup.policy=[compact,delete]).
         #[arg(long = "add-config")]
@@ -238,6 +241,26 @@ enum ConfigCommand {
         #[arg(long = "delete-config", value_delimiter = ',')]
         delete: Vec<String>,
     },
+}
+
+/// The quota entity types of `sluice config --entity-type` when every one given is
+/// users or clients.
+fn quota_entity(types: &[String]) -> Option<Vec<&'static str>> {
+    types
+        .iter()
+        .map(|t| crate::cli::quota::entity_type(t))
+        .collect()
+}
+
+/// The one `--entity-type`/`--entity-name` pair a config resource takes.
+fn one_resource<'a>(
+    types: &'a [String],
+    names: &'a [String],
+) -> Result<(&'a str, &'a str), String> {
+    match (types, names) {
+        ([t], [n]) => Ok((t, n)),
+        _ => Err("give one --entity-type and one --entity-name".into()),
+    }
 }
 
 #[derive(clap::Args)]
@@ -726,19 +749,30 @@ fn main() {
                 ConfigCommand::Describe {
                     entity_type,
                     entity_name,
-                } => topic::entity_type(&entity_type)
-                    .and_then(|t| topic::config_describe(bs, t, &entity_name)),
+                } => match quota_entity(&entity_type) {
+                    Some(types) => crate::cli::quota::describe(bs, &types, &entity_name),
+                    None => one_resource(&entity_type, &entity_name).and_then(|(t, n)| {
+                        topic::entity_type(t).and_then(|t| topic::config_describe(bs, t, n))
+                    }),
+                },
                 ConfigCommand::Alter {
                     entity_type,
                     entity_name,
                     set,
                     delete,
-                } => topic::entity_type(&entity_type).and_then(|t| {
+                } => {
                     let items: Vec<String> =
                         set.iter().flat_map(|s| topic::config_items(s)).collect();
-                    let set = topic::pairs(&items)?;
-                    topic::config_alter(bs, t, &entity_name, &set, &delete)
-                }),
+                    topic::pairs(&items).and_then(|set| match quota_entity(&entity_type) {
+                        Some(types) => {
+                            crate::cli::quota::alter(bs, &types, &entity_name, &set, &delete)
+                        }
+                        None => one_resource(&entity_type, &entity_name).and_then(|(t, n)| {
+                            topic::entity_type(t)
+                                .and_then(|t| topic::config_alter(bs, t, n, &set, &delete))
+                        }),
+                    })
+                }
             };
             if let Err(e) = r {
                 eprintln!("sluice config: {e}");

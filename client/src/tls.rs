@@ -294,8 +294,8 @@ impl ListenerTls {
 /// The subject of a certificate as Kafka's default principal mapping spells it (Java's
 /// `X500Principal.getName()`, RFC 2253): the last RDN first, `TYPE=value` joined by
 /// `,` (several attributes of one RDN by `+`), RFC 2253's special characters escaped;
-/// attribute types without a short name as their dotted OID. `None` if the
-/// certificate does not parse.
+/// an attribute type without a keyword as its dotted OID with the value as `#` and the
+/// hex of its DER encoding. `None` if the certificate does not parse.
 pub fn subject_of(certificate: &CertificateDer<'_>) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(certificate.as_ref()).ok()?;
     let rdns: Vec<String> = cert
@@ -305,17 +305,49 @@ pub fn subject_of(certificate: &CertificateDer<'_>) -> Option<String> {
             rdn.iter()
                 .map(|a| {
                     let oid = a.attr_type().to_id_string();
-                    let value = a.as_str().map(escape_rfc2253).unwrap_or_else(|_| {
-                        let hex: String = a.as_slice().iter().map(|b| format!("{b:02x}")).collect();
-                        format!("#{hex}")
-                    });
-                    format!("{}={value}", short_name(&oid).unwrap_or(&oid))
+                    match (short_name(&oid), a.as_str()) {
+                        (Some(keyword), Ok(text)) => format!("{keyword}={}", escape_rfc2253(text)),
+                        (keyword, _) => {
+                            let hex: String = value_der(a.attr_value())
+                                .iter()
+                                .map(|b| format!("{b:02x}"))
+                                .collect();
+                            format!("{}=#{hex}", keyword.unwrap_or(&oid))
+                        }
+                    }
                 })
                 .collect::<Vec<_>>()
                 .join("+")
         })
         .collect();
     Some(rdns.into_iter().rev().collect::<Vec<_>>().join(","))
+}
+
+/// The DER encoding of an attribute value (identifier, length, content).
+fn value_der(value: &x509_parser::der_parser::asn1_rs::Any<'_>) -> Vec<u8> {
+    let header = &value.header;
+    let mut out = match header.raw_tag() {
+        Some(raw) => raw.to_vec(),
+        None => {
+            let class = header.class() as u8;
+            let tag = header.tag().0;
+            vec![(class << 6) | (u8::from(header.constructed()) << 5) | (tag.min(30) as u8)]
+        }
+    };
+    let len = value.data.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out.extend_from_slice(value.data);
+    out
 }
 
 /// RFC 2253's keywords (those Java's RFC 2253 output uses).
@@ -334,17 +366,19 @@ fn short_name(oid: &str) -> Option<&'static str> {
     })
 }
 
-/// A value as RFC 2253 writes it: `,+"\<>;` escaped with a backslash, and a leading
-/// `#` or space and a trailing space too.
+/// A value as Java writes it in RFC 2253 form: each of `,=+<>#;"\\` escaped with a
+/// backslash, and every leading and trailing space too.
 fn escape_rfc2253(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    let last = value.chars().count().saturating_sub(1);
-    for (i, c) in value.chars().enumerate() {
-        let edge = (i == 0 && (c == '#' || c == ' ')) || (i == last && c == ' ');
-        if edge || matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';') {
+    let chars: Vec<char> = value.chars().collect();
+    let lead = chars.iter().take_while(|c| **c == ' ').count();
+    let trail = chars.iter().rev().take_while(|c| **c == ' ').count();
+    let mut out = String::with_capacity(value.len() + 4);
+    for (i, c) in chars.iter().enumerate() {
+        let edge_space = *c == ' ' && (i < lead || i >= chars.len() - trail);
+        if edge_space || matches!(c, ',' | '=' | '+' | '<' | '>' | '#' | ';' | '"' | '\\') {
             out.push('\\');
         }
-        out.push(c);
+        out.push(*c);
     }
     out
 }
@@ -354,4 +388,20 @@ pub fn server_name(host: &str) -> Result<rustls_pki_types::ServerName<'static>, 
     let host = host.trim_start_matches('[').trim_end_matches(']');
     rustls_pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| TlsError::Config(format!("{host}: not a host name for TLS ({e})")))
+}
+
+#[cfg(test)]
+mod subject_tests {
+    use super::escape_rfc2253;
+
+    #[test]
+    fn values_are_escaped_as_java_does() {
+        assert_eq!(escape_rfc2253("alice"), "alice");
+        assert_eq!(escape_rfc2253("Smith, John"), "Smith\\, John");
+        assert_eq!(
+            escape_rfc2253("a=b+c#d;e<f>g\"h\\i"),
+            "a\\=b\\+c\\#d\\;e\\<f\\>g\\\"h\\\\i"
+        );
+        assert_eq!(escape_rfc2253("  x y  "), "\\ \\ x y\\ \\ ");
+    }
 }

@@ -124,6 +124,9 @@ pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::DescribeAcls, 1, 3),
     spec(ApiKey::CreateAcls, 1, 3),
     spec(ApiKey::DeleteAcls, 1, 3),
+    // Byte-rate quotas per user and client id.
+    spec(ApiKey::DescribeClientQuotas, 0, 1),
+    spec(ApiKey::AlterClientQuotas, 0, 1),
 ];
 
 pub fn lookup(api_key: i16) -> Option<&'static ApiSpec> {
@@ -388,6 +391,12 @@ mod tests {
             ApiKey::DescribeAcls => RequestKind::DescribeAcls(DescribeAclsRequest::default()),
             ApiKey::CreateAcls => RequestKind::CreateAcls(CreateAclsRequest::default()),
             ApiKey::DeleteAcls => RequestKind::DeleteAcls(DeleteAclsRequest::default()),
+            ApiKey::DescribeClientQuotas => {
+                RequestKind::DescribeClientQuotas(DescribeClientQuotasRequest::default())
+            }
+            ApiKey::AlterClientQuotas => {
+                RequestKind::AlterClientQuotas(AlterClientQuotasRequest::default())
+            }
             ApiKey::OffsetForLeaderEpoch => {
                 RequestKind::OffsetForLeaderEpoch(OffsetForLeaderEpochRequest::default())
             }

@@ -341,8 +341,11 @@ impl AclIndex {
     }
 
     /// True if `who` may perform `operation` on some resource of `resource_type`
-    /// (Kafka's `authorizeByResourceType`: an ALLOW on any name, literal or prefixed,
-    /// not cancelled by a DENY of the same pattern or a literal wildcard DENY).
+    /// (Kafka's `authorizeByResourceType`, e.g. WRITE on any topic for an idempotent
+    /// producer): allowed on an arbitrary name (super users, the no-ACL fallback, a
+    /// wildcard ALLOW), else an ALLOW of the operation or of ALL, literal or prefixed,
+    /// that no DENY dominates (a literal DENY of the same name, or a prefixed DENY of a
+    /// prefix of it; a literal wildcard DENY refuses everything).
     pub fn authorize_any(
         &self,
         config: &AuthorizerConfig,
@@ -350,45 +353,52 @@ impl AclIndex {
         operation: i8,
         resource_type: i8,
     ) -> bool {
-        if config.super_users.iter().any(|s| s == who.principal) {
+        if self.authorize(config, who, operation, resource_type, "hardcode") {
             return true;
         }
         let mine = |a: &&Acl| {
             (a.principal == who.principal || a.principal == WILDCARD_PRINCIPAL)
                 && (a.host == WILDCARD || a.host == who.host)
+                && (a.operation == operation || a.operation == op::ALL)
         };
-        let of_type = |map: &ByName| {
+        let of_type = |map: &'_ ByName| -> Vec<Acl> {
             map.get(&resource_type)
                 .into_iter()
                 .flat_map(|names| names.values().flatten())
                 .filter(mine)
                 .cloned()
-                .collect::<Vec<_>>()
+                .collect()
         };
         let acls: Vec<Acl> = of_type(&self.literal)
             .into_iter()
             .chain(of_type(&self.prefixed))
             .collect();
-        let denied = |a: &Acl| {
-            a.permission == permission::DENY && (a.operation == operation || a.operation == op::ALL)
+        let denies = |pt: i8, name: &str| {
+            acls.iter().any(|d| {
+                d.permission == permission::DENY && d.pattern_type == pt && d.resource_name == name
+            })
         };
-        if acls
-            .iter()
-            .any(|a| denied(a) && a.pattern_type == pattern::LITERAL && a.resource_name == WILDCARD)
-        {
+        if denies(pattern::LITERAL, WILDCARD) {
             return false;
         }
-        acls.iter().any(|a| {
-            a.permission == permission::ALLOW
-                && implies(a.operation, operation)
-                && !acls.iter().any(|d| {
-                    denied(d)
-                        && d.pattern_type == a.pattern_type
-                        && a.resource_name.starts_with(&d.resource_name)
-                        && (d.pattern_type == pattern::PREFIXED
-                            || d.resource_name == a.resource_name)
-                })
-        }) || (self.is_empty() && config.allow_if_no_acl)
+        let allows = acls.iter().filter(|a| a.permission == permission::ALLOW);
+        for a in allows {
+            if a.pattern_type == pattern::LITERAL && a.resource_name == WILDCARD {
+                return true;
+            }
+        }
+        acls.iter()
+            .filter(|a| a.permission == permission::ALLOW)
+            .any(|a| {
+                let literal_denied = a.pattern_type == pattern::LITERAL
+                    && denies(pattern::LITERAL, &a.resource_name);
+                let prefix_denied = a
+                    .resource_name
+                    .char_indices()
+                    .map(|(i, c)| &a.resource_name[..i + c.len_utf8()])
+                    .any(|p| denies(pattern::PREFIXED, p));
+                !literal_denied && !prefix_denied
+            })
     }
 }
 

@@ -79,9 +79,11 @@ use std::collections::BTreeMap;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::acl::Acl;
+use crate::quota::{ClientQuota, QuotaChange};
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 7: ACLs; version 6 added
+/// The first bytes of a snapshot in the current format (version 7: ACLs and client
+/// quotas; version 6 added
 /// group configs,
 /// version 5 added SCRAM credentials, version 4 reassignments and directory ids,
 /// version 3 replica slots, version 2 racks and broker configs); a snapshot without
@@ -200,6 +202,8 @@ pub struct ClusterState {
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
     /// Kafka ACL bindings, sorted and each once: see [`Command::CreateAcls`].
     pub acls: Vec<Acl>,
+    /// Client quotas by entity, sorted by entity: see [`Command::AlterClientQuotas`].
+    pub quotas: Vec<ClientQuota>,
 }
 
 /// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
@@ -386,6 +390,11 @@ pub enum Command {
     /// the request's filters), any already gone being ignored.
     DeleteAcls {
         acls: Vec<Acl>,
+    },
+    /// AlterClientQuotas (each change validated by the broker, and again here): sets
+    /// or removes one key of one entity, in order.
+    AlterClientQuotas {
+        changes: Vec<QuotaChange>,
     },
 }
 
@@ -968,6 +977,12 @@ impl ClusterState {
             }
             Command::DeleteAcls { acls } => {
                 self.acls.retain(|a| !acls.contains(a));
+            }
+            Command::AlterClientQuotas { changes } => {
+                if let Some(e) = changes.iter().find_map(|c| crate::quota::validate(c).err()) {
+                    return Err(ApplyError::InvalidRequest(e));
+                }
+                crate::quota::apply(&mut self.quotas, changes);
             }
             Command::RecordDirectory { id, directory } => {
                 if directory.is_empty() {
@@ -1743,6 +1758,7 @@ pub mod legacy {
                 scram: v6.scram,
                 group_configs: v6.group_configs,
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -1777,6 +1793,7 @@ pub mod legacy {
                 scram: v5.scram,
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -1810,6 +1827,7 @@ pub mod legacy {
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -1829,6 +1847,7 @@ pub mod legacy {
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -1849,6 +1868,7 @@ pub mod legacy {
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -1900,6 +1920,7 @@ pub mod legacy {
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
+                quotas: Vec::new(),
             }
         }
     }
@@ -2772,6 +2793,39 @@ mod tests {
         assert!(s.acls.is_empty());
         assert!(s.encode().starts_with(STATE_MAGIC));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn client_quotas_are_set_removed_and_kept_in_snapshots() {
+        use crate::quota::{EntityName, QuotaEntity, PRODUCER_BYTE_RATE};
+        let mut s = cluster(1);
+        let alice = QuotaEntity {
+            user: Some(EntityName::Named("alice".into())),
+            client_id: None,
+        };
+        let change = |value: Option<&str>| QuotaChange {
+            entity: alice.clone(),
+            key: PRODUCER_BYTE_RATE.into(),
+            value: value.map(str::to_string),
+        };
+        let set = Command::AlterClientQuotas {
+            changes: vec![change(Some("1048576"))],
+        };
+        assert_eq!(Command::decode(&set.encode()).unwrap(), set);
+        s.apply(&set).unwrap();
+        assert_eq!(s.quotas[0].values[PRODUCER_BYTE_RATE], "1048576");
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        assert!(matches!(
+            s.apply(&Command::AlterClientQuotas {
+                changes: vec![change(Some("-1"))]
+            }),
+            Err(ApplyError::InvalidRequest(_))
+        ));
+        s.apply(&Command::AlterClientQuotas {
+            changes: vec![change(None)],
+        })
+        .unwrap();
+        assert!(s.quotas.is_empty());
     }
 
     #[test]

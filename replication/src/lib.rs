@@ -18,6 +18,7 @@ pub mod acl;
 pub mod cluster;
 pub mod isr;
 pub mod quorum;
+pub mod quota;
 pub mod sim;
 
 /// raft-rs, for the I/O shell's message and journal types.

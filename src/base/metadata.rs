@@ -87,6 +87,9 @@ pub struct MetadataImage {
     /// The quorum's ACL bindings, indexed for the authorizer.
     #[serde(skip)]
     pub acls: std::sync::Arc<sluice_replication::acl::AclIndex>,
+    /// The quorum's client quotas, sorted by entity.
+    #[serde(skip)]
+    pub quotas: std::sync::Arc<Vec<sluice_replication::quota::ClientQuota>>,
 }
 
 /// An image read back from the old per-broker file knows no controller.
@@ -151,6 +154,7 @@ impl MetadataImage {
             scram: BTreeMap::new(),
             group_configs: BTreeMap::new(),
             acls: Default::default(),
+            quotas: Default::default(),
         }
     }
 

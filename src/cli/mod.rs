@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod console;
 pub mod group;
 pub mod lag;
+pub mod quota;
 pub mod reassign;
 pub mod topic;
 pub mod txn;

@@ -1889,6 +1889,7 @@ pub fn image_of(
         scram: state.scram.clone(),
         group_configs: state.group_configs.clone(),
         acls: std::sync::Arc::new(sluice_replication::acl::AclIndex::new(&state.acls)),
+        quotas: std::sync::Arc::new(state.quotas.clone()),
         topics: state
             .topics
             .iter()

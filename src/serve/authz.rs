@@ -33,6 +33,8 @@ pub struct Caller {
     /// The client's address (DescribeGroups' client host; ACL host matching).
     pub peer: Option<IpAddr>,
     host: Rc<str>,
+    /// Until when the connection reads no request (a quota's throttle).
+    muted_until: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 impl Caller {
@@ -40,7 +42,8 @@ impl Caller {
         Caller {
             principal: principal.into(),
             peer,
-            host: peer.map(|p| p.to_string()).unwrap_or_default().into(),
+            host: peer.map(java_host).unwrap_or_default().into(),
+            muted_until: std::cell::Cell::new(None),
         }
     }
 
@@ -51,6 +54,24 @@ impl Caller {
 
     pub fn anonymous(peer: Option<IpAddr>) -> Caller {
         Caller::new(ANONYMOUS, peer)
+    }
+
+    /// Mutes the connection for `ms` (a quota's throttle; the longer of two stands).
+    pub fn mute_for(&self, ms: u64) {
+        if ms == 0 {
+            return;
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+        if self.muted_until.get().is_none_or(|u| u < until) {
+            self.muted_until.set(Some(until));
+        }
+    }
+
+    /// Until when the connection is muted, if it is.
+    pub fn muted_until(&self) -> Option<std::time::Instant> {
+        self.muted_until
+            .get()
+            .filter(|u| *u > std::time::Instant::now())
     }
 
     fn decide(&self, broker: &Broker, operation: i8, resource_type: i8, name: &str) -> bool {
@@ -102,6 +123,12 @@ impl Caller {
         self.may(broker, operation, resource::CLUSTER, acl::CLUSTER_NAME)
     }
 
+    /// [`Self::may_cluster`] where a refusal is not itself an answer (another check
+    /// follows, as Kafka's `logIfDenied = false`): logged at DEBUG.
+    pub fn may_cluster_quietly(&self, broker: &Broker, operation: i8) -> bool {
+        self.may_see(broker, operation, resource::CLUSTER, acl::CLUSTER_NAME)
+    }
+
     /// May this caller perform `operation` on some resource of the type (Kafka's
     /// `authorizeByResourceType`, e.g. WRITE on any topic for an idempotent producer)?
     pub fn may_any(&self, broker: &Broker, operation: i8, resource_type: i8) -> bool {
@@ -125,6 +152,24 @@ impl Caller {
         ops.iter()
             .filter(|o| self.decide(broker, **o, resource_type, name))
             .fold(0, |bits, o| bits | 1 << o)
+    }
+}
+
+/// A client address as ACL hosts name it (Java's `InetAddress.getHostAddress()`): an
+/// IPv4-mapped IPv6 address as IPv4, IPv6 as eight groups of hex without compression
+/// (`0:0:0:0:0:0:0:1`).
+pub fn java_host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => a
+                .segments()
+                .iter()
+                .map(|s| format!("{s:x}"))
+                .collect::<Vec<_>>()
+                .join(":"),
+        },
     }
 }
 
@@ -160,5 +205,21 @@ pub fn resource_name(code: i8) -> &'static str {
         resource::DELEGATION_TOKEN => "DELEGATION_TOKEN",
         resource::USER => "USER",
         _ => "UNKNOWN",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_spelled_as_java_spells_them() {
+        assert_eq!(java_host("10.0.0.5".parse().unwrap()), "10.0.0.5");
+        assert_eq!(java_host("::ffff:10.0.0.5".parse().unwrap()), "10.0.0.5");
+        assert_eq!(java_host("::1".parse().unwrap()), "0:0:0:0:0:0:0:1");
+        assert_eq!(
+            java_host("fe80::1:abcd".parse().unwrap()),
+            "fe80:0:0:0:0:0:1:abcd"
+        );
     }
 }

@@ -2,11 +2,12 @@
 //! answers every cross-shard call (`dispatch`), one handler per Kafka API with the
 //! API-version registry (`api`), and the listener with its connections and response
 //! ordering (`server`), with SASL authentication before a connection's first request
-//! on SASL listeners (`sasl`), and the principal every request is authorized as (`authz`). A Produce request enters at `server`, is decoded and routed in
+//! on SASL listeners (`sasl`), the principal every request is authorized as (`authz`), and client quotas (`quota`). A Produce request enters at `server`, is decoded and routed in
 //! `api`, and reaches its partition's home shard through `dispatch`.
 
 pub mod api;
 pub mod authz;
 pub mod dispatch;
+pub mod quota;
 pub mod sasl;
 pub mod server;

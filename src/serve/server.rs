@@ -291,6 +291,10 @@ async fn read_requests<S: AsyncRead + Unpin>(
     let conn_bytes = Rc::new(Semaphore::new(broker.limits.connection_request_bytes_max));
     let produce_order = Sequencer::default();
     loop {
+        // A quota's throttle: nothing more is read from the client until it ends.
+        if let Some(until) = caller.muted_until() {
+            glommio::timer::sleep(until - std::time::Instant::now()).await;
+        }
         let mut size_buf = [0u8; 4];
         match reader.read_exact(&mut size_buf).await {
             Ok(()) => {}

@@ -177,6 +177,7 @@ impl Broker {
                 scram: BTreeMap::new(),
                 group_configs: BTreeMap::new(),
                 acls: Default::default(),
+                quotas: Default::default(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),

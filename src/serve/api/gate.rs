@@ -35,9 +35,14 @@ pub enum Gate {
     Pass(Box<RequestKind>, Option<Patch>),
     /// Refused whole: answer this.
     Refuse(Box<ResponseKind>),
-    /// Produce with acks=0 that names a refused topic: Kafka closes the connection.
-    Close,
+    /// Produce with acks=0 that names a refused topic: the allowed partitions are
+    /// appended, then the connection closes (Kafka's answer to a failed acks=0 write).
+    PassThenClose(Box<RequestKind>),
 }
+
+/// What the ACL APIs answer without `--authorizer` (SECURITY_DISABLED).
+const NO_AUTHORIZER: &str =
+    "No Authorizer is configured on the broker (sluice serve --authorizer true)";
 
 const TOPIC_DENIED: ResponseError = ResponseError::TopicAuthorizationFailed;
 const GROUP_DENIED: ResponseError = ResponseError::GroupAuthorizationFailed;
@@ -67,7 +72,43 @@ fn denied_topics<'a>(
 /// Runs Kafka's authorization of `body` for `caller`.
 pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: RequestKind) -> Gate {
     if broker.config.authorizer.is_none() {
-        return Gate::Pass(Box::new(body), None);
+        return match body {
+            // Kafka without an authorizer: bindings can be neither made nor read.
+            RequestKind::CreateAcls(r) => {
+                let results = r
+                    .creations
+                    .iter()
+                    .map(|_| {
+                        create_acls_response::AclCreationResult::default()
+                            .with_error_code(code(ResponseError::SecurityDisabled))
+                            .with_error_message(Some(sb(NO_AUTHORIZER)))
+                    })
+                    .collect();
+                Gate::Refuse(Box::new(ResponseKind::CreateAcls(
+                    CreateAclsResponse::default().with_results(results),
+                )))
+            }
+            RequestKind::DeleteAcls(r) => {
+                let results = r
+                    .filters
+                    .iter()
+                    .map(|_| {
+                        delete_acls_response::DeleteAclsFilterResult::default()
+                            .with_error_code(code(ResponseError::SecurityDisabled))
+                            .with_error_message(Some(sb(NO_AUTHORIZER)))
+                    })
+                    .collect();
+                Gate::Refuse(Box::new(ResponseKind::DeleteAcls(
+                    DeleteAclsResponse::default().with_filter_results(results),
+                )))
+            }
+            RequestKind::DescribeAcls(_) => Gate::Refuse(Box::new(ResponseKind::DescribeAcls(
+                DescribeAclsResponse::default()
+                    .with_error_code(code(ResponseError::SecurityDisabled))
+                    .with_error_message(Some(sb(NO_AUTHORIZER))),
+            ))),
+            body => Gate::Pass(Box::new(body), None),
+        };
     }
     let b: &Broker = broker;
     let c: &Caller = caller;
@@ -119,14 +160,71 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
                 DeleteAclsResponse::default().with_filter_results(results),
             ))
         }
+        RequestKind::DescribeClientQuotas(_) if !cluster(op::DESCRIBE_CONFIGS) => {
+            refuse(ResponseKind::DescribeClientQuotas(
+                DescribeClientQuotasResponse::default()
+                    .with_error_code(code(CLUSTER_DENIED))
+                    .with_entries(None),
+            ))
+        }
+        RequestKind::AlterClientQuotas(r) if !cluster(op::ALTER_CONFIGS) => {
+            use alter_client_quotas_response::*;
+            let entries = r
+                .entries
+                .into_iter()
+                .map(|e| {
+                    EntryData::default()
+                        .with_error_code(code(CLUSTER_DENIED))
+                        .with_entity(
+                            e.entity
+                                .into_iter()
+                                .map(|c| {
+                                    EntityData::default()
+                                        .with_entity_type(c.entity_type)
+                                        .with_entity_name(c.entity_name)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect();
+            refuse(ResponseKind::AlterClientQuotas(
+                AlterClientQuotasResponse::default().with_entries(entries),
+            ))
+        }
         RequestKind::DescribeAcls(_) if !cluster(op::DESCRIBE) => {
             refuse(ResponseKind::DescribeAcls(
                 DescribeAclsResponse::default().with_error_code(code(CLUSTER_DENIED)),
             ))
         }
-        RequestKind::ElectLeaders(_) if !cluster(op::ALTER) => refuse(ResponseKind::ElectLeaders(
-            ElectLeadersResponse::default().with_error_code(code(CLUSTER_DENIED)),
-        )),
+        RequestKind::ElectLeaders(r) if !cluster(op::ALTER) => {
+            // v0 has no top-level error: every partition named carries it.
+            use elect_leaders_response::*;
+            let results = r
+                .topic_partitions
+                .iter()
+                .flatten()
+                .map(|t| {
+                    ReplicaElectionResult::default()
+                        .with_topic(t.topic.clone())
+                        .with_partition_result(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    PartitionResult::default()
+                                        .with_partition_id(*p)
+                                        .with_error_code(code(CLUSTER_DENIED))
+                                })
+                                .collect(),
+                        )
+                })
+                .collect();
+            let resp = ElectLeadersResponse::default().with_replica_election_results(results);
+            refuse(ResponseKind::ElectLeaders(if version >= 1 {
+                resp.with_error_code(code(CLUSTER_DENIED))
+            } else {
+                resp
+            }))
+        }
         RequestKind::AlterPartitionReassignments(_) if !cluster(op::ALTER) => {
             refuse(ResponseKind::AlterPartitionReassignments(
                 AlterPartitionReassignmentsResponse::default()
@@ -274,6 +372,31 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
                 OffsetDeleteResponse::default().with_error_code(code(GROUP_DENIED)),
             ))
         }
+        RequestKind::OffsetDelete(mut r) => {
+            let refused = take(&mut r.topics, |t| {
+                !c.may(b, op::READ, resource::TOPIC, &t.name)
+            });
+            let patch: Patch = Box::new(move |_, resp| {
+                if let ResponseKind::OffsetDelete(resp) = resp {
+                    use offset_delete_response::*;
+                    resp.topics.extend(refused.into_iter().map(|t| {
+                        OffsetDeleteResponseTopic::default()
+                            .with_name(t.name)
+                            .with_partitions(
+                                t.partitions
+                                    .iter()
+                                    .map(|p| {
+                                        OffsetDeleteResponsePartition::default()
+                                            .with_partition_index(p.partition_index)
+                                            .with_error_code(code(TOPIC_DENIED))
+                                    })
+                                    .collect(),
+                            )
+                    }));
+                }
+            });
+            Gate::Pass(Box::new(RequestKind::OffsetDelete(r)), Some(patch))
+        }
         // Transactional ids decide these.
         RequestKind::EndTxn(r) if !txn(op::WRITE, &r.transactional_id) => refuse(
             ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(code(TXN_DENIED))),
@@ -343,13 +466,10 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             Gate::Pass(Box::new(RequestKind::ListOffsets(r)), Some(patch))
         }
         RequestKind::OffsetForLeaderEpoch(mut r) => {
-            if r.replica_id.0 >= 0 {
-                if cluster(op::CLUSTER_ACTION) {
-                    return pass(RequestKind::OffsetForLeaderEpoch(r));
-                }
-                let mut resp = OffsetForLeaderEpochResponse::default();
-                resp.topics = epoch_errors(std::mem::take(&mut r.topics), CLUSTER_DENIED);
-                return refuse(ResponseKind::OffsetForLeaderEpoch(resp));
+            // Kafka: CLUSTER_ACTION (a follower) may ask of every topic; anyone else
+            // needs DESCRIBE on each.
+            if c.may_cluster_quietly(b, op::CLUSTER_ACTION) {
+                return pass(RequestKind::OffsetForLeaderEpoch(r));
             }
             let denied = denied_topics(b, c, op::DESCRIBE, r.topics.iter().map(|t| &*t.topic.0));
             let refused = take(&mut r.topics, |t| denied.contains(&*t.topic.0));
@@ -393,7 +513,7 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             )
         }
         RequestKind::CreateTopics(mut r) => {
-            let may_all = cluster(op::CREATE);
+            let may_all = c.may_cluster_quietly(b, op::CREATE);
             let refused = take(&mut r.topics, |t| {
                 !may_all && !c.may(b, op::CREATE, resource::TOPIC, &t.name)
             });
@@ -616,35 +736,43 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             });
             Gate::Pass(Box::new(RequestKind::DescribeProducers(r)), Some(patch))
         }
-        RequestKind::FindCoordinator(r) => {
-            let key_type = r.key_type;
-            let single = (version < 4).then(|| r.key.to_string());
-            let patch: Patch = Box::new(move |b, resp| {
+        RequestKind::FindCoordinator(mut r) => {
+            // Checked before the handler, which may create the coordinators' topic.
+            let denied = |key: &str| match r.key_type {
+                1 => (!txn(op::DESCRIBE, key)).then_some(TXN_DENIED),
+                _ => (!group(op::DESCRIBE, key)).then_some(GROUP_DENIED),
+            };
+            if version < 4 {
+                return match denied(&r.key) {
+                    Some(e) => refuse(ResponseKind::FindCoordinator(
+                        FindCoordinatorResponse::default()
+                            .with_error_code(code(e))
+                            .with_node_id((-1).into())
+                            .with_host(sb(""))
+                            .with_port(-1),
+                    )),
+                    None => pass(RequestKind::FindCoordinator(r)),
+                };
+            }
+            let mut refused = Vec::new();
+            r.coordinator_keys.retain(|k| match denied(k) {
+                Some(e) => {
+                    refused.push((k.clone(), e));
+                    false
+                }
+                None => true,
+            });
+            let patch: Patch = Box::new(move |_, resp| {
                 if let ResponseKind::FindCoordinator(resp) = resp {
-                    let denied = |key: &str| match key_type {
-                        1 => (!caller.may(b, op::DESCRIBE, resource::TRANSACTIONAL_ID, key))
-                            .then_some(TXN_DENIED),
-                        _ => (!caller.may(b, op::DESCRIBE, resource::GROUP, key))
-                            .then_some(GROUP_DENIED),
-                    };
-                    if let Some(key) = &single {
-                        if let Some(e) = denied(key) {
-                            resp.error_code = code(e);
-                            resp.error_message = None;
-                            resp.node_id = (-1).into();
-                            resp.host = sb("");
-                            resp.port = -1;
-                        }
-                    }
-                    for co in &mut resp.coordinators {
-                        if let Some(e) = denied(&co.key) {
-                            co.error_code = code(e);
-                            co.error_message = None;
-                            co.node_id = (-1).into();
-                            co.host = sb("");
-                            co.port = -1;
-                        }
-                    }
+                    resp.coordinators
+                        .extend(refused.into_iter().map(|(key, e)| {
+                            find_coordinator_response::Coordinator::default()
+                                .with_key(key)
+                                .with_node_id((-1).into())
+                                .with_host(sb(""))
+                                .with_port(-1)
+                                .with_error_code(code(e))
+                        }));
                 }
             });
             Gate::Pass(Box::new(RequestKind::FindCoordinator(r)), Some(patch))
@@ -754,7 +882,13 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
                         for g in &mut resp.groups {
                             g.authorized_operations = caller.allowed_ops(
                                 b,
-                                &[op::READ, op::DESCRIBE, op::DELETE],
+                                &[
+                                    op::READ,
+                                    op::DESCRIBE,
+                                    op::DELETE,
+                                    op::DESCRIBE_CONFIGS,
+                                    op::ALTER_CONFIGS,
+                                ],
                                 resource::GROUP,
                                 &g.group_id,
                             );
@@ -784,7 +918,7 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             Gate::Pass(Box::new(RequestKind::DeleteGroups(r)), Some(patch))
         }
         RequestKind::ListGroups(r) => {
-            if cluster(op::DESCRIBE) {
+            if c.may_cluster_quietly(b, op::DESCRIBE) {
                 return pass(RequestKind::ListGroups(r));
             }
             let patch: Patch = Box::new(move |b, resp| {
@@ -797,8 +931,14 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
         }
         RequestKind::DescribeTransactions(mut r) => {
             let refused = take(&mut r.transactional_ids, |t| !txn(op::DESCRIBE, t));
-            let patch: Patch = Box::new(move |_, resp| {
+            let patch: Patch = Box::new(move |b, resp| {
                 if let ResponseKind::DescribeTransactions(resp) = resp {
+                    // A transaction's topics the caller may not describe are left out.
+                    for state in &mut resp.transaction_states {
+                        state
+                            .topics
+                            .retain(|t| caller.may_see(b, op::DESCRIBE, resource::TOPIC, &t.topic));
+                    }
                     resp.transaction_states.extend(refused.into_iter().map(|t| {
                         describe_transactions_response::TransactionState::default()
                             .with_transactional_id(t)
@@ -857,7 +997,7 @@ fn produce(b: &Broker, c: &Caller, mut r: ProduceRequest) -> Gate {
         .filter(|t| !t.is_empty())
         .is_some_and(|t| !c.may(b, op::WRITE, resource::TRANSACTIONAL_ID, t));
     let image = b.image();
-    let may_create = || c.may_cluster(b, op::CREATE);
+    let may_create = || c.may_cluster_quietly(b, op::CREATE);
     let mut create_checked: Option<bool> = None;
     let refused: Vec<(produce_request::TopicProduceData, ResponseError)> = if txn_denied {
         std::mem::take(&mut r.topic_data)
@@ -872,7 +1012,9 @@ fn produce(b: &Broker, c: &Caller, mut r: ProduceRequest) -> Gate {
             .topic_data
             .iter()
             .map(|t| t.name.to_string())
-            .filter(|n| !denied.contains(n) && !image.topics.contains_key(n))
+            .filter(|n| {
+                b.config.auto_create_topics && !denied.contains(n) && !image.topics.contains_key(n)
+            })
             .filter(|n| {
                 !*create_checked.get_or_insert_with(may_create)
                     && !c.may(b, op::CREATE, resource::TOPIC, n)
@@ -896,7 +1038,7 @@ fn produce(b: &Broker, c: &Caller, mut r: ProduceRequest) -> Gate {
         return Gate::Pass(Box::new(RequestKind::Produce(r)), None);
     }
     if r.acks == 0 {
-        return Gate::Close;
+        return Gate::PassThenClose(Box::new(RequestKind::Produce(r)));
     }
     let patch: Patch = Box::new(move |_, resp| {
         if let ResponseKind::Produce(resp) = resp {
@@ -923,34 +1065,40 @@ fn produce(b: &Broker, c: &Caller, mut r: ProduceRequest) -> Gate {
     Gate::Pass(Box::new(RequestKind::Produce(r)), Some(patch))
 }
 
-fn fetch(b: &Broker, c: &Caller, caller: Rc<Caller>, mut r: FetchRequest) -> Gate {
+fn fetch(b: &Broker, c: &Caller, caller: Rc<Caller>, r: FetchRequest) -> Gate {
     let replica = r.replica_id.0 >= 0 || r.replica_state.replica_id.0 >= 0;
     if replica {
         if c.may_cluster(b, op::CLUSTER_ACTION) {
             return Gate::Pass(Box::new(RequestKind::Fetch(r)), None);
         }
-        return Gate::Refuse(Box::new(ResponseKind::Fetch(
-            FetchResponse::default().with_error_code(code(CLUSTER_DENIED)),
-        )));
-    }
-    let image = b.image();
-    let name_of = move |name: &TopicName, id: &uuid::Uuid| -> String {
-        if !name.is_empty() {
-            return name.to_string();
-        }
-        image
+        // Kafka: every partition named, TOPIC_AUTHORIZATION_FAILED.
+        use fetch_response::*;
+        let responses = r
             .topics
             .iter()
-            .find(|(_, m)| m.id == *id)
-            .map(|(n, _)| n.clone())
-            .unwrap_or_default()
-    };
-    let refused = take(&mut r.topics, |t| {
-        let n = name_of(&t.topic, &t.topic_id);
-        !n.is_empty() && !c.may(b, op::READ, resource::TOPIC, &n)
-    });
-    // The session may hold partitions added before a binding was removed: every
-    // answer is checked again, not only what this request names.
+            .map(|t| {
+                FetchableTopicResponse::default()
+                    .with_topic(t.topic.clone())
+                    .with_topic_id(t.topic_id)
+                    .with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| denied_fetch_partition(p.partition))
+                            .collect(),
+                    )
+            })
+            .collect();
+        return Gate::Refuse(Box::new(ResponseKind::Fetch(
+            FetchResponse::default()
+                .with_session_id(r.session_id)
+                .with_responses(responses),
+        )));
+    }
+    // The fetch session takes every partition named (as Kafka builds its context
+    // first); the answer is checked, partition data of a topic the caller may not
+    // read replaced by TOPIC_AUTHORIZATION_FAILED. So a session holding partitions from
+    // before a binding was removed is checked too. A topic id nobody knows keeps its
+    // UNKNOWN_TOPIC_ID.
     let patch: Patch = Box::new(move |b, resp| {
         if let ResponseKind::Fetch(resp) = resp {
             use fetch_response::*;
@@ -969,6 +1117,9 @@ fn fetch(b: &Broker, c: &Caller, caller: Rc<Caller>, mut r: FetchRequest) -> Gat
             let mut allowed = std::collections::HashMap::new();
             for t in &mut resp.responses {
                 let n = name_of(t);
+                if n.is_empty() {
+                    continue;
+                }
                 let ok = *allowed
                     .entry(n.clone())
                     .or_insert_with(|| caller.may(b, op::READ, resource::TOPIC, &n));
@@ -978,17 +1129,6 @@ fn fetch(b: &Broker, c: &Caller, caller: Rc<Caller>, mut r: FetchRequest) -> Gat
                     }
                 }
             }
-            resp.responses.extend(refused.into_iter().map(|t| {
-                FetchableTopicResponse::default()
-                    .with_topic(t.topic)
-                    .with_topic_id(t.topic_id)
-                    .with_partitions(
-                        t.partitions
-                            .iter()
-                            .map(|p| denied_fetch_partition(p.partition))
-                            .collect(),
-                    )
-            }));
         }
     });
     Gate::Pass(Box::new(RequestKind::Fetch(r)), Some(patch))
@@ -1015,11 +1155,14 @@ fn metadata(
     let asked_topic_ops = version >= 8 && r.include_topic_authorized_operations;
     let asked_cluster_ops = (8..=10).contains(&version) && r.include_cluster_authorized_operations;
     // Named topics: refused ones answered TOPIC_AUTHORIZATION_FAILED whether or not
-    // they exist; missing ones the principal may not create answered unknown.
+    // they exist, and so are missing ones that would be created but the principal may
+    // not create (Kafka's answers).
     let mut refused: Vec<(metadata_request::MetadataRequestTopic, ResponseError)> = Vec::new();
     if let Some(topics) = r.topics.as_mut() {
-        let auto = version < 4 || r.allow_auto_topic_creation;
-        let may_create_all = c.may_cluster(b, op::CREATE);
+        let auto = (version < 4 || r.allow_auto_topic_creation) && b.config.auto_create_topics;
+        let mut create_all: Option<bool> = None;
+        let mut may_create_all =
+            || *create_all.get_or_insert_with(|| c.may_cluster_quietly(b, op::CREATE));
         let name_of = |t: &metadata_request::MetadataRequestTopic| match &t.name {
             Some(n) => n.to_string(),
             None => image
@@ -1032,16 +1175,17 @@ fn metadata(
         let mut kept = Vec::new();
         for t in std::mem::take(topics) {
             let n = name_of(&t);
-            if n.is_empty() {
-                kept.push(t);
-            } else if !c.may(b, op::DESCRIBE, resource::TOPIC, &n) {
+            let would_create = || {
+                auto && !image.topics.contains_key(&n)
+                    && !crate::serve::api::metadata::is_internal(&n)
+            };
+            let denied = !n.is_empty()
+                && (!c.may(b, op::DESCRIBE, resource::TOPIC, &n)
+                    || (would_create()
+                        && !may_create_all()
+                        && !c.may(b, op::CREATE, resource::TOPIC, &n)));
+            if denied {
                 refused.push((t, TOPIC_DENIED));
-            } else if auto
-                && !image.topics.contains_key(&n)
-                && !may_create_all
-                && !c.may(b, op::CREATE, resource::TOPIC, &n)
-            {
-                refused.push((t, ResponseError::UnknownTopicOrPartition));
             } else {
                 kept.push(t);
             }
@@ -1284,9 +1428,13 @@ fn topic_ops(b: &Broker, c: &Caller, name: &str) -> i32 {
     )
 }
 
-/// The KIP-430 bits of the cluster for the caller.
+/// The KIP-430 bits of the cluster for the caller (none without DESCRIBE on it, as
+/// Kafka).
 fn cluster_ops(b: &Broker, c: &Caller) -> i32 {
     use op::*;
+    if !c.may_cluster_quietly(b, DESCRIBE) {
+        return 0;
+    }
     c.allowed_ops(
         b,
         &[

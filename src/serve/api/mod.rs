@@ -19,6 +19,7 @@ pub mod acls;
 pub mod alter_configs;
 pub mod alter_replica_log_dirs;
 pub mod authorized_ops;
+pub mod client_quotas;
 pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_groups;
@@ -109,14 +110,29 @@ pub async fn handle(
         client,
         "request"
     );
+    let mut close_after = false;
     let (body, patch) = match gate::check(broker, caller, version, body) {
         gate::Gate::Pass(body, patch) => (*body, patch),
+        gate::Gate::PassThenClose(body) => {
+            close_after = true;
+            (*body, None)
+        }
         gate::Gate::Refuse(response) => {
             return respond(broker, api_key, version, header.correlation_id, *response)
         }
-        gate::Gate::Close => return Outcome::Close,
     };
     let peer = caller.peer;
+    // What client quotas count: a produce request's bytes, a consumer's fetch answer's.
+    let produce_bytes = match &body {
+        RequestKind::Produce(r) => r
+            .topic_data
+            .iter()
+            .flat_map(|t| &t.partition_data)
+            .map(|p| p.records.as_ref().map_or(0, |b| b.len()))
+            .sum(),
+        _ => 0,
+    };
+    let consumer_fetch = matches!(&body, RequestKind::Fetch(r) if r.replica_id.0 < 0 && r.replica_state.replica_id.0 < 0);
     let mut response = match body {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
         RequestKind::Metadata(r) => {
@@ -124,6 +140,7 @@ pub async fn handle(
         }
         RequestKind::Produce(r) => match produce::handle(broker, version, r, turn).await {
             produce::Answer::Respond(resp) => ResponseKind::Produce(resp),
+            produce::Answer::Silent if close_after => return Outcome::Close,
             produce::Answer::Silent => return Outcome::Silent,
             produce::Answer::Close => return Outcome::Close,
         },
@@ -258,6 +275,12 @@ pub async fn handle(
         RequestKind::AlterUserScramCredentials(r) => {
             ResponseKind::AlterUserScramCredentials(scram::alter(broker, version, r).await)
         }
+        RequestKind::DescribeClientQuotas(r) => {
+            ResponseKind::DescribeClientQuotas(client_quotas::describe(broker, version, r))
+        }
+        RequestKind::AlterClientQuotas(r) => {
+            ResponseKind::AlterClientQuotas(client_quotas::alter(broker, version, r).await)
+        }
         RequestKind::CreateAcls(r) => {
             ResponseKind::CreateAcls(acls::create(broker, version, r).await)
         }
@@ -276,7 +299,66 @@ pub async fn handle(
     if let Some(patch) = patch {
         patch(broker, &mut response);
     }
+    throttle(
+        broker,
+        caller,
+        client,
+        &mut response,
+        produce_bytes,
+        consumer_fetch,
+    );
     respond(broker, api_key, version, header.correlation_id, response)
+}
+
+/// Counts the request against the client's quotas (`crate::serve::quota`): a pause
+/// earned is the response's `throttle_time_ms` and mutes the connection; a throttled
+/// fetch answers without records.
+fn throttle(
+    broker: &Broker,
+    caller: &crate::serve::authz::Caller,
+    client_id: &str,
+    response: &mut ResponseKind,
+    produce_bytes: usize,
+    consumer_fetch: bool,
+) {
+    use crate::serve::quota;
+    let pause = match response {
+        ResponseKind::Produce(r) => {
+            let ms = quota::record(
+                broker,
+                caller,
+                client_id,
+                quota::PRODUCER_BYTE_RATE,
+                produce_bytes,
+                false,
+            );
+            r.throttle_time_ms = r.throttle_time_ms.max(ms as i32);
+            ms
+        }
+        ResponseKind::Fetch(r) if consumer_fetch => {
+            let bytes = r
+                .responses
+                .iter()
+                .flat_map(|t| &t.partitions)
+                .map(|p| p.records.as_ref().map_or(0, |b| b.len()))
+                .sum();
+            let ms = quota::record(
+                broker,
+                caller,
+                client_id,
+                quota::CONSUMER_BYTE_RATE,
+                bytes,
+                true,
+            );
+            if ms > 0 {
+                r.responses.clear();
+                r.throttle_time_ms = r.throttle_time_ms.max(ms as i32);
+            }
+            ms
+        }
+        _ => 0,
+    };
+    caller.mute_for(pause);
 }
 
 fn respond(

@@ -1,0 +1,114 @@
+"""Tier: client quotas (issue 42): `producer_byte_rate` and `consumer_byte_rate` per user
+and client id, set with `sluice config --entity-type users|clients` (AlterClientQuotas)
+and enforced per shard: past its quota a client's responses carry throttle_time_ms and
+its connection is muted. Rates are measured over the run, in the steady part after the
+window's burst allowance, never per request."""
+import subprocess
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer
+
+from conftest import SLUICE_BIN, wait_until
+from test_sasl import create
+
+MB = 1 << 20
+
+
+def sluice(*args):
+    return subprocess.run([SLUICE_BIN, *args], capture_output=True, text=True, timeout=60)
+
+
+def quota(addr, *args):
+    r = sluice("config", *args, "--bootstrap-server", addr)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def steady_rate(events, start, lo=3.0, hi=10.0):
+    """Bytes per second of (time, bytes) events between lo and hi seconds in."""
+    return sum(n for t, n in events if lo <= t - start <= hi) / (hi - lo)
+
+
+def test_a_producer_is_held_to_its_byte_rate(make_broker):
+    """A 1 MiB/s producer_byte_rate on client id `capped`: confluent-kafka producing
+    10 KB records as fast as it can is acknowledged at no more than that (1.5x over the
+    steady part of a 12 s run, the first seconds being the window's allowance), and
+    hears throttle_time_ms; the quota is described back, and removed."""
+    b = make_broker()
+    quota(b.addr, "alter", "--entity-type", "clients", "--entity-name", "capped",
+          "--add-config", f"producer_byte_rate={MB}")
+    out = quota(b.addr, "describe", "--entity-type", "clients", "--entity-name", "capped")
+    assert f"client-id=capped  producer_byte_rate={MB}" in out, out
+    create({"bootstrap.servers": b.addr}, "q")
+    throttles, acked = [], []
+    p = Producer({"bootstrap.servers": b.addr, "client.id": "capped", "linger.ms": 5,
+                  "queue.buffering.max.messages": 2000,
+                  "throttle_cb": lambda ev: throttles.append(ev.throttle_time)})
+    value = b"x" * 10_000
+    start = time.monotonic()
+
+    def done(err, msg):
+        if err is None:
+            acked.append((time.monotonic(), len(msg.value())))
+    while time.monotonic() - start < 12:
+        try:
+            p.produce("q", value, on_delivery=done)
+        except BufferError:
+            p.poll(0.05)
+        p.poll(0)
+    assert p.flush(60) == 0
+    rate = steady_rate(acked, start)
+    assert 0 < rate <= 1.5 * MB, f"{rate / MB:.2f} MiB/s acknowledged against a 1 MiB/s quota"
+    assert throttles and max(throttles) > 0, throttles
+
+    quota(b.addr, "alter", "--entity-type", "clients", "--entity-name", "capped",
+          "--delete-config", "producer_byte_rate")
+    assert "producer_byte_rate" not in quota(b.addr, "describe", "--entity-type", "clients",
+                                             "--entity-name", "capped")
+
+
+def test_a_consumer_is_held_to_its_byte_rate(make_broker):
+    """A 1 MiB/s consumer_byte_rate on the default user: a confluent-kafka consumer
+    reading 30 MB receives it at no more than that over the steady part, hears
+    throttle_time_ms, and still reads every record in order (a throttled fetch answers
+    without records, fetched again after the pause)."""
+    b = make_broker()
+    create({"bootstrap.servers": b.addr}, "big")
+    p = Producer({"bootstrap.servers": b.addr, "linger.ms": 20})
+    n = 3000
+    for i in range(n):
+        p.produce("big", (b"%06d" % i) + b"y" * 9_994)
+        p.poll(0)
+    assert p.flush(60) == 0
+    quota(b.addr, "alter", "--entity-type", "users", "--entity-name", "<default>",
+          "--add-config", f"consumer_byte_rate={MB}")
+    throttles, got = [], []
+    c = Consumer({"bootstrap.servers": b.addr, "group.id": "slow", "auto.offset.reset": "earliest",
+                  "throttle_cb": lambda ev: throttles.append(ev.throttle_time)})
+    c.subscribe(["big"])
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < 12:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append((time.monotonic(), len(m.value()), int(m.value()[:6])))
+    finally:
+        c.close()
+    rate = steady_rate([(t, sz) for t, sz, _ in got], start)
+    assert 0 < rate <= 1.5 * MB, f"{rate / MB:.2f} MiB/s read against a 1 MiB/s quota"
+    assert throttles and max(throttles) > 0, throttles
+    seq = [i for _, _, i in got]
+    assert seq == list(range(len(seq))), "records skipped or repeated under throttling"
+
+
+def test_quota_requests_are_checked(make_broker):
+    """Quotas Sluice does not enforce, and nonsense values, are refused with the
+    reason; nothing is stored."""
+    b = make_broker()
+    for kv, why in (("request_percentage=50", "not enforced"), ("producer_byte_rate=-5", "positive"),
+                    ("producer_byte_rate=abc", "number")):
+        r = sluice("config", "alter", "--entity-type", "users", "--entity-name", "alice", "--add-config", kv,
+                   "--bootstrap-server", b.addr)
+        assert r.returncode != 0 and why in r.stderr, (kv, r.stderr)
+    assert quota(b.addr, "describe", "--entity-type", "users", "--entity-name", "alice").strip() == ""

@@ -15,15 +15,15 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-/// The quota keys Sluice enforces: bytes per second produced, fetched.
+/// The quota keys Sluice enforces: bytes per second produced, fetched, and the share of
+/// one thread's time spent on the client's requests (percent; 100 = one whole thread).
 pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
+pub const REQUEST_PERCENTAGE: &str = "request_percentage";
 /// Kafka's other keys, refused with a reason (not enforced here).
-pub const NOT_ENFORCED: &[&str] = &[
-    "request_percentage",
-    "controller_mutation_rate",
-    "connection_creation_rate",
-];
+pub const NOT_ENFORCED: &[&str] = &["controller_mutation_rate", "connection_creation_rate"];
+/// The keys enforced.
+pub const ENFORCED: &[&str] = &[PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE];
 
 /// Kafka's entity types.
 pub const USER: &str = "user";
@@ -73,11 +73,12 @@ pub fn validate(change: &QuotaChange) -> Result<(), String> {
     }
     if NOT_ENFORCED.contains(&change.key.as_str()) {
         return Err(format!(
-            "{} is not enforced by Sluice: only {PRODUCER_BYTE_RATE} and {CONSUMER_BYTE_RATE} are",
-            change.key
+            "{} is not enforced by Sluice: only {} are",
+            change.key,
+            ENFORCED.join(", ")
         ));
     }
-    if change.key != PRODUCER_BYTE_RATE && change.key != CONSUMER_BYTE_RATE {
+    if !ENFORCED.contains(&change.key.as_str()) {
         return Err(format!("unknown quota key {}", change.key));
     }
     if let Some(v) = &change.value {
@@ -321,8 +322,10 @@ mod tests {
         assert!(validate(&q(Some(Default), None, "nan")).is_err());
         assert!(validate(&q(Some(Default), None, "1048576")).is_ok());
         let mut other = q(Some(Default), None, "50");
-        other.key = "request_percentage".into();
+        other.key = "controller_mutation_rate".into();
         assert!(validate(&other).unwrap_err().contains("not enforced"));
+        other.key = REQUEST_PERCENTAGE.into();
+        assert!(validate(&other).is_ok());
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct Caller {
     host: Rc<str>,
     /// Until when the connection reads no request (a quota's throttle).
     muted_until: std::cell::Cell<Option<std::time::Instant>>,
+    /// The shard's time polling this connection's request handlers, not yet counted
+    /// against a request_percentage quota.
+    busy: std::cell::Cell<std::time::Duration>,
 }
 
 impl Caller {
@@ -44,6 +47,7 @@ impl Caller {
             peer,
             host: peer.map(java_host).unwrap_or_default().into(),
             muted_until: std::cell::Cell::new(None),
+            busy: std::cell::Cell::new(std::time::Duration::ZERO),
         }
     }
 
@@ -65,6 +69,16 @@ impl Caller {
         if self.muted_until.get().is_none_or(|u| u < until) {
             self.muted_until.set(Some(until));
         }
+    }
+
+    /// Adds time the shard spent on this connection's requests.
+    pub fn add_busy(&self, d: std::time::Duration) {
+        self.busy.set(self.busy.get() + d);
+    }
+
+    /// The time spent since the last call.
+    pub fn take_busy(&self) -> std::time::Duration {
+        self.busy.replace(std::time::Duration::ZERO)
     }
 
     /// Until when the connection is muted, if it is.

@@ -7,6 +7,11 @@
 //! back). A throttled fetch answers without records (they are fetched again after the
 //! pause), as Kafka does. Followers' fetches are not counted.
 //!
+//! `request_percentage` counts the time the shard spent polling the client's request
+//! handlers (the server times every poll of a handler: waiting for a disk, a replica
+//! or a long poll costs nothing), in milliseconds per second against the quota's
+//! percent of one thread (50 = 500 ms a second).
+//!
 //! A quota is per broker in Kafka; here each shard holds the quota for the connections
 //! it serves, so a client spread over several shards' connections could get up to the
 //! quota on each (Kafka clients keep one connection per broker).
@@ -21,7 +26,7 @@ use sluice_replication::quota::{self, RateWindow, SAMPLES, SAMPLE_MS};
 use crate::partition::broker::Broker;
 use crate::serve::authz::Caller;
 
-pub use sluice_replication::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
+pub use sluice_replication::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE};
 
 /// Windows by quota key and tracked entity (user, client id).
 type Windows = HashMap<(&'static str, String, String), RateWindow>;
@@ -38,6 +43,26 @@ fn now_ms() -> u64 {
 /// The longest pause one response asks for (Kafka bounds it by the window).
 const THROTTLE_MAX_MS: u64 = SAMPLES as u64 * SAMPLE_MS;
 
+/// Counts `busy` (the shard's time on the client's requests since the last count)
+/// against its `request_percentage`; returns the pause earned.
+pub fn record_time(
+    broker: &Broker,
+    caller: &Caller,
+    client_id: &str,
+    busy: std::time::Duration,
+) -> u64 {
+    // The window counts milliseconds; the quota is percent of 1,000 ms a second.
+    record_scaled(
+        broker,
+        caller,
+        client_id,
+        REQUEST_PERCENTAGE,
+        busy.as_secs_f64() * 1000.0,
+        10.0,
+        false,
+    )
+}
+
 /// Counts `bytes` against the client's `key` quota; returns the pause (ms) it has
 /// earned, 0 without a quota. `take_back`: a throttled answer will not carry the bytes
 /// (a fetch), so they are not counted.
@@ -47,6 +72,19 @@ pub fn record(
     client_id: &str,
     key: &'static str,
     bytes: usize,
+    take_back: bool,
+) -> u64 {
+    record_scaled(broker, caller, client_id, key, bytes as f64, 1.0, take_back)
+}
+
+/// [`record`] of `amount`, the quota's value times `scale` being the bound.
+fn record_scaled(
+    broker: &Broker,
+    caller: &Caller,
+    client_id: &str,
+    key: &'static str,
+    amount: f64,
+    scale: f64,
     take_back: bool,
 ) -> u64 {
     let image = broker.image();
@@ -67,10 +105,10 @@ pub fn record(
             w.retain(|_, window| !window.idle(now));
         }
         let window = w.entry((key, u, c)).or_default();
-        window.record(bytes as f64, now);
-        let pause = window.throttle_ms(limit, now).min(THROTTLE_MAX_MS);
+        window.record(amount, now);
+        let pause = window.throttle_ms(limit * scale, now).min(THROTTLE_MAX_MS);
         if pause > 0 && take_back {
-            window.unrecord(bytes as f64, now);
+            window.unrecord(amount, now);
         }
         pause
     })

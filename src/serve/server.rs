@@ -329,14 +329,36 @@ async fn read_requests<S: AsyncRead + Unpin>(
             api::Parsed::Request(r) => r.api_key as i16,
             api::Parsed::Unsupported { api_key, .. } => *api_key,
         };
-        // A produce request takes its turn now, in request order (see `Sequencer`).
-        let turn = matches!(&parsed, api::Parsed::Request(r) if r.api_key == ApiKey::Produce)
-            .then(|| produce_order.turn());
+        // A produce request takes its turn now, in request order (see `Sequencer`),
+        // and is counted against a producer_byte_rate quota now, before the next
+        // request is read (requests pipeline: counted at the answer, a fast producer
+        // would be many requests past its quota before the first pause).
+        let mut produce_throttle_ms = 0;
+        let turn = match &parsed {
+            api::Parsed::Request(r) if r.api_key == ApiKey::Produce => {
+                let client_id = r.header.client_id.as_deref().unwrap_or("");
+                produce_throttle_ms = crate::serve::quota::record(
+                    broker,
+                    &caller,
+                    client_id,
+                    crate::serve::quota::PRODUCER_BYTE_RATE,
+                    size,
+                    false,
+                );
+                caller.mute_for(produce_throttle_ms);
+                Some(produce_order.turn())
+            }
+            _ => None,
+        };
         let b = broker.clone();
         let caller = caller.clone();
         let task = glommio::spawn_local(async move {
             let started = std::time::Instant::now();
-            let out = api::handle(&b, parsed, &caller, turn).await;
+            let out = Timed {
+                inner: std::pin::pin!(api::handle(&b, parsed, &caller, turn, produce_throttle_ms)),
+                caller: &caller,
+            }
+            .await;
             b.shard_metrics().request(api_key, started.elapsed());
             (out, permits)
         });
@@ -344,6 +366,24 @@ async fn read_requests<S: AsyncRead + Unpin>(
             // The writer is gone (socket error): stop reading.
             return Ok(());
         }
+    }
+}
+
+/// A request handler whose polls are timed, the time added to its caller's busy time
+/// (what a `request_percentage` quota counts: the shard's own work, not the waits).
+struct Timed<'a, F> {
+    inner: Pin<&'a mut F>,
+    caller: &'a Caller,
+}
+
+impl<F: std::future::Future> std::future::Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let started = std::time::Instant::now();
+        let out = self.inner.as_mut().poll(cx);
+        self.caller.add_busy(started.elapsed());
+        out
     }
 }
 

@@ -77,12 +77,14 @@ pub enum Outcome {
 
 /// Handles one parsed request from `caller` (its principal and address), once the
 /// authorizer let it through ([`gate`]). `turn`: a produce request's place in its
-/// connection's order of appends ([`produce::handle`]).
+/// connection's order of appends ([`produce::handle`]); `produce_throttle_ms`: the
+/// pause its bytes earned against a producer_byte_rate quota when it was read.
 pub async fn handle(
     broker: &Rc<Broker>,
     parsed: Parsed,
     caller: &Rc<crate::serve::authz::Caller>,
     turn: Option<crate::base::util::Turn>,
+    produce_throttle_ms: u64,
 ) -> Outcome {
     let req = match parsed {
         Parsed::Unsupported {
@@ -122,16 +124,7 @@ pub async fn handle(
         }
     };
     let peer = caller.peer;
-    // What client quotas count: a produce request's bytes, a consumer's fetch answer's.
-    let produce_bytes = match &body {
-        RequestKind::Produce(r) => r
-            .topic_data
-            .iter()
-            .flat_map(|t| &t.partition_data)
-            .map(|p| p.records.as_ref().map_or(0, |b| b.len()))
-            .sum(),
-        _ => 0,
-    };
+    // A consumer's fetch answer counts against its consumer_byte_rate quota.
     let consumer_fetch = matches!(&body, RequestKind::Fetch(r) if r.replica_id.0 < 0 && r.replica_state.replica_id.0 < 0);
     let mut response = match body {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
@@ -304,7 +297,7 @@ pub async fn handle(
         caller,
         client,
         &mut response,
-        produce_bytes,
+        produce_throttle_ms,
         consumer_fetch,
     );
     respond(broker, api_key, version, header.correlation_id, response)
@@ -312,28 +305,24 @@ pub async fn handle(
 
 /// Counts the request against the client's quotas (`crate::serve::quota`): a pause
 /// earned is the response's `throttle_time_ms` and mutes the connection; a throttled
-/// fetch answers without records.
+/// fetch answers without records. A produce request was counted when it was read
+/// (`produce_throttle_ms`, its connection muted then).
 fn throttle(
     broker: &Broker,
     caller: &crate::serve::authz::Caller,
     client_id: &str,
     response: &mut ResponseKind,
-    produce_bytes: usize,
+    produce_throttle_ms: u64,
     consumer_fetch: bool,
 ) {
     use crate::serve::quota;
+    // Every request counts for request_percentage (with the time of the requests
+    // before it that finished after their count); the longer pause stands.
+    let busy = quota::record_time(broker, caller, client_id, caller.take_busy());
     let pause = match response {
         ResponseKind::Produce(r) => {
-            let ms = quota::record(
-                broker,
-                caller,
-                client_id,
-                quota::PRODUCER_BYTE_RATE,
-                produce_bytes,
-                false,
-            );
-            r.throttle_time_ms = r.throttle_time_ms.max(ms as i32);
-            ms
+            r.throttle_time_ms = r.throttle_time_ms.max(produce_throttle_ms as i32);
+            0
         }
         ResponseKind::Fetch(r) if consumer_fetch => {
             let bytes = r
@@ -358,7 +347,64 @@ fn throttle(
         }
         _ => 0,
     };
+    let pause = pause.max(busy);
+    if busy > 0 {
+        set_throttle(response, busy as i32);
+    }
     caller.mute_for(pause);
+}
+
+/// Raises a response's `throttle_time_ms` to `ms` where the response has one.
+fn set_throttle(response: &mut ResponseKind, ms: i32) {
+    macro_rules! raise {
+        ($($kind:ident),*) => {
+            match response {
+                $(ResponseKind::$kind(r) => r.throttle_time_ms = r.throttle_time_ms.max(ms),)*
+                _ => {}
+            }
+        };
+    }
+    raise!(
+        Produce,
+        Fetch,
+        ListOffsets,
+        Metadata,
+        OffsetCommit,
+        OffsetFetch,
+        FindCoordinator,
+        JoinGroup,
+        Heartbeat,
+        LeaveGroup,
+        SyncGroup,
+        DescribeGroups,
+        ListGroups,
+        ApiVersions,
+        CreateTopics,
+        DeleteTopics,
+        DeleteRecords,
+        InitProducerId,
+        OffsetForLeaderEpoch,
+        AddPartitionsToTxn,
+        AddOffsetsToTxn,
+        EndTxn,
+        TxnOffsetCommit,
+        DescribeConfigs,
+        AlterConfigs,
+        IncrementalAlterConfigs,
+        CreatePartitions,
+        DeleteGroups,
+        DescribeCluster,
+        DescribeProducers,
+        DescribeTransactions,
+        ListTransactions,
+        DescribeAcls,
+        CreateAcls,
+        DeleteAcls,
+        DescribeClientQuotas,
+        AlterClientQuotas,
+        OffsetDelete,
+        DescribeLogDirs
+    );
 }
 
 fn respond(

@@ -71,6 +71,10 @@ pub fn validate(change: &QuotaChange) -> Result<(), String> {
             return Err("an empty entity name (the default is a null name)".into());
         }
     }
+    if change.value.is_none() {
+        // Removing a key is never refused (Kafka checks what is set, not what goes).
+        return Ok(());
+    }
     if NOT_ENFORCED.contains(&change.key.as_str()) {
         return Err(format!(
             "{} is not enforced by Sluice: only {} are",

@@ -529,7 +529,9 @@ pub fn entity_type(name: &str) -> Res<i8> {
         "topic" | "topics" => Ok(RESOURCE_TOPIC),
         "broker" | "brokers" => Ok(RESOURCE_BROKER),
         "group" | "groups" => Ok(RESOURCE_GROUP),
-        other => Err(format!("--entity-type {other}: topics, brokers or groups")),
+        other => Err(format!(
+            "--entity-type {other}: topics, brokers, groups, users or clients"
+        )),
     }
 }
 

@@ -4,8 +4,10 @@
 //! (`sluice_replication::quota::resolve`, from the metadata image), over an 11-second
 //! window; past its quota the response carries `throttle_time_ms` and the connection
 //! reads nothing more from the client for that long (KIP-219: the client also holds
-//! back). A throttled fetch answers without records (they are fetched again after the
-//! pause), as Kafka does. Followers' fetches are not counted.
+//! back). A consumer fetch asks for at most a window's worth of its quota, and one
+//! that arrives while its client is over the quota is answered at once without
+//! records (fetched again after the pause), as Kafka answers a throttled fetch.
+//! Followers' fetches are not counted.
 //!
 //! `request_percentage` counts the time the shard spent polling the client's request
 //! handlers (the server times every poll of a handler: waiting for a disk, a replica
@@ -13,8 +15,9 @@
 //! percent of one thread (50 = 500 ms a second).
 //!
 //! A quota is per broker in Kafka; here each shard holds the quota for the connections
-//! it serves, so a client spread over several shards' connections could get up to the
-//! quota on each (Kafka clients keep one connection per broker).
+//! it serves: the clients sharing one quota entity (a user's several client ids, or
+//! one client's several connections) get up to the quota on each shard their
+//! connections landed on (the kernel spreads connections over the shards).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -40,8 +43,11 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// The longest pause one response asks for (Kafka bounds it by the window).
-const THROTTLE_MAX_MS: u64 = SAMPLES as u64 * SAMPLE_MS;
+/// The longest pause a `request_percentage` throttle asks for (Kafka's
+/// ClientRequestQuotaManager: one sample). Byte-rate throttles are not bounded (as
+/// Kafka's), only kept below what `throttle_time_ms` holds.
+const REQUEST_THROTTLE_MAX_MS: u64 = SAMPLE_MS;
+const THROTTLE_MAX_MS: u64 = i32::MAX as u64;
 
 /// Counts `busy` (the shard's time on the client's requests since the last count)
 /// against its `request_percentage`; returns the pause earned.
@@ -52,64 +58,90 @@ pub fn record_time(
     busy: std::time::Duration,
 ) -> u64 {
     // The window counts milliseconds; the quota is percent of 1,000 ms a second.
-    record_scaled(
+    let ms = busy.as_secs_f64() * 1000.0;
+    with_window(
         broker,
         caller,
         client_id,
         REQUEST_PERCENTAGE,
-        busy.as_secs_f64() * 1000.0,
-        10.0,
-        false,
+        |window, limit, now| {
+            window.record(ms, now);
+            window
+                .throttle_ms(limit * 10.0, now)
+                .min(REQUEST_THROTTLE_MAX_MS)
+        },
     )
+    .unwrap_or(0)
 }
 
-/// Counts `bytes` against the client's `key` quota; returns the pause (ms) it has
-/// earned, 0 without a quota. `take_back`: a throttled answer will not carry the bytes
-/// (a fetch), so they are not counted.
+/// Counts `bytes` against the client's `key` byte-rate quota; returns the pause (ms)
+/// it has earned, 0 without a quota.
 pub fn record(
     broker: &Broker,
     caller: &Caller,
     client_id: &str,
     key: &'static str,
     bytes: usize,
-    take_back: bool,
 ) -> u64 {
-    record_scaled(broker, caller, client_id, key, bytes as f64, 1.0, take_back)
+    with_window(broker, caller, client_id, key, |window, limit, now| {
+        window.record(bytes as f64, now);
+        window.throttle_ms(limit, now).min(THROTTLE_MAX_MS)
+    })
+    .unwrap_or(0)
 }
 
-/// [`record`] of `amount`, the quota's value times `scale` being the bound.
-fn record_scaled(
+/// The pause the client is in for `key` now, counting nothing (a fetch over its
+/// consumer quota is answered at once, empty, before anything is read or a fetch
+/// session touched, as Kafka answers a throttled fetch).
+pub fn pending(broker: &Broker, caller: &Caller, client_id: &str, key: &'static str) -> u64 {
+    with_window(broker, caller, client_id, key, |window, limit, now| {
+        window.throttle_ms(limit, now).min(THROTTLE_MAX_MS)
+    })
+    .unwrap_or(0)
+}
+
+/// The most one answer may carry under the client's `key` quota: a window's worth
+/// (quota × 10 s, Kafka's `getMaxValueInQuotaWindow`), so no single fetch answer is
+/// over the quota by itself; `None` without a quota.
+pub fn window_allowance(
     broker: &Broker,
     caller: &Caller,
     client_id: &str,
     key: &'static str,
-    amount: f64,
-    scale: f64,
-    take_back: bool,
-) -> u64 {
+) -> Option<f64> {
     let image = broker.image();
-    if image.quotas.is_empty() {
-        return 0;
-    }
-    let user = caller
+    let (limit, _) = quota::resolve(&image.quotas, key, user_of(caller), client_id)?;
+    Some(limit * ((SAMPLES as u64 - 1) * SAMPLE_MS) as f64 / 1000.0)
+}
+
+/// The user a principal is for quotas (`alice` of `User:alice`).
+fn user_of(caller: &Caller) -> &str {
+    caller
         .principal
         .strip_prefix("User:")
-        .unwrap_or(&caller.principal);
-    let Some((limit, (u, c))) = quota::resolve(&image.quotas, key, user, client_id) else {
-        return 0;
-    };
+        .unwrap_or(&caller.principal)
+}
+
+/// Runs `f` on the client's window for `key` with the quota's value and the time;
+/// `None` when no quota applies.
+fn with_window<T>(
+    broker: &Broker,
+    caller: &Caller,
+    client_id: &str,
+    key: &'static str,
+    f: impl FnOnce(&mut RateWindow, f64, u64) -> T,
+) -> Option<T> {
+    let image = broker.image();
+    if image.quotas.is_empty() {
+        return None;
+    }
+    let (limit, (u, c)) = quota::resolve(&image.quotas, key, user_of(caller), client_id)?;
     let now = now_ms();
-    WINDOWS.with(|w| {
+    Some(WINDOWS.with(|w| {
         let mut w = w.borrow_mut();
         if w.len() > 10_000 {
             w.retain(|_, window| !window.idle(now));
         }
-        let window = w.entry((key, u, c)).or_default();
-        window.record(amount, now);
-        let pause = window.throttle_ms(limit * scale, now).min(THROTTLE_MAX_MS);
-        if pause > 0 && take_back {
-            window.unrecord(amount, now);
-        }
-        pause
-    })
+        f(w.entry((key, u, c)).or_default(), limit, now)
+    }))
 }

@@ -343,7 +343,6 @@ async fn read_requests<S: AsyncRead + Unpin>(
                     client_id,
                     crate::serve::quota::PRODUCER_BYTE_RATE,
                     size,
-                    false,
                 );
                 caller.mute_for(produce_throttle_ms);
                 Some(produce_order.turn())

@@ -192,7 +192,7 @@ def test_topic_config_produce_and_consume_commands(broker):
     # Bad input: named, nothing changed.
     for args, want in ((["topic", "create", "x", "--config", "retention.ms"], "expected key=value"),
                        (["consume", "orders", "--offset", "soon"], "--offset soon"),
-                       (["config", "describe", "--entity-type", "users", "--entity-name", "u"], "--entity-type users"),
+                       (["config", "describe", "--entity-type", "widgets", "--entity-name", "u"], "--entity-type widgets"),
                        (["produce", "nosuch", "--partition", "9"], "no partition 9")):
         r = sluice(*args, *bs, check=False, input="x\n")
         assert r.returncode != 0 and want in r.stderr, (args, r.stderr)

@@ -112,6 +112,35 @@ def test_a_consumer_is_held_to_its_byte_rate(make_broker):
     assert seq == list(range(len(seq))), "records skipped or repeated under throttling"
 
 
+def test_a_backlog_larger_than_the_window_still_flows(make_broker):
+    """Under a 100 KB/s consumer quota a consumer facing 2 MB over 4 partitions (one
+    full fetch answer would be twice the window's allowance, throttled forever if it
+    were taken back) reads every record: each fetch asks for at most a window's
+    worth."""
+    b = make_broker()
+    create({"bootstrap.servers": b.addr}, "backlog", partitions=4)
+    p = Producer({"bootstrap.servers": b.addr, "linger.ms": 20})
+    for i in range(200):
+        p.produce("backlog", b"z" * 10_000, partition=i % 4)
+    assert p.flush(60) == 0
+    quota(b.addr, "alter", "--entity-type", "clients", "--entity-name", "trickle",
+          "--add-config", "consumer_byte_rate=102400")
+    c = Consumer({"bootstrap.servers": b.addr, "group.id": "trickle", "client.id": "trickle",
+                  "auto.offset.reset": "earliest"})
+    c.subscribe(["backlog"])
+    got = []
+
+    def all_read():
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.offset())
+        return len(got) >= 200
+    try:
+        wait_until(all_read, timeout=90, interval=0, what="200 records under a 100 KB/s quota")
+    finally:
+        c.close()
+
+
 def test_request_percentage_throttles_a_busy_client(make_broker):
     """request_percentage=1 (10 ms of the shard's time a second) on user ANONYMOUS and
     client id `chatty`: a producer sending one record per request (linger.ms=0,

@@ -192,6 +192,18 @@ pub async fn alter(
             }
             for c in &changes {
                 quota::validate(c).map_err(invalid)?;
+                // Kafka: byte rates are whole numbers (checked here, not when the
+                // quorum applies the change, so a log replays as it was accepted).
+                let byte_rate = c.key != quota::REQUEST_PERCENTAGE;
+                if let Some(v) = c.value.as_deref().filter(|_| byte_rate) {
+                    let x: f64 = v.parse().unwrap_or(f64::NAN);
+                    if (x - x.round()).abs() > 1e-6 {
+                        return Err(invalid(format!(
+                            "{} must be a whole number of bytes per second, not {v}",
+                            c.key
+                        )));
+                    }
+                }
             }
             Ok(changes)
         })

@@ -124,8 +124,35 @@ pub async fn handle(
         }
     };
     let peer = caller.peer;
-    // A consumer's fetch answer counts against its consumer_byte_rate quota.
+    // A consumer's fetch answer counts against its consumer_byte_rate quota: over it,
+    // the fetch is answered at once without records and without touching its fetch
+    // session (a new session is not opened: id 0); under it, it asks for at most a
+    // window's worth.
     let consumer_fetch = matches!(&body, RequestKind::Fetch(r) if r.replica_id.0 < 0 && r.replica_state.replica_id.0 < 0);
+    let mut body = body;
+    if let (true, RequestKind::Fetch(r)) = (consumer_fetch, &mut body) {
+        use crate::serve::quota;
+        let pause = quota::pending(broker, caller, client, quota::CONSUMER_BYTE_RATE);
+        if pause > 0 {
+            caller.mute_for(pause);
+            let session_id = if r.session_epoch > 0 { r.session_id } else { 0 };
+            let resp = kafka_protocol::messages::FetchResponse::default()
+                .with_throttle_time_ms(pause.min(i32::MAX as u64) as i32)
+                .with_session_id(session_id);
+            return respond(
+                broker,
+                api_key,
+                version,
+                header.correlation_id,
+                ResponseKind::Fetch(resp),
+            );
+        }
+        if let Some(most) =
+            quota::window_allowance(broker, caller, client, quota::CONSUMER_BYTE_RATE)
+        {
+            r.max_bytes = r.max_bytes.min(most.clamp(1.0, i32::MAX as f64) as i32);
+        }
+    }
     let mut response = match body {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
         RequestKind::Metadata(r) => {
@@ -331,25 +358,15 @@ fn throttle(
                 .flat_map(|t| &t.partitions)
                 .map(|p| p.records.as_ref().map_or(0, |b| b.len()))
                 .sum();
-            let ms = quota::record(
-                broker,
-                caller,
-                client_id,
-                quota::CONSUMER_BYTE_RATE,
-                bytes,
-                true,
-            );
-            if ms > 0 {
-                r.responses.clear();
-                r.throttle_time_ms = r.throttle_time_ms.max(ms as i32);
-            }
+            let ms = quota::record(broker, caller, client_id, quota::CONSUMER_BYTE_RATE, bytes);
+            r.throttle_time_ms = r.throttle_time_ms.max(ms.min(i32::MAX as u64) as i32);
             ms
         }
         _ => 0,
     };
     let pause = pause.max(busy);
     if busy > 0 {
-        set_throttle(response, busy as i32);
+        set_throttle(response, busy.min(i32::MAX as u64) as i32);
     }
     caller.mute_for(pause);
 }

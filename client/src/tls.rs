@@ -149,6 +149,25 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// What an https client (the alert sinks, `sluice lag`) connects with: servers
+/// verified by name against Mozilla's roots (webpki-roots) and, when given, the
+/// authorities in `extra_ca` (an internal Alertmanager's).
+pub fn https_config(extra_ca: Option<&Path>) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca {
+        for c in certificates(path)? {
+            roots.add(c).map_err(|e| file_err(path, e))?;
+        }
+    }
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 /// Checks a server's certificate chain against the authorities, not its name: the
 /// controller port's peers are known by address only (`--controller-quorum` resolves
 /// them), and what the port needs is that both ends hold a certificate of the cluster's

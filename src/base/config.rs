@@ -303,11 +303,15 @@ settings! {
     alert_for_ms: u64 = 60_000;
     /// How often a firing alert is sent again while the breach lasts.
     alert_repeat_ms: u64 = 300_000;
-    /// POST lag alerts to this http:// URL as Alertmanager's webhook JSON [default: none].
-    alert_webhook: String, example = "http://127.0.0.1:5001/alerts".into();
-    /// POST lag alerts to this Alertmanager (http://HOST:PORT; its /api/v2/alerts)
+    /// POST lag alerts to this http:// or https:// URL as Alertmanager's webhook JSON
     /// [default: none].
+    alert_webhook: String, example = "http://127.0.0.1:5001/alerts".into();
+    /// POST lag alerts to this Alertmanager (http:// or https://HOST:PORT; its
+    /// /api/v2/alerts) [default: none].
     alertmanager_url: String, example = "http://127.0.0.1:9093".into();
+    /// PEM file of authorities an https alert sink's certificate may chain to,
+    /// besides Mozilla's roots (an internal Alertmanager's CA) [default: none].
+    alert_ssl_ca: String, example = "/etc/sluice/alertmanager-ca.pem".into();
     /// How often storage runs its retention pass (Kafka's
     /// log.retention.check.interval.ms is 300000; Sluice checks every minute).
     log_retention_check_interval_ms: u64 = 60_000;
@@ -484,6 +488,8 @@ pub struct BrokerConfig {
     pub alert_repeat_ms: u64,
     pub alert_webhook: Option<String>,
     pub alertmanager_url: Option<String>,
+    /// `--alert-ssl-ca`.
+    pub alert_ssl_ca: Option<PathBuf>,
     /// log.retention.check.interval.ms: the storage retention pass.
     pub log_retention_check_interval_ms: u64,
     /// log.cleaner.backoff.ms: the compaction loop's rest after an idle round.
@@ -696,6 +702,7 @@ impl BrokerConfig {
             alert_repeat_ms: s.alert_repeat_ms,
             alert_webhook: s.alert_webhook.clone(),
             alertmanager_url: s.alertmanager_url.clone(),
+            alert_ssl_ca: s.alert_ssl_ca.clone().map(PathBuf::from),
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
             log_cleaner_backoff_ms: s.log_cleaner_backoff_ms,
             disk_min_free: DiskMinimum {
@@ -1431,6 +1438,7 @@ mod tests {
             "--alert-repeat-ms=2",
             "--alert-webhook=http://h/",
             "--alertmanager-url=http://am/",
+            "--alert-ssl-ca=am-ca.pem",
             "--log-retention-check-interval-ms=5",
             "--log-cleaner-backoff-ms=6",
             "--disk-min-free-bytes=8",

@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import http_get, Broker, SLUICE_BIN, check_brokers, free_port, wait_until
+from test_tls import certs  # noqa: F401 (the certificates fixture)
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 PER_PARTITION = 40
@@ -422,5 +423,32 @@ def test_a_webhook_that_is_down_is_retried_until_it_answers(make_broker):
         m = wait_until(lambda: hook.messages(group, "firing"), timeout=40, what="retried alert")
         assert m[0]["alerts"][0]["labels"]["topic"] == topic
         assert int(m[0]["alerts"][0]["annotations"]["lag_records"]) == 7
+    finally:
+        hook.close()
+
+
+def test_alerts_reach_an_https_webhook(make_broker, certs):
+    """An https:// webhook whose certificate chains to --alert-ssl-ca (not a public
+    root) receives the firing alert over TLS; the sink's counters show it delivered."""
+    import ssl
+    hook = Webhook()
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs("broker.pem"), certs("broker.key"))
+    hook.server.socket = ctx.wrap_socket(hook.server.socket, server_side=True)
+    try:
+        b = make_broker(cores=1, extra=[
+            "--lag-sample-interval-ms", "200", "--alert-lag-records", "5", "--alert-for-ms", "0",
+            "--alert-webhook", f"https://127.0.0.1:{hook.port}/alerts", "--alert-ssl-ca", certs("ca.pem"),
+            "--group-initial-rebalance-delay-ms", "0"])
+        topic, group = f"tls-{uuid.uuid4().hex[:6]}", f"tg-{uuid.uuid4().hex[:6]}"
+        create_topic(b.addr, topic, 1)
+        produce(b.addr, topic, 20, 1)
+        commit(b.addr, group, topic, {0: 2})
+        msgs = wait_until(lambda: hook.messages(group, "firing"), timeout=30, what="firing https webhook")
+        assert msgs[0]["alerts"][0]["labels"]["group"] == group
+
+        def delivered():
+            return scrape(b).get(("sluice_lag_alert_notices_delivered_total", frozenset()), 0) >= 1
+        wait_until(delivered, timeout=10, what="delivered counter")
     finally:
         hook.close()

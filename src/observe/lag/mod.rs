@@ -310,6 +310,7 @@ pub fn install(
     let sink = sink::Sink::start(sink::SinkConfig {
         webhook: config.alert_webhook.clone(),
         alertmanager: config.alertmanager_url.clone(),
+        extra_ca: config.alert_ssl_ca.clone(),
         // As Prometheus: four resend periods (at least Alertmanager's default
         // resolve_timeout of 5 minutes).
         firing_ttl_ms: (repeat_max.saturating_mul(4)).max(300_000),

@@ -40,6 +40,8 @@ pub struct SinkConfig {
     /// is sent again (a repeat) or resolved: a broker that died does not leave it
     /// firing forever.
     pub firing_ttl_ms: i64,
+    /// Authorities trusted for https sinks besides Mozilla's roots (`--alert-ssl-ca`).
+    pub extra_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Default)]
@@ -62,18 +64,20 @@ impl Sink {
             return Ok(None);
         }
         for url in config.webhook.iter().chain(&config.alertmanager) {
-            if !url.starts_with("http://") {
+            if !url.starts_with("http://") && !url.starts_with("https://") {
                 return Err(format!(
-                    "alert sink {url}: expected an http:// URL (https is not built in)"
+                    "alert sink {url}: expected an http:// or https:// URL"
                 ));
             }
         }
+        let tls = sluice_client::tls::https_config(config.extra_ca.as_deref())
+            .map_err(|e| format!("alert sinks' TLS: {e}"))?;
         let (tx, rx) = sync_channel(QUEUE_MAX);
         let counters = Arc::new(Counters::default());
         let c = counters.clone();
         std::thread::Builder::new()
             .name("sluice-alerts".into())
-            .spawn(move || run(config, rx, &c))
+            .spawn(move || run(config, tls, rx, &c))
             .map_err(|e| format!("starting the alert sink thread: {e}"))?;
         Ok(Some(Sink { tx, counters }))
     }
@@ -118,8 +122,16 @@ impl Sink {
     }
 }
 
-fn run(config: SinkConfig, rx: Receiver<Vec<Notice>>, c: &Counters) {
-    let agent = ureq::AgentBuilder::new().timeout(REQUEST_TIMEOUT).build();
+fn run(
+    config: SinkConfig,
+    tls: Arc<rustls::ClientConfig>,
+    rx: Receiver<Vec<Notice>>,
+    c: &Counters,
+) {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(REQUEST_TIMEOUT)
+        .tls_config(tls)
+        .build();
     let alertmanager = config.alertmanager.as_ref().map(|u| {
         let u = u.trim_end_matches('/');
         if u.ends_with("/api/v2/alerts") {

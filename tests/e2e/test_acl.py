@@ -136,6 +136,11 @@ def test_principals_do_only_what_acls_allow(make_broker, tmp_path):
     assert cons.get_watermark_offsets(TopicPartition("logz", 0), timeout=10)[1] == 0
     cons.close()
 
+    # Configs: alice may not describe b's (DESCRIBE_CONFIGS on the topic).
+    r = sluice("config", "describe", "--entity-type", "topics", "--entity-name", "b", "--bootstrap-server",
+               b.addr, "--command-config", command_config(tmp_path, "alice", "alice-pw"))
+    assert r.returncode != 0 and "TopicAuthorizationFailed" in r.stderr, r.stderr
+
     # The super user is not held by any of it.
     assert produce(admin, "a", 1) == (1, [])
     listed = acl(tmp_path, b.addr, "list")

@@ -33,6 +33,22 @@ fn text(s: &Option<StrBytes>) -> Option<String> {
     s.as_ref().map(|s| s.to_string())
 }
 
+/// The filter of a DescribeAcls request or of one DeleteAcls filter (the two carry
+/// the same fields, in different types).
+macro_rules! filter_of {
+    ($f:expr) => {
+        AclFilter {
+            resource_type: $f.resource_type_filter,
+            resource_name: text(&$f.resource_name_filter),
+            pattern_type: $f.pattern_type_filter,
+            principal: text(&$f.principal_filter),
+            host: text(&$f.host_filter),
+            operation: $f.operation,
+            permission: $f.permission_type,
+        }
+    };
+}
+
 /// Proposes a command and waits for it to commit.
 async fn propose(broker: &Broker, command: Command) -> Result<(), ApiError> {
     match broker.control(Propose(command)).await {
@@ -89,15 +105,7 @@ pub async fn create(
 }
 
 pub fn describe(broker: &Broker, _version: i16, req: DescribeAclsRequest) -> DescribeAclsResponse {
-    let filter = AclFilter {
-        resource_type: req.resource_type_filter,
-        resource_name: text(&req.resource_name_filter),
-        pattern_type: req.pattern_type_filter,
-        principal: text(&req.principal_filter),
-        host: text(&req.host_filter),
-        operation: req.operation,
-        permission: req.permission_type,
-    };
+    let filter = filter_of!(req);
     if let Err(why) = filter.validate() {
         return DescribeAclsResponse::default()
             .with_error_code(ResponseError::InvalidRequest.code())
@@ -141,15 +149,7 @@ pub async fn delete(
         .filters
         .iter()
         .map(|f| {
-            let filter = AclFilter {
-                resource_type: f.resource_type_filter,
-                resource_name: text(&f.resource_name_filter),
-                pattern_type: f.pattern_type_filter,
-                principal: text(&f.principal_filter),
-                host: text(&f.host_filter),
-                operation: f.operation,
-                permission: f.permission_type,
-            };
+            let filter = filter_of!(f);
             filter.validate().map_err(invalid)?;
             Ok(image
                 .acls

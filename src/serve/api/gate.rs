@@ -605,30 +605,15 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             Gate::Pass(Box::new(RequestKind::DeleteRecords(r)), Some(patch))
         }
         RequestKind::DescribeConfigs(mut r) => {
-            let refused = take(&mut r.resources, |res| {
-                config_denied(
-                    b,
-                    c,
-                    op::DESCRIBE_CONFIGS,
-                    res.resource_type,
-                    &res.resource_name,
-                )
-                .is_some()
+            let refused = refused_configs(b, c, op::DESCRIBE_CONFIGS, &mut r.resources, |res| {
+                (res.resource_type, &res.resource_name)
             });
-            let patch: Patch = Box::new(move |b, resp| {
+            let patch: Patch = Box::new(move |_, resp| {
                 if let ResponseKind::DescribeConfigs(resp) = resp {
-                    resp.results.extend(refused.into_iter().map(|res| {
-                        let e = config_denied(
-                            b,
-                            &caller,
-                            op::DESCRIBE_CONFIGS,
-                            res.resource_type,
-                            &res.resource_name,
-                        )
-                        .unwrap_or(CLUSTER_DENIED);
+                    resp.results.extend(refused.into_iter().map(|(t, n, e)| {
                         describe_configs_response::DescribeConfigsResult::default()
-                            .with_resource_type(res.resource_type)
-                            .with_resource_name(res.resource_name)
+                            .with_resource_type(t)
+                            .with_resource_name(n)
                             .with_error_code(code(e))
                             .with_error_message(Some(sb(e.to_string())))
                     }));
@@ -637,29 +622,9 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             Gate::Pass(Box::new(RequestKind::DescribeConfigs(r)), Some(patch))
         }
         RequestKind::AlterConfigs(mut r) => {
-            let refused: Vec<(i8, StrBytes, ResponseError)> = take(&mut r.resources, |res| {
-                config_denied(
-                    b,
-                    c,
-                    op::ALTER_CONFIGS,
-                    res.resource_type,
-                    &res.resource_name,
-                )
-                .is_some()
-            })
-            .into_iter()
-            .map(|res| {
-                let e = config_denied(
-                    b,
-                    c,
-                    op::ALTER_CONFIGS,
-                    res.resource_type,
-                    &res.resource_name,
-                )
-                .unwrap_or(CLUSTER_DENIED);
-                (res.resource_type, res.resource_name, e)
-            })
-            .collect();
+            let refused = refused_configs(b, c, op::ALTER_CONFIGS, &mut r.resources, |res| {
+                (res.resource_type, &res.resource_name)
+            });
             let patch: Patch = Box::new(move |_, resp| {
                 if let ResponseKind::AlterConfigs(resp) = resp {
                     resp.responses.extend(refused.into_iter().map(|(t, n, e)| {
@@ -674,29 +639,9 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             Gate::Pass(Box::new(RequestKind::AlterConfigs(r)), Some(patch))
         }
         RequestKind::IncrementalAlterConfigs(mut r) => {
-            let refused: Vec<(i8, StrBytes, ResponseError)> = take(&mut r.resources, |res| {
-                config_denied(
-                    b,
-                    c,
-                    op::ALTER_CONFIGS,
-                    res.resource_type,
-                    &res.resource_name,
-                )
-                .is_some()
-            })
-            .into_iter()
-            .map(|res| {
-                let e = config_denied(
-                    b,
-                    c,
-                    op::ALTER_CONFIGS,
-                    res.resource_type,
-                    &res.resource_name,
-                )
-                .unwrap_or(CLUSTER_DENIED);
-                (res.resource_type, res.resource_name, e)
-            })
-            .collect();
+            let refused = refused_configs(b, c, op::ALTER_CONFIGS, &mut r.resources, |res| {
+                (res.resource_type, &res.resource_name)
+            });
             let patch: Patch = Box::new(move |_, resp| {
                 if let ResponseKind::IncrementalAlterConfigs(resp) = resp {
                     resp.responses.extend(refused.into_iter().map(|(t, n, e)| {
@@ -972,6 +917,29 @@ fn take<T>(list: &mut Vec<T>, mut refused: impl FnMut(&T) -> bool) -> Vec<T> {
     let (out, kept): (Vec<T>, Vec<T>) = std::mem::take(list).into_iter().partition(|t| refused(t));
     *list = kept;
     out
+}
+
+/// Takes the config resources of `list` the caller may not perform `operation` on
+/// (each checked once), as (type, name, error).
+fn refused_configs<T>(
+    b: &Broker,
+    c: &Caller,
+    operation: i8,
+    list: &mut Vec<T>,
+    key: impl Fn(&T) -> (i8, &StrBytes),
+) -> Vec<(i8, StrBytes, ResponseError)> {
+    let mut refused = Vec::new();
+    list.retain(|res| {
+        let (t, n) = key(res);
+        match config_denied(b, c, operation, t, n) {
+            Some(e) => {
+                refused.push((t, n.clone(), e));
+                false
+            }
+            None => true,
+        }
+    });
+    refused
 }
 
 /// The error a config resource's operation is refused with, if it is (Kafka: topics

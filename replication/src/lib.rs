@@ -9,6 +9,9 @@
 //!   watermark, ISR shrink/expand requests, leader-epoch cache and truncation, and the
 //!   replica's whole state (`ReplicaState`: role, epochs, durable end, the follower's
 //!   log operations serialised with leadership changes).
+//! - [`acl`]: Kafka ACL bindings and filters and the authorizer's decision over them.
+//! - [`quota`]: client quotas (entities, Kafka's resolution order) and the rate window
+//!   that turns usage into a throttle.
 //! - [`sim`]: a seeded deterministic simulation of a cluster of these state machines.
 //!
 //! Nothing here touches sockets, disks or clocks: inputs come in with the time, outputs

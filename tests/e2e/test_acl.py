@@ -64,8 +64,8 @@ def consume_in(c, group, topic, n, timeout=30):
 
 
 def consume_error(c, topics, group=None, timeout=20):
-    """The first error a consumer of `topics` meets (KafkaError code), or None if it
-    got a record first."""
+    """The first error a consumer of `topics` meets (KafkaError code), or "record" if
+    it got a record first."""
     cons = Consumer(dict(c, **{"group.id": group or f"g-{uuid.uuid4().hex[:8]}",
                                "auto.offset.reset": "earliest"}))
     cons.subscribe(topics)

@@ -608,54 +608,36 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
             let refused = refused_configs(b, c, op::DESCRIBE_CONFIGS, &mut r.resources, |res| {
                 (res.resource_type, &res.resource_name)
             });
-            let patch: Patch = Box::new(move |_, resp| {
-                if let ResponseKind::DescribeConfigs(resp) = resp {
-                    resp.results.extend(refused.into_iter().map(|(t, n, e)| {
-                        describe_configs_response::DescribeConfigsResult::default()
-                            .with_resource_type(t)
-                            .with_resource_name(n)
-                            .with_error_code(code(e))
-                            .with_error_message(Some(sb(e.to_string())))
-                    }));
-                }
-            });
-            Gate::Pass(Box::new(RequestKind::DescribeConfigs(r)), Some(patch))
+            config_patch!(
+                r,
+                refused,
+                DescribeConfigs,
+                results,
+                describe_configs_response::DescribeConfigsResult
+            )
         }
         RequestKind::AlterConfigs(mut r) => {
             let refused = refused_configs(b, c, op::ALTER_CONFIGS, &mut r.resources, |res| {
                 (res.resource_type, &res.resource_name)
             });
-            let patch: Patch = Box::new(move |_, resp| {
-                if let ResponseKind::AlterConfigs(resp) = resp {
-                    resp.responses.extend(refused.into_iter().map(|(t, n, e)| {
-                        alter_configs_response::AlterConfigsResourceResponse::default()
-                            .with_resource_type(t)
-                            .with_resource_name(n)
-                            .with_error_code(code(e))
-                            .with_error_message(Some(sb(e.to_string())))
-                    }));
-                }
-            });
-            Gate::Pass(Box::new(RequestKind::AlterConfigs(r)), Some(patch))
+            config_patch!(
+                r,
+                refused,
+                AlterConfigs,
+                responses,
+                alter_configs_response::AlterConfigsResourceResponse
+            )
         }
         RequestKind::IncrementalAlterConfigs(mut r) => {
             let refused = refused_configs(b, c, op::ALTER_CONFIGS, &mut r.resources, |res| {
                 (res.resource_type, &res.resource_name)
             });
-            let patch: Patch = Box::new(move |_, resp| {
-                if let ResponseKind::IncrementalAlterConfigs(resp) = resp {
-                    resp.responses.extend(refused.into_iter().map(|(t, n, e)| {
-                        incremental_alter_configs_response::AlterConfigsResourceResponse::default()
-                            .with_resource_type(t)
-                            .with_resource_name(n)
-                            .with_error_code(code(e))
-                            .with_error_message(Some(sb(e.to_string())))
-                    }));
-                }
-            });
-            Gate::Pass(
-                Box::new(RequestKind::IncrementalAlterConfigs(r)),
-                Some(patch),
+            config_patch!(
+                r,
+                refused,
+                IncrementalAlterConfigs,
+                responses,
+                incremental_alter_configs_response::AlterConfigsResourceResponse
             )
         }
         RequestKind::DescribeProducers(mut r) => {
@@ -918,6 +900,28 @@ fn take<T>(list: &mut Vec<T>, mut refused: impl FnMut(&T) -> bool) -> Vec<T> {
     *list = kept;
     out
 }
+
+/// Passes a config request narrowed to the allowed resources; its answer gets one
+/// `$entry` per refused resource (type, name, error) in its `$field` list (the three
+/// config APIs' answers differ only in those names).
+macro_rules! config_patch {
+    ($req:expr, $refused:expr, $kind:ident, $field:ident, $entry:ty) => {{
+        let refused = $refused;
+        let patch: Patch = Box::new(move |_, resp| {
+            if let ResponseKind::$kind(resp) = resp {
+                resp.$field.extend(refused.into_iter().map(|(t, n, e)| {
+                    <$entry>::default()
+                        .with_resource_type(t)
+                        .with_resource_name(n)
+                        .with_error_code(code(e))
+                        .with_error_message(Some(sb(e.to_string())))
+                }));
+            }
+        });
+        Gate::Pass(Box::new(RequestKind::$kind($req)), Some(patch))
+    }};
+}
+use config_patch;
 
 /// Takes the config resources of `list` the caller may not perform `operation` on
 /// (each checked once), as (type, name, error).

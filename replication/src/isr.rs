@@ -447,15 +447,20 @@ impl Leader {
     /// The committed ISR plus the pending change's members (KIP-497): every replica that
     /// some controller decision could leave in the ISR.
     pub fn maximal_isr(&self) -> Vec<BrokerId> {
-        let mut all = self.isr.clone();
-        if let (Some(p), false) = (&self.pending, self.unsafe_ignore_pending_isr) {
-            for b in &p.new_isr {
-                if !all.contains(b) {
-                    all.push(*b);
-                }
-            }
-        }
-        all
+        self.maximal_isr_iter().collect()
+    }
+
+    /// [`Self::maximal_isr`] without collecting it (the high watermark is judged on every
+    /// durable append: an allocation there was one per produced batch).
+    fn maximal_isr_iter(&self) -> impl Iterator<Item = BrokerId> + '_ {
+        let pending = match (&self.pending, self.unsafe_ignore_pending_isr) {
+            (Some(p), false) => p.new_isr.as_slice(),
+            _ => &[],
+        };
+        self.isr
+            .iter()
+            .copied()
+            .chain(pending.iter().copied().filter(|b| !self.isr.contains(b)))
     }
 
     /// The local log has been made durable up to `log_end`.
@@ -660,7 +665,7 @@ impl Leader {
     /// end included); it only moves forward on a leader.
     fn maybe_advance_high_watermark(&mut self) {
         let mut candidate = self.durable_log_end;
-        for b in self.maximal_isr() {
+        for b in self.maximal_isr_iter() {
             if b == self.me {
                 continue;
             }

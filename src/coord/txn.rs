@@ -631,14 +631,16 @@ pub async fn verify_produce(broker: &Broker, item: &rpc::ProduceItem) -> Result<
     // it vouched for: ask again.
     for _ in 0..3 {
         let before = replica.markers.get();
-        let answer = verify(
+        // Boxed: only a transaction's first batch here asks, and its future inline
+        // would make every produced batch's future kilobytes larger.
+        let answer = Box::pin(verify(
             broker,
             txn_id,
             producer_id,
             epoch,
             &item.topic,
             item.partition,
-        )
+        ))
         .await;
         if replica.markers.get() == before {
             return answer;

@@ -416,7 +416,9 @@ impl Wal {
                     }
                 }
                 if self.closed.borrow().len() < CLOSED_CHUNKS_MAX {
-                    self.open_next(failed).await?;
+                    // Boxed: rare, and its future would make every journaled append's
+                    // future (and each copy of it) larger.
+                    Box::pin(self.open_next(failed)).await?;
                     continue;
                 }
             }

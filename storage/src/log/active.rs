@@ -112,10 +112,12 @@ impl PartitionLog {
                 self.touch_active();
                 return Ok(());
             }
-            let _place = self.storage.make_room(Some(self.id)).await;
+            // The reopening is boxed: it is rare, and its futures inline would make
+            // every append's future (moved a few times per append) kilobytes larger.
+            let _place = Box::pin(self.storage.make_room(Some(self.id))).await;
             let _guard = self.lock().await;
             self.check_open()?;
-            self.reactivate_locked().await?;
+            Box::pin(self.reactivate_locked()).await?;
         }
     }
 
@@ -166,7 +168,8 @@ impl PartitionLog {
         }
         let _guard = self.lock().await;
         if self.needs_roll(incoming, span) {
-            self.roll_locked().await?;
+            // Boxed, as the reopening in `ensure_active`.
+            Box::pin(self.roll_locked()).await?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ mod clean_stop;
 mod compact;
 mod crash;
 mod fault;
+mod future_size;
 mod journal;
 mod lazy_open;
 mod log;

@@ -97,7 +97,9 @@ const FLUSH_CHECK_MS: u64 = 100;
 /// [`crate::base::host::wait_port_free`]).
 pub fn check_port_free(config: &BrokerConfig) -> Result<(), NodeError> {
     use crate::base::host::{wait_port_free, PORT_WAIT_MAX};
-    wait_port_free(config.listen, "the Kafka listener", PORT_WAIT_MAX)?;
+    for l in &config.listeners {
+        wait_port_free(l.bind, "the Kafka listener", PORT_WAIT_MAX)?;
+    }
     if let Some(c) = config.controller_listen {
         wait_port_free(c, "the controller listener", PORT_WAIT_MAX)?;
     }
@@ -142,25 +144,35 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         shards = config.cores,
         "starting"
     );
-    // An SSL listener: its configuration read once (a bad file stops the start here),
-    // and this process's connections to other brokers made TLS as theirs are.
+    // A TLS listener: its configuration read once (a bad file stops the start here);
+    // with a TLS inter-broker listener, this process's connections to other brokers
+    // are TLS as theirs are.
+    let inter_broker = config.listeners[0].protocol;
     let tls = match &config.tls {
         Some(t) => {
             // Stamped before they are read: a change meanwhile is reloaded.
             let stamp = tls_files_stamp(t);
             let server = sluice_client::tls::ListenerTls::new(t.server_config()?);
-            sluice_client::tls::set_peer_tls(t.peer_config()?);
-            // The controller port too, with mutual authentication: a node without a
-            // certificate of the cluster's CA cannot speak to the metadata quorum.
-            sluice_client::tls::set_controller_tls(t.controller_configs()?);
-            watch_tls_files(t.clone(), stamp, server.clone(), stop.clone());
+            if inter_broker.tls() {
+                sluice_client::tls::set_peer_tls(t.peer_config()?);
+                // The controller port too, with mutual authentication: a node without
+                // a certificate of the cluster's CA cannot speak to the metadata quorum.
+                sluice_client::tls::set_controller_tls(t.controller_configs()?);
+            }
+            watch_tls_files(
+                t.clone(),
+                stamp,
+                server.clone(),
+                inter_broker.tls(),
+                stop.clone(),
+            );
             Some(server)
         }
         None => None,
     };
-    // A SASL listener: this process's connections to other brokers log in as the
-    // bootstrap user.
-    if let Some(sasl) = &config.sasl {
+    // A SASL inter-broker listener: this process's connections to other brokers log in
+    // as the bootstrap user.
+    if let Some(sasl) = config.sasl.as_ref().filter(|_| inter_broker.sasl()) {
         sluice_client::sasl::set_peer_sasl(sluice_client::sasl::Credentials {
             mechanism: sasl.peer_mechanism(),
             user: sasl.bootstrap_user.clone(),
@@ -436,6 +448,7 @@ fn watch_tls_files(
     settings: crate::base::config::TlsSettings,
     mut seen: Vec<FileStamp>,
     listener: Arc<sluice_client::tls::ListenerTls>,
+    peer: bool,
     stop: Arc<AtomicBool>,
 ) {
     let hup = Arc::new(AtomicBool::new(false));
@@ -459,10 +472,12 @@ fn watch_tls_files(
                     Ok((s, files.peer_config()?, files.controller_configs()?))
                 });
                 match loaded {
-                    Ok((server, peer, controller)) => {
+                    Ok((server, peer_tls, controller)) => {
                         listener.replace(server);
-                        sluice_client::tls::set_peer_tls(peer);
-                        sluice_client::tls::set_controller_tls(controller);
+                        if peer {
+                            sluice_client::tls::set_peer_tls(peer_tls);
+                            sluice_client::tls::set_controller_tls(controller);
+                        }
                         tracing::info!(why, certificate = %files.certificate.display(), "TLS files reloaded: new connections use them");
                     }
                     Err(e) => {
@@ -543,6 +558,19 @@ async fn run_shard(
             host: advertised.0,
             port: advertised.1,
             rack: config.rack.clone(),
+            endpoints: match config.listeners.len() {
+                1 => Vec::new(),
+                _ => config
+                    .listeners
+                    .iter()
+                    .map(|l| sluice_replication::cluster::Endpoint {
+                        listener: l.name.clone(),
+                        host: l.advertised_host.clone(),
+                        port: l.advertised_port,
+                        security_protocol: l.protocol.id(),
+                    })
+                    .collect(),
+            },
             directory: directory.clone(),
             auto_leader_rebalance: config.auto_leader_rebalance_enable,
         })?)
@@ -664,19 +692,39 @@ async fn run_shard(
     // without recovery.
     let (clean, recovered) = broker.storage.logs_opened();
     tracing::info!(%shard, clean, recovered, "logs opened: {clean} clean, {recovered} recovered");
-    let listener = crate::serve::server::bind(listen).map_err(|source| ShardError::Bind {
-        addr: listen,
-        source,
-    })?;
-    let server = glommio::spawn_local(crate::serve::server::serve(
-        broker.clone(),
-        listener,
-        tls.clone(),
-    ));
+    // Every listener, its connections counted together against the shard's budget.
+    let slots = crate::serve::server::connection_slots(&broker);
+    let mut servers = Vec::new();
+    for l in &broker.config.listeners {
+        let socket = crate::serve::server::bind(l.bind).map_err(|source| ShardError::Bind {
+            addr: l.bind,
+            source,
+        })?;
+        let ctx = Rc::new(crate::serve::server::ListenerCtx {
+            name: Rc::from(l.name.as_str()),
+            protocol: l.protocol,
+            tls: tls.clone(),
+        });
+        servers.push(glommio::spawn_local(crate::serve::server::serve(
+            broker.clone(),
+            socket,
+            ctx,
+            slots.clone(),
+        )));
+    }
     listening.set(true);
     broker.metrics.set_serving(shard.0, true);
     if ready.fetch_add(1, Ordering::SeqCst) + 1 == broker.table.shard_count() {
-        tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
+        let others: Vec<String> = broker.config.listeners[1..]
+            .iter()
+            .map(|l| format!("{}://{}", l.name, l.bind))
+            .collect();
+        if others.is_empty() {
+            tracing::info!(%listen, "sluice ready: Kafka API on {listen} (try: kcat -b {listen} -L)");
+        } else {
+            let others = others.join(", ");
+            tracing::info!(%listen, %others, "sluice ready: Kafka API on {listen} (inter-broker listener) and {others}");
+        }
         // systemd's Type=notify: the unit is started once every shard serves.
         crate::base::host::notify(&format!("READY=1\nSTATUS=serving Kafka on {listen}"));
     }
@@ -734,7 +782,9 @@ async fn run_shard(
     }
     listening.set(false);
     broker.metrics.set_serving(shard.0, false);
-    drop(server.cancel());
+    for server in servers {
+        drop(server.cancel());
+    }
     broker.close_all().await;
     tracing::info!(%shard, "shard stopped");
     Ok(())

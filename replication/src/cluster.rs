@@ -36,15 +36,19 @@
 //!   ElectLeaders): no voter may run an older build when one is asked for, nor
 //!   when a partition reassignment ([`Command::Reassign`]) or a SCRAM credential
 //!   change ([`Command::AlterScramCredentials`]) or a group config change
-//!   ([`Command::AlterGroupConfigs`]) is.
+//!   ([`Command::AlterGroupConfigs`]) is, nor when a broker with several named
+//!   listeners registers ([`Command::RegisterBrokerListeners`]; a broker with one
+//!   listener still registers with the older commands).
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
 //!   through [`legacy::ClusterStateV2`], version 3 (before reassignments) through
 //!   [`legacy::ClusterStateV3`], version 4 (before SCRAM credentials) through
 //!   [`legacy::ClusterStateV4`], version 5 (before group configs) through
-//!   [`legacy::ClusterStateV5`]. Fixtures written by the version-1 to -5 builds
-//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v5.hex`) are decoded by
+//!   [`legacy::ClusterStateV5`], version 6 (before ACLs and quotas) through
+//!   [`legacy::ClusterStateV6`], version 7 (before named listeners) through
+//!   [`legacy::ClusterStateV7`]. Fixtures written by the version-1 to -7 builds
+//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v7.hex`) are decoded by
 //!   the unit tests.
 //!
 //! ## Replica slots
@@ -82,14 +86,13 @@ use crate::acl::Acl;
 use crate::quota::{ClientQuota, QuotaChange};
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 7: ACLs and client
-/// quotas; version 6 added
-/// group configs,
+/// The first bytes of a snapshot in the current format (version 8: named listeners'
+/// endpoints; version 7 added ACLs and client quotas, version 6 group configs,
 /// version 5 added SCRAM credentials, version 4 reassignments and directory ids,
 /// version 3 replica slots, version 2 racks and broker configs); a snapshot without
 /// them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x07\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x08\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -112,6 +115,19 @@ pub struct BrokerInfo {
     pub fenced: bool,
     /// Kafka's `broker.rack`: the failure domain (zone) placement spreads replicas over.
     pub rack: Option<String>,
+}
+
+/// One of a broker's named listeners as clients reach it (Kafka's advertised.listeners
+/// entry with its listener.security.protocol.map protocol): see
+/// [`Command::RegisterBrokerListeners`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The listener's name (`CLIENT`, `INTERNAL`, `PLAINTEXT` …), upper case.
+    pub listener: String,
+    pub host: String,
+    pub port: i32,
+    /// Kafka's SecurityProtocol id: 0 PLAINTEXT, 1 SSL, 2 SASL_PLAINTEXT, 3 SASL_SSL.
+    pub security_protocol: i16,
 }
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -204,6 +220,11 @@ pub struct ClusterState {
     pub acls: Vec<Acl>,
     /// Client quotas by entity, sorted by entity: see [`Command::AlterClientQuotas`].
     pub quotas: Vec<ClientQuota>,
+    /// Per broker that registered named listeners, every listener's endpoint, the
+    /// inter-broker one first (its host and port are also the [`BrokerInfo`]'s): see
+    /// [`Command::RegisterBrokerListeners`]. A broker absent here has one listener,
+    /// the [`BrokerInfo`]'s, whatever name a client connected through.
+    pub endpoints: BTreeMap<BrokerId, Vec<Endpoint>>,
 }
 
 /// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
@@ -396,6 +417,16 @@ pub enum Command {
     AlterClientQuotas {
         changes: Vec<QuotaChange>,
     },
+    /// [`Command::RegisterBroker`] (or `…InRack`) of a broker with several named
+    /// listeners: `endpoints[0]` is its inter-broker listener, whose host and port the
+    /// [`BrokerInfo`] keeps; the rest are kept in [`ClusterState::endpoints`] for the
+    /// answers to clients that connected through them.
+    RegisterBrokerListeners {
+        id: BrokerId,
+        incarnation: u64,
+        rack: Option<String>,
+        endpoints: Vec<Endpoint>,
+    },
 }
 
 /// One partition's reassignment in [`Command::Reassign`].
@@ -545,6 +576,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            7 => rkyv::from_bytes::<legacy::ClusterStateV7, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             6 => rkyv::from_bytes::<legacy::ClusterStateV6, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -845,14 +879,20 @@ impl ClusterState {
                 host,
                 port,
                 incarnation,
-            } => self.register(*id, host, *port, *incarnation, None),
+            } => {
+                self.register(*id, host, *port, *incarnation, None);
+                self.endpoints.remove(id);
+            }
             Command::RegisterBrokerInRack {
                 id,
                 host,
                 port,
                 incarnation,
                 rack,
-            } => self.register(*id, host, *port, *incarnation, Some(rack)),
+            } => {
+                self.register(*id, host, *port, *incarnation, Some(rack));
+                self.endpoints.remove(id);
+            }
             Command::AlterBrokerConfigs { scope, configs } => {
                 if *scope != CLUSTER_DEFAULT && !self.brokers.contains_key(scope) {
                     return Err(ApplyError::UnknownBroker(*scope));
@@ -932,6 +972,7 @@ impl ClusterState {
                 self.brokers.remove(id);
                 self.directories.remove(id);
                 self.broker_configs.remove(id);
+                self.endpoints.remove(id);
             }
             Command::AlterScramCredentials { changes } => {
                 for c in changes {
@@ -983,6 +1024,34 @@ impl ClusterState {
                     return Err(ApplyError::InvalidRequest(e));
                 }
                 crate::quota::apply(&mut self.quotas, changes);
+            }
+            Command::RegisterBrokerListeners {
+                id,
+                incarnation,
+                rack,
+                endpoints,
+            } => {
+                let Some(first) = endpoints.first() else {
+                    return Err(ApplyError::InvalidRequest(format!(
+                        "broker {id} registered no listener"
+                    )));
+                };
+                for (i, e) in endpoints.iter().enumerate() {
+                    if e.listener.is_empty() || !(0..=3).contains(&e.security_protocol) {
+                        return Err(ApplyError::InvalidRequest(format!(
+                            "broker {id}: listener {:?} with security protocol {}",
+                            e.listener, e.security_protocol
+                        )));
+                    }
+                    if endpoints[..i].iter().any(|o| o.listener == e.listener) {
+                        return Err(ApplyError::InvalidRequest(format!(
+                            "broker {id} registered listener {} twice",
+                            e.listener
+                        )));
+                    }
+                }
+                self.register(*id, &first.host, first.port, *incarnation, rack.as_ref());
+                self.endpoints.insert(*id, endpoints.clone());
             }
             Command::RecordDirectory { id, directory } => {
                 if directory.is_empty() {
@@ -1655,7 +1724,8 @@ pub mod legacy {
     use rkyv::{Archive, Deserialize, Serialize};
 
     use super::{
-        BrokerInfo, ClusterState, PartitionState, Reassignment, ScramCredential, TopicState,
+        Acl, BrokerInfo, ClientQuota, ClusterState, PartitionState, Reassignment, ScramCredential,
+        TopicState,
     };
     use crate::BrokerId;
 
@@ -1727,7 +1797,46 @@ pub mod legacy {
         pub replicas_placed: BTreeMap<BrokerId, u64>,
     }
 
-    /// Version 6: before ACLs.
+    /// Version 7: before named listeners.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV7 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+        pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+        pub directories: BTreeMap<BrokerId, String>,
+        pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+        pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+        pub acls: Vec<Acl>,
+        pub quotas: Vec<ClientQuota>,
+    }
+
+    impl From<ClusterStateV7> for ClusterState {
+        fn from(v7: ClusterStateV7) -> ClusterState {
+            ClusterState {
+                cluster_id: v7.cluster_id,
+                brokers: v7.brokers,
+                topics: v7.topics,
+                next_producer_id: v7.next_producer_id,
+                version: v7.version,
+                broker_configs: v7.broker_configs,
+                replicas_placed: v7.replicas_placed,
+                reassignments: v7.reassignments,
+                directories: v7.directories,
+                scram: v7.scram,
+                group_configs: v7.group_configs,
+                acls: v7.acls,
+                quotas: v7.quotas,
+                endpoints: BTreeMap::new(),
+            }
+        }
+    }
+
+    /// Version 6: before ACLs and client quotas.
     #[derive(Archive, Serialize, Deserialize, Debug)]
     pub struct ClusterStateV6 {
         pub cluster_id: String,
@@ -1759,6 +1868,7 @@ pub mod legacy {
                 group_configs: v6.group_configs,
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -1794,6 +1904,7 @@ pub mod legacy {
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -1828,6 +1939,7 @@ pub mod legacy {
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -1848,6 +1960,7 @@ pub mod legacy {
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -1869,6 +1982,7 @@ pub mod legacy {
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -1921,6 +2035,7 @@ pub mod legacy {
                 group_configs: BTreeMap::new(),
                 acls: Vec::new(),
                 quotas: Vec::new(),
+                endpoints: BTreeMap::new(),
             }
         }
     }
@@ -2793,6 +2908,97 @@ mod tests {
         assert!(s.acls.is_empty());
         assert!(s.encode().starts_with(STATE_MAGIC));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    /// Writes `testdata/state-v7.hex` (run once with SLUICE_WRITE_STATE_V7=1): the
+    /// version-7 layout, [`legacy::ClusterStateV7`], as the version-7 build wrote it.
+    #[test]
+    fn version_7_snapshots_decode_without_listeners() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/state-v7.hex");
+        if std::env::var_os("SLUICE_WRITE_STATE_V7").is_some() {
+            let mut s = cluster(2);
+            s.cluster_id = "v7-cluster-id".into();
+            s.scram
+                .entry("alice".into())
+                .or_default()
+                .insert(1, credential(7));
+            let v7 = legacy::ClusterStateV7 {
+                cluster_id: s.cluster_id,
+                brokers: s.brokers,
+                topics: s.topics,
+                next_producer_id: s.next_producer_id,
+                version: s.version,
+                broker_configs: s.broker_configs,
+                replicas_placed: s.replicas_placed,
+                reassignments: s.reassignments,
+                directories: s.directories,
+                scram: s.scram,
+                group_configs: s.group_configs,
+                acls: s.acls,
+                quotas: s.quotas,
+            };
+            let mut bytes = b"SLCST\x00\x07\x00".to_vec();
+            bytes.extend_from_slice(&rkyv::to_bytes::<rkyv::rancor::Error>(&v7).unwrap());
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            std::fs::write(path, hex + "\n").unwrap();
+        }
+        let s =
+            ClusterState::decode(&hex_fixture(&std::fs::read_to_string(path).unwrap())).unwrap();
+        assert_eq!(s.cluster_id, "v7-cluster-id");
+        assert_eq!(s.brokers.len(), 2);
+        assert_eq!(s.brokers[&2].port, 9093);
+        assert_eq!(s.scram["alice"][&1], credential(7));
+        assert!(s.endpoints.is_empty());
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    fn endpoint(listener: &str, port: i32, security_protocol: i16) -> Endpoint {
+        Endpoint {
+            listener: listener.into(),
+            host: "127.0.0.1".into(),
+            port,
+            security_protocol,
+        }
+    }
+
+    #[test]
+    fn named_listeners_register_and_are_kept_in_snapshots() {
+        let mut s = cluster(2);
+        let eps = vec![endpoint("INTERNAL", 9200, 1), endpoint("CLIENT", 9300, 3)];
+        s.apply(&Command::RegisterBrokerListeners {
+            id: 2,
+            incarnation: 2,
+            rack: Some("zone-b".into()),
+            endpoints: eps.clone(),
+        })
+        .unwrap();
+        // The inter-broker listener (the first) is the broker's own host and port.
+        assert_eq!(
+            (s.brokers[&2].port, s.brokers[&2].rack.as_deref()),
+            (9200, Some("zone-b"))
+        );
+        assert!(!s.brokers[&2].fenced);
+        assert_eq!(s.endpoints[&2], eps);
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        // Refused: no listener, a name twice, an unknown protocol.
+        for bad in [
+            vec![],
+            vec![endpoint("A", 1, 0), endpoint("A", 2, 0)],
+            vec![endpoint("A", 1, 9)],
+        ] {
+            let r = s.apply(&Command::RegisterBrokerListeners {
+                id: 2,
+                incarnation: 3,
+                rack: None,
+                endpoints: bad,
+            });
+            assert!(matches!(r, Err(ApplyError::InvalidRequest(_))), "{r:?}");
+        }
+        assert_eq!(s.endpoints[&2], eps);
+        // Registering again with one listener drops the named ones.
+        register(&mut s, 2, 4);
+        assert!(!s.endpoints.contains_key(&2));
     }
 
     #[test]

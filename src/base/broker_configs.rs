@@ -264,12 +264,18 @@ fn static_configs(
         .collect::<Vec<_>>()
         .join(",");
     let s = |v: &dyn ToString| Some(v.to_string());
+    let named = c.given.contains(&"listeners");
+    let joined = |f: &dyn Fn(&crate::base::config::Listener) -> String| {
+        Some(c.listeners.iter().map(f).collect::<Vec<_>>().join(","))
+    };
     vec![
         ("broker.id", s(&c.node_id), Some("node_id"), "This broker's id (--node-id)."),
         ("node.id", s(&c.node_id), Some("node_id"), "This node's id (--node-id)."),
         ("broker.rack", c.rack.clone(), Some("rack"), "The rack or zone of this broker (--rack): replica placement spreads partitions over racks, and consumers in a rack may read from its replicas."),
-        ("listeners", Some(format!("PLAINTEXT://{}", c.listen)), Some("listen"), "The Kafka listener (--listen)."),
-        ("advertised.listeners", Some(format!("PLAINTEXT://{}:{}", c.advertised_host, c.advertised_port)), Some("advertised"), "The address clients are told to use (--advertised)."),
+        ("listeners", joined(&|l| format!("{}://{}", l.name, l.bind)), Some(if named { "listeners" } else { "listen" }), "The Kafka listeners (--listeners, or --listen)."),
+        ("advertised.listeners", joined(&|l| format!("{}://{}:{}", l.name, l.advertised_host, l.advertised_port)), Some(if named { "advertised_listeners" } else { "advertised" }), "The addresses clients are told to use, per listener (--advertised-listeners, or --advertised)."),
+        ("listener.security.protocol.map", joined(&|l| format!("{}:{}", l.name, l.protocol.name())), Some(if named { "listener_security_protocol_map" } else { "security_protocol" }), "Each listener's security protocol (--listener-security-protocol-map, or --security-protocol)."),
+        ("inter.broker.listener.name", Some(c.listeners[0].name.clone()), Some("inter_broker_listener_name"), "The listener brokers connect to each other through (--inter-broker-listener-name)."),
         ("process.roles", s(&match (c.broker_role, c.controller_role) { (true, true) => "broker,controller", (true, false) => "broker", _ => "controller" }), Some("process_roles"), "broker,controller: a metadata quorum voter or one AddRaftVoter may make one; broker: never votes (--process-roles)."),
         ("controller.quorum.voters", Some(voters), Some("controller_quorum"), "The metadata quorum's bootstrap voters (--controller-quorum); the current ones: DescribeQuorum."),
         ("log.dirs", s(&c.data_dir.display()), Some("data_dir"), "The data directory (--data-dir)."),

@@ -213,6 +213,27 @@ settings! {
     /// each other as, created if it has no credentials) or `SASL_SSL` (both) [default:
     /// PLAINTEXT].
     security_protocol: String, example = "SSL".into();
+    /// Several named listeners instead of --listen and --security-protocol (Kafka's
+    /// listeners): `NAME://IP:PORT`, comma-separated, each name's protocol from
+    /// --listener-security-protocol-map. Clients are answered (Metadata,
+    /// FindCoordinator, DescribeCluster) with every broker's endpoint of the listener
+    /// they connected through [default: one listener, from --listen and
+    /// --security-protocol].
+    listeners: String, example = "CLIENT://0.0.0.0:9093,INTERNAL://127.0.0.1:9094".into();
+    /// What clients are told per listener (Kafka's advertised.listeners):
+    /// `NAME://HOST:PORT`, comma-separated; a listener not named here advertises its
+    /// address (which must then not be 0.0.0.0 or ::) [default: each listener's
+    /// address].
+    advertised_listeners: String, example = "CLIENT://broker1.example.com:9093".into();
+    /// Each listener name's security protocol (Kafka's
+    /// listener.security.protocol.map): `NAME:PROTOCOL`, comma-separated [default:
+    /// PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL name themselves].
+    listener_security_protocol_map: String, example = "CLIENT:SASL_SSL,INTERNAL:SSL".into();
+    /// The listener brokers connect to each other through (Kafka's
+    /// inter.broker.listener.name; the same name on every broker): replication,
+    /// transaction markers and the controller port's TLS follow its protocol
+    /// [default: the first of --listeners].
+    inter_broker_listener_name: String, example = "INTERNAL".into();
     /// The SASL mechanisms a SASL listener offers (Kafka's sasl.enabled.mechanisms):
     /// any of SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN (checked against the users' SCRAM
     /// credentials; its password crosses the wire, so use it over SASL_SSL).
@@ -437,6 +458,261 @@ impl Settings {
     }
 }
 
+/// A Kafka listener's security protocol (Kafka's SecurityProtocol, with its ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn parse(name: &str) -> Option<SecurityProtocol> {
+        Some(match name.trim().to_ascii_uppercase().as_str() {
+            "PLAINTEXT" => SecurityProtocol::Plaintext,
+            "SSL" => SecurityProtocol::Ssl,
+            "SASL_PLAINTEXT" => SecurityProtocol::SaslPlaintext,
+            "SASL_SSL" => SecurityProtocol::SaslSsl,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SecurityProtocol::Plaintext => "PLAINTEXT",
+            SecurityProtocol::Ssl => "SSL",
+            SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+            SecurityProtocol::SaslSsl => "SASL_SSL",
+        }
+    }
+
+    /// Kafka's id (`SecurityProtocol.id`).
+    pub fn id(self) -> i16 {
+        match self {
+            SecurityProtocol::Plaintext => 0,
+            SecurityProtocol::Ssl => 1,
+            SecurityProtocol::SaslPlaintext => 2,
+            SecurityProtocol::SaslSsl => 3,
+        }
+    }
+
+    pub fn tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    pub fn sasl(self) -> bool {
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
+    }
+}
+
+/// One Kafka listener: where it binds, what it speaks, what clients are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Upper case (`PLAINTEXT` for the one --listen makes).
+    pub name: String,
+    pub protocol: SecurityProtocol,
+    pub bind: SocketAddr,
+    pub advertised_host: String,
+    pub advertised_port: i32,
+}
+
+/// `HOST:PORT` (a bracketed IPv6 host too) into its parts; `flag` names the setting.
+fn host_port(flag: &str, value: &str) -> Result<(String, u16), ConfigError> {
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| bad_value(flag, value, "expected HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|e| bad_value(flag, value, format!("bad port ({e})")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(bad_value(flag, value, "expected HOST:PORT"));
+    }
+    Ok((host.to_string(), port))
+}
+
+/// `NAME://REST` entries of a comma-separated list (Kafka's listeners syntax).
+fn named_entries<'a>(flag: &str, list: &'a str) -> Result<Vec<(String, &'a str)>, ConfigError> {
+    let mut out: Vec<(String, &str)> = Vec::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, rest) = entry
+            .split_once("://")
+            .ok_or_else(|| bad_value(flag, entry, "expected NAME://HOST:PORT"))?;
+        let name = name.trim().to_ascii_uppercase();
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(bad_value(
+                flag,
+                entry,
+                "a listener name is letters, digits, _ and -",
+            ));
+        }
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(bad_value(
+                flag,
+                entry,
+                format!("listener {name} is named twice"),
+            ));
+        }
+        out.push((name, rest));
+    }
+    Ok(out)
+}
+
+/// The listeners: --listeners with their protocols, advertised addresses and the
+/// inter-broker one first; or the one --listen, --advertised and --security-protocol
+/// describe (named after its protocol, as Kafka's default map does).
+fn listeners(s: &Resolved, given: &[&str]) -> Result<Vec<Listener>, ConfigError> {
+    let Some(list) = s.listeners.as_deref() else {
+        for flag in [
+            "advertised_listeners",
+            "listener_security_protocol_map",
+            "inter_broker_listener_name",
+        ] {
+            if given.contains(&flag) {
+                return Err(broken_rule(
+                    &format!("--{}", flag.replace('_', "-")),
+                    "only used with --listeners",
+                ));
+            }
+        }
+        let bind: SocketAddr = s
+            .listen
+            .parse()
+            .map_err(|e| bad_value("--listen", &s.listen, format!("expected IP:PORT ({e})")))?;
+        let advertised = s.advertised.clone().unwrap_or_else(|| bind.to_string());
+        let (host, port) = host_port("--advertised", &advertised)?;
+        let name = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
+        let protocol = SecurityProtocol::parse(name).ok_or_else(|| {
+            bad_value(
+                "--security-protocol",
+                name,
+                "expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+            )
+        })?;
+        return Ok(vec![Listener {
+            name: protocol.name().to_string(),
+            protocol,
+            bind,
+            advertised_host: host,
+            advertised_port: i32::from(port),
+        }]);
+    };
+    for flag in ["listen", "advertised", "security_protocol"] {
+        if given.contains(&flag) {
+            return Err(broken_rule(
+                &format!("--{}", flag.replace('_', "-")),
+                "not with --listeners (give each listener there, its protocol in --listener-security-protocol-map and its address for clients in --advertised-listeners)",
+            ));
+        }
+    }
+    let mut map: Vec<(String, SecurityProtocol)> = Vec::new();
+    for entry in s
+        .listener_security_protocol_map
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let flag = "--listener-security-protocol-map";
+        let (name, proto) = entry
+            .split_once(':')
+            .ok_or_else(|| bad_value(flag, entry, "expected NAME:PROTOCOL"))?;
+        let protocol = SecurityProtocol::parse(proto).ok_or_else(|| {
+            bad_value(
+                flag,
+                entry,
+                "expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
+            )
+        })?;
+        map.push((name.trim().to_ascii_uppercase(), protocol));
+    }
+    let advertised = named_entries(
+        "--advertised-listeners",
+        s.advertised_listeners.as_deref().unwrap_or(""),
+    )?;
+    let mut out = Vec::new();
+    for (name, addr) in named_entries("--listeners", list)? {
+        let bind: SocketAddr = addr
+            .parse()
+            .map_err(|e| bad_value("--listeners", addr, format!("expected IP:PORT ({e})")))?;
+        let protocol = map
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| *p)
+            .or_else(|| SecurityProtocol::parse(&name))
+            .ok_or_else(|| {
+                bad_value(
+                    "--listener-security-protocol-map",
+                    s.listener_security_protocol_map.as_deref().unwrap_or(""),
+                    format!("listener {name} has no security protocol"),
+                )
+            })?;
+        if out
+            .iter()
+            .any(|l: &Listener| l.bind.port() == bind.port() && bind.port() != 0)
+        {
+            return Err(bad_value(
+                "--listeners",
+                list,
+                format!("port {} is used twice", bind.port()),
+            ));
+        }
+        let (host, port) = match advertised.iter().find(|(n, _)| *n == name) {
+            Some((_, a)) => host_port("--advertised-listeners", a)?,
+            None if bind.ip().is_unspecified() => {
+                return Err(bad_value(
+                    "--advertised-listeners",
+                    s.advertised_listeners.as_deref().unwrap_or("none"),
+                    format!("listener {name} binds {bind}: give the address clients use"),
+                ))
+            }
+            None => (bind.ip().to_string(), bind.port()),
+        };
+        out.push(Listener {
+            name,
+            protocol,
+            bind,
+            advertised_host: host,
+            advertised_port: i32::from(port),
+        });
+    }
+    if out.is_empty() {
+        return Err(bad_value("--listeners", list, "no listener"));
+    }
+    if let Some((name, _)) = advertised
+        .iter()
+        .find(|(n, _)| !out.iter().any(|l| l.name == *n))
+    {
+        return Err(bad_value(
+            "--advertised-listeners",
+            s.advertised_listeners.as_deref().unwrap_or(""),
+            format!("{name} is not one of --listeners"),
+        ));
+    }
+    if let Some(inter) = s.inter_broker_listener_name.as_deref() {
+        let inter = inter.trim().to_ascii_uppercase();
+        let i = out.iter().position(|l| l.name == inter).ok_or_else(|| {
+            bad_value(
+                "--inter-broker-listener-name",
+                &inter,
+                "not one of --listeners",
+            )
+        })?;
+        let l = out.remove(i);
+        out.insert(0, l);
+    }
+    Ok(out)
+}
+
 /// The resolved configuration of one broker process.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -445,9 +721,12 @@ pub struct BrokerConfig {
     /// Host and port clients are told to connect to (Metadata, DescribeCluster).
     pub advertised_host: String,
     pub advertised_port: i32,
-    /// The Kafka listener's TLS (`--security-protocol SSL` or `SASL_SSL`).
+    /// Every Kafka listener, the inter-broker one first (whose address, host and port
+    /// are also `listen` and `advertised_*`): one for --listen, or --listeners'.
+    pub listeners: Vec<Listener>,
+    /// The TLS of the listeners that are SSL or SASL_SSL.
     pub tls: Option<TlsSettings>,
-    /// The Kafka listener's SASL (`--security-protocol SASL_PLAINTEXT` or `SASL_SSL`).
+    /// The SASL of the listeners that are SASL_PLAINTEXT or SASL_SSL.
     pub sasl: Option<SaslSettings>,
     /// `--authorizer` with its super users (the SASL bootstrap user among them) and
     /// `--allow-everyone-if-no-acl-found`; `None` when ACLs are not checked.
@@ -565,6 +844,17 @@ fn metrics_listen(given: Option<&str>, kafka: SocketAddr) -> Result<MetricsListe
 }
 
 impl BrokerConfig {
+    /// What clients of listener `name` are told to connect to (the inter-broker
+    /// listener's address for `""` or an unknown name).
+    pub fn advertised_for(&self, name: &str) -> (&str, i32) {
+        let l = self
+            .listeners
+            .iter()
+            .find(|l| *l.name == *name)
+            .unwrap_or(&self.listeners[0]);
+        (&l.advertised_host, l.advertised_port)
+    }
+
     /// This broker's id ([`Self::node_id`]) as the broker's own structs carry it.
     pub fn broker_id(&self) -> BrokerId {
         BrokerId::new(self.node_id)
@@ -578,21 +868,10 @@ impl BrokerConfig {
         check_group_settings(&s)?;
         let (controller_listen, controller_quorum, (controller_role, broker_role)) =
             check_cluster_settings(&s)?;
-        let listen: SocketAddr = s
-            .listen
-            .parse()
-            .map_err(|e| bad_value("--listen", &s.listen, format!("expected IP:PORT ({e})")))?;
-        let advertised = s.advertised.clone().unwrap_or_else(|| listen.to_string());
-        let (host, port) = advertised
-            .rsplit_once(':')
-            .ok_or_else(|| bad_value("--advertised", &advertised, "expected HOST:PORT"))?;
-        let port: u16 = port
-            .parse()
-            .map_err(|e| bad_value("--advertised", &advertised, format!("bad port ({e})")))?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
+        let listeners = listeners(&s, &settings_given)?;
+        let listen = listeners[0].bind;
+        let host = listeners[0].advertised_host.clone();
+        let port = listeners[0].advertised_port;
         let cores = s.cores.unwrap_or(online_cpus.max(1));
         let rack_aware_fetch = match s.replica_selector.as_str() {
             "rack" => true,
@@ -666,14 +945,15 @@ impl BrokerConfig {
                 "must be between 1 and 1000",
             ));
         }
-        let tls = tls_settings(&s)?;
-        let sasl = sasl_settings(&s, std::env::var(SASL_BOOTSTRAP_ENV).ok())?;
+        let tls = tls_settings(&s, &listeners)?;
+        let sasl = sasl_settings(&s, &listeners, std::env::var(SASL_BOOTSTRAP_ENV).ok())?;
         let authorizer = authorizer_settings(&s, sasl.as_ref())?;
         Ok(BrokerConfig {
             node_id: s.node_id,
             listen,
             advertised_host: host,
-            advertised_port: i32::from(port),
+            advertised_port: port,
+            listeners,
             tls,
             sasl,
             authorizer,
@@ -777,15 +1057,14 @@ impl TlsSettings {
 }
 
 /// `--security-protocol` and the `--ssl-*` settings, checked together.
-fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
+fn tls_settings(s: &Resolved, listeners: &[Listener]) -> Result<Option<TlsSettings>, ConfigError> {
     let given = [
         ("--ssl-certificate", &s.ssl_certificate),
         ("--ssl-key", &s.ssl_key),
         ("--ssl-ca", &s.ssl_ca),
     ];
-    let protocol = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
-    match protocol.to_ascii_uppercase().as_str() {
-        "PLAINTEXT" | "SASL_PLAINTEXT" => {
+    match listeners.iter().any(|l| l.protocol.tls()) {
+        false => {
             if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
                 return Err(bad_value(
                     flag,
@@ -795,7 +1074,7 @@ fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
             }
             Ok(None)
         }
-        "SSL" | "SASL_SSL" => {
+        true => {
             let auth =
                 sluice_client::tls::ClientAuth::parse(&s.ssl_client_auth).ok_or_else(|| {
                     bad_value(
@@ -818,11 +1097,6 @@ fn tls_settings(s: &Resolved) -> Result<Option<TlsSettings>, ConfigError> {
                 client_auth: auth,
             }))
         }
-        _ => Err(bad_value(
-            "--security-protocol",
-            protocol,
-            "expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL",
-        )),
     }
 }
 
@@ -912,12 +1186,13 @@ fn authorizer_settings(
 /// setting given to another listener is refused.
 fn sasl_settings(
     s: &Resolved,
+    listeners: &[Listener],
     bootstrap: Option<String>,
 ) -> Result<Option<SaslSettings>, ConfigError> {
-    let protocol = s.security_protocol.as_deref().unwrap_or("PLAINTEXT");
-    if !protocol.to_ascii_uppercase().starts_with("SASL_") {
+    let Some(sasl) = listeners.iter().find(|l| l.protocol.sasl()) else {
         return Ok(None);
-    }
+    };
+    let protocol = sasl.protocol.name();
     let mut mechanisms = Vec::new();
     for name in s.sasl_enabled_mechanisms.split(',').map(str::trim) {
         let m = sluice_client::sasl::Mechanism::parse(name).ok_or_else(|| {
@@ -1328,12 +1603,131 @@ mod tests {
     }
 
     #[test]
+    fn named_listeners_resolve_with_protocols_addresses_and_the_inter_broker_one_first() {
+        let c = BrokerConfig::resolve(
+            flags(&[
+                "--listeners=client://0.0.0.0:9093,INTERNAL://127.0.0.1:9094,PLAINTEXT://127.0.0.1:9095",
+                "--advertised-listeners=CLIENT://kafka.example.com:19093",
+                "--listener-security-protocol-map=CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT",
+                "--inter-broker-listener-name=internal",
+            ]),
+            2,
+        );
+        // A SASL listener needs the bootstrap user from the environment.
+        let e = c.unwrap_err().to_string();
+        assert!(e.contains(SASL_BOOTSTRAP_ENV), "{e}");
+        let r = flags(&[
+            "--listeners=client://0.0.0.0:9093,INTERNAL://127.0.0.1:9094,PLAINTEXT://127.0.0.1:9095",
+            "--advertised-listeners=CLIENT://kafka.example.com:19093",
+            "--listener-security-protocol-map=CLIENT:SASL_PLAINTEXT,INTERNAL:PLAINTEXT",
+            "--inter-broker-listener-name=internal",
+        ]);
+        let given = r.given();
+        let l = listeners(&r.with_defaults(), &given).unwrap();
+        let names: Vec<_> = l
+            .iter()
+            .map(|l| {
+                (
+                    l.name.as_str(),
+                    l.protocol,
+                    l.advertised_host.as_str(),
+                    l.advertised_port,
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("INTERNAL", SecurityProtocol::Plaintext, "127.0.0.1", 9094),
+                (
+                    "CLIENT",
+                    SecurityProtocol::SaslPlaintext,
+                    "kafka.example.com",
+                    19093
+                ),
+                ("PLAINTEXT", SecurityProtocol::Plaintext, "127.0.0.1", 9095),
+            ]
+        );
+        // Without --listeners: one listener named after its protocol.
+        let one = BrokerConfig::resolve(flags(&["--listen=127.0.0.1:9500"]), 2).unwrap();
+        assert_eq!(one.listeners.len(), 1);
+        assert_eq!(
+            (
+                one.listeners[0].name.as_str(),
+                one.listen.port(),
+                one.advertised_port
+            ),
+            ("PLAINTEXT", 9500, 9500)
+        );
+        // Refused, each with the flag named.
+        for (args, flag) in [
+            (
+                vec!["--listeners=A://127.0.0.1:1"],
+                "--listener-security-protocol-map",
+            ),
+            (
+                vec!["--listeners=PLAINTEXT://0.0.0.0:1"],
+                "--advertised-listeners",
+            ),
+            (
+                vec![
+                    "--listeners=PLAINTEXT://127.0.0.1:1",
+                    "--listen=127.0.0.1:2",
+                ],
+                "--listen",
+            ),
+            (
+                vec!["--listeners=PLAINTEXT://127.0.0.1:1,plaintext://127.0.0.1:2"],
+                "--listeners",
+            ),
+            (
+                vec!["--listeners=PLAINTEXT://127.0.0.1:1,SSL://127.0.0.1:1"],
+                "--listeners",
+            ),
+            (
+                vec![
+                    "--listeners=PLAINTEXT://127.0.0.1:1",
+                    "--inter-broker-listener-name=X",
+                ],
+                "--inter-broker-listener-name",
+            ),
+            (
+                vec![
+                    "--listeners=PLAINTEXT://127.0.0.1:1",
+                    "--advertised-listeners=X://h:1",
+                ],
+                "--advertised-listeners",
+            ),
+            (
+                vec!["--advertised-listeners=PLAINTEXT://h:1"],
+                "--advertised-listeners",
+            ),
+            (
+                vec![
+                    "--listeners=A://127.0.0.1:1",
+                    "--listener-security-protocol-map=A:TLS",
+                ],
+                "--listener-security-protocol-map",
+            ),
+        ] {
+            let e = BrokerConfig::resolve(flags(&args), 2)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
     fn sasl_listeners_need_the_bootstrap_user_and_known_mechanisms() {
         let resolved = |args: &[&str]| flags(args).with_defaults();
         let sasl = resolved(&["--security-protocol=SASL_SSL"]);
-        let s = sasl_settings(&sasl, Some("admin:pw:with:colons".into()))
-            .unwrap()
-            .unwrap();
+        let s = sasl_settings(
+            &sasl,
+            &listeners(&sasl, &[]).unwrap(),
+            Some("admin:pw:with:colons".into()),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             s.mechanisms,
             vec![
@@ -1349,18 +1743,27 @@ mod tests {
             !format!("{s:?}").contains("pw:with"),
             "the password is not printed"
         );
-        let missing = sasl_settings(&sasl, None).unwrap_err().to_string();
+        let missing = sasl_settings(&sasl, &listeners(&sasl, &[]).unwrap(), None)
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains(SASL_BOOTSTRAP_ENV), "{missing}");
         for bad in ["admin", ":pw", "admin:"] {
-            assert!(sasl_settings(&sasl, Some(bad.into())).is_err(), "{bad}");
+            assert!(
+                sasl_settings(&sasl, &listeners(&sasl, &[]).unwrap(), Some(bad.into())).is_err(),
+                "{bad}"
+            );
         }
         let unknown = resolved(&[
             "--security-protocol=SASL_PLAINTEXT",
             "--sasl-enabled-mechanisms=PLAIN,GSSAPI",
         ]);
-        let e = sasl_settings(&unknown, Some("a:b".into()))
-            .unwrap_err()
-            .to_string();
+        let e = sasl_settings(
+            &unknown,
+            &listeners(&unknown, &[]).unwrap(),
+            Some("a:b".into()),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("GSSAPI"), "{e}");
         // Brokers log in to each other with the first SCRAM mechanism offered, else
         // PLAIN (a PLAIN-only listener refuses SCRAM logins).
@@ -1370,7 +1773,7 @@ mod tests {
                 "--security-protocol=SASL_SSL",
                 &format!("--sasl-enabled-mechanisms={m}"),
             ]);
-            sasl_settings(&r, Some("a:b".into()))
+            sasl_settings(&r, &listeners(&r, &[]).unwrap(), Some("a:b".into()))
                 .unwrap()
                 .unwrap()
                 .peer_mechanism()
@@ -1380,7 +1783,10 @@ mod tests {
         assert_eq!(only("SCRAM-SHA-256,SCRAM-SHA-512"), Mechanism::ScramSha256);
         // Not a SASL listener: no SASL, whatever the environment says.
         let plain = resolved(&["--security-protocol=SSL"]);
-        assert_eq!(sasl_settings(&plain, Some("a:b".into())).unwrap(), None);
+        assert_eq!(
+            sasl_settings(&plain, &listeners(&plain, &[]).unwrap(), Some("a:b".into())).unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -1407,6 +1813,10 @@ mod tests {
             "--listen=127.0.0.1:1",
             "--advertised=h:1",
             "--security-protocol=SSL",
+            "--listeners=A://127.0.0.1:1",
+            "--advertised-listeners=A://h:1",
+            "--listener-security-protocol-map=A:SSL",
+            "--inter-broker-listener-name=A",
             "--sasl-enabled-mechanisms=PLAIN",
             "--authorizer=true",
             "--super-users=User:admin;User:CN=broker",
@@ -1460,7 +1870,24 @@ mod tests {
             "--metrics-listen=127.0.0.1:3",
         ];
         let s = flags(&every);
-        let c = BrokerConfig::resolve(s.clone(), 1).unwrap();
+        // --listeners replaces --listen, --advertised and --security-protocol: every
+        // setting but those three resolves, and so does every one but the four named
+        // listener settings.
+        let c = BrokerConfig::resolve(without_named_listeners(s.clone()), 1).unwrap();
+        let named = BrokerConfig::resolve(
+            Settings {
+                listen: None,
+                advertised: None,
+                security_protocol: None,
+                ..s.clone()
+            },
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            (named.listeners.len(), named.advertised_host.as_str()),
+            (1, "h")
+        );
         assert_eq!((c.node_id, c.advertised_host.as_str()), (2, "h"));
         assert!(c.controller_role);
         assert_eq!(c.socket_request_max_bytes, 2048);
@@ -1753,6 +2180,18 @@ mod tests {
             .collect();
         let every = file(&on);
         assert_eq!(every.given(), Settings::KEYS);
-        BrokerConfig::resolve(every, 1).unwrap();
+        BrokerConfig::resolve(without_named_listeners(every), 1).unwrap();
+    }
+
+    /// `s` without the settings of named listeners (which exclude --listen and the
+    /// other settings of the one listener).
+    fn without_named_listeners(s: Settings) -> Settings {
+        Settings {
+            listeners: None,
+            advertised_listeners: None,
+            listener_security_protocol_map: None,
+            inter_broker_listener_name: None,
+            ..s
+        }
     }
 }

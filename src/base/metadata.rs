@@ -25,6 +25,25 @@ pub struct BrokerMeta {
     pub fenced: bool,
     /// broker.rack
     pub rack: Option<String>,
+    /// Its named listeners' endpoints (name, host, port), if it registered several
+    /// (`--listeners`); empty: one listener, `host` and `port`.
+    pub endpoints: Vec<(String, String, i32)>,
+}
+
+impl BrokerMeta {
+    /// Where a client that connected through listener `listener` reaches this broker:
+    /// its endpoint of that name, or (a broker with one listener, or the broker's own
+    /// calls, `""`) its one address. `None`: it has no listener of that name (Kafka
+    /// leaves such a broker out of the answer).
+    pub fn endpoint(&self, listener: &str) -> Option<(&str, i32)> {
+        if self.endpoints.is_empty() || listener.is_empty() {
+            return Some((&self.host, self.port));
+        }
+        self.endpoints
+            .iter()
+            .find(|(name, _, _)| name == listener)
+            .map(|(_, host, port)| (host.as_str(), *port))
+    }
 }
 
 /// One topic.

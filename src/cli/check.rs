@@ -78,7 +78,14 @@ pub fn run(config: &BrokerConfig) -> Vec<Finding> {
     out.push(check_memlock(config.cores));
     out.push(check_nofile());
     out.push(check_clock());
-    out.push(check_port("kafka port", config.listen, "--listen"));
+    for l in &config.listeners {
+        let flag = if config.listeners.len() > 1 {
+            "--listeners"
+        } else {
+            "--listen"
+        };
+        out.push(check_port("kafka port", l.bind, flag));
+    }
     if let Some(c) = config.controller_listen {
         out.push(check_port("controller port", c, "--controller-listen"));
     }

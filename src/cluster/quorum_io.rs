@@ -155,6 +155,9 @@ pub struct QuorumConfig {
     pub host: String,
     pub port: i32,
     pub rack: Option<String>,
+    /// With several named listeners, each one's endpoint, the inter-broker one (`host`
+    /// and `port`) first; empty with one listener.
+    pub endpoints: Vec<sluice_replication::cluster::Endpoint>,
     /// The data directory's id, recorded before registering
     /// (`sluice_replication::cluster::Command::RecordDirectory`).
     pub directory: String,
@@ -1640,6 +1643,12 @@ async fn register_self(node: std::rc::Weak<QuorumNode>) {
         }
         // Without a rack, the version-1 command: voters of an older build read it.
         let cmd = match &n.cfg.rack {
+            _ if !n.cfg.endpoints.is_empty() => Command::RegisterBrokerListeners {
+                id: n.cfg.node_id,
+                incarnation: n.incarnation,
+                rack: n.cfg.rack.clone(),
+                endpoints: n.cfg.endpoints.clone(),
+            },
             None => Command::RegisterBroker {
                 id: n.cfg.node_id,
                 host: n.cfg.host.clone(),
@@ -1881,6 +1890,15 @@ pub fn image_of(
                         port: b.port,
                         fenced: b.fenced,
                         rack: b.rack.clone(),
+                        endpoints: state
+                            .endpoints
+                            .get(&b.id)
+                            .map(|eps| {
+                                eps.iter()
+                                    .map(|e| (e.listener.clone(), e.host.clone(), e.port))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
                     },
                 )
             })

@@ -32,6 +32,11 @@ pub struct Caller {
     pub principal: Rc<str>,
     /// The client's address (DescribeGroups' client host; ACL host matching).
     pub peer: Option<IpAddr>,
+    /// The listener the client connected through (its name chooses the endpoints
+    /// Metadata answers with); empty for the broker's own calls.
+    pub listener: Rc<str>,
+    /// Whether that listener is SASL (the client logged in).
+    pub sasl: bool,
     host: Rc<str>,
     /// Until when the connection reads no request (a quota's throttle).
     muted_until: std::cell::Cell<Option<std::time::Instant>>,
@@ -45,6 +50,8 @@ impl Caller {
         Caller {
             principal: principal.into(),
             peer,
+            listener: Rc::from(""),
+            sasl: false,
             host: peer.map(java_host).unwrap_or_default().into(),
             muted_until: std::cell::Cell::new(None),
             busy: std::cell::Cell::new(std::time::Duration::ZERO),
@@ -58,6 +65,15 @@ impl Caller {
 
     pub fn anonymous(peer: Option<IpAddr>) -> Caller {
         Caller::new(ANONYMOUS, peer)
+    }
+
+    /// The caller connected through listener `name` (`sasl`: one that is SASL).
+    pub fn on_listener(self, name: Rc<str>, sasl: bool) -> Caller {
+        Caller {
+            listener: name,
+            sasl,
+            ..self
+        }
     }
 
     /// Mutes the connection for `ms` (a quota's throttle; the longer of two stands).

@@ -75,15 +75,28 @@ async fn next_slot(own: &Rc<Semaphore>, pool: Option<&Arc<DescriptorPool>>) -> O
         .map(Slot::Own)
 }
 
-/// Accepts connections until the listener fails (or the shard stops); with `tls`, each
-/// connection is TLS (`--security-protocol SSL`), with the configuration current when
-/// it is accepted (the files may be reloaded meanwhile).
+/// One Kafka listener of a shard: its name (what Metadata answers are chosen by), its
+/// security protocol, and for SSL and SASL_SSL the TLS configuration.
+pub struct ListenerCtx {
+    pub name: Rc<str>,
+    pub protocol: crate::base::config::SecurityProtocol,
+    pub tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+}
+
+/// The connection slots of a shard, shared by its listeners.
+pub fn connection_slots(broker: &Broker) -> Rc<Semaphore> {
+    Rc::new(Semaphore::new(broker.limits.connections_max))
+}
+
+/// Accepts connections until the listener fails (or the shard stops); on a TLS
+/// listener each connection is TLS, with the configuration current when it is accepted
+/// (the files may be reloaded meanwhile); on a SASL one it authenticates first.
 pub async fn serve(
     broker: Rc<Broker>,
     listener: TcpListener,
-    tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+    ctx: Rc<ListenerCtx>,
+    slots: Rc<Semaphore>,
 ) {
-    let slots = Rc::new(Semaphore::new(broker.limits.connections_max));
     let pool = broker.storage.shared_descriptors();
     loop {
         // At the limit, stop accepting: new clients wait in the listen backlog.
@@ -93,16 +106,19 @@ pub async fn serve(
         match listener.accept().await {
             Ok(stream) => {
                 let b = broker.clone();
-                let acceptor = tls
+                let acceptor = ctx
+                    .tls
                     .as_ref()
+                    .filter(|_| ctx.protocol.tls())
                     .map(|t| futures_rustls::TlsAcceptor::from(t.current()));
+                let ctx = ctx.clone();
                 glommio::spawn_local(async move {
                     let _slot = slot;
                     let peer = stream.peer_addr().ok();
                     tracing::debug!(shard = b.shard.0, ?peer, "connection accepted");
                     let m = b.shard_metrics();
                     ShardMetrics::add(&m.connections_accepted, 1);
-                    if let Err(e) = connection(b.clone(), stream, acceptor).await {
+                    if let Err(e) = connection(b.clone(), stream, &ctx, acceptor).await {
                         tracing::debug!(?peer, error = %e, "connection closed");
                     }
                     ShardMetrics::add(&b.shard_metrics().connections_closed, 1);
@@ -198,6 +214,7 @@ const TLS_HANDSHAKE_MAX: std::time::Duration = std::time::Duration::from_secs(10
 async fn connection(
     broker: Rc<Broker>,
     stream: TcpStream,
+    ctx: &ListenerCtx,
     tls: Option<futures_rustls::TlsAcceptor>,
 ) -> Result<(), ConnError> {
     stream
@@ -208,7 +225,7 @@ async fn connection(
     let fd = stream.as_raw_fd();
     let stream = stream.buffered_with(Preallocated::new(RECEIVE_BUFFER_BYTES));
     let Some(acceptor) = tls else {
-        return talk(broker, stream, fd, peer, None).await;
+        return talk(broker, ctx, stream, fd, peer, None).await;
     };
     let handshake = futures_lite::future::or(acceptor.accept(stream), async {
         glommio::timer::sleep(TLS_HANDSHAKE_MAX).await;
@@ -225,7 +242,7 @@ async fn connection(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .and_then(|leaf| sluice_client::tls::subject_of(leaf));
-            talk(broker, tls, fd, peer, subject).await
+            talk(broker, ctx, tls, fd, peer, subject).await
         }
         Err(e) => {
             // The audit trail of refused clients (an unknown or missing certificate,
@@ -246,19 +263,22 @@ async fn connection(
 /// TLS client certificate's, when one was presented.
 async fn talk<S: AsyncRead + AsyncWrite + Unpin + 'static>(
     broker: Rc<Broker>,
+    ctx: &ListenerCtx,
     mut stream: S,
     fd: std::os::fd::RawFd,
     peer: Option<std::net::IpAddr>,
     subject: Option<String>,
 ) -> Result<(), ConnError> {
-    let caller = if broker.config.sasl.is_some() {
+    let sasl = ctx.protocol.sasl();
+    let caller = if sasl {
         let user = crate::serve::sasl::authenticate(&broker, &mut stream, peer).await?;
         Caller::user(&user, peer)
     } else if let Some(subject) = subject {
         Caller::user(&subject, peer)
     } else {
         Caller::anonymous(peer)
-    };
+    }
+    .on_listener(ctx.name.clone(), sasl);
     let stream = Rc::new(RefCell::new(stream));
     let mut reader = Half {
         stream: stream.clone(),

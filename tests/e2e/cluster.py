@@ -351,10 +351,12 @@ def disk_batches(data_dir, topic, partition):
 
 class Cluster:
     def __init__(self, root, n=3, proxied=False, extra=(), cores=1, fast=True, env=None, roles=None,
-                 tls=None, sasl=None):
+                 tls=None, sasl=None, node_extra=None):
         """`tls`: an `ssl.SSLContext` the harness's own Metadata requests use (the
         brokers' listeners are SSL, as `extra` configures them); `sasl`: the (user,
-        password) they log in with over PLAIN (the listeners are SASL and offer it)."""
+        password) they log in with over PLAIN (the listeners are SASL and offer it);
+        `node_extra(i, kafka_port)`: flags of broker i alone (named listeners, one of
+        them on `kafka_port`, which the harness talks to)."""
         self.root = str(root)
         self.tls = tls
         self.sasl = sasl
@@ -383,6 +385,8 @@ class Cluster:
             if proxied:
                 flags += ["--advertised", f"127.0.0.1:{self.kafka_front[i]}"]
             flags += (FAST_FLAGS if fast else []) + list(extra)
+            if node_extra is not None:
+                flags += list(node_extra(i, self.kafka_port[i]))
             self.brokers[i] = Broker(os.path.join(self.root, f"node-{i}"), port=self.kafka_port[i],
                                      cores=cores, extra=flags, env=env)
         self._admin = None

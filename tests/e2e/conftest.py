@@ -347,8 +347,11 @@ class Broker:
         self.log = open(self.log_path, "ab")
         # cores=None passes no --cores: the broker's default, a shard per CPU it may use.
         cores = [] if self.cores is None else ["--cores", str(self.cores)]
+        # Named listeners (--listeners in `extra`) replace --listen: one of them is
+        # expected on self.port, which wait_ready probes.
+        listen = [] if "--listeners" in self.extra else ["--listen", self.addr]
         self.proc = subprocess.Popen(
-            [SLUICE_BIN, "serve", "--listen", self.addr, "--data-dir", self.data_dir,
+            [SLUICE_BIN, "serve", *listen, "--data-dir", self.data_dir,
              *cores, *self.metrics_flags(), *self.extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=self._limits)
         self.runs.append([self.proc, None])

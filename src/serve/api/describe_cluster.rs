@@ -17,9 +17,11 @@ use super::authorized_ops::{when_asked, CLUSTER_ALL};
 use super::sb;
 use crate::partition::broker::Broker;
 
+/// `listener`: the one the client connected through (brokers without it are left out).
 pub fn handle(
     broker: &Rc<Broker>,
     _version: i16,
+    listener: &str,
     req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     const BROKER: i8 = 1;
@@ -59,12 +61,15 @@ pub fn handle(
                 .brokers
                 .iter()
                 .filter(|(_, b)| !b.fenced)
-                .map(|(id, b)| {
-                    DescribeClusterBroker::default()
-                        .with_broker_id((*id).into())
-                        .with_host(sb(b.host.clone()))
-                        .with_port(b.port)
-                        .with_rack(b.rack.clone().map(sb))
+                .filter_map(|(id, b)| {
+                    let (host, port) = b.endpoint(listener)?;
+                    Some(
+                        DescribeClusterBroker::default()
+                            .with_broker_id((*id).into())
+                            .with_host(sb(host.to_string()))
+                            .with_port(port)
+                            .with_rack(b.rack.clone().map(sb)),
+                    )
                 })
                 .collect(),
         )

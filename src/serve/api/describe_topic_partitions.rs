@@ -202,6 +202,7 @@ mod tests {
                 port: 1,
                 fenced: false,
                 rack: None,
+                endpoints: Vec::new(),
             },
         );
         for (name, n) in topics {

@@ -789,6 +789,7 @@ mod tests {
                 port: 1,
                 fenced,
                 rack: Some(rack.into()),
+                endpoints: Vec::new(),
             };
             image.brokers.insert(NodeId::new(id), b);
         }

@@ -12,9 +12,12 @@ use crate::serve::api::sb;
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
+/// `listener`: the one the client connected through (the coordinator's endpoint of
+/// that name is answered).
 pub async fn handle(
     broker: &Broker,
     version: i16,
+    listener: &str,
     req: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
     let ready = match req.key_type {
@@ -49,7 +52,13 @@ pub async fn handle(
                     .and_then(|m| m.assignment(partition))
                     .map_or(-1, |a| a.leader);
                 match image.brokers.get(&crate::base::ids::BrokerId::new(leader)) {
-                    Some(b) if !b.fenced => Ok((leader, b.host.clone(), b.port)),
+                    Some(b) if !b.fenced => match b.endpoint(listener) {
+                        Some((host, port)) => Ok((leader, host.to_string(), port)),
+                        None => Err((
+                            ResponseError::CoordinatorNotAvailable,
+                            format!("the coordinator, broker {leader}, has no listener {listener}"),
+                        )),
+                    },
                     _ => Err((
                         ResponseError::CoordinatorNotAvailable,
                         "the coordinator's partition has no leader".to_string(),

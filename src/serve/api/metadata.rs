@@ -91,7 +91,14 @@ pub async fn auto_create(broker: &Broker, names: &[String]) -> Vec<(String, ApiE
     errors
 }
 
-pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> MetadataResponse {
+/// `listener`: the one the client connected through; brokers are answered with their
+/// endpoints of that name.
+pub async fn handle(
+    broker: &Rc<Broker>,
+    version: i16,
+    listener: &str,
+    req: MetadataRequest,
+) -> MetadataResponse {
     // v0 has no flag: an empty list means all topics and auto-creation is implied.
     // From v12 a topic may be named by its id alone (Kafka: never auto-created, an
     // unknown id answered UNKNOWN_TOPIC_ID).
@@ -206,23 +213,27 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: MetadataRequest) -> 
         .brokers
         .iter()
         .filter(|(id, b)| !b.fenced || **id == me)
-        .map(|(id, b)| {
-            MetadataResponseBroker::default()
-                .with_node_id((*id).into())
-                .with_host(sb(b.host.clone()))
-                .with_port(b.port)
-                .with_rack(b.rack.clone().map(sb))
+        .filter_map(|(id, b)| {
+            let (host, port) = b.endpoint(listener)?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id((*id).into())
+                    .with_host(sb(host.to_string()))
+                    .with_port(port)
+                    .with_rack(b.rack.clone().map(sb)),
+            )
         })
         .collect();
     // An answer always lists at least the broker answering: clients (librdkafka) take
     // a broker list without it as a partial answer. (Its image lacks it only while it
     // re-registers, say after its session lapsed.)
     if !image.brokers.contains_key(&me) {
+        let (host, port) = broker.config.advertised_for(listener);
         brokers.push(
             MetadataResponseBroker::default()
                 .with_node_id(me.into())
-                .with_host(sb(broker.config.advertised_host.clone()))
-                .with_port(broker.config.advertised_port)
+                .with_host(sb(host.to_string()))
+                .with_port(port)
                 .with_rack(broker.config.rack.clone().map(sb)),
         );
     }

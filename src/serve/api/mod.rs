@@ -156,7 +156,7 @@ pub async fn handle(
     let mut response = match body {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(version)),
         RequestKind::Metadata(r) => {
-            ResponseKind::Metadata(metadata::handle(broker, version, r).await)
+            ResponseKind::Metadata(metadata::handle(broker, version, &caller.listener, r).await)
         }
         RequestKind::Produce(r) => match produce::handle(broker, version, r, turn).await {
             produce::Answer::Respond(resp) => ResponseKind::Produce(resp),
@@ -247,12 +247,15 @@ pub async fn handle(
         RequestKind::AlterReplicaLogDirs(r) => ResponseKind::AlterReplicaLogDirs(
             alter_replica_log_dirs::handle(broker, version, r).await,
         ),
-        RequestKind::DescribeCluster(r) => {
-            ResponseKind::DescribeCluster(describe_cluster::handle(broker, version, r))
-        }
-        RequestKind::FindCoordinator(r) => {
-            ResponseKind::FindCoordinator(find_coordinator::handle(broker, version, r).await)
-        }
+        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(describe_cluster::handle(
+            broker,
+            version,
+            &caller.listener,
+            r,
+        )),
+        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(
+            find_coordinator::handle(broker, version, &caller.listener, r).await,
+        ),
         RequestKind::JoinGroup(r) => {
             ResponseKind::JoinGroup(join_group::handle(broker, version, client, peer, r).await)
         }
@@ -284,10 +287,10 @@ pub async fn handle(
             ResponseKind::DeleteGroups(delete_groups::handle(broker, version, r).await)
         }
         RequestKind::SaslHandshake(_) => {
-            ResponseKind::SaslHandshake(scram::handshake_out_of_place(broker))
+            ResponseKind::SaslHandshake(scram::handshake_out_of_place(broker, caller.sasl))
         }
         RequestKind::SaslAuthenticate(_) => {
-            ResponseKind::SaslAuthenticate(scram::authenticate_out_of_place(broker))
+            ResponseKind::SaslAuthenticate(scram::authenticate_out_of_place(caller.sasl))
         }
         RequestKind::DescribeUserScramCredentials(r) => {
             ResponseKind::DescribeUserScramCredentials(scram::describe(broker, version, r))

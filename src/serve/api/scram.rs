@@ -242,12 +242,13 @@ pub async fn alter(
     AlterUserScramCredentialsResponse::default().with_results(results)
 }
 
-/// SaslHandshake outside the SASL exchange.
-pub fn handshake_out_of_place(broker: &Broker) -> SaslHandshakeResponse {
+/// SaslHandshake outside the SASL exchange (`sasl`: on a SASL listener).
+pub fn handshake_out_of_place(broker: &Broker, sasl: bool) -> SaslHandshakeResponse {
     let offered = broker
         .config
         .sasl
         .as_ref()
+        .filter(|_| sasl)
         .map(|s| s.mechanisms.iter().map(|m| sb(m.name())).collect())
         .unwrap_or_default();
     SaslHandshakeResponse::default()
@@ -256,8 +257,8 @@ pub fn handshake_out_of_place(broker: &Broker) -> SaslHandshakeResponse {
 }
 
 /// SaslAuthenticate outside the SASL exchange.
-pub fn authenticate_out_of_place(broker: &Broker) -> SaslAuthenticateResponse {
-    let why = if broker.config.sasl.is_some() {
+pub fn authenticate_out_of_place(sasl: bool) -> SaslAuthenticateResponse {
+    let why = if sasl {
         "SaslAuthenticate request received after successful authentication"
     } else {
         "SaslAuthenticate request received on a listener without SASL"

@@ -148,6 +148,27 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     // with a TLS inter-broker listener, this process's connections to other brokers
     // are TLS as theirs are.
     let inter_broker = config.listeners[0].protocol;
+    if config.authorizer.is_some() && config.controller_quorum.len() > 1 && !inter_broker.sasl() {
+        // Brokers log in to each other only over SASL; otherwise they call as their
+        // certificate's subject (SSL) or User:ANONYMOUS, which need CLUSTER_ACTION.
+        tracing::warn!(
+            listener = %config.listeners[0].name,
+            "with --authorizer and an inter-broker listener without SASL, brokers call each other as their certificate subject (User:CN=...) or User:ANONYMOUS: list that principal in --super-users, or replication and transaction markers are refused"
+        );
+    }
+    // SASL_SSL listeners and the metrics endpoint's https (`--metrics-tls`): the same
+    // certificate, no client certificates asked for.
+    let sasl_ssl = config
+        .listeners
+        .iter()
+        .any(|l| l.protocol == crate::base::config::SecurityProtocol::SaslSsl);
+    let open_tls = match &config.tls {
+        Some(t) if sasl_ssl || config.metrics_tls => Some(sluice_client::tls::ListenerTls::new(
+            t.no_client_auth_config()?,
+        )),
+        _ => None,
+    };
+    let metrics_tls = open_tls.clone().filter(|_| config.metrics_tls);
     let tls = match &config.tls {
         Some(t) => {
             // Stamped before they are read: a change meanwhile is reloaded.
@@ -163,6 +184,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 t.clone(),
                 stamp,
                 server.clone(),
+                open_tls.clone(),
                 inter_broker.tls(),
                 stop.clone(),
             );
@@ -184,11 +206,20 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         config.node_id,
         config.cores,
     ));
-    let metrics_addr = crate::observe::metrics::start(config.metrics_listen, registry.clone())
-        .map_err(NodeError::Metrics)?;
+    let metrics_addr = crate::observe::metrics::start(
+        config.metrics_listen,
+        registry.clone(),
+        metrics_tls.clone(),
+    )
+    .map_err(NodeError::Metrics)?;
     let lag = crate::observe::lag::install(&config, &registry).map_err(NodeError::Alerts)?;
     if let Some(addr) = metrics_addr {
-        tracing::info!(%addr, "metrics on http://{addr}/metrics (health: /health, readiness: /ready)");
+        let scheme = if metrics_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(%addr, "metrics on {scheme}://{addr}/metrics (health: /health, readiness: /ready)");
     }
     let builders: MeshBuilders<ShardReq, Answered> =
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
@@ -212,6 +243,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 handed_over: handed_over.clone(),
                 directory: directory.id.clone(),
                 tls: tls.clone(),
+                open_tls: open_tls.clone(),
             };
             move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
@@ -340,8 +372,10 @@ struct Shared {
     handed_over: Arc<AtomicBool>,
     /// The data directory's id (`crate::base::directory`).
     directory: String,
-    /// The Kafka listener's TLS (`--security-protocol SSL`).
+    /// The TLS of SSL listeners (client certificates as --ssl-client-auth says).
     tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+    /// The TLS of SASL_SSL listeners (no client certificate asked for).
+    open_tls: Option<Arc<sluice_client::tls::ListenerTls>>,
 }
 
 /// What tells a file changed: modification time (s, ns) and inode (a file replaced by
@@ -448,6 +482,7 @@ fn watch_tls_files(
     settings: crate::base::config::TlsSettings,
     mut seen: Vec<FileStamp>,
     listener: Arc<sluice_client::tls::ListenerTls>,
+    open: Option<Arc<sluice_client::tls::ListenerTls>>,
     peer: bool,
     stop: Arc<AtomicBool>,
 ) {
@@ -469,11 +504,19 @@ fn watch_tls_files(
                 seen = now;
                 let why = if signalled { "SIGHUP" } else { "a file changed" };
                 let loaded = files.server_config().and_then(|s| {
-                    Ok((s, files.peer_config()?, files.controller_configs()?))
+                    Ok((
+                        s,
+                        files.peer_config()?,
+                        files.controller_configs()?,
+                        files.no_client_auth_config()?,
+                    ))
                 });
                 match loaded {
-                    Ok((server, peer_tls, controller)) => {
+                    Ok((server, peer_tls, controller, open_config)) => {
                         listener.replace(server);
+                        if let Some(o) = &open {
+                            o.replace(open_config);
+                        }
                         if peer {
                             sluice_client::tls::set_peer_tls(peer_tls);
                             sluice_client::tls::set_controller_tls(controller);
@@ -515,6 +558,7 @@ async fn run_shard(
         handed_over,
         directory,
         tls,
+        open_tls,
     } = shared;
     // However shard 0 ends, the other shards do not wait for its hand-over after that.
     let _handed_over_on_exit = (shard.0 == 0).then(|| SetOnDrop(handed_over.clone()));
@@ -558,9 +602,11 @@ async fn run_shard(
             host: advertised.0,
             port: advertised.1,
             rack: config.rack.clone(),
-            endpoints: match config.listeners.len() {
-                1 => Vec::new(),
-                _ => config
+            // Named listeners (even one) are registered by name; one --listen listener
+            // registers as before (answered under any listener name).
+            endpoints: match config.given.contains(&"listeners") {
+                false => Vec::new(),
+                true => config
                     .listeners
                     .iter()
                     .map(|l| sluice_replication::cluster::Endpoint {
@@ -703,7 +749,10 @@ async fn run_shard(
         let ctx = Rc::new(crate::serve::server::ListenerCtx {
             name: Rc::from(l.name.as_str()),
             protocol: l.protocol,
-            tls: tls.clone(),
+            tls: match l.protocol {
+                crate::base::config::SecurityProtocol::SaslSsl => open_tls.clone(),
+                _ => tls.clone(),
+            },
         });
         servers.push(glommio::spawn_local(crate::serve::server::serve(
             broker.clone(),

@@ -404,6 +404,10 @@ settings! {
     /// the --listen host, its port + 552 (9092 -> 9644); if that cannot be bound the
     /// broker runs without metrics and logs a warning].
     metrics_listen: String, example = "127.0.0.1:9644".into();
+    /// Serve the metrics endpoint (/metrics, /health, /ready, /v1/groups) over https
+    /// with the listeners' certificate (--ssl-certificate, --ssl-key; --ssl-ca too).
+    /// Clients are not asked for certificates (Prometheus scrapes with the CA only).
+    metrics_tls: bool = false;
 }
 
 const EXAMPLE_HEADER: &str = "\
@@ -806,6 +810,8 @@ pub struct BrokerConfig {
     pub journal_chunk_bytes: u64,
     /// The metrics endpoint's address (`--metrics-listen`).
     pub metrics_listen: MetricsListen,
+    /// `--metrics-tls`: the metrics endpoint speaks https (with `tls`'s certificate).
+    pub metrics_tls: bool,
 }
 
 /// Where the metrics endpoint listens.
@@ -947,6 +953,16 @@ impl BrokerConfig {
         }
         let tls = tls_settings(&s, &listeners)?;
         let sasl = sasl_settings(&s, &listeners, std::env::var(SASL_BOOTSTRAP_ENV).ok())?;
+        let metrics_listen = match metrics_listen(s.metrics_listen.as_deref(), listen)? {
+            // The default address is another listener's port: no default (the Kafka
+            // listener wins; --metrics-listen chooses one).
+            MetricsListen::Default(a)
+                if a.port() != 0 && listeners.iter().any(|l| l.bind.port() == a.port()) =>
+            {
+                MetricsListen::Off
+            }
+            m => m,
+        };
         let authorizer = authorizer_settings(&s, sasl.as_ref())?;
         Ok(BrokerConfig {
             node_id: s.node_id,
@@ -1003,7 +1019,8 @@ impl BrokerConfig {
             shared_sync_min: s.shared_sync_min,
             dsync_logs_max: s.dsync_logs_max,
             journal_chunk_bytes: s.journal_chunk_bytes,
-            metrics_listen: metrics_listen(s.metrics_listen.as_deref(), listen)?,
+            metrics_listen,
+            metrics_tls: s.metrics_tls,
         })
     }
 }
@@ -1027,6 +1044,20 @@ impl TlsSettings {
             &self.key,
             Some(&self.ca),
             self.client_auth,
+        )
+    }
+
+    /// The same certificate, no client certificate asked for: what SASL_SSL listeners
+    /// (the SASL login is the principal; as Kafka, KIP-684, `ssl.client.auth` is not
+    /// theirs) and the metrics endpoint (`--metrics-tls`) serve with.
+    pub fn no_client_auth_config(
+        &self,
+    ) -> Result<std::sync::Arc<rustls::ServerConfig>, sluice_client::tls::TlsError> {
+        sluice_client::tls::server_config(
+            &self.certificate,
+            &self.key,
+            None,
+            sluice_client::tls::ClientAuth::None,
         )
     }
 
@@ -1063,13 +1094,13 @@ fn tls_settings(s: &Resolved, listeners: &[Listener]) -> Result<Option<TlsSettin
         ("--ssl-key", &s.ssl_key),
         ("--ssl-ca", &s.ssl_ca),
     ];
-    match listeners.iter().any(|l| l.protocol.tls()) {
+    match listeners.iter().any(|l| l.protocol.tls()) || s.metrics_tls {
         false => {
             if let Some((flag, _)) = given.iter().find(|(_, v)| v.is_some()) {
                 return Err(bad_value(
                     flag,
                     "given",
-                    "only a TLS listener uses it (--security-protocol SSL or SASL_SSL)",
+                    "only a TLS listener uses it (SSL or SASL_SSL), or --metrics-tls",
                 ));
             }
             Ok(None)
@@ -1085,7 +1116,11 @@ fn tls_settings(s: &Resolved, listeners: &[Listener]) -> Result<Option<TlsSettin
                 })?;
             let need = |flag: &str, v: &Option<String>| {
                 v.clone().map(PathBuf::from).ok_or_else(|| {
-                    bad_value(flag, "missing", "a TLS listener (SSL or SASL_SSL) needs it")
+                    bad_value(
+                        flag,
+                        "missing",
+                        "a TLS listener (SSL or SASL_SSL) needs it, as does --metrics-tls",
+                    )
                 })
             };
             Ok(Some(TlsSettings {
@@ -1192,7 +1227,14 @@ fn sasl_settings(
     let Some(sasl) = listeners.iter().find(|l| l.protocol.sasl()) else {
         return Ok(None);
     };
-    let protocol = sasl.protocol.name();
+    // The flag that made it SASL: --security-protocol, or the map of --listeners.
+    let (flag, protocol) = match s.listeners {
+        Some(_) => (
+            "--listener-security-protocol-map",
+            format!("{}:{}", sasl.name, sasl.protocol.name()),
+        ),
+        None => ("--security-protocol", sasl.protocol.name().to_string()),
+    };
     let mut mechanisms = Vec::new();
     for name in s.sasl_enabled_mechanisms.split(',').map(str::trim) {
         let m = sluice_client::sasl::Mechanism::parse(name).ok_or_else(|| {
@@ -1208,7 +1250,7 @@ fn sasl_settings(
     }
     let Some(bootstrap) = bootstrap else {
         return Err(bad_value(
-            "--security-protocol",
+            flag,
             protocol,
             format!("a SASL listener needs the environment variable {SASL_BOOTSTRAP_ENV}=name:password (the user brokers authenticate to each other as, created if it has no credentials)"),
         ));
@@ -1648,6 +1690,17 @@ mod tests {
                 ("PLAINTEXT", SecurityProtocol::Plaintext, "127.0.0.1", 9095),
             ]
         );
+        // The default metrics port (the inter-broker port + 552) is another listener's:
+        // not used.
+        let clash = BrokerConfig::resolve(
+            flags(&[
+                "--listeners=PLAINTEXT://127.0.0.1:9092,SSL2://127.0.0.1:9644",
+                "--listener-security-protocol-map=SSL2:PLAINTEXT",
+            ]),
+            2,
+        )
+        .unwrap();
+        assert_eq!(clash.metrics_listen, MetricsListen::Off);
         // Without --listeners: one listener named after its protocol.
         let one = BrokerConfig::resolve(flags(&["--listen=127.0.0.1:9500"]), 2).unwrap();
         assert_eq!(one.listeners.len(), 1);
@@ -1868,6 +1921,7 @@ mod tests {
             "--journal-chunk-bytes=65536",
             "--log-format=json",
             "--metrics-listen=127.0.0.1:3",
+            "--metrics-tls=true",
         ];
         let s = flags(&every);
         // --listeners replaces --listen, --advertised and --security-protocol: every

@@ -79,10 +79,9 @@ pub fn run(config: &BrokerConfig) -> Vec<Finding> {
     out.push(check_nofile());
     out.push(check_clock());
     for l in &config.listeners {
-        let flag = if config.listeners.len() > 1 {
-            "--listeners"
-        } else {
-            "--listen"
+        let flag = match config.given.contains(&"listeners") {
+            true => "--listeners",
+            false => "--listen",
         };
         out.push(check_port("kafka port", l.bind, flag));
     }

@@ -29,6 +29,9 @@ pub enum LagCliError {
     Client(#[from] sluice_client::Error),
     #[error("--interval {0}: must be above 0")]
     Interval(f64),
+    /// --https-ca did not load.
+    #[error("--https-ca: {0}")]
+    HttpsCa(#[from] sluice_client::tls::TlsError),
     /// A metrics endpoint did not answer, or not with JSON.
     #[error("{url}: {reason}")]
     Http { url: String, reason: String },
@@ -59,6 +62,14 @@ pub struct LagArgs {
     /// Seconds between redraws with --watch.
     #[arg(long, default_value_t = 2.0)]
     pub interval: f64,
+    /// Ask the metrics endpoints over https (brokers started with --metrics-tls),
+    /// trusting the public authorities and --https-ca.
+    #[arg(long)]
+    pub https: bool,
+    /// PEM file of a certificate authority the metrics endpoints' certificates are
+    /// checked against (implies --https).
+    #[arg(long)]
+    pub https_ca: Option<std::path::PathBuf>,
 }
 
 /// One table row.
@@ -79,7 +90,11 @@ pub fn run(a: &LagArgs) -> Res<()> {
     if !(a.interval > 0.0 && a.interval.is_finite()) {
         return Err(LagCliError::Interval(a.interval));
     }
-    let agent = ureq::AgentBuilder::new().timeout(HTTP_TIMEOUT).build();
+    let mut agent = ureq::AgentBuilder::new().timeout(HTTP_TIMEOUT);
+    if a.https || a.https_ca.is_some() {
+        agent = agent.tls_config(sluice_client::tls::https_config(a.https_ca.as_deref())?);
+    }
+    let agent = agent.build();
     loop {
         let (rows, problems) = collect(&agent, a)?;
         let table = render(&rows, a.group.as_deref());
@@ -175,7 +190,12 @@ fn collect(agent: &ureq::Agent, a: &LagArgs) -> Res<(Vec<Row>, Vec<LagCliError>)
     let mut problems = Vec::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for ep in endpoints(a)? {
-        let base = format!("http://{ep}");
+        let scheme = if a.https || a.https_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let base = format!("{scheme}://{ep}");
         let groups: Vec<String> = match &a.group {
             Some(g) => vec![g.clone()],
             None => match get(agent, &format!("{base}/v1/groups")) {

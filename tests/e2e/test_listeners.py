@@ -147,10 +147,11 @@ def test_a_flag_that_conflicts_with_named_listeners_stops_the_start(tmp_path):
 
 def test_three_brokers_replicate_through_the_inter_broker_listener(tmp_path, certs):
     """INTERNAL (SSL with client certificates required, the inter-broker listener) and
-    CLIENT (SASL_SSL) on each of three brokers: RF=3 acks=all over CLIENT fills every
-    ISR (the brokers fetch from each other through INTERNAL with their certificates), a
-    group consumes through CLIENT, and each listener's Metadata lists the three brokers
-    at that listener's ports."""
+    CLIENT (SASL_SSL, which as in Kafka asks no client certificate: the SASL login is the
+    principal) on each of three brokers: RF=3 acks=all over CLIENT fills every ISR (the
+    brokers fetch from each other through INTERNAL with their certificates), a group
+    consumes through CLIENT with no client certificate, and each listener's Metadata
+    lists the three brokers at that listener's ports."""
     client_ports = {}
 
     def listeners(i, kafka_port):
@@ -159,7 +160,7 @@ def test_three_brokers_replicate_through_the_inter_broker_listener(tmp_path, cer
                 "--listener-security-protocol-map", "INTERNAL:SSL,CLIENT:SASL_SSL",
                 "--inter-broker-listener-name", "INTERNAL", "--sasl-enabled-mechanisms", ALL_MECHANISMS,
                 "--ssl-certificate", certs("broker.pem"), "--ssl-key", certs("broker.key"),
-                "--ssl-ca", certs("ca.pem"), "--ssl-client-auth", "requested"]
+                "--ssl-ca", certs("ca.pem"), "--ssl-client-auth", "required"]
 
     ctx = tls_context(certs, who="alice")
     c = Cluster(tmp_path / "named", n=3, env=BOOTSTRAP_ENV, tls=ctx, node_extra=listeners)

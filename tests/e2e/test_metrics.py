@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import http_get, Broker, ROOT, SLUICE_BIN, check_brokers, check_consumer_error, free_port, wait_until
 from cluster import Cluster
+from test_tls import certs  # noqa: F401 (the certificates fixture)
 
 
 
@@ -276,15 +277,17 @@ def prometheus(tmp_path):
         pytest.fail("prometheus not installed (make deps installs Debian's prometheus)")
     procs = []
 
-    def start(targets):
+    def start(targets, tls_ca=None):
+        """`tls_ca`: scrape over https, trusting that CA file."""
         port = free_port()
         d = tmp_path / "prometheus"
         d.mkdir()
         rules = os.path.join(ROOT, "deploy", "prometheus", "sluice-rules.yml")
+        https = f"    scheme: https\n    tls_config:\n      ca_file: {tls_ca}\n" if tls_ca else ""
         (d / "prometheus.yml").write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             f"rule_files:\n  - {rules}\n"
-            "scrape_configs:\n  - job_name: sluice\n    static_configs:\n"
+            "scrape_configs:\n  - job_name: sluice\n" + https + "    static_configs:\n"
             f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
         log = open(d / "prometheus.log", "wb")
         procs.append((subprocess.Popen(
@@ -336,6 +339,48 @@ def test_real_prometheus_scrapes_the_broker(make_broker, prometheus):
     status, body = http_get(url + "/api/v1/rules")
     groups = {g["name"] for g in json.loads(body)["data"]["groups"]}
     assert {"sluice-recording", "sluice-alerts"} <= groups
+
+
+def test_metrics_over_https_for_prometheus_and_sluice_lag(make_broker, prometheus, certs):
+    """--metrics-tls: the metrics endpoint speaks https with the listener's certificate
+    (none asked of clients, though the SSL listener requires them): a client trusting
+    the CA reads /metrics, a plain-http request gets no page, a real Prometheus scrapes
+    it over https (up == 1), and `sluice lag --https-ca` reads a group's lag from it."""
+    import ssl
+    import urllib.request
+    from test_tls import client_conf, ssl_flags
+    b = make_broker(extra=ssl_flags(certs, client_auth="required") +
+                    ["--metrics-tls", "true", "--lag-sample-interval-ms", "200"])
+    host = f"127.0.0.1:{b.metrics_port}"
+    ctx = ssl.create_default_context(cafile=certs("ca.pem"))
+    with urllib.request.urlopen(f"https://{host}/metrics", context=ctx, timeout=5) as r:
+        assert r.status == 200 and "sluice_" in r.read().decode()
+    import http.client
+    with pytest.raises((OSError, http.client.HTTPException)):
+        # The TLS alert the server answers with is no HTTP status line.
+        http_get(f"http://{host}/metrics", timeout=5)
+    # A group with lag: 10 records, 4 committed.
+    conf = client_conf(certs, b.addr, who="alice")
+    admin = AdminClient(conf)
+    for f in admin.create_topics([NewTopic("lagged", 1, 1)]).values():
+        f.result(30)
+    p = Producer(conf)
+    for i in range(10):
+        p.produce("lagged", f"v{i}".encode())
+    assert p.flush(30) == 0
+    c = Consumer(dict(conf, **{"group.id": "https-lag", "enable.auto.commit": False}))
+    c.commit(offsets=[TopicPartition("lagged", 0, 4)], asynchronous=False)
+    c.close()
+
+    def lag_row():
+        out = subprocess.run([SLUICE_BIN, "lag", "--group", "https-lag", "--metrics", host,
+                              "--https-ca", certs("ca.pem")], capture_output=True, text=True, timeout=30)
+        rows = [l.split() for l in out.stdout.splitlines() if l.startswith("https-lag")]
+        return out.returncode == 0 and rows and rows[0][5] == "6" and rows
+    wait_until(lag_row, timeout=30, what="sluice lag over https showing lag 6")
+    url = prometheus([host], tls_ca=certs("ca.pem"))
+    wait_until(lambda: promql(url, 'up{job="sluice"}') == {frozenset({("__name__", "up")}): 1.0},
+               timeout=30, what="Prometheus scraping over https", retry=(OSError,))
 
 
 def test_under_replicated_after_follower_sigkill(tmp_path, request):

@@ -90,15 +90,31 @@ impl HttpResponse {
     }
 }
 
-/// Binds the endpoint and starts its thread. `Ok(None)`: off, or the default address
-/// could not be bound (logged). An explicit address that cannot be bound is an error.
-pub fn start(listen: MetricsListen, registry: Arc<Registry>) -> Result<Option<SocketAddr>, String> {
+/// Connections served at once; more are closed at once (a scrape is cheap, and a
+/// client that holds a connection open must not keep the others out).
+const CONNECTIONS_MAX: usize = 32;
+
+/// How long a client has to send its request, and to take the answer.
+const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest request head read (request line and headers).
+const HEAD_MAX: usize = 16 << 10;
+
+/// Binds the endpoint and starts its thread; with `tls`, it speaks https (the
+/// configuration current when a connection is accepted: the files may be reloaded).
+/// `Ok(None)`: off, or the default address could not be bound (logged). An explicit
+/// address that cannot be bound is an error.
+pub fn start(
+    listen: MetricsListen,
+    registry: Arc<Registry>,
+    tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+) -> Result<Option<SocketAddr>, String> {
     let (addr, explicit) = match listen {
         MetricsListen::Off => return Ok(None),
         MetricsListen::Default(a) => (a, false),
         MetricsListen::Explicit(a) => (a, true),
     };
-    let server = match tiny_http::Server::http(addr) {
+    let listener = match std::net::TcpListener::bind(addr) {
         Ok(s) => s,
         Err(e) if explicit => {
             return Err(format!(
@@ -110,32 +126,146 @@ pub fn start(listen: MetricsListen, registry: Arc<Registry>) -> Result<Option<So
             return Ok(None);
         }
     };
-    let bound = server.server_addr().to_ip().unwrap_or(addr);
+    let bound = listener.local_addr().unwrap_or(addr);
     std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || serve(server, registry))
+        .spawn(move || accept(listener, registry, tls))
         .map_err(|e| format!("starting the metrics thread: {e}"))?;
     Ok(Some(bound))
 }
 
-/// The HTTP thread: one request at a time (a scrape is cheap; Prometheus scrapes rarely).
-fn serve(server: tiny_http::Server, registry: Arc<Registry>) {
-    for request in server.incoming_requests() {
-        let url = request.url().to_string();
-        let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-        let req = HttpRequest {
-            method: request.method().as_str().to_ascii_uppercase(),
-            path: path.to_string(),
-            query: query.to_string(),
+/// The accepting thread: each connection gets a thread of its own, at most
+/// [`CONNECTIONS_MAX`] at once.
+fn accept(
+    listener: std::net::TcpListener,
+    registry: Arc<Registry>,
+    tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+) {
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics accept failed");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
         };
-        let resp = registry.route(&req);
-        let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], resp.content_type)
-            .expect("a valid header");
-        let out = tiny_http::Response::from_data(resp.body)
-            .with_status_code(resp.status)
-            .with_header(header);
-        if let Err(e) = request.respond(out) {
-            tracing::debug!(error = %e, "metrics response not sent");
+        use std::sync::atomic::Ordering;
+        if open.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+            open.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let (registry, config, open) = (
+            registry.clone(),
+            tls.as_ref().map(|t| t.current()),
+            open.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("metrics-conn".into())
+            .spawn(move || {
+                if let Err(e) = connection(stream, &registry, config) {
+                    tracing::debug!(error = %e, "metrics connection ended");
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            tracing::debug!(error = %e, "no thread for a metrics connection");
         }
     }
+}
+
+/// One request and its answer, then the connection is closed (`Connection: close`:
+/// scrapes are seconds apart, and no state is kept between requests).
+fn connection(
+    stream: std::net::TcpStream,
+    registry: &Registry,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    match tls {
+        None => exchange(stream, registry),
+        Some(config) => {
+            let conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
+            exchange(rustls::StreamOwned::new(conn, stream), registry)
+        }
+    }
+}
+
+fn exchange(
+    mut s: impl std::io::Read + std::io::Write,
+    registry: &Registry,
+) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() > HEAD_MAX {
+            return answer(
+                &mut s,
+                false,
+                &HttpResponse::text(431, "request head too large\n"),
+            );
+        }
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.trim_end().split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return answer(
+            &mut s,
+            false,
+            &HttpResponse::text(400, "bad request line\n"),
+        );
+    };
+    if !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return answer(
+            &mut s,
+            false,
+            &HttpResponse::text(400, "bad request line\n"),
+        );
+    }
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let req = HttpRequest {
+        method: method.to_ascii_uppercase(),
+        path: path.to_string(),
+        query: query.to_string(),
+    };
+    let resp = registry.route(&req);
+    answer(&mut s, req.method == "HEAD", &resp)
+}
+
+fn answer(
+    s: &mut impl std::io::Write,
+    head_only: bool,
+    resp: &HttpResponse,
+) -> std::io::Result<()> {
+    let reason = match resp.status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        resp.status,
+        resp.content_type,
+        resp.body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        out.extend_from_slice(&resp.body);
+    }
+    s.write_all(&out)?;
+    s.flush()
 }

@@ -200,6 +200,18 @@ pub async fn handle(
                     }
                     if a.leader < 0 {
                         mp = mp.with_error_code(ResponseError::LeaderNotAvailable.code());
+                    } else if image
+                        .brokers
+                        .get(&NodeId::new(a.leader))
+                        .is_some_and(|b| b.endpoint(listener).is_none())
+                    {
+                        // The leader has no listener of the name the client came
+                        // through: as Kafka, no leader, LISTENER_NOT_FOUND from v6.
+                        let code = match version >= 6 {
+                            true => ResponseError::ListenerNotFound,
+                            false => ResponseError::LeaderNotAvailable,
+                        };
+                        mp = mp.with_leader_id(BrokerId(-1)).with_error_code(code.code());
                     }
                     mp
                 })

@@ -409,9 +409,101 @@ pub fn server_name(host: &str) -> Result<rustls_pki_types::ServerName<'static>, 
         .map_err(|e| TlsError::Config(format!("{host}: not a host name for TLS ({e})")))
 }
 
+/// The fuzz target `tls_handshake` (and `make test`'s replay of its corpus): what a
+/// peer sends before it is authenticated. The first byte picks the path: 0, the rest
+/// is what a client sends a listener requiring client certificates (records fed to a
+/// rustls server session with the broker's own configuration, in chunks the next byte
+/// sizes); otherwise the rest is a certificate whose subject the broker turns into a
+/// principal ([`subject_of`]). Any input must be refused or accepted: never a panic,
+/// an abort or an unbounded allocation.
+pub fn fuzz_handshake(data: &[u8]) {
+    let Some((&path, rest)) = data.split_first() else {
+        return;
+    };
+    if path != 0 {
+        let _ = subject_of(&CertificateDer::from(rest.to_vec()));
+        return;
+    }
+    static CONFIG: std::sync::OnceLock<Arc<ServerConfig>> = std::sync::OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata");
+        server_config(
+            &dir.join("fuzz-broker.pem"),
+            &dir.join("fuzz-broker.key"),
+            Some(&dir.join("fuzz-broker.pem")),
+            ClientAuth::Required,
+        )
+        .expect("client/testdata holds the fuzz certificate and key")
+    });
+    let Ok(mut conn) = rustls::ServerConnection::new(config.clone()) else {
+        return;
+    };
+    let (chunk, mut input) = match rest.split_first() {
+        Some((&c, more)) => (usize::from(c).max(1), more),
+        None => return,
+    };
+    let mut sink = Vec::new();
+    while !input.is_empty() {
+        let n = chunk.min(input.len());
+        let mut piece = &input[..n];
+        input = &input[n..];
+        while !piece.is_empty() {
+            match conn.read_tls(&mut piece) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            if conn.process_new_packets().is_err() {
+                // The alert is written, as the broker's session would.
+                let _ = conn.write_tls(&mut sink);
+                return;
+            }
+            while conn.wants_write() {
+                sink.clear();
+                if conn.write_tls(&mut sink).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = peer_subject(&conn);
+}
+
+/// The principal path a completed handshake takes (the presented leaf's subject).
+fn peer_subject(conn: &rustls::ServerConnection) -> Option<String> {
+    conn.peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(subject_of)
+}
+
 #[cfg(test)]
 mod subject_tests {
     use super::escape_rfc2253;
+
+    #[test]
+    fn fuzz_corpus_replays_without_panics() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+        let mut inputs: Vec<Vec<u8>> = Vec::new();
+        for dir in ["seeds/tls_handshake", "corpus/tls_handshake"] {
+            if let Ok(entries) = std::fs::read_dir(root.join(dir)) {
+                for e in entries.flatten() {
+                    inputs.push(std::fs::read(e.path()).expect("corpus file"));
+                }
+            }
+        }
+        assert!(inputs.len() >= 3, "fuzz/seeds/tls_handshake is missing");
+        // Each seed with every prefix and one byte flipped at each position.
+        for seed in inputs.clone() {
+            for n in 0..seed.len() {
+                inputs.push(seed[..n].to_vec());
+                let mut flipped = seed.clone();
+                flipped[n] ^= 0x41;
+                inputs.push(flipped);
+            }
+        }
+        for input in &inputs {
+            super::fuzz_handshake(input);
+        }
+    }
 
     #[test]
     fn values_are_escaped_as_java_does() {

@@ -410,19 +410,25 @@ pub fn server_name(host: &str) -> Result<rustls_pki_types::ServerName<'static>, 
 }
 
 /// The fuzz target `tls_handshake` (and `make test`'s replay of its corpus): what a
-/// peer sends before it is authenticated. The first byte picks the path: 0, the rest
-/// is what a client sends a listener requiring client certificates (records fed to a
-/// rustls server session with the broker's own configuration, in chunks the next byte
-/// sizes); otherwise the rest is a certificate whose subject the broker turns into a
+/// peer sends before it is authenticated. The first byte picks the path: 0, the bytes
+/// after the next are what a client sends a listener requiring client certificates
+/// (records fed to a rustls server session with the broker's own configuration, in
+/// chunks the second byte sizes); otherwise the rest is a certificate whose subject the broker turns into a
 /// principal ([`subject_of`]). Any input must be refused or accepted: never a panic,
 /// an abort or an unbounded allocation.
 pub fn fuzz_handshake(data: &[u8]) {
+    let _ = handshake_answers(data);
+}
+
+/// [`fuzz_handshake`]'s body: true if the server session wrote anything back (a
+/// ServerHello or an alert).
+fn handshake_answers(data: &[u8]) -> bool {
     let Some((&path, rest)) = data.split_first() else {
-        return;
+        return false;
     };
     if path != 0 {
         let _ = subject_of(&CertificateDer::from(rest.to_vec()));
-        return;
+        return false;
     }
     static CONFIG: std::sync::OnceLock<Arc<ServerConfig>> = std::sync::OnceLock::new();
     let config = CONFIG.get_or_init(|| {
@@ -436,36 +442,38 @@ pub fn fuzz_handshake(data: &[u8]) {
         .expect("client/testdata holds the fuzz certificate and key")
     });
     let Ok(mut conn) = rustls::ServerConnection::new(config.clone()) else {
-        return;
+        return false;
     };
     let (chunk, mut input) = match rest.split_first() {
         Some((&c, more)) => (usize::from(c).max(1), more),
-        None => return,
+        None => return false,
     };
     let mut sink = Vec::new();
+    let mut answered = false;
     while !input.is_empty() {
         let n = chunk.min(input.len());
         let mut piece = &input[..n];
         input = &input[n..];
         while !piece.is_empty() {
             match conn.read_tls(&mut piece) {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return answered,
                 Ok(_) => {}
             }
             if conn.process_new_packets().is_err() {
                 // The alert is written, as the broker's session would.
-                let _ = conn.write_tls(&mut sink);
-                return;
+                return conn.write_tls(&mut sink).is_ok_and(|n| n > 0) || answered;
             }
             while conn.wants_write() {
                 sink.clear();
-                if conn.write_tls(&mut sink).is_err() {
-                    return;
+                match conn.write_tls(&mut sink) {
+                    Ok(n) => answered |= n > 0,
+                    Err(_) => return answered,
                 }
             }
         }
     }
     let _ = peer_subject(&conn);
+    answered
 }
 
 /// The principal path a completed handshake takes (the presented leaf's subject).
@@ -491,6 +499,11 @@ mod subject_tests {
             }
         }
         assert!(inputs.len() >= 3, "fuzz/seeds/tls_handshake is missing");
+        // The seeds reach the handshake: a real ClientHello gets a ServerHello.
+        for hello in ["client-hello-12", "client-hello-13"] {
+            let seed = std::fs::read(root.join("seeds/tls_handshake").join(hello)).unwrap();
+            assert!(super::handshake_answers(&seed), "{hello} got no answer");
+        }
         // Each seed with every prefix and one byte flipped at each position.
         for seed in inputs.clone() {
             for n in 0..seed.len() {

@@ -44,6 +44,35 @@ def _signed(d, ca, name, san=None):
              "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
 
 
+def _expired(d, ca, name):
+    """A client certificate signed by `ca` whose validity ended yesterday (openssl's
+    `x509 -req` cannot backdate one: made with the cryptography package)."""
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    with open(os.path.join(d, f"{ca}.pem"), "rb") as f:
+        ca_cert = x509.load_pem_x509_certificate(f.read())
+    with open(os.path.join(d, f"{ca}.key"), "rb") as f:
+        ca_key = serialization.load_pem_private_key(f.read(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=3))
+            .not_valid_after(now - datetime.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    with open(os.path.join(d, f"{name}.pem"), "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(os.path.join(d, f"{name}.key"), "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+
+
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("certs"))
@@ -54,6 +83,7 @@ def certs(tmp_path_factory):
     _ca(d, "other-ca")
     _signed(d, "other-ca", "rogue-broker", san="IP:127.0.0.1,DNS:localhost")
     _signed(d, "other-ca", "mallory")
+    _expired(d, "ca", "expired")
     return lambda name: os.path.join(d, name)
 
 
@@ -196,16 +226,20 @@ def test_garbage_on_the_tls_port(make_broker, certs):
 
 def test_mutual_tls(make_broker, certs):
     """`--ssl-client-auth required`: a client with a certificate from the cluster's CA
-    gets in; one without a certificate, or with one from another CA, writes nothing."""
+    gets in; one without a certificate, with one from another CA, or with an expired
+    one from the cluster's CA, writes nothing."""
     b = make_broker(extra=ssl_flags(certs, client_auth="required"))
     alice = client_conf(certs, b.addr, who="alice")
     create(alice, "m", partitions=3)
     assert produce(alice, "m", 300) == (300, [])
     assert len(consume_all(alice, "m", 300)) == 300
-    for conf in (client_conf(certs, b.addr), client_conf(certs, b.addr, who="mallory")):
+    for conf in (client_conf(certs, b.addr), client_conf(certs, b.addr, who="mallory"),
+                 client_conf(certs, b.addr, who="expired")):
         assert produce(conf, "m", 5, timeout=5)[0] == 0
         with pytest.raises(KafkaException):
             AdminClient(conf).list_topics(timeout=3)
+    # Refused for its expiry (the audit line names rustls's reason).
+    assert re.search(r"TLS handshake failed.*[Ee]xpired", b.read_log()), b.read_log()[-3000:]
     assert log_end(alice, "m", partitions=3) == 300
     admin_cli_over_tls(b.addr, certs, b.data_dir)
 

@@ -383,9 +383,11 @@ fn even_out(
         !keep_topics
             || topic_holds(parts, topic, to, leaders) < topic_holds(parts, topic, from, leaders)
     };
-    // The busiest broker (by replicas, or by preferred leaderships) and the brokers
-    // holding at least two fewer, least busy first: the only moves that even out.
-    let loads = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
+    // The pairs (giver, taker) whose move evens out: the taker holds at least two
+    // fewer (replicas, or preferred leaderships), busiest givers first, each with its
+    // takers least busy first. Every giver is tried, not only the busiest: its
+    // partitions may have no replica on any taker while another giver's do.
+    let pairs = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
         let mut c: BTreeMap<i32, usize> = live.iter().map(|b| (*b, 0)).collect();
         for (_, t) in parts {
             let held = if leaders { &t[..1] } else { &t[..] };
@@ -395,18 +397,17 @@ fn even_out(
         }
         let mut by_load: Vec<(usize, i32)> = c.iter().map(|(b, n)| (*n, *b)).collect();
         by_load.sort();
-        let (most, from) = *by_load.last().expect("two live brokers");
-        let takers: Vec<i32> = by_load
-            .iter()
-            .take_while(|(n, _)| n + 1 < most)
-            .map(|(_, b)| *b)
-            .collect();
-        (from, takers)
+        let mut out = Vec::new();
+        for &(most, from) in by_load.iter().rev() {
+            for &(_, to) in by_load.iter().take_while(|(n, _)| n + 1 < most) {
+                out.push((from, to));
+            }
+        }
+        out
     };
     // Replicas: the busiest broker gives one to the least busy one that can take it.
     for _ in 0..parts.len() * 4 {
-        let (from, takers) = loads(parts, false);
-        let moved = takers.iter().find_map(|&to| {
+        let moved = pairs(parts, false).into_iter().find_map(|(from, to)| {
             let i = (0..parts.len()).find(|&i| {
                 let t = &parts[i].1;
                 let others: Vec<Option<String>> =
@@ -416,17 +417,16 @@ fn even_out(
                     && (rack(to) == rack(from) || !others.contains(&rack(to)))
                     && spread_kept(parts, i, from, to, false)
             })?;
-            Some((i, to))
+            Some((i, from, to))
         });
-        let Some((i, to)) = moved else { break };
+        let Some((i, from, to)) = moved else { break };
         for r in parts[i].1.iter_mut().filter(|r| **r == from) {
             *r = to;
         }
     }
     // Preferred leaderships: reorder a partition's replicas to put a less busy one first.
     for _ in 0..parts.len() * 2 {
-        let (from, takers) = loads(parts, true);
-        let moved = takers.iter().find_map(|&to| {
+        let moved = pairs(parts, true).into_iter().find_map(|(from, to)| {
             let i = (0..parts.len()).find(|&i| {
                 let t = &parts[i].1;
                 t[0] == from && t.contains(&to) && spread_kept(parts, i, from, to, true)
@@ -697,6 +697,39 @@ mod tests {
         );
         // And the totals (24 replicas): 8 each, which the small topics alone give.
         assert_eq!([1, 2, 3].map(|b| holds(b, None)), [8, 8, 8], "{after:?}");
+    }
+
+    #[test]
+    fn preferred_leaders_move_from_any_busier_broker_not_only_the_busiest() {
+        // Replicas already even (5 brokers, 6 partitions, RF 2: 2 or 3 each);
+        // preferred leaders 1:2, 2:2, 3:1, 4:1, 5:0. The busiest giver by id order (2)
+        // leads partitions whose replicas never include 5; broker 1's do: the move
+        // that evens the leaders out is 1 -> 5.
+        let view = ClusterView {
+            brokers: (1..=5).map(|b| broker(b, None)).collect(),
+            partitions: vec![
+                part("t", 0, &[1, 5]),
+                part("t", 1, &[1, 3]),
+                part("t", 2, &[2, 4]),
+                part("t", 3, &[2, 3]),
+                part("t", 4, &[3, 5]),
+                part("t", 5, &[4, 1]),
+            ],
+            ..ClusterView::default()
+        };
+        let moves = plan_rebalance(&view, &[]);
+        let mut after: Vec<Vec<i32>> = view.partitions.iter().map(|p| p.replicas.clone()).collect();
+        for m in &moves {
+            after[m.partition as usize] = m.target.clone().unwrap();
+        }
+        let mut leaders = [0usize; 6];
+        for t in &after {
+            leaders[t[0] as usize] += 1;
+        }
+        assert!(
+            leaders[1..].iter().all(|n| (1..=2).contains(n)),
+            "{after:?}"
+        );
     }
 
     #[test]

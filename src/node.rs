@@ -148,13 +148,30 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
     // with a TLS inter-broker listener, this process's connections to other brokers
     // are TLS as theirs are.
     let inter_broker = config.listeners[0].protocol;
-    if config.authorizer.is_some() && config.controller_quorum.len() > 1 && !inter_broker.sasl() {
+    if config.authorizer.is_some() && !inter_broker.sasl() {
         // Brokers log in to each other only over SASL; otherwise they call as their
         // certificate's subject (SSL) or User:ANONYMOUS, which need CLUSTER_ACTION.
         tracing::warn!(
             listener = %config.listeners[0].name,
-            "with --authorizer and an inter-broker listener without SASL, brokers call each other as their certificate subject (User:CN=...) or User:ANONYMOUS: list that principal in --super-users, or replication and transaction markers are refused"
+            "with --authorizer and an inter-broker listener without SASL, brokers (and this broker's lag collector) call as their certificate subject (User:CN=...) or User:ANONYMOUS: list that principal in --super-users, or replication, transaction markers and lag sampling are refused"
         );
+    }
+    let ssl = config
+        .listeners
+        .iter()
+        .any(|l| l.protocol == crate::base::config::SecurityProtocol::Ssl);
+    if config
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_auth != sluice_client::tls::ClientAuth::None)
+        && !ssl
+    {
+        tracing::warn!("--ssl-client-auth applies to SSL listeners only (as Kafka's ssl.client.auth, KIP-684): this broker has none, so no client certificate is asked for");
+    }
+    if config.metrics_listen == crate::observe::metrics::MetricsListen::Off
+        && !config.given.contains(&"metrics_listen")
+    {
+        tracing::warn!("no metrics endpoint: its default address (the Kafka port + 552) is another listener's port or past 65535; set --metrics-listen HOST:PORT");
     }
     // SASL_SSL listeners and the metrics endpoint's https (`--metrics-tls`): the same
     // certificate, no client certificates asked for.

@@ -957,7 +957,9 @@ impl BrokerConfig {
             // The default address is another listener's port: no default (the Kafka
             // listener wins; --metrics-listen chooses one).
             MetricsListen::Default(a)
-                if a.port() != 0 && listeners.iter().any(|l| l.bind.port() == a.port()) =>
+                if a.port() != 0
+                    && (listeners.iter().any(|l| l.bind.port() == a.port())
+                        || controller_listen.is_some_and(|c| c.port() == a.port())) =>
             {
                 MetricsListen::Off
             }

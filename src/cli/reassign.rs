@@ -359,29 +359,34 @@ pub fn plan_rebalance(view: &ClusterView, moving: &[(String, i32)]) -> Vec<Move>
 /// two replicas of a partition in one rack where it can avoid it. With `keep_topics`,
 /// a move must also go to a broker holding fewer of that topic's replicas (or
 /// preferred leaderships) than the one giving it, so no topic's spread widens.
-fn even_out(
-    parts: &mut [(&super::cluster::PartitionRow, Vec<i32>)],
+fn even_out<'a>(
+    parts: &mut [(&'a super::cluster::PartitionRow, Vec<i32>)],
     live: &[i32],
     rack: &dyn Fn(i32) -> Option<String>,
     keep_topics: bool,
 ) {
-    let topic_holds = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)],
-                       topic: &str,
-                       b: i32,
-                       leaders: bool| {
-        parts
-            .iter()
-            .filter(|(p, t)| p.topic == topic && if leaders { t[0] == b } else { t.contains(&b) })
-            .count()
+    // Per topic and broker, the replicas (or preferred leaderships) it holds: counted
+    // once per move searched, so a check is a lookup (at 10,000 partitions a scan per
+    // candidate made the search quadratic).
+    let topic_holds = |parts: &[(&'a super::cluster::PartitionRow, Vec<i32>)], leaders: bool| {
+        let mut held: std::collections::HashMap<(&'a str, i32), usize> =
+            std::collections::HashMap::new();
+        if keep_topics {
+            for (p, t) in parts.iter() {
+                let topic: &'a str = p.topic.as_str();
+                for r in if leaders { &t[..1] } else { &t[..] } {
+                    *held.entry((topic, *r)).or_default() += 1;
+                }
+            }
+        }
+        held
     };
-    let spread_kept = |parts: &[(&super::cluster::PartitionRow, Vec<i32>)],
-                       i: usize,
+    let spread_kept = |held: &std::collections::HashMap<(&'a str, i32), usize>,
+                       topic: &'a str,
                        from: i32,
-                       to: i32,
-                       leaders: bool| {
-        let topic = &parts[i].0.topic;
-        !keep_topics
-            || topic_holds(parts, topic, to, leaders) < topic_holds(parts, topic, from, leaders)
+                       to: i32| {
+        let n = |b: i32| held.get(&(topic, b)).copied().unwrap_or(0);
+        !keep_topics || n(to) < n(from)
     };
     // The pairs (giver, taker) whose move evens out: the taker holds at least two
     // fewer (replicas, or preferred leaderships), busiest givers first, each with its
@@ -407,6 +412,7 @@ fn even_out(
     };
     // Replicas: the busiest broker gives one to the least busy one that can take it.
     for _ in 0..parts.len() * 4 {
+        let held = topic_holds(parts, false);
         let moved = pairs(parts, false).into_iter().find_map(|(from, to)| {
             let i = (0..parts.len()).find(|&i| {
                 let t = &parts[i].1;
@@ -415,7 +421,7 @@ fn even_out(
                 t.contains(&from)
                     && !t.contains(&to)
                     && (rack(to) == rack(from) || !others.contains(&rack(to)))
-                    && spread_kept(parts, i, from, to, false)
+                    && spread_kept(&held, parts[i].0.topic.as_str(), from, to)
             })?;
             Some((i, from, to))
         });
@@ -426,10 +432,13 @@ fn even_out(
     }
     // Preferred leaderships: reorder a partition's replicas to put a less busy one first.
     for _ in 0..parts.len() * 2 {
+        let held = topic_holds(parts, true);
         let moved = pairs(parts, true).into_iter().find_map(|(from, to)| {
             let i = (0..parts.len()).find(|&i| {
                 let t = &parts[i].1;
-                t[0] == from && t.contains(&to) && spread_kept(parts, i, from, to, true)
+                t[0] == from
+                    && t.contains(&to)
+                    && spread_kept(&held, parts[i].0.topic.as_str(), from, to)
             })?;
             Some((i, to))
         });

@@ -3,6 +3,7 @@
 //! `--metrics-listen`. Cut apart because it is the only part that does I/O: the
 //! registry and the page it serves are plain data and text.
 
+use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -94,8 +95,9 @@ impl HttpResponse {
 /// client that holds a connection open must not keep the others out).
 const CONNECTIONS_MAX: usize = 32;
 
-/// How long a client has to send its request, and to take the answer.
-const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a connection may last, all of it: the TLS handshake, the request, the
+/// answer (a client trickling bytes must not hold a slot past it).
+const CONNECTION_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The longest request head read (request line and headers).
 const HEAD_MAX: usize = 16 << 10;
@@ -161,40 +163,98 @@ fn accept(
             tls.as_ref().map(|t| t.current()),
             open.clone(),
         );
+        let slot = Slot(open.clone());
         let spawned = std::thread::Builder::new()
             .name("metrics-conn".into())
             .spawn(move || {
+                let _slot = slot;
                 if let Err(e) = connection(stream, &registry, config) {
                     tracing::debug!(error = %e, "metrics connection ended");
                 }
-                open.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
+            // The closure (and its slot) was dropped: the count is given back.
             tracing::debug!(error = %e, "no thread for a metrics connection");
         }
     }
 }
 
+/// One connection's place among [`CONNECTIONS_MAX`], given back when dropped.
+struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A socket whose every read and write waits at most until one deadline.
+struct Deadline {
+    stream: std::net::TcpStream,
+    until: std::time::Instant,
+}
+
+impl Deadline {
+    fn arm(&self) -> std::io::Result<()> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "metrics connection past its deadline",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.set_write_timeout(Some(left))
+    }
+}
+
+impl std::io::Read for Deadline {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf)
+    }
+}
+
+impl std::io::Write for Deadline {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 /// One request and its answer, then the connection is closed (`Connection: close`:
-/// scrapes are seconds apart, and no state is kept between requests).
+/// scrapes are seconds apart, and no state is kept between requests), all within
+/// [`CONNECTION_MAX`].
 fn connection(
     stream: std::net::TcpStream,
     registry: &Registry,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut stream = Deadline {
+        stream,
+        until: std::time::Instant::now() + CONNECTION_MAX,
+    };
     match tls {
-        None => exchange(stream, registry),
+        None => exchange(&mut stream, registry),
         Some(config) => {
             let conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
-            exchange(rustls::StreamOwned::new(conn, stream), registry)
+            let mut tls = rustls::StreamOwned::new(conn, stream);
+            exchange(&mut tls, registry)?;
+            // The end of the answer is also the end of the TLS session.
+            tls.conn.send_close_notify();
+            std::io::Write::flush(&mut tls)
         }
     }
 }
 
 fn exchange(
-    mut s: impl std::io::Read + std::io::Write,
+    s: &mut (impl std::io::Read + std::io::Write),
     registry: &Registry,
 ) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
@@ -202,7 +262,7 @@ fn exchange(
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
         if head.len() > HEAD_MAX {
             return answer(
-                &mut s,
+                s,
                 false,
                 &HttpResponse::text(431, "request head too large\n"),
             );
@@ -219,18 +279,10 @@ fn exchange(
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return answer(
-            &mut s,
-            false,
-            &HttpResponse::text(400, "bad request line\n"),
-        );
+        return answer(s, false, &HttpResponse::text(400, "bad request line\n"));
     };
     if !version.starts_with("HTTP/1.") || !target.starts_with('/') {
-        return answer(
-            &mut s,
-            false,
-            &HttpResponse::text(400, "bad request line\n"),
-        );
+        return answer(s, false, &HttpResponse::text(400, "bad request line\n"));
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let req = HttpRequest {
@@ -239,7 +291,7 @@ fn exchange(
         query: query.to_string(),
     };
     let resp = registry.route(&req);
-    answer(&mut s, req.method == "HEAD", &resp)
+    answer(s, req.method == "HEAD", &resp)
 }
 
 fn answer(

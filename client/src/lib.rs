@@ -28,6 +28,32 @@ pub mod security;
 pub mod tls;
 mod versions;
 
+/// A fuzz target's corpus for the replay tests: the committed seeds
+/// (`fuzz/seeds/<target>`, at least `min` of them) and any `make fuzz` corpus, each
+/// seed also with every prefix and with one byte flipped at each position.
+#[cfg(test)]
+pub(crate) fn fuzz_replay_inputs(target: &str, min: usize) -> Vec<Vec<u8>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut inputs: Vec<Vec<u8>> = Vec::new();
+    for dir in [format!("seeds/{target}"), format!("corpus/{target}")] {
+        if let Ok(entries) = std::fs::read_dir(root.join(dir)) {
+            for e in entries.flatten() {
+                inputs.push(std::fs::read(e.path()).expect("corpus file"));
+            }
+        }
+    }
+    assert!(inputs.len() >= min, "fuzz/seeds/{target} is missing");
+    for seed in inputs.clone() {
+        for n in 0..seed.len() {
+            inputs.push(seed[..n].to_vec());
+            let mut flipped = seed.clone();
+            flipped[n] ^= 0x41;
+            inputs.push(flipped);
+        }
+    }
+    inputs
+}
+
 pub use error::{code_err, error_name, Error, Result};
 pub use frame::{decode_response, encode_request, FRAME_BYTES_MAX};
 pub use versions::Versions;

@@ -798,25 +798,7 @@ mod tests {
     /// after a `make fuzz` run) and generated inputs replay without a panic.
     #[test]
     fn fuzz_corpus_replays_without_panics() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut inputs: Vec<Vec<u8>> = Vec::new();
-        for dir in ["seeds/sasl_exchange", "corpus/sasl_exchange"] {
-            if let Ok(entries) = std::fs::read_dir(root.join(dir)) {
-                for e in entries.flatten() {
-                    inputs.push(std::fs::read(e.path()).expect("corpus file"));
-                }
-            }
-        }
-        assert!(inputs.len() >= 4, "fuzz/seeds/sasl_exchange is missing");
-        // Each seed with every prefix and one byte flipped at each position.
-        for seed in inputs.clone() {
-            for n in 0..seed.len() {
-                inputs.push(seed[..n].to_vec());
-                let mut flipped = seed.clone();
-                flipped[n] ^= 0x41;
-                inputs.push(flipped);
-            }
-        }
+        let inputs = crate::fuzz_replay_inputs("sasl_exchange", 4);
         for input in &inputs {
             fuzz_exchange(input);
         }

@@ -489,29 +489,13 @@ mod subject_tests {
 
     #[test]
     fn fuzz_corpus_replays_without_panics() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut inputs: Vec<Vec<u8>> = Vec::new();
-        for dir in ["seeds/tls_handshake", "corpus/tls_handshake"] {
-            if let Ok(entries) = std::fs::read_dir(root.join(dir)) {
-                for e in entries.flatten() {
-                    inputs.push(std::fs::read(e.path()).expect("corpus file"));
-                }
-            }
-        }
-        assert!(inputs.len() >= 3, "fuzz/seeds/tls_handshake is missing");
+        let inputs = crate::fuzz_replay_inputs("tls_handshake", 3);
         // The seeds reach the handshake: a real ClientHello gets a ServerHello.
+        let seeds =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/tls_handshake");
         for hello in ["client-hello-12", "client-hello-13"] {
-            let seed = std::fs::read(root.join("seeds/tls_handshake").join(hello)).unwrap();
+            let seed = std::fs::read(seeds.join(hello)).unwrap();
             assert!(super::handshake_answers(&seed), "{hello} got no answer");
-        }
-        // Each seed with every prefix and one byte flipped at each position.
-        for seed in inputs.clone() {
-            for n in 0..seed.len() {
-                inputs.push(seed[..n].to_vec());
-                let mut flipped = seed.clone();
-                flipped[n] ^= 0x41;
-                inputs.push(flipped);
-            }
         }
         for input in &inputs {
             super::fuzz_handshake(input);

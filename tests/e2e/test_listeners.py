@@ -9,16 +9,15 @@ connected through: a client of the SASL listener is never sent to the plaintext 
 Brokers replicate through the inter-broker listener. Real clients at their defaults
 plus the security settings a user gives them (confluent-kafka, kcat)."""
 import subprocess
-import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from cluster import Cluster, metadata_from
 from conftest import free_port, wait_until
-from test_sasl import ADMIN, ALL_MECHANISMS, BOOTSTRAP_ENV
-from test_tls import certs, tls_context  # noqa: F401 (the certificates fixture)
+from test_sasl import ADMIN, ALL_MECHANISMS, BOOTSTRAP_ENV, produce
+from test_tls import certs, consume_all, create, tls_context  # noqa: F401 (the certificates fixture)
 
 
 def sasl_conf(addr, user=ADMIN[0], password=ADMIN[1], protocol="sasl_plaintext", ca=None):
@@ -27,47 +26,6 @@ def sasl_conf(addr, user=ADMIN[0], password=ADMIN[1], protocol="sasl_plaintext",
     if ca:
         c["ssl.ca.location"] = ca
     return c
-
-
-def produce(conf, topic, n, timeout=30):
-    """Produces `n` records at the client's defaults (acks=all, idempotence); returns
-    how many were acknowledged and the errors of the rest."""
-    p = Producer(dict(conf, **{"message.timeout.ms": timeout * 1000}))
-    acked, errors = [], []
-    for i in range(n):
-        p.produce(topic, value=f"v{i}".encode(),
-                  on_delivery=lambda e, m: (errors if e else acked).append(e or m.offset()))
-    left = p.flush(timeout + 10)
-    assert left == 0, f"{left} records neither acknowledged nor failed"
-    return len(acked), errors
-
-
-def consume_group(conf, topic, n, timeout=30):
-    """Consumes `n` records in a consumer group (FindCoordinator, JoinGroup, commits):
-    the group coordinator is reached through the address FindCoordinator gave."""
-    c = Consumer(dict(conf, **{"group.id": f"g-{uuid.uuid4().hex[:8]}",
-                               "auto.offset.reset": "earliest"}))
-    c.subscribe([topic])
-    got = []
-
-    def more():
-        m = c.poll(0.5)
-        if m is not None and m.error() is None:
-            got.append(m.value())
-        return len(got) >= n
-
-    try:
-        wait_until(more, timeout=timeout, interval=0, what=f"{n} records of {topic}")
-        c.commit(asynchronous=False)
-    finally:
-        c.close()
-    return got
-
-
-def create(conf, topic, partitions=1, rf=1):
-    a = AdminClient(conf)  # kept until the futures end: dropped, it cancels them
-    for f in a.create_topics([NewTopic(topic, partitions, rf)]).values():
-        f.result(30)
 
 
 def test_one_broker_answers_each_listener_with_its_own_endpoints(make_broker):
@@ -94,7 +52,7 @@ def test_one_broker_answers_each_listener_with_its_own_endpoints(make_broker):
     conf = sasl_conf(f"localhost:{client}")
     create(conf, "named")
     assert produce(conf, "named", 200) == (200, [])
-    assert len(consume_group(conf, "named", 200)) == 200
+    assert len(consume_all(conf, "named", 200)) == 200
     # kcat on the plaintext listener sees the plaintext address only.
     md = subprocess.run(["kcat", "-b", f"127.0.0.1:{internal}", "-L", "-t", "named"],
                         capture_output=True, text=True, timeout=30)
@@ -181,7 +139,7 @@ def test_three_brokers_replicate_through_the_inter_broker_listener(tmp_path, cer
             md = metadata_from(c.addr(1), ["rep"], tls=ctx)["topics"]["rep"]["partitions"]
             return len(md) == 6 and all(len(p["isr"]) == 3 for p in md.values())
         wait_until(full, timeout=30, what="every ISR full through INTERNAL")
-        assert len(consume_group(conf, "rep", 600)) == 600
+        assert len(consume_all(conf, "rep", 600)) == 600
         with pytest.raises(KafkaException):
             # The INTERNAL listener does not speak SASL: a SASL_SSL client fails there.
             AdminClient(sasl_conf(c.addr(1), protocol="sasl_ssl", ca=certs("ca.pem"))).list_topics(timeout=5)

@@ -2862,12 +2862,31 @@ mod tests {
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
     }
 
+    /// The legacy snapshot fixture `testdata/<file>`, decoded; first (re)written from
+    /// `archived` (the rkyv bytes of that version's layout) under `version`'s magic
+    /// when the environment variable `var` is set.
+    fn legacy_fixture(
+        file: &str,
+        var: &str,
+        version: u8,
+        archived: impl FnOnce() -> Vec<u8>,
+    ) -> ClusterState {
+        let path = format!("{}/testdata/{file}", env!("CARGO_MANIFEST_DIR"));
+        if std::env::var_os(var).is_some() {
+            let mut bytes = b"SLCST\x00".to_vec();
+            bytes.extend_from_slice(&[version, 0]);
+            bytes.extend_from_slice(&archived());
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            std::fs::write(&path, hex + "\n").unwrap();
+        }
+        ClusterState::decode(&hex_fixture(&std::fs::read_to_string(&path).unwrap())).unwrap()
+    }
+
     /// Writes `testdata/state-v6.hex` (run once with SLUICE_WRITE_STATE_V6=1): the
     /// version-6 layout, [`legacy::ClusterStateV6`], as the version-6 build wrote it.
     #[test]
     fn version_6_snapshots_decode_without_acls() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/state-v6.hex");
-        if std::env::var_os("SLUICE_WRITE_STATE_V6").is_some() {
+        let s = legacy_fixture("state-v6.hex", "SLUICE_WRITE_STATE_V6", 6, || {
             let mut s = cluster(1);
             s.cluster_id = "v6-cluster-id".into();
             s.group_configs.insert(
@@ -2895,13 +2914,8 @@ mod tests {
                 scram: s.scram,
                 group_configs: s.group_configs,
             };
-            let mut bytes = b"SLCST\x00\x06\x00".to_vec();
-            bytes.extend_from_slice(&rkyv::to_bytes::<rkyv::rancor::Error>(&v6).unwrap());
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            std::fs::write(path, hex + "\n").unwrap();
-        }
-        let s =
-            ClusterState::decode(&hex_fixture(&std::fs::read_to_string(path).unwrap())).unwrap();
+            rkyv::to_bytes::<rkyv::rancor::Error>(&v6).unwrap().to_vec()
+        });
         assert_eq!(s.cluster_id, "v6-cluster-id");
         assert_eq!(s.group_configs["g"]["consumer.session.timeout.ms"], "50000");
         assert_eq!(s.scram["alice"][&1], credential(7));
@@ -2914,8 +2928,7 @@ mod tests {
     /// version-7 layout, [`legacy::ClusterStateV7`], as the version-7 build wrote it.
     #[test]
     fn version_7_snapshots_decode_without_listeners() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/state-v7.hex");
-        if std::env::var_os("SLUICE_WRITE_STATE_V7").is_some() {
+        let s = legacy_fixture("state-v7.hex", "SLUICE_WRITE_STATE_V7", 7, || {
             let mut s = cluster(2);
             s.cluster_id = "v7-cluster-id".into();
             s.scram
@@ -2937,13 +2950,8 @@ mod tests {
                 acls: s.acls,
                 quotas: s.quotas,
             };
-            let mut bytes = b"SLCST\x00\x07\x00".to_vec();
-            bytes.extend_from_slice(&rkyv::to_bytes::<rkyv::rancor::Error>(&v7).unwrap());
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            std::fs::write(path, hex + "\n").unwrap();
-        }
-        let s =
-            ClusterState::decode(&hex_fixture(&std::fs::read_to_string(path).unwrap())).unwrap();
+            rkyv::to_bytes::<rkyv::rancor::Error>(&v7).unwrap().to_vec()
+        });
         assert_eq!(s.cluster_id, "v7-cluster-id");
         assert_eq!(s.brokers.len(), 2);
         assert_eq!(s.brokers[&2].port, 9093);

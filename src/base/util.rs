@@ -57,23 +57,15 @@ pub fn now_ms() -> i64 {
 /// pages each time: a quarter of a one-broker 10,000-partition load's CPU went to
 /// zeroing them.
 pub async fn join_all<T, F: Future<Output = T>>(futures: impl IntoIterator<Item = F>) -> Vec<T> {
-    let mut futures: Vec<Option<Pin<Box<F>>>> =
-        futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let n = futures.len();
-    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let mut unpolled = Some(futures.into_iter());
+    let mut futures: Vec<Option<Pin<Box<F>>>> = Vec::new();
+    let mut results: Vec<Option<T>> = Vec::new();
+    let mut wakers: Vec<Option<Waker>> = Vec::new();
     let woken = Arc::new(Woken {
-        indexes: Mutex::new((0..n).collect()),
+        indexes: Mutex::new(Vec::new()),
         task: Mutex::new(None),
     });
-    let wakers: Vec<Waker> = (0..n)
-        .map(|index| {
-            Waker::from(Arc::new(Child {
-                index,
-                woken: woken.clone(),
-            }))
-        })
-        .collect();
-    let mut left = n;
+    let mut left = 0;
     std::future::poll_fn(|cx: &mut Context<'_>| {
         {
             let mut task = woken.task.lock().unwrap_or_else(|e| e.into_inner());
@@ -81,15 +73,46 @@ pub async fn join_all<T, F: Future<Output = T>>(futures: impl IntoIterator<Item 
                 *task = Some(cx.waker().clone());
             }
         }
+        // The first poll polls each future as it is made: one that is ready at once
+        // (most, when the work needs no wait) frees its box and waker straight away,
+        // so the next one reuses the same, still cached, memory.
+        if let Some(made) = unpolled.take() {
+            let (lower, _) = made.size_hint();
+            futures.reserve(lower);
+            results.reserve(lower);
+            wakers.reserve(lower);
+            for f in made {
+                let index = futures.len();
+                let waker = Waker::from(Arc::new(Child {
+                    index,
+                    woken: woken.clone(),
+                }));
+                let mut f = Box::pin(f);
+                match f.as_mut().poll(&mut Context::from_waker(&waker)) {
+                    Poll::Ready(v) => {
+                        futures.push(None);
+                        results.push(Some(v));
+                        wakers.push(None);
+                    }
+                    Poll::Pending => {
+                        futures.push(Some(f));
+                        results.push(None);
+                        wakers.push(Some(waker));
+                        left += 1;
+                    }
+                }
+            }
+        }
         let mut ready =
             std::mem::take(&mut *woken.indexes.lock().unwrap_or_else(|e| e.into_inner()));
         ready.sort_unstable();
         ready.dedup();
         for i in ready {
-            if let Some(f) = futures[i].as_mut() {
-                if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(&wakers[i])) {
+            if let (Some(f), Some(w)) = (futures[i].as_mut(), wakers[i].as_ref()) {
+                if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(w)) {
                     results[i] = Some(v);
                     futures[i] = None;
+                    wakers[i] = None;
                     left -= 1;
                 }
             }

@@ -47,13 +47,41 @@ impl ShardServer {
 impl ShardService for ShardServer {
     async fn produce(&self, c: rpc::Produce) -> Vec<Result<Appended, ApiError>> {
         let b = &self.broker;
-        let futs = c.items.into_iter().map(|it| async move {
+        let (acks, timeout) = (c.acks, c.timeout);
+        // Every partition staged first (judged, offsets given: at once, unless a turn,
+        // a roll or a sequence gap waits), then finished. The shard's journal writes and
+        // syncs in order, so the last staged partition's wait covers those before it:
+        // awaited alone, it leaves the others durable at their first poll, instead of
+        // each partition listening and being woken for its write and its sync (a
+        // quarter of a broker's CPU at 10,000 partitions, one record each).
+        let staged = join_all(c.items.into_iter().map(|it| async move {
             // KIP-890: the first transactional batch of a transaction here is
             // checked with the coordinator before it opens a transaction.
             crate::coord::txn::verify_produce(b, &it).await?;
-            b.produce_local(c.acks, c.timeout, it).await
-        });
-        join_all(futs).await
+            b.produce_stage(acks, timeout, it).await
+        }))
+        .await;
+        let mut staged: Vec<_> = staged.into_iter().map(Some).collect();
+        let mut last = None;
+        if let Some(i) = staged.iter().rposition(|s| matches!(s, Some(Ok(_)))) {
+            if let Some(Ok(s)) = staged[i].take() {
+                last = Some((i, b.produce_finish(s).await));
+            }
+        }
+        let mut results = join_all(staged.into_iter().map(|s| async move {
+            match s? {
+                Ok(s) => Some(b.produce_finish(s).await),
+                Err(e) => Some(Err(e)),
+            }
+        }))
+        .await;
+        if let Some((i, r)) = last {
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every partition finished"))
+            .collect()
     }
 
     async fn epoch_end(&self, c: rpc::EpochEnd) -> Vec<Result<rpc::EpochEndOut, ApiError>> {

@@ -80,6 +80,21 @@ impl Broker {
         self.produce_inner(acks, timeout, item, false).await
     }
 
+    /// The first half of [`Self::produce_local`]: the batches judged and given their
+    /// offsets (the next append's turn released), not yet durable nor acknowledged.
+    /// [`Self::produce_finish`] completes it. A shard's part of a Produce request stages
+    /// every partition first and then finishes them, so that after one wait for the
+    /// last staged write, most finish without waiting (see
+    /// `crate::serve::dispatch::ShardServer::produce`).
+    pub async fn produce_stage(
+        &self,
+        acks: i16,
+        timeout: Duration,
+        item: ProduceItem,
+    ) -> Result<StagedProduce, ApiError> {
+        self.produce_start(acks, timeout, item, false).await
+    }
+
     /// `trusted`: the broker's own coordinators write (their transactional batches carry
     /// no sequence), appended without the producer checks.
     async fn produce_inner(
@@ -89,6 +104,17 @@ impl Broker {
         item: ProduceItem,
         trusted: bool,
     ) -> Result<Appended, ApiError> {
+        let staged = self.produce_start(acks, timeout, item, trusted).await?;
+        self.produce_finish(staged).await
+    }
+
+    async fn produce_start(
+        &self,
+        acks: i16,
+        timeout: Duration,
+        item: ProduceItem,
+        trusted: bool,
+    ) -> Result<StagedProduce, ApiError> {
         let (log, tc) = self.log(&item.topic, item.partition)?;
         let replica = self.replica(&item.topic, item.partition)?;
         // Taken before the first await, so turns follow the order requests arrived in.
@@ -205,6 +231,34 @@ impl Broker {
         // Offsets assigned: the next request's appends may go, and join the write in
         // flight's successor while this request waits for its own (group commit).
         drop(turn);
+        Ok(StagedProduce {
+            log,
+            replica,
+            epoch,
+            writes,
+            first: first.expect("at least one batch"),
+            last_offset,
+            min_insync,
+            acks,
+            timeout,
+        })
+    }
+
+    /// The second half of a produce: waits until the staged batches are written and
+    /// as durable as the topic's flush policy asks, and for acks=all until the high
+    /// watermark covers them.
+    pub async fn produce_finish(&self, staged: StagedProduce) -> Result<Appended, ApiError> {
+        let StagedProduce {
+            log,
+            replica,
+            epoch,
+            writes,
+            first,
+            last_offset,
+            min_insync,
+            acks,
+            timeout,
+        } = staged;
         for (started, staged) in writes {
             log.written(staged)
                 .await
@@ -223,7 +277,6 @@ impl Broker {
                 .wait_acked(Offset::new(last_offset).next(), epoch, min_insync, timeout)
                 .await?;
         }
-        let first = first.expect("at least one batch");
         // Pair assertion: what an acknowledged produce reports was appended in this
         // leader's epoch, and acks=all returned only once the high watermark covered it.
         let base_offset = Offset::new(first.base_offset);
@@ -231,8 +284,8 @@ impl Broker {
             base_offset <= Offset::new(last_offset)
                 && (acks != -1 || replica.high_watermark() > Offset::new(last_offset)),
             "{}-{}: appended [{base_offset}, {last_offset}] acks={acks}, high watermark {}",
-            item.topic,
-            item.partition,
+            replica.topic,
+            replica.partition,
             replica.high_watermark()
         );
         Ok(Appended {
@@ -631,6 +684,20 @@ impl Broker {
             .collect();
         any_true(calls).await
     }
+}
+
+/// A produce's batches with their offsets, waiting to be durable and acknowledged
+/// ([`Broker::produce_stage`], [`Broker::produce_finish`]).
+pub struct StagedProduce {
+    log: Rc<PartitionLog>,
+    replica: Rc<Replica>,
+    epoch: LeaderEpoch,
+    writes: Vec<(Instant, sluice_storage::Staged)>,
+    first: sluice_storage::AppendInfo,
+    last_offset: i64,
+    min_insync: usize,
+    acks: i16,
+    timeout: Duration,
 }
 
 /// Appends one batch of a produce request through the partition's producer state: a

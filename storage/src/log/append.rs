@@ -556,7 +556,8 @@ impl PartitionLog {
             FlushPolicy::Always => {}
             FlushPolicy::IntervalMs(_) => return Ok(()),
         }
-        self.flush().await
+        // Already guarded by the caller: one failure check per acknowledgement.
+        self.flush_unguarded().await
     }
 }
 

@@ -30,10 +30,10 @@ use crate::base::error::ApiError;
 use crate::base::fetch_session::{self, PartKey, PartReq, TopicKey};
 use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
 use crate::base::rpc::Propose;
-use crate::base::util::{join_all, sb};
+use crate::base::util::{join_all, last_first, sb};
 use crate::cluster::throttle;
 use crate::partition::broker::{Broker, PartitionEvents};
-use crate::partition::replica::Replica;
+use crate::partition::replica::{LogOpGuard, Replica};
 use sluice_protocol::{TopicPartition, TopicPartitionRef};
 
 /// Follower fetch parameters (the longest wait is `--replica-fetch-wait-max-ms`).
@@ -791,24 +791,38 @@ async fn fetch_phase(
             answered.push((i, records, hw, start));
         }
     }
-    // The partitions' appends and syncs run side by side: one after the other, a round
+    // The partitions' appends and syncs run side by side (one after the other, a round
     // that brought records for thousands of partitions waited for each one's sync in
-    // turn (and its syncs never met to share a round).
-    let appends = answered
+    // turn, and its syncs never met to share a round), in two passes as a leader's
+    // produce: every partition's batches staged, then finished with the last journaled
+    // one first, whose wait for the shard's journal covers the others' (`last_first`).
+    let stages = answered
         .iter()
         .filter(|(_, records, _, _)| !records.is_empty())
         .map(|(i, records, _, _)| {
             let (r, (epoch, req)) = (&parts[*i], current[*i].expect("answered while fetching"));
-            async move {
-                (
-                    *i,
-                    append_fetched(r, epoch, req.fetch_offset, records).await,
-                )
-            }
+            async move { (*i, stage_fetched(r, epoch, req.fetch_offset, records).await) }
         });
     let mut appended: HashMap<usize, bool> = HashMap::new();
     let mut failure = None;
-    for (i, res) in join_all(appends).await {
+    let mut todo = Vec::new();
+    for (i, res) in join_all(stages).await {
+        match res {
+            Ok(Some(staged)) => todo.push((i, staged)),
+            Ok(None) => {
+                appended.insert(i, false);
+            }
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    let journaled = |(_, s): &(usize, StagedFetch)| {
+        !s.writes.is_empty() && s.writes.iter().all(|w| w.journaled())
+    };
+    let finished = last_first(todo, journaled, |(i, staged)| {
+        let r = &parts[i];
+        async move { (i, finish_fetched(r, staged).await) }
+    });
+    for (i, res) in finished.await {
         match res {
             Ok(done) => {
                 appended.insert(i, done);
@@ -922,30 +936,25 @@ async fn sync_tail(r: &Rc<Replica>, epoch: LeaderEpoch) -> Result<(), FetcherErr
 
 /// Appends fetched batches (asked for from `fetch_offset`) with their offsets, keeping
 /// the epoch history, then syncs and counts them as held — one log operation of the
-/// replica's state machine, rechecked after every await. False if the log is not where
+/// replica's state machine, rechecked after every await. `None` if the log is not where
 /// this fetch assumed (the role changed meanwhile, or something else appended, which
 /// the log's leader fence should have refused): the caller truncates again rather than
-/// report anything.
-async fn append_fetched(
-    r: &Rc<Replica>,
+/// report anything. The batches are staged, not yet written: [`finish_fetched`].
+async fn stage_fetched<'r>(
+    r: &'r Rc<Replica>,
     epoch: LeaderEpoch,
     fetch_offset: Offset,
     records: &Bytes,
-) -> Result<bool, FetcherError> {
+) -> Result<Option<StagedFetch<'r>>, FetcherError> {
     let batches = batch::split_batches(records).map_err(|e| FetcherError::Parse {
         topic: r.topic.clone(),
         partition: r.partition,
         source: e,
     })?;
-    let append_error = |e| FetcherError::Append {
-        topic: r.topic.clone(),
-        partition: r.partition,
-        source: e,
-    };
     // Refused if the follower moved on, another log operation runs, or the log does
     // not end where the fetch asked from.
     let Ok(op) = r.begin_append(epoch, fetch_offset) else {
-        return Ok(false);
+        return Ok(None);
     };
     let mut expected_end = fetch_offset;
     // Each batch is staged, then all are awaited: they go to the device together (a
@@ -956,34 +965,62 @@ async fn append_fetched(
         // write; this is the second guard): truncate again.
         // (Returning drops `op`: the operation ends as not done.)
         if !r.follows_in(epoch) || r.log_end() != expected_end {
-            return Ok(false);
+            return Ok(None);
         }
         if Offset::new(h.base_offset) < expected_end {
-            return Ok(false);
+            return Ok(None);
         }
         let batch_epoch = LeaderEpoch::new(h.leader_epoch);
         let Ok(new_epoch) = op.fetched_batch(batch_epoch, Offset::new(h.base_offset)) else {
-            return Ok(false);
+            return Ok(None);
         };
         if new_epoch {
             // The new epoch's entry is durable before any batch of that epoch.
             r.epochs_durable().await.map_err(FetcherError::Checkpoint)?;
             if !r.follows_in(epoch) || r.log_end() != expected_end {
-                return Ok(false);
+                return Ok(None);
             }
         }
         let (_, staged) = r
             .log
             .append_with_offsets_staged(records.slice(range))
             .await
-            .map_err(append_error)?;
+            .map_err(|e| append_error(r, e))?;
         writes.extend(staged);
         expected_end = Offset::new(h.last_offset()).next();
     }
+    Ok(Some(StagedFetch {
+        op,
+        writes,
+        epoch,
+        expected_end,
+    }))
+}
+
+/// A partition's fetched batches with their offsets, their log operation still held.
+struct StagedFetch<'r> {
+    op: LogOpGuard<'r>,
+    writes: Vec<sluice_storage::Staged>,
+    epoch: LeaderEpoch,
+    expected_end: Offset,
+}
+
+/// Waits until staged fetched batches are written and flushed, and counts them in
+/// the replica's state machine. False as [`stage_fetched`]'s `None`.
+async fn finish_fetched(r: &Rc<Replica>, staged: StagedFetch<'_>) -> Result<bool, FetcherError> {
+    let StagedFetch {
+        op,
+        writes,
+        epoch,
+        expected_end,
+    } = staged;
     for staged in writes {
-        r.log.written(staged).await.map_err(append_error)?;
+        r.log
+            .written(staged)
+            .await
+            .map_err(|e| append_error(r, e))?;
     }
-    r.log.flush().await.map_err(append_error)?;
+    r.log.flush().await.map_err(|e| append_error(r, e))?;
     // Flushed: the state machine counts it if the log still ends there, whatever the
     // role is now; the follower reports it only if it still follows in `epoch`.
     let ended = op.finish(Some(expected_end));
@@ -997,6 +1034,14 @@ async fn append_fetched(
         r.durable_end()
     );
     Ok(ended.durable_moved && r.follows_in(epoch))
+}
+
+fn append_error(r: &Replica, source: sluice_storage::Error) -> FetcherError {
+    FetcherError::Append {
+        topic: r.topic.clone(),
+        partition: r.partition,
+        source,
+    }
 }
 
 #[cfg(test)]

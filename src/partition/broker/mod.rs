@@ -22,6 +22,7 @@ mod apply;
 mod internal;
 mod offline;
 mod work;
+pub use work::StagedProduce;
 
 use offline::offline_error;
 

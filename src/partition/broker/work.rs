@@ -70,21 +70,12 @@ impl Broker {
             .map(|_| ())
     }
 
-    /// Produce from a client: batches are judged against the partition's producer state.
-    pub async fn produce_local(
-        &self,
-        acks: i16,
-        timeout: Duration,
-        item: ProduceItem,
-    ) -> Result<Appended, ApiError> {
-        self.produce_inner(acks, timeout, item, false).await
-    }
-
-    /// The first half of [`Self::produce_local`]: the batches judged and given their
-    /// offsets (the next append's turn released), not yet durable nor acknowledged.
-    /// [`Self::produce_finish`] completes it. A shard's part of a Produce request stages
-    /// every partition first and then finishes them, so that after one wait for the
-    /// last staged write, most finish without waiting (see
+    /// The first pass of a client's produce on a partition: the batches judged against
+    /// the partition's producer state and given their offsets (the next append's turn
+    /// released), not yet durable nor acknowledged; [`Self::produce_durable`] and
+    /// [`Self::produce_acked`] complete it. A shard's part of a Produce request stages
+    /// every partition first, so that one wait for the last journaled write makes the
+    /// others durable at their first poll (see
     /// `crate::serve::dispatch::ShardServer::produce`).
     pub async fn produce_stage(
         &self,
@@ -105,7 +96,8 @@ impl Broker {
         trusted: bool,
     ) -> Result<Appended, ApiError> {
         let staged = self.produce_start(acks, timeout, item, trusted).await?;
-        self.produce_finish(staged).await
+        let durable = self.produce_durable(staged).await?;
+        self.produce_acked(durable).await
     }
 
     async fn produce_start(
@@ -115,6 +107,7 @@ impl Broker {
         item: ProduceItem,
         trusted: bool,
     ) -> Result<StagedProduce, ApiError> {
+        let deadline = Instant::now() + timeout;
         let (log, tc) = self.log(&item.topic, item.partition)?;
         let replica = self.replica(&item.topic, item.partition)?;
         // Taken before the first await, so turns follow the order requests arrived in.
@@ -240,27 +233,20 @@ impl Broker {
             last_offset,
             min_insync,
             acks,
-            timeout,
+            deadline,
         })
     }
 
-    /// The second half of a produce: waits until the staged batches are written and
-    /// as durable as the topic's flush policy asks, and for acks=all until the high
-    /// watermark covers them.
-    pub async fn produce_finish(&self, staged: StagedProduce) -> Result<Appended, ApiError> {
-        let StagedProduce {
-            log,
-            replica,
-            epoch,
-            writes,
-            first,
-            last_offset,
-            min_insync,
-            acks,
-            timeout,
-        } = staged;
-        for (started, staged) in writes {
-            log.written(staged)
+    /// The second pass of a produce: waits until the staged batches are written and as
+    /// durable as the topic's flush policy asks.
+    pub async fn produce_durable(
+        &self,
+        mut staged: StagedProduce,
+    ) -> Result<StagedProduce, ApiError> {
+        for (started, write) in std::mem::take(&mut staged.writes) {
+            staged
+                .log
+                .written(write)
                 .await
                 .map_err(|e| error::from_storage(&e))?;
             self.shard_metrics()
@@ -271,10 +257,27 @@ impl Broker {
         // default) before answering or counting it replicated. acks=0 flushes too: only
         // durable data is replicated and becomes visible below the high watermark.
         // Refused if leadership moved meanwhile (the append will be truncated away).
-        replica.flush(epoch).await?;
+        staged.replica.flush(staged.epoch).await?;
+        Ok(staged)
+    }
+
+    /// The last step of a produce, once durable: acks=all waits (until the request's
+    /// deadline, counted from the stage) for the high watermark to cover the batches.
+    pub async fn produce_acked(&self, durable: StagedProduce) -> Result<Appended, ApiError> {
+        let StagedProduce {
+            replica,
+            epoch,
+            first,
+            last_offset,
+            min_insync,
+            acks,
+            deadline,
+            ..
+        } = durable;
         if acks == -1 {
+            let left = deadline.saturating_duration_since(Instant::now());
             replica
-                .wait_acked(Offset::new(last_offset).next(), epoch, min_insync, timeout)
+                .wait_acked(Offset::new(last_offset).next(), epoch, min_insync, left)
                 .await?;
         }
         // Pair assertion: what an acknowledged produce reports was appended in this
@@ -687,7 +690,7 @@ impl Broker {
 }
 
 /// A produce's batches with their offsets, waiting to be durable and acknowledged
-/// ([`Broker::produce_stage`], [`Broker::produce_finish`]).
+/// ([`Broker::produce_stage`], [`Broker::produce_durable`], [`Broker::produce_acked`]).
 pub struct StagedProduce {
     log: Rc<PartitionLog>,
     replica: Rc<Replica>,
@@ -697,7 +700,16 @@ pub struct StagedProduce {
     last_offset: i64,
     min_insync: usize,
     acks: i16,
-    timeout: Duration,
+    /// When acks=all stops waiting: the request's timeout from its stage.
+    deadline: Instant,
+}
+
+impl StagedProduce {
+    /// True if every batch went through the shard's journal (see
+    /// [`crate::base::util::last_first`]).
+    pub fn journaled(&self) -> bool {
+        !self.writes.is_empty() && self.writes.iter().all(|(_, s)| s.journaled())
+    }
 }
 
 /// Appends one batch of a produce request through the partition's producer state: a

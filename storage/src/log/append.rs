@@ -50,9 +50,17 @@ pub type ChangeHook = Box<dyn Fn()>;
 pub struct Staged {
     file: Rc<file::AppendFile>,
     target: u64,
+    journaled: bool,
 }
 
 impl Staged {
+    /// True if the append went to the shard's journal, whose records are written and
+    /// synced in the order they were staged (waiting for a later one covers it);
+    /// false if it went to its segment file directly.
+    pub fn journaled(&self) -> bool {
+        self.journaled
+    }
+
     /// The outcome of an append once its write (if it made one) is done.
     async fn settle(appended: (Judged, Option<Staged>)) -> Result<Judged, Error> {
         let (judged, staged) = appended;
@@ -497,6 +505,7 @@ impl PartitionLog {
                 let staged = Staged {
                     file: p.file.clone(),
                     target: p.target,
+                    journaled: true,
                 };
                 self.journaled(p);
                 self.last_journaled_ms.set(now);
@@ -507,6 +516,7 @@ impl PartitionLog {
                 Staged {
                     file: log_file,
                     target,
+                    journaled: false,
                 }
             }
         };

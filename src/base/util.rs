@@ -131,12 +131,14 @@ pub async fn join_all<T, F: Future<Output = T>>(futures: impl IntoIterator<Item 
 }
 
 /// Runs `finish` on every item and returns the outputs in item order. Items whose
-/// waits are met in order (`ordered`: their records went through the shard's journal,
-/// which writes and syncs in the order they were staged) go last first: the last
-/// ordered item's wait covers those before it, so theirs are over at their first poll
-/// and a thousand items cost one listener and one wake-up, not a thousand of each.
-/// The other items (written to their own files, whose writes and syncs their waits
-/// start) begin at once, beside that last one.
+/// waits are met in order, or nearly (`ordered`: records that went through the
+/// shard's journal, which writes and syncs in the order they were staged; high
+/// watermarks that the followers' rounds move together) go last first: the last
+/// ordered item's wait covers those before it, so theirs are usually over at their
+/// first poll and a thousand items cost one listener and one wake-up, not a thousand
+/// of each (an item its wait did not cover waits for itself after). The other items
+/// (e.g. written to their own files, whose writes and syncs their waits start) begin
+/// at once, beside that last one.
 pub async fn last_first<T, O, F: Future<Output = O>>(
     items: Vec<T>,
     ordered: impl Fn(&T) -> bool,

@@ -815,9 +815,8 @@ async fn fetch_phase(
             Err(e) => failure = failure.or(Some(e)),
         }
     }
-    let journaled = |(_, s): &(usize, StagedFetch)| {
-        !s.writes.is_empty() && s.writes.iter().all(|w| w.journaled())
-    };
+    let journaled =
+        |(_, s): &(usize, StagedFetch)| sluice_storage::Staged::all_journaled(&s.writes);
     let finished = last_first(todo, journaled, |(i, staged)| {
         let r = &parts[i];
         async move { (i, finish_fetched(r, staged).await) }

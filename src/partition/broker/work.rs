@@ -708,7 +708,7 @@ impl StagedProduce {
     /// True if every batch went through the shard's journal (see
     /// [`crate::base::util::last_first`]).
     pub fn journaled(&self) -> bool {
-        !self.writes.is_empty() && self.writes.iter().all(|(_, s)| s.journaled())
+        sluice_storage::Staged::all_journaled(self.writes.iter().map(|(_, s)| s))
     }
 }
 

@@ -61,6 +61,19 @@ impl Staged {
         self.journaled
     }
 
+    /// True if there are writes and every one went to the shard's journal: waiting for
+    /// a later journal write covers them all.
+    pub fn all_journaled<'a>(writes: impl IntoIterator<Item = &'a Staged>) -> bool {
+        let mut any = false;
+        for w in writes {
+            if !w.journaled {
+                return false;
+            }
+            any = true;
+        }
+        any
+    }
+
     /// The outcome of an append once its write (if it made one) is done.
     async fn settle(appended: (Judged, Option<Staged>)) -> Result<Judged, Error> {
         let (judged, staged) = appended;

@@ -22,20 +22,15 @@ pub const SNAPSHOT: &str = "snapshot";
 /// The leader epochs that begin at or below the segment's last offset.
 pub const EPOCHS: &str = "leader-epoch-checkpoint";
 
-/// Where one partition's objects live: `<topic>-<topic id>/<partition>/`. The topic id
-/// keeps a re-created topic of the same name apart from the old one's leftovers.
-pub fn partition_prefix(topic: &str, topic_id: &[u8; 16], partition: i32) -> String {
-    format!("{topic}-{}/{partition}/", hex(topic_id))
-}
-
-/// One uploaded file of a segment: `<prefix><base,20>-<segment id>.<ext>`. Each upload
+/// One uploaded file of a segment: `<prefix><base,20>-<segment id>.<ext>`, the prefix
+/// being the partition's folder (`<topic>-<topic id>/<partition>/`). Each upload
 /// attempt has its own id, so an attempt cut short by a leader change never mixes its
 /// objects with the next leader's.
 pub fn object_key(prefix: &str, base_offset: i64, segment_id: &[u8; 16], ext: &str) -> String {
     format!("{prefix}{base_offset:020}-{}.{ext}", hex(segment_id))
 }
 
-pub fn hex(bytes: &[u8]) -> String {
+fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -378,7 +373,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&format!("file://{}", dir.path().display())).unwrap());
         let seg = SegmentRef {
-            prefix: partition_prefix("t", &[7; 16], 0),
+            prefix: "t-07/0/".into(),
             id: [1; 16],
             base_offset: batches[0].0,
             last_offset: batches.last().map(|b| b.0 + b.1 as i64).unwrap(),

@@ -54,7 +54,8 @@ pub use batch::{BatchError, BatchHeader};
 pub use cache::TailCache;
 pub use index::AbortedTxn;
 pub use log::{
-    AppendInfo, Checked, CloseReport, IndexSweep, Judged, PartitionLog, ReadResult, Staged, Storage,
+    AppendInfo, Checked, CloseReport, ClosedSegment, IndexSweep, Judged, PartitionLog, ReadResult,
+    Staged, Storage,
 };
 pub use producer::TxnError;
 
@@ -161,6 +162,16 @@ pub struct LogConfig {
     /// `producer.id.expiration.ms` (a broker setting in Kafka): a producer with no open
     /// transaction whose last write is this old is forgotten.
     pub producer_id_expiration_ms: i64,
+    /// `remote.storage.enable`: closed segments are copied to the object store, and
+    /// retention deletes a local segment only once it is there (see
+    /// [`log::PartitionLog::set_remote_end`]), by the local window below.
+    pub remote_storage: bool,
+    /// `local.retention.ms` with -2 resolved (to `retention.ms`): with
+    /// `remote_storage`, how long closed segments stay on local disk.
+    pub local_retention_ms: i64,
+    /// `local.retention.bytes` with -2 resolved: with `remote_storage`, the local size
+    /// retention keeps the log under.
+    pub local_retention_bytes: i64,
 }
 
 pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -185,6 +196,9 @@ impl Default for LogConfig {
             max_compaction_lag_ms: i64::MAX,
             segment_jitter_ms: 0,
             producer_id_expiration_ms: producer::PRODUCER_ID_EXPIRATION_MS_DEFAULT,
+            remote_storage: false,
+            local_retention_ms: 7 * DAY_MS,
+            local_retention_bytes: 1 << 40,
         }
     }
 }
@@ -264,6 +278,25 @@ impl LogConfig {
         }
         if !self.cleanup_delete && !self.cleanup_compact {
             return bad("cleanup.policy must contain delete, compact or both".into());
+        }
+        if self.remote_storage {
+            if self.cleanup_compact {
+                return bad("remote.storage.enable is not supported on a compacted topic (cleanup.policy=compact), as in Kafka".into());
+            }
+            // Kafka's rules: the local window is part of the total.
+            for (local, total, what) in [
+                (self.local_retention_ms, self.retention_ms, "ms"),
+                (self.local_retention_bytes, self.retention_bytes, "bytes"),
+            ] {
+                if total != -1 && (local == -1 || local > total) {
+                    return bad(format!("local.retention.{what} {local} must not be -1 or more than retention.{what} {total}"));
+                }
+                if local < -1 {
+                    return bad(format!(
+                        "local.retention.{what} {local} must be -2, -1 or non-negative"
+                    ));
+                }
+            }
         }
         if self.producer_id_expiration_ms < 1 {
             return bad(format!(

@@ -486,6 +486,7 @@ impl Storage {
             closed: Cell::new(false),
             failure: RefCell::new(None),
             leader_fence: RefCell::new(None),
+            remote_end: Cell::new(i64::MIN),
             on_change: RefCell::new(None),
             swapping: Cell::new(None),
             compacting: Cell::new(false),

@@ -149,6 +149,25 @@ impl LogState {
 }
 
 /// One partition's log. Lives on one shard; share it with `Rc`.
+/// A closed segment as [`PartitionLog::closed_segments`] lists it.
+#[derive(Debug, Clone)]
+pub struct ClosedSegment {
+    pub base_offset: i64,
+    /// The offset after its last batch.
+    pub next_offset: i64,
+    pub max_timestamp: i64,
+    pub size: u64,
+    pub generation: u64,
+    pub log: PathBuf,
+    /// The indexes may be absent (no entries); so may the transaction index (no
+    /// aborted transaction) and the producer snapshot (written at the next segment's
+    /// base by the roll, removed by compaction).
+    pub index: PathBuf,
+    pub time_index: PathBuf,
+    pub txn_index: PathBuf,
+    pub snapshot: PathBuf,
+}
+
 pub struct PartitionLog {
     id: LogId,
     /// This log, for the shard's set of logs with open files ([`ActiveLogs`]).
@@ -171,6 +190,8 @@ pub struct PartitionLog {
     failure: RefCell<Option<String>>,
     /// See [`PartitionLog::set_leader_fence`].
     leader_fence: RefCell<Option<LeaderFence>>,
+    /// See [`PartitionLog::set_remote_end`].
+    remote_end: Cell<i64>,
     /// See [`PartitionLog::set_on_change`].
     on_change: RefCell<Option<append::ChangeHook>>,
     /// The closed segment whose files compaction is swapping right now.
@@ -264,6 +285,39 @@ impl PartitionLog {
     pub fn active_segment(&self) -> (i64, u64) {
         let st = self.state.borrow();
         (st.active().base_offset, st.active().size)
+    }
+
+    /// Tiered storage: every offset below `end` is in the object store. Retention of a
+    /// log with `remote.storage.enable` deletes only segments wholly below it.
+    pub fn set_remote_end(&self, end: i64) {
+        self.remote_end.set(end);
+    }
+
+    /// The closed segments (every one but the active), oldest first, with what an
+    /// upload to the object store needs. Their files are complete and synced (a roll
+    /// seals a segment before the next one starts) and are plain files a thread may
+    /// read; `generation` changes if compaction swaps them.
+    pub fn closed_segments(&self) -> Vec<ClosedSegment> {
+        let st = self.state.borrow();
+        let n = st.segments.len();
+        st.segments[..n.saturating_sub(1)]
+            .iter()
+            .zip(&st.segments[1..])
+            .map(|(s, next)| ClosedSegment {
+                base_offset: s.base_offset,
+                next_offset: s.next_offset,
+                max_timestamp: s.max_timestamp,
+                size: s.size,
+                generation: s.generation,
+                log: s.path("log"),
+                index: s.path("index"),
+                time_index: s.path("timeindex"),
+                txn_index: s.path("txnindex"),
+                snapshot: self
+                    .dir
+                    .join(producers::snapshot_file_name(next.base_offset)),
+            })
+            .collect()
     }
 
     /// Base offsets of the segments, oldest first.

@@ -305,7 +305,9 @@ impl PartitionLog {
     }
 
     /// Deletes closed segments past `retention.ms` (by their newest timestamp) or
-    /// beyond `retention.bytes`, oldest first; never the active segment.
+    /// beyond `retention.bytes`, oldest first; never the active segment. With
+    /// `remote.storage.enable`, `local.retention.*` instead, and only segments already
+    /// in the object store.
     pub async fn enforce_retention(&self) -> Result<u32, Error> {
         let r = self.guarded(self.enforce_retention_unguarded()).await;
         if !matches!(r, Ok(0)) {
@@ -334,11 +336,21 @@ impl PartitionLog {
                     } else {
                         first.created_ms
                     };
-                    let by_time = cfg.retention_ms >= 0 && now - newest > cfg.retention_ms;
+                    // With tiered storage the local window decides, and only for a
+                    // segment already in the object store (retention.* then applies
+                    // to the remote log).
+                    let (retention_ms, retention_bytes) = if cfg.remote_storage {
+                        (cfg.local_retention_ms, cfg.local_retention_bytes)
+                    } else {
+                        (cfg.retention_ms, cfg.retention_bytes)
+                    };
+                    let uploaded =
+                        !cfg.remote_storage || first.next_offset <= self.remote_end.get();
+                    let by_time = retention_ms >= 0 && now - newest > retention_ms;
                     let total: u64 = st.segments.iter().map(|s| s.size).sum();
-                    let by_size = cfg.retention_bytes >= 0
-                        && total - first.size >= cfg.retention_bytes as u64;
-                    (by_time || by_size).then_some(first.base_offset)
+                    let by_size =
+                        retention_bytes >= 0 && total - first.size >= retention_bytes as u64;
+                    ((by_time || by_size) && uploaded).then_some(first.base_offset)
                 }
             };
             let Some(base) = victim else { break };

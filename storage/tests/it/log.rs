@@ -470,6 +470,53 @@ fn config_and_limits_are_validated() {
 }
 
 #[test]
+fn tiered_retention_deletes_only_uploaded_segments_by_the_local_window() {
+    let dir = tempdir();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let s = storage(&path, no_cache()).await;
+        let cfg = LogConfig {
+            retention_bytes: 1 << 30,
+            remote_storage: true,
+            local_retention_bytes: 2048,
+            ..small_segments(1024)
+        };
+        let log = s.open_log("tiered", cfg).await.unwrap();
+        for i in 0..100 {
+            log.append(&batch(10_000_000, 4, i), 0).await.unwrap();
+        }
+        let closed = log.closed_segments();
+        assert_eq!(closed.len(), log.segment_count() - 1);
+        assert!(closed.windows(2).all(|w| w[0].next_offset == w[1].base_offset));
+        assert!(closed.iter().all(|c| c.log.exists() && c.size > 0));
+        // Over the local window, but nothing is in the object store yet.
+        assert_eq!(log.enforce_retention().await.unwrap(), 0);
+        // The first three closed segments uploaded: only they may go.
+        log.set_remote_end(closed[2].next_offset);
+        assert_eq!(log.enforce_retention().await.unwrap(), 3);
+        assert_eq!(log.log_start_offset(), closed[3].base_offset);
+        // All uploaded: the local window (2 KiB past the active segment) is what stays.
+        log.set_remote_end(i64::MAX);
+        assert!(log.enforce_retention().await.unwrap() > 0);
+        assert!(log.size_bytes() <= 2048 + 2 * 1024, "size {}", log.size_bytes());
+        // Compacted topics cannot be tiered; the local window is within the total.
+        let bad = LogConfig {
+            remote_storage: true,
+            cleanup_compact: true,
+            ..LogConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = LogConfig {
+            remote_storage: true,
+            retention_ms: 1000,
+            local_retention_ms: 2000,
+            ..LogConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    });
+}
+
+#[test]
 fn background_retention_task_deletes_expired_segments() {
     let dir = tempdir();
     let path = dir.path().to_path_buf();

@@ -47,6 +47,9 @@ pub enum NodeError {
     /// The SSL listener's certificate, key or authorities could not be used.
     #[error("TLS: {0}")]
     Tls(#[from] sluice_client::tls::TlsError),
+    /// `--remote-storage` names no usable object store.
+    #[error("--remote-storage: {0}")]
+    RemoteStorage(String),
     /// Every shard that failed, in shard order.
     #[error("{}", join_failures(.0))]
     Shards(Vec<ShardFailure>),
@@ -238,6 +241,15 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
         };
         tracing::info!(%addr, "metrics on {scheme}://{addr}/metrics (health: /health, readiness: /ready)");
     }
+    let remote = match &config.remote_storage {
+        Some(url) => {
+            let opened = crate::partition::tiered::open_store(url, config.remote_storage_threads)
+                .map_err(NodeError::RemoteStorage)?;
+            tracing::info!(url, "tiered storage on");
+            Some(opened)
+        }
+        None => None,
+    };
     let builders: MeshBuilders<ShardReq, Answered> =
         MeshBuilders::new(config.cores, mesh_limits(&descriptors, config.cores));
     let ready = Arc::new(AtomicUsize::new(0));
@@ -261,6 +273,7 @@ pub fn run(config: BrokerConfig, stop: Arc<AtomicBool>) -> Result<(), NodeError>
                 directory: directory.id.clone(),
                 tls: tls.clone(),
                 open_tls: open_tls.clone(),
+                remote: remote.clone(),
             };
             move || async move { run_shard(ShardId(i), cfg, builders, shared, stop, ready).await }
         })
@@ -393,6 +406,8 @@ struct Shared {
     tls: Option<Arc<sluice_client::tls::ListenerTls>>,
     /// The TLS of SASL_SSL listeners (no client certificate asked for).
     open_tls: Option<Arc<sluice_client::tls::ListenerTls>>,
+    /// Tiered storage's object store and its threads (`--remote-storage`).
+    remote: Option<(Arc<sluice_tiered::Store>, sluice_tiered::Pool)>,
 }
 
 /// What tells a file changed: modification time (s, ns) and inode (a file replaced by
@@ -576,6 +591,7 @@ async fn run_shard(
         directory,
         tls,
         open_tls,
+        remote,
     } = shared;
     // However shard 0 ends, the other shards do not wait for its hand-over after that.
     let _handed_over_on_exit = (shard.0 == 0).then(|| SetOnDrop(handed_over.clone()));
@@ -676,6 +692,18 @@ async fn run_shard(
         alters,
     ))
     .detach();
+    if let Some((store, pool)) = remote {
+        broker.set_tiered(crate::partition::tiered::Tiered::new(
+            store,
+            pool,
+            broker.config.remote_fetch_cache_bytes,
+        ));
+        glommio::spawn_local(crate::cluster::tiering::run(
+            Rc::downgrade(&broker),
+            Duration::from_millis(broker.config.remote_log_manager_task_interval_ms),
+        ))
+        .detach();
+    }
     // Space preallocated ahead of segment writes stays out of the reserve.
     sluice_storage::file::keep_free_when_preallocating(broker.disk.threshold());
     glommio::spawn_local(crate::partition::disk::DiskWatch::run(Rc::downgrade(

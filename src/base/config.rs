@@ -327,6 +327,18 @@ settings! {
     /// POST lag alerts to this http:// or https:// URL as Alertmanager's webhook JSON
     /// [default: none].
     alert_webhook: String, example = "http://127.0.0.1:5001/alerts".into();
+    /// Tiered storage's object store: file:///PATH or s3://BUCKET/PREFIX (endpoint,
+    /// region and credentials from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY); topics with remote.storage.enable=true copy their closed
+    /// segments there [default: none, tiered storage off].
+    remote_storage: String, example = "s3://sluice-archive/cluster-1".into();
+    /// Threads that talk to the object store (uploads, downloads, deletes).
+    remote_storage_threads: u64 = 2;
+    /// Bytes of remote segment chunks and indexes each shard keeps for reads.
+    remote_fetch_cache_bytes: u64 = 67108864;
+    /// How often each shard looks for closed segments to upload and remote segments
+    /// past retention.
+    remote_log_manager_task_interval_ms: u64 = 1000;
     /// POST lag alerts to this Alertmanager (http:// or https://HOST:PORT; its
     /// /api/v2/alerts) [default: none].
     alertmanager_url: String, example = "http://127.0.0.1:9093".into();
@@ -770,6 +782,11 @@ pub struct BrokerConfig {
     pub alert_for_ms: u64,
     pub alert_repeat_ms: u64,
     pub alert_webhook: Option<String>,
+    /// `--remote-storage` (checked at start-up: see `sluice_tiered::Store::open`).
+    pub remote_storage: Option<String>,
+    pub remote_storage_threads: usize,
+    pub remote_fetch_cache_bytes: u64,
+    pub remote_log_manager_task_interval_ms: u64,
     pub alertmanager_url: Option<String>,
     /// `--alert-ssl-ca`.
     pub alert_ssl_ca: Option<PathBuf>,
@@ -999,6 +1016,10 @@ impl BrokerConfig {
             alert_for_ms: s.alert_for_ms,
             alert_repeat_ms: s.alert_repeat_ms,
             alert_webhook: s.alert_webhook.clone(),
+            remote_storage: s.remote_storage.clone(),
+            remote_storage_threads: (s.remote_storage_threads as usize).clamp(1, 64),
+            remote_fetch_cache_bytes: s.remote_fetch_cache_bytes,
+            remote_log_manager_task_interval_ms: s.remote_log_manager_task_interval_ms.max(10),
             alertmanager_url: s.alertmanager_url.clone(),
             alert_ssl_ca: s.alert_ssl_ca.clone().map(PathBuf::from),
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,

@@ -109,7 +109,16 @@ pub struct MetadataImage {
     /// The quorum's client quotas, sorted by entity.
     #[serde(skip)]
     pub quotas: std::sync::Arc<Vec<sluice_replication::quota::ClientQuota>>,
+    /// Tiered storage: each partition's segments in the object store, by topic.
+    #[serde(skip)]
+    pub remote: std::sync::Arc<RemoteLogs>,
+    /// Object store folders of deleted topics still to be emptied.
+    #[serde(skip)]
+    pub remote_purge: Vec<String>,
 }
+
+/// Remote segments by topic and partition (the quorum's `ClusterState::remote`).
+pub type RemoteLogs = BTreeMap<String, BTreeMap<i32, sluice_replication::cluster::RemoteLog>>;
 
 /// An image read back from the old per-broker file knows no controller.
 fn no_controller() -> BrokerId {
@@ -174,6 +183,8 @@ impl MetadataImage {
             group_configs: BTreeMap::new(),
             acls: Default::default(),
             quotas: Default::default(),
+            remote: Default::default(),
+            remote_purge: Vec::new(),
         }
     }
 

@@ -70,8 +70,6 @@ const ACCEPTED_WITHOUT_EFFECT: &[(&str, Rule)] = &[
     ("follower.replication.throttled.replicas", Rule::ReplicaList),
     ("index.interval.bytes", Rule::AtLeast(0)),
     ("leader.replication.throttled.replicas", Rule::ReplicaList),
-    ("local.retention.bytes", Rule::AtLeast(-2)),
-    ("local.retention.ms", Rule::AtLeast(-2)),
     // Deprecated since 3.0 and ignored by Kafka for message format v2.
     ("message.format.version", Rule::Any),
     ("preallocate", Rule::Bool),
@@ -223,6 +221,7 @@ impl TopicConfig {
         let (mut before, mut after, mut difference) = (None, None, None);
         let mut compression = None;
         let mut compression_levels = Levels::default();
+        let (mut local_ms, mut local_bytes) = (-2, -2);
         for (name, v) in set {
             if let Some((_, rule)) = ACCEPTED_WITHOUT_EFFECT.iter().find(|(n, _)| n == name) {
                 check(*rule, name, v)?;
@@ -249,11 +248,11 @@ impl TopicConfig {
                     check(Rule::Range(-131072, 22), name, v)?;
                     compression_levels.zstd = parse_i64(name, v)? as i32;
                 }
-                "remote.storage.enable" => {
-                    if parse_bool(name, v)? {
-                        return Err(invalid(name, v, "Sluice has no tiered storage"));
-                    }
-                }
+                // Tiered storage (crate::partition::tiered); the broker refuses it
+                // without --remote-storage (crate::cluster::controller).
+                "remote.storage.enable" => log.remote_storage = parse_bool(name, v)?,
+                "local.retention.ms" => local_ms = parse_at_least(name, v, -2)?,
+                "local.retention.bytes" => local_bytes = parse_at_least(name, v, -2)?,
                 "message.timestamp.before.max.ms" => before = Some(parse_at_least(name, v, 0)?),
                 "message.timestamp.after.max.ms" => after = Some(parse_at_least(name, v, 0)?),
                 "message.timestamp.difference.max.ms" => {
@@ -333,6 +332,17 @@ impl TopicConfig {
                 _ => return Err(ConfigError::UnknownName(name.clone())),
             }
         }
+        // -2: the local window is the whole retention (Kafka's default).
+        log.local_retention_ms = if local_ms == -2 {
+            log.retention_ms
+        } else {
+            local_ms
+        };
+        log.local_retention_bytes = if local_bytes == -2 {
+            log.retention_bytes
+        } else {
+            local_bytes
+        };
         log.validate()
             .map_err(|e| ConfigError::Inconsistent(e.to_string()))?;
         Ok(TopicConfig {
@@ -475,7 +485,8 @@ mod tests {
             ("compression.type", "brotli"),
             ("compression.type", "ZSTD"),
             ("compression.zstd.level", "23"),
-            ("remote.storage.enable", "true"),
+            ("remote.storage.enable", "yes"),
+            ("local.retention.ms", "-3"),
             ("preallocate", "yes"),
             ("segment.jitter.ms", "-1"),
             ("compression.gzip.level", "10"),
@@ -484,6 +495,42 @@ mod tests {
         ] {
             let e = TopicConfig::parse(&set(&[(k, v)])).unwrap_err();
             assert!(e.to_string().contains(k), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn tiered_configs_resolve_the_local_window() {
+        let c = TopicConfig::parse(&set(&[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "86400000"),
+        ]))
+        .unwrap();
+        assert!(c.log.remote_storage);
+        assert_eq!(c.log.local_retention_ms, 86_400_000);
+        let c = TopicConfig::parse(&set(&[
+            ("remote.storage.enable", "true"),
+            ("local.retention.bytes", "1048576"),
+        ]))
+        .unwrap();
+        assert_eq!(c.log.local_retention_bytes, 1 << 20);
+        for bad in [
+            &[
+                ("remote.storage.enable", "true"),
+                ("cleanup.policy", "compact"),
+            ][..],
+            &[
+                ("remote.storage.enable", "true"),
+                ("retention.ms", "1000"),
+                ("local.retention.ms", "5000"),
+            ],
+            &[
+                ("remote.storage.enable", "true"),
+                ("retention.ms", "1000"),
+                ("local.retention.ms", "-1"),
+            ],
+        ] {
+            let e = TopicConfig::parse(&set(bad)).unwrap_err();
+            assert!(matches!(e, ConfigError::Inconsistent(_)), "{bad:?}: {e}");
         }
     }
 

@@ -200,7 +200,7 @@ impl Controller {
             .collect();
         let plan = |state: &ClusterState, (target, change): (Result<String, i32>, ConfigChange)| {
             match target {
-                Ok(topic) => alter(state, &topic, change),
+                Ok(topic) => alter(state, &broker.config, &topic, change),
                 Err(scope) => alter_broker(state, &broker.config, scope, change),
             }
         };
@@ -391,6 +391,21 @@ pub async fn publish(broker: &Broker, image: Arc<MetadataImage>) {
     crate::base::util::join_all(calls).await;
 }
 
+/// A topic may tier only where the brokers have an object store (Kafka's
+/// `remote.log.storage.system.enable`).
+fn check_tiered(
+    config: &crate::base::config::BrokerConfig,
+    tc: &TopicConfig,
+) -> Result<(), ApiError> {
+    if tc.log.remote_storage && config.remote_storage.is_none() {
+        return Err(ApiError::with(
+            ResponseError::InvalidConfig,
+            "Tiered Storage functionality is disabled in the broker (start it with --remote-storage). Topic cannot be configured with remote log storage.",
+        ));
+    }
+    Ok(())
+}
+
 fn configs_map(configs: Vec<NewTopicConfig>) -> Result<BTreeMap<String, String>, ApiError> {
     let mut map = BTreeMap::new();
     for NewTopicConfig { name: k, value: v } in configs {
@@ -448,6 +463,9 @@ fn create(
         manual_assignments(state, &t)?
     };
     let configs = configs_map(t.configs)?;
+    if let Ok(tc) = TopicConfig::parse(&configs) {
+        check_tiered(&broker.config, &tc)?;
+    }
     let id = Uuid::new_v4();
     let meta = TopicMeta {
         id,
@@ -618,7 +636,12 @@ fn add_partitions(state: &ClusterState, item: NewPartitions) -> Result<Command, 
 /// The command that changes `topic`'s explicit configs, validated as a whole: an
 /// incremental change applies its operations to the current set, a legacy one
 /// replaces the set.
-fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Command, ApiError> {
+fn alter(
+    state: &ClusterState,
+    config: &crate::base::config::BrokerConfig,
+    topic: &str,
+    change: ConfigChange,
+) -> Result<Command, ApiError> {
     let meta = state
         .topics
         .get(topic)
@@ -642,8 +665,11 @@ fn alter(state: &ClusterState, topic: &str, change: ConfigChange) -> Result<Comm
             set
         }
     };
-    TopicConfig::parse(&configs)
-        .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?;
+    check_tiered(
+        config,
+        &TopicConfig::parse(&configs)
+            .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?,
+    )?;
     Ok(Command::AlterConfigs {
         name: topic.to_string(),
         configs,

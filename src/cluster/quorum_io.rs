@@ -1908,6 +1908,8 @@ pub fn image_of(
         group_configs: state.group_configs.clone(),
         acls: std::sync::Arc::new(sluice_replication::acl::AclIndex::new(&state.acls)),
         quotas: std::sync::Arc::new(state.quotas.clone()),
+        remote: std::sync::Arc::new(state.remote.clone()),
+        remote_purge: state.remote_purge.clone(),
         topics: state
             .topics
             .iter()

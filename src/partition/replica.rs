@@ -92,6 +92,9 @@ pub struct Replica {
     /// Told with every `progress` notification (the shard's change feed:
     /// `crate::partition::changes`).
     on_change: RefCell<Option<Rc<dyn Fn()>>>,
+    /// Tiered storage: the first offset in the object store (`i64::MAX` when none),
+    /// from the image (`crate::partition::tiered`).
+    pub remote_start: Cell<i64>,
 }
 
 /// The leader-epoch checkpoint's writer state (see the module docs).
@@ -300,6 +303,7 @@ impl Replica {
             unflushed_seen: Cell::new(None),
             tail_flushing: Cell::new(false),
             on_change: RefCell::new(None),
+            remote_start: Cell::new(i64::MAX),
         });
         // A leader's append takes its offsets only while this replica leads in the
         // append's epoch (see `PartitionLog::set_leader_fence`).
@@ -375,9 +379,16 @@ impl Replica {
         Offset::new(self.log.log_end_offset())
     }
 
-    /// The log start offset.
+    /// The local log start offset: what this broker's files hold (what replicas
+    /// fetch from, ListOffsets' earliest-local).
     pub fn log_start(&self) -> Offset {
         Offset::new(self.log.log_start_offset())
+    }
+
+    /// The log start clients see: the first remote offset when the object store holds
+    /// older records than the local log (tiered storage), else the local start.
+    pub fn client_log_start(&self) -> Offset {
+        Offset::new(self.log.log_start_offset().min(self.remote_start.get()))
     }
 
     /// The leader epoch if this replica leads.

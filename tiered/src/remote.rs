@@ -264,6 +264,39 @@ impl Reader {
         Ok(None)
     }
 
+    /// The aborted transactions of `segs` (their transaction indexes, as Kafka's
+    /// 34-byte entries: version, producer id, first offset, last offset, last stable
+    /// offset) that overlap `from..to`: (producer id, first offset), and whether the
+    /// search is complete (as Kafka's: an entry whose last stable offset reaches `to`
+    /// means no later segment holds one that overlaps; else the local log is next).
+    pub async fn aborted(
+        &self,
+        segs: &[SegmentRef],
+        from: i64,
+        to: i64,
+    ) -> StoreResult<(Vec<(i64, i64)>, bool)> {
+        let mut out = Vec::new();
+        for seg in segs {
+            let idx = match self.object(seg.key(TXN_INDEX), WHOLE).await {
+                Err(StoreError::NotFound(_)) => continue,
+                other => other?,
+            };
+            for e in idx.chunks_exact(34) {
+                let pid = i64::from_be_bytes(e[2..10].try_into().unwrap_or_default());
+                let first = i64::from_be_bytes(e[10..18].try_into().unwrap_or_default());
+                let last = i64::from_be_bytes(e[18..26].try_into().unwrap_or_default());
+                let lso = i64::from_be_bytes(e[26..34].try_into().unwrap_or_default());
+                if last >= from && first < to {
+                    out.push((pid, first));
+                }
+                if lso >= to {
+                    return Ok((out, true));
+                }
+            }
+        }
+        Ok((out, false))
+    }
+
     /// Forgets what is cached of `seg` (deleted from the store).
     pub fn forget(&self, seg: &SegmentRef) {
         let prefix = object_key(&seg.prefix, seg.base_offset, &seg.id, "");

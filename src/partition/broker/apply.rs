@@ -124,6 +124,9 @@ impl Broker {
         } else {
             Vec::new()
         };
+        if self.tiered.get().is_some() {
+            crate::partition::tiered::adopt(&self.replicas(), &image);
+        }
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
         self.delete_logs_of(&removed).await;

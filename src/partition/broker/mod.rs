@@ -147,6 +147,8 @@ pub struct Broker {
     /// Bumped whenever a partition comes or goes on this shard or a replica adopts a
     /// role: the replica fetchers list the partitions they follow again only then.
     hosting: Cell<u64>,
+    /// Tiered storage's reader, with `--remote-storage` (set once at start-up).
+    tiered: std::cell::OnceCell<Rc<crate::partition::tiered::Tiered>>,
 }
 
 impl Broker {
@@ -179,6 +181,8 @@ impl Broker {
                 group_configs: BTreeMap::new(),
                 acls: Default::default(),
                 quotas: Default::default(),
+                remote: Default::default(),
+                remote_purge: Vec::new(),
             })),
             logs: RefCell::new(HashMap::new()),
             replicas: RefCell::new(HashMap::new()),
@@ -193,6 +197,7 @@ impl Broker {
             offline: RefCell::new(BTreeMap::new()),
             changes: Rc::default(),
             hosting: Cell::new(0),
+            tiered: std::cell::OnceCell::new(),
             fetch_sessions: RefCell::new(crate::base::fetch_session::Cache::new(
                 config
                     .max_incremental_fetch_session_cache_slots
@@ -242,6 +247,16 @@ impl Broker {
     /// have changed (partitions opened, closed, taken offline; roles adopted).
     pub fn hosting_version(&self) -> u64 {
         self.hosting.get()
+    }
+
+    /// Tiered storage on this shard, if the broker has an object store.
+    pub fn tiered(&self) -> Option<Rc<crate::partition::tiered::Tiered>> {
+        self.tiered.get().cloned()
+    }
+
+    /// Gives this shard its tiered storage (once, at start-up).
+    pub fn set_tiered(&self, tiered: crate::partition::tiered::Tiered) {
+        let _ = self.tiered.set(Rc::new(tiered));
     }
 
     pub fn image(&self) -> Arc<MetadataImage> {

@@ -389,10 +389,15 @@ impl Broker {
                 Ok(x) => x,
                 // The log start tells a follower below it where to resume.
                 Err(e) => {
+                    let log_start = if item.replica_id.get() < 0 {
+                        replica.client_log_start()
+                    } else {
+                        replica.log_start()
+                    };
                     return Ok(ReadOut {
-                        log_start_offset: replica.log_start(),
+                        log_start_offset: log_start,
                         ..failed(e)
-                    })
+                    });
                 }
             };
         if let Some(alter) = alter {
@@ -407,6 +412,22 @@ impl Broker {
         } else {
             bound
         };
+        // Tiered storage: a consumer below the local log start reads the object store.
+        let consumer = item.replica_id.get() < 0;
+        if consumer && item.offset < replica.log_start() {
+            if let Some(tiered) = self.tiered() {
+                if item.offset.get() >= replica.remote_start.get() {
+                    return Err(PendingRead {
+                        replica,
+                        item,
+                        bound,
+                        hw,
+                        lso,
+                        remote: Some(tiered),
+                    });
+                }
+            }
+        }
         // Nothing new to read (most partitions of a fetch session most of the time):
         // what the read would answer, without it. Below the log start the read answers
         // OFFSET_OUT_OF_RANGE.
@@ -416,7 +437,11 @@ impl Broker {
                 error: None,
                 high_watermark: hw,
                 last_stable_offset: lso,
-                log_start_offset: log_start,
+                log_start_offset: if consumer {
+                    replica.client_log_start()
+                } else {
+                    log_start
+                },
                 records: Bytes::new(),
                 aborted: Vec::new(),
             });
@@ -427,6 +452,7 @@ impl Broker {
             bound,
             hw,
             lso,
+            remote: None,
         };
         match pending.replica.log.read_cached(
             pending.item.offset.get(),
@@ -440,6 +466,9 @@ impl Broker {
 
     /// The rest of a read [`Self::read_start`] could not answer: from the segment files.
     pub async fn read_finish(&self, pending: PendingRead) -> ReadOut {
+        if let Some(tiered) = &pending.remote {
+            return pending.answer_remote(tiered, self.image()).await;
+        }
         let r = pending
             .replica
             .log
@@ -550,8 +579,10 @@ impl Broker {
             hw
         };
         match ts {
-            // Earliest, and earliest-local (-4, v8): the same without tiered storage.
-            -2 | -4 => Ok((replica.log_start(), -1)),
+            // Earliest: the remote start with tiered storage; earliest-local (-4, v8)
+            // what this broker's files hold.
+            -2 => Ok((replica.client_log_start(), -1)),
+            -4 => Ok((replica.log_start(), -1)),
             // Latest is the high watermark.
             -1 => lagging.map_or(Ok((hw, -1)), Err),
             // Max-timestamp (KIP-734): the first record with the largest timestamp, if
@@ -564,7 +595,22 @@ impl Broker {
                 ResponseError::InvalidRequest,
                 format!("bad timestamp {ts}"),
             )),
-            ts => self.offset_at_timestamp(log, ts, hw, lagging).await,
+            ts => {
+                // Tiered storage: the remote segments below the local log come first.
+                if let Some(tiered) = self.tiered() {
+                    let found = crate::partition::tiered::offset_for_timestamp(
+                        &tiered,
+                        self.image(),
+                        replica,
+                        ts,
+                    )
+                    .await?;
+                    if let Some((o, t)) = found {
+                        return Ok((Offset::new(o), t));
+                    }
+                }
+                self.offset_at_timestamp(log, ts, hw, lagging).await
+            }
         }
     }
 
@@ -790,9 +836,64 @@ pub struct PendingRead {
     bound: Offset,
     hw: Offset,
     lso: Offset,
+    /// Below the local log start: read from tiered storage's object store.
+    remote: Option<Rc<crate::partition::tiered::Tiered>>,
 }
 
 impl PendingRead {
+    /// The log start to answer: the local one to a replica (it fetches only what is
+    /// local), the one clients see (tiered storage's remote start) to a consumer.
+    fn log_start(&self, local: Offset) -> Offset {
+        if self.item.replica_id.get() < 0 {
+            local.min(Offset::new(self.replica.remote_start.get()))
+        } else {
+            local
+        }
+    }
+
+    /// The answer from the remote segment holding the offset.
+    async fn answer_remote(
+        &self,
+        tiered: &crate::partition::tiered::Tiered,
+        image: Arc<MetadataImage>,
+    ) -> ReadOut {
+        let item = &self.item;
+        let r = crate::partition::tiered::read(
+            tiered,
+            image,
+            &self.replica,
+            item.offset.get(),
+            item.max_bytes.max(1),
+            self.bound.get(),
+            item.read_committed,
+        )
+        .await;
+        let base = ReadOut {
+            error: None,
+            high_watermark: self.hw,
+            last_stable_offset: self.lso,
+            log_start_offset: self.replica.client_log_start(),
+            ..Default::default()
+        };
+        match r {
+            Ok((records, aborted)) => ReadOut {
+                records,
+                aborted: aborted
+                    .into_iter()
+                    .map(|(producer_id, first_offset)| AbortedTxn {
+                        producer_id: ProducerId::new(producer_id),
+                        first_offset: Offset::new(first_offset),
+                    })
+                    .collect(),
+                ..base
+            },
+            Err(e) => ReadOut {
+                error: Some(e),
+                ..base
+            },
+        }
+    }
+
     /// The answer from the log's read.
     fn answer(&self, r: Result<sluice_storage::log::ReadResult, sluice_storage::Error>) -> ReadOut {
         let (item, log) = (&self.item, &self.replica.log);
@@ -813,7 +914,7 @@ impl PendingRead {
                     error: None,
                     high_watermark: self.hw,
                     last_stable_offset: self.lso,
-                    log_start_offset: Offset::new(r.log_start_offset),
+                    log_start_offset: self.log_start(Offset::new(r.log_start_offset)),
                     records: r.records,
                     aborted,
                 }
@@ -822,7 +923,7 @@ impl PendingRead {
                 error: Some(error::from_storage(&e)),
                 high_watermark: self.hw,
                 last_stable_offset: self.lso,
-                log_start_offset: self.replica.log_start(),
+                log_start_offset: self.log_start(self.replica.log_start()),
                 ..Default::default()
             },
         }

@@ -487,7 +487,9 @@ fn tiered_retention_deletes_only_uploaded_segments_by_the_local_window() {
         }
         let closed = log.closed_segments();
         assert_eq!(closed.len(), log.segment_count() - 1);
-        assert!(closed.windows(2).all(|w| w[0].next_offset == w[1].base_offset));
+        assert!(closed
+            .windows(2)
+            .all(|w| w[0].next_offset == w[1].base_offset));
         assert!(closed.iter().all(|c| c.log.exists() && c.size > 0));
         // Over the local window, but nothing is in the object store yet.
         assert_eq!(log.enforce_retention().await.unwrap(), 0);
@@ -498,7 +500,11 @@ fn tiered_retention_deletes_only_uploaded_segments_by_the_local_window() {
         // All uploaded: the local window (2 KiB past the active segment) is what stays.
         log.set_remote_end(i64::MAX);
         assert!(log.enforce_retention().await.unwrap() > 0);
-        assert!(log.size_bytes() <= 2048 + 2 * 1024, "size {}", log.size_bytes());
+        assert!(
+            log.size_bytes() <= 2048 + 2 * 1024,
+            "size {}",
+            log.size_bytes()
+        );
         // Compacted topics cannot be tiered; the local window is within the total.
         let bad = LogConfig {
             remote_storage: true,

@@ -1,0 +1,219 @@
+//! Tiered storage on a shard (KIP-405's contract, issue 44): the shard's reader of
+//! the object store, what the image says is remote, and reads below the local log
+//! start. The task that uploads and expires segments is `crate::cluster::tiering`.
+//!
+//! - Upload: every `remote.log.manager.task.interval.ms`, for each partition this shard
+//!   leads with `remote.storage.enable`, the closed segments past the remote log's end
+//!   and wholly below the high watermark and the last stable offset are copied, one
+//!   after another, to the object store (log, indexes, transaction index, the producer
+//!   snapshot at the segment's end and the leader epochs up to it) under a new id per
+//!   attempt; then the quorum records the segment (`Command::AddRemoteSegments`, under
+//!   the leader epoch the upload began in, refused from a deposed leader). Only then
+//!   may local retention delete it (`PartitionLog::set_remote_end`). A failed attempt's
+//!   objects are deleted; the segment is tried again next round.
+//! - Remote retention: the leader forgets (`Command::DeleteRemoteSegments`), then
+//!   deletes, the oldest remote segments past `retention.ms` or beyond
+//!   `retention.bytes` (remote bytes plus the local bytes not yet remote).
+//! - A deleted topic's folder is emptied by the quorum leader's broker
+//!   (`Command::RemotePurged` once it is).
+//! - Read: a consumer's fetch below the local log start is answered from the remote
+//!   segment that holds the offset (`sluice_tiered::Reader`: ranged GETs through a
+//!   bounded chunk cache), aborted transactions from the remote transaction indexes;
+//!   ListOffsets finds timestamps there too. Replicas never read remote data: a
+//!   follower below the leader's local start starts over at it, as before.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use sluice_replication::cluster::{remote_topic_prefix, RemoteLog, RemoteSegment};
+use sluice_tiered::{Pool, Reader, SegmentRef, Store, StoreError};
+
+use crate::base::error::ApiError;
+use crate::base::metadata::MetadataImage;
+use crate::partition::replica::Replica;
+use kafka_protocol::error::ResponseError;
+
+/// A shard's tiered storage: the reader (store, threads, chunk cache) and counters.
+pub struct Tiered {
+    pub reader: Reader,
+    pub stats: Stats,
+}
+
+/// What this shard did with the object store (metrics and `sluice cluster describe`).
+#[derive(Default)]
+pub struct Stats {
+    pub uploaded_segments: Cell<u64>,
+    pub uploaded_bytes: Cell<u64>,
+    pub upload_errors: Cell<u64>,
+    pub deleted_segments: Cell<u64>,
+    pub remote_reads: Cell<u64>,
+    pub remote_read_bytes: Cell<u64>,
+    pub remote_read_errors: Cell<u64>,
+    /// Closed segments of led partitions not yet remote, at the last round.
+    pub upload_lag_segments: Cell<u64>,
+    pub upload_lag_bytes: Cell<u64>,
+}
+
+impl Tiered {
+    pub fn new(store: Arc<Store>, pool: Pool, cache_bytes: u64) -> Tiered {
+        Tiered {
+            reader: Reader::new(store, pool, cache_bytes),
+            stats: Stats::default(),
+        }
+    }
+}
+
+/// Opens the object store `--remote-storage` names and its threads (shared by the
+/// shards; each builds its own [`Tiered`] over them).
+pub fn open_store(url: &str, threads: usize) -> Result<(Arc<Store>, Pool), String> {
+    let store = Store::open(url)?;
+    let pool =
+        Pool::new(threads, "sluice-remote").map_err(|e| format!("remote storage threads: {e}"))?;
+    Ok((Arc::new(store), pool))
+}
+
+/// A partition's folder in the store: `<topic>-<topic id>/<partition>/`.
+pub fn partition_prefix(topic: &str, id: &uuid::Uuid, partition: i32) -> String {
+    format!("{}{partition}/", remote_topic_prefix(topic, id.as_bytes()))
+}
+
+pub fn segment_ref(prefix: &str, s: &RemoteSegment) -> SegmentRef {
+    SegmentRef {
+        prefix: prefix.to_string(),
+        id: s.id,
+        base_offset: s.base_offset,
+        last_offset: s.last_offset,
+        size: s.size,
+    }
+}
+
+/// The partition's remote log in `image`, if it has one.
+pub fn remote_log<'a>(
+    image: &'a MetadataImage,
+    topic: &str,
+    partition: i32,
+) -> Option<&'a RemoteLog> {
+    image
+        .remote
+        .get(topic)?
+        .get(&partition)
+        .filter(|l| !l.segments.is_empty())
+}
+
+/// Tells each replica of this shard what the image says is remote: retention may
+/// delete what is below the remote end, and clients see the remote start.
+pub fn adopt(replicas: &[Rc<Replica>], image: &MetadataImage) {
+    for r in replicas {
+        let remote = remote_log(image, &r.topic, r.partition);
+        r.remote_start
+            .set(remote.and_then(RemoteLog::start_offset).unwrap_or(i64::MAX));
+        r.log
+            .set_remote_end(remote.and_then(RemoteLog::end_offset).unwrap_or(i64::MIN));
+    }
+}
+
+/// A consumer's read of `offset` below the local log start from the remote segment
+/// holding it: (records, next offset, aborted transactions if `read_committed`).
+pub async fn read(
+    t: &Tiered,
+    image: Arc<MetadataImage>,
+    r: &Replica,
+    offset: i64,
+    max_bytes: usize,
+    upper: i64,
+    read_committed: bool,
+) -> Result<(bytes::Bytes, Vec<(i64, i64)>), ApiError> {
+    let (Some(remote), Some(meta)) = (
+        remote_log(&image, &r.topic, r.partition),
+        image.topics.get(&r.topic),
+    ) else {
+        return Err(ApiError::new(ResponseError::OffsetOutOfRange));
+    };
+    let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
+    let Some(i) = remote
+        .segments
+        .iter()
+        .position(|s| s.last_offset >= offset)
+        .filter(|_| offset >= remote.start_offset().unwrap_or(i64::MAX))
+    else {
+        return Err(ApiError::new(ResponseError::OffsetOutOfRange));
+    };
+    let segs: Vec<SegmentRef> = remote.segments[i..]
+        .iter()
+        .map(|s| segment_ref(&prefix, s))
+        .collect();
+    drop(image);
+    let result = async {
+        let got = t.reader.read(&segs[0], offset, max_bytes, upper).await?;
+        let aborted = if read_committed && !got.records.is_empty() {
+            let (mut found, complete) = t.reader.aborted(&segs, offset, got.next_offset).await?;
+            if !complete {
+                found.extend(r.log.aborted_transactions(offset, got.next_offset));
+            }
+            found
+        } else {
+            Vec::new()
+        };
+        Ok::<_, StoreError>((got.records, aborted))
+    }
+    .await;
+    match result {
+        Ok((records, aborted)) => {
+            t.stats.remote_reads.set(t.stats.remote_reads.get() + 1);
+            t.stats
+                .remote_read_bytes
+                .set(t.stats.remote_read_bytes.get() + records.len() as u64);
+            Ok((records, aborted))
+        }
+        Err(e) => {
+            t.stats
+                .remote_read_errors
+                .set(t.stats.remote_read_errors.get() + 1);
+            tracing::warn!(topic = %r.topic, partition = r.partition, offset, error = %e, "remote read failed");
+            // Retriable: the client tries again (the store may be back by then).
+            Err(ApiError::with(
+                ResponseError::KafkaStorageError,
+                e.to_string(),
+            ))
+        }
+    }
+}
+
+/// ListOffsets by timestamp in the remote segments below the local log start: the
+/// first batch holding a record at or after `ts` (its base offset, max timestamp).
+pub async fn offset_for_timestamp(
+    t: &Tiered,
+    image: Arc<MetadataImage>,
+    r: &Replica,
+    ts: i64,
+) -> Result<Option<(i64, i64)>, ApiError> {
+    let (Some(remote), Some(meta)) = (
+        remote_log(&image, &r.topic, r.partition),
+        image.topics.get(&r.topic),
+    ) else {
+        return Ok(None);
+    };
+    let local_start = r.log.log_start_offset();
+    let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
+    let candidates: Vec<SegmentRef> = remote
+        .segments
+        .iter()
+        .filter(|s| s.base_offset < local_start && (s.max_timestamp >= ts || s.max_timestamp < 0))
+        .map(|s| segment_ref(&prefix, s))
+        .collect();
+    drop(image);
+    for seg in candidates {
+        match t.reader.offset_for_timestamp(&seg, ts).await {
+            Ok(Some(found)) => return Ok(Some(found)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ApiError::with(
+                    ResponseError::KafkaStorageError,
+                    e.to_string(),
+                ))
+            }
+        }
+    }
+    Ok(None)
+}

@@ -34,7 +34,7 @@ fi
 # The cargo tiers run under cargo-nextest (on this project's machines already).
 cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest
 py_missing=0
-python3 -c 'import confluent_kafka, kafka, pytest, pytest_timeout, xdist, prometheus_client, snappy, lz4.frame, fuse' >/dev/null 2>&1 || py_missing=1
+python3 -c 'import confluent_kafka, kafka, pytest, pytest_timeout, xdist, prometheus_client, snappy, lz4.frame, fuse, moto.server, boto3' >/dev/null 2>&1 || py_missing=1
 if [ "$py_missing" = 1 ]; then
   python3 -m pip install -q -r tests/requirements.txt
 fi

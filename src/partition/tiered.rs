@@ -203,17 +203,29 @@ pub async fn offset_for_timestamp(
         .map(|s| segment_ref(&prefix, s))
         .collect();
     drop(image);
+    let failed = |e: StoreError| ApiError::with(ResponseError::KafkaStorageError, e.to_string());
     for seg in candidates {
-        match t.reader.offset_for_timestamp(&seg, ts).await {
-            Ok(Some(found)) => return Ok(Some(found)),
-            Ok(None) => {}
-            Err(e) => {
-                return Err(ApiError::with(
-                    ResponseError::KafkaStorageError,
-                    e.to_string(),
-                ))
-            }
-        }
+        let Some((base, max_ts)) = t
+            .reader
+            .offset_for_timestamp(&seg, ts)
+            .await
+            .map_err(failed)?
+        else {
+            continue;
+        };
+        // The first record of that batch at or after `ts`, as a local lookup answers.
+        let batch = t
+            .reader
+            .read(&seg, base, 1, i64::MAX)
+            .await
+            .map_err(failed)?;
+        let total = sluice_storage::batch::peek_total_bytes(&batch.records).unwrap_or(0);
+        let hit = sluice_storage::batch::record_timestamps(
+            &batch.records[..total.min(batch.records.len())],
+        )
+        .and_then(|recs| recs.into_iter().find(|&(_, t)| t >= ts))
+        .unwrap_or((base, max_ts));
+        return Ok(Some(hit));
     }
     Ok(None)
 }

@@ -949,6 +949,7 @@ async fn metrics_publisher(
                         index_memory_bytes: b.storage.index_memory(),
                         index_memory_max: b.storage.limits().index_memory_max,
                     },
+                    tiered: b.tiered().map(|t| t.snapshot()),
                 },
             );
         }

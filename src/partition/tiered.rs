@@ -53,6 +53,27 @@ pub struct Stats {
     /// Closed segments of led partitions not yet remote, at the last round.
     pub upload_lag_segments: Cell<u64>,
     pub upload_lag_bytes: Cell<u64>,
+    pub remote_read_micros: Cell<u64>,
+}
+
+impl Tiered {
+    /// The counters as the metrics publish them.
+    pub fn snapshot(&self) -> crate::observe::metrics::TieredStat {
+        let s = &self.stats;
+        crate::observe::metrics::TieredStat {
+            uploaded_segments: s.uploaded_segments.get(),
+            uploaded_bytes: s.uploaded_bytes.get(),
+            upload_errors: s.upload_errors.get(),
+            deleted_segments: s.deleted_segments.get(),
+            remote_reads: s.remote_reads.get(),
+            remote_read_bytes: s.remote_read_bytes.get(),
+            remote_read_errors: s.remote_read_errors.get(),
+            remote_read_micros: s.remote_read_micros.get(),
+            upload_lag_segments: s.upload_lag_segments.get(),
+            upload_lag_bytes: s.upload_lag_bytes.get(),
+            cache_bytes: self.reader.cached_bytes(),
+        }
+    }
 }
 
 impl Tiered {
@@ -144,6 +165,7 @@ pub async fn read(
         .map(|s| segment_ref(&prefix, s))
         .collect();
     drop(image);
+    let began = std::time::Instant::now();
     let result = async {
         let got = t.reader.read(&segs[0], offset, max_bytes, upper).await?;
         let aborted = if read_committed && !got.records.is_empty() {
@@ -158,6 +180,9 @@ pub async fn read(
         Ok::<_, StoreError>((got.records, aborted))
     }
     .await;
+    t.stats
+        .remote_read_micros
+        .set(t.stats.remote_read_micros.get() + began.elapsed().as_micros() as u64);
     match result {
         Ok((records, aborted)) => {
             t.stats.remote_reads.set(t.stats.remote_reads.get() + 1);

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -145,6 +146,15 @@ def test_a_tiered_topic_keeps_its_local_window_and_serves_every_record_from_the_
                           "-f", "%o %s\n"], capture_output=True, timeout=60, check=True).stdout.decode()
     lines = out.splitlines()
     assert len(lines) == 1000 and lines[0] == f"0 {value(0).decode()}" and lines[-1].startswith("999 ")
+    # The metrics count the uploads and the remote reads.
+    metrics = urllib.request.urlopen(b.metrics_url + "/metrics", timeout=10).read().decode()
+
+    def total(name):
+        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + "{"))
+    assert total("sluice_remote_uploaded_segments_total") >= 20
+    assert total("sluice_remote_fetches_total") > 0
+    assert total("sluice_remote_fetch_bytes_total") > 0
+    assert total("sluice_remote_upload_errors_total") == 0
     # After a SIGKILL the remote log is still known: reads from 0 are the same.
     b.kill()
     b.start()

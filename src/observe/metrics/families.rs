@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{
     Exposition, HistogramSnapshot, Kind, PartitionStat, Registry, ShardMetrics, StorageStat,
-    API_KEYS, ERROR_CODES,
+    TieredStat, API_KEYS, ERROR_CODES,
 };
 
 impl Registry {
@@ -20,6 +20,7 @@ impl Registry {
         self.render_partitions(&mut out);
         self.render_node(&mut out);
         self.render_storage(&mut out);
+        self.render_tiered(&mut out);
         for c in self
             .collectors
             .read()
@@ -377,6 +378,37 @@ impl Registry {
             &[],
             bool_f(snaps.iter().any(|s| s.disk_low)),
         );
+    }
+
+    /// Per shard, with tiered storage on: uploads, remote reads and their lag.
+    fn render_tiered(&self, out: &mut Exposition) {
+        let stats: Vec<(usize, TieredStat)> = (0..self.snapshots.len())
+            .filter_map(|i| Some((i, self.snapshot(i).tiered?)))
+            .collect();
+        if stats.is_empty() {
+            return;
+        }
+        type Field = fn(&TieredStat) -> u64;
+        let families: [(&str, &str, Kind, Field); 11] = [
+            ("sluice_remote_uploaded_segments_total", "Closed segments copied to the object store and recorded in the quorum.", Kind::Counter, |s| s.uploaded_segments),
+            ("sluice_remote_uploaded_bytes_total", "Bytes of segment logs copied to the object store.", Kind::Counter, |s| s.uploaded_bytes),
+            ("sluice_remote_upload_errors_total", "Upload rounds of a partition that failed (retried next round).", Kind::Counter, |s| s.upload_errors),
+            ("sluice_remote_deleted_segments_total", "Remote segments deleted by remote retention.", Kind::Counter, |s| s.deleted_segments),
+            ("sluice_remote_fetches_total", "Consumer reads served from the object store.", Kind::Counter, |s| s.remote_reads),
+            ("sluice_remote_fetch_bytes_total", "Record bytes served from the object store.", Kind::Counter, |s| s.remote_read_bytes),
+            ("sluice_remote_fetch_errors_total", "Reads from the object store that failed (answered KAFKA_STORAGE_ERROR, retriable).", Kind::Counter, |s| s.remote_read_errors),
+            ("sluice_remote_fetch_microseconds_total", "Time spent in reads from the object store (divide by sluice_remote_fetches_total for the mean latency).", Kind::Counter, |s| s.remote_read_micros),
+            ("sluice_remote_upload_lag_segments", "Closed segments of this shard's leaders not yet in the object store.", Kind::Gauge, |s| s.upload_lag_segments),
+            ("sluice_remote_upload_lag_bytes", "Bytes of those segments.", Kind::Gauge, |s| s.upload_lag_bytes),
+            ("sluice_remote_cache_bytes", "Bytes of remote chunks and indexes cached for reads.", Kind::Gauge, |s| s.cache_bytes),
+        ];
+        for (name, help, kind, field) in families {
+            out.family(name, help, kind);
+            for (i, s) in &stats {
+                let shard = i.to_string();
+                out.sample(name, &[("shard", &shard)], field(s) as f64);
+            }
+        }
     }
 
     /// Per shard: the storage budgets and their use.

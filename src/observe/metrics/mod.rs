@@ -191,6 +191,25 @@ pub struct ShardSnapshot {
     pub node: Option<NodeSnapshot>,
     /// The shard storage's descriptor and preallocation budgets and their use.
     pub storage: StorageStat,
+    /// Tiered storage's work on this shard (`None`: no `--remote-storage`).
+    pub tiered: Option<TieredStat>,
+}
+
+/// What a shard did with tiered storage's object store (issue 44), counters since
+/// start and the upload lag of its leaders at the last round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TieredStat {
+    pub uploaded_segments: u64,
+    pub uploaded_bytes: u64,
+    pub upload_errors: u64,
+    pub deleted_segments: u64,
+    pub remote_reads: u64,
+    pub remote_read_bytes: u64,
+    pub remote_read_errors: u64,
+    pub remote_read_micros: u64,
+    pub upload_lag_segments: u64,
+    pub upload_lag_bytes: u64,
+    pub cache_bytes: u64,
 }
 
 /// A shard's storage budgets (issue 14) and what is used of them.

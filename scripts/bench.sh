@@ -10,6 +10,7 @@
 # summary then has only those rows, and the docs are left alone unless UPDATE_DOCS=1.
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # BENCH_PART=move runs only the partition-move scenarios (scripts/bench-move.sh).
+# BENCH_PART=tiered runs only the tiered storage scenarios (scripts/bench-tiered.sh).
 # BENCH_PART=tls runs only (b), (b) over TLS to an SSL listener (b-tls, issue 42) and
 # (b) over SASL_SSL (b-sasl).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
@@ -266,6 +267,13 @@ fi
 if [ "$PART" = all ] || [ "$PART" = move ]; then
   BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-move.sh ||
     echo "bench-move: a scenario failed (output above); the summary has only the figures measured before it"
+fi
+# Tiered storage (issue 44): produce p99 with uploads running beside the same load
+# without, and reading old data from the store beside reading it locally
+# (scripts/bench-tiered.sh).
+if [ "$PART" = all ] || [ "$PART" = tiered ]; then
+  BENCH_RUN_GRACE=120 bench_run env OUT="$OUT" SLUICE_BIN="$SLUICE" SLUICE_BENCH_BIN="$BENCH_BIN" bash scripts/bench-tiered.sh ||
+    echo "bench-tiered: a scenario failed (output above); the summary has only the figures measured before it"
 fi
 # Soak (issue 17): one broker of its own, produce + consume at a fixed rate, acks=all,
 # for SOAK_SECONDS; every SOAK_SAMPLE s a row of the interval (records/s produced and

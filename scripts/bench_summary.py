@@ -288,6 +288,28 @@ if roll:
               f"{roll['failed']} failed; longest delivery (the longest stall) {num(roll['max_ms'])} ms, "
               f"p99 {num(roll['p99_ms'])} ms."]
 
+# Issue 44: tiered storage (scripts/bench-tiered.sh): produce with uploads running
+# beside the same load without, reading from the store beside reading locally.
+tf = load("tier-facts.json")
+t0, t1 = load("tier-t0-local-report.json"), load("tier-t1-remote-report.json")
+t2, t3 = load("tier-t2-local-report.json"), load("tier-t3-remote-report.json")
+if tf and t0 and t1:
+    def p99(r):
+        return (r.get("latency_ms") or {}).get("p99")
+    lines += ["", f"Tiered storage (issue 44): one broker (--cores 1) with --remote-storage on a folder of the same disk, "
+              f"an acks=all producer of 100 B records at {tf['rate']:,} records/s over 8 partitions for {tf['seconds']} s "
+              "(1 MiB segments; the tiered topic keeps 2 MiB per partition locally), then every record of each topic read "
+              f"from offset 0 (when the tiered one was read, {tf['remote_bytes'] / 2**20:.0f} MiB were in the store and "
+              f"{tf['local_bytes'] / 2**20:.0f} MiB on local disk).", "",
+              "| run | records/s | MB/s | p50 ms | p99 ms | max ms | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    def row(label, r, ratio):
+        lines.append(f"| {label} | {r['records_per_sec']:,.0f} | {r['mb_per_sec']:.1f} | {ms(r, 'p50')} | {ms(r, 'p99')} | {ms(r, 'max')} | {ratio} |")
+    row("(t0) produce, no remote storage", t0, "baseline")
+    row("(t1) produce, uploads running", t1, f"p99 {p99(t1) / p99(t0):.2f}× of (t0)" if p99(t0) and p99(t1) else "–")
+    if t2 and t3:
+        row("(t2) read from offset 0, local", t2, "baseline")
+        row("(t3) read from offset 0, mostly remote", t3, f"{t3['records_per_sec'] / t2['records_per_sec']:.2f}× of (t2)")
+
 # Issue 17: the soak, a row per sample interval of the broker's resources beside the
 # interval's rates and latency; facts about growth, no verdict of pass or fail.
 soak = load("soak-report.json")

@@ -30,9 +30,10 @@ rm -f "$OUT"/tier-*.json
 bench_pick_port BENCH_TIER_PORT 19600 0 552
 P=$BENCH_TIER_PORT
 DATA="$OUT/tier-data"
-REMOTE="$(pwd)/$OUT/tier-remote"
+REMOTE="$(cd "$OUT" && pwd)/tier-remote"
 rm -rf "$DATA" "$REMOTE"
-bench_on_cleanup "rm -rf $DATA $REMOTE"
+tier_cleanup() { rm -rf "$DATA" "$REMOTE"; }
+bench_on_cleanup tier_cleanup
 bench_require_free_ports "the tiered benchmark's broker" "$P" $((P + 552))
 bench_spawn "$SLUICE" serve --listen "127.0.0.1:$P" --data-dir "$DATA" --cores "$CORES" \
   --remote-storage "file://$REMOTE" --remote-log-manager-task-interval-ms 200 \
@@ -40,11 +41,11 @@ bench_spawn "$SLUICE" serve --listen "127.0.0.1:$P" --data-dir "$DATA" --cores "
 BROKER=$BENCH_PID
 bench_wait_broker "$BROKER" "$OUT/tier-broker.log" 30 "$P" $((P + 552))
 
-B="--bootstrap 127.0.0.1:$P --report-dir $OUT --cpu-pid $BROKER"
+B="--bootstrap 127.0.0.1:$P --report-dir $OUT"
 T="--topic-config remote.storage.enable=true --topic-config segment.bytes=1048576 --topic-config local.retention.bytes=2097152"
 bench() { bench_run "$BENCH_BIN" "$@"; }
 load() { # name topic [flags]
-  bench produce $B --name "$1" --topic "$2" --partitions 8 --record-size 100 --acks -1 \
+  bench produce $B --cpu-pid "$BROKER" --name "$1" --topic "$2" --partitions 8 --record-size 100 --acks -1 \
     --rate "$RATE" --linger-ms 1 --batch-bytes 32768 --duration "$SECS" "${@:3}"
 }
 

@@ -499,6 +499,11 @@ struct TxnMeta {
     /// to Describe/List, removed if the append fails.
     provisional: bool,
     markers: Option<MarkerRound>,
+    /// An AddPartitionsToTxn with this producer's id and epoch was refused with
+    /// CONCURRENT_TRANSACTIONS while the last EndTxn completed: the client already has
+    /// that EndTxn's answer and began the next transaction, none of whose partitions is
+    /// registered (see [`TxnCoordinator::end_txn`]). Not persisted.
+    next_refused: bool,
 }
 
 #[derive(Debug)]
@@ -886,8 +891,10 @@ impl TxnCoordinator {
             None
         };
         if let Some(e) = err {
+            meta.next_refused |= e == ResponseError::ConcurrentTransactions;
             return reply(fx, Err(e));
         }
+        meta.next_refused = false;
         if cur.state == TxnState::Ongoing && added.is_subset(&cur.partitions) {
             // Nothing new: answered at once, as Kafka.
             return reply(fx, Ok(()));
@@ -995,9 +1002,20 @@ impl TxnCoordinator {
                 (Ongoing, _) => Ok(()),
                 // A retry of an EndTxn that completed: success, as Kafka.
                 (CompleteCommit, true) | (CompleteAbort, false) => return reply(fx, Ok(done)),
-                // A retry while the markers are written: the client waits and retries.
-                (PrepareCommit, true) | (PrepareAbort, false) => {
-                    Err(ResponseError::ConcurrentTransactions)
+                // While the markers are written (Kafka has a pending state then): the
+                // client waits and retries.
+                (PrepareCommit | PrepareAbort, _) => Err(ResponseError::ConcurrentTransactions),
+                // The abort of a transaction begun right after a commit whose partitions
+                // were all refused (librdkafka sends EndTxn without waiting for its
+                // AddPartitionsToTxn answer and purges the unsent records): nothing of
+                // it is registered, and KIP-890's produce check kept its records out, so
+                // there is nothing to abort. Kafka answers INVALID_TXN_STATE to EndTxn
+                // v0-v4 here (a fatal error for the producer, librdkafka issue 4849);
+                // without the refused request it is still refused, so a commit that
+                // timed out and is followed by an abort still learns it committed.
+                (CompleteCommit, false) if meta.next_refused => {
+                    meta.next_refused = false;
+                    return reply(fx, Ok(done));
                 }
                 (Empty | CompleteCommit | CompleteAbort | PrepareCommit | PrepareAbort, _) => {
                     Err(ResponseError::InvalidTxnState)
@@ -1347,6 +1365,7 @@ impl TxnCoordinator {
                 pending: None,
                 provisional: false,
                 markers: None,
+                next_refused: false,
             },
         );
         Ok(())
@@ -1516,6 +1535,7 @@ fn provisional(id: &str, producer_id: i64, timeout_ms: i32, now_ms: i64) -> TxnM
         pending: None,
         provisional: true,
         markers: None,
+        next_refused: false,
     }
 }
 

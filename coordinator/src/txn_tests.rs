@@ -742,6 +742,44 @@ fn add_offsets_adds_the_groups_offsets_partition() {
     );
 }
 
+/// librdkafka begins the next transaction right after a commit's answer, sends
+/// AddPartitionsToTxn (refused while the commit's markers are written) and, on an abort,
+/// EndTxn without waiting for that answer: the abort of that empty transaction succeeds
+/// once the commit completed. Without a refused AddPartitionsToTxn in between, an abort
+/// after a commit is still Kafka's INVALID_TXN_STATE.
+#[test]
+fn an_abort_of_a_transaction_whose_partitions_were_all_refused_succeeds() {
+    let mut h = H::new();
+    let p = h.init("t").unwrap();
+    h.add_ok("t", p, &[("a", 0)]);
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
+    assert_eq!(
+        h.add("t", p, &[("a", 0)]),
+        Some(Err(E::ConcurrentTransactions))
+    );
+    assert_eq!(h.end_err("t", p, false), E::ConcurrentTransactions);
+    h.markers_done(MarkerResult::Written);
+    let records = h.log.len();
+    assert_eq!(h.end("t", p, false), Some(Ok(p)));
+    assert_eq!(h.state("t"), TxnState::CompleteCommit);
+    assert_eq!(
+        (h.log.len(), h.markers.len()),
+        (records, 0),
+        "nothing written"
+    );
+    // Once: a second abort has no refused request behind it.
+    assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
+    // The next transaction runs as ever.
+    h.add_ok("t", p, &[("a", 0)]);
+    assert_eq!(h.end("t", p, false), Some(Ok(p)));
+    h.markers_done(MarkerResult::Written);
+    // Control: commit, markers done, abort with no refused add in between.
+    h.add_ok("t", p, &[("a", 0)]);
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
+    h.markers_done(MarkerResult::Written);
+    assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
+}
+
 #[test]
 fn end_txn_errors_and_retries_are_kafkas() {
     let mut h = H::new();
@@ -759,16 +797,16 @@ fn end_txn_errors_and_retries_are_kafkas() {
     );
     h.add_ok("t", p, &[("a", 0)]);
     assert_eq!(h.end("t", p, true), Some(Ok(p)));
-    // Markers in flight.
+    // Markers in flight: any EndTxn waits (Kafka's pending state).
     assert_eq!(h.end_err("t", p, true), E::ConcurrentTransactions);
-    assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
+    assert_eq!(h.end_err("t", p, false), E::ConcurrentTransactions);
     h.markers_done(MarkerResult::Written);
     // Completed: a retried commit succeeds, an abort is refused.
     assert_eq!(h.end("t", p, true), Some(Ok(p)));
     assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
     h.add_ok("t", p, &[("a", 0)]);
     assert_eq!(h.end("t", p, false), Some(Ok(p)));
-    assert_eq!(h.end_err("t", p, true), E::InvalidTxnState);
+    assert_eq!(h.end_err("t", p, true), E::ConcurrentTransactions);
     assert_eq!(h.end_err("t", p, false), E::ConcurrentTransactions);
     h.markers_done(MarkerResult::Written);
     assert_eq!(h.end("t", p, false), Some(Ok(p)));

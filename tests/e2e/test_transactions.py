@@ -96,6 +96,29 @@ def test_commit_visible_abort_invisible_and_lso_holds_readers(broker):
     assert read(broker.addr, "tx", "read_committed", expect=7) == committed + ["open", "plain"]
 
 
+def test_abort_right_after_a_commit_without_flushing_is_not_fatal(broker):
+    """librdkafka's everyday pattern: begin, produce, abort (unsent records purged)
+    right after a commit. It sends EndTxn(abort) without waiting for its
+    AddPartitionsToTxn, refused while the commit's markers are written; Kafka answers
+    that abort INVALID_TXN_STATE, fatal to the producer (librdkafka issue 4849). It
+    failed about one run in two here before; 60 transactions, every third aborted,
+    must all end, and exactly the committed records be visible."""
+    create_topic(broker.addr, "txa", 1)
+    p = txn_producer(broker.addr, "txa-1")
+    committed = []
+    for t in range(60):
+        p.begin_transaction()
+        values = [f"{t}-{i}" for i in range(15)]
+        for v in values:
+            p.produce("txa", value=v, partition=0)
+        if t % 3 == 2:
+            p.abort_transaction(30)
+        else:
+            p.commit_transaction(30)
+            committed += values
+    assert read(broker.addr, "txa", "read_committed", expect=len(committed)) == committed
+
+
 def test_new_instance_fences_the_old_one(broker):
     create_topic(broker.addr, "fence", 1)
     old = txn_producer(broker.addr, "fenced-id")

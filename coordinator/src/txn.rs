@@ -1017,9 +1017,7 @@ impl TxnCoordinator {
                     meta.next_refused = false;
                     return reply(fx, Ok(done));
                 }
-                (Empty | CompleteCommit | CompleteAbort | PrepareCommit | PrepareAbort, _) => {
-                    Err(ResponseError::InvalidTxnState)
-                }
+                (Empty | CompleteCommit | CompleteAbort, _) => Err(ResponseError::InvalidTxnState),
                 (Dead | PrepareEpochFence, _) => unreachable!("never held in memory"),
             }
         };

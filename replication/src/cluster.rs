@@ -242,6 +242,9 @@ pub struct ClusterState {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct RemoteLog {
     pub segments: Vec<RemoteSegment>,
+    /// Offsets below this were deleted (remote retention, DeleteRecords), even where a
+    /// remaining segment still holds them.
+    pub log_start: i64,
 }
 
 impl RemoteLog {
@@ -252,7 +255,9 @@ impl RemoteLog {
 
     /// The first remote offset, the partition's log start while it has remote segments.
     pub fn start_offset(&self) -> Option<i64> {
-        self.segments.first().map(|s| s.base_offset)
+        self.segments
+            .first()
+            .map(|s| s.base_offset.max(self.log_start))
     }
 
     /// The segment to read `offset` from: the first whose last offset is at or past it.
@@ -489,8 +494,9 @@ pub enum Command {
         leader_epoch: i32,
         segments: Vec<RemoteSegment>,
     },
-    /// Remote retention or DeleteRecords: forget the remote segments whose last offset
-    /// is below `below` (their objects are deleted after this commits).
+    /// Remote retention or DeleteRecords: the remote log starts at `below` at the
+    /// earliest; the segments wholly below it are forgotten (their objects are deleted
+    /// after this commits).
     DeleteRemoteSegments {
         topic: String,
         partition: i32,
@@ -1158,6 +1164,7 @@ impl ClusterState {
                     .and_then(|t| t.get_mut(partition))
                     .ok_or(ApplyError::UnknownTopicOrPartition)?;
                 log.segments.retain(|s| s.last_offset >= *below);
+                log.log_start = log.log_start.max(*below);
             }
             Command::RemotePurged { prefix } => {
                 self.remote_purge.retain(|p| p != prefix);
@@ -3236,7 +3243,16 @@ mod tests {
             below: 20,
         })
         .unwrap();
-        assert_eq!(s.remote["t"][&0].start_offset(), Some(15));
+        assert_eq!(s.remote["t"][&0].start_offset(), Some(20));
+        // DeleteRecords within a segment: the start moves, the segment stays.
+        s.apply(&Command::DeleteRemoteSegments {
+            topic: "t".into(),
+            partition: 0,
+            below: 22,
+        })
+        .unwrap();
+        assert_eq!(s.remote["t"][&0].segments.len(), 1);
+        assert_eq!(s.remote["t"][&0].start_offset(), Some(22));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
         // Deleting the topic leaves its folder to purge, until purged.
         let id = s.topics["t"].id;

@@ -14,7 +14,9 @@ use crate::base::error::ApiError;
 use crate::base::rpc::Propose;
 use crate::partition::broker::Broker;
 use crate::partition::replica::Replica;
-use crate::partition::tiered::{partition_prefix, remote_log, segment_ref, Tiered};
+use crate::partition::tiered::{
+    delete_objects, partition_prefix, remote_log, segment_ref, Tiered, EXTS,
+};
 use kafka_protocol::error::ResponseError;
 
 /// The shard's tiered storage task: uploads, remote retention and purges, every
@@ -24,11 +26,11 @@ pub async fn run(broker: Weak<Broker>, interval: Duration) {
         glommio::timer::sleep(interval).await;
         let Some(b) = broker.upgrade() else { return };
         let Some(t) = b.tiered() else { return };
-        round(&b, &t).await;
+        round(&b, &t, orphan_age(interval)).await;
     }
 }
 
-async fn round(b: &Rc<Broker>, t: &Rc<Tiered>) {
+async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
     let (mut lag_segments, mut lag_bytes) = (0, 0);
     for r in b.replicas() {
         if r.leader_epoch().is_none() {
@@ -52,6 +54,9 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>) {
         }
         if let Err(e) = expire(b, t, &r, &tc.log).await {
             tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "remote retention failed; retrying next round");
+        }
+        if let Err(e) = sweep(b, t, &r, orphan_age).await {
+            tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "sweeping orphaned remote objects failed");
         }
     }
     t.stats.upload_lag_segments.set(lag_segments);
@@ -114,11 +119,11 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
             // Deleted under us (DeleteRecords): the next round lists the log again.
             Err(StoreError::NotFound(what)) => {
                 tracing::info!(topic = %r.topic, partition = r.partition, %what, "segment gone before its upload");
-                delete_attempt(t, &prefix, seg.base_offset, id).await;
+                delete_objects(t, &prefix, seg.base_offset, id).await;
                 return Ok(left);
             }
             Err(e) => {
-                delete_attempt(t, &prefix, seg.base_offset, id).await;
+                delete_objects(t, &prefix, seg.base_offset, id).await;
                 return Err(failed(e));
             }
         };
@@ -140,7 +145,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
         if let Err(e) = propose(b, added).await {
             // Not recorded (a deposed leader, or the quorum unreachable): nobody will
             // read these objects.
-            delete_attempt(t, &prefix, seg.base_offset, id).await;
+            delete_objects(t, &prefix, seg.base_offset, id).await;
             return Err(e);
         }
         end = seg.next_offset;
@@ -189,26 +194,6 @@ async fn put_segment(
             || Err(StoreError::Failed("remote storage threads stopped".into())),
         )
         .await
-}
-
-/// Deletes the objects of one upload attempt (or of a remote segment).
-async fn delete_attempt(t: &Tiered, prefix: &str, base: i64, id: [u8; 16]) {
-    let store = t.reader.store().clone();
-    let keys: Vec<String> = [LOG, INDEX, TIME_INDEX, TXN_INDEX, SNAPSHOT, EPOCHS]
-        .iter()
-        .map(|ext| sluice_tiered::remote::object_key(prefix, base, &id, ext))
-        .collect();
-    let r = t
-        .reader
-        .pool()
-        .run(
-            move || keys.iter().try_for_each(|k| store.delete(k)),
-            || Err(StoreError::Failed("remote storage threads stopped".into())),
-        )
-        .await;
-    if let Err(e) = r {
-        tracing::warn!(prefix, base, error = %e, "could not delete remote objects; they stay unreferenced");
-    }
 }
 
 /// Remote retention on the leader `r`: forgets, then deletes, the oldest remote
@@ -271,12 +256,124 @@ async fn expire(
     .await?;
     for s in &gone {
         t.reader.forget(&segment_ref(&prefix, s));
-        delete_attempt(t, &prefix, s.base_offset, s.id).await;
+        delete_objects(t, &prefix, s.base_offset, s.id).await;
     }
     t.stats
         .deleted_segments
         .set(t.stats.deleted_segments.get() + gone.len() as u64);
     tracing::info!(topic = %r.topic, partition = r.partition, segments = gone.len(), remote_start = below, "remote retention deleted segments");
+    Ok(())
+}
+
+/// An object no remote segment names is deleted once two sweeps at least this far
+/// apart saw it so (the image may lag a commit by a moment, never by this): 60 task
+/// intervals, within [5 s, 60 s] (60 s at the default interval).
+fn orphan_age(interval: Duration) -> Duration {
+    (interval * 60).clamp(Duration::from_secs(5), Duration::from_secs(60))
+}
+/// A led partition's folder is listed when its leadership begins, this long after
+/// suspects were seen, and else this often.
+const SWEEP_IDLE: Duration = Duration::from_secs(3600);
+
+/// Deletes objects of the leader `r`'s folder that no remote segment names: uploads
+/// cut short (a broker killed between the copy and the quorum's record, a failed
+/// delete) and segments DeleteRecords dropped.
+async fn sweep(
+    b: &Rc<Broker>,
+    t: &Tiered,
+    r: &Rc<Replica>,
+    orphan_age: Duration,
+) -> Result<(), ApiError> {
+    let Some(epoch) = r.leader_epoch() else {
+        return Ok(());
+    };
+    let key = (r.topic.clone(), r.partition);
+    let now = std::time::Instant::now();
+    let due = t
+        .sweeps
+        .borrow()
+        .get(&key)
+        .is_none_or(|s| s.epoch != epoch.get() || now >= s.next);
+    if !due {
+        return Ok(());
+    }
+    let image = b.image();
+    let Some(meta) = image.topics.get(&r.topic) else {
+        return Ok(());
+    };
+    let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
+    let named: std::collections::HashSet<String> = remote_log(&image, &r.topic, r.partition)
+        .map(|l| {
+            l.segments
+                .iter()
+                .flat_map(|s| {
+                    EXTS.iter().map(|ext| {
+                        sluice_tiered::remote::object_key(&prefix, s.base_offset, &s.id, ext)
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    drop(image);
+    let store = t.reader.store().clone();
+    let p = prefix.clone();
+    let listed = t
+        .reader
+        .pool()
+        .run(
+            move || store.list(&p),
+            || Err(StoreError::Failed("remote storage threads stopped".into())),
+        )
+        .await
+        .map_err(failed)?;
+    let mut doomed = Vec::new();
+    {
+        let mut sweeps = t.sweeps.borrow_mut();
+        let sweep = sweeps
+            .entry(key)
+            .or_insert_with(|| crate::partition::tiered::Sweep {
+                epoch: epoch.get(),
+                next: now,
+                suspects: Default::default(),
+            });
+        let mut suspects = std::collections::HashMap::new();
+        for (k, _) in listed {
+            if named.contains(&k) {
+                continue;
+            }
+            match sweep.suspects.get(&k) {
+                Some(seen) if now.duration_since(*seen) >= orphan_age => doomed.push(k),
+                Some(seen) => {
+                    suspects.insert(k, *seen);
+                }
+                None => {
+                    suspects.insert(k, now);
+                }
+            }
+        }
+        sweep.epoch = epoch.get();
+        sweep.next = now
+            + if suspects.is_empty() {
+                SWEEP_IDLE
+            } else {
+                orphan_age
+            };
+        sweep.suspects = suspects;
+    }
+    if doomed.is_empty() {
+        return Ok(());
+    }
+    let n = doomed.len();
+    let store = t.reader.store().clone();
+    t.reader
+        .pool()
+        .run(
+            move || doomed.iter().try_for_each(|k| store.delete(k)),
+            || Err(StoreError::Failed("remote storage threads stopped".into())),
+        )
+        .await
+        .map_err(failed)?;
+    tracing::info!(topic = %r.topic, partition = r.partition, objects = n, "orphaned remote objects deleted");
     Ok(())
 }
 

@@ -34,10 +34,22 @@ use crate::base::metadata::MetadataImage;
 use crate::partition::replica::Replica;
 use kafka_protocol::error::ResponseError;
 
-/// A shard's tiered storage: the reader (store, threads, chunk cache) and counters.
+/// A shard's tiered storage: the reader (store, threads, chunk cache), counters, and
+/// the sweeps for objects no remote segment names (`crate::cluster::tiering`).
 pub struct Tiered {
     pub reader: Reader,
     pub stats: Stats,
+    pub sweeps: std::cell::RefCell<std::collections::HashMap<(String, i32), Sweep>>,
+}
+
+/// A led partition's sweep for orphaned objects (an upload cut short by a kill, a
+/// segment DeleteRecords dropped): keys no remote segment names, with when a sweep
+/// first saw them so.
+pub struct Sweep {
+    /// The leader epoch the last sweep ran in (a new leadership sweeps at once).
+    pub epoch: i32,
+    pub next: std::time::Instant,
+    pub suspects: std::collections::HashMap<String, std::time::Instant>,
 }
 
 /// What this shard did with the object store (metrics and `sluice cluster describe`).
@@ -81,6 +93,7 @@ impl Tiered {
         Tiered {
             reader: Reader::new(store, pool, cache_bytes),
             stats: Stats::default(),
+            sweeps: Default::default(),
         }
     }
 }
@@ -106,6 +119,36 @@ pub fn segment_ref(prefix: &str, s: &RemoteSegment) -> SegmentRef {
         base_offset: s.base_offset,
         last_offset: s.last_offset,
         size: s.size,
+    }
+}
+
+/// Every file a remote segment has in the store.
+pub const EXTS: [&str; 6] = [
+    sluice_tiered::remote::LOG,
+    sluice_tiered::remote::INDEX,
+    sluice_tiered::remote::TIME_INDEX,
+    sluice_tiered::remote::TXN_INDEX,
+    sluice_tiered::remote::SNAPSHOT,
+    sluice_tiered::remote::EPOCHS,
+];
+
+/// Deletes the objects of one upload attempt (or of a remote segment).
+pub async fn delete_objects(t: &Tiered, prefix: &str, base: i64, id: [u8; 16]) {
+    let store = t.reader.store().clone();
+    let keys: Vec<String> = EXTS
+        .iter()
+        .map(|ext| sluice_tiered::remote::object_key(prefix, base, &id, ext))
+        .collect();
+    let r = t
+        .reader
+        .pool()
+        .run(
+            move || keys.iter().try_for_each(|k| store.delete(k)),
+            || Err(StoreError::Failed("remote storage threads stopped".into())),
+        )
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(prefix, base, error = %e, "could not delete remote objects; they stay unreferenced");
     }
 }
 

@@ -696,10 +696,61 @@ impl Broker {
                 format!("offset {offset} is beyond the high watermark {end}"),
             ));
         }
-        log.delete_records_before(offset.get())
+        let local = log
+            .delete_records_before(offset.get())
             .await
             .map(Offset::new)
-            .map_err(|e| error::from_storage(&e))
+            .map_err(|e| error::from_storage(&e))?;
+        // Tiered storage: the remote log starts there too; the objects of segments
+        // wholly below it go with the leader's next sweep (`crate::cluster::tiering`).
+        let replica = self.replica(&topic, partition)?;
+        if let (Some(tiered), true) = (self.tiered(), replica.remote_start.get() < offset.get()) {
+            self.delete_remote_records(&tiered, &topic, partition, offset.get())
+                .await?;
+        }
+        Ok(local.min(replica.client_log_start()).max(offset))
+    }
+
+    /// DeleteRecords on a tiered partition: the remote log starts at `offset` (the
+    /// quorum's record first), then the objects of the segments wholly below it go.
+    async fn delete_remote_records(
+        &self,
+        tiered: &crate::partition::tiered::Tiered,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), ApiError> {
+        let image = self.image();
+        let prefix = match image.topics.get(topic) {
+            Some(meta) => crate::partition::tiered::partition_prefix(topic, &meta.id, partition),
+            None => return Err(ApiError::new(ResponseError::UnknownTopicOrPartition)),
+        };
+        let gone: Vec<_> = crate::partition::tiered::remote_log(&image, topic, partition)
+            .map(|l| {
+                l.segments
+                    .iter()
+                    .filter(|s| s.last_offset < offset)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        drop(image);
+        let cut = sluice_replication::cluster::Command::DeleteRemoteSegments {
+            topic: topic.to_string(),
+            partition,
+            below: offset,
+        };
+        match self.control(crate::base::rpc::Propose(cut)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) | Err(e) => return Err(e),
+        }
+        for s in &gone {
+            tiered
+                .reader
+                .forget(&crate::partition::tiered::segment_ref(&prefix, s));
+            crate::partition::tiered::delete_objects(tiered, &prefix, s.base_offset, s.id).await;
+        }
+        Ok(())
     }
 
     /// Waits (bounded by `deadline`) for a partition of any item to have data past the

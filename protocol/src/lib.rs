@@ -55,7 +55,7 @@ const fn spec(key: ApiKey, min: i16, max: i16) -> ApiSpec {
 pub const REGISTRY: &[ApiSpec] = &[
     spec(ApiKey::Produce, 0, 12),
     spec(ApiKey::Fetch, 0, 13),
-    spec(ApiKey::ListOffsets, 0, 8),
+    spec(ApiKey::ListOffsets, 0, 9),
     spec(ApiKey::Metadata, 0, 12),
     spec(ApiKey::ApiVersions, 0, 3),
     spec(ApiKey::CreateTopics, 2, 7),

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka import ElectionType
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+import kafka_wire as kw
 from cluster import Cluster, free_ports
 from conftest import wait_until
 
@@ -139,6 +140,17 @@ def test_a_tiered_topic_keeps_its_local_window_and_serves_every_record_from_the_
     assert_every_record(consume(b.addr, "tiered", 1000), offsets)
     # Clients see the remote start; ListOffsets finds an old timestamp remotely.
     assert watermarks(b.addr, "tiered") == (0, 1000)
+    # Earliest-local (-4) is the leader's disk, latest-tiered (-5) the store's end.
+    conn = kw.Conn(b.addr)
+    conn.send(kw.list_offsets_v1("tiered", [0], timestamp=-4))
+    assert kw.parse_list_offsets_v1(conn.recv()[1]) == {0: (0, first_local)}
+    active_base = int(local_logs(b.data_dir, "tiered")[-1].split(".")[0])
+
+    def latest_tiered():
+        conn.send(kw.list_offsets_v1("tiered", [0], timestamp=-5, corr=2))
+        return kw.parse_list_offsets_v1(conn.recv()[1])
+    wait_until(lambda: latest_tiered() == {0: (0, active_base - 1)}, 20, what="every closed segment uploaded")
+    conn.close()
     assert offset_for_time(b.addr, "tiered", T0 + 10 * 123) == 123
     assert offset_for_time(b.addr, "tiered", T0 + 10 * 123 - 5) == 123
     # kcat reads them all too.

@@ -583,6 +583,14 @@ impl Broker {
             // what this broker's files hold.
             -2 => Ok((replica.client_log_start(), -1)),
             -4 => Ok((replica.log_start(), -1)),
+            // Latest tiered (-5, v9): the last offset in the object store, -1 if none.
+            -5 => {
+                let image = self.image();
+                let end =
+                    crate::partition::tiered::remote_log(&image, &replica.topic, replica.partition)
+                        .and_then(|l| l.end_offset());
+                Ok((end.map_or(Offset::NONE, |e| Offset::new(e - 1)), -1))
+            }
             // Latest is the high watermark.
             -1 => lagging.map_or(Ok((hw, -1)), Err),
             // Max-timestamp (KIP-734): the first record with the largest timestamp, if

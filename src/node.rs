@@ -407,7 +407,7 @@ struct Shared {
     /// The TLS of SASL_SSL listeners (no client certificate asked for).
     open_tls: Option<Arc<sluice_client::tls::ListenerTls>>,
     /// Tiered storage's object store and its threads (`--remote-storage`).
-    remote: Option<(Arc<sluice_tiered::Store>, sluice_tiered::Pool)>,
+    remote: Option<(Arc<sluice_tiered::Store>, crate::partition::tiered::Pools)>,
 }
 
 /// What tells a file changed: modification time (s, ns) and inode (a file replaced by
@@ -692,10 +692,10 @@ async fn run_shard(
         alters,
     ))
     .detach();
-    if let Some((store, pool)) = remote {
+    if let Some((store, pools)) = remote {
         broker.set_tiered(crate::partition::tiered::Tiered::new(
             store,
-            pool,
+            &pools,
             broker.config.remote_fetch_cache_bytes,
         ));
         glommio::spawn_local(crate::cluster::tiering::run(

@@ -891,7 +891,10 @@ impl TxnCoordinator {
             None
         };
         if let Some(e) = err {
-            meta.next_refused |= e == ResponseError::ConcurrentTransactions;
+            // Refused because the last transaction's markers are being written: the
+            // client has that EndTxn's answer and began the next one.
+            meta.next_refused |=
+                matches!(cur.state, TxnState::PrepareCommit | TxnState::PrepareAbort);
             return reply(fx, Err(e));
         }
         meta.next_refused = false;
@@ -1001,7 +1004,10 @@ impl TxnCoordinator {
             match (cur.state, a.commit) {
                 (Ongoing, _) => Ok(()),
                 // A retry of an EndTxn that completed: success, as Kafka.
-                (CompleteCommit, true) | (CompleteAbort, false) => return reply(fx, Ok(done)),
+                (CompleteCommit, true) | (CompleteAbort, false) => {
+                    meta.next_refused = false;
+                    return reply(fx, Ok(done));
+                }
                 // While the markers are written (Kafka has a pending state then): the
                 // client waits and retries.
                 (PrepareCommit | PrepareAbort, _) => Err(ResponseError::ConcurrentTransactions),
@@ -1021,10 +1027,14 @@ impl TxnCoordinator {
                 (Dead | PrepareEpochFence, _) => unreachable!("never held in memory"),
             }
         };
+        // The flag speaks for the next EndTxn only (kept while it is told to retry).
+        if r != Err(ResponseError::ConcurrentTransactions) {
+            meta.next_refused = false;
+        }
         if let Err(e) = r {
             return reply(fx, Err(e));
         }
-        let mut target = cur.clone();
+        let mut target = meta.cur.clone();
         target.state = if a.commit {
             PrepareCommit
         } else {

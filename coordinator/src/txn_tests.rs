@@ -773,6 +773,12 @@ fn an_abort_of_a_transaction_whose_partitions_were_all_refused_succeeds() {
     h.add_ok("t", p, &[("a", 0)]);
     assert_eq!(h.end("t", p, false), Some(Ok(p)));
     h.markers_done(MarkerResult::Written);
+    // A refused add while the transaction is open (a duplicate) does not count.
+    h.add_ok("t", p, &[("a", 0)]);
+    assert_eq!(h.end("t", p, true), Some(Ok(p)));
+    h.markers_done(MarkerResult::Written);
+    assert_eq!(h.end("t", p, true), Some(Ok(p)), "a retried commit");
+    assert_eq!(h.end_err("t", p, false), E::InvalidTxnState);
     // Control: commit, markers done, abort with no refused add in between.
     h.add_ok("t", p, &[("a", 0)]);
     assert_eq!(h.end("t", p, true), Some(Ok(p)));

@@ -1141,7 +1141,7 @@ impl ClusterState {
                     .or_default()
                     .entry(*partition)
                     .or_default();
-                let mut end = log.end_offset().unwrap_or(i64::MIN);
+                let mut end = log.end_offset().unwrap_or(i64::MIN).max(log.log_start);
                 for seg in segments {
                     if seg.last_offset < seg.base_offset || seg.last_offset < end {
                         return Err(ApplyError::InvalidRequest(format!(
@@ -3253,6 +3253,18 @@ mod tests {
         .unwrap();
         assert_eq!(s.remote["t"][&0].segments.len(), 1);
         assert_eq!(s.remote["t"][&0].start_offset(), Some(22));
+        // Past every segment: none left, and an upload that raced it (wholly below the
+        // new start) is refused.
+        s.apply(&Command::DeleteRemoteSegments {
+            topic: "t".into(),
+            partition: 0,
+            below: 100,
+        })
+        .unwrap();
+        assert!(s.remote["t"][&0].segments.is_empty());
+        assert!(add(&mut s, epoch, vec![remote_segment(30, 50)]).is_err());
+        add(&mut s, epoch, vec![remote_segment(90, 120)]).unwrap();
+        assert_eq!(s.remote["t"][&0].start_offset(), Some(100));
         assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
         // Deleting the topic leaves its folder to purge, until purged.
         let id = s.topics["t"].id;

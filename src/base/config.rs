@@ -1923,6 +1923,10 @@ mod tests {
             "--alert-for-ms=1",
             "--alert-repeat-ms=2",
             "--alert-webhook=http://h/",
+            "--remote-storage=file:///r",
+            "--remote-storage-threads=3",
+            "--remote-fetch-cache-bytes=1024",
+            "--remote-log-manager-task-interval-ms=50",
             "--alertmanager-url=http://am/",
             "--alert-ssl-ca=am-ca.pem",
             "--log-retention-check-interval-ms=5",
@@ -2001,6 +2005,15 @@ mod tests {
             (Some("zone-b"), false)
         );
         assert_eq!((c.lag_sample_interval_ms, c.lag_eval.window), (100, 5));
+        assert_eq!(
+            (
+                c.remote_storage.as_deref(),
+                c.remote_storage_threads,
+                c.remote_fetch_cache_bytes,
+                c.remote_log_manager_task_interval_ms
+            ),
+            (Some("file:///r"), 3, 1024, 50)
+        );
         let authorizer = c.authorizer.as_ref().expect("--authorizer=true");
         assert_eq!(authorizer.super_users, vec!["User:admin", "User:CN=broker"]);
         assert!(authorizer.allow_if_no_acl);

@@ -665,11 +665,21 @@ fn alter(
             set
         }
     };
-    check_tiered(
-        config,
-        &TopicConfig::parse(&configs)
-            .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?,
-    )?;
+    let tc = TopicConfig::parse(&configs)
+        .map_err(|e| ApiError::with(ResponseError::InvalidConfig, e.to_string()))?;
+    check_tiered(config, &tc)?;
+    // As Kafka before 3.9: a topic whose segments are in the object store stays tiered
+    // (off, its remote segments would be neither read by retention nor deleted).
+    let remote = state
+        .remote
+        .get(topic)
+        .is_some_and(|t| t.values().any(|l| !l.segments.is_empty()));
+    if remote && !tc.log.remote_storage {
+        return Err(ApiError::with(
+            ResponseError::InvalidConfig,
+            format!("remote.storage.enable cannot be turned off on topic {topic}: it has segments in the object store"),
+        ));
+    }
     Ok(Command::AlterConfigs {
         name: topic.to_string(),
         configs,

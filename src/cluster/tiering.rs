@@ -66,6 +66,17 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
     }
 }
 
+/// The quorum refused the command for good (applied and refused, not merely not
+/// answered).
+fn refused(e: &ApiError) -> bool {
+    matches!(
+        e.code,
+        ResponseError::FencedLeaderEpoch
+            | ResponseError::InvalidRequest
+            | ResponseError::UnknownTopicOrPartition
+    )
+}
+
 fn failed(e: impl std::fmt::Display) -> ApiError {
     ApiError::with(ResponseError::KafkaStorageError, e.to_string())
 }
@@ -116,8 +127,9 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
         };
         let size = match put_segment(t, &prefix, &seg, id, epochs).await {
             Ok(size) => size,
-            // Deleted under us (DeleteRecords): the next round lists the log again.
-            Err(StoreError::NotFound(what)) => {
+            // Deleted under us (DeleteRecords): the next round lists the log again. (A
+            // store's 404, a missing bucket, is a failure like any other.)
+            Err(StoreError::NotFound(what)) if !seg.log.exists() => {
                 tracing::info!(topic = %r.topic, partition = r.partition, %what, "segment gone before its upload");
                 delete_objects(t, &prefix, seg.base_offset, id).await;
                 return Ok(left);
@@ -143,9 +155,13 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
             segments: vec![segment],
         };
         if let Err(e) = propose(b, added).await {
-            // Not recorded (a deposed leader, or the quorum unreachable): nobody will
-            // read these objects.
-            delete_objects(t, &prefix, seg.base_offset, id).await;
+            // Refused (a deposed leader, a segment that no longer extends the remote
+            // log): nobody will read these objects. Any other failure (a timeout, a
+            // controller change) may still commit: the objects stay, and the sweep
+            // deletes them if no segment names them after all.
+            if refused(&e) {
+                delete_objects(t, &prefix, seg.base_offset, id).await;
+            }
             return Err(e);
         }
         end = seg.next_offset;
@@ -178,8 +194,7 @@ async fn put_segment(
         (key(SNAPSHOT), seg.snapshot.clone()),
     ];
     let (log_key, log_path, epochs_key) = (key(LOG), seg.log.clone(), key(EPOCHS));
-    t.reader
-        .pool()
+    t.uploads
         .run(
             move || {
                 for (k, path) in &files {
@@ -318,8 +333,7 @@ async fn sweep(
     let store = t.reader.store().clone();
     let p = prefix.clone();
     let listed = t
-        .reader
-        .pool()
+        .uploads
         .run(
             move || store.list(&p),
             || Err(StoreError::Failed("remote storage threads stopped".into())),
@@ -363,10 +377,37 @@ async fn sweep(
     if doomed.is_empty() {
         return Ok(());
     }
+    // Still the leader, by the quorum (a broker cut off from it may think it leads
+    // while another uploads): an empty AddRemoteSegments commits only under the
+    // current leader epoch, and once it does this shard's image is at least as new as
+    // every segment recorded before it.
+    propose(
+        b,
+        Command::AddRemoteSegments {
+            topic: r.topic.clone(),
+            partition: r.partition,
+            leader_epoch: epoch.get(),
+            segments: Vec::new(),
+        },
+    )
+    .await?;
+    let image = b.image();
+    if let Some(l) = remote_log(&image, &r.topic, r.partition) {
+        let named: std::collections::HashSet<String> = l
+            .segments
+            .iter()
+            .flat_map(|s| {
+                EXTS.iter().map(|ext| {
+                    sluice_tiered::remote::object_key(&prefix, s.base_offset, &s.id, ext)
+                })
+            })
+            .collect();
+        doomed.retain(|k| !named.contains(k));
+    }
+    drop(image);
     let n = doomed.len();
     let store = t.reader.store().clone();
-    t.reader
-        .pool()
+    t.uploads
         .run(
             move || doomed.iter().try_for_each(|k| store.delete(k)),
             || Err(StoreError::Failed("remote storage threads stopped".into())),
@@ -387,8 +428,7 @@ async fn purge(b: &Rc<Broker>, t: &Tiered) {
         let store = t.reader.store().clone();
         let p = prefix.clone();
         let r = t
-            .reader
-            .pool()
+            .uploads
             .run(
                 move || {
                     for (key, _) in store.list(&p)? {

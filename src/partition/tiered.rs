@@ -34,10 +34,13 @@ use crate::base::metadata::MetadataImage;
 use crate::partition::replica::Replica;
 use kafka_protocol::error::ResponseError;
 
-/// A shard's tiered storage: the reader (store, threads, chunk cache), counters, and
-/// the sweeps for objects no remote segment names (`crate::cluster::tiering`).
+/// A shard's tiered storage: the reader (store, its read threads, chunk cache), the
+/// threads that upload and delete (apart, so that a consumer's remote read never
+/// waits behind a segment's upload), counters, and the sweeps for objects no remote
+/// segment names (`crate::cluster::tiering`).
 pub struct Tiered {
     pub reader: Reader,
+    pub uploads: Pool,
     pub stats: Stats,
     pub sweeps: std::cell::RefCell<std::collections::HashMap<(String, i32), Sweep>>,
 }
@@ -89,22 +92,34 @@ impl Tiered {
 }
 
 impl Tiered {
-    pub fn new(store: Arc<Store>, pool: Pool, cache_bytes: u64) -> Tiered {
+    pub fn new(store: Arc<Store>, pools: &Pools, cache_bytes: u64) -> Tiered {
         Tiered {
-            reader: Reader::new(store, pool, cache_bytes),
+            reader: Reader::new(store, pools.reads.clone(), cache_bytes),
+            uploads: pools.uploads.clone(),
             stats: Stats::default(),
             sweeps: Default::default(),
         }
     }
 }
 
-/// Opens the object store `--remote-storage` names and its threads (shared by the
-/// shards; each builds its own [`Tiered`] over them).
-pub fn open_store(url: &str, threads: usize) -> Result<(Arc<Store>, Pool), String> {
+/// The object store's threads, shared by the shards: for reads, and for uploads and
+/// deletes.
+#[derive(Clone)]
+pub struct Pools {
+    pub reads: Pool,
+    pub uploads: Pool,
+}
+
+/// Opens the object store `--remote-storage` names and its threads (`threads` of each
+/// kind, shared by the shards; each builds its own [`Tiered`] over them).
+pub fn open_store(url: &str, threads: usize) -> Result<(Arc<Store>, Pools), String> {
     let store = Store::open(url)?;
-    let pool =
-        Pool::new(threads, "sluice-remote").map_err(|e| format!("remote storage threads: {e}"))?;
-    Ok((Arc::new(store), pool))
+    let pool = |name| Pool::new(threads, name).map_err(|e| format!("remote storage threads: {e}"));
+    let pools = Pools {
+        reads: pool("sluice-remote-read")?,
+        uploads: pool("sluice-remote-upload")?,
+    };
+    Ok((Arc::new(store), pools))
 }
 
 /// A partition's folder in the store: `<topic>-<topic id>/<partition>/`.
@@ -140,8 +155,7 @@ pub async fn delete_objects(t: &Tiered, prefix: &str, base: i64, id: [u8; 16]) {
         .map(|ext| sluice_tiered::remote::object_key(prefix, base, &id, ext))
         .collect();
     let r = t
-        .reader
-        .pool()
+        .uploads
         .run(
             move || keys.iter().try_for_each(|k| store.delete(k)),
             || Err(StoreError::Failed("remote storage threads stopped".into())),
@@ -263,11 +277,16 @@ pub async fn offset_for_timestamp(
         return Ok(None);
     };
     let local_start = r.log.log_start_offset();
+    let start = remote.start_offset().unwrap_or(i64::MAX);
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
     let candidates: Vec<SegmentRef> = remote
         .segments
         .iter()
-        .filter(|s| s.base_offset < local_start && (s.max_timestamp >= ts || s.max_timestamp < 0))
+        .filter(|s| {
+            s.base_offset < local_start
+                && s.last_offset >= start
+                && (s.max_timestamp >= ts || s.max_timestamp < 0)
+        })
         .map(|s| segment_ref(&prefix, s))
         .collect();
     drop(image);
@@ -275,7 +294,7 @@ pub async fn offset_for_timestamp(
     for seg in candidates {
         let Some((base, max_ts)) = t
             .reader
-            .offset_for_timestamp(&seg, ts)
+            .offset_for_timestamp(&seg, ts, start)
             .await
             .map_err(failed)?
         else {
@@ -291,8 +310,8 @@ pub async fn offset_for_timestamp(
         let hit = sluice_storage::batch::record_timestamps(
             &batch.records[..total.min(batch.records.len())],
         )
-        .and_then(|recs| recs.into_iter().find(|&(_, t)| t >= ts))
-        .unwrap_or((base, max_ts));
+        .and_then(|recs| recs.into_iter().find(|&(o, t)| t >= ts && o >= start))
+        .unwrap_or((base.max(start), max_ts));
         return Ok(Some(hit));
     }
     Ok(None)

@@ -209,6 +209,11 @@ def test_delete_records_below_the_local_start_moves_the_remote_start(make_broker
             first = m.offset()
     c.close()
     assert first == 300
+    # A topic with segments in the store cannot stop being tiered (as Kafka before 3.9).
+    res = ConfigResource("topic", "dr", set_config={**TIERED, "remote.storage.enable": "false"})
+    with pytest.raises(Exception) as e:
+        admin.alter_configs([res])[res].result(timeout=30)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
 
 
 def test_tiering_is_refused_without_a_store_and_on_compacted_topics(make_broker, tmp_path):

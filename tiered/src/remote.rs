@@ -125,8 +125,15 @@ impl Reader {
                 move || store.get(&k, range),
                 || Err(StoreError::Failed("remote store threads stopped".into())),
             )
-            .await?;
-        let b = Bytes::from(got);
+            .await;
+        let b = match got {
+            Ok(got) => Bytes::from(got),
+            // A segment's optional file (an index without entries, the transaction
+            // index of a segment without aborts) is absent for good: remembered as
+            // empty, so a read_committed fetch does not ask for it again.
+            Err(StoreError::NotFound(_)) if chunk == WHOLE => Bytes::new(),
+            Err(e) => return Err(e),
+        };
         self.cache.borrow_mut().put(key, chunk, b.clone());
         Ok(b)
     }
@@ -156,10 +163,7 @@ impl Reader {
 
     /// The segment's offset index (cached whole; indexes are small).
     async fn index(&self, seg: &SegmentRef) -> StoreResult<Bytes> {
-        match self.object(seg.key(INDEX), WHOLE).await {
-            Err(StoreError::NotFound(_)) => Ok(Bytes::new()),
-            other => other,
-        }
+        self.object(seg.key(INDEX), WHOLE).await
     }
 
     /// Whole batches of `seg` from the one holding `offset`, up to `max_bytes` (at
@@ -229,19 +233,18 @@ impl Reader {
     }
 
     /// The first batch of `seg` holding a record at or after `timestamp` (its max
-    /// timestamp is that far): (its base offset, its max timestamp); None if none does.
+    /// timestamp is that far) and an offset at or past `start` (the log start):
+    /// (its base offset, its max timestamp); None if none does.
     pub async fn offset_for_timestamp(
         &self,
         seg: &SegmentRef,
         timestamp: i64,
+        start: i64,
     ) -> StoreResult<Option<(i64, i64)>> {
-        let time_index = match self.object(seg.key(TIME_INDEX), WHOLE).await {
-            Err(StoreError::NotFound(_)) => Bytes::new(),
-            other => other?,
-        };
+        let time_index = self.object(seg.key(TIME_INDEX), WHOLE).await?;
         let index = self.index(seg).await?;
-        let start = time_lower_bound(&time_index, seg.base_offset, timestamp);
-        let mut pos = index_position(&index, seg.base_offset, start);
+        let from = time_lower_bound(&time_index, seg.base_offset, timestamp).max(start);
+        let mut pos = index_position(&index, seg.base_offset, from);
         let key = seg.key(LOG);
         while pos < seg.size {
             // The header through max timestamp: base 8, length 4, epoch 4, magic 1,
@@ -252,11 +255,12 @@ impl Reader {
             }
             let base = i64::from_be_bytes(h[0..8].try_into().unwrap_or_default());
             let len = i32::from_be_bytes(h[8..12].try_into().unwrap_or_default());
+            let delta = i32::from_be_bytes(h[23..27].try_into().unwrap_or_default());
             let max_ts = i64::from_be_bytes(h[35..43].try_into().unwrap_or_default());
             if len < 31 {
                 break;
             }
-            if max_ts >= timestamp {
+            if max_ts >= timestamp && base + delta as i64 >= start {
                 return Ok(Some((base, max_ts)));
             }
             pos += 12 + len as u64;
@@ -277,10 +281,7 @@ impl Reader {
     ) -> StoreResult<(Vec<(i64, i64)>, bool)> {
         let mut out = Vec::new();
         for seg in segs {
-            let idx = match self.object(seg.key(TXN_INDEX), WHOLE).await {
-                Err(StoreError::NotFound(_)) => continue,
-                other => other?,
-            };
+            let idx = self.object(seg.key(TXN_INDEX), WHOLE).await?;
             for e in idx.chunks_exact(34) {
                 let pid = i64::from_be_bytes(e[2..10].try_into().unwrap_or_default());
                 let first = i64::from_be_bytes(e[10..18].try_into().unwrap_or_default());
@@ -323,10 +324,11 @@ impl Cache {
         self.tick += 1;
         let k = (key, chunk);
         if let Some((old, age)) = self.entries.remove(&k) {
-            self.used -= old.len() as u64;
+            self.used -= (old.len() as u64).max(64);
             self.by_age.remove(&age);
         }
-        self.used += b.len() as u64;
+        // An empty entry (an absent object) still counts: the cache stays bounded.
+        self.used += (b.len() as u64).max(64);
         self.by_age.insert(self.tick, k.clone());
         self.entries.insert(k, (b, self.tick));
         while self.used > self.capacity {
@@ -334,7 +336,7 @@ impl Cache {
                 break;
             };
             if let Some((b, _)) = self.entries.remove(&oldest) {
-                self.used -= b.len() as u64;
+                self.used -= (b.len() as u64).max(64);
             }
         }
     }
@@ -343,7 +345,7 @@ impl Cache {
         let gone: Vec<_> = self.entries.keys().filter(|(k, _)| f(k)).cloned().collect();
         for k in gone {
             if let Some((b, age)) = self.entries.remove(&k) {
-                self.used -= b.len() as u64;
+                self.used -= (b.len() as u64).max(64);
                 self.by_age.remove(&age);
             }
         }
@@ -463,10 +465,10 @@ mod tests {
         let got = futures_lite::future::block_on(r.read(&seg, 2, 100, i64::MAX)).unwrap();
         assert_eq!(got.records.len(), 600);
         assert!(r.cached_bytes() <= 4 * CHUNK);
-        let ts = futures_lite::future::block_on(r.offset_for_timestamp(&seg, 15)).unwrap();
+        let ts = futures_lite::future::block_on(r.offset_for_timestamp(&seg, 15, 0)).unwrap();
         assert_eq!(ts, Some((1, 20)));
         assert_eq!(
-            futures_lite::future::block_on(r.offset_for_timestamp(&seg, 31)).unwrap(),
+            futures_lite::future::block_on(r.offset_for_timestamp(&seg, 31, 0)).unwrap(),
             None
         );
         r.forget(&seg);

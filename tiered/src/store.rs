@@ -97,9 +97,12 @@ impl Store {
             }),
             _ => None,
         };
+        // Idle timeouts per read and write, no deadline for a whole request: a 1 GiB
+        // segment's PUT takes as long as the link needs.
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
+            .timeout_read(Duration::from_secs(60))
+            .timeout_write(Duration::from_secs(60))
             .build();
         let prefix = prefix.trim_matches('/').to_string();
         Ok(Store::S3(Box::new(S3Store {

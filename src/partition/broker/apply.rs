@@ -126,6 +126,8 @@ impl Broker {
         };
         if self.tiered.get().is_some() {
             crate::partition::tiered::adopt(&self.replicas(), &image);
+        } else if shard_zero_warns_untiered(self.shard.0, &configs) {
+            tracing::warn!("topics with remote.storage.enable=true, but this broker has no --remote-storage: it keeps their segments locally (retention deletes none it could not see uploaded) and uploads none while it leads");
         }
         *self.image.borrow_mut() = image;
         *self.topic_configs.borrow_mut() = configs;
@@ -351,4 +353,13 @@ impl Broker {
             "logs closed"
         );
     }
+}
+
+/// True once per process, on shard 0, when a topic is tiered and this broker has no
+/// object store (every broker of a cluster with tiered topics needs one).
+fn shard_zero_warns_untiered(shard: usize, configs: &HashMap<String, Rc<TopicConfig>>) -> bool {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    shard == 0
+        && configs.values().any(|c| c.log.remote_storage)
+        && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed)
 }

@@ -332,7 +332,7 @@ settings! {
     /// AWS_SECRET_ACCESS_KEY); topics with remote.storage.enable=true copy their closed
     /// segments there [default: none, tiered storage off].
     remote_storage: String, example = "s3://sluice-archive/cluster-1".into();
-    /// Threads that talk to the object store (uploads, downloads, deletes).
+    /// Threads of each kind that talk to the object store: reads, and uploads with deletes.
     remote_storage_threads: u64 = 2;
     /// Bytes of remote segment chunks and indexes each shard keeps for reads.
     remote_fetch_cache_bytes: u64 = 67108864;

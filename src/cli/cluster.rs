@@ -470,6 +470,10 @@ pub struct DiskRow {
     pub offline: Vec<(String, i32)>,
     /// Each partition's size on this broker, bytes.
     pub sizes: BTreeMap<(String, i32), i64>,
+    /// Tiered storage: each of those partitions' bytes in the object store, and the
+    /// store's URL.
+    pub remote_sizes: BTreeMap<(String, i32), i64>,
+    pub remote: Option<String>,
     /// The broker could not be asked.
     pub error: Option<String>,
 }
@@ -498,7 +502,16 @@ fn disk_of(b: &BrokerRow) -> Res<DiskRow> {
         ..DiskRow::default()
     };
     for d in &dirs.results {
-        if d.error_code == 0 {
+        let remote_prefix = sluice::serve::api::describe_log_dirs::REMOTE_DIR_PREFIX;
+        if let Some(url) = d.log_dir.strip_prefix(remote_prefix) {
+            row.remote = Some(url.to_string());
+            for t in &d.topics {
+                for p in &t.partitions {
+                    row.remote_sizes
+                        .insert((t.name.to_string(), p.partition_index), p.partition_size);
+                }
+            }
+        } else if d.error_code == 0 {
             row.dir = d.log_dir.to_string();
             row.free = d.usable_bytes;
             row.total = d.total_bytes;
@@ -957,6 +970,55 @@ fn render_disks(out: &mut String, disks: &[DiskRow]) {
     for line in offline {
         let _ = writeln!(out, "{line}");
     }
+    render_tiered(out, disks);
+}
+
+/// Tiered storage: per topic, bytes on local disk (every replica) and in the object
+/// store (once per partition), for the topics with remote bytes.
+fn render_tiered(out: &mut String, disks: &[DiskRow]) {
+    let Some(url) = disks.iter().find_map(|d| d.remote.clone()) else {
+        return;
+    };
+    let mut remote: BTreeMap<&str, BTreeMap<i32, i64>> = BTreeMap::new();
+    for d in disks {
+        for ((t, p), b) in &d.remote_sizes {
+            let e = remote.entry(t.as_str()).or_default().entry(*p).or_default();
+            *e = (*e).max(*b);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nTiered storage ({url}), topics with remote segments:"
+    );
+    let mut rows = vec![vec![
+        "TOPIC".to_string(),
+        "PARTITIONS".into(),
+        "LOCAL (ALL REPLICAS)".into(),
+        "REMOTE".into(),
+    ]];
+    for (topic, parts) in &remote {
+        let remote_bytes: i64 = parts.values().sum();
+        if remote_bytes == 0 {
+            continue;
+        }
+        let local: i64 = disks
+            .iter()
+            .flat_map(|d| d.sizes.iter())
+            .filter(|((t, _), _)| t == topic)
+            .map(|(_, b)| *b)
+            .sum();
+        rows.push(vec![
+            topic.to_string(),
+            parts.len().to_string(),
+            human(local),
+            human(remote_bytes),
+        ]);
+    }
+    if rows.len() == 1 {
+        out.push_str("  (none)\n");
+        return;
+    }
+    table(out, &rows);
 }
 
 /// The report `sluice cluster describe` prints.
@@ -1307,6 +1369,7 @@ Topic errors (1):
             offline: offline.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
             error: error.map(String::from),
             sizes: BTreeMap::new(),
+            ..DiskRow::default()
         };
         let v = ClusterView {
             disks: vec![

@@ -381,7 +381,12 @@ fn log_sizes(addr: &str) -> Res<BTreeMap<(String, i32), i64>> {
         .map_err(String::from)?;
     Ok(r.results
         .iter()
-        .filter(|d| d.error_code == 0)
+        .filter(|d| {
+            d.error_code == 0
+                && !d
+                    .log_dir
+                    .starts_with(sluice::serve::api::describe_log_dirs::REMOTE_DIR_PREFIX)
+        })
         .flat_map(|d| &d.topics)
         .flat_map(|t| {
             t.partitions

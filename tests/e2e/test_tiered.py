@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 import kafka_wire as kw
 from cluster import Cluster, free_ports
-from conftest import wait_until
+from conftest import SLUICE_BIN, wait_until
 
 FAST = ["--log-retention-check-interval-ms", "200", "--remote-log-manager-task-interval-ms", "200"]
 SEGMENT = 4096
@@ -158,6 +158,14 @@ def test_a_tiered_topic_keeps_its_local_window_and_serves_every_record_from_the_
                           "-f", "%o %s\n"], capture_output=True, timeout=60, check=True).stdout.decode()
     lines = out.splitlines()
     assert len(lines) == 1000 and lines[0] == f"0 {value(0).decode()}" and lines[-1].startswith("999 ")
+    # `sluice cluster describe` shows the bytes in the store beside the local ones
+    # (DescribeLogDirs' entry for the store).
+    out = subprocess.run([SLUICE_BIN, "cluster", "describe", "--bootstrap-server", b.addr],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    section = out.stdout.split(f"Tiered storage (file://{remote})", 1)[1]
+    row = [ln.split() for ln in section.splitlines() if ln.split()[:1] == ["tiered"]]
+    assert row and row[0][1] == "1" and row[0][-1] in ("KiB", "MiB"), section
     # The metrics count the uploads and the remote reads.
     metrics = urllib.request.urlopen(b.metrics_url + "/metrics", timeout=10).read().decode()
 

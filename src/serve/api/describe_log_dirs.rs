@@ -1,6 +1,10 @@
 //! DescribeLogDirs (key 35): the broker's data directory with the size and lag of every
 //! partition it holds, and (v4, KIP-827) the volume's total and usable bytes.
 //!
+//! With tiered storage, a third entry, [`REMOTE_DIR_PREFIX`] and the store's URL, gives
+//! each partition's bytes in the object store (Kafka's response has no place for them;
+//! a tool lists it as one more directory).
+//!
 //! Sluice takes single partitions offline after an I/O error, where Kafka takes a whole
 //! log directory: the offline partitions are answered as a second entry for the same
 //! directory, named `<dir> (offline partitions)`, with KAFKA_STORAGE_ERROR — what a
@@ -44,6 +48,9 @@ fn topics(listing: Listing) -> Vec<DescribeLogDirsTopic> {
         })
         .collect()
 }
+
+/// How the entry of the object store's bytes is named: `remote:<--remote-storage URL>`.
+pub const REMOTE_DIR_PREFIX: &str = "remote:";
 
 /// The broker's one log directory as Kafka names it: the data directory's absolute
 /// path (AlterReplicaLogDirs compares requests with it).
@@ -90,6 +97,10 @@ pub async fn handle(
     for parts in online.values_mut().chain(offline.values_mut()) {
         parts.sort_unstable();
     }
+    let online_names: Vec<(String, i32)> = online
+        .iter()
+        .flat_map(|(t, parts)| parts.iter().map(move |(p, _, _)| (t.clone(), *p)))
+        .collect();
     let dir = log_dir(broker);
     let space = broker.disk.space();
     let (total, usable) = if version >= 4 {
@@ -102,6 +113,34 @@ pub async fn handle(
         .with_topics(topics(online))
         .with_total_bytes(total)
         .with_usable_bytes(usable)];
+    // Tiered storage: the remote bytes of the partitions this broker holds.
+    if let Some(url) = broker.config.remote_storage.as_ref() {
+        let image = broker.image();
+        let remote: Listing = online_names
+            .iter()
+            .filter_map(|(t, p)| {
+                let l = crate::partition::tiered::remote_log(&image, t, *p)?;
+                let start = l.start_offset().unwrap_or(i64::MAX);
+                let bytes = l
+                    .segments
+                    .iter()
+                    .filter(|s| s.last_offset >= start)
+                    .map(|s| s.size as i64)
+                    .sum();
+                Some((t.clone(), (*p, bytes, 0)))
+            })
+            .fold(Listing::new(), |mut acc, (t, row)| {
+                acc.entry(t).or_default().push(row);
+                acc
+            });
+        results.push(
+            DescribeLogDirsResult::default()
+                .with_log_dir(sb(format!("{REMOTE_DIR_PREFIX}{url}")))
+                .with_topics(topics(remote))
+                .with_total_bytes(-1)
+                .with_usable_bytes(-1),
+        );
+    }
     if !offline.is_empty() {
         results.push(
             DescribeLogDirsResult::default()

@@ -281,6 +281,7 @@ class Gate:
     def __init__(self, upstream):
         self.upstream = upstream
         self.port = free_ports(1)[0]
+        self.holding = False  # accept, and answer nothing: a store that hangs
         self.conns = []
         self.lock = threading.Lock()
         self.open()
@@ -291,7 +292,19 @@ class Gate:
         threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
     def shut(self):
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        except OSError:
+            pass
         self.listener.close()
+        self.cut()
+
+    def hang(self):
+        """From now on connections are taken and never answered."""
+        self.holding = True
+        self.cut()
+
+    def cut(self):
         with self.lock:
             for s in self.conns:
                 try:
@@ -307,6 +320,10 @@ class Gate:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if self.holding:
+                with self.lock:
+                    self.conns.append(client)
+                continue
             up = socket.create_connection(("127.0.0.1", self.upstream))
             with self.lock:
                 self.conns += [client, up]
@@ -424,6 +441,30 @@ def test_a_store_that_is_down_delays_only_uploads_and_remote_reads(make_broker, 
     gate.open()
     wait_tiered([b.data_dir], "down", lambda: s3_keys(client, bucket), 30)
     assert_every_record(consume(b.addr, "down", 1000), list(range(1000)))
+
+
+def test_a_hanging_store_does_not_hold_up_the_other_partitions_of_a_fetch(make_broker, s3):
+    client, port, bucket = s3
+    gate = Gate(port)
+    b = make_broker(extra=["--remote-storage", f"s3://{bucket}/cluster-a"] + FAST, env=s3_env(gate.port))
+    create(b.addr, "old", TIERED)
+    create(b.addr, "new", {})
+    produce(b.addr, "old", 0, 400)
+    wait_tiered([b.data_dir], "old", lambda: s3_keys(client, bucket), 8)
+    # The store now takes connections and never answers.
+    gate.hang()
+    c = Consumer({"bootstrap.servers": b.addr, "group.id": "hang", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 100})
+    c.assign([TopicPartition("old", 0, 0), TopicPartition("new", 0, 0)])
+    c.poll(1.0)
+    produce(b.addr, "new", 0, 20)
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 20 and time.monotonic() < deadline:
+        got += [m for m in c.consume(100, 0.5) if m.error() is None and m.topic() == "new"]
+    c.close()
+    # Each Fetch waited at most ~0.5 s for the store, not its 60 s read timeout.
+    assert len(got) == 20
 
 
 def test_a_leader_killed_mid_upload_hands_over_without_gap_or_duplicate(tmp_path):

@@ -888,6 +888,10 @@ async fn append_in_sequence(
     }
 }
 
+/// How long a Fetch waits for a partition's read from tiered storage's object store
+/// before answering it without records (Kafka's `remote.fetch.max.wait.ms` default).
+pub const REMOTE_FETCH_MAX_WAIT: Duration = Duration::from_millis(500);
+
 /// A read that must go to the segment files (see [`Broker::read_start`]).
 pub struct PendingRead {
     replica: Rc<Replica>,
@@ -911,21 +915,33 @@ impl PendingRead {
     }
 
     /// The answer from the remote segment holding the offset.
+    /// The read runs as a task of its own and the answer waits for it at most
+    /// [`REMOTE_FETCH_MAX_WAIT`] (Kafka's `remote.fetch.max.wait.ms` default): a slow
+    /// store does not hold up the other partitions of the Fetch. Past that the
+    /// partition is answered without records (the client asks again) while the read
+    /// goes on and leaves its chunks in the cache for the next ask.
     async fn answer_remote(
         &self,
-        tiered: &crate::partition::tiered::Tiered,
+        tiered: &Rc<crate::partition::tiered::Tiered>,
         image: Arc<MetadataImage>,
     ) -> ReadOut {
         let item = &self.item;
-        let r = crate::partition::tiered::read(
-            tiered,
-            image,
-            &self.replica,
+        let (t, replica) = (tiered.clone(), self.replica.clone());
+        let (offset, max_bytes, bound, committed) = (
             item.offset.get(),
             item.max_bytes.max(1),
             self.bound.get(),
             item.read_committed,
-        )
+        );
+        let task = glommio::spawn_local(async move {
+            crate::partition::tiered::read(&t, image, &replica, offset, max_bytes, bound, committed)
+                .await
+        })
+        .detach();
+        let waited = futures_lite::future::or(task, async {
+            glommio::timer::sleep(REMOTE_FETCH_MAX_WAIT).await;
+            None
+        })
         .await;
         let base = ReadOut {
             error: None,
@@ -933,6 +949,9 @@ impl PendingRead {
             last_stable_offset: self.lso,
             log_start_offset: self.replica.client_log_start(),
             ..Default::default()
+        };
+        let Some(r) = waited else {
+            return base;
         };
         match r {
             Ok((records, aborted)) => ReadOut {

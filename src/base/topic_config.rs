@@ -73,7 +73,6 @@ const ACCEPTED_WITHOUT_EFFECT: &[(&str, Rule)] = &[
     // Deprecated since 3.0 and ignored by Kafka for message format v2.
     ("message.format.version", Rule::Any),
     ("preallocate", Rule::Bool),
-    ("remote.log.copy.disable", Rule::Bool),
     ("remote.log.delete.on.disable", Rule::Bool),
     ("segment.index.bytes", Rule::AtLeast(4)),
 ];
@@ -251,6 +250,7 @@ impl TopicConfig {
                 // Tiered storage (crate::partition::tiered); the broker refuses it
                 // without --remote-storage (crate::cluster::controller).
                 "remote.storage.enable" => log.remote_storage = parse_bool(name, v)?,
+                "remote.log.copy.disable" => log.remote_copy_disabled = parse_bool(name, v)?,
                 "local.retention.ms" => local_ms = parse_at_least(name, v, -2)?,
                 "local.retention.bytes" => local_bytes = parse_at_least(name, v, -2)?,
                 "message.timestamp.before.max.ms" => before = Some(parse_at_least(name, v, 0)?),

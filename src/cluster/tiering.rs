@@ -42,7 +42,13 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
         if !tc.log.remote_storage {
             continue;
         }
-        match upload(b, t, &r).await {
+        // remote.log.copy.disable: read-only remote data, nothing more uploaded.
+        let copying = !tc.log.remote_copy_disabled;
+        match if copying {
+            upload(b, t, &r).await
+        } else {
+            Ok((0, 0))
+        } {
             Ok((segments, bytes)) => {
                 lag_segments += segments;
                 lag_bytes += bytes;

@@ -172,6 +172,10 @@ pub struct LogConfig {
     /// `local.retention.bytes` with -2 resolved: with `remote_storage`, the local size
     /// retention keeps the log under.
     pub local_retention_bytes: i64,
+    /// `remote.log.copy.disable`: with `remote_storage`, nothing more is uploaded (the
+    /// remote segments stay readable until retention.* expires them) and local
+    /// retention follows `retention.*`, uploaded or not (Kafka's KIP-950).
+    pub remote_copy_disabled: bool,
 }
 
 pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -199,6 +203,7 @@ impl Default for LogConfig {
             remote_storage: false,
             local_retention_ms: 7 * DAY_MS,
             local_retention_bytes: 1 << 40,
+            remote_copy_disabled: false,
         }
     }
 }

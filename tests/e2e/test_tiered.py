@@ -217,6 +217,23 @@ def test_delete_records_below_the_local_start_moves_the_remote_start(make_broker
             first = m.offset()
     c.close()
     assert first == 300
+    # remote.log.copy.disable: nothing more is uploaded (the latest tiered offset stays),
+    # the local log keeps what retention.* keeps, and old data still reads remotely.
+    def latest_tiered():
+        conn = kw.Conn(b.addr)
+        conn.send(kw.list_offsets_v1("dr", [0], timestamp=-5))
+        try:
+            return kw.parse_list_offsets_v1(conn.recv()[1])[0]
+        finally:
+            conn.close()
+    res = ConfigResource("topic", "dr", set_config={**TIERED, "remote.log.copy.disable": "true"})
+    admin.alter_configs([res])[res].result(timeout=30)
+    tiered_end = latest_tiered()
+    more = produce(b.addr, "dr", 1000, 400)
+    wait_until(lambda: len(local_logs(b.data_dir, "dr")) > WINDOW // SEGMENT + 8, 30,
+               what="closed segments staying local")
+    assert latest_tiered() == tiered_end
+    assert_every_record(consume(b.addr, "dr", 1100, start=300), offsets[300:] + more)
     # A topic with segments in the store cannot stop being tiered (as Kafka before 3.9).
     res = ConfigResource("topic", "dr", set_config={**TIERED, "remote.storage.enable": "false"})
     with pytest.raises(Exception) as e:

@@ -339,13 +339,14 @@ impl PartitionLog {
                     // With tiered storage the local window decides, and only for a
                     // segment already in the object store (retention.* then applies
                     // to the remote log).
-                    let (retention_ms, retention_bytes) = if cfg.remote_storage {
+                    // (Copying turned off: the topic's retention, uploaded or not.)
+                    let tiering = cfg.remote_storage && !cfg.remote_copy_disabled;
+                    let (retention_ms, retention_bytes) = if tiering {
                         (cfg.local_retention_ms, cfg.local_retention_bytes)
                     } else {
                         (cfg.retention_ms, cfg.retention_bytes)
                     };
-                    let uploaded =
-                        !cfg.remote_storage || first.next_offset <= self.remote_end.get();
+                    let uploaded = !tiering || first.next_offset <= self.remote_end.get();
                     let by_time = retention_ms >= 0 && now - newest > retention_ms;
                     let total: u64 = st.segments.iter().map(|s| s.size).sum();
                     let by_size =

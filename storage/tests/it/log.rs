@@ -505,6 +505,26 @@ fn tiered_retention_deletes_only_uploaded_segments_by_the_local_window() {
             "size {}",
             log.size_bytes()
         );
+        // remote.log.copy.disable: nothing more is uploaded, so retention.* decides,
+        // uploaded or not.
+        log.set_remote_end(i64::MIN);
+        log.set_config(LogConfig {
+            retention_bytes: 2048,
+            remote_storage: true,
+            remote_copy_disabled: true,
+            local_retention_bytes: 2048,
+            ..small_segments(1024)
+        })
+        .unwrap();
+        for i in 100..200 {
+            log.append(&batch(10_000_000, 4, i), 0).await.unwrap();
+        }
+        assert!(log.enforce_retention().await.unwrap() > 0);
+        assert!(
+            log.size_bytes() <= 2048 + 2 * 1024,
+            "size {}",
+            log.size_bytes()
+        );
         // Compacted topics cannot be tiered; the local window is within the total.
         let bad = LogConfig {
             remote_storage: true,

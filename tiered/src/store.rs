@@ -5,7 +5,7 @@
 //! the folder store writes a temporary file and renames it, S3 makes an object visible
 //! only once its PUT completes.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -115,31 +115,7 @@ impl Store {
 
     /// Stores `body` under `key`, replacing what was there.
     pub fn put(&self, key: &str, body: &[u8]) -> StoreResult<()> {
-        match self {
-            Store::Folder { root } => {
-                let path = root.join(key);
-                let dir = path.parent().unwrap_or(root);
-                std::fs::create_dir_all(dir).map_err(|e| io(key, e))?;
-                let tmp = dir.join(format!(".{}.part", file_name(&path)));
-                let mut f = std::fs::File::create(&tmp).map_err(|e| io(key, e))?;
-                f.write_all(body)
-                    .and_then(|_| f.sync_data())
-                    .map_err(|e| io(key, e))?;
-                std::fs::rename(&tmp, &path).map_err(|e| io(key, e))?;
-                sync_dir(dir).map_err(|e| io(key, e))
-            }
-            Store::S3(s3) => {
-                let url = s3
-                    .bucket
-                    .put_object(s3.credentials.as_ref(), &s3.key(key))
-                    .sign(SIGNED_FOR);
-                s3.agent
-                    .put(url.as_str())
-                    .send_bytes(body)
-                    .map(|_| ())
-                    .map_err(|e| http(key, e))
-            }
-        }
+        self.put_from(key, body, body.len() as u64).map(|_| ())
     }
 
     /// Stores the file at `path` under `key` (read as it streams, not held in memory);
@@ -147,6 +123,11 @@ impl Store {
     pub fn put_file(&self, key: &str, path: &Path) -> StoreResult<u64> {
         let file = std::fs::File::open(path).map_err(|e| io(key, e))?;
         let len = file.metadata().map_err(|e| io(key, e))?.len();
+        self.put_from(key, file.take(len), len)
+    }
+
+    /// Stores `len` bytes read from `body` under `key`; the bytes stored.
+    fn put_from(&self, key: &str, mut body: impl Read, len: u64) -> StoreResult<u64> {
         match self {
             Store::Folder { root } => {
                 let dest = root.join(key);
@@ -154,8 +135,7 @@ impl Store {
                 std::fs::create_dir_all(dir).map_err(|e| io(key, e))?;
                 let tmp = dir.join(format!(".{}.part", file_name(&dest)));
                 let mut out = std::fs::File::create(&tmp).map_err(|e| io(key, e))?;
-                let copied =
-                    std::io::copy(&mut file.take(len), &mut out).map_err(|e| io(key, e))?;
+                let copied = std::io::copy(&mut body, &mut out).map_err(|e| io(key, e))?;
                 out.sync_data().map_err(|e| io(key, e))?;
                 std::fs::rename(&tmp, &dest).map_err(|e| io(key, e))?;
                 sync_dir(dir).map_err(|e| io(key, e))?;
@@ -170,7 +150,7 @@ impl Store {
                 s3.agent
                     .put(url.as_str())
                     .set("Content-Length", &len.to_string())
-                    .send(file.take(len))
+                    .send(body)
                     .map_err(|e| http(key, e))?;
                 Ok(len)
             }

@@ -15,7 +15,7 @@ use crate::base::rpc::Propose;
 use crate::partition::broker::Broker;
 use crate::partition::replica::Replica;
 use crate::partition::tiered::{
-    delete_objects, partition_prefix, remote_log, segment_ref, Tiered, EXTS,
+    delete_objects, named_keys, partition_prefix, remote_log, segment_ref, Tiered,
 };
 use kafka_protocol::error::ResponseError;
 
@@ -323,18 +323,7 @@ async fn sweep(
         return Ok(());
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
-    let named: std::collections::HashSet<String> = remote_log(&image, &r.topic, r.partition)
-        .map(|l| {
-            l.segments
-                .iter()
-                .flat_map(|s| {
-                    EXTS.iter().map(|ext| {
-                        sluice_tiered::remote::object_key(&prefix, s.base_offset, &s.id, ext)
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let named = named_keys(&image, &r.topic, r.partition, &prefix);
     drop(image);
     let store = t.reader.store().clone();
     let p = prefix.clone();
@@ -398,18 +387,8 @@ async fn sweep(
     )
     .await?;
     let image = b.image();
-    if let Some(l) = remote_log(&image, &r.topic, r.partition) {
-        let named: std::collections::HashSet<String> = l
-            .segments
-            .iter()
-            .flat_map(|s| {
-                EXTS.iter().map(|ext| {
-                    sluice_tiered::remote::object_key(&prefix, s.base_offset, &s.id, ext)
-                })
-            })
-            .collect();
-        doomed.retain(|k| !named.contains(k));
-    }
+    let named = named_keys(&image, &r.topic, r.partition, &prefix);
+    doomed.retain(|k| !named.contains(k));
     drop(image);
     let n = doomed.len();
     let store = t.reader.store().clone();

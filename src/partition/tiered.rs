@@ -150,10 +150,7 @@ pub const EXTS: [&str; 6] = [
 /// Deletes the objects of one upload attempt (or of a remote segment).
 pub async fn delete_objects(t: &Tiered, prefix: &str, base: i64, id: [u8; 16]) {
     let store = t.reader.store().clone();
-    let keys: Vec<String> = EXTS
-        .iter()
-        .map(|ext| sluice_tiered::remote::object_key(prefix, base, &id, ext))
-        .collect();
+    let keys: Vec<String> = segment_keys(prefix, base, &id).collect();
     let r = t
         .uploads
         .run(
@@ -164,6 +161,33 @@ pub async fn delete_objects(t: &Tiered, prefix: &str, base: i64, id: [u8; 16]) {
     if let Err(e) = r {
         tracing::warn!(prefix, base, error = %e, "could not delete remote objects; they stay unreferenced");
     }
+}
+
+/// The keys of every file a remote segment has in the store.
+pub fn segment_keys<'a>(
+    prefix: &'a str,
+    base: i64,
+    id: &'a [u8; 16],
+) -> impl Iterator<Item = String> + 'a {
+    EXTS.iter()
+        .map(move |ext| sluice_tiered::remote::object_key(prefix, base, id, ext))
+}
+
+/// The keys the partition's remote segments in `image` name.
+pub fn named_keys(
+    image: &MetadataImage,
+    topic: &str,
+    partition: i32,
+    prefix: &str,
+) -> std::collections::HashSet<String> {
+    remote_log(image, topic, partition)
+        .map(|l| {
+            l.segments
+                .iter()
+                .flat_map(|s| segment_keys(prefix, s.base_offset, &s.id))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The partition's remote log in `image`, if it has one.

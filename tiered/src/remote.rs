@@ -4,7 +4,6 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -101,10 +100,6 @@ impl Reader {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.store
-    }
-
-    pub fn pool(&self) -> &Pool {
-        &self.pool
     }
 
     /// Bytes held by the cache.
@@ -381,9 +376,6 @@ pub fn time_lower_bound(time_index: &[u8], base: i64, timestamp: i64) -> i64 {
     }
     at
 }
-
-/// A reader shared by a shard's tasks.
-pub type SharedReader = Rc<Reader>;
 
 #[cfg(test)]
 mod tests {

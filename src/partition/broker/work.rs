@@ -414,7 +414,8 @@ impl Broker {
         };
         // Tiered storage: a consumer below the local log start reads the object store.
         let consumer = item.replica_id.get() < 0;
-        if consumer && item.offset < replica.log_start() {
+        let log_start = replica.log_start();
+        if consumer && item.offset < log_start {
             if let Some(tiered) = self.tiered() {
                 if item.offset.get() >= replica.remote_start.get() {
                     return Err(PendingRead {
@@ -431,7 +432,6 @@ impl Broker {
         // Nothing new to read (most partitions of a fetch session most of the time):
         // what the read would answer, without it. Below the log start the read answers
         // OFFSET_OUT_OF_RANGE.
-        let log_start = replica.log_start();
         if item.offset == bound && item.offset >= log_start {
             return Ok(ReadOut {
                 error: None,

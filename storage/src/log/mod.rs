@@ -157,7 +157,6 @@ pub struct ClosedSegment {
     pub next_offset: i64,
     pub max_timestamp: i64,
     pub size: u64,
-    pub generation: u64,
     pub log: PathBuf,
     /// The indexes may be absent (no entries); so may the transaction index (no
     /// aborted transaction) and the producer snapshot (written at the next segment's
@@ -296,7 +295,7 @@ impl PartitionLog {
     /// The closed segments (every one but the active), oldest first, with what an
     /// upload to the object store needs. Their files are complete and synced (a roll
     /// seals a segment before the next one starts) and are plain files a thread may
-    /// read; `generation` changes if compaction swaps them.
+    /// read (compacted topics cannot tier, so compaction never swaps them).
     pub fn closed_segments(&self) -> Vec<ClosedSegment> {
         let st = self.state.borrow();
         let n = st.segments.len();
@@ -308,7 +307,6 @@ impl PartitionLog {
                 next_offset: s.next_offset,
                 max_timestamp: s.max_timestamp,
                 size: s.size,
-                generation: s.generation,
                 log: s.path("log"),
                 index: s.path("index"),
                 time_index: s.path("timeindex"),

@@ -1007,7 +1007,7 @@ fn describe_and_list() {
     assert_eq!(d.members[0].5, Bytes::from("A"));
     assert_eq!(
         c.list(),
-        vec![("g".to_string(), "consumer".to_string(), GroupState::Stable)]
+        vec![("g".to_string(), "consumer".to_string(), "Stable", "classic")]
     );
 }
 

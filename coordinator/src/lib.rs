@@ -14,6 +14,7 @@
 //! shell reports the record durable.
 
 pub mod alert;
+pub mod consumer_records;
 pub mod group;
 #[cfg(test)]
 mod group_tests;

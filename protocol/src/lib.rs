@@ -100,17 +100,23 @@ pub const REGISTRY: &[ApiSpec] = &[
     // Replication: followers truncate with it; KIP-320 clients validate positions.
     spec(ApiKey::OffsetForLeaderEpoch, 0, 4),
     // Consumer groups (the broker's group shell). OffsetCommit v9 and OffsetFetch v9 carry the
-    // KIP-848 member epoch; FindCoordinator v5+ adds share groups: not served.
+    // KIP-848 member epoch (v10 names topics by id: not served); FindCoordinator v5+ adds
+    // share groups: not served.
     spec(ApiKey::FindCoordinator, 0, 4),
     spec(ApiKey::JoinGroup, 0, 9),
     spec(ApiKey::SyncGroup, 0, 5),
     spec(ApiKey::Heartbeat, 0, 4),
     spec(ApiKey::LeaveGroup, 0, 5),
-    spec(ApiKey::OffsetCommit, 0, 8),
-    spec(ApiKey::OffsetFetch, 0, 8),
+    spec(ApiKey::OffsetCommit, 0, 9),
+    spec(ApiKey::OffsetFetch, 0, 9),
     spec(ApiKey::OffsetDelete, 0, 0),
+    // v6 answers a consumer group GROUP_ID_NOT_FOUND: v5 and below show it Dead.
     spec(ApiKey::DescribeGroups, 0, 5),
-    spec(ApiKey::ListGroups, 0, 4),
+    // v5 filters by group type and names it (KIP-848).
+    spec(ApiKey::ListGroups, 0, 5),
+    // The next consumer group protocol (KIP-848); v1 clients name themselves (KIP-1082).
+    spec(ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    spec(ApiKey::ConsumerGroupDescribe, 0, 1),
     spec(ApiKey::DeleteGroups, 0, 2),
     // SASL (PLAIN, SCRAM-SHA-256/512) on SASL listeners; v0 handshakes carry the tokens
     // in bare frames, v1 in SaslAuthenticate. v2 adds KIP-368 re-authentication.
@@ -377,6 +383,12 @@ mod tests {
             ApiKey::OffsetDelete => RequestKind::OffsetDelete(OffsetDeleteRequest::default()),
             ApiKey::DescribeGroups => RequestKind::DescribeGroups(DescribeGroupsRequest::default()),
             ApiKey::ListGroups => RequestKind::ListGroups(ListGroupsRequest::default()),
+            ApiKey::ConsumerGroupHeartbeat => {
+                RequestKind::ConsumerGroupHeartbeat(ConsumerGroupHeartbeatRequest::default())
+            }
+            ApiKey::ConsumerGroupDescribe => {
+                RequestKind::ConsumerGroupDescribe(ConsumerGroupDescribeRequest::default())
+            }
             ApiKey::DeleteGroups => RequestKind::DeleteGroups(DeleteGroupsRequest::default()),
             ApiKey::SaslHandshake => RequestKind::SaslHandshake(SaslHandshakeRequest::default()),
             ApiKey::SaslAuthenticate => {

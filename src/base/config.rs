@@ -300,6 +300,16 @@ settings! {
     /// The most members a consumer group admits (Kafka's group.max.size): a new member
     /// of a full group gets GROUP_MAX_SIZE_REACHED (at least 1).
     group_max_size: i32 = i32::MAX;
+    /// Session timeout of consumer groups of the KIP-848 protocol
+    /// (group.consumer.session.timeout.ms): a member that does not heartbeat for this
+    /// long is removed and its partitions move.
+    group_consumer_session_timeout_ms: i32 = 45_000;
+    /// How often KIP-848 members heartbeat (group.consumer.heartbeat.interval.ms; below
+    /// the session timeout).
+    group_consumer_heartbeat_interval_ms: i32 = 5_000;
+    /// The server-side assignors KIP-848 groups may use, the first the default
+    /// (group.consumer.assignors: uniform, range).
+    group_consumer_assignors: String = "uniform,range".into();
     /// Committed offsets of an empty group expire after this long (Kafka's
     /// offsets.retention.minutes, 7 days).
     offsets_retention_minutes: i64 = 7 * 24 * 60;
@@ -768,6 +778,12 @@ pub struct BrokerConfig {
     pub group_max_session_timeout_ms: i32,
     /// group.max.size
     pub group_max_size: i32,
+    /// group.consumer.session.timeout.ms
+    pub group_consumer_session_timeout_ms: i32,
+    /// group.consumer.heartbeat.interval.ms
+    pub group_consumer_heartbeat_interval_ms: i32,
+    /// group.consumer.assignors, parsed.
+    pub group_consumer_assignors: Vec<sluice_coordinator::group::assignor::Assignor>,
     /// offsets.retention.minutes
     pub offsets_retention_minutes: i64,
     /// transaction.max.timeout.ms
@@ -1005,6 +1021,9 @@ impl BrokerConfig {
             group_min_session_timeout_ms: s.group_min_session_timeout_ms,
             group_max_session_timeout_ms: s.group_max_session_timeout_ms,
             group_max_size: s.group_max_size,
+            group_consumer_session_timeout_ms: s.group_consumer_session_timeout_ms,
+            group_consumer_heartbeat_interval_ms: s.group_consumer_heartbeat_interval_ms,
+            group_consumer_assignors: consumer_assignors(&s.group_consumer_assignors)?,
             offsets_retention_minutes: s.offsets_retention_minutes,
             transaction_max_timeout_ms: s.transaction_max_timeout_ms,
             lag_sample_interval_ms: s.lag_sample_interval_ms,
@@ -1525,8 +1544,47 @@ fn check_cluster_settings(s: &Resolved) -> Result<ClusterSettings, ConfigError> 
     Ok((listen, quorum, (controller, broker)))
 }
 
+/// group.consumer.assignors: names of server-side assignors, comma-separated.
+fn consumer_assignors(
+    list: &str,
+) -> Result<Vec<sluice_coordinator::group::assignor::Assignor>, ConfigError> {
+    use sluice_coordinator::group::assignor::Assignor;
+    let mut out = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let a = Assignor::parse(name).ok_or_else(|| {
+            bad_value(
+                "--group-consumer-assignors",
+                list,
+                format!("{name} is not an assignor (uniform, range)"),
+            )
+        })?;
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    if out.is_empty() {
+        return Err(bad_value(
+            "--group-consumer-assignors",
+            list,
+            "must name at least one assignor (uniform, range)",
+        ));
+    }
+    Ok(out)
+}
+
 /// The group coordinator's settings, validated together (min <= max).
 fn check_group_settings(s: &Resolved) -> Result<(), ConfigError> {
+    if s.group_consumer_heartbeat_interval_ms < 1
+        || s.group_consumer_heartbeat_interval_ms >= s.group_consumer_session_timeout_ms
+    {
+        return Err(broken_rule(
+            "--group-consumer-heartbeat-interval-ms",
+            format!(
+                "{} must be at least 1 and below --group-consumer-session-timeout-ms {}",
+                s.group_consumer_heartbeat_interval_ms, s.group_consumer_session_timeout_ms
+            ),
+        ));
+    }
     // Kafka types these as int: the same ranges here.
     if !(0..=i64::from(i32::MAX)).contains(&s.group_initial_rebalance_delay_ms) {
         return Err(bad_value(
@@ -1913,6 +1971,9 @@ mod tests {
             "--group-min-session-timeout-ms=2",
             "--group-max-session-timeout-ms=3",
             "--group-max-size=11",
+            "--group-consumer-session-timeout-ms=3000",
+            "--group-consumer-heartbeat-interval-ms=300",
+            "--group-consumer-assignors=range",
             "--offsets-retention-minutes=4",
             "--transaction-max-timeout-ms=7",
             "--lag-sample-interval-ms=100",
@@ -1983,6 +2044,18 @@ mod tests {
         assert_eq!(c.journal_chunk_bytes, 65536);
         assert_eq!(c.transaction_max_timeout_ms, 7);
         assert_eq!(c.group_max_size, 11);
+        assert_eq!(
+            (
+                c.group_consumer_session_timeout_ms,
+                c.group_consumer_heartbeat_interval_ms,
+                c.group_consumer_assignors.clone(),
+            ),
+            (
+                3000,
+                300,
+                vec![sluice_coordinator::group::assignor::Assignor::Range]
+            )
+        );
         assert_eq!(
             c.disk_min_free,
             DiskMinimum {

@@ -26,9 +26,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::consumer::{
+    ConsumerGroupView, HeartbeatArgs, HeartbeatReply, Refused,
+};
 use sluice_coordinator::group::{
-    Code, CommitArgs, Committed, GroupState, GroupSummary, JoinArgs, Leaving, SyncArgs,
-    TxnCommitArgs,
+    Code, CommitArgs, Committed, GroupSummary, JoinArgs, Leaving, SyncArgs, TxnCommitArgs,
 };
 use sluice_coordinator::txn::{
     AddArgs, AddOffsetsArgs, EndArgs, InitArgs, ListFilter, ListedTxns, ProducerIdAndEpoch,
@@ -174,6 +176,10 @@ shard_calls! {
     TxnCommitOffsets => txn_commit_offsets -> Result<Vec<PartitionCode>, ApiError>;
     DeleteOffsets => delete_offsets -> Result<Result<Vec<Code>, ResponseError>, ApiError>;
     DescribeGroup => describe_group -> Result<GroupSummary, ApiError>;
+    /// ConsumerGroupHeartbeat (KIP-848).
+    ConsumerHeartbeat => consumer_heartbeat -> Result<Result<HeartbeatReply, Refused>, ApiError>;
+    /// ConsumerGroupDescribe of one group.
+    DescribeConsumerGroup => describe_consumer_group -> Result<Result<ConsumerGroupView, Refused>, ApiError>;
     /// Every group the serving shard coordinates.
     ListGroups => list_groups -> Result<Vec<GroupListing>, ApiError>;
     DeleteGroup => delete_group -> Result<Code, ApiError>;
@@ -739,6 +745,16 @@ pub struct DescribeGroup {
     pub group: String,
 }
 
+pub struct ConsumerHeartbeat {
+    pub partition: i32,
+    pub args: HeartbeatArgs,
+}
+
+pub struct DescribeConsumerGroup {
+    pub partition: i32,
+    pub group: String,
+}
+
 /// `partition`: any partition the serving shard owns (it lists all it leads).
 pub struct ListGroups {
     pub partition: i32,
@@ -751,7 +767,11 @@ pub struct GroupListing {
     /// The protocol type its members joined with ("consumer" for consumers), empty if
     /// none.
     pub protocol_type: String,
-    pub state: GroupState,
+    /// Its state's name (classic: GroupState's; KIP-848: Empty, Assigning,
+    /// Reconciling, Stable).
+    pub state: &'static str,
+    /// "classic" or "consumer" (KIP-848).
+    pub group_type: &'static str,
 }
 
 pub struct DeleteGroup {
@@ -785,6 +805,8 @@ group_calls!(
     FetchOffsets,
     DeleteOffsets,
     DescribeGroup,
+    ConsumerHeartbeat,
+    DescribeConsumerGroup,
     ListGroups,
     DeleteGroup
 );

@@ -31,3 +31,9 @@ fn partition_codes(results: Vec<((String, i32), Code)>) -> Vec<PartitionCode> {
         })
         .collect()
 }
+
+/// Kafka's internal topics (its `Topic.isInternal`): the offsets and the transaction
+/// state topics.
+pub fn is_internal(name: &str) -> bool {
+    name == group::OFFSETS_TOPIC || name == sluice_coordinator::txn::TXN_STATE_TOPIC
+}

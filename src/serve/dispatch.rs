@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::consumer::{ConsumerGroupView, HeartbeatReply, Refused};
 use sluice_coordinator::group::{Code, GroupSummary};
 use sluice_coordinator::txn::{ListedTxns, ProducerIdAndEpoch, TxnDescription};
 use sluice_replication::cluster::Applied;
@@ -346,6 +347,20 @@ impl ShardService for ShardServer {
 
     async fn describe_group(&self, c: rpc::DescribeGroup) -> Result<GroupSummary, ApiError> {
         self.groups.describe(&self.broker, c).await
+    }
+
+    async fn consumer_heartbeat(
+        &self,
+        c: rpc::ConsumerHeartbeat,
+    ) -> Result<Result<HeartbeatReply, Refused>, ApiError> {
+        self.groups.consumer_heartbeat(&self.broker, c).await
+    }
+
+    async fn describe_consumer_group(
+        &self,
+        c: rpc::DescribeConsumerGroup,
+    ) -> Result<Result<ConsumerGroupView, Refused>, ApiError> {
+        self.groups.describe_consumer(&self.broker, c).await
     }
 
     async fn list_groups(&self, _c: rpc::ListGroups) -> Result<Vec<rpc::GroupListing>, ApiError> {

@@ -111,6 +111,12 @@ impl Coordinator {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), crate::records::RecordError> {
+        if let [a, b, rest @ ..] = key {
+            let record_type = i16::from_be_bytes([*a, *b]);
+            if (3..=8).contains(&record_type) {
+                return self.load_consumer_record(now_ms, record_type, rest, value);
+            }
+        }
         match Key::decode(key)? {
             Key::Offset {
                 group,
@@ -243,6 +249,9 @@ impl Coordinator {
                 continue;
             }
             group.loading = false;
+            if let Some(c) = group.consumer.as_mut() {
+                c.restored(now_ms, self.config.consumer.session_timeout_ms);
+            }
             if group.state != GroupState::Stable {
                 continue;
             }

@@ -356,6 +356,19 @@ impl Coordinator {
                 err_join(ResponseError::CoordinatorNotAvailable, &a.member_id),
             );
         }
+        if group.consumer.is_some() {
+            let g = self.groups.get_mut(&a.group_id).expect("present");
+            if g.consumer.as_ref().is_some_and(|c| !c.members.is_empty()) {
+                // A live KIP-848 group: classic members are not mixed in.
+                return reply(
+                    fx,
+                    err_join(ResponseError::InconsistentGroupProtocol, &a.member_id),
+                );
+            }
+            // An empty consumer group becomes classic (its offsets stay).
+            g.consumer = None;
+            fx.records.extend(super::consumer::group_tombstones(&g.id));
+        }
         // Before the protocol check, as Kafka's `handleJoinGroup` orders them.
         if let Some(refusal) = self.refusal(&a) {
             self.refuse(token, now_ms, &a, refusal, fx);
@@ -1184,6 +1197,7 @@ impl Coordinator {
                 }
             }
         }
+        self.expire_consumer_members(now_ms, fx);
         if now_ms >= self.next_expiry_check_ms {
             self.next_expiry_check_ms = now_ms + self.config.offsets_retention_check_interval_ms;
             self.expire_offsets(now_ms, fx);
@@ -1193,8 +1207,9 @@ impl Coordinator {
     // ---------------------------------------------------------------- DescribeGroups, ListGroups
 
     pub fn describe(&self, group_id: &str) -> GroupSummary {
-        let Some(g) = self.groups.get(group_id) else {
-            // Kafka describes an unknown group as Dead, without an error.
+        let Some(g) = self.groups.get(group_id).filter(|g| g.consumer.is_none()) else {
+            // Kafka describes an unknown group as Dead, without an error (and a
+            // consumer group so too, below DescribeGroups v6).
             return GroupSummary {
                 state: GroupState::Dead,
                 protocol_type: String::new(),
@@ -1235,17 +1250,20 @@ impl Coordinator {
         }
     }
 
-    /// (group id, protocol type, state) of every group.
-    pub fn list(&self) -> Vec<(String, String, GroupState)> {
+    /// (group id, protocol type, state, group type) of every group: classic groups in
+    /// their GroupState's names, consumer groups (KIP-848) in theirs.
+    pub fn list(&self) -> Vec<(String, String, &'static str, &'static str)> {
         let mut v: Vec<_> = self
             .groups
             .values()
-            .map(|g| {
-                (
+            .map(|g| match &g.consumer {
+                Some(c) => (g.id.clone(), "consumer".to_string(), c.state(), "consumer"),
+                None => (
                     g.id.clone(),
                     g.protocol_type.clone().unwrap_or_default(),
-                    g.state,
-                )
+                    g.state.name(),
+                    "classic",
+                ),
             })
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));

@@ -49,6 +49,8 @@
 //! which spans membership and offsets. The role files are private; their public types
 //! are re-exported here, so every path is `sluice_coordinator::group::…` as before.
 
+pub mod assignor;
+pub mod consumer;
 mod load;
 mod membership;
 mod offsets;
@@ -65,6 +67,7 @@ use crate::records::Key;
 use crate::sb;
 use offsets::offset_tombstone;
 
+pub use assignor::Assignment;
 pub use membership::{GroupSummary, JoinArgs, Leaving, SyncArgs};
 pub use offsets::{
     offset_record, CommitArgs, CommitPlan, StableFetch, TxnCommitArgs, TxnCommitPlan,
@@ -106,6 +109,8 @@ pub struct CoordinatorConfig {
     /// batch limit): a new member whose group's record would outgrow it, by
     /// [`Group::record_bytes_estimate`], is refused at JoinGroup.
     pub metadata_batch_bytes_max: usize,
+    /// Consumer groups of the KIP-848 protocol.
+    pub consumer: consumer::ConsumerConfig,
 }
 
 /// What a batch of one record adds to the record's key and value, at most: the batch
@@ -124,6 +129,7 @@ impl Default for CoordinatorConfig {
             offset_metadata_max_bytes: 4096,
             group_max_size: i32::MAX as usize,
             metadata_batch_bytes_max: 32 << 20,
+            consumer: consumer::ConsumerConfig::default(),
         }
     }
 }
@@ -294,6 +300,9 @@ pub struct Group {
     /// The largest single assignment of the group's last assignment (the leader's
     /// SyncGroup, or the record loaded): the estimate gives every member that much.
     assignment_bytes_max: usize,
+    /// A consumer group of the KIP-848 protocol (`consumer.rs`); `None`: classic. The
+    /// classic fields stay as an empty group's while it is set.
+    pub consumer: Option<Box<consumer::ConsumerGroup>>,
 }
 
 /// What a member adds to its group's GroupMetadata value, not counting its assignment's
@@ -401,6 +410,7 @@ impl Group {
             members_record_bytes: 0,
             member_id_bytes_max: 0,
             assignment_bytes_max: 0,
+            consumer: None,
         }
     }
 
@@ -471,10 +481,13 @@ impl Coordinator {
         };
         match group.state {
             GroupState::Dead => return Err(ResponseError::GroupIdNotFound),
-            GroupState::Empty => {}
+            GroupState::Empty if group.consumer.as_ref().is_none_or(|c| c.members.is_empty()) => {}
             _ => return Err(ResponseError::NonEmptyGroup),
         }
         let mut group = self.groups.remove(group_id).expect("present");
+        if group.consumer.is_some() {
+            fx.records.extend(consumer::group_tombstones(group_id));
+        }
         group.transition(GroupState::Dead, now_ms);
         for (topic, partition) in group.offsets.keys() {
             fx.records

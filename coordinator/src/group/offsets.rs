@@ -73,6 +73,12 @@ fn txn_commit_error(group: &Group, a: &TxnCommitArgs) -> Option<ResponseError> {
     if group.state == GroupState::Dead {
         return Some(ResponseError::CoordinatorNotAvailable);
     }
+    if let Some(c) = group.consumer.as_deref() {
+        if a.generation < 0 && a.member_id.is_empty() {
+            return None;
+        }
+        return Coordinator::consumer_commit_error(c, &a.member_id, a.generation);
+    }
     if a.generation < 0 && group.state == GroupState::Empty {
         return None;
     }
@@ -253,6 +259,9 @@ impl Coordinator {
         };
         if group.state == GroupState::Dead {
             return Some(ResponseError::CoordinatorNotAvailable);
+        }
+        if let Some(c) = group.consumer.as_deref() {
+            return Self::consumer_commit_error(c, &a.member_id, a.generation);
         }
         if a.generation >= 0 || !a.member_id.is_empty() || a.instance_id.is_some() {
             if group.is_fenced(a.instance_id.as_deref(), &a.member_id) {
@@ -514,8 +523,14 @@ impl Coordinator {
                 continue;
             }
             let committing = self.committing.get(&group.id).unwrap_or(&none);
+            // A consumer group (KIP-848) with members is live whatever `state` says.
+            let live_consumers = group
+                .consumer
+                .as_ref()
+                .filter(|c| !c.members.is_empty())
+                .map(|c| c.subscribed_topic_names());
             let expired: Vec<(String, i32)> = match group.state {
-                GroupState::Empty => {
+                GroupState::Empty if live_consumers.is_none() => {
                     let since = group.state_timestamp_ms;
                     group
                         .offsets
@@ -524,14 +539,17 @@ impl Coordinator {
                         .map(|(k, _)| k.clone())
                         .collect()
                 }
-                GroupState::Stable => {
+                GroupState::Stable | GroupState::Empty => {
                     // KIP-496: a Stable consumer group whose subscriptions are known
                     // loses the offsets of topics it no longer subscribes to, a
                     // retention after their commit (Kafka's `removeExpiredOffsets`).
-                    let Some(subscribed) = group.subscribed_topics() else {
-                        continue;
+                    let subscribed: BTreeSet<String> = match &live_consumers {
+                        Some(s) => s.clone(),
+                        None => match group.subscribed_topics() {
+                            Some(s) => s.into_iter().collect(),
+                            None => continue,
+                        },
                     };
-                    let subscribed: BTreeSet<String> = subscribed.into_iter().collect();
                     group
                         .offsets
                         .iter()
@@ -552,7 +570,7 @@ impl Coordinator {
                 group.remove_offset(&tp);
                 fx.records.push(offset_tombstone(&group.id, &tp.0, tp.1));
             }
-            if group.state != GroupState::Empty {
+            if group.state != GroupState::Empty || live_consumers.is_some() {
                 continue;
             }
             if group.offsets.is_empty()
@@ -567,6 +585,9 @@ impl Coordinator {
         for id in dead {
             if let Some(mut g) = self.groups.remove(&id) {
                 g.transition(GroupState::Dead, now_ms);
+                if g.consumer.is_some() {
+                    fx.records.extend(super::consumer::group_tombstones(&id));
+                }
                 fx.records.push(group_tombstone(&id));
             }
         }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
 
+use crate::coord::is_internal;
 use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use sluice_coordinator::group::consumer::{Catalog, ConsumerGroupView, HeartbeatReply, Refused};
 use sluice_coordinator::group::{
     Code, Coordinator, CoordinatorConfig, Deferred, Effects, GroupSummary, JoinToken, Record,
     SyncToken,
@@ -82,6 +84,13 @@ pub fn coordinator_config(c: &crate::base::config::BrokerConfig) -> CoordinatorC
         // Checked positive by the config (Kafka: at least 1).
         group_max_size: usize::try_from(c.group_max_size).unwrap_or(1),
         metadata_batch_bytes_max: crate::partition::broker::INTERNAL_BATCH_BYTES_MAX,
+        consumer: sluice_coordinator::group::consumer::ConsumerConfig {
+            session_timeout_ms: c.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms: c.group_consumer_heartbeat_interval_ms,
+            assignors: c.group_consumer_assignors.clone(),
+            // group.consumer.max.size defaults to group.max.size here.
+            max_size: usize::try_from(c.group_max_size).unwrap_or(1),
+        },
         ..CoordinatorConfig::default()
     }
 }
@@ -91,7 +100,17 @@ impl PartitionEvents for GroupShell {
     /// its groups, so that they are loaded afresh from the (replicated) log if this
     /// broker leads the partition again.
     fn leadership_changed(&self, topic: &str, partition: i32) {
-        if topic != OFFSETS_TOPIC || !self.rt.forget(partition) {
+        if topic == OFFSETS_TOPIC {
+            self.forget_partition(partition);
+        }
+    }
+}
+
+impl GroupShell {
+    /// Forgets the groups of a `__consumer_offsets` partition: the next request loads
+    /// them afresh from the (replicated) log.
+    fn forget_partition(&self, partition: i32) {
+        if !self.rt.forget(partition) {
             return;
         }
         // Waiting JoinGroup/SyncGroup requests of these groups get NOT_COORDINATOR.
@@ -104,6 +123,29 @@ impl PartitionEvents for GroupShell {
             .borrow_mut()
             .unload(|g| partition_for(g) != partition);
         tracing::info!(partition, groups = n, "unloaded {OFFSETS_TOPIC} partition");
+    }
+}
+
+/// The topics KIP-848 subscriptions resolve against: the broker's metadata image
+/// (internal topics are never subscribed by a regex, nor by name).
+struct ImageCatalog(std::sync::Arc<crate::base::metadata::MetadataImage>);
+
+impl Catalog for ImageCatalog {
+    fn version(&self) -> u64 {
+        self.0.epoch
+    }
+
+    fn topic(&self, name: &str) -> Option<(uuid::Uuid, i32)> {
+        if is_internal(name) {
+            return None;
+        }
+        self.0.topics.get(name).map(|t| (t.id, t.partitions))
+    }
+
+    fn for_each_name(&self, f: &mut dyn FnMut(&str)) {
+        for name in self.0.topics.keys().filter(|n| !is_internal(n)) {
+            f(name);
+        }
     }
 }
 
@@ -300,6 +342,41 @@ impl GroupShell {
         Ok(r)
     }
 
+    /// ConsumerGroupHeartbeat: the records it produced are durable before it is
+    /// answered. If they cannot be stored, memory is ahead of the log: the partition's
+    /// groups are forgotten (they reload from the log at the next request) and the
+    /// member gets the append's error, retriable.
+    pub async fn consumer_heartbeat(
+        &self,
+        b: &Broker,
+        c: rpc::ConsumerHeartbeat,
+    ) -> Result<Result<HeartbeatReply, Refused>, ApiError> {
+        self.rt.load(b, c.partition, self).await?;
+        let catalog = ImageCatalog(b.image());
+        let mut fx = Effects::default();
+        let r =
+            self.coord
+                .borrow_mut()
+                .consumer_heartbeat(self.rt.now_ms(), c.args, &catalog, &mut fx);
+        debug_assert!(fx.replies.is_empty(), "heartbeats defer nothing");
+        if let Err(e) = self.append(b, fx.records).await {
+            tracing::warn!(partition = c.partition, error = %e,
+                "cannot store consumer group records in {OFFSETS_TOPIC}: reloading the partition");
+            self.forget_partition(c.partition);
+            return Err(ApiError::with(store_error(e.code), e.to_string()));
+        }
+        Ok(r)
+    }
+
+    pub async fn describe_consumer(
+        &self,
+        b: &Broker,
+        c: rpc::DescribeConsumerGroup,
+    ) -> Result<Result<ConsumerGroupView, Refused>, ApiError> {
+        self.rt.load(b, c.partition, self).await?;
+        Ok(self.coord.borrow().describe_consumer_group(&c.group))
+    }
+
     pub async fn describe(
         &self,
         b: &Broker,
@@ -315,11 +392,14 @@ impl GroupShell {
         let groups = self.coord.borrow().list();
         Ok(groups
             .into_iter()
-            .map(|(group_id, protocol_type, state)| rpc::GroupListing {
-                group_id,
-                protocol_type,
-                state,
-            })
+            .map(
+                |(group_id, protocol_type, state, group_type)| rpc::GroupListing {
+                    group_id,
+                    protocol_type,
+                    state,
+                    group_type,
+                },
+            )
             .collect())
     }
 

@@ -362,6 +362,27 @@ pub fn check(broker: &Rc<Broker>, caller: &Rc<Caller>, version: i16, body: Reque
                 HeartbeatResponse::default().with_error_code(code(GROUP_DENIED)),
             ))
         }
+        RequestKind::ConsumerGroupHeartbeat(r) if !group(op::READ, &r.group_id) => {
+            refuse(ResponseKind::ConsumerGroupHeartbeat(
+                ConsumerGroupHeartbeatResponse::default()
+                    .with_error_code(code(GROUP_DENIED))
+                    .with_error_message(Some(sb("Group authorization failed."))),
+            ))
+        }
+        RequestKind::ConsumerGroupDescribe(mut r) => {
+            let refused = take(&mut r.group_ids, |g| !group(op::DESCRIBE, g));
+            let patch: Patch = Box::new(move |_, resp| {
+                if let ResponseKind::ConsumerGroupDescribe(resp) = resp {
+                    resp.groups.extend(refused.into_iter().map(|g| {
+                        consumer_group_describe_response::DescribedGroup::default()
+                            .with_group_id(g)
+                            .with_error_code(code(GROUP_DENIED))
+                            .with_authorized_operations(NOT_PROVIDED)
+                    }));
+                }
+            });
+            Gate::Pass(Box::new(RequestKind::ConsumerGroupDescribe(r)), Some(patch))
+        }
         RequestKind::LeaveGroup(r) if !group(op::READ, &r.group_id) => {
             refuse(ResponseKind::LeaveGroup(
                 LeaveGroupResponse::default().with_error_code(code(GROUP_DENIED)),

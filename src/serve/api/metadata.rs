@@ -22,11 +22,7 @@ use crate::base::rpc::{CreateTopics, NewTopic};
 use crate::base::topic_config::validate_topic_name;
 use crate::partition::broker::Broker;
 
-/// Kafka's internal topics (its `Topic.isInternal`): the offsets and the transaction
-/// state topics.
-pub fn is_internal(name: &str) -> bool {
-    name == crate::coord::group::OFFSETS_TOPIC || name == sluice_coordinator::txn::TXN_STATE_TOPIC
-}
+pub use crate::coord::is_internal;
 
 /// Auto-creates the `names` that do not exist (default partitions and configs).
 /// Returns the error per name for those that could not be created.

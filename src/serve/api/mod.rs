@@ -20,6 +20,8 @@ pub mod alter_configs;
 pub mod alter_replica_log_dirs;
 pub mod authorized_ops;
 pub mod client_quotas;
+pub mod consumer_group_describe;
+pub mod consumer_group_heartbeat;
 pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_groups;
@@ -259,6 +261,12 @@ pub async fn handle(
         RequestKind::JoinGroup(r) => {
             ResponseKind::JoinGroup(join_group::handle(broker, version, client, peer, r).await)
         }
+        RequestKind::ConsumerGroupHeartbeat(r) => ResponseKind::ConsumerGroupHeartbeat(
+            consumer_group_heartbeat::handle(broker, version, client, peer, r).await,
+        ),
+        RequestKind::ConsumerGroupDescribe(r) => ResponseKind::ConsumerGroupDescribe(
+            consumer_group_describe::handle(broker, version, r).await,
+        ),
         RequestKind::SyncGroup(r) => {
             ResponseKind::SyncGroup(sync_group::handle(broker, version, r).await)
         }
@@ -394,6 +402,8 @@ fn set_throttle(response: &mut ResponseKind, ms: i32) {
         FindCoordinator,
         JoinGroup,
         Heartbeat,
+        ConsumerGroupHeartbeat,
+        ConsumerGroupDescribe,
         LeaveGroup,
         SyncGroup,
         DescribeGroups,
@@ -523,6 +533,7 @@ fn observe(broker: &Broker, api_key: i16, response: &ResponseKind) {
         ResponseKind::JoinGroup(r) => m.error(api_key, r.error_code),
         ResponseKind::SyncGroup(r) => m.error(api_key, r.error_code),
         ResponseKind::Heartbeat(r) => m.error(api_key, r.error_code),
+        ResponseKind::ConsumerGroupHeartbeat(r) => m.error(api_key, r.error_code),
         ResponseKind::LeaveGroup(r) => m.error(api_key, r.error_code),
         ResponseKind::InitProducerId(r) => m.error(api_key, r.error_code),
         ResponseKind::EndTxn(r) => m.error(api_key, r.error_code),

@@ -484,8 +484,8 @@ impl Coordinator {
         match self.groups.get_mut(&a.group_id) {
             None if !joining => {
                 return Err(refused(
-                    ResponseError::UnknownMemberId,
-                    format!("Group {} does not exist.", a.group_id),
+                    ResponseError::GroupIdNotFound,
+                    format!("Consumer group {} not found.", a.group_id),
                 ))
             }
             None => {

@@ -51,6 +51,8 @@
 
 pub mod assignor;
 pub mod consumer;
+#[cfg(test)]
+mod consumer_tests;
 mod load;
 mod membership;
 mod offsets;

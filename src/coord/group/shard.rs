@@ -358,7 +358,7 @@ impl GroupShell {
             self.coord
                 .borrow_mut()
                 .consumer_heartbeat(self.rt.now_ms(), c.args, &catalog, &mut fx);
-        debug_assert!(fx.replies.is_empty(), "heartbeats defer nothing");
+        assert!(fx.replies.is_empty(), "heartbeats defer nothing");
         if let Err(e) = self.append(b, fx.records).await {
             tracing::warn!(partition = c.partition, error = %e,
                 "cannot store consumer group records in {OFFSETS_TOPIC}: reloading the partition");

@@ -1,0 +1,613 @@
+//! KIP-848 consumer groups: the heartbeat's rules one by one, then a simulation of
+//! members that join, acknowledge, leave, crash and follow the group through coordinator
+//! moves (a fresh coordinator replays the records written so far), checking after every
+//! step that no partition is held by two members and that a reload is exact.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kafka_protocol::error::ResponseError as E;
+use uuid::Uuid;
+
+use super::consumer::{Catalog, HeartbeatArgs, HeartbeatReply, MemberState, Refused};
+use super::*;
+
+const SESSION: i64 = 45_000;
+
+struct Topics {
+    version: u64,
+    topics: BTreeMap<String, (Uuid, i32)>,
+}
+
+impl Catalog for Topics {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn topic(&self, name: &str) -> Option<(Uuid, i32)> {
+        self.topics.get(name).copied()
+    }
+    fn for_each_name(&self, f: &mut dyn FnMut(&str)) {
+        for n in self.topics.keys() {
+            f(n);
+        }
+    }
+}
+
+fn topics(list: &[(&str, u8, i32)]) -> Topics {
+    Topics {
+        version: 1,
+        topics: list
+            .iter()
+            .map(|(n, id, p)| (n.to_string(), (Uuid::from_bytes([*id; 16]), *p)))
+            .collect(),
+    }
+}
+
+fn join_args(member: &str, names: &[&str]) -> HeartbeatArgs {
+    HeartbeatArgs {
+        group_id: "g".into(),
+        member_id: member.into(),
+        member_epoch: 0,
+        rebalance_timeout_ms: 30_000,
+        subscribed_topic_names: Some(names.iter().map(|s| s.to_string()).collect()),
+        subscribed_topic_regex: Some(String::new()),
+        owned: Some(Assignment::new()),
+        client_id: "client".into(),
+        client_host: "/127.0.0.1".into(),
+        ..HeartbeatArgs::default()
+    }
+}
+
+fn beat(member: &str, epoch: i32, owned: Option<Assignment>) -> HeartbeatArgs {
+    HeartbeatArgs {
+        group_id: "g".into(),
+        member_id: member.into(),
+        member_epoch: epoch,
+        rebalance_timeout_ms: -1,
+        owned,
+        ..HeartbeatArgs::default()
+    }
+}
+
+fn hb(
+    c: &mut Coordinator,
+    log: &mut Vec<Record>,
+    now: i64,
+    a: HeartbeatArgs,
+    t: &Topics,
+) -> Result<HeartbeatReply, Refused> {
+    let mut fx = Effects::default();
+    let r = c.consumer_heartbeat(now, a, t, &mut fx);
+    log.extend(fx.records);
+    r
+}
+
+fn count(a: &Assignment) -> usize {
+    a.values().map(BTreeSet::len).sum()
+}
+
+/// No partition is held (assigned or pending revocation) by two members.
+fn exclusive(c: &Coordinator) {
+    let Some(g) = c.group("g").and_then(|g| g.consumer.as_ref()) else {
+        return;
+    };
+    let mut seen = BTreeSet::new();
+    for m in g.members.values() {
+        for (t, ps) in m.assigned.iter().chain(m.revoking.iter()) {
+            for p in ps {
+                assert!(seen.insert((*t, *p)), "{t}-{p} held twice: {:?}", g.members);
+            }
+        }
+    }
+}
+
+fn reload(log: &[Record], now: i64) -> Coordinator {
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    for r in log {
+        c.load_record(now, &r.key, r.value.as_deref()).unwrap();
+    }
+    let mut fx = Effects::default();
+    c.loaded(now, |_| true, &mut fx);
+    c
+}
+
+#[test]
+fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
+    let t = topics(&[("orders", 1, 4)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let a = hb(&mut c, &mut log, 0, join_args("a", &["orders"]), &t).unwrap();
+    assert_eq!(
+        (a.member_epoch, a.assignment.as_ref().map(count)),
+        (1, Some(4))
+    );
+    let all = a.assignment.unwrap();
+    let b = hb(&mut c, &mut log, 10, join_args("b", &["orders"]), &t).unwrap();
+    // The target gives b two partitions, but a still holds them: b waits at epoch 2.
+    assert_eq!(b.member_epoch, 2);
+    assert_eq!(b.assignment.as_ref().map(count), Some(0));
+    assert_eq!(
+        c.group("g").unwrap().consumer.as_ref().unwrap().members["b"].state,
+        MemberState::UnreleasedPartitions
+    );
+    // a learns it must give two up, and stays at epoch 1 until it does.
+    let a2 = hb(&mut c, &mut log, 20, beat("a", 1, None), &t).unwrap();
+    assert_eq!(a2.member_epoch, 1);
+    let kept = a2.assignment.unwrap();
+    assert_eq!(count(&kept), 2);
+    exclusive(&c);
+    // Not acknowledged yet (still owns them): b still gets nothing.
+    hb(&mut c, &mut log, 30, beat("a", 1, Some(all)), &t).unwrap();
+    let b2 = hb(&mut c, &mut log, 40, beat("b", 2, None), &t).unwrap();
+    assert!(b2.assignment.is_none_or(|x| count(&x) == 0));
+    // a acknowledges: epoch 2; then b gets the two.
+    let a3 = hb(&mut c, &mut log, 50, beat("a", 1, Some(kept.clone())), &t).unwrap();
+    assert_eq!(a3.member_epoch, 2);
+    let b3 = hb(&mut c, &mut log, 60, beat("b", 2, None), &t).unwrap();
+    assert_eq!(b3.assignment.as_ref().map(count), Some(2));
+    exclusive(&c);
+    assert_eq!(
+        c.group("g").unwrap().consumer.as_ref().unwrap().state(),
+        "Stable"
+    );
+    // The reloaded coordinator has the same group.
+    let r = reload(&log, 100);
+    let (x, y) = (
+        c.group("g").unwrap().consumer.as_ref().unwrap(),
+        r.group("g").unwrap().consumer.as_ref().unwrap(),
+    );
+    assert_eq!((x.epoch, x.assignment_epoch), (y.epoch, y.assignment_epoch));
+    assert_eq!(x.target, y.target);
+    for (id, m) in &x.members {
+        let n = &y.members[id];
+        assert_eq!(
+            (m.epoch, &m.assigned, &m.subscribed_names),
+            (n.epoch, &n.assigned, &n.subscribed_names)
+        );
+    }
+}
+
+#[test]
+fn heartbeats_are_refused_with_kafkas_codes() {
+    let t = topics(&[("orders", 1, 2)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let code = |r: Result<HeartbeatReply, Refused>| r.unwrap_err().code;
+    // Invalid requests.
+    let mut a = join_args("", &["orders"]);
+    assert_eq!(
+        code(hb(&mut c, &mut log, 0, a.clone(), &t)),
+        E::InvalidRequest
+    );
+    a.member_id = "m".into();
+    a.owned = None;
+    assert_eq!(
+        code(hb(&mut c, &mut log, 0, a.clone(), &t)),
+        E::InvalidRequest
+    );
+    a.owned = Some(Assignment::new());
+    a.server_assignor = Some("sticky".into());
+    assert_eq!(
+        code(hb(&mut c, &mut log, 0, a.clone(), &t)),
+        E::UnsupportedAssignor
+    );
+    a.server_assignor = None;
+    a.subscribed_topic_regex = Some("(unclosed".into());
+    assert_eq!(
+        code(hb(&mut c, &mut log, 0, a.clone(), &t)),
+        E::InvalidRegularExpression
+    );
+    // Unknown group and member, epochs from the future or the past.
+    assert_eq!(
+        code(hb(&mut c, &mut log, 0, beat("m", 1, None), &t)),
+        E::GroupIdNotFound
+    );
+    hb(&mut c, &mut log, 0, join_args("m", &["orders"]), &t).unwrap();
+    assert_eq!(
+        code(hb(&mut c, &mut log, 1, beat("x", 1, None), &t)),
+        E::UnknownMemberId
+    );
+    assert_eq!(
+        code(hb(&mut c, &mut log, 1, beat("m", 5, None), &t)),
+        E::FencedMemberEpoch
+    );
+    // A classic group with members is not taken over.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(1),
+        0,
+        JoinArgs {
+            group_id: "classic".into(),
+            member_id: String::new(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "h".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 10_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), bytes::Bytes::new())],
+            require_known_member_id: false,
+            supports_skip_assignment: false,
+        },
+        &mut fx,
+    );
+    let mut j = join_args("m", &["orders"]);
+    j.group_id = "classic".into();
+    assert_eq!(code(hb(&mut c, &mut log, 2, j, &t)), E::GroupIdNotFound);
+    // A classic member cannot join a live consumer group.
+    let mut fx = Effects::default();
+    c.join(
+        JoinToken(2),
+        0,
+        JoinArgs {
+            group_id: "g".into(),
+            member_id: String::new(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "h".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 10_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), bytes::Bytes::new())],
+            require_known_member_id: false,
+            supports_skip_assignment: false,
+        },
+        &mut fx,
+    );
+    match &fx.replies[0] {
+        Deferred::Join(_, r) => assert_eq!(r.error_code, E::InconsistentGroupProtocol.code()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() {
+    let t = topics(&[("orders", 1, 4)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let mut s1 = join_args("s1", &["orders"]);
+    s1.instance_id = Some("i1".into());
+    let mut s2 = join_args("s2", &["orders"]);
+    s2.instance_id = Some("i2".into());
+    hb(&mut c, &mut log, 0, s1, &t).unwrap();
+    let r2 = hb(&mut c, &mut log, 0, s2, &t).unwrap();
+    // Settle: s1 gives up two, s2 takes them.
+    let r1 = hb(&mut c, &mut log, 1, beat("s1", 1, None), &t).unwrap();
+    let mut b1 = beat("s1", 1, r1.assignment.clone());
+    b1.instance_id = Some("i1".into());
+    hb(&mut c, &mut log, 2, b1, &t).unwrap();
+    let mut b2 = beat("s2", r2.member_epoch, None);
+    b2.instance_id = Some("i2".into());
+    let r2 = hb(&mut c, &mut log, 3, b2, &t).unwrap();
+    let mine = r2.assignment.unwrap();
+    assert_eq!(count(&mine), 2);
+    let epoch = c.group("g").unwrap().consumer.as_ref().unwrap().epoch;
+    // s2 leaves as a static member, comes back as s2' with the same instance id.
+    let mut leave = beat("s2", r2.member_epoch, None);
+    leave.member_epoch = -2;
+    leave.instance_id = Some("i2".into());
+    assert_eq!(hb(&mut c, &mut log, 4, leave, &t).unwrap().member_epoch, -2);
+    let mut back = join_args("s2-new", &["orders"]);
+    back.instance_id = Some("i2".into());
+    let r = hb(&mut c, &mut log, 5, back, &t).unwrap();
+    assert_eq!(
+        r.assignment,
+        Some(mine),
+        "the same partitions, nothing moved"
+    );
+    assert_eq!(
+        c.group("g").unwrap().consumer.as_ref().unwrap().epoch,
+        epoch,
+        "no new group epoch"
+    );
+    // The old member id is gone; a second incarnation while s2-new lives is refused.
+    let mut again = join_args("s2-third", &["orders"]);
+    again.instance_id = Some("i2".into());
+    assert_eq!(
+        hb(&mut c, &mut log, 6, again, &t).unwrap_err().code,
+        E::UnreleasedInstanceId
+    );
+    exclusive(&c);
+}
+
+#[test]
+fn a_member_that_stops_heartbeating_is_fenced_and_its_partitions_move() {
+    let t = topics(&[("orders", 1, 4)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let a = hb(&mut c, &mut log, 0, join_args("a", &["orders"]), &t).unwrap();
+    hb(&mut c, &mut log, 0, join_args("b", &["orders"]), &t).unwrap();
+    // b goes silent; a keeps heartbeating (and gives up what the target moved to b).
+    let a = hb(&mut c, &mut log, 1_000, beat("a", a.member_epoch, None), &t).unwrap();
+    let kept = a.assignment.clone().unwrap();
+    assert_eq!(count(&kept), 2);
+    let a = hb(
+        &mut c,
+        &mut log,
+        SESSION - 1_000,
+        beat("a", 1, Some(kept)),
+        &t,
+    )
+    .unwrap();
+    let mut fx = Effects::default();
+    c.tick(SESSION + 1, &mut fx);
+    log.extend(fx.records);
+    let g = c.group("g").unwrap().consumer.as_ref().unwrap();
+    assert!(!g.members.contains_key("b"), "b is fenced");
+    assert!(g.members.contains_key("a"));
+    let r = hb(
+        &mut c,
+        &mut log,
+        SESSION + 2,
+        beat("a", a.member_epoch, None),
+        &t,
+    )
+    .unwrap();
+    assert_eq!(
+        r.assignment.as_ref().map(count),
+        Some(4),
+        "b's partitions move to a"
+    );
+    exclusive(&c);
+}
+
+#[test]
+fn a_regex_subscription_picks_up_a_topic_created_later() {
+    let mut t = topics(&[("logs-a", 1, 2), ("other", 2, 2)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let mut j = join_args("m", &[]);
+    j.subscribed_topic_names = None;
+    j.subscribed_topic_regex = Some("logs-.*".into());
+    let r = hb(&mut c, &mut log, 0, j, &t).unwrap();
+    assert_eq!(r.assignment.as_ref().map(count), Some(2));
+    t.topics
+        .insert("logs-b".into(), (Uuid::from_bytes([3; 16]), 3));
+    t.version += 1;
+    let r = hb(&mut c, &mut log, 1, beat("m", r.member_epoch, None), &t).unwrap();
+    assert_eq!(r.assignment.as_ref().map(count), Some(5));
+    assert!(!r
+        .assignment
+        .unwrap()
+        .contains_key(&Uuid::from_bytes([2; 16])));
+}
+
+#[test]
+fn offsets_commit_with_the_member_epoch() {
+    let t = topics(&[("orders", 1, 1)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let r = hb(&mut c, &mut log, 0, join_args("m", &["orders"]), &t).unwrap();
+    let commit = |c: &mut Coordinator, member: &str, epoch: i32| {
+        let plan = c.plan_commit(
+            0,
+            CommitArgs {
+                group_id: "g".into(),
+                generation: epoch,
+                member_id: member.into(),
+                instance_id: None,
+                offsets: vec![(
+                    ("orders".into(), 0),
+                    Committed {
+                        offset: 5,
+                        leader_epoch: -1,
+                        metadata: String::new(),
+                        commit_timestamp_ms: 0,
+                    },
+                )],
+            },
+        );
+        let code = plan.results[0].1;
+        c.fail_commit(&plan);
+        code
+    };
+    assert_eq!(commit(&mut c, "m", r.member_epoch), Ok(()));
+    assert_eq!(
+        commit(&mut c, "m", r.member_epoch + 1),
+        Err(E::StaleMemberEpoch)
+    );
+    assert_eq!(commit(&mut c, "x", r.member_epoch), Err(E::UnknownMemberId));
+    // An admin commit only to an empty group.
+    assert_eq!(commit(&mut c, "", -1), Err(E::UnknownMemberId));
+}
+
+/// A tiny deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// A simulated client: what it believes it owns and its epoch.
+#[derive(Debug, Clone)]
+struct Client {
+    epoch: i32,
+    owned: Assignment,
+    /// It got a new assignment and acknowledges it on its next heartbeat.
+    ack: bool,
+}
+
+#[test]
+fn simulation_never_gives_a_partition_to_two_members() {
+    let (mut unrevoked, mut unreleased, mut moves) = (0, 0, 0);
+    for seed in 1..=40u64 {
+        let (a, b, m) = simulate(seed);
+        unrevoked += a;
+        unreleased += b;
+        moves += m;
+    }
+    // The runs went through the states under test.
+    assert!(
+        unrevoked > 0 && unreleased > 0 && moves > 0,
+        "{unrevoked} {unreleased} {moves}"
+    );
+}
+
+/// Returns how many steps saw a member waiting to revoke, one waiting for a release,
+/// and how many coordinator moves there were.
+fn simulate(seed: u64) -> (usize, usize, usize) {
+    let (mut unrevoked, mut unreleased, mut moves) = (0, 0, 0);
+    let t = topics(&[("a", 1, 7), ("b", 2, 5)]);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log: Vec<Record> = Vec::new();
+    let mut clients: BTreeMap<String, Client> = BTreeMap::new();
+    let mut next_id = 0;
+    let mut now = 0i64;
+    for _step in 0..400 {
+        now += 100;
+        match rng.below(20) {
+            // A new member.
+            0..=2 if clients.len() < 8 => {
+                next_id += 1;
+                let id = format!("m{next_id}");
+                let subs: &[&str] = match rng.below(3) {
+                    0 => &["a"],
+                    1 => &["b"],
+                    _ => &["a", "b"],
+                };
+                if let Ok(r) = hb(&mut c, &mut log, now, join_args(&id, subs), &t) {
+                    let owned = r.assignment.unwrap_or_default();
+                    clients.insert(
+                        id,
+                        Client {
+                            epoch: r.member_epoch,
+                            owned,
+                            ack: true,
+                        },
+                    );
+                }
+            }
+            // A member leaves.
+            3 if !clients.is_empty() => {
+                let id = clients
+                    .keys()
+                    .nth(rng.below(clients.len() as u64) as usize)
+                    .cloned()
+                    .unwrap();
+                let cl = clients.remove(&id).unwrap();
+                let _ = hb(&mut c, &mut log, now, beat(&id, -1, None), &t);
+                let _ = cl;
+            }
+            // A member crashes: it is gone from here on, fenced at its session's end.
+            4 if !clients.is_empty() => {
+                let id = clients
+                    .keys()
+                    .nth(rng.below(clients.len() as u64) as usize)
+                    .cloned()
+                    .unwrap();
+                clients.remove(&id);
+                // Time passes until it is fenced; the live ones keep heartbeating.
+                let end = now + SESSION + 1;
+                while now < end {
+                    now += 5_000;
+                    heartbeat_all(&mut c, &mut log, now, &mut clients, &t);
+                }
+                let mut fx = Effects::default();
+                c.tick(now, &mut fx);
+                log.extend(fx.records);
+            }
+            // The coordinator moves: a new one replays the log.
+            5 => {
+                moves += 1;
+                let before = c.group("g").and_then(|g| g.consumer.clone());
+                c = reload(&log, now);
+                let after = c.group("g").and_then(|g| g.consumer.clone());
+                match (before, after) {
+                    (Some(x), Some(y)) => {
+                        assert_eq!(
+                            (x.epoch, x.assignment_epoch, &x.target),
+                            (y.epoch, y.assignment_epoch, &y.target),
+                            "seed {seed}"
+                        );
+                        for (id, m) in &x.members {
+                            let n = &y.members[id];
+                            assert_eq!(
+                                (m.epoch, m.state, &m.assigned, &m.revoking),
+                                (n.epoch, n.state, &n.assigned, &n.revoking),
+                                "seed {seed} member {id}"
+                            );
+                        }
+                    }
+                    (x, y) => assert_eq!(x.is_none(), y.is_none() || y.unwrap().members.is_empty()),
+                }
+            }
+            _ => heartbeat_all(&mut c, &mut log, now, &mut clients, &t),
+        }
+        exclusive(&c);
+        if let Some(g) = c.group("g").and_then(|g| g.consumer.as_ref()) {
+            let has = |s| g.members.values().any(|m| m.state == s);
+            unrevoked += usize::from(has(MemberState::UnrevokedPartitions));
+            unreleased += usize::from(has(MemberState::UnreleasedPartitions));
+        }
+        // What live clients believe they own is disjoint too.
+        let mut seen = BTreeSet::new();
+        for (id, cl) in &clients {
+            for (tp, ps) in &cl.owned {
+                for p in ps {
+                    assert!(
+                        seen.insert((*tp, *p)),
+                        "seed {seed}: {id} and another both own {tp}-{p}"
+                    );
+                }
+            }
+        }
+    }
+    // Quiet heartbeats settle the group: everything assigned, every member stable.
+    for _ in 0..6 {
+        now += 100;
+        heartbeat_all(&mut c, &mut log, now, &mut clients, &t);
+    }
+    if let Some(g) = c.group("g").and_then(|g| g.consumer.as_ref()) {
+        if !clients.is_empty() {
+            assert_eq!(g.state(), "Stable", "seed {seed}: {:?}", g.members);
+            let owned: usize = clients.values().map(|c| count(&c.owned)).sum();
+            let wanted: BTreeSet<&str> = g
+                .members
+                .values()
+                .flat_map(|m| m.subscribed_names.iter().map(String::as_str))
+                .collect();
+            let total: i32 = wanted.iter().map(|n| t.topics[*n].1).sum();
+            assert_eq!(owned, total as usize, "seed {seed}");
+        }
+    }
+    (unrevoked, unreleased, moves)
+}
+
+fn heartbeat_all(
+    c: &mut Coordinator,
+    log: &mut Vec<Record>,
+    now: i64,
+    clients: &mut BTreeMap<String, Client>,
+    t: &Topics,
+) {
+    let ids: Vec<String> = clients.keys().cloned().collect();
+    for id in ids {
+        let cl = clients.get_mut(&id).unwrap();
+        let owned = cl.ack.then(|| cl.owned.clone());
+        match hb(c, log, now, beat(&id, cl.epoch, owned), t) {
+            Ok(r) => {
+                cl.epoch = r.member_epoch;
+                cl.ack = false;
+                if let Some(a) = r.assignment {
+                    // librdkafka revokes what is gone, takes what is new, then acks.
+                    cl.ack = a != cl.owned;
+                    cl.owned = a;
+                }
+            }
+            Err(e) if matches!(e.code, E::FencedMemberEpoch | E::UnknownMemberId) => {
+                // Rejoin with epoch 0, having dropped everything (lost).
+                cl.owned.clear();
+                let r = hb(c, log, now, join_args(&id, &["a", "b"]), t).unwrap();
+                cl.epoch = r.member_epoch;
+                cl.owned = r.assignment.unwrap_or_default();
+                cl.ack = true;
+            }
+            Err(e) => panic!("{id}: {e:?}"),
+        }
+    }
+}

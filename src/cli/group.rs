@@ -14,8 +14,10 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::consumer_group_describe_response;
 use kafka_protocol::messages::{
-    BrokerId, ConsumerProtocolAssignment, DeleteGroupsRequest, DescribeGroupsRequest,
+    BrokerId, ConsumerGroupDescribeRequest, ConsumerProtocolAssignment, DeleteGroupsRequest,
+    DescribeGroupsRequest,
     FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest, MetadataRequest,
     OffsetCommitRequest, OffsetFetchRequest, TopicName,
 };
@@ -64,15 +66,27 @@ fn coordinator(bootstrap: &str, group: &str) -> Res<Conn> {
 
 pub fn list(bootstrap: &str) -> Res<()> {
     let mut c = Conn::open(bootstrap, CLIENT_ID)?;
-    let r = c.call(4, &ListGroupsRequest::default())?;
+    // v5 names each group's type (classic or consumer, KIP-848); older brokers: v4.
+    let r = match c.call(5, &ListGroupsRequest::default()) {
+        Ok(r) => r,
+        Err(_) => {
+            let mut c = Conn::open(bootstrap, CLIENT_ID)?;
+            c.call(4, &ListGroupsRequest::default())?
+        }
+    };
     code_err("ListGroups", r.error_code)?;
-    println!("{:<40} {:<20} PROTOCOL-TYPE", "GROUP", "STATE");
+    println!("{:<40} {:<20} {:<14} TYPE", "GROUP", "STATE", "PROTOCOL-TYPE");
     for g in r.groups {
         println!(
-            "{:<40} {:<20} {}",
+            "{:<40} {:<20} {:<14} {}",
             g.group_id.as_str(),
             g.group_state.as_str(),
-            g.protocol_type.as_str()
+            g.protocol_type.as_str(),
+            if g.group_type.is_empty() {
+                "classic"
+            } else {
+                g.group_type.as_str()
+            }
         );
     }
     Ok(())
@@ -195,31 +209,108 @@ fn assigned(mut b: Bytes) -> Vec<(String, i32)> {
     }
 }
 
+/// A KIP-848 group as ConsumerGroupDescribe shows it, `None` for a classic group (or a
+/// broker without the API).
+fn describe_consumer_group(
+    c: &mut Conn,
+    group: &str,
+) -> Res<Option<consumer_group_describe_response::DescribedGroup>> {
+    let Ok(d) = c.call(
+        0,
+        &ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(sbs(group))]),
+    ) else {
+        return Ok(None);
+    };
+    let Some(g) = d.groups.into_iter().next() else {
+        return Err(GroupCliError::EmptyDescribe);
+    };
+    if g.error_code == kafka_protocol::error::ResponseError::GroupIdNotFound.code() {
+        return Ok(None);
+    }
+    code_err("ConsumerGroupDescribe", g.error_code)?;
+    Ok(Some(g))
+}
+
+/// "topic-0,1 other-3": a member's partitions, compactly.
+fn partitions_text(a: &consumer_group_describe_response::Assignment) -> String {
+    let text: Vec<String> = a
+        .topic_partitions
+        .iter()
+        .map(|t| {
+            let ps: Vec<String> = t.partitions.iter().map(i32::to_string).collect();
+            format!("{}-{}", t.topic_name.as_str(), ps.join(","))
+        })
+        .collect();
+    if text.is_empty() {
+        "-".into()
+    } else {
+        text.join(" ")
+    }
+}
+
 pub fn describe(bootstrap: &str, group: &str) -> Res<()> {
     let mut c = coordinator(bootstrap, group)?;
-    let d = c.call(
-        5,
-        &DescribeGroupsRequest::default().with_groups(vec![GroupId(sbs(group))]),
-    )?;
-    let g = d
-        .groups
-        .into_iter()
-        .next()
-        .ok_or(GroupCliError::EmptyDescribe)?;
-    code_err("DescribeGroups", g.error_code)?;
     let mut owner: BTreeMap<(String, i32), (String, String, String)> = BTreeMap::new();
-    for m in &g.members {
-        for tp in assigned(m.member_assignment.clone()) {
-            owner.insert(
-                tp,
-                (
-                    m.member_id.to_string(),
-                    m.client_host.to_string(),
-                    m.client_id.to_string(),
-                ),
+    let (state, members) = if let Some(g) = describe_consumer_group(&mut c, group)? {
+        println!(
+            "Group {group}: consumer protocol (KIP-848), state {}, group epoch {}, assignment epoch {}, assignor {}",
+            g.group_state.as_str(),
+            g.group_epoch,
+            g.assignment_epoch,
+            g.assignor_name.as_str()
+        );
+        println!(
+            "{:<40} {:>6} {:<16} {:<30} {:<30}",
+            "MEMBER-ID", "EPOCH", "INSTANCE-ID", "ASSIGNED", "TARGET"
+        );
+        for m in &g.members {
+            println!(
+                "{:<40} {:>6} {:<16} {:<30} {:<30}",
+                m.member_id.as_str(),
+                m.member_epoch,
+                m.instance_id.as_deref().unwrap_or("-"),
+                partitions_text(&m.assignment),
+                partitions_text(&m.target_assignment)
             );
+            for t in &m.assignment.topic_partitions {
+                for p in &t.partitions {
+                    owner.insert(
+                        (t.topic_name.to_string(), *p),
+                        (
+                            m.member_id.to_string(),
+                            m.client_host.to_string(),
+                            m.client_id.to_string(),
+                        ),
+                    );
+                }
+            }
         }
-    }
+        (g.group_state.to_string(), g.members.len())
+    } else {
+        let d = c.call(
+            5,
+            &DescribeGroupsRequest::default().with_groups(vec![GroupId(sbs(group))]),
+        )?;
+        let g = d
+            .groups
+            .into_iter()
+            .next()
+            .ok_or(GroupCliError::EmptyDescribe)?;
+        code_err("DescribeGroups", g.error_code)?;
+        for m in &g.members {
+            for tp in assigned(m.member_assignment.clone()) {
+                owner.insert(
+                    tp,
+                    (
+                        m.member_id.to_string(),
+                        m.client_host.to_string(),
+                        m.client_id.to_string(),
+                    ),
+                );
+            }
+        }
+        (g.group_state.to_string(), g.members.len())
+    };
     let f = c.call(
         7,
         &OffsetFetchRequest::default()
@@ -245,11 +336,7 @@ pub fn describe(bootstrap: &str, group: &str) -> Res<()> {
     } else {
         log_ends(bootstrap, &topics)?
     };
-    println!(
-        "Group {group}: state {}, {} member(s)",
-        g.group_state.as_str(),
-        g.members.len()
-    );
+    println!("Group {group}: state {state}, {members} member(s)");
     println!(
         "{:<24} {:<24} {:>9} {:>14} {:>14} {:>8} {:<40} {:<16} CLIENT-ID",
         "GROUP",

@@ -7,6 +7,15 @@
 //! JoinGroup until every member, the new one too, has its assignment in the generation
 //! after that. The leader assigns round-robin.
 //!
+//! With `--protocol consumer` the members speak the next protocol instead (KIP-848:
+//! ConsumerGroupHeartbeat, the broker's assignor): the times are until every partition
+//! is owned by a live member and every member has reconciled to one epoch. Both
+//! protocols also report, for the leave and the join, how many of the other members
+//! stopped consuming altogether at some moment and for how long at most (classic:
+//! from the heartbeat that announces the rebalance to the SyncGroup answer, as the
+//! eager protocol revokes everything; KIP-848: while a member owns nothing after
+//! owning something).
+//!
 //! Each member holds one connection, so the process needs one descriptor per member
 //! (checked up front against its open-file limit) and so does the broker. Connecting
 //! counts against `--timeout` too: a broker out of descriptors leaves connections in
@@ -40,6 +49,8 @@ pub struct GroupOpts {
     pub session_timeout_ms: i32,
     pub heartbeat_ms: u64,
     pub timeout_s: f64,
+    /// "classic" (JoinGroup/SyncGroup) or "consumer" (KIP-848).
+    pub protocol: String,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -52,6 +63,13 @@ pub struct GroupResult {
     pub rebalance_generation: i32,
     pub rebalance_after_join_ms: f64,
     pub rebalance_after_join_generation: i32,
+    /// Members other than the leaver that stopped consuming altogether while the
+    /// group absorbed the leave, and the longest such stop.
+    pub leave_paused_members: usize,
+    pub leave_max_pause_ms: f64,
+    /// The same for the join of one new member (the joiner not counted).
+    pub join_paused_members: usize,
+    pub join_max_pause_ms: f64,
 }
 
 const JOIN_V: i16 = 5;
@@ -81,6 +99,28 @@ struct Shared {
     /// The member told to leave.
     leaver: Cell<Option<usize>>,
     left: Cell<bool>,
+    /// Stops of consuming that ended: (member, how long in ms).
+    pauses: RefCell<Vec<(usize, f64)>>,
+    /// KIP-848: per member, how many partitions it owns.
+    owned: RefCell<Vec<usize>>,
+    /// KIP-848: the topic's id (assignments name topics by id).
+    topic_id: Cell<uuid::Uuid>,
+}
+
+impl Shared {
+    /// The stops since the last call, not counting `except`: (members, longest ms).
+    fn take_pauses(&self, except: usize) -> (usize, f64) {
+        let p = std::mem::take(&mut *self.pauses.borrow_mut());
+        let mut members: Vec<usize> = p.iter().map(|(i, _)| *i).filter(|i| *i != except).collect();
+        members.sort_unstable();
+        members.dedup();
+        let max = p
+            .iter()
+            .filter(|(i, _)| *i != except)
+            .map(|(_, ms)| *ms)
+            .fold(0.0, f64::max);
+        (members.len(), max)
+    }
 }
 
 struct Member {
@@ -232,7 +272,13 @@ pub async fn join_alone(
 impl Member {
     /// Joins, syncs and heartbeats until told to stop; rejoins on rebalance.
     async fn run(mut self) -> std::io::Result<()> {
+        if self.opts.protocol == "consumer" {
+            return self.run_consumer().await;
+        }
         let (group, topic) = (self.opts.group.clone(), self.opts.topic.clone());
+        // Since when it consumes nothing: the eager protocol gives everything up when
+        // a rebalance is announced, until SyncGroup hands the new assignment out.
+        let mut paused_since: Option<Instant> = None;
         'generation: loop {
             let (generation, leader, members) = join(
                 &mut self.client,
@@ -258,6 +304,10 @@ impl Member {
             }
             // (Empty when there are more members than partitions.)
             self.shared.synced_generation.borrow_mut()[self.idx] = generation;
+            if let Some(t) = paused_since.take() {
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                self.shared.pauses.borrow_mut().push((self.idx, ms));
+            }
             loop {
                 glommio::timer::sleep(Duration::from_millis(self.opts.heartbeat_ms)).await;
                 if self.shared.stop.get() {
@@ -270,7 +320,10 @@ impl Member {
                 }
                 match heartbeat(&mut self.client, &group, generation, &self.id).await? {
                     0 => {}
-                    27 | 22 => continue 'generation,
+                    27 | 22 => {
+                        paused_since.get_or_insert_with(Instant::now);
+                        continue 'generation;
+                    }
                     25 => {
                         self.id.clear();
                         continue 'generation;
@@ -279,6 +332,127 @@ impl Member {
                 }
             }
         }
+    }
+}
+
+impl Member {
+    /// A KIP-848 member: heartbeats every `heartbeat_ms` (at once after an assignment
+    /// change, with what it owns, as librdkafka acknowledges), follows its assignment,
+    /// rejoins when fenced, leaves with epoch -1 when told to.
+    async fn run_consumer(mut self) -> std::io::Result<()> {
+        use kafka_protocol::messages::ConsumerGroupHeartbeatRequest;
+        let group = self.opts.group.clone();
+        self.id = uuid::Uuid::new_v4().simple().to_string();
+        let mut epoch = 0;
+        let mut owned: std::collections::BTreeSet<i32> = Default::default();
+        let mut ack = false;
+        let mut paused_since: Option<Instant> = None;
+        loop {
+            if self.shared.stop.get() {
+                return Ok(());
+            }
+            let leaving = self.shared.leaver.get() == Some(self.idx);
+            let mut req = ConsumerGroupHeartbeatRequest::default()
+                .with_group_id(GroupId(s(&group)))
+                .with_member_id(s(&self.id))
+                .with_member_epoch(if leaving { -1 } else { epoch })
+                .with_rebalance_timeout_ms(-1);
+            if epoch == 0 && !leaving {
+                req = req
+                    .with_rebalance_timeout_ms(60_000)
+                    .with_subscribed_topic_names(Some(vec![topic_name(&self.opts.topic)]))
+                    .with_topic_partitions(Some(Vec::new()));
+            } else if ack {
+                req = req.with_topic_partitions(Some(vec![
+                    kafka_protocol::messages::consumer_group_heartbeat_request::TopicPartitions::default()
+                        .with_topic_id(self.shared.topic_id.get())
+                        .with_partitions(owned.iter().copied().collect()),
+                ]));
+            }
+            let r = self.client.request(&req, 1).await?;
+            if leaving {
+                self.shared.left.set(true);
+                return Ok(());
+            }
+            ack = false;
+            match r.error_code {
+                0 => {
+                    epoch = r.member_epoch;
+                    if let Some(a) = r.assignment {
+                        let new: std::collections::BTreeSet<i32> = a
+                            .topic_partitions
+                            .iter()
+                            .filter(|t| t.topic_id == self.shared.topic_id.get())
+                            .flat_map(|t| t.partitions.iter().copied())
+                            .collect();
+                        if new != owned {
+                            if new.is_empty() && !owned.is_empty() {
+                                paused_since = Some(Instant::now());
+                            }
+                            if !new.is_empty() {
+                                if let Some(t) = paused_since.take() {
+                                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                                    self.shared.pauses.borrow_mut().push((self.idx, ms));
+                                }
+                            }
+                            owned = new;
+                            ack = true;
+                        }
+                    }
+                    self.shared.owned.borrow_mut()[self.idx] = owned.len();
+                    self.shared.synced_generation.borrow_mut()[self.idx] = epoch;
+                }
+                // UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH: join again, owning nothing.
+                25 | 110 => {
+                    epoch = 0;
+                    owned.clear();
+                    self.shared.owned.borrow_mut()[self.idx] = 0;
+                }
+                // Coordinator moving or loading: retry.
+                14 | 15 | 16 => {}
+                e => return Err(err(format!("ConsumerGroupHeartbeat error {e}"))),
+            }
+            if !ack {
+                glommio::timer::sleep(Duration::from_millis(self.opts.heartbeat_ms)).await;
+            }
+        }
+    }
+}
+
+/// KIP-848: waits until the `live` members own all `partitions`, evenly (at most one
+/// apart), and have reconciled to one epoch above `after`; returns that epoch.
+async fn all_consuming(
+    shared: &Shared,
+    after: i32,
+    live: impl Fn(usize) -> bool,
+    partitions: usize,
+    deadline: Instant,
+) -> std::io::Result<i32> {
+    loop {
+        let epochs = shared.synced_generation.borrow().clone();
+        let owned = shared.owned.borrow().clone();
+        let live: Vec<usize> = (0..epochs.len()).filter(|i| live(*i)).collect();
+        let e = live.iter().map(|i| epochs[*i]).min().unwrap_or(0);
+        let total: usize = live.iter().map(|i| owned[*i]).sum();
+        // Balanced too (the uniform assignor's end state): an epoch every member has
+        // reached may still be an early target's, before the later joins were assigned.
+        let most = live.iter().map(|i| owned[*i]).max().unwrap_or(0);
+        let least = live.iter().map(|i| owned[*i]).min().unwrap_or(0);
+        if e > after
+            && live.iter().all(|i| epochs[*i] == e)
+            && total == partitions
+            && most - least <= 1
+        {
+            return Ok(e);
+        }
+        if Instant::now() > deadline {
+            return Err(err(format!(
+                "timed out: {total} of {partitions} partitions owned, epochs {}..{}",
+                e,
+                live.iter().map(|i| epochs[*i]).max().unwrap_or(0)
+            )));
+        }
+        glommio::timer::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -356,6 +530,22 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
     // All members talk to the group's coordinator.
     let coordinator = admin.coordinator(&opts.group, 0).await?;
     let shared = Rc::new(Shared::default());
+    if opts.protocol == "consumer" {
+        // v10+ carries topic ids (the bench's usual Metadata version is older).
+        let req = kafka_protocol::messages::MetadataRequest::default().with_topics(Some(vec![
+            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(topic_name(&opts.topic))),
+        ]));
+        let meta = admin.request(&req, 12).await?;
+        let id = meta
+            .topics
+            .first()
+            .map(|t| t.topic_id)
+            .filter(|id| !id.is_nil())
+            .ok_or_else(|| err(format!("no topic id for {} (Metadata v10+)", opts.topic)))?;
+        shared.topic_id.set(id);
+    }
+    *shared.owned.borrow_mut() = vec![0; opts.members + 1];
     // The members, then the one that joins the stable group at the end.
     let joiner = opts.members;
     *shared.synced_generation.borrow_mut() = vec![0; opts.members + 1];
@@ -385,8 +575,15 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
     for m in members {
         tasks.push(glommio::spawn_local(m.run()));
     }
-    let join_generation = all_synced(&shared, 0, |i| i < joiner, deadline).await?;
+    let consumer = opts.protocol == "consumer";
+    let parts = usize::try_from(opts.partitions).unwrap_or(0);
+    let join_generation = if consumer {
+        all_consuming(&shared, 0, |i| i < joiner, parts, deadline).await?
+    } else {
+        all_synced(&shared, 0, |i| i < joiner, deadline).await?
+    };
     let join_ms = start.elapsed().as_secs_f64() * 1e3;
+    shared.take_pauses(usize::MAX);
     // One member leaves; the rest rebalance.
     let leaver = opts.members / 2;
     shared.leaver.set(Some(leaver));
@@ -394,20 +591,31 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
         glommio::timer::sleep(Duration::from_millis(1)).await;
     }
     let left_at = Instant::now();
-    let rebalance_generation = all_synced(
-        &shared,
-        join_generation,
-        |i| i < joiner && i != leaver,
-        deadline,
-    )
-    .await?;
+    let staying = |i: usize| i < joiner && i != leaver;
+    let rebalance_generation = if consumer {
+        all_consuming(&shared, join_generation, staying, parts, deadline).await?
+    } else {
+        all_synced(&shared, join_generation, staying, deadline).await?
+    };
     let rebalance_after_leave_ms = left_at.elapsed().as_secs_f64() * 1e3;
+    let (leave_paused_members, leave_max_pause_ms) = shared.take_pauses(leaver);
     // A new member joins; everyone rebalances again.
     let joined_at = Instant::now();
     tasks.push(glommio::spawn_local(late.run()));
-    let rebalance_after_join_generation =
-        all_synced(&shared, rebalance_generation, |i| i != leaver, deadline).await?;
+    let rebalance_after_join_generation = if consumer {
+        all_consuming(
+            &shared,
+            rebalance_generation,
+            |i| i != leaver,
+            parts,
+            deadline,
+        )
+        .await?
+    } else {
+        all_synced(&shared, rebalance_generation, |i| i != leaver, deadline).await?
+    };
     let rebalance_after_join_ms = joined_at.elapsed().as_secs_f64() * 1e3;
+    let (join_paused_members, join_max_pause_ms) = shared.take_pauses(joiner);
     shared.stop.set(true);
     for t in tasks {
         if let Err(e) = t.await {
@@ -422,5 +630,9 @@ pub async fn run(opts: GroupOpts) -> std::io::Result<GroupResult> {
         rebalance_generation,
         rebalance_after_join_ms,
         rebalance_after_join_generation,
+        leave_paused_members,
+        leave_max_pause_ms,
+        join_paused_members,
+        join_max_pause_ms,
     })
 }

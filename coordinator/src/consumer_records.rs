@@ -29,6 +29,11 @@ use crate::group::consumer::{ConsumerMember, MemberState};
 use crate::group::{Assignment, Record};
 use crate::records::RecordError;
 
+/// Whether a `__consumer_offsets` key is one of these records' (types 3–8).
+pub fn is_consumer_key(key: &[u8]) -> bool {
+    matches!(key, [a, b, ..] if (3..=8).contains(&i16::from_be_bytes([*a, *b])))
+}
+
 /// A consumer-group record key (the group is carried beside it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConsumerKey {

@@ -9,17 +9,16 @@
 use std::collections::BTreeMap;
 
 use bytes::{Buf, Bytes};
+use kafka_protocol::messages::consumer_group_describe_response;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
-use kafka_protocol::messages::consumer_group_describe_response;
 use kafka_protocol::messages::{
     BrokerId, ConsumerGroupDescribeRequest, ConsumerProtocolAssignment, DeleteGroupsRequest,
-    DescribeGroupsRequest,
-    FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetCommitRequest, OffsetFetchRequest, TopicName,
+    DescribeGroupsRequest, FindCoordinatorRequest, GroupId, ListGroupsRequest, ListOffsetsRequest,
+    MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::Decodable;
 
@@ -75,7 +74,10 @@ pub fn list(bootstrap: &str) -> Res<()> {
         }
     };
     code_err("ListGroups", r.error_code)?;
-    println!("{:<40} {:<20} {:<14} TYPE", "GROUP", "STATE", "PROTOCOL-TYPE");
+    println!(
+        "{:<40} {:<20} {:<14} TYPE",
+        "GROUP", "STATE", "PROTOCOL-TYPE"
+    );
     for g in r.groups {
         println!(
             "{:<40} {:<20} {:<14} {}",

@@ -237,7 +237,15 @@ pub struct ConsumerGroup {
     pub topic_names: BTreeMap<Uuid, String>,
     /// The catalog version `metadata` was resolved at (`None`: resolve again).
     metadata_version: Option<u64>,
+    /// The earliest a new target may be computed (see [`ASSIGNMENT_INTERVAL_MS`]).
+    next_assignment_ms: i64,
 }
+
+/// How often a group's target assignment is computed at most: group epochs that move
+/// faster (many members joining at once) are assigned together, at the next heartbeat
+/// or timer tick after this much time — not once per joining member, which made a
+/// join of N members cost O(N²).
+pub const ASSIGNMENT_INTERVAL_MS: i64 = 100;
 
 /// A consumer group as ConsumerGroupDescribe shows it.
 #[derive(Debug, Clone)]
@@ -518,6 +526,8 @@ impl Coordinator {
         // The member: joined, replacing a static member that left, or known.
         let mut bump = false;
         let mut changed_subscription = false;
+        // A member new to the group only adds to what the group subscribes to.
+        let mut new_member = false;
         let member_id = match (&a.instance_id, joining) {
             (None, true) => {
                 if !c.members.contains_key(&a.member_id) {
@@ -533,6 +543,7 @@ impl Coordinator {
                     );
                     bump = true;
                     changed_subscription = true;
+                    new_member = true;
                 }
                 a.member_id.clone()
             }
@@ -566,6 +577,7 @@ impl Coordinator {
                     c.static_members
                         .insert(instance.clone(), a.member_id.clone());
                     changed_subscription = true;
+                    new_member = true;
                     a.member_id.clone()
                 }
                 None => {
@@ -591,6 +603,7 @@ impl Coordinator {
                         .insert(instance.clone(), a.member_id.clone());
                     bump = true;
                     changed_subscription = true;
+                    new_member = true;
                     a.member_id.clone()
                 }
             },
@@ -675,8 +688,19 @@ impl Coordinator {
             fx.records.push(m.subscription_record(&gid));
         }
 
-        // The subscribed topics: resolved again when members or the topics changed.
-        if bump || c.metadata_version != Some(catalog.version()) {
+        // The subscribed topics: resolved again when the topics changed, or a
+        // subscription changed in a way that may change them (a new member naming
+        // only topics the group has already adds nothing: a thousand joining members
+        // do not resolve a thousand members' subscriptions each).
+        let m = &c.members[&member_id];
+        let adds_nothing = new_member
+            && m.subscribed_regex.is_none()
+            && m.subscribed_names.iter().all(|n| {
+                catalog
+                    .topic(n)
+                    .is_none_or(|(id, _)| c.metadata.contains_key(&id))
+            });
+        if (bump && !adds_nothing) || c.metadata_version != Some(catalog.version()) {
             let resolved = c.resolve(catalog);
             if resolved.partitions != c.metadata {
                 bump = true;
@@ -700,8 +724,9 @@ impl Coordinator {
             c.epoch += 1;
             fx.records.push(rec::group_metadata(&gid, c.epoch));
         }
-        if c.epoch > c.assignment_epoch {
+        if c.epoch > c.assignment_epoch && now_ms >= c.next_assignment_ms {
             compute_target(c, &gid, catalog, &cfg, fx);
+            c.next_assignment_ms = now_ms + ASSIGNMENT_INTERVAL_MS;
         }
 
         // One reconciliation step of this member.
@@ -726,6 +751,25 @@ impl Coordinator {
         };
         c.members.insert(member_id, next);
         Ok(reply)
+    }
+
+    /// Computes the target assignment of consumer groups whose epoch moved on since
+    /// and whose assignment interval is over (the shell's timer calls it; heartbeats
+    /// compute it too).
+    pub fn assign_due(&mut self, now_ms: i64, catalog: &dyn Catalog, fx: &mut Effects) {
+        let cfg = self.config.consumer.clone();
+        for g in self.groups.values_mut() {
+            if g.loading {
+                continue;
+            }
+            let Some(c) = g.consumer.as_mut() else {
+                continue;
+            };
+            if c.epoch > c.assignment_epoch && now_ms >= c.next_assignment_ms {
+                compute_target(c, &g.id, catalog, &cfg, fx);
+                c.next_assignment_ms = now_ms + ASSIGNMENT_INTERVAL_MS;
+            }
+        }
     }
 
     /// Removes consumer-group members whose session or revocation time is over.

@@ -121,7 +121,7 @@ fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
         (1, Some(4))
     );
     let all = a.assignment.unwrap();
-    let b = hb(&mut c, &mut log, 10, join_args("b", &["orders"]), &t).unwrap();
+    let b = hb(&mut c, &mut log, 10000, join_args("b", &["orders"]), &t).unwrap();
     // The target gives b two partitions, but a still holds them: b waits at epoch 2.
     assert_eq!(b.member_epoch, 2);
     assert_eq!(b.assignment.as_ref().map(count), Some(0));
@@ -130,19 +130,26 @@ fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
         MemberState::UnreleasedPartitions
     );
     // a learns it must give two up, and stays at epoch 1 until it does.
-    let a2 = hb(&mut c, &mut log, 20, beat("a", 1, None), &t).unwrap();
+    let a2 = hb(&mut c, &mut log, 20000, beat("a", 1, None), &t).unwrap();
     assert_eq!(a2.member_epoch, 1);
     let kept = a2.assignment.unwrap();
     assert_eq!(count(&kept), 2);
     exclusive(&c);
     // Not acknowledged yet (still owns them): b still gets nothing.
-    hb(&mut c, &mut log, 30, beat("a", 1, Some(all)), &t).unwrap();
-    let b2 = hb(&mut c, &mut log, 40, beat("b", 2, None), &t).unwrap();
+    hb(&mut c, &mut log, 30000, beat("a", 1, Some(all)), &t).unwrap();
+    let b2 = hb(&mut c, &mut log, 40000, beat("b", 2, None), &t).unwrap();
     assert!(b2.assignment.is_none_or(|x| count(&x) == 0));
     // a acknowledges: epoch 2; then b gets the two.
-    let a3 = hb(&mut c, &mut log, 50, beat("a", 1, Some(kept.clone())), &t).unwrap();
+    let a3 = hb(
+        &mut c,
+        &mut log,
+        50000,
+        beat("a", 1, Some(kept.clone())),
+        &t,
+    )
+    .unwrap();
     assert_eq!(a3.member_epoch, 2);
-    let b3 = hb(&mut c, &mut log, 60, beat("b", 2, None), &t).unwrap();
+    let b3 = hb(&mut c, &mut log, 60000, beat("b", 2, None), &t).unwrap();
     assert_eq!(b3.assignment.as_ref().map(count), Some(2));
     exclusive(&c);
     assert_eq!(
@@ -150,7 +157,7 @@ fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
         "Stable"
     );
     // The reloaded coordinator has the same group.
-    let r = reload(&log, 100);
+    let r = reload(&log, 100_000);
     let (x, y) = (
         c.group("g").unwrap().consumer.as_ref().unwrap(),
         r.group("g").unwrap().consumer.as_ref().unwrap(),
@@ -271,13 +278,13 @@ fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() 
     hb(&mut c, &mut log, 0, s1, &t).unwrap();
     let r2 = hb(&mut c, &mut log, 0, s2, &t).unwrap();
     // Settle: s1 gives up two, s2 takes them.
-    let r1 = hb(&mut c, &mut log, 1, beat("s1", 1, None), &t).unwrap();
+    let r1 = hb(&mut c, &mut log, 1000, beat("s1", 1, None), &t).unwrap();
     let mut b1 = beat("s1", 1, r1.assignment.clone());
     b1.instance_id = Some("i1".into());
-    hb(&mut c, &mut log, 2, b1, &t).unwrap();
+    hb(&mut c, &mut log, 2000, b1, &t).unwrap();
     let mut b2 = beat("s2", r2.member_epoch, None);
     b2.instance_id = Some("i2".into());
-    let r2 = hb(&mut c, &mut log, 3, b2, &t).unwrap();
+    let r2 = hb(&mut c, &mut log, 3000, b2, &t).unwrap();
     let mine = r2.assignment.unwrap();
     assert_eq!(count(&mine), 2);
     let epoch = c.group("g").unwrap().consumer.as_ref().unwrap().epoch;
@@ -285,10 +292,13 @@ fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() 
     let mut leave = beat("s2", r2.member_epoch, None);
     leave.member_epoch = -2;
     leave.instance_id = Some("i2".into());
-    assert_eq!(hb(&mut c, &mut log, 4, leave, &t).unwrap().member_epoch, -2);
+    assert_eq!(
+        hb(&mut c, &mut log, 4000, leave, &t).unwrap().member_epoch,
+        -2
+    );
     let mut back = join_args("s2-new", &["orders"]);
     back.instance_id = Some("i2".into());
-    let r = hb(&mut c, &mut log, 5, back, &t).unwrap();
+    let r = hb(&mut c, &mut log, 5000, back, &t).unwrap();
     assert_eq!(
         r.assignment,
         Some(mine),
@@ -303,7 +313,7 @@ fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() 
     let mut again = join_args("s2-third", &["orders"]);
     again.instance_id = Some("i2".into());
     assert_eq!(
-        hb(&mut c, &mut log, 6, again, &t).unwrap_err().code,
+        hb(&mut c, &mut log, 6000, again, &t).unwrap_err().code,
         E::UnreleasedInstanceId
     );
     exclusive(&c);
@@ -363,7 +373,7 @@ fn a_regex_subscription_picks_up_a_topic_created_later() {
     t.topics
         .insert("logs-b".into(), (Uuid::from_bytes([3; 16]), 3));
     t.version += 1;
-    let r = hb(&mut c, &mut log, 1, beat("m", r.member_epoch, None), &t).unwrap();
+    let r = hb(&mut c, &mut log, 1000, beat("m", r.member_epoch, None), &t).unwrap();
     assert_eq!(r.assignment.as_ref().map(count), Some(5));
     assert!(!r
         .assignment
@@ -610,4 +620,40 @@ fn heartbeat_all(
             Err(e) => panic!("{id}: {e:?}"),
         }
     }
+}
+
+#[test]
+fn joins_within_the_assignment_interval_share_one_target_computed_by_the_timer() {
+    let t = topics(&[("orders", 1, 6)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    hb(&mut c, &mut log, 0, join_args("a", &["orders"]), &t).unwrap();
+    for (i, m) in ["b", "c"].iter().enumerate() {
+        let r = hb(
+            &mut c,
+            &mut log,
+            10 + i as i64,
+            join_args(m, &["orders"]),
+            &t,
+        )
+        .unwrap();
+        // Not assigned yet: the group epoch moved, the target waits for the interval.
+        assert_eq!(
+            (r.member_epoch, r.assignment.as_ref().map(count)),
+            (1, Some(0))
+        );
+    }
+    let g = c.group("g").unwrap().consumer.as_ref().unwrap();
+    assert_eq!(
+        (g.epoch, g.assignment_epoch, g.state()),
+        (3, 1, "Assigning")
+    );
+    let mut fx = Effects::default();
+    c.assign_due(50, &t, &mut fx);
+    assert!(fx.records.is_empty(), "not before the interval");
+    c.assign_due(consumer::ASSIGNMENT_INTERVAL_MS, &t, &mut fx);
+    log.extend(fx.records);
+    let g = c.group("g").unwrap().consumer.as_ref().unwrap();
+    assert_eq!(g.assignment_epoch, 3, "one computation for both joins");
+    assert!(g.target.values().all(|a| count(a) == 2), "{:?}", g.target);
 }

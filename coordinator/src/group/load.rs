@@ -111,11 +111,9 @@ impl Coordinator {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), crate::records::RecordError> {
-        if let [a, b, rest @ ..] = key {
-            let record_type = i16::from_be_bytes([*a, *b]);
-            if (3..=8).contains(&record_type) {
-                return self.load_consumer_record(now_ms, record_type, rest, value);
-            }
+        if crate::consumer_records::is_consumer_key(key) {
+            let record_type = i16::from_be_bytes([key[0], key[1]]);
+            return self.load_consumer_record(now_ms, record_type, &key[2..], value);
         }
         match Key::decode(key)? {
             Key::Offset {

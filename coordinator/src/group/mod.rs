@@ -416,6 +416,22 @@ impl Group {
         }
     }
 
+    /// Its state's name as tools show it: a KIP-848 group's own states (Empty,
+    /// Assigning, Reconciling, Stable), else the classic GroupState's.
+    pub fn state_name(&self) -> &'static str {
+        match &self.consumer {
+            Some(c) => c.state(),
+            None => self.state.name(),
+        }
+    }
+
+    /// How many members it has, of either protocol.
+    pub fn member_count(&self) -> usize {
+        self.consumer
+            .as_ref()
+            .map_or(self.members.len(), |c| c.members.len())
+    }
+
     fn transition(&mut self, to: GroupState, now_ms: i64) {
         use GroupState::*;
         let ok = matches!(

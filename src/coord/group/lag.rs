@@ -388,8 +388,8 @@ fn inputs(shell: &GroupShell) -> Vec<GroupInput> {
         .groups()
         .map(|g| GroupInput {
             group: g.id.clone(),
-            state: g.state.name(),
-            members: g.members.len(),
+            state: g.state_name(),
+            members: g.member_count(),
             offsets: g
                 .offsets
                 .iter()

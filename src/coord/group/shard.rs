@@ -10,9 +10,11 @@
 //! partition moved. Appends go through one permit so records reach the log in the
 //! order the coordinator produced them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
+
+use glommio::channels::local_channel::LocalSender;
 use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
@@ -31,6 +33,7 @@ use crate::base::rpc::{self, FetchedOffset, PartitionCode};
 use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
 use crate::coord::{coordinator_keys, partition_codes};
 use crate::partition::broker::{Broker, PartitionEvents};
+use sluice_coordinator::consumer_records::is_consumer_key;
 use sluice_coordinator::records::RecordError;
 use sluice_storage::SystemClock;
 
@@ -45,7 +48,16 @@ pub struct GroupShell {
     /// only receive its own response type.
     pending_joins: Waiters<JoinToken, JoinGroupResponse, String>,
     pending_syncs: Waiters<SyncToken, SyncGroupResponse, String>,
+    /// KIP-848 heartbeats' records waiting for the next write, each with where its
+    /// heartbeat waits for the outcome (see [`GroupShell::write_coalesced`]).
+    pending_writes: RefCell<Vec<(Vec<Record>, LocalSender<Result<(), ApiError>>)>>,
+    /// A task is writing `pending_writes`.
+    flushing: Cell<bool>,
 }
+
+/// The most record bytes one coalesced write of heartbeat records carries (well below
+/// the internal batch limit); what is left goes in the next write.
+const COALESCED_WRITE_BYTES: usize = 4 << 20;
 
 impl GroupShell {
     /// The shard's group shell: starts its timer ticker (it ends with the broker) and
@@ -56,11 +68,17 @@ impl GroupShell {
             rt: Runtime::new(OFFSETS_TOPIC, Rc::new(SystemClock)),
             pending_joins: Waiters::new(),
             pending_syncs: Waiters::new(),
+            pending_writes: RefCell::new(Vec::new()),
+            flushing: Cell::new(false),
         });
         broker.subscribe(s.clone());
         every(TICK, broker, &s, |b, st: Rc<GroupShell>| async move {
             let mut fx = Effects::default();
-            st.coord.borrow_mut().tick(st.rt.now_ms(), &mut fx);
+            let now = st.rt.now_ms();
+            st.coord.borrow_mut().tick(now, &mut fx);
+            st.coord
+                .borrow_mut()
+                .assign_due(now, &ImageCatalog(b.image()), &mut fx);
             st.run_effects(&b, fx).await;
         });
         s
@@ -347,11 +365,11 @@ impl GroupShell {
     /// groups are forgotten (they reload from the log at the next request) and the
     /// member gets the append's error, retriable.
     pub async fn consumer_heartbeat(
-        &self,
-        b: &Broker,
+        self: &Rc<Self>,
+        b: &Rc<Broker>,
         c: rpc::ConsumerHeartbeat,
     ) -> Result<Result<HeartbeatReply, Refused>, ApiError> {
-        self.rt.load(b, c.partition, self).await?;
+        self.rt.load(b, c.partition, &**self).await?;
         let catalog = ImageCatalog(b.image());
         let mut fx = Effects::default();
         let r =
@@ -359,13 +377,72 @@ impl GroupShell {
                 .borrow_mut()
                 .consumer_heartbeat(self.rt.now_ms(), c.args, &catalog, &mut fx);
         assert!(fx.replies.is_empty(), "heartbeats defer nothing");
-        if let Err(e) = self.append(b, fx.records).await {
+        if let Err(e) = self.write_coalesced(b, fx.records).await {
             tracing::warn!(partition = c.partition, error = %e,
                 "cannot store consumer group records in {OFFSETS_TOPIC}: reloading the partition");
             self.forget_partition(c.partition);
             return Err(ApiError::with(store_error(e.code), e.to_string()));
         }
         Ok(r)
+    }
+
+    /// Writes a heartbeat's records together with those of every heartbeat that came
+    /// while the previous write was in flight (a group commit: one batch per
+    /// partition per write, not one durable write per heartbeat, which at a thousand
+    /// members joining at once was what their join took). The records keep the order
+    /// the coordinator made them in. The write runs in a task of its own, so a
+    /// heartbeat whose connection goes away does not stop the others' write.
+    async fn write_coalesced(
+        self: &Rc<Self>,
+        b: &Rc<Broker>,
+        records: Vec<Record>,
+    ) -> Result<(), ApiError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let (tx, rx) = glommio::channels::local_channel::new_bounded(1);
+        self.pending_writes.borrow_mut().push((records, tx));
+        if !self.flushing.replace(true) {
+            let (shell, broker) = (self.clone(), b.clone());
+            glommio::spawn_local(async move {
+                loop {
+                    let batch = {
+                        let mut q = shell.pending_writes.borrow_mut();
+                        let mut bytes = 0;
+                        let n = q
+                            .iter()
+                            .take_while(|(recs, _)| {
+                                let first = bytes == 0;
+                                bytes += recs
+                                    .iter()
+                                    .map(|r| r.key.len() + r.value.as_ref().map_or(0, Vec::len))
+                                    .sum::<usize>();
+                                first || bytes <= COALESCED_WRITE_BYTES
+                            })
+                            .count();
+                        q.drain(..n).collect::<Vec<_>>()
+                    };
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let (records, waiters): (Vec<Vec<Record>>, Vec<_>) = batch.into_iter().unzip();
+                    let r = shell
+                        .append(&broker, records.into_iter().flatten().collect())
+                        .await;
+                    for w in waiters {
+                        let _ = w.try_send(r.clone());
+                    }
+                }
+                shell.flushing.set(false);
+            })
+            .detach();
+        }
+        rx.recv().await.unwrap_or_else(|| {
+            Err(ApiError::with(
+                ResponseError::CoordinatorNotAvailable,
+                "the coordinator's write ended without an outcome",
+            ))
+        })
     }
 
     pub async fn describe_consumer(
@@ -449,6 +526,9 @@ impl GroupShell {
         }
         let mut failed: HashMap<String, ResponseError> = HashMap::new();
         let mut more = Effects::default();
+        // Partitions whose KIP-848 records were not stored: memory is ahead of the
+        // log there, so their groups are reloaded from it.
+        let mut reload = Vec::new();
         for (p, recs) in by_partition {
             let Err(e) = self.append_batch(broker, p, &recs, None).await else {
                 continue;
@@ -463,6 +543,9 @@ impl GroupShell {
             } else {
                 tracing::warn!(?groups, partition = p, error = %e,
                     "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
+            }
+            if recs.iter().any(|r| is_consumer_key(&r.key)) {
+                reload.push(p);
             }
             for r in &recs {
                 failed.insert(r.group.clone(), code);
@@ -488,6 +571,9 @@ impl GroupShell {
                 Deferred::Join(token, r) => self.pending_joins.deliver(&token, r),
                 Deferred::Sync(token, r) => self.pending_syncs.deliver(&token, r),
             }
+        }
+        for p in reload {
+            self.forget_partition(p);
         }
     }
 

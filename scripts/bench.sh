@@ -11,6 +11,8 @@
 # BENCH_PART=scale runs only the many-partitions scenarios (scripts/bench-scale.sh).
 # BENCH_PART=move runs only the partition-move scenarios (scripts/bench-move.sh).
 # BENCH_PART=tiered runs only the tiered storage scenarios (scripts/bench-tiered.sh).
+# BENCH_PART=groups runs only the consumer-group scenarios of both protocols (classic and
+# KIP-848) at 1,000 and 10,000 members.
 # BENCH_PART=tls runs only (b), (b) over TLS to an SSL listener (b-tls, issue 42) and
 # (b) over SASL_SSL (b-sasl).
 # BENCH_PART=soak runs only the soak (last in a full run): SOAK_SECONDS (default 180)
@@ -55,6 +57,7 @@ NICE=()
 if [ "$(id -u)" = 0 ] && [ "${BENCH_NICE:-1}" = 1 ]; then NICE=(nice -n -10); fi
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json "$OUT"/*.hgrm "$OUT"/*.svg
+rm -rf "$OUT"/groups-*
 
 if [ "$PART" = all ] || [ "$PART" = txn ]; then
 echo "== machine ceilings =="
@@ -169,6 +172,23 @@ bench e2e $B --name e2e --topic bench-e2e --delete-topic --partitions 8 --record
 
 echo "== consumer groups: 1,000 lightweight members join one group over 1,000 partitions =="
 bench group --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT" --members 1000 --partitions 1000
+fi
+
+# Issue 45: the next consumer group protocol (KIP-848) beside the classic one, 1,000 and
+# 10,000 members (BENCH_PART=groups runs these alone). Each member and the broker hold
+# one connection per member: 10,000 needs an open-file limit above 10,064.
+if [ "$PART" = all ] || [ "$PART" = groups ]; then
+for members in 1000 10000; do
+  for proto in classic consumer; do
+    [ "$PART" = all ] && [ "$members" = 1000 ] && [ "$proto" = classic ] && continue  # ran above
+    echo "== consumer groups ($proto protocol): $members members, $members partitions =="
+    bench group --bootstrap "127.0.0.1:$PORT" --report-dir "$OUT/groups-$members" --members "$members" \
+      --partitions "$members" --protocol "$proto" --group "bench-group-$proto-$members" --topic "bench-group-$members"
+  done
+done
+fi
+
+if [ "$PART" = all ]; then
 
 if [ "${CROSS_CHECK:-1}" = 1 ] && python3 -c 'import confluent_kafka' 2>/dev/null; then
   echo "== cross-check: scenario (a) driven by librdkafka (confluent-kafka) =="

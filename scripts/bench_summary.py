@@ -69,6 +69,26 @@ lines = [
 if g:
     r = g["result"]
     lines += ["", f"Consumer groups: {g['config']['members']:,} lightweight members, {g['config']['partitions']:,} partitions: every member stable with its assignment {r['join_ms'] / 1000:.2f} s after the first JoinGroup (3 s of it is the initial rebalance delay); rebalance after one member leaves {r['rebalance_after_leave_ms']:.0f} ms (target: well under 30 s)."]
+# Issue 45: both protocols side by side, at 1,000 and 10,000 members.
+group_rows = []
+for members in (1000, 10000):
+    for proto in ("classic", "consumer"):
+        name = "group-report.json" if proto == "classic" else f"group-{proto}-report.json"
+        r = load(f"groups-{members}/{name}") or (
+            load(name) if (members, proto) == (1000, "classic") else None)
+        if not r:
+            continue
+        x = r["result"]
+        group_rows.append(
+            f"| {members:,} | {'classic (JoinGroup/SyncGroup)' if proto == 'classic' else 'consumer (KIP-848)'} "
+            f"| {x['join_ms'] / 1000:.2f} s | {x['rebalance_after_leave_ms']:.0f} ms "
+            f"| {x.get('leave_paused_members', '-')} (≤ {x.get('leave_max_pause_ms', 0):.0f} ms) "
+            f"| {x['rebalance_after_join_ms']:.0f} ms "
+            f"| {x.get('join_paused_members', '-')} (≤ {x.get('join_max_pause_ms', 0):.0f} ms) |")
+if group_rows:
+    lines += ["", "Consumer group protocols (`sluice-bench group`, members as many as partitions, 200 ms heartbeats; a stop is a member consuming nothing at some moment):", "",
+              "| members | protocol | all stable after the joins | a leave absorbed | other members that stopped | a join absorbed | other members that stopped |",
+              "|---:|---|---:|---:|---:|---:|---:|"] + group_rows
 st = load("storage-report.json")
 if st:
     c = st["ceilings"]

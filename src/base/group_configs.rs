@@ -1,10 +1,12 @@
 //! Consumer group configs by Kafka's names: the GROUP resource (type 32) of
 //! DescribeConfigs and IncrementalAlterConfigs (Kafka 3.8+, KIP-848 and KIP-932). They
 //! are kept per group through the metadata quorum ([`Command::AlterGroupConfigs`]) and
-//! described with their source (GROUP_CONFIG when set, else DEFAULT_CONFIG). They
-//! govern groups of the new consumer protocol and share groups, which Sluice does not
-//! serve yet (issue 45): until then they are kept and described without effect, as
-//! Kafka's own are for a classic group.
+//! described with their source (GROUP_CONFIG when set, else DEFAULT_CONFIG). The
+//! `consumer.*` ones govern the group if it is a KIP-848 consumer group (its members'
+//! session timeout and heartbeat interval, over the broker's
+//! `--group-consumer-session-timeout-ms` and `--group-consumer-heartbeat-interval-ms`);
+//! the `share.*` ones are kept and described without effect (share groups are not
+//! served), as Kafka's own are for a classic group.
 //!
 //! [`Command::AlterGroupConfigs`]: sluice_replication::cluster::Command::AlterGroupConfigs
 

@@ -718,6 +718,8 @@ pub struct FetchOffsets {
     /// KIP-447: UNSTABLE_OFFSET_COMMIT for partitions with a transactional commit
     /// pending.
     pub require_stable: bool,
+    /// OffsetFetch v9: the asking member and its epoch (KIP-848 groups check them).
+    pub member: Option<(String, i32)>,
 }
 
 /// One partition's answer to a FetchOffsets call.

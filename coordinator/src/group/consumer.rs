@@ -142,6 +142,11 @@ pub struct HeartbeatArgs {
     pub owned: Option<Assignment>,
     pub client_id: String,
     pub client_host: String,
+    /// The group's own `consumer.session.timeout.ms` and
+    /// `consumer.heartbeat.interval.ms` (GROUP configs), if set: they override the
+    /// broker's.
+    pub session_timeout_ms: Option<i32>,
+    pub heartbeat_interval_ms: Option<i32>,
 }
 
 /// The answer to a heartbeat.
@@ -486,8 +491,14 @@ impl Coordinator {
         catalog: &dyn Catalog,
         fx: &mut Effects,
     ) -> Result<HeartbeatReply, Refused> {
-        let cfg = self.config.consumer.clone();
+        let mut cfg = self.config.consumer.clone();
         validate(&a, &cfg)?;
+        if let Some(ms) = a.session_timeout_ms {
+            cfg.session_timeout_ms = ms;
+        }
+        if let Some(ms) = a.heartbeat_interval_ms {
+            cfg.heartbeat_interval_ms = ms;
+        }
         let joining = a.member_epoch == 0;
         match self.groups.get_mut(&a.group_id) {
             None if !joining => {
@@ -831,6 +842,22 @@ impl Coordinator {
                 .collect(),
             topic_names: c.topic_names.clone(),
         })
+    }
+
+    /// OffsetFetch v9's check (Kafka's `ConsumerGroup.validateOffsetFetch`): a member
+    /// that names itself must be a current member of the KIP-848 group at its epoch
+    /// (classic groups and unknown groups are not checked).
+    pub fn offset_fetch_member_error(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        epoch: i32,
+    ) -> Option<ResponseError> {
+        let c = self.groups.get(group_id)?.consumer.as_deref()?;
+        let Some(m) = c.members.get(member_id) else {
+            return Some(ResponseError::UnknownMemberId);
+        };
+        (epoch != m.epoch).then_some(ResponseError::StaleMemberEpoch)
     }
 
     /// Kafka's `ConsumerGroup.validateOffsetCommit`: members commit with their current

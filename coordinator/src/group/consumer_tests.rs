@@ -418,6 +418,17 @@ fn offsets_commit_with_the_member_epoch() {
     assert_eq!(commit(&mut c, "x", r.member_epoch), Err(E::UnknownMemberId));
     // An admin commit only to an empty group.
     assert_eq!(commit(&mut c, "", -1), Err(E::UnknownMemberId));
+    // OffsetFetch v9: the same member checks.
+    assert_eq!(c.offset_fetch_member_error("g", "m", r.member_epoch), None);
+    assert_eq!(
+        c.offset_fetch_member_error("g", "m", r.member_epoch + 1),
+        Some(E::StaleMemberEpoch)
+    );
+    assert_eq!(
+        c.offset_fetch_member_error("g", "x", r.member_epoch),
+        Some(E::UnknownMemberId)
+    );
+    assert_eq!(c.offset_fetch_member_error("other", "x", 1), None);
 }
 
 /// A tiny deterministic generator (xorshift64*).

@@ -270,6 +270,15 @@ impl GroupShell {
         c: rpc::FetchOffsets,
     ) -> Result<Vec<FetchedOffset>, ApiError> {
         self.rt.load(b, c.partition, self).await?;
+        if let Some((member, epoch)) = &c.member {
+            if let Some(e) = self
+                .coord
+                .borrow()
+                .offset_fetch_member_error(&c.group, member, *epoch)
+            {
+                return Err(ApiError::new(e));
+            }
+        }
         let asked = c.partitions.as_deref().map(coordinator_keys);
         let fetched =
             self.coord
@@ -370,12 +379,20 @@ impl GroupShell {
         c: rpc::ConsumerHeartbeat,
     ) -> Result<Result<HeartbeatReply, Refused>, ApiError> {
         self.rt.load(b, c.partition, &**self).await?;
-        let catalog = ImageCatalog(b.image());
+        let image = b.image();
+        let mut args = c.args;
+        // The group's own configs (IncrementalAlterConfigs on its GROUP resource).
+        if let Some(own) = image.group_configs.get(&args.group_id) {
+            let ms = |name: &str| own.get(name).and_then(|v| v.trim().parse().ok());
+            args.session_timeout_ms = ms("consumer.session.timeout.ms");
+            args.heartbeat_interval_ms = ms("consumer.heartbeat.interval.ms");
+        }
+        let catalog = ImageCatalog(image);
         let mut fx = Effects::default();
         let r =
             self.coord
                 .borrow_mut()
-                .consumer_heartbeat(self.rt.now_ms(), c.args, &catalog, &mut fx);
+                .consumer_heartbeat(self.rt.now_ms(), args, &catalog, &mut fx);
         assert!(fx.replies.is_empty(), "heartbeats defer nothing");
         if let Err(e) = self.write_coalesced(b, fx.records).await {
             tracing::warn!(partition = c.partition, error = %e,

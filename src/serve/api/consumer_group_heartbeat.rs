@@ -50,6 +50,9 @@ pub async fn handle(
         client_id: client_id.to_string(),
         // Kafka's form: "/<ip>".
         client_host: peer.map(|ip| format!("/{ip}")).unwrap_or_default(),
+        // The group's configs are looked up on its coordinator's shard.
+        session_timeout_ms: None,
+        heartbeat_interval_ms: None,
     };
     let call = ConsumerHeartbeat {
         partition: partition_for(&group),

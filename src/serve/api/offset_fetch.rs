@@ -1,4 +1,5 @@
-//! OffsetFetch (v0–v8; v8 asks for several groups at once). Served from the
+//! OffsetFetch (v0–v9; v8 asks for several groups at once, v9 names the asking KIP-848
+//! member, checked against its group). Served from the
 //! coordinator's memory; a partition without a commit answers offset -1. v0 read
 //! ZooKeeper in Kafka; Kafka 3.9 without ZooKeeper (KRaft) answers it
 //! UNSUPPORTED_VERSION for every requested partition, and so does Sluice.
@@ -30,12 +31,14 @@ async fn fetch(
     group: String,
     partitions: Option<Vec<TopicPartition>>,
     require_stable: bool,
+    member: Option<(String, i32)>,
 ) -> Fetched {
     let call = FetchOffsets {
         partition: partition_for(&group),
         group,
         partitions,
         require_stable,
+        member,
     };
     route(broker, call).await.map_err(|e| e.code())
 }
@@ -84,7 +87,22 @@ pub async fn handle(
                     .collect()
             });
             let group_id = g.group_id.clone();
-            let resp = match fetch(broker, g.group_id.to_string(), parts, req.require_stable).await
+            // v9 (KIP-848): a member asking is checked against its group.
+            let member = (version >= 9)
+                .then(|| {
+                    g.member_id
+                        .as_ref()
+                        .map(|m| (m.to_string(), g.member_epoch))
+                })
+                .flatten();
+            let resp = match fetch(
+                broker,
+                g.group_id.to_string(),
+                parts,
+                req.require_stable,
+                member,
+            )
+            .await
             {
                 Ok(items) => {
                     let topics = by_topic(items, |p, c| {
@@ -130,7 +148,7 @@ pub async fn handle(
     let fetched = if version == 0 {
         Err(ResponseError::UnsupportedVersion.code())
     } else {
-        fetch(broker, req.group_id.to_string(), parts, stable).await
+        fetch(broker, req.group_id.to_string(), parts, stable, None).await
     };
     match fetched {
         Ok(items) => {

@@ -409,7 +409,7 @@ impl Member {
                     self.shared.owned.borrow_mut()[self.idx] = 0;
                 }
                 // Coordinator moving or loading: retry.
-                14 | 15 | 16 => {}
+                14..=16 => {}
                 e => return Err(err(format!("ConsumerGroupHeartbeat error {e}"))),
             }
             if !ack {

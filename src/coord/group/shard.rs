@@ -50,10 +50,13 @@ pub struct GroupShell {
     pending_syncs: Waiters<SyncToken, SyncGroupResponse, String>,
     /// KIP-848 heartbeats' records waiting for the next write, each with where its
     /// heartbeat waits for the outcome (see [`GroupShell::write_coalesced`]).
-    pending_writes: RefCell<Vec<(Vec<Record>, LocalSender<Result<(), ApiError>>)>>,
+    pending_writes: RefCell<Vec<PendingWrite>>,
     /// A task is writing `pending_writes`.
     flushing: Cell<bool>,
 }
+
+/// A heartbeat's records and where its heartbeat waits for the write's outcome.
+type PendingWrite = (Vec<Record>, LocalSender<Result<(), ApiError>>);
 
 /// The most record bytes one coalesced write of heartbeat records carries (well below
 /// the internal batch limit); what is left goes in the next write.

@@ -130,9 +130,12 @@ def poll_until(members, pred, timeout=30, what="condition"):
 
 
 def split(members, n):
-    """Every one of n partitions owned by exactly one member, every member owning some."""
+    """Every one of n partitions owned by exactly one member, evenly (counts at most one
+    apart: the uniform assignor's end state), every member owning some."""
     owned = [tp for m in members for tp in m.owned()]
-    return len(owned) == n == len(set(owned)) and all(m.owned() for m in members)
+    counts = [len(m.owned()) for m in members]
+    return len(owned) == n == len(set(owned)) and min(counts) > 0 and \
+        max(counts) - min(counts) <= 1
 
 
 def describe(addr, group):

@@ -9,7 +9,7 @@ Every wait is a bounded retry with a deadline; nothing is timed.
 """
 import re
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import NewTopic
 
 from cluster import Cluster, metadata_from
@@ -59,10 +59,23 @@ def create_via(c, via, topic):
     def live_controller():
         ctl = metadata_from(c.addr(via), topics=[])["controller"]
         return ctl in c.brokers and c.alive(ctl)
-    c.wait_until(live_controller, 30, f"broker {via} naming a live controller")
-    admin = AdminClient({"bootstrap.servers": c.addr(via)})
-    admin.create_topics([NewTopic(topic, 1, replication_factor=2)],
-                        request_timeout=20)[topic].result(timeout=30)
+
+    def created():
+        c.wait_until(live_controller, 30, f"broker {via} naming a live controller")
+        admin = AdminClient({"bootstrap.servers": c.addr(via)})
+        try:
+            admin.create_topics([NewTopic(topic, 1, replication_factor=2)],
+                                request_timeout=20)[topic].result(timeout=30)
+        except KafkaException as e:
+            # Timed out at a controller that went away meanwhile (a fresh client asks
+            # the metadata again); an earlier attempt may have created it after all.
+            if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return True
+            if e.args[0].code() != KafkaError._TIMED_OUT:
+                raise
+            return False
+        return True
+    c.wait_until(created, 90, f"{topic} created through broker {via}")
     c.wait_until(lambda: topic in metadata_from(c.addr(via), topics=[topic])["topics"], 20,
                  f"{topic} in the metadata")
 

@@ -246,6 +246,10 @@ pub struct ConsumerGroup {
     next_assignment_ms: i64,
 }
 
+/// The longest session timeout a group's `consumer.session.timeout.ms` may set
+/// (Kafka's `group.consumer.max.session.timeout.ms`).
+pub const GROUP_SESSION_TIMEOUT_MAX_MS: i32 = 60_000;
+
 /// How often a group's target assignment is computed at most: group epochs that move
 /// faster (many members joining at once) are assigned together, at the next heartbeat
 /// or timer tick after this much time — not once per joining member, which made a
@@ -416,6 +420,14 @@ fn validate(a: &HeartbeatArgs, cfg: &ConsumerConfig) -> Result<(), Refused> {
     if a.member_id.is_empty() {
         return invalid("MemberId can't be empty.");
     }
+    // The records carry ids as i16-length strings.
+    let too_long = |s: &str| s.len() > i16::MAX as usize;
+    if too_long(&a.group_id)
+        || too_long(&a.member_id)
+        || a.instance_id.as_deref().is_some_and(too_long)
+    {
+        return invalid("GroupId, MemberId and InstanceId must be at most 32767 bytes.");
+    }
     if a.instance_id.as_deref() == Some("") {
         return invalid("InstanceId can't be empty.");
     }
@@ -561,6 +573,15 @@ impl Coordinator {
             (Some(instance), true) => match c.static_members.get(instance).cloned() {
                 Some(old) if old == a.member_id => old,
                 Some(old) => {
+                    if c.members.contains_key(&a.member_id) {
+                        return Err(refused(
+                            ResponseError::InvalidRequest,
+                            format!(
+                                "Member {} already exists without instance id {instance}.",
+                                a.member_id
+                            ),
+                        ));
+                    }
                     let prev = c.members.get(&old).expect("static members are members");
                     if prev.epoch != STATIC_LEAVE_EPOCH {
                         return Err(refused(
@@ -704,8 +725,14 @@ impl Coordinator {
         // only topics the group has already adds nothing: a thousand joining members
         // do not resolve a thousand members' subscriptions each).
         let m = &c.members[&member_id];
+        // A regex another member already has matches nothing new either.
+        let known_regex = |r: &String| {
+            c.members
+                .values()
+                .any(|o| o.id != m.id && o.subscribed_regex.as_ref() == Some(r))
+        };
         let adds_nothing = new_member
-            && m.subscribed_regex.is_none()
+            && m.subscribed_regex.as_ref().is_none_or(known_regex)
             && m.subscribed_names.iter().all(|n| {
                 catalog
                     .topic(n)
@@ -956,12 +983,15 @@ impl Coordinator {
 
 impl ConsumerGroup {
     /// After a load: who owns what, and the members' timers, which start now (as a
-    /// classic group's sessions do).
+    /// classic group's sessions do). The session is the longer of the broker's and the
+    /// longest a group's own config may set (the group's configs are not known here):
+    /// live members heartbeat well within it and reset it to their group's.
     pub(super) fn restored(&mut self, now_ms: i64, session_timeout_ms: i32) {
         self.rebuild_owners();
         self.metadata_version = None;
+        let session = session_timeout_ms.max(GROUP_SESSION_TIMEOUT_MAX_MS);
         for m in self.members.values_mut() {
-            m.session_deadline_ms = now_ms + i64::from(session_timeout_ms);
+            m.session_deadline_ms = now_ms + i64::from(session);
             m.revocation_deadline_ms = (m.state == MemberState::UnrevokedPartitions)
                 .then(|| now_ms + i64::from(m.rebalance_timeout_ms));
         }
@@ -1154,7 +1184,9 @@ fn next_step(
         next.epoch = epoch;
         next.assigned = keep;
         next.revoking = revoke;
-        if m.state != MemberState::UnrevokedPartitions || m.revocation_deadline_ms.is_none() {
+        // Kafka sets the rebalance timer on every move into this state: a member that
+        // revoked in time and is asked to revoke more gets its full timeout again.
+        if next.revoking != m.revoking || m.revocation_deadline_ms.is_none() {
             next.revocation_deadline_ms = Some(now_ms + i64::from(m.rebalance_timeout_ms));
         }
         return next;

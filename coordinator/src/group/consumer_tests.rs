@@ -522,8 +522,10 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
                     .cloned()
                     .unwrap();
                 clients.remove(&id);
-                // Time passes until it is fenced; the live ones keep heartbeating.
-                let end = now + SESSION + 1;
+                // Time passes until it is fenced; the live ones keep heartbeating. (A
+                // member restored by a coordinator move has the longest session a group
+                // may set until its first heartbeat there.)
+                let end = now + i64::from(consumer::GROUP_SESSION_TIMEOUT_MAX_MS) + 1;
                 while now < end {
                     now += 5_000;
                     heartbeat_all(&mut c, &mut log, now, &mut clients, &t);
@@ -667,4 +669,63 @@ fn joins_within_the_assignment_interval_share_one_target_computed_by_the_timer()
     let g = c.group("g").unwrap().consumer.as_ref().unwrap();
     assert_eq!(g.assignment_epoch, 3, "one computation for both joins");
     assert!(g.target.values().all(|a| count(a) == 2), "{:?}", g.target);
+}
+
+#[test]
+fn review_cases_a_taken_member_id_offset_delete_and_a_refused_txn_commit() {
+    let t = topics(&[("orders", 1, 2)]);
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut log = Vec::new();
+    let mut a = join_args("Y", &["orders"]);
+    a.instance_id = Some("j".into());
+    hb(&mut c, &mut log, 0, a, &t).unwrap();
+    let mut b = join_args("X", &["orders"]);
+    b.instance_id = Some("i".into());
+    let r = hb(&mut c, &mut log, 1_000, b, &t).unwrap();
+    let mut leave = beat("X", r.member_epoch, None);
+    leave.member_epoch = -2;
+    leave.instance_id = Some("i".into());
+    hb(&mut c, &mut log, 2_000, leave, &t).unwrap();
+    // Instance i's replacement under Y's id (taken by another member) is refused.
+    let mut steal = join_args("Y", &["orders"]);
+    steal.instance_id = Some("i".into());
+    assert_eq!(
+        hb(&mut c, &mut log, 3_000, steal, &t).unwrap_err().code,
+        E::InvalidRequest
+    );
+    assert_eq!(
+        c.group("g").unwrap().consumer.as_ref().unwrap().members["Y"]
+            .instance_id
+            .as_deref(),
+        Some("j")
+    );
+    // OffsetDelete of a topic the live group reads is refused.
+    let mut fx = Effects::default();
+    assert_eq!(
+        c.delete_offsets("g", &[("orders".into(), 0)], &mut fx),
+        Ok(vec![Err(E::GroupSubscribedToTopic)])
+    );
+    // A refused TxnOffsetCommit (stale epoch) does not drop the group from memory.
+    let plan = c.plan_txn_commit(
+        4_000,
+        TxnCommitArgs {
+            group_id: "g".into(),
+            producer_id: 7,
+            producer_epoch: 0,
+            generation: 99,
+            member_id: "Y".into(),
+            instance_id: None,
+            offsets: vec![(
+                ("orders".into(), 0),
+                Committed {
+                    offset: 1,
+                    leader_epoch: -1,
+                    metadata: String::new(),
+                    commit_timestamp_ms: 0,
+                },
+            )],
+        },
+    );
+    assert_eq!(plan.results[0].1, Err(E::StaleMemberEpoch));
+    assert!(c.group("g").is_some_and(|g| g.consumer.is_some()));
 }

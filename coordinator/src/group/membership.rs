@@ -481,6 +481,7 @@ impl Coordinator {
                 && g.pending_members.is_empty()
                 && g.offsets.is_empty()
                 && !g.has_txn_offsets()
+                && g.consumer.is_none()
         });
         if unused {
             self.groups.remove(group_id);

@@ -340,8 +340,15 @@ impl Coordinator {
         };
         // `None`: subscribed to every topic (Kafka's `isSubscribedToTopic` for a consumer
         // group whose subscriptions are unknown or cannot be decoded).
+        let live_consumers = group
+            .consumer
+            .as_ref()
+            .filter(|c| !c.members.is_empty())
+            .map(|c| c.subscribed_topic_names().into_iter().collect::<Vec<_>>());
         let subscribed = match group.state {
             GroupState::Dead => return Err(ResponseError::GroupIdNotFound),
+            // A live KIP-848 group: its members' subscriptions.
+            _ if live_consumers.is_some() => live_consumers,
             GroupState::Empty => Some(Vec::new()),
             _ if group.protocol_type.as_deref() == Some("consumer") => group.subscribed_topics(),
             _ => return Err(ResponseError::NonEmptyGroup),

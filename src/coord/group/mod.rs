@@ -11,6 +11,7 @@
 
 pub mod lag;
 pub mod shard;
+mod writes;
 
 use kafka_protocol::error::ResponseError;
 

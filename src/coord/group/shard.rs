@@ -10,11 +10,9 @@
 //! partition moved. Appends go through one permit so records reach the log in the
 //! order the coordinator produced them.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::rc::Rc;
-
-use glommio::channels::local_channel::LocalSender;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
@@ -27,13 +25,13 @@ use sluice_coordinator::group::{
     SyncToken,
 };
 
+use super::writes::{Outcome, Writes};
 use super::{partition_for, OFFSETS_TOPIC};
 use crate::base::error::ApiError;
 use crate::base::rpc::{self, FetchedOffset, PartitionCode};
 use crate::coord::runtime::{answer, every, Replay, Runtime, Waiters};
 use crate::coord::{coordinator_keys, partition_codes};
 use crate::partition::broker::{Broker, PartitionEvents};
-use sluice_coordinator::consumer_records::is_consumer_key;
 use sluice_coordinator::records::RecordError;
 use sluice_storage::SystemClock;
 
@@ -48,31 +46,25 @@ pub struct GroupShell {
     /// only receive its own response type.
     pending_joins: Waiters<JoinToken, JoinGroupResponse, String>,
     pending_syncs: Waiters<SyncToken, SyncGroupResponse, String>,
-    /// KIP-848 heartbeats' records waiting for the next write, each with where its
-    /// heartbeat waits for the outcome (see [`GroupShell::write_coalesced`]).
-    pending_writes: RefCell<Vec<PendingWrite>>,
-    /// A task is writing `pending_writes`.
-    flushing: Cell<bool>,
+    /// Every write to `__consumer_offsets`, in the coordinator's order (`writes.rs`).
+    pub(super) writes: Writes,
+    /// Itself and its broker, for the task that writes the queue.
+    pub(super) me: Weak<GroupShell>,
+    pub(super) broker: Weak<Broker>,
 }
-
-/// A heartbeat's records and where its heartbeat waits for the write's outcome.
-type PendingWrite = (Vec<Record>, LocalSender<Result<(), ApiError>>);
-
-/// The most record bytes one coalesced write of heartbeat records carries (well below
-/// the internal batch limit); what is left goes in the next write.
-const COALESCED_WRITE_BYTES: usize = 4 << 20;
 
 impl GroupShell {
     /// The shard's group shell: starts its timer ticker (it ends with the broker) and
     /// subscribes to the partition host's leadership changes.
     pub fn start(broker: &Rc<Broker>) -> Rc<GroupShell> {
-        let s = Rc::new(GroupShell {
+        let s = Rc::new_cyclic(|me| GroupShell {
             coord: RefCell::new(Coordinator::new(coordinator_config(&broker.config))),
             rt: Runtime::new(OFFSETS_TOPIC, Rc::new(SystemClock)),
             pending_joins: Waiters::new(),
             pending_syncs: Waiters::new(),
-            pending_writes: RefCell::new(Vec::new()),
-            flushing: Cell::new(false),
+            writes: Writes::default(),
+            me: me.clone(),
+            broker: Rc::downgrade(broker),
         });
         broker.subscribe(s.clone());
         every(TICK, broker, &s, |b, st: Rc<GroupShell>| async move {
@@ -130,7 +122,7 @@ impl PartitionEvents for GroupShell {
 impl GroupShell {
     /// Forgets the groups of a `__consumer_offsets` partition: the next request loads
     /// them afresh from the (replicated) log.
-    fn forget_partition(&self, partition: i32) {
+    pub(super) fn forget_partition(&self, partition: i32) {
         if !self.rt.forget(partition) {
             return;
         }
@@ -244,7 +236,7 @@ impl GroupShell {
             fail: Coordinator::fail_commit,
         };
         let records = unsettled.plan.as_ref().expect("set").records.clone();
-        let written = self.append(b, records).await;
+        let written = first_error(self.write(records, None, None).await);
         let plan = unsettled.plan.take().expect("set");
         if let Err(e) = written {
             self.coord.borrow_mut().fail_commit(&plan);
@@ -321,9 +313,7 @@ impl GroupShell {
             pending.records.clone(),
             (pending.producer_id, pending.producer_epoch),
         );
-        let written = self
-            .append_batch(b, c.partition, &records, Some(producer))
-            .await;
+        let written = first_error(self.write(records, Some(producer), None).await);
         let plan = unsettled.plan.take().expect("set");
         if let Err(e) = written {
             self.coord.borrow_mut().fail_txn_commit(&plan);
@@ -377,11 +367,11 @@ impl GroupShell {
     /// groups are forgotten (they reload from the log at the next request) and the
     /// member gets the append's error, retriable.
     pub async fn consumer_heartbeat(
-        self: &Rc<Self>,
-        b: &Rc<Broker>,
+        &self,
+        b: &Broker,
         c: rpc::ConsumerHeartbeat,
     ) -> Result<Result<HeartbeatReply, Refused>, ApiError> {
-        self.rt.load(b, c.partition, &**self).await?;
+        self.rt.load(b, c.partition, self).await?;
         let image = b.image();
         let mut args = c.args;
         // The group's own configs (IncrementalAlterConfigs on its GROUP resource).
@@ -397,72 +387,14 @@ impl GroupShell {
                 .borrow_mut()
                 .consumer_heartbeat(self.rt.now_ms(), args, &catalog, &mut fx);
         assert!(fx.replies.is_empty(), "heartbeats defer nothing");
-        if let Err(e) = self.write_coalesced(b, fx.records).await {
-            tracing::warn!(partition = c.partition, error = %e,
-                "cannot store consumer group records in {OFFSETS_TOPIC}: reloading the partition");
-            self.forget_partition(c.partition);
-            return Err(ApiError::with(store_error(e.code), e.to_string()));
+        // Waits for what was queued before for the partition too: the answer reads
+        // memory that earlier heartbeats' records made.
+        let written = self.write(fx.records, None, Some(c.partition)).await;
+        if let Err(e) = first_error(written) {
+            // The writer reloads the partition's groups; the member retries.
+            return Err(ApiError::with(heartbeat_store_error(e.code), e.to_string()));
         }
         Ok(r)
-    }
-
-    /// Writes a heartbeat's records together with those of every heartbeat that came
-    /// while the previous write was in flight (a group commit: one batch per
-    /// partition per write, not one durable write per heartbeat, which at a thousand
-    /// members joining at once was what their join took). The records keep the order
-    /// the coordinator made them in. The write runs in a task of its own, so a
-    /// heartbeat whose connection goes away does not stop the others' write.
-    async fn write_coalesced(
-        self: &Rc<Self>,
-        b: &Rc<Broker>,
-        records: Vec<Record>,
-    ) -> Result<(), ApiError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let (tx, rx) = glommio::channels::local_channel::new_bounded(1);
-        self.pending_writes.borrow_mut().push((records, tx));
-        if !self.flushing.replace(true) {
-            let (shell, broker) = (self.clone(), b.clone());
-            glommio::spawn_local(async move {
-                loop {
-                    let batch = {
-                        let mut q = shell.pending_writes.borrow_mut();
-                        let mut bytes = 0;
-                        let n = q
-                            .iter()
-                            .take_while(|(recs, _)| {
-                                let first = bytes == 0;
-                                bytes += recs
-                                    .iter()
-                                    .map(|r| r.key.len() + r.value.as_ref().map_or(0, Vec::len))
-                                    .sum::<usize>();
-                                first || bytes <= COALESCED_WRITE_BYTES
-                            })
-                            .count();
-                        q.drain(..n).collect::<Vec<_>>()
-                    };
-                    if batch.is_empty() {
-                        break;
-                    }
-                    let (records, waiters): (Vec<Vec<Record>>, Vec<_>) = batch.into_iter().unzip();
-                    let r = shell
-                        .append(&broker, records.into_iter().flatten().collect())
-                        .await;
-                    for w in waiters {
-                        let _ = w.try_send(r.clone());
-                    }
-                }
-                shell.flushing.set(false);
-            })
-            .detach();
-        }
-        rx.recv().await.unwrap_or_else(|| {
-            Err(ApiError::with(
-                ResponseError::CoordinatorNotAvailable,
-                "the coordinator's write ended without an outcome",
-            ))
-        })
     }
 
     pub async fn describe_consumer(
@@ -530,27 +462,44 @@ fn store_error(append: ResponseError) -> ResponseError {
     }
 }
 
+/// What a KIP-848 heartbeat carries when its records could not be stored: codes
+/// librdkafka retries on (it finds the coordinator again), never one it takes as fatal
+/// (REBALANCE_IN_PROGRESS, say), as Kafka maps them for the new protocol.
+fn heartbeat_store_error(append: ResponseError) -> ResponseError {
+    use ResponseError as E;
+    match append {
+        E::NotLeaderOrFollower | E::NotCoordinator => E::NotCoordinator,
+        _ => E::CoordinatorNotAvailable,
+    }
+}
+
+/// The first failed partition's error of a write, if any.
+fn first_error(outcome: Outcome) -> Result<(), ApiError> {
+    outcome
+        .into_values()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
+
 impl GroupShell {
     /// Appends the records, then answers the deferred requests. If a partition's
     /// records cannot be stored, the answers of their groups carry the append's error
     /// instead (as Kafka's `storeGroup`) and the coordinator drops the generation the
     /// records describe ([`Coordinator::metadata_not_stored`]): no member is told of
     /// an assignment that a restart or a coordinator move would not find.
-    async fn run_effects(&self, broker: &Broker, fx: Effects) {
+    async fn run_effects(&self, _broker: &Broker, fx: Effects) {
         let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        for r in fx.records {
+        for r in &fx.records {
             by_partition
                 .entry(partition_for(&r.group))
                 .or_default()
-                .push(r);
+                .push(r.clone());
         }
+        let mut outcome = self.write(fx.records, None, None).await;
         let mut failed: HashMap<String, ResponseError> = HashMap::new();
         let mut more = Effects::default();
-        // Partitions whose KIP-848 records were not stored: memory is ahead of the
-        // log there, so their groups are reloaded from it.
-        let mut reload = Vec::new();
         for (p, recs) in by_partition {
-            let Err(e) = self.append_batch(broker, p, &recs, None).await else {
+            let Some(Err(e)) = outcome.remove(&p) else {
                 continue;
             };
             let code = store_error(e.code);
@@ -563,9 +512,6 @@ impl GroupShell {
             } else {
                 tracing::warn!(?groups, partition = p, error = %e,
                     "cannot store group metadata in {OFFSETS_TOPIC}: members get {code:?}");
-            }
-            if recs.iter().any(|r| is_consumer_key(&r.key)) {
-                reload.push(p);
             }
             for r in &recs {
                 failed.insert(r.group.clone(), code);
@@ -592,33 +538,12 @@ impl GroupShell {
                 Deferred::Sync(token, r) => self.pending_syncs.deliver(&token, r),
             }
         }
-        for p in reload {
-            self.forget_partition(p);
-        }
-    }
-
-    /// Appends records to their partitions and waits until they are durable.
-    async fn append(&self, broker: &Broker, records: Vec<Record>) -> Result<(), ApiError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        for r in records {
-            by_partition
-                .entry(partition_for(&r.group))
-                .or_default()
-                .push(r);
-        }
-        for (p, recs) in by_partition {
-            self.append_batch(broker, p, &recs, None).await?;
-        }
-        Ok(())
     }
 
     /// Appends records to one partition as one batch (transactional for a producer, if
-    /// given) and waits until every in-sync replica has it. One append at a time, so
-    /// records reach the log in the order the coordinator produced them.
-    async fn append_batch(
+    /// given) and waits until every in-sync replica has it. Only the writer calls it
+    /// (`writes.rs`), one batch at a time, in the coordinator's order.
+    pub(super) async fn append_batch(
         &self,
         broker: &Broker,
         partition: i32,

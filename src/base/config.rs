@@ -349,6 +349,11 @@ settings! {
     /// How often each shard looks for closed segments to upload and remote segments
     /// past retention.
     remote_log_manager_task_interval_ms: u64 = 1000;
+    /// The local disk budget of closed segments waiting to upload to the remote store
+    /// (split evenly over the shards): over it, appends to tiered topics are refused
+    /// (KAFKA_STORAGE_ERROR, retriable) until uploads catch up; 0, the default: half
+    /// of the data directory's file system.
+    remote_upload_backlog_max_bytes: u64 = 0;
     /// POST lag alerts to this Alertmanager (http:// or https://HOST:PORT; its
     /// /api/v2/alerts) [default: none].
     alertmanager_url: String, example = "http://127.0.0.1:9093".into();
@@ -803,6 +808,8 @@ pub struct BrokerConfig {
     pub remote_storage_threads: usize,
     pub remote_fetch_cache_bytes: u64,
     pub remote_log_manager_task_interval_ms: u64,
+    /// 0: half of the data directory's file system.
+    pub remote_upload_backlog_max_bytes: u64,
     pub alertmanager_url: Option<String>,
     /// `--alert-ssl-ca`.
     pub alert_ssl_ca: Option<PathBuf>,
@@ -1039,6 +1046,7 @@ impl BrokerConfig {
             remote_storage_threads: (s.remote_storage_threads as usize).clamp(1, 64),
             remote_fetch_cache_bytes: s.remote_fetch_cache_bytes,
             remote_log_manager_task_interval_ms: s.remote_log_manager_task_interval_ms.max(10),
+            remote_upload_backlog_max_bytes: s.remote_upload_backlog_max_bytes,
             alertmanager_url: s.alertmanager_url.clone(),
             alert_ssl_ca: s.alert_ssl_ca.clone().map(PathBuf::from),
             log_retention_check_interval_ms: s.log_retention_check_interval_ms,
@@ -1988,6 +1996,7 @@ mod tests {
             "--remote-storage-threads=3",
             "--remote-fetch-cache-bytes=1024",
             "--remote-log-manager-task-interval-ms=50",
+            "--remote-upload-backlog-max-bytes=4096",
             "--alertmanager-url=http://am/",
             "--alert-ssl-ca=am-ca.pem",
             "--log-retention-check-interval-ms=5",
@@ -2087,6 +2096,7 @@ mod tests {
             ),
             (Some("file:///r"), 3, 1024, 50)
         );
+        assert_eq!(c.remote_upload_backlog_max_bytes, 4096);
         let authorizer = c.authorizer.as_ref().expect("--authorizer=true");
         assert_eq!(authorizer.super_users, vec!["User:admin", "User:CN=broker"]);
         assert!(authorizer.allow_if_no_acl);

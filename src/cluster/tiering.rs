@@ -44,19 +44,18 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
         }
         // remote.log.copy.disable: read-only remote data, nothing more uploaded.
         let copying = !tc.log.remote_copy_disabled;
-        match if copying {
+        let ((segments, bytes), done) = if copying {
             upload(b, t, &r).await
         } else {
-            Ok((0, 0))
-        } {
-            Ok((segments, bytes)) => {
-                lag_segments += segments;
-                lag_bytes += bytes;
-            }
-            Err(e) => {
-                t.stats.upload_errors.set(t.stats.upload_errors.get() + 1);
-                tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "remote upload failed; retrying next round");
-            }
+            ((0, 0), Ok(()))
+        };
+        // What is left counts whether or not the round failed: a store that is down
+        // is when the backlog grows.
+        lag_segments += segments;
+        lag_bytes += bytes;
+        if let Err(e) = done {
+            t.stats.upload_errors.set(t.stats.upload_errors.get() + 1);
+            tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "remote upload failed; retrying next round");
         }
         if let Err(e) = expire(b, t, &r, &tc.log).await {
             tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "remote retention failed; retrying next round");
@@ -67,8 +66,35 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
     }
     t.stats.upload_lag_segments.set(lag_segments);
     t.stats.upload_lag_bytes.set(lag_bytes);
+    backlog_budget(b, t, lag_bytes);
     if b.shard.0 == 0 {
         purge(b, t).await;
+    }
+}
+
+/// Whether this shard's upload backlog is over its share of
+/// `--remote-upload-backlog-max-bytes` (0: half the data directory's file system):
+/// appends to its tiered partitions are refused while it is ([`Tiered::admit`]).
+fn backlog_budget(b: &Broker, t: &Tiered, lag_bytes: u64) {
+    let total = match b.config.remote_upload_backlog_max_bytes {
+        0 => b.disk.space().total / 2,
+        n => n,
+    };
+    let share = total / b.config.cores.max(1) as u64;
+    t.stats.backlog_budget.set(share);
+    let full = share > 0 && lag_bytes > share;
+    if t.stats.backlog_full.replace(full) != full {
+        if full {
+            tracing::warn!(backlog = lag_bytes, budget = share,
+                "segments waiting to upload are over the shard's upload backlog budget: appends to tiered topics are refused until uploads catch up");
+        } else {
+            tracing::info!(
+                backlog = lag_bytes,
+                budget = share,
+                refused = t.stats.backlog_refused.get(),
+                "the upload backlog is back within its budget: appends to tiered topics resume"
+            );
+        }
     }
 }
 
@@ -97,13 +123,13 @@ async fn propose(b: &Broker, command: Command) -> Result<(), ApiError> {
 
 /// Uploads what the leader `r` may upload now; what is still to upload (segments and
 /// bytes) when it stops.
-async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64), ApiError> {
+async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Result<(), ApiError>) {
     let Some(epoch) = r.leader_epoch() else {
-        return Ok((0, 0));
+        return ((0, 0), Ok(()));
     };
     let image = b.image();
     let Some(meta) = image.topics.get(&r.topic) else {
-        return Ok((0, 0));
+        return ((0, 0), Ok(()));
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
     let mut end = remote_log(&image, &r.topic, r.partition)
@@ -138,11 +164,11 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
             Err(StoreError::NotFound(what)) if !seg.log.exists() => {
                 tracing::info!(topic = %r.topic, partition = r.partition, %what, "segment gone before its upload");
                 delete_objects(t, &prefix, seg.base_offset, id).await;
-                return Ok(left);
+                return (left, Ok(()));
             }
             Err(e) => {
                 delete_objects(t, &prefix, seg.base_offset, id).await;
-                return Err(failed(e));
+                return (left, Err(failed(e)));
             }
         };
         let segment = RemoteSegment {
@@ -168,7 +194,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
             if refused(&e) {
                 delete_objects(t, &prefix, seg.base_offset, id).await;
             }
-            return Err(e);
+            return (left, Err(e));
         }
         end = seg.next_offset;
         left = (left.0 - 1, left.1 - seg.size.min(left.1));
@@ -180,7 +206,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> Result<(u64, u64
             .set(t.stats.uploaded_bytes.get() + size);
         tracing::debug!(topic = %r.topic, partition = r.partition, base = seg.base_offset, end, size, "segment uploaded");
     }
-    Ok(left)
+    (left, Ok(()))
 }
 
 /// Copies one closed segment's files (those that exist; the log must) to the store.

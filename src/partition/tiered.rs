@@ -69,6 +69,13 @@ pub struct Stats {
     pub upload_lag_segments: Cell<u64>,
     pub upload_lag_bytes: Cell<u64>,
     pub remote_read_micros: Cell<u64>,
+    /// The upload backlog is over this shard's share of its budget: appends to tiered
+    /// partitions are refused until uploads catch up.
+    pub backlog_full: Cell<bool>,
+    /// The share of the budget, at the last round (for the refusal's message).
+    pub backlog_budget: Cell<u64>,
+    /// Appends refused for it.
+    pub backlog_refused: Cell<u64>,
 }
 
 impl Tiered {
@@ -86,12 +93,34 @@ impl Tiered {
             remote_read_micros: s.remote_read_micros.get(),
             upload_lag_segments: s.upload_lag_segments.get(),
             upload_lag_bytes: s.upload_lag_bytes.get(),
+            backlog_appends_refused: s.backlog_refused.get(),
             cache_bytes: self.reader.cached_bytes(),
         }
     }
 }
 
 impl Tiered {
+    /// Admits an append to a tiered partition of this shard, or refuses it with
+    /// KAFKA_STORAGE_ERROR (retriable) while the segments waiting to upload are over
+    /// the shard's share of `--remote-upload-backlog-max-bytes`: with the store down
+    /// or slow, tiered topics stop growing the local disk at the budget, before the
+    /// free-space minimum would stop every topic.
+    pub fn admit(&self) -> Result<(), ApiError> {
+        let s = &self.stats;
+        if !s.backlog_full.get() {
+            return Ok(());
+        }
+        s.backlog_refused.set(s.backlog_refused.get() + 1);
+        Err(ApiError::with(
+            ResponseError::KafkaStorageError,
+            format!(
+                "{} bytes of closed segments are waiting to upload to the remote store, over this shard's upload backlog budget of {}: appends to tiered topics are refused until uploads catch up",
+                s.upload_lag_bytes.get(),
+                s.backlog_budget.get()
+            ),
+        ))
+    }
+
     pub fn new(store: Arc<Store>, pools: &Pools, cache_bytes: u64) -> Tiered {
         Tiered {
             reader: Reader::new(store, pools.reads.clone(), cache_bytes),

@@ -389,7 +389,7 @@ impl Registry {
             return;
         }
         type Field = fn(&TieredStat) -> u64;
-        let families: [(&str, &str, Kind, Field); 11] = [
+        let families: [(&str, &str, Kind, Field); 12] = [
             ("sluice_remote_uploaded_segments_total", "Closed segments copied to the object store and recorded in the quorum.", Kind::Counter, |s| s.uploaded_segments),
             ("sluice_remote_uploaded_bytes_total", "Bytes of segment logs copied to the object store.", Kind::Counter, |s| s.uploaded_bytes),
             ("sluice_remote_upload_errors_total", "Upload rounds of a partition that failed (retried next round).", Kind::Counter, |s| s.upload_errors),
@@ -400,6 +400,7 @@ impl Registry {
             ("sluice_remote_fetch_microseconds_total", "Time spent in reads from the object store (divide by sluice_remote_fetches_total for the mean latency).", Kind::Counter, |s| s.remote_read_micros),
             ("sluice_remote_upload_lag_segments", "Closed segments of this shard's leaders not yet in the object store.", Kind::Gauge, |s| s.upload_lag_segments),
             ("sluice_remote_upload_lag_bytes", "Bytes of those segments.", Kind::Gauge, |s| s.upload_lag_bytes),
+            ("sluice_remote_backlog_appends_refused_total", "Appends to tiered partitions refused while the upload backlog was over its budget (--remote-upload-backlog-max-bytes).", Kind::Counter, |s| s.backlog_appends_refused),
             ("sluice_remote_cache_bytes", "Bytes of remote chunks and indexes cached for reads.", Kind::Gauge, |s| s.cache_bytes),
         ];
         for (name, help, kind, field) in families {

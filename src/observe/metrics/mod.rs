@@ -209,6 +209,7 @@ pub struct TieredStat {
     pub remote_read_micros: u64,
     pub upload_lag_segments: u64,
     pub upload_lag_bytes: u64,
+    pub backlog_appends_refused: u64,
     pub cache_bytes: u64,
 }
 

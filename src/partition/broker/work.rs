@@ -131,6 +131,11 @@ impl Broker {
         // The coordinators' own writes (offsets, transaction state) use the reserve.
         if !trusted {
             self.disk.admit(item.records.len())?;
+            if tc.log.remote_storage {
+                if let Some(t) = self.tiered() {
+                    t.admit()?;
+                }
+            }
         }
         let batches = batch::split_batches(&item.records)
             .map_err(|e| error::from_storage(&sluice_storage::Error::Batch(e)))?;

@@ -175,17 +175,17 @@ pub fn target_metadata(group: &str, assignment_epoch: i32) -> Record {
 
 pub fn member_metadata(group: &str, m: &ConsumerMember) -> Record {
     let mut v = value_start();
-    put_compact_nullable(&mut v, m.instance_id.as_deref());
-    put_compact_nullable(&mut v, m.rack_id.as_deref());
-    put_compact(&mut v, &m.client_id);
-    put_compact(&mut v, &m.client_host);
-    put_uvarint(&mut v, m.subscribed_names.len() as u64 + 1);
-    for n in &m.subscribed_names {
+    put_compact_nullable(&mut v, m.meta.instance_id.as_deref());
+    put_compact_nullable(&mut v, m.meta.rack_id.as_deref());
+    put_compact(&mut v, &m.meta.client_id);
+    put_compact(&mut v, &m.meta.client_host);
+    put_uvarint(&mut v, m.meta.subscribed_names.len() as u64 + 1);
+    for n in &m.meta.subscribed_names {
         put_compact(&mut v, n);
     }
-    put_compact_nullable(&mut v, m.subscribed_regex.as_deref());
-    v.put_i32(m.rebalance_timeout_ms);
-    put_compact_nullable(&mut v, m.server_assignor.as_deref());
+    put_compact_nullable(&mut v, m.meta.subscribed_regex.as_deref());
+    v.put_i32(m.meta.rebalance_timeout_ms);
+    put_compact_nullable(&mut v, m.meta.server_assignor.as_deref());
     v.push(0);
     record(group, ConsumerKey::Member(m.id.clone()), v)
 }
@@ -199,11 +199,11 @@ pub fn target_member(group: &str, member: &str, a: &Assignment) -> Record {
 
 pub fn current_assignment(group: &str, m: &ConsumerMember) -> Record {
     let mut v = value_start();
-    v.put_i32(m.epoch);
-    v.put_i32(m.previous_epoch);
-    v.put_i8(m.state.code());
-    put_assignment(&mut v, &m.assigned);
-    put_assignment(&mut v, &m.revoking);
+    v.put_i32(m.current.epoch);
+    v.put_i32(m.current.previous_epoch);
+    v.put_i8(m.current.state.code());
+    put_assignment(&mut v, &m.current.assigned);
+    put_assignment(&mut v, &m.current.revoking);
     v.push(0);
     record(group, ConsumerKey::CurrentAssignment(m.id.clone()), v)
 }
@@ -431,14 +431,14 @@ mod tests {
     fn records_round_trip() {
         let t = Uuid::from_bytes([7; 16]);
         let mut m = crate::group::consumer::tests_support::member("m-1");
-        m.instance_id = Some("i".into());
-        m.subscribed_names = vec!["a".into(), "b".into()];
-        m.subscribed_regex = Some("x.*".into());
-        m.epoch = 4;
-        m.previous_epoch = 3;
-        m.state = MemberState::UnrevokedPartitions;
-        m.assigned = Assignment::from([(t, [0, 2].into())]);
-        m.revoking = Assignment::from([(t, [1].into())]);
+        m.meta.instance_id = Some("i".into());
+        m.meta.subscribed_names = vec!["a".into(), "b".into()];
+        m.meta.subscribed_regex = Some("x.*".into());
+        m.current.epoch = 4;
+        m.current.previous_epoch = 3;
+        m.current.state = MemberState::UnrevokedPartitions;
+        m.current.assigned = Assignment::from([(t, [0, 2].into())]);
+        m.current.revoking = Assignment::from([(t, [1].into())]);
         let r = member_metadata("g", &m);
         let (g, k) = ConsumerKey::decode(5, &r.key[2..]).unwrap();
         assert_eq!((g.as_str(), &k), ("g", &ConsumerKey::Member("m-1".into())));
@@ -447,8 +447,8 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!(v.subscribed_names, m.subscribed_names);
-        assert_eq!(v.subscribed_regex, m.subscribed_regex);
+        assert_eq!(v.subscribed_names, m.meta.subscribed_names);
+        assert_eq!(v.subscribed_regex, m.meta.subscribed_regex);
         assert_eq!(v.instance_id.as_deref(), Some("i"));
         let r = current_assignment("g", &m);
         let (_, k) = ConsumerKey::decode(8, &r.key[2..]).unwrap();
@@ -463,8 +463,8 @@ mod tests {
                 4,
                 3,
                 MemberState::UnrevokedPartitions,
-                &m.assigned,
-                &m.revoking
+                &m.current.assigned,
+                &m.current.revoking
             )
         );
         assert!(ConsumerValue::decode(&k, &r.value.unwrap()[..9]).is_err());

@@ -46,7 +46,9 @@ use uuid::Uuid;
 
 use super::assignor::{self, Assignment, Assignor, Subscriber};
 use super::{Coordinator, Effects, Group, GroupState, Record};
-use crate::consumer_records::{self as rec, ConsumerKey, ConsumerValue};
+use crate::consumer_records::{
+    self as rec, ConsumerKey, ConsumerValue, CurrentAssignment, MemberMetadata,
+};
 
 /// The member epoch that asks to leave the group.
 pub const LEAVE_EPOCH: i32 = -1;
@@ -177,21 +179,12 @@ fn refused(code: ResponseError, message: impl Into<String>) -> Refused {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerMember {
     pub id: String,
-    pub instance_id: Option<String>,
-    pub rack_id: Option<String>,
-    pub client_id: String,
-    pub client_host: String,
-    /// Sorted, without duplicates.
-    pub subscribed_names: Vec<String>,
-    pub subscribed_regex: Option<String>,
-    pub server_assignor: Option<String>,
-    pub rebalance_timeout_ms: i32,
-    pub epoch: i32,
-    pub previous_epoch: i32,
-    pub state: MemberState,
-    pub assigned: Assignment,
-    /// Partitions it must give up before its epoch moves on.
-    pub revoking: Assignment,
+    /// What it says about itself: its MemberMetadata record (subscribed names sorted,
+    /// without duplicates).
+    pub meta: MemberMetadata,
+    /// Where it stands: its CurrentMemberAssignment record (`revoking`: partitions it
+    /// must give up before its epoch moves on).
+    pub current: CurrentAssignment,
     pub(super) session_deadline_ms: i64,
     /// While it has partitions to revoke: when it is fenced if it has not.
     pub(super) revocation_deadline_ms: Option<i64>,
@@ -201,19 +194,17 @@ impl ConsumerMember {
     fn new(id: &str, now_ms: i64) -> ConsumerMember {
         ConsumerMember {
             id: id.to_string(),
-            instance_id: None,
-            rack_id: None,
-            client_id: String::new(),
-            client_host: String::new(),
-            subscribed_names: Vec::new(),
-            subscribed_regex: None,
-            server_assignor: None,
-            rebalance_timeout_ms: 300_000,
-            epoch: 0,
-            previous_epoch: 0,
-            state: MemberState::Stable,
-            assigned: Assignment::new(),
-            revoking: Assignment::new(),
+            meta: MemberMetadata {
+                rebalance_timeout_ms: 300_000,
+                ..MemberMetadata::default()
+            },
+            current: CurrentAssignment {
+                epoch: 0,
+                previous_epoch: 0,
+                state: MemberState::Stable,
+                assigned: Assignment::new(),
+                revoking: Assignment::new(),
+            },
             session_deadline_ms: now_ms,
             revocation_deadline_ms: None,
         }
@@ -274,11 +265,9 @@ impl ConsumerGroup {
             "Empty"
         } else if self.epoch != self.assignment_epoch {
             "Assigning"
-        } else if self
-            .members
-            .values()
-            .any(|m| m.epoch != self.assignment_epoch || m.state != MemberState::Stable)
-        {
+        } else if self.members.values().any(|m| {
+            m.current.epoch != self.assignment_epoch || m.current.state != MemberState::Stable
+        }) {
             "Reconciling"
         } else {
             "Stable"
@@ -289,7 +278,7 @@ impl ConsumerGroup {
     pub fn subscribed_topic_names(&self) -> BTreeSet<String> {
         let mut names: BTreeSet<String> = self.topic_names.values().cloned().collect();
         for m in self.members.values() {
-            names.extend(m.subscribed_names.iter().cloned());
+            names.extend(m.meta.subscribed_names.iter().cloned());
         }
         names
     }
@@ -298,7 +287,7 @@ impl ConsumerGroup {
     fn assignor(&self, cfg: &ConsumerConfig) -> Assignor {
         let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
         for m in self.members.values() {
-            if let Some(a) = &m.server_assignor {
+            if let Some(a) = &m.meta.server_assignor {
                 *votes.entry(a.as_str()).or_default() += 1;
             }
         }
@@ -338,7 +327,13 @@ impl ConsumerGroup {
         let members: Vec<(String, Assignment, Assignment)> = self
             .members
             .values()
-            .map(|m| (m.id.clone(), m.assigned.clone(), m.revoking.clone()))
+            .map(|m| {
+                (
+                    m.id.clone(),
+                    m.current.assigned.clone(),
+                    m.current.revoking.clone(),
+                )
+            })
             .collect();
         for (id, a, r) in members {
             self.take(&id, &a);
@@ -347,7 +342,7 @@ impl ConsumerGroup {
         self.static_members = self
             .members
             .values()
-            .filter_map(|m| m.instance_id.clone().map(|i| (i, m.id.clone())))
+            .filter_map(|m| m.meta.instance_id.clone().map(|i| (i, m.id.clone())))
             .collect();
     }
 
@@ -355,7 +350,7 @@ impl ConsumerGroup {
     fn resolve(&self, catalog: &dyn Catalog) -> ResolvedTopics {
         let mut regexes: BTreeMap<&str, Option<BTreeSet<String>>> = BTreeMap::new();
         for m in self.members.values() {
-            if let Some(r) = &m.subscribed_regex {
+            if let Some(r) = &m.meta.subscribed_regex {
                 regexes.entry(r.as_str()).or_insert(None);
             }
         }
@@ -376,11 +371,12 @@ impl ConsumerGroup {
         for m in self.members.values() {
             let mut ids = BTreeSet::new();
             let regex_names = m
+                .meta
                 .subscribed_regex
                 .as_deref()
                 .and_then(|r| regexes.get(r).cloned().flatten())
                 .unwrap_or_default();
-            for name in m.subscribed_names.iter().chain(regex_names.iter()) {
+            for name in m.meta.subscribed_names.iter().chain(regex_names.iter()) {
                 if let Some((id, n)) = catalog.topic(name) {
                     ids.insert(id);
                     out.partitions.insert(id, n);
@@ -583,7 +579,7 @@ impl Coordinator {
                         ));
                     }
                     let prev = c.members.get(&old).expect("static members are members");
-                    if prev.epoch != STATIC_LEAVE_EPOCH {
+                    if prev.current.epoch != STATIC_LEAVE_EPOCH {
                         return Err(refused(
                             ResponseError::UnreleasedInstanceId,
                             format!("Static member {old} with instance id {instance} is not released yet."),
@@ -593,11 +589,12 @@ impl Coordinator {
                     // nothing moves.
                     let mut m = c.members.remove(&old).expect("present");
                     m.id = a.member_id.clone();
-                    m.epoch = 0;
-                    m.previous_epoch = 0;
+                    m.current.epoch = 0;
+                    m.current.previous_epoch = 0;
                     fx.records.extend(member_tombstones(&gid, &old));
                     let target = c.target.remove(&old).unwrap_or_default();
-                    let (assigned, revoking) = (m.assigned.clone(), m.revoking.clone());
+                    let (assigned, revoking) =
+                        (m.current.assigned.clone(), m.current.revoking.clone());
                     c.release(&old, &assigned);
                     c.release(&old, &revoking);
                     c.take(&m.id, &assigned);
@@ -629,7 +626,7 @@ impl Coordinator {
                         ));
                     }
                     let mut m = ConsumerMember::new(&a.member_id, now_ms);
-                    m.instance_id = Some(instance.clone());
+                    m.meta.instance_id = Some(instance.clone());
                     c.members.insert(a.member_id.clone(), m);
                     c.static_members
                         .insert(instance.clone(), a.member_id.clone());
@@ -647,26 +644,28 @@ impl Coordinator {
                     ));
                 };
                 if let Some(i) = instance {
-                    if m.instance_id.as_deref() != Some(i.as_str()) {
+                    if m.meta.instance_id.as_deref() != Some(i.as_str()) {
                         return Err(refused(
                             ResponseError::FencedInstanceId,
                             format!("Static member {} with instance id {i} was fenced by another member.", a.member_id),
                         ));
                     }
                 }
-                if a.member_epoch > m.epoch {
+                if a.member_epoch > m.current.epoch {
                     return Err(refused(
                         ResponseError::FencedMemberEpoch,
-                        format!("The consumer group member has a greater member epoch ({}) than the one known by the group coordinator ({}).", a.member_epoch, m.epoch),
+                        format!("The consumer group member has a greater member epoch ({}) than the one known by the group coordinator ({}).", a.member_epoch, m.current.epoch),
                     ));
                 }
-                if a.member_epoch < m.epoch
-                    && (a.member_epoch != m.previous_epoch
-                        || a.owned.as_ref().is_none_or(|o| !is_subset(o, &m.assigned)))
+                if a.member_epoch < m.current.epoch
+                    && (a.member_epoch != m.current.previous_epoch
+                        || a.owned
+                            .as_ref()
+                            .is_none_or(|o| !is_subset(o, &m.current.assigned)))
                 {
                     return Err(refused(
                         ResponseError::FencedMemberEpoch,
-                        format!("The consumer group member has a smaller member epoch ({}) than the one known by the group coordinator ({}).", a.member_epoch, m.epoch),
+                        format!("The consumer group member has a smaller member epoch ({}) than the one known by the group coordinator ({}).", a.member_epoch, m.current.epoch),
                     ));
                 }
                 a.member_id.clone()
@@ -677,45 +676,45 @@ impl Coordinator {
         let m = c.members.get_mut(&member_id).expect("present");
         let before = m.clone();
         if let Some(r) = &a.rack_id {
-            m.rack_id = Some(r.clone());
+            m.meta.rack_id = Some(r.clone());
         }
         if a.rebalance_timeout_ms >= 0 {
-            m.rebalance_timeout_ms = a.rebalance_timeout_ms;
+            m.meta.rebalance_timeout_ms = a.rebalance_timeout_ms;
         }
-        if joining && m.epoch == STATIC_LEAVE_EPOCH {
+        if joining && m.current.epoch == STATIC_LEAVE_EPOCH {
             // A static member back under its own id: it reconciles from scratch.
-            m.epoch = 0;
-            m.previous_epoch = 0;
+            m.current.epoch = 0;
+            m.current.previous_epoch = 0;
         }
         if joining {
-            m.client_id = a.client_id.clone();
-            m.client_host = a.client_host.clone();
+            m.meta.client_id = a.client_id.clone();
+            m.meta.client_host = a.client_host.clone();
         }
         if let Some(names) = &a.subscribed_topic_names {
             let mut n = names.clone();
             n.sort();
             n.dedup();
-            m.subscribed_names = n;
+            m.meta.subscribed_names = n;
         }
         if let Some(r) = &a.subscribed_topic_regex {
-            m.subscribed_regex = (!r.is_empty()).then(|| r.clone());
+            m.meta.subscribed_regex = (!r.is_empty()).then(|| r.clone());
         }
         if let Some(s) = &a.server_assignor {
-            m.server_assignor = Some(s.clone());
+            m.meta.server_assignor = Some(s.clone());
         }
         m.session_deadline_ms = now_ms + i64::from(cfg.session_timeout_ms);
-        if m.subscribed_names != before.subscribed_names
-            || m.subscribed_regex != before.subscribed_regex
-            || m.server_assignor != before.server_assignor
+        if m.meta.subscribed_names != before.meta.subscribed_names
+            || m.meta.subscribed_regex != before.meta.subscribed_regex
+            || m.meta.server_assignor != before.meta.server_assignor
         {
             bump = true;
         }
         if changed_subscription
             || bump
-            || m.rack_id != before.rack_id
-            || m.rebalance_timeout_ms != before.rebalance_timeout_ms
-            || m.client_id != before.client_id
-            || m.client_host != before.client_host
+            || m.meta.rack_id != before.meta.rack_id
+            || m.meta.rebalance_timeout_ms != before.meta.rebalance_timeout_ms
+            || m.meta.client_id != before.meta.client_id
+            || m.meta.client_host != before.meta.client_host
         {
             fx.records.push(m.subscription_record(&gid));
         }
@@ -729,11 +728,11 @@ impl Coordinator {
         let known_regex = |r: &String| {
             c.members
                 .values()
-                .any(|o| o.id != m.id && o.subscribed_regex.as_ref() == Some(r))
+                .any(|o| o.id != m.id && o.meta.subscribed_regex.as_ref() == Some(r))
         };
         let adds_nothing = new_member
-            && m.subscribed_regex.as_ref().is_none_or(known_regex)
-            && m.subscribed_names.iter().all(|n| {
+            && m.meta.subscribed_regex.as_ref().is_none_or(known_regex)
+            && m.meta.subscribed_names.iter().all(|n| {
                 catalog
                     .topic(n)
                     .is_none_or(|(id, _)| c.metadata.contains_key(&id))
@@ -770,22 +769,23 @@ impl Coordinator {
         // One reconciliation step of this member.
         let m = c.members.get(&member_id).expect("present").clone();
         let next = reconcile(c, &m, a.owned.as_ref(), now_ms);
-        let changed = next.assigned != m.assigned
-            || next.epoch != m.epoch
-            || next.state != m.state
-            || next.revoking != m.revoking;
+        let changed = next.current.assigned != m.current.assigned
+            || next.current.epoch != m.current.epoch
+            || next.current.state != m.current.state
+            || next.current.revoking != m.current.revoking;
         if changed {
-            c.release(&m.id, &m.assigned);
-            c.release(&m.id, &m.revoking);
-            c.take(&m.id, &next.assigned);
-            c.take(&m.id, &next.revoking);
+            c.release(&m.id, &m.current.assigned);
+            c.release(&m.id, &m.current.revoking);
+            c.take(&m.id, &next.current.assigned);
+            c.take(&m.id, &next.current.revoking);
             fx.records.push(rec::current_assignment(&gid, &next));
         }
         let reply = HeartbeatReply {
             member_id: member_id.clone(),
-            member_epoch: next.epoch,
+            member_epoch: next.current.epoch,
             heartbeat_interval_ms: cfg.heartbeat_interval_ms,
-            assignment: (joining || a.owned.is_some() || changed).then(|| next.assigned.clone()),
+            assignment: (joining || a.owned.is_some() || changed)
+                .then(|| next.current.assigned.clone()),
         };
         c.members.insert(member_id, next);
         Ok(reply)
@@ -884,7 +884,7 @@ impl Coordinator {
         let Some(m) = c.members.get(member_id) else {
             return Some(ResponseError::UnknownMemberId);
         };
-        (epoch != m.epoch).then_some(ResponseError::StaleMemberEpoch)
+        (epoch != m.current.epoch).then_some(ResponseError::StaleMemberEpoch)
     }
 
     /// Kafka's `ConsumerGroup.validateOffsetCommit`: members commit with their current
@@ -900,7 +900,7 @@ impl Coordinator {
         let Some(m) = c.members.get(member_id) else {
             return Some(ResponseError::UnknownMemberId);
         };
-        (epoch != m.epoch).then_some(ResponseError::StaleMemberEpoch)
+        (epoch != m.current.epoch).then_some(ResponseError::StaleMemberEpoch)
     }
 }
 
@@ -946,14 +946,7 @@ impl Coordinator {
                     .members
                     .entry(id.clone())
                     .or_insert_with(|| ConsumerMember::new(&id, now_ms));
-                m.instance_id = v.instance_id;
-                m.rack_id = v.rack_id;
-                m.client_id = v.client_id;
-                m.client_host = v.client_host;
-                m.subscribed_names = v.subscribed_names;
-                m.subscribed_regex = v.subscribed_regex;
-                m.server_assignor = v.server_assignor;
-                m.rebalance_timeout_ms = v.rebalance_timeout_ms;
+                m.meta = v;
             }
             (ConsumerKey::Member(id), None) => {
                 c.members.remove(&id);
@@ -969,11 +962,7 @@ impl Coordinator {
                     .members
                     .entry(id.clone())
                     .or_insert_with(|| ConsumerMember::new(&id, now_ms));
-                m.epoch = v.epoch;
-                m.previous_epoch = v.previous_epoch;
-                m.state = v.state;
-                m.assigned = v.assigned;
-                m.revoking = v.revoking;
+                m.current = v;
             }
             _ => {}
         }
@@ -992,8 +981,8 @@ impl ConsumerGroup {
         let session = session_timeout_ms.max(GROUP_SESSION_TIMEOUT_MAX_MS);
         for m in self.members.values_mut() {
             m.session_deadline_ms = now_ms + i64::from(session);
-            m.revocation_deadline_ms = (m.state == MemberState::UnrevokedPartitions)
-                .then(|| now_ms + i64::from(m.rebalance_timeout_ms));
+            m.revocation_deadline_ms = (m.current.state == MemberState::UnrevokedPartitions)
+                .then(|| now_ms + i64::from(m.meta.rebalance_timeout_ms));
         }
     }
 }
@@ -1037,8 +1026,8 @@ fn leave(
     };
     if a.member_epoch == STATIC_LEAVE_EPOCH {
         let m = c.members.get_mut(&id).expect("present");
-        m.previous_epoch = m.epoch;
-        m.epoch = STATIC_LEAVE_EPOCH;
+        m.current.previous_epoch = m.current.epoch;
+        m.current.epoch = STATIC_LEAVE_EPOCH;
         let m = m.clone();
         fx.records.push(rec::current_assignment(gid, &m));
     } else {
@@ -1081,13 +1070,13 @@ fn remove_member(c: &mut ConsumerGroup, gid: &str, id: &str, fx: &mut Effects) {
     let Some(m) = c.members.remove(id) else {
         return;
     };
-    if let Some(i) = &m.instance_id {
+    if let Some(i) = &m.meta.instance_id {
         if c.static_members.get(i).is_some_and(|x| x == id) {
             c.static_members.remove(i);
         }
     }
-    c.release(id, &m.assigned);
-    c.release(id, &m.revoking);
+    c.release(id, &m.current.assigned);
+    c.release(id, &m.current.revoking);
     c.target.remove(id);
     fx.records.extend(member_tombstones(gid, id));
     c.epoch += 1;
@@ -1134,22 +1123,28 @@ fn reconcile(
     owned: Option<&Assignment>,
     now_ms: i64,
 ) -> ConsumerMember {
-    if m.epoch == STATIC_LEAVE_EPOCH {
+    if m.current.epoch == STATIC_LEAVE_EPOCH {
         return m.clone();
     }
     let target_epoch = c.assignment_epoch;
-    match m.state {
-        MemberState::Stable if m.epoch == target_epoch => m.clone(),
+    match m.current.state {
+        MemberState::Stable if m.current.epoch == target_epoch => m.clone(),
         MemberState::UnrevokedPartitions => {
             // Acknowledged only by an owned list without the revoked partitions.
-            if owned.is_none_or(|o| intersects(o, &m.revoking)) {
+            if owned.is_none_or(|o| intersects(o, &m.current.revoking)) {
                 return m.clone();
             }
             let mut base = m.clone();
-            base.revoking.clear();
-            next_step(c, &base, (m.epoch + 1).min(target_epoch), owned, now_ms)
+            base.current.revoking.clear();
+            next_step(
+                c,
+                &base,
+                (m.current.epoch + 1).min(target_epoch),
+                owned,
+                now_ms,
+            )
         }
-        _ => next_step(c, m, m.epoch, owned, now_ms),
+        _ => next_step(c, m, m.current.epoch, owned, now_ms),
     }
 }
 
@@ -1164,7 +1159,7 @@ fn next_step(
     let target = c.target.get(&m.id).unwrap_or(&empty);
     let mut keep = Assignment::new();
     let mut revoke = Assignment::new();
-    for (t, ps) in &m.assigned {
+    for (t, ps) in &m.current.assigned {
         for &p in ps {
             let dst = if target.get(t).is_some_and(|x| x.contains(&p)) {
                 &mut keep
@@ -1177,17 +1172,17 @@ fn next_step(
     let mut next = m.clone();
     // Revoked already if the member says it no longer owns them.
     if !revoke.is_empty() && owned.is_none_or(|o| intersects(o, &revoke)) {
-        next.state = MemberState::UnrevokedPartitions;
-        if epoch != m.epoch {
-            next.previous_epoch = m.epoch;
+        next.current.state = MemberState::UnrevokedPartitions;
+        if epoch != m.current.epoch {
+            next.current.previous_epoch = m.current.epoch;
         }
-        next.epoch = epoch;
-        next.assigned = keep;
-        next.revoking = revoke;
+        next.current.epoch = epoch;
+        next.current.assigned = keep;
+        next.current.revoking = revoke;
         // Kafka sets the rebalance timer on every move into this state: a member that
         // revoked in time and is asked to revoke more gets its full timeout again.
-        if next.revoking != m.revoking || m.revocation_deadline_ms.is_none() {
-            next.revocation_deadline_ms = Some(now_ms + i64::from(m.rebalance_timeout_ms));
+        if next.current.revoking != m.current.revoking || m.revocation_deadline_ms.is_none() {
+            next.revocation_deadline_ms = Some(now_ms + i64::from(m.meta.rebalance_timeout_ms));
         }
         return next;
     }
@@ -1201,14 +1196,14 @@ fn next_step(
             }
         }
     }
-    next.assigned = keep;
-    next.revoking.clear();
+    next.current.assigned = keep;
+    next.current.revoking.clear();
     next.revocation_deadline_ms = None;
-    next.epoch = c.assignment_epoch;
-    if next.epoch != m.epoch {
-        next.previous_epoch = m.epoch;
+    next.current.epoch = c.assignment_epoch;
+    if next.current.epoch != m.current.epoch {
+        next.current.previous_epoch = m.current.epoch;
     }
-    next.state = if unreleased {
+    next.current.state = if unreleased {
         MemberState::UnreleasedPartitions
     } else {
         MemberState::Stable

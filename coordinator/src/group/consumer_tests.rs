@@ -42,6 +42,23 @@ fn topics(list: &[(&str, u8, i32)]) -> Topics {
     }
 }
 
+/// A classic JoinGroup of a new member of `group`.
+fn classic_join(group: &str) -> JoinArgs {
+    JoinArgs {
+        group_id: group.into(),
+        member_id: String::new(),
+        instance_id: None,
+        client_id: "c".into(),
+        client_host: "h".into(),
+        session_timeout_ms: 10_000,
+        rebalance_timeout_ms: 10_000,
+        protocol_type: "consumer".into(),
+        protocols: vec![("range".into(), bytes::Bytes::new())],
+        require_known_member_id: false,
+        supports_skip_assignment: false,
+    }
+}
+
 fn join_args(member: &str, names: &[&str]) -> HeartbeatArgs {
     HeartbeatArgs {
         group_id: "g".into(),
@@ -92,7 +109,7 @@ fn exclusive(c: &Coordinator) {
     };
     let mut seen = BTreeSet::new();
     for m in g.members.values() {
-        for (t, ps) in m.assigned.iter().chain(m.revoking.iter()) {
+        for (t, ps) in m.current.assigned.iter().chain(m.current.revoking.iter()) {
             for p in ps {
                 assert!(seen.insert((*t, *p)), "{t}-{p} held twice: {:?}", g.members);
             }
@@ -126,7 +143,9 @@ fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
     assert_eq!(b.member_epoch, 2);
     assert_eq!(b.assignment.as_ref().map(count), Some(0));
     assert_eq!(
-        c.group("g").unwrap().consumer.as_ref().unwrap().members["b"].state,
+        c.group("g").unwrap().consumer.as_ref().unwrap().members["b"]
+            .current
+            .state,
         MemberState::UnreleasedPartitions
     );
     // a learns it must give two up, and stays at epoch 1 until it does.
@@ -167,8 +186,16 @@ fn a_second_member_gets_partitions_only_after_the_first_gives_them_up() {
     for (id, m) in &x.members {
         let n = &y.members[id];
         assert_eq!(
-            (m.epoch, &m.assigned, &m.subscribed_names),
-            (n.epoch, &n.assigned, &n.subscribed_names)
+            (
+                m.current.epoch,
+                &m.current.assigned,
+                &m.meta.subscribed_names
+            ),
+            (
+                n.current.epoch,
+                &n.current.assigned,
+                &n.meta.subscribed_names
+            )
         );
     }
 }
@@ -219,47 +246,13 @@ fn heartbeats_are_refused_with_kafkas_codes() {
     );
     // A classic group with members is not taken over.
     let mut fx = Effects::default();
-    c.join(
-        JoinToken(1),
-        0,
-        JoinArgs {
-            group_id: "classic".into(),
-            member_id: String::new(),
-            instance_id: None,
-            client_id: "c".into(),
-            client_host: "h".into(),
-            session_timeout_ms: 10_000,
-            rebalance_timeout_ms: 10_000,
-            protocol_type: "consumer".into(),
-            protocols: vec![("range".into(), bytes::Bytes::new())],
-            require_known_member_id: false,
-            supports_skip_assignment: false,
-        },
-        &mut fx,
-    );
+    c.join(JoinToken(1), 0, classic_join("classic"), &mut fx);
     let mut j = join_args("m", &["orders"]);
     j.group_id = "classic".into();
     assert_eq!(code(hb(&mut c, &mut log, 2, j, &t)), E::GroupIdNotFound);
     // A classic member cannot join a live consumer group.
     let mut fx = Effects::default();
-    c.join(
-        JoinToken(2),
-        0,
-        JoinArgs {
-            group_id: "g".into(),
-            member_id: String::new(),
-            instance_id: None,
-            client_id: "c".into(),
-            client_host: "h".into(),
-            session_timeout_ms: 10_000,
-            rebalance_timeout_ms: 10_000,
-            protocol_type: "consumer".into(),
-            protocols: vec![("range".into(), bytes::Bytes::new())],
-            require_known_member_id: false,
-            supports_skip_assignment: false,
-        },
-        &mut fx,
-    );
+    c.join(JoinToken(2), 0, classic_join("g"), &mut fx);
     match &fx.replies[0] {
         Deferred::Join(_, r) => assert_eq!(r.error_code, E::InconsistentGroupProtocol.code()),
         other => panic!("{other:?}"),
@@ -550,8 +543,18 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
                         for (id, m) in &x.members {
                             let n = &y.members[id];
                             assert_eq!(
-                                (m.epoch, m.state, &m.assigned, &m.revoking),
-                                (n.epoch, n.state, &n.assigned, &n.revoking),
+                                (
+                                    m.current.epoch,
+                                    m.current.state,
+                                    &m.current.assigned,
+                                    &m.current.revoking
+                                ),
+                                (
+                                    n.current.epoch,
+                                    n.current.state,
+                                    &n.current.assigned,
+                                    &n.current.revoking
+                                ),
                                 "seed {seed} member {id}"
                             );
                         }
@@ -563,7 +566,7 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
         }
         exclusive(&c);
         if let Some(g) = c.group("g").and_then(|g| g.consumer.as_ref()) {
-            let has = |s| g.members.values().any(|m| m.state == s);
+            let has = |s| g.members.values().any(|m| m.current.state == s);
             unrevoked += usize::from(has(MemberState::UnrevokedPartitions));
             unreleased += usize::from(has(MemberState::UnreleasedPartitions));
         }
@@ -592,7 +595,7 @@ fn simulate(seed: u64) -> (usize, usize, usize) {
             let wanted: BTreeSet<&str> = g
                 .members
                 .values()
-                .flat_map(|m| m.subscribed_names.iter().map(String::as_str))
+                .flat_map(|m| m.meta.subscribed_names.iter().map(String::as_str))
                 .collect();
             let total: i32 = wanted.iter().map(|n| t.topics[*n].1).sum();
             assert_eq!(owned, total as usize, "seed {seed}");
@@ -695,6 +698,7 @@ fn review_cases_a_taken_member_id_offset_delete_and_a_refused_txn_commit() {
     );
     assert_eq!(
         c.group("g").unwrap().consumer.as_ref().unwrap().members["Y"]
+            .meta
             .instance_id
             .as_deref(),
         Some("j")

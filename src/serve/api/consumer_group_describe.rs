@@ -61,19 +61,20 @@ pub async fn handle(
                             .map(|(m, target)| {
                                 Member::default()
                                     .with_member_id(sb(m.id))
-                                    .with_instance_id(m.instance_id.map(sb))
-                                    .with_rack_id(m.rack_id.map(sb))
-                                    .with_member_epoch(m.epoch)
-                                    .with_client_id(sb(m.client_id))
-                                    .with_client_host(sb(m.client_host))
+                                    .with_instance_id(m.meta.instance_id.map(sb))
+                                    .with_rack_id(m.meta.rack_id.map(sb))
+                                    .with_member_epoch(m.current.epoch)
+                                    .with_client_id(sb(m.meta.client_id))
+                                    .with_client_host(sb(m.meta.client_host))
                                     .with_subscribed_topic_names(
-                                        m.subscribed_names
+                                        m.meta
+                                            .subscribed_names
                                             .into_iter()
                                             .map(|n| sb(n).into())
                                             .collect(),
                                     )
-                                    .with_subscribed_topic_regex(m.subscribed_regex.map(sb))
-                                    .with_assignment(assignment(m.assigned, &names))
+                                    .with_subscribed_topic_regex(m.meta.subscribed_regex.map(sb))
+                                    .with_assignment(assignment(m.current.assigned, &names))
                                     .with_target_assignment(assignment(target, &names))
                                     .with_member_type(1)
                             })

@@ -406,6 +406,21 @@ fn intersects(a: &Assignment, b: &Assignment) -> bool {
         .any(|(t, ps)| b.get(t).is_some_and(|bs| !ps.is_disjoint(bs)))
 }
 
+fn group_full(max: usize) -> Refused {
+    refused(
+        ResponseError::GroupMaxSizeReached,
+        format!("The consumer group has reached its maximum capacity of {max} members."),
+    )
+}
+
+/// A static member's join under a member id another member holds.
+fn id_taken(member: &str, instance: &str) -> Refused {
+    refused(
+        ResponseError::InvalidRequest,
+        format!("Member {member} already exists without instance id {instance}."),
+    )
+}
+
 /// Kafka's `throwIfConsumerGroupHeartbeatRequestIsInvalid` (v1: the client names
 /// itself).
 fn validate(a: &HeartbeatArgs, cfg: &ConsumerConfig) -> Result<(), Refused> {
@@ -544,24 +559,19 @@ impl Coordinator {
 
         // The member: joined, replacing a static member that left, or known.
         let mut bump = false;
-        let mut changed_subscription = false;
         // A member new to the group only adds to what the group subscribes to.
         let mut new_member = false;
         let member_id = match (&a.instance_id, joining) {
             (None, true) => {
                 if !c.members.contains_key(&a.member_id) {
                     if c.members.len() >= cfg.max_size {
-                        return Err(refused(
-                            ResponseError::GroupMaxSizeReached,
-                            format!("The consumer group has reached its maximum capacity of {} members.", cfg.max_size),
-                        ));
+                        return Err(group_full(cfg.max_size));
                     }
                     c.members.insert(
                         a.member_id.clone(),
                         ConsumerMember::new(&a.member_id, now_ms),
                     );
                     bump = true;
-                    changed_subscription = true;
                     new_member = true;
                 }
                 a.member_id.clone()
@@ -570,13 +580,7 @@ impl Coordinator {
                 Some(old) if old == a.member_id => old,
                 Some(old) => {
                     if c.members.contains_key(&a.member_id) {
-                        return Err(refused(
-                            ResponseError::InvalidRequest,
-                            format!(
-                                "Member {} already exists without instance id {instance}.",
-                                a.member_id
-                            ),
-                        ));
+                        return Err(id_taken(&a.member_id, instance));
                     }
                     let prev = c.members.get(&old).expect("static members are members");
                     if prev.current.epoch != STATIC_LEAVE_EPOCH {
@@ -605,25 +609,15 @@ impl Coordinator {
                     c.members.insert(m.id.clone(), m);
                     c.static_members
                         .insert(instance.clone(), a.member_id.clone());
-                    changed_subscription = true;
                     new_member = true;
                     a.member_id.clone()
                 }
                 None => {
                     if c.members.len() >= cfg.max_size {
-                        return Err(refused(
-                            ResponseError::GroupMaxSizeReached,
-                            format!("The consumer group has reached its maximum capacity of {} members.", cfg.max_size),
-                        ));
+                        return Err(group_full(cfg.max_size));
                     }
                     if c.members.contains_key(&a.member_id) {
-                        return Err(refused(
-                            ResponseError::InvalidRequest,
-                            format!(
-                                "Member {} already exists without instance id {instance}.",
-                                a.member_id
-                            ),
-                        ));
+                        return Err(id_taken(&a.member_id, instance));
                     }
                     let mut m = ConsumerMember::new(&a.member_id, now_ms);
                     m.meta.instance_id = Some(instance.clone());
@@ -631,7 +625,6 @@ impl Coordinator {
                     c.static_members
                         .insert(instance.clone(), a.member_id.clone());
                     bump = true;
-                    changed_subscription = true;
                     new_member = true;
                     a.member_id.clone()
                 }
@@ -709,7 +702,7 @@ impl Coordinator {
         {
             bump = true;
         }
-        if changed_subscription
+        if new_member
             || bump
             || m.meta.rack_id != before.meta.rack_id
             || m.meta.rebalance_timeout_ms != before.meta.rebalance_timeout_ms

@@ -10,7 +10,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -405,8 +405,12 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
                 None => std::future::pending().await,
             }
         };
+        let full = following.begin_round(throttle.is_some());
         let result = async {
-            let truncating = truncate_phase(c, me, &following.parts).await?;
+            let truncating = match following.may_truncate {
+                true => truncate_phase(c, me, &mut following).await?,
+                false => false,
+            };
             // A partition still truncating (its leader does not know it yet) is retried
             // soon: this round's fetch must not wait at the leader.
             let wait = if truncating { Duration::ZERO } else { max_wait };
@@ -414,6 +418,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
                 c,
                 (me, leader),
                 &mut following,
+                full,
                 wait,
                 joined,
                 &mut session,
@@ -430,6 +435,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
         match result {
             Ok(Round::Fetched) => backoff = RETRY_FIRST,
             Ok(Round::Interrupted) => {
+                following.full_at = None;
                 tracing::debug!(
                     %leader,
                     "a partition joined during the poll; fetching again at once"
@@ -443,6 +449,8 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
                 backoff = (backoff * 2).min(RETRY);
             }
             Err(e) => {
+                // Cut short: some partitions' requests may have moved unseen.
+                following.full_at = None;
                 tracing::debug!(%leader, error = %e, "replica fetch failed; reconnecting");
                 conn = None;
                 session.failed();
@@ -456,6 +464,15 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
 /// shard's partitions or roles change (`Broker::hosting_version`), so a round of a
 /// follower of thousands of partitions allocates nothing per partition and tells the
 /// leader only what changed ([`fetch_session::Handler::build_changed`]).
+///
+/// A round also looks only at the partitions that may have changed: each partition's
+/// request is kept ([`Following::current`]) and computed again for those the last
+/// round answered, truncated or reset ([`Following::touch`]), for every partition once
+/// a second ([`FULL_PASS`]) and at a relist. Only this task appends to, truncates and
+/// resets a follower's log, and a new role or leader epoch relists, so between passes
+/// nothing else moves a request. At 10,000 partitions RF=3 a round over every followed
+/// partition cost a few cold cache lines each: the three brokers spent most of their
+/// CPU in those passes even at 1,000 records/s (issue 40).
 #[derive(Default)]
 struct Following {
     /// The hosting version `parts` was listed at.
@@ -463,11 +480,26 @@ struct Following {
     parts: Vec<Rc<Replica>>,
     /// What the session last told the leader of each (`None`: not in the session).
     sent: Vec<Option<PartReq>>,
+    /// Each partition's request as last computed (`None`: not fetching from this
+    /// leader then).
+    current: Vec<Option<(LeaderEpoch, PartReq)>>,
+    /// Partitions whose request is computed again next round, each once
+    /// (`dirty_flag`).
+    dirty: Vec<usize>,
+    dirty_flag: Vec<bool>,
+    /// When the next round computes every partition's request (`None`: at once).
+    full_at: Option<Instant>,
+    /// Some partition may have to truncate: the truncation phase asks every one.
+    may_truncate: bool,
     /// Each partition's place in `parts`.
     index: HashMap<TopicPartition, usize>,
     /// Listed again since the last request: the next one compares the whole list.
     relisted: bool,
 }
+
+/// How often a fetcher computes every partition's request, not only those it knows
+/// changed (see [`Following`]).
+const FULL_PASS: Duration = Duration::from_secs(1);
 
 impl Following {
     fn relist(&mut self, version: u64, parts: Vec<Rc<Replica>>) {
@@ -477,9 +509,46 @@ impl Following {
             .map(|(i, r)| (TopicPartition::new(r.topic.as_str(), r.partition), i))
             .collect();
         self.sent = vec![None; parts.len()];
+        self.current = vec![None; parts.len()];
+        self.dirty.clear();
+        self.dirty_flag = vec![false; parts.len()];
+        self.full_at = None;
         self.parts = parts;
         self.version = Some(version);
         self.relisted = true;
+    }
+
+    /// Partition `i`'s request is computed again next round.
+    fn touch(&mut self, i: usize) {
+        if !std::mem::replace(&mut self.dirty_flag[i], true) {
+            self.dirty.push(i);
+        }
+    }
+
+    /// Starts a round: whether it computes every partition's request (a relist, the
+    /// pass due, or throttled partitions, whose requests depend on the meter); then the
+    /// truncation phase asks every partition too.
+    fn begin_round(&mut self, throttled: bool) -> bool {
+        let now = Instant::now();
+        let full = throttled || self.full_at.is_none_or(|at| now >= at);
+        if full {
+            self.full_at = Some(now + FULL_PASS);
+            self.may_truncate = true;
+        }
+        full
+    }
+
+    /// The partitions whose requests this round computes: all of them, or those
+    /// touched since the last round.
+    fn take_dirty(&mut self, full: bool) -> Vec<usize> {
+        for &i in &self.dirty {
+            self.dirty_flag[i] = false;
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        match full {
+            true => (0..self.parts.len()).collect(),
+            false => dirty,
+        }
     }
 }
 
@@ -519,21 +588,36 @@ fn follower_state(r: &Replica) -> Option<(FollowerPhase, LeaderEpoch)> {
 /// leadership adopted while the log is being cut waits for the cut to end (see
 /// `isr::ReplicaState`); a partition whose state refuses (moved on, or another log
 /// operation still running) is skipped and asked again next round.
+///
+/// It asks every partition while one may have to truncate ([`Following::may_truncate`]),
+/// and stops asking once none had to; each partition it found truncating has its fetch
+/// request computed again.
 async fn truncate_phase(
     c: &mut Conn,
     me: NodeId,
-    parts: &[Rc<Replica>],
+    following: &mut Following,
 ) -> Result<bool, FetcherError> {
-    let todo: Vec<(&Rc<Replica>, LeaderEpoch, LeaderEpoch)> = parts
+    let todo: Vec<(usize, LeaderEpoch, LeaderEpoch)> = following
+        .parts
         .iter()
-        .filter_map(|r| {
+        .enumerate()
+        .filter_map(|(i, r)| {
             let (epoch, latest) = r.state().epoch_request()?;
-            Some((r, LeaderEpoch::new(epoch), LeaderEpoch::new(latest)))
+            Some((i, LeaderEpoch::new(epoch), LeaderEpoch::new(latest)))
         })
         .collect();
+    following.may_truncate = !todo.is_empty();
+    for &(i, _, _) in &todo {
+        following.touch(i);
+    }
     if todo.is_empty() {
         return Ok(false);
     }
+    let parts = &following.parts;
+    let todo: Vec<(&Rc<Replica>, LeaderEpoch, LeaderEpoch)> = todo
+        .into_iter()
+        .map(|(i, epoch, latest)| (&parts[i], epoch, latest))
+        .collect();
     let topics = by_topic(todo.iter().map(|(r, epoch, latest)| {
         let p = OffsetForLeaderPartition::default()
             .with_partition(r.partition)
@@ -610,6 +694,45 @@ async fn truncate_phase(
         .any(|(r, _, _)| matches!(follower_state(r), Some((FollowerPhase::Truncating, _)))))
 }
 
+/// Partition `r`'s fetch request while it fetches from `leader`, from its durable end;
+/// `throttle`: the shard's follower rate if the partition is throttled.
+fn fetch_request(
+    r: &Replica,
+    leader: NodeId,
+    throttle: Option<&(f64, Vec<bool>)>,
+) -> Option<(LeaderEpoch, PartReq)> {
+    let epoch = {
+        let state = r.state();
+        let f = state.follower()?;
+        let follows = f.phase() == FollowerPhase::Fetching && f.leader() == leader.get();
+        follows.then(|| LeaderEpoch::new(f.leader_epoch()))?
+    };
+    let fetch_offset = r.durable_end();
+    // A throttled partition asks for at most a second's worth at the rate, so one round
+    // cannot take megabytes past it.
+    let max_bytes = match throttle {
+        Some((rate, _)) => (*rate as i64).clamp(1, FETCH_PARTITION_BYTES as i64) as i32,
+        None => FETCH_PARTITION_BYTES,
+    };
+    let req = PartReq {
+        fetch_offset,
+        log_start_offset: r.log_start(),
+        max_bytes,
+        current_leader_epoch: epoch,
+        last_fetched_epoch: LeaderEpoch::NONE,
+    };
+    // A follower asks from what it holds durably: never past its log.
+    assert!(
+        fetch_offset <= r.log_end() && req.log_start_offset <= fetch_offset,
+        "{}-{}: fetch from {fetch_offset} outside its log [{}, {}]",
+        r.topic,
+        r.partition,
+        req.log_start_offset,
+        r.log_end()
+    );
+    Some((epoch, req))
+}
+
 /// One Fetch for the partitions that are fetching, waiting at most `wait` at the leader,
 /// abandoned if `joined` completes first. In the fetch session, the request carries only
 /// what changed and the answer only partitions with news.
@@ -620,12 +743,12 @@ async fn fetch_phase(
     c: &mut Conn,
     (me, leader): (NodeId, NodeId),
     following: &mut Following,
+    full: bool,
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
     throttle: Option<(f64, Vec<bool>)>,
 ) -> Result<Round, FetcherError> {
-    let parts = &following.parts;
     let held = |i: usize| -> bool {
         throttle
             .as_ref()
@@ -634,86 +757,53 @@ async fn fetch_phase(
     let over = throttle
         .as_ref()
         .is_some_and(|(rate, flags)| flags.contains(&true) && throttle::follower_exceeded(*rate));
-    for r in parts.iter().filter(|r| r.log_end() > r.durable_end()) {
-        if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
-            sync_tail(r, epoch).await?;
+    let check = following.take_dirty(full);
+    for &i in &check {
+        let r = &following.parts[i];
+        if r.log_end() > r.durable_end() {
+            if let Some((FollowerPhase::Fetching, epoch)) = follower_state(r) {
+                sync_tail(r, epoch).await?;
+            }
         }
     }
     // Each partition's request while it fetches from this leader, from its durable
     // end (a partition that moved on since the list was made is left out).
-    let current: Vec<Option<(LeaderEpoch, PartReq)>> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            if over && held(i) {
-                return None;
-            }
-            let (epoch, follows) = {
-                let state = r.state();
-                let f = state.follower()?;
-                (
-                    LeaderEpoch::new(f.leader_epoch()),
-                    f.phase() == FollowerPhase::Fetching && f.leader() == leader.get(),
-                )
-            };
-            if !follows {
-                return None;
-            }
-            let fetch_offset = r.durable_end();
-            // A throttled partition asks for at most a second's worth at the rate, so
-            // one round cannot take megabytes past it.
-            let max_bytes = match &throttle {
-                Some((rate, _)) if held(i) => {
-                    (*rate as i64).clamp(1, FETCH_PARTITION_BYTES as i64) as i32
-                }
-                _ => FETCH_PARTITION_BYTES,
-            };
-            let req = PartReq {
-                fetch_offset,
-                log_start_offset: r.log_start(),
-                max_bytes,
-                current_leader_epoch: epoch,
-                last_fetched_epoch: LeaderEpoch::NONE,
-            };
-            // A follower asks from what it holds durably: never past its log.
-            assert!(
-                fetch_offset <= r.log_end() && req.log_start_offset <= fetch_offset,
-                "{}-{}: fetch from {fetch_offset} outside its log [{}, {}]",
-                r.topic,
-                r.partition,
-                req.log_start_offset,
-                r.log_end()
-            );
-            Some((epoch, req))
-        })
-        .collect();
+    for &i in &check {
+        let r = &following.parts[i];
+        following.current[i] = match over && held(i) {
+            true => None,
+            false => fetch_request(r, leader, throttle.as_ref().filter(|_| held(i))),
+        };
+    }
+    let (parts, current) = (&following.parts, &following.current);
     if current.iter().all(Option::is_none) {
         return Ok(Round::Refused);
     }
     let built = if session.is_full() || following.relisted {
         let next: Vec<(PartKey, PartReq)> = parts
             .iter()
-            .zip(&current)
+            .zip(current)
             .filter_map(|(r, c)| c.map(|(_, req)| (part_key(r), req)))
             .collect();
+        for (sent, c) in following.sent.iter_mut().zip(current) {
+            *sent = c.map(|(_, req)| req);
+        }
         session.build(&next)
     } else {
         let (mut changed, mut forgotten) = (Vec::new(), Vec::new());
-        for ((r, c), sent) in parts.iter().zip(&current).zip(&following.sent) {
-            let now = c.map(|(_, req)| req);
-            if now != *sent {
+        for &i in &check {
+            let now = current[i].map(|(_, req)| req);
+            if now != following.sent[i] {
                 match now {
-                    Some(req) => changed.push((part_key(r), req)),
-                    None => forgotten.push(part_key(r)),
+                    Some(req) => changed.push((part_key(&parts[i]), req)),
+                    None => forgotten.push(part_key(&parts[i])),
                 }
+                following.sent[i] = now;
             }
         }
         session.build_changed(changed, forgotten)
     };
     following.relisted = false;
-    for (sent, c) in following.sent.iter_mut().zip(&current) {
-        *sent = c.map(|(_, req)| req);
-    }
     let req = FetchRequest::default()
         .with_replica_id(me.into())
         .with_max_wait_ms(wait.as_millis() as i32)
@@ -741,6 +831,10 @@ async fn fetch_phase(
     let mut had_error = false;
     // Partitions answered without error, with their records (maybe none).
     let mut answered = Vec::new();
+    // Partitions answered at all: their requests are computed again next round (a
+    // round that fails computes every one again, see `fetcher`).
+    let mut touched = Vec::new();
+    let mut restarted = false;
     for t in resp.responses {
         for p in t.partitions {
             let key = TopicPartitionRef::new(t.topic.0.as_str(), p.partition_index);
@@ -751,6 +845,7 @@ async fn fetch_phase(
                 continue;
             };
             let (r, fetch_offset) = (&parts[i], &req.fetch_offset);
+            touched.push(i);
             if p.error_code != 0 {
                 had_error = true;
                 let code = ResponseError::try_from_code(p.error_code);
@@ -776,6 +871,7 @@ async fn fetch_phase(
                     } else {
                         // Our log is ahead of the leader's: truncate again.
                         r.restart_truncation(*epoch);
+                        restarted = true;
                     }
                 }
                 continue;
@@ -838,6 +934,7 @@ async fn fetch_phase(
         if !records.is_empty() {
             if !appended[&i] {
                 r.restart_truncation(*epoch);
+                restarted = true;
                 continue;
             }
             got_data = true;
@@ -856,6 +953,10 @@ async fn fetch_phase(
         }
         r.notify();
     }
+    for i in touched {
+        following.touch(i);
+    }
+    following.may_truncate |= restarted;
     Ok(if got_data || !had_error {
         Round::Fetched
     } else {

@@ -39,6 +39,7 @@ use bytes::Bytes;
 use event_listener::Event;
 use glommio::io::{DmaFile, OpenOptions};
 
+use crate::failure;
 use crate::fault::{self, FaultOp};
 use crate::simdisk;
 use crate::Error;
@@ -78,7 +79,7 @@ struct State {
     durable: u64,
     writing: bool,
     syncing: bool,
-    failed: Option<String>,
+    failed: failure::Slot,
     /// File size reserved with fallocate (zero-filled beyond `len`).
     allocated: u64,
     /// Whether to keep preallocating: cleared when a fallocate fails (for ENOSPC the
@@ -320,7 +321,7 @@ impl AppendFile {
                 durable: valid_len,
                 writing: false,
                 syncing: false,
-                failed: None,
+                failed: failure::Slot::default(),
                 allocated: valid_len,
                 preallocating: preallocate_bytes > 0,
                 truncating: false,
@@ -386,8 +387,11 @@ impl AppendFile {
     /// truncation under way is not reported (it refuses work only while it runs);
     /// one that was interrupted is.
     pub fn failure(&self) -> Option<String> {
+        if !failure::any() {
+            return None;
+        }
         let st = self.state.borrow();
-        match &st.failed {
+        match st.failed.get() {
             Some(msg) if !st.truncating => Some(format!("{}: {msg}", self.path.display())),
             _ => None,
         }
@@ -402,7 +406,7 @@ impl AppendFile {
             if st.failed.is_some() {
                 return;
             }
-            st.failed = Some(format!("failed with its log: {cause}"));
+            st.failed.set(format!("failed with its log: {cause}"));
         }
         self.written_event.notify(usize::MAX);
         self.synced_event.notify(usize::MAX);
@@ -414,7 +418,7 @@ impl AppendFile {
     }
 
     pub(crate) fn check_failed(&self) -> Result<(), Error> {
-        match &self.state.borrow().failed {
+        match self.state.borrow().failed.get() {
             Some(msg) => Err(Error::Failed(format!("{}: {msg}", self.path.display()))),
             None => Ok(()),
         }
@@ -560,7 +564,7 @@ impl AppendFile {
             {
                 let mut st = self.state.borrow_mut();
                 st.writing = false;
-                st.failed = Some(e.to_string());
+                st.failed.set(e.to_string());
             }
             self.written_event.notify(usize::MAX);
             return;
@@ -614,9 +618,10 @@ impl AppendFile {
                 }
             }
             Ok(n) => {
-                st.failed = Some(format!("short write: {n} of {expected} bytes at {pos}"));
+                st.failed
+                    .set(format!("short write: {n} of {expected} bytes at {pos}"));
             }
-            Err(e) => st.failed = Some(Error::io(&self.path, e).to_string()),
+            Err(e) => st.failed.set(Error::io(&self.path, e).to_string()),
         }
         drop(st);
         self.written_event.notify(usize::MAX);
@@ -765,7 +770,7 @@ impl AppendFile {
             // A truncation meanwhile (new epoch) voids what this sync covered.
             Ok(()) if st.epoch == epoch => st.durable = st.durable.max(covered.min(st.len)),
             Ok(()) => {}
-            Err(e) => st.failed = Some(Error::io(&self.path, e).to_string()),
+            Err(e) => st.failed.set(Error::io(&self.path, e).to_string()),
         }
         drop(st);
         self.synced_event.notify(usize::MAX);
@@ -781,8 +786,9 @@ impl AppendFile {
             Ok(()) => {}
             Err(e) => {
                 let e = std::io::Error::from_raw_os_error(*e);
-                st.failed
-                    .get_or_insert_with(|| Error::io(&self.path, e).to_string());
+                if !st.failed.is_some() {
+                    st.failed.set(Error::io(&self.path, e).to_string());
+                }
             }
         }
         drop(st);
@@ -821,7 +827,7 @@ impl AppendFile {
         {
             let mut st = self.state.borrow_mut();
             st.epoch += 1;
-            st.failed = Some("truncation interrupted".into());
+            st.failed.set("truncation interrupted".into());
             st.truncating = true;
         }
         let _truncating = Truncating(&self.state);
@@ -830,7 +836,7 @@ impl AppendFile {
         match res {
             Ok(tail) => {
                 account_unwritten(unwritten_of(&st), 0);
-                st.failed = None;
+                st.failed.clear();
                 st.len = new_len;
                 st.pending.clear();
                 st.pending_len = 0;
@@ -843,7 +849,7 @@ impl AppendFile {
                 Ok(())
             }
             Err(e) => {
-                st.failed = Some(e.to_string());
+                st.failed.set(e.to_string());
                 Err(e)
             }
         }
@@ -926,7 +932,7 @@ impl AppendFile {
                 Ok(())
             }
             Err(e) => {
-                st.failed = Some(e.to_string());
+                st.failed.set(e.to_string());
                 Err(e)
             }
         }
@@ -1497,7 +1503,11 @@ mod tests {
             let st = f.state.borrow();
             assert!(!st.preallocating);
             assert_eq!(st.allocated, 0);
-            assert!(st.failed.as_deref().unwrap_or("").contains("os error 28"));
+            assert!(st
+                .failed
+                .get()
+                .map_or("", String::as_str)
+                .contains("os error 28"));
         });
     }
 }

@@ -34,6 +34,7 @@ pub mod batch;
 pub mod cache;
 pub mod codec;
 pub mod compact;
+pub mod failure;
 pub mod fault;
 pub mod file;
 pub mod index;

@@ -484,7 +484,7 @@ impl Storage {
             append_event: Event::new(),
             last_flush_ms: Cell::new(self.now_ms()),
             closed: Cell::new(false),
-            failure: RefCell::new(None),
+            failure: RefCell::default(),
             leader_fence: RefCell::new(None),
             remote_end: Cell::new(i64::MIN),
             on_change: RefCell::new(None),
@@ -567,13 +567,16 @@ impl Storage {
             .collect()
     }
 
-    /// The open logs a background pass works on: failed ones are left alone (the
-    /// broker reopens them), so one failed partition neither stops the pass for the
-    /// others nor floods the log with its error.
-    fn working_logs(&self) -> Vec<Rc<PartitionLog>> {
-        self.live_logs()
-            .into_iter()
-            .filter(|l| !l.closed.get() && l.failure().is_none())
+    /// The open logs a background pass works on, those `wanted` picks (asked first: a
+    /// pass over 10,000 logs every 100 ms collects only the few it works on). Failed
+    /// ones are left alone (the broker reopens them), so one failed partition neither
+    /// stops the pass for the others nor floods the log with its error.
+    fn working_logs(&self, wanted: impl Fn(&PartitionLog) -> bool) -> Vec<Rc<PartitionLog>> {
+        self.logs
+            .borrow()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|l| wanted(l) && !l.closed.get() && l.failure().is_none())
             .collect()
     }
 
@@ -582,7 +585,7 @@ impl Storage {
     pub async fn enforce_retention(&self) -> Result<u32, Error> {
         let mut deleted = 0;
         let mut first_err = None;
-        for log in self.working_logs() {
+        for log in self.working_logs(|_| true) {
             match log.enforce_retention().await {
                 Ok(n) => deleted += n,
                 Err(e) => {
@@ -605,7 +608,7 @@ impl Storage {
     async fn compact_round(&self) -> (u32, Option<Error>) {
         let mut cleaned = 0;
         let mut first_err = None;
-        for log in self.working_logs() {
+        for log in self.working_logs(|_| true) {
             match log.compact().await {
                 Ok(Some(_)) => cleaned += 1,
                 Ok(None) => {}
@@ -653,14 +656,14 @@ impl Storage {
     /// in [`Storage::enforce_retention`].
     pub async fn flush_due(&self) -> Result<(), Error> {
         let now = self.now_ms();
+        let due = self.working_logs(|l| match l.config.borrow().flush {
+            FlushPolicy::IntervalMs(ms) => now - l.last_flush_ms.get() >= ms as i64,
+            _ => false,
+        });
         let mut first_err = None;
-        for log in self.working_logs() {
-            if let FlushPolicy::IntervalMs(ms) = log.config().flush {
-                if now - log.last_flush_ms.get() >= ms as i64 {
-                    if let Err(e) = log.flush().await {
-                        first_err.get_or_insert(e);
-                    }
-                }
+        for log in due {
+            if let Err(e) = log.flush().await {
+                first_err.get_or_insert(e);
             }
         }
         first_err.map_or(Ok(()), Err)

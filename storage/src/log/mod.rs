@@ -186,7 +186,7 @@ pub struct PartitionLog {
     closed: Cell<bool>,
     /// The first I/O error of the log (see [`PartitionLog::failure`]); it refuses all
     /// work from then on.
-    failure: RefCell<Option<String>>,
+    failure: RefCell<crate::failure::Slot>,
     /// See [`PartitionLog::set_leader_fence`].
     leader_fence: RefCell<Option<LeaderFence>>,
     /// See [`PartitionLog::set_remote_end`].
@@ -359,7 +359,10 @@ impl PartitionLog {
     /// ([`Storage::open_log`], which re-reads the files: recovery) once the cause is
     /// gone. The broker polls this to take the partition offline.
     pub fn failure(&self) -> Option<String> {
-        if let Some(cause) = self.failure.borrow().as_ref() {
+        if !crate::failure::any() {
+            return None;
+        }
+        if let Some(cause) = self.failure.borrow().get() {
             return Some(cause.clone());
         }
         self.files_failure()
@@ -410,7 +413,7 @@ impl PartitionLog {
         if let Some(a) = self.state.borrow().active().active.as_ref() {
             a.fail(&cause);
         }
-        *self.failure.borrow_mut() = Some(cause);
+        self.failure.borrow_mut().set(cause);
         if self.last_journaled.borrow().is_some() {
             if let Some(journal) = self.storage.journal() {
                 journal.note_failed(&self.name);

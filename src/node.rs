@@ -1008,6 +1008,7 @@ async fn publisher(broker: std::rc::Weak<Broker>, quorum: Rc<QuorumNode>) {
             (
                 crate::cluster::quorum_io::image_of(
                     s,
+                    last.as_deref(),
                     quorum.leader_id(),
                     epoch,
                     quorum.incarnation_known(),

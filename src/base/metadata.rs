@@ -117,8 +117,12 @@ pub struct MetadataImage {
     pub remote_purge: Vec<String>,
 }
 
-/// Remote segments by topic and partition (the quorum's `ClusterState::remote`).
-pub type RemoteLogs = BTreeMap<String, BTreeMap<i32, sluice_replication::cluster::RemoteLog>>;
+/// Remote segments by topic and partition (the quorum's `ClusterState::remote`). Each
+/// partition's log is shared with the image before while it did not change
+/// (`quorum_io::image_of`), so a new image copies one pointer a partition, not its
+/// segments.
+pub type RemoteLogs =
+    BTreeMap<String, BTreeMap<i32, std::sync::Arc<sluice_replication::cluster::RemoteLog>>>;
 
 /// An image read back from the old per-broker file knows no controller.
 fn no_controller() -> BrokerId {

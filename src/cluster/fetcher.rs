@@ -405,7 +405,7 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
                 None => std::future::pending().await,
             }
         };
-        let full = following.begin_round(throttle.is_some());
+        following.begin_round(throttle.is_some());
         let result = async {
             let truncating = match following.may_truncate {
                 true => truncate_phase(c, me, &mut following).await?,
@@ -418,7 +418,6 @@ pub async fn fetcher(broker: std::rc::Weak<Broker>, leader: NodeId) {
                 c,
                 (me, leader),
                 &mut following,
-                full,
                 wait,
                 joined,
                 &mut session,
@@ -491,6 +490,8 @@ struct Following {
     full_at: Option<Instant>,
     /// Some partition may have to truncate: the truncation phase asks every one.
     may_truncate: bool,
+    /// This round computes every partition's request ([`Following::begin_round`]).
+    full: bool,
     /// Each partition's place in `parts`.
     index: HashMap<TopicPartition, usize>,
     /// Listed again since the last request: the next one compares the whole list.
@@ -525,27 +526,26 @@ impl Following {
         }
     }
 
-    /// Starts a round: whether it computes every partition's request (a relist, the
+    /// Starts a round: decides whether it computes every partition's request (a relist, the
     /// pass due, or throttled partitions, whose requests depend on the meter); then the
     /// truncation phase asks every partition too.
-    fn begin_round(&mut self, throttled: bool) -> bool {
+    fn begin_round(&mut self, throttled: bool) {
         let now = Instant::now();
-        let full = throttled || self.full_at.is_none_or(|at| now >= at);
-        if full {
+        self.full = throttled || self.full_at.is_none_or(|at| now >= at);
+        if self.full {
             self.full_at = Some(now + FULL_PASS);
             self.may_truncate = true;
         }
-        full
     }
 
     /// The partitions whose requests this round computes: all of them, or those
     /// touched since the last round.
-    fn take_dirty(&mut self, full: bool) -> Vec<usize> {
+    fn take_dirty(&mut self) -> Vec<usize> {
         for &i in &self.dirty {
             self.dirty_flag[i] = false;
         }
         let dirty = std::mem::take(&mut self.dirty);
-        match full {
+        match self.full {
             true => (0..self.parts.len()).collect(),
             false => dirty,
         }
@@ -743,7 +743,6 @@ async fn fetch_phase(
     c: &mut Conn,
     (me, leader): (NodeId, NodeId),
     following: &mut Following,
-    full: bool,
     wait: Duration,
     joined: impl std::future::Future<Output = ()>,
     session: &mut fetch_session::Handler,
@@ -757,7 +756,7 @@ async fn fetch_phase(
     let over = throttle
         .as_ref()
         .is_some_and(|(rate, flags)| flags.contains(&true) && throttle::follower_exceeded(*rate));
-    let check = following.take_dirty(full);
+    let check = following.take_dirty();
     for &i in &check {
         let r = &following.parts[i];
         if r.log_end() > r.durable_end() {

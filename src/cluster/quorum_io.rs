@@ -1866,9 +1866,11 @@ async fn receive<S: futures_lite::AsyncRead + Unpin>(
 
 pub use crate::base::config::parse_quorum;
 
-/// The quorum's state as the broker's metadata image.
+/// The quorum's state as the broker's metadata image; `previous`, the image published
+/// before, lends the remote logs that did not change since (see [`remote_logs`]).
 pub fn image_of(
     state: &ClusterState,
+    previous: Option<&crate::base::metadata::MetadataImage>,
     controller_id: i32,
     epoch: u64,
     registered: bool,
@@ -1908,7 +1910,7 @@ pub fn image_of(
         group_configs: state.group_configs.clone(),
         acls: std::sync::Arc::new(sluice_replication::acl::AclIndex::new(&state.acls)),
         quotas: std::sync::Arc::new(state.quotas.clone()),
-        remote: std::sync::Arc::new(state.remote.clone()),
+        remote: std::sync::Arc::new(remote_logs(&state.remote, previous.map(|p| &*p.remote))),
         remote_purge: state.remote_purge.clone(),
         topics: state
             .topics
@@ -1926,6 +1928,45 @@ pub fn image_of(
             })
             .collect(),
     }
+}
+
+/// The state's remote logs for an image, each partition's shared with `previous` when
+/// it did not change. A remote log only grows at its end (uploads) and loses segments
+/// at its start (retention, DeleteRecords), and every segment has its own id, so the
+/// same count, log start and first and last ids mean the same log: a new image costs a
+/// comparison a partition instead of a copy of every segment (at millions of remote
+/// segments, tens of megabytes per metadata change).
+pub fn remote_logs(
+    state: &BTreeMap<String, BTreeMap<i32, sluice_replication::cluster::RemoteLog>>,
+    previous: Option<&crate::base::metadata::RemoteLogs>,
+) -> crate::base::metadata::RemoteLogs {
+    use sluice_replication::cluster::RemoteLog;
+    let same = |a: &RemoteLog, b: &RemoteLog| {
+        let ids = |l: &RemoteLog| {
+            (
+                l.segments.first().map(|s| s.id),
+                l.segments.last().map(|s| s.id),
+            )
+        };
+        a.segments.len() == b.segments.len() && a.log_start == b.log_start && ids(a) == ids(b)
+    };
+    state
+        .iter()
+        .map(|(topic, logs)| {
+            let before = previous.and_then(|p| p.get(topic));
+            let logs = logs
+                .iter()
+                .map(|(p, log)| {
+                    let kept = before
+                        .and_then(|b| b.get(p))
+                        .filter(|b| same(b, log))
+                        .cloned();
+                    (*p, kept.unwrap_or_else(|| std::sync::Arc::new(log.clone())))
+                })
+                .collect();
+            (topic.clone(), logs)
+        })
+        .collect()
 }
 
 /// The exit code of a broker whose metadata quorum I/O failed (EX_IOERR of sysexits.h).
@@ -1974,5 +2015,109 @@ mod tests {
         assert!(parse_quorum("1-127.0.0.1:1").is_err());
         assert!(parse_quorum("0@127.0.0.1:1").is_err());
         assert!(parse_quorum("").is_err());
+    }
+
+    fn segment(id: u8, base: i64, last: i64) -> sluice_replication::cluster::RemoteSegment {
+        sluice_replication::cluster::RemoteSegment {
+            id: [id; 16],
+            base_offset: base,
+            last_offset: last,
+            max_timestamp: -1,
+            size: 100,
+            leader_epoch: 0,
+            uploaded_ms: 0,
+        }
+    }
+
+    #[test]
+    fn an_image_shares_the_remote_logs_that_did_not_change() {
+        use sluice_replication::cluster::RemoteLog;
+        let log = |ids: &[u8]| RemoteLog {
+            segments: ids
+                .iter()
+                .map(|&i| segment(i, i as i64 * 10, i as i64 * 10 + 9))
+                .collect(),
+            log_start: 0,
+        };
+        let mut state: BTreeMap<String, BTreeMap<i32, RemoteLog>> = BTreeMap::new();
+        state.insert(
+            "t".into(),
+            [(0, log(&[1, 2])), (1, log(&[1, 2])), (2, log(&[1]))].into(),
+        );
+        let first = remote_logs(&state, None);
+        // Partition 0 uploads a segment; partition 1 loses its first and gains one (same
+        // count); partition 2 moves its log start; partition 3 appears.
+        let t = state.get_mut("t").unwrap();
+        t.get_mut(&0).unwrap().segments.push(segment(3, 30, 39));
+        t.insert(1, log(&[2, 3]));
+        t.get_mut(&2).unwrap().log_start = 5;
+        t.insert(3, log(&[1]));
+        state.insert("u".into(), [(0, log(&[7]))].into());
+        let second = remote_logs(&state, Some(&first));
+        for (topic, logs) in &state {
+            for (p, l) in logs {
+                assert_eq!(&*second[topic][p], l, "{topic}-{p} as in the state");
+            }
+        }
+        for p in 0..3 {
+            assert!(
+                !std::sync::Arc::ptr_eq(&first["t"][&p], &second["t"][&p]),
+                "t-{p} changed"
+            );
+        }
+        // Nothing changed since: every partition shared.
+        let third = remote_logs(&state, Some(&second));
+        for (topic, logs) in &second {
+            for (p, l) in logs {
+                assert!(
+                    std::sync::Arc::ptr_eq(l, &third[topic][p]),
+                    "{topic}-{p} shared"
+                );
+            }
+        }
+    }
+
+    /// What a metadata change costs the image at a million remote segments (1,000
+    /// partitions of 1,000): `cargo test --profile unit -p sluice --lib
+    /// image_at_a_million_remote_segments -- --ignored --nocapture`. A figure, not an
+    /// assertion (docs/benchmarks.md, "Tiered storage").
+    #[test]
+    #[ignore]
+    fn image_at_a_million_remote_segments() {
+        use sluice_replication::cluster::RemoteLog;
+        let mut state: BTreeMap<String, BTreeMap<i32, RemoteLog>> = BTreeMap::new();
+        for t in 0..10 {
+            let logs = (0..100)
+                .map(|p| {
+                    let segments = (0..1000).map(|i| segment((i % 251) as u8, i * 10, i * 10 + 9));
+                    (
+                        p,
+                        RemoteLog {
+                            segments: segments.collect(),
+                            log_start: 0,
+                        },
+                    )
+                })
+                .collect();
+            state.insert(format!("topic-{t}"), logs);
+        }
+        let started = std::time::Instant::now();
+        let copied = state.clone();
+        let copy = started.elapsed();
+        let first = remote_logs(&state, None);
+        let started = std::time::Instant::now();
+        let rounds = 20;
+        for i in 0..rounds {
+            // One partition uploads a segment, as between two images.
+            let log = state.get_mut("topic-3").unwrap().get_mut(&7).unwrap();
+            log.segments
+                .push(segment(0, 100_000 + i * 10, 100_000 + i * 10 + 9));
+            std::hint::black_box(remote_logs(&state, Some(&first)));
+        }
+        let shared = started.elapsed() / rounds as u32;
+        println!(
+            "1,000,000 remote segments over 1,000 partitions: a copy of them {copy:?}, an image sharing the unchanged ones {shared:?}"
+        );
+        drop(copied);
     }
 }

@@ -229,6 +229,7 @@ pub fn remote_log<'a>(
         .remote
         .get(topic)?
         .get(&partition)
+        .map(|l| &**l)
         .filter(|l| !l.segments.is_empty())
 }
 

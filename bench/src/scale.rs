@@ -243,6 +243,10 @@ async fn create(client: &mut Client, opts: &ScaleOpts, names: &[String]) -> io::
 /// Partitions per Produce request of the `one` phase.
 const ONE_CHUNK: usize = 1000;
 
+/// The largest batch the sustain phase sends (librdkafka's `batch.size` default), below
+/// a topic's default `max.message.bytes` (1 MiB).
+const BATCH_BYTES_MAX: usize = 1_000_000;
+
 /// A produce request for `idx` (indexes into `parts`), each with its batch.
 fn produce_request(parts: &[Part], batches: Vec<(usize, Bytes)>, acks: i16) -> ProduceRequest {
     let mut topics: Vec<TopicProduceData> = Vec::new();
@@ -350,6 +354,7 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
         conns.insert(leader, c);
     }
     let builder = BatchBuilder::new(opts.record_size);
+    let per_batch = builder.records_per_batch(BATCH_BYTES_MAX);
     let n = l.parts.len();
     let start = Instant::now();
     let start_us = load::now_us();
@@ -390,7 +395,20 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
                 if topics.last().is_none_or(|(t, _)| *t != &*p.topic) {
                     topics.push((&p.topic, Vec::new()));
                 }
-                let records = builder.build(&times, None);
+                // At most BATCH_BYTES_MAX a batch, as a client's batch.size: what fell
+                // due during a stall of the in-flight window would otherwise be one batch
+                // over max.message.bytes (MESSAGE_TOO_LARGE at 1M records/s over 8
+                // partitions after a stall of ~80 ms).
+                let records = match times.len() <= per_batch {
+                    true => builder.build(&times, None),
+                    false => {
+                        let mut all = bytes::BytesMut::new();
+                        for chunk in times.chunks(per_batch) {
+                            all.extend_from_slice(&builder.build(chunk, None));
+                        }
+                        all.freeze()
+                    }
+                };
                 topics
                     .last_mut()
                     .expect("pushed")

@@ -492,6 +492,8 @@ struct Following {
     may_truncate: bool,
     /// This round computes every partition's request ([`Following::begin_round`]).
     full: bool,
+    /// The last round was throttled: the next one computes every request again too.
+    throttled: bool,
     /// Each partition's place in `parts`.
     index: HashMap<TopicPartition, usize>,
     /// Listed again since the last request: the next one compares the whole list.
@@ -527,11 +529,12 @@ impl Following {
     }
 
     /// Starts a round: decides whether it computes every partition's request (a relist, the
-    /// pass due, or throttled partitions, whose requests depend on the meter); then the
-    /// truncation phase asks every partition too.
+    /// pass due, or throttled partitions, whose requests depend on the meter, in this
+    /// round or the one before); then the truncation phase asks every partition too.
     fn begin_round(&mut self, throttled: bool) {
         let now = Instant::now();
-        self.full = throttled || self.full_at.is_none_or(|at| now >= at);
+        let was = std::mem::replace(&mut self.throttled, throttled);
+        self.full = throttled || was || self.full_at.is_none_or(|at| now >= at);
         if self.full {
             self.full_at = Some(now + FULL_PASS);
             self.may_truncate = true;
@@ -769,6 +772,11 @@ async fn fetch_phase(
     // end (a partition that moved on since the list was made is left out).
     for &i in &check {
         let r = &following.parts[i];
+        // Sent back to truncating (a tail that grew, a reset that failed, ...): the
+        // next round's truncation phase asks every partition.
+        if r.state().epoch_request().is_some() {
+            following.may_truncate = true;
+        }
         following.current[i] = match over && held(i) {
             true => None,
             false => fetch_request(r, leader, throttle.as_ref().filter(|_| held(i))),

@@ -159,6 +159,7 @@ impl Broker {
             return;
         };
         let epoch_before = replica.leader_epoch();
+        let followed = replica.state().follower().is_some();
         let follow = replica.reconcile(
             self.config.broker_id(),
             a,
@@ -170,8 +171,13 @@ impl Broker {
             self.each_subscriber(|s| s.leadership_changed(name, p));
         }
         // The fetchers list their partitions again only when one may have come to or left
-        // one of them: it starts or stops leading, or follows another leader.
-        if replica.leader_epoch() != epoch_before || follow.as_ref().is_some_and(|f| f.joined) {
+        // one of them: it starts or stops leading, follows another leader, or stops
+        // following (offline: no leader, dropped from the assignment).
+        let stopped = followed && replica.state().follower().is_none();
+        if replica.leader_epoch() != epoch_before
+            || follow.as_ref().is_some_and(|f| f.joined)
+            || stopped
+        {
             self.hosting_changed();
         }
         if let Some(f) = follow {

@@ -372,7 +372,13 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
         // turn (a broker far behind got everything due since in one request, past its
         // 100 MiB frame limit). The rest go out next turn, timed from when they fell due.
         let mut fresh: HashMap<usize, Vec<u64>> = HashMap::new();
-        let turn_max = generated + ((32 << 20) / opts.record_size.max(1)).max(n) as u64;
+        // And at most BATCH_BYTES_MAX per partition (records go round-robin), as a
+        // client's batch.size: Produce v3+ takes one batch per partition, and what fell
+        // due during a stall of the in-flight window was one batch over
+        // max.message.bytes (MESSAGE_TOO_LARGE at 1M records/s over 8 partitions after
+        // a stall of ~80 ms).
+        let turn = ((32 << 20) / opts.record_size.max(1)).min(per_batch * n);
+        let turn_max = generated + turn.max(n) as u64;
         while generated < due.min(turn_max) {
             let t = start_us + (generated as f64 * 1e6 / opts.rate) as u64;
             fresh.entry(cursor).or_default().push(t);
@@ -395,20 +401,7 @@ async fn sustain(l: &Layout, opts: &ScaleOpts) -> io::Result<serde_json::Value> 
                 if topics.last().is_none_or(|(t, _)| *t != &*p.topic) {
                     topics.push((&p.topic, Vec::new()));
                 }
-                // At most BATCH_BYTES_MAX a batch, as a client's batch.size: what fell
-                // due during a stall of the in-flight window would otherwise be one batch
-                // over max.message.bytes (MESSAGE_TOO_LARGE at 1M records/s over 8
-                // partitions after a stall of ~80 ms).
-                let records = match times.len() <= per_batch {
-                    true => builder.build(&times, None),
-                    false => {
-                        let mut all = bytes::BytesMut::new();
-                        for chunk in times.chunks(per_batch) {
-                            all.extend_from_slice(&builder.build(chunk, None));
-                        }
-                        all.freeze()
-                    }
-                };
+                let records = builder.build(&times, None);
                 topics
                     .last_mut()
                     .expect("pushed")

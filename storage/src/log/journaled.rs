@@ -60,9 +60,14 @@ impl PartitionLog {
 
     /// Starts writing the active segment's unwritten bytes behind the journal if the
     /// log had no journaled append for `idle_ms` (see [`crate::wal::Wal::write_behind_idle`]).
-    pub(crate) fn write_behind_if_idle(&self, now_ms: i64, idle_ms: i64) {
-        if self.closed.get() || now_ms - self.last_journaled_ms.get() < idle_ms {
-            return;
+    /// False while it is not idle yet (the journal asks again); a closed log's bytes
+    /// were written by its close.
+    pub(crate) fn write_behind_if_idle(&self, now_ms: i64, idle_ms: i64) -> bool {
+        if self.closed.get() {
+            return true;
+        }
+        if now_ms - self.last_journaled_ms.get() < idle_ms {
+            return false;
         }
         let file = {
             let st = self.state.borrow();
@@ -71,6 +76,7 @@ impl PartitionLog {
         if let Some(f) = file {
             f.write_behind(1);
         }
+        true
     }
 
     /// Writes the active segment's bytes accepted so far to its own file, unsynced (a

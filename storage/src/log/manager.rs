@@ -499,6 +499,7 @@ impl Storage {
             unjournaled: Cell::new(0),
             unjournaled_synced: Cell::new(0),
             last_journaled_ms: Cell::new(0),
+            idle_watched: Cell::new(false),
         });
         // R15–R19: the producer state and the `.txnindex` entries it derives.
         let limit = found.txn_damaged_from.unwrap_or(i64::MAX);

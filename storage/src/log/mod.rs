@@ -223,6 +223,9 @@ pub struct PartitionLog {
     /// When the last journaled append was pushed (the storage clock, ms): see
     /// [`PartitionLog::write_behind_if_idle`].
     last_journaled_ms: Cell<i64>,
+    /// In the journal's list of logs to write behind once idle
+    /// ([`crate::wal::Wal::write_behind_idle`]).
+    pub(crate) idle_watched: Cell<bool>,
 }
 
 /// Clears a flag when dropped, even if the holder's future is cancelled.

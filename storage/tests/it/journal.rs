@@ -228,6 +228,25 @@ fn an_idle_logs_segment_file_is_written_behind_the_journal() {
             );
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
+        // Written behind once, it is watched again from its next append on.
+        let b2 = batch(1_000, 2, 8);
+        log.append(&b2, 0).await.unwrap();
+        log.flush_for_ack().await.unwrap();
+        let (_, body2) = batches_of(&b2).remove(0);
+        let later = s.now_ms();
+        j.write_behind_idle(later + wal::IDLE_WRITE_BEHIND_MS, wal::IDLE_WRITE_BEHIND_MS);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(&segment)
+            .unwrap()
+            .windows(body2.len())
+            .any(|w| w == body2.as_slice())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the second append of a log written behind before never reached its file"
+            );
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
     });
 }
 

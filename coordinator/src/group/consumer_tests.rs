@@ -85,6 +85,12 @@ fn beat(member: &str, epoch: i32, owned: Option<Assignment>) -> HeartbeatArgs {
     }
 }
 
+/// `args` from static member `instance` (group.instance.id).
+fn as_static(mut args: HeartbeatArgs, instance: &str) -> HeartbeatArgs {
+    args.instance_id = Some(instance.into());
+    args
+}
+
 fn hb(
     c: &mut Coordinator,
     log: &mut Vec<Record>,
@@ -264,33 +270,26 @@ fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() 
     let t = topics(&[("orders", 1, 4)]);
     let mut c = Coordinator::new(CoordinatorConfig::default());
     let mut log = Vec::new();
-    let mut s1 = join_args("s1", &["orders"]);
-    s1.instance_id = Some("i1".into());
-    let mut s2 = join_args("s2", &["orders"]);
-    s2.instance_id = Some("i2".into());
+    let s1 = as_static(join_args("s1", &["orders"]), "i1");
+    let s2 = as_static(join_args("s2", &["orders"]), "i2");
     hb(&mut c, &mut log, 0, s1, &t).unwrap();
     let r2 = hb(&mut c, &mut log, 0, s2, &t).unwrap();
     // Settle: s1 gives up two, s2 takes them.
     let r1 = hb(&mut c, &mut log, 1000, beat("s1", 1, None), &t).unwrap();
-    let mut b1 = beat("s1", 1, r1.assignment.clone());
-    b1.instance_id = Some("i1".into());
+    let b1 = as_static(beat("s1", 1, r1.assignment.clone()), "i1");
     hb(&mut c, &mut log, 2000, b1, &t).unwrap();
-    let mut b2 = beat("s2", r2.member_epoch, None);
-    b2.instance_id = Some("i2".into());
+    let b2 = as_static(beat("s2", r2.member_epoch, None), "i2");
     let r2 = hb(&mut c, &mut log, 3000, b2, &t).unwrap();
     let mine = r2.assignment.unwrap();
     assert_eq!(count(&mine), 2);
     let epoch = c.group("g").unwrap().consumer.as_ref().unwrap().epoch;
     // s2 leaves as a static member, comes back as s2' with the same instance id.
-    let mut leave = beat("s2", r2.member_epoch, None);
-    leave.member_epoch = -2;
-    leave.instance_id = Some("i2".into());
+    let leave = as_static(beat("s2", -2, None), "i2");
     assert_eq!(
         hb(&mut c, &mut log, 4000, leave, &t).unwrap().member_epoch,
         -2
     );
-    let mut back = join_args("s2-new", &["orders"]);
-    back.instance_id = Some("i2".into());
+    let back = as_static(join_args("s2-new", &["orders"]), "i2");
     let r = hb(&mut c, &mut log, 5000, back, &t).unwrap();
     assert_eq!(
         r.assignment,
@@ -303,8 +302,7 @@ fn a_static_member_that_left_comes_back_to_its_partitions_without_a_rebalance() 
         "no new group epoch"
     );
     // The old member id is gone; a second incarnation while s2-new lives is refused.
-    let mut again = join_args("s2-third", &["orders"]);
-    again.instance_id = Some("i2".into());
+    let again = as_static(join_args("s2-third", &["orders"]), "i2");
     assert_eq!(
         hb(&mut c, &mut log, 6000, again, &t).unwrap_err().code,
         E::UnreleasedInstanceId
@@ -679,19 +677,14 @@ fn review_cases_a_taken_member_id_offset_delete_and_a_refused_txn_commit() {
     let t = topics(&[("orders", 1, 2)]);
     let mut c = Coordinator::new(CoordinatorConfig::default());
     let mut log = Vec::new();
-    let mut a = join_args("Y", &["orders"]);
-    a.instance_id = Some("j".into());
+    let a = as_static(join_args("Y", &["orders"]), "j");
     hb(&mut c, &mut log, 0, a, &t).unwrap();
-    let mut b = join_args("X", &["orders"]);
-    b.instance_id = Some("i".into());
+    let b = as_static(join_args("X", &["orders"]), "i");
     let r = hb(&mut c, &mut log, 1_000, b, &t).unwrap();
-    let mut leave = beat("X", r.member_epoch, None);
-    leave.member_epoch = -2;
-    leave.instance_id = Some("i".into());
+    let leave = as_static(beat("X", -2, None), "i");
     hb(&mut c, &mut log, 2_000, leave, &t).unwrap();
     // Instance i's replacement under Y's id (taken by another member) is refused.
-    let mut steal = join_args("Y", &["orders"]);
-    steal.instance_id = Some("i".into());
+    let steal = as_static(join_args("Y", &["orders"]), "i");
     assert_eq!(
         hb(&mut c, &mut log, 3_000, steal, &t).unwrap_err().code,
         E::InvalidRequest

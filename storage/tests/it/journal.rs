@@ -208,26 +208,30 @@ fn an_idle_logs_segment_file_is_written_behind_the_journal() {
         log.flush_for_ack().await.unwrap();
         let (_, body) = batches_of(&b).remove(0);
         let segment = dir.join("idle").join(format!("{:020}.log", 0));
-        let on_disk = || {
+        let on_disk = |body: &[u8]| {
             let bytes = std::fs::read(&segment).unwrap();
-            bytes.windows(body.len()).any(|w| w == body.as_slice())
+            bytes.windows(body.len()).any(|w| w == body)
+        };
+        // Waits (bounded) until `body` is in the segment file.
+        let reaches_file = |body: Vec<u8>, what: &'static str| async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !on_disk(&body) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what} never reached its segment file"
+                );
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            }
         };
         let j = s.journal().expect("a journal");
         let now = s.now_ms();
         // Appended just now: not idle, so its bytes wait (well under the write-behind size).
         j.write_behind_idle(now, wal::IDLE_WRITE_BEHIND_MS);
         glommio::timer::sleep(Duration::from_millis(50)).await;
-        assert!(!on_disk(), "written behind before the log was idle");
+        assert!(!on_disk(&body), "written behind before the log was idle");
         // Idle: written behind, with no further append.
         j.write_behind_idle(now + wal::IDLE_WRITE_BEHIND_MS, wal::IDLE_WRITE_BEHIND_MS);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !on_disk() {
-            assert!(
-                Instant::now() < deadline,
-                "an idle log's bytes never reached its segment file"
-            );
-            glommio::timer::sleep(Duration::from_millis(5)).await;
-        }
+        reaches_file(body.to_vec(), "an idle log's append").await;
         // Written behind once, it is watched again from its next append on.
         let b2 = batch(1_000, 2, 8);
         log.append(&b2, 0).await.unwrap();
@@ -235,18 +239,11 @@ fn an_idle_logs_segment_file_is_written_behind_the_journal() {
         let (_, body2) = batches_of(&b2).remove(0);
         let later = s.now_ms();
         j.write_behind_idle(later + wal::IDLE_WRITE_BEHIND_MS, wal::IDLE_WRITE_BEHIND_MS);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read(&segment)
-            .unwrap()
-            .windows(body2.len())
-            .any(|w| w == body2.as_slice())
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the second append of a log written behind before never reached its file"
-            );
-            glommio::timer::sleep(Duration::from_millis(5)).await;
-        }
+        reaches_file(
+            body2.to_vec(),
+            "the next append of a log written behind before",
+        )
+        .await;
     });
 }
 

@@ -680,7 +680,7 @@ fn review_cases_a_taken_member_id_offset_delete_and_a_refused_txn_commit() {
     let a = as_static(join_args("Y", &["orders"]), "j");
     hb(&mut c, &mut log, 0, a, &t).unwrap();
     let b = as_static(join_args("X", &["orders"]), "i");
-    let r = hb(&mut c, &mut log, 1_000, b, &t).unwrap();
+    hb(&mut c, &mut log, 1_000, b, &t).unwrap();
     let leave = as_static(beat("X", -2, None), "i");
     hb(&mut c, &mut log, 2_000, leave, &t).unwrap();
     // Instance i's replacement under Y's id (taken by another member) is refused.

@@ -39,7 +39,8 @@
 //!   ([`Command::AlterGroupConfigs`]) is, nor when a broker with several named
 //!   listeners registers ([`Command::RegisterBrokerListeners`]; a broker with one
 //!   listener still registers with the older commands), nor when tiered storage
-//!   records remote segments ([`Command::AddRemoteSegments`] and the two after it).
+//!   records remote segments ([`Command::AddRemoteSegmentsV9`], the two after it,
+//!   [`Command::AddRemoteSegments`] and [`Command::TruncateRemoteSegments`]).
 //! - A snapshot written by this build starts with [`STATE_MAGIC`] (the format's
 //!   version); one without it is the version-1 layout (no racks, no broker configs),
 //!   read through [`legacy::ClusterStateV1`]; version 2 (before replica slots) is read
@@ -49,8 +50,9 @@
 //!   [`legacy::ClusterStateV5`], version 6 (before ACLs and quotas) through
 //!   [`legacy::ClusterStateV6`], version 7 (before named listeners) through
 //!   [`legacy::ClusterStateV7`], version 8 (before remote segments) through
-//!   [`legacy::ClusterStateV8`]. Fixtures written by the version-1 to -8 builds
-//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v8.hex`) are decoded by
+//!   [`legacy::ClusterStateV8`], version 9 (before remote segments' last epochs)
+//!   through [`legacy::ClusterStateV9`]. Fixtures written by the version-1 to -9 builds
+//!   (`replication/testdata/*-v1.hex`, `state-v2.hex` … `state-v9.hex`) are decoded by
 //!   the unit tests.
 //!
 //! ## Replica slots
@@ -88,13 +90,13 @@ use crate::acl::Acl;
 use crate::quota::{ClientQuota, QuotaChange};
 use crate::{BrokerId, NO_BROKER};
 
-/// The first bytes of a snapshot in the current format (version 9: tiered storage's
-/// remote segments; version 8 named listeners' endpoints; version 7 added ACLs and client quotas, version 6 group configs,
+/// The first bytes of a snapshot in the current format (version 10: remote segments'
+/// last epochs; version 9 tiered storage's remote segments; version 8 named listeners' endpoints; version 7 added ACLs and client quotas, version 6 group configs,
 /// version 5 added SCRAM credentials, version 4 reassignments and directory ids,
 /// version 3 replica slots, version 2 racks and broker configs); a snapshot without
 /// them is version 1.
 /// Byte 6 is the version.
-pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x09\x00";
+pub const STATE_MAGIC: &[u8; 8] = b"SLCST\x00\x0a\x00";
 /// The format version [`STATE_MAGIC`] names.
 const STATE_VERSION: u8 = STATE_MAGIC[6];
 
@@ -265,6 +267,32 @@ impl RemoteLog {
         let i = self.segments.partition_point(|s| s.last_offset < offset);
         self.segments.get(i)
     }
+
+    /// How far a replica's log agrees with this remote log: the end of the last
+    /// segment whose last batch `epoch_of` (the replica's leader epoch of an offset it
+    /// holds, `None` past its log end) places in the segment's
+    /// [`RemoteSegment::last_epoch`]. By log matching, the replica then holds the same
+    /// records up to there. A segment below `known_from` (where the replica's epoch
+    /// history begins: its log no longer holds it) or without a recorded epoch counts
+    /// as agreeing, as nothing says otherwise. Agreement only ever holds for a prefix
+    /// of the segments, so this is a binary search.
+    ///
+    /// Equal to [`end_offset`](Self::end_offset) when the whole remote log agrees; the
+    /// first segment's base when none of it does. After an unclean election the new
+    /// leader cuts the remote log there ([`Command::TruncateRemoteSegments`]), and no
+    /// replica's retention deletes past it (it may be records the remote log lacks).
+    pub fn agreed_end(&self, known_from: i64, epoch_of: impl Fn(i64) -> Option<i32>) -> i64 {
+        let agrees = |s: &RemoteSegment| {
+            s.last_epoch == UNKNOWN_EPOCH
+                || s.last_offset < known_from
+                || epoch_of(s.last_offset) == Some(s.last_epoch)
+        };
+        let n = self.segments.partition_point(agrees);
+        match n.checked_sub(1).map(|i| &self.segments[i]) {
+            Some(last) => last.last_offset + 1,
+            None => self.segments.first().map_or(i64::MIN, |s| s.base_offset),
+        }
+    }
 }
 
 /// One segment copied to the object store: its objects are named by the partition,
@@ -283,7 +311,15 @@ pub struct RemoteSegment {
     /// When the upload was committed (ms since the epoch): retention by time falls
     /// back on it for segments without timestamps.
     pub uploaded_ms: i64,
+    /// The leader epoch of its last batch: a replica whose log holds `last_offset` in
+    /// this epoch holds the same records up to it (Kafka's log matching), so it agrees
+    /// with the remote log that far ([`RemoteLog::agreed_end`]). [`UNKNOWN_EPOCH`] for
+    /// segments recorded before it was (snapshot version 9, [`Command::AddRemoteSegmentsV9`]).
+    pub last_epoch: i32,
 }
+
+/// [`RemoteSegment::last_epoch`] of a segment recorded without one.
+pub const UNKNOWN_EPOCH: i32 = -1;
 
 /// A user's SCRAM credential for one mechanism, as RFC 5802's server stores it: the
 /// salt, the iteration count, StoredKey and ServerKey — never the password or the
@@ -485,14 +521,13 @@ pub enum Command {
         rack: Option<String>,
         endpoints: Vec<Endpoint>,
     },
-    /// The leader of `topic`/`partition` under `leader_epoch` finished copying these
-    /// segments (in offset order) to the object store. Refused from a deposed leader
-    /// (another epoch) and for a segment that does not extend the remote log.
-    AddRemoteSegments {
+    /// [`Command::AddRemoteSegments`] as builds before [`RemoteSegment::last_epoch`]
+    /// wrote it (still applied: the segments' last epochs are unknown).
+    AddRemoteSegmentsV9 {
         topic: String,
         partition: i32,
         leader_epoch: i32,
-        segments: Vec<RemoteSegment>,
+        segments: Vec<legacy::RemoteSegmentV9>,
     },
     /// Remote retention or DeleteRecords: the remote log starts at `below` at the
     /// earliest; the segments wholly below it are forgotten (their objects are deleted
@@ -505,6 +540,26 @@ pub enum Command {
     /// Every object under `prefix` (a deleted topic's folder) is gone.
     RemotePurged {
         prefix: String,
+    },
+    /// The leader of `topic`/`partition` under `leader_epoch` finished copying these
+    /// segments (in offset order) to the object store. Refused from a deposed leader
+    /// (another epoch) and for a segment that does not extend the remote log.
+    AddRemoteSegments {
+        topic: String,
+        partition: i32,
+        leader_epoch: i32,
+        segments: Vec<RemoteSegment>,
+    },
+    /// The leader of `topic`/`partition` under `leader_epoch` (elected uncleanly) found
+    /// that its log agrees with the remote log only below `from`
+    /// ([`RemoteLog::agreed_end`]): the segments that end at or past it hold records
+    /// its log does not, and are forgotten (their objects are deleted after this
+    /// commits). It uploads its own records from there. Refused from a deposed leader.
+    TruncateRemoteSegments {
+        topic: String,
+        partition: i32,
+        leader_epoch: i32,
+        from: i64,
     },
 }
 
@@ -662,6 +717,9 @@ impl ClusterState {
             STATE_VERSION => {
                 rkyv::from_bytes::<ClusterState, rkyv::rancor::Error>(&aligned).map_err(failed)
             }
+            9 => rkyv::from_bytes::<legacy::ClusterStateV9, rkyv::rancor::Error>(&aligned)
+                .map(ClusterState::from)
+                .map_err(failed),
             8 => rkyv::from_bytes::<legacy::ClusterStateV8, rkyv::rancor::Error>(&aligned)
                 .map(ClusterState::from)
                 .map_err(failed),
@@ -704,6 +762,55 @@ impl ClusterState {
             .get(topic)?
             .partitions
             .get(usize::try_from(partition).ok()?)
+    }
+
+    /// The partition's leader epoch is `leader_epoch`: a command about its remote log
+    /// comes from its current leader.
+    fn remote_leader(
+        &self,
+        topic: &str,
+        partition: i32,
+        leader_epoch: i32,
+    ) -> Result<(), ApplyError> {
+        let p = self
+            .partition(topic, partition)
+            .ok_or(ApplyError::UnknownTopicOrPartition)?;
+        if p.leader_epoch != leader_epoch {
+            return Err(ApplyError::FencedLeaderEpoch {
+                got: leader_epoch,
+                current: p.leader_epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Command::AddRemoteSegments`].
+    fn add_remote_segments(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        leader_epoch: i32,
+        segments: &[RemoteSegment],
+    ) -> Result<(), ApplyError> {
+        self.remote_leader(topic, partition, leader_epoch)?;
+        let log = self
+            .remote
+            .entry(topic.to_string())
+            .or_default()
+            .entry(partition)
+            .or_default();
+        let mut end = log.end_offset().unwrap_or(i64::MIN).max(log.log_start);
+        for seg in segments {
+            if seg.last_offset < seg.base_offset || seg.last_offset < end {
+                return Err(ApplyError::InvalidRequest(format!(
+                    "remote segment {}..={} does not extend the remote log (ends at {end})",
+                    seg.base_offset, seg.last_offset
+                )));
+            }
+            end = seg.last_offset + 1;
+        }
+        log.segments.extend(segments.iter().cloned());
+        Ok(())
     }
 
     fn partition_mut(
@@ -1118,40 +1225,36 @@ impl ClusterState {
                 }
                 crate::quota::apply(&mut self.quotas, changes);
             }
-            Command::AddRemoteSegments {
+            Command::AddRemoteSegmentsV9 {
                 topic,
                 partition,
                 leader_epoch,
                 segments,
             } => {
-                let p = self
-                    .topics
-                    .get(topic)
-                    .and_then(|t| t.partitions.get(usize::try_from(*partition).ok()?))
-                    .ok_or(ApplyError::UnknownTopicOrPartition)?;
-                if p.leader_epoch != *leader_epoch {
-                    return Err(ApplyError::FencedLeaderEpoch {
-                        got: *leader_epoch,
-                        current: p.leader_epoch,
-                    });
-                }
-                let log = self
+                let segments: Vec<RemoteSegment> =
+                    segments.iter().cloned().map(RemoteSegment::from).collect();
+                self.add_remote_segments(topic, *partition, *leader_epoch, &segments)?;
+            }
+            Command::AddRemoteSegments {
+                topic,
+                partition,
+                leader_epoch,
+                segments,
+            } => self.add_remote_segments(topic, *partition, *leader_epoch, segments)?,
+            Command::TruncateRemoteSegments {
+                topic,
+                partition,
+                leader_epoch,
+                from,
+            } => {
+                self.remote_leader(topic, *partition, *leader_epoch)?;
+                if let Some(log) = self
                     .remote
-                    .entry(topic.clone())
-                    .or_default()
-                    .entry(*partition)
-                    .or_default();
-                let mut end = log.end_offset().unwrap_or(i64::MIN).max(log.log_start);
-                for seg in segments {
-                    if seg.last_offset < seg.base_offset || seg.last_offset < end {
-                        return Err(ApplyError::InvalidRequest(format!(
-                            "remote segment {}..={} does not extend the remote log (ends at {end})",
-                            seg.base_offset, seg.last_offset
-                        )));
-                    }
-                    end = seg.last_offset + 1;
+                    .get_mut(topic)
+                    .and_then(|t| t.get_mut(partition))
+                {
+                    log.segments.retain(|s| s.last_offset < *from);
                 }
-                log.segments.extend(segments.iter().cloned());
             }
             Command::DeleteRemoteSegments {
                 topic,
@@ -1858,10 +1961,8 @@ fn unclean_allowed(topic_configs: &BTreeMap<String, String>, default: bool) -> b
     }
 }
 
-/// The snapshot layouts of format versions 1 (before racks and broker configs), 2
-/// (before replica slots), 3 (before reassignments), 4 (before SCRAM credentials) and
-/// 5 (before group configs), kept to read snapshots written by older builds. Never
-/// written.
+/// The snapshot layouts of format versions 1 to 9 (see the module doc), kept to read
+/// snapshots written by older builds. Never written.
 pub mod legacy {
     use std::collections::BTreeMap;
 
@@ -1869,7 +1970,7 @@ pub mod legacy {
 
     use super::{
         Acl, BrokerInfo, ClientQuota, ClusterState, Endpoint, PartitionState, Reassignment,
-        ScramCredential, TopicState,
+        RemoteLog, RemoteSegment, ScramCredential, TopicState, UNKNOWN_EPOCH,
     };
     use crate::BrokerId;
 
@@ -1939,6 +2040,103 @@ pub mod legacy {
         pub version: u64,
         pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
         pub replicas_placed: BTreeMap<BrokerId, u64>,
+    }
+
+    /// A remote segment in version 9 and in [`super::Command::AddRemoteSegmentsV9`]: no
+    /// last epoch.
+    #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+    pub struct RemoteSegmentV9 {
+        pub id: [u8; 16],
+        pub base_offset: i64,
+        pub last_offset: i64,
+        pub max_timestamp: i64,
+        pub size: u64,
+        pub leader_epoch: i32,
+        pub uploaded_ms: i64,
+    }
+
+    impl From<RemoteSegmentV9> for RemoteSegment {
+        fn from(s: RemoteSegmentV9) -> RemoteSegment {
+            RemoteSegment {
+                id: s.id,
+                base_offset: s.base_offset,
+                last_offset: s.last_offset,
+                max_timestamp: s.max_timestamp,
+                size: s.size,
+                leader_epoch: s.leader_epoch,
+                uploaded_ms: s.uploaded_ms,
+                last_epoch: UNKNOWN_EPOCH,
+            }
+        }
+    }
+
+    /// A remote log in version 9.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct RemoteLogV9 {
+        pub segments: Vec<RemoteSegmentV9>,
+        pub log_start: i64,
+    }
+
+    /// Version 9: remote segments without their last epochs.
+    #[derive(Archive, Serialize, Deserialize, Debug)]
+    pub struct ClusterStateV9 {
+        pub cluster_id: String,
+        pub brokers: BTreeMap<BrokerId, BrokerInfo>,
+        pub topics: BTreeMap<String, TopicState>,
+        pub next_producer_id: i64,
+        pub version: u64,
+        pub broker_configs: BTreeMap<BrokerId, BTreeMap<String, String>>,
+        pub replicas_placed: BTreeMap<BrokerId, u64>,
+        pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+        pub directories: BTreeMap<BrokerId, String>,
+        pub scram: BTreeMap<String, BTreeMap<i8, ScramCredential>>,
+        pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+        pub acls: Vec<Acl>,
+        pub quotas: Vec<ClientQuota>,
+        pub endpoints: BTreeMap<BrokerId, Vec<Endpoint>>,
+        pub remote: BTreeMap<String, BTreeMap<i32, RemoteLogV9>>,
+        pub remote_purge: Vec<String>,
+    }
+
+    impl From<ClusterStateV9> for ClusterState {
+        fn from(v9: ClusterStateV9) -> ClusterState {
+            let remote = v9
+                .remote
+                .into_iter()
+                .map(|(topic, logs)| {
+                    let logs = logs
+                        .into_iter()
+                        .map(|(p, l)| {
+                            let segments = l.segments.into_iter().map(RemoteSegment::from);
+                            let log = RemoteLog {
+                                segments: segments.collect(),
+                                log_start: l.log_start,
+                            };
+                            (p, log)
+                        })
+                        .collect();
+                    (topic, logs)
+                })
+                .collect();
+            ClusterState {
+                cluster_id: v9.cluster_id,
+                brokers: v9.brokers,
+                topics: v9.topics,
+                next_producer_id: v9.next_producer_id,
+                version: v9.version,
+                broker_configs: v9.broker_configs,
+                replicas_placed: v9.replicas_placed,
+                reassignments: v9.reassignments,
+                directories: v9.directories,
+                scram: v9.scram,
+                group_configs: v9.group_configs,
+                acls: v9.acls,
+                quotas: v9.quotas,
+                endpoints: v9.endpoints,
+                remote,
+                remote_purge: v9.remote_purge,
+            }
+        }
     }
 
     /// Version 8: before tiered storage's remote segments.
@@ -3203,7 +3401,159 @@ mod tests {
             size: 4096,
             leader_epoch: 0,
             uploaded_ms: 5,
+            last_epoch: 0,
         }
+    }
+
+    /// `testdata/state-v9.hex` was written by the version-9 build (remote segments
+    /// without last epochs) before this one existed. Run with SLUICE_WRITE_STATE_V9=1,
+    /// this writes it again through [`legacy::ClusterStateV9`], byte for byte the same.
+    #[test]
+    fn version_9_snapshots_decode_with_unknown_last_epochs() {
+        let s = legacy_fixture("state-v9.hex", "SLUICE_WRITE_STATE_V9", 9, || {
+            let mut s = ClusterState::default();
+            s.apply(&Command::Init {
+                cluster_id: "v9-cluster-id".into(),
+            })
+            .unwrap();
+            let segment = legacy::RemoteSegmentV9 {
+                id: [9; 16],
+                base_offset: 100,
+                last_offset: 199,
+                max_timestamp: 1199,
+                size: 4096,
+                leader_epoch: 3,
+                uploaded_ms: 5,
+            };
+            let log = legacy::RemoteLogV9 {
+                segments: vec![segment],
+                log_start: 120,
+            };
+            let v9 = legacy::ClusterStateV9 {
+                cluster_id: s.cluster_id,
+                brokers: s.brokers,
+                topics: s.topics,
+                next_producer_id: s.next_producer_id,
+                version: s.version,
+                broker_configs: s.broker_configs,
+                replicas_placed: s.replicas_placed,
+                reassignments: s.reassignments,
+                directories: s.directories,
+                scram: s.scram,
+                group_configs: s.group_configs,
+                acls: s.acls,
+                quotas: s.quotas,
+                endpoints: s.endpoints,
+                remote: [("t".to_string(), [(0, log)].into())].into(),
+                remote_purge: vec!["gone-00/".into()],
+            };
+            rkyv::to_bytes::<rkyv::rancor::Error>(&v9).unwrap().to_vec()
+        });
+        assert_eq!(s.cluster_id, "v9-cluster-id");
+        let log = &s.remote["t"][&0];
+        assert_eq!(log.log_start, 120);
+        assert_eq!(
+            (log.segments[0].last_offset, log.segments[0].leader_epoch),
+            (199, 3)
+        );
+        assert_eq!(log.segments[0].last_epoch, UNKNOWN_EPOCH);
+        assert_eq!(s.remote_purge, vec!["gone-00/".to_string()]);
+        assert!(s.encode().starts_with(STATE_MAGIC));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+    }
+
+    /// Log matching over remote segments: a replica agrees with a segment whose last
+    /// batch it holds in the same epoch, and with every one before it.
+    #[test]
+    fn a_replica_agrees_with_the_remote_segments_whose_last_batch_it_holds_in_that_epoch() {
+        let seg = |base, last, epoch| RemoteSegment {
+            last_epoch: epoch,
+            ..remote_segment(base, last)
+        };
+        // Epoch 1 wrote 0..=49, epoch 2 wrote 50..=99 (the old leader's, uploaded).
+        let log = RemoteLog {
+            segments: vec![seg(0, 29, 1), seg(30, 59, 2), seg(60, 99, 2)],
+            log_start: 0,
+        };
+        // A replica with all of it: agrees to the end.
+        let same = |o: i64| (o < 100).then_some(if o < 50 { 1 } else { 2 });
+        assert_eq!(log.agreed_end(0, same), 100);
+        // A replica elected uncleanly with 0..=39 of epoch 1, then its own epoch 3.
+        let unclean = |o: i64| (o < 120).then_some(if o < 40 { 1 } else { 3 });
+        assert_eq!(log.agreed_end(0, unclean), 30);
+        // Behind (its log ends at 70): agrees as far as it holds.
+        let behind = |o: i64| (o < 70).then_some(if o < 50 { 1 } else { 2 });
+        assert_eq!(log.agreed_end(0, behind), 60);
+        // Nothing in common: before the first segment.
+        let other = |o: i64| Some(if o < 10 { 0 } else { 5 });
+        assert_eq!(log.agreed_end(0, other), 0);
+        // What its history no longer covers counts as agreed.
+        assert_eq!(log.agreed_end(60, other), 60);
+        // Segments recorded without their last epoch agree.
+        let old = RemoteLog {
+            segments: vec![seg(0, 29, UNKNOWN_EPOCH), seg(30, 59, 2)],
+            log_start: 0,
+        };
+        assert_eq!(old.agreed_end(0, unclean), 30);
+        assert_eq!(RemoteLog::default().agreed_end(0, same), i64::MIN);
+    }
+
+    #[test]
+    fn the_current_leader_truncates_the_remote_log_and_extends_it_from_there() {
+        let mut s = cluster(1);
+        create(&mut s, "t", 1, 1);
+        let epoch = s.topics["t"].partitions[0].leader_epoch;
+        let segs = vec![remote_segment(0, 29), remote_segment(30, 59)];
+        s.apply(&Command::AddRemoteSegments {
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch: epoch,
+            segments: segs,
+        })
+        .unwrap();
+        // Written by a build before last epochs, still applied.
+        let old = legacy::RemoteSegmentV9 {
+            id: [6; 16],
+            base_offset: 60,
+            last_offset: 99,
+            max_timestamp: -1,
+            size: 10,
+            leader_epoch: epoch,
+            uploaded_ms: 7,
+        };
+        s.apply(&Command::AddRemoteSegmentsV9 {
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch: epoch,
+            segments: vec![old],
+        })
+        .unwrap();
+        assert_eq!(s.remote["t"][&0].segments[2].last_epoch, UNKNOWN_EPOCH);
+        let truncate = |leader_epoch, from| Command::TruncateRemoteSegments {
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch,
+            from,
+        };
+        assert!(matches!(
+            s.apply(&truncate(epoch - 1, 30)),
+            Err(ApplyError::FencedLeaderEpoch { .. })
+        ));
+        assert_eq!(s.remote["t"][&0].end_offset(), Some(100));
+        s.apply(&truncate(epoch, 30)).unwrap();
+        assert_eq!(s.remote["t"][&0].end_offset(), Some(30));
+        // The leader's own segment continues from the cut, overlapping is fine.
+        s.apply(&Command::AddRemoteSegments {
+            topic: "t".into(),
+            partition: 0,
+            leader_epoch: epoch,
+            segments: vec![remote_segment(20, 70)],
+        })
+        .unwrap();
+        assert_eq!(s.remote["t"][&0].end_offset(), Some(71));
+        assert_eq!(ClusterState::decode(&s.encode()).unwrap(), s);
+        let cmd = truncate(epoch, 5);
+        assert_eq!(Command::decode(&cmd.encode()).unwrap(), cmd);
     }
 
     #[test]

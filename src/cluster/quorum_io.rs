@@ -1932,8 +1932,9 @@ pub fn image_of(
 
 /// The state's remote logs for an image, each partition's shared with `previous` when
 /// it did not change. A remote log only grows at its end (uploads) and loses segments
-/// at its start (retention, DeleteRecords), and every segment has its own id, so the
-/// same count, log start and first and last ids mean the same log: a new image costs a
+/// at its start (retention, DeleteRecords) or its end (an unclean leader's
+/// truncation), and every segment has its own id, so the same count, log start and
+/// first and last ids mean the same log: a new image costs a
 /// comparison a partition instead of a copy of every segment (at millions of remote
 /// segments, tens of megabytes per metadata change).
 pub fn remote_logs(
@@ -2026,6 +2027,7 @@ mod tests {
             size: 100,
             leader_epoch: 0,
             uploaded_ms: 0,
+            last_epoch: 0,
         }
     }
 

@@ -31,6 +31,9 @@ pub async fn run(broker: Weak<Broker>, interval: Duration) {
 }
 
 async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
+    // Logs grew and truncated since the last image: how far each agrees with its
+    // remote log, which is what its retention may delete below.
+    crate::partition::tiered::adopt(&b.replicas(), &b.image());
     let (mut lag_segments, mut lag_bytes) = (0, 0);
     for r in b.replicas() {
         if r.leader_epoch().is_none() {
@@ -127,6 +130,9 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
     let Some(epoch) = r.leader_epoch() else {
         return ((0, 0), Ok(()));
     };
+    if let Err(e) = reconcile(b, t, r, epoch).await {
+        return ((0, 0), Err(e));
+    }
     let image = b.image();
     let Some(meta) = image.topics.get(&r.topic) else {
         return ((0, 0), Ok(()));
@@ -179,6 +185,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
             size,
             leader_epoch: epoch.get(),
             uploaded_ms: crate::base::util::now_ms(),
+            last_epoch: r.state().epochs().epoch_for(seg.next_offset - 1),
         };
         let added = Command::AddRemoteSegments {
             topic: r.topic.clone(),
@@ -207,6 +214,58 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
         tracing::debug!(topic = %r.topic, partition = r.partition, base = seg.base_offset, end, size, "segment uploaded");
     }
     (left, Ok(()))
+}
+
+/// Before the leader `r` uploads: if the remote log holds segments its log does not
+/// agree with (`crate::partition::tiered::agreed_end`; after an unclean election, what
+/// the old leader uploaded past where the logs part), forgets them through the quorum
+/// and deletes their objects. Its own records then take those offsets in the remote
+/// log as they have in its log.
+async fn reconcile(
+    b: &Rc<Broker>,
+    t: &Tiered,
+    r: &Rc<Replica>,
+    epoch: crate::base::ids::LeaderEpoch,
+) -> Result<(), ApiError> {
+    let image = b.image();
+    let (Some(remote), Some(meta)) = (
+        remote_log(&image, &r.topic, r.partition),
+        image.topics.get(&r.topic),
+    ) else {
+        return Ok(());
+    };
+    let from = crate::partition::tiered::agreed_end(remote, r);
+    let end = remote.end_offset().unwrap_or(i64::MIN);
+    if from >= end {
+        return Ok(());
+    }
+    let dropped: Vec<RemoteSegment> = remote
+        .segments
+        .iter()
+        .filter(|s| s.last_offset >= from)
+        .cloned()
+        .collect();
+    let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
+    drop(image);
+    tracing::warn!(topic = %r.topic, partition = r.partition, from, end, segments = dropped.len(),
+        "the remote log holds records this leader's log does not (an unclean election): forgetting its segments from the offset where they part");
+    propose(
+        b,
+        Command::TruncateRemoteSegments {
+            topic: r.topic.clone(),
+            partition: r.partition,
+            leader_epoch: epoch.get(),
+            from,
+        },
+    )
+    .await?;
+    for s in &dropped {
+        delete_objects(t, &prefix, s.base_offset, s.id).await;
+    }
+    t.stats
+        .deleted_segments
+        .set(t.stats.deleted_segments.get() + dropped.len() as u64);
+    Ok(())
 }
 
 /// Copies one closed segment's files (those that exist; the log must) to the store.

@@ -11,6 +11,15 @@
 //!   the leader epoch the upload began in, refused from a deposed leader). Only then
 //!   may local retention delete it (`PartitionLog::set_remote_end`). A failed attempt's
 //!   objects are deleted; the segment is tried again next round.
+//! - Unclean elections: a replica agrees with a remote segment whose last batch its
+//!   log holds in the same leader epoch (`RemoteSegment::last_epoch`), and by log
+//!   matching with every segment before it ([`agreed_end`]). Retention deletes no local
+//!   segment past where a replica agrees with the remote log. A leader that agrees with
+//!   less than all of it (elected uncleanly, the old leader having uploaded records its
+//!   log does not hold) first forgets the segments past that point
+//!   (`Command::TruncateRemoteSegments`) and deletes their objects; then it uploads its
+//!   own records from there, so that a read of those offsets, local or remote, returns
+//!   its records, never the old leader's.
 //! - Remote retention: the leader forgets (`Command::DeleteRemoteSegments`), then
 //!   deletes, the oldest remote segments past `retention.ms` or beyond
 //!   `retention.bytes` (remote bytes plus the local bytes not yet remote).
@@ -234,15 +243,30 @@ pub fn remote_log<'a>(
 }
 
 /// Tells each replica of this shard what the image says is remote: retention may
-/// delete what is below the remote end, and clients see the remote start.
+/// delete what is below the remote end that its log agrees with ([`agreed_end`]), and
+/// clients see the remote start. Again every tiering round, as logs grow and truncate.
 pub fn adopt(replicas: &[Rc<Replica>], image: &MetadataImage) {
     for r in replicas {
         let remote = remote_log(image, &r.topic, r.partition);
         r.remote_start
             .set(remote.and_then(RemoteLog::start_offset).unwrap_or(i64::MAX));
         r.log
-            .set_remote_end(remote.and_then(RemoteLog::end_offset).unwrap_or(i64::MIN));
+            .set_remote_end(remote.map_or(i64::MIN, |l| agreed_end(l, r)));
     }
+}
+
+/// How far `r`'s log agrees with the remote log ([`RemoteLog::agreed_end`], by its
+/// leader-epoch history). Below it the remote log holds the very records `r` does;
+/// past it (after an unclean election: what the old leader uploaded past where the new
+/// one's log parts from it; or what `r` has not fetched yet) it may not, so `r`'s
+/// retention keeps its own copies there, and a leader truncates the remote log to it
+/// (`crate::cluster::tiering`).
+pub fn agreed_end(remote: &RemoteLog, r: &Replica) -> i64 {
+    let state = r.state();
+    let epochs = state.epochs();
+    let log_end = r.log.log_end_offset();
+    let known_from = epochs.entries().first().map_or(log_end, |e| e.start_offset);
+    remote.agreed_end(known_from, |o| (o < log_end).then(|| epochs.epoch_for(o)))
 }
 
 /// A consumer's read of `offset` below the local log start from the remote segment

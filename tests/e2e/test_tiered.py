@@ -10,7 +10,8 @@ nothing up but the uploads and remote reads, which resume by themselves, until t
 segments waiting to upload pass the upload backlog budget, past which appends to the
 tiered topic are refused (retriably: they land once the store is back); a leader
 SIGKILLed mid-upload hands over without a gap, and the old one serves remote reads
-after its restart."""
+after its restart; a leader elected uncleanly replaces what the old one uploaded past
+where their logs part, so consumers read its records there, never the old one's."""
 import os
 import socket
 import subprocess
@@ -592,5 +593,49 @@ def test_a_leader_killed_mid_upload_hands_over_without_gap_or_duplicate(tmp_path
             return c.leader_of("ha", 0) == old
         c.wait_until(elected, 30, what="the old leader leads again")
         assert_every_record(consume(c.addr(old), "ha", 1200, timeout=60), acked)
+    finally:
+        c.stop()
+
+
+def remote_bases(root):
+    """The base offsets of the remote log objects in the store folder."""
+    return sorted(int(os.path.basename(f).split("-")[0]) for f in folder_objects(root))
+
+
+def test_an_unclean_leader_takes_over_the_remote_offsets_its_log_does_not_share(tmp_path):
+    """b falls out of the ISR; a alone acknowledges and uploads far past b's log end;
+    a dies and b is elected uncleanly. The records b then acknowledges at those offsets
+    are what every consumer reads, from b's disk and, once b's retention has moved them
+    to the store, from there: b forgets the segments a uploaded past where their logs
+    part (and their objects) before it uploads its own."""
+    remote = tmp_path / "remote"
+    c = Cluster(tmp_path / "c", n=3, extra=["--remote-storage", f"file://{remote}"] + FAST).start()
+    try:
+        c.create_topic("parted", partitions=1, rf=2, configs={
+            **TIERED, "min.insync.replicas": "1", "unclean.leader.election.enable": "true"})
+        a, b = c.replicas_of("parted", 0)
+        c.wait_until(lambda: c.leader_of("parted", 0) == a
+                     and c.isr_of("parted", 0) == sorted([a, b]), 30, what="both in the ISR")
+        shared = produce(c.bootstrap, "parted", 0, 200)
+        assert shared == list(range(200))
+        c.kill(b)
+        c.wait_until(lambda: c.isr_of("parted", 0) == [a], 30, what=f"an ISR without broker {b}")
+        assert produce(c.bootstrap, "parted", 1000, 600) == list(range(200, 800))
+        wait_until(lambda: remote_bases(remote) and remote_bases(remote)[-1] >= 500, 60,
+                   what="a's uploads well past b's log end")
+        c.kill(a)
+        c.restart(b)
+        c.wait_until(lambda: c.leader_of("parted", 0) == b, 40, what=f"broker {b} elected uncleanly")
+        assert produce(c.bootstrap, "parted", 2000, 600) == list(range(200, 800))
+        # b uploads its own records and keeps only its window locally.
+        wait_tiered([c.data_dir(b)], "parted", lambda: folder_objects(remote), 10)
+        got = consume(c.bootstrap, "parted", 800)
+        assert [int(k) for _, k, _, _ in got] == list(range(200)) + list(range(2000, 2600))
+        assert_every_record(got, list(range(800)))
+
+        # No object in the store holds a record only a had.
+        def a_gone():
+            return not [f for f in folder_objects(remote) if b"record-001" in open(f, "rb").read()]
+        wait_until(a_gone, 30, what="a's diverging segments deleted from the store")
     finally:
         c.stop()

@@ -329,6 +329,13 @@ if tf and t0 and t1:
     if t2 and t3:
         row("(t2) read from offset 0, local", t2, "baseline")
         row("(t3) read from offset 0, mostly remote", t3, f"{t3['records_per_sec'] / t2['records_per_sec']:.2f}× of (t2)")
+    t4, t5, sf = load("tier-t4-s3-report.json"), load("tier-t5-s3-report.json"), load("tier-s3-facts.json")
+    if t4:
+        row("(t4) produce, uploads to S3 (moto on loopback) running", t4,
+            f"p99 {p99(t4) / p99(t0):.2f}× of (t0)" if p99(t0) and p99(t4) else "–")
+    if t2 and t5 and sf:
+        row(f"(t5) read from offset 0, mostly from S3 ({sf['remote_bytes'] / 2**20:.0f} MiB in {sf['objects']} objects)", t5,
+            f"{t5['records_per_sec'] / t2['records_per_sec']:.2f}× of (t2)")
 
 # Issue 17: the soak, a row per sample interval of the broker's resources beside the
 # interval's rates and latency; facts about growth, no verdict of pass or fail.

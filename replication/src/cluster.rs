@@ -268,6 +268,45 @@ impl RemoteLog {
         self.segments.get(i)
     }
 
+    /// Where a leader cuts the remote log ([`Command::TruncateRemoteSegments`]) before
+    /// it uploads, if the log holds segments the leader's log does not agree with
+    /// ([`agreed_end`](Self::agreed_end), the same arguments): at the end of those it
+    /// agrees with, or, where the first other one starts below `known_from`, at
+    /// `known_from`. The records below that are ones the leader's log no longer holds,
+    /// so nothing says they differ, and the remote log is their only copy: they stay.
+    /// From the cut on, the leader's log holds every offset it has, and it uploads
+    /// them again.
+    pub fn truncation_point(
+        &self,
+        known_from: i64,
+        epoch_of: impl Fn(i64) -> Option<i32>,
+    ) -> Option<i64> {
+        let agreed = self.agreed_end(known_from, epoch_of);
+        if agreed >= self.end_offset()? {
+            return None;
+        }
+        let first = self.segment_for(agreed)?;
+        Some(if first.base_offset < known_from {
+            agreed.max(known_from)
+        } else {
+            agreed
+        })
+    }
+
+    /// [`Command::TruncateRemoteSegments`]: nothing at or past `from` is left. The
+    /// first segment that reaches `from` is cut to end below it (if it starts below
+    /// it), and every later one goes (last offsets ascend, so they reach it too).
+    pub fn truncate(&mut self, from: i64) {
+        let i = self.segments.partition_point(|s| s.last_offset < from);
+        let cut = self.segments.get(i).is_some_and(|s| s.base_offset < from);
+        self.segments.truncate(i + usize::from(cut));
+        if cut {
+            let s = &mut self.segments[i];
+            s.last_offset = from - 1;
+            s.last_epoch = UNKNOWN_EPOCH;
+        }
+    }
+
     /// How far a replica's log agrees with this remote log: the end of the last
     /// segment whose last batch `epoch_of` (the replica's leader epoch of an offset it
     /// holds, `None` past its log end) places in the segment's
@@ -275,7 +314,9 @@ impl RemoteLog {
     /// records up to there. A segment below `known_from` (where the replica's epoch
     /// history begins: its log no longer holds it) or without a recorded epoch counts
     /// as agreeing, as nothing says otherwise. Agreement only ever holds for a prefix
-    /// of the segments, so this is a binary search.
+    /// of the segments (but for a segment without a recorded epoch after ones with
+    /// it, which only an old build's leader records in a rolling upgrade), so this is
+    /// a binary search.
     ///
     /// Equal to [`end_offset`](Self::end_offset) when the whole remote log agrees; the
     /// first segment's base when none of it does. After an unclean election the new
@@ -551,10 +592,12 @@ pub enum Command {
         segments: Vec<RemoteSegment>,
     },
     /// The leader of `topic`/`partition` under `leader_epoch` (elected uncleanly) found
-    /// that its log agrees with the remote log only below `from`
-    /// ([`RemoteLog::agreed_end`]): the segments that end at or past it hold records
-    /// its log does not, and are forgotten (their objects are deleted after this
-    /// commits). It uploads its own records from there. Refused from a deposed leader.
+    /// that the remote log may hold records its log does not from `from` on (see
+    /// [`RemoteLog::agreed_end`]): the segments that start at or past it are forgotten
+    /// (their objects are deleted after this commits), and one that straddles it is
+    /// cut to end below it (its last epoch then unknown; its object keeps the rest,
+    /// which no read returns). It uploads its own records from there. Refused from a
+    /// deposed leader.
     TruncateRemoteSegments {
         topic: String,
         partition: i32,
@@ -1253,7 +1296,7 @@ impl ClusterState {
                     .get_mut(topic)
                     .and_then(|t| t.get_mut(partition))
                 {
-                    log.segments.retain(|s| s.last_offset < *from);
+                    log.truncate(*from);
                 }
             }
             Command::DeleteRemoteSegments {
@@ -3496,6 +3539,22 @@ mod tests {
         };
         assert_eq!(old.agreed_end(0, unclean), 30);
         assert_eq!(RemoteLog::default().agreed_end(0, same), i64::MIN);
+
+        // Where a leader cuts: nowhere when it agrees with all of it; at the end of
+        // what it agrees with.
+        assert_eq!(log.truncation_point(0, same), None);
+        assert_eq!(log.truncation_point(0, unclean), Some(30));
+        // A leader whose history begins at 45 (its log starts there: a follower that
+        // started over at its leader's log start), holding 45..=79 in epoch 3: the
+        // segment 30..=59 holds 30..=44, which only the store has, and nothing says
+        // they differ. They stay; the cut is at 45, and the leader uploads 45 on.
+        let late = |o: i64| (o < 80).then_some(3);
+        assert_eq!(log.agreed_end(45, late), 30);
+        assert_eq!(log.truncation_point(45, late), Some(45));
+        let mut cut = log.clone();
+        cut.truncate(45);
+        assert_eq!(cut.end_offset(), Some(45));
+        assert_eq!(cut.segment_for(44).map(|s| s.base_offset), Some(30));
     }
 
     #[test]
@@ -3542,12 +3601,30 @@ mod tests {
         assert_eq!(s.remote["t"][&0].end_offset(), Some(100));
         s.apply(&truncate(epoch, 30)).unwrap();
         assert_eq!(s.remote["t"][&0].end_offset(), Some(30));
+        // A cut inside a segment keeps what is below it, its last epoch now unknown.
+        s.apply(&truncate(epoch, 20)).unwrap();
+        let log = &s.remote["t"][&0];
+        assert_eq!((log.segments.len(), log.end_offset()), (1, Some(20)));
+        assert_eq!(log.segments[0].last_epoch, UNKNOWN_EPOCH);
+        // Overlapping segments that both reach the cut: the first is cut, the rest go.
+        let mut overlap = RemoteLog {
+            segments: vec![remote_segment(0, 40), remote_segment(10, 50)],
+            log_start: 0,
+        };
+        overlap.truncate(30);
+        assert_eq!(overlap.segments.len(), 1);
+        assert_eq!(
+            (overlap.segments[0].base_offset, overlap.end_offset()),
+            (0, Some(30))
+        );
+        overlap.truncate(0);
+        assert!(overlap.segments.is_empty());
         // The leader's own segment continues from the cut, overlapping is fine.
         s.apply(&Command::AddRemoteSegments {
             topic: "t".into(),
             partition: 0,
             leader_epoch: epoch,
-            segments: vec![remote_segment(20, 70)],
+            segments: vec![remote_segment(15, 70)],
         })
         .unwrap();
         assert_eq!(s.remote["t"][&0].end_offset(), Some(71));

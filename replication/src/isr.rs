@@ -1566,7 +1566,10 @@ impl ReplicaState {
                 out.durable_moved = true;
             }
             (LogOpKind::Reset { to }, Some(_)) if log_end == to => {
-                self.epochs.truncate_from_start(to);
+                // An empty log: no epoch describes any record of it any more (Kafka
+                // clears the cache too). Kept, the last entry would claim the leader's
+                // records that follow for an epoch they were not written in.
+                self.epochs = LeaderEpochCache::new();
                 out.epochs_changed = true;
                 self.durable = to;
                 out.durable_moved = true;

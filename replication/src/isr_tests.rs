@@ -881,13 +881,8 @@ fn a_follower_behind_the_leaders_start_resets_there() {
     let ended = s.end_op(op, Some(40), 40, 0).unwrap();
     assert!(ended.durable_moved && ended.epochs_changed);
     assert_eq!(s.durable(), 40);
-    assert_eq!(
-        s.epochs().entries(),
-        &[EpochEntry {
-            epoch: 2,
-            start_offset: 40
-        }]
-    );
+    // The log is empty: its epochs begin with the first batch fetched.
+    assert_eq!(s.epochs().entries(), &[]);
     // A failed reset truncates again.
     let op = s.begin_reset(3, 50, 40).unwrap();
     s.end_op(op, None, 40, 0).unwrap();
@@ -1035,4 +1030,22 @@ fn a_tail_the_truncation_keeps_is_synced_before_the_follower_fetches() {
         s.begin_tail_sync(2, 9),
         Err(ReplicaError::NotFollowing { epoch: 2 })
     );
+}
+
+#[test]
+fn an_epoch_led_without_writing_is_forgotten_when_nothing_is_cut() {
+    // This replica led epoch 4 from its log end (10) and wrote nothing; the leader of
+    // epoch 5 never had epoch 4, and wrote epoch-2 records from 10 on.
+    let mut s = ReplicaState::new(cache(&[(1, 0), (2, 6), (4, 10)]), 10, 4);
+    let r = s.reconcile(2, &assignment(1, 5), 10, 0, LAG_MS);
+    assert_eq!(r.follow, Some((1, true)));
+    // The leader names an older epoch than the one asked about: nothing to cut, and
+    // epoch 4 (no record) is forgotten, so the leader's records from 10 on count as
+    // epoch 2 here too, as the leader's history has them (tiered storage compares the
+    // two to tell whether a replica holds the same records).
+    assert_eq!(s.begin_truncation(5, 10, 2, 30).unwrap(), None);
+    assert_eq!(s.epochs().entries(), cache(&[(1, 0), (2, 6)]).entries());
+    let op = s.begin_append(5, 10, 10).unwrap();
+    assert!(!s.fetched_batch(&op, 2, 10).unwrap());
+    assert_eq!(s.epochs().epoch_for(10), 2);
 }

@@ -1933,8 +1933,9 @@ pub fn image_of(
 /// The state's remote logs for an image, each partition's shared with `previous` when
 /// it did not change. A remote log only grows at its end (uploads) and loses segments
 /// at its start (retention, DeleteRecords) or its end (an unclean leader's
-/// truncation), and every segment has its own id, so the same count, log start and
-/// first and last ids mean the same log: a new image costs a
+/// truncation, which may also cut the last segment short), and every segment has its
+/// own id, so the same count, log start, first and last ids and last offset mean the
+/// same log: a new image costs a
 /// comparison a partition instead of a copy of every segment (at millions of remote
 /// segments, tens of megabytes per metadata change).
 pub fn remote_logs(
@@ -1946,7 +1947,7 @@ pub fn remote_logs(
         let ids = |l: &RemoteLog| {
             (
                 l.segments.first().map(|s| s.id),
-                l.segments.last().map(|s| s.id),
+                l.segments.last().map(|s| (s.id, s.last_offset)),
             )
         };
         a.segments.len() == b.segments.len() && a.log_start == b.log_start && ids(a) == ids(b)
@@ -2077,6 +2078,16 @@ mod tests {
                 );
             }
         }
+        // An unclean leader cuts the last segment short: same count and ids.
+        state
+            .get_mut("t")
+            .unwrap()
+            .get_mut(&2)
+            .unwrap()
+            .truncate(15);
+        let fourth = remote_logs(&state, Some(&third));
+        assert_eq!(fourth["t"][&2].end_offset(), Some(15));
+        assert!(!std::sync::Arc::ptr_eq(&third["t"][&2], &fourth["t"][&2]));
     }
 
     /// What a metadata change costs the image at a million remote segments (1,000

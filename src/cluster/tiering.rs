@@ -5,7 +5,7 @@
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
-use sluice_replication::cluster::{Command, RemoteLog, RemoteSegment};
+use sluice_replication::cluster::{Command, RemoteSegment};
 use sluice_storage::ClosedSegment;
 use sluice_tiered::remote::{EPOCHS, INDEX, LOG, SNAPSHOT, TIME_INDEX, TXN_INDEX};
 use sluice_tiered::StoreError;
@@ -138,9 +138,16 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
         return ((0, 0), Ok(()));
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
-    let mut end = remote_log(&image, &r.topic, r.partition)
-        .and_then(RemoteLog::end_offset)
-        .unwrap_or(i64::MIN);
+    // Past the remote log's start too: a log all of whose segments went (retention,
+    // DeleteRecords, an unclean leader's cut) still starts there, and the quorum
+    // refuses a segment wholly below it.
+    let mut end = image
+        .remote
+        .get(&r.topic)
+        .and_then(|t| t.get(&r.partition))
+        .map_or(i64::MIN, |l| {
+            l.end_offset().unwrap_or(i64::MIN).max(l.log_start)
+        });
     drop(image);
     // Below the high watermark (every ISR member holds it: no leader change truncates
     // it) and the last stable offset (no open transaction's abort is still to come).
@@ -234,12 +241,12 @@ async fn reconcile(
     ) else {
         return Ok(());
     };
-    let from = crate::partition::tiered::agreed_end(remote, r);
-    let end = remote.end_offset().unwrap_or(i64::MIN);
-    if from >= end {
+    let Some(from) = crate::partition::tiered::truncation_point(remote, r) else {
         return Ok(());
-    }
-    let dropped: Vec<RemoteSegment> = remote
+    };
+    let end = remote.end_offset().unwrap_or(i64::MIN);
+    // Cut (the one that straddles `from`, if any: its object stays) or dropped.
+    let touched: Vec<RemoteSegment> = remote
         .segments
         .iter()
         .filter(|s| s.last_offset >= from)
@@ -247,7 +254,7 @@ async fn reconcile(
         .collect();
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
     drop(image);
-    tracing::warn!(topic = %r.topic, partition = r.partition, from, end, segments = dropped.len(),
+    tracing::warn!(topic = %r.topic, partition = r.partition, from, end, segments = touched.len(),
         "the remote log holds records this leader's log does not (an unclean election): forgetting its segments from the offset where they part");
     propose(
         b,
@@ -259,12 +266,17 @@ async fn reconcile(
         },
     )
     .await?;
-    for s in &dropped {
-        delete_objects(t, &prefix, s.base_offset, s.id).await;
+    let mut deleted = 0;
+    for s in &touched {
+        t.reader.forget(&segment_ref(&prefix, s));
+        if s.base_offset >= from {
+            delete_objects(t, &prefix, s.base_offset, s.id).await;
+            deleted += 1;
+        }
     }
     t.stats
         .deleted_segments
-        .set(t.stats.deleted_segments.get() + dropped.len() as u64);
+        .set(t.stats.deleted_segments.get() + deleted);
     Ok(())
 }
 

@@ -262,11 +262,27 @@ pub fn adopt(replicas: &[Rc<Replica>], image: &MetadataImage) {
 /// retention keeps its own copies there, and a leader truncates the remote log to it
 /// (`crate::cluster::tiering`).
 pub fn agreed_end(remote: &RemoteLog, r: &Replica) -> i64 {
+    with_history(r, |known_from, epoch_of| {
+        remote.agreed_end(known_from, epoch_of)
+    })
+}
+
+/// Where the leader `r` cuts the remote log before it uploads, if anywhere
+/// ([`RemoteLog::truncation_point`]).
+pub fn truncation_point(remote: &RemoteLog, r: &Replica) -> Option<i64> {
+    with_history(r, |known_from, epoch_of| {
+        remote.truncation_point(known_from, epoch_of)
+    })
+}
+
+/// `f` over `r`'s leader-epoch history: where it begins (below it, its log holds
+/// nothing to compare) and the epoch of an offset its log holds.
+fn with_history<T>(r: &Replica, f: impl FnOnce(i64, &dyn Fn(i64) -> Option<i32>) -> T) -> T {
     let state = r.state();
     let epochs = state.epochs();
     let log_end = r.log.log_end_offset();
     let known_from = epochs.entries().first().map_or(log_end, |e| e.start_offset);
-    remote.agreed_end(known_from, |o| (o < log_end).then(|| epochs.epoch_for(o)))
+    f(known_from, &|o| (o < log_end).then(|| epochs.epoch_for(o)))
 }
 
 /// A consumer's read of `offset` below the local log start from the remote segment

@@ -191,7 +191,9 @@ impl Reader {
             let base = i64::from_be_bytes(h[0..8].try_into().unwrap_or_default());
             let len = i32::from_be_bytes(h[8..12].try_into().unwrap_or_default());
             let delta = i32::from_be_bytes(h[23..27].try_into().unwrap_or_default());
-            if len < (HEADER as i32 - 12) || base >= upper {
+            // Past the segment's last offset: batches a truncation cut off (an unclean
+            // election's; the object keeps them, the remote log does not).
+            if len < (HEADER as i32 - 12) || base >= upper || base > seg.last_offset {
                 break;
             }
             let size = 12 + len as u64;
@@ -252,7 +254,7 @@ impl Reader {
             let len = i32::from_be_bytes(h[8..12].try_into().unwrap_or_default());
             let delta = i32::from_be_bytes(h[23..27].try_into().unwrap_or_default());
             let max_ts = i64::from_be_bytes(h[35..43].try_into().unwrap_or_default());
-            if len < 31 {
+            if len < 31 || base > seg.last_offset {
                 break;
             }
             if max_ts >= timestamp && base + delta as i64 >= start {
@@ -445,6 +447,16 @@ mod tests {
         // Nothing at or past the upper bound.
         assert_eq!(run(100, 1 << 20, 120).records.len(), 500);
         assert_eq!(run(126, 1 << 20, i64::MAX).next_offset, 126);
+        // A segment an unclean leader cut at 120 (its object unchanged): nothing past
+        // its last offset, by a read or a timestamp lookup.
+        let cut = SegmentRef {
+            last_offset: 119,
+            ..seg.clone()
+        };
+        let got = futures_lite::future::block_on(r.read(&cut, 100, 1 << 20, i64::MAX)).unwrap();
+        assert_eq!((got.records.len(), got.next_offset), (500, 120));
+        let past = futures_lite::future::block_on(r.read(&cut, 120, 1 << 20, i64::MAX)).unwrap();
+        assert_eq!((past.records.len(), past.next_offset), (0, 120));
     }
 
     #[test]

@@ -47,10 +47,12 @@ async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
         }
         // remote.log.copy.disable: read-only remote data, nothing more uploaded.
         let copying = !tc.log.remote_copy_disabled;
-        let ((segments, bytes), done) = if copying {
-            upload(b, t, &r).await
-        } else {
-            ((0, 0), Ok(()))
+        let ((segments, bytes), done) = match r.leader_epoch() {
+            Some(_) if copying => upload(b, t, &r).await,
+            // Read-only remote data still gives way to the leader's records where an
+            // unclean election made them differ.
+            Some(epoch) => ((0, 0), reconcile(b, t, &r, epoch).await),
+            None => ((0, 0), Ok(())),
         };
         // What is left counts whether or not the round failed: a store that is down
         // is when the backlog grows.

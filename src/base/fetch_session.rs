@@ -58,7 +58,7 @@ pub const FEED_SWEEP_MS: u64 = 1_000;
 /// A partition of a session: by topic name (Fetch v7–v12) or topic id (v13+).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TopicKey {
-    Name(String),
+    Name(std::sync::Arc<str>),
     Id(Uuid),
 }
 

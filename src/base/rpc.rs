@@ -130,7 +130,7 @@ shard_calls! {
     Wait => wait -> bool;
     /// The serving shard's change feed after a position: the new position and the
     /// partitions changed since, if the feed knows (`crate::partition::changes`).
-    Changes => changes -> (u64, Option<Vec<(String, i32)>>);
+    Changes => changes -> (u64, Option<Vec<(std::sync::Arc<str>, i32)>>);
     /// Wait until the serving shard's change feed moves past a position, or the timeout.
     WaitChange => wait_change -> bool;
     ListOffsets => list_offsets -> Vec<Result<ListedOffset, ApiError>>;

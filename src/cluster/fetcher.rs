@@ -208,7 +208,7 @@ async fn send_alters(broker: Rc<Broker>, queue: Rc<AlterQueue>) {
         let changes = batch
             .iter()
             .map(|(r, alter)| IsrChange {
-                topic: r.topic.clone(),
+                topic: r.topic.to_string(),
                 partition: r.partition,
                 leader_epoch: alter.leader_epoch,
                 partition_epoch: alter.partition_epoch,
@@ -509,7 +509,7 @@ impl Following {
         self.index = parts
             .iter()
             .enumerate()
-            .map(|(i, r)| (TopicPartition::new(r.topic.as_str(), r.partition), i))
+            .map(|(i, r)| (TopicPartition::new(&*r.topic, r.partition), i))
             .collect();
         self.sent = vec![None; parts.len()];
         self.current = vec![None; parts.len()];
@@ -626,7 +626,7 @@ async fn truncate_phase(
             .with_partition(r.partition)
             .with_current_leader_epoch(epoch.get())
             .with_leader_epoch(latest.get());
-        (r.topic.clone(), p)
+        (r.topic.to_string(), p)
     }))
     .map(|(topic, partitions)| {
         OffsetForLeaderTopic::default()
@@ -643,7 +643,7 @@ async fn truncate_phase(
     let index: HashMap<(&str, i32), usize> = todo
         .iter()
         .enumerate()
-        .map(|(i, (r, _, _))| ((r.topic.as_str(), r.partition), i))
+        .map(|(i, (r, _, _))| ((&*r.topic, r.partition), i))
         .collect();
     for t in resp.topics {
         for p in t.partitions {
@@ -675,7 +675,7 @@ async fn truncate_phase(
                 // follows) back to truncating; it must not fetch from a divergent end.
                 op.finish(None);
                 return Err(FetcherError::Truncate {
-                    topic: r.topic.clone(),
+                    topic: r.topic.to_string(),
                     partition: r.partition,
                     source: e,
                 });
@@ -973,7 +973,7 @@ async fn fetch_phase(
 
 fn topic_name(key: TopicKey) -> String {
     match key {
-        TopicKey::Name(n) => n,
+        TopicKey::Name(n) => n.to_string(),
         TopicKey::Id(id) => id.to_string(),
     }
 }
@@ -1033,7 +1033,7 @@ async fn sync_tail(r: &Rc<Replica>, epoch: LeaderEpoch) -> Result<(), FetcherErr
     let (from, end) = (r.durable_end(), r.log_end());
     tracing::info!(topic = %r.topic, partition = r.partition, %from, to = %end, "syncing the log's tail past its durable end before fetching");
     r.log.flush().await.map_err(|e| FetcherError::Append {
-        topic: r.topic.clone(),
+        topic: r.topic.to_string(),
         partition: r.partition,
         source: e,
     })?;
@@ -1054,7 +1054,7 @@ async fn stage_fetched<'r>(
     records: &Bytes,
 ) -> Result<Option<StagedFetch<'r>>, FetcherError> {
     let batches = batch::split_batches(records).map_err(|e| FetcherError::Parse {
-        topic: r.topic.clone(),
+        topic: r.topic.to_string(),
         partition: r.partition,
         source: e,
     })?;
@@ -1145,7 +1145,7 @@ async fn finish_fetched(r: &Rc<Replica>, staged: StagedFetch<'_>) -> Result<bool
 
 fn append_error(r: &Replica, source: sluice_storage::Error) -> FetcherError {
     FetcherError::Append {
-        topic: r.topic.clone(),
+        topic: r.topic.to_string(),
         partition: r.partition,
         source,
     }

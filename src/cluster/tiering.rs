@@ -136,7 +136,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
         return ((0, 0), Err(e));
     }
     let image = b.image();
-    let Some(meta) = image.topics.get(&r.topic) else {
+    let Some(meta) = image.topics.get(&*r.topic) else {
         return ((0, 0), Ok(()));
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
@@ -145,7 +145,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
     // refuses a segment wholly below it.
     let mut end = image
         .remote
-        .get(&r.topic)
+        .get(&*r.topic)
         .and_then(|t| t.get(&r.partition))
         .map_or(i64::MIN, |l| {
             l.end_offset().unwrap_or(i64::MIN).max(l.log_start)
@@ -197,7 +197,7 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
             last_epoch: r.state().epochs().epoch_for(seg.next_offset - 1),
         };
         let added = Command::AddRemoteSegments {
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             partition: r.partition,
             leader_epoch: epoch.get(),
             segments: vec![segment],
@@ -239,7 +239,7 @@ async fn reconcile(
     let image = b.image();
     let (Some(remote), Some(meta)) = (
         remote_log(&image, &r.topic, r.partition),
-        image.topics.get(&r.topic),
+        image.topics.get(&*r.topic),
     ) else {
         return Ok(());
     };
@@ -261,7 +261,7 @@ async fn reconcile(
     propose(
         b,
         Command::TruncateRemoteSegments {
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             partition: r.partition,
             leader_epoch: epoch.get(),
             from,
@@ -328,7 +328,7 @@ async fn expire(
     let Some(remote) = remote_log(&image, &r.topic, r.partition) else {
         return Ok(());
     };
-    let Some(meta) = image.topics.get(&r.topic) else {
+    let Some(meta) = image.topics.get(&*r.topic) else {
         return Ok(());
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
@@ -368,7 +368,7 @@ async fn expire(
     propose(
         b,
         Command::DeleteRemoteSegments {
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             partition: r.partition,
             below,
         },
@@ -418,7 +418,7 @@ async fn sweep(
         return Ok(());
     }
     let image = b.image();
-    let Some(meta) = image.topics.get(&r.topic) else {
+    let Some(meta) = image.topics.get(&*r.topic) else {
         return Ok(());
     };
     let prefix = partition_prefix(&r.topic, &meta.id, r.partition);
@@ -478,7 +478,7 @@ async fn sweep(
     propose(
         b,
         Command::AddRemoteSegments {
-            topic: r.topic.clone(),
+            topic: r.topic.to_string(),
             partition: r.partition,
             leader_epoch: epoch.get(),
             segments: Vec::new(),

@@ -28,7 +28,7 @@ use std::time::Duration;
 use event_listener::Event;
 
 /// A partition as the feed names it.
-type Key = (Arc<str>, i32);
+pub type Key = (Arc<str>, i32);
 
 #[derive(Default)]
 pub struct ChangeFeed {
@@ -77,7 +77,7 @@ impl ChangeFeed {
     /// The partitions changed after position `since`, each once, and the position
     /// they bring the reader to; `None` if the feed cannot say (it was not recording
     /// then). `u64::MAX` asks for the position alone (and starts the recording).
-    pub fn since(&self, since: u64) -> (u64, Option<Vec<(String, i32)>>) {
+    pub fn since(&self, since: u64) -> (u64, Option<Vec<Key>>) {
         let seq = self.seq.get();
         let start = match self.start.get() {
             Some(start) => start,
@@ -96,7 +96,7 @@ impl ChangeFeed {
             .order
             .borrow()
             .range(since.saturating_add(1)..)
-            .map(|(_, (t, p))| (t.to_string(), *p))
+            .map(|(_, (t, p))| (t.clone(), *p))
             .collect();
         (seq, Some(parts))
     }
@@ -140,14 +140,14 @@ mod tests {
         assert_eq!(pos, 4);
         assert_eq!(
             parts.unwrap(),
-            vec![("b".to_string(), 1), ("a".to_string(), 0)]
+            vec![(Arc::from("b"), 1), (Arc::from("a"), 0)]
         );
         // From the position a reader had after the first change: both again (a changed
         // since), in the order of their latest change.
         assert_eq!(feed.since(2).1.unwrap().len(), 2);
         assert_eq!(feed.since(4), (4, Some(vec![])));
         feed.changed(&b, 2);
-        assert_eq!(feed.since(pos), (5, Some(vec![("b".to_string(), 2)])));
+        assert_eq!(feed.since(pos), (5, Some(vec![(Arc::from("b"), 2)])));
         assert_eq!(feed.len(), 3);
     }
 

@@ -39,6 +39,7 @@ use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use event_listener::Event;
@@ -62,7 +63,7 @@ const CHECKPOINT: &str = "leader-epoch-checkpoint";
 pub const ANY_REPLICA_CONSUMER: BrokerId = BrokerId::new(-2);
 
 pub struct Replica {
-    pub topic: String,
+    pub topic: Arc<str>,
     pub partition: i32,
     pub log: Rc<PartitionLog>,
     /// Role, epoch history, durable end, high watermark: the pure state machine. Never
@@ -289,7 +290,7 @@ impl Replica {
             Err(_) => LeaderEpochCache::default(),
         };
         let replica = Rc::new(Replica {
-            topic: topic.to_string(),
+            topic: Arc::from(topic),
             partition,
             log,
             state: RefCell::new(ReplicaState::new(epochs, end, 0)),

@@ -51,7 +51,7 @@ pub struct Tiered {
     pub reader: Reader,
     pub uploads: Pool,
     pub stats: Stats,
-    pub sweeps: std::cell::RefCell<std::collections::HashMap<(String, i32), Sweep>>,
+    pub sweeps: std::cell::RefCell<std::collections::HashMap<(Arc<str>, i32), Sweep>>,
 }
 
 /// A led partition's sweep for orphaned objects (an upload cut short by a kill, a
@@ -298,7 +298,7 @@ pub async fn read(
 ) -> Result<(bytes::Bytes, Vec<(i64, i64)>), ApiError> {
     let (Some(remote), Some(meta)) = (
         remote_log(&image, &r.topic, r.partition),
-        image.topics.get(&r.topic),
+        image.topics.get(&*r.topic),
     ) else {
         return Err(ApiError::new(ResponseError::OffsetOutOfRange));
     };
@@ -366,7 +366,7 @@ pub async fn offset_for_timestamp(
 ) -> Result<Option<(i64, i64)>, ApiError> {
     let (Some(remote), Some(meta)) = (
         remote_log(&image, &r.topic, r.partition),
-        image.topics.get(&r.topic),
+        image.topics.get(&*r.topic),
     ) else {
         return Ok(None);
     };

@@ -133,7 +133,7 @@ impl ShardService for ShardServer {
             .await
     }
 
-    async fn changes(&self, c: rpc::Changes) -> (u64, Option<Vec<(String, i32)>>) {
+    async fn changes(&self, c: rpc::Changes) -> (u64, Option<Vec<crate::partition::changes::Key>>) {
         self.broker.changes.since(c.since)
     }
 

@@ -523,7 +523,7 @@ impl Broker {
             };
             producers += r.log.active_producers().len() as u64;
             out.push(PartitionStat {
-                topic: r.topic.clone(),
+                topic: r.topic.to_string(),
                 partition: r.partition,
                 leader,
                 high_watermark: r.high_watermark().get(),

@@ -113,7 +113,7 @@ fn requested(version: i16, req: &FetchRequest) -> (Vec<(PartKey, PartReq)>, Vec<
         if version >= 13 {
             TopicKey::Id(id)
         } else {
-            TopicKey::Name(name.0.to_string())
+            TopicKey::Name(std::sync::Arc::from(name.0.as_str()))
         }
     };
     let parts = req
@@ -337,8 +337,8 @@ fn slot(
     let me = broker.config.node_id;
     let (name, topic_id, unknown_id) = match &key.0 {
         TopicKey::Name(n) => {
-            let id = image.topics.get(n.as_str()).map_or(Uuid::nil(), |m| m.id);
-            (n.clone(), id, false)
+            let id = image.topics.get(&**n).map_or(Uuid::nil(), |m| m.id);
+            (n.to_string(), id, false)
         }
         TopicKey::Id(id) => match ids.name(*id) {
             Some(n) => (n, *id, false),
@@ -408,7 +408,7 @@ async fn feed_positions(broker: &Rc<Broker>) -> Vec<u64> {
 async fn feed_changes(
     broker: &Rc<Broker>,
     positions: &[u64],
-) -> (Vec<u64>, Option<Vec<(String, i32)>>) {
+) -> (Vec<u64>, Option<Vec<crate::partition::changes::Key>>) {
     let shards = broker.mesh.shard_count();
     let calls = (0..shards).map(|i| {
         let since = positions.get(i).copied().unwrap_or(0);
@@ -462,7 +462,7 @@ fn changed_parts(
     image: &MetadataImage,
     id: i32,
     by_id: bool,
-    changed: Option<Vec<(String, i32)>>,
+    changed: Option<Vec<crate::partition::changes::Key>>,
     must: Vec<PartKey>,
 ) -> (Vec<(PartKey, PartReq)>, bool) {
     let sessions = broker.fetch_sessions.borrow();
@@ -478,13 +478,13 @@ fn changed_parts(
 fn changed_keys(
     image: &MetadataImage,
     by_id: bool,
-    changed: Vec<(String, i32)>,
+    changed: Vec<crate::partition::changes::Key>,
 ) -> Option<Vec<PartKey>> {
     changed
         .into_iter()
         .map(|(topic, p)| {
             let key = if by_id {
-                TopicKey::Id(image.topics.get(topic.as_str())?.id)
+                TopicKey::Id(image.topics.get(&*topic)?.id)
             } else {
                 TopicKey::Name(topic)
             };

@@ -42,13 +42,15 @@ rm -rf "$DATA" "$REMOTE" "$DATA_S3"
 tier_cleanup() { rm -rf "$DATA" "$REMOTE" "$DATA_S3"; }
 bench_on_cleanup tier_cleanup
 bench_require_free_ports "the tiered benchmark's broker" "$P" $((P + 552))
-bench_spawn "$SLUICE" serve --listen "127.0.0.1:$P" --data-dir "$DATA" --cores "$CORES" \
-  --remote-storage "file://$REMOTE" --remote-log-manager-task-interval-ms 200 \
-  --log-retention-check-interval-ms 500 >"$OUT/tier-broker.log" 2>&1
-BROKER=$BENCH_PID
-bench_wait_broker "$BROKER" "$OUT/tier-broker.log" 30 "$P" $((P + 552))
-
-B="--bootstrap 127.0.0.1:$P --report-dir $OUT"
+tier_broker() { # port data-dir store-url log: starts it; sets BROKER and B (the clients' flags)
+  bench_spawn "$SLUICE" serve --listen "127.0.0.1:$1" --data-dir "$2" --cores "$CORES" \
+    --remote-storage "$3" --remote-log-manager-task-interval-ms 200 \
+    --log-retention-check-interval-ms 500 >"$4" 2>&1
+  BROKER=$BENCH_PID
+  bench_wait_broker "$BROKER" "$4" 30 "$1" $(($1 + 552))
+  B="--bootstrap 127.0.0.1:$1 --report-dir $OUT"
+}
+tier_broker "$P" "$DATA" "file://$REMOTE" "$OUT/tier-broker.log"
 T="--topic-config remote.storage.enable=true --topic-config segment.bytes=1048576 --topic-config local.retention.bytes=2097152"
 bench() { bench_run "$BENCH_BIN" "$@"; }
 load() { # name topic [flags]
@@ -104,12 +106,7 @@ until python3 -c 'import boto3; boto3.client("s3").create_bucket(Bucket="sluice-
   [ $SECONDS -lt $deadline ] || bench_die "moto_server did not answer on port $MOTO (see $OUT/tier-moto.log)"
   sleep 0.5
 done
-bench_spawn "$SLUICE" serve --listen "127.0.0.1:$P3" --data-dir "$DATA_S3" --cores "$CORES" \
-  --remote-storage "s3://sluice-bench/tier" --remote-log-manager-task-interval-ms 200 \
-  --log-retention-check-interval-ms 500 >"$OUT/tier-broker-s3.log" 2>&1
-BROKER=$BENCH_PID
-bench_wait_broker "$BROKER" "$OUT/tier-broker-s3.log" 30 "$P3" $((P3 + 552))
-B="--bootstrap 127.0.0.1:$P3 --report-dir $OUT"
+tier_broker "$P3" "$DATA_S3" "s3://sluice-bench/tier" "$OUT/tier-broker-s3.log"
 echo "== (t4) as (t1), the store behind moto's S3 server on loopback =="
 load tier-t4-s3 bench-tier-remote $T
 caught_up "$DATA_S3"

@@ -33,9 +33,10 @@ pub async fn run(broker: Weak<Broker>, interval: Duration) {
 async fn round(b: &Rc<Broker>, t: &Rc<Tiered>, orphan_age: Duration) {
     // Logs grew and truncated since the last image: how far each agrees with its
     // remote log, which is what its retention may delete below.
-    crate::partition::tiered::adopt(&b.replicas(), &b.image());
+    let replicas = b.replicas();
+    crate::partition::tiered::adopt(&replicas, &b.image());
     let (mut lag_segments, mut lag_bytes) = (0, 0);
-    for r in b.replicas() {
+    for r in replicas {
         if r.leader_epoch().is_none() {
             continue;
         }

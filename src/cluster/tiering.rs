@@ -227,10 +227,11 @@ async fn upload(b: &Rc<Broker>, t: &Tiered, r: &Rc<Replica>) -> ((u64, u64), Res
 }
 
 /// Before the leader `r` uploads: if the remote log holds segments its log does not
-/// agree with (`crate::partition::tiered::agreed_end`; after an unclean election, what
-/// the old leader uploaded past where the logs part), forgets them through the quorum
-/// and deletes their objects. Its own records then take those offsets in the remote
-/// log as they have in its log.
+/// agree with (after an unclean election, what the old leader uploaded past where the
+/// logs part), cuts the remote log through the quorum where
+/// `crate::partition::tiered::truncation_point` says, then deletes the objects of the
+/// segments it dropped (one it cut short keeps its object). Its own records then take
+/// those offsets in the remote log as they have in its log.
 async fn reconcile(
     b: &Rc<Broker>,
     t: &Tiered,

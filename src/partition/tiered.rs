@@ -16,10 +16,12 @@
 //!   matching with every segment before it ([`agreed_end`]). Retention deletes no local
 //!   segment past where a replica agrees with the remote log. A leader that agrees with
 //!   less than all of it (elected uncleanly, the old leader having uploaded records its
-//!   log does not hold) first forgets the segments past that point
-//!   (`Command::TruncateRemoteSegments`) and deletes their objects; then it uploads its
-//!   own records from there, so that a read of those offsets, local or remote, returns
-//!   its records, never the old leader's.
+//!   log does not hold) first cuts the remote log there ([`truncation_point`],
+//!   `Command::TruncateRemoteSegments`: segments past it go, their objects deleted; one
+//!   holding records below the leader's epoch history is cut short instead, as the
+//!   store is their only copy); then it uploads its own records from there, so that a
+//!   read of those offsets, local or remote, returns its records, never the old
+//!   leader's.
 //! - Remote retention: the leader forgets (`Command::DeleteRemoteSegments`), then
 //!   deletes, the oldest remote segments past `retention.ms` or beyond
 //!   `retention.bytes` (remote bytes plus the local bytes not yet remote).
@@ -259,8 +261,8 @@ pub fn adopt(replicas: &[Rc<Replica>], image: &MetadataImage) {
 /// leader-epoch history). Below it the remote log holds the very records `r` does;
 /// past it (after an unclean election: what the old leader uploaded past where the new
 /// one's log parts from it; or what `r` has not fetched yet) it may not, so `r`'s
-/// retention keeps its own copies there, and a leader truncates the remote log to it
-/// (`crate::cluster::tiering`).
+/// retention keeps its own copies there, and a leader cuts the remote log there (or
+/// later: [`truncation_point`]; `crate::cluster::tiering`).
 pub fn agreed_end(remote: &RemoteLog, r: &Replica) -> i64 {
     with_history(r, |known_from, epoch_of| {
         remote.agreed_end(known_from, epoch_of)

@@ -447,8 +447,8 @@ mod tests {
         // Nothing at or past the upper bound.
         assert_eq!(run(100, 1 << 20, 120).records.len(), 500);
         assert_eq!(run(126, 1 << 20, i64::MAX).next_offset, 126);
-        // A segment an unclean leader cut at 120 (its object unchanged): nothing past
-        // its last offset, by a read or a timestamp lookup.
+        // A segment an unclean leader cut at 120 (its object unchanged): a read returns
+        // nothing past its last offset.
         let cut = SegmentRef {
             last_offset: 119,
             ..seg.clone()

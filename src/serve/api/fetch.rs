@@ -55,6 +55,7 @@ use crate::base::metadata::MetadataImage;
 use crate::base::rpc::{Changes, Read, ReadItem, ReadOut, WaitChange, WaitItem};
 use crate::base::topic_config::{downconversion_enabled, stores_zstd};
 use crate::partition::broker::Broker;
+use crate::partition::changes::Key as ChangedPart;
 use crate::partition::replica::ANY_REPLICA_CONSUMER;
 use sluice_replication::cluster::PartitionState;
 use sluice_storage::message_set::{self, MessageSetError};
@@ -408,7 +409,7 @@ async fn feed_positions(broker: &Rc<Broker>) -> Vec<u64> {
 async fn feed_changes(
     broker: &Rc<Broker>,
     positions: &[u64],
-) -> (Vec<u64>, Option<Vec<crate::partition::changes::Key>>) {
+) -> (Vec<u64>, Option<Vec<ChangedPart>>) {
     let shards = broker.mesh.shard_count();
     let calls = (0..shards).map(|i| {
         let since = positions.get(i).copied().unwrap_or(0);
@@ -462,7 +463,7 @@ fn changed_parts(
     image: &MetadataImage,
     id: i32,
     by_id: bool,
-    changed: Option<Vec<crate::partition::changes::Key>>,
+    changed: Option<Vec<ChangedPart>>,
     must: Vec<PartKey>,
 ) -> (Vec<(PartKey, PartReq)>, bool) {
     let sessions = broker.fetch_sessions.borrow();
@@ -478,7 +479,7 @@ fn changed_parts(
 fn changed_keys(
     image: &MetadataImage,
     by_id: bool,
-    changed: Vec<crate::partition::changes::Key>,
+    changed: Vec<ChangedPart>,
 ) -> Option<Vec<PartKey>> {
     changed
         .into_iter()

@@ -36,7 +36,9 @@
 //! FETCH_SESSION_ID_NOT_FOUND (and opens a new session there), and closing an id of
 //! another shard closes nothing. Time is an argument (milliseconds).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use kafka_protocol::error::ResponseError;
 use uuid::Uuid;

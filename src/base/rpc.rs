@@ -254,7 +254,8 @@ pub struct EpochEndOut {
 
 #[derive(Debug)]
 pub struct ReadItem {
-    pub topic: String,
+    /// Shared with the request's other partitions of the topic, not copied per item.
+    pub topic: Arc<str>,
     pub partition: i32,
     pub offset: Offset,
     pub max_bytes: usize,
@@ -307,7 +308,7 @@ pub struct Read {
 /// One partition of a Wait call.
 #[derive(Debug, Clone)]
 pub struct WaitItem {
-    pub topic: String,
+    pub topic: Arc<str>,
     pub partition: i32,
     /// The wait ends once the partition's visible end is past this offset.
     pub offset: Offset,

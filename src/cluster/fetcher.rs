@@ -7,8 +7,8 @@
 //! the host says when this shard starts following a leader or when a leader wants its
 //! ISR changed, and this module does the network work.
 
+use foldhash::{HashMap, HashMapExt};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 

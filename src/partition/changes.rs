@@ -21,7 +21,9 @@
 //! [`PartitionLog::set_on_change`]: sluice_storage::log::PartitionLog::set_on_change
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,7 +4,9 @@
 //! batch is evicted first. Each partition's cached batches are a contiguous run ending
 //! at its log end, so a hit can be served without touching disk.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 use bytes::Bytes;
 

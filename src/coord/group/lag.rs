@@ -230,7 +230,7 @@ impl Sampler {
         let items = prs
             .iter()
             .map(|(t, p, o)| ReadItem {
-                topic: t.clone(),
+                topic: Arc::from(t.as_str()),
                 partition: *p,
                 offset: Offset::new(*o),
                 // At least one whole batch comes back: the one holding the offset.
@@ -277,7 +277,7 @@ impl Sampler {
             let mut ts = None;
             if pr.2 < start && start < hw {
                 let item = ReadItem {
-                    topic: pr.0.clone(),
+                    topic: Arc::from(pr.0.as_str()),
                     partition: pr.1,
                     offset: Offset::new(start),
                     max_bytes: 1,

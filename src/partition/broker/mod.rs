@@ -27,7 +27,9 @@ pub use work::StagedProduce;
 use offline::offline_error;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -35,6 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Not;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -67,7 +68,8 @@ use crate::base::util::{any_true, join_all, now_ms, sb};
 const MAX_WAIT_CAP: Duration = Duration::from_secs(30);
 
 struct Slot {
-    topic: kafka_protocol::messages::TopicName,
+    /// The topic's name, shared by its partitions' slots and read items.
+    topic: Arc<str>,
     /// The topic's id (answered by Fetch v13+).
     topic_id: Uuid,
     /// How the fetch session knows this partition.
@@ -95,15 +97,15 @@ struct Slot {
 /// unknown id), looked up once per request.
 struct TopicIds<'a> {
     image: &'a MetadataImage,
-    names: HashMap<Uuid, Option<String>>,
+    names: HashMap<Uuid, Option<Arc<str>>>,
 }
 
 impl TopicIds<'_> {
-    fn name(&mut self, id: Uuid) -> Option<String> {
+    fn name(&mut self, id: Uuid) -> Option<Arc<str>> {
         let image = self.image;
         self.names
             .entry(id)
-            .or_insert_with(|| image.topic_by_id(id).map(|(n, _)| n.clone()))
+            .or_insert_with(|| image.topic_by_id(id).map(|(n, _)| Arc::from(n.as_str())))
             .clone()
     }
 }
@@ -114,7 +116,7 @@ fn requested(version: i16, req: &FetchRequest) -> (Vec<(PartKey, PartReq)>, Vec<
         if version >= 13 {
             TopicKey::Id(id)
         } else {
-            TopicKey::Name(std::sync::Arc::from(name.0.as_str()))
+            TopicKey::Name(Arc::from(name.0.as_str()))
         }
     };
     let parts = req
@@ -289,7 +291,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                     (
                         owner,
                         WaitItem {
-                            topic: s.topic.0.to_string(),
+                            topic: s.topic.clone(),
                             partition: s.partition,
                             // What this fetch may see: up to the last stable
                             // offset for read_committed, else the high watermark.
@@ -339,14 +341,14 @@ fn slot(
     let (name, topic_id, unknown_id) = match &key.0 {
         TopicKey::Name(n) => {
             let id = image.topics.get(&**n).map_or(Uuid::nil(), |m| m.id);
-            (n.to_string(), id, false)
+            (n.clone(), id, false)
         }
         TopicKey::Id(id) => match ids.name(*id) {
             Some(n) => (n, *id, false),
-            None => (String::new(), *id, true),
+            None => (Arc::from(""), *id, true),
         },
     };
-    let meta = image.topics.get(name.as_str()).filter(|_| !unknown_id);
+    let meta = image.topics.get(&*name).filter(|_| !unknown_id);
     let partition = key.1;
     let owner = meta
         .filter(|m| (0..m.partitions).contains(&partition))
@@ -356,7 +358,7 @@ fn slot(
         preferred_read_replica(image, me, a, rack, partition)
     });
     Slot {
-        topic: kafka_protocol::messages::TopicName(sb(name)),
+        topic: name,
         topic_id,
         req: r,
         partition,
@@ -542,7 +544,7 @@ async fn read_all(
                 (
                     o,
                     ReadItem {
-                        topic: s.topic.0.to_string(),
+                        topic: s.topic.clone(),
                         partition: s.partition,
                         offset: s.offset,
                         max_bytes: s.max_bytes.min(max_bytes),
@@ -709,10 +711,11 @@ fn build_response(
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
     for (s, pd, _) in answered {
         match topics.last_mut() {
-            Some(t) if t.topic == s.topic && t.topic_id == s.topic_id => t.partitions.push(pd),
+            Some(t) if *t.topic.0 == *s.topic && t.topic_id == s.topic_id => t.partitions.push(pd),
+            // The name is copied into the response once per topic, not per partition.
             _ => topics.push(
                 FetchableTopicResponse::default()
-                    .with_topic(s.topic)
+                    .with_topic(kafka_protocol::messages::TopicName(sb(&*s.topic)))
                     .with_topic_id(s.topic_id)
                     .with_partitions(vec![pd]),
             ),

@@ -254,7 +254,7 @@ pub struct EpochEndOut {
 
 #[derive(Debug)]
 pub struct ReadItem {
-    /// Shared with the request's other partitions of the topic, not copied per item.
+    /// Shared: a Fetch's items of one topic hold one name.
     pub topic: Arc<str>,
     pub partition: i32,
     pub offset: Offset,

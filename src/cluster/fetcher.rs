@@ -559,12 +559,15 @@ fn part_key(r: &Replica) -> PartKey {
     (TopicKey::Name(r.topic.clone()), r.partition)
 }
 
-/// Per-partition request parts grouped by topic, topics in first-seen order.
-fn by_topic<P>(parts: impl Iterator<Item = (String, P)>) -> impl Iterator<Item = (String, Vec<P>)> {
-    let mut out: Vec<(String, Vec<P>)> = Vec::new();
+/// Per-partition request parts grouped by topic (a shared name or a session's key: the
+/// request's name is made once per topic), topics in first-seen order.
+fn by_topic<K: Clone + Eq + std::hash::Hash, P>(
+    parts: impl Iterator<Item = (K, P)>,
+) -> impl Iterator<Item = (K, Vec<P>)> {
+    let mut out: Vec<(K, Vec<P>)> = Vec::new();
     // Topic → its place in `out`: a search of `out` per partition was quadratic in
     // topics for a session of thousands of partitions.
-    let mut at: HashMap<String, usize> = HashMap::new();
+    let mut at: HashMap<K, usize> = HashMap::new();
     for (topic, p) in parts {
         match at.get(&topic) {
             Some(&i) => out[i].1.push(p),
@@ -626,11 +629,11 @@ async fn truncate_phase(
             .with_partition(r.partition)
             .with_current_leader_epoch(epoch.get())
             .with_leader_epoch(latest.get());
-        (r.topic.to_string(), p)
+        (r.topic.clone(), p)
     }))
     .map(|(topic, partitions)| {
         OffsetForLeaderTopic::default()
-            .with_topic(TopicName(sb(topic)))
+            .with_topic(TopicName(sb(&*topic)))
             .with_partitions(partitions)
     })
     .collect();
@@ -971,7 +974,7 @@ async fn fetch_phase(
     })
 }
 
-fn topic_name(key: TopicKey) -> String {
+fn topic_name(key: &TopicKey) -> String {
     match key {
         TopicKey::Name(n) => n.to_string(),
         TopicKey::Id(id) => id.to_string(),
@@ -987,11 +990,11 @@ fn fetch_topics(parts: Vec<(PartKey, PartReq)>) -> Vec<FetchTopic> {
             .with_fetch_offset(r.fetch_offset.get())
             .with_log_start_offset(r.log_start_offset.get())
             .with_partition_max_bytes(r.max_bytes);
-        (topic_name(topic), p)
+        (topic, p)
     }))
     .map(|(topic, partitions)| {
         FetchTopic::default()
-            .with_topic(TopicName(sb(topic)))
+            .with_topic(TopicName(sb(topic_name(&topic))))
             .with_partitions(partitions)
     })
     .collect()
@@ -999,17 +1002,13 @@ fn fetch_topics(parts: Vec<(PartKey, PartReq)>) -> Vec<FetchTopic> {
 
 /// The partitions leaving the session, grouped by topic.
 fn forgotten_topics(parts: Vec<PartKey>) -> Vec<ForgottenTopic> {
-    by_topic(
-        parts
-            .into_iter()
-            .map(|(topic, partition)| (topic_name(topic), partition)),
-    )
-    .map(|(topic, partitions)| {
-        ForgottenTopic::default()
-            .with_topic(TopicName(sb(topic)))
-            .with_partitions(partitions)
-    })
-    .collect()
+    by_topic(parts.into_iter())
+        .map(|(topic, partitions)| {
+            ForgottenTopic::default()
+                .with_topic(TopicName(sb(topic_name(&topic))))
+                .with_partitions(partitions)
+        })
+        .collect()
 }
 
 /// Syncs the tail of a fetching follower's log past its durable end, and counts it, as

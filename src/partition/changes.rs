@@ -12,16 +12,17 @@
 //! A partition changes when its log does (an append as soon as it has its offsets, a
 //! truncation, a move of its log start, a failure: [`PartitionLog::set_on_change`]),
 //! when its replica notifies progress (high watermark, role, leader epoch, ISR), and
-//! when it comes or goes on this shard. Each partition is in the feed once, at its
-//! latest change; a change costs a map update, and a position never becomes too old
-//! to read from. The feed records nothing until it is first read (a broker with no
+//! when it comes or goes on this shard. A reader sees each partition once, at its
+//! latest change. A change costs an entry at the end of a log, by the partition's
+//! number (its earlier entry goes stale; stale entries are dropped in bulk), and a
+//! position never becomes too old to read from. The feed records nothing until it is first read (a broker with no
 //! large follower session, as a single broker, pays one counter per change); a
 //! position from before that reads as unknown: the reader reads everything.
 //!
 //! [`PartitionLog::set_on_change`]: sluice_storage::log::PartitionLog::set_on_change
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use foldhash::HashMap;
 use std::sync::Arc;
@@ -32,16 +33,28 @@ use event_listener::Event;
 /// A partition as the feed names it.
 pub type Key = (Arc<str>, i32);
 
+/// A partition as the feed numbers it ([`ChangeFeed::id`]): a change by number costs no
+/// hashing or comparing of the topic name (every append and high-watermark move of
+/// every hosted partition is one).
+pub type Id = u32;
+
 #[derive(Default)]
 pub struct ChangeFeed {
     /// The position of the latest change (0: none yet).
     seq: Cell<u64>,
     /// The position recording began at (`None`: not read yet, nothing recorded).
     start: Cell<Option<u64>>,
-    /// Each partition's latest change.
-    at: RefCell<HashMap<Key, u64>>,
-    /// The same, by position.
-    order: RefCell<BTreeMap<u64, Key>>,
+    /// Every partition numbered so far, by number, with its latest recorded change
+    /// (0: none).
+    parts: RefCell<Vec<(Key, u64)>>,
+    /// Each numbered partition's number.
+    ids: RefCell<HashMap<Key, Id>>,
+    /// The recorded changes in position order, each a partition's number. An entry
+    /// whose partition changed again later is stale: readers skip it, and the stale
+    /// ones are dropped once they outnumber the live ones.
+    order: RefCell<VecDeque<(u64, Id)>>,
+    /// Partitions with a recorded change (the live entries of `order`).
+    recorded: Cell<usize>,
     /// Fires on every change.
     event: Event,
 }
@@ -53,26 +66,45 @@ impl ChangeFeed {
         self.seq.get()
     }
 
+    /// The number of `topic`-`partition`, given it the first time (a partition keeps
+    /// its number while the feed lives, hosted again or not).
+    pub fn id(&self, topic: &Arc<str>, partition: i32) -> Id {
+        let key = (topic.clone(), partition);
+        if let Some(id) = self.ids.borrow().get(&key) {
+            return *id;
+        }
+        let mut parts = self.parts.borrow_mut();
+        let id = Id::try_from(parts.len()).expect("fewer than 2^32 partitions");
+        parts.push((key.clone(), 0));
+        self.ids.borrow_mut().insert(key, id);
+        id
+    }
+
     /// Notes a change of `topic`-`partition`.
     pub fn changed(&self, topic: &Arc<str>, partition: i32) {
+        let id = self.id(topic, partition);
+        self.changed_id(id);
+    }
+
+    /// Notes a change of the partition numbered `id` ([`Self::id`]).
+    pub fn changed_id(&self, id: Id) {
         let seq = self.seq.get() + 1;
         self.seq.set(seq);
         if self.start.get().is_none() {
             self.event.notify(usize::MAX);
             return;
         }
-        let key = (topic.clone(), partition);
-        let mut order = self.order.borrow_mut();
-        if let Some(before) = self.at.borrow_mut().insert(key.clone(), seq) {
-            order.remove(&before);
+        let mut parts = self.parts.borrow_mut();
+        if std::mem::replace(&mut parts[id as usize].1, seq) == 0 {
+            self.recorded.set(self.recorded.get() + 1);
         }
-        order.insert(seq, key);
-        assert_eq!(
-            order.len(),
-            self.at.borrow().len(),
-            "change feed out of step"
-        );
-        drop(order);
+        let mut order = self.order.borrow_mut();
+        order.push_back((seq, id));
+        if order.len() > 2 * self.recorded.get() + 64 {
+            order.retain(|(at, id)| parts[*id as usize].1 == *at);
+            assert_eq!(order.len(), self.recorded.get(), "change feed out of step");
+        }
+        drop((order, parts));
         self.event.notify(usize::MAX);
     }
 
@@ -94,11 +126,15 @@ impl ChangeFeed {
         if since < start {
             return (seq, None);
         }
-        let parts = self
-            .order
-            .borrow()
-            .range(since.saturating_add(1)..)
-            .map(|(_, (t, p))| (t.clone(), *p))
+        let numbered = self.parts.borrow();
+        let order = self.order.borrow();
+        let from = order.partition_point(|(at, _)| *at <= since);
+        let parts = order
+            .range(from..)
+            .filter_map(|(at, id)| {
+                let (key, latest) = &numbered[*id as usize];
+                (latest == at).then(|| key.clone())
+            })
             .collect();
         (seq, Some(parts))
     }
@@ -110,9 +146,10 @@ impl ChangeFeed {
         crate::base::util::wait_any(vec![(&self.event, moved)], timeout).await
     }
 
-    /// Partitions the feed remembers (each one hosted on the shard at some time).
+    /// Partitions whose changes the feed has recorded (each one hosted on the shard at
+    /// some time).
     pub fn len(&self) -> usize {
-        self.at.borrow().len()
+        self.recorded.get()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -150,6 +187,49 @@ mod tests {
         assert_eq!(feed.since(4), (4, Some(vec![])));
         feed.changed(&b, 2);
         assert_eq!(feed.since(pos), (5, Some(vec![(Arc::from("b"), 2)])));
+        assert_eq!(feed.len(), 3);
+    }
+
+    #[test]
+    fn a_partition_keeps_its_number_and_changes_by_it_as_by_name() {
+        let feed = ChangeFeed::default();
+        let a: Arc<str> = "a".into();
+        let id = feed.id(&a, 0);
+        assert_eq!(feed.id(&Arc::from("a"), 0), id);
+        assert_ne!(feed.id(&a, 1), id);
+        assert_eq!(feed.since(u64::MAX), (0, Some(vec![])));
+        feed.changed_id(id);
+        feed.changed(&a, 0);
+        assert_eq!(feed.since(0), (2, Some(vec![(a.clone(), 0)])));
+        assert_eq!(feed.len(), 1);
+    }
+
+    #[test]
+    fn stale_entries_are_dropped_and_positions_still_read_right() {
+        let feed = ChangeFeed::default();
+        let t: Arc<str> = "t".into();
+        let ids: Vec<Id> = (0..3).map(|p| feed.id(&t, p)).collect();
+        feed.since(u64::MAX);
+        // Many more changes than partitions: the log is compacted several times.
+        for round in 0..100u64 {
+            for id in &ids {
+                feed.changed_id(*id);
+            }
+            let at = feed.position();
+            assert_eq!(at, (round + 1) * 3);
+            // From just before the last partition's change: only that one.
+            assert_eq!(feed.since(at - 1), (at, Some(vec![(t.clone(), 2)])));
+        }
+        assert!(feed.order.borrow().len() <= 2 * 3 + 64);
+        let at = feed.position();
+        feed.changed_id(ids[0]);
+        assert_eq!(
+            feed.since(at - 3),
+            (
+                at + 1,
+                Some(vec![(t.clone(), 1), (t.clone(), 2), (t.clone(), 0)])
+            )
+        );
         assert_eq!(feed.len(), 3);
     }
 

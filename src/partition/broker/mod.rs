@@ -225,18 +225,16 @@ impl Broker {
     /// Hosts a partition's log and replica on this shard (the two enter the maps
     /// together), its changes told to the shard's change feed from now on.
     pub(crate) fn host(&self, key: TopicPartition, replica: Rc<Replica>, log: Rc<PartitionLog>) {
-        let topic = key.topic_arc().clone();
-        let partition = key.partition();
+        let id = self.changes.id(key.topic_arc(), key.partition());
         let feed = Rc::downgrade(&self.changes);
-        let t = topic.clone();
         replica.set_on_change(Rc::new(move || {
             if let Some(feed) = feed.upgrade() {
-                feed.changed(&t, partition);
+                feed.changed_id(id);
             }
         }));
         self.replicas.borrow_mut().insert(key.clone(), replica);
         self.logs.borrow_mut().insert(key, log);
-        self.changes.changed(&topic, partition);
+        self.changes.changed_id(id);
         self.hosting_changed();
     }
 

@@ -32,7 +32,7 @@
 //! decides whether a request is sessionless, opens a session or is incremental; an
 //! incremental answer lists only the partitions with something new.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::ops::Not;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -52,7 +52,7 @@ use crate::base::fetch_session::{
     Cache, Context, FeedMark, PartKey, PartReq, PartResp, Reads, TopicKey,
 };
 use crate::base::ids::{BrokerId as NodeId, LeaderEpoch, Offset};
-use crate::base::metadata::MetadataImage;
+use crate::base::metadata::{MetadataImage, TopicMeta};
 use crate::base::rpc::{Changes, Read, ReadItem, ReadOut, WaitChange, WaitItem};
 use crate::base::topic_config::{downconversion_enabled, stores_zstd};
 use crate::partition::broker::Broker;
@@ -93,20 +93,48 @@ struct Slot {
     preferred: Option<i32>,
 }
 
-/// Fetch v13+ names topics by id: each topic's name in the current image (`None`:
-/// unknown id), looked up once per request.
-struct TopicIds<'a> {
+/// The request's topics in the current image, looked up per topic rather than per
+/// partition where the order allows.
+struct Topics<'a> {
     image: &'a MetadataImage,
-    names: HashMap<Uuid, Option<Arc<str>>>,
+    /// Fetch v13+ names topics by id: each topic's name and metadata (`None`: unknown
+    /// id), looked up once per request.
+    by_id: HashMap<Uuid, Option<(Arc<str>, &'a TopicMeta)>>,
+    /// The topic looked up last by name: a request lists a topic's partitions together
+    /// (a session's order, by last data, interleaves them; then this saves less).
+    last: Option<(Arc<str>, Option<&'a TopicMeta>)>,
 }
 
-impl TopicIds<'_> {
-    fn name(&mut self, id: Uuid) -> Option<Arc<str>> {
+impl<'a> Topics<'a> {
+    fn new(image: &'a MetadataImage) -> Topics<'a> {
+        Topics {
+            image,
+            by_id: HashMap::new(),
+            last: None,
+        }
+    }
+
+    fn by_id(&mut self, id: Uuid) -> Option<(Arc<str>, &'a TopicMeta)> {
         let image = self.image;
-        self.names
+        self.by_id
             .entry(id)
-            .or_insert_with(|| image.topic_by_id(id).map(|(n, _)| Arc::from(n.as_str())))
+            .or_insert_with(|| {
+                image
+                    .topic_by_id(id)
+                    .map(|(n, m)| (Arc::from(n.as_str()), m))
+            })
             .clone()
+    }
+
+    fn meta(&mut self, name: &Arc<str>) -> Option<&'a TopicMeta> {
+        match &self.last {
+            Some((n, meta)) if Arc::ptr_eq(n, name) || **n == **name => *meta,
+            _ => {
+                let meta = self.image.topics.get(&**name);
+                self.last = Some((name.clone(), meta));
+                meta
+            }
+        }
     }
 }
 
@@ -233,13 +261,10 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
         }
         Context::Full | Context::Sessionless => (parts, None),
     };
-    let mut ids = TopicIds {
-        image: &image,
-        names: HashMap::new(),
-    };
+    let mut topics = Topics::new(&image);
     let mut slots: Vec<Slot> = parts
         .into_iter()
-        .map(|(key, r)| slot(broker, &image, &mut ids, version, select_for, key, r))
+        .map(|(key, r)| slot(broker, &image, &mut topics, version, select_for, key, r))
         .collect();
     let read_committed = replica_id < 0 && req.isolation_level == 1;
     // Consumers of Fetch v11+ may be served by a follower (KIP-392).
@@ -275,7 +300,15 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                 .collect();
             drop(read);
             for (key, r) in added {
-                slots.push(slot(broker, &image, &mut ids, version, select_for, key, r));
+                slots.push(slot(
+                    broker,
+                    &image,
+                    &mut topics,
+                    version,
+                    select_for,
+                    key,
+                    r,
+                ));
             }
             (outs, pending) =
                 read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
@@ -331,24 +364,23 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
 fn slot(
     broker: &Rc<Broker>,
     image: &MetadataImage,
-    ids: &mut TopicIds<'_>,
+    topics: &mut Topics<'_>,
     version: i16,
     select_for: Option<&str>,
     key: PartKey,
     r: PartReq,
 ) -> Slot {
     let me = broker.config.node_id;
-    let (name, topic_id, unknown_id) = match &key.0 {
+    let (name, meta, topic_id, unknown_id) = match &key.0 {
         TopicKey::Name(n) => {
-            let id = image.topics.get(&**n).map_or(Uuid::nil(), |m| m.id);
-            (n.clone(), id, false)
+            let meta = topics.meta(n);
+            (n.clone(), meta, meta.map_or(Uuid::nil(), |m| m.id), false)
         }
-        TopicKey::Id(id) => match ids.name(*id) {
-            Some(n) => (n, *id, false),
-            None => (Arc::from(""), *id, true),
+        TopicKey::Id(id) => match topics.by_id(*id) {
+            Some((n, meta)) => (n, Some(meta), *id, false),
+            None => (Arc::from(""), None, *id, true),
         },
     };
-    let meta = image.topics.get(&*name).filter(|_| !unknown_id);
     let partition = key.1;
     let owner = meta
         .filter(|m| (0..m.partitions).contains(&partition))

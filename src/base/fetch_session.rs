@@ -39,7 +39,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
-
 use kafka_protocol::error::ResponseError;
 use uuid::Uuid;
 

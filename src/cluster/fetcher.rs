@@ -7,12 +7,12 @@
 //! the host says when this shard starts following a leader or when a leader wants its
 //! ISR changed, and this module does the network work.
 
-use foldhash::{HashMap, HashMapExt};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldhash::{HashMap, HashMapExt};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::{
     FetchPartition, FetchRequest, FetchTopic, ForgottenTopic,

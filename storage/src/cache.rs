@@ -6,9 +6,8 @@
 
 use std::collections::VecDeque;
 
-use foldhash::HashMap;
-
 use bytes::Bytes;
+use foldhash::HashMap;
 
 /// Identifies a log within a shard.
 pub type LogId = u64;

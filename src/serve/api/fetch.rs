@@ -32,13 +32,13 @@
 //! decides whether a request is sessionless, opens a session or is incremental; an
 //! incremental answer lists only the partitions with something new.
 
-use foldhash::{HashMap, HashMapExt, HashSet};
 use std::ops::Not;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldhash::{HashMap, HashMapExt, HashSet};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{

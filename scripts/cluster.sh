@@ -31,6 +31,28 @@ metrics_port() { echo $((KAFKA_PORT_BASE + $1 + 552)); }
 QUORUM="1@$HOST:$(controller_port 1),2@$HOST:$(controller_port 2),3@$HOST:$(controller_port 3)"
 
 # The pid of broker N if it is running (and is the process we started), else nothing.
+# A broker this run started has not exited. Its command line is not checked: right
+# after the fork it is still this script's, until the broker binary is exec'd (a cold
+# binary took long enough for `running_pid` to call a starting broker exited).
+started_alive() {
+  local pid
+  pid="$(cat "$DIR/node-$1.pid" 2>/dev/null)" && [[ -n "$pid" ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]]
+}
+# Stops what a failed start began: a broker not yet exec'd is still this script's
+# child, which `stop_all` (checking for a sluice command line) would leave running.
+abort_start() {
+  local n pid
+  for n in "${started[@]}"; do
+    if started_alive "$n" && ! running_pid "$n" >/dev/null; then
+      pid="$(cat "$DIR/node-$n.pid")"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
+  stop_all >&2
+  exit 1
+}
 running_pid() {
   local f="$DIR/node-$1.pid" pid
   [[ -f "$f" ]] || return 1
@@ -81,11 +103,10 @@ start() {
   while :; do
     pending=()
     for n in "${NODES[@]}"; do
-      if ! running_pid "$n" >/dev/null; then
+      if ! started_alive "$n"; then
         echo "cluster: broker $n exited; last lines of $DIR/node-$n.log:" >&2
         tail -n 20 "$DIR/node-$n.log" >&2 || true
-        stop_all >&2
-        exit 1
+        abort_start
       fi
       port_open "$(kafka_port "$n")" || pending+=("$n")
     done
@@ -101,8 +122,7 @@ start() {
     fi
     if ((SECONDS >= deadline)); then
       echo "cluster: still waiting for ${pending[*]} after ${START_TIMEOUT}s; see $DIR/node-N.log" >&2
-      stop_all >&2
-      exit 1
+      abort_start
     fi
     sleep 0.2
   done

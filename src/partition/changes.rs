@@ -15,9 +15,10 @@
 //! when it comes or goes on this shard. A reader sees each partition once, at its
 //! latest change. A change costs an entry at the end of a log, by the partition's
 //! number (its earlier entry goes stale; stale entries are dropped in bulk), and a
-//! position never becomes too old to read from. The feed records nothing until it is first read (a broker with no
-//! large follower session, as a single broker, pays one counter per change); a
-//! position from before that reads as unknown: the reader reads everything.
+//! position never becomes too old to read from. The feed records nothing until it is
+//! first read (a broker with no large follower session, as a single broker, pays one
+//! counter per change); a position from before that reads as unknown: the reader
+//! reads everything.
 //!
 //! [`PartitionLog::set_on_change`]: sluice_storage::log::PartitionLog::set_on_change
 

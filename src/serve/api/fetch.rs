@@ -264,7 +264,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
     let mut topics = Topics::new(&image);
     let mut slots: Vec<Slot> = parts
         .into_iter()
-        .map(|(key, r)| slot(broker, &image, &mut topics, version, select_for, key, r))
+        .map(|(key, r)| slot(broker, &mut topics, version, select_for, key, r))
         .collect();
     let read_committed = replica_id < 0 && req.isolation_level == 1;
     // Consumers of Fetch v11+ may be served by a follower (KIP-392).
@@ -300,15 +300,7 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
                 .collect();
             drop(read);
             for (key, r) in added {
-                slots.push(slot(
-                    broker,
-                    &image,
-                    &mut topics,
-                    version,
-                    select_for,
-                    key,
-                    r,
-                ));
+                slots.push(slot(broker, &mut topics, version, select_for, key, r));
             }
             (outs, pending) =
                 read_all(broker, &slots, max_bytes, item_replica_id, read_committed).await;
@@ -363,13 +355,13 @@ pub async fn handle(broker: &Rc<Broker>, version: i16, req: FetchRequest) -> Fet
 /// What the handler needs of one partition to read and answer it.
 fn slot(
     broker: &Rc<Broker>,
-    image: &MetadataImage,
     topics: &mut Topics<'_>,
     version: i16,
     select_for: Option<&str>,
     key: PartKey,
     r: PartReq,
 ) -> Slot {
+    let image = topics.image;
     let me = broker.config.node_id;
     let (name, meta, topic_id, unknown_id) = match &key.0 {
         TopicKey::Name(n) => {

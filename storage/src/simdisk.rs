@@ -76,6 +76,7 @@ pub(crate) type Handle = Rc<RefCell<SimFile>>;
 struct SimDisk {
     files: HashMap<PathBuf, Handle>,
     syncs: u64,
+    writes: u64,
     /// Set by [`crash`]: the simulated process is gone, so no file is opened, removed
     /// or renamed any more (a task still running must not change the disk after it).
     crashed: bool,
@@ -91,6 +92,7 @@ pub fn enable() {
         *d.borrow_mut() = Some(SimDisk {
             files: HashMap::new(),
             syncs: 0,
+            writes: 0,
             crashed: false,
         })
     });
@@ -104,6 +106,19 @@ pub fn disable() {
 /// Successful file syncs since [`enable`] (0 when disabled).
 pub fn syncs() -> u64 {
     DISK.with(|d| d.borrow().as_ref().map_or(0, |d| d.syncs))
+}
+
+/// Completed writes since [`enable`], write-through ones included (0 when disabled).
+pub fn writes() -> u64 {
+    DISK.with(|d| d.borrow().as_ref().map_or(0, |d| d.writes))
+}
+
+fn count_write() {
+    DISK.with(|d| {
+        if let Some(d) = d.borrow_mut().as_mut() {
+            d.writes += 1;
+        }
+    });
 }
 
 /// Fails once the simulated process has crashed; Ok when the simulation is off.
@@ -164,6 +179,7 @@ pub(crate) fn begin(h: &Handle) -> std::io::Result<()> {
 
 /// A write of `data` at `pos` completed (unsynced until a later sync).
 pub(crate) fn wrote(h: &Handle, pos: u64, data: &[u8]) {
+    count_write();
     let mut f = h.borrow_mut();
     f.in_flight -= 1;
     f.unsynced.push((pos, data.to_vec()));
@@ -172,6 +188,7 @@ pub(crate) fn wrote(h: &Handle, pos: u64, data: &[u8]) {
 /// A write-through (`O_DSYNC`) write of `data` at `pos` completed: durable, like every
 /// write of the file before it.
 pub(crate) fn wrote_through(h: &Handle, pos: u64, data: &[u8]) {
+    count_write();
     let mut f = h.borrow_mut();
     f.in_flight -= 1;
     f.unsynced.push((pos, data.to_vec()));

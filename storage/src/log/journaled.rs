@@ -14,6 +14,9 @@ use crate::{Error, FlushPolicy, LogConfig};
 
 use super::{PartitionLog, Storage};
 
+/// Logs a start-up replay opens and replays at once (see [`Storage::replay_logs`]).
+const REPLAY_LANES: usize = 64;
+
 /// What a replay did to one log.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Replayed {
@@ -22,6 +25,15 @@ pub struct Replayed {
     pub cut: u64,
     /// A batch that would have left a gap was skipped.
     pub gap: bool,
+}
+
+impl Replayed {
+    fn add(&mut self, r: Replayed) {
+        self.appended += r.appended;
+        self.skipped += r.skipped;
+        self.cut += r.cut;
+        self.gap |= r.gap;
+    }
 }
 
 impl PartitionLog {
@@ -104,8 +116,15 @@ impl PartitionLog {
         let mut done = Replayed::default();
         let ops = without_cut_appends(ops);
         let last = ops.len().saturating_sub(1);
+        // Appends are staged and their writes awaited together (before a cut, and at
+        // the end): waited for one by one, each rewrote the segment's tail page, about
+        // 200 KB written per log for 30 small batches.
+        let mut staged = Vec::new();
         for (i, op) in ops.into_iter().enumerate() {
             let end = self.log_end_offset();
+            if !matches!(op, Op::Append(_)) {
+                self.written_all(&mut staged).await?;
+            }
             match op {
                 Op::Append(batch) => {
                     let h = BatchHeader::parse(&batch)?;
@@ -118,7 +137,8 @@ impl PartitionLog {
                         done.gap = true;
                         continue;
                     }
-                    self.append_with_offsets(batch).await?;
+                    let (_, write) = self.append_with_offsets_staged(batch).await?;
+                    staged.extend(write);
                     done.appended += 1;
                 }
                 // A truncation is durable once done, and the log's appends wait for
@@ -140,7 +160,15 @@ impl PartitionLog {
                 Op::Delete => {}
             }
         }
+        self.written_all(&mut staged).await?;
         Ok(done)
+    }
+
+    async fn written_all(&self, staged: &mut Vec<super::Staged>) -> Result<(), Error> {
+        for write in staged.drain(..) {
+            self.written(write).await?;
+        }
+        Ok(())
     }
 }
 
@@ -180,6 +208,63 @@ impl Storage {
         }
     }
 
+    /// Opens each log and replays its records, [`REPLAY_LANES`] logs at a time: one
+    /// after the other, each open and append waited for on its own, 10,000 logs took
+    /// 90 s to replay 310,000 records. Logs are independent of each other here.
+    async fn replay_logs(
+        self: &Rc<Self>,
+        work: Vec<(String, Vec<Op>)>,
+    ) -> Result<(Replayed, Vec<Rc<PartitionLog>>), Error> {
+        let mut lanes: Vec<Vec<(String, Vec<Op>)>> =
+            (0..REPLAY_LANES).map(|_| Vec::new()).collect();
+        for (i, w) in work.into_iter().enumerate() {
+            lanes[i % REPLAY_LANES].push(w);
+        }
+        let tasks: Vec<_> = lanes
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .map(|lane| {
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    let mut replayed = Replayed::default();
+                    let mut logs = Vec::with_capacity(lane.len());
+                    for (name, ops) in lane {
+                        let config = LogConfig {
+                            max_message_bytes: u32::MAX as usize,
+                            ..LogConfig::default()
+                        };
+                        let log = match me.open_log(&name, config).await {
+                            Ok(log) => log,
+                            Err(e) => return (replayed, logs, Err(e)),
+                        };
+                        let r = log.replay(ops).await;
+                        logs.push(log);
+                        match r {
+                            Ok(r) => replayed.add(r),
+                            Err(e) => return (replayed, logs, Err(e)),
+                        }
+                    }
+                    (replayed, logs, Ok(()))
+                })
+            })
+            .collect();
+        let mut total = Replayed::default();
+        let mut all = Vec::new();
+        let mut failed = None;
+        for t in tasks {
+            let (r, logs, res) = t.await;
+            total.add(r);
+            all.extend(logs);
+            if let Err(e) = res {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((total, all)),
+        }
+    }
+
     /// Replays the previous run's journals (see [`crate::wal`]): this shard's, and on
     /// shard 0 those of shards beyond the current count. Then deletes them.
     pub(super) async fn replay_journals(self: &Rc<Self>) -> Result<(), Error> {
@@ -196,28 +281,19 @@ impl Storage {
                 records.extend(wal::decode(&Bytes::from(buf)));
             }
             let count = records.len();
-            let mut replayed = Replayed::default();
-            let mut logs = Vec::new();
-            for (name, ops) in wal::by_log(records) {
-                // A log whose directory is gone was deleted (its deletion's record may
-                // not have been written before the directory went).
-                if ops.is_empty() || !self.dir.join(&name).is_dir() {
-                    continue;
-                }
-                let config = LogConfig {
-                    max_message_bytes: u32::MAX as usize,
-                    ..LogConfig::default()
-                };
-                let log = self.open_log(&name, config).await?;
-                let r = log.replay(ops).await?;
-                replayed.appended += r.appended;
-                replayed.skipped += r.skipped;
-                replayed.cut += r.cut;
-                replayed.gap |= r.gap;
-                logs.push(log);
-            }
+            // A log whose directory is gone was deleted (its deletion's record may not
+            // have been written before the directory went).
+            let work: Vec<(String, Vec<Op>)> = wal::by_log(records)
+                .into_iter()
+                .filter(|(name, ops)| !ops.is_empty() && self.dir.join(name).is_dir())
+                .collect();
+            let t = std::time::Instant::now();
+            let (replayed, logs) = self.replay_logs(work).await?;
+            let replay_ms = t.elapsed().as_millis() as u64;
             let opened = logs.len();
+            let t = std::time::Instant::now();
             let report = self.close_logs(logs).await;
+            let close_ms = t.elapsed().as_millis() as u64;
             if let Some((name, e)) = report.failed.into_iter().next() {
                 return Err(Error::Config(format!(
                     "replaying the journal {} into {name} failed: {e}",
@@ -229,7 +305,7 @@ impl Storage {
             }
             std::fs::remove_dir(&dir).map_err(|e| Error::io(&dir, e))?;
             file::sync_dir(&self.dir).await?;
-            tracing::info!(journal = %dir.display(), records = count, logs = opened, appended = replayed.appended, already_there = replayed.skipped, cuts = replayed.cut, "replayed the previous run's journal");
+            tracing::info!(journal = %dir.display(), records = count, logs = opened, appended = replayed.appended, already_there = replayed.skipped, cuts = replayed.cut, replay_ms, close_ms, "replayed the previous run's journal");
         }
         Ok(())
     }

@@ -136,6 +136,57 @@ fn checkpoints_delete_chunks_and_a_crash_after_them_loses_nothing_acknowledged()
     assert_eq!(got, acked, "the log after checkpoints and a crash");
 }
 
+/// A start-up replay writes each log's journaled batches to its segment file together,
+/// not one write per batch, and every acknowledged batch is there after it.
+#[test]
+fn a_replay_writes_each_logs_batches_together() {
+    const LOGS: usize = 20;
+    const BATCHES: u64 = 30;
+    let d = tempdir();
+    let dir = d.path().to_path_buf();
+    let names: Vec<String> = (0..LOGS).map(|i| format!("r-{i}")).collect();
+    let acked = {
+        let (dir, names) = (dir.clone(), names.clone());
+        run(move || async move {
+            simdisk::enable();
+            let s = storage(&dir, journal(64 << 20)).await;
+            let mut acked = vec![Vec::new(); LOGS];
+            for round in 0..BATCHES {
+                for (i, n) in names.iter().enumerate() {
+                    let log = s.open_log(n, LogConfig::default()).await.unwrap();
+                    let b = batch(100, 1, round * LOGS as u64 + i as u64);
+                    let info = log.append(&b, 0).await.unwrap();
+                    log.flush_for_ack().await.unwrap();
+                    acked[i].push((info.base_offset, batches_of(&b).remove(0).1));
+                }
+            }
+            // The segment files lose what the journal holds for them.
+            simdisk::crash(CrashMode::LoseUnsynced).await;
+            acked
+        })
+    };
+    let writes = {
+        let dir = dir.clone();
+        run(move || async move {
+            simdisk::enable();
+            let before = simdisk::writes();
+            let s = storage(&dir, journal(64 << 20)).await;
+            drop(s);
+            simdisk::writes() - before
+        })
+    };
+    // A log's 30 batches in one or two segment writes (the close's small files do not
+    // go through `AppendFile`); waited for one by one they were 30 writes.
+    assert!(
+        writes <= 2 * LOGS as u64,
+        "{writes} segment writes to replay {BATCHES} batches into each of {LOGS} logs"
+    );
+    let got = recover_all(dir, names);
+    for (i, want) in acked.into_iter().enumerate() {
+        assert_eq!(got[i], want, "log r-{i} after the replay");
+    }
+}
+
 #[test]
 fn a_clean_stop_leaves_no_journal_and_the_restart_replays_nothing() {
     let d = tempdir();

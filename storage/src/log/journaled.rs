@@ -3,6 +3,7 @@
 //! asks for, and the replay of the journal into the log — at start-up for the previous
 //! run's journals, and when a log that failed is reopened.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -12,10 +13,14 @@ use crate::file;
 use crate::wal::{self, Op, Pushed};
 use crate::{Error, FlushPolicy, LogConfig};
 
-use super::{PartitionLog, Storage};
+use super::{PartitionLog, Staged, Storage};
 
-/// Logs a start-up replay opens and replays at once (see [`Storage::replay_logs`]).
+/// Logs a start-up replay opens and replays at once, at most the shard's active logs
+/// (see [`Storage::replay_logs`]).
 const REPLAY_LANES: usize = 64;
+/// Bytes of a log's replayed batches staged before their writes are awaited: bounds the
+/// copies a replay holds per log (a log can have most of the journal's chunks).
+const REPLAY_STAGED_BYTES: usize = 8 << 20;
 
 /// What a replay did to one log.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -113,17 +118,29 @@ impl PartitionLog {
 
     /// Applies a journal's records for this log, in order (see [`crate::wal`]).
     pub(super) async fn replay(&self, ops: Vec<Op>) -> Result<Replayed, Error> {
+        let mut staged = Vec::new();
+        let applied = self.replay_ops(ops, &mut staged).await;
+        // Whatever happened, an error returns only once no write of the log is in flight.
+        let written = self.written_all(&mut staged).await;
+        let done = applied?;
+        written?;
+        Ok(done)
+    }
+
+    /// [`Self::replay`]'s records. Appends are staged and their writes awaited together
+    /// (before a cut, once [`REPLAY_STAGED_BYTES`] are pending, and at the end): waited
+    /// for one by one, each rewrote the segment's tail page, about 200 KB written per
+    /// log for 30 small batches.
+    async fn replay_ops(&self, ops: Vec<Op>, staged: &mut Vec<Staged>) -> Result<Replayed, Error> {
         let mut done = Replayed::default();
         let ops = without_cut_appends(ops);
         let last = ops.len().saturating_sub(1);
-        // Appends are staged and their writes awaited together (before a cut, and at
-        // the end): waited for one by one, each rewrote the segment's tail page, about
-        // 200 KB written per log for 30 small batches.
-        let mut staged = Vec::new();
+        let mut pending = 0;
         for (i, op) in ops.into_iter().enumerate() {
             let end = self.log_end_offset();
-            if !matches!(op, Op::Append(_)) {
-                self.written_all(&mut staged).await?;
+            if !matches!(op, Op::Append(_)) || pending >= REPLAY_STAGED_BYTES {
+                self.written_all(staged).await?;
+                pending = 0;
             }
             match op {
                 Op::Append(batch) => {
@@ -137,6 +154,7 @@ impl PartitionLog {
                         done.gap = true;
                         continue;
                     }
+                    pending += batch.len();
                     let (_, write) = self.append_with_offsets_staged(batch).await?;
                     staged.extend(write);
                     done.appended += 1;
@@ -160,11 +178,10 @@ impl PartitionLog {
                 Op::Delete => {}
             }
         }
-        self.written_all(&mut staged).await?;
         Ok(done)
     }
 
-    async fn written_all(&self, staged: &mut Vec<super::Staged>) -> Result<(), Error> {
+    async fn written_all(&self, staged: &mut Vec<Staged>) -> Result<(), Error> {
         for write in staged.drain(..) {
             self.written(write).await?;
         }
@@ -208,40 +225,52 @@ impl Storage {
         }
     }
 
-    /// Opens each log and replays its records, [`REPLAY_LANES`] logs at a time: one
-    /// after the other, each open and append waited for on its own, 10,000 logs took
-    /// 90 s to replay 310,000 records. Logs are independent of each other here.
+    /// Opens each log and replays its records, [`REPLAY_LANES`] logs at a time (at most
+    /// the shard's active logs): one after the other, each open and append waited for
+    /// on its own, 10,000 logs took 90 s to replay 310,000 records. Logs are independent
+    /// of each other here. After a failure the lanes start no other log; each failure is
+    /// logged with its log's name and one is returned.
     async fn replay_logs(
         self: &Rc<Self>,
         work: Vec<(String, Vec<Op>)>,
     ) -> Result<(Replayed, Vec<Rc<PartitionLog>>), Error> {
-        let mut lanes: Vec<Vec<(String, Vec<Op>)>> =
-            (0..REPLAY_LANES).map(|_| Vec::new()).collect();
+        let lanes = REPLAY_LANES.min(self.limits.active_logs_max).max(1);
+        let mut shares: Vec<Vec<(String, Vec<Op>)>> = (0..lanes).map(|_| Vec::new()).collect();
         for (i, w) in work.into_iter().enumerate() {
-            lanes[i % REPLAY_LANES].push(w);
+            shares[i % lanes].push(w);
         }
-        let tasks: Vec<_> = lanes
+        let failed = Rc::new(Cell::new(false));
+        let tasks: Vec<_> = shares
             .into_iter()
             .filter(|l| !l.is_empty())
-            .map(|lane| {
-                let me = self.clone();
+            .map(|share| {
+                let (me, failed) = (self.clone(), failed.clone());
                 glommio::spawn_local(async move {
                     let mut replayed = Replayed::default();
-                    let mut logs = Vec::with_capacity(lane.len());
-                    for (name, ops) in lane {
+                    let mut logs = Vec::with_capacity(share.len());
+                    for (name, ops) in share {
+                        if failed.get() {
+                            break;
+                        }
                         let config = LogConfig {
                             max_message_bytes: u32::MAX as usize,
                             ..LogConfig::default()
                         };
-                        let log = match me.open_log(&name, config).await {
-                            Ok(log) => log,
-                            Err(e) => return (replayed, logs, Err(e)),
+                        let res = match me.open_log(&name, config).await {
+                            Ok(log) => {
+                                let r = log.replay(ops).await;
+                                logs.push(log);
+                                r
+                            }
+                            Err(e) => Err(e),
                         };
-                        let r = log.replay(ops).await;
-                        logs.push(log);
-                        match r {
+                        match res {
                             Ok(r) => replayed.add(r),
-                            Err(e) => return (replayed, logs, Err(e)),
+                            Err(e) => {
+                                tracing::error!(log = %name, error = %e, "journal replay into the log failed");
+                                failed.set(true);
+                                return (replayed, logs, Err(e));
+                            }
                         }
                     }
                     (replayed, logs, Ok(()))
@@ -250,16 +279,16 @@ impl Storage {
             .collect();
         let mut total = Replayed::default();
         let mut all = Vec::new();
-        let mut failed = None;
+        let mut first_error = None;
         for t in tasks {
             let (r, logs, res) = t.await;
             total.add(r);
             all.extend(logs);
             if let Err(e) = res {
-                failed.get_or_insert(e);
+                first_error.get_or_insert(e);
             }
         }
-        match failed {
+        match first_error {
             Some(e) => Err(e),
             None => Ok((total, all)),
         }

@@ -137,10 +137,11 @@ fn checkpoints_delete_chunks_and_a_crash_after_them_loses_nothing_acknowledged()
 }
 
 /// A start-up replay writes each log's journaled batches to its segment file together,
-/// not one write per batch, and every acknowledged batch is there after it.
+/// not one write per batch, also with more logs than its lanes and an active-log budget
+/// smaller than its lanes; every acknowledged batch is there after it.
 #[test]
 fn a_replay_writes_each_logs_batches_together() {
-    const LOGS: usize = 20;
+    const LOGS: usize = 100;
     const BATCHES: u64 = 30;
     let d = tempdir();
     let dir = d.path().to_path_buf();
@@ -150,14 +151,29 @@ fn a_replay_writes_each_logs_batches_together() {
         run(move || async move {
             simdisk::enable();
             let s = storage(&dir, journal(64 << 20)).await;
+            let mut logs = Vec::new();
+            for n in &names {
+                logs.push(s.open_log(n, LogConfig::default()).await.unwrap());
+            }
             let mut acked = vec![Vec::new(); LOGS];
             for round in 0..BATCHES {
-                for (i, n) in names.iter().enumerate() {
-                    let log = s.open_log(n, LogConfig::default()).await.unwrap();
-                    let b = batch(100, 1, round * LOGS as u64 + i as u64);
-                    let info = log.append(&b, 0).await.unwrap();
-                    log.flush_for_ack().await.unwrap();
-                    acked[i].push((info.base_offset, batches_of(&b).remove(0).1));
+                // One append per log at once, so that the journal's rounds are shared.
+                let tasks: Vec<_> = logs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, log)| {
+                        let log = log.clone();
+                        glommio::spawn_local(async move {
+                            let b = batch(100, 1, round * LOGS as u64 + i as u64);
+                            let info = log.append(&b, 0).await.unwrap();
+                            log.flush_for_ack().await.unwrap();
+                            (i, info.base_offset, batches_of(&b).remove(0).1)
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    let (i, base, body) = t.await;
+                    acked[i].push((base, body));
                 }
             }
             // The segment files lose what the journal holds for them.
@@ -170,7 +186,11 @@ fn a_replay_writes_each_logs_batches_together() {
         run(move || async move {
             simdisk::enable();
             let before = simdisk::writes();
-            let s = storage(&dir, journal(64 << 20)).await;
+            let limits = StorageLimits {
+                active_logs_max: 4,
+                ..journal(64 << 20)
+            };
+            let s = storage(&dir, limits).await;
             drop(s);
             simdisk::writes() - before
         })
@@ -183,6 +203,7 @@ fn a_replay_writes_each_logs_batches_together() {
     );
     let got = recover_all(dir, names);
     for (i, want) in acked.into_iter().enumerate() {
+        assert_eq!(got[i].len(), BATCHES as usize, "log r-{i} after the replay");
         assert_eq!(got[i], want, "log r-{i} after the replay");
     }
 }

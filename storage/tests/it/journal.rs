@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use sluice_storage::simdisk::{self, CrashMode};
-use sluice_storage::{wal, LogConfig, StorageLimits};
+use sluice_storage::{wal, LogConfig, PartitionLog, Storage, StorageLimits};
 
 /// An acknowledged append: the log's index, its base offset, its batch past the header.
 type Acked = (usize, i64, Vec<u8>);
@@ -24,6 +24,15 @@ fn journal(chunk_bytes: u64) -> StorageLimits {
         dsync_logs_max: 0,
         ..no_cache()
     }
+}
+
+/// Opens `names` in `s` with the default config.
+async fn open_all(s: &Rc<Storage>, names: &[String]) -> Vec<Rc<PartitionLog>> {
+    let mut logs = Vec::with_capacity(names.len());
+    for n in names {
+        logs.push(s.open_log(n, LogConfig::default()).await.unwrap());
+    }
+    logs
 }
 
 /// Reopens `names` in `dir` (a new process: the journal's replay, then recovery) and
@@ -50,10 +59,7 @@ fn appends_to_many_logs_share_journal_writes_and_survive_a_crash() {
         run(move || async move {
             simdisk::enable();
             let s = storage(&dir, journal(64 << 20)).await;
-            let mut logs = Vec::new();
-            for n in &names {
-                logs.push(s.open_log(n, LogConfig::default()).await.unwrap());
-            }
+            let logs = open_all(&s, &names).await;
             let before = simdisk::syncs();
             let acked: Rc<RefCell<Vec<Acked>>> = Rc::default();
             let tasks: Vec<_> = logs
@@ -151,10 +157,7 @@ fn a_replay_writes_each_logs_batches_together() {
         run(move || async move {
             simdisk::enable();
             let s = storage(&dir, journal(64 << 20)).await;
-            let mut logs = Vec::new();
-            for n in &names {
-                logs.push(s.open_log(n, LogConfig::default()).await.unwrap());
-            }
+            let logs = open_all(&s, &names).await;
             let mut acked = vec![Vec::new(); LOGS];
             for round in 0..BATCHES {
                 // One append per log at once, so that the journal's rounds are shared.

@@ -300,22 +300,13 @@ fn many_logs_flushing_at_once_take_turns_and_lose_nothing() {
         let rounds_before = stats::FS_SYNC_ROUNDS.load(Ordering::Relaxed);
         let files_before = stats::FS_SYNC_FILES.load(Ordering::Relaxed);
         for round in 0..3u64 {
-            let tasks: Vec<_> = logs
-                .iter()
-                .enumerate()
-                .map(|(i, log)| {
-                    let log = log.clone();
-                    glommio::spawn_local(async move {
-                        log.append(&batch(1, 2, round * 1000 + i as u64), 0)
-                            .await
-                            .unwrap();
-                        log.flush().await.unwrap();
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await;
-            }
+            each_log_at_once(&logs, |i, log| async move {
+                log.append(&batch(1, 2, round * 1000 + i as u64), 0)
+                    .await
+                    .unwrap();
+                log.flush().await.unwrap();
+            })
+            .await;
         }
         for log in &logs {
             assert_eq!(log.log_end_offset(), 6);

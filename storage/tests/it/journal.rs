@@ -6,7 +6,6 @@
 //! the same name. The crash property test (`crash.rs`) runs a third of its cases with
 //! the journal, small chunks included.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -61,28 +60,17 @@ fn appends_to_many_logs_share_journal_writes_and_survive_a_crash() {
             let s = storage(&dir, journal(64 << 20)).await;
             let logs = open_all(&s, &names).await;
             let before = simdisk::syncs();
-            let acked: Rc<RefCell<Vec<Acked>>> = Rc::default();
-            let tasks: Vec<_> = logs
-                .iter()
-                .enumerate()
-                .map(|(i, log)| {
-                    let (log, acked) = (log.clone(), acked.clone());
-                    glommio::spawn_local(async move {
-                        let b = batch(1_000, 1 + i % 3, i as u64);
-                        let info = log.append(&b, 0).await.unwrap();
-                        log.flush_for_ack().await.unwrap();
-                        let (_, body) = batches_of(&b).remove(0);
-                        acked.borrow_mut().push((i, info.base_offset, body));
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await;
-            }
+            let acked: Vec<Acked> = each_log_at_once(&logs, |i, log| async move {
+                let b = batch(1_000, 1 + i % 3, i as u64);
+                let info = log.append(&b, 0).await.unwrap();
+                log.flush_for_ack().await.unwrap();
+                let (_, body) = batches_of(&b).remove(0);
+                (i, info.base_offset, body)
+            })
+            .await;
             let writes = s.journal().expect("a journal").active_writes();
             let syncs = simdisk::syncs() - before;
             simdisk::crash(CrashMode::LoseUnsynced).await;
-            let acked = acked.borrow().clone();
             (acked, writes, syncs)
         })
     };
@@ -160,23 +148,15 @@ fn a_replay_writes_each_logs_batches_together() {
             let logs = open_all(&s, &names).await;
             let mut acked = vec![Vec::new(); LOGS];
             for round in 0..BATCHES {
-                // One append per log at once, so that the journal's rounds are shared.
-                let tasks: Vec<_> = logs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, log)| {
-                        let log = log.clone();
-                        glommio::spawn_local(async move {
-                            let b = batch(100, 1, round * LOGS as u64 + i as u64);
-                            let info = log.append(&b, 0).await.unwrap();
-                            log.flush_for_ack().await.unwrap();
-                            (i, info.base_offset, batches_of(&b).remove(0).1)
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    let (i, base, body) = t.await;
-                    acked[i].push((base, body));
+                let appended = each_log_at_once(&logs, |i, log| async move {
+                    let b = batch(100, 1, round * LOGS as u64 + i as u64);
+                    let info = log.append(&b, 0).await.unwrap();
+                    log.flush_for_ack().await.unwrap();
+                    (info.base_offset, batches_of(&b).remove(0).1)
+                })
+                .await;
+                for (i, a) in appended.into_iter().enumerate() {
+                    acked[i].push(a);
                 }
             }
             // The segment files lose what the journal holds for them.

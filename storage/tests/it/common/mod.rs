@@ -19,6 +19,28 @@ where
     sluice_shard::run_unpinned("storage-test", 8 << 20, f)
 }
 
+/// Runs `f` on every log at once, one task each (so that their writes share rounds),
+/// and returns the outputs in the logs' order.
+pub async fn each_log_at_once<T, Fut>(
+    logs: &[Rc<sluice_storage::PartitionLog>],
+    f: impl Fn(usize, Rc<sluice_storage::PartitionLog>) -> Fut,
+) -> Vec<T>
+where
+    Fut: Future<Output = T> + 'static,
+    T: 'static,
+{
+    let tasks: Vec<_> = logs
+        .iter()
+        .enumerate()
+        .map(|(i, log)| glommio::spawn_local(f(i, log.clone())))
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
+}
+
 /// A temp dir on the real disk (not tmpfs), so O_DIRECT paths are exercised.
 pub fn tempdir() -> tempfile::TempDir {
     let base = std::env::var("SLUICE_TEST_TMP")
